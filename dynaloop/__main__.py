@@ -1,0 +1,3 @@
+from dynaloop.cli import main
+
+main()

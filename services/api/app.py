@@ -1,0 +1,180 @@
+"""The FastAPI application: routers under /api/v1, error mapping, body-size limit, health."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.api.routes import tasks, users, validating, writing
+from services.db.engine import make_engine, make_sessionmaker
+from services.errors import DomainError, ModelUnavailable
+from services.model_client import ModelClient
+from services.settings import Settings, get_settings
+
+logger = logging.getLogger(__name__)
+API_PREFIX = "/api/v1"
+
+DESCRIPTION = """
+Adversarial human-and-model-in-the-loop dataset creation (Dynabench / DynaSent style).
+
+Every endpoint but `/health` and `/api/v1/auth/login` needs `Authorization: Bearer <token>`.
+Errors always have the shape `{"error": {"code", "message", "details"}}`; the message says
+what to fix. See `docs/api.md` for the flows with example requests.
+"""
+
+
+def _error(status_code: int, code: str, message: str, details: dict[str, Any] | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        status_code=status_code,
+        content={"error": {"code": code, "message": message, "details": details or {}}},
+        headers=headers,
+    )
+
+
+class BodySizeLimit:
+    """Refuse request bodies over ``max_bytes`` with 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _error(413, "too_large", f"the request body is larger than {self.max_bytes} bytes; send less")
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    if int(value) > self.max_bytes:
+                        await too_large(scope, receive, send)
+                        return
+                except ValueError:
+                    pass
+        received = 0
+
+        class _TooLarge(Exception):
+            pass
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        response_started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not response_started:
+                await too_large(scope, receive, send)
+
+
+def add_exception_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def _domain(request: Request, exc: DomainError) -> JSONResponse:
+        headers = None
+        if isinstance(exc, ModelUnavailable):
+            headers = {"Retry-After": str(exc.details.get("retry_after_s", 5))}
+        return _error(exc.status_code, exc.code, exc.message, exc.details, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for error in exc.errors():
+            loc = ".".join(str(part) for part in error.get("loc", ()))
+            kind = error.get("type", "")
+            if kind == "json_invalid":
+                problems.append("the body is not valid JSON (or not UTF-8); send a UTF-8 JSON object")
+            elif kind == "missing":
+                problems.append(f"{loc}: is required")
+            elif kind == "extra_forbidden":
+                problems.append(f"{loc}: is not a known field; remove it")
+            else:
+                problems.append(f"{loc}: {error.get('msg')}")
+        return _error(422, "invalid", "; ".join(problems), {"problems": problems})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(OperationalError)
+    async def _database_down(request: Request, exc: OperationalError) -> JSONResponse:
+        logger.error("database error: %s", exc)
+        reason = str(exc.orig) if exc.orig is not None else str(exc)
+        return _error(503, "database_unavailable",
+                      f"the database cannot be used right now ({reason[:200]}); nothing was saved, retry later",
+                      headers={"Retry-After": "5"})
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        logger.exception("database error")
+        return _error(500, "database_error", "the database refused the change; nothing was saved")
+
+
+def create_app(settings: Settings | None = None, model_client: ModelClient | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        app.state.model_client.close()
+        app.state.engine.dispose()
+
+    app = FastAPI(
+        title="dynaloop API",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url="/docs",
+    )
+    engine = make_engine(settings.resolved_database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.model_client = model_client or ModelClient(timeout_s=settings.model_timeout_s,
+                                                         retries=settings.model_retries)
+    add_exception_handlers(app)
+    for router in (users.router, tasks.router, writing.router, validating.router):
+        app.include_router(router, prefix=API_PREFIX)
+
+    @app.get("/health", tags=["health"])
+    def health() -> JSONResponse:
+        """200 when the database answers and its schema is at the newest migration."""
+        from services.db.migrate import head_revision
+
+        try:
+            with engine.connect() as connection:
+                revision = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except SQLAlchemyError as exc:
+            return _error(503, "database_unavailable", f"database unreachable or not migrated: {str(exc)[:200]}")
+        head = head_revision()
+        if revision != head:
+            return _error(503, "schema_outdated", f"schema is at {revision}, code expects {head}; run `dynaloop db upgrade`")
+        return JSONResponse({"status": "ok", "schema": revision})
+
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    return app

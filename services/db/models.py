@@ -1,0 +1,435 @@
+"""SQLAlchemy 2 models of the domain (DESIGN.md "Domain model").
+
+The schema itself is created and changed only by the Alembic migrations in ``migrations/``;
+these classes describe it for the ORM and for ``alembic revision --autogenerate``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Role(str, enum.Enum):
+    writer = "writer"
+    validator = "validator"
+    researcher = "researcher"
+    admin = "admin"
+
+
+class RoundStatus(str, enum.Enum):
+    collecting = "collecting"
+    validating = "validating"
+    closed = "closed"
+    built = "built"
+
+
+class Condition(str, enum.Enum):
+    prompt = "prompt"
+    no_prompt = "no_prompt"
+
+
+class PromptStrategy(str, enum.Enum):
+    unused_first = "unused_first"
+    least_used = "least_used"
+    least_fooled = "least_fooled"
+
+
+class TargetLabelMode(str, enum.Enum):
+    writer_choice = "writer_choice"
+    balanced = "balanced"
+
+
+class AssignmentStatus(str, enum.Enum):
+    active = "active"
+    submitted = "submitted"
+    skipped = "skipped"
+    expired = "expired"
+
+
+class AttemptStatus(str, enum.Enum):
+    pending = "pending"
+    scored = "scored"
+    model_unavailable = "model_unavailable"
+
+
+class ExampleStatus(str, enum.Enum):
+    validating = "validating"
+    validated = "validated"
+    dropped = "dropped"
+
+
+class ModelVersionStatus(str, enum.Enum):
+    trained = "trained"
+    evaluated = "evaluated"
+    promoted = "promoted"
+    retired = "retired"
+
+
+def _enum(enum_cls: type[enum.Enum], length: int = 20) -> Any:
+    # Stored as plain strings with a CHECK constraint: portable and easy to read in SQL.
+    from sqlalchemy import Enum
+
+    return Enum(enum_cls, native_enum=False, length=length, validate_strings=True)
+
+
+class User(Base):
+    """A person or program with an account: writers, validators, researchers, admins."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    display_name: Mapped[str | None] = mapped_column(String(200))
+    roles: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    password_hash: Mapped[str | None] = mapped_column(String(200))
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    def has_role(self, role: Role) -> bool:
+        return role.value in (self.roles or []) or Role.admin.value in (self.roles or [])
+
+
+class ApiToken(Base):
+    """A bearer token. Only its SHA-256 is stored; the plain token is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime | None]
+    revoked_at: Mapped[dt.datetime | None]
+    last_used_at: Mapped[dt.datetime | None]
+
+    user: Mapped[User] = relationship()
+
+
+class AuditEntry(Base):
+    """What researchers and admins did, and to what."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    actor_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    action: Mapped[str] = mapped_column(String(64))
+    target_type: Mapped[str] = mapped_column(String(32))
+    target_id: Mapped[str] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+
+
+class Task(Base):
+    """A collection task, defined by a validated YAML file (services.taskdef)."""
+
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    title: Mapped[str] = mapped_column(String(200))
+    family: Mapped[str] = mapped_column(String(32))
+    definition: Mapped[dict[str, Any]] = mapped_column(JSON)
+    definition_yaml: Mapped[str] = mapped_column(Text)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    rounds: Mapped[list[Round]] = relationship(back_populates="task", order_by="Round.number")
+
+
+class Round(Base):
+    """One round of collection: collecting -> validating -> closed -> built."""
+
+    __tablename__ = "rounds"
+    __table_args__ = (
+        UniqueConstraint("task_id", "number", name="uq_rounds_task_number"),
+        CheckConstraint("no_prompt_fraction >= 0 AND no_prompt_fraction <= 1", name="no_prompt_fraction_range"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    status: Mapped[RoundStatus] = mapped_column(_enum(RoundStatus), default=RoundStatus.collecting)
+    model_endpoints: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    prompt_strategy: Mapped[PromptStrategy] = mapped_column(
+        _enum(PromptStrategy), default=PromptStrategy.unused_first
+    )
+    no_prompt_fraction: Mapped[float] = mapped_column(Float, default=0.0)
+    target_label_mode: Mapped[TargetLabelMode] = mapped_column(
+        _enum(TargetLabelMode), default=TargetLabelMode.balanced
+    )
+    notes: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    opened_at: Mapped[dt.datetime | None]
+    validating_at: Mapped[dt.datetime | None]
+    closed_at: Mapped[dt.datetime | None]
+    built_at: Mapped[dt.datetime | None]
+
+    task: Mapped[Task] = relationship(back_populates="rounds")
+
+
+class Prompt(Base):
+    """An inspirational sentence shown to writers (DynaSent §4.2)."""
+
+    __tablename__ = "prompts"
+    __table_args__ = (
+        UniqueConstraint("round_id", "text_hash", name="uq_prompts_round_text_hash"),
+        Index("ix_prompts_round_usage", "round_id", "times_used"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    text_hash: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str | None] = mapped_column(String(200))
+    external_id: Mapped[str | None] = mapped_column(String(200))
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    times_used: Mapped[int] = mapped_column(Integer, default=0)
+    times_fooled: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class TaskWorker(Base):
+    """A worker's standing on one task: onboarding quiz, qualification, agreement."""
+
+    __tablename__ = "task_workers"
+    __table_args__ = (UniqueConstraint("task_id", "user_id", name="uq_task_workers_task_user"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    quiz_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    onboarding_passed: Mapped[bool] = mapped_column(Boolean, default=False)
+    qualified: Mapped[bool] = mapped_column(Boolean, default=True)
+    unqualified_reason: Mapped[str | None] = mapped_column(Text)
+    agreement_rate: Mapped[float | None] = mapped_column(Float)
+    agreement_labels: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class QuizAttempt(Base):
+    __tablename__ = "quiz_attempts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    answers: Mapped[list[Any]] = mapped_column(JSON)
+    correct: Mapped[int] = mapped_column(Integer)
+    passed: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Assignment(Base):
+    """A writer's turn at one prompt with one target label."""
+
+    __tablename__ = "assignments"
+    __table_args__ = (Index("ix_assignments_round_writer_status", "round_id", "writer_id", "status"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    writer_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    prompt_id: Mapped[int | None] = mapped_column(ForeignKey("prompts.id"), index=True)
+    condition: Mapped[Condition] = mapped_column(_enum(Condition))
+    target_label: Mapped[list[Any]] = mapped_column(JSON)
+    tries_used: Mapped[int] = mapped_column(Integer, default=0)
+    tries_allowed: Mapped[int] = mapped_column(Integer)
+    status: Mapped[AssignmentStatus] = mapped_column(
+        _enum(AssignmentStatus), default=AssignmentStatus.active
+    )
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime]
+    finished_at: Mapped[dt.datetime | None]
+
+    prompt: Mapped[Prompt | None] = relationship()
+    round: Mapped[Round] = relationship()
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="assignment", order_by="Attempt.id"
+    )
+
+
+class Attempt(Base):
+    """One "check with the model": the text, what the model said, and the writer's confirmation."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (
+        UniqueConstraint("assignment_id", "idempotency_key", name="uq_attempts_assignment_idempotency_key"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    assignment_id: Mapped[int] = mapped_column(ForeignKey("assignments.id"), index=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    text: Mapped[str] = mapped_column(Text)
+    target_span: Mapped[list[Any] | None] = mapped_column(JSON)
+    status: Mapped[AttemptStatus] = mapped_column(_enum(AttemptStatus), default=AttemptStatus.pending)
+    counts_as_try: Mapped[bool] = mapped_column(Boolean, default=False)
+    prediction: Mapped[list[Any] | None] = mapped_column(JSON)
+    probabilities: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    model_id: Mapped[str | None] = mapped_column(String(200))
+    model_version: Mapped[str | None] = mapped_column(String(200))
+    model_endpoint: Mapped[str | None] = mapped_column(String(500))
+    model_error: Mapped[str | None] = mapped_column(Text)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    input_truncated: Mapped[bool | None] = mapped_column(Boolean)
+    edit_distance: Mapped[float | None] = mapped_column(Float)
+    seconds_since_start: Mapped[float] = mapped_column(Float)
+    fooled: Mapped[bool | None] = mapped_column(Boolean)
+    confirmed: Mapped[bool | None] = mapped_column(Boolean)
+    judged_label: Mapped[list[Any] | None] = mapped_column(JSON)
+    confirmed_at: Mapped[dt.datetime | None]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    scored_at: Mapped[dt.datetime | None]
+
+    assignment: Mapped[Assignment] = relationship(back_populates="attempts")
+
+
+class Example(Base):
+    """A submitted attempt with the writer's confirmation and extra fields; what validators label."""
+
+    __tablename__ = "examples"
+    __table_args__ = (
+        Index("ix_examples_round_queue", "round_id", "status", "validation_count"),
+        CheckConstraint("validation_count >= 0", name="validation_count_nonnegative"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    assignment_id: Mapped[int] = mapped_column(ForeignKey("assignments.id"), unique=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), unique=True)
+    writer_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    prompt_id: Mapped[int | None] = mapped_column(ForeignKey("prompts.id"), index=True)
+    condition: Mapped[Condition] = mapped_column(_enum(Condition))
+    text: Mapped[str] = mapped_column(Text)
+    target_label: Mapped[list[Any]] = mapped_column(JSON)
+    model_prediction: Mapped[list[Any] | None] = mapped_column(JSON)
+    model_id: Mapped[str | None] = mapped_column(String(200))
+    fooled: Mapped[bool] = mapped_column(Boolean)
+    extras: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[ExampleStatus] = mapped_column(_enum(ExampleStatus), default=ExampleStatus.validating)
+    validation_count: Mapped[int] = mapped_column(Integer, default=0)
+    validations_needed: Mapped[int] = mapped_column(Integer)
+    requeue_count: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    attempt: Mapped[Attempt] = relationship()
+    assignment: Mapped[Assignment] = relationship()
+    validations: Mapped[list[Validation]] = relationship(
+        back_populates="example", order_by="Validation.id"
+    )
+
+
+class Validation(Base):
+    """One validator's label(s) for one example. ``counted`` is false for unqualified validators."""
+
+    __tablename__ = "validations"
+    __table_args__ = (
+        UniqueConstraint("example_id", "validator_id", name="uq_validations_example_validator"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    example_id: Mapped[int] = mapped_column(ForeignKey("examples.id"), index=True)
+    validator_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    label: Mapped[list[Any]] = mapped_column(JSON)
+    flagged: Mapped[bool] = mapped_column(Boolean, default=False)
+    flag_reason: Mapped[str | None] = mapped_column(Text)
+    seconds_taken: Mapped[float | None] = mapped_column(Float)
+    counted: Mapped[bool] = mapped_column(Boolean, default=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    example: Mapped[Example] = relationship(back_populates="validations")
+
+
+class ModelVersion(Base):
+    """A trained classifier directory and where it stands (trained -> evaluated -> promoted)."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("task_id", "name", name="uq_model_versions_task_name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    directory: Mapped[str] = mapped_column(Text)
+    base_model: Mapped[str] = mapped_column(String(500))
+    trained_for_round: Mapped[int | None] = mapped_column(Integer)
+    labels: Mapped[list[Any]] = mapped_column(JSON)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[ModelVersionStatus] = mapped_column(
+        _enum(ModelVersionStatus), default=ModelVersionStatus.trained
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class ValidationClaim(Base):
+    """An example held for a validator's current batch, so concurrent validators get
+    different examples. Claims expire; the hard limit is still the conditional count."""
+
+    __tablename__ = "validation_claims"
+    __table_args__ = (
+        UniqueConstraint("example_id", "validator_id", name="uq_validation_claims_example_validator"),
+        Index("ix_validation_claims_example_expires", "example_id", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    example_id: Mapped[int] = mapped_column(ForeignKey("examples.id"))
+    validator_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    expires_at: Mapped[dt.datetime]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

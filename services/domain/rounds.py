@@ -1,0 +1,355 @@
+"""Rounds, their model in the loop, prompt sets and live statistics."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from services.db.models import (
+    Assignment,
+    AssignmentStatus,
+    Attempt,
+    AttemptStatus,
+    Example,
+    ExampleStatus,
+    Prompt,
+    PromptStrategy,
+    Round,
+    RoundStatus,
+    TargetLabelMode,
+    Task,
+    User,
+    Validation,
+    utcnow,
+)
+from services.domain import audit
+from services.errors import Conflict, Invalid, NotFound
+from services.text import clean_text, normalize_text
+
+_FORWARD = {
+    RoundStatus.collecting: {RoundStatus.validating, RoundStatus.closed},
+    RoundStatus.validating: {RoundStatus.closed},
+    RoundStatus.closed: set(),
+    RoundStatus.built: set(),
+}
+PROMPT_MAX_CHARS = 5000
+
+
+def check_endpoints(endpoints: list[str]) -> list[str]:
+    cleaned = []
+    for endpoint in endpoints:
+        endpoint = endpoint.strip().rstrip("/")
+        if not endpoint.startswith(("http://", "https://")) or len(endpoint) > 500:
+            raise Invalid(
+                f"model endpoint {endpoint!r} is not an http(s) URL; give e.g. http://127.0.0.1:8001"
+            )
+        cleaned.append(endpoint)
+    if len(set(cleaned)) != len(cleaned):
+        raise Invalid("model endpoints list the same URL twice; list each once")
+    return cleaned
+
+
+def create_round(session: Session, actor: User | None, task: Task, *, model_endpoints: list[str],
+                 prompt_strategy: PromptStrategy = PromptStrategy.unused_first,
+                 no_prompt_fraction: float = 0.0,
+                 target_label_mode: TargetLabelMode = TargetLabelMode.balanced,
+                 notes: str | None = None) -> Round:
+    if not 0.0 <= no_prompt_fraction <= 1.0:
+        raise Invalid(f"no_prompt_fraction must be between 0 and 1, got {no_prompt_fraction}")
+    open_round = session.scalar(
+        select(Round).where(
+            Round.task_id == task.id,
+            Round.status.in_([RoundStatus.collecting, RoundStatus.validating]),
+        )
+    )
+    if open_round is not None:
+        raise Conflict(
+            f"round {open_round.number} of task {task.name!r} is still {open_round.status.value}; "
+            "close it before opening the next"
+        )
+    number = (session.scalar(select(func.max(Round.number)).where(Round.task_id == task.id)) or 0) + 1
+    round_ = Round(
+        task_id=task.id,
+        number=number,
+        status=RoundStatus.collecting,
+        model_endpoints=check_endpoints(model_endpoints),
+        prompt_strategy=prompt_strategy,
+        no_prompt_fraction=no_prompt_fraction,
+        target_label_mode=target_label_mode,
+        notes=notes,
+        opened_at=utcnow(),
+    )
+    session.add(round_)
+    session.flush()
+    audit.record(session, actor, "round.create", "round", round_.id, task=task.name, number=number)
+    return round_
+
+
+def get_round(session: Session, round_id: int) -> Round:
+    round_ = session.get(Round, round_id)
+    if round_ is None:
+        raise NotFound(f"no round with id {round_id}")
+    return round_
+
+
+def open_rounds(session: Session) -> list[Round]:
+    return list(session.scalars(
+        select(Round).where(Round.status.in_([RoundStatus.collecting, RoundStatus.validating])).order_by(Round.id)
+    ))
+
+
+def get_round_by_number(session: Session, task: Task, number: int) -> Round:
+    round_ = session.scalar(select(Round).where(Round.task_id == task.id, Round.number == number))
+    if round_ is None:
+        raise NotFound(f"task {task.name!r} has no round {number}")
+    return round_
+
+
+def set_status(session: Session, actor: User | None, round_: Round, status: RoundStatus) -> Round:
+    if status == round_.status:
+        return round_
+    if status not in _FORWARD[round_.status]:
+        allowed = sorted(s.value for s in _FORWARD[round_.status]) or ["none"]
+        raise Conflict(
+            f"round {round_.number} is {round_.status.value} and cannot become {status.value}; "
+            f"allowed next: {', '.join(allowed)}"
+        )
+    previous = round_.status
+    round_.status = status
+    now = utcnow()
+    if status is RoundStatus.validating:
+        round_.validating_at = now
+    elif status is RoundStatus.closed:
+        round_.closed_at = now
+        # Assignments left open can no longer be used.
+        for assignment in session.scalars(
+            select(Assignment).where(
+                Assignment.round_id == round_.id, Assignment.status == AssignmentStatus.active
+            )
+        ):
+            assignment.status = AssignmentStatus.expired
+            assignment.finished_at = now
+    audit.record(session, actor, "round.status", "round", round_.id, **{"from": previous.value, "to": status.value})
+    return round_
+
+
+def set_model_endpoints(session: Session, actor: User | None, round_: Round, endpoints: list[str]) -> Round:
+    if round_.status in (RoundStatus.closed, RoundStatus.built):
+        raise Conflict(f"round {round_.number} is {round_.status.value}; its model can no longer change")
+    round_.model_endpoints = check_endpoints(endpoints)
+    audit.record(session, actor, "round.model", "round", round_.id, endpoints=round_.model_endpoints)
+    return round_
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(normalize_text(text).encode("utf-8")).hexdigest()
+
+
+@dataclass
+class PromptImportReport:
+    imported: int = 0
+    duplicates_in_file: int = 0
+    already_present: int = 0
+    rows: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _rows_from_jsonl(text: str) -> list[tuple[int, dict[str, Any] | str]]:
+    rows: list[tuple[int, dict[str, Any] | str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            rows.append((number, f"line {number}: not valid JSON ({exc.msg}); write one JSON object per line"))
+            continue
+        if not isinstance(value, dict):
+            rows.append((number, f"line {number}: expected a JSON object with a \"text\" field"))
+            continue
+        rows.append((number, value))
+    return rows
+
+
+def _rows_from_csv(text: str) -> list[tuple[int, dict[str, Any] | str]]:
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames is None or "text" not in reader.fieldnames:
+        raise Invalid(
+            f"the CSV has no `text` column (columns: {reader.fieldnames or []}); add a header row "
+            "with a `text` column"
+        )
+    rows: list[tuple[int, dict[str, Any] | str]] = []
+    try:
+        for row in reader:
+            if None in row:
+                rows.append((reader.line_num, f"line {reader.line_num}: more fields than header columns"))
+                continue
+            rows.append((reader.line_num, dict(row)))
+    except csv.Error as exc:
+        raise Invalid(f"the CSV is malformed near line {reader.line_num}: {exc}") from exc
+    return rows
+
+
+def parse_prompt_file(content: bytes, file_format: str, max_rows: int) -> list[tuple[int, dict[str, Any] | str]]:
+    try:
+        text = content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise Invalid(
+            f"the prompt file is not UTF-8 (bad byte at offset {exc.start}); save it as UTF-8"
+        ) from exc
+    if file_format == "jsonl":
+        rows = _rows_from_jsonl(text)
+    elif file_format == "csv":
+        rows = _rows_from_csv(text)
+    else:
+        raise Invalid(f"unknown prompt file format {file_format!r}; use jsonl or csv")
+    if not rows:
+        raise Invalid("the prompt file has no rows; add at least one prompt")
+    if len(rows) > max_rows:
+        raise Invalid(f"the prompt file has {len(rows)} rows; the limit is {max_rows}, split it")
+    return rows
+
+
+def import_prompts(session: Session, actor: User | None, round_: Round, content: bytes,
+                   file_format: str, *, max_rows: int = 200_000) -> PromptImportReport:
+    """Add prompts to a round's prompt set. All rows are checked first: one bad row and
+    nothing is written (the report lists up to 50 problems with their line numbers).
+    Prompts already in the round, or repeated in the file, are skipped and counted."""
+    if round_.status in (RoundStatus.closed, RoundStatus.built):
+        raise Conflict(f"round {round_.number} is {round_.status.value}; prompts can no longer be added")
+    rows = parse_prompt_file(content, file_format, max_rows)
+    report = PromptImportReport(rows=len(rows))
+    candidates: list[Prompt] = []
+    seen: set[str] = set()
+    for number, row in rows:
+        if isinstance(row, str):
+            report.errors.append(row)
+            continue
+        raw = row.get("text")
+        if not isinstance(raw, str):
+            report.errors.append(f"line {number}: `text` is missing or not a string")
+            continue
+        try:
+            text = clean_text(raw, field=f"line {number}: text", max_chars=PROMPT_MAX_CHARS)
+        except Invalid as exc:
+            report.errors.append(exc.message)
+            continue
+        digest = text_hash(text)
+        if digest in seen:
+            report.duplicates_in_file += 1
+            continue
+        seen.add(digest)
+        external_id = row.get("id", row.get("external_id"))
+        source = row.get("source")
+        meta = {k: v for k, v in row.items() if k not in {"text", "id", "external_id", "source"}}
+        candidates.append(
+            Prompt(
+                round_id=round_.id,
+                text=text,
+                text_hash=digest,
+                source=str(source)[:200] if source not in (None, "") else None,
+                external_id=str(external_id)[:200] if external_id not in (None, "") else None,
+                meta=meta,
+            )
+        )
+    if report.errors:
+        shown = report.errors[:50]
+        more = len(report.errors) - len(shown)
+        raise Invalid(
+            f"{len(report.errors)} row(s) of the prompt file are invalid; nothing was imported. "
+            "Fix them and upload again:\n" + "\n".join(shown) + (f"\n... and {more} more" if more else ""),
+            errors=shown,
+        )
+    existing = set(session.scalars(select(Prompt.text_hash).where(Prompt.round_id == round_.id)))
+    new = [p for p in candidates if p.text_hash not in existing]
+    report.already_present = len(candidates) - len(new)
+    session.add_all(new)
+    session.flush()
+    report.imported = len(new)
+    audit.record(session, actor, "round.prompts", "round", round_.id, imported=report.imported,
+                 rows=report.rows)
+    return report
+
+
+def round_stats(session: Session, round_: Round) -> dict[str, Any]:
+    """Live statistics a researcher watches while a round runs."""
+    rid = round_.id
+    assignments = Counter(
+        dict(session.execute(
+            select(Assignment.status, func.count()).where(Assignment.round_id == rid).group_by(Assignment.status)
+        ).all())
+    )
+    attempt_rows = session.execute(
+        select(Attempt.status, Attempt.fooled, func.count())
+        .join(Assignment, Attempt.assignment_id == Assignment.id)
+        .where(Assignment.round_id == rid)
+        .group_by(Attempt.status, Attempt.fooled)
+    ).all()
+    scored = sum(n for status, _, n in attempt_rows if status is AttemptStatus.scored)
+    fooled_attempts = sum(n for status, fooled, n in attempt_rows if status is AttemptStatus.scored and fooled)
+    unavailable = sum(n for status, _, n in attempt_rows if status is AttemptStatus.model_unavailable)
+    example_rows = session.execute(
+        select(Example.status, Example.fooled, Example.condition, func.count(), func.sum(Example.validation_count),
+               func.sum(Example.validations_needed))
+        .where(Example.round_id == rid)
+        .group_by(Example.status, Example.fooled, Example.condition)
+    ).all()
+    examples = sum(row[3] for row in example_rows)
+    confirmations = Counter(
+        dict(session.execute(
+            select(Attempt.confirmed, func.count())
+            .join(Assignment, Attempt.assignment_id == Assignment.id)
+            .where(Assignment.round_id == rid, Attempt.fooled.is_(True), Attempt.confirmed.is_not(None))
+            .group_by(Attempt.confirmed)
+        ).all())
+    )
+    labels_given = sum(int(row[4] or 0) for row in example_rows)
+    labels_needed = sum(int(row[5] or 0) for row in example_rows)
+    validations_total = session.scalar(
+        select(func.count()).select_from(Validation).join(Example).where(Example.round_id == rid)
+    ) or 0
+    prompts_total = session.scalar(select(func.count()).where(Prompt.round_id == rid)) or 0
+    prompts_used = session.scalar(
+        select(func.count()).where(Prompt.round_id == rid, Prompt.times_used > 0)
+    ) or 0
+    targets = Counter(
+        "+".join(example.target_label)
+        for example in session.scalars(select(Example).where(Example.round_id == rid))
+    )
+    return {
+        "round": round_.number,
+        "status": round_.status.value,
+        "assignments": {s.value: assignments.get(s, 0) for s in AssignmentStatus},
+        "attempts": {
+            "scored": scored,
+            "fooled": fooled_attempts,
+            "model_unavailable": unavailable,
+            "fooling_rate": fooled_attempts / scored if scored else None,
+        },
+        "confirmations": {"yes": confirmations.get(True, 0), "no": confirmations.get(False, 0),
+                          "rate": (confirmations.get(True, 0) / sum(confirmations.values()))
+                          if confirmations else None},
+        "examples": {
+            "submitted": examples,
+            "fooled": sum(row[3] for row in example_rows if row[1]),
+            "prompt": sum(row[3] for row in example_rows if row[2].value == "prompt"),
+            "no_prompt": sum(row[3] for row in example_rows if row[2].value == "no_prompt"),
+            **{s.value: sum(row[3] for row in example_rows if row[0] is s) for s in ExampleStatus},
+            "by_target_label": dict(targets),
+        },
+        "validations": {
+            "given": validations_total,
+            "counted": labels_given,
+            "needed": labels_needed,
+            "coverage": labels_given / labels_needed if labels_needed else None,
+        },
+        "prompts": {"total": prompts_total, "used": prompts_used},
+    }

@@ -1,0 +1,49 @@
+"""Tasks: created from validated YAML, read back as TaskDefinition."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.db.models import Task, User
+from services.domain import audit
+from services.errors import Conflict, Invalid, NotFound
+from services.taskdef import TaskDefinition, TaskDefinitionError, parse_task_definition
+
+
+def create_task(session: Session, actor: User | None, yaml_text: str) -> Task:
+    try:
+        definition = parse_task_definition(yaml_text)
+    except TaskDefinitionError as exc:
+        raise Invalid(str(exc), problems=exc.problems) from exc
+    if session.scalar(select(Task.id).where(Task.name == definition.name)) is not None:
+        raise Conflict(
+            f"task {definition.name!r} already exists; change `name` in the YAML to create another"
+        )
+    task = Task(
+        name=definition.name,
+        title=definition.title,
+        family=definition.family.value,
+        definition=definition.model_dump(mode="json"),
+        definition_yaml=yaml_text,
+        created_by_id=actor.id if actor else None,
+    )
+    session.add(task)
+    session.flush()
+    audit.record(session, actor, "task.create", "task", task.id, name=task.name)
+    return task
+
+
+def get_task(session: Session, name: str) -> Task:
+    task = session.scalar(select(Task).where(Task.name == name))
+    if task is None:
+        raise NotFound(f"no task {name!r}; list tasks with GET /api/v1/tasks")
+    return task
+
+
+def list_tasks(session: Session) -> list[Task]:
+    return list(session.scalars(select(Task).order_by(Task.id)))
+
+
+def definition_of(task: Task) -> TaskDefinition:
+    return TaskDefinition.model_validate(task.definition)

@@ -1,0 +1,223 @@
+"""The validator's flow (DESIGN.md "Validation protocol"; DynaSent §3.3, App. B).
+
+Validators get batches of up to ``validation_batch_size`` examples written by others, fooling
+examples first, then the least-validated; never their own, never one they labelled, never one
+that already has its labels. Each label is counted against ``validations_needed`` with a
+conditional UPDATE, so two validators racing for the last slot can never exceed it. A batch
+*claims* its examples for a while so concurrent validators are handed different ones.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from services.db.models import (
+    Example,
+    ExampleStatus,
+    Round,
+    RoundStatus,
+    User,
+    Validation,
+    ValidationClaim,
+    utcnow,
+)
+from services.domain.labels import check_validation_label, gold_label
+from services.domain.quality import apply_agreement_threshold, require_qualified, task_worker
+from services.domain.tasks import definition_of
+from services.errors import Conflict, Forbidden, Invalid, NotFound
+from services.taskdef import TaskDefinition
+from services.text import clean_text
+
+CLAIM_MINUTES = 30
+_VALIDATING_ROUNDS = (RoundStatus.collecting, RoundStatus.validating)
+
+
+def _require_validator(session: Session, validator: User, round_: Round) -> TaskDefinition:
+    task = round_.task
+    if round_.status not in _VALIDATING_ROUNDS:
+        raise Conflict(f"round {round_.number} of task {task.name!r} is {round_.status.value}; validation is over")
+    require_qualified(task_worker(session, task, validator), task)
+    return definition_of(task)
+
+
+def get_batch(session: Session, validator: User, round_: Round, size: int | None = None) -> list[Example]:
+    """Up to ``size`` examples for this validator; examples they already hold come first, so
+    a reloaded page gets the same batch back."""
+    definition = _require_validator(session, validator, round_)
+    size = min(size or definition.validation_batch_size, definition.validation_batch_size)
+    now = utcnow()
+    session.execute(delete(ValidationClaim).where(ValidationClaim.expires_at <= now))
+    labelled_by_me = select(Validation.example_id).where(Validation.validator_id == validator.id)
+    open_examples = (
+        Example.round_id == round_.id,
+        Example.status == ExampleStatus.validating,
+        Example.writer_id != validator.id,
+        Example.validation_count < Example.validations_needed,
+        Example.id.not_in(labelled_by_me),
+    )
+    held = list(session.scalars(
+        select(Example)
+        .join(ValidationClaim, ValidationClaim.example_id == Example.id)
+        .where(ValidationClaim.validator_id == validator.id, *open_examples)
+        .order_by(Example.id)
+    ))
+    if len(held) < size:
+        others_claims = (
+            select(func.count())
+            .where(ValidationClaim.example_id == Example.id, ValidationClaim.validator_id != validator.id)
+            .correlate(Example)
+            .scalar_subquery()
+        )
+        held_ids = [e.id for e in held]
+        fresh = list(session.scalars(
+            select(Example)
+            .where(*open_examples, Example.id.not_in(held_ids),
+                   Example.validation_count + others_claims < Example.validations_needed)
+            .order_by(Example.fooled.desc(), Example.validation_count, Example.id)
+            .limit(size - len(held))
+        ))
+        expires = now + dt.timedelta(minutes=CLAIM_MINUTES)
+        for example in fresh:
+            session.add(ValidationClaim(example_id=example.id, validator_id=validator.id, expires_at=expires))
+        held.extend(fresh)
+    return held[:size]
+
+
+def finalize_example(session: Session, example: Example, definition: TaskDefinition) -> None:
+    """An example that has all its counted labels: validated, re-queued once more (EthioEmo's
+    disagreements), or dropped."""
+    responses = [v.label for v in session.scalars(
+        select(Validation).where(Validation.example_id == example.id, Validation.counted.is_(True))
+    )]
+    if gold_label(definition, responses) is not None or definition.agreement.requeue_disagreements == 0:
+        example.status = ExampleStatus.validated
+    elif example.requeue_count < definition.agreement.requeue_disagreements:
+        # New validators (earlier ones cannot label it twice) give another full set of labels.
+        example.requeue_count += 1
+        example.validations_needed += definition.validations_per_example
+        example.status = ExampleStatus.validating
+    else:
+        example.status = ExampleStatus.dropped
+
+
+def submit_validation(session: Session, validator: User, example_id: int, raw_label: Any,
+                      flagged: bool = False, flag_reason: str | None = None,
+                      seconds_taken: float | None = None,
+                      idempotency_key: str | None = None) -> tuple[Validation, bool]:
+    """Record one label. Returns (validation, created); a retried identical request returns
+    the stored validation with created=False."""
+    example = session.get(Example, example_id)
+    if example is None:
+        raise NotFound(f"no example {example_id}")
+    round_ = example.assignment.round
+    definition = _require_validator(session, validator, round_)
+    if example.writer_id == validator.id:
+        raise Forbidden("you wrote this example; validators never label their own examples")
+    label = check_validation_label(definition, raw_label)
+    if seconds_taken is not None and not 0 <= seconds_taken <= 86_400:
+        raise Invalid("seconds_taken must be between 0 and 86400")
+    reason = clean_text(flag_reason, field="flag_reason", max_chars=1000) if flag_reason else None
+    if reason and not flagged:
+        raise Invalid("flag_reason is given but flagged is false; set flagged to true or drop the reason")
+    existing = session.scalar(
+        select(Validation).where(Validation.example_id == example.id, Validation.validator_id == validator.id)
+    )
+    if existing is not None:
+        if existing.label == label and existing.flagged == flagged:
+            return existing, False
+        raise Conflict(f"you already labelled example {example.id} as {existing.label}; labels cannot be changed")
+    counted = session.execute(
+        update(Example)
+        .where(Example.id == example.id, Example.status == ExampleStatus.validating,
+               Example.validation_count < Example.validations_needed)
+        .values(validation_count=Example.validation_count + 1)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if not counted:
+        raise Conflict(f"example {example.id} already has all its labels; fetch a new batch")
+    validation = Validation(
+        example_id=example.id,
+        validator_id=validator.id,
+        label=label,
+        flagged=flagged,
+        flag_reason=reason,
+        seconds_taken=seconds_taken,
+        counted=True,
+        idempotency_key=idempotency_key,
+    )
+    session.add(validation)
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        raise Conflict(f"your label for example {example.id} is being recorded by another request; retry") from exc
+    session.execute(
+        delete(ValidationClaim).where(ValidationClaim.example_id == example.id,
+                                      ValidationClaim.validator_id == validator.id)
+    )
+    session.refresh(example)
+    if example.validation_count >= example.validations_needed:
+        finalize_example(session, example, definition)
+    # "After each batch window" (DynaSent App. B): judge this validator every full batch.
+    given = session.scalar(
+        select(func.count()).select_from(Validation).join(Example).join(Round)
+        .where(Validation.validator_id == validator.id, Round.task_id == round_.task_id)
+    ) or 0
+    if given % definition.validation_batch_size == 0:
+        apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id)
+    return validation, True
+
+
+def example_record(session: Session, example_id: int) -> dict[str, Any]:
+    """Everything about one example: its attempts, edit distances, confirmation and labels."""
+    example = session.get(Example, example_id)
+    if example is None:
+        raise NotFound(f"no example {example_id}")
+    assignment = example.assignment
+    users = {u.id: u.username for u in session.scalars(
+        select(User).where(User.id.in_([example.writer_id, *[v.validator_id for v in example.validations]]))
+    )}
+    return {
+        "id": example.id,
+        "round": assignment.round.number,
+        "task": assignment.round.task.name,
+        "text": example.text,
+        "target_label": example.target_label,
+        "condition": example.condition.value,
+        "prompt": None if assignment.prompt is None else {
+            "id": assignment.prompt.id, "text": assignment.prompt.text, "source": assignment.prompt.source,
+            "metadata": assignment.prompt.meta,
+        },
+        "writer": users.get(example.writer_id),
+        "model_prediction": example.model_prediction,
+        "model_id": example.model_id,
+        "fooled": example.fooled,
+        "extras": example.extras,
+        "status": example.status.value,
+        "validation_count": example.validation_count,
+        "validations_needed": example.validations_needed,
+        "submitted_attempt_id": example.attempt_id,
+        "attempts": [
+            {
+                "id": a.id, "text": a.text, "status": a.status.value, "prediction": a.prediction,
+                "probabilities": a.probabilities, "model_id": a.model_id, "model_version": a.model_version,
+                "latency_ms": a.latency_ms, "edit_distance": a.edit_distance,
+                "seconds_since_start": a.seconds_since_start, "fooled": a.fooled,
+                "counts_as_try": a.counts_as_try, "confirmed": a.confirmed, "judged_label": a.judged_label,
+                "target_span": a.target_span, "created_at": a.created_at.isoformat(),
+            }
+            for a in assignment.attempts
+        ],
+        "validations": [
+            {
+                "validator": users.get(v.validator_id), "label": v.label, "counted": v.counted,
+                "flagged": v.flagged, "flag_reason": v.flag_reason, "seconds_taken": v.seconds_taken,
+                "created_at": v.created_at.isoformat(),
+            }
+            for v in example.validations
+        ],
+    }

@@ -1,0 +1,519 @@
+"""The writer's flow (DESIGN.md "One attempt, end to end"; DynaSent §4, App. C).
+
+assignment (prompt + target label) -> attempts checked against the live model (at most
+``tries_per_assignment``) -> confirmation of a fooling attempt -> submitted example, or skip.
+
+The attempt is written *before* the model is called (status ``pending``) and updated after,
+so accepted text is never lost; a model server that is down leaves it ``model_unavailable``
+and consumes no try.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections import Counter
+from typing import Any
+
+from rapidfuzz.distance import Levenshtein
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.db.models import (
+    Assignment,
+    AssignmentStatus,
+    Attempt,
+    AttemptStatus,
+    Condition,
+    Example,
+    ExampleStatus,
+    Prompt,
+    PromptStrategy,
+    Round,
+    RoundStatus,
+    TargetLabelMode,
+    User,
+    utcnow,
+)
+from services.domain.labels import check_target_label, is_fooled
+from services.domain.quality import require_onboarded, require_qualified, task_worker
+from services.domain.tasks import definition_of
+from services.errors import Conflict, Gone, Invalid, ModelUnavailable, NotFound
+from services.model_client import ModelClient, ModelServerError
+from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
+from services.text import clean_text
+
+_rng = random.SystemRandom()
+
+
+def normalized_edit_distance(prompt: str, text: str) -> float:
+    """Levenshtein distance / max(len(prompt), len(text)), as in DynaSent Fig. 2a."""
+    longest = max(len(prompt), len(text))
+    return Levenshtein.distance(prompt, text) / longest if longest else 0.0
+
+
+# --- assignments -----------------------------------------------------------------------
+
+
+def _expire_if_due(assignment: Assignment, now: dt.datetime) -> bool:
+    if assignment.status is AssignmentStatus.active and assignment.expires_at <= now:
+        assignment.status = AssignmentStatus.expired
+        assignment.finished_at = now
+        return True
+    return False
+
+
+def _pick_target(session: Session, round_: Round, definition: TaskDefinition,
+                 requested: str | list[str] | None) -> list[str]:
+    if requested is not None:
+        return check_target_label(definition, requested)
+    if round_.target_label_mode is TargetLabelMode.writer_choice:
+        raise Invalid(
+            f"this round lets writers choose the target label; send target_label, one of {definition.labels}"
+        )
+    # Balanced: the label with the fewest assignments so far (ties broken at random).
+    counts = Counter({label: 0 for label in definition.labels if label not in definition.exclusive_labels})
+    for (target,) in session.execute(select(Assignment.target_label).where(Assignment.round_id == round_.id)):
+        if len(target) == 1 and target[0] in counts:
+            counts[target[0]] += 1
+    fewest = min(counts.values())
+    return [_rng.choice([label for label, n in counts.items() if n == fewest])]
+
+
+def _pick_prompt(session: Session, round_: Round, writer: User) -> Prompt | None:
+    """Choose a prompt by the round's strategy and count its use atomically."""
+    seen_by_writer = select(Assignment.prompt_id).where(
+        Assignment.round_id == round_.id, Assignment.writer_id == writer.id, Assignment.prompt_id.is_not(None)
+    )
+    base = select(Prompt).where(Prompt.round_id == round_.id, Prompt.id.not_in(seen_by_writer))
+    if round_.prompt_strategy is PromptStrategy.least_fooled:
+        # Fewest fooling examples per use first; unused prompts count as never fooled.
+        rate = Prompt.times_fooled * 1.0 / func.nullif(Prompt.times_used, 0)
+        ordered = base.order_by(func.coalesce(rate, 0.0), Prompt.times_used, Prompt.id)
+    else:
+        # unused_first and least_used share the order; unused_first differs only in intent
+        # (each prompt once, as DynaSent intended) and falls back to least used when all are used.
+        ordered = base.order_by(Prompt.times_used, Prompt.id)
+    for _ in range(5):
+        candidates = list(session.scalars(ordered.limit(50)))
+        if not candidates:
+            return None
+        best = candidates[0]
+        if round_.prompt_strategy is PromptStrategy.least_fooled:
+            pool = candidates[:10]
+        else:
+            pool = [p for p in candidates if p.times_used == best.times_used]
+        prompt = _rng.choice(pool)
+        # Compare-and-set on times_used: two writers cannot both take the last unused prompt.
+        claimed = session.execute(
+            update(Prompt)
+            .where(Prompt.id == prompt.id, Prompt.times_used == prompt.times_used)
+            .values(times_used=Prompt.times_used + 1)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if claimed:
+            session.refresh(prompt)
+            return prompt
+        session.expire_all()
+    raise Conflict("prompts are in heavy demand right now; retry in a moment")
+
+
+def start_assignment(session: Session, writer: User, round_: Round,
+                     target_label: str | list[str] | None = None) -> tuple[Assignment, bool]:
+    """Give the writer their open assignment in the round, or a new one.
+
+    Returns (assignment, created)."""
+    task = round_.task
+    definition = definition_of(task)
+    if round_.status is not RoundStatus.collecting:
+        raise Conflict(f"round {round_.number} of task {task.name!r} is {round_.status.value}, not collecting")
+    worker = task_worker(session, task, writer)
+    require_qualified(worker, task)
+    require_onboarded(worker, task, definition)
+    now = utcnow()
+    current = session.scalar(
+        select(Assignment).where(
+            Assignment.round_id == round_.id,
+            Assignment.writer_id == writer.id,
+            Assignment.status == AssignmentStatus.active,
+        )
+    )
+    if current is not None and not _expire_if_due(current, now):
+        return current, False
+    if target_label is not None and round_.target_label_mode is TargetLabelMode.balanced:
+        raise Invalid("this round assigns target labels to balance them; do not send target_label")
+    target = _pick_target(session, round_, definition, target_label)
+    condition = Condition.no_prompt if _rng.random() < round_.no_prompt_fraction else Condition.prompt
+    prompt = None
+    if condition is Condition.prompt:
+        prompt = _pick_prompt(session, round_, writer)
+        if prompt is None:
+            total = session.scalar(select(func.count()).where(Prompt.round_id == round_.id)) or 0
+            if total == 0:
+                raise Conflict(
+                    f"round {round_.number} has no prompts yet; a researcher must import prompts "
+                    "(POST /api/v1/rounds/{id}/prompts)"
+                )
+            raise Conflict(f"you have seen all {total} prompts of round {round_.number}; thank you!")
+    assignment = Assignment(
+        round_id=round_.id,
+        writer_id=writer.id,
+        prompt_id=prompt.id if prompt else None,
+        condition=condition,
+        target_label=target,
+        tries_used=0,
+        tries_allowed=definition.tries_per_assignment,
+        status=AssignmentStatus.active,
+        started_at=now,
+        expires_at=now + dt.timedelta(minutes=definition.assignment_timeout_minutes),
+    )
+    session.add(assignment)
+    session.flush()
+    return assignment, True
+
+
+def get_own_assignment(session: Session, writer: User, assignment_id: int) -> Assignment:
+    assignment = session.get(Assignment, assignment_id)
+    # Another writer's assignment is reported as missing: writers never see each other's work.
+    if assignment is None or assignment.writer_id != writer.id:
+        raise NotFound(f"no assignment {assignment_id} of yours")
+    return assignment
+
+
+def _require_active(assignment: Assignment, now: dt.datetime) -> None:
+    if _expire_if_due(assignment, now):
+        raise Gone(
+            f"assignment {assignment.id} expired at {assignment.expires_at.isoformat()}; "
+            "request a new assignment"
+        )
+    if assignment.status is not AssignmentStatus.active:
+        raise Conflict(f"assignment {assignment.id} is {assignment.status.value}; request a new assignment")
+    if assignment.round.status is not RoundStatus.collecting:
+        raise Conflict(f"round {assignment.round.number} is {assignment.round.status.value}, not collecting")
+
+
+def skip_assignment(session: Session, writer: User, assignment_id: int) -> Assignment:
+    assignment = get_own_assignment(session, writer, assignment_id)
+    if assignment.status is AssignmentStatus.skipped:
+        return assignment
+    _require_active(assignment, utcnow())
+    assignment.status = AssignmentStatus.skipped
+    assignment.finished_at = utcnow()
+    return assignment
+
+
+# --- attempts --------------------------------------------------------------------------
+
+
+def _check_span(text: str, span: list[int] | None, definition: TaskDefinition) -> list[int] | None:
+    if definition.family is not TaskFamily.target_dependent:
+        if span is not None:
+            raise Invalid(f"target_span only applies to target-dependent tasks; task {definition.name!r} is "
+                          f"{definition.family.value}, remove it")
+        return None
+    if span is None:
+        raise Invalid("target_span is required: give [start, end] character offsets of the target in the text")
+    if len(span) != 2 or not all(isinstance(v, int) for v in span):
+        raise Invalid("target_span must be two integers [start, end]")
+    start, end = span
+    if not 0 <= start < end <= len(text):
+        raise Invalid(f"target_span [{start}, {end}] is outside the text (0..{len(text)}); "
+                      "mark the target inside the text")
+    if not text[start:end].strip():
+        raise Invalid("target_span covers only white space; mark the target's words")
+    return [start, end]
+
+
+def prepare_attempt(session: Session, writer: User, assignment_id: int, raw_text: str,
+                    target_span: list[int] | None, idempotency_key: str | None) -> tuple[Attempt, bool]:
+    """Validate and record a pending attempt (first transaction of POST /attempts).
+
+    Returns (attempt, needs_model). A retried request with the same Idempotency-Key gets the
+    same attempt back: already scored -> no model call; pending/unavailable -> scored again.
+    """
+    assignment = get_own_assignment(session, writer, assignment_id)
+    definition = definition_of(assignment.round.task)
+    now = utcnow()
+    constraints = definition.constraints
+    text = clean_text(raw_text, min_chars=constraints.min_chars, max_chars=constraints.max_chars,
+                      min_words=constraints.min_words)
+    span = _check_span(text, target_span, definition)
+    if idempotency_key is not None:
+        existing = session.scalar(
+            select(Attempt).where(Attempt.assignment_id == assignment.id, Attempt.idempotency_key == idempotency_key)
+        )
+        if existing is not None:
+            if existing.text != text or existing.target_span != span:
+                raise Conflict("this Idempotency-Key was already used for a different text; use a new key")
+            if existing.status is AttemptStatus.scored:
+                return existing, False
+            _require_active(assignment, now)
+            return existing, True
+    _require_active(assignment, now)
+    if assignment.tries_used >= assignment.tries_allowed:
+        raise Conflict(
+            f"all {assignment.tries_allowed} tries of this assignment are used; submit one of your "
+            "attempts or switch to the next prompt"
+        )
+    prompt = assignment.prompt
+    attempt = Attempt(
+        assignment_id=assignment.id,
+        idempotency_key=idempotency_key,
+        text=text,
+        target_span=span,
+        status=AttemptStatus.pending,
+        counts_as_try=False,
+        edit_distance=normalized_edit_distance(prompt.text, text) if prompt is not None else None,
+        seconds_since_start=(now - assignment.started_at).total_seconds(),
+        created_at=now,
+    )
+    session.add(attempt)
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        raise Conflict("a request with this Idempotency-Key is being processed; retry shortly") from exc
+    return attempt, True
+
+
+def call_model(client: ModelClient, round_: Round, attempt: Attempt) -> tuple[Any, str | None]:
+    """Ask one of the round's models (picked per attempt, DESIGN.md "Round") about the text."""
+    if not round_.model_endpoints:
+        return None, "no model is in the loop for this round; a researcher must set one"
+    endpoint = _rng.choice(round_.model_endpoints)
+    target = None
+    if attempt.target_span is not None:
+        start, end = attempt.target_span
+        target = attempt.text[start:end]
+    try:
+        return client.predict(endpoint, attempt.text, target), None
+    except ModelServerError as exc:
+        return None, str(exc)
+
+
+def record_prediction(session: Session, attempt_id: int, prediction: Any, error: str | None,
+                      retry_after_s: int) -> Attempt:
+    """Second transaction of POST /attempts: store what the model said, or that it was down."""
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise NotFound(f"attempt {attempt_id} disappeared")
+    if attempt.status is AttemptStatus.scored:
+        return attempt  # a concurrent retry with the same key scored it first
+    assignment = attempt.assignment
+    definition = definition_of(assignment.round.task)
+    if error is not None:
+        attempt.status = AttemptStatus.model_unavailable
+        attempt.model_error = error[:1000]
+        session.flush()
+        raise ModelUnavailable(
+            f"the model is unavailable ({error}); your text is saved and no try was used. "
+            f"Retry in {retry_after_s} s with the same Idempotency-Key",
+            attempt_id=attempt.id,
+            retry_after_s=retry_after_s,
+        )
+    unknown = [label for label in prediction.labels if label not in definition.labels]
+    if unknown:
+        attempt.status = AttemptStatus.model_unavailable
+        attempt.model_error = f"model predicted labels {unknown} that the task does not have"
+        session.flush()
+        raise ModelUnavailable(
+            f"the model in the loop predicts labels {unknown} that task {definition.name!r} does not "
+            "have; a researcher must fix the model in the loop. Your text is saved and no try was used",
+            attempt_id=attempt.id,
+            retry_after_s=retry_after_s,
+        )
+    consumed = session.execute(
+        update(Assignment)
+        .where(Assignment.id == assignment.id, Assignment.tries_used < Assignment.tries_allowed)
+        .values(tries_used=Assignment.tries_used + 1)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    session.refresh(assignment)
+    now = utcnow()
+    attempt.status = AttemptStatus.scored
+    attempt.counts_as_try = bool(consumed)
+    attempt.prediction = list(prediction.labels)
+    attempt.probabilities = dict(prediction.probabilities)
+    attempt.model_id = prediction.model_id
+    attempt.model_version = prediction.model_version
+    attempt.model_endpoint = prediction.endpoint
+    attempt.latency_ms = prediction.latency_ms
+    attempt.input_truncated = prediction.truncated
+    attempt.model_error = None
+    attempt.fooled = is_fooled(definition, assignment.target_label, list(prediction.labels))
+    attempt.scored_at = now
+    session.flush()
+    if not consumed:
+        raise Conflict(
+            f"all {assignment.tries_allowed} tries of this assignment were used by other requests; "
+            "submit one of your attempts or switch to the next prompt"
+        )
+    return attempt
+
+
+def make_attempt(factory: sessionmaker[Session], client: ModelClient, writer_id: int, assignment_id: int,
+                 text: str, target_span: list[int] | None, idempotency_key: str | None,
+                 retry_after_s: int) -> tuple[Attempt, bool]:
+    """The whole attempt: record pending, call the model outside any transaction, record the result.
+
+    Returns (attempt, replayed)."""
+    with factory.begin() as session:
+        writer = session.get(User, writer_id)
+        assert writer is not None  # authenticated by the caller
+        attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
+        round_ = attempt.assignment.round
+        round_.task  # load before the transaction ends  # noqa: B018
+    if not needs_model:
+        return attempt, True
+    # No transaction is open while the model thinks (SQLite would hold its write lock).
+    prediction, error = call_model(client, round_, attempt)
+    session = factory()
+    try:
+        result = record_prediction(session, attempt.id, prediction, error, retry_after_s)
+        session.commit()
+        return result, False
+    except (ModelUnavailable, Conflict):
+        # The attempt's new status (unavailable, or scored without a try) is kept.
+        session.commit()
+        raise
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def get_own_attempt(session: Session, writer: User, attempt_id: int) -> Attempt:
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None or attempt.assignment.writer_id != writer.id:
+        raise NotFound(f"no attempt {attempt_id} of yours")
+    return attempt
+
+
+def confirm_attempt(session: Session, writer: User, attempt_id: int, agrees: bool,
+                    judged_label: str | list[str] | None) -> Attempt:
+    """The writer's answer to "would a person say this is <target>?" for a fooling attempt."""
+    attempt = get_own_attempt(session, writer, attempt_id)
+    assignment = attempt.assignment
+    definition = definition_of(assignment.round.task)
+    if attempt.status is not AttemptStatus.scored:
+        raise Conflict(f"attempt {attempt.id} has no model prediction yet ({attempt.status.value}); retry it first")
+    if not attempt.fooled:
+        raise Conflict(f"attempt {attempt.id} did not fool the model; only fooling attempts are confirmed")
+    judged = None
+    if judged_label is not None:
+        if agrees:
+            raise Invalid("judged_label is only given when you answer no (you judge it otherwise)")
+        judged = check_target_label(definition, judged_label)
+    if attempt.confirmed is not None:
+        if attempt.confirmed == agrees and (judged is None or judged == attempt.judged_label):
+            return attempt
+        raise Conflict(f"attempt {attempt.id} was already confirmed as {'yes' if attempt.confirmed else 'no'}")
+    if assignment.status is not AssignmentStatus.active:
+        raise Conflict(f"assignment {assignment.id} is {assignment.status.value}")
+    attempt.confirmed = agrees
+    attempt.judged_label = judged
+    attempt.confirmed_at = utcnow()
+    return attempt
+
+
+# --- examples --------------------------------------------------------------------------
+
+
+def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: Attempt) -> dict[str, Any]:
+    known = {f.name.value: f for f in definition.writer_fields}
+    unknown = sorted(set(extras) - set(known))
+    if unknown:
+        raise Invalid(
+            f"extra field(s) {unknown} are not part of task {definition.name!r}; "
+            f"allowed: {sorted(known) or 'none'}"
+        )
+    cleaned: dict[str, Any] = {}
+    intended = extras.get(WriterFieldName.intended_label.value)
+    for name, spec in known.items():
+        value = extras.get(name)
+        if name == WriterFieldName.target_span.value:
+            # The span is marked on the attempt itself (the model saw it); submit may repeat it.
+            if value is not None and list(value) != attempt.target_span:
+                raise Invalid("target_span differs from the span of the submitted attempt; "
+                              "send the same span or leave it out")
+            if attempt.target_span is not None:
+                start, end = attempt.target_span
+                cleaned[name] = {"start": start, "end": end, "text": attempt.text[start:end]}
+            continue
+        required = spec.required
+        if spec.required_when_intended is not None:
+            required = intended == spec.required_when_intended
+        if value is None or (isinstance(value, str) and not value.strip()):
+            if required:
+                when = f" when the intended label is {spec.required_when_intended!r}" if spec.required_when_intended else ""
+                raise Invalid(f"{name} is required{when}; fill it in")
+            continue
+        if not isinstance(value, str):
+            raise Invalid(f"{name} must be text")
+        choices = definition.field_choices(spec)
+        if choices is not None:
+            if value not in choices:
+                raise Invalid(f"{name} {value!r} is not allowed; choose one of {choices}")
+            cleaned[name] = value
+        else:
+            cleaned[name] = clean_text(value, field=name, max_chars=spec.max_chars)
+    return cleaned
+
+
+def submit_example(session: Session, writer: User, assignment_id: int, attempt_id: int,
+                   extras: dict[str, Any], idempotency_key: str | None) -> tuple[Example, bool]:
+    """Submit one scored attempt as the assignment's example. Returns (example, created)."""
+    assignment = get_own_assignment(session, writer, assignment_id)
+    definition = definition_of(assignment.round.task)
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None or attempt.assignment_id != assignment.id:
+        raise Invalid(f"attempt {attempt_id} does not belong to assignment {assignment.id}")
+    existing = session.scalar(select(Example).where(Example.assignment_id == assignment.id))
+    if existing is not None:
+        if existing.attempt_id == attempt.id:
+            return existing, False
+        raise Conflict(f"assignment {assignment.id} was already submitted with attempt {existing.attempt_id}")
+    _require_active(assignment, utcnow())
+    if attempt.status is not AttemptStatus.scored or not attempt.counts_as_try:
+        raise Conflict(f"attempt {attempt.id} has no model prediction; check it with the model before submitting")
+    if attempt.fooled and attempt.confirmed is None:
+        raise Conflict(
+            f"attempt {attempt.id} fooled the model; confirm first whether a person would say it is "
+            f"{'/'.join(assignment.target_label)} (POST /api/v1/attempts/{attempt.id}/confirmation)"
+        )
+    cleaned = _check_extras(definition, extras, attempt)
+    example = Example(
+        round_id=assignment.round_id,
+        assignment_id=assignment.id,
+        attempt_id=attempt.id,
+        writer_id=writer.id,
+        prompt_id=assignment.prompt_id,
+        condition=assignment.condition,
+        text=attempt.text,
+        target_label=assignment.target_label,
+        model_prediction=attempt.prediction,
+        model_id=attempt.model_id,
+        fooled=bool(attempt.fooled),
+        extras=cleaned,
+        status=ExampleStatus.validating,
+        validation_count=0,
+        validations_needed=definition.validations_per_example,
+        requeue_count=0,
+        idempotency_key=idempotency_key,
+    )
+    session.add(example)
+    assignment.status = AssignmentStatus.submitted
+    assignment.finished_at = utcnow()
+    if example.fooled and attempt.confirmed and assignment.prompt_id is not None:
+        session.execute(
+            update(Prompt).where(Prompt.id == assignment.prompt_id)
+            .values(times_fooled=Prompt.times_fooled + 1)
+            .execution_options(synchronize_session=False)
+        )
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        raise Conflict(f"assignment {assignment.id} is being submitted by another request; retry") from exc
+    return example, True
+

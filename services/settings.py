@@ -1,0 +1,69 @@
+"""One settings object for the backend, read from the environment (prefix ``DYNALOOP_``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PLACEHOLDER_SECRETS = {"", "change-me", "changeme", "secret", "dev-secret-change-me"}
+DEFAULT_SECRET = "dev-secret-change-me"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DYNALOOP_", env_file=".env", extra="ignore")
+
+    environment: Literal["development", "test", "production"] = Field(
+        "development",
+        description="`production` refuses placeholder secrets and SQLite-in-memory URLs.",
+    )
+    data_dir: Path = Field(
+        Path(".dynaloop"), description="Folder for the default SQLite file and model directories."
+    )
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. Default: a SQLite "
+        "file in data_dir.",
+    )
+    secret_key: str = Field(
+        DEFAULT_SECRET,
+        description="Key for pseudonymous worker ids in exports. Set a long random value outside "
+        "development.",
+    )
+    model_timeout_s: float = Field(10.0, gt=0, description="Timeout of one call to a model server.")
+    model_retries: int = Field(
+        2, ge=0, le=5, description="Extra tries on a model server connection error or 5xx."
+    )
+    retry_after_s: int = Field(
+        5, ge=1, description="Seconds a client is told to wait (Retry-After) when the model is down."
+    )
+    max_request_bytes: int = Field(
+        5 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413."
+    )
+    max_prompt_import_rows: int = Field(200_000, ge=1, description="Most prompts in one import.")
+    sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
+
+    @model_validator(mode="after")
+    def _no_placeholder_secret_in_production(self) -> Settings:
+        if self.environment == "production" and (
+            self.secret_key.strip().lower() in PLACEHOLDER_SECRETS or len(self.secret_key) < 16
+        ):
+            raise ValueError(
+                "DYNALOOP_SECRET_KEY is a placeholder or shorter than 16 characters; set it to a "
+                "long random value (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'dynaloop.db').resolve()}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,412 @@
+"""Task definitions: the YAML file a researcher writes to describe a collection task.
+
+A task names its *family* (one of the five the seed papers require, see DESIGN.md "Task
+families"), its labels, the labels validators may give, the writer's constraints and extra
+fields, how many tries and validations it takes, and its onboarding quiz. The YAML is
+validated by pydantic; :func:`load_task_definition` turns every validation problem into one
+line that names the field and says how to fix it.
+
+Example::
+
+    >>> definition = parse_task_definition('''
+    ... name: tiny-sentiment
+    ... title: Tiny ternary sentiment
+    ... family: single_label
+    ... labels: [positive, negative, neutral]
+    ... validation_labels: [positive, negative, neutral, mixed]
+    ... ''')
+    >>> definition.validations_per_example
+    5
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+EXAMPLES_DIR = Path(__file__).parent / "task_examples"
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
+_LABEL_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+# BCP-47 in the shape the seeds use: language, optional script, region or variant subtags.
+_BCP47_RE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z]{4})?(-([A-Za-z]{2}|[0-9]{3}))?(-[A-Za-z0-9]{5,8})*$")
+
+
+class TaskFamily(str, enum.Enum):
+    """The five task families of DESIGN.md."""
+
+    single_label = "single_label"  # DynaSent ternary sentiment
+    binary_variety = "binary_variety"  # BESSTIE sentiment / sarcasm per variety of English
+    intended_sarcasm = "intended_sarcasm"  # iSarcasm: intended (writer) vs perceived (validator)
+    multi_label = "multi_label"  # EthioEmo multi-label emotion
+    target_dependent = "target_dependent"  # MAD-TSC target-dependent sentiment
+
+
+class WriterFieldName(str, enum.Enum):
+    """Extra fields a writer fills in when submitting an example."""
+
+    intended_label = "intended_label"
+    explanation = "explanation"
+    rephrase = "rephrase"
+    category = "category"
+    target_span = "target_span"
+    variety = "variety"
+    domain = "domain"
+
+
+ISARCASM_CATEGORIES = [
+    "sarcasm",
+    "irony",
+    "satire",
+    "understatement",
+    "overstatement",
+    "rhetorical_question",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TextConstraints(_Strict):
+    min_chars: int = Field(1, ge=1, description="Fewest characters a written sentence may have.")
+    max_chars: int = Field(
+        1000, ge=1, le=20000, description="Most characters a written sentence may have."
+    )
+    min_words: int = Field(1, ge=1, description="Fewest whitespace-separated words.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TextConstraints:
+        if self.min_chars > self.max_chars:
+            raise ValueError(
+                f"min_chars ({self.min_chars}) is larger than max_chars ({self.max_chars}); "
+                "lower min_chars or raise max_chars"
+            )
+        return self
+
+
+class WriterField(_Strict):
+    name: WriterFieldName
+    required: bool = False
+    max_chars: int = Field(1000, ge=1, le=20000)
+    choices: list[str] | None = Field(
+        None, description="Allowed values (category, variety, domain). Defaults per field."
+    )
+    required_when_intended: str | None = Field(
+        None,
+        description="Only required when the writer's intended label is this value "
+        "(iSarcasm asks for an explanation and a rephrase of sarcastic texts only).",
+    )
+
+
+class AgreementSettings(_Strict):
+    gold_min_votes: int = Field(
+        3, ge=1, description="Votes a label needs to become gold (DynaSent: 3 of 5)."
+    )
+    dev_test_min_votes: int = Field(
+        4, ge=1, description="Votes the gold label needs for dev/test (DynaSent: 4 of 5)."
+    )
+    unqualify_disagreement_rate: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="A validator who disagrees with the majority more often than this is "
+        "unqualified (DynaSent §3.3: 80%).",
+    )
+    min_labels_for_quality: int = Field(
+        10, ge=1, description="Labels a validator needs before their agreement rate is judged."
+    )
+    requeue_disagreements: int = Field(
+        0,
+        ge=0,
+        le=3,
+        description="How many times an example without a gold label is sent to new validators "
+        "again before it is dropped (EthioEmo: once).",
+    )
+
+
+class QuizQuestion(_Strict):
+    text: str = Field(min_length=1)
+    options: list[str] = Field(min_length=2)
+    answer: str
+    explanation: str | None = None
+
+    @model_validator(mode="after")
+    def _answer_is_option(self) -> QuizQuestion:
+        if self.answer not in self.options:
+            raise ValueError(
+                f"answer {self.answer!r} is not one of the options {self.options}; "
+                "make answer one of the options"
+            )
+        return self
+
+
+class OnboardingQuiz(_Strict):
+    max_attempts: int = Field(5, ge=1, le=20, description="DynaSent: 5 attempts, then held back.")
+    questions: list[QuizQuestion] = Field(min_length=1)
+
+
+class TaskDefinition(_Strict):
+    """A whole task, as written in its YAML file."""
+
+    name: str = Field(description="Identifier used in URLs: lower case, digits and dashes.")
+    title: str = Field(min_length=1, max_length=200)
+    family: TaskFamily
+    description: str = ""
+    labels: list[str] = Field(
+        min_length=2, description="Labels writers target and models predict."
+    )
+    validation_labels: list[str] | None = Field(
+        None,
+        description="Labels validators choose from; defaults to `labels`. May add e.g. "
+        "`mixed`, `discard` or `unknown`.",
+    )
+    label_collapse: dict[str, str] | None = Field(
+        None,
+        description="target_dependent: maps each validation label (5-point) to a task label "
+        "(3-point), MAD-TSC §3.4.",
+    )
+    unknown_label: str | None = Field(
+        None, description="Validation label meaning 'cannot tell' (MAD-TSC `unknown`)."
+    )
+    exclusive_labels: list[str] = Field(
+        default_factory=list,
+        description="multi_label: labels that cannot be combined with others (e.g. neutral).",
+    )
+    language: Annotated[str, Field(description="BCP-47 tag, e.g. en, en-IN, am, om.")] = "en"
+    domain: str | None = None
+    licence: str | None = Field(None, description="Licence of the collected data (datasheet).")
+    constraints: TextConstraints = TextConstraints()
+    tries_per_assignment: int = Field(10, ge=1, le=100)
+    validations_per_example: int = Field(5, ge=1, le=25)
+    validation_batch_size: int = Field(10, ge=1, le=100)
+    assignment_timeout_minutes: int = Field(60, ge=1, le=24 * 60)
+    agreement: AgreementSettings = AgreementSettings()
+    writer_fields: list[WriterField] = Field(default_factory=list)
+    instructions: str = Field("", description="Writer instructions, markdown.")
+    validator_instructions: str = Field("", description="Validator instructions, markdown.")
+    onboarding_quiz: OnboardingQuiz | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a valid task name; use 2-63 lower-case letters, digits "
+                "and dashes, starting with a letter or digit (e.g. dynasent-r2)"
+            )
+        return value
+
+    @field_validator("language")
+    @classmethod
+    def _language_tag(cls, value: str) -> str:
+        if not _BCP47_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a BCP-47 language tag; write e.g. en, en-IN, am or om"
+            )
+        return value
+
+    @field_validator("labels", "validation_labels", "exclusive_labels")
+    @classmethod
+    def _label_shape(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        for label in value:
+            if not _LABEL_RE.match(label):
+                raise ValueError(
+                    f"label {label!r} is not valid; use lower-case letters, digits and "
+                    "underscores, starting with a letter (e.g. weakly_positive)"
+                )
+        duplicates = sorted({label for label in value if value.count(label) > 1})
+        if duplicates:
+            raise ValueError(f"labels {duplicates} appear more than once; list each once")
+        return value
+
+    @model_validator(mode="after")
+    def _family_rules(self) -> TaskDefinition:
+        family = self.family
+        vlabels = self.effective_validation_labels
+        field_names = {f.name for f in self.writer_fields}
+        agreement = self.agreement
+        if agreement.gold_min_votes > self.validations_per_example:
+            raise ValueError(
+                f"agreement.gold_min_votes ({agreement.gold_min_votes}) exceeds "
+                f"validations_per_example ({self.validations_per_example}); lower it"
+            )
+        if agreement.dev_test_min_votes > self.validations_per_example:
+            raise ValueError(
+                f"agreement.dev_test_min_votes ({agreement.dev_test_min_votes}) exceeds "
+                f"validations_per_example ({self.validations_per_example}); lower it"
+            )
+        if family in (TaskFamily.binary_variety, TaskFamily.intended_sarcasm) and len(self.labels) != 2:
+            raise ValueError(
+                f"family {family.value} needs exactly 2 labels, got {len(self.labels)}; "
+                "list the two classes, e.g. [sarcastic, not_sarcastic]"
+            )
+        if family is TaskFamily.target_dependent:
+            if WriterFieldName.target_span not in field_names:
+                raise ValueError(
+                    "family target_dependent needs a writer field `target_span`; add "
+                    "`- {name: target_span, required: true}` to writer_fields"
+                )
+            if not self.label_collapse:
+                raise ValueError(
+                    "family target_dependent needs `label_collapse` mapping every 5-point "
+                    "validation label to one of `labels`"
+                )
+        if self.label_collapse:
+            for vlabel, label in self.label_collapse.items():
+                if vlabel not in vlabels:
+                    raise ValueError(
+                        f"label_collapse key {vlabel!r} is not a validation label; use one of {vlabels}"
+                    )
+                if label not in self.labels:
+                    raise ValueError(
+                        f"label_collapse maps {vlabel!r} to {label!r}, which is not in labels {self.labels}"
+                    )
+            missing = [
+                v for v in vlabels if v not in self.label_collapse and v != self.unknown_label
+            ]
+            if missing:
+                raise ValueError(
+                    f"label_collapse has no entry for validation labels {missing}; map each one "
+                    "or name it as unknown_label"
+                )
+        else:
+            # Without a collapse map every task label must be a validation label.
+            missing = [label for label in self.labels if label not in vlabels]
+            if missing:
+                raise ValueError(
+                    f"validation_labels must include every label; add {missing} to validation_labels"
+                )
+        if self.unknown_label is not None and self.unknown_label not in vlabels:
+            raise ValueError(
+                f"unknown_label {self.unknown_label!r} is not a validation label; add it to validation_labels"
+            )
+        if self.exclusive_labels:
+            if family is not TaskFamily.multi_label:
+                raise ValueError("exclusive_labels only applies to family multi_label; remove it")
+            unknown = [label for label in self.exclusive_labels if label not in self.labels]
+            if unknown:
+                raise ValueError(f"exclusive_labels {unknown} are not in labels {self.labels}")
+        for writer_field in self.writer_fields:
+            if writer_field.name is WriterFieldName.intended_label and family is not TaskFamily.intended_sarcasm:
+                raise ValueError(
+                    "writer field intended_label belongs to family intended_sarcasm; remove it"
+                )
+            if writer_field.required_when_intended is not None:
+                if writer_field.required_when_intended not in self.labels:
+                    raise ValueError(
+                        f"writer field {writer_field.name.value}: required_when_intended "
+                        f"{writer_field.required_when_intended!r} is not in labels {self.labels}"
+                    )
+        if family is TaskFamily.intended_sarcasm and WriterFieldName.intended_label not in field_names:
+            raise ValueError(
+                "family intended_sarcasm needs a writer field `intended_label`; add "
+                "`- {name: intended_label, required: true}` to writer_fields"
+            )
+        if len(field_names) != len(self.writer_fields):
+            raise ValueError("writer_fields lists a field more than once; list each field once")
+        return self
+
+    @property
+    def effective_validation_labels(self) -> list[str]:
+        return list(self.validation_labels or self.labels)
+
+    @property
+    def is_multi_label(self) -> bool:
+        return self.family is TaskFamily.multi_label
+
+    def writer_field(self, name: WriterFieldName) -> WriterField | None:
+        for writer_field in self.writer_fields:
+            if writer_field.name is name:
+                return writer_field
+        return None
+
+    def field_choices(self, writer_field: WriterField) -> list[str] | None:
+        """Allowed values of a writer field, with the family's defaults."""
+        if writer_field.choices is not None:
+            return list(writer_field.choices)
+        if writer_field.name is WriterFieldName.intended_label:
+            return list(self.labels)
+        if writer_field.name is WriterFieldName.category and self.family is TaskFamily.intended_sarcasm:
+            return list(ISARCASM_CATEGORIES)
+        return None
+
+
+class TaskDefinitionError(ValueError):
+    """A task YAML that cannot be used; ``problems`` has one line per field."""
+
+    def __init__(self, problems: list[str], source: str = "task definition") -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__(f"{source} is not valid:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _describe(error: dict[str, object]) -> str:
+    loc = ".".join(str(part) for part in error.get("loc", ()) if part != "__root__")
+    message = str(error.get("msg", "invalid"))
+    message = message.removeprefix("Value error, ")
+    kind = error.get("type")
+    if kind == "missing":
+        message = "is required; add it"
+    elif kind == "extra_forbidden":
+        message = "is not a known field; remove it or check its spelling"
+    elif kind == "enum":
+        message = f"{message} (got {error.get('input')!r})"
+    elif kind == "string_type" and isinstance(error.get("input"), (bool, int, float)):
+        # YAML turns unquoted True/False/yes/no/on/off and numbers into non-strings, e.g.
+        # the True/False options of the DynaSent onboarding quiz (Table 11).
+        message = (
+            f"{message}, got {error.get('input')!r}: YAML reads unquoted yes/no/true/false/"
+            "on/off and numbers as non-text; put the value in quotes, e.g. \"True\""
+        )
+    return f"{loc}: {message}" if loc else message
+
+
+def parse_task_definition(text: str, source: str = "task definition") -> TaskDefinition:
+    """Parse and validate task YAML text; raise :class:`TaskDefinitionError` with field-level fixes."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise TaskDefinitionError([f"YAML syntax error{where}: {getattr(exc, 'problem', exc)}"], source) from exc
+    if not isinstance(data, dict):
+        raise TaskDefinitionError(
+            ["the file must be a YAML mapping with name, title, family and labels at the top"], source
+        )
+    try:
+        return TaskDefinition.model_validate(data)
+    except ValidationError as exc:
+        raise TaskDefinitionError([_describe(e) for e in exc.errors()], source) from exc
+
+
+def load_task_definition(path: Path | str) -> TaskDefinition:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskDefinitionError(["the file is not UTF-8 text; save it as UTF-8"], str(path)) from exc
+    return parse_task_definition(text, source=str(path))
+
+
+def example_paths() -> list[Path]:
+    """The example task files that ship with dynaloop, one per seed paper."""
+    return sorted(EXAMPLES_DIR.glob("*.yaml"))
+
+
+def example_path(name: str) -> Path:
+    for path in example_paths():
+        if path.stem == name:
+            return path
+    known = ", ".join(p.stem for p in example_paths())
+    raise KeyError(f"no example task {name!r}; known examples: {known}")
+

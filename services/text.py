@@ -1,0 +1,63 @@
+"""Normalisation and checks for text that people type (sentences, explanations, prompts)."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from services.errors import Invalid
+
+# Newline and tab are allowed in free text; every other control character is refused.
+_ALLOWED_CONTROL = {"\n", "\t"}
+
+
+def normalize_text(value: str) -> str:
+    """NFC-normalise, turn CRLF into LF and strip surrounding white space.
+
+    NFC keeps Ge'ez and other scripts intact while making visually identical strings equal
+    (important for duplicate prompts and edit distances).
+    """
+    return unicodedata.normalize("NFC", value.replace("\r\n", "\n").replace("\r", "\n")).strip()
+
+
+def clean_text(
+    value: str,
+    *,
+    field: str = "text",
+    min_chars: int = 1,
+    max_chars: int = 1000,
+    min_words: int = 1,
+) -> str:
+    """Return ``value`` normalised, or raise :class:`Invalid` with a message that says what to fix."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Invalid(
+            f"{field} is not valid UTF-8 (it contains a lone surrogate at position {exc.start}); "
+            "send the text encoded as UTF-8",
+            field=field,
+        ) from exc
+    for position, char in enumerate(value):
+        if char in _ALLOWED_CONTROL:
+            continue
+        category = unicodedata.category(char)
+        if category == "Cc" or char in ("\u2028", "\u2029") or category == "Cs":
+            raise Invalid(
+                f"{field} contains a control character (U+{ord(char):04X}) at position {position}; "
+                "remove it",
+                field=field,
+            )
+    text = normalize_text(value)
+    if not text:
+        raise Invalid(f"{field} is empty; write some text", field=field)
+    if len(text) < min_chars:
+        raise Invalid(
+            f"{field} has {len(text)} characters; it needs at least {min_chars}", field=field
+        )
+    if len(text) > max_chars:
+        raise Invalid(
+            f"{field} has {len(text)} characters; the limit is {max_chars}, shorten it", field=field
+        )
+    words = len(text.split())
+    if words < min_words:
+        raise Invalid(f"{field} has {words} word(s); it needs at least {min_words}", field=field)
+    return text

@@ -1,0 +1,209 @@
+"""Shared fixtures: a real database (SQLite always, PostgreSQL when
+DYNALOOP_TEST_POSTGRES_URL is set), the API app, and a real HTTP stub model server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from services.api.app import create_app
+from services.db.engine import session_scope
+from services.db.migrate import upgrade
+from services.db.models import Base
+from services.domain import users
+from services.settings import Settings
+from services.taskdef import example_path
+from tests.stub_model_server import ThreadedServer, create_stub_app
+
+POSTGRES_URL = os.environ.get("DYNALOOP_TEST_POSTGRES_URL")
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+    not POSTGRES_URL, reason="DYNALOOP_TEST_POSTGRES_URL is not set (.ci/run sets it)"))]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One migrated database per backend for the whole session; tables are emptied per test."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("db") / "dynaloop.db"
+        url = f"sqlite:///{path}"
+        upgrade(url)
+        yield url
+        return
+    assert POSTGRES_URL is not None
+    server = make_url(POSTGRES_URL)
+    name = f"dynaloop_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    url = server.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name AND pid <> pg_backend_pid()"
+            ), {"name": name})
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+def empty_tables(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            if engine.dialect.name == "postgresql":
+                names = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+                connection.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+            else:
+                for table in reversed(Base.metadata.sorted_tables):
+                    connection.execute(table.delete())
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def stub_model() -> Iterator[ThreadedServer]:
+    server = ThreadedServer(create_stub_app(["positive", "negative", "neutral"]), free_port()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def stub_multi_label_model() -> Iterator[ThreadedServer]:
+    labels = ["anger", "disgust", "fear", "joy", "sadness", "surprise", "neutral"]
+    server = ThreadedServer(create_stub_app(labels, multi_label=True), free_port()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=False)
+def reset_stubs(stub_model: ThreadedServer) -> Iterator[None]:
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "normal"})
+    yield
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "normal"})
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    empty_tables(database_url)
+    return Settings(database_url=database_url, environment="test", data_dir=tmp_path, model_retries=1,
+                    model_timeout_s=2.0, retry_after_s=3, max_request_bytes=256 * 1024)
+
+
+@pytest.fixture
+def app(settings: Settings, reset_stubs: None) -> Any:
+    return create_app(settings)
+
+
+@pytest.fixture
+def client(app: Any) -> Iterator[TestClient]:
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@dataclass
+class Actor:
+    """A user and the headers that authenticate them."""
+
+    username: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+@pytest.fixture
+def make_user(app: Any):  # type: ignore[no-untyped-def]
+    def _make(username: str, *roles: str) -> Actor:
+        with session_scope(app.state.sessionmaker) as session:
+            user = users.create_user(session, None, username, list(roles))
+            _, token = users.issue_token(session, None, user)
+        return Actor(username, token)
+
+    return _make
+
+
+@pytest.fixture
+def researcher(make_user) -> Actor:  # type: ignore[no-untyped-def]
+    return make_user("rita", "researcher")
+
+
+@pytest.fixture
+def writer(make_user) -> Actor:  # type: ignore[no-untyped-def]
+    return make_user("walt", "writer")
+
+
+@pytest.fixture
+def validators(make_user) -> list[Actor]:  # type: ignore[no-untyped-def]
+    return [make_user(f"val{i}", "validator") for i in range(1, 7)]
+
+
+def example_yaml(name: str, **overrides: Any) -> str:
+    """A shipped example task's YAML, with top-level keys replaced (e.g. no quiz)."""
+    import yaml
+
+    data = yaml.safe_load(example_path(name).read_text(encoding="utf-8"))
+    for key, value in overrides.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
+
+
+def open_round(client: TestClient, researcher: Actor, yaml_text: str, endpoint: str | None,
+               prompts: list[str] | None = None, **round_options: Any) -> dict[str, Any]:
+    """Create a task from YAML, open round 1 with the model endpoint, import prompts."""
+    response = client.post("/api/v1/tasks", content=yaml_text.encode("utf-8"),
+                           headers={**researcher.headers, "Content-Type": "application/yaml"})
+    assert response.status_code == 201, response.text
+    task = response.json()["name"]
+    body = {"model_endpoints": [endpoint] if endpoint else [], **round_options}
+    response = client.post(f"/api/v1/tasks/{task}/rounds", json=body, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    round_ = response.json()
+    if prompts:
+        import json
+
+        lines = "\n".join(json.dumps({"text": p, "id": f"p{i}"}) for i, p in enumerate(prompts))
+        response = client.post(f"/api/v1/rounds/{round_['id']}/prompts", content=lines.encode("utf-8"),
+                               headers={**researcher.headers, "Content-Type": "application/x-ndjson"})
+        assert response.status_code == 200, response.text
+    return round_
+
+
+def table_counts(app: Any) -> dict[str, int]:
+    """Row counts of every table: compared before and after a rejected request."""
+    with app.state.engine.connect() as connection:
+        return {
+            table.name: connection.execute(text(f'SELECT COUNT(*) FROM "{table.name}"')).scalar_one()
+            for table in Base.metadata.sorted_tables
+        }
+
+
+def table_snapshot(app: Any, *tables: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Full contents of the named tables (every column), for 'nothing changed' assertions."""
+    with app.state.engine.connect() as connection:
+        return {
+            name: [tuple(row) for row in connection.execute(text(f'SELECT * FROM "{name}" ORDER BY id'))]
+            for name in tables
+        }

@@ -1,0 +1,86 @@
+"""The writer's flow through the API, against a real HTTP stub model server."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import example_yaml, open_round, table_counts
+
+PROMPTS = ["The soup was fine and the bread was fresh.", "We went there on a Sunday afternoon.",
+           "The staff were friendly and quick."]
+
+
+@pytest.fixture
+def dynasent_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
+    return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None),
+                      stub_model.url, PROMPTS)
+
+
+def test_writer_fools_model_confirms_and_submits(client, writer, dynasent_round):  # type: ignore[no-untyped-def]
+    response = client.post(f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={}, headers=writer.headers)
+    assert response.status_code == 201, response.text
+    assignment = response.json()
+    assert assignment["prompt"]["text"] in PROMPTS
+    assert assignment["tries_allowed"] == 10
+    target = assignment["target_label"][0]
+    # Resuming returns the same assignment.
+    again = client.post(f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={}, headers=writer.headers)
+    assert again.status_code == 200 and again.json()["id"] == assignment["id"]
+
+    fooling_word = {"positive": "terrible", "negative": "great", "neutral": "great"}[target]
+    text = f"{assignment['prompt']['text']} Honestly {fooling_word} stuff"
+    response = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
+                           headers={**writer.headers, "Idempotency-Key": "k1"})
+    assert response.status_code == 201, response.text
+    attempt = response.json()
+    assert attempt["status"] == "scored" and attempt["fooled"] is True and attempt["counts_as_try"]
+    assert attempt["prediction"] != [target]
+    assert 0 < attempt["edit_distance"] < 1
+    assert set(attempt["probabilities"]) == {"positive", "negative", "neutral"}
+
+    # Retried request with the same key: same attempt, no new try.
+    replay = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
+                         headers={**writer.headers, "Idempotency-Key": "k1"})
+    assert replay.status_code == 200 and replay.json()["id"] == attempt["id"]
+    state = client.get(f"/api/v1/assignments/{assignment['id']}", headers=writer.headers).json()
+    assert state["tries_used"] == 1 and len(state["attempts"]) == 1
+
+    # Submitting an unconfirmed fooling attempt is refused.
+    response = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
+                           headers=writer.headers)
+    assert response.status_code == 409 and "confirm" in response.json()["error"]["message"]
+
+    response = client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True},
+                           headers=writer.headers)
+    assert response.status_code == 200 and response.json()["confirmed"] is True
+    response = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
+                           headers=writer.headers)
+    assert response.status_code == 201, response.text
+    example = response.json()
+    assert example["fooled"] and example["text"] == text and example["status"] == "validating"
+    again = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
+                        headers=writer.headers)
+    assert again.status_code == 200 and again.json()["id"] == example["id"]
+
+
+def test_model_down_keeps_attempt_and_consumes_no_try(client, writer, dynasent_round, stub_model, app):  # type: ignore[no-untyped-def]
+    assignment = client.post(f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={},
+                             headers=writer.headers).json()
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "fail"})
+    response = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": "A fine test sentence."},
+                           headers={**writer.headers, "Idempotency-Key": "down-1"})
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "3"
+    body = response.json()["error"]
+    assert body["code"] == "model_unavailable" and "no try was used" in body["message"]
+    state = client.get(f"/api/v1/assignments/{assignment['id']}", headers=writer.headers).json()
+    assert state["tries_used"] == 0
+    assert [a["status"] for a in state["attempts"]] == ["model_unavailable"]
+    # The model comes back; the retry with the same key scores the same attempt.
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "normal"})
+    response = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": "A fine test sentence."},
+                           headers={**writer.headers, "Idempotency-Key": "down-1"})
+    assert response.status_code == 201, response.text
+    assert response.json()["id"] == body["details"]["attempt_id"]
+    assert table_counts(app)["attempts"] == 1
