@@ -110,11 +110,17 @@ def task_list_examples() -> None:
     """List the example task files that ship with dynaloop (one per seed paper)."""
     from services.taskdef import example_paths, load_task_definition
 
-    table = Table("example", "family", "language", "title", "path")
+    from services.taskdef import EXAMPLES_DIR
+
+    table = Table()
+    for column in ("example", "family", "language"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("title")
     for path in example_paths():
         definition = load_task_definition(path)
-        table.add_row(path.stem, definition.family.value, definition.language, definition.title, str(path))
+        table.add_row(path.stem, definition.family.value, definition.language, definition.title)
     console.print(table)
+    console.print(f"files in {EXAMPLES_DIR}; `dynaloop task show-example NAME` prints one", soft_wrap=True)
 
 
 @task_app.command("show-example")

@@ -63,16 +63,18 @@ class BodySizeLimit:
                 except ValueError:
                     pass
         received = 0
+        exceeded = False
 
         class _TooLarge(Exception):
             pass
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    exceeded = True
                     raise _TooLarge
             return message
 
@@ -80,6 +82,10 @@ class BodySizeLimit:
 
         async def tracking_send(message: Message) -> None:
             nonlocal response_started
+            if exceeded and not response_started:
+                # FastAPI turns an exception raised while it reads the body into its own 400
+                # ("error parsing the body"); the answer to a cut-off body is the 413 below.
+                return
             if message["type"] == "http.response.start":
                 response_started = True
             await send(message)
@@ -87,8 +93,9 @@ class BodySizeLimit:
         try:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
-            if not response_started:
-                await too_large(scope, receive, send)
+            pass
+        if exceeded and not response_started:
+            await too_large(scope, receive, send)
 
 
 def add_exception_handlers(app: FastAPI) -> None:
@@ -111,12 +118,20 @@ def add_exception_handlers(app: FastAPI) -> None:
                 problems.append(f"{loc}: is required")
             elif kind == "extra_forbidden":
                 problems.append(f"{loc}: is not a known field; remove it")
+            elif kind == "string_unicode":
+                problems.append(f"{loc}: is not valid Unicode text (it contains a lone surrogate such as "
+                                "\\ud800); send the text encoded as UTF-8")
             else:
                 problems.append(f"{loc}: {error.get('msg')}")
         return _error(422, "invalid", "; ".join(problems), {"problems": problems})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+            # FastAPI answers a JSON body that is not UTF-8 with a bare 400; say what to fix.
+            problem = (f"the body is not valid UTF-8 (bad byte at offset {exc.__cause__.start}); "
+                       "send a UTF-8 JSON object")
+            return _error(422, "invalid", problem, {"problems": [problem]})
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 
