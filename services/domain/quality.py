@@ -146,11 +146,13 @@ class ValidatorAgreement:
     qualified: bool
 
 
-def validator_agreement(session: Session, task: Task, round_: Round | None = None) -> list[ValidatorAgreement]:
+def validator_agreement(session: Session, task: Task, round_: Round | None = None,
+                        only_user_id: int | None = None) -> list[ValidatorAgreement]:
     """Each validator's rate of agreement with the majority (DynaSent Fig. 6).
 
     The majority of an example comes from its counted labels; every label a validator gave
-    (counted or not) is compared with it. Examples without a majority are not judged.
+    (counted or not) is compared with it. Examples without a majority are not judged. With
+    ``only_user_id`` only the examples that validator labelled are read.
     """
     definition = definition_of(task)
     query = (
@@ -161,6 +163,9 @@ def validator_agreement(session: Session, task: Task, round_: Round | None = Non
     )
     if round_ is not None:
         query = query.where(Example.round_id == round_.id)
+    if only_user_id is not None:
+        labelled = select(Validation.example_id).where(Validation.validator_id == only_user_id)
+        query = query.where(Validation.example_id.in_(labelled))
     by_example: dict[int, list[tuple[int, list[str], bool]]] = defaultdict(list)
     for example_id, validator_id, label, counted in session.execute(query):
         by_example[example_id].append((validator_id, label, counted))
@@ -259,7 +264,7 @@ def apply_agreement_threshold(session: Session, actor: User | None, task: Task,
     definition = definition_of(task)
     settings = definition.agreement
     unqualified = []
-    for row in validator_agreement(session, task):
+    for row in validator_agreement(session, task, only_user_id=only_user_id):
         if only_user_id is not None and row.user_id != only_user_id:
             continue
         worker = task_worker(session, task, session.get(User, row.user_id))  # type: ignore[arg-type]

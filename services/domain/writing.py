@@ -359,7 +359,8 @@ def make_attempt(factory: sessionmaker[Session], client: ModelClient, writer_id:
     Returns (attempt, replayed)."""
     with factory.begin() as session:
         writer = session.get(User, writer_id)
-        assert writer is not None  # authenticated by the caller
+        if writer is None:
+            raise NotFound(f"no user {writer_id}")
         attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
         round_ = attempt.assignment.round
         round_.task  # load before the transaction ends  # noqa: B018
