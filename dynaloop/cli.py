@@ -322,10 +322,13 @@ def demo(host: str = "127.0.0.1", port: int = 8000,
     console.print(f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), "
                   f"{setup.prompts} prompts; model in the loop: {', '.join(setup.model_endpoints) or 'none yet'}")
     table = Table("role", "username", "password")
-    table.add_column("API token", overflow="fold")
     for login in setup.logins:
-        table.add_row(login.role, login.username, login.password, login.token)
+        table.add_row(login.role, login.username, login.password)
     console.print(table)
+    console.print("API tokens (valid 30 days; `Authorization: Bearer <token>`):")
+    for login in setup.logins:
+        # Plain print: a token must never be folded by the terminal width.
+        print(f"  {login.username:<12} {login.token}")
     console.print(f"API: {base}/api/v1   docs: {base}/docs")
     if not setup.model_endpoints:
         console.print("[yellow]No model server is in the loop yet: attempts answer 503 until one is set "

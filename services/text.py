@@ -7,7 +7,9 @@ import unicodedata
 from services.errors import Invalid
 
 # Newline and tab are allowed in free text; every other control character is refused.
-_ALLOWED_CONTROL = {"\n", "\t"}
+# Carriage returns are allowed too: browsers submit textarea line breaks as CRLF, and
+# normalize_text turns CR and CRLF into LF before anything is stored.
+_ALLOWED_CONTROL = {"\n", "\t", "\r"}
 
 
 def normalize_text(value: str) -> str:

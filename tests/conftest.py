@@ -7,6 +7,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,31 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@contextmanager
+def fresh_postgres_database(server_url: str | None = None) -> Iterator[str]:
+    """A new, empty database on the PostgreSQL server of ``server_url`` (default:
+    DYNALOOP_TEST_POSTGRES_URL); yields its URL and drops it afterwards, even on failure."""
+    server_url = server_url or POSTGRES_URL
+    assert server_url is not None, "DYNALOOP_TEST_POSTGRES_URL is not set"
+    server = make_url(server_url)
+    name = f"dynaloop_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield server.set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as connection:
+                connection.execute(text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ), {"name": name})
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    finally:
+        admin.dispose()
+
+
 @pytest.fixture(scope="session", params=BACKENDS)
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One migrated database per backend for the whole session; tables are emptied per test."""
@@ -46,23 +72,9 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         upgrade(url)
         yield url
         return
-    assert POSTGRES_URL is not None
-    server = make_url(POSTGRES_URL)
-    name = f"dynaloop_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = server.set(database=name).render_as_string(hide_password=False)
-    try:
+    with fresh_postgres_database() as url:
         upgrade(url)
         yield url
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name AND pid <> pg_backend_pid()"
-            ), {"name": name})
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
 
 
 def empty_tables(url: str) -> None:

@@ -11,13 +11,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.routes import tasks, users, validating, writing
 from services.db.engine import make_engine, make_sessionmaker
-from services.errors import DomainError, ModelUnavailable
+from services.errors import DomainError, ModelUnavailable, Unauthorized
 from services.model_client import ModelClient
 from services.settings import Settings, get_settings
 
@@ -104,6 +104,8 @@ def add_exception_handlers(app: FastAPI) -> None:
         headers = None
         if isinstance(exc, ModelUnavailable):
             headers = {"Retry-After": str(exc.details.get("retry_after_s", 5))}
+        elif isinstance(exc, Unauthorized):
+            headers = {"WWW-Authenticate": "Bearer"}
         return _error(exc.status_code, exc.code, exc.message, exc.details, headers)
 
     @app.exception_handler(RequestValidationError)
@@ -133,7 +135,13 @@ def add_exception_handlers(app: FastAPI) -> None:
                        "send a UTF-8 JSON object")
             return _error(422, "invalid", problem, {"problems": [problem]})
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"there is no endpoint {request.method} {request.url.path}; see /docs for the API"
+        elif exc.status_code == 405 and message == "Method Not Allowed":
+            allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path}; use {allowed or 'another method'}"
+        return _error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(OperationalError)
     async def _database_down(request: Request, exc: OperationalError) -> JSONResponse:
@@ -143,10 +151,30 @@ def add_exception_handlers(app: FastAPI) -> None:
                       f"the database cannot be used right now ({reason[:200]}); nothing was saved, retry later",
                       headers={"Retry-After": "5"})
 
+    @app.exception_handler(IntegrityError)
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
+        # A unique constraint that a concurrent request satisfied first is a race, not a bug:
+        # the client should retry (and will then get the usual answer, e.g. "already exists").
+        orig = exc.orig
+        unique = getattr(orig, "sqlstate", None) == "23505" or "UNIQUE constraint failed" in str(orig)
+        if unique:
+            logger.info("unique constraint race: %s", orig)
+            return _error(409, "conflict", "another request changed the same data at the same moment; "
+                          "nothing was saved, retry")
+        logger.exception("database integrity error")
+        return _error(500, "database_error", "the database refused the change; nothing was saved")
+
     @app.exception_handler(SQLAlchemyError)
     async def _database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
         logger.exception("database error")
         return _error(500, "database_error", "the database refused the change; nothing was saved")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input: keep the documented error shape and log the traceback.
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error(500, "internal_error", "an unexpected error occurred; nothing was saved. "
+                      "Please report it with the time of the request")
 
 
 def create_app(settings: Settings | None = None, model_client: ModelClient | None = None) -> FastAPI:

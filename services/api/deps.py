@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.db.models import Role, User
 from services.domain.users import authenticate_token
+from services.domain.writing import expire_due_assignments
 from services.errors import Forbidden, Unauthorized
 from services.model_client import ModelClient
 from services.settings import Settings
@@ -73,7 +74,17 @@ def _requires(role: Role):  # type: ignore[no-untyped-def]
     return check
 
 
-CurrentWriter = Annotated[User, Depends(_requires(Role.writer))]
+def current_writer(session: SessionDep, user: Annotated[User, Depends(_requires(Role.writer))]) -> User:
+    # Expire the writer's overdue assignments first and commit: a 410 later in the request
+    # rolls its own transaction back, and the expiry must not go with it.
+    expire_due_assignments(session, user.id)
+    # Commit, never roll back: a rollback would expire `user`, and reloading it would open a
+    # new transaction that (on SQLite) holds the write lock for the rest of the request.
+    session.commit()
+    return user
+
+
+CurrentWriter = Annotated[User, Depends(current_writer)]
 CurrentValidator = Annotated[User, Depends(_requires(Role.validator))]
 CurrentResearcher = Annotated[User, Depends(_requires(Role.researcher))]
 CurrentAdmin = Annotated[User, Depends(_requires(Role.admin))]

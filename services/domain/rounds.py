@@ -64,6 +64,9 @@ def create_round(session: Session, actor: User | None, task: Task, *, model_endp
                  notes: str | None = None) -> Round:
     if not 0.0 <= no_prompt_fraction <= 1.0:
         raise Invalid(f"no_prompt_fraction must be between 0 and 1, got {no_prompt_fraction}")
+    # Lock the task row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises) so two
+    # concurrent requests cannot both find no open round and open rounds 1 and 2.
+    session.execute(select(Task.id).where(Task.id == task.id).with_for_update())
     open_round = session.scalar(
         select(Round).where(
             Round.task_id == task.id,
@@ -180,7 +183,9 @@ def _rows_from_jsonl(text: str) -> list[tuple[int, dict[str, Any] | str]]:
 
 
 def _rows_from_csv(text: str) -> list[tuple[int, dict[str, Any] | str]]:
-    reader = csv.DictReader(io.StringIO(text))
+    # strict: an unterminated quote or stray text after a closing quote is an error, not a
+    # prompt that silently swallows the rest of the file.
+    reader = csv.DictReader(io.StringIO(text), strict=True)
     if reader.fieldnames is None or "text" not in reader.fieldnames:
         raise Invalid(
             f"the CSV has no `text` column (columns: {reader.fieldnames or []}); add a header row "

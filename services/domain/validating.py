@@ -154,7 +154,8 @@ def submit_validation(session: Session, validator: User, example_id: int, raw_la
     try:
         session.flush()
     except IntegrityError as exc:
-        raise Conflict(f"your label for example {example.id} is being recorded by another request; retry") from exc
+        # example_id, not example.id: after the failed flush the session cannot load anything.
+        raise Conflict(f"your label for example {example_id} is being recorded by another request; retry") from exc
     session.execute(
         delete(ValidationClaim).where(ValidationClaim.example_id == example.id,
                                       ValidationClaim.validator_id == validator.id)

@@ -187,10 +187,18 @@ def _require_active(assignment: Assignment, now: dt.datetime) -> None:
             f"assignment {assignment.id} expired at {assignment.expires_at.isoformat()}; "
             "request a new assignment"
         )
-    if assignment.status is not AssignmentStatus.active:
-        raise Conflict(f"assignment {assignment.id} is {assignment.status.value}; request a new assignment")
+    # The round first: closing a round expires its assignments, and "request a new
+    # assignment" would be wrong advice there.
     if assignment.round.status is not RoundStatus.collecting:
         raise Conflict(f"round {assignment.round.number} is {assignment.round.status.value}, not collecting")
+    if assignment.status is AssignmentStatus.expired:
+        # Usually marked already (and committed) by the writer dependency; still 410, not 409.
+        raise Gone(
+            f"assignment {assignment.id} expired at {assignment.expires_at.isoformat()}; "
+            "request a new assignment"
+        )
+    if assignment.status is not AssignmentStatus.active:
+        raise Conflict(f"assignment {assignment.id} is {assignment.status.value}; request a new assignment")
 
 
 def skip_assignment(session: Session, writer: User, assignment_id: int) -> Assignment:
@@ -294,7 +302,9 @@ def call_model(client: ModelClient, round_: Round, attempt: Attempt) -> tuple[An
 def record_prediction(session: Session, attempt_id: int, prediction: Any, error: str | None,
                       retry_after_s: int) -> Attempt:
     """Second transaction of POST /attempts: store what the model said, or that it was down."""
-    attempt = session.get(Attempt, attempt_id)
+    # Row lock (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): two retries with the
+    # same Idempotency-Key that both found the attempt pending must not both consume a try.
+    attempt = session.get(Attempt, attempt_id, with_for_update=True)
     if attempt is None:
         raise NotFound(f"attempt {attempt_id} disappeared")
     if attempt.status is AttemptStatus.scored:
@@ -515,6 +525,19 @@ def submit_example(session: Session, writer: User, assignment_id: int, attempt_i
     try:
         session.flush()
     except IntegrityError as exc:
-        raise Conflict(f"assignment {assignment.id} is being submitted by another request; retry") from exc
+        # assignment_id, not assignment.id: the failed flush expired the object.
+        raise Conflict(f"assignment {assignment_id} is being submitted by another request; retry") from exc
     return example, True
 
+
+def expire_due_assignments(session: Session, writer_id: int) -> int:
+    """Mark the writer's assignments whose time ran out as expired (its own transaction, so
+    the change survives an error the request may raise afterwards)."""
+    now = utcnow()
+    return session.execute(
+        update(Assignment)
+        .where(Assignment.writer_id == writer_id, Assignment.status == AssignmentStatus.active,
+               Assignment.expires_at <= now)
+        .values(status=AssignmentStatus.expired, finished_at=now)
+        .execution_options(synchronize_session=False)
+    ).rowcount

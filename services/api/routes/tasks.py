@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, status
 from pydantic import ValidationError
 
 from services.api.deps import CurrentResearcher, CurrentUser, CurrentWriter, SessionDep, SettingsDep
@@ -54,11 +54,17 @@ async def _body_text(request: Request) -> bytes:
     return await request.body()
 
 
+# The body is read by an async dependency so that the endpoints themselves are plain `def`:
+# FastAPI runs those in its thread pool. An `async def` endpoint would run its (blocking)
+# database work on the event loop and, on SQLite, stall every other request, even deadlock
+# with one whose rollback waits for the loop.
+RawBody = Annotated[bytes, Depends(_body_text)]
+
+
 @router.post("/tasks", response_model=TaskPublic, status_code=status.HTTP_201_CREATED, tags=["tasks"],
              openapi_extra=_YAML_BODY)
-async def create_task(request: Request, session: SessionDep, researcher: CurrentResearcher) -> TaskPublic:
+def create_task(request: Request, session: SessionDep, researcher: CurrentResearcher, raw: RawBody) -> TaskPublic:
     """Create a task from its YAML file (raw `application/yaml`, or JSON `{"definition_yaml": ...}`)."""
-    raw = await _body_text(request)
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type == "application/json":
         try:
@@ -140,17 +146,16 @@ def set_round_model(round_id: int, body: RoundModelUpdate, session: SessionDep,
 
 @router.post("/rounds/{round_id}/prompts", response_model=PromptImportPublic, tags=["rounds"],
              openapi_extra=_PROMPT_BODY)
-async def import_prompts(round_id: int, request: Request, session: SessionDep, settings: SettingsDep,
-                         researcher: CurrentResearcher,
-                         format: str | None = Query(None, description="jsonl or csv; default from Content-Type")
-                         ) -> PromptImportPublic:
+def import_prompts(round_id: int, request: Request, session: SessionDep, settings: SettingsDep,
+                   researcher: CurrentResearcher, content: RawBody,
+                   format: str | None = Query(None, description="jsonl or csv; default from Content-Type")
+                   ) -> PromptImportPublic:
     """Import prompts into the round's prompt set. One bad row and nothing is imported."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     file_format = format or {"text/csv": "csv", "application/x-ndjson": "jsonl", "application/jsonl": "jsonl",
                              "application/json": "jsonl"}.get(content_type)
     if file_format is None:
         raise Invalid("say what the file is: Content-Type text/csv or application/x-ndjson, or ?format=csv|jsonl")
-    content = await request.body()
     report = rounds.import_prompts(session, researcher, rounds.get_round(session, round_id), content,
                                    file_format, max_rows=settings.max_prompt_import_rows)
     session.commit()
