@@ -77,10 +77,10 @@ def start(client: Any, actor: Actor, round_id: int, **body: Any) -> dict[str, An
     return response.json()
 
 
-def submittable(client: Any, actor: Actor, round_id: int, text: str, **fields: Any
-                ) -> tuple[dict[str, Any], dict[str, Any]]:
+def submittable(client: Any, actor: Actor, round_id: int, text: str, target_label: str | None = None,
+                **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """An assignment and a scored attempt that may be submitted (confirmed when it fooled)."""
-    assignment = start(client, actor, round_id)
+    assignment = start(client, actor, round_id, **({"target_label": target_label} if target_label else {}))
     response = post_attempt(client, actor, assignment["id"], text, **fields)
     assert response.status_code == 201, response.text
     attempt = response.json()
@@ -92,8 +92,9 @@ def submittable(client: Any, actor: Actor, round_id: int, text: str, **fields: A
 
 
 def write_example(client: Any, actor: Actor, round_id: int, text: str = NEUTRAL_TEXT,
-                  extras: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
-    assignment, attempt = submittable(client, actor, round_id, text, **fields)
+                  extras: dict[str, Any] | None = None, target_label: str | None = None,
+                  **fields: Any) -> dict[str, Any]:
+    assignment, attempt = submittable(client, actor, round_id, text, target_label, **fields)
     response = client.post(f"{API}/assignments/{assignment['id']}/example",
                            json={"attempt_id": attempt["id"], "extras": extras or {}}, headers=actor.headers)
     assert response.status_code == 201, response.text
@@ -451,8 +452,9 @@ SARCASTIC_TEXT = "Oh sure, another Monday meeting at seven, exactly what everyon
 
 @pytest.fixture
 def sarcasm_round(client, researcher, sarcasm_model):  # type: ignore[no-untyped-def]
+    # Writers choose the target, so each case can write for the label its extras intend.
     return open_round(client, researcher, example_yaml("isarcasm", onboarding_quiz=None), sarcasm_model.url,
-                      ["Mondays are the best day of the week for meetings."])
+                      ["Mondays are the best day of the week for meetings."], target_label_mode="writer_choice")
 
 
 @pytest.mark.parametrize(("extras", "fragments"), [
@@ -471,7 +473,7 @@ def sarcasm_round(client, researcher, sarcasm_model):  # type: ignore[no-untyped
     ({"intended_label": "not_sarcastic", "target_span": [0, 3]}, ["['target_span']", "not part of task"]),
 ])
 def test_isarcasm_writer_fields(client, app, writer, sarcasm_round, extras, fragments):  # type: ignore[no-untyped-def]
-    assignment, attempt = submittable(client, writer, sarcasm_round["id"], SARCASTIC_TEXT)
+    assignment, attempt = submittable(client, writer, sarcasm_round["id"], SARCASTIC_TEXT, target_label="sarcastic")
     with unchanged(app):
         response = client.post(f"{API}/assignments/{assignment['id']}/example",
                                json={"attempt_id": attempt["id"], "extras": extras}, headers=writer.headers)
@@ -481,7 +483,8 @@ def test_isarcasm_writer_fields(client, app, writer, sarcasm_round, extras, frag
 def test_isarcasm_complete_extras_are_accepted(client, writer, sarcasm_round):  # type: ignore[no-untyped-def]
     extras = {"intended_label": "sarcastic", "explanation": "Nobody wants a meeting at seven.",
               "rephrase": "I do not want a meeting at seven on Monday.", "category": "sarcasm"}
-    example = write_example(client, writer, sarcasm_round["id"], text=SARCASTIC_TEXT, extras=extras)
+    example = write_example(client, writer, sarcasm_round["id"], text=SARCASTIC_TEXT, extras=extras,
+                            target_label="sarcastic")
     assert example["extras"] == extras
 
 

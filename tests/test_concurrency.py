@@ -72,6 +72,15 @@ def assert_no_server_errors(responses: list[httpx.Response]) -> None:
             assert error["code"] and len(error["message"]) >= 10, error
 
 
+def assert_created_once(responses: list[httpx.Response]) -> None:
+    """Identical concurrent requests: one 201, the rest replays (200) or 409s, all of one row."""
+    assert_no_server_errors(responses)
+    counts = statuses(responses)
+    assert counts[201] == 1 and set(counts) <= {200, 201, 409}, [r.text for r in responses]
+    ids = {r.json()["id"] for r in responses if r.status_code in (200, 201)}
+    assert len(ids) == 1
+
+
 def start(http: httpx.Client, actor: Actor, round_id: int, **body: Any) -> dict[str, Any]:
     response = http.post(f"{API}/rounds/{round_id}/assignments", json=body, headers=actor.headers)
     assert response.status_code in (200, 201), response.text
@@ -152,11 +161,7 @@ def test_same_validation_sent_eight_times(http, app, validators, writer, dynasen
                                             json={"label": "negative"},
                                             headers={**validator.headers, "Idempotency-Key": "same-label"}))
 
-    assert_no_server_errors(responses)
-    counts = statuses(responses)
-    assert counts[201] == 1 and set(counts) <= {200, 201, 409}, [r.text for r in responses]
-    ids = {r.json()["id"] for r in responses if r.status_code in (200, 201)}
-    assert len(ids) == 1
+    assert_created_once(responses)
     for response in responses:
         if response.status_code == 409:
             error = response.json()["error"]
@@ -297,11 +302,7 @@ def test_concurrent_submit_makes_one_example(http, app, writer, dynasent):  # ty
                                             json={"attempt_id": scored["id"]},
                                             headers={**writer.headers, "Idempotency-Key": "submit-1"}))
 
-    assert_no_server_errors(responses)
-    counts = statuses(responses)
-    assert counts[201] == 1 and set(counts) <= {200, 201, 409}, [r.text for r in responses]
-    ids = {r.json()["id"] for r in responses if r.status_code in (200, 201)}
-    assert len(ids) == 1
+    assert_created_once(responses)
     for response in responses:
         if response.status_code == 409:
             assert "retry" in response.json()["error"]["message"], response.text

@@ -38,7 +38,7 @@ import yaml
 from rapidfuzz.distance import Levenshtein
 
 from services.taskdef import example_path
-from tests.conftest import BACKENDS, example_yaml, fresh_postgres_database, free_port
+from tests.conftest import BACKENDS, Actor, example_yaml, fresh_postgres_database, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -161,14 +161,6 @@ def _create_users(specs: list[tuple[str, list[str]]], database_url: str, *, env:
     return tokens
 
 
-@dataclass
-class Actor:
-    username: str
-    token: str
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
 
 
 @dataclass

@@ -231,3 +231,41 @@ def test_no_prompt_condition(client, researcher, writer, stub_model):  # type: i
     example = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
                           headers=writer.headers).json()
     assert example["condition"] == "no_prompt"
+
+
+def test_unqualifying_in_a_closed_round_requeues_nothing(client, app, dynasent, writer, validators, researcher):  # type: ignore[no-untyped-def]
+    example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
+    for validator in validators[:5]:
+        assert label(client, validator, example["id"], "neutral").status_code == 201
+    assert client.post(f"/api/v1/rounds/{dynasent['id']}/status", json={"status": "closed"},
+                       headers=researcher.headers).status_code == 200
+    response = client.post(f"/api/v1/tasks/dynasent-r2/workers/{validators[0].username}/unqualify",
+                           json={"reason": "late audit"}, headers=researcher.headers)
+    assert response.json()["labels_excluded"] == 1
+    record = client.get(f"/api/v1/examples/{example['id']}", headers=researcher.headers).json()
+    assert record["status"] == "validated" and record["validation_count"] == 4
+
+
+def test_reloaded_batch_keeps_fooling_examples_first(client, researcher, make_user, validators, stub_model):  # type: ignore[no-untyped-def]
+    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
+                        PROMPTS, target_label_mode="writer_choice")
+    writer = make_user("wes", "writer")
+
+    def write(target: str, text: str) -> dict[str, Any]:
+        assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={"target_label": target},
+                                 headers=writer.headers).json()
+        attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
+                              headers=writer.headers).json()
+        if attempt["fooled"]:
+            client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True},
+                        headers=writer.headers)
+        return client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
+                           headers=writer.headers).json()
+
+    plain = write("neutral", "An ordinary sentence about lunch today.")
+    fooling = write("negative", "A great and wonderful day there.")
+    assert fooling["fooled"] and not plain["fooled"] and plain["id"] < fooling["id"]
+    url = f"/api/v1/rounds/{round_['id']}/validation-batch"
+    first = [i["example_id"] for i in client.get(url, headers=validators[0].headers).json()["data"]]
+    again = [i["example_id"] for i in client.get(url, headers=validators[0].headers).json()["data"]]
+    assert first == again == [fooling["id"], plain["id"]]

@@ -84,3 +84,91 @@ def test_model_down_keeps_attempt_and_consumes_no_try(client, writer, dynasent_r
     assert response.status_code == 201, response.text
     assert response.json()["id"] == body["details"]["attempt_id"]
     assert table_counts(app)["attempts"] == 1
+
+
+def _assignment(client, writer, round_id, **body):  # type: ignore[no-untyped-def]
+    response = client.post(f"/api/v1/rounds/{round_id}/assignments", json=body, headers=writer.headers)
+    assert response.status_code in (200, 201), response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def stub_sarcasm_model():  # type: ignore[no-untyped-def]
+    from tests.conftest import free_port
+    from tests.stub_model_server import ThreadedServer, create_stub_app
+
+    server = ThreadedServer(create_stub_app(["sarcastic", "not_sarcastic"]), free_port()).start()
+    yield server
+    server.stop()
+
+
+def test_isarcasm_intended_label_must_match_the_target(client, researcher, writer, stub_sarcasm_model, app):  # type: ignore[no-untyped-def]
+    from tests.conftest import table_counts
+
+    round_ = open_round(client, researcher, example_yaml("isarcasm", onboarding_quiz=None), stub_sarcasm_model.url,
+                        PROMPTS, target_label_mode="writer_choice")
+    assignment = _assignment(client, writer, round_["id"], target_label="not_sarcastic")
+    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts",
+                          json={"text": "The train was on time and the seats were clean."},
+                          headers=writer.headers).json()
+    if attempt["fooled"]:
+        client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
+    before = table_counts(app)
+    response = client.post(f"/api/v1/assignments/{assignment['id']}/example",
+                           json={"attempt_id": attempt["id"], "extras": {
+                               "intended_label": "sarcastic", "explanation": "I mean the opposite.",
+                               "rephrase": "The train was late."}}, headers=writer.headers)
+    assert response.status_code == 422
+    assert "contradicts this assignment's target label ('not_sarcastic')" in response.json()["error"]["message"]
+    assert table_counts(app) == before
+    response = client.post(f"/api/v1/assignments/{assignment['id']}/example",
+                           json={"attempt_id": attempt["id"], "extras": {"intended_label": "not_sarcastic"}},
+                           headers=writer.headers)
+    assert response.status_code == 201 and response.json()["extras"] == {"intended_label": "not_sarcastic"}
+
+
+def test_target_span_extra_of_the_wrong_type_is_a_clear_422(client, researcher, writer, stub_model, app):  # type: ignore[no-untyped-def]
+    from tests.conftest import table_counts
+
+    round_ = open_round(client, researcher, example_yaml("mad-tsc", onboarding_quiz=None), stub_model.url, PROMPTS)
+    assignment = _assignment(client, writer, round_["id"])
+    text = "Officials said the mayor handled the flood response well."
+    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts",
+                          json={"text": text, "target_span": [18, 23]}, headers=writer.headers).json()
+    assert attempt["status"] == "scored", attempt
+    if attempt["fooled"]:
+        client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
+    before = table_counts(app)
+    for bad in [5, "18-23", [0, 5]]:
+        response = client.post(f"/api/v1/assignments/{assignment['id']}/example",
+                               json={"attempt_id": attempt["id"], "extras": {"target_span": bad}},
+                               headers=writer.headers)
+        assert response.status_code == 422, response.text
+        assert "target_span differs from the span of the submitted attempt" in response.json()["error"]["message"]
+    assert table_counts(app) == before
+    assert "towards a target you mark" in assignment["goal"]
+
+
+def test_balanced_round_refuses_a_target_even_when_resuming(client, writer, dynasent_round):  # type: ignore[no-untyped-def]
+    _assignment(client, writer, dynasent_round["id"])
+    response = client.post(f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={"target_label": "positive"},
+                           headers=writer.headers)
+    assert response.status_code == 422 and "assigns target labels" in response.json()["error"]["message"]
+
+
+def test_overdue_assignments_count_as_expired_in_stats(client, app, researcher, writer, dynasent_round):  # type: ignore[no-untyped-def]
+    import datetime as dt
+
+    from services.db.models import Assignment
+
+    assignment = _assignment(client, writer, dynasent_round["id"])
+    with app.state.sessionmaker.begin() as session:
+        row = session.get(Assignment, assignment["id"])
+        row.expires_at = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    stats = client.get(f"/api/v1/rounds/{dynasent_round['id']}/stats", headers=researcher.headers).json()
+    assert stats["assignments"]["active"] == 0 and stats["assignments"]["expired"] == 1
+    # The writer's next request records the expiry for good and gets a fresh assignment.
+    fresh = _assignment(client, writer, dynasent_round["id"])
+    assert fresh["id"] != assignment["id"]
+    with app.state.sessionmaker() as session:
+        assert session.get(Assignment, assignment["id"]).status.value == "expired"

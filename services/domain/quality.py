@@ -21,6 +21,7 @@ from services.db.models import (
     ExampleStatus,
     QuizAttempt,
     Round,
+    RoundStatus,
     Task,
     TaskWorker,
     User,
@@ -218,8 +219,11 @@ def unqualify(session: Session, actor: User | None, task: Task, user: User, reas
         validation.counted = False
         example = validation.example
         example.validation_count -= 1
-        if example.status is not ExampleStatus.dropped and example.validation_count < example.validations_needed:
-            # Re-queued: it needs labels from qualified validators again.
+        round_open = example.assignment.round.status in (RoundStatus.collecting, RoundStatus.validating)
+        if (round_open and example.status is not ExampleStatus.dropped
+                and example.validation_count < example.validations_needed):
+            # Re-queued: it needs labels from qualified validators again. In a closed round
+            # nobody can label it any more, so it keeps its status with fewer counted labels.
             example.status = ExampleStatus.validating
         excluded += 1
     audit.record(session, actor, "worker.unqualify", "user", user.id, task=task.name, reason=reason,

@@ -292,6 +292,12 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
             select(Assignment.status, func.count()).where(Assignment.round_id == rid).group_by(Assignment.status)
         ).all())
     )
+    # Overdue assignments are expired even before their writer comes back to find out.
+    overdue = session.scalar(select(func.count()).where(
+        Assignment.round_id == rid, Assignment.status == AssignmentStatus.active, Assignment.expires_at <= utcnow()
+    )) or 0
+    assignments[AssignmentStatus.active] -= overdue
+    assignments[AssignmentStatus.expired] += overdue
     attempt_rows = session.execute(
         select(Attempt.status, Attempt.fooled, func.count())
         .join(Assignment, Attempt.assignment_id == Assignment.id)

@@ -64,7 +64,7 @@ def get_batch(session: Session, validator: User, round_: Round, size: int | None
         select(Example)
         .join(ValidationClaim, ValidationClaim.example_id == Example.id)
         .where(ValidationClaim.validator_id == validator.id, *open_examples)
-        .order_by(Example.id)
+        .order_by(Example.fooled.desc(), Example.validation_count, Example.id)
     ))
     if len(held) < size:
         others_claims = (

@@ -132,6 +132,8 @@ def start_assignment(session: Session, writer: User, round_: Round,
     require_qualified(worker, task)
     require_onboarded(worker, task, definition)
     now = utcnow()
+    if target_label is not None and round_.target_label_mode is TargetLabelMode.balanced:
+        raise Invalid("this round assigns target labels to balance them; do not send target_label")
     current = session.scalar(
         select(Assignment).where(
             Assignment.round_id == round_.id,
@@ -141,8 +143,6 @@ def start_assignment(session: Session, writer: User, round_: Round,
     )
     if current is not None and not _expire_if_due(current, now):
         return current, False
-    if target_label is not None and round_.target_label_mode is TargetLabelMode.balanced:
-        raise Invalid("this round assigns target labels to balance them; do not send target_label")
     target = _pick_target(session, round_, definition, target_label)
     condition = Condition.no_prompt if _rng.random() < round_.no_prompt_fraction else Condition.prompt
     prompt = None
@@ -445,7 +445,7 @@ def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: A
         value = extras.get(name)
         if name == WriterFieldName.target_span.value:
             # The span is marked on the attempt itself (the model saw it); submit may repeat it.
-            if value is not None and list(value) != attempt.target_span:
+            if value is not None and (not isinstance(value, list) or value != attempt.target_span):
                 raise Invalid("target_span differs from the span of the submitted attempt; "
                               "send the same span or leave it out")
             if attempt.target_span is not None:
@@ -469,6 +469,14 @@ def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: A
             cleaned[name] = value
         else:
             cleaned[name] = clean_text(value, field=name, max_chars=spec.max_chars)
+    if WriterFieldName.intended_label.value in cleaned:
+        # iSarcasm: the intended label is the writer's own. It is the target they wrote for,
+        # or the label they gave when they said "no, I judge it otherwise" at confirmation.
+        own = attempt.judged_label if attempt.confirmed is False and attempt.judged_label else None
+        expected = (own or attempt.assignment.target_label)[0]
+        if cleaned[WriterFieldName.intended_label.value] != expected:
+            why = "the label you gave at confirmation" if own else "this assignment's target label"
+            raise Invalid(f"intended_label {intended!r} contradicts {why} ({expected!r}); send {expected!r}")
     return cleaned
 
 

@@ -26,6 +26,7 @@ from services.api.schemas import (
 from services.db.models import Assignment, Condition
 from services.domain import rounds, writing
 from services.domain.tasks import definition_of
+from services.taskdef import TaskFamily
 
 router = APIRouter(tags=["writing"])
 IdempotencyKey = Annotated[
@@ -48,6 +49,9 @@ def goal_of(assignment: Assignment) -> str:
     where = "" if assignment.condition is Condition.no_prompt else " Edit the prompt to get there."
     if definition.is_multi_label:
         return (f"Write a sentence expressing exactly {target} that the model labels differently.{where}")
+    if definition.family is TaskFamily.target_dependent:
+        return (f"Write a sentence that is {target} towards a target you mark in it, so that the model "
+                f"predicts {' or '.join(others)} for that target.{where}")
     return (f"Write a {target} sentence that fools the model into predicting "
             f"{' or '.join(others)}.{where}")
 
