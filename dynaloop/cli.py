@@ -25,6 +25,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(task_app, name="task")
 app.add_typer(prompts_app, name="prompts")
 app.add_typer(user_app, name="user")
+model_app = typer.Typer(help="Classifier directories for the model server.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 
 console = Console()
 err = Console(stderr=True)
@@ -281,6 +283,79 @@ def user_token(username: str, database_url: DatabaseOpt = None,
     except DomainError as exc:
         raise _fail(exc.message) from exc
     print(token)
+
+
+# --- models -------------------------------------------------------------------------
+
+
+@model_app.command("init")
+def model_init(
+    out: Annotated[Path, typer.Option("--out", help="Folder to write the model directory to")],
+    task: Annotated[str | None, typer.Option(help="Take labels and family from a task YAML file or example")] = None,
+    labels: Annotated[str | None, typer.Option(help="Comma-separated labels (instead of --task)")] = None,
+    multi_label: Annotated[bool, typer.Option(help="With --labels: a multi-label head")] = False,
+    pair: Annotated[bool, typer.Option(help="With --labels: (sentence, target) input")] = False,
+    model_id: Annotated[str, typer.Option(help="Name reported by /info")] = "model-0",
+    base: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint; default: packaged MiniLM")] = None,
+    tiny: Annotated[bool, typer.Option(help="A tiny random BERT for tests, not MiniLM")] = False,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> None:
+    """Build an (untrained) classifier directory with dynaloop_model.json, offline."""
+    from model_server.init_model import init_model_dir
+
+    family = "multi_label" if multi_label else "single_label"
+    input_format = "text_pair" if pair else "text"
+    task_name = None
+    if task is not None:
+        from services.taskdef import TaskDefinitionError, TaskFamily, parse_task_definition
+
+        try:
+            definition = parse_task_definition(_task_yaml(task), source=task)
+        except TaskDefinitionError as exc:
+            raise _fail(str(exc)) from exc
+        label_list = list(definition.labels)
+        family = "multi_label" if definition.is_multi_label else "single_label"
+        input_format = "text_pair" if definition.family is TaskFamily.target_dependent else "text"
+        task_name = definition.name
+    elif labels:
+        label_list = [label.strip() for label in labels.split(",") if label.strip()]
+    else:
+        raise _fail("give --task or --labels")
+    try:
+        metadata = init_model_dir(out, labels=label_list, family=family, input_format=input_format,  # type: ignore[arg-type]
+                                  model_id=model_id, base=base, tiny=tiny, seed=seed, task=task_name,
+                                  overwrite=overwrite)
+    except (FileExistsError, FileNotFoundError, OSError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"wrote {out} ({metadata.family}, {metadata.input_format}, labels {metadata.labels}, "
+                  f"base {metadata.base_model})", soft_wrap=True)
+
+
+@app.command("model-server")
+def model_server(
+    model: Annotated[Path, typer.Option("--model", help="Model directory with dynaloop_model.json")],
+    host: str = "127.0.0.1",
+    port: int = 8001,
+    backend: Annotated[str, typer.Option(help="transformers, vllm-classify or vllm-generate")] = "transformers",
+    device: Annotated[str | None, typer.Option(help="cpu or cuda; default: cuda when available")] = None,
+    max_batch_size: int = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="Wait this long for a batch to fill (0: greedy)")] = 0.0,
+    request_timeout_s: float = 10.0,
+    admin_token: Annotated[str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN",
+                                                    help="Enables POST /admin/reload")] = None,
+    log_level: str = "info",
+) -> None:
+    """Serve a classifier: /predict with dynamic batching, /info, /health, /metrics, /inspect, /admin/reload."""
+    import uvicorn
+
+    from model_server.app import ServerConfig, create_model_app
+
+    if not model.is_dir():
+        raise _fail(f"{model} is not a folder; build one with `dynaloop model init --task NAME --out {model}`")
+    config = ServerConfig(model_dir=model, backend=backend, device=device, max_batch_size=max_batch_size,
+                          max_wait_ms=max_wait_ms, request_timeout_s=request_timeout_s, admin_token=admin_token)
+    uvicorn.run(create_model_app(config), host=host, port=port, log_level=log_level)
 
 
 # --- servers ------------------------------------------------------------------------

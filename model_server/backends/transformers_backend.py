@@ -1,0 +1,117 @@
+"""Any local Hugging Face sequence-classification directory (BERT, RoBERTa, XLM-R, ...), on
+CPU or GPU: softmax for single-label heads, sigmoid with a threshold for multi-label ones,
+(sentence, target) pairs for target-dependent tasks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
+from model_server.metadata import ModelMetadata, ModelMetadataError
+
+logger = logging.getLogger(__name__)
+
+
+class TransformersBackend:
+    def __init__(self, directory: Path, metadata: ModelMetadata, *, device: str | None = None,
+                 micro_batch_size: int = 64) -> None:
+        self.directory = directory
+        self.metadata = metadata
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.micro_batch_size = micro_batch_size
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+            self.model = AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ModelMetadataError(f"cannot load a sequence classifier from {directory}: {exc}") from exc
+        if self.model.config.num_labels != len(metadata.labels):
+            raise ModelMetadataError(
+                f"{directory}: the classifier head has {self.model.config.num_labels} outputs but "
+                f"dynaloop_model.json lists {len(metadata.labels)} labels; they must match")
+        self.model.to(self.device).eval()
+        self.max_length = min(metadata.max_length, getattr(self.tokenizer, "model_max_length", 10**6) or 10**6)
+
+    def close(self) -> None:
+        del self.model
+
+    def _pairs(self, inputs: Sequence[ClassifyInput]) -> tuple[list[str], list[str] | None]:
+        texts = [item.text for item in inputs]
+        if self.metadata.input_format == "text_pair":
+            missing = [i for i, item in enumerate(inputs) if not item.target]
+            if missing:
+                raise ValueError(f"this model takes (text, target) pairs; inputs {missing} have no target")
+            return texts, [item.target or "" for item in inputs]
+        return texts, None
+
+    def encode(self, inputs: Sequence[ClassifyInput]) -> tuple[dict[str, torch.Tensor], list[bool]]:
+        texts, targets = self._pairs(inputs)
+        # Lengths without truncation tell which inputs were cut (and the response says so).
+        full = self.tokenizer(texts, targets, truncation=False, verbose=False)["input_ids"]
+        truncated = [len(ids) > self.max_length for ids in full]
+        strategy = "only_first" if targets is not None else True
+        encoded = self.tokenizer(texts, targets, truncation=strategy, max_length=self.max_length,
+                                 padding=True, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in encoded.items()}, truncated
+
+    @torch.inference_mode()
+    def predict(self, inputs: Sequence[ClassifyInput]) -> list[ClassifyOutput]:
+        if not inputs:
+            return []
+        # Sort by length so each micro-batch pads to similar lengths; restore order after.
+        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i].text) + len(inputs[i].target or ""))
+        results: list[ClassifyOutput | None] = [None] * len(inputs)
+        for start in range(0, len(order), self.micro_batch_size):
+            chunk = order[start:start + self.micro_batch_size]
+            encoded, truncated = self.encode([inputs[i] for i in chunk])
+            logits = self.model(**encoded).logits.float()
+            if self.metadata.family == "multi_label":
+                probabilities = torch.sigmoid(logits)
+            else:
+                probabilities = torch.softmax(logits, dim=-1)
+            for row, index in enumerate(chunk):
+                results[index] = decide(self.metadata, probabilities[row].tolist(), truncated[row])
+        return [r for r in results if r is not None]
+
+    def inspect(self, item: ClassifyInput, label: str, n_steps: int = 32) -> list[TokenAttribution]:
+        """Integrated gradients (Sundararajan et al., 2017) over the input embeddings, via
+        captum: one score per token for how much it pushes the model towards ``label``."""
+        from captum.attr import IntegratedGradients
+
+        if label not in self.metadata.labels:
+            raise ValueError(f"unknown label {label!r}; use one of {self.metadata.labels}")
+        target_index = self.metadata.labels.index(label)
+        encoded, _ = self.encode([item])
+        input_ids = encoded["input_ids"]
+        embeddings_layer = self.model.get_input_embeddings()
+        special = torch.tensor(
+            [[token in self.tokenizer.all_special_ids for token in row] for row in input_ids.tolist()],
+            device=input_ids.device)
+        # Baseline: padding everywhere except the special tokens ([CLS], [SEP], ...).
+        baseline_ids = torch.where(special, input_ids, torch.full_like(input_ids, self.tokenizer.pad_token_id or 0))
+        extra = {k: v for k, v in encoded.items() if k != "input_ids"}
+
+        def forward(embeds: torch.Tensor) -> torch.Tensor:
+            repeat = embeds.shape[0]
+            kwargs = {k: v.expand(repeat, -1) for k, v in extra.items()}
+            logits = self.model(inputs_embeds=embeds, **kwargs).logits
+            if self.metadata.family == "multi_label":
+                return torch.sigmoid(logits)
+            return torch.softmax(logits, dim=-1)
+
+        with torch.enable_grad():
+            inputs_embeds = embeddings_layer(input_ids).detach()
+            baseline_embeds = embeddings_layer(baseline_ids).detach()
+            attributions = IntegratedGradients(forward).attribute(
+                inputs_embeds, baselines=baseline_embeds, target=target_index, n_steps=n_steps,
+                internal_batch_size=n_steps)
+        scores = attributions.sum(dim=-1).squeeze(0)
+        norm = torch.linalg.vector_norm(scores)
+        if norm > 0:
+            scores = scores / norm
+        tokens = self.tokenizer.convert_ids_to_tokens(input_ids[0].tolist())
+        return [TokenAttribution(token, float(score)) for token, score in zip(tokens, scores.tolist(), strict=True)]

@@ -1,0 +1,411 @@
+"""The model server: batching (pure collection, concurrency, failure, deadline) and its HTTP
+contract over real HTTP with a tiny random-initialised BERT (and MiniLM where a test needs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from model_server.app import ServerConfig, create_model_app
+from model_server.batching import Batcher, DeadlineExceeded, ServerStopping, collect
+from model_server.init_model import init_model_dir
+from model_server.metadata import ModelMetadata
+from tests.conftest import free_port
+from tests.stub_model_server import ThreadedServer
+
+LABELS = ["positive", "negative", "neutral"]
+EMOTIONS = ["anger", "joy", "sadness", "neutral"]
+
+
+# --- collection is a pure function over a plain queue -----------------------------------
+
+
+def test_collect_takes_what_is_queued_up_to_the_limit() -> None:
+    source: queue.Queue[int] = queue.Queue()
+    for i in range(5):
+        source.put(i)
+    assert collect(source, max_batch_size=3, max_wait_s=0) == [0, 1, 2]
+    assert collect(source, max_batch_size=3, max_wait_s=0) == [3, 4]
+    assert collect(source, max_batch_size=3, max_wait_s=0, poll_s=0.01) == []
+
+
+def test_collect_waits_for_late_items_only_up_to_max_wait() -> None:
+    source: queue.Queue[int] = queue.Queue()
+    source.put(1)
+    threading.Timer(0.02, source.put, args=(2,)).start()
+    started = time.monotonic()
+    assert collect(source, max_batch_size=4, max_wait_s=0.2) == [1, 2]
+    assert time.monotonic() - started < 0.2 + 0.1
+    source.put(3)
+    started = time.monotonic()
+    assert collect(source, max_batch_size=4, max_wait_s=0.05) == [3]
+    assert 0.04 <= time.monotonic() - started < 0.5
+
+
+# --- the batcher ------------------------------------------------------------------------
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_every_caller_gets_its_own_answer_under_concurrency() -> None:
+    batches: list[int] = []
+
+    def forward(items: list[int]) -> list[int]:
+        batches.append(len(items))
+        time.sleep(0.005)
+        return [item * 10 for item in items]
+
+    batcher = Batcher(forward, max_batch_size=8).start()
+
+    async def main() -> list[list[int]]:
+        return await asyncio.gather(*(batcher.submit([i, i + 1000]) for i in range(60)))
+
+    try:
+        results = _run(main())
+    finally:
+        batcher.stop()
+    assert results == [[i * 10, (i + 1000) * 10] for i in range(60)]
+    assert max(batches) <= 8 and sum(batches) == 120
+    assert max(batches) > 1, "concurrent callers should share batches"
+
+
+def test_a_failing_batch_answers_every_caller_with_the_error() -> None:
+    def forward(items: list[str]) -> list[str]:
+        if "boom" in items:
+            raise RuntimeError("batch exploded")
+        return items
+
+    gate = threading.Event()
+    calls = []
+
+    def gated(items: list[str]) -> list[str]:
+        calls.append(list(items))
+        gate.wait(2)
+        return forward(items)
+
+    batcher = Batcher(gated, max_batch_size=16).start()
+
+    async def main() -> list[Any]:
+        first = asyncio.ensure_future(batcher.submit(["warm-up"]))
+        await asyncio.sleep(0.05)  # the worker is now busy: the next three queue together
+        rest = [asyncio.ensure_future(batcher.submit([text])) for text in ("a", "boom", "c")]
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    try:
+        results = _run(main())
+    finally:
+        batcher.stop()
+    assert results[0] == ["warm-up"]
+    assert calls[1] == ["a", "boom", "c"]
+    assert all(isinstance(r, RuntimeError) and "batch exploded" in str(r) for r in results[1:])
+
+
+def test_requests_past_their_deadline_get_an_error_not_a_hang() -> None:
+    release = threading.Event()
+
+    def slow(items: list[int]) -> list[int]:
+        release.wait(2)
+        return items
+
+    batcher = Batcher(slow, max_batch_size=1, request_timeout_s=0.2).start()
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(batcher.submit([i]) for i in range(3)), return_exceptions=True)
+
+    started = time.monotonic()
+    try:
+        results = _run(main())
+        release.set()
+    finally:
+        batcher.stop()
+    assert time.monotonic() - started < 1.5
+    assert all(isinstance(r, DeadlineExceeded) for r in results), results
+
+
+def test_stop_answers_whoever_is_still_queued() -> None:
+    gate = threading.Event()
+    batcher = Batcher(lambda items: (gate.wait(1), items)[1], max_batch_size=1).start()
+
+    async def main() -> list[Any]:
+        tasks = [asyncio.ensure_future(batcher.submit([i])) for i in range(3)]
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(batcher.stop, 0.01)
+        gate.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = _run(main())
+    assert any(isinstance(r, ServerStopping) for r in results), results
+
+
+# --- the HTTP contract ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    dirs = {
+        "tiny": root / "tiny",
+        "tiny_b": root / "tiny_b",
+        "pair": root / "pair",
+        "multi": root / "multi",
+    }
+    init_model_dir(dirs["tiny"], labels=LABELS, tiny=True, model_id="tiny-a", seed=1)
+    init_model_dir(dirs["tiny_b"], labels=LABELS, tiny=True, model_id="tiny-b", seed=2)
+    init_model_dir(dirs["pair"], labels=["negative", "neutral", "positive"], input_format="text_pair", tiny=True,
+                   model_id="tiny-pair")
+    init_model_dir(dirs["multi"], labels=EMOTIONS, family="multi_label", tiny=True, model_id="tiny-multi",
+                   max_length=16)
+    return dirs
+
+
+def _serve(config: ServerConfig) -> ThreadedServer:
+    server = ThreadedServer(create_model_app(config), free_port())
+    server.config.lifespan = "on"
+    server.start()
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{server.url}/health").status_code != 200:
+        assert time.monotonic() < deadline, "model never became ready"
+        time.sleep(0.05)
+    return server
+
+
+@pytest.fixture
+def server(model_dirs: dict[str, Path]) -> Any:
+    running = _serve(ServerConfig(model_dir=model_dirs["tiny"], admin_token="admin-secret-123"))
+    yield running
+    running.stop()
+
+
+def test_predict_info_and_metrics(server: ThreadedServer) -> None:
+    info = httpx.get(f"{server.url}/info").json()
+    assert info["model_id"] == "tiny-a" and info["labels"] == LABELS and info["backend"] == "transformers"
+    response = httpx.post(f"{server.url}/predict", json={"texts": ["I loved it", "It was bad", "ሰላም ለዓለም"]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == {"id": "tiny-a", "version": "0"}
+    assert len(body["predictions"]) == 3
+    for prediction in body["predictions"]:
+        assert set(prediction["probabilities"]) == set(LABELS)
+        assert abs(sum(prediction["probabilities"].values()) - 1) < 1e-5
+        assert prediction["labels"] == [prediction["label"]]
+        assert prediction["label"] == max(prediction["probabilities"], key=prediction["probabilities"].get)
+        assert prediction["truncated"] is False
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'dynaloop_model_requests_total{endpoint="predict",outcome="ok"} 1.0' in metrics
+    assert "dynaloop_model_texts_total 3.0" in metrics
+    assert "dynaloop_model_batch_size_count" in metrics and "dynaloop_model_queue_wait_seconds_bucket" in metrics
+
+
+def test_predictions_do_not_depend_on_batch_company(server: ThreadedServer) -> None:
+    texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(24)]
+    alone = [httpx.post(f"{server.url}/predict", json={"texts": [t]}).json()["predictions"][0] for t in texts]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        together = list(pool.map(
+            lambda t: httpx.post(f"{server.url}/predict", json={"texts": [t]}).json()["predictions"][0], texts))
+    for a, b in zip(alone, together, strict=True):
+        assert a["label"] == b["label"]
+        for label in LABELS:
+            assert abs(a["probabilities"][label] - b["probabilities"][label]) < 1e-4
+
+
+def test_bad_input_gets_clear_422s(server: ThreadedServer) -> None:
+    cases = [
+        ({"texts": []}, "texts"),
+        ({"texts": ["  "]}, "texts[0] is empty"),
+        ({"texts": ["a"] * 65}, "send at most 64"),
+        ({"texts": ["a", "b"], "targets": ["x"]}, "send one per text"),
+        ({"texts": ["x" * 20_001]}, "the limit is 20000"),
+        ({"text": "wrong field"}, "texts"),
+    ]
+    for body, fragment in cases:
+        response = httpx.post(f"{server.url}/predict", json=body)
+        assert response.status_code == 422, response.text
+        assert fragment in response.json()["error"]["message"]
+
+
+def test_long_input_is_truncated_and_says_so(model_dirs: dict[str, Path]) -> None:
+    running = _serve(ServerConfig(model_dir=model_dirs["multi"]))
+    try:
+        body = httpx.post(f"{running.url}/predict",
+                          json={"texts": ["joy " * 40, "short"]}).json()
+    finally:
+        running.stop()
+    first, second = body["predictions"]
+    assert first["truncated"] is True and second["truncated"] is False
+    # Multi-label: sigmoid scores (they need not sum to 1) and a non-empty label set.
+    assert first["labels"] and set(first["labels"]) <= set(EMOTIONS)
+    assert all(0 < p < 1 for p in first["probabilities"].values())
+
+
+def test_sentence_pair_model_needs_targets(model_dirs: dict[str, Path]) -> None:
+    running = _serve(ServerConfig(model_dir=model_dirs["pair"]))
+    try:
+        missing = httpx.post(f"{running.url}/predict", json={"texts": ["Merkel spoke in Paris."]})
+        assert missing.status_code == 422 and "(text, target) pairs" in missing.json()["error"]["message"]
+        ok = httpx.post(f"{running.url}/predict", json={"texts": ["Merkel spoke in Paris."] * 2,
+                                                        "targets": ["Merkel", "Paris"]})
+        assert ok.status_code == 200
+        a, b = ok.json()["predictions"]
+        # The target is part of the input: the same sentence with another target is scored anew.
+        assert a["probabilities"] != b["probabilities"]
+    finally:
+        running.stop()
+
+
+def test_inspect_returns_one_score_per_token(server: ThreadedServer) -> None:
+    response = httpx.post(f"{server.url}/inspect", json={"text": "The pasta was wonderful", "label": "positive"})
+    assert response.status_code == 200, response.text
+    tokens = response.json()["tokens"]
+    assert [t["token"] for t in tokens] == ["[CLS]", "the", "pasta", "was", "wonderful", "[SEP]"]
+    assert all(isinstance(t["score"], float) for t in tokens)
+    assert any(abs(t["score"]) > 0 for t in tokens)
+    bad = httpx.post(f"{server.url}/inspect", json={"text": "x", "label": "sarcastic"})
+    assert bad.status_code == 422 and "unknown label" in bad.json()["error"]["message"]
+
+
+def test_reload_switches_atomically_and_keeps_serving(server: ThreadedServer, model_dirs: dict[str, Path]) -> None:
+    url = server.url
+    auth = {"Authorization": "Bearer admin-secret-123"}
+    assert httpx.post(f"{url}/admin/reload", json={"model_dir": str(model_dirs["tiny_b"])}).status_code == 401
+    stop = threading.Event()
+    seen: list[tuple[int, str]] = []
+
+    def hammer() -> None:
+        while not stop.is_set():
+            response = httpx.post(f"{url}/predict", json={"texts": ["in flight during the reload"]})
+            seen.append((response.status_code, response.json().get("model", {}).get("id", "")))
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    response = httpx.post(f"{url}/admin/reload", json={"model_dir": str(model_dirs["tiny_b"])}, headers=auth,
+                          timeout=60)
+    time.sleep(0.2)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert response.status_code == 200 and response.json()["model_id"] == "tiny-b"
+    assert {status for status, _ in seen} == {200}, "no request may fail during a reload"
+    ids = [model_id for _, model_id in seen]
+    assert ids[0] == "tiny-a" and ids[-1] == "tiny-b"
+    switch = ids.index("tiny-b")
+    assert set(ids[switch:]) == {"tiny-b"}, "after the switch every answer comes from the new model"
+    assert httpx.get(f"{url}/info").json()["model_id"] == "tiny-b"
+
+
+def test_failed_reload_leaves_the_old_model_serving(server: ThreadedServer, tmp_path: Path,
+                                                    model_dirs: dict[str, Path]) -> None:
+    auth = {"Authorization": "Bearer admin-secret-123"}
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    ModelMetadata(model_id="broken", labels=LABELS).save(broken)  # metadata but no weights
+    for target, fragment in [(tmp_path / "missing", "has no dynaloop_model.json"), (broken, "cannot load")]:
+        response = httpx.post(f"{server.url}/admin/reload", json={"model_dir": str(target)}, headers=auth)
+        assert response.status_code == 422, response.text
+        message = response.json()["error"]["message"]
+        assert fragment in message and "tiny-a is still serving" in message
+    assert httpx.post(f"{server.url}/predict", json={"texts": ["still here"]}).json()["model"]["id"] == "tiny-a"
+    wrong_head = tmp_path / "wrong_head"
+    init_model_dir(wrong_head, labels=["a", "b"], tiny=True)
+    ModelMetadata(model_id="x", labels=LABELS).save(wrong_head)
+    response = httpx.post(f"{server.url}/admin/reload", json={"model_dir": str(wrong_head)}, headers=auth)
+    assert response.status_code == 422 and "head has 2 outputs" in response.json()["error"]["message"]
+
+
+def test_reload_is_disabled_without_an_admin_token(model_dirs: dict[str, Path]) -> None:
+    running = _serve(ServerConfig(model_dir=model_dirs["tiny"]))
+    try:
+        response = httpx.post(f"{running.url}/admin/reload", json={"model_dir": str(model_dirs["tiny_b"])},
+                              headers={"Authorization": "Bearer anything"})
+        assert response.status_code == 403 and "--admin-token" in response.json()["error"]["message"]
+    finally:
+        running.stop()
+
+
+def test_health_is_not_ready_until_the_model_loads_and_says_why_it_failed(tmp_path: Path) -> None:
+    running = ThreadedServer(create_model_app(ServerConfig(model_dir=tmp_path / "nothing")), free_port())
+    running.config.lifespan = "on"
+    running.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            response = httpx.get(f"{running.url}/health")
+            assert response.status_code == 503
+            if response.json()["error"]["code"] == "model_failed":
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "has no dynaloop_model.json" in response.json()["error"]["message"]
+        predict = httpx.post(f"{running.url}/predict", json={"texts": ["hello"]})
+        assert predict.status_code == 503
+    finally:
+        running.stop()
+
+
+def test_overloaded_server_answers_503_not_a_hang(model_dirs: dict[str, Path]) -> None:
+    running = _serve(ServerConfig(model_dir=model_dirs["tiny"], request_timeout_s=0.3, max_batch_size=1))
+    host = running.config.app.state.host
+    original = host.backend.predict
+
+    def slow_predict(inputs: Any) -> Any:
+        time.sleep(0.5)
+        return original(inputs)
+
+    host.backend.predict = slow_predict
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            responses = list(pool.map(lambda i: httpx.post(f"{running.url}/predict", json={"texts": [f"t{i}"]},
+                                                            timeout=10), range(4)))
+    finally:
+        running.stop()
+    assert all(r.status_code == 503 for r in responses), [r.text for r in responses]
+    assert all(r.json()["error"]["code"] == "overloaded" and r.headers["Retry-After"] == "1" for r in responses)
+
+
+def _has_cuda_and_vllm() -> bool:
+    try:
+        import torch
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not _has_cuda_and_vllm(), reason="vLLM backends need a CUDA GPU and `pip install dynaloop[vllm]`")
+def test_vllm_classifier_matches_transformers(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from model_server.backends import ClassifyInput, load_backend
+
+    directory = tmp_path / "minilm"
+    init_model_dir(directory, labels=LABELS, model_id="minilm")
+    texts = [ClassifyInput("The service was excellent."), ClassifyInput("Cold food and a rude waiter.")]
+    reference = load_backend(directory, "transformers", "cuda").predict(texts)
+    served = load_backend(directory, "vllm-classify").predict(texts)
+    for a, b in zip(reference, served, strict=True):
+        assert a.labels == b.labels
+        for label in LABELS:
+            assert abs(a.probabilities[label] - b.probabilities[label]) < 1e-2
+
+
+def test_vllm_backends_refuse_clearly_without_a_gpu(model_dirs: dict[str, Path]) -> None:
+    if _has_cuda_and_vllm():
+        pytest.skip("this machine has a GPU and vLLM")
+    from model_server.backends import load_backend
+    from model_server.metadata import ModelMetadataError
+
+    for kind in ("vllm-classify", "vllm-generate"):
+        with pytest.raises(ModelMetadataError) as error:
+            load_backend(model_dirs["tiny"], kind)
+        assert "dynaloop[vllm]" in str(error.value) or "CUDA GPU" in str(error.value)
