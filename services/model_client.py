@@ -10,6 +10,9 @@ predicted set (one element for single-label models, any subset for multi-label o
 ``targets`` carries the target span text for target-dependent tasks (sentence-pair input).
 
 ``GET {endpoint}/info`` answers ``{"model_id": str, "version": str, "labels": [str], ...}``.
+
+``POST {endpoint}/inspect`` (optional) with ``{"text", "label", "target"}`` answers
+``{"tokens": [{"token": str, "score": float}]}``: per-token attributions for the label.
 """
 
 from __future__ import annotations
@@ -100,6 +103,24 @@ class ModelClient:
             if attempt < self.retries:
                 time.sleep(self.backoff_s * (2**attempt))
         raise ModelServerError(last_error)
+
+    def inspect(self, endpoint: str, text: str, label: str, target: str | None = None) -> list[dict[str, object]]:
+        """Token attributions for ``label`` from ``POST {endpoint}/inspect`` (one try: it is
+        an optional aid for writers, not part of the attempt)."""
+        try:
+            response = self._http.post(endpoint.rstrip("/") + "/inspect",
+                                       json={"text": text, "label": label, "target": target})
+        except httpx.HTTPError as exc:
+            raise ModelServerError(f"model server at {endpoint} is unreachable ({type(exc).__name__})") from exc
+        if response.status_code in (404, 501):
+            raise ModelServerError(f"the model server at {endpoint} does not offer token attributions")
+        if response.status_code != 200:
+            raise ModelServerError(f"model server at {endpoint} answered HTTP {response.status_code}: "
+                                   f"{response.text[:300]}")
+        tokens = response.json().get("tokens")
+        if not isinstance(tokens, list):
+            raise ModelServerError(f"model server at {endpoint} answered /inspect without `tokens`")
+        return tokens
 
     def info(self, endpoint: str) -> dict[str, object]:
         try:

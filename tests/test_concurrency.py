@@ -72,13 +72,15 @@ def assert_no_server_errors(responses: list[httpx.Response]) -> None:
             assert error["code"] and len(error["message"]) >= 10, error
 
 
-def assert_created_once(responses: list[httpx.Response]) -> None:
-    """Identical concurrent requests: one 201, the rest replays (200) or 409s, all of one row."""
+def assert_created_once(responses: list[httpx.Response]) -> int:
+    """Identical concurrent requests: one 201, the rest replays (200) or 409s, all of one row.
+    Returns that row's id."""
     assert_no_server_errors(responses)
     counts = statuses(responses)
     assert counts[201] == 1 and set(counts) <= {200, 201, 409}, [r.text for r in responses]
     ids = {r.json()["id"] for r in responses if r.status_code in (200, 201)}
     assert len(ids) == 1
+    return ids.pop()
 
 
 def start(http: httpx.Client, actor: Actor, round_id: int, **body: Any) -> dict[str, Any]:
@@ -161,7 +163,7 @@ def test_same_validation_sent_eight_times(http, app, validators, writer, dynasen
                                             json={"label": "negative"},
                                             headers={**validator.headers, "Idempotency-Key": "same-label"}))
 
-    assert_created_once(responses)
+    created_id = assert_created_once(responses)
     for response in responses:
         if response.status_code == 409:
             error = response.json()["error"]
@@ -170,7 +172,7 @@ def test_same_validation_sent_eight_times(http, app, validators, writer, dynasen
             assert response.headers["Idempotent-Replayed"] == "true"
     with app.state.sessionmaker() as session:
         rows = list(session.scalars(select(Validation).where(Validation.example_id == example["id"])))
-        assert [(r.id, r.label) for r in rows] == [(ids.pop(), ["negative"])]
+        assert [(r.id, r.label) for r in rows] == [(created_id, ["negative"])]
         assert session.get(Example, example["id"]).validation_count == 1
     # A retry after the race is answered from the stored row.
     again = http.post(f"{API}/examples/{example['id']}/validations", json={"label": "negative"},
@@ -302,13 +304,13 @@ def test_concurrent_submit_makes_one_example(http, app, writer, dynasent):  # ty
                                             json={"attempt_id": scored["id"]},
                                             headers={**writer.headers, "Idempotency-Key": "submit-1"}))
 
-    assert_created_once(responses)
+    created_id = assert_created_once(responses)
     for response in responses:
         if response.status_code == 409:
             assert "retry" in response.json()["error"]["message"], response.text
     with app.state.sessionmaker() as session:
         examples = list(session.scalars(select(Example).where(Example.assignment_id == assignment["id"])))
-        assert [e.id for e in examples] == list(ids)
+        assert [e.id for e in examples] == [created_id]
         row = session.get(Assignment, assignment["id"])
         assert row.status.value == "submitted"
         prompt = session.get(Prompt, row.prompt_id)

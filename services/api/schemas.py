@@ -263,6 +263,13 @@ class AssignmentPublic(BaseModel):
         )
 
 
+class InspectRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(max_length=100_000)
+    label: str | None = Field(None, description="Default: the assignment's target label.")
+    target_span: list[int] | None = None
+
+
 class ConfirmationCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     agrees: bool = Field(description="Yes: a person would say the text has the target label.")

@@ -549,3 +549,26 @@ def expire_due_assignments(session: Session, writer_id: int) -> int:
         .values(status=AssignmentStatus.expired, finished_at=now)
         .execution_options(synchronize_session=False)
     ).rowcount
+
+
+def inspect_text(session: Session, client: ModelClient, writer: User, assignment_id: int, raw_text: str,
+                 label: str | None, target_span: list[int] | None) -> dict[str, Any]:
+    """Token attributions from the round's model for a draft (DynaSent's "Inspect" button).
+    Nothing is stored and no try is used."""
+    assignment = get_own_assignment(session, writer, assignment_id)
+    definition = definition_of(assignment.round.task)
+    constraints = definition.constraints
+    text = clean_text(raw_text, max_chars=constraints.max_chars)
+    span = _check_span(text, target_span, definition)
+    chosen = label or assignment.target_label[0]
+    if chosen not in definition.labels:
+        raise Invalid(f"label {chosen!r} is not a label of task {definition.name!r}; use one of {definition.labels}")
+    endpoints = assignment.round.model_endpoints
+    if not endpoints:
+        raise ModelUnavailable("no model is in the loop for this round", retry_after_s=5)
+    target = text[span[0]:span[1]] if span else None
+    try:
+        tokens = client.inspect(endpoints[0], text, chosen, target)
+    except ModelServerError as exc:
+        raise ModelUnavailable(f"token attributions are unavailable ({exc})", retry_after_s=5) from exc
+    return {"label": chosen, "tokens": tokens}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response, status
 
@@ -22,6 +22,7 @@ from services.api.schemas import (
     ErrorResponse,
     ExampleCreate,
     ExamplePublic,
+    InspectRequest,
 )
 from services.db.models import Assignment, Condition
 from services.domain import rounds, writing
@@ -118,3 +119,13 @@ def skip_assignment(assignment_id: int, session: SessionDep, writer: CurrentWrit
     assignment = writing.skip_assignment(session, writer, assignment_id)
     session.commit()
     return AssignmentPublic.of(assignment, goal_of(assignment))
+
+
+@router.post("/assignments/{assignment_id}/inspect", responses={**_ERRORS, 503: {"model": ErrorResponse}})
+def inspect_draft(assignment_id: int, body: InspectRequest, session: SessionDep, writer: CurrentWriter,
+                  client: ModelClientDep) -> dict[str, Any]:
+    """Which words push the model towards a label (the target label by default)? Token
+    attributions for a draft; nothing is stored and no try is used."""
+    result = writing.inspect_text(session, client, writer, assignment_id, body.text, body.label, body.target_span)
+    session.commit()
+    return result
