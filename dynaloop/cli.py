@@ -358,6 +358,81 @@ def model_server(
     uvicorn.run(create_model_app(config), host=host, port=port, log_level=log_level)
 
 
+# --- rounds -------------------------------------------------------------------------
+
+round_app = typer.Typer(help="Build and export rounds.", no_args_is_help=True)
+app.add_typer(round_app, name="round")
+
+
+def _round(session, task: str, number: int):  # type: ignore[no-untyped-def]
+    from services.domain import rounds, tasks
+
+    return rounds.get_round_by_number(session, tasks.get_task(session, task), number)
+
+
+@round_app.command("build")
+def round_build(task: Annotated[str, typer.Option(help="Task name")],
+                number: Annotated[int, typer.Option("--round", help="Round number")],
+                out: Annotated[Path | None, typer.Option(help="Folder for report.md, report.json and plots")] = None,
+                seed: int = 0,
+                dev_test_min_votes: int | None = None,
+                chance: Annotated[bool | None, typer.Option(help="Require the model at chance on dev/test")] = None,
+                max_per_cell: int | None = None,
+                model_based: str = "dawid_skene",
+                database_url: DatabaseOpt = None) -> None:
+    """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report."""
+    from rounds.build import BuildConfig, build_round
+    from services.db.engine import session_scope
+    from services.errors import DomainError
+
+    settings = _settings(database_url)
+    url = settings.resolved_database_url
+    _ensure_schema(url)
+    config = BuildConfig(seed=seed, dev_test_min_votes=dev_test_min_votes, chance=chance,
+                         max_per_cell=max_per_cell, model_based=None if model_based in ("", "none") else model_based)
+    try:
+        with session_scope(_session_factory(url)) as session:
+            round_ = _round(session, task, number)
+            folder = out or settings.data_dir / "builds" / f"{task}-r{number}-seed{seed}"
+            build = build_round(session, None, round_, config, out_dir=folder)
+            report = build.report
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    total = report["counts"]["total"]
+    console.print(f"build {build.id}: train {total['train']:,}, dev {total['dev']:,}, test {total['test']:,}; "
+                  f"report in {folder}", soft_wrap=True)
+    for name, values in report["splits"]["assessment"].items():
+        console.print(f"  model macro-F1 on {name}: {values['model_macro_f1']}")
+
+
+@round_app.command("export")
+def round_export(task: Annotated[str, typer.Option(help="Task name")],
+                 number: Annotated[int, typer.Option("--round", help="Round number")],
+                 out: Annotated[Path, typer.Option(help="Folder to write the files to")],
+                 format: Annotated[str, typer.Option(help="jsonl, csv or parquet")] = "parquet",
+                 splits: Annotated[str, typer.Option(help="Comma-separated splits")] = "train,dev,test",
+                 database_url: DatabaseOpt = None) -> None:
+    """Write the newest build's splits to files (one per split)."""
+    from rounds import export
+    from services.errors import DomainError
+
+    settings = _settings(database_url)
+    url = settings.resolved_database_url
+    _ensure_schema(url)
+    factory = _session_factory(url)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with factory() as session:
+            build = export.current_build(session, _round(session, task, number))
+        for split in [s.strip() for s in splits.split(",") if s.strip()]:
+            export.check_request(split, format)
+            path = out / f"{task}-r{number}-{split}.{format}"
+            size = export.write_file(factory, build.id, split, format, settings.secret_key, path)
+            console.print(f"wrote {path} ({size:,} bytes)")
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+
+
 # --- servers ------------------------------------------------------------------------
 
 
@@ -376,7 +451,8 @@ def api(host: str = "127.0.0.1", port: int = 8000, database_url: DatabaseOpt = N
         import os
 
         os.environ["DYNALOOP_DATABASE_URL"] = database_url
-    uvicorn.run("services.api.main:app", host=host, port=port, workers=workers, log_level=log_level)
+    uvicorn.run("dynaloop.app:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level=log_level)
 
 
 @app.command("demo")
@@ -411,7 +487,7 @@ def demo(host: str = "127.0.0.1", port: int = 8000,
     if serve:
         import uvicorn
 
-        from services.api.app import create_app
+        from dynaloop.app import create_app
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
 

@@ -71,6 +71,7 @@ class Role(str, enum.Enum):
     validator = "validator"
     researcher = "researcher"
     admin = "admin"
+    client = "client"  # a program that pulls built datasets (REST client)
 
 
 class RoundStatus(str, enum.Enum):
@@ -433,3 +434,42 @@ class ValidationClaim(Base):
     validator_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     expires_at: Mapped[dt.datetime]
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class RoundBuild(Base):
+    """One run of the round builder over a round: its settings, seed and report. The newest
+    build of a round is the one exported; older builds stay for reproducibility."""
+
+    __tablename__ = "round_builds"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    seed: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class BuiltExample(Base):
+    """An example's place in a build: split, gold and distributional labels, flags."""
+
+    __tablename__ = "built_examples"
+    __table_args__ = (
+        UniqueConstraint("build_id", "example_id", name="uq_built_examples_build_example"),
+        Index("ix_built_examples_build_split", "build_id", "split", "example_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("round_builds.id", ondelete="CASCADE"))
+    example_id: Mapped[int] = mapped_column(ForeignKey("examples.id"), index=True)
+    split: Mapped[str] = mapped_column(String(16))  # train | dev | test | excluded
+    gold_label: Mapped[list[Any] | None] = mapped_column(JSON)
+    gold_votes: Mapped[int | None] = mapped_column(Integer)
+    responses: Mapped[int] = mapped_column(Integer)
+    # The counted responses the build used, as [worker_id, label] pairs: the export shows
+    # exactly what the gold label was computed from, even if labels change later.
+    response_labels: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    distributional_label: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    model_based_label: Mapped[list[Any] | None] = mapped_column(JSON)
+    flags: Mapped[list[Any]] = mapped_column(JSON, default=list)

@@ -1,0 +1,147 @@
+"""A DynaSent-style round, simulated through the real database and API (writers, five
+validators per example, an unqualified validator), built and exported."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from statsmodels.stats.inter_rater import fleiss_kappa
+
+from tests.conftest import Actor, example_yaml, open_round
+
+LABELS = ["positive", "negative", "neutral"]
+# The stub model predicts positive for "great", negative for "terrible", else neutral.
+KEYWORD = {"positive": "great", "negative": "terrible", "neutral": "plain"}
+
+
+def _write(client: Any, writer: Actor, round_id: int, target: str, text: str) -> dict[str, Any]:
+    assignment = client.post(f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target},
+                             headers=writer.headers).json()
+    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
+                          headers=writer.headers).json()
+    assert attempt["status"] == "scored", attempt
+    if attempt["fooled"]:
+        client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
+    response = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
+                           headers=writer.headers)
+    assert response.status_code == 201, response.text
+    return {**response.json(), "prediction": attempt["prediction"][0]}
+
+
+@pytest.fixture
+def built(client, app, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
+    prompts = [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(30)]
+    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
+                        prompts, target_label_mode="writer_choice")
+    writer = make_user("wanda", "writer")
+    validators = [make_user(f"val{i}", "validator") for i in range(5)]
+    spammer = make_user("spam", "validator")
+    plan: list[tuple[dict[str, Any], list[str]]] = []
+    # Two examples per (gold, predicted) cell with 4 of 5 agreeing: one for dev, one for test.
+    for gold in LABELS:
+        for predicted in LABELS:
+            for copy in range(2):
+                example = _write(client, writer, round_["id"], gold,
+                                 f"Copy {copy}: a {KEYWORD[predicted]} {gold} sentence about lunch.")
+                assert example["prediction"] == predicted
+                other = next(label for label in LABELS if label != gold)
+                plan.append((example, [gold, gold, gold, gold, other]))
+    # Train-only material: a mixed majority, no majority, a 3-of-5 gold.
+    extra = [["mixed", "mixed", "mixed", "positive", "negative"],
+             ["positive", "negative", "neutral", "mixed", "positive"],
+             ["negative", "negative", "negative", "positive", "neutral"]]
+    for i, labels in enumerate(extra):
+        plan.append((_write(client, writer, round_["id"], "neutral", f"Extra {i}: a plain remark on the menu."), labels))
+    # The spammer labels a few examples first and is then unqualified: those labels stop counting.
+    for example, labels in plan[:3]:
+        assert client.post(f"/api/v1/examples/{example['id']}/validations", json={"label": "mixed"},
+                           headers=spammer.headers).status_code == 201
+    response = client.post("/api/v1/tasks/dynasent-r2/workers/spam/unqualify", json={"reason": "spam"},
+                           headers=researcher.headers)
+    assert response.json()["labels_excluded"] == 3
+    for position, (example, labels) in enumerate(plan):
+        # Rotate who disagrees, so nobody crosses the 80% disagreement line and gets unqualified.
+        shift = position % 5
+        for validator, label in zip(validators, labels[shift:] + labels[:shift], strict=True):
+            response = client.post(f"/api/v1/examples/{example['id']}/validations", json={"label": label},
+                                   headers=validator.headers)
+            assert response.status_code == 201, response.text
+    assert client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"},
+                       headers=researcher.headers).status_code == 200
+    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 7}, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    return {"round": round_, "plan": plan, "build": response.json(), "researcher": researcher, "writer": writer}
+
+
+def test_build_report_figures(built, client) -> None:  # type: ignore[no-untyped-def]
+    report = built["build"]["report"]
+    counts = report["counts"]
+    # 18 eligible examples: c = 1 per cell -> 9 dev and 9 test; the rest (and the extras) train.
+    assert counts["total"] == {"train": 3, "dev": 9, "test": 9, "dist_train": 3}
+    for label in LABELS:
+        assert counts["rows"][label]["dev"] == 3 and counts["rows"][label]["test"] == 3
+    assert counts["rows"]["mixed"]["train"] == 1 and counts["rows"]["no majority"]["train"] == 1
+    assert counts["rows"]["negative"]["train"] == 1  # the 3-of-5 example
+    for split in ("dev", "test"):
+        assert report["splits"]["assessment"][split]["model_macro_f1"] == pytest.approx(1 / 3, abs=1e-4)
+        assert report["splits"]["assessment"][split]["examples"] == 9
+    assert report["splits"]["at_chance"] is True
+    # Fleiss' kappa over every example's five counted labels, computed independently.
+    table = []
+    for _, labels in built["plan"]:
+        table.append([labels.count(label) for label in [*LABELS, "mixed"]])
+    assert report["agreement"]["fleiss_kappa"] == pytest.approx(fleiss_kappa(np.array(table)), abs=1e-4)
+    # Human F1: every dev example has 4 of 5 for gold, so each synthetic annotator is right 4/5.
+    dev = report["human_f1"]["dev"]
+    assert set(dev) == {*LABELS, "macro avg"}
+    assert 0.5 < dev["macro avg"]["f1"] <= 1.0
+    assert report["fooling"]["examples"] == 21 and report["fooling"]["fooled_examples"] == 12  # gold != predicted
+    assert report["workers"]["validators"] == 5, "the unqualified validator's labels never count"
+    assert report["datasheet"]["licence"] == "CC BY 4.0"
+    markdown = client.get("/api/v1/tasks/dynasent-r2/rounds/1/report?format=markdown",
+                          headers=built["researcher"].headers)
+    assert markdown.status_code == 200 and "| positive |" in markdown.text and "Datasheet" in markdown.text
+
+
+def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # type: ignore[no-untyped-def]
+    reader = make_user("robot", "client")
+    url = "/api/v1/tasks/dynasent-r2/rounds/1/dataset"
+    response = client.get(url, params={"split": "dev", "format": "jsonl"}, headers=reader.headers)
+    assert response.status_code == 200, response.text
+    rows = [json.loads(line) for line in response.text.splitlines()]
+    assert len(rows) == 9 and {r["split"] for r in rows} == {"dev"}
+    first = rows[0]
+    assert len(first["responses"]) == 5 and all(r["worker"].startswith("w") for r in first["responses"])
+    assert first["gold_label"][0] in LABELS and first["gold_votes"] == 4
+    assert abs(sum(first["distributional_label"].values()) - 1) < 1e-6
+    assert "spam" not in response.text and "val0" not in response.text, "worker ids are pseudonymous"
+    tag = response.headers["ETag"]
+    assert client.get(url, params={"split": "dev", "format": "jsonl"},
+                      headers={**reader.headers, "If-None-Match": tag}).status_code == 304
+    csv_response = client.get(url, params={"split": "all", "format": "csv"}, headers=reader.headers)
+    frame = pd.read_csv(io.StringIO(csv_response.text))
+    assert len(frame) == 21 and sorted(frame["split"].unique()) == ["dev", "test", "train"]
+    parquet = client.get(url, params={"split": "train", "format": "parquet"}, headers=reader.headers)
+    table = pq.read_table(io.BytesIO(parquet.content))
+    assert table.num_rows == 3 and "distributional_label" in table.column_names
+    mixed = [r for r in table.to_pylist() if r["gold_label"] == ["mixed"]][0]
+    assert dict(mixed["distributional_label"]) == pytest.approx({"positive": 0.5, "negative": 0.5, "neutral": 0.0})
+    # A writer cannot read datasets; unknown split/format are clear 422s.
+    denied = client.get(url, headers=built["writer"].headers)
+    assert denied.status_code == 403 and "client or researcher role" in denied.json()["error"]["message"]
+    bad = client.get(url, params={"split": "validation"}, headers=reader.headers)
+    assert bad.status_code == 422 and "unknown split" in bad.json()["error"]["message"]
+
+
+def test_building_an_open_round_is_refused(client, researcher, stub_model) -> None:  # type: ignore[no-untyped-def]
+    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, ["a b c d"])
+    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={}, headers=researcher.headers)
+    assert response.status_code == 409 and "close it before building" in response.json()["error"]["message"]
+    missing = client.get("/api/v1/tasks/dynasent-r2/rounds/1/dataset", headers=researcher.headers)
+    assert missing.status_code == 404 and "has not been built yet" in missing.json()["error"]["message"]
