@@ -47,6 +47,7 @@ from rounds._encoding import (
     slots,
 )
 from rounds.aggregation import (
+    _collapse_order,
     _majority_frame,
     collapse_responses,
     consolidate_target_sentiment,
@@ -576,7 +577,7 @@ def target_sentiment_kappas(
     >>> target_sentiment_kappas(table, collapse=collapse)["consolidated"]
     1.0
     """
-    classes = tuple(order) if order is not None else tuple(dict.fromkeys(collapse.values()))
+    classes = _collapse_order(collapse, order)
     five_point = list(collapse) + ([unknown_label] if unknown_label is not None else [])
     result = {"five_point": fleiss_kappa(responses, labels=five_point, n_raters=n_raters)}
     consolidated = consolidate_target_sentiment(

@@ -40,14 +40,15 @@ Example::
     >>> frame = pd.DataFrame(rows, columns=["example_id", "gold", "gold_votes", "prompt_id",
     ...                                     "condition", "model_prediction"])
     >>> result = build_splits(frame, ["a", "b"], min_votes=4, seed=0)
-    >>> result.assignment.value_counts().to_dict()
-    {'dev': 4, 'test': 4}
+    >>> result.assignment.value_counts(sort=False).to_dict()
+    {'train': 0, 'dev': 4, 'test': 4, 'excluded': 0}
     >>> result.report.model_metrics["dev"]["macro_f1"]
     0.5
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ __all__ = ["COLUMNS", "SPLITS", "SplitError", "SplitReport", "SplitResult", "bui
 
 COLUMNS = ["example_id", "gold", "gold_votes", "prompt_id", "condition", "model_prediction"]
 SPLITS = ("train", "dev", "test", "excluded")
+_TRAIN, _DEV, _TEST, _EXCLUDED = range(4)
 CONDITIONS = ("prompt", "no_prompt")
 
 NO_MAJORITY = "no majority"
@@ -166,12 +168,13 @@ class SplitReport:
 
 @dataclass(frozen=True)
 class SplitResult:
-    """``assignment``: example_id → split (input order); ``flags``: per-example flags."""
+    """The assignment and per-example flags, both indexed by example_id in the input's order."""
 
-    assignment: pd.Series  # name "split", values in SPLITS
-    # Columns: no_prompt (bool, a no-prompt example, always train), prompt_shared_with_assessment
-    # (bool, excluded because its prompt serves a dev/test example), ineligible_reason (str or
-    # None: why it could not be a dev/test example).
+    # Categorical with the categories of SPLITS (train, dev, test, excluded).
+    assignment: pd.Series
+    # no_prompt: a no-prompt example (always train); prompt_shared_with_assessment: excluded
+    # because its prompt serves a dev/test example; ineligible_reason: why it could not be a
+    # dev/test example (categorical over INELIGIBLE_REASONS; missing where it could).
     flags: pd.DataFrame
     report: SplitReport
 
@@ -201,50 +204,45 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
     K = len(labels)
 
     # Canonical order (sorted by example_id) so that the result does not depend on row order.
-    frame = examples
     try:
-        order = np.argsort(frame["example_id"].to_numpy(), kind="stable")
+        order = np.asarray(examples["example_id"].argsort(kind="stable"), dtype=np.int64)
     except TypeError:  # ids of mixed types: keep the input order
-        order = np.arange(len(frame))
-    frame = frame.iloc[order].reset_index(drop=True)
+        order = np.arange(len(examples))
+    frame = examples.iloc[order].reset_index(drop=True)
     n = len(frame)
     rng = np.random.default_rng(seed)
 
-    condition = frame["condition"].astype(object).to_numpy()
-    bad = ~np.isin(condition, CONDITIONS)
-    if bad.any():
-        raise ValueError(f"condition must be one of {CONDITIONS}; got {sorted(set(map(str, condition[bad])))[:5]}")
-    is_prompt = condition == "prompt"
+    condition = _Column.of(frame["condition"])
+    bad = [v for v in condition.values if v not in CONDITIONS] + (["<missing>"] if (condition.codes < 0).any() else [])
+    if bad:
+        raise ValueError(f"condition must be one of {CONDITIONS}; got {sorted(map(str, bad))[:5]}")
+    is_prompt = condition.lookup(np.array([v == "prompt" for v in condition.values], dtype=bool), False)
 
-    gold = frame["gold"]
-    gold_na = gold.isna().to_numpy()
+    gold = _Column.of(frame["gold"])
+    prediction = _Column.of(frame["model_prediction"])
+    gold_na, pred_na = gold.codes < 0, prediction.codes < 0
     votes = pd.to_numeric(frame["gold_votes"], errors="coerce").fillna(0).to_numpy()
-    prediction = frame["model_prediction"]
-    pred_na = prediction.isna().to_numpy()
+    enough_votes = votes >= min_votes
 
-    # Class codes: index into class_keys, -1 outside the label set.
-    class_keys, class_names, gold_code, in_labels, assessed = _classes(gold, gold_na, labels, chance, classes,
-                                                                        votes >= min_votes, is_prompt)
-    pred_code = _codes(prediction, labels) if not pred_na.all() else np.full(n, -1, dtype=np.int64)
+    gc = _GoldClasses.build(gold, labels, chance, classes, enough_votes & is_prompt)
+    pred_label = prediction.lookup(_label_index(prediction.values, labels), -1)
 
-    reason = np.full(n, None, dtype=object)
-    checks = [(~is_prompt, "no_prompt"), (gold_na, "no_majority"), (~in_labels, "gold_not_in_labels"),
-              (~assessed, "class_not_assessed"), (votes < min_votes, "below_min_votes")]
+    reason = np.full(n, -1, dtype=np.int8)  # index into INELIGIBLE_REASONS, -1: eligible
+    checks = [~is_prompt, gold_na, ~gc.in_labels, ~gc.assessed, ~enough_votes]
     if chance:
-        checks += [(pred_na, "no_model_prediction"), (pred_code < 0, "prediction_not_in_labels")]
-    for mask, name in reversed(checks):  # the first listed reason wins
-        reason[mask] = name
-    eligible = pd.isna(reason)
+        checks += [pred_na, pred_label < 0]
+    for i in reversed(range(len(checks))):  # the first reason that applies wins
+        reason[checks[i]] = i
+    eligible = reason < 0
 
     if chance:
         n_cells = K * K
-        cell = np.where(eligible, gold_code * K + pred_code, -1)
+        cell = np.where(eligible, gc.class_code * K + pred_label, -1)
         cell_names = [f"gold={g}/predicted={p}" for g in labels for p in labels]
     else:
-        n_cells = len(class_keys)
-        cell = np.where(eligible, gold_code, -1)
-        cell_names = list(class_names)
-
+        n_cells = len(gc.keys)
+        cell = np.where(eligible, gc.class_code, -1)
+        cell_names = list(gc.names)
     if n_cells == 0:
         raise SplitError("no gold class has an eligible example (prompt condition, gold within the task's labels, "
                          f"at least {min_votes} votes), so there is nothing to balance dev and test over",
@@ -252,8 +250,7 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
 
     # Prompts: the prompt condition's prompt_id; a missing one is a prompt of its own.
     prompt_code = np.full(n, -1, dtype=np.int64)
-    pid = frame["prompt_id"].to_numpy()[is_prompt]
-    codes, uniques = pd.factorize(pid, use_na_sentinel=True)
+    codes, uniques = pd.factorize(frame["prompt_id"].to_numpy()[is_prompt], use_na_sentinel=True)
     missing = codes < 0
     codes = codes.astype(np.int64)
     codes[missing] = len(uniques) + np.arange(missing.sum())
@@ -277,11 +274,11 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
                          constraint="dev_test_size", min_size=min_size)
     max_total = graph.largest_feasible(need, bound_total)
 
-    d_cap = math.inf if dev_size is None else dev_size
-    t_cap = math.inf if test_size is None else test_size
     if dev_size is None and test_size is None:
         d = t = max_total // 2
     else:  # caps: balanced where possible, a capped split leaves its share to the other
+        d_cap = math.inf if dev_size is None else dev_size
+        t_cap = math.inf if test_size is None else test_size
         d = int(min(d_cap, max_total // 2))
         t = int(min(t_cap, max_total - d))
         d = int(min(d_cap, max_total - t))
@@ -292,40 +289,42 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
     # Which prompts: a seeded random order within each interchangeable group.
     chosen_prompt, chosen_cell = graph.realise(x, rng)
     # Which example of a chosen prompt in its cell: a seeded random one.
-    rand = rng.random(len(el))
-    by_pair = np.lexsort((rand, pair_key))
+    by_pair = np.lexsort((rng.random(len(el)), pair_key))
     first = np.ones(len(by_pair), dtype=bool)
     first[1:] = pair_key[by_pair][1:] != pair_key[by_pair][:-1]
     rep_rows = el[by_pair[first]]  # one representative row per unique pair, aligned with `pairs`
     chosen_rows = rep_rows[np.searchsorted(pairs, chosen_prompt * n_cells + chosen_cell)]
 
-    # Dev or test: seeded shuffle within each cell, first d to dev, next t to test.
+    # Dev or test: seeded shuffle within each cell, first d to dev, the next t to test.
     within = np.lexsort((rng.random(len(chosen_rows)), chosen_cell))
     sorted_cells = chosen_cell[within]
-    starts = np.searchsorted(sorted_cells, sorted_cells, side="left")
-    rank = np.arange(len(within)) - starts
-    split = np.full(n, "train", dtype=object)
-    split[chosen_rows[within[rank < d]]] = "dev"
-    split[chosen_rows[within[rank >= d]]] = "test"
+    rank = np.arange(len(within)) - np.searchsorted(sorted_cells, sorted_cells, side="left")
+    split = np.zeros(n, dtype=np.int8)  # index into SPLITS
+    split[chosen_rows[within[rank < d]]] = _DEV
+    split[chosen_rows[within[rank >= d]]] = _TEST
 
     used_prompt = np.zeros(n_prompts, dtype=bool)
     used_prompt[chosen_prompt] = True
     assessed_row = np.zeros(n, dtype=bool)
     assessed_row[chosen_rows] = True
-    shared = is_prompt & (prompt_code >= 0) & used_prompt[np.maximum(prompt_code, 0)] & ~assessed_row
-    split[shared] = "excluded"
+    shared = is_prompt & used_prompt[np.maximum(prompt_code, 0)] & ~assessed_row
+    split[shared] = _EXCLUDED
 
-    ids = frame["example_id"]
-    assignment = pd.Series(split, index=pd.Index(ids, name="example_id"), name="split")
-    flags = pd.DataFrame({"no_prompt": ~is_prompt, "prompt_shared_with_assessment": shared,
-                          "ineligible_reason": reason}, index=assignment.index)
     inverse = np.empty(n, dtype=np.int64)
     inverse[order] = np.arange(n)
-    assignment, flags = assignment.iloc[inverse], flags.iloc[inverse]
+    index = pd.Index(examples["example_id"], name="example_id")
+    assignment = pd.Series(pd.Categorical.from_codes(split[inverse], categories=list(SPLITS)),
+                           index=index, name="split")
+    flags = pd.DataFrame({"no_prompt": ~is_prompt[inverse], "prompt_shared_with_assessment": shared[inverse],
+                          "ineligible_reason": pd.Categorical.from_codes(reason[inverse],
+                                                                         categories=list(INELIGIBLE_REASONS))},
+                         index=index)
 
-    report = _report(frame, labels, class_names, class_keys, gold_code, gold_na, pred_na, split, reason,
-                     eligible, shared, is_prompt, chance, seed, min_votes, cell_names, cell, available,
-                     eligible_examples, d, t, max_total, bound_total, capped)
+    report = _report(_ReportInput(
+        labels=labels, gold=gold, prediction=prediction, gc=gc, pred_label=pred_label, split=split,
+        reason=reason, shared=shared, is_prompt=is_prompt, chance=chance, seed=seed, min_votes=min_votes,
+        cell_names=cell_names, cell=cell, available=available, eligible_examples=eligible_examples,
+        dev_per_cell=d, test_per_cell=t, max_total=max_total, bound_total=bound_total, capped=capped))
     return SplitResult(assignment=assignment, flags=flags, report=report)
 
 
@@ -350,14 +349,14 @@ class _PromptGraph:
             index = {k: i for i, k in enumerate(distinct)}
             mask_id = np.array([index[k] for k in keys], dtype=np.int64)
             mask_cells = [np.array(k, dtype=np.int64) for k in distinct]
-        size = prompt_size[prompts]
-        group_keys = np.stack([mask_id, size], axis=1) if len(prompts) else np.zeros((0, 2), dtype=np.int64)
-        uniq, group_of = np.unique(group_keys, axis=0, return_inverse=True)
+        size = prompt_size[prompts].astype(np.int64)
+        stride = int(size.max(initial=0)) + 1
+        uniq, group_of = np.unique(np.asarray(mask_id, dtype=np.int64) * stride + size, return_inverse=True)
         self.prompts = prompts
         self.group_of = group_of.reshape(-1)
         self.group_count = np.bincount(self.group_of, minlength=len(uniq)).astype(np.int64)
-        self.group_cost = (uniq[:, 1] - 1).astype(float) if len(uniq) else np.zeros(0)
-        self.group_cells = [mask_cells[m] for m in uniq[:, 0]]
+        self.group_cost = (uniq % stride - 1).astype(float)
+        self.group_cells = [mask_cells[m] for m in uniq // stride]
         G = len(uniq)
         self.var_group = np.concatenate([np.full(len(c), g) for g, c in enumerate(self.group_cells)] or
                                         [np.zeros(0, dtype=np.int64)]).astype(np.int64)
@@ -479,8 +478,8 @@ def _check_arguments(examples: pd.DataFrame, labels: Sequence[str], min_votes: i
     if missing:
         raise ValueError(f"examples need the columns {COLUMNS}; missing {missing}")
     labels = list(labels)
-    if not labels or len(set(labels)) != len(labels):
-        raise ValueError(f"labels must be a non-empty list of distinct labels, got {labels}")
+    if not labels or len(set(labels)) != len(labels) or not all(isinstance(v, str) for v in labels):
+        raise ValueError(f"labels must be a non-empty list of distinct strings, got {labels}")
     if examples["example_id"].isna().any() or examples["example_id"].duplicated().any():
         dup = examples["example_id"][examples["example_id"].duplicated()].head(3).tolist()
         raise ValueError(f"example_id must be unique and present; duplicates or missing: {dup}")
@@ -494,13 +493,6 @@ def _check_arguments(examples: pd.DataFrame, labels: Sequence[str], min_votes: i
     return labels
 
 
-def _codes(values: pd.Series, labels: list[str]) -> np.ndarray:
-    """Index of each value in labels; -1 for missing or other values (tuples included)."""
-    if values.dtype == object:
-        values = values.map(lambda v: v if isinstance(v, str) else None)
-    return pd.Index(labels, dtype=object).get_indexer(values.to_numpy(dtype=object)).astype(np.int64)
-
-
 def _is_set(value: object) -> bool:
     return isinstance(value, tuple | list | frozenset | set)
 
@@ -512,145 +504,199 @@ def _display(value: object) -> str:
     return str(value)
 
 
-def _classes(gold: pd.Series, gold_na: np.ndarray, labels: list[str], chance: bool,
-             classes: Sequence[object] | None, enough_votes: np.ndarray, is_prompt: np.ndarray,
-             ) -> tuple[list[object], list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """(class keys, display names, class code per row (-1: none), gold within labels, class assessed)."""
-    n = len(gold)
-    sets = np.zeros(n, dtype=bool)
-    if gold.dtype == object:
-        sets = gold.map(_is_set).to_numpy(dtype=bool)
-    if chance and sets.any():
-        raise ValueError("chance=True needs one gold label per example; multi-label gold (tuples) "
-                         "needs chance=False")
-    if not sets.any():
-        code = _codes(gold, labels)
-        in_labels = gold_na | (code >= 0)
-        keys: list[object] = list(labels) if classes is None else [c for c in labels if c in set(classes)]
-        if classes is not None and len(keys) != len(set(classes)):
-            raise ValueError(f"classes must be task labels; got {list(classes)}")
-        remap = np.full(len(labels) + 1, -1, dtype=np.int64)
-        for i, c in enumerate(keys):
-            remap[labels.index(c)] = i
-        cls = remap[code]  # code -1 → last entry → -1
-        assessed = gold_na | (code < 0) | (cls >= 0)
-        return keys, [_display(k) for k in keys], cls, in_labels, assessed
-    # Multi-label: canonical sorted tuples; a string is a one-label set.
+def _label_index(values: list[object], labels: list[str]) -> np.ndarray:
     position = {label: i for i, label in enumerate(labels)}
-    canon = np.full(n, None, dtype=object)
-    in_labels = gold_na.copy()
-    values = gold.to_numpy(dtype=object)
-    for i in np.flatnonzero(~gold_na):
-        v = values[i]
-        members = tuple(v) if _is_set(v) else (v,)
-        if all(m in position for m in members):
-            canon[i] = tuple(sorted(set(members)))  # the order rounds.table uses
-            in_labels[i] = True
-    if classes is None:
-        seen = {canon[i] for i in np.flatnonzero(~gold_na & in_labels & enough_votes & is_prompt)}
-    else:
-        seen = set()
-        for c in classes:
-            members = tuple(c) if _is_set(c) else (c,)
-            if not all(m in position for m in members):
-                raise ValueError(f"class {c!r} has labels outside the task's labels {labels}")
-            seen.add(tuple(sorted(set(members))))
-    keys = sorted(seen, key=lambda s: (len(s), [position[m] for m in s]))
-    index = {k: i for i, k in enumerate(keys)}
-    cls = np.array([index.get(c, -1) if c is not None else -1 for c in canon], dtype=np.int64)
-    assessed = gold_na | ~in_labels | (cls >= 0)
-    return keys, [_display(k) for k in keys], cls, in_labels, assessed
+    return np.array([position.get(v, -1) if isinstance(v, str) else -1 for v in values], dtype=np.int64)
 
 
-def _report(frame: pd.DataFrame, labels: list[str], class_names: list[str], class_keys: list[object],
-            gold_code: np.ndarray, gold_na: np.ndarray, pred_na: np.ndarray, split: np.ndarray,
-            reason: np.ndarray, eligible: np.ndarray, shared: np.ndarray, is_prompt: np.ndarray, chance: bool,
-            seed: int, min_votes: int, cell_names: list[str], cell: np.ndarray, available: np.ndarray,
-            eligible_examples: np.ndarray, d: int, t: int, max_total: int, bound_total: int,
-            capped: bool) -> SplitReport:
+@dataclass(frozen=True)
+class _Column:
+    """A column as codes into its distinct values (-1: missing), so that per-value work
+    (label lookups, display names) runs once per distinct value rather than once per row."""
+
+    codes: np.ndarray
+    values: list[object]  # lists and sets made tuples
+
+    @classmethod
+    def of(cls, series: pd.Series) -> _Column:
+        try:
+            codes, uniques = pd.factorize(series, use_na_sentinel=True)
+        except TypeError:  # lists or sets: unhashable
+            codes, uniques = pd.factorize(series.map(lambda v: tuple(v) if isinstance(v, list | set) else v),
+                                          use_na_sentinel=True)
+        return cls(np.asarray(codes, dtype=np.int64), list(uniques))
+
+    def lookup(self, per_value: np.ndarray, missing: object) -> np.ndarray:
+        table = np.append(np.asarray(per_value), np.asarray([missing], dtype=np.asarray(per_value).dtype))
+        return table[self.codes]  # code -1 picks the last entry: the missing value
+
+
+@dataclass(frozen=True)
+class _GoldClasses:
+    keys: list[object]  # the classes dev/test balance over (labels, or sorted label tuples)
+    names: list[str]
+    class_code: np.ndarray  # per row: index into keys, -1 for none
+    label_code: np.ndarray  # per row: index into labels (single-label gold), -1 otherwise
+    in_labels: np.ndarray  # per row: gold within the task's labels (True where gold is missing)
+    assessed: np.ndarray  # per row: not excluded from dev/test by the choice of classes
+    display: list[str]  # per distinct gold value
+    single_label: bool
+
+    @classmethod
+    def build(cls, gold: _Column, labels: list[str], chance: bool, classes: Sequence[object] | None,
+              could_assess: np.ndarray) -> _GoldClasses:
+        is_set = [_is_set(v) for v in gold.values]
+        if chance and any(is_set):
+            raise ValueError("chance=True needs one gold label per example; multi-label gold (tuples) "
+                             "needs chance=False")
+        display = [_display(v) for v in gold.values]
+        label_index = _label_index(gold.values, labels)
+        if not any(is_set):
+            keys: list[object] = list(labels)
+            if classes is not None:
+                wanted = set(classes)
+                if not wanted <= set(labels):
+                    raise ValueError(f"classes must be task labels {labels}; got {list(classes)}")
+                keys = [c for c in labels if c in wanted]
+            remap = np.array([keys.index(v) if v in keys else -1 for v in labels] + [-1], dtype=np.int64)
+            class_index = remap[label_index]
+            in_labels = label_index >= 0
+        else:  # multi-label: each distinct set (canonical: sorted tuple, as rounds.table stores it)
+            position = {label: i for i, label in enumerate(labels)}
+            canon = [tuple(sorted(set(v if s else (v,)))) if all(m in position for m in (v if s else (v,)))
+                     else None for v, s in zip(gold.values, is_set, strict=True)]
+            in_labels = np.array([c is not None for c in canon], dtype=bool)
+            if classes is None:
+                present = np.bincount(gold.codes[could_assess & (gold.codes >= 0)], minlength=len(canon)) > 0
+                seen = {c for c, p in zip(canon, present, strict=True) if p and c is not None}
+            else:
+                seen = set()
+                for c in classes:
+                    members = tuple(c) if _is_set(c) else (c,)
+                    if not all(m in position for m in members):
+                        raise ValueError(f"class {c!r} has labels outside the task's labels {labels}")
+                    seen.add(tuple(sorted(set(members))))
+            keys = sorted(seen, key=lambda s: (len(s), [position[m] for m in s]))
+            index = {k: i for i, k in enumerate(keys)}
+            class_index = np.array([index.get(c, -1) if c is not None else -1 for c in canon], dtype=np.int64)
+        class_code = gold.lookup(class_index, -1)
+        in_labels_row = gold.lookup(in_labels, True)
+        return cls(keys=keys, names=[_display(k) for k in keys], class_code=class_code,
+                   label_code=gold.lookup(label_index, -1), in_labels=in_labels_row,
+                   assessed=(gold.codes < 0) | ~in_labels_row | (class_code >= 0), display=display,
+                   single_label=not any(is_set))
+
+
+@dataclass(frozen=True)
+class _ReportInput:
+    labels: list[str]
+    gold: _Column
+    prediction: _Column
+    gc: _GoldClasses
+    pred_label: np.ndarray
+    split: np.ndarray
+    reason: np.ndarray
+    shared: np.ndarray
+    is_prompt: np.ndarray
+    chance: bool
+    seed: int
+    min_votes: int
+    cell_names: list[str]
+    cell: np.ndarray
+    available: np.ndarray
+    eligible_examples: np.ndarray
+    dev_per_cell: int
+    test_per_cell: int
+    max_total: int
+    bound_total: int
+    capped: bool
+
+
+def _display_codes(column: _Column, display: list[str], missing: str) -> tuple[np.ndarray, list[str]]:
+    """Per row, an index into the returned distinct display names (``missing`` last)."""
+    codes, names = pd.factorize(pd.Series(display + [missing], dtype=object))
+    names = list(names)
+    return column.lookup(codes[:-1], codes[-1]), names
+
+
+def _report(r: _ReportInput) -> SplitReport:
     # Imported here: scikit-learn is slow to import and only the report needs it.
     from sklearn.metrics import accuracy_score, f1_score
 
-    split_code = pd.Categorical(split, categories=SPLITS).codes
+    labels, gc, split = r.labels, r.gc, r.split
     n_splits = len(SPLITS)
 
-    # Gold rows: the balanced classes first, then other values (e.g. mixed), then no majority.
-    gold_display = _display_column(frame["gold"], gold_na, NO_MAJORITY)
-    gold_cat, gold_values = pd.factorize(gold_display, sort=True)
-    rows = class_names + [v for v in labels if v not in class_names] \
-        + sorted(v for v in gold_values if v not in set(class_names) | set(labels) | {NO_MAJORITY}) + [NO_MAJORITY]
-    counts = np.bincount(gold_cat * n_splits + split_code, minlength=len(gold_values) * n_splits)
-    counts = counts.reshape(len(gold_values), n_splits)
-    by_gold = pd.DataFrame(counts, index=pd.Index(gold_values, name="gold"), columns=list(SPLITS))
+    # Table 4/7 rows: the balanced classes, other labels, other gold values (e.g. mixed), no majority.
+    gold_row, gold_names = _display_codes(r.gold, gc.display, NO_MAJORITY)
+    counts = np.bincount(gold_row * n_splits + split, minlength=len(gold_names) * n_splits)
+    by_gold = pd.DataFrame(counts.reshape(len(gold_names), n_splits), index=pd.Index(gold_names, name="gold"),
+                           columns=list(SPLITS))
+    known = set(gc.names) | set(labels) | {NO_MAJORITY}
+    rows = gc.names + [v for v in labels if v not in gc.names] \
+        + sorted(v for v in gold_names if v not in known) + [NO_MAJORITY]
     by_gold = by_gold.reindex(rows, fill_value=0)
     by_gold.loc["Total"] = by_gold.sum()
 
     by_cell = None
-    if not pred_na.all() and not any(_is_set(v) for v in class_keys):
-        pred_display = _display_column(frame["model_prediction"], pred_na, NO_PREDICTION)
-        cell_frame = pd.DataFrame({"gold": gold_display, "predicted": pred_display,
-                                   "split": pd.Categorical(split, categories=SPLITS)})
-        by_cell = cell_frame.groupby(["gold", "predicted", "split"], observed=False).size().unstack("split")
-        full = pd.MultiIndex.from_product([labels, labels], names=["gold", "predicted"])
-        extra = [i for i in by_cell.index if i not in set(full)]
-        by_cell = by_cell.reindex(list(full) + sorted(extra), fill_value=0)
-        by_cell.index = pd.MultiIndex.from_tuples(by_cell.index, names=["gold", "predicted"])
-        by_cell = by_cell[list(SPLITS)].fillna(0).astype(np.int64)
-        by_cell = by_cell[(by_cell.sum(axis=1) > 0) | by_cell.index.isin(full)]
+    if gc.single_label and len(r.prediction.values):
+        pred_row, pred_names = _display_codes(r.prediction, [_display(v) for v in r.prediction.values],
+                                              NO_PREDICTION)
+        P = len(pred_names)
+        counts = np.bincount((gold_row * P + pred_row) * n_splits + split,
+                             minlength=len(gold_names) * P * n_splits).reshape(-1, n_splits)
+        present = np.flatnonzero(counts.sum(axis=1))
+        table = {(gold_names[k // P], pred_names[k % P]): counts[k] for k in present}
+        full = list(itertools.product(labels, labels))
+        extra = sorted(k for k in table if k not in set(full))
+        zero = np.zeros(n_splits, dtype=np.int64)
+        by_cell = pd.DataFrame([table.get(k, zero) for k in full + extra], columns=list(SPLITS),
+                               index=pd.MultiIndex.from_tuples(full + extra, names=["gold", "predicted"]))
 
-    n_cells = len(cell_names)
-    dev_cells = np.bincount(cell[split == "dev"], minlength=n_cells)
-    test_cells = np.bincount(cell[split == "test"], minlength=n_cells)
-    availability = pd.DataFrame({"eligible_examples": eligible_examples, "distinct_prompts": available,
-                                 "dev": dev_cells, "test": test_cells},
-                                index=pd.Index(cell_names, name="cell" if chance else "class"))
+    n_cells = len(r.cell_names)
+    availability = pd.DataFrame({"eligible_examples": r.eligible_examples, "distinct_prompts": r.available,
+                                 "dev": np.bincount(r.cell[split == _DEV], minlength=n_cells),
+                                 "test": np.bincount(r.cell[split == _TEST], minlength=n_cells)},
+                                index=pd.Index(r.cell_names, name="cell" if r.chance else "class"))
 
     metrics: dict[str, dict[str, float]] = {}
-    single_label = not any(_is_set(v) for v in class_keys)
-    for name in ("dev", "test"):
-        rows_ = (split == name) & ~pred_na
-        if not single_label or not rows_.any():
+    K = len(labels)
+    for name, code in (("dev", _DEV), ("test", _TEST)):
+        rows_ = (split == code) & (r.prediction.codes >= 0)
+        if not gc.single_label or not rows_.any():
             continue
-        y_true = frame["gold"].to_numpy(dtype=object)[rows_].astype(str)
-        y_pred = frame["model_prediction"].to_numpy(dtype=object)[rows_].astype(str)
+        # Integer codes (K: a prediction outside the labels) are much faster than strings.
+        y_true = gc.label_code[rows_]
+        y_pred = np.where(r.pred_label[rows_] >= 0, r.pred_label[rows_], K)
         metrics[name] = {"n": int(rows_.sum()),
-                         "macro_f1": float(f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0)),
+                         "macro_f1": float(f1_score(y_true, y_pred, labels=list(range(K)), average="macro",
+                                                    zero_division=0)),
                          "accuracy": float(accuracy_score(y_true, y_pred))}
-    chance_f1 = 1 / len(labels) if chance else None
+    chance_f1 = 1 / K if r.chance else None
     at_chance = None
-    if chance:
-        at_chance = all(math.isclose(m["macro_f1"], chance_f1, rel_tol=1e-9) and
-                        math.isclose(m["accuracy"], chance_f1, rel_tol=1e-9) for m in metrics.values())
+    if r.chance:
+        at_chance = all(math.isclose(m["macro_f1"], 1 / K, rel_tol=1e-9)
+                        and math.isclose(m["accuracy"], 1 / K, rel_tol=1e-9) for m in metrics.values())
 
-    reasons = pd.Series(reason[~eligible]).value_counts()
-    ineligible = {r: int(reasons.get(r, 0)) for r in INELIGIBLE_REASONS if reasons.get(r, 0)}
+    reasons = np.bincount(r.reason[r.reason >= 0], minlength=len(INELIGIBLE_REASONS))
+    unit = "cell" if r.chance else "class"
     notes = []
-    if capped:
-        notes.append(f"dev/test capped below the largest feasible size ({max_total // 2} per "
-                     f"{'cell' if chance else 'class'} each)")
-    if max_total < bound_total:
-        notes.append(f"prompts shared between cells cost {bound_total // 2 - max_total // 2} per "
-                     f"{'cell' if chance else 'class'} against the naive bound")
+    if r.capped:
+        notes.append(f"dev/test capped below the largest feasible size ({r.max_total // 2} per {unit} each)")
+    if r.max_total // 2 < r.bound_total // 2:
+        notes.append(f"prompts shared between cells cost {r.bound_total // 2 - r.max_total // 2} per {unit} "
+                     "against the naive bound")
+    eligible = r.reason < 0
     return SplitReport(
-        labels=list(labels), classes=list(class_names), chance=chance, seed=seed, min_votes=min_votes,
-        unit="cell" if chance else "class", counts_by_gold=by_gold, counts_by_cell=by_cell,
-        availability=availability, dev_per_cell=d, test_per_cell=t, max_c=max_total // 2,
-        upper_bound_c=bound_total // 2, max_total_per_cell=max_total, upper_bound_total_per_cell=bound_total,
-        capped=capped, model_metrics=metrics, chance_macro_f1=chance_f1, at_chance=at_chance,
-        excluded={"prompt_shared_with_assessment": int(shared.sum())} if shared.any() else {},
-        ineligible=ineligible, eligible_in_train=int((eligible & (split == "train")).sum()),
-        no_prompt_in_train=int((~is_prompt & (split == "train")).sum()), notes=notes)
-
-
-def _display_column(values: pd.Series, na: np.ndarray, missing: str) -> np.ndarray:
-    out = values.to_numpy(dtype=object).copy()
-    if values.dtype == object:
-        out = np.array([_display(v) if not m else missing for v, m in zip(out, na, strict=True)], dtype=object)
-    else:
-        out = out.astype(object)
-        out[na] = missing
-        out = out.astype(str).astype(object)
-    return out
+        labels=list(labels), classes=list(gc.names), chance=r.chance, seed=r.seed, min_votes=r.min_votes,
+        unit=unit, counts_by_gold=by_gold, counts_by_cell=by_cell, availability=availability,
+        dev_per_cell=r.dev_per_cell, test_per_cell=r.test_per_cell, max_c=r.max_total // 2,
+        upper_bound_c=r.bound_total // 2, max_total_per_cell=r.max_total,
+        upper_bound_total_per_cell=r.bound_total, capped=r.capped, model_metrics=metrics,
+        chance_macro_f1=chance_f1, at_chance=at_chance,
+        excluded={"prompt_shared_with_assessment": int(r.shared.sum())} if r.shared.any() else {},
+        ineligible={name: int(c) for name, c in zip(INELIGIBLE_REASONS, reasons, strict=True) if c},
+        eligible_in_train=int((eligible & (split == _TRAIN)).sum()),
+        no_prompt_in_train=int((~r.is_prompt & (split == _TRAIN)).sum()), notes=notes)
 
 
 def _plain(value: object) -> object:

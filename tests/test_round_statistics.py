@@ -174,11 +174,12 @@ def spammer_fixture() -> pd.DataFrame:
 def test_dawid_skene_and_mace_side_by_side_with_majority():
     table = spammer_fixture()
     labels = ["positive", "negative", "neutral"]
-    both = compare_aggregations(table, labels=labels, mace_restarts=2)
+    both = compare_aggregations(table, labels=labels, methods=("dawid_skene", "mace"), mace_restarts=2)
     assert (both["dawid_skene"] == both["majority"]).all()
     assert (both["mace"] == both["majority"]).all()
     assert ((both["dawid_skene_probability"] > 0.9) & (both["dawid_skene_probability"] <= 1)).all()
     assert ((both["mace_probability"] > 0.5) & (both["mace_probability"] <= 1)).all()
+    assert "mace" not in compare_aggregations(table, labels=labels).columns  # MACE is opt-in
 
     with_probas = dawid_skene_labels(table, labels=labels, probabilities=True)
     probas = with_probas[["p_positive", "p_negative", "p_neutral"]]
@@ -262,6 +263,15 @@ def test_mad_tsc_neighbour_rule():
     for example_id, (label, kept, reason) in expected.items():
         row = result.loc[example_id]
         assert (row["label"], bool(row["kept"]), row["reason"]) == (label, kept, reason), example_id
+
+
+def test_mad_tsc_order_may_be_the_five_point_scale():
+    # Neighbours are judged on the collapsed scale, also when `order` lists all 5 points.
+    result = consolidate_target_sentiment(
+        mad_fixture(), collapse=COLLAPSE, unknown_label="unknown", order=FIVE_POINT
+    )
+    assert result.loc["pos_neu", "reason"] == "neighbouring_majority"
+    assert result.loc["pos_neg", "reason"] == "non_neighbouring_vote"
 
 
 def test_mad_tsc_uses_task_file_and_kappa_after_consolidation_by_hand():
