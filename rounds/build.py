@@ -122,10 +122,11 @@ def _gold(data: RoundData) -> pd.DataFrame:
     elif definition.is_multi_label:
         frame = aggregation.multilabel_gold(responses, labels=definition.labels,
                                             min_votes=definition.agreement.gold_min_votes)
-        votes = frame[[f"votes_{label}" for label in definition.labels]].to_numpy()
-        gold_votes = []
-        for row, gold in zip(votes, frame["label"], strict=True):
-            gold_votes.append(int(min(row[definition.labels.index(label)] for label in gold)) if gold else None)
+        # The gold set's weakest label decides whether it is strong enough for dev/test.
+        votes = frame[[f"votes_{label}" for label in definition.labels]].to_numpy(dtype=float)
+        in_gold = votes >= definition.agreement.gold_min_votes
+        weakest = np.where(in_gold, votes, np.inf).min(axis=1)
+        gold_votes = np.where(np.isfinite(weakest), weakest, 0).astype(int)
         frame = frame.assign(gold=frame["label"], gold_votes=gold_votes, kept=True, reason=None)
     else:
         frame = aggregation.majority_labels(responses, labels=definition.effective_validation_labels,
@@ -143,12 +144,10 @@ def _distributional(data: RoundData) -> dict[int, dict[str, float]]:
         return {}
     if definition.is_multi_label:
         # Share of validators who chose each label (EthioEmo's labels are not exclusive).
-        counts: dict[int, Counter[str]] = {}
-        totals: Counter[int] = Counter()
-        for example_id, label in zip(data.responses["example_id"], data.responses["label"], strict=True):
-            counts.setdefault(example_id, Counter()).update(label)
-            totals[example_id] += 1
-        return {e: {label: round(c[label] / totals[e], 4) for label in definition.labels} for e, c in counts.items()}
+        frame = aggregation.multilabel_gold(data.responses, labels=definition.labels, min_votes=1)
+        shares = frame[[f"votes_{label}" for label in definition.labels]].div(frame["n_responses"], axis=0).round(4)
+        shares.columns = list(definition.labels)
+        return {int(e): row for e, row in zip(shares.index, shares.to_dict("records"), strict=True)}
     frame = aggregation.distributional_labels(data.responses, **aggregation.distribution_settings(definition))
     frame = frame.dropna(how="all").round(4)
     return {int(e): {k: float(v) for k, v in row.items()} for e, row in zip(frame.index, frame.to_dict("records"), strict=True)}

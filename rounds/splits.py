@@ -22,12 +22,13 @@ Size is maximised exactly. Each dev/test example costs one prompt, so this is a 
 of prompts to cells: source → prompt (capacity 1) → cell (where the prompt has an eligible
 example in the cell) → sink (capacity ``k``, the dev+test examples wanted per cell). Prompts
 with the same set of cells are interchangeable, so they are merged into one node whose
-capacity is their number; 150,000 prompts become a few hundred nodes and each max-flow takes
-milliseconds. A binary search on ``k`` with ``scipy.sparse.csgraph.maximum_flow`` finds the
-largest feasible ``k``; a min-cost version of the same flow (``scipy.optimize.linprog``,
-exact because a network matrix is totally unimodular) then picks, among the optimal
-assignments, one that excludes the fewest other examples of the chosen prompts. The seed
-decides which interchangeable prompt, which example of a prompt, and dev vs test.
+capacity is their number; 150,000 prompts become at most a few hundred nodes and each
+max-flow takes milliseconds. A binary search on ``k`` with
+``scipy.sparse.csgraph.maximum_flow`` finds the largest feasible ``k``. A min-cost version of
+the same flow (``scipy.optimize.linprog``; exact, because a network matrix is totally
+unimodular) then picks, among the assignments of that size, one that excludes the fewest
+other examples of the chosen prompts. The seed decides which of equally good prompts, which
+example of a prompt, and dev vs test.
 
 When a constraint cannot be met a :class:`SplitError` says which and by how much, using the
 min cut of the flow to name the cells that lack prompts (Hall's condition).
@@ -61,7 +62,8 @@ from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from services.errors import Invalid
 
-__all__ = ["COLUMNS", "SPLITS", "SplitError", "SplitReport", "SplitResult", "build_splits"]
+__all__ = ["COLUMNS", "CONDITIONS", "INELIGIBLE_REASONS", "SPLITS", "SplitError", "SplitReport", "SplitResult",
+           "build_splits"]
 
 COLUMNS = ["example_id", "gold", "gold_votes", "prompt_id", "condition", "model_prediction"]
 SPLITS = ("train", "dev", "test", "excluded")
@@ -162,7 +164,10 @@ class SplitReport:
                              f"(n={int(m['n'])})" + (f"; chance = {self.chance_macro_f1:.4f}"
                                                       if self.chance_macro_f1 is not None else ""))
         if self.excluded:
-            lines.append("excluded: " + ", ".join(f"{k} {v}" for k, v in self.excluded.items()))
+            lines.append("excluded: " + ", ".join(f"{k} {v:,}" for k, v in self.excluded.items()))
+        if self.ineligible:
+            lines.append("not eligible for dev/test: " + ", ".join(f"{k} {v:,}" for k, v in self.ineligible.items()))
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines) + "\n"
 
 
@@ -284,10 +289,10 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
         d = int(min(d_cap, max_total - t))
     capped = (dev_size is not None or test_size is not None) and d + t < max_total
 
-    x = graph.assignment(d + t)  # units of each (group, cell) variable
+    plan = graph.assignment(d + t)  # (group, cell, units)
 
     # Which prompts: a seeded random order within each interchangeable group.
-    chosen_prompt, chosen_cell = graph.realise(x, rng)
+    chosen_prompt, chosen_cell = graph.realise(plan, rng)
     # Which example of a chosen prompt in its cell: a seeded random one.
     by_pair = np.lexsort((rng.random(len(el)), pair_key))
     first = np.ones(len(by_pair), dtype=bool)
@@ -329,18 +334,25 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
 
 
 class _PromptGraph:
-    """Prompts merged into groups of interchangeable ones (same cells, same size)."""
+    """Eligible prompts merged into interchangeable groups.
+
+    A prompt's *mask* is the set of cells it has an eligible example in. Prompts with the same
+    mask are interchangeable for size, so the flow network has one node per mask, whose
+    capacity is how many prompts have it: source → mask → cell → sink. For the min-cost step a
+    mask's prompts are further split into groups by cost (their number of other examples,
+    which using them would exclude); within a mask the cheapest are always used first.
+    """
 
     def __init__(self, pair_prompt: np.ndarray, pair_cell: np.ndarray, prompt_size: np.ndarray,
                  n_cells: int) -> None:
-        self.n_cells = n_cells
+        self.n_cells = C = n_cells
         prompts, starts = np.unique(pair_prompt, return_index=True)
         self.n_eligible_prompts = len(prompts)
         if n_cells <= _BITMASK_MAX_CELLS:
             bits = np.left_shift(np.int64(1), pair_cell.astype(np.int64))
             masks = np.bitwise_or.reduceat(bits, starts) if len(bits) else np.zeros(0, dtype=np.int64)
             mask_values, mask_id = np.unique(masks, return_inverse=True)
-            mask_cells = [np.flatnonzero((int(m) >> np.arange(n_cells)) & 1) for m in mask_values]
+            self.mask_cells = [np.flatnonzero((int(m) >> np.arange(n_cells)) & 1) for m in mask_values]
         else:
             bounds = np.append(starts, len(pair_cell))
             keys = [tuple(pair_cell[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -348,26 +360,32 @@ class _PromptGraph:
             distinct = sorted(set(keys), key=lambda cells: cells[::-1])
             index = {k: i for i, k in enumerate(distinct)}
             mask_id = np.array([index[k] for k in keys], dtype=np.int64)
-            mask_cells = [np.array(k, dtype=np.int64) for k in distinct]
+            self.mask_cells = [np.array(k, dtype=np.int64) for k in distinct]
+        mask_id = np.asarray(mask_id, dtype=np.int64).reshape(-1)
+        self.M = M = len(self.mask_cells)
+        self.mask_count = np.bincount(mask_id, minlength=M).astype(np.int64)
+
+        # Groups: (mask, size), sorted by mask then size, so each mask's groups are contiguous
+        # and cheapest first.
         size = prompt_size[prompts].astype(np.int64)
         stride = int(size.max(initial=0)) + 1
-        uniq, group_of = np.unique(np.asarray(mask_id, dtype=np.int64) * stride + size, return_inverse=True)
+        uniq, group_of = np.unique(mask_id * stride + size, return_inverse=True)
         self.prompts = prompts
         self.group_of = group_of.reshape(-1)
-        self.group_count = np.bincount(self.group_of, minlength=len(uniq)).astype(np.int64)
+        self.G = len(uniq)
+        self.group_count = np.bincount(self.group_of, minlength=self.G).astype(np.int64)
+        self.group_mask = uniq // stride
         self.group_cost = (uniq % stride - 1).astype(float)
-        self.group_cells = [mask_cells[m] for m in uniq // stride]
-        G = len(uniq)
-        self.var_group = np.concatenate([np.full(len(c), g) for g, c in enumerate(self.group_cells)] or
-                                        [np.zeros(0, dtype=np.int64)]).astype(np.int64)
-        self.var_cell = np.concatenate(self.group_cells or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
-        # Node ids: 0 source, 1..G groups, G+1..G+C cells, G+C+1 sink.
-        self.source, self.sink = 0, G + n_cells + 1
-        self._rows = np.concatenate([np.zeros(G, dtype=np.int64), 1 + self.var_group,
-                                     1 + G + np.arange(n_cells)])
-        self._cols = np.concatenate([1 + np.arange(G), 1 + G + self.var_cell, np.full(n_cells, self.sink)])
-        self._fixed = np.concatenate([self.group_count, self.group_count[self.var_group]])
-        self.G = G
+        self.mask_groups = np.searchsorted(self.group_mask, np.arange(M + 1))  # group range per mask
+
+        # Arcs mask → cell.
+        self.arc_mask = np.repeat(np.arange(M), [len(c) for c in self.mask_cells]).astype(np.int64)
+        self.arc_cell = (np.concatenate(self.mask_cells) if M else np.zeros(0)).astype(np.int64)
+        # Node ids: 0 source, 1..M masks, M+1..M+C cells, M+C+1 sink.
+        self.source, self.sink = 0, M + C + 1
+        self._rows = np.concatenate([np.zeros(M, dtype=np.int64), 1 + self.arc_mask, 1 + M + np.arange(C)])
+        self._cols = np.concatenate([1 + np.arange(M), 1 + M + self.arc_cell, np.full(C, self.sink)])
+        self._fixed = np.concatenate([self.mask_count, self.mask_count[self.arc_mask]])
 
     def _capacity(self, k: int) -> sp.csr_array:
         data = np.concatenate([self._fixed, np.full(self.n_cells, k, dtype=np.int64)]).astype(np.int32)
@@ -395,44 +413,88 @@ class _PromptGraph:
                 high = mid - 1
         return low
 
-    def assignment(self, k: int) -> np.ndarray:
-        """Units per (group, cell) variable filling every cell to k, excluding fewest others."""
+    def assignment(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(group, cell, units) filling every cell to k while excluding the fewest other examples."""
         value, _, flow = self._flow(k)
         if value != k * self.n_cells:  # k is at most the largest feasible, so this cannot happen
             raise SplitError(f"internal: the flow for {k} per cell is not full ({value})")
-        x_flow = np.asarray(flow[1 + self.var_group, 1 + self.G + self.var_cell]).reshape(-1).astype(np.int64)
-        costs = self.group_cost[self.var_group]
-        if len(costs) == 0 or np.all(costs == costs[0]) or k == 0:
-            return x_flow
-        V = len(costs)
-        a_eq = sp.csr_array((np.ones(V), (self.var_cell, np.arange(V))), shape=(self.n_cells, V))
-        a_ub = sp.csr_array((np.ones(V), (self.var_group, np.arange(V))), shape=(self.G, V))
-        # Dual simplex returns a vertex; network constraint matrices are totally unimodular, so
-        # the vertex is integral.
-        lp = linprog(costs, A_ub=a_ub, b_ub=self.group_count, A_eq=a_eq, b_eq=np.full(self.n_cells, k),
-                     bounds=(0, None), method="highs-ds")
-        if lp.status != 0:
-            return x_flow
-        x = np.rint(lp.x).astype(np.int64)
-        ok = (np.abs(lp.x - x).max() < 1e-6 and (x >= 0).all()
-              and (np.bincount(self.var_cell, weights=x, minlength=self.n_cells) == k).all()
-              and (np.bincount(self.var_group, weights=x, minlength=self.G) <= self.group_count).all()
-              and costs @ x <= costs @ x_flow)
-        return x if ok else x_flow
+        arc_units = np.asarray(flow[1 + self.arc_mask, 1 + self.M + self.arc_cell]).reshape(-1).astype(np.int64)
+        if self.G and k and not np.all(self.group_cost == self.group_cost[0]):
+            arc_units = self._cheapest(k, arc_units)
+        return self._by_group(arc_units)
 
-    def realise(self, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Concrete prompts for the units of x: a seeded random order within each group."""
+    def _cheapest(self, k: int, arc_units: np.ndarray) -> np.ndarray:
+        """Min-cost version of the flow as a linear program: z_g units from group g into its
+        mask (cost: its size - 1 each, at most its count), y_a units along arc a (mask → cell);
+        each mask passes on what it receives and each cell gets k. A network matrix is totally
+        unimodular, so the simplex vertex HiGHS returns is integral (checked; else the plain
+        max-flow is kept)."""
+        G, A, M, C = self.G, len(self.arc_mask), self.M, self.n_cells
+        cost = np.concatenate([self.group_cost, np.zeros(A)])
+        rows = np.concatenate([self.group_mask, self.arc_mask, M + self.arc_cell])
+        cols = np.concatenate([np.arange(G), G + np.arange(A), G + np.arange(A)])
+        vals = np.concatenate([np.ones(G), -np.ones(A), np.ones(A)])
+        a_eq = sp.csr_array((vals, (rows, cols)), shape=(M + C, G + A))
+        b_eq = np.concatenate([np.zeros(M), np.full(C, k)])
+        bounds = np.column_stack([np.zeros(G + A), np.concatenate([self.group_count, np.full(A, np.inf)])])
+        lp = linprog(cost, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs-ipm")
+        if lp.status != 0:
+            return arc_units
+        y = np.rint(lp.x[G:]).astype(np.int64)
+        through = np.bincount(self.arc_mask, weights=y, minlength=M)
+        ok = (np.abs(lp.x[G:] - y).max(initial=0) < 1e-6 and (y >= 0).all()
+              and (np.bincount(self.arc_cell, weights=y, minlength=C) == k).all()
+              and (through <= self.mask_count).all()
+              and self._cost(y) <= self._cost(arc_units))
+        return y if ok else arc_units
+
+    def _fill(self, arc_units: np.ndarray) -> np.ndarray:
+        """Units per group: each mask's throughput taken from its cheapest groups first."""
+        through = np.bincount(self.arc_mask, weights=arc_units, minlength=self.M).astype(np.int64)
+        start = self.mask_groups[self.group_mask]  # first group of each group's mask
+        before = np.cumsum(self.group_count) - self.group_count  # count of earlier groups overall
+        earlier_in_mask = before - before[start]
+        return np.clip(through[self.group_mask] - earlier_in_mask, 0, self.group_count)
+
+    def _cost(self, arc_units: np.ndarray) -> float:
+        return float(self.group_cost @ self._fill(arc_units))
+
+    def _by_group(self, arc_units: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Split each mask's arc units among its groups (cheapest first): (group, cell, units)."""
+        group_units = self._fill(arc_units)
+        out_group, out_cell, out_units = [], [], []
+        arc_start = np.searchsorted(self.arc_mask, np.arange(self.M + 1))
+        for m in range(self.M):
+            groups = [[g, int(group_units[g])] for g in range(self.mask_groups[m], self.mask_groups[m + 1])
+                      if group_units[g]]
+            gi = 0
+            for a in range(arc_start[m], arc_start[m + 1]):
+                need = int(arc_units[a])
+                while need:
+                    take = min(need, groups[gi][1])
+                    out_group.append(groups[gi][0])
+                    out_cell.append(self.arc_cell[a])
+                    out_units.append(take)
+                    groups[gi][1] -= take
+                    need -= take
+                    if not groups[gi][1]:
+                        gi += 1
+        return (np.asarray(out_group, dtype=np.int64), np.asarray(out_cell, dtype=np.int64),
+                np.asarray(out_units, dtype=np.int64))
+
+    def realise(self, plan: tuple[np.ndarray, np.ndarray, np.ndarray],
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Concrete prompts for a plan: a seeded random order within each group."""
         order = np.lexsort((rng.random(len(self.prompts)), self.group_of))
         members = self.prompts[order]
         group_start = np.concatenate([[0], np.cumsum(self.group_count)])
         taken = np.zeros(self.G, dtype=np.int64)
         out_prompt, out_cell = [], []
-        for v in np.flatnonzero(x):
-            g = self.var_group[v]
+        for g, cell, units in zip(*plan, strict=True):
             start = group_start[g] + taken[g]
-            out_prompt.append(members[start:start + x[v]])
-            out_cell.append(np.full(x[v], self.var_cell[v], dtype=np.int64))
-            taken[g] += x[v]
+            out_prompt.append(members[start:start + units])
+            out_cell.append(np.full(units, cell, dtype=np.int64))
+            taken[g] += units
         if not out_prompt:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return np.concatenate(out_prompt), np.concatenate(out_cell)
@@ -461,10 +523,10 @@ class _PromptGraph:
         reaches_sink = np.zeros(self.sink + 1, dtype=bool)
         reaches_sink[breadth_first_order(residual.T.tocsr(), self.sink, directed=True,
                                          return_predecessors=False)] = True
-        cells = [j for j in range(self.n_cells) if reaches_sink[1 + self.G + j]]
+        cells = [j for j in range(self.n_cells) if reaches_sink[1 + self.M + j]]
         in_set = np.zeros(self.n_cells, dtype=bool)
         in_set[cells] = True
-        prompts = int(sum(self.group_count[g] for g in range(self.G) if in_set[self.group_cells[g]].any()))
+        prompts = int(sum(self.mask_count[m] for m in range(self.M) if in_set[self.mask_cells[m]].any()))
         names = ", ".join(cell_names[j] for j in cells)
         total = need * len(cells)
         return (f"{what}s {names} have eligible examples from only {prompts} distinct prompts between them "
@@ -685,6 +747,10 @@ def _report(r: _ReportInput) -> SplitReport:
     if r.max_total // 2 < r.bound_total // 2:
         notes.append(f"prompts shared between cells cost {r.bound_total // 2 - r.max_total // 2} per {unit} "
                      "against the naive bound")
+    n_excluded = int(r.shared.sum())
+    if n_excluded > int((split == _DEV).sum() + (split == _TEST).sum()):
+        notes.append(f"{n_excluded} examples are excluded because their prompt serves dev/test, more than "
+                     "dev and test hold; capping dev/test (dev_size/test_size) keeps more of them for train")
     eligible = r.reason < 0
     return SplitReport(
         labels=list(labels), classes=list(gc.names), chance=r.chance, seed=r.seed, min_votes=r.min_votes,

@@ -145,3 +145,79 @@ def test_building_an_open_round_is_refused(client, researcher, stub_model) -> No
     assert response.status_code == 409 and "close it before building" in response.json()["error"]["message"]
     missing = client.get("/api/v1/tasks/dynasent-r2/rounds/1/dataset", headers=researcher.headers)
     assert missing.status_code == 404 and "has not been built yet" in missing.json()["error"]["message"]
+
+
+def _collect(client: Any, writer: Actor, validators: list[Actor], round_id: int,
+             plan: list[tuple[Any, str, list[int] | None, list[Any]]]) -> None:
+    """Write each (target, text, span) and have the validators give the listed labels."""
+    for target, text, span, labels in plan:
+        assignment = client.post(f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target},
+                                 headers=writer.headers).json()
+        body: dict[str, Any] = {"text": text, **({"target_span": span} if span else {})}
+        attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json=body,
+                              headers=writer.headers).json()
+        assert attempt["status"] == "scored", attempt
+        if attempt["fooled"]:
+            client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
+        example = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
+                              headers=writer.headers).json()
+        for validator, label in zip(validators, labels, strict=False):
+            response = client.post(f"/api/v1/examples/{example['id']}/validations", json={"label": label},
+                                   headers=validator.headers)
+            assert response.status_code == 201, response.text
+
+
+def test_multi_label_round_builds_with_label_set_classes(client, researcher, make_user,
+                                                         stub_multi_label_model) -> None:  # type: ignore[no-untyped-def]
+    prompts = [f"Prompt {i}: ስለ ምግቡ አስተያየት" for i in range(12)]
+    round_ = open_round(client, researcher, example_yaml("ethioemo-amharic", onboarding_quiz=None),
+                        stub_multi_label_model.url, prompts, target_label_mode="writer_choice")
+    writer = make_user("amara", "writer")
+    validators = [make_user(f"ev{i}", "validator") for i in range(3)]
+    plan = []
+    for i in range(2):
+        plan.append((["joy"], f"a joy filled day {i} ደስታ", None, [["joy"], ["joy"], ["joy", "surprise"]]))
+        plan.append((["anger"], f"an anger filled day {i} ቁጣ", None, [["anger"], ["anger", "disgust"], ["anger"]]))
+    plan.append((["fear"], "a fear filled day ፍርሃት", None, [["fear"], ["sadness"], ["surprise"]]))  # no gold: re-queued
+    _collect(client, writer, validators, round_["id"], plan)
+    client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 1}, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    report = response.json()["report"]
+    assert report["splits"]["chance"] is False
+    assert report["counts"]["total"]["dev"] == 2 and report["counts"]["total"]["test"] == 2
+    assert report["agreement"]["mean_jaccard"] is not None
+    rows = [json.loads(line) for line in client.get("/api/v1/tasks/ethioemo-amharic/rounds/1/dataset",
+                                                     params={"split": "all"}, headers=researcher.headers).text.splitlines()]
+    by_text = {r["text"]: r for r in rows}
+    assert by_text["a joy filled day 0 ደስታ"]["gold_label"] == ["joy"]
+    assert by_text["a joy filled day 0 ደስታ"]["distributional_label"]["joy"] == 1.0
+    assert by_text["a joy filled day 0 ደስታ"]["distributional_label"]["surprise"] == pytest.approx(1 / 3, abs=1e-3)
+    assert by_text["a fear filled day ፍርሃት"]["gold_label"] is None
+
+
+def test_target_dependent_round_builds_with_consolidation(client, researcher, make_user, stub_model) -> None:  # type: ignore[no-untyped-def]
+    prompts = [f"Prompt {i}: the minister visited the city." for i in range(12)]
+    round_ = open_round(client, researcher, example_yaml("mad-tsc", onboarding_quiz=None), stub_model.url, prompts,
+                        target_label_mode="writer_choice")
+    writer = make_user("tess", "writer")
+    validators = [make_user(f"tv{i}", "validator") for i in range(3)]
+    text = "The minister met the mayor in the old town hall on Monday."
+    plan = []
+    for label, weak in (("positive", "weakly_positive"), ("negative", "weakly_negative"), ("neutral", "neutral")):
+        plan.append((label, text, [4, 12], [label, weak, label]))      # unanimous after collapsing
+        plan.append((label, text, [20, 25], [label, label, label]))
+    plan.append(("negative", text, [20, 25], ["negative", "negative", "neutral"]))  # neighbouring majority
+    plan.append(("neutral", text, [4, 12], ["positive", "positive", "negative"]))   # non-neighbouring: dropped
+    plan.append(("neutral", text, [20, 25], ["neutral", "unknown", "neutral"]))     # unknown vote: dropped
+    _collect(client, writer, validators, round_["id"], plan)
+    client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"chance": False, "dev_test_min_votes": 3},
+                           headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    report = response.json()["report"]
+    assert report["counts"]["excluded"].get("non_neighbouring_vote") == 1
+    assert report["counts"]["excluded"].get("unknown_vote") == 1
+    assert "madtsc_kappas" in report["agreement"]
+    assert report["counts"]["total"]["dev"] == 3 and report["counts"]["total"]["test"] == 3
+    assert report["counts"]["total"]["train"] == 1  # the neighbouring majority (2 of 3 votes)

@@ -95,7 +95,7 @@ def test_dynasent_like_three_labels_sizes_and_leftovers_to_train():
     r = result.report
     assert (r.dev_per_cell, r.test_per_cell, r.max_total_per_cell) == (2, 2, 5)
     counts = result.assignment.value_counts().to_dict()
-    assert counts == {"dev": 18, "test": 18, "train": 9}  # 9 cells × (2 + 2), one left per cell
+    assert counts == {"dev": 18, "test": 18, "train": 9, "excluded": 0}  # 9 cells × (2 + 2), one left per cell
     for split in ("dev", "test"):
         sub = frame(rows).set_index("example_id").loc[result.ids(split)]
         assert sub.groupby(["gold", "model_prediction"]).size().eq(2).all()
