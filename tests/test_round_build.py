@@ -221,3 +221,29 @@ def test_target_dependent_round_builds_with_consolidation(client, researcher, ma
     assert "madtsc_kappas" in report["agreement"]
     assert report["counts"]["total"]["dev"] == 3 and report["counts"]["total"]["test"] == 3
     assert report["counts"]["total"]["train"] == 1  # the neighbouring majority (2 of 3 votes)
+
+
+def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    runner = CliRunner()
+    out = tmp_path / "report"
+    result = runner.invoke(cli, ["round", "build", "--task", "dynasent-r2", "--round", "1", "--seed", "7",
+                                 "--out", str(out), "--database-url", settings.database_url])
+    assert result.exit_code == 0, result.output
+    assert "dev 9, test 9" in result.output
+    for name in ("report.md", "report.json", "edit_distance.png", "length.png", "vocabulary.png",
+                 "worker_agreement.png", "model_vs_majority.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "edit_distance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    # The same seed gives the same splits as the API's build.
+    assert report["counts"] == built["build"]["report"]["counts"]
+    data = tmp_path / "data"
+    result = runner.invoke(cli, ["round", "export", "--task", "dynasent-r2", "--round", "1", "--out", str(data),
+                                 "--database-url", settings.database_url])
+    assert result.exit_code == 0, result.output
+    tables = {split: pq.read_table(data / f"dynasent-r2-r1-{split}.parquet") for split in ("train", "dev", "test")}
+    assert {split: t.num_rows for split, t in tables.items()} == {"train": 3, "dev": 9, "test": 9}
