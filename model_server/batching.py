@@ -6,6 +6,15 @@ The collection policy is greedy: the worker takes whatever is queued (up to
 ``max_batch_size``), waiting at most ``max_wait_s`` for more only while the batch is not
 full. With ``max_wait_s=0`` a lone request is served at once (its latency is one forward
 pass), and under load batches fill up by themselves while the previous forward runs.
+
+Under load it also *lingers* (:func:`linger`): the callers a batch just answered tend to come
+straight back with their next text, so right after a batch of ``k`` texts, with ``q`` more
+already queued, the worker expects ``k + q`` and keeps collecting while texts keep arriving
+(each within ``linger_gap_s`` of the last, never past ``linger_max_s`` after the previous
+batch ended). Without it, 32 closed-loop clients split into two cohorts of ~16 that alternate
+forever, and a batch of 16 costs more per text than one of 32 (measured in
+``bench/model_server.py`` / ``docs/benchmarks.md``). A lone caller (last batch 1, nothing
+queued) never waits, and neither does the first request after a quiet spell.
 """
 
 from __future__ import annotations
@@ -83,6 +92,20 @@ def collect(source: queue.Queue[Any], max_batch_size: int, max_wait_s: float, *,
     return batch
 
 
+def linger(source: queue.Queue[Any], batch: list[Any], target: int, gap_s: float, until: float, *,
+           clock: Callable[[], float] = time.monotonic) -> None:
+    """Add items from ``source`` to ``batch`` until it holds ``target``, as long as each comes
+    within ``gap_s`` of the last and the clock has not passed ``until``."""
+    while len(batch) < target:
+        timeout = min(gap_s, until - clock())
+        if timeout <= 0:
+            return
+        try:
+            batch.append(source.get(timeout=timeout))
+        except queue.Empty:
+            return
+
+
 @dataclass
 class BatchStats:
     """What the metrics endpoint reports about batching (observers are optional)."""
@@ -96,7 +119,7 @@ class Batcher(Generic[In, Out]):
 
     def __init__(self, forward: Callable[[Sequence[In]], Sequence[Out]], *, max_batch_size: int = 32,
                  max_wait_s: float = 0.0, request_timeout_s: float = 10.0, stats: BatchStats | None = None,
-                 name: str = "batcher") -> None:
+                 name: str = "batcher", linger_gap_s: float = 0.0, linger_max_s: float = 0.0) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if max_wait_s < 0:
@@ -105,6 +128,8 @@ class Batcher(Generic[In, Out]):
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.request_timeout_s = request_timeout_s
+        self.linger_gap_s = linger_gap_s
+        self.linger_max_s = linger_max_s
         self.stats = stats or BatchStats()
         self._queue: queue.Queue[Pending[In]] = queue.Queue()
         self._stop = threading.Event()
@@ -144,10 +169,17 @@ class Batcher(Generic[In, Out]):
             raise DeadlineExceeded(f"no answer within {deadline - now:.1f} s") from exc
 
     def _run(self) -> None:
+        expect, expect_until = 1, 0.0
         while not self._stop.is_set():
             batch = collect(self._queue, self.max_batch_size, self.max_wait_s)
-            if batch:
-                self._process(batch)
+            if not batch:
+                continue
+            if self.linger_gap_s > 0 and len(batch) < expect:
+                linger(self._queue, batch, min(expect, self.max_batch_size), self.linger_gap_s, expect_until)
+            self._process(batch)
+            # Those just answered will likely be back, and whoever queued meanwhile is waiting.
+            expect = len(batch) + self._queue.qsize()
+            expect_until = time.monotonic() + self.linger_max_s
 
     def _process(self, batch: list[Pending[In]]) -> None:
         now = time.monotonic()

@@ -50,6 +50,57 @@ def test_collect_waits_for_late_items_only_up_to_max_wait() -> None:
     assert 0.04 <= time.monotonic() - started < 0.5
 
 
+def test_linger_collects_returning_callers_only_while_they_keep_coming() -> None:
+    from model_server.batching import linger
+
+    source: queue.Queue[int] = queue.Queue()
+    batch = [0]
+    threading.Timer(0.01, source.put, args=(1,)).start()
+    threading.Timer(0.03, source.put, args=(2,)).start()
+    started = time.monotonic()
+    linger(source, batch, target=5, gap_s=0.1, until=started + 5)
+    assert batch == [0, 1, 2]  # then nothing came within the gap: stop
+    assert time.monotonic() - started < 0.03 + 0.1 + 0.1
+    started = time.monotonic()
+    linger(source, batch, target=3, gap_s=1.0, until=started + 5)  # already at the target
+    assert time.monotonic() - started < 0.05
+    linger(source, batch, target=9, gap_s=1.0, until=time.monotonic() - 1)  # past the deadline
+    assert batch == [0, 1, 2] and time.monotonic() - started < 0.05
+
+
+def test_a_lone_caller_never_lingers_but_returning_callers_are_batched_together() -> None:
+    sizes: list[int] = []
+
+    def forward(items: Any) -> list[Any]:
+        sizes.append(len(items))
+        time.sleep(0.02)
+        return list(items)
+
+    batcher = Batcher(forward, max_batch_size=8, linger_gap_s=0.5, linger_max_s=1.0).start()
+
+    async def lone() -> float:
+        worst = 0.0
+        for i in range(3):
+            started = time.monotonic()
+            assert await batcher.submit([i]) == [i]
+            worst = max(worst, time.monotonic() - started)
+        return worst
+
+    async def closed_loop(clients: int, rounds: int) -> None:
+        async def client(k: int) -> None:
+            for r in range(rounds):
+                await batcher.submit([k * 100 + r])
+        await asyncio.gather(*(client(k) for k in range(clients)))
+
+    try:
+        assert _run(lone()) < 0.4  # a 0.02 s forward; lingering would have cost 0.5 s more
+        sizes.clear()
+        _run(closed_loop(6, 4))
+        assert max(sizes) == 6 and sizes.count(6) >= 3  # the 6 callers stay in one batch
+    finally:
+        batcher.stop()
+
+
 # --- the batcher ------------------------------------------------------------------------
 
 
@@ -218,6 +269,38 @@ def test_predictions_do_not_depend_on_batch_company(server: ThreadedServer) -> N
         assert a["label"] == b["label"]
         for label in LABELS:
             assert abs(a["probabilities"][label] - b["probabilities"][label]) < 1e-4
+
+
+def test_split_by_length_covers_every_item_once_and_splits_only_where_padding_costs() -> None:
+    from model_server.backends.transformers_backend import split_by_length
+
+    lengths = sorted([11, 13, 14, 15, 17, 19, 20, 22, 23, 25, 27, 28, 30, 33, 36, 120, 124, 128])
+    spans = split_by_length(lengths, max_size=8, split_cost=32)
+    assert spans[0][0] == 0 and spans[-1][1] == len(lengths)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, in order
+    assert all(0 < end - start <= 8 for start, end in spans)
+    assert any(start == 15 for start, _ in spans)  # the three long ones are not padded with the short
+    assert split_by_length([20] * 10, max_size=64) == [(0, 10)]  # nothing to gain: one pass
+    assert split_by_length([], max_size=4) == []
+
+
+@pytest.mark.parametrize("kind", ["multi", "pair"])
+def test_length_bucketed_batches_score_like_one_at_a_time(model_dirs: dict[str, Path], kind: str) -> None:
+    from model_server.backends import ClassifyInput, load_backend
+
+    backend = load_backend(model_dirs[kind], "transformers", "cpu")
+    texts = [("word " * n).strip() + f" {n}" for n in (1, 90, 3, 40, 7, 200, 2, 15, 60, 5)]
+    targets = [f"target {i}" for i in range(len(texts))] if kind == "pair" else [None] * len(texts)
+    inputs = [ClassifyInput(text, target) for text, target in zip(texts, targets, strict=True)]
+    together = backend.predict(inputs)
+    for item, batched in zip(inputs, together, strict=True):
+        alone = backend.predict([item])[0]
+        assert batched.labels == alone.labels and batched.truncated == alone.truncated
+        for label, p in alone.probabilities.items():
+            assert abs(batched.probabilities[label] - p) < 1e-5
+    full = [len(backend.tokenizer(item.text, item.target)["input_ids"]) for item in inputs]
+    assert [o.truncated for o in together] == [n > backend.max_length for n in full]
+    assert any(o.truncated for o in together) and not all(o.truncated for o in together)
 
 
 def test_bad_input_gets_clear_422s(server: ThreadedServer) -> None:

@@ -16,6 +16,32 @@ from model_server.metadata import ModelMetadata, ModelMetadataError
 
 logger = logging.getLogger(__name__)
 
+# What one extra forward pass costs, in padded tokens: the price of splitting a batch. Measured
+# on 2 CPU cores with MiniLM-L6 (~0.15 ms a token, ~10 ms fixed per pass); any value from 32 to
+# 128 gave about the same throughput on tweets (+15-25% over padding a batch of 32 to its longest).
+SPLIT_COST_TOKENS = 96
+
+
+def split_by_length(lengths: Sequence[int], max_size: int, split_cost: float = SPLIT_COST_TOKENS) -> list[tuple[int, int]]:
+    """Cut ascending ``lengths`` into contiguous micro-batches ``[start, end)`` of at most
+    ``max_size`` items, minimising padded tokens (items x longest, per micro-batch) plus
+    ``split_cost`` per micro-batch: tweets of 11 and 44 tokens need not pad to 44 together.
+    Exact dynamic programme, O(n * max_size)."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for start in range(max(0, end - max_size), end):
+            cost = best[start] + (end - start) * lengths[end - 1] + split_cost
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    spans = []
+    end = n
+    while end > 0:
+        spans.append((cut[end], end))
+        end = cut[end]
+    return spans[::-1]
+
 
 class TransformersBackend:
     def __init__(self, directory: Path, metadata: ModelMetadata, *, device: str | None = None,
@@ -48,39 +74,57 @@ class TransformersBackend:
             return texts, [item.target or "" for item in inputs]
         return texts, None
 
-    def encode(self, inputs: Sequence[ClassifyInput]) -> tuple[dict[str, torch.Tensor], list[bool]]:
+    def _tokenize(self, inputs: Sequence[ClassifyInput], **padding: object) -> tuple[dict[str, object], list[bool]]:
         texts, targets = self._pairs(inputs)
         strategy = "only_first" if targets is not None else True
-        encoded = self.tokenizer(texts, targets, truncation=strategy, max_length=self.max_length,
-                                 padding=True, return_tensors="pt")
+        encoded = self.tokenizer(texts, targets, truncation=strategy, max_length=self.max_length, **padding)
         # Which inputs were cut (the response says so). A fast tokenizer keeps what truncation
-        # removed in each encoding's ``overflowing``: one tokenization pass, not two (the second
-        # pass cost ~40% of the tokenization time, on the batcher's critical path).
+        # removed in each encoding's ``overflowing``: one tokenization pass, not two.
         encodings = getattr(encoded, "encodings", None)
         if encodings is not None and len(encodings) == len(texts):
             truncated = [bool(encoding.overflowing) for encoding in encodings]
         else:  # a slow (pure Python) tokenizer: lengths without truncation
             full = self.tokenizer(texts, targets, truncation=False, verbose=False)["input_ids"]
             truncated = [len(ids) > self.max_length for ids in full]
-        return {k: v.to(self.device) for k, v in encoded.items()}, truncated
+        return dict(encoded), truncated
+
+    def encode(self, inputs: Sequence[ClassifyInput]) -> tuple[dict[str, torch.Tensor], list[bool]]:
+        encoded, truncated = self._tokenize(inputs, padding=True, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in encoded.items()}, truncated  # type: ignore[attr-defined]
+
+    def _pad(self, features: dict[str, list[list[int]]], rows: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The ``rows`` of unpadded ``features`` as padded tensors (padded to their longest)."""
+        length = max(len(features["input_ids"][i]) for i in rows)
+        pad_values = {"input_ids": self.tokenizer.pad_token_id or 0,
+                      "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0)}
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        tensors = {}
+        for key, values in features.items():
+            pad = pad_values.get(key, 0)  # attention_mask and anything else: 0
+            padded = [([pad] * (length - len(values[i])) + values[i]) if left
+                      else (values[i] + [pad] * (length - len(values[i]))) for i in rows]
+            tensors[key] = torch.tensor(padded, dtype=torch.long, device=self.device)
+        return tensors
 
     @torch.inference_mode()
     def predict(self, inputs: Sequence[ClassifyInput]) -> list[ClassifyOutput]:
         if not inputs:
             return []
-        # Sort by length so each micro-batch pads to similar lengths; restore order after.
-        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i].text) + len(inputs[i].target or ""))
+        # Tokenize once, unpadded; sort by token count; run length-homogeneous micro-batches
+        # (each padded only to its own longest) and restore the order after.
+        features, truncated = self._tokenize(inputs)
+        lengths = [len(ids) for ids in features["input_ids"]]  # type: ignore[union-attr]
+        order = sorted(range(len(inputs)), key=lengths.__getitem__)
         results: list[ClassifyOutput | None] = [None] * len(inputs)
-        for start in range(0, len(order), self.micro_batch_size):
-            chunk = order[start:start + self.micro_batch_size]
-            encoded, truncated = self.encode([inputs[i] for i in chunk])
-            logits = self.model(**encoded).logits.float()
+        for start, end in split_by_length([lengths[i] for i in order], self.micro_batch_size):
+            rows = order[start:end]
+            logits = self.model(**self._pad(features, rows)).logits.float()  # type: ignore[arg-type]
             if self.metadata.family == "multi_label":
                 probabilities = torch.sigmoid(logits)
             else:
                 probabilities = torch.softmax(logits, dim=-1)
-            for row, index in enumerate(chunk):
-                results[index] = decide(self.metadata, probabilities[row].tolist(), truncated[row])
+            for row, index in enumerate(rows):
+                results[index] = decide(self.metadata, probabilities[row].tolist(), truncated[index])
         return [r for r in results if r is not None]
 
     def inspect(self, item: ClassifyInput, label: str, n_steps: int = 32) -> list[TokenAttribution]:
