@@ -332,6 +332,138 @@ def model_init(
                   f"base {metadata.base_model})", soft_wrap=True)
 
 
+TaskOpt = Annotated[str, typer.Option("--task", help="Task name")]
+
+
+def _model_row(model, attempts: int | None = None) -> list[str]:  # type: ignore[no-untyped-def]
+    when = model.promoted_at or model.evaluated_at or model.created_at
+    return [str(model.id), model.name, model.status.value, "" if model.trained_for_round is None
+            else str(model.trained_for_round), model.endpoint or "", when.strftime("%Y-%m-%d %H:%M"),
+            "" if attempts is None else f"{attempts:,}", model.directory]
+
+
+@model_app.command("list")
+def model_list(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
+    """The task's registered model versions, their status and the attempts each one scored."""
+    from rounds.registry import attempt_counts, list_models
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    url = _settings(database_url).resolved_database_url
+    _ensure_schema(url)
+    try:
+        with _session_factory(url)() as session:
+            task_row = get_task(session, task)
+            models = list_models(session, task_row)
+            counts = attempt_counts(session, task_row)
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    if not models:
+        console.print(f"task {task!r} has no registered models; add one with "
+                      f"`dynaloop model register --task {task} --dir DIR`")
+        return
+    table = Table()
+    for column in ("id", "name", "status", "for round", "endpoint", "since", "attempts", "directory"):
+        table.add_column(column, no_wrap=column != "directory")
+    for model in models:
+        table.add_row(*_model_row(model, counts.get(model.id, 0)))
+    console.print(table)
+
+
+@model_app.command("register")
+def model_register(task: TaskOpt,
+                   directory: Annotated[Path, typer.Option("--dir", help="Model directory with dynaloop_model.json")],
+                   evaluation: Annotated[Path | None, typer.Option(
+                       help="JSON file of evaluation results: recorded too (trained -> evaluated)")] = None,
+                   database_url: DatabaseOpt = None) -> None:
+    """Record a model directory in the task's registry (again: no change)."""
+    import json
+
+    from rounds.registry import record_evaluation, register_model
+    from services.db.engine import session_scope
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    metrics = None
+    if evaluation is not None:
+        try:
+            metrics = json.loads(evaluation.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise _fail(f"no evaluation file {evaluation}") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _fail(f"{evaluation} is not a JSON file: {exc}") from exc
+    url = _settings(database_url).resolved_database_url
+    _ensure_schema(url)
+    try:
+        with session_scope(_session_factory(url)) as session:
+            task_row = get_task(session, task)
+            model = register_model(session, task_row, directory)
+            if metrics is not None:
+                model = record_evaluation(session, task_row, directory, metrics)
+            summary = f"{model.name} (id {model.id}) is {model.status.value}"
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    console.print(f"registered {summary}", soft_wrap=True)
+
+
+@model_app.command("promote")
+def model_promote(
+    task: TaskOpt,
+    version: Annotated[str, typer.Option("--version", help="Registry id, name (model_id@version) or model_id")],
+    endpoint: Annotated[str, typer.Option(help="The running model server, e.g. http://127.0.0.1:8001")],
+    admin_token: Annotated[str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN",
+                                                    help="The model server's admin token")] = None,
+    force: Annotated[bool, typer.Option(help="Promote a model that was never evaluated")] = False,
+    keep_round_endpoints: Annotated[bool, typer.Option(
+        help="Do not point the task's open rounds at --endpoint")] = False,
+    backend: Annotated[str | None, typer.Option(help="Model server backend for the new model; default: same")]
+    = None,
+    timeout_s: Annotated[float, typer.Option(help="How long the server may take to load the model")] = 300.0,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Hot-swap the model server to a registered model, then mark it promoted (the previous one retired)."""
+    from rounds.registry import promote
+    from services.errors import DomainError
+
+    if not admin_token:
+        raise _fail("give the model server's admin token: --admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN")
+    url = _settings(database_url).resolved_database_url
+    _ensure_schema(url)
+    try:
+        result = promote(_session_factory(url), task, version, endpoint=endpoint, admin_token=admin_token,
+                         force=force, backend=backend, update_open_rounds=not keep_round_endpoints,
+                         timeout_s=timeout_s)
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    console.print(f"promoted {result.model.name}: {result.endpoint} now serves it", soft_wrap=True)
+    for old in result.retired:
+        console.print(f"retired {old.name}")
+    if result.rounds_updated:
+        console.print(f"round(s) {', '.join(map(str, result.rounds_updated))} now use {result.endpoint}")
+
+
+@model_app.command("retire")
+def model_retire(task: TaskOpt,
+                 version: Annotated[str, typer.Option("--version", help="Registry id, name or model_id")],
+                 database_url: DatabaseOpt = None) -> None:
+    """Mark a model version retired (a model server keeps serving it until another is promoted)."""
+    from rounds.registry import retire
+    from services.db.engine import session_scope
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    url = _settings(database_url).resolved_database_url
+    _ensure_schema(url)
+    try:
+        with session_scope(_session_factory(url)) as session:
+            model = retire(session, get_task(session, task), version)
+            name, endpoint = model.name, model.endpoint
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    console.print(f"retired {name}" + (f"; {endpoint} still serves it until another model is promoted there"
+                                       if endpoint else ""), soft_wrap=True)
+
+
 @app.command("model-server")
 def model_server(
     model: Annotated[Path, typer.Option("--model", help="Model directory with dynaloop_model.json")],
@@ -341,6 +473,10 @@ def model_server(
     device: Annotated[str | None, typer.Option(help="cpu or cuda; default: cuda when available")] = None,
     max_batch_size: int = 32,
     max_wait_ms: Annotated[float, typer.Option(help="Wait this long for a batch to fill (0: greedy)")] = 0.0,
+    linger_gap_ms: Annotated[float, typer.Option(
+        help="Under load, keep collecting callers that come back within this gap of each other (0: off)")] = 20.0,
+    linger_max_ms: Annotated[float, typer.Option(
+        help="Lingering never goes past this long after the previous batch ended")] = 150.0,
     request_timeout_s: float = 10.0,
     admin_token: Annotated[str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN",
                                                     help="Enables POST /admin/reload")] = None,
@@ -354,7 +490,8 @@ def model_server(
     if not model.is_dir():
         raise _fail(f"{model} is not a folder; build one with `dynaloop model init --task NAME --out {model}`")
     config = ServerConfig(model_dir=model, backend=backend, device=device, max_batch_size=max_batch_size,
-                          max_wait_ms=max_wait_ms, request_timeout_s=request_timeout_s, admin_token=admin_token)
+                          max_wait_ms=max_wait_ms, linger_gap_ms=linger_gap_ms, linger_max_ms=linger_max_ms,
+                          request_timeout_s=request_timeout_s, admin_token=admin_token)
     uvicorn.run(create_model_app(config), host=host, port=port, log_level=log_level)
 
 
@@ -431,6 +568,273 @@ def round_export(task: Annotated[str, typer.Option(help="Task name")],
             console.print(f"wrote {path} ({size:,} bytes)")
     except DomainError as exc:
         raise _fail(exc.message) from exc
+
+
+@round_app.command("harvest")
+def round_harvest(
+    task: Annotated[str, typer.Option(help="Task name")],
+    number: Annotated[int, typer.Option("--round", help="Round number (collecting or validating)")],
+    corpus: Annotated[Path, typer.Option(help="CSV, TSV, JSONL or Parquet file with a text and a rating column")],
+    model: Annotated[Path, typer.Option(help="The harvesting model's directory (Model 0)")],
+    n: Annotated[int, typer.Option("--n", help="How many sentences to harvest")],
+    seed: int = 0,
+    as_: Annotated[str, typer.Option("--as", help="examples (validated directly) or prompts (for writers)")]
+    = "examples",
+    text_column: str = "text",
+    rating_column: str = "rating",
+    id_column: Annotated[str | None, typer.Option(help="Document id column; default: the row number")] = None,
+    low_rating: Annotated[float, typer.Option(help="Ratings at or below this are low (DynaSent: 1 star)")] = 1,
+    high_rating: Annotated[float, typer.Option(help="Ratings at or above this are high (DynaSent: 5 stars)")] = 5,
+    positive_label: str = "positive",
+    negative_label: str = "negative",
+    min_chars: Annotated[int | None, typer.Option(help="Shortest sentence; default: the task's min_chars")] = None,
+    max_chars: Annotated[int | None, typer.Option(help="Longest sentence; default: the task's max_chars")] = None,
+    batch_size: int = 64,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Harvest corpus sentences the model likely gets wrong (DynaSent §3.2): half from low-rated
+    texts it calls positive and high-rated texts it calls negative, half at random."""
+    from rounds.evaluate import EvaluationError
+    from rounds.harvest import harvest
+    from services.errors import DomainError
+
+    if as_ not in ("examples", "prompts"):
+        raise _fail(f"--as takes examples or prompts, not {as_!r}")
+    url = _settings(database_url).resolved_database_url
+    _ensure_schema(url)
+    try:
+        report = harvest(_session_factory(url), task, number, corpus, model, n, mode=as_,  # type: ignore[arg-type]
+                         text_column=text_column, rating_column=rating_column, id_column=id_column, seed=seed,
+                         low_rating=low_rating, high_rating=high_rating, positive_label=positive_label,
+                         negative_label=negative_label, min_chars=min_chars, max_chars=max_chars,
+                         batch_size=batch_size)
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    except (EvaluationError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    table = Table("pool", "available", "wanted", "selected")
+    for pool, counts in report.pools.items():
+        table.add_row(pool, f"{counts['available']:,}", f"{counts['wanted']:,}", f"{counts['selected']:,}")
+    console.print(f"{report.corpus}: {report.documents:,} texts, {report.sentences:,} sentences; model "
+                  f"{report.model_id} version {report.model_version}", soft_wrap=True)
+    console.print(table)
+    left_out = {k: v for k, v in report.skipped.items() if v}
+    if left_out:
+        console.print("left out: " + ", ".join(f"{k} {v:,}" for k, v in left_out.items()), soft_wrap=True)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/yellow] {note}", soft_wrap=True, highlight=False)
+    console.print(f"wrote {report.written:,} {report.mode} to {task} round {number}"
+                  + (f" ({report.already_present:,} already there)" if report.already_present else ""))
+
+
+def _show_training_log() -> None:
+    """Per-epoch lines of `rounds.train` on stderr when nothing else shows INFO logs."""
+    train_logger = logging.getLogger("rounds.train")
+    if not logging.getLogger().handlers and not train_logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        train_logger.addHandler(handler)
+        train_logger.setLevel(logging.INFO)
+
+
+@round_app.command("train")
+def round_train(
+    task: Annotated[str, typer.Option(help="Task name")],
+    mix: Annotated[Path, typer.Option(help="Data mix YAML: train sources (weights, upsampling) and the dev set")],
+    out: Annotated[Path, typer.Option(help="New folder for the model directory")],
+    number: Annotated[int | None, typer.Option(
+        "--round", help="The round this model will serve (the next round to collect)")] = None,
+    base: Annotated[Path | None, typer.Option(
+        help="Backbone checkpoint folder (never a dynaloop-trained model); default: packaged MiniLM")] = None,
+    epochs: int = 3,
+    batch_size: int = 32,
+    learning_rate: float = 2e-5,
+    max_length: int = 128,
+    seed: int = 0,
+    class_weights: Annotated[str, typer.Option(help="none or balanced (from the mix's label mass)")] = "none",
+    patience: Annotated[int, typer.Option(
+        help="Early stopping: epochs without a better dev macro-F1 (0: never stop early)")] = 2,
+    gradient_accumulation_steps: int = 1,
+    checkpoint_every: Annotated[str, typer.Option(
+        help="Resumable checkpoint every N optimizer steps, or 'epoch'")] = "epoch",
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its newest checkpoint")] = False,
+    cpu: Annotated[bool, typer.Option(help="Train on the CPU even when a GPU is present")] = False,
+    model_id: Annotated[str | None, typer.Option(help="Name in dynaloop_model.json; default from task and round")]
+    = None,
+    tiny: Annotated[bool, typer.Option(help="Tests: a tiny random BERT as the base, not --base")] = False,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Retrain from scratch on the mix: base checkpoint, fresh head, all rounds' data (DynaSent §5.3)."""
+    import os
+    import tempfile
+
+    from accelerate import PartialState
+    from pydantic import ValidationError
+
+    from model_server.init_model import init_model_dir
+    from rounds.datasets import DataError, DataMix, input_format, load_source, model_labels
+    from rounds.registry import register_model
+    from rounds.train import TrainConfig, TrainingError, train_model
+    from services.db.engine import session_scope
+    from services.domain.tasks import definition_of, get_task
+    from services.errors import DomainError
+
+    if class_weights not in ("none", "balanced"):
+        raise _fail(f"--class-weights takes none or balanced, not {class_weights!r}")
+    if tiny and base is not None:
+        raise _fail("give --base or --tiny, not both")
+    every: int | str = checkpoint_every
+    if checkpoint_every != "epoch":
+        try:
+            every = int(checkpoint_every)
+        except ValueError as exc:
+            raise _fail(f"--checkpoint-every takes a number of steps or 'epoch', not {checkpoint_every!r}") from exc
+    settings = _settings(database_url)
+    url = settings.resolved_database_url
+    _ensure_schema(url)
+    factory = _session_factory(url)
+    try:
+        data_mix = DataMix.load(mix)
+        with factory() as session:
+            task_row = get_task(session, task)
+            definition = definition_of(task_row)
+            labels = model_labels(definition)
+            multi = definition.is_multi_label
+            train_sets = [load_source(spec, labels=labels, multi_label=multi, session=session, task=task_row)
+                          for spec in data_mix.train]
+            dev = None if data_mix.dev is None else load_source(
+                data_mix.dev, labels=labels, multi_label=multi, session=session, task=task_row)
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    except DataError as exc:
+        raise _fail(str(exc)) from exc
+    family = "multi_label" if multi else "single_label"
+    if os.environ.get("RANK", "0") == "0":  # once under `accelerate launch` / torchrun
+        for labelled in train_sets:
+            console.print(f"train: {labelled.name} — {len(labelled):,} rows, weight {labelled.weight}, "
+                          f"×{labelled.upsample}", soft_wrap=True)
+        if dev is not None:
+            console.print(f"dev: {dev.name} — {len(dev):,} rows", soft_wrap=True)
+    _show_training_log()
+    with tempfile.TemporaryDirectory(prefix="dynaloop-tiny-base-") as scratch:
+        try:
+            if tiny:
+                base = Path(scratch) / "base"
+                init_model_dir(base, labels=labels, family=family, tiny=True, seed=seed)  # type: ignore[arg-type]
+            config = TrainConfig(base=base, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                                 max_length=max_length, seed=seed, class_weights=class_weights,  # type: ignore[arg-type]
+                                 early_stopping_patience=patience or None,
+                                 gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu,
+                                 checkpoint_every=every, resume=resume)  # type: ignore[arg-type]
+            result = train_model(train_sets, dev, labels=labels, family=family,  # type: ignore[arg-type]
+                                 input_format=input_format(definition), config=config, out_dir=out,
+                                 model_id=model_id or (f"{task}-for-round-{number}" if number else f"{task}-{out.name}"),
+                                 trained_for_round=number, task_name=task)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise _fail(f"invalid training settings: {problems}") from exc
+        except (TrainingError, FileNotFoundError, OSError) as exc:
+            raise _fail(str(exc)) from exc
+    if not PartialState().is_main_process:  # `accelerate launch`: one process registers the model
+        return
+    best = result.best_dev_macro_f1
+    console.print(f"trained {result.metadata.model_id} version {result.metadata.version}: {result.epochs_run} "
+                  f"epoch(s), best epoch {result.best_epoch}"
+                  + ("" if best is None else f", dev macro-F1 {best:.4f}")
+                  + f", {result.examples_per_second:.1f} examples/s; wrote {out}", soft_wrap=True)
+    try:
+        with session_scope(factory) as session:
+            version = register_model(session, get_task(session, task), out)
+            console.print(f"registered model version {version.id} ({version.status.value})")
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+
+
+def _round_numbers(value: str) -> list[int] | None:
+    """`--rounds`: 'all' (None: every built round), 'none' ([]), or numbers such as 1,2."""
+    if value.strip().lower() == "all":
+        return None
+    if value.strip().lower() == "none":
+        return []
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError as exc:
+        raise _fail(f"--rounds takes 'all', 'none' or round numbers such as 1,2; not {value!r}") from exc
+
+
+@round_app.command("evaluate")
+def round_evaluate(task: Annotated[str, typer.Option(help="Task name")],
+                   model: Annotated[Path, typer.Option(help="Model directory (with dynaloop_model.json)")],
+                   out: Annotated[Path, typer.Option(help="Folder for evaluation.md, evaluation.json and plots")],
+                   mix: Annotated[Path | None, typer.Option(
+                       help="Data mix YAML: its dev and evaluate sources are evaluated too")] = None,
+                   rounds: Annotated[str, typer.Option(
+                       help="Built rounds whose dev/test splits to evaluate: all, none, or e.g. 1,2")] = "all",
+                   positive_label: Annotated[str | None, typer.Option(
+                       help="Binary tasks: the class whose F1 is reported (default: positive/sarcastic, "
+                            "else the second label)")] = None,
+                   batch_size: int = 64,
+                   device: Annotated[str | None, typer.Option(help="cpu, cuda, ...; default: cuda if present")] = None,
+                   record: Annotated[bool, typer.Option(
+                       help="Store the results in the model registry (trained -> evaluated)")] = True,
+                   database_url: DatabaseOpt = None) -> None:
+    """Evaluate a model on every built round's dev/test split and the mix's sets (DynaSent Table 5b)."""
+    from model_server.metadata import ModelMetadata, ModelMetadataError
+    from rounds.datasets import DataError, DataMix
+    from rounds.evaluate import EvaluationError, evaluate_model, load_evaluation_sets, write_evaluation
+    from rounds.registry import record_evaluation
+    from services.db.engine import session_scope
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    if not model.is_dir():
+        raise _fail(f"model directory {model} does not exist")
+    try:
+        ModelMetadata.load(model)
+        data_mix = DataMix.load(mix) if mix is not None else None
+    except (ModelMetadataError, DataError) as exc:
+        raise _fail(str(exc)) from exc
+    numbers = _round_numbers(rounds)
+    settings = _settings(database_url)
+    url = settings.resolved_database_url
+    _ensure_schema(url)
+    extra = [spec for spec in ([data_mix.dev] + data_mix.evaluate if data_mix else []) if spec is not None]
+    try:
+        with _session_factory(url)() as session:
+            chosen = load_evaluation_sets(session, get_task(session, task), rounds=numbers, extra=extra)
+        for name in chosen.skipped:
+            err.print(f"[yellow]skipped {name}: it has no labelled examples[/yellow]")
+        if not chosen.sets:
+            raise _fail(f"nothing to evaluate: task {task!r} has no built round with dev/test examples and "
+                        "no --mix with evaluate sources")
+        evaluation = evaluate_model(model, chosen.sets, human_f1=chosen.human_f1, positive_label=positive_label,
+                                    batch_size=batch_size, device=device, progress=True)
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    except (DataError, EvaluationError, ModelMetadataError) as exc:
+        raise _fail(str(exc)) from exc
+    written = write_evaluation(evaluation, out)
+
+    table = Table(title=f"{evaluation.model_id}: F1 (%)")
+    table.add_column("set", no_wrap=True)
+    for column in ["n", *evaluation.labels, "macro-F1", "human F1", "solved"]:
+        table.add_column(column, justify="right")
+    for metrics in evaluation.sets:
+        table.add_row(metrics.name, str(metrics.rows), *[f"{100 * metrics.f1[label]:.1f}" for label in evaluation.labels],
+                      f"{100 * metrics.macro_f1:.1f}",
+                      "–" if metrics.human_f1 is None else f"{100 * metrics.human_f1:.1f}",
+                      "–" if metrics.solved is None else ("yes" if metrics.solved else "no"))
+    console.print(table)
+    console.print(f"wrote {len(written)} files to {out}", soft_wrap=True)
+    if not record:
+        return
+    try:
+        with session_scope(_session_factory(url)) as session:
+            version = record_evaluation(session, get_task(session, task), model, evaluation.to_dict())
+            name, status = version.name, version.status.value
+    except DomainError as exc:
+        raise _fail(f"the evaluation files are written, but the model registry refused it: {exc.message}") from exc
+    console.print(f"registry: {name} is {status}")
 
 
 # --- servers ------------------------------------------------------------------------

@@ -77,15 +77,17 @@ def load_round(session: Session, round_: Round) -> RoundData:
     rows = session.execute(
         select(Example.id, Example.text, Example.prompt_id, Example.condition, Example.model_prediction,
                Example.target_label, Example.writer_id, Example.fooled, Example.status, Example.extras,
-               Attempt.edit_distance, Attempt.confirmed)
-        .join(Attempt, Example.attempt_id == Attempt.id)
+               Attempt.edit_distance, Attempt.confirmed, Example.origin)
+        # Outer join: harvested examples (DynaSent §3.2) have no attempt.
+        .outerjoin(Attempt, Example.attempt_id == Attempt.id)
         .where(Example.round_id == round_.id)
         .order_by(Example.id)
     ).all()
     examples = pd.DataFrame.from_records(
-        [(r[0], r[1], r[2], r[3].value, r[4], r[5], r[6], bool(r[7]), r[8].value, r[9], r[10], r[11]) for r in rows],
+        [(r[0], r[1], r[2], r[3].value, r[4], r[5], r[6], bool(r[7]), r[8].value, r[9], r[10], r[11], r[12].value)
+         for r in rows],
         columns=["example_id", "text", "prompt_id", "condition", "model_prediction", "target_label", "writer_id",
-                 "fooled", "status", "extras", "edit_distance", "confirmed"])
+                 "fooled", "status", "extras", "edit_distance", "confirmed", "origin"])
     responses = responses_frame(
         session.execute(
             select(Validation.example_id, Validation.validator_id, Validation.label)
@@ -392,6 +394,7 @@ def _report(round_: Round, data: RoundData, gold: pd.DataFrame, result: splits.S
         "fooled_attempts": int(attempts["fooled"].fillna(False).sum()) if len(attempts) else 0,
         "attempt_fooling_rate": _finite(float(attempts["fooled"].fillna(False).mean())) if len(attempts) else None,
         "examples": len(examples),
+        "harvested_examples": int((examples["origin"] == "harvested").sum()),
         "fooled_examples": int(examples["fooled"].sum()),
         "confirmed": int((examples["confirmed"] == True).sum()),  # noqa: E712
         "validated_fooling": validated_fooling,

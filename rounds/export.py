@@ -119,7 +119,8 @@ def iter_rows(factory: sessionmaker[Session], build_id: int, split: str, secret:
                     "prompt_id": example.prompt_id,
                     "prompt_text": prompt_text,
                     "language": language,
-                    "writer": pseudonym(secret, example.writer_id),
+                    # Harvested examples have no writer.
+                    "writer": pseudonym(secret, example.writer_id) if example.writer_id is not None else None,
                     "extras": example.extras,
                     "flags": built.flags,
                 })

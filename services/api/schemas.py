@@ -285,8 +285,8 @@ class ExampleCreate(BaseModel):
 class ExamplePublic(BaseModel):
     id: int
     round_id: int
-    assignment_id: int
-    attempt_id: int
+    assignment_id: int | None = Field(description="None for a harvested example (it has no writer).")
+    attempt_id: int | None
     text: str
     target_label: list[str]
     condition: str

@@ -123,6 +123,11 @@ class ModelVersionStatus(str, enum.Enum):
     retired = "retired"
 
 
+class ExampleOrigin(str, enum.Enum):
+    written = "written"  # submitted by a writer through an assignment
+    harvested = "harvested"  # sampled from a natural corpus (DynaSent §3.2); no writer
+
+
 def _enum(enum_cls: type[enum.Enum], length: int = 20) -> Any:
     # Stored as plain strings with a CHECK constraint: portable and easy to read in SQL.
     from sqlalchemy import Enum
@@ -342,20 +347,34 @@ class Attempt(Base):
 
 
 class Example(Base):
-    """A submitted attempt with the writer's confirmation and extra fields; what validators label."""
+    """What validators label: a writer's submitted attempt with their confirmation and extra
+    fields, or a sentence harvested from a natural corpus (no writer, assignment or attempt)."""
 
     __tablename__ = "examples"
     __table_args__ = (
         Index("ix_examples_round_queue", "round_id", "status", "validation_count"),
         CheckConstraint("validation_count >= 0", name="validation_count_nonnegative"),
+        CheckConstraint("origin IN ('written', 'harvested')", name="origin_values"),
+        # A written example always has its writer, assignment and attempt; only harvested
+        # ones may lack them.
+        CheckConstraint(
+            "origin = 'harvested' OR (writer_id IS NOT NULL AND assignment_id IS NOT NULL "
+            "AND attempt_id IS NOT NULL)",
+            name="written_has_writer",
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
-    assignment_id: Mapped[int] = mapped_column(ForeignKey("assignments.id"), unique=True)
-    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), unique=True)
-    writer_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    assignment_id: Mapped[int | None] = mapped_column(ForeignKey("assignments.id"), unique=True)
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"), unique=True)
+    writer_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
     prompt_id: Mapped[int | None] = mapped_column(ForeignKey("prompts.id"), index=True)
+    origin: Mapped[ExampleOrigin] = mapped_column(
+        _enum(ExampleOrigin), default=ExampleOrigin.written, server_default=ExampleOrigin.written.value
+    )
+    # Harvested examples: corpus, document id, rating, sentence index, sampling pool, model version.
+    source_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     condition: Mapped[Condition] = mapped_column(_enum(Condition))
     text: Mapped[str] = mapped_column(Text)
     target_label: Mapped[list[Any]] = mapped_column(JSON)
@@ -370,8 +389,9 @@ class Example(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
-    attempt: Mapped[Attempt] = relationship()
-    assignment: Mapped[Assignment] = relationship()
+    round: Mapped[Round] = relationship()
+    attempt: Mapped[Attempt | None] = relationship()
+    assignment: Mapped[Assignment | None] = relationship()
     validations: Mapped[list[Validation]] = relationship(
         back_populates="example", order_by="Validation.id"
     )
@@ -400,23 +420,38 @@ class Validation(Base):
 
 
 class ModelVersion(Base):
-    """A trained classifier directory and where it stands (trained -> evaluated -> promoted)."""
+    """A trained classifier directory and where it stands: trained -> evaluated -> promoted
+    -> retired (rounds.registry). ``model_id`` and ``version`` are the strings of its
+    ``dynaloop_model.json``, the same ones every attempt records from the model server, so
+    attempts join to the registry on (model_id, model_version)."""
 
     __tablename__ = "model_versions"
-    __table_args__ = (UniqueConstraint("task_id", "name", name="uq_model_versions_task_name"),)
+    __table_args__ = (
+        UniqueConstraint("task_id", "name", name="uq_model_versions_task_name"),
+        UniqueConstraint("task_id", "model_id", "version", name="uq_model_versions_task_model_version"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
+    model_id: Mapped[str] = mapped_column(String(200))
+    version: Mapped[str] = mapped_column(String(200))
     directory: Mapped[str] = mapped_column(Text)
     base_model: Mapped[str] = mapped_column(String(500))
     trained_for_round: Mapped[int | None] = mapped_column(Integer)
     labels: Mapped[list[Any]] = mapped_column(JSON)
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # training metrics
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # training sources and their hashes
+    hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # rounds.evaluate's results
     status: Mapped[ModelVersionStatus] = mapped_column(
         _enum(ModelVersionStatus), default=ModelVersionStatus.trained
     )
+    endpoint: Mapped[str | None] = mapped_column(String(500))  # model server it was promoted to
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    evaluated_at: Mapped[dt.datetime | None]
+    promoted_at: Mapped[dt.datetime | None]
+    retired_at: Mapped[dt.datetime | None]
 
 
 class ValidationClaim(Base):

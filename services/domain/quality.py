@@ -219,7 +219,7 @@ def unqualify(session: Session, actor: User | None, task: Task, user: User, reas
         validation.counted = False
         example = validation.example
         example.validation_count -= 1
-        round_open = example.assignment.round.status in (RoundStatus.collecting, RoundStatus.validating)
+        round_open = example.round.status in (RoundStatus.collecting, RoundStatus.validating)
         if (round_open and example.status is not ExampleStatus.dropped
                 and example.validation_count < example.validations_needed):
             # Re-queued: it needs labels from qualified validators again. In a closed round

@@ -19,6 +19,7 @@ from services.db.models import (
     Attempt,
     AttemptStatus,
     Example,
+    ExampleOrigin,
     ExampleStatus,
     Prompt,
     PromptStrategy,
@@ -331,10 +332,15 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
     prompts_used = session.scalar(
         select(func.count()).where(Prompt.round_id == rid, Prompt.times_used > 0)
     ) or 0
+    # Harvested examples have no target label (nobody wrote them for one).
     targets = Counter(
-        "+".join(example.target_label)
-        for example in session.scalars(select(Example).where(Example.round_id == rid))
+        "+".join(target)
+        for (target,) in session.execute(select(Example.target_label).where(Example.round_id == rid))
+        if target
     )
+    origins = dict(session.execute(
+        select(Example.origin, func.count()).where(Example.round_id == rid).group_by(Example.origin)
+    ).all())
     return {
         "round": round_.number,
         "status": round_.status.value,
@@ -363,4 +369,5 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
             "coverage": labels_given / labels_needed if labels_needed else None,
         },
         "prompts": {"total": prompts_total, "used": prompts_used},
+        "examples_by_origin": {origin.value: origins.get(origin, 0) for origin in ExampleOrigin},
     }

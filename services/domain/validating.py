@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -56,7 +56,8 @@ def get_batch(session: Session, validator: User, round_: Round, size: int | None
     open_examples = (
         Example.round_id == round_.id,
         Example.status == ExampleStatus.validating,
-        Example.writer_id != validator.id,
+        # Harvested examples have no writer: any validator may label them.
+        or_(Example.writer_id.is_(None), Example.writer_id != validator.id),
         Example.validation_count < Example.validations_needed,
         Example.id.not_in(labelled_by_me),
     )
@@ -114,9 +115,9 @@ def submit_validation(session: Session, validator: User, example_id: int, raw_la
     example = session.get(Example, example_id)
     if example is None:
         raise NotFound(f"no example {example_id}")
-    round_ = example.assignment.round
+    round_ = example.round
     definition = _require_validator(session, validator, round_)
-    if example.writer_id == validator.id:
+    if example.writer_id is not None and example.writer_id == validator.id:
         raise Forbidden("you wrote this example; validators never label their own examples")
     label = check_validation_label(definition, raw_label)
     if seconds_taken is not None and not 0 <= seconds_taken <= 86_400:
@@ -174,26 +175,31 @@ def submit_validation(session: Session, validator: User, example_id: int, raw_la
 
 
 def example_record(session: Session, example_id: int) -> dict[str, Any]:
-    """Everything about one example: its attempts, edit distances, confirmation and labels."""
+    """Everything about one example: its attempts, edit distances, confirmation and labels
+    (a harvested example has no writer and no attempts, but its corpus source)."""
     example = session.get(Example, example_id)
     if example is None:
         raise NotFound(f"no example {example_id}")
     assignment = example.assignment
-    users = {u.id: u.username for u in session.scalars(
-        select(User).where(User.id.in_([example.writer_id, *[v.validator_id for v in example.validations]]))
-    )}
+    round_ = example.round
+    prompt = assignment.prompt if assignment is not None else None
+    people = [v.validator_id for v in example.validations]
+    if example.writer_id is not None:
+        people.append(example.writer_id)
+    users = {u.id: u.username for u in session.scalars(select(User).where(User.id.in_(people)))}
     return {
         "id": example.id,
-        "round": assignment.round.number,
-        "task": assignment.round.task.name,
+        "round": round_.number,
+        "task": round_.task.name,
+        "origin": example.origin.value,
+        "source": example.source_metadata,
         "text": example.text,
         "target_label": example.target_label,
         "condition": example.condition.value,
-        "prompt": None if assignment.prompt is None else {
-            "id": assignment.prompt.id, "text": assignment.prompt.text, "source": assignment.prompt.source,
-            "metadata": assignment.prompt.meta,
+        "prompt": None if prompt is None else {
+            "id": prompt.id, "text": prompt.text, "source": prompt.source, "metadata": prompt.meta,
         },
-        "writer": users.get(example.writer_id),
+        "writer": users.get(example.writer_id) if example.writer_id is not None else None,
         "model_prediction": example.model_prediction,
         "model_id": example.model_id,
         "fooled": example.fooled,
@@ -211,7 +217,7 @@ def example_record(session: Session, example_id: int) -> dict[str, Any]:
                 "counts_as_try": a.counts_as_try, "confirmed": a.confirmed, "judged_label": a.judged_label,
                 "target_span": a.target_span, "created_at": a.created_at.isoformat(),
             }
-            for a in assignment.attempts
+            for a in (assignment.attempts if assignment is not None else [])
         ],
         "validations": [
             {

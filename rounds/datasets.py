@@ -1,0 +1,388 @@
+"""Labelled data for retraining and evaluation: built rounds' splits and external files.
+
+A :class:`DataMix` (a YAML file, DynaSent Table 5a) declares where training data comes from —
+every built round's train split with its distributional (soft) labels, external labelled files
+(CSV, JSONL or Parquet) with a label mapping such as 5-star ratings binned to three classes —
+each with a loss ``weight`` and an ``upsample`` factor, plus the dev set that early stopping
+watches and the sets to evaluate on. Every source becomes a :class:`LabelledSet`: texts,
+optional second segments (the target of a target-dependent task), optional varieties, and a
+float matrix ``y`` with one column per model label (a probability distribution for single-label
+tasks, per-label probabilities for multi-label ones).
+
+>>> mix = DataMix.model_validate({"train": [{"round": 1, "upsample": 3},
+...     {"file": "sst.csv", "label_map": {"1": "negative", "5": "positive"}}]})
+>>> [source.describe() for source in mix.train]
+['round 1 train', 'sst.csv']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.db.models import BuiltExample, Example, Round, RoundBuild, Task
+from services.domain.tasks import definition_of
+from services.taskdef import TaskDefinition, TaskFamily
+
+FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+
+
+class DataError(ValueError):
+    """A data source that cannot be read as declared; the message names the source and the fix."""
+
+
+class SourceSpec(BaseModel):
+    """One source of labelled examples: a built round's split or an external file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, description="Shown in tables; defaults to 'round N split' or the file name.")
+    round: int | None = Field(None, ge=1, description="A round of the task, read from its newest build.")
+    build_id: int | None = Field(None, description="A specific build instead of the round's newest.")
+    split: Literal["train", "dev", "test"] = "train"
+    file: Path | None = Field(None, description="CSV, TSV, JSONL or Parquet with a text and a label column.")
+    text_column: str = "text"
+    label_column: str = "label"
+    target_column: str | None = Field(None, description="Second segment (the target) for sentence-pair models.")
+    variety_column: str | None = Field(None, description="Variety or language of each row (BESSTIE).")
+    label_map: dict[str, str | list[str] | None] = Field(
+        default_factory=dict,
+        description="Raw label value -> task label(s); a value mapped to null is dropped. Raw values "
+                    "are compared as text, so 1 and '1' are the same key.")
+    label_separator: str | None = Field(None, description="Multi-label files: labels joined by this, e.g. ','.")
+    weight: float = Field(1.0, gt=0, description="Multiplies each example's loss.")
+    upsample: int = Field(1, ge=1, le=100, description="Each example appears this many times per epoch.")
+    limit: int | None = Field(None, ge=1, description="Keep a seeded random sample of this many rows.")
+    seed: int = 0
+
+    @field_validator("label_map", mode="before")
+    @classmethod
+    def _text_keys(cls, value: Any) -> Any:
+        # YAML reads `1: negative` with an integer key; raw values are compared as text.
+        if isinstance(value, Mapping):
+            return {_label_key(k): v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> SourceSpec:
+        if (self.round is None) == (self.file is None):
+            raise ValueError("give exactly one of `round` (a built round) or `file` (an external file)")
+        if self.build_id is not None and self.round is None:
+            raise ValueError("`build_id` only applies to a `round` source")
+        return self
+
+    def describe(self) -> str:
+        if self.name:
+            return self.name
+        if self.round is not None:
+            return f"round {self.round} {self.split}"
+        return Path(str(self.file)).name
+
+
+class DataMix(BaseModel):
+    """What to train on, what to stop on, what to evaluate on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    train: list[SourceSpec] = Field(min_length=1)
+    dev: SourceSpec | None = Field(None, description="Early stopping and checkpoint choice watch macro-F1 here.")
+    evaluate: list[SourceSpec] = Field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path | str) -> DataMix:
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise DataError(f"cannot read the data mix {path}: {exc}") from exc
+        try:
+            mix = cls.model_validate(raw or {})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise DataError(f"{path} is not a valid data mix: {problems}") from exc
+        # Relative file paths are relative to the mix file.
+        for source in [*mix.train, *([mix.dev] if mix.dev else []), *mix.evaluate]:
+            if source.file is not None and not source.file.is_absolute():
+                source.file = (path.parent / source.file).resolve()
+        return mix
+
+
+@dataclass
+class LabelledSet:
+    name: str
+    labels: list[str]
+    multi_label: bool
+    texts: list[str]
+    y: np.ndarray  # (n, len(labels)) float32
+    targets: list[str] | None = None
+    varieties: list[str | None] | None = None
+    ids: list[str] = field(default_factory=list)
+    weight: float = 1.0
+    upsample: int = 1
+    origin: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.texts)
+        if self.y.shape != (n, len(self.labels)):
+            raise ValueError(f"{self.name}: y has shape {self.y.shape}, expected {(n, len(self.labels))}")
+        if self.targets is not None and len(self.targets) != n:
+            raise ValueError(f"{self.name}: {len(self.targets)} targets for {n} texts")
+        if not self.ids:
+            self.ids = [str(i) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def hard(self) -> np.ndarray:
+        """Gold labels: argmax indices (single-label) or a 0/1 matrix at 0.5 (multi-label)."""
+        if self.multi_label:
+            return (self.y >= 0.5).astype(int)
+        return self.y.argmax(axis=1)
+
+    def sha256(self) -> str:
+        """Content hash (texts, targets and labels) recorded in a model's metadata."""
+        digest = hashlib.sha256()
+        digest.update(json.dumps(self.labels).encode())
+        for i, text in enumerate(self.texts):
+            digest.update(text.encode("utf-8"))
+            digest.update(b"\x1f")
+            if self.targets is not None:
+                digest.update(self.targets[i].encode("utf-8"))
+            digest.update(b"\x1e")
+        digest.update(np.ascontiguousarray(self.y.round(6), dtype=np.float32).tobytes())
+        return digest.hexdigest()
+
+    def subset(self, rows: Sequence[int], name: str | None = None) -> LabelledSet:
+        rows = list(rows)
+        return LabelledSet(
+            name=name or self.name, labels=self.labels, multi_label=self.multi_label,
+            texts=[self.texts[i] for i in rows], y=self.y[rows],
+            targets=None if self.targets is None else [self.targets[i] for i in rows],
+            varieties=None if self.varieties is None else [self.varieties[i] for i in rows],
+            ids=[self.ids[i] for i in rows], weight=self.weight, upsample=self.upsample, origin=dict(self.origin))
+
+    def summary(self) -> dict[str, Any]:
+        counts = self.hard().sum(axis=0) if self.multi_label else np.bincount(self.hard(), minlength=len(self.labels))
+        return {"name": self.name, "rows": len(self), "weight": self.weight, "upsample": self.upsample,
+                "label_counts": {label: int(c) for label, c in zip(self.labels, counts, strict=True)},
+                "sha256": self.sha256(), **self.origin}
+
+
+def model_labels(definition: TaskDefinition) -> list[str]:
+    """The classifier's outputs for a task: its labels (not the validators' extra options)."""
+    return list(definition.labels)
+
+
+def input_format(definition: TaskDefinition) -> Literal["text", "text_pair"]:
+    return "text_pair" if definition.family is TaskFamily.target_dependent else "text"
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A CSV, TSV, JSONL or Parquet file as a frame (labels read as text where the file has text)."""
+    kind = FILE_FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise DataError(f"{path}: unknown file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}")
+    if not path.is_file():
+        raise DataError(f"{path} does not exist")
+    try:
+        if kind in ("csv", "tsv"):
+            return pd.read_csv(path, sep="\t" if kind == "tsv" else ",", dtype=str, keep_default_na=False)
+        if kind == "jsonl":
+            return pd.read_json(path, lines=True, dtype=False)
+        return pd.read_parquet(path)
+    except Exception as exc:  # pandas raises many types for a broken file
+        raise DataError(f"{path} could not be read as {kind}: {exc}") from exc
+
+
+def _label_key(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip()
+
+
+def labelled_from_frame(frame: pd.DataFrame, *, labels: Sequence[str], multi_label: bool, spec: SourceSpec,
+                        name: str | None = None) -> LabelledSet:
+    """Map a frame's label column onto ``labels`` with ``spec.label_map``; report unknown values."""
+    name = name or spec.describe()
+    for column in [spec.text_column, spec.label_column, spec.target_column, spec.variety_column]:
+        if column is not None and column not in frame.columns:
+            raise DataError(f"{name}: no column {column!r}; the columns are {list(frame.columns)}")
+    if spec.limit is not None and len(frame) > spec.limit:
+        frame = frame.sample(n=spec.limit, random_state=spec.seed)
+    index = {label: i for i, label in enumerate(labels)}
+    mapping = {_label_key(k): v for k, v in spec.label_map.items()}
+    texts: list[str] = []
+    targets: list[str] = []
+    varieties: list[str | None] = []
+    ids: list[str] = []
+    rows: list[np.ndarray] = []
+    unknown: dict[str, int] = {}
+    dropped = 0
+    for position, record in enumerate(frame.to_dict("records")):
+        text = record[spec.text_column]
+        if not isinstance(text, str) or not text.strip():
+            dropped += 1
+            continue
+        raw = record[spec.label_column]
+        vector = np.zeros(len(labels), dtype=np.float32)
+        if isinstance(raw, Mapping):  # a distribution {label: p}
+            for label, p in raw.items():
+                if label not in index:
+                    unknown[str(label)] = unknown.get(str(label), 0) + 1
+                    continue
+                vector[index[label]] = float(p)
+        else:
+            values = raw if isinstance(raw, list) else (
+                [v for v in str(raw).split(spec.label_separator) if v.strip()] if spec.label_separator else [raw])
+            for value in values:
+                key = _label_key(value)
+                mapped = mapping.get(key, key) if mapping else key
+                if mapped is None:
+                    continue
+                for label in [mapped] if isinstance(mapped, str) else mapped:
+                    if label not in index:
+                        unknown[key] = unknown.get(key, 0) + 1
+                        continue
+                    vector[index[label]] = 1.0
+        total = vector.sum()
+        if total == 0 and not multi_label:  # multi-label: no label at all is a valid answer
+            dropped += 1
+            continue
+        if not multi_label:
+            vector = vector / total
+        texts.append(text)
+        if spec.target_column is not None:
+            targets.append(str(record[spec.target_column]))
+        if spec.variety_column is not None:
+            value = record[spec.variety_column]
+            varieties.append(None if value is None or value == "" else str(value))
+        ids.append(str(record.get("id", position)))
+        rows.append(vector)
+    if unknown:
+        sample = ", ".join(f"{k!r} ({n}×)" for k, n in sorted(unknown.items())[:8])
+        raise DataError(f"{name}: label values not in the task's labels {list(labels)} and not in label_map: "
+                        f"{sample}; add them to label_map (map to null to drop them)")
+    if not texts:
+        raise DataError(f"{name}: no usable rows (every row had an empty text or a dropped label)")
+    y = np.stack(rows) if rows else np.zeros((0, len(labels)), dtype=np.float32)
+    return LabelledSet(name=name, labels=list(labels), multi_label=multi_label, texts=texts, y=y,
+                       targets=targets if spec.target_column is not None else None,
+                       varieties=varieties if spec.variety_column is not None else None, ids=ids,
+                       weight=spec.weight, upsample=spec.upsample,
+                       origin={"file": str(spec.file) if spec.file else None, "dropped_rows": dropped})
+
+
+# ---------------------------------------------------------------------------- rounds
+
+
+def _build_for(session: Session, task: Task, spec: SourceSpec) -> tuple[Round, RoundBuild]:
+    round_ = session.scalar(select(Round).where(Round.task_id == task.id, Round.number == spec.round))
+    if round_ is None:
+        raise DataError(f"task {task.name!r} has no round {spec.round}")
+    if spec.build_id is not None:
+        build = session.get(RoundBuild, spec.build_id)
+        if build is None or build.round_id != round_.id:
+            raise DataError(f"build {spec.build_id} is not a build of round {spec.round} of {task.name!r}")
+    else:
+        build = session.scalar(select(RoundBuild).where(RoundBuild.round_id == round_.id)
+                               .order_by(RoundBuild.id.desc()).limit(1))
+        if build is None:
+            raise DataError(f"round {spec.round} of {task.name!r} has not been built; "
+                            f"run `dynaloop round build --task {task.name} --round {spec.round}` first")
+    return round_, build
+
+
+def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> LabelledSet:
+    """A built round's split: train rows carry their distributional label (soft targets,
+    DynaSent §3.4), dev and test rows their gold label. Rows without one are skipped."""
+    definition = definition_of(task)
+    labels = model_labels(definition)
+    index = {label: i for i, label in enumerate(labels)}
+    multi = definition.is_multi_label
+    round_, build = _build_for(session, task, spec)
+    rows = session.execute(
+        select(BuiltExample.example_id, BuiltExample.gold_label, BuiltExample.distributional_label,
+               Example.text, Example.extras)
+        .join(Example, BuiltExample.example_id == Example.id)
+        .where(BuiltExample.build_id == build.id, BuiltExample.split == spec.split)
+        .order_by(BuiltExample.example_id)
+    ).all()
+    texts: list[str] = []
+    targets: list[str] = []
+    varieties: list[str | None] = []
+    ids: list[str] = []
+    vectors: list[np.ndarray] = []
+    skipped = 0
+    for example_id, gold, distribution, text, extras in rows:
+        vector = np.zeros(len(labels), dtype=np.float32)
+        if spec.split == "train" and distribution:
+            for label, p in distribution.items():
+                if label in index and p:
+                    vector[index[label]] = float(p)
+        elif gold:
+            for label in gold:
+                if label in index:
+                    vector[index[label]] = 1.0
+        if vector.sum() == 0 and not (multi and gold is not None and spec.split != "train"):
+            skipped += 1
+            continue
+        if not multi:
+            vector /= vector.sum()
+        extras = extras or {}
+        if definition.family is TaskFamily.target_dependent:
+            span = extras.get("target_span") or {}
+            target = span.get("text") if isinstance(span, dict) else None
+            if not target:
+                skipped += 1
+                continue
+            targets.append(target)
+        texts.append(text)
+        varieties.append(extras.get("variety"))
+        ids.append(str(example_id))
+        vectors.append(vector)
+    if spec.limit is not None and len(texts) > spec.limit:
+        keep = sorted(np.random.default_rng(spec.seed).choice(len(texts), spec.limit, replace=False).tolist())
+    else:
+        keep = list(range(len(texts)))
+    if not keep:
+        raise DataError(f"{spec.describe()} of {task.name!r} (build {build.id}) has no labelled examples")
+    y = np.stack([vectors[i] for i in keep])
+    has_variety = any(v is not None for v in varieties)
+    return LabelledSet(
+        name=spec.describe(), labels=labels, multi_label=multi, texts=[texts[i] for i in keep], y=y,
+        targets=[targets[i] for i in keep] if definition.family is TaskFamily.target_dependent else None,
+        varieties=[varieties[i] for i in keep] if has_variety else None, ids=[ids[i] for i in keep],
+        weight=spec.weight, upsample=spec.upsample,
+        origin={"round": round_.number, "build_id": build.id, "split": spec.split, "skipped_rows": skipped})
+
+
+def load_source(spec: SourceSpec, *, labels: Sequence[str], multi_label: bool,
+                session: Session | None = None, task: Task | None = None) -> LabelledSet:
+    if spec.round is not None:
+        if session is None or task is None:
+            raise DataError(f"{spec.describe()}: a round source needs the database and a task")
+        return labelled_from_round(session, task, spec)
+    assert spec.file is not None
+    return labelled_from_frame(read_table(spec.file), labels=labels, multi_label=multi_label, spec=spec)
+
+
+def expand(sets: Sequence[LabelledSet], *, seed: int = 0) -> tuple[list[int], list[int]]:
+    """The training stream of one epoch as (set index, row) pairs, every row repeated its set's
+    ``upsample`` times, shuffled with ``seed``: DynaSent Table 5a's "3×" and "5×" sources."""
+    pairs = [(s, row) for s, labelled in enumerate(sets) for _ in range(labelled.upsample) for row in range(len(labelled))]
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    return [pairs[i][0] for i in order], [pairs[i][1] for i in order]

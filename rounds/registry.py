@@ -1,0 +1,479 @@
+"""The model registry: which classifier directories a task has, and which one is in the loop.
+
+A :class:`~services.db.models.ModelVersion` moves ``trained -> evaluated -> promoted ->
+retired`` (DESIGN.md "Round builder" step 6; DynaSent §5: Model 1 replaces Model 0 for
+Round 2):
+
+* :func:`register_model` reads a directory's ``dynaloop_model.json`` and records it as
+  *trained* (idempotent for the same ``model_id`` and ``version``);
+* :func:`record_evaluation` stores the evaluation (``rounds.evaluate``) and makes it
+  *evaluated*;
+* :func:`promote` hot-swaps the running model server to the directory (``POST
+  /admin/reload``), checks ``GET /info`` reports the new ``model_id``/``version``, and only
+  then marks it *promoted*, retires the model promoted before it and points the task's open
+  rounds at the endpoint. Any failure leaves the database as it was, with a message that says
+  what happened;
+* :func:`retire` takes a model out of use in the registry.
+
+Attempts record the ``model_id`` and ``model_version`` the model server answered with; they
+are the registry's ``model_id`` and ``version``, so every attempt joins to the version it met
+(:func:`attempt_counts`).
+
+Example::
+
+    >>> from services.db.engine import session_scope  # doctest: +SKIP
+    >>> with session_scope(factory) as session:  # doctest: +SKIP
+    ...     model = register_model(session, task, Path("models/r1"))
+    ...     record_evaluation(session, task, Path("models/r1"), {"round-1 test": {"macro_f1": 0.81}})
+    >>> promote(factory, "dynasent-r2", "model-1@1", endpoint="http://127.0.0.1:8001",
+    ...         admin_token=token)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from model_server.metadata import ModelMetadata, ModelMetadataError
+from services.db.models import (
+    Assignment,
+    Attempt,
+    ModelVersion,
+    ModelVersionStatus,
+    Round,
+    RoundStatus,
+    Task,
+    User,
+    utcnow,
+)
+from services.domain import audit
+from services.domain.rounds import check_endpoints
+from services.domain.tasks import definition_of, get_task
+from services.errors import Conflict, DomainError, Invalid, NotFound
+from services.taskdef import TaskDefinition, TaskFamily
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Promotion", "PromotionError", "attempt_counts", "check_compatible", "find_model", "jsonable",
+           "list_models", "promote", "record_evaluation", "register_model", "reload_model_server", "retire"]
+
+# How long a reload may take: a large checkpoint loads in tens of seconds on a CPU.
+RELOAD_TIMEOUT_S = 300.0
+_OPEN_ROUNDS = (RoundStatus.collecting, RoundStatus.validating)
+
+
+class PromotionError(DomainError):
+    """The model server did not switch to the model; nothing in the registry changed."""
+
+    status_code = 502
+    code = "promotion_failed"
+
+
+@dataclass
+class Promotion:
+    """What :func:`promote` did."""
+
+    model: ModelVersion
+    endpoint: str
+    retired: list[ModelVersion] = field(default_factory=list)
+    rounds_updated: list[int] = field(default_factory=list)  # round numbers now pointing at endpoint
+    server_info: dict[str, Any] = field(default_factory=dict)
+
+
+# --- registering -----------------------------------------------------------------------
+
+
+def _load_metadata(directory: Path) -> ModelMetadata:
+    if not directory.is_dir():
+        raise Invalid(f"model directory {directory} does not exist; give the folder that holds dynaloop_model.json")
+    try:
+        return ModelMetadata.load(directory)
+    except ModelMetadataError as exc:
+        raise Invalid(str(exc)) from exc
+
+
+def check_compatible(definition: TaskDefinition, metadata: ModelMetadata, where: str) -> None:
+    """Refuse a model whose labels, family or input format do not fit the task."""
+    if set(metadata.labels) != set(definition.labels):
+        missing = [label for label in definition.labels if label not in metadata.labels]
+        extra = [label for label in metadata.labels if label not in definition.labels]
+        detail = "; ".join(part for part in (
+            f"missing {missing}" if missing else "", f"not in the task {extra}" if extra else "") if part)
+        raise Invalid(
+            f"{where} predicts labels {metadata.labels} but task {definition.name!r} has labels "
+            f"{list(definition.labels)} ({detail}); train the model for this task's labels")
+    wanted_family = "multi_label" if definition.is_multi_label else "single_label"
+    if metadata.family != wanted_family:
+        raise Invalid(f"{where} is a {metadata.family} model but task {definition.name!r} needs a {wanted_family} one")
+    wanted_input = "text_pair" if definition.family is TaskFamily.target_dependent else "text"
+    if metadata.input_format != wanted_input:
+        raise Invalid(f"{where} takes {metadata.input_format} input but task {definition.name!r} needs "
+                      f"{wanted_input} input")
+    if metadata.task is not None and metadata.task != definition.name:
+        raise Invalid(f"{where} was made for task {metadata.task!r}, not {definition.name!r}")
+
+
+def _extra(metadata: ModelMetadata, *keys: str) -> dict[str, Any]:
+    """A dict field the trainer may add to dynaloop_model.json (under one of ``keys``)."""
+    extras = metadata.model_extra or {}
+    for key in keys:
+        value = extras.get(key)
+        if isinstance(value, dict):
+            return jsonable(value)
+    return {}
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with NumPy scalars turned into Python ones and NaN/inf into None (PostgreSQL's
+    JSON type refuses NaN)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, str | bytes):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def register_model(session: Session, task: Task, directory: Path | str, *,
+                   actor: User | None = None) -> ModelVersion:
+    """Record the model directory ``directory`` for ``task`` as *trained*.
+
+    Registering the same ``model_id`` and ``version`` again returns the existing row; the same
+    id and version from a *different* directory is refused (the version must change whenever
+    the weights change)."""
+    directory = Path(directory).expanduser().resolve()
+    metadata = _load_metadata(directory)
+    definition = definition_of(task)
+    check_compatible(definition, metadata, f"model {metadata.model_id} (version {metadata.version}) in {directory}")
+    existing = session.scalar(select(ModelVersion).where(
+        ModelVersion.task_id == task.id, ModelVersion.model_id == metadata.model_id,
+        ModelVersion.version == metadata.version))
+    if existing is not None:
+        if Path(existing.directory) != directory:
+            raise Conflict(
+                f"model {metadata.model_id} version {metadata.version} is already registered for task "
+                f"{task.name!r} from {existing.directory}; if {directory} holds other weights, give it a new "
+                "`version` in its dynaloop_model.json")
+        return existing
+    model = ModelVersion(
+        task_id=task.id,
+        name=f"{metadata.model_id}@{metadata.version}",
+        model_id=metadata.model_id,
+        version=metadata.version,
+        directory=str(directory),
+        base_model=metadata.base_model or "",
+        trained_for_round=metadata.trained_for_round,
+        labels=list(metadata.labels),
+        metrics=_extra(metadata, "metrics", "training_metrics", "training"),
+        data=_extra(metadata, "data"),
+        hyperparameters=_extra(metadata, "hyperparameters"),
+        status=ModelVersionStatus.trained,
+    )
+    try:
+        with session.begin_nested():  # a failed insert rolls back (and expunges) only this row
+            session.add(model)
+    except IntegrityError as exc:
+        raise Conflict(f"model {model.name} is being registered by another request, or its name is taken; "
+                       "retry, or change model_id") from exc
+    audit.record(session, actor, "model.register", "model_version", model.id, task=task.name, name=model.name,
+                 directory=model.directory)
+    return model
+
+
+def record_evaluation(session: Session, task: Task, directory: Path | str, metrics: dict[str, Any], *,
+                      actor: User | None = None) -> ModelVersion:
+    """Store ``metrics`` (e.g. ``rounds.evaluate``'s results) as the evaluation of the model in
+    ``directory`` (registered first if needed); a *trained* model becomes *evaluated*. A
+    promoted or retired model keeps its status (re-evaluating it on a newer round is normal)."""
+    if not isinstance(metrics, dict) or not metrics:
+        raise Invalid("the evaluation is empty; give a dict of metrics (e.g. from rounds.evaluate)")
+    model = register_model(session, task, directory, actor=actor)
+    model.evaluation = jsonable(metrics)
+    model.evaluated_at = utcnow()
+    if model.status is ModelVersionStatus.trained:
+        model.status = ModelVersionStatus.evaluated
+    audit.record(session, actor, "model.evaluate", "model_version", model.id, task=task.name, name=model.name)
+    session.flush()
+    return model
+
+
+# --- finding ---------------------------------------------------------------------------
+
+
+def list_models(session: Session, task: Task) -> list[ModelVersion]:
+    """The task's model versions, oldest first."""
+    return list(session.scalars(
+        select(ModelVersion).where(ModelVersion.task_id == task.id).order_by(ModelVersion.id)))
+
+
+def find_model(session: Session, task: Task, reference: str | int) -> ModelVersion:
+    """A model version by registry id, name (``model_id@version``), or ``model_id`` when the
+    task has only one version of it."""
+    text = str(reference).strip()
+    if text.isdigit():
+        model = session.get(ModelVersion, int(text))
+        if model is not None and model.task_id == task.id:
+            return model
+    model = session.scalar(select(ModelVersion).where(ModelVersion.task_id == task.id, ModelVersion.name == text))
+    if model is not None:
+        return model
+    if "@" in text:
+        model_id, _, version = text.rpartition("@")
+        model = session.scalar(select(ModelVersion).where(
+            ModelVersion.task_id == task.id, ModelVersion.model_id == model_id, ModelVersion.version == version))
+        if model is not None:
+            return model
+    candidates = list(session.scalars(select(ModelVersion).where(
+        ModelVersion.task_id == task.id, ModelVersion.model_id == text).order_by(ModelVersion.id)))
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise Invalid(f"task {task.name!r} has {len(candidates)} versions of {text!r} "
+                      f"({', '.join(c.name for c in candidates)}); name one")
+    known = [m.name for m in list_models(session, task)]
+    raise NotFound(f"task {task.name!r} has no model {text!r}; registered: {', '.join(known) or 'none'} "
+                   "(register one with `dynaloop model register`)")
+
+
+def attempt_counts(session: Session, task: Task) -> dict[int, int]:
+    """Attempts of the task's rounds scored by each model version: the join of attempts'
+    (model_id, model_version) to the registry."""
+    rows = session.execute(
+        select(ModelVersion.id, func.count(Attempt.id))
+        .join(Attempt, (Attempt.model_id == ModelVersion.model_id) & (Attempt.model_version == ModelVersion.version))
+        .join(Assignment, Attempt.assignment_id == Assignment.id)
+        .join(Round, Assignment.round_id == Round.id)
+        .where(ModelVersion.task_id == task.id, Round.task_id == task.id)
+        .group_by(ModelVersion.id)
+    ).all()
+    return {int(model_id): int(count) for model_id, count in rows}
+
+
+# --- promoting -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    task_id: int
+    task_name: str
+    model_pk: int
+    name: str
+    model_id: str
+    version: str
+    directory: str
+    endpoint: str
+    previous_directory: str | None  # the model promoted at this endpoint before, for a rollback
+
+
+def _plan(session: Session, task: Task, reference: str | int, endpoint: str, force: bool) -> _Plan:
+    model = find_model(session, task, reference)
+    if model.status is ModelVersionStatus.trained and not force:
+        raise Conflict(
+            f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the loop; "
+            "evaluate it first (record_evaluation / `dynaloop model register --evaluation FILE`) or pass "
+            "--force to promote it anyway")
+    previous = session.scalar(select(ModelVersion).where(
+        ModelVersion.task_id == task.id, ModelVersion.status == ModelVersionStatus.promoted,
+        ModelVersion.endpoint == endpoint, ModelVersion.id != model.id))
+    return _Plan(task.id, task.name, model.id, model.name, model.model_id, model.version, model.directory,
+                 endpoint, previous.directory if previous is not None else None)
+
+
+def _server_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            return str(body["error"].get("message", ""))
+    except ValueError:
+        pass
+    return response.text[:300]
+
+
+def reload_model_server(http: httpx.Client, endpoint: str, directory: str, admin_token: str, *,
+                        backend: str | None = None, timeout_s: float = RELOAD_TIMEOUT_S) -> dict[str, Any]:
+    """``POST {endpoint}/admin/reload`` and wait until it succeeds; returns the server's answer.
+    Raises :class:`PromotionError` saying what went wrong (down, wrong token, cannot load)."""
+    deadline = time.monotonic() + timeout_s
+    body: dict[str, Any] = {"model_dir": directory}
+    if backend:
+        body["backend"] = backend
+    while True:
+        try:
+            response = http.post(f"{endpoint}/admin/reload", json=body,
+                                 headers={"Authorization": f"Bearer {admin_token}"},
+                                 timeout=httpx.Timeout(timeout_s, connect=5.0))
+        except httpx.TimeoutException as exc:
+            raise PromotionError(f"the model server at {endpoint} did not finish loading {directory} within "
+                                 f"{timeout_s:.0f} s ({type(exc).__name__}); check its log") from exc
+        except httpx.TransportError as exc:
+            raise PromotionError(f"the model server at {endpoint} is down or unreachable ({type(exc).__name__}); "
+                                 "start it (`dynaloop model-server --admin-token ...`) or check the URL") from exc
+        if response.status_code == 200:
+            try:
+                answer = response.json()
+            except ValueError as exc:
+                raise PromotionError(
+                    f"the model server at {endpoint} answered the reload with a non-JSON body") from exc
+            return answer if isinstance(answer, dict) else {}
+        message = _server_message(response)
+        if response.status_code == 409 and time.monotonic() < deadline:
+            time.sleep(0.5)  # another load (e.g. the server's start-up) holds the reload lock
+            continue
+        if response.status_code == 401:
+            raise PromotionError(f"the model server at {endpoint} refused the admin token (HTTP 401); give the "
+                                 "token it was started with (--admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN)")
+        if response.status_code == 403:
+            raise PromotionError(f"the model server at {endpoint} does not allow reloads (HTTP 403): {message}")
+        if response.status_code == 422:
+            raise PromotionError(f"the model server at {endpoint} could not load {directory} (HTTP 422): {message}")
+        if response.status_code == 404:
+            raise PromotionError(f"{endpoint} has no /admin/reload (HTTP 404); is it a dynaloop model server?")
+        raise PromotionError(f"the model server at {endpoint} answered the reload with HTTP "
+                             f"{response.status_code}: {message}")
+
+
+def _verify(http: httpx.Client, plan: _Plan) -> dict[str, Any]:
+    try:
+        response = http.get(f"{plan.endpoint}/info", timeout=10.0)
+        info = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as exc:
+        raise PromotionError(f"the model server at {plan.endpoint} reloaded but GET /info failed "
+                             f"({type(exc).__name__}); check the server") from exc
+    if not isinstance(info, dict):
+        raise PromotionError(f"the model server at {plan.endpoint} reloaded but GET /info answered HTTP "
+                             f"{response.status_code}: {_server_message(response)}")
+    served = (str(info.get("model_id")), str(info.get("version")))
+    if served != (plan.model_id, plan.version):
+        raise PromotionError(f"after the reload the model server at {plan.endpoint} reports model {served[0]} "
+                             f"version {served[1]}, not {plan.model_id} version {plan.version}; another reload may "
+                             "have raced this one, or the directory's dynaloop_model.json changed")
+    return info
+
+
+def _record(session: Session, plan: _Plan, actor: User | None, update_open_rounds: bool) -> Promotion:
+    # Lock the task row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises) so two
+    # promotions cannot both leave a model promoted.
+    session.execute(select(Task.id).where(Task.id == plan.task_id).with_for_update())
+    model = session.get(ModelVersion, plan.model_pk)
+    if model is None:
+        raise NotFound(f"model {plan.name} disappeared from the registry during the promotion")
+    now = utcnow()
+    retired = list(session.scalars(select(ModelVersion).where(
+        ModelVersion.task_id == plan.task_id, ModelVersion.status == ModelVersionStatus.promoted,
+        ModelVersion.id != model.id)))
+    for old in retired:
+        old.status = ModelVersionStatus.retired
+        old.retired_at = now
+    model.status = ModelVersionStatus.promoted
+    model.promoted_at = now
+    model.retired_at = None
+    model.endpoint = plan.endpoint
+    rounds_updated = []
+    if update_open_rounds:
+        for round_ in session.scalars(select(Round).where(Round.task_id == plan.task_id,
+                                                          Round.status.in_(_OPEN_ROUNDS)).order_by(Round.number)):
+            if plan.endpoint not in (round_.model_endpoints or []):
+                audit.record(session, actor, "round.model", "round", round_.id, endpoints=[plan.endpoint],
+                             previous=list(round_.model_endpoints or []), reason=f"promoted {plan.name}")
+                round_.model_endpoints = [plan.endpoint]
+                rounds_updated.append(round_.number)
+    audit.record(session, actor, "model.promote", "model_version", model.id, task=plan.task_name, name=model.name,
+                 endpoint=plan.endpoint, retired=[m.name for m in retired])
+    session.flush()
+    return Promotion(model=model, endpoint=plan.endpoint, retired=retired, rounds_updated=rounds_updated)
+
+
+def promote(factory: sessionmaker[Session], task_name: str, reference: str | int, *, endpoint: str,
+            admin_token: str, http: httpx.Client | None = None, force: bool = False, actor_id: int | None = None,
+            backend: str | None = None, update_open_rounds: bool = True,
+            timeout_s: float = RELOAD_TIMEOUT_S) -> Promotion:
+    """Put model ``reference`` of task ``task_name`` in the loop at ``endpoint``.
+
+    Three steps, each in its own transaction or none, so no database lock is held while the
+    model server loads the weights (on SQLite a transaction holds the write lock):
+
+    1. read and check: the model exists and was evaluated (or ``force``);
+    2. ``POST {endpoint}/admin/reload`` with the model directory, then ``GET /info`` must report
+       its ``model_id`` and ``version``;
+    3. record: the model is *promoted* (``promoted_at``, ``endpoint``), the one promoted before
+       is *retired*, and the task's open rounds whose model endpoints do not include
+       ``endpoint`` are pointed at it (``update_open_rounds``).
+
+    On any failure the registry is unchanged and :class:`PromotionError` (or another domain
+    error) says what happened. Should recording fail after the server switched, the model
+    promoted before at that endpoint is reloaded.
+    """
+    if not admin_token:
+        raise Invalid("give the model server's admin token (--admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN)")
+    endpoint = check_endpoints([endpoint])[0]
+    with factory.begin() as session:
+        task = get_task(session, task_name)
+        plan = _plan(session, task, reference, endpoint, force)
+    own_http = http is None
+    client = http or httpx.Client()
+    try:
+        answer = reload_model_server(client, endpoint, plan.directory, admin_token, backend=backend,
+                                     timeout_s=timeout_s)
+        info = _verify(client, plan)
+        try:
+            with factory.begin() as session:
+                actor = session.get(User, actor_id) if actor_id is not None else None
+                result = _record(session, plan, actor, update_open_rounds)
+        except (DomainError, SQLAlchemyError) as exc:
+            restored = _restore(client, plan, admin_token, backend, timeout_s)
+            reason = exc.message if isinstance(exc, DomainError) else \
+                f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            raise PromotionError(f"the model server at {endpoint} switched to {plan.name} but the registry could "
+                                 f"not record it ({reason}); {restored}") from exc
+    finally:
+        if own_http:
+            client.close()
+    result.server_info = {**answer, **info}
+    logger.info("promoted %s at %s (retired: %s)", plan.name, endpoint, [m.name for m in result.retired])
+    return result
+
+
+def _restore(http: httpx.Client, plan: _Plan, admin_token: str, backend: str | None, timeout_s: float) -> str:
+    if plan.previous_directory is None:
+        return "no model was promoted there before, so it keeps serving the new one"
+    try:
+        reload_model_server(http, plan.endpoint, plan.previous_directory, admin_token, backend=backend,
+                            timeout_s=timeout_s)
+    except PromotionError as exc:
+        return f"reloading the previous model failed too ({exc.message})"
+    return f"the previous model ({plan.previous_directory}) was reloaded"
+
+
+# --- retiring --------------------------------------------------------------------------
+
+
+def retire(session: Session, task: Task, reference: str | int, *, actor: User | None = None) -> ModelVersion:
+    """Mark a model version *retired* (idempotent). Retiring the promoted model leaves the task
+    without one in the registry; the model server keeps serving it until another is promoted."""
+    model = find_model(session, task, reference)
+    if model.status is ModelVersionStatus.retired:
+        return model
+    was = model.status
+    model.status = ModelVersionStatus.retired
+    model.retired_at = utcnow()
+    audit.record(session, actor, "model.retire", "model_version", model.id, task=task.name, name=model.name,
+                 previous_status=was.value)
+    session.flush()
+    return model
