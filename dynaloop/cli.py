@@ -840,6 +840,38 @@ def round_evaluate(task: Annotated[str, typer.Option(help="Task name")],
 # --- servers ------------------------------------------------------------------------
 
 
+@app.command("check")
+def check(database_url: DatabaseOpt = None,
+          rule: Annotated[list[str] | None, typer.Option(help="Only this rule (repeatable); default: all")] = None,
+          as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON")] = False) -> None:
+    """Check the database against the rules (labels counted, no self-validation, counters, orphans).
+    Exit code 1 when anything is violated."""
+    import json
+
+    from services.db.engine import session_scope
+    from services.domain.invariants import check_database
+
+    url = _settings(database_url).resolved_database_url
+    _ensure_schema(url)
+    try:
+        with session_scope(_session_factory(url)) as session:
+            report = check_database(session, rule)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=1, default=str))
+    else:
+        counts = ", ".join(f"{n:,} {name}" for name, n in report.counts.items())
+        console.print(f"checked {len(report.rules_checked)} rules over {counts}", soft_wrap=True)
+        for violation in report.violations:
+            console.print(f"[red]{violation.rule}[/red]: {violation.count:,} — {violation.description}; "
+                          f"e.g. {violation.rows[:3]}", soft_wrap=True, highlight=False)
+        if report.ok:
+            console.print("no violations")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 @app.command("api")
 def api(host: str = "127.0.0.1", port: int = 8000, database_url: DatabaseOpt = None,
         workers: int = 1, log_level: str = "info") -> None:
@@ -855,22 +887,94 @@ def api(host: str = "127.0.0.1", port: int = 8000, database_url: DatabaseOpt = N
         import os
 
         os.environ["DYNALOOP_DATABASE_URL"] = database_url
+    if settings.max_concurrent_requests >= settings.worker_threads:
+        raise _fail("DYNALOOP_MAX_CONCURRENT_REQUESTS must be below DYNALOOP_WORKER_THREADS (see docs/deploy.md)")
     uvicorn.run("dynaloop.app:create_app", factory=True, host=host, port=port, workers=workers,
+                limit_concurrency=settings.max_concurrent_requests,
                 log_level=log_level)
 
 
+def web_app_file() -> Path:
+    """The Streamlit entry point ``frontend/app.py`` (source checkout or installed package)."""
+    source = Path(__file__).resolve().parent.parent / "frontend" / "app.py"
+    if source.is_file():
+        return source
+    import importlib.util
+
+    spec = importlib.util.find_spec("frontend")
+    if spec is None or spec.origin is None:
+        raise _fail("the web app (package `frontend`) is not installed; reinstall dynaloop")
+    return Path(spec.origin).parent / "app.py"
+
+
+def ui_command(host: str, port: int) -> list[str]:
+    """The `streamlit run` command line of `dynaloop ui`."""
+    return [sys.executable, "-m", "streamlit", "run", str(web_app_file()), "--server.port", str(port),
+            "--server.address", host, "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+
+
+@app.command("ui")
+def ui(host: Annotated[str, typer.Option(help="Address the web app listens on")] = "127.0.0.1",
+       port: Annotated[int, typer.Option(help="Web app port")] = 8501,
+       api_url: Annotated[str, typer.Option(envvar="DYNALOOP_API_URL",
+                                            help="The API the web app talks to")] = "http://127.0.0.1:8000") -> None:
+    """Run the web app (Streamlit): login, then the writer, validator and researcher pages of your roles.
+    It talks to the API over HTTP only (start that with `dynaloop api`)."""
+    import os
+    import subprocess
+
+    command = ui_command(host, port)
+    console.print(f"web app: http://{host}:{port}   API: {api_url}   (Ctrl-C stops it)", highlight=False)
+    try:
+        code = subprocess.call(command, env={**os.environ, "DYNALOOP_API_URL": api_url})
+    except KeyboardInterrupt:
+        code = 0
+    raise typer.Exit(code)
+
+
 @app.command("demo")
-def demo(host: str = "127.0.0.1", port: int = 8000,
-         model_endpoint: Annotated[list[str] | None, typer.Option(
-             help="Model server(s) in the loop for the demo round (e.g. http://127.0.0.1:8001)")] = None,
-         data_dir: Annotated[Path | None, typer.Option(help="Where the demo's SQLite file lives")] = None,
-         serve: Annotated[bool, typer.Option(help="Start the API after setting up")] = True) -> None:
-    """Set up a DynaSent-style demo on SQLite (task, round, prompts, one user per role) and run the API."""
-    from dynaloop.demo import DemoSetup, set_up_demo
+def demo(
+    host: Annotated[str, typer.Option(help="Address the API and the web app listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="API port")] = 8000,
+    model_port: Annotated[int, typer.Option(help="Model server port (it listens on 127.0.0.1 only)")] = 8001,
+    ui_port: Annotated[int, typer.Option(help="Web app (Streamlit) port")] = 8501,
+    ui: Annotated[bool, typer.Option(help="Start the web app")] = True,
+    data_dir: Annotated[Path | None, typer.Option(
+        help="Folder for the SQLite file, Model 0 and the logs (default: DYNALOOP_DATA_DIR or .dynaloop)")] = None,
+    model_epochs: Annotated[int, typer.Option(help="Epochs of Model 0 on the seed corpus")] = 2,
+    model_max_length: Annotated[int, typer.Option(help="Model 0's longest input, in word pieces")] = 48,
+    seed_per_label: Annotated[int, typer.Option(help="Seed sentences per label Model 0 trains on")] = 300,
+    retrain: Annotated[bool, typer.Option(help="Train Model 0 again even if a cached one fits")] = False,
+    model_endpoint: Annotated[list[str] | None, typer.Option(
+        help="Use this model server (e.g. http://127.0.0.1:8001) instead of training Model 0 and starting one; "
+             "repeat for an ensemble")] = None,
+    serve: Annotated[bool, typer.Option(
+        help="Start the services; --no-serve only sets up the database and prints the logins")] = True,
+) -> None:
+    """The whole demo on SQLite: Model 0, model server, API and web app, with one login per role.
+
+    Trains Model 0 (the packaged MiniLM on a seed corpus; cached under the data directory), starts
+    the model server, the API and the Streamlit app as child processes, sets up the DynaSent-style
+    task `dynasent-r2` with prompts and users, and prints the addresses and logins. Ctrl-C stops
+    everything."""
+    from dynaloop.demo import DemoError, DemoOptions, DemoSetup, run_demo, set_up_demo
+    from dynaloop.model_zero import ModelZeroSpec
 
     settings = _settings()
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})
+    if serve:
+        try:
+            spec = ModelZeroSpec(epochs=model_epochs, max_length=model_max_length, per_label=seed_per_label)
+        except ValueError as exc:
+            raise _fail(str(exc)) from exc
+        options = DemoOptions(host=host, port=port, model_port=model_port, ui_port=ui_port, ui=ui,
+                              model_endpoints=model_endpoint or [], model=spec, retrain=retrain)
+        try:
+            run_demo(settings, options, console)
+        except DemoError as exc:
+            raise _fail(str(exc)) from exc
+        return
     setup: DemoSetup = set_up_demo(settings, model_endpoints=model_endpoint or [])
     base = f"http://{host}:{port}"
     console.print(f"[bold]dynaloop demo[/bold] — database {_redact(setup.database_url)}")
@@ -884,16 +988,45 @@ def demo(host: str = "127.0.0.1", port: int = 8000,
     for login in setup.logins:
         # Plain print: a token must never be folded by the terminal width.
         print(f"  {login.username:<12} {login.token}")
-    console.print(f"API: {base}/api/v1   docs: {base}/docs")
-    if not setup.model_endpoints:
-        console.print("[yellow]No model server is in the loop yet: attempts answer 503 until one is set "
-                      f"(PUT {base}/api/v1/rounds/{setup.round_id}/model).[/yellow]")
-    if serve:
-        import uvicorn
+    console.print("set up only (--no-serve); `dynaloop demo` starts the model server, the API and the web app")
 
-        from dynaloop.app import create_app
 
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+# --- jobs ---------------------------------------------------------------------------
+
+job_app = typer.Typer(help="Jobs (train, evaluate, promote) that the API starts in their own process.",
+                      no_args_is_help=True)
+app.add_typer(job_app, name="job")
+
+
+@job_app.command("run")
+def job_run(job_id: Annotated[int, typer.Argument(help="The job's id (POST /api/v1/tasks/{task}/jobs)")],
+            database_url: DatabaseOpt = None) -> None:
+    """Run a queued job in this process, writing its progress to the database (the API starts
+    this command for every job; the model server admin token comes from the environment)."""
+    import signal
+
+    from rounds.jobs import run_job
+    from services.db.models import JobStatus
+    from services.errors import DomainError
+
+    settings = _settings(database_url)
+    url = settings.resolved_database_url
+    _ensure_schema(url)
+
+    def _stop(signum: int, frame: object) -> None:
+        raise SystemExit(f"stopped by signal {signum}")  # recorded on the job as interrupted
+
+    signal.signal(signal.SIGTERM, _stop)
+    token = settings.model_server_admin_token
+    try:
+        job = run_job(_session_factory(url), job_id, data_dir=settings.data_dir,
+                      admin_token=token.get_secret_value() if token else None)
+    except DomainError as exc:
+        raise _fail(exc.message) from exc
+    console.print(f"job {job.id} ({job.kind.value}) {job.status.value}: {job.message}", soft_wrap=True,
+                  highlight=False, markup=False)
+    if job.status is not JobStatus.succeeded:
+        raise typer.Exit(1)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -1,22 +1,44 @@
-"""The demo set-up: a DynaSent-style task on SQLite with prompts and one user per role.
+"""``dynaloop demo``: the whole stack on one machine, with a DynaSent-style task.
 
-Idempotent: running it again keeps the data and issues fresh tokens for the demo users.
+Two parts:
+
+* :func:`set_up_demo` -- the database: migrations, the ``dynasent-r2`` task, an open round
+  with the demo prompts, one login per role. Idempotent: running it again keeps the data and
+  issues fresh tokens for the demo users.
+* :func:`run_demo` -- the processes: Model 0 (:mod:`dynaloop.model_zero`, trained once and
+  cached), the model server serving it, the API and the Streamlit web app, each a child
+  process in its own process group (:mod:`dynaloop.processes`). It waits until each one
+  answers its health check, prints the addresses and logins, and on Ctrl-C or SIGTERM stops
+  them all.
 """
 
 from __future__ import annotations
 
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
+from rich.console import Console
+from rich.table import Table
 from sqlalchemy import select
 
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.migrate import upgrade
 from services.db.models import Round, RoundStatus, Task, User
 from services.domain import rounds, tasks, users
+from services.errors import DomainError
 from services.security import hash_password
 from services.settings import Settings
 from services.taskdef import example_path
+
+from dynaloop.model_zero import ModelZeroSpec, ensure_model_zero
+from dynaloop.processes import Service, ServiceError, Supervisor, connect_host, port_in_use, still_running
 
 DEMO_TASK = "dynasent-r2"
 DEMO_PROMPTS = Path(__file__).parent / "demo_prompts.jsonl"
@@ -79,3 +101,244 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
                              list(round_.model_endpoints), logins)
     finally:
         engine.dispose()
+
+
+# --- Model 0 in the registry ---------------------------------------------------------------
+
+
+def put_model_in_loop(settings: Settings, directory: Path, endpoint: str, admin_token: str) -> str:
+    """Register the model in ``directory`` for the demo task and promote it at ``endpoint``
+    (the running model server), which also points the open round at it. Returns its name.
+
+    Model 0 has no evaluation to show (there is no round data yet), so it is promoted with
+    ``force``. Starting the demo again finds it promoted there already and changes nothing:
+    the model server was started with that directory."""
+    from rounds.registry import promote, register_model
+    from services.db.models import ModelVersionStatus
+
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        factory = make_sessionmaker(engine)
+        with session_scope(factory) as session:
+            task = tasks.get_task(session, DEMO_TASK)
+            model = register_model(session, task, directory)
+            name = model.name
+            already = model.status is ModelVersionStatus.promoted and model.endpoint == endpoint
+        if not already:
+            promote(factory, DEMO_TASK, name, endpoint=endpoint, admin_token=admin_token, force=True)
+        return name
+    finally:
+        engine.dispose()
+
+
+# --- the running demo ------------------------------------------------------------------------
+
+
+@dataclass
+class DemoOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_port: int = 8001
+    ui_port: int = 8501
+    ui: bool = True
+    # External model servers; when given, no Model 0 is trained and no model server started.
+    model_endpoints: list[str] = field(default_factory=list)
+    model: ModelZeroSpec = field(default_factory=ModelZeroSpec)
+    retrain: bool = False
+    model_start_timeout_s: float = 180.0
+    api_start_timeout_s: float = 90.0
+    ui_start_timeout_s: float = 90.0
+
+
+class DemoError(RuntimeError):
+    """The demo cannot start (a port in use, a service that fails); the message says why."""
+
+
+class _StopRequested(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _StopRequested(signum)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed) raise :class:`_StopRequested`
+    in the main thread. The services run in sessions of their own, so none of these signals
+    reaches them except through :meth:`Supervisor.stop_all`."""
+    previous = {signum: signal.signal(signum, _raise_stop) for signum in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Only the training progress bar on the terminal: no weight-loading bars or load
+    reports (a fresh classification head is expected, not a problem)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+
+
+def web_app_path() -> Path:
+    """The Streamlit entry point, ``frontend/app.py``, next to this package."""
+    return Path(__file__).resolve().parent.parent / "frontend" / "app.py"
+
+
+def _check_ports(options: DemoOptions, start_model_server: bool, start_ui: bool, log_dir: Path) -> None:
+    wanted = [("API", options.host, options.port, "--port")]
+    if start_model_server:
+        wanted.append(("model server", "127.0.0.1", options.model_port, "--model-port"))
+    if start_ui:
+        wanted.append(("web app", options.host, options.ui_port, "--ui-port"))
+    ports = [port for _, _, port, _ in wanted]
+    if len(set(ports)) != len(ports):
+        raise DemoError(f"the API, model server and web app need three different ports, got {ports}")
+    for name, host, port, option in wanted:
+        if port_in_use(host, port):
+            left = still_running(log_dir)
+            hint = (f"; an earlier demo with this data directory left {', '.join(left)} running: stop "
+                    "it with `kill PID`" if left else "")
+            raise DemoError(f"port {port} on {host} is in use (another dynaloop demo, or another server){hint}; "
+                            f"stop it or give the {name} another port with {option}")
+
+
+def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None:
+    """Start the demo and block until Ctrl-C, SIGTERM or SIGHUP; stop every child process
+    before returning. Raises :class:`DemoError` when it cannot start or a service dies."""
+    python = sys.executable
+    start_model_server = not options.model_endpoints
+    app_file = web_app_path()
+    start_ui = options.ui and app_file.is_file()
+    _check_ports(options, start_model_server, start_ui, settings.data_dir / "logs")
+    reach = connect_host(options.host)
+    api_url = f"http://{reach}:{options.port}"
+    model_url = f"http://127.0.0.1:{options.model_port}"
+    ui_url = f"http://{reach}:{options.ui_port}"
+    endpoints = options.model_endpoints or [model_url]
+    supervisor = Supervisor(settings.data_dir / "logs")
+    admin_token = secrets.token_urlsafe(24)
+
+    with _stop_on_signals():
+        try:
+            setup = set_up_demo(settings, model_endpoints=endpoints)
+            console.print(f"[bold]dynaloop demo[/bold] — database {_redacted(setup.database_url)}", soft_wrap=True)
+            console.print(f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), "
+                          f"{setup.prompts} prompts", soft_wrap=True)
+            model_name = None
+            if start_model_server:
+                spec = options.model
+                console.print(f"Model 0: MiniLM fine-tuned on the seed corpus ({3 * spec.per_label} sentences, "
+                              f"{spec.epochs} epoch(s), max_length {spec.max_length})", soft_wrap=True)
+                try:
+                    with _quiet_transformers():
+                        model = ensure_model_zero(settings.data_dir, spec, task_name=setup.task,
+                                                  retrain=options.retrain)
+                except (ValueError, OSError) as exc:  # rounds.train's TrainingError is a ValueError
+                    raise DemoError(f"Model 0 could not be trained: {exc}") from exc
+                console.print(("  trained in {:.0f} s" if model.trained else "  cached (took {:.1f} s to find; "
+                               "--retrain trains it again)").format(model.seconds) + f": {model.directory}",
+                              soft_wrap=True)
+                server = supervisor.start(
+                    "model server",
+                    [python, "-m", "dynaloop", "model-server", "--model", str(model.directory),
+                     "--host", "127.0.0.1", "--port", str(options.model_port)],
+                    url=model_url, health_url=f"{model_url}/health",
+                    env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": admin_token})
+                _wait(console, supervisor, server, options.model_start_timeout_s)
+                model_name = put_model_in_loop(settings, model.directory, model_url, admin_token)
+            api = supervisor.start(
+                "API",
+                [python, "-m", "dynaloop", "api", "--host", options.host, "--port", str(options.port),
+                 "--database-url", setup.database_url],
+                url=api_url, health_url=f"{api_url}/health", env={"DYNALOOP_DATA_DIR": str(settings.data_dir)})
+            _wait(console, supervisor, api, options.api_start_timeout_s)
+            if start_ui:
+                web = supervisor.start(
+                    "web app",
+                    [python, "-m", "streamlit", "run", str(app_file), "--server.address", options.host,
+                     "--server.port", str(options.ui_port), "--server.headless", "true",
+                     "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+                     "--client.toolbarMode", "minimal"],
+                    url=ui_url, health_url=f"{ui_url}/_stcore/health", env={"DYNALOOP_API_URL": api_url})
+                _wait(console, supervisor, web, options.ui_start_timeout_s)
+            _print_ready(console, setup, supervisor, api_url, model_name, admin_token if start_model_server else None,
+                         ui_note=None if start_ui else (
+                             "web app not started (--no-ui)" if not options.ui
+                             else f"web app not started: {app_file} does not exist"))
+            while True:
+                stopped = supervisor.exited()
+                if stopped is not None:
+                    raise DemoError(f"the {stopped.name} stopped on its own (status {stopped.process.returncode}); "
+                                    f"see {stopped.log_path}")
+                time.sleep(0.5)
+        except _StopRequested as stop:
+            console.print(f"\n{stop} received: stopping the demo …")
+        except ServiceError as exc:
+            raise DemoError(str(exc)) from exc
+        except DomainError as exc:  # e.g. the registry refusing Model 0, or its promotion failing
+            raise DemoError(exc.message) from exc
+        finally:
+            # A second Ctrl-C must not cut the clean-up short and leave children behind.
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
+            supervisor.stop_all()
+    console.print("dynaloop demo stopped; every service it started is down")
+
+
+def _wait(console: Console, supervisor: Supervisor, service: Service, timeout_s: float) -> None:
+    console.print(f"starting the {service.name} at {service.url} …", soft_wrap=True)
+    started = time.perf_counter()
+    supervisor.wait_healthy(service, timeout_s)
+    console.print(f"  ready in {time.perf_counter() - started:.1f} s (pid {service.pid}, log {service.log_path})",
+                  soft_wrap=True)
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _print_ready(console: Console, setup: DemoSetup, supervisor: Supervisor, api_url: str, model_name: str | None,
+                 admin_token: str | None, ui_note: str | None) -> None:
+    table = Table("role", "username", "password", title="Logins (web app and POST /api/v1/auth/login)")
+    for login in setup.logins:
+        table.add_row(login.role, login.username, login.password)
+    console.print(table)
+    console.print("API tokens (valid 30 days; `Authorization: Bearer <token>`):")
+    for login in setup.logins:
+        # Plain print: a token must never be folded by the terminal width.
+        print(f"  {login.username:<12} {login.token}")
+    for service in supervisor.services:
+        address = f"{service.url}/api/v1  (docs: {service.url}/docs)" if service.name == "API" else service.url
+        console.print(f"{service.name:<13} {address}  [dim](pid {service.pid}, log {service.log_path})[/dim]",
+                      soft_wrap=True, highlight=False)
+    if model_name:
+        console.print(f"model in the loop: {model_name} at {', '.join(setup.model_endpoints)}", soft_wrap=True)
+    else:
+        console.print(f"model in the loop: {', '.join(setup.model_endpoints)} (external)", soft_wrap=True)
+    if admin_token:
+        print(f"model server admin token (for `dynaloop model promote`): {admin_token}")
+    if ui_note:
+        console.print(f"[yellow]{ui_note}[/yellow]; the API is at {api_url}", soft_wrap=True)
+    else:
+        web = next(service for service in supervisor.services if service.name == "web app")
+        console.print(f"[bold]Open {web.url} and log in as writer / writer-demo.[/bold]", soft_wrap=True)
+    console.print("dynaloop demo is running; press Ctrl-C to stop.")
+    sys.stdout.flush()

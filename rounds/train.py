@@ -436,12 +436,15 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
                 family: Family, input_format: InputFormat, config: TrainConfig, out_dir: Path | str,
                 model_id: str, trained_for_round: int | None = None, task_name: str | None = None,
                 progress: bool = True,
-                on_epoch_end: Callable[[EpochRecord], None] | None = None) -> TrainResult:
+                on_epoch_end: Callable[[EpochRecord], None] | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> TrainResult:
     """Train a classifier from the base checkpoint on ``train_sets``; write it to ``out_dir``.
 
     ``dev`` drives early stopping and the choice of the saved epoch (macro-F1); without it the
     last epoch is saved. ``on_epoch_end`` is called on every process after each epoch's
     checkpoint (an exception raised there interrupts the run, which ``resume`` continues).
+    ``on_progress(step, total_steps)`` is called on the main process after every optimizer
+    step (a job's progress bar); ``total_steps`` spans all planned epochs.
     """
     started = time.perf_counter()
     out_dir = Path(out_dir)
@@ -557,6 +560,8 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
             bar.set_postfix(loss=f"{loss.item():.4f}")
             if accelerator.sync_gradients:
                 state.global_step += 1
+                if on_progress is not None and accelerator.is_main_process:
+                    on_progress(min(state.global_step, total_steps), total_steps)
                 if (isinstance(config.checkpoint_every, int) and state.global_step % config.checkpoint_every == 0
                         and state.batches_done < len(train_loader)):
                     state.epoch_seconds += time.perf_counter() - tick

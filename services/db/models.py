@@ -508,3 +508,47 @@ class BuiltExample(Base):
     distributional_label: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     model_based_label: Mapped[list[Any] | None] = mapped_column(JSON)
     flags: Mapped[list[Any]] = mapped_column(JSON, default=list)
+
+
+class JobKind(str, enum.Enum):
+    train = "train"
+    evaluate = "evaluate"
+    promote = "promote"
+
+
+class JobStatus(str, enum.Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class Job(Base):
+    """Long researcher work (train, evaluate, promote) run by `dynaloop job run` in its own
+    process, never inside the API (rounds.jobs). ``pid`` and ``host`` say where it runs, so a
+    job whose process is gone is reported failed instead of hanging as *running*."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint("progress >= 0 AND progress <= 1", name="progress_range"),
+        Index("ix_jobs_task_kind_status", "task_id", "kind", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[JobKind] = mapped_column(_enum(JobKind))
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus), default=JobStatus.queued)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str] = mapped_column(Text, default="")
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # never holds a secret
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    log: Mapped[str] = mapped_column(Text, default="")  # the newest lines only (bounded)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+    pid: Mapped[int | None] = mapped_column(Integer)
+    host: Mapped[str | None] = mapped_column(String(255))
+
+    task: Mapped[Task] = relationship()
+    created_by: Mapped[User | None] = relationship()

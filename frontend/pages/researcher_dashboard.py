@@ -1,0 +1,131 @@
+"""The round dashboard (researcher): live statistics and the plots of DynaSent's analysis.
+
+Metrics: attempts, fooling rate, confirmation rate, examples, validation coverage
+(``GET /rounds/{id}/stats``). Plots (``GET /rounds/{id}/plot-data``, drawn by
+``frontend.plots``): edit distance to the prompt (Fig. 2a), text lengths (Fig. 2b), validators'
+agreement with the majority (Fig. 6), and the model's predictions against the validated
+majority as a heatmap. With auto-refresh on, the figures reload every few seconds
+(``st.fragment(run_every=...)``) without rerunning the rest of the page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from frontend import plots, state
+from frontend.client import ApiError
+from frontend.researcher import choose_round, choose_task, percent
+
+REFRESH_CHOICES = [5, 10, 30, 60]
+
+
+def metrics(stats: dict[str, Any]) -> None:
+    attempts = stats.get("attempts") or {}
+    confirmations = stats.get("confirmations") or {}
+    examples = stats.get("examples") or {}
+    validations = stats.get("validations") or {}
+    row = st.columns(6)
+    row[0].metric("Attempts", f"{attempts.get('scored', 0):,}",
+                  help="Scored attempts (model_unavailable ones are not counted)")
+    row[1].metric("Fooling rate", percent(attempts.get("fooling_rate")),
+                  help=f"{attempts.get('fooled', 0):,} of the scored attempts fooled the model")
+    row[2].metric("Confirmation rate", percent(confirmations.get("rate")),
+                  help=f"Writers said yes to {confirmations.get('yes', 0):,} and no to {confirmations.get('no', 0):,} "
+                  "of their fooling attempts")
+    row[3].metric("Examples", f"{examples.get('submitted', 0):,}",
+                  help=f"{examples.get('fooled', 0):,} fooled the model; {examples.get('no_prompt', 0):,} without a "
+                  "prompt")
+    row[4].metric("Validated", f"{examples.get('validated', 0):,}",
+                  help=f"{examples.get('validating', 0):,} still need labels; {examples.get('dropped', 0):,} dropped")
+    row[5].metric("Validation coverage", percent(validations.get("coverage")),
+                  help=f"{validations.get('counted', 0):,} of {validations.get('needed', 0):,} labels needed")
+    model_down = attempts.get("model_unavailable", 0)
+    if model_down:
+        st.warning(f"{model_down:,} attempt(s) found the model unavailable (the writers were asked to retry).")
+
+
+def charts(data: dict[str, Any], round_id: int) -> None:
+    if data.get("truncated"):
+        st.caption(f"The plots show {len(data['examples']):,} of the round's {data['total_examples']:,} examples, "
+                   "spread evenly over the round.")
+    if not data.get("examples"):
+        st.info("No example has been submitted in this round yet: the plots appear with the first ones.")
+    left, right = st.columns(2)
+    with left:
+        chart = plots.edit_distance_chart(data)
+        if chart is None:
+            st.caption("Edit distance: no example was written from a prompt yet.")
+        else:
+            st.altair_chart(chart, width="stretch")
+    with right:
+        unit = st.radio("Length in", ["words", "chars"], horizontal=True, key=f"researcher_dash_unit_{round_id}",
+                        format_func=lambda u: "words" if u == "words" else "characters")
+        chart = plots.length_chart(data, unit)
+        if chart is not None:
+            st.altair_chart(chart, width="stretch")
+    left, right = st.columns(2)
+    with left:
+        chart = plots.worker_agreement_chart(data)
+        if chart is None:
+            st.caption("Validators' agreement: nobody has labelled enough examples to be judged yet.")
+        else:
+            st.altair_chart(chart, width="stretch")
+    with right:
+        gold = st.radio("Model prediction against", ["majority", "target"], horizontal=True,
+                        key=f"researcher_dash_gold_{round_id}",
+                        format_func=lambda g: "validated majority" if g == "majority" else "writer's target")
+        chart = plots.confusion_chart(data, gold)
+        if chart is None:
+            st.caption("No validated example with a majority label yet." if gold == "majority"
+                       else "No example yet.")
+        else:
+            st.altair_chart(chart, width="stretch")
+    headline = plots.summary(data)
+    if headline["model_accuracy"] is not None:
+        st.caption(f"The model agrees with the validated majority on {percent(headline['model_accuracy'])} of the "
+                   f"{headline['with_majority']:,} examples that have one.")
+    agreement = plots.agreement_frame(data)
+    if not agreement.empty:
+        with st.expander("Validators"):
+            st.dataframe(pd.DataFrame({
+                "validator": agreement["username"], "labels": agreement["labels"], "judged": agreement["judged"],
+                "agreement with the majority": agreement["agreement_rate"], "status": agreement["status"],
+            }), hide_index=True, key=f"researcher_dash_validators_{round_id}")
+
+
+def live(client: Any, round_id: int) -> None:
+    """The part of the page that reloads: statistics, then plots."""
+    try:
+        stats = client.round_stats(round_id)
+        data = client.plot_data(round_id)
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    metrics(stats)
+    charts(data, round_id)
+
+
+def main() -> None:
+    client = state.require_role("researcher")
+    st.title("Dashboard")
+    state.show_flash()
+    task = choose_task(client, "researcher_dash_task")
+    if task is None:
+        st.info("No task yet: create one on the Tasks and rounds page.")
+        return
+    round_ = choose_round(client, task, "researcher_dash_round")
+    if round_ is None:
+        st.info("This task has no round yet: open one on the Tasks and rounds page.")
+        return
+    top = st.columns([1, 1, 2])
+    auto = top[0].toggle("Auto-refresh", key="researcher_dash_auto", value=round_["status"] == "collecting")
+    every = top[1].selectbox("Every (seconds)", REFRESH_CHOICES, key="researcher_dash_every", disabled=not auto)
+    top[2].text(f"Round {round_['number']}: {round_['status']}")
+    # A fragment reruns alone: with auto-refresh only the figures reload, not the selectors.
+    st.fragment(live, run_every=every if auto else None)(client, round_["id"])
+
+
+main()

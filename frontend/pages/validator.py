@@ -1,0 +1,170 @@
+"""The validator's page (DynaSent App. B, Fig. 4): the instructions, then a batch of up to
+10 sentences written by others, one card each, labelled with the task's validation labels.
+
+Each card is sent to the API as soon as the validator saves it, with an idempotency key of
+its own, so nothing is lost: a reload asks the API for the batch again, and the API returns
+the examples this validator still holds (those not yet labelled), then fills up with new ones.
+
+Keyboard use: Tab moves between cards' controls; inside a label group the arrow keys pick a
+label (radio buttons), Space ticks the flag box or toggles an emotion (multi-label pills),
+and Enter on "Save label" (or in the reason field) saves the card.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import streamlit as st
+
+from frontend import render, state
+from frontend.client import ApiError
+
+BATCH_KEY = "validator_batch"
+SHOWN_AT_KEY = "validator_shown_at"
+
+
+def choose_round(client: Any) -> dict[str, Any] | None:
+    try:
+        rounds = [r for r in client.open_rounds() if r["status"] in ("collecting", "validating")]
+    except ApiError as error:
+        state.show_api_error(error)
+        return None
+    if not rounds:
+        st.info("No round needs labels right now. Please check back later.")
+        return None
+    if len(rounds) == 1:
+        return rounds[0]
+    by_id = {r["id"]: r for r in rounds}
+    chosen = st.selectbox("Task", list(by_id), key="validator_round_id",
+                          format_func=lambda rid: f"{by_id[rid]['task']} (round {by_id[rid]['number']})")
+    return by_id[chosen]
+
+
+def current_batch(client: Any, round_id: int) -> dict[str, Any] | None:
+    """The batch being labelled, kept in the session; fetched from the API when there is none
+    (first visit, a reload, or "Next batch")."""
+    batch = st.session_state.get(BATCH_KEY)
+    if batch is not None and batch["round_id"] == round_id:
+        return batch
+    try:
+        answer = client.validation_batch(round_id)
+    except ApiError as error:
+        state.show_api_error(error)
+        return None
+    batch = {"round_id": round_id, "labels": answer["validation_labels"], "multi_label": answer["multi_label"],
+             "items": answer["data"], "done": {}}
+    st.session_state[BATCH_KEY] = batch
+    return batch
+
+
+def _sentence(item: dict[str, Any], lang: str | None) -> None:
+    span = item.get("target_span")
+    if span:
+        render.show_html(render.highlight_html(item["text"], int(span["start"]), int(span["end"]), lang=lang))
+        st.caption("Rate the sentiment towards the highlighted target only.")
+    else:
+        render.show_text(item["text"], lang=lang)
+
+
+def _save(client: Any, batch: dict[str, Any], example_id: int, label: str | list[str], flagged: bool,
+          reason: str) -> None:
+    shown_at = st.session_state.get(SHOWN_AT_KEY, {}).get(example_id)
+    seconds = time.time() - shown_at if shown_at else None
+    try:
+        saved = client.validate(example_id, label, flagged=flagged, flag_reason=reason or None,
+                                seconds_taken=seconds)
+    except ApiError as error:
+        if error.status == 409:
+            # Labels cannot change, and a full example takes no more: the card is finished.
+            batch["done"][example_id] = {"label": [], "flagged": False, "note": error.message}
+            st.rerun()
+        state.show_api_error(error)
+        return
+    batch["done"][example_id] = {"label": saved["label"], "flagged": saved["flagged"], "note": None}
+    st.rerun()
+
+
+def card(client: Any, batch: dict[str, Any], index: int, item: dict[str, Any], definition: dict[str, Any]) -> None:
+    example_id = item["example_id"]
+    labels = batch["labels"]
+    lang = definition.get("language")
+    with st.container(border=True):
+        st.caption(f"Sentence {index} of {len(batch['items'])}")
+        _sentence(item, lang)
+        done = batch["done"].get(example_id)
+        if done is not None:
+            if done.get("note"):
+                render.alert("info", done["note"])
+            else:
+                flag = " (flagged)" if done["flagged"] else ""
+                st.success(f"Saved: **{render.labels_text(done['label'], ', ')}**{flag}")
+            return
+        st.session_state.setdefault(SHOWN_AT_KEY, {}).setdefault(example_id, time.time())
+        with st.form(f"validator_form_{example_id}", border=False):
+            if batch["multi_label"]:
+                choice: Any = st.pills("Choose every label that applies", labels, selection_mode="multi",
+                                       format_func=render.label_name, key=f"validator_label_{example_id}")
+            else:
+                choice = st.radio("Label", labels, index=None, horizontal=True, format_func=render.label_name,
+                                  key=f"validator_label_{example_id}")
+            flagged = st.checkbox("Flag this sentence (spam, an advert, personal data, not a real sentence, ...)",
+                                  key=f"validator_flag_{example_id}")
+            reason = st.text_input("Reason for the flag (optional)", max_chars=1000,
+                                   key=f"validator_reason_{example_id}")
+            saved = st.form_submit_button("Save label", type="primary", key=f"validator_save_{example_id}")
+        if not saved:
+            return
+        reason = (reason or "").strip()
+        chosen = list(choice or []) if batch["multi_label"] else [choice] if choice else []
+        exclusive = [label for label in definition.get("exclusive_labels") or [] if label in chosen]
+        if not chosen:
+            st.warning("Choose a label first.")
+        elif exclusive and len(chosen) > 1:
+            st.warning(f"{render.label_name(exclusive[0])} cannot be combined with other labels; choose it alone.")
+        elif reason and not flagged:
+            st.warning("Tick the flag box to send a reason, or clear the reason.")
+        else:
+            _save(client, batch, example_id, chosen if batch["multi_label"] else chosen[0], flagged, reason)
+
+
+def main() -> None:
+    client = state.require_role("validator")
+    st.title("Validate")
+    state.show_flash()
+    round_ = choose_round(client)
+    if round_ is None:
+        return
+    try:
+        task = state.task_definition(client, round_["task"])
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    definition = task["definition"]
+    st.caption(task["title"])
+    with st.expander("Instructions", expanded=BATCH_KEY not in st.session_state):
+        st.markdown(definition.get("validator_instructions") or "Label each sentence.")
+    batch = current_batch(client, round_["id"])
+    if batch is None:
+        return
+    items = batch["items"]
+    if not items:
+        st.info("Nothing to label in this round right now: every sentence has its labels or is held by other "
+                "validators. Please check again later.")
+        if st.button("Check again", key="validator_check_again"):
+            st.session_state.pop(BATCH_KEY, None)
+            st.rerun()
+        return
+    labelled = len(batch["done"])
+    st.progress(labelled / len(items), text=f"{labelled} of {len(items)} labelled")
+    for index, item in enumerate(items, start=1):
+        card(client, batch, index, item, definition)
+    if labelled == len(items):
+        st.success("Batch done. Thank you!")
+        if st.button("Next batch", type="primary", key="validator_next_batch"):
+            st.session_state.pop(BATCH_KEY, None)
+            st.session_state.pop(SHOWN_AT_KEY, None)
+            st.rerun()
+
+
+main()

@@ -1,0 +1,147 @@
+"""Session state shared by every page: the API client, the signed-in user and role checks.
+
+Keys in ``st.session_state`` that more than one page relies on:
+
+``client``
+    An API client to use instead of building one: tests put a fake there
+    (``tests/frontend_fakes.py``). Never cleared by :func:`logout`.
+``token``, ``user``, ``roles``
+    The signed-in user's API token, their ``/me`` record and its roles; set by
+    :func:`login`, removed by :func:`logout`.
+``flash``
+    A ``(kind, markdown)`` pair a page shows once at its top after a rerun (see :func:`flash`).
+
+Each page keeps its own keys under a prefix (``writer_``, ``validator_``, ``researcher_``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import streamlit as st
+
+from frontend import render
+from frontend.client import ApiClient, ApiError, api_root
+
+API_URL_ENV = "DYNALOOP_API_URL"
+DEFAULT_API_URL = "http://127.0.0.1:8000"
+
+CLIENT_KEY = "client"
+TOKEN_KEY = "token"
+USER_KEY = "user"
+ROLES_KEY = "roles"
+FLASH_KEY = "flash"
+_BUILT_CLIENT_KEY = "_api_client"
+_TASK_CACHE_KEY = "_task_definitions"
+
+FlashKind = Literal["success", "info", "warning", "error"]
+
+
+def api_url() -> str:
+    """Where the API is: ``$DYNALOOP_API_URL`` (``http://host:port``, with or without ``/api/v1``)."""
+    return os.environ.get(API_URL_ENV) or DEFAULT_API_URL
+
+
+def get_client() -> ApiClient:
+    """The session's API client: the injected ``st.session_state["client"]`` if there is one
+    (a stand-in with the same methods, in tests), else an :class:`ApiClient` for
+    :func:`api_url` with the signed-in user's token."""
+    token = st.session_state.get(TOKEN_KEY)
+    injected = st.session_state.get(CLIENT_KEY)
+    if injected is not None:
+        if token and getattr(injected, "token", None) != token:
+            injected.token = token
+        return injected  # type: ignore[no-any-return]
+    built: ApiClient | None = st.session_state.get(_BUILT_CLIENT_KEY)
+    if built is None or built.base_url != api_root(api_url()) or (token and built.token != token):
+        if built is not None:
+            built.close()
+        built = ApiClient(api_url(), token)
+        st.session_state[_BUILT_CLIENT_KEY] = built
+    return built
+
+
+def login(token: str, user: dict[str, Any]) -> None:
+    """Remember who signed in; the next :func:`get_client` sends their token."""
+    st.session_state[TOKEN_KEY] = token
+    st.session_state[USER_KEY] = dict(user)
+    st.session_state[ROLES_KEY] = list(user.get("roles") or [])
+    get_client().token = token
+
+
+def logout() -> None:
+    """Forget the user and everything the pages kept for them (the injected client stays)."""
+    built = st.session_state.get(_BUILT_CLIENT_KEY)
+    if built is not None:
+        built.close()
+    injected = st.session_state.get(CLIENT_KEY)
+    if injected is not None:
+        injected.token = None
+    for key in list(st.session_state.keys()):
+        if key != CLIENT_KEY:
+            del st.session_state[key]
+
+
+def is_logged_in() -> bool:
+    return bool(st.session_state.get(TOKEN_KEY))
+
+
+def current_user() -> dict[str, Any] | None:
+    return st.session_state.get(USER_KEY)
+
+
+def roles() -> list[str]:
+    return list(st.session_state.get(ROLES_KEY) or [])
+
+
+def has_role(*wanted: str) -> bool:
+    """An admin passes every role check, as in the API."""
+    mine = roles()
+    return "admin" in mine or any(role in mine for role in wanted)
+
+
+def require_role(*wanted: str) -> ApiClient:
+    """The guard at the top of each page: stop unless the user is signed in with one of
+    ``wanted``; returns the API client."""
+    if not is_logged_in():
+        st.warning("Log in first.")
+        st.stop()
+    if not has_role(*wanted):
+        st.error(f"This page needs the {' or '.join(wanted)} role; your roles: {', '.join(roles()) or 'none'}.")
+        st.stop()
+    return get_client()
+
+
+def flash(kind: FlashKind, message: str) -> None:
+    """Show ``message`` (Markdown: escape user text in it) once, at the top of the page,
+    after the next rerun."""
+    st.session_state[FLASH_KEY] = (kind, message)
+
+
+def show_flash() -> None:
+    pending = st.session_state.pop(FLASH_KEY, None)
+    if pending:
+        kind, message = pending
+        getattr(st, kind)(message)
+
+
+def show_api_error(error: ApiError) -> None:
+    """Show the API's message as it is; a 401 (an expired or revoked token) offers to log in again."""
+    if error.status == 401:
+        render.alert("error", error.message)
+        if st.button("Log in again", key="state_relogin"):
+            logout()
+            st.rerun()
+    elif error.status in (0, 503):
+        render.alert("warning", error.message)
+    else:
+        render.alert("error", error.message)
+
+
+def task_definition(client: ApiClient, name: str) -> dict[str, Any]:
+    """``GET /tasks/{name}``, once per session (a task's definition never changes)."""
+    cache: dict[str, dict[str, Any]] = st.session_state.setdefault(_TASK_CACHE_KEY, {})
+    if name not in cache:
+        cache[name] = client.task(name)
+    return cache[name]

@@ -1,0 +1,685 @@
+"""Jobs: retraining, evaluation and promotion started through the API, run in their own process.
+
+Training a model takes minutes to hours and must never run inside an API process (it would
+hold a worker, and a restart would lose it). The API therefore records a :class:`Job` row
+(:func:`create_job`, which validates the parameters) and starts ``python -m dynaloop.cli job
+run ID`` as a detached process (:func:`spawn_job`); that process calls :func:`run_job`, which
+does the work and writes its progress, message and the tail of its log to the row in short
+transactions, so a researcher's page can poll ``GET /api/v1/jobs/{id}``.
+
+Kinds (the DESIGN.md round builder's steps 6 and 7 behind buttons):
+
+* ``train``: :func:`rounds.train.train_model` from the base checkpoint on a data mix (default:
+  every built round's train split, with the newest built round's dev split for early
+  stopping), then :func:`rounds.registry.register_model`;
+* ``evaluate``: :func:`rounds.evaluate.evaluate_model` on every built round's dev and test
+  split, then :func:`rounds.registry.record_evaluation`;
+* ``promote``: :func:`rounds.registry.promote` (hot swap on the model server, then the
+  registry). The model server's admin token comes from the settings or the request and is
+  handed to the process in its environment: it is never stored in the row or its log.
+
+A job never hangs as *running*: every failure is recorded with a message that says what
+happened, and a job whose process is gone (killed, out of memory, machine restarted) is
+marked failed when it is next read (:func:`check_process`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from rounds.datasets import DataError, DataMix, SourceSpec
+from services.db.models import (
+    Job,
+    JobKind,
+    JobStatus,
+    ModelVersion,
+    ModelVersionStatus,
+    Round,
+    RoundBuild,
+    Task,
+    User,
+    utcnow,
+)
+from services.domain import audit
+from services.domain.rounds import check_endpoints
+from services.domain.tasks import definition_of
+from services.errors import Conflict, DomainError, Invalid, NotFound
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ACTIVE", "EvaluateParams", "JobRunner", "PromoteParams", "TrainParams", "check_process", "create_job",
+           "default_mix", "get_job", "list_jobs", "parse_params", "run_job", "spawn_job", "start_job"]
+
+ACTIVE = (JobStatus.queued, JobStatus.running)
+#: Characters of log kept in the row: the newest lines (the full log is in the job's log file).
+LOG_LIMIT = 20_000
+#: Progress is written at most this often (plus at every milestone).
+PROGRESS_INTERVAL_S = 1.0
+#: A queued job whose process never reported a pid after this long did not start.
+START_TIMEOUT = dt.timedelta(minutes=5)
+ADMIN_TOKEN_ENV = "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN"
+MAX_ID = 2**31 - 1  # ids are INTEGER columns (services.api.deps.MAX_ID)
+OWN_LOGGERS = ("rounds", "model_server", "services", "dynaloop")
+
+
+# --- parameters --------------------------------------------------------------------------
+
+
+class TrainParams(BaseModel):
+    """``POST /tasks/{task}/jobs`` with ``kind: train``: the options of `dynaloop round train`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mix: DataMix | None = Field(
+        None, description="A data mix (the YAML of `dynaloop round train --mix`, as JSON). Default: every "
+        "built round's train split, and the newest built round's dev split for early stopping.")
+    epochs: int = Field(3, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=4096)
+    learning_rate: float = Field(2e-5, gt=0, le=1)
+    max_length: int = Field(128, ge=8, le=8192)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    class_weights: Literal["none", "balanced"] | dict[str, float] = "none"
+    patience: int = Field(2, ge=0, le=1000, description="Epochs without a better dev macro-F1; 0: never stop early.")
+    round: int | None = Field(None, ge=1, description="The round this model will serve (the next one to collect).")
+    base: str | None = Field(None, max_length=1000, description="Backbone checkpoint folder on the server; "
+                             "default: the packaged MiniLM.")
+    model_id: str | None = Field(None, min_length=1, max_length=150, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                 description="Default: TASK-for-round-N, or TASK-job-ID without a round.")
+    cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
+    tiny: bool = Field(False, description="Tests only: a tiny random BERT replaces the base.")
+
+    @field_validator("class_weights")
+    @classmethod
+    def _positive_weights(cls, value: Any) -> Any:
+        if isinstance(value, dict) and any(w <= 0 for w in value.values()):
+            raise ValueError("class weights must be positive")
+        return value
+
+
+class EvaluateParams(BaseModel):
+    """``kind: evaluate``: score a registered model on every built round's dev and test split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_id: int = Field(ge=1, le=MAX_ID, description="The model's registry id (GET /tasks/{task}/models).")
+    batch_size: int = Field(64, ge=1, le=4096)
+
+
+class PromoteParams(BaseModel):
+    """``kind: promote``: hot-swap a model server to a registered model, then mark it promoted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_id: int = Field(ge=1, le=MAX_ID, description="The model's registry id.")
+    endpoint: str = Field(min_length=1, max_length=500, description="The running model server, e.g. "
+                          "http://127.0.0.1:8001.")
+    force: bool = Field(False, description="Promote a model that was never evaluated.")
+    admin_token: SecretStr | None = Field(
+        None, description="The model server's admin token; default: the API's DYNALOOP_MODEL_SERVER_ADMIN_TOKEN. "
+        "Never stored.")
+
+
+PARAMS: dict[JobKind, type[BaseModel]] = {JobKind.train: TrainParams, JobKind.evaluate: EvaluateParams,
+                                          JobKind.promote: PromoteParams}
+
+
+def _problems(exc: ValidationError, prefix: str) -> list[str]:
+    problems = []
+    for error in exc.errors():
+        loc = ".".join(str(part) for part in (prefix, *error.get("loc", ())))
+        if error.get("type") == "extra_forbidden":
+            problems.append(f"{loc}: is not a known field; remove it")
+        elif error.get("type") == "missing":
+            problems.append(f"{loc}: is required")
+        else:
+            problems.append(f"{loc}: {error.get('msg')}")
+    return problems
+
+
+def parse_params(kind: JobKind | str, params: dict[str, Any] | None) -> BaseModel:
+    """The parameters of a job of ``kind``, validated; :class:`Invalid` lists every problem."""
+    try:
+        kind = JobKind(kind)
+    except ValueError as exc:
+        raise Invalid(f"kind {kind!r} is not a job kind; use one of {[k.value for k in JobKind]}") from exc
+    try:
+        return PARAMS[kind].model_validate(params or {})
+    except ValidationError as exc:
+        problems = _problems(exc, "params")
+        raise Invalid("; ".join(problems), problems=problems) from exc
+
+
+# --- creating and reading ------------------------------------------------------------------
+
+
+def _built_rounds(session: Session, task: Task) -> list[int]:
+    return list(session.scalars(
+        select(Round.number).where(Round.task_id == task.id, Round.id.in_(select(RoundBuild.round_id)))
+        .order_by(Round.number)))
+
+
+def default_mix(session: Session, task: Task) -> DataMix:
+    """Every built round's train split, and the newest built round's dev split (DynaSent §5.3:
+    the next model trains on all rounds at once)."""
+    numbers = _built_rounds(session, task)
+    if not numbers:
+        raise Invalid(f"task {task.name!r} has no built round to train on; close a round and build it first "
+                      "(POST /rounds/{id}/build), or give a `mix`")
+    return DataMix(train=[SourceSpec(round=n, split="train") for n in numbers],
+                   dev=SourceSpec(round=numbers[-1], split="dev"))
+
+
+def _check_mix(session: Session, task: Task, mix: DataMix, data_dir: Path) -> DataMix:
+    built = set(_built_rounds(session, task))
+    existing = set(session.scalars(select(Round.number).where(Round.task_id == task.id)))
+    for source in [*mix.train, *([mix.dev] if mix.dev else []), *mix.evaluate]:
+        if source.round is not None:
+            if source.round not in existing:
+                raise Invalid(f"params.mix: task {task.name!r} has no round {source.round}")
+            if source.round not in built:
+                raise Invalid(f"params.mix: round {source.round} of {task.name!r} has not been built; build it first")
+        if source.file is not None:
+            # Relative file paths are relative to the server's data folder.
+            path = source.file if source.file.is_absolute() else (data_dir / source.file)
+            source.file = path.resolve()
+            if not source.file.is_file():
+                raise Invalid(f"params.mix: {source.describe()}: there is no file {source.file} on the server")
+    return mix
+
+
+def _model_of(session: Session, task: Task, model_id: int) -> ModelVersion:
+    model = session.get(ModelVersion, model_id)
+    if model is None or model.task_id != task.id:
+        known = [f"{m.id} ({m.name})" for m in session.scalars(
+            select(ModelVersion).where(ModelVersion.task_id == task.id).order_by(ModelVersion.id))]
+        raise Invalid(f"params.model_id: task {task.name!r} has no model {model_id}; registered: "
+                      f"{', '.join(known) or 'none (train one first)'}")
+    return model
+
+
+def create_job(session: Session, actor: User | None, task: Task, kind: JobKind | str, params: dict[str, Any] | None,
+               *, data_dir: Path, admin_token: str | None = None) -> tuple[Job, str | None]:
+    """Validate ``params`` for ``kind`` and record a queued job.
+
+    Returns the job and the model server admin token its process needs (promote jobs: the
+    one in ``params``, else ``admin_token`` from the settings), which is never stored. A second
+    train job for a task while one is queued or running is a :class:`Conflict`."""
+    parsed = parse_params(kind, params)
+    kind = JobKind(kind)
+    secret: str | None = None
+    definition = definition_of(task)
+    if isinstance(parsed, TrainParams):
+        # Lock the task row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises) so two
+        # concurrent requests cannot both start a training run.
+        session.execute(select(Task.id).where(Task.id == task.id).with_for_update())
+        for other in session.scalars(select(Job).where(Job.task_id == task.id, Job.kind == JobKind.train,
+                                                       Job.status.in_(ACTIVE))):
+            check_process(session, other)
+            if other.status in ACTIVE:
+                raise Conflict(f"train job {other.id} of task {task.name!r} is still {other.status.value}; wait for "
+                               f"it to finish (GET /api/v1/jobs/{other.id})", job_id=other.id)
+        parsed.mix = _check_mix(session, task, parsed.mix or default_mix(session, task), data_dir)
+        if isinstance(parsed.class_weights, dict):
+            unknown = sorted(set(parsed.class_weights) - set(definition.labels))
+            if unknown:
+                raise Invalid(f"params.class_weights: {unknown} are not labels of {task.name!r}; its labels are "
+                              f"{list(definition.labels)}")
+        if parsed.base is not None and not parsed.tiny and not Path(parsed.base).is_dir():
+            raise Invalid(f"params.base: {parsed.base} is not a folder on the server")
+        if parsed.base is not None and parsed.tiny:
+            raise Invalid("params: give base or tiny, not both")
+    elif isinstance(parsed, EvaluateParams):
+        _model_of(session, task, parsed.model_id)
+        if not _built_rounds(session, task):
+            raise Invalid(f"task {task.name!r} has no built round to evaluate on; build a round first")
+    elif isinstance(parsed, PromoteParams):
+        model = _model_of(session, task, parsed.model_id)
+        parsed.endpoint = check_endpoints([parsed.endpoint])[0]
+        if model.status is ModelVersionStatus.trained and not parsed.force:
+            raise Conflict(f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the "
+                           "loop; run an evaluate job first, or set force to promote it anyway")
+        secret = parsed.admin_token.get_secret_value() if parsed.admin_token else admin_token
+        if not secret:
+            raise Invalid("params.admin_token: give the model server's admin token, or start the API with "
+                          f"{ADMIN_TOKEN_ENV} set")
+    stored = parsed.model_dump(mode="json", exclude={"admin_token"}, exclude_none=True)
+    job = Job(kind=kind, task_id=task.id, status=JobStatus.queued, progress=0.0, message="queued",
+              params=stored, log="", created_by_id=actor.id if actor else None)
+    session.add(job)
+    session.flush()
+    audit.record(session, actor, f"job.{kind.value}", "job", job.id, task=task.name, params=stored)
+    return job, secret
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"there is no job {job_id}")
+    check_process(session, job)
+    return job
+
+
+def list_jobs(session: Session, task: Task, *, kind: JobKind | None = None, status: JobStatus | None = None,
+              limit: int = 50) -> list[Job]:
+    """The task's jobs, newest first."""
+    query = select(Job).where(Job.task_id == task.id)
+    if kind is not None:
+        query = query.where(Job.kind == kind)
+    if status is not None:
+        query = query.where(Job.status == status)
+    found = list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
+    for job in found:
+        check_process(session, job)
+    if status is not None:
+        found = [job for job in found if job.status is status]
+    return found
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # someone else's process: it exists
+        return True
+
+
+def check_process(session: Session, job: Job) -> bool:
+    """Mark a queued or running job failed when its process is gone; True when it did so.
+
+    Only a process on this machine can be checked (``host``); a job on another machine is left
+    to its own host's API to judge. The update is conditional, so a job that finished at the
+    same moment keeps its result."""
+    if job.status not in ACTIVE:
+        return False
+    if job.pid is None:
+        if utcnow() - job.created_at < START_TIMEOUT:
+            return False
+        message = (f"the job's process never started (no process picked it up within "
+                   f"{int(START_TIMEOUT.total_seconds() // 60)} minutes); start it again")
+    elif job.host != socket.gethostname() or _process_alive(job.pid):
+        return False
+    else:
+        message = (f"the job's process (pid {job.pid}) ended without reporting a result: it was killed, ran out of "
+                   "memory, or the machine restarted; see the job's log and start it again")
+    same_process = Job.pid.is_(None) if job.pid is None else Job.pid == job.pid
+    changed = session.execute(
+        update(Job).where(Job.id == job.id, Job.status.in_(ACTIVE), same_process)
+        .values(status=JobStatus.failed, message=message, finished_at=utcnow())
+        .execution_options(synchronize_session=False)).rowcount
+    session.refresh(job)
+    if changed:
+        logger.warning("job %s: %s", job.id, message)
+    return bool(changed)
+
+
+# --- starting the process ------------------------------------------------------------------
+
+
+def job_log_path(data_dir: Path, job_id: int) -> Path:
+    return Path(data_dir) / "jobs" / f"job-{job_id}.log"
+
+
+def spawn_job(job_id: int, *, database_url: str, data_dir: Path,
+              admin_token: str | None = None) -> subprocess.Popen[bytes]:
+    """Start ``python -m dynaloop.cli job run JOB_ID`` detached from this process.
+
+    The database URL (which may hold a password) and the admin token travel in the child's
+    environment, never on its command line (``ps`` shows that to every user). Its output goes
+    to ``DATA_DIR/jobs/job-ID.log``. A thread waits for the child so it never lingers as a
+    zombie that would look alive."""
+    log_path = job_log_path(data_dir, job_id)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(DYNALOOP_DATABASE_URL=database_url, DYNALOOP_DATA_DIR=str(Path(data_dir).resolve()),
+               PYTHONUNBUFFERED="1")
+    env.pop(ADMIN_TOKEN_ENV, None)
+    if admin_token:
+        env[ADMIN_TOKEN_ENV] = admin_token
+    with log_path.open("ab") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "dynaloop.cli", "job", "run", str(job_id)], env=env,
+                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    threading.Thread(target=popen.wait, name=f"dynaloop-job-{job_id}-reaper", daemon=True).start()
+    return popen
+
+
+def start_job(factory: sessionmaker[Session], job_id: int, *, database_url: str, data_dir: Path,
+              admin_token: str | None = None,
+              spawn: Callable[..., subprocess.Popen[bytes]] = spawn_job) -> None:
+    """Spawn the job's process and record its pid; a failure to start is recorded on the job."""
+    try:
+        popen = spawn(job_id, database_url=database_url, data_dir=data_dir, admin_token=admin_token)
+    except OSError as exc:
+        with factory.begin() as session:
+            session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.queued).values(
+                status=JobStatus.failed, message=f"could not start the job's process: {exc}", finished_at=utcnow()))
+        return
+    with factory.begin() as session:
+        session.execute(update(Job).where(Job.id == job_id, Job.pid.is_(None)).values(
+            pid=popen.pid, host=socket.gethostname()))
+
+
+# --- running ----------------------------------------------------------------------------
+
+
+class JobRunner:
+    """Writes a running job's progress, message and log tail, each in a short transaction
+    (throttled to one write per :data:`PROGRESS_INTERVAL_S` unless forced)."""
+
+    def __init__(self, factory: sessionmaker[Session], job_id: int, secrets: Sequence[str] = ()) -> None:
+        self.factory = factory
+        self.job_id = job_id
+        self.secrets = [s for s in secrets if s]
+        self._lines: list[str] = []
+        self._size = 0
+        self._last_write = 0.0
+        self._progress = 0.0
+        self._message = ""
+        self._lock = threading.Lock()
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def log(self, line: str) -> None:
+        """Add a line (with the time) to the log tail; it is written with the next progress."""
+        line = f"{time.strftime('%H:%M:%S')} {self.redact(line.rstrip())}"
+        with self._lock:
+            self._lines.append(line)
+            self._size += len(line) + 1
+            while self._size > LOG_LIMIT and len(self._lines) > 1:
+                self._size -= len(self._lines.pop(0)) + 1
+
+    def tail(self) -> str:
+        with self._lock:
+            text = "\n".join(self._lines)
+        return text[-LOG_LIMIT:]
+
+    def progress(self, fraction: float | None, message: str | None = None, *, force: bool = False,
+                 log: bool = True) -> None:
+        """Set the progress (0-1; it never goes backwards; None keeps it) and the message, which
+        also goes to the log unless ``log`` is false (per-step messages would flood it)."""
+        if fraction is not None:
+            self._progress = min(max(float(fraction), self._progress), 1.0)
+        if message is not None and message != self._message:
+            self._message = self.redact(message)
+            if log:
+                self.log(self._message)
+        now = time.monotonic()
+        if not force and now - self._last_write < PROGRESS_INTERVAL_S:
+            return
+        self._last_write = now
+        with self.factory.begin() as session:
+            session.execute(update(Job).where(Job.id == self.job_id, Job.status == JobStatus.running).values(
+                progress=round(self._progress, 4), message=self._message[:2000], log=self.tail()))
+
+    def finish(self, status: JobStatus, message: str, result: dict[str, Any] | None = None) -> None:
+        message = self.redact(message)
+        self.log(message)
+        values: dict[str, Any] = {"status": status, "message": message[:2000], "log": self.tail(),
+                                  "finished_at": utcnow(), "result": result}
+        if status is JobStatus.succeeded:
+            values["progress"] = 1.0
+        else:
+            values["progress"] = round(self._progress, 4)
+        with self.factory.begin() as session:
+            session.execute(update(Job).where(Job.id == self.job_id).values(**values))
+
+
+class _LogToJob(logging.Handler):
+    def __init__(self, runner: JobRunner) -> None:
+        super().__init__(level=logging.INFO)
+        self.runner = runner
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # Our own INFO lines (per-epoch figures); only warnings and errors of the libraries
+        # (Accelerate's "saved checkpoint" lines, our own SQL and HTTP calls are noise).
+        if record.levelno < logging.WARNING and not record.name.startswith(OWN_LOGGERS):
+            return
+        try:
+            self.runner.log(self.format(record))
+        except Exception:  # a log line must never break the job
+            self.handleError(record)
+
+
+@dataclass
+class _Context:
+    factory: sessionmaker[Session]
+    job_id: int
+    kind: JobKind
+    task_id: int
+    task_name: str
+    actor_id: int | None
+    params: dict[str, Any]
+    data_dir: Path
+    runner: JobRunner
+
+
+def _claim(factory: sessionmaker[Session], job_id: int) -> tuple[JobKind, int, str, int | None, dict[str, Any]]:
+    with factory.begin() as session:
+        job = session.scalar(select(Job).where(Job.id == job_id).with_for_update())
+        if job is None:
+            raise NotFound(f"there is no job {job_id}")
+        if job.status is not JobStatus.queued:
+            raise Conflict(f"job {job_id} is {job.status.value}; a job runs once (start a new one)")
+        job.status = JobStatus.running
+        job.started_at = utcnow()
+        job.pid = os.getpid()
+        job.host = socket.gethostname()
+        job.message = "starting"
+        return job.kind, job.task_id, job.task.name, job.created_by_id, dict(job.params or {})
+
+
+def _failure_message(exc: BaseException) -> str:
+    from model_server.metadata import ModelMetadataError
+    from rounds.evaluate import EvaluationError
+    from rounds.train import TrainingError
+
+    if isinstance(exc, DomainError):
+        return exc.message
+    if isinstance(exc, DataError | TrainingError | EvaluationError | ModelMetadataError):
+        return str(exc)
+    if isinstance(exc, ValidationError):
+        return "; ".join(_problems(exc, "params"))
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return "the job was interrupted (its process was stopped); start it again"
+    return f"unexpected {type(exc).__name__}: {exc}"
+
+
+def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path,
+            admin_token: str | None = None) -> Job:
+    """Run queued job ``job_id`` in this process and return the finished row.
+
+    Failures are recorded on the job (status *failed*, a message that says what happened, the
+    traceback in the log for unexpected errors), not raised; only a job that does not exist or
+    is not queued raises (:class:`NotFound`, :class:`Conflict`)."""
+    kind, task_id, task_name, actor_id, params = _claim(factory, job_id)
+    runner = JobRunner(factory, job_id, secrets=[admin_token or ""])
+    context = _Context(factory, job_id, kind, task_id, task_name, actor_id, params, Path(data_dir), runner)
+    handler = _LogToJob(runner)
+    root, ours = logging.getLogger(), logging.getLogger("rounds")
+    saved_level = ours.level
+    root.addHandler(handler)
+    if ours.getEffectiveLevel() > logging.INFO:
+        ours.setLevel(logging.INFO)  # the trainer's per-epoch lines belong in the job's log
+    try:
+        runner.progress(0.0, f"{kind.value} job for task {task_name} started (pid {os.getpid()})", force=True)
+        if kind is JobKind.train:
+            result = _train(context)
+        elif kind is JobKind.evaluate:
+            result = _evaluate(context)
+        else:
+            result = _promote(context, admin_token)
+        runner.finish(JobStatus.succeeded, result.pop("message"), result)
+    except BaseException as exc:  # noqa: BLE001 - every failure, even an interrupt, is recorded
+        message = _failure_message(exc)
+        if not isinstance(exc, DomainError | DataError | ValidationError | KeyboardInterrupt | SystemExit):
+            runner.log(traceback.format_exc())
+        try:
+            runner.finish(JobStatus.failed, message)
+        except Exception:  # the database is gone too: the next read sees the dead process
+            logger.exception("could not record the failure of job %s", job_id)
+        logger.error("job %s failed: %s", job_id, runner.redact(message))
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+    finally:
+        root.removeHandler(handler)
+        ours.setLevel(saved_level)
+    with factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        session.expunge(job)
+        return job
+
+
+def _model_summary(model: ModelVersion) -> dict[str, Any]:
+    return {"id": model.id, "name": model.name, "model_id": model.model_id, "version": model.version,
+            "status": model.status.value, "directory": model.directory}
+
+
+def _train(context: _Context) -> dict[str, Any]:
+    from model_server.init_model import init_model_dir
+    from rounds.datasets import input_format, load_source, model_labels
+    from rounds.registry import register_model
+    from rounds.train import EpochRecord, TrainConfig, train_model
+
+    params = TrainParams.model_validate(context.params)
+    runner = context.runner
+    assert params.mix is not None  # create_job fills in the default mix
+    with context.factory() as session:
+        task = session.get(Task, context.task_id)
+        assert task is not None
+        definition = definition_of(task)
+        labels = model_labels(definition)
+        multi = definition.is_multi_label
+        train_sets = [load_source(spec, labels=labels, multi_label=multi, session=session, task=task)
+                      for spec in params.mix.train]
+        dev = None if params.mix.dev is None else load_source(params.mix.dev, labels=labels, multi_label=multi,
+                                                               session=session, task=task)
+        pair_input = input_format(definition)
+    rows = sum(len(s) for s in train_sets)
+    runner.progress(0.02, f"loaded {rows:,} training rows from {len(train_sets)} source(s)"
+                    + (f"; dev {dev.name} has {len(dev):,} rows" if dev is not None else "; no dev set"), force=True)
+    family: Literal["single_label", "multi_label"] = "multi_label" if multi else "single_label"
+    model_id = params.model_id or (f"{context.task_name}-for-round-{params.round}" if params.round
+                                   else f"{context.task_name}-job-{context.job_id}")
+    out_dir = context.data_dir / "models" / f"{context.task_name}-job-{context.job_id}"
+    train_share = (0.03, 0.95)  # of the progress bar
+
+    def on_progress(step: int, total: int) -> None:
+        runner.progress(train_share[0] + (train_share[1] - train_share[0]) * step / max(total, 1),
+                        f"training: step {step:,} of {total:,}", log=False)
+
+    def on_epoch_end(record: EpochRecord) -> None:
+        dev_text = "" if record.dev_macro_f1 is None else f", dev macro-F1 {record.dev_macro_f1:.4f}"
+        # The trainer logs the same line with its throughput.
+        runner.progress(None, f"epoch {record.epoch}/{params.epochs}: train loss {record.train_loss:.4f}{dev_text}",
+                        force=True, log=False)
+
+    with tempfile.TemporaryDirectory(prefix="dynaloop-job-base-") as scratch:
+        base: Path | None = Path(params.base) if params.base else None
+        if params.tiny:
+            base = Path(scratch) / "base"
+            init_model_dir(base, labels=labels, family=family, tiny=True, seed=params.seed)
+        config = TrainConfig(base=base, epochs=params.epochs, batch_size=params.batch_size,
+                             learning_rate=params.learning_rate, max_length=params.max_length, seed=params.seed,
+                             class_weights=params.class_weights, early_stopping_patience=params.patience or None,
+                             cpu=params.cpu)
+        result = train_model(train_sets, dev, labels=labels, family=family, input_format=pair_input, config=config,
+                             out_dir=out_dir, model_id=model_id, trained_for_round=params.round,
+                             task_name=context.task_name, progress=False, on_epoch_end=on_epoch_end,
+                             on_progress=on_progress)
+    runner.progress(0.97, f"trained {model_id} version {result.metadata.version}; registering it", force=True)
+    with context.factory.begin() as session:
+        task = session.get(Task, context.task_id)
+        assert task is not None
+        actor = session.get(User, context.actor_id) if context.actor_id is not None else None
+        model = register_model(session, task, out_dir, actor=actor)
+        summary = _model_summary(model)
+    best = result.best_dev_macro_f1
+    return {"message": f"trained and registered {summary['name']} (registry id {summary['id']}): "
+                       f"{result.epochs_run} epoch(s), best epoch {result.best_epoch}"
+                       + ("" if best is None else f", dev macro-F1 {best:.4f}"),
+            "model": summary, "out_dir": str(out_dir), "epochs_run": result.epochs_run,
+            "best_epoch": result.best_epoch, "best_dev_macro_f1": best, "stopped_early": result.stopped_early,
+            "examples_per_second": round(result.examples_per_second, 2)}
+
+
+def _evaluate(context: _Context) -> dict[str, Any]:
+    from rounds.evaluate import evaluate_model, load_evaluation_sets, write_evaluation
+    from rounds.registry import jsonable, record_evaluation
+
+    params = EvaluateParams.model_validate(context.params)
+    runner = context.runner
+    with context.factory() as session:
+        task = session.get(Task, context.task_id)
+        assert task is not None
+        model = _model_of(session, task, params.model_id)
+        directory, name = model.directory, model.name
+        chosen = load_evaluation_sets(session, task)
+    for skipped in chosen.skipped:
+        runner.log(f"skipped {skipped}: it has no labelled examples")
+    if not chosen.sets:
+        raise Invalid(f"nothing to evaluate: no built round of {context.task_name!r} has labelled dev or test examples")
+    runner.progress(0.1, f"evaluating {name} on {len(chosen.sets)} set(s): "
+                    + ", ".join(s.name for s in chosen.sets), force=True)
+    evaluation = evaluate_model(directory, chosen.sets, human_f1=chosen.human_f1, batch_size=params.batch_size)
+    out_dir = context.data_dir / "evaluations" / f"{context.task_name}-job-{context.job_id}"
+    write_evaluation(evaluation, out_dir)
+    runner.progress(0.9, "recording the evaluation in the registry", force=True)
+    with context.factory.begin() as session:
+        task = session.get(Task, context.task_id)
+        assert task is not None
+        actor = session.get(User, context.actor_id) if context.actor_id is not None else None
+        model = record_evaluation(session, task, directory, evaluation.to_dict(), actor=actor)
+        summary = _model_summary(model)
+    sets = [{"name": m.name, "rows": m.rows, "macro_f1": m.macro_f1, "accuracy": m.accuracy,
+             "human_f1": m.human_f1, "solved": m.solved} for m in evaluation.sets]
+    headline = ", ".join(f"{m.name} {100 * m.macro_f1:.1f}" for m in evaluation.sets)
+    return {"message": f"evaluated {summary['name']}: macro-F1 (%) {headline}", "model": summary,
+            "sets": jsonable(sets), "out_dir": str(out_dir)}
+
+
+def _promote(context: _Context, admin_token: str | None) -> dict[str, Any]:
+    from rounds.registry import promote
+
+    params = PromoteParams.model_validate(context.params)
+    token = admin_token or os.environ.get(ADMIN_TOKEN_ENV)
+    if not token:
+        raise Invalid(f"the job has no model server admin token; the API passes it in {ADMIN_TOKEN_ENV}")
+    context.runner.secrets.append(token)
+    context.runner.progress(0.1, f"asking {params.endpoint} to load model {params.model_id}", force=True)
+    promotion = promote(context.factory, context.task_name, params.model_id, endpoint=params.endpoint,
+                        admin_token=token, force=params.force, actor_id=context.actor_id)
+    summary = _model_summary(promotion.model)
+    retired = [m.name for m in promotion.retired]
+    message = f"promoted {summary['name']}: {promotion.endpoint} now serves it"
+    if retired:
+        message += f"; retired {', '.join(retired)}"
+    if promotion.rounds_updated:
+        message += f"; round(s) {', '.join(map(str, promotion.rounds_updated))} now use it"
+    return {"message": message, "model": summary, "endpoint": promotion.endpoint, "retired": retired,
+            "rounds_updated": promotion.rounds_updated}

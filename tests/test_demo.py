@@ -1,0 +1,201 @@
+"""`dynaloop demo`: the seed corpus, Model 0 and its cache, and the demo as a real process
+(model server, API, clean stop on Ctrl-C / SIGTERM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from dynaloop.demo import DEMO_PROMPTS, DEMO_TASK
+from dynaloop.model_zero import ModelZeroSpec, cache_key, ensure_model_zero, model_zero_dir
+from dynaloop.processes import RUNNING_FILE, ServiceError, Supervisor, still_running
+from dynaloop.seed_corpus import DEFAULT_PER_LABEL, SEED_LABELS, seed_corpus
+from model_server.init_model import minilm_dir
+from model_server.metadata import ModelMetadata
+from services.taskdef import example_path, load_task_definition
+from tests.demo_process import TINY_SPEC, alive, group_members, running_demo, tiny_model_cache
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_cache(tmp_path_factory.getbasetemp() / "demo-model-cache")
+
+
+# --- the seed corpus -------------------------------------------------------------------------
+
+
+def test_seed_corpus_is_balanced_distinct_and_stable() -> None:
+    corpus = seed_corpus()
+    counts = {label: sum(1 for _, row_label in corpus if row_label == label) for label in SEED_LABELS}
+    assert counts == {label: DEFAULT_PER_LABEL for label in SEED_LABELS}
+    texts = [text.lower() for text, _ in corpus]
+    assert len(set(texts)) == len(texts), "a sentence appears twice (or under two labels)"
+    assert all(3 <= len(text.split()) <= 40 and text[0].isupper() for text, _ in corpus)
+    prompts = {json.loads(line)["text"].lower() for line in DEMO_PROMPTS.read_text(encoding="utf-8").splitlines()}
+    assert not prompts & set(texts), "the demo's prompts must not be in Model 0's training data"
+    assert seed_corpus() == corpus  # deterministic: its hash keys the cache
+    # Any prefix is balanced too (labels are interleaved), so a smaller corpus stays balanced.
+    small = seed_corpus(per_label=20)
+    assert [label for _, label in small[:6]] == list(SEED_LABELS) * 2
+    assert {label: sum(1 for _, row_label in small if row_label == label) for label in SEED_LABELS} == \
+        {label: 20 for label in SEED_LABELS}
+
+
+def test_cache_key_changes_with_what_decides_the_weights() -> None:
+    keys = {cache_key(spec) for spec in (ModelZeroSpec(), ModelZeroSpec(epochs=3), ModelZeroSpec(max_length=32),
+                                         ModelZeroSpec(per_label=100), ModelZeroSpec(seed=1))}
+    assert len(keys) == 5
+    assert cache_key(ModelZeroSpec()) == cache_key(ModelZeroSpec())
+    with pytest.raises(ValueError, match="at least one epoch"):
+        ModelZeroSpec(epochs=0)
+
+
+# --- Model 0 ----------------------------------------------------------------------------------
+
+
+def test_model_zero_is_trained_once_then_cached(model_cache: Path) -> None:
+    directory = model_zero_dir(model_cache, TINY_SPEC)
+    metadata_file = directory / "dynaloop_model.json"
+    assert metadata_file.is_file()
+    before = metadata_file.stat().st_mtime_ns
+
+    again = ensure_model_zero(model_cache, TINY_SPEC, task_name=DEMO_TASK, progress=False)
+
+    assert again.directory == directory and not again.trained
+    assert metadata_file.stat().st_mtime_ns == before, "the cached Model 0 was trained again"
+    metadata = ModelMetadata.load(directory)
+    assert metadata.labels == list(SEED_LABELS) and metadata.task == DEMO_TASK
+    assert Path(metadata.base_model) == minilm_dir(), "Model 0 starts from the packaged MiniLM"
+    assert metadata.training["epochs_run"] == 1  # type: ignore[index]
+    assert not (directory / "checkpoints").exists(), "optimizer checkpoints are removed after training"
+    assert not [p for p in directory.parent.iterdir() if p.name.startswith(".training-")]
+
+
+# --- child processes ----------------------------------------------------------------------------
+
+# A service that starts a grandchild which ignores SIGTERM, then waits.
+_PARENT = """
+import subprocess, sys, time
+child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+subprocess.Popen([sys.executable, '-c', child])
+time.sleep(600)
+"""
+
+
+def test_supervisor_stops_a_service_with_everything_it_started(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    supervisor = Supervisor(logs)
+    service = supervisor.start("sleeper", [sys.executable, "-c", _PARENT], url="-", health_url="http://127.0.0.1:9")
+    deadline = time.monotonic() + 30
+    while "ready" not in service.log_path.read_text(encoding="utf-8"):
+        assert time.monotonic() < deadline and service.running()
+        time.sleep(0.1)
+    grandchildren = [child.pid for child in psutil.Process(service.pid).children()]
+    assert len(grandchildren) == 1
+    assert still_running(logs) == [f"sleeper (pid {service.pid})"]
+
+    supervisor.stop_all(timeout_s=5)
+
+    assert not alive(service.pid) and not alive(grandchildren[0]), "the SIGTERM-proof grandchild survived"
+    assert still_running(logs) == [] and not (logs / RUNNING_FILE).exists()
+
+
+def test_a_service_that_dies_while_starting_shows_its_log(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path / "logs")
+    service = supervisor.start("model server", [sys.executable, "-c", "print('cannot load the model'); exit(3)"],
+                               url="-", health_url="http://127.0.0.1:9/health")
+    try:
+        with pytest.raises(ServiceError, match=r"(?s)exited with status 3.*cannot load the model"):
+            supervisor.wait_healthy(service, timeout_s=30)
+    finally:
+        supervisor.stop_all()
+
+
+# --- the demo as a process --------------------------------------------------------------------
+
+
+def _writer_attempt(api: str) -> dict[str, object]:
+    """Log in as the demo writer, pass the quiz, take an assignment and make one attempt."""
+    with httpx.Client(base_url=f"{api}/api/v1", timeout=30) as http:
+        login = http.post("/auth/login", json={"username": "writer", "password": "writer-demo"})
+        assert login.status_code == 200, login.text
+        headers = {"Authorization": f"Bearer {login.json()['token']}"}
+        quiz = load_task_definition(example_path(DEMO_TASK)).onboarding_quiz
+        assert quiz is not None
+        answered = http.post(f"/tasks/{DEMO_TASK}/quiz/attempts", headers=headers,
+                             json={"answers": [question.answer for question in quiz.questions]})
+        assert answered.status_code == 200 and answered.json()["passed"], answered.text
+        rounds = http.get("/rounds/open", headers=headers).json()
+        round_id = next(r["id"] for r in rounds["data"] if r["task"] == DEMO_TASK)
+        assignment = http.post(f"/rounds/{round_id}/assignments", headers=headers, json={})
+        assert assignment.status_code in (200, 201), assignment.text
+        attempt = http.post(f"/assignments/{assignment.json()['id']}/attempts", headers=headers,
+                            json={"text": "The waiter forgot our drinks, but the pasta was wonderful."})
+        assert attempt.status_code in (200, 201), attempt.text
+        return attempt.json()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
+def test_demo_serves_model_zero_and_stops_every_child(tmp_path: Path, model_cache: Path, signum: int) -> None:
+    with running_demo(tmp_path / "data", model_cache=model_cache) as demo:
+        assert "cached" in demo.output, demo.output  # the session's Model 0: no training here
+        pids = demo.service_pids()
+        assert set(pids) == {"model server", "API"}, demo.output
+        assert "web app not started (--no-ui)" in demo.output
+        for url in (f"{demo.api_url}/health", f"{demo.model_url}/health"):
+            assert httpx.get(url, timeout=10).status_code == 200, url
+        info = httpx.get(f"{demo.model_url}/info", timeout=10).json()
+        assert info["model_id"] == f"{DEMO_TASK}-model-0"
+        for login in ("writer-demo", "validator1-demo", "researcher-demo", "admin-demo"):
+            assert login in demo.output
+
+        attempt = _writer_attempt(demo.api_url)
+
+        assert attempt["status"] == "scored", attempt
+        assert attempt["model_id"] == info["model_id"] and attempt["model_version"] == info["version"]
+        probabilities = attempt["probabilities"]
+        assert isinstance(probabilities, dict) and set(probabilities) == set(SEED_LABELS)
+        assert abs(sum(probabilities.values()) - 1.0) < 1e-3
+
+        assert demo.stop(signum) == 0, demo.output
+        assert "every service it started is down" in demo.output
+        assert [name for name, pid in pids.items() if alive(pid)] == []
+        assert group_members(set(pids.values())) == [], "a child of a service outlived it"
+
+
+@pytest.mark.integration
+def test_demo_uses_an_external_model_server_when_given_one(tmp_path: Path, stub_model) -> None:  # type: ignore[no-untyped-def]
+    with running_demo(tmp_path / "data", "--model-endpoint", stub_model.url) as demo:
+        assert "Model 0" not in demo.output and not (tmp_path / "data" / "models").exists()
+        assert set(demo.service_pids()) == {"API"}
+        assert f"{stub_model.url} (external)" in demo.output
+        attempt = _writer_attempt(demo.api_url)
+        assert attempt["status"] == "scored" and attempt["model_id"] == "stub-model"
+        assert demo.stop(signal.SIGTERM) == 0
+
+
+def test_demo_refuses_a_port_in_use(tmp_path: Path) -> None:
+    # As if an earlier demo with this data directory had been killed with SIGKILL, leaving its
+    # API (here: this process) running.
+    logs = tmp_path / "data" / "logs"
+    logs.mkdir(parents=True)
+    (logs / RUNNING_FILE).write_text(json.dumps([{"name": "API", "pid": os.getpid(), "url": "-"}]))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with running_demo(tmp_path / "data", "--port", str(port), timeout_s=60) as demo:
+            assert demo.process.wait(timeout=30) == 1
+    assert f"port {port} on 127.0.0.1 is in use" in demo.output and "--port" in demo.output
+    assert f"left API (pid {os.getpid()}) running" in demo.output
+    assert not (tmp_path / "data" / "models").exists(), "nothing is trained when the demo cannot start"

@@ -1,0 +1,322 @@
+"""The front end's API client against the real API over HTTP, its error mapping, and the
+Streamlit app's login and role-based navigation (with the fake client)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from frontend.client import ApiClient, ApiError, api_root, idempotency_key
+from services.db.engine import session_scope
+from services.domain import users
+from tests.conftest import example_yaml, free_port
+from tests.frontend_fakes import APP_FILE, FakeApiClient, signed_in_app
+from tests.stub_model_server import ThreadedServer
+
+PROMPTS = ["The soup was fine and the bread was fresh.", "We went there on a Sunday afternoon."]
+
+
+@pytest.fixture
+def api_url(app: Any) -> Iterator[str]:
+    """The real API app served over HTTP on a free port, as `dynaloop ui` talks to it."""
+    server = ThreadedServer(app, free_port()).start()
+    yield server.url
+    server.stop()
+
+
+def _user_with_password(app: Any, username: str, password: str, *roles: str) -> None:
+    with session_scope(app.state.sessionmaker) as session:
+        users.create_user(session, None, username, list(roles), password=password)
+
+
+def test_api_root_accepts_both_forms() -> None:
+    assert api_root("http://h:8000") == "http://h:8000/api/v1"
+    assert api_root("http://h:8000/api/v1/") == "http://h:8000/api/v1"
+
+
+def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-untyped-def]
+        app, api_url, researcher, make_user, stub_model) -> None:
+    research = ApiClient(api_url, researcher.token)
+    task = research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
+    assert task["name"] == "dynasent-r2" and task["family"] == "single_label"
+    round_ = research.open_round("dynasent-r2", model_endpoints=[stub_model.url])
+    lines = "\n".join(json.dumps({"id": f"p{i}", "text": p, "stars": 3}) for i, p in enumerate(PROMPTS))
+    report = research.import_prompts(round_["id"], lines.encode("utf-8"), "prompts.jsonl")
+    assert report["imported"] == 2
+    csv_report = research.import_prompts(round_["id"], b"id,text\nc1,A third prompt about the cold soup.\n",
+                                         "more.csv")
+    assert csv_report["imported"] == 1
+
+    _user_with_password(app, "wanda", "wanda-secret-1", "writer")
+    writer = ApiClient(api_url)
+    login = writer.login("wanda", "wanda-secret-1")
+    assert writer.token == login["token"] and login["user"]["roles"] == ["writer"]
+    assert writer.me()["username"] == "wanda"
+    assert [r["id"] for r in writer.open_rounds()] == [round_["id"]]
+    assert writer.rounds("dynasent-r2")[0]["status"] == "collecting"
+    assert writer.quiz("dynasent-r2")["required"] is False
+
+    assignment = writer.start_assignment(round_["id"])
+    assert writer.start_assignment(round_["id"])["id"] == assignment["id"]  # resumed, not a new one
+    target = assignment["target_label"][0]
+    word = {"positive": "terrible", "negative": "great", "neutral": "great"}[target]
+    text = f"Honestly a {word} place to spend a Sunday afternoon."
+    attempt = writer.attempt(assignment["id"], text)
+    assert attempt["fooled"] is True
+    # The same click again (a retry): the derived Idempotency-Key returns the same attempt, no new try.
+    assert writer.attempt(assignment["id"], text)["id"] == attempt["id"]
+    assert writer.assignment(assignment["id"])["tries_used"] == 1
+    assert writer.confirm(attempt["id"], True)["confirmed"] is True
+    assert writer.confirm(attempt["id"], True)["confirmed"] is True  # idempotent by nature
+    example = writer.submit_example(assignment["id"], attempt["id"])
+    assert example["text"] == text and example["fooled"]
+    assert writer.submit_example(assignment["id"], attempt["id"])["id"] == example["id"]
+
+    second = writer.start_assignment(round_["id"])
+    assert second["id"] != assignment["id"]
+    assert writer.skip(second["id"])["status"] == "skipped"
+
+    validator = ApiClient(api_url, make_user("vera", "validator").token)
+    batch = validator.validation_batch(round_["id"])
+    assert batch["validation_labels"] == ["positive", "negative", "neutral", "mixed"]
+    assert [item["example_id"] for item in batch["data"]] == [example["id"]]
+    assert validator.validation_batch(round_["id"], size=1)["data"][0]["example_id"] == example["id"]
+    label = validator.validate(example["id"], target, flagged=True, flag_reason="reads like an advert",
+                               seconds_taken=4.2)
+    assert label["label"] == [target] and label["flagged"] is True
+    again = validator.validate(example["id"], target, flagged=True, flag_reason="reads like an advert")
+    assert again["id"] == label["id"]
+    other = "mixed"
+    with pytest.raises(ApiError) as conflict:
+        validator.validate(example["id"], other)
+    assert conflict.value.status == 409 and "cannot be changed" in conflict.value.message
+
+    stats = research.round_stats(round_["id"])
+    assert stats["examples"]["submitted"] == 1 and stats["validations"]["given"] == 1
+    assert research.worker_agreement(round_["id"])[0]["username"] == "vera"
+    record = research.example(example["id"])
+    assert record["validations"][0]["flag_reason"] == "reads like an advert"
+    assert research.set_round_status(round_["id"], "validating")["status"] == "validating"
+
+
+def test_error_mapping_401_404_409_and_503_with_retry_after(  # type: ignore[no-untyped-def]
+        app, api_url, researcher, make_user, stub_model) -> None:
+    with pytest.raises(ApiError) as unknown:
+        ApiClient(api_url, "dl_not-a-token").me()
+    assert (unknown.value.status, unknown.value.code) == (401, "unauthorized")
+    assert "unknown or revoked" in unknown.value.message
+    with pytest.raises(ApiError) as wrong_password:
+        ApiClient(api_url).login("nobody", "whatever-1")
+    assert wrong_password.value.status == 401 and wrong_password.value.message == "wrong username or password"
+
+    research = ApiClient(api_url, researcher.token)
+    with pytest.raises(ApiError) as missing:
+        research.task("no-such-task")
+    assert (missing.value.status, missing.value.code) == (404, "not_found")
+
+    research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
+    round_ = research.open_round("dynasent-r2", model_endpoints=[stub_model.url])
+    research.import_prompts(round_["id"], "\n".join(json.dumps({"text": p}) for p in PROMPTS).encode(), "p.jsonl")
+    with pytest.raises(ApiError) as conflict:
+        research.open_round("dynasent-r2")
+    assert (conflict.value.status, conflict.value.code) == (409, "conflict")
+    assert "still collecting" in conflict.value.message
+
+    writer = ApiClient(api_url, make_user("walt", "writer").token)
+    assignment = writer.start_assignment(round_["id"])
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "fail"})
+    with pytest.raises(ApiError) as unavailable:
+        writer.attempt(assignment["id"], "A perfectly ordinary sentence about lunch.")
+    error = unavailable.value
+    assert (error.status, error.code, error.retry_after) == (503, "model_unavailable", 3.0)
+    assert "no try was used" in error.message and error.details["attempt_id"]
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "normal"})
+    # Retrying the same text sends the same key: the saved attempt is scored, not a new one.
+    attempt = writer.attempt(assignment["id"], "A perfectly ordinary sentence about lunch.")
+    assert attempt["id"] == error.details["attempt_id"] and attempt["status"] == "scored"
+    assert writer.assignment(assignment["id"])["tries_used"] == 1
+
+    with pytest.raises(ApiError) as invalid:
+        writer.attempt(assignment["id"], "x")
+    assert invalid.value.status == 422 and "at least" in invalid.value.message
+
+
+def test_unreachable_api_and_non_json_errors() -> None:
+    with pytest.raises(ApiError) as unreachable:
+        ApiClient(f"http://127.0.0.1:{free_port()}", timeout=2).me()
+    assert unreachable.value.status == 0 and unreachable.value.code == "unreachable"
+
+    def proxy_error(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, headers={"Retry-After": "7"}, text="<html>Service Unavailable</html>")
+
+    with pytest.raises(ApiError) as busy:
+        ApiClient("http://api", transport=httpx.MockTransport(proxy_error)).tasks()
+    assert (busy.value.status, busy.value.retry_after) == (503, 7.0)
+    assert "HTTP 503" in busy.value.message
+
+
+def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_paths() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/report") and request.url.params.get("format") == "markdown":
+            return httpx.Response(200, text="# Round 1\n")
+        if request.url.path.endswith("/dataset"):
+            return httpx.Response(200, content=b'{"text": "a"}\n')
+        if request.url.path.endswith("/worker-agreement") or request.url.path.endswith("/apply"):
+            return httpx.Response(200, json=[])
+        return httpx.Response(200, json={"ok": True, "token": "dl_x"})
+
+    client = ApiClient("http://api", "dl_token", transport=httpx.MockTransport(answer))
+    client.attempt(1, "Some text here.", target_span=[0, 4])
+    client.confirm(2, False, "positive")
+    client.submit_example(1, 2, {"intended_label": "sarcastic"})
+    client.validate(3, ["anger", "joy"])
+    keyed = {r.url.path: r.headers.get("Idempotency-Key") for r in seen}
+    assert keyed["/api/v1/assignments/1/attempts"] == idempotency_key("attempt", 1, "Some text here.", [0, 4])
+    assert all(keyed[path] for path in ["/api/v1/attempts/2/confirmation", "/api/v1/assignments/1/example",
+                                        "/api/v1/examples/3/validations"])
+    assert json.loads(seen[0].content) == {"text": "Some text here.", "target_span": [0, 4]}
+    assert seen[0].headers["Authorization"] == "Bearer dl_token"
+    # A different text gets a different key; an explicit key wins.
+    assert idempotency_key("attempt", 1, "Other text.", None) != keyed["/api/v1/assignments/1/attempts"]
+    client.attempt(1, "Some text here.", idempotency_key="mine")
+    assert seen[-1].headers["Idempotency-Key"] == "mine"
+
+    seen.clear()
+    client.build_round(5, seed=3)
+    assert client.report("dynasent-r2", 1, format="markdown") == "# Round 1\n"
+    assert client.download_dataset("dynasent-r2", 1, split="dev", format="csv") == b'{"text": "a"}\n'
+    client.import_prompts(5, b"id,text\n1,x\n", "p.csv")
+    client.set_model(5, ["http://m:8001"])
+    client.open_round("dynasent-r2", model_endpoints=["http://m:8001"])
+    client.worker_agreement(5)
+    calls = [(r.method, r.url.path, dict(r.url.params)) for r in seen]
+    assert calls[0][:2] == ("POST", "/api/v1/rounds/5/build")
+    assert calls[1] == ("GET", "/api/v1/tasks/dynasent-r2/rounds/1/report", {"format": "markdown"})
+    assert calls[2] == ("GET", "/api/v1/tasks/dynasent-r2/rounds/1/dataset", {"split": "dev", "format": "csv"})
+    assert calls[3] == ("POST", "/api/v1/rounds/5/prompts", {"format": "csv"})
+    assert seen[3].headers["Content-Type"] == "text/csv"
+    assert calls[4][:2] == ("PUT", "/api/v1/rounds/5/model")
+    assert json.loads(seen[5].content) == {"model_endpoints": ["http://m:8001"]}
+
+
+# --- the app: login and role-based navigation -----------------------------------------
+
+
+def _fake_with_round() -> FakeApiClient:
+    fake = FakeApiClient()
+    fake.add_task("dynasent-r2", onboarding_quiz=None)
+    fake.add_round("dynasent-r2", PROMPTS)
+    return fake
+
+
+def test_login_with_password_shows_the_pages_of_the_roles() -> None:
+    fake = _fake_with_round()
+    fake.add_user("wanda", "writer", "validator", password="wanda-secret-1")
+    at = AppTest.from_file(str(APP_FILE), default_timeout=10)
+    at.session_state["client"] = fake
+    at.run()
+    assert [t.value for t in at.title] == ["dynaloop"]
+    at.text_input(key="login_username").set_value("wanda")
+    at.text_input(key="login_password").set_value("wrong-password")
+    at.button(key="login_submit").click().run()
+    assert [e.value for e in at.error] == ["wrong username or password"]
+    assert "token" not in at.session_state
+
+    at.text_input(key="login_password").set_value("wanda-secret-1")
+    at.button(key="login_submit").click().run()
+    assert not at.exception
+    assert at.session_state["roles"] == ["writer", "validator"]
+    assert [t.value for t in at.title] == ["Write"]  # the first page of the roles
+    assert "Signed in as wanda" in [t.value for t in at.sidebar.text]
+    at.switch_page("pages/validator.py").run()
+    assert [t.value for t in at.title] == ["Validate"]
+
+    at.button(key="app_logout").click().run()
+    assert [t.value for t in at.title] == ["dynaloop"]
+    assert "token" not in at.session_state and fake.token is None
+    assert at.session_state["client"] is fake
+
+
+def test_login_with_an_api_token() -> None:
+    fake = _fake_with_round()
+    token = fake.add_user("vera", "validator")
+    at = AppTest.from_file(str(APP_FILE), default_timeout=10)
+    at.session_state["client"] = fake
+    at.run()
+    at.text_input(key="login_api_token").set_value("dl_bogus")
+    at.button(key="login_token_submit").click().run()
+    assert "unknown or revoked" in at.error[0].value
+    at.text_input(key="login_api_token").set_value(token)
+    at.button(key="login_token_submit").click().run()
+    assert [t.value for t in at.title] == ["Validate"]
+    with pytest.raises(ValueError):
+        at.switch_page("pages/writer.py")  # not a page of a validator
+
+
+def test_writer_cannot_reach_validator_page_and_admin_reaches_all() -> None:
+    fake = _fake_with_round()
+    fake.add_user("walt", "writer")
+    fake.add_user("ada", "admin")
+    at = signed_in_app(fake, "walt")
+    with pytest.raises(ValueError):
+        at.switch_page("pages/validator.py")
+    admin = signed_in_app(fake, "ada", page="pages/writer.py")
+    assert [t.value for t in admin.title] == ["Write"]
+    admin.switch_page("pages/validator.py").run()
+    assert [t.value for t in admin.title] == ["Validate"]
+
+
+def test_researcher_navigation_lists_the_researcher_pages_that_exist() -> None:
+    fake = _fake_with_round()
+    fake.add_user("rita", "researcher")
+    at = signed_in_app(fake, "rita")
+    pages = sorted(Path(APP_FILE).parent.joinpath("pages").glob("researcher_*.py"))
+    for page in pages:
+        at.switch_page(f"pages/{page.name}")  # registered (not run: those pages have their own tests)
+    if not pages:
+        assert "have no pages here" in at.info[0].value
+    with pytest.raises(ValueError):
+        at.switch_page("pages/writer.py")
+
+
+def test_expired_token_offers_to_log_in_again() -> None:
+    fake = _fake_with_round()
+    fake.add_user("walt", "writer")
+    at = signed_in_app(fake, "walt")
+    fake.tokens.clear()  # the token was revoked
+    at.run()
+    assert "unknown or revoked" in at.error[0].value
+    at.button(key="state_relogin").click().run()
+    assert [t.value for t in at.title] == ["dynaloop"]
+
+
+def test_dynaloop_ui_runs_streamlit_with_the_api_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    started: dict[str, Any] = {}
+
+    def fake_call(command: list[str], env: dict[str, str]) -> int:
+        started.update(command=command, env=env)
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", fake_call)
+    result = CliRunner().invoke(cli, ["ui", "--port", "8600", "--host", "0.0.0.0", "--api-url", "http://api:9000"])
+    assert result.exit_code == 0, result.output
+    command = started["command"]
+    assert command[1:4] == ["-m", "streamlit", "run"] and command[4] == str(APP_FILE)
+    assert command[5:] == ["--server.port", "8600", "--server.address", "0.0.0.0", "--server.headless", "true",
+                           "--browser.gatherUsageStats", "false"]
+    assert started["env"]["DYNALOOP_API_URL"] == "http://api:9000"

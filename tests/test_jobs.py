@@ -1,0 +1,408 @@
+"""Jobs (rounds/jobs.py): train, evaluate and promote run outside the API with progress, on a
+real database (SQLite; PostgreSQL too when DYNALOOP_TEST_POSTGRES_URL is set), a built round,
+a tiny model, a real `dynaloop model-server` process and a real `dynaloop job run` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from model_server.init_model import init_model_dir
+from rounds import jobs
+from rounds.jobs import JobRunner, create_job, run_job
+from services.db.engine import session_scope
+from services.db.models import AuditEntry, Job, JobKind, JobStatus, ModelVersion, ModelVersionStatus, utcnow
+from services.domain.tasks import create_task, get_task
+from services.errors import Conflict, Invalid
+from tests.conftest import example_yaml, free_port, table_counts
+from tests.test_registry import _dynaloop_command
+from tests.test_round_build import LABELS, built  # noqa: F401 - the built-round fixture
+
+pytestmark = pytest.mark.timeout(600)
+
+TOKEN = "jobs-test-admin-token-123"
+TINY_TRAIN = {"tiny": True, "epochs": 2, "batch_size": 2, "learning_rate": 5e-3, "max_length": 32, "cpu": True,
+              "round": 2}
+
+
+def _create(app: Any, kind: str, params: dict[str, Any], *, task: str = "dynasent-r2",
+            admin_token: str | None = None) -> int:
+    with session_scope(app.state.sessionmaker) as session:
+        job, _ = create_job(session, None, get_task(session, task), kind, params,
+                            data_dir=app.state.settings.data_dir, admin_token=admin_token)
+        return job.id
+
+
+def _run(app: Any, job_id: int, admin_token: str | None = None) -> Job:
+    return run_job(app.state.sessionmaker, job_id, data_dir=app.state.settings.data_dir, admin_token=admin_token)
+
+
+@pytest.fixture
+def progress_seen(app: Any, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every progress value the database holds right after each report of a running job."""
+    seen: list[float] = []
+    original = JobRunner.progress
+    monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_S", 0.0)
+
+    def spy(self: JobRunner, fraction: float | None, message: str | None = None, **options: Any) -> None:
+        original(self, fraction, message, **options)
+        with app.state.sessionmaker() as session:
+            seen.append(session.get(Job, self.job_id).progress)  # type: ignore[union-attr]
+
+    monkeypatch.setattr(JobRunner, "progress", spy)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `dynaloop model-server` process (a tiny Model 0) that allows reloads."""
+    root = tmp_path_factory.mktemp("jobs-model-server")
+    init_model_dir(root / "model-0", labels=LABELS, tiny=True, model_id="model-0", seed=0)
+    port = free_port()
+    log = root / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
+    env.update(DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=TOKEN, PYTHONUNBUFFERED="1")
+    with log.open("wb") as out:
+        popen = subprocess.Popen([*_dynaloop_command(), "model-server", "--model", str(root / "model-0"),
+                                  "--port", str(port), "--device", "cpu", "--log-level", "warning"],
+                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if popen.poll() is not None:
+                pytest.fail(f"the model server exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the model server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGTERM)
+            try:
+                popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait(timeout=5)
+
+
+# --- in process: train -> evaluate -> promote --------------------------------------------------
+
+
+def test_train_evaluate_promote_in_process(app, built, progress_seen, model_server) -> None:  # type: ignore[no-untyped-def]
+    job_id = _create(app, "train", TINY_TRAIN)
+    with session_scope(app.state.sessionmaker) as session:
+        job = session.get(Job, job_id)
+        assert job.status is JobStatus.queued and job.progress == 0.0
+        # The default mix, written out: every built round's train split, the newest one's dev.
+        assert job.params["mix"]["train"][0]["round"] == 1 and job.params["mix"]["dev"]["split"] == "dev"
+
+    job = _run(app, job_id)
+    assert job.status is JobStatus.succeeded, job.message + "\n" + job.log
+    assert job.progress == 1.0 and job.started_at is not None and job.finished_at >= job.started_at
+    assert job.pid == os.getpid() and job.host == socket.gethostname()
+    assert progress_seen == sorted(progress_seen), "progress never goes backwards"
+    assert any(0.03 < p < 0.95 for p in progress_seen), f"no progress during training: {progress_seen}"
+    assert len({p for p in progress_seen if 0.03 < p < 0.95}) >= 3, progress_seen
+    assert "epoch 1/2: train loss" in job.log and "epoch 2/2" in job.log
+    model = job.result["model"]
+    assert model["status"] == "trained" and model["name"].startswith("dynasent-r2-for-round-2@")
+    assert Path(job.result["out_dir"]).joinpath("dynaloop_model.json").is_file()
+    with session_scope(app.state.sessionmaker) as session:
+        registered = session.get(ModelVersion, model["id"])
+        assert registered.trained_for_round == 2 and registered.directory == job.result["out_dir"]
+        assert registered.hyperparameters["epochs"] == 2
+
+    progress_seen.clear()
+    evaluation = _run(app, _create(app, "evaluate", {"model_id": model["id"]}))
+    assert evaluation.status is JobStatus.succeeded, evaluation.message + "\n" + evaluation.log
+    assert [s["name"] for s in evaluation.result["sets"]] == ["round 1 dev", "round 1 test"]
+    assert all(s["rows"] == 9 and 0 <= s["macro_f1"] <= 1 for s in evaluation.result["sets"])
+    assert evaluation.message.startswith(f"evaluated {model['name']}: macro-F1 (%) round 1 dev ")
+    assert progress_seen == sorted(progress_seen) and progress_seen[-1] >= 0.9
+    assert (Path(evaluation.result["out_dir"]) / "evaluation.md").is_file()
+    with session_scope(app.state.sessionmaker) as session:
+        registered = session.get(ModelVersion, model["id"])
+        assert registered.status is ModelVersionStatus.evaluated
+        assert set(registered.evaluation["macro_f1"]) == {"round 1 dev", "round 1 test"}
+
+    promote_id = _create(app, "promote", {"model_id": model["id"], "endpoint": model_server + "/",
+                                          "admin_token": TOKEN})
+    promotion = _run(app, promote_id, admin_token=TOKEN)
+    assert promotion.status is JobStatus.succeeded, promotion.message + "\n" + promotion.log
+    assert promotion.result["endpoint"] == model_server
+    info = httpx.get(f"{model_server}/info", timeout=5).json()
+    assert (info["model_id"], info["version"]) == (model["model_id"], model["version"])
+    with session_scope(app.state.sessionmaker) as session:
+        registered = session.get(ModelVersion, model["id"])
+        assert registered.status is ModelVersionStatus.promoted and registered.endpoint == model_server
+        # The token is used, never stored: not in the params, the log, the message or the audit log.
+        stored = json.dumps([session.get(Job, promote_id).params, session.get(Job, promote_id).log,
+                             promotion.message, [e.details for e in session.scalars(select(AuditEntry))]])
+        assert TOKEN not in stored and "admin_token" not in session.get(Job, promote_id).params
+
+
+# --- failures are recorded ---------------------------------------------------------------------
+
+
+def test_failures_are_recorded_with_a_clear_message(app, built, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from rounds import train
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the GPU caught fire")
+
+    monkeypatch.setattr(train, "train_model", broken)
+    job = _run(app, _create(app, "train", TINY_TRAIN))
+    assert job.status is JobStatus.failed and job.finished_at is not None
+    assert job.message == "unexpected RuntimeError: the GPU caught fire"
+    assert "Traceback" in job.log and "the GPU caught fire" in job.log
+
+    # A domain failure: the model server is down. The registry is unchanged.
+    root = tmp_path / "models"
+    init_model_dir(root / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
+    from rounds.registry import record_evaluation
+
+    with session_scope(app.state.sessionmaker) as session:
+        model = record_evaluation(session, get_task(session, "dynasent-r2"), root / "m", {"dev": {"macro_f1": 0.5}})
+        model_id = model.id
+    down = f"http://127.0.0.1:{free_port()}"
+    job = _run(app, _create(app, "promote", {"model_id": model_id, "endpoint": down, "admin_token": TOKEN}),
+               admin_token=TOKEN)
+    assert job.status is JobStatus.failed
+    assert job.message.startswith(f"the model server at {down} is down or unreachable")
+    with session_scope(app.state.sessionmaker) as session:
+        assert session.get(ModelVersion, model_id).status is ModelVersionStatus.evaluated
+
+    with pytest.raises(Conflict, match="is failed; a job runs once"):
+        _run(app, job.id)
+
+
+def test_a_job_whose_process_is_gone_is_reported_failed(app, client, researcher) -> None:  # type: ignore[no-untyped-def]
+    with session_scope(app.state.sessionmaker) as session:
+        create_task(session, None, example_yaml("dynasent-r2", onboarding_quiz=None))
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    gone_pid = int(done.stdout)
+    with session_scope(app.state.sessionmaker) as session:
+        task = get_task(session, "dynasent-r2")
+        dead = Job(kind=JobKind.train, task_id=task.id, status=JobStatus.running, progress=0.4, message="step 4",
+                   params={}, log="", pid=gone_pid, host=socket.gethostname(), started_at=utcnow())
+        elsewhere = Job(kind=JobKind.evaluate, task_id=task.id, status=JobStatus.running, progress=0.4, message="",
+                        params={}, log="", pid=gone_pid, host="another-machine")
+        alive = Job(kind=JobKind.evaluate, task_id=task.id, status=JobStatus.running, progress=0.1, message="",
+                    params={}, log="", pid=os.getpid(), host=socket.gethostname())
+        session.add_all([dead, elsewhere, alive])
+        session.flush()
+        ids = dead.id, elsewhere.id, alive.id
+    body = client.get(f"/api/v1/jobs/{ids[0]}", headers=researcher.headers).json()
+    assert body["status"] == "failed" and body["finished_at"] is not None and body["progress"] == 0.4
+    assert body["message"].startswith(f"the job's process (pid {gone_pid}) ended without reporting a result")
+    listed = client.get("/api/v1/tasks/dynasent-r2/jobs", headers=researcher.headers).json()
+    assert {j["id"]: j["status"] for j in listed["data"]} == {ids[0]: "failed", ids[1]: "running", ids[2]: "running"}
+
+
+# --- the API: a real `dynaloop job run` process -------------------------------------------------
+
+
+def test_post_starts_a_process_that_finishes(app, client, built) -> None:  # type: ignore[no-untyped-def]
+    researcher = built["researcher"]
+    response = client.post("/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": TINY_TRAIN},
+                           headers=researcher.headers)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["status"] in ("queued", "running") and job["kind"] == "train" and job["created_by"] == "rita"
+    with session_scope(app.state.sessionmaker) as session:
+        row = session.get(Job, job["id"])
+        assert row.pid is not None and row.host == socket.gethostname()
+        pid = row.pid
+    # A second train job for the task while this one runs: 409, and nothing is recorded.
+    again = client.post("/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": TINY_TRAIN},
+                        headers=researcher.headers)
+    assert again.status_code == 409 and f"train job {job['id']}" in again.json()["error"]["message"]
+    seen: list[float] = []
+    deadline = time.monotonic() + 300
+    while True:
+        body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
+        seen.append(body["progress"])
+        if body["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    log_file = jobs.job_log_path(app.state.settings.data_dir, job["id"])
+    assert body["status"] == "succeeded", body["message"] + "\n" + body["log"] + "\n" + log_file.read_text()
+    assert body["progress"] == 1.0 and seen == sorted(seen)
+    assert body["message"].startswith("trained and registered dynasent-r2-for-round-2@")
+    assert "epoch 2/2" in body["log"] and f"job {job['id']} (train) succeeded" in log_file.read_text()
+    # The process is gone and reaped; the finished job stays succeeded when read again.
+    deadline = time.monotonic() + 10
+    while jobs._process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()["status"] == "succeeded"
+
+    listed = client.get("/api/v1/tasks/dynasent-r2/jobs?kind=train", headers=researcher.headers).json()
+    assert listed["count"] == 1 and listed["data"][0]["log"] is None
+    models = client.get("/api/v1/tasks/dynasent-r2/models", headers=researcher.headers).json()
+    assert models["count"] == 1
+    model = models["data"][0]
+    assert model["id"] == body["result"]["model"]["id"] and model["status"] == "trained"
+    assert model["attempts"] == 0 and model["trained_for_round"] == 2
+    assert model["best_dev_macro_f1"] == body["result"]["best_dev_macro_f1"]
+
+
+# --- authorization and bad input -----------------------------------------------------------------
+
+
+def test_roles_unknown_task_and_bad_input(app, client, built, make_user) -> None:  # type: ignore[no-untyped-def]
+    researcher, writer = built["researcher"], built["writer"]
+    round_id = built["round"]["id"]
+    url = "/api/v1/tasks/dynasent-r2/jobs"
+    before = table_counts(app)
+    for method, path in [("post", url), ("get", url), ("get", "/api/v1/jobs/1"),
+                         ("get", "/api/v1/tasks/dynasent-r2/models"), ("get", f"/api/v1/rounds/{round_id}/plot-data")]:
+        response = client.request(method.upper(), path, json={"kind": "train"} if method == "post" else None,
+                                  headers=writer.headers)
+        assert response.status_code == 403, (path, response.text)
+        assert "needs the researcher role" in response.json()["error"]["message"]
+    assert client.post(url, json={"kind": "train"}).status_code == 401
+
+    def refused(body: Any, status: int, message: str, path: str = url) -> None:
+        response = client.post(path, json=body, headers=researcher.headers)
+        assert response.status_code == status, response.text
+        assert message in response.json()["error"]["message"], response.json()
+
+    refused({"kind": "train"}, 404, "no task", "/api/v1/tasks/nope/jobs")
+    refused({"kind": "dance"}, 422, "body.kind")
+    refused({"kind": "train", "colour": 1}, 422, "body.colour: is not a known field")
+    refused({"kind": "train", "params": {"colour": "red"}}, 422, "params.colour: is not a known field; remove it")
+    refused({"kind": "train", "params": {"epochs": 0}}, 422, "params.epochs: Input should be greater than or equal")
+    refused({"kind": "train", "params": {"class_weights": {"joy": 2}}}, 422,
+            "params.class_weights: ['joy'] are not labels of 'dynasent-r2'")
+    refused({"kind": "train", "params": {"mix": {"train": [{"round": 7}]}}}, 422, "has no round 7")
+    refused({"kind": "train", "params": {"mix": {"train": [{"file": "missing.csv"}]}}}, 422,
+            "there is no file")
+    refused({"kind": "train", "params": {"base": "/no/such/folder"}}, 422, "is not a folder on the server")
+    refused({"kind": "evaluate", "params": {}}, 422, "params.model_id: is required")
+    refused({"kind": "evaluate", "params": {"model_id": 99}}, 422, "task 'dynasent-r2' has no model 99")
+    refused({"kind": "promote", "params": {"model_id": 1, "endpoint": "x"}}, 422, "has no model 1")
+    assert table_counts(app) == before, "a refused request records nothing"
+    assert client.get("/api/v1/jobs/12345", headers=researcher.headers).status_code == 404
+    assert client.get("/api/v1/tasks/nope/models", headers=researcher.headers).status_code == 404
+    assert client.get("/api/v1/rounds/9999/plot-data", headers=researcher.headers).status_code == 404
+
+
+def test_promote_needs_an_evaluated_model_and_a_token(app, built, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from rounds.registry import register_model
+
+    init_model_dir(tmp_path / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
+    with session_scope(app.state.sessionmaker) as session:
+        model_id = register_model(session, get_task(session, "dynasent-r2"), tmp_path / "m").id
+    params = {"model_id": model_id, "endpoint": "http://127.0.0.1:9"}
+    with pytest.raises(Conflict, match="was never evaluated.*set force"):
+        _create(app, "promote", params)
+    with pytest.raises(Invalid, match="admin_token: give the model server's admin token"):
+        _create(app, "promote", {**params, "force": True})
+    with pytest.raises(Invalid, match="is not an http"):
+        _create(app, "promote", {**params, "endpoint": "ftp://x", "force": True}, admin_token=TOKEN)
+    job_id = _create(app, "promote", {**params, "force": True}, admin_token="from-settings")
+    with session_scope(app.state.sessionmaker) as session:
+        assert session.get(Job, job_id).params == {**params, "force": True}
+        assert session.scalar(select(func.count()).select_from(Job)) == 1
+
+
+def test_train_needs_a_built_round(app) -> None:  # type: ignore[no-untyped-def]
+    with session_scope(app.state.sessionmaker) as session:
+        create_task(session, None, example_yaml("dynasent-r2", onboarding_quiz=None))
+    with pytest.raises(Invalid, match="has no built round to train on"):
+        _create(app, "train", {})
+    with pytest.raises(Invalid, match="kind 'dance' is not a job kind"):
+        _create(app, "dance", {})
+
+
+# --- plot data ----------------------------------------------------------------------------------
+
+
+def test_plot_data_for_the_dashboard(client, built) -> None:  # type: ignore[no-untyped-def]
+    researcher = built["researcher"]
+    response = client.get(f"/api/v1/rounds/{built['round']['id']}/plot-data", headers=researcher.headers)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert data["task"] == "dynasent-r2" and data["round"] == 1 and data["total_examples"] == 21
+    assert data["labels"] == ["positive", "negative", "neutral"] and "mixed" in data["validation_labels"]
+    assert not data["truncated"] and len(data["examples"]) == 21
+    by_id = {row["example_id"]: row for row in data["examples"]}
+    for example, labels in built["plan"]:
+        row = by_id[example["id"]]
+        assert row["validated"] and row["target"] == example["target_label"][0]
+        assert row["prediction"] == example["prediction"]
+        top = max(set(labels), key=labels.count)
+        assert row["majority"] == (top if labels.count(top) >= 3 else None)
+        assert 0 < row["edit_distance"] <= 1 and row["chars"] == len(example["text"])
+        assert row["words"] == len(example["text"].split()) and "text" not in row
+    agreement = {row["username"]: row for row in data["worker_agreement"]}
+    assert {f"val{i}" for i in range(5)} <= set(agreement) and all(agreement[f"val{i}"]["qualified"] for i in range(5))
+    thinned = client.get(f"/api/v1/rounds/{built['round']['id']}/plot-data?limit=5",
+                         headers=researcher.headers).json()
+    assert thinned["truncated"] and len(thinned["examples"]) == 5 and thinned["total_examples"] == 21
+
+
+def test_a_stopped_job_process_records_the_interruption(app, client, built) -> None:  # type: ignore[no-untyped-def]
+    researcher = built["researcher"]
+    params = {**TINY_TRAIN, "epochs": 1000, "patience": 0}
+    job = client.post("/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": params},
+                      headers=researcher.headers).json()
+    with session_scope(app.state.sessionmaker) as session:
+        pid = session.get(Job, job["id"]).pid
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
+            if body["status"] == "running" and body["progress"] > 0.03 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert body["status"] == "running", body
+        os.kill(pid, signal.SIGTERM)
+        while body["status"] == "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
+    finally:
+        if jobs._process_alive(pid):  # never leave a 1000-epoch run behind
+            os.kill(pid, signal.SIGKILL)
+    assert body["status"] == "failed" and body["finished_at"] is not None
+    assert body["message"] == "the job was interrupted (its process was stopped); start it again"
+    assert 0.03 < body["progress"] < 1
+
+
+def test_cli_job_run_runs_a_job_once(app, settings) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    with session_scope(app.state.sessionmaker) as session:
+        task = create_task(session, None, example_yaml("dynasent-r2", onboarding_quiz=None))
+        done = Job(kind=JobKind.evaluate, task_id=task.id, status=JobStatus.succeeded, progress=1.0, message="ok",
+                   params={"model_id": 1}, log="")
+        session.add(done)
+        session.flush()
+        done_id = done.id
+    url = settings.resolved_database_url
+    result = CliRunner().invoke(cli, ["job", "run", str(done_id), "--database-url", url])
+    assert result.exit_code == 1 and "is succeeded; a job runs once" in result.output
+    result = CliRunner().invoke(cli, ["job", "run", "999", "--database-url", url])
+    assert result.exit_code == 1 and "there is no job 999" in result.output
