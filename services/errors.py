@@ -47,6 +47,13 @@ class Gone(DomainError):
     code = "gone"
 
 
+class RateLimited(DomainError):
+    """Too many requests from one token or one address; retry after ``retry_after_s``."""
+
+    status_code = 429
+    code = "rate_limited"
+
+
 class ModelUnavailable(DomainError):
     """The model server did not answer; the client should retry after ``retry_after_s``."""
 

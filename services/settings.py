@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDER_SECRETS = {"", "change-me", "changeme", "secret", "dev-secret-change-me"}
@@ -45,10 +45,31 @@ class Settings(BaseSettings):
     )
     max_prompt_import_rows: int = Field(200_000, ge=1, description="Most prompts in one import.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
+    model_server_admin_token: SecretStr | None = Field(
+        None, description="The model servers' admin token (`dynaloop model-server --admin-token`); promote "
+        "jobs started through the API use it unless the request gives one.")
+
+    worker_threads: int = Field(
+        128, ge=8, le=2048, description="Threads that run the API's request handlers. Keep it above "
+        "max_concurrent_requests: on SQLite a request may wait for the write lock in one of them, and the "
+        "request holding the lock needs a free one to finish.")
+    max_concurrent_requests: int = Field(
+        100, ge=1, description="`dynaloop api` answers 503 to connections beyond this many at once.")
+    rate_limit_per_token: str = Field(
+        "120/minute", description="Most writer and validator requests per API token (a `limits` string, e.g. "
+        "`120/minute;2000/hour`); `none` turns the limit off.")
+    rate_limit_per_ip: str = Field(
+        "1200/minute", description="Most writer and validator requests per client address (a lab behind one "
+        "NAT shares it); `none` turns the limit off.")
+    rate_limit_storage: str = Field(
+        "memory://", description="Where the counters live: `memory://` (one API process) or "
+        "`redis://host:6379` so that every API replica shares them.")
 
     @model_validator(mode="after")
     def _no_placeholder_secret_in_production(self) -> Settings:
-        if self.environment == "production" and (
+        # Only a developer's own machine may run with the placeholder; a test or production
+        # deployment must set a real secret (it keys the pseudonymous worker ids in exports).
+        if self.environment != "development" and (
             self.secret_key.strip().lower() in PLACEHOLDER_SECRETS or len(self.secret_key) < 16
         ):
             raise ValueError(

@@ -12,6 +12,11 @@ from services.errors import Invalid
 _ALLOWED_CONTROL = {"\n", "\t", "\r"}
 
 
+def _visible(char: str) -> bool:
+    """Whether ``char`` shows on screen: not white space, not a format character (Cf)."""
+    return not char.isspace() and unicodedata.category(char) != "Cf"
+
+
 def normalize_text(value: str) -> str:
     """NFC-normalise, turn CRLF into LF and strip surrounding white space.
 
@@ -49,8 +54,10 @@ def clean_text(
                 field=field,
             )
     text = normalize_text(value)
-    if not text:
-        raise Invalid(f"{field} is empty; write some text", field=field)
+    if not any(_visible(char) for char in text):
+        # Zero-width spaces, joiners, bidi marks, soft hyphens: none of them shows.
+        invisible = " (it has only invisible characters, such as U+200B zero width space)" if text else ""
+        raise Invalid(f"{field} is empty{invisible}; write some text", field=field)
     if len(text) < min_chars:
         raise Invalid(
             f"{field} has {len(text)} characters; it needs at least {min_chars}", field=field
@@ -59,7 +66,8 @@ def clean_text(
         raise Invalid(
             f"{field} has {len(text)} characters; the limit is {max_chars}, shorten it", field=field
         )
-    words = len(text.split())
+    # Ge'ez script separates words with the Ethiopic word space (U+1361), not white space.
+    words = len(text.replace("\u1361", " ").split())
     if words < min_words:
         raise Invalid(f"{field} has {words} word(s); it needs at least {min_words}", field=field)
     return text

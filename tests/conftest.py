@@ -116,7 +116,8 @@ def reset_stubs(stub_model: ThreadedServer) -> Iterator[None]:
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
     empty_tables(database_url)
-    return Settings(database_url=database_url, environment="test", data_dir=tmp_path, model_retries=1,
+    return Settings(database_url=database_url, environment="test", secret_key="test-suite-secret-key-0123456789",
+                    data_dir=tmp_path, model_retries=1,
                     model_timeout_s=2.0, retry_after_s=3, max_request_bytes=256 * 1024)
 
 

@@ -50,7 +50,7 @@ def test_admin_token_from_cli_works_against_the_api(tmp_path: Path) -> None:
     duplicate = run("user", "create-admin", "boss", "--database-url", url)
     assert duplicate.exit_code == 1 and "already exists" in duplicate.output
     assert run("task", "create", "dynasent-r2", "--database-url", url).exit_code == 0
-    with TestClient(create_app(Settings(database_url=url, environment="test"))) as client:
+    with TestClient(create_app(Settings(database_url=url, environment="test", secret_key="a-real-secret-for-this-test"))) as client:
         me = client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).json()
         assert me["username"] == "boss" and me["roles"] == ["researcher", "admin"]
         tasks = client.get("/api/v1/tasks", headers={"Authorization": f"Bearer {token}"}).json()

@@ -7,22 +7,27 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+import anyio.to_thread
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api.ratelimit import RateLimiter, rate_limited
 from services.api.routes import tasks, users, validating, writing
+from services.api.schemas import ErrorResponse, error_responses
 from services.db.engine import make_engine, make_sessionmaker
-from services.errors import DomainError, ModelUnavailable, Unauthorized
+from services.errors import DomainError, ModelUnavailable, RateLimited, Unauthorized
 from services.model_client import ModelClient
 from services.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
+# Error statuses any /api/v1 operation can answer (documented in its OpenAPI `responses`).
+COMMON_ERRORS = (401, 403, 404, 409, 413, 422, 503)
 
 DESCRIPTION = """
 Adversarial human-and-model-in-the-loop dataset creation (Dynabench / DynaSent style).
@@ -102,7 +107,7 @@ def add_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(request: Request, exc: DomainError) -> JSONResponse:
         headers = None
-        if isinstance(exc, ModelUnavailable):
+        if isinstance(exc, (ModelUnavailable, RateLimited)):
             headers = {"Retry-After": str(exc.details.get("retry_after_s", 5))}
         elif isinstance(exc, Unauthorized):
             headers = {"WWW-Authenticate": "Bearer"}
@@ -164,6 +169,22 @@ def add_exception_handlers(app: FastAPI) -> None:
         logger.exception("database integrity error")
         return _error(500, "database_error", "the database refused the change; nothing was saved")
 
+    @app.exception_handler(DataError)
+    async def _unstorable(request: Request, exc: DataError) -> JSONResponse:
+        # PostgreSQL refuses a NUL character (U+0000) in text (a name, a path segment, a header)
+        # and an id beyond its INTEGER range, which SQLite would take: bad input, not a bug.
+        # The transaction was rolled back.
+        message = None
+        if "NUL" in str(exc.orig):
+            message = "a text value contains a NUL character (U+0000), which cannot be stored; remove it"
+        elif getattr(exc.orig, "sqlstate", None) == "22003":
+            message = ("a number is out of the range the database can store (ids go up to 2147483647); "
+                       "send a smaller one")
+        if message:
+            return _error(422, "invalid", message, {"problems": [message]})
+        logger.exception("database error")
+        return _error(500, "database_error", "the database refused the change; nothing was saved")
+
     @app.exception_handler(SQLAlchemyError)
     async def _database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
         logger.exception("database error")
@@ -182,6 +203,10 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # More handler threads than concurrent requests (settings.worker_threads >
+        # max_concurrent_requests, which `dynaloop api` enforces): a request holding SQLite's
+        # write lock always finds a thread to finish on while others wait for the lock.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
         yield
         app.state.model_client.close()
         app.state.engine.dispose()
@@ -201,10 +226,15 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
     app.state.model_client = model_client or ModelClient(timeout_s=settings.model_timeout_s,
                                                          retries=settings.model_retries)
     add_exception_handlers(app)
-    for router in (users.router, tasks.router, writing.router, validating.router):
-        app.include_router(router, prefix=API_PREFIX)
+    app.state.rate_limiter = RateLimiter(settings)
+    for router in (users.router, tasks.router):
+        app.include_router(router, prefix=API_PREFIX, responses=error_responses(*COMMON_ERRORS))
+    # Crowdworkers' endpoints are rate limited per token and per address (services/api/ratelimit.py).
+    for router, extra_errors in ((writing.router, (410, 429)), (validating.router, (429,))):
+        app.include_router(router, prefix=API_PREFIX, dependencies=[Depends(rate_limited)],
+                           responses=error_responses(*COMMON_ERRORS, *extra_errors))
 
-    @app.get("/health", tags=["health"])
+    @app.get("/health", tags=["health"], responses={503: {"model": ErrorResponse}})
     def health() -> JSONResponse:
         """200 when the database answers and its schema is at the newest migration."""
         from services.db.migrate import head_revision

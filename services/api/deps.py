@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,7 +31,12 @@ def get_model_client(request: Request) -> ModelClient:
     return request.app.state.model_client  # type: ignore[no-any-return]
 
 
-def get_session(request: Request) -> Iterator[Session]:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    # Async on purpose: FastAPI runs a sync dependency's teardown in its worker-thread pool.
+    # When every worker thread is waiting for the database write lock, the commit that would
+    # release it could not get a thread, and 50 concurrent writers stalled for the whole busy
+    # timeout (bench/load.py). Creating the session, commit and rollback are short and never
+    # wait for the lock (only a transaction's BEGIN does), so they may run on the event loop.
     session: Session = request.app.state.sessionmaker()
     try:
         yield session
@@ -44,6 +49,10 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+# The largest id an INTEGER primary key holds on PostgreSQL (SQLite's go to 2**63 - 1): a larger
+# id in a path is bad input (422), not a database overflow (500).
+MAX_ID = 2**31 - 1
+IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 SessionDep = Annotated[Session, Depends(get_session)]
 SessionmakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 ModelClientDep = Annotated[ModelClient, Depends(get_model_client)]

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, status
 from pydantic import ValidationError
 
-from services.api.deps import CurrentResearcher, CurrentUser, CurrentWriter, SessionDep, SettingsDep
+from services.api.deps import CurrentResearcher, CurrentUser, CurrentWriter, IdPath, SessionDep, SettingsDep
 from services.api.schemas import (
     PromptImportPublic,
     QuizAnswers,
@@ -121,12 +121,12 @@ def open_rounds(session: SessionDep, user: CurrentUser) -> RoundsPublic:
 
 
 @router.get("/rounds/{round_id}", response_model=RoundPublic, tags=["rounds"])
-def get_round(round_id: int, session: SessionDep, user: CurrentUser) -> RoundPublic:
+def get_round(round_id: IdPath, session: SessionDep, user: CurrentUser) -> RoundPublic:
     return RoundPublic.of(rounds.get_round(session, round_id))
 
 
 @router.post("/rounds/{round_id}/status", response_model=RoundPublic, tags=["rounds"])
-def set_round_status(round_id: int, body: RoundStatusUpdate, session: SessionDep,
+def set_round_status(round_id: IdPath, body: RoundStatusUpdate, session: SessionDep,
                      researcher: CurrentResearcher) -> RoundPublic:
     """Move a round forward: collecting -> validating -> closed."""
     round_ = rounds.set_status(session, researcher, rounds.get_round(session, round_id), body.status)
@@ -135,7 +135,7 @@ def set_round_status(round_id: int, body: RoundStatusUpdate, session: SessionDep
 
 
 @router.put("/rounds/{round_id}/model", response_model=RoundPublic, tags=["rounds"])
-def set_round_model(round_id: int, body: RoundModelUpdate, session: SessionDep,
+def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDep,
                     researcher: CurrentResearcher) -> RoundPublic:
     """Set the model server(s) in the loop; with several, one is picked per attempt."""
     round_ = rounds.set_model_endpoints(session, researcher, rounds.get_round(session, round_id),
@@ -146,7 +146,7 @@ def set_round_model(round_id: int, body: RoundModelUpdate, session: SessionDep,
 
 @router.post("/rounds/{round_id}/prompts", response_model=PromptImportPublic, tags=["rounds"],
              openapi_extra=_PROMPT_BODY)
-def import_prompts(round_id: int, request: Request, session: SessionDep, settings: SettingsDep,
+def import_prompts(round_id: IdPath, request: Request, session: SessionDep, settings: SettingsDep,
                    researcher: CurrentResearcher, content: RawBody,
                    format: str | None = Query(None, description="jsonl or csv; default from Content-Type")
                    ) -> PromptImportPublic:
@@ -164,14 +164,14 @@ def import_prompts(round_id: int, request: Request, session: SessionDep, setting
 
 
 @router.get("/rounds/{round_id}/stats", tags=["rounds"])
-def round_stats(round_id: int, session: SessionDep, researcher: CurrentResearcher) -> dict[str, Any]:
+def round_stats(round_id: IdPath, session: SessionDep, researcher: CurrentResearcher) -> dict[str, Any]:
     """Live statistics: assignments, attempts and fooling rate, confirmations, examples, coverage."""
     return rounds.round_stats(session, rounds.get_round(session, round_id))
 
 
 @router.get("/rounds/{round_id}/worker-agreement", response_model=list[WorkerAgreementPublic],
             tags=["worker quality"])
-def worker_agreement(round_id: int, session: SessionDep, researcher: CurrentResearcher
+def worker_agreement(round_id: IdPath, session: SessionDep, researcher: CurrentResearcher
                      ) -> list[WorkerAgreementPublic]:
     """Each validator's rate of agreement with the majority in this round (DynaSent Fig. 6)."""
     round_ = rounds.get_round(session, round_id)

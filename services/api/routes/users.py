@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 from sqlalchemy import select
 
-from services.api.deps import CurrentAdmin, CurrentUser, SessionDep
+from services.api.deps import CurrentAdmin, CurrentUser, IdPath, SessionDep
 from services.api.schemas import (
     LoginRequest,
     LoginResponse,
@@ -58,7 +58,7 @@ def create_token(username: str, body: TokenCreate, session: SessionDep, actor: C
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenPublic)
-def revoke_token(token_id: int, session: SessionDep, actor: CurrentUser) -> TokenPublic:
+def revoke_token(token_id: IdPath, session: SessionDep, actor: CurrentUser) -> TokenPublic:
     token = users.revoke_token(session, actor, token_id)
     session.commit()
     return TokenPublic(id=token.id, name=token.name, prefix=token.prefix, expires_at=token.expires_at)

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from services.api.deps import CurrentResearcher, CurrentValidator, SessionDep
+from services.api.deps import CurrentResearcher, CurrentValidator, IdPath, SessionDep
 from services.api.schemas import BatchItem, BatchPublic, ErrorResponse, ValidationCreate, ValidationPublic
 from services.domain import rounds, validating
 from services.domain.tasks import definition_of
@@ -18,7 +18,7 @@ _ERRORS = {403: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 409: {"
 
 @router.get("/rounds/{round_id}/validation-batch", response_model=BatchPublic, responses=_ERRORS,
             tags=["validating"])
-def validation_batch(round_id: int, session: SessionDep, validator: CurrentValidator,
+def validation_batch(round_id: IdPath, session: SessionDep, validator: CurrentValidator,
                      size: int | None = Query(None, ge=1, le=100)) -> BatchPublic:
     """Up to 10 examples by others to label: fooling examples first, then the least-validated.
     Calling again returns the examples you still hold (nothing is lost on reload)."""
@@ -33,8 +33,10 @@ def validation_batch(round_id: int, session: SessionDep, validator: CurrentValid
 
 
 @router.post("/examples/{example_id}/validations", response_model=ValidationPublic,
-             status_code=status.HTTP_201_CREATED, responses=_ERRORS, tags=["validating"])
-def submit_validation(example_id: int, body: ValidationCreate, response: Response, session: SessionDep,
+             status_code=status.HTTP_201_CREATED, tags=["validating"],
+             responses={**_ERRORS, 200: {"model": ValidationPublic,
+                                         "description": "A retried identical label: the first answer again."}})
+def submit_validation(example_id: IdPath, body: ValidationCreate, response: Response, session: SessionDep,
                       validator: CurrentValidator,
                       idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None
                       ) -> ValidationPublic:
@@ -52,6 +54,6 @@ def submit_validation(example_id: int, body: ValidationCreate, response: Respons
 
 
 @router.get("/examples/{example_id}", tags=["examples"])
-def example_record(example_id: int, session: SessionDep, researcher: CurrentResearcher) -> dict[str, Any]:
+def example_record(example_id: IdPath, session: SessionDep, researcher: CurrentResearcher) -> dict[str, Any]:
     """The whole record of an example: every attempt, edit distances, confirmation, every label."""
     return validating.example_record(session, example_id)

