@@ -71,6 +71,19 @@ class RoundData:
     prompt_sources: list[str]
 
 
+def counted_responses(session: Session, round_: Round, *, multi_label: bool) -> pd.DataFrame:
+    """The round's counted labels as the long response table (rounds.table)."""
+    return responses_frame(
+        session.execute(
+            select(Validation.example_id, Validation.validator_id, Validation.label)
+            .join(Example, Validation.example_id == Example.id)
+            .where(Example.round_id == round_.id, Validation.counted.is_(True))
+            .order_by(Validation.id)
+        ).all(),
+        multi_label=multi_label,
+    )
+
+
 def load_round(session: Session, round_: Round) -> RoundData:
     definition = definition_of(round_.task)
     multi = definition.is_multi_label
@@ -88,15 +101,7 @@ def load_round(session: Session, round_: Round) -> RoundData:
          for r in rows],
         columns=["example_id", "text", "prompt_id", "condition", "model_prediction", "target_label", "writer_id",
                  "fooled", "status", "extras", "edit_distance", "confirmed", "origin"])
-    responses = responses_frame(
-        session.execute(
-            select(Validation.example_id, Validation.validator_id, Validation.label)
-            .join(Example, Validation.example_id == Example.id)
-            .where(Example.round_id == round_.id, Validation.counted.is_(True))
-            .order_by(Validation.id)
-        ).all(),
-        multi_label=multi,
-    )
+    responses = counted_responses(session, round_, multi_label=multi)
     attempts = pd.DataFrame.from_records(
         session.execute(
             select(Attempt.id, Attempt.fooled, Attempt.confirmed, Assignment.condition)

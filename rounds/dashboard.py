@@ -17,8 +17,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from rounds import aggregation
-from rounds.table import responses_frame
-from services.db.models import Attempt, Example, ExampleStatus, Round, Validation
+from rounds.build import counted_responses
+from services.db.models import Attempt, Example, ExampleStatus, Round
 from services.domain import quality
 from services.domain.tasks import definition_of
 from services.taskdef import TaskDefinition, TaskFamily
@@ -68,15 +68,7 @@ def round_plot_data(session: Session, round_: Round, *, limit: int = DEFAULT_LIM
     if total > limit:
         step = total / limit
         rows = [rows[int(i * step)] for i in range(limit)]
-    responses = responses_frame(
-        session.execute(
-            select(Validation.example_id, Validation.validator_id, Validation.label)
-            .join(Example, Validation.example_id == Example.id)
-            .where(Example.round_id == round_.id, Validation.counted.is_(True))
-            .order_by(Validation.id)
-        ).all(),
-        multi_label=multi,
-    )
+    responses = counted_responses(session, round_, multi_label=multi)
     gold = majority_gold(definition, responses)
     examples = []
     for (example_id, condition, origin, text, target, prediction, fooled, status, validations,

@@ -4,7 +4,12 @@ DYNALOOP_TEST_POSTGRES_URL is set), the API app, and a real HTTP stub model serv
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +41,62 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def dynaloop_command() -> list[str]:
+    """How to run the `dynaloop` console command of this environment as a subprocess."""
+    script = Path(sys.executable).with_name("dynaloop")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("dynaloop")
+    return [found] if found else [sys.executable, "-c", "from dynaloop.cli import app; app()"]
+
+
+@dataclass
+class ModelServerProcess:
+    url: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def info(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/info", timeout=5).json()  # type: ignore[no-any-return]
+
+
+@contextmanager
+def model_server_process(model_dir: Path, log: Path, admin_token: str) -> Iterator[ModelServerProcess]:
+    """A real `dynaloop model-server` process for ``model_dir`` with reloads enabled; stopped
+    (its whole process group) on exit. Fails the test with the server's log if it cannot start."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
+    env.update(DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=admin_token, PYTHONUNBUFFERED="1")
+    with log.open("wb") as out:
+        popen = subprocess.Popen([*dynaloop_command(), "model-server", "--model", str(model_dir), "--port", str(port),
+                                  "--device", "cpu", "--log-level", "warning"],
+                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    server = ModelServerProcess(f"http://127.0.0.1:{port}", popen, log)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if popen.poll() is not None:
+                pytest.fail(f"the model server exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the model server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGTERM)
+            try:
+                popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait(timeout=5)
 
 
 @contextmanager

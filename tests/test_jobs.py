@@ -26,8 +26,7 @@ from services.db.engine import session_scope
 from services.db.models import AuditEntry, Job, JobKind, JobStatus, ModelVersion, ModelVersionStatus, utcnow
 from services.domain.tasks import create_task, get_task
 from services.errors import Conflict, Invalid
-from tests.conftest import example_yaml, free_port, table_counts
-from tests.test_registry import _dynaloop_command
+from tests.conftest import example_yaml, free_port, model_server_process, table_counts
 from tests.test_round_build import LABELS, built  # noqa: F401 - the built-round fixture
 
 pytestmark = pytest.mark.timeout(600)
@@ -70,38 +69,8 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real `dynaloop model-server` process (a tiny Model 0) that allows reloads."""
     root = tmp_path_factory.mktemp("jobs-model-server")
     init_model_dir(root / "model-0", labels=LABELS, tiny=True, model_id="model-0", seed=0)
-    port = free_port()
-    log = root / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
-    env.update(DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=TOKEN, PYTHONUNBUFFERED="1")
-    with log.open("wb") as out:
-        popen = subprocess.Popen([*_dynaloop_command(), "model-server", "--model", str(root / "model-0"),
-                                  "--port", str(port), "--device", "cpu", "--log-level", "warning"],
-                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if popen.poll() is not None:
-                pytest.fail(f"the model server exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the model server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        if popen.poll() is None:
-            os.killpg(popen.pid, signal.SIGTERM)
-            try:
-                popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(popen.pid, signal.SIGKILL)
-                popen.wait(timeout=5)
+    with model_server_process(root / "model-0", root / "server.log", TOKEN) as server:
+        yield server.url
 
 
 # --- in process: train -> evaluate -> promote --------------------------------------------------

@@ -7,18 +7,12 @@ Runs on SQLite always and on PostgreSQL when DYNALOOP_TEST_POSTGRES_URL is set.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
@@ -32,7 +26,7 @@ from services.db.engine import session_scope
 from services.db.models import Assignment, Attempt, AuditEntry, ModelVersion, ModelVersionStatus, Round
 from services.domain.tasks import create_task, get_task
 from services.errors import Conflict, Invalid, NotFound
-from tests.conftest import example_yaml, free_port, open_round, table_snapshot
+from tests.conftest import ModelServerProcess, example_yaml, free_port, model_server_process, open_round, table_snapshot
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,59 +64,12 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     return Models(root / "a", root / "b", root / "binary", root / "unloadable")
 
 
-def _dynaloop_command() -> list[str]:
-    script = Path(sys.executable).with_name("dynaloop")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("dynaloop")
-    return [found] if found else [sys.executable, "-c", "from dynaloop.cli import app; app()"]
-
-
-@dataclass
-class ModelServerProcess:
-    url: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def info(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/info", timeout=5).json()
-
-
 @pytest.fixture(scope="module")
 def model_server(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServerProcess]:
     """A real `dynaloop model-server` process serving model A, with reloads enabled."""
-    port = free_port()
     log = tmp_path_factory.mktemp("model-server-log") / "model-server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
-    env.update(DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=TOKEN, PYTHONUNBUFFERED="1")
-    with log.open("wb") as out:
-        popen = subprocess.Popen([*_dynaloop_command(), "model-server", "--model", str(models.a), "--port", str(port),
-                                  "--device", "cpu", "--log-level", "warning"],
-                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-    server = ModelServerProcess(f"http://127.0.0.1:{port}", popen, log)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if popen.poll() is not None:
-                pytest.fail(f"the model server exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the model server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+    with model_server_process(models.a, log, TOKEN) as server:
         yield server
-    finally:
-        if popen.poll() is None:
-            os.killpg(popen.pid, signal.SIGTERM)
-            try:
-                popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(popen.pid, signal.SIGKILL)
-                popen.wait(timeout=5)
 
 
 @pytest.fixture
