@@ -114,7 +114,7 @@ class Stack:
 
 
 def make_model(directory: Path, kind: str) -> None:
-    from model_server.init_model import init_model_dir
+    from modelling.init_model import init_model_dir
 
     init_model_dir(directory, labels=["positive", "negative", "neutral"], tiny=kind == "tiny",
                    model_id=f"load-{kind}", task=LOAD_TASK, max_length=64)

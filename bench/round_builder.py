@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from rounds import aggregation, agreement, splits  # noqa: E402
-from rounds.build import DAWID_SKENE_ITERATIONS  # noqa: E402
+from round_builder.build import DAWID_SKENE_ITERATIONS  # noqa: E402
 
 LABELS = ["positive", "negative", "neutral"]
 VALIDATION_LABELS = [*LABELS, "mixed"]

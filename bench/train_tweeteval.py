@@ -33,9 +33,9 @@ from sklearn.linear_model import LogisticRegression
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rounds.datasets import LabelledSet  # noqa: E402
-from rounds.evaluate import compute_metrics, predict_probabilities  # noqa: E402
-from rounds.train import TrainConfig, train_model  # noqa: E402
+from modelling.datasets import LabelledSet  # noqa: E402
+from modelling.evaluate import compute_metrics, predict_probabilities  # noqa: E402
+from modelling.train import TrainConfig, train_model  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tweeteval-sentiment"
 

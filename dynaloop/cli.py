@@ -302,7 +302,7 @@ def model_init(
     overwrite: bool = False,
 ) -> None:
     """Build an (untrained) classifier directory with dynaloop_model.json, offline."""
-    from model_server.init_model import init_model_dir
+    from modelling.init_model import init_model_dir
 
     family = "multi_label" if multi_label else "single_label"
     input_format = "text_pair" if pair else "text"
@@ -345,7 +345,7 @@ def _model_row(model, attempts: int | None = None) -> list[str]:  # type: ignore
 @model_app.command("list")
 def model_list(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
     """The task's registered model versions, their status and the attempts each one scored."""
-    from rounds.registry import attempt_counts, list_models
+    from modelling.registry import attempt_counts, list_models
     from services.domain.tasks import get_task
     from services.errors import DomainError
 
@@ -379,7 +379,7 @@ def model_register(task: TaskOpt,
     """Record a model directory in the task's registry (again: no change)."""
     import json
 
-    from rounds.registry import record_evaluation, register_model
+    from modelling.registry import record_evaluation, register_model
     from services.db.engine import session_scope
     from services.domain.tasks import get_task
     from services.errors import DomainError
@@ -422,7 +422,7 @@ def model_promote(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Hot-swap the model server to a registered model, then mark it promoted (the previous one retired)."""
-    from rounds.registry import promote
+    from modelling.registry import promote
     from services.errors import DomainError
 
     if not admin_token:
@@ -447,7 +447,7 @@ def model_retire(task: TaskOpt,
                  version: Annotated[str, typer.Option("--version", help="Registry id, name or model_id")],
                  database_url: DatabaseOpt = None) -> None:
     """Mark a model version retired (a model server keeps serving it until another is promoted)."""
-    from rounds.registry import retire
+    from modelling.registry import retire
     from services.db.engine import session_scope
     from services.domain.tasks import get_task
     from services.errors import DomainError
@@ -518,7 +518,7 @@ def round_build(task: Annotated[str, typer.Option(help="Task name")],
                 model_based: str = "dawid_skene",
                 database_url: DatabaseOpt = None) -> None:
     """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report."""
-    from rounds.build import BuildConfig, build_round
+    from round_builder.build import BuildConfig, build_round
     from services.db.engine import session_scope
     from services.errors import DomainError
 
@@ -550,7 +550,7 @@ def round_export(task: Annotated[str, typer.Option(help="Task name")],
                  splits: Annotated[str, typer.Option(help="Comma-separated splits")] = "train,dev,test",
                  database_url: DatabaseOpt = None) -> None:
     """Write the newest build's splits to files (one per split)."""
-    from rounds import export
+    from round_builder import export
     from services.errors import DomainError
 
     settings = _settings(database_url)
@@ -594,8 +594,8 @@ def round_harvest(
 ) -> None:
     """Harvest corpus sentences the model likely gets wrong (DynaSent §3.2): half from low-rated
     texts it calls positive and high-rated texts it calls negative, half at random."""
-    from rounds.evaluate import EvaluationError
-    from rounds.harvest import harvest
+    from modelling.evaluate import EvaluationError
+    from modelling.harvest import harvest
     from services.errors import DomainError
 
     if as_ not in ("examples", "prompts"):
@@ -628,8 +628,8 @@ def round_harvest(
 
 
 def _show_training_log() -> None:
-    """Per-epoch lines of `rounds.train` on stderr when nothing else shows INFO logs."""
-    train_logger = logging.getLogger("rounds.train")
+    """Per-epoch lines of `modelling.train` on stderr when nothing else shows INFO logs."""
+    train_logger = logging.getLogger("modelling.train")
     if not logging.getLogger().handlers and not train_logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -671,10 +671,10 @@ def round_train(
     from accelerate import PartialState
     from pydantic import ValidationError
 
-    from model_server.init_model import init_model_dir
-    from rounds.datasets import DataError, DataMix, input_format, load_source, model_labels
-    from rounds.registry import register_model
-    from rounds.train import TrainConfig, TrainingError, train_model
+    from modelling.init_model import init_model_dir
+    from modelling.datasets import DataError, DataMix, input_format, load_source, model_labels
+    from modelling.registry import register_model
+    from modelling.train import TrainConfig, TrainingError, train_model
     from services.db.engine import session_scope
     from services.domain.tasks import definition_of, get_task
     from services.errors import DomainError
@@ -779,10 +779,10 @@ def round_evaluate(task: Annotated[str, typer.Option(help="Task name")],
                        help="Store the results in the model registry (trained -> evaluated)")] = True,
                    database_url: DatabaseOpt = None) -> None:
     """Evaluate a model on every built round's dev/test split and the mix's sets (DynaSent Table 5b)."""
-    from model_server.metadata import ModelMetadata, ModelMetadataError
-    from rounds.datasets import DataError, DataMix
-    from rounds.evaluate import EvaluationError, evaluate_model, load_evaluation_sets, write_evaluation
-    from rounds.registry import record_evaluation
+    from model_directory import ModelMetadata, ModelMetadataError
+    from modelling.datasets import DataError, DataMix
+    from modelling.evaluate import EvaluationError, evaluate_model, load_evaluation_sets, write_evaluation
+    from modelling.registry import record_evaluation
     from services.db.engine import session_scope
     from services.domain.tasks import get_task
     from services.errors import DomainError
@@ -889,7 +889,7 @@ def api(host: str = "127.0.0.1", port: int = 8000, database_url: DatabaseOpt = N
         os.environ["DYNALOOP_DATABASE_URL"] = database_url
     if settings.max_concurrent_requests >= settings.worker_threads:
         raise _fail("DYNALOOP_MAX_CONCURRENT_REQUESTS must be below DYNALOOP_WORKER_THREADS (see docs/deploy.md)")
-    uvicorn.run("dynaloop.app:create_app", factory=True, host=host, port=port, workers=workers,
+    uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
                 limit_concurrency=settings.max_concurrent_requests,
                 log_level=log_level)
 
@@ -1005,7 +1005,7 @@ def job_run(job_id: Annotated[int, typer.Argument(help="The job's id (POST /api/
     this command for every job; the model server admin token comes from the environment)."""
     import signal
 
-    from rounds.jobs import run_job
+    from modelling.jobs import run_job
     from services.db.models import JobStatus
     from services.errors import DomainError
 

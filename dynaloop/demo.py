@@ -113,7 +113,7 @@ def put_model_in_loop(settings: Settings, directory: Path, endpoint: str, admin_
     Model 0 has no evaluation to show (there is no round data yet), so it is promoted with
     ``force``. Starting the demo again finds it promoted there already and changes nothing:
     the model server was started with that directory."""
-    from rounds.registry import promote, register_model
+    from modelling.registry import promote, register_model
     from services.db.models import ModelVersionStatus
 
     engine = make_engine(settings.resolved_database_url)
@@ -249,7 +249,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                     with _quiet_transformers():
                         model = ensure_model_zero(settings.data_dir, spec, task_name=setup.task,
                                                   retrain=options.retrain)
-                except (ValueError, OSError) as exc:  # rounds.train's TrainingError is a ValueError
+                except (ValueError, OSError) as exc:  # modelling.train's TrainingError is a ValueError
                     raise DemoError(f"Model 0 could not be trained: {exc}") from exc
                 console.print(("  trained in {:.0f} s" if model.trained else "  cached (took {:.1f} s to find; "
                                "--retrain trains it again)").format(model.seconds) + f": {model.directory}",

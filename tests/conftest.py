@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from dynaloop.app import create_app
+from api.app import create_app
 from services.db.engine import session_scope
 from services.db.migrate import upgrade
 from services.db.models import Base

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from model_server.app import ServerConfig, create_model_app
-from model_server.init_model import init_model_dir
+from modelling.init_model import init_model_dir
 from tests.conftest import example_yaml, free_port, open_round
 from tests.stub_model_server import ThreadedServer
 

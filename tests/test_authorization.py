@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import String, Text, text
 
-import rounds.jobs
+import modelling.jobs
 from services.db.engine import session_scope
 from services.db.models import Base
 from services.domain import users
@@ -141,7 +141,7 @@ def model_with_inspect() -> Iterator[ThreadedServer]:
 @pytest.fixture
 def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch
           ) -> World:
-    monkeypatch.setattr(rounds.jobs, "start_job", lambda *args, **kwargs: None)  # no real training
+    monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)  # no real training
     actors: dict[str, Actor | None] = {"anonymous": None}
     for role in ROLES[1:]:
         actors[role] = make_user(f"the-{role}", role)

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from dynaloop.app import create_app
+from api.app import create_app
 from services.db.migrate import current_revision, head_revision
 from services.settings import Settings
 

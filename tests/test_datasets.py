@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import select
 
-from rounds.datasets import (
+from modelling.datasets import (
     DataError,
     DataMix,
     LabelledSet,

@@ -19,8 +19,8 @@ from dynaloop.demo import DEMO_PROMPTS, DEMO_TASK
 from dynaloop.model_zero import ModelZeroSpec, cache_key, ensure_model_zero, model_zero_dir
 from dynaloop.processes import RUNNING_FILE, ServiceError, Supervisor, still_running
 from dynaloop.seed_corpus import DEFAULT_PER_LABEL, SEED_LABELS, seed_corpus
-from model_server.init_model import minilm_dir
-from model_server.metadata import ModelMetadata
+from modelling.init_model import minilm_dir
+from model_directory import ModelMetadata
 from services.taskdef import example_path, load_task_definition
 from tests.demo_process import TINY_SPEC, alive, group_members, running_demo, tiny_model_cache
 

@@ -208,7 +208,7 @@ def test_api_image_installs_the_redis_client_that_limits_does_not_pull() -> None
 def test_api_cmd_is_uvicorn_with_proxy_headers_and_real_options() -> None:
     cmd = cmd_of("api")
     assert cmd[0] == "uvicorn"
-    assert cmd[cmd.index("--factory") + 1] == "dynaloop.app:create_app"
+    assert cmd[cmd.index("--factory") + 1] == "api.app:create_app"
     assert "--proxy-headers" in cmd
     assert cmd[cmd.index("--forwarded-allow-ips") + 1] == "*"
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--port") + 1] == "8000"

@@ -13,10 +13,10 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, jaccard_
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from model_server.init_model import init_model_dir
-from rounds.datasets import LabelledSet
-from rounds.registry import find_model
-from rounds.evaluate import (
+from modelling.init_model import init_model_dir
+from modelling.datasets import LabelledSet
+from modelling.registry import find_model
+from modelling.evaluate import (
     EvaluationError,
     LoadedClassifier,
     compute_metrics,

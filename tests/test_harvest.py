@@ -1,4 +1,4 @@
-"""Round-1 harvesting (rounds.harvest, DynaSent §3.2): sentence splitting, the sampling
+"""Round-1 harvesting (modelling.harvest, DynaSent §3.2): sentence splitting, the sampling
 proportions, harvested examples validated through the API and built into chance-level splits,
 prompt sets, and clear errors for bad corpora.
 
@@ -20,10 +20,10 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from model_server.init_model import init_model_dir
-from rounds import export
-from rounds.build import BuildConfig, build_round
-from rounds.harvest import (
+from modelling.init_model import init_model_dir
+from round_builder import export
+from round_builder.build import BuildConfig, build_round
+from modelling.harvest import (
     POOL_HIGH,
     POOL_LOW,
     POOL_RANDOM,

@@ -1,4 +1,4 @@
-"""Jobs (rounds/jobs.py): train, evaluate and promote run outside the API with progress, on a
+"""Jobs (modelling/jobs.py): train, evaluate and promote run outside the API with progress, on a
 real database (SQLite; PostgreSQL too when DYNALOOP_TEST_POSTGRES_URL is set), a built round,
 a tiny model, a real `dynaloop model-server` process and a real `dynaloop job run` process."""
 
@@ -19,9 +19,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from model_server.init_model import init_model_dir
-from rounds import jobs
-from rounds.jobs import JobRunner, create_job, run_job
+from modelling.init_model import init_model_dir
+from modelling import jobs
+from modelling.jobs import JobRunner, create_job, run_job
 from services.db.engine import session_scope
 from services.db.models import AuditEntry, Job, JobKind, JobStatus, ModelVersion, ModelVersionStatus, utcnow
 from services.domain.tasks import create_task, get_task
@@ -133,7 +133,7 @@ def test_train_evaluate_promote_in_process(app, built, progress_seen, model_serv
 
 
 def test_failures_are_recorded_with_a_clear_message(app, built, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from rounds import train
+    from modelling import train
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("the GPU caught fire")
@@ -147,7 +147,7 @@ def test_failures_are_recorded_with_a_clear_message(app, built, monkeypatch, tmp
     # A domain failure: the model server is down. The registry is unchanged.
     root = tmp_path / "models"
     init_model_dir(root / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
-    from rounds.registry import record_evaluation
+    from modelling.registry import record_evaluation
 
     with session_scope(app.state.sessionmaker) as session:
         model = record_evaluation(session, get_task(session, "dynasent-r2"), root / "m", {"dev": {"macro_f1": 0.5}})
@@ -277,7 +277,7 @@ def test_roles_unknown_task_and_bad_input(app, client, built, make_user) -> None
 
 
 def test_promote_needs_an_evaluated_model_and_a_token(app, built, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from rounds.registry import register_model
+    from modelling.registry import register_model
 
     init_model_dir(tmp_path / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
     with session_scope(app.state.sessionmaker) as session:

@@ -16,8 +16,8 @@ import pytest
 
 from model_server.app import ServerConfig, create_model_app
 from model_server.batching import Batcher, DeadlineExceeded, ServerStopping, collect
-from model_server.init_model import init_model_dir
-from model_server.metadata import ModelMetadata
+from modelling.init_model import init_model_dir
+from model_directory import ModelMetadata
 from tests.conftest import free_port
 from tests.stub_model_server import ThreadedServer
 
@@ -486,7 +486,7 @@ def test_vllm_backends_refuse_clearly_without_a_gpu(model_dirs: dict[str, Path])
     if _has_cuda_and_vllm():
         pytest.skip("this machine has a GPU and vLLM")
     from model_server.backends import load_backend
-    from model_server.metadata import ModelMetadataError
+    from model_directory import ModelMetadataError
 
     for kind in ("vllm-classify", "vllm-generate"):
         with pytest.raises(ModelMetadataError) as error:

@@ -1,4 +1,4 @@
-"""The model registry (rounds.registry): register, evaluate, promote over real HTTP to a real
+"""The model registry (modelling.registry): register, evaluate, promote over real HTTP to a real
 `dynaloop model-server` process, retire; attempts record the version they met.
 
 Runs on SQLite always and on PostgreSQL when DYNALOOP_TEST_POSTGRES_URL is set.
@@ -19,9 +19,9 @@ from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from model_server.init_model import init_model_dir
-from rounds import registry
-from rounds.registry import PromotionError, find_model, list_models, promote, record_evaluation, register_model, retire
+from modelling.init_model import init_model_dir
+from modelling import registry
+from modelling.registry import PromotionError, find_model, list_models, promote, record_evaluation, register_model, retire
 from services.db.engine import session_scope
 from services.db.models import Assignment, Attempt, AuditEntry, ModelVersion, ModelVersionStatus, Round
 from services.domain.tasks import create_task, get_task

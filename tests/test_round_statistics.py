@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import cohen_kappa_score
 
-from rounds.aggregation import (
+from round_builder.aggregation import (
     compare_aggregations,
     consolidate_target_sentiment,
     dawid_skene_labels,
@@ -27,7 +27,7 @@ from rounds.aggregation import (
     majority_labels,
     multilabel_gold,
 )
-from rounds.agreement import (
+from round_builder.agreement import (
     count_table,
     disagreeing_workers,
     fleiss_kappa,
@@ -40,7 +40,7 @@ from rounds.agreement import (
     worker_agreement,
     worker_pair_cohen_kappas,
 )
-from rounds.human import human_performance, human_performance_table
+from round_builder.human import human_performance, human_performance_table
 from services.taskdef import example_path, load_task_definition
 
 SENTIMENT = ["positive", "negative", "neutral", "mixed"]

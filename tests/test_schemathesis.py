@@ -35,8 +35,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
-import rounds.jobs
-from dynaloop.app import create_app
+import modelling.jobs
+from api.app import create_app
 from services.db.engine import session_scope
 from services.db.models import ApiToken
 from services.domain import users
@@ -234,7 +234,7 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
 def seeded(settings: Settings, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch
            ) -> Iterator[Seeded]:
     # A generated train or evaluate job must not start a real training process.
-    monkeypatch.setattr(rounds.jobs, "start_job", lambda *args, **kwargs: None)
+    monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)
     app = create_app(settings)
     tokens, token_ids, ids = seed(app, model_with_inspect.url)
     REAL.clear()

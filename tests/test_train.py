@@ -1,4 +1,4 @@
-"""Retraining from scratch (rounds/train.py) with a tiny random BERT and toy labelled sets."""
+"""Retraining from scratch (modelling/train.py) with a tiny random BERT and toy labelled sets."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from model_server.backends import ClassifyInput, load_backend
-from model_server.init_model import init_model_dir
-from model_server.metadata import ModelMetadata
-from rounds.datasets import LabelledSet
-from rounds.train import (
+from modelling.init_model import init_model_dir
+from model_directory import ModelMetadata
+from modelling.datasets import LabelledSet
+from modelling.train import (
     EpochRecord,
     TrainConfig,
     TrainingError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from model_server.backends.base import Backend, ClassifyInput, ClassifyOutput
-from model_server.metadata import ModelMetadata
+from model_directory import ModelMetadata
 
 __all__ = ["Backend", "ClassifyInput", "ClassifyOutput", "load_backend"]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from model_server.metadata import ModelMetadata
+from model_directory import ModelMetadata
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
-from model_server.metadata import ModelMetadata, ModelMetadataError
+from model_directory import ModelMetadata, ModelMetadataError
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide, sigmoid, softmax
-from model_server.metadata import ModelMetadata, ModelMetadataError
+from model_directory import ModelMetadata, ModelMetadataError
 
 DEFAULT_PROMPT = (
     "Classify the text into exactly one of these labels: {labels}.\n"

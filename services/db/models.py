@@ -421,7 +421,7 @@ class Validation(Base):
 
 class ModelVersion(Base):
     """A trained classifier directory and where it stands: trained -> evaluated -> promoted
-    -> retired (rounds.registry). ``model_id`` and ``version`` are the strings of its
+    -> retired (modelling.registry). ``model_id`` and ``version`` are the strings of its
     ``dynaloop_model.json``, the same ones every attempt records from the model server, so
     attempts join to the registry on (model_id, model_version)."""
 
@@ -443,7 +443,7 @@ class ModelVersion(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # training metrics
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # training sources and their hashes
     hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # rounds.evaluate's results
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # modelling.evaluate's results
     status: Mapped[ModelVersionStatus] = mapped_column(
         _enum(ModelVersionStatus), default=ModelVersionStatus.trained
     )
@@ -525,7 +525,7 @@ class JobStatus(str, enum.Enum):
 
 class Job(Base):
     """Long researcher work (train, evaluate, promote) run by `dynaloop job run` in its own
-    process, never inside the API (rounds.jobs). ``pid`` and ``host`` say where it runs, so a
+    process, never inside the API (modelling.jobs). ``pid`` and ``host`` say where it runs, so a
     job whose process is gone is reported failed instead of hanging as *running*."""
 
     __tablename__ = "jobs"

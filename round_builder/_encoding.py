@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rounds.table import check_frame
+from round_builder.table import check_frame
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlche
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api.ratelimit import RateLimiter, rate_limited
-from services.api.routes import tasks, users, validating, writing
-from services.api.schemas import ErrorResponse, error_responses
+from api.ratelimit import RateLimiter, rate_limited
+from api.routes import round_builder, tasks, users, validating, writing
+from api.schemas import ErrorResponse, error_responses
 from services.db.engine import make_engine, make_sessionmaker
 from services.errors import DomainError, ModelUnavailable, RateLimited, Unauthorized
 from services.model_client import ModelClient
@@ -227,9 +227,9 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
                                                          retries=settings.model_retries)
     add_exception_handlers(app)
     app.state.rate_limiter = RateLimiter(settings)
-    for router in (users.router, tasks.router):
+    for router in (users.router, tasks.router, round_builder.router):
         app.include_router(router, prefix=API_PREFIX, responses=error_responses(*COMMON_ERRORS))
-    # Crowdworkers' endpoints are rate limited per token and per address (services/api/ratelimit.py).
+    # Crowdworkers' endpoints are rate limited per token and per address (api/ratelimit.py).
     for router, extra_errors in ((writing.router, (410, 429)), (validating.router, (429,))):
         app.include_router(router, prefix=API_PREFIX, dependencies=[Depends(rate_limited)],
                            responses=error_responses(*COMMON_ERRORS, *extra_errors))

@@ -5,7 +5,7 @@ Prediction
     per input, in the order of the labels in its ``dynaloop_model.json``; :func:`predict_loaded`
     does the same with a model already in memory (the training loop's dev evaluation).
 Metrics
-    :func:`compute_metrics` scores one :class:`~rounds.datasets.LabelledSet` with scikit-learn:
+    :func:`compute_metrics` scores one :class:`~modelling.datasets.LabelledSet` with scikit-learn:
     per-class F1, macro-F1, accuracy and the confusion matrix for single-label tasks (plus the
     positive class's F1 for binary ones: iSarcasm's headline metric); micro-, macro- and
     per-label F1 at the model's threshold for multi-label ones (EthioEmo).
@@ -47,8 +47,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from model_server.metadata import ModelMetadata, ModelMetadataError
-from rounds.datasets import DataError, LabelledSet, SourceSpec, load_source, model_labels
+from model_directory import ModelMetadata, ModelMetadataError
+from modelling.datasets import DataError, LabelledSet, SourceSpec, load_source, model_labels
 from services.db.models import BuiltExample, Round, RoundBuild, Task
 from services.domain.tasks import definition_of
 

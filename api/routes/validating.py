@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from services.api.deps import CurrentResearcher, CurrentValidator, IdPath, SessionDep
-from services.api.schemas import BatchItem, BatchPublic, ErrorResponse, ValidationCreate, ValidationPublic
+from api.deps import CurrentResearcher, CurrentValidator, IdPath, SessionDep
+from api.schemas import BatchItem, BatchPublic, ErrorResponse, ValidationCreate, ValidationPublic
 from services.domain import rounds, validating
 from services.domain.tasks import definition_of
 

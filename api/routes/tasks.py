@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, status
 from pydantic import ValidationError
 
-from services.api.deps import CurrentResearcher, CurrentUser, CurrentWriter, IdPath, SessionDep, SettingsDep
-from services.api.schemas import (
+from api.deps import CurrentResearcher, CurrentUser, CurrentWriter, IdPath, SessionDep, SettingsDep
+from api.schemas import (
     PromptImportPublic,
     QuizAnswers,
     RoundCreate,

@@ -298,7 +298,7 @@ class ConfirmationCreate(BaseModel):
 
 class ExampleCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    attempt_id: int = Field(ge=1, le=2**31 - 1)  # an INTEGER id (services.api.deps.MAX_ID)
+    attempt_id: int = Field(ge=1, le=2**31 - 1)  # an INTEGER id (api.deps.MAX_ID)
     extras: dict[str, Any] = Field(default_factory=dict, description="The task's writer fields.")
 
 

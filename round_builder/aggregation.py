@@ -1,6 +1,6 @@
 """Aggregation: from the long response table to gold labels (round builder step 1).
 
-Every function takes the long table of :mod:`rounds.table` (``example_id, worker_id,
+Every function takes the long table of :mod:`round_builder.table` (``example_id, worker_id,
 label``) and the labels the task allows, and returns a DataFrame indexed by ``example_id``
 (one row per example that has at least one response, sorted by id). Counting is vectorised
 (``numpy.bincount`` over integer codes), so a round of 1,000,000 responses aggregates in
@@ -40,14 +40,14 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from rounds._encoding import (
+from round_builder._encoding import (
     EncodedResponses,
     bincount_2d,
     check_labels_argument,
     encode_multi,
     encode_single,
 )
-from rounds.table import check_frame
+from round_builder.table import check_frame
 from services.taskdef import TaskDefinition
 
 __all__ = [
@@ -608,7 +608,7 @@ def keep_top_ranked(
 
     "Many examples received more than 5 labels; we keep only those by the top-ranked workers
     according to agreement with the majority." ``ranking`` maps worker id to a score, higher
-    is better (e.g. ``worker_agreement(...)["agreement_rate"]`` from :mod:`rounds.agreement`).
+    is better (e.g. ``worker_agreement(...)["agreement_rate"]`` from :mod:`round_builder.agreement`).
     Workers missing from the ranking (or with a NaN score) rank below everyone; equal scores
     keep the earlier row of the table. Examples with ``n`` or fewer responses are unchanged.
     Rows keep their original order.

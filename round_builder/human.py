@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import precision_recall_fscore_support
 
-from rounds._encoding import as_generator, check_labels_argument, encode_single, gold_codes, slots
+from round_builder._encoding import as_generator, check_labels_argument, encode_single, gold_codes, slots
 
 __all__ = ["HumanPerformance", "human_performance", "human_performance_table"]
 
@@ -56,7 +56,7 @@ def human_performance(
     """Estimate human P/R/F1 with synthetic annotators (DynaSent §3.5).
 
     ``gold`` maps example id to its gold label (``None`` for none, e.g. the ``label`` column
-    of :func:`rounds.aggregation.majority_labels`); only examples with gold (and, when given,
+    of :func:`round_builder.aggregation.majority_labels`); only examples with gold (and, when given,
     in ``examples``, e.g. the dev split's ids) are scored. ``labels`` are the labels responses
     may carry (validation labels such as ``mixed`` included); ``classes`` are the classes
     scored (default: the labels that occur as gold, in ``labels`` order). A response outside

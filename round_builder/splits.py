@@ -623,7 +623,7 @@ class _GoldClasses:
             remap = np.array([keys.index(v) if v in keys else -1 for v in labels] + [-1], dtype=np.int64)
             class_index = remap[label_index]
             in_labels = label_index >= 0
-        else:  # multi-label: each distinct set (canonical: sorted tuple, as rounds.table stores it)
+        else:  # multi-label: each distinct set (canonical: sorted tuple, as round_builder.table stores it)
             position = {label: i for i, label in enumerate(labels)}
             canon = [tuple(sorted(set(v if s else (v,)))) if all(m in position for m in (v if s else (v,)))
                      else None for v, s in zip(gold.values, is_set, strict=True)]

@@ -3,7 +3,7 @@
 Per example: the normalised edit distance to its prompt (DynaSent Fig. 2a), its length in
 characters and words (Fig. 2b), the writer's target label, the model's prediction and — once
 the example is validated — the majority (gold) label of its counted validations, by the same
-rules as the round builder (:mod:`rounds.aggregation`); plus each validator's agreement with
+rules as the round builder (:mod:`round_builder.aggregation`); plus each validator's agreement with
 the majority (Fig. 6). Example texts are not included: the plots need none, and a dashboard
 that never receives text cannot render it unescaped.
 """
@@ -16,8 +16,8 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from rounds import aggregation
-from rounds.build import counted_responses
+from round_builder import aggregation
+from round_builder.build import counted_responses
 from services.db.models import Attempt, Example, ExampleStatus, Round
 from services.domain import quality
 from services.domain.tasks import definition_of

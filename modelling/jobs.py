@@ -9,12 +9,12 @@ transactions, so a researcher's page can poll ``GET /api/v1/jobs/{id}``.
 
 Kinds (the DESIGN.md round builder's steps 6 and 7 behind buttons):
 
-* ``train``: :func:`rounds.train.train_model` from the base checkpoint on a data mix (default:
+* ``train``: :func:`modelling.train.train_model` from the base checkpoint on a data mix (default:
   every built round's train split, with the newest built round's dev split for early
-  stopping), then :func:`rounds.registry.register_model`;
-* ``evaluate``: :func:`rounds.evaluate.evaluate_model` on every built round's dev and test
-  split, then :func:`rounds.registry.record_evaluation`;
-* ``promote``: :func:`rounds.registry.promote` (hot swap on the model server, then the
+  stopping), then :func:`modelling.registry.register_model`;
+* ``evaluate``: :func:`modelling.evaluate.evaluate_model` on every built round's dev and test
+  split, then :func:`modelling.registry.record_evaluation`;
+* ``promote``: :func:`modelling.registry.promote` (hot swap on the model server, then the
   registry). The model server's admin token comes from the settings or the request and is
   handed to the process in its environment: it is never stored in the row or its log.
 
@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from rounds.datasets import DataError, DataMix, SourceSpec
+from modelling.datasets import DataError, DataMix, SourceSpec
 from services.db.models import (
     Job,
     JobKind,
@@ -76,8 +76,8 @@ PROGRESS_INTERVAL_S = 1.0
 #: A queued job whose process never reported a pid after this long did not start.
 START_TIMEOUT = dt.timedelta(minutes=5)
 ADMIN_TOKEN_ENV = "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN"
-MAX_ID = 2**31 - 1  # ids are INTEGER columns (services.api.deps.MAX_ID)
-OWN_LOGGERS = ("rounds", "model_server", "services", "dynaloop")
+MAX_ID = 2**31 - 1  # ids are INTEGER columns (api.deps.MAX_ID)
+OWN_LOGGERS = ("round_builder", "modelling", "model_server", "model_directory", "services", "api", "dynaloop")
 
 
 # --- parameters --------------------------------------------------------------------------
@@ -494,9 +494,9 @@ def _claim(factory: sessionmaker[Session], job_id: int) -> tuple[JobKind, int, s
 
 
 def _failure_message(exc: BaseException) -> str:
-    from model_server.metadata import ModelMetadataError
-    from rounds.evaluate import EvaluationError
-    from rounds.train import TrainingError
+    from model_directory import ModelMetadataError
+    from modelling.evaluate import EvaluationError
+    from modelling.train import TrainingError
 
     if isinstance(exc, DomainError):
         return exc.message
@@ -520,7 +520,7 @@ def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path,
     runner = JobRunner(factory, job_id, secrets=[admin_token or ""])
     context = _Context(factory, job_id, kind, task_id, task_name, actor_id, params, Path(data_dir), runner)
     handler = _LogToJob(runner)
-    root, ours = logging.getLogger(), logging.getLogger("rounds")
+    root, ours = logging.getLogger(), logging.getLogger("modelling")
     saved_level = ours.level
     root.addHandler(handler)
     if ours.getEffectiveLevel() > logging.INFO:
@@ -561,10 +561,10 @@ def _model_summary(model: ModelVersion) -> dict[str, Any]:
 
 
 def _train(context: _Context) -> dict[str, Any]:
-    from model_server.init_model import init_model_dir
-    from rounds.datasets import input_format, load_source, model_labels
-    from rounds.registry import register_model
-    from rounds.train import EpochRecord, TrainConfig, train_model
+    from modelling.init_model import init_model_dir
+    from modelling.datasets import input_format, load_source, model_labels
+    from modelling.registry import register_model
+    from modelling.train import EpochRecord, TrainConfig, train_model
 
     params = TrainParams.model_validate(context.params)
     runner = context.runner
@@ -629,8 +629,8 @@ def _train(context: _Context) -> dict[str, Any]:
 
 
 def _evaluate(context: _Context) -> dict[str, Any]:
-    from rounds.evaluate import evaluate_model, load_evaluation_sets, write_evaluation
-    from rounds.registry import jsonable, record_evaluation
+    from modelling.evaluate import evaluate_model, load_evaluation_sets, write_evaluation
+    from modelling.registry import jsonable, record_evaluation
 
     params = EvaluateParams.model_validate(context.params)
     runner = context.runner
@@ -664,7 +664,7 @@ def _evaluate(context: _Context) -> dict[str, Any]:
 
 
 def _promote(context: _Context, admin_token: str | None) -> dict[str, Any]:
-    from rounds.registry import promote
+    from modelling.registry import promote
 
     params = PromoteParams.model_validate(context.params)
     token = admin_token or os.environ.get(ADMIN_TOKEN_ENV)

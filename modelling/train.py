@@ -59,8 +59,8 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from model_server.metadata import METADATA_FILE, ModelMetadata
-from rounds.datasets import LabelledSet, expand
+from model_directory import METADATA_FILE, ModelMetadata
+from modelling.datasets import LabelledSet, expand
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class TrainConfig(BaseModel):
     def resolved_base(self) -> Path:
         if self.base is not None:
             return Path(self.base)
-        from model_server.init_model import minilm_dir
+        from modelling.init_model import minilm_dir
 
         return minilm_dir()
 
@@ -257,7 +257,7 @@ class MixDataset(Dataset):
 
 class UpsampledEpochs(Sampler[tuple[int, int]]):
     """One epoch of the mix: each row ``upsample`` times, shuffled with ``seed + epoch``
-    (:func:`rounds.datasets.expand`). The epoch is chosen explicitly with :meth:`use_epoch`
+    (:func:`modelling.datasets.expand`). The epoch is chosen explicitly with :meth:`use_epoch`
     (deliberately not ``set_epoch``, which Accelerate would drive from its own counter)."""
 
     def __init__(self, sets: Sequence[LabelledSet], seed: int) -> None:

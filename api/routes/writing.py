@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response, status
 
-from services.api.deps import (
+from api.deps import (
     CurrentWriter,
     IdPath,
     ModelClientDep,
@@ -14,7 +14,7 @@ from services.api.deps import (
     SessionmakerDep,
     SettingsDep,
 )
-from services.api.schemas import (
+from api.schemas import (
     AssignmentPublic,
     AssignmentRequest,
     AttemptCreate,

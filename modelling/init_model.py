@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
 
-from model_server.metadata import ModelMetadata
+from model_directory import ModelMetadata
 
 
 def minilm_dir() -> Path:

@@ -23,9 +23,9 @@ from rapidfuzz.distance import Levenshtein
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from rounds import aggregation, agreement, human, splits
-from rounds.report import PlotData, write_report
-from rounds.table import responses_frame
+from round_builder import aggregation, agreement, human, splits
+from round_builder.report import PlotData, write_report
+from round_builder.table import responses_frame
 from services.db.models import (
     Assignment,
     Attempt,
@@ -72,7 +72,7 @@ class RoundData:
 
 
 def counted_responses(session: Session, round_: Round, *, multi_label: bool) -> pd.DataFrame:
-    """The round's counted labels as the long response table (rounds.table)."""
+    """The round's counted labels as the long response table (round_builder.table)."""
     return responses_frame(
         session.execute(
             select(Validation.example_id, Validation.validator_id, Validation.label)

@@ -1,4 +1,4 @@
-"""API endpoints of the round builder (mounted under /api/v1 by ``dynaloop.app``): the
+"""API endpoints of the round builder (mounted under /api/v1 by ``api.app``): the
 researcher builds a closed round; REST clients (role `client`), researchers and admins pull its
 splits as JSONL, CSV or Parquet. The backend itself never imports this package."""
 
@@ -11,15 +11,15 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rounds import export
-from rounds import jobs as job_runs
-from rounds.build import BuildConfig
-from rounds.build import build_round as run_build
-from rounds.dashboard import DEFAULT_LIMIT, round_plot_data
-from rounds.registry import attempt_counts, list_models
-from rounds.report import render_markdown
-from services.api.deps import CurrentResearcher, CurrentUser, IdPath, SessionDep, SessionmakerDep, SettingsDep
-from services.api.schemas import ErrorResponse, error_responses
+from round_builder import export
+from modelling import jobs as job_runs
+from round_builder.build import BuildConfig
+from round_builder.build import build_round as run_build
+from round_builder.dashboard import DEFAULT_LIMIT, round_plot_data
+from modelling.registry import attempt_counts, list_models
+from round_builder.report import render_markdown
+from api.deps import CurrentResearcher, CurrentUser, IdPath, SessionDep, SessionmakerDep, SettingsDep
+from api.schemas import ErrorResponse, error_responses
 from services.db.models import Job, JobKind, JobStatus, ModelVersion, Role, User
 from services.domain import rounds, tasks
 from services.errors import Forbidden
@@ -92,7 +92,7 @@ def dataset(task_name: str, number: IdPath, request: Request, session: SessionDe
                              media_type=export.FORMATS[format], headers=headers)
 
 
-# --- jobs: train, evaluate and promote in their own process (rounds.jobs) ------------------
+# --- jobs: train, evaluate and promote in their own process (modelling.jobs) ------------------
 
 
 class JobCreate(BaseModel):

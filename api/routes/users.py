@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 from sqlalchemy import select
 
-from services.api.deps import CurrentAdmin, CurrentUser, IdPath, SessionDep
-from services.api.schemas import (
+from api.deps import CurrentAdmin, CurrentUser, IdPath, SessionDep
+from api.schemas import (
     LoginRequest,
     LoginResponse,
     TokenCreate,

@@ -6,7 +6,7 @@ Round 2):
 
 * :func:`register_model` reads a directory's ``dynaloop_model.json`` and records it as
   *trained* (idempotent for the same ``model_id`` and ``version``);
-* :func:`record_evaluation` stores the evaluation (``rounds.evaluate``) and makes it
+* :func:`record_evaluation` stores the evaluation (``modelling.evaluate``) and makes it
   *evaluated*;
 * :func:`promote` hot-swaps the running model server to the directory (``POST
   /admin/reload``), checks ``GET /info`` reports the new ``model_id``/``version``, and only
@@ -43,7 +43,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from model_server.metadata import ModelMetadata, ModelMetadataError
+from model_directory import ModelMetadata, ModelMetadataError
 from services.db.models import (
     Assignment,
     Attempt,
@@ -199,11 +199,11 @@ def register_model(session: Session, task: Task, directory: Path | str, *,
 
 def record_evaluation(session: Session, task: Task, directory: Path | str, metrics: dict[str, Any], *,
                       actor: User | None = None) -> ModelVersion:
-    """Store ``metrics`` (e.g. ``rounds.evaluate``'s results) as the evaluation of the model in
+    """Store ``metrics`` (e.g. ``modelling.evaluate``'s results) as the evaluation of the model in
     ``directory`` (registered first if needed); a *trained* model becomes *evaluated*. A
     promoted or retired model keeps its status (re-evaluating it on a newer round is normal)."""
     if not isinstance(metrics, dict) or not metrics:
-        raise Invalid("the evaluation is empty; give a dict of metrics (e.g. from rounds.evaluate)")
+        raise Invalid("the evaluation is empty; give a dict of metrics (e.g. from modelling.evaluate)")
     model = register_model(session, task, directory, actor=actor)
     model.evaluation = jsonable(metrics)
     model.evaluated_at = utcnow()

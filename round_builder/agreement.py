@@ -1,6 +1,6 @@
 """Agreement statistics of a round (round builder step 2).
 
-All functions read the long response table of :mod:`rounds.table` and the labels the task
+All functions read the long response table of :mod:`round_builder.table` and the labels the task
 allows (a label outside them raises ``ValueError`` naming it). They work on count tables
 (examples x labels) or per-slot label vectors, never on a dense workers x examples matrix, so
 200,000 examples x 5 responses and thousands of workers take seconds.
@@ -35,7 +35,7 @@ import pandas as pd
 from sklearn.metrics import cohen_kappa_score, precision_recall_fscore_support
 from statsmodels.stats.inter_rater import fleiss_kappa as _statsmodels_fleiss_kappa
 
-from rounds._encoding import (
+from round_builder._encoding import (
     as_generator,
     bincount_2d,
     check_labels_argument,
@@ -46,7 +46,7 @@ from rounds._encoding import (
     popcount,
     slots,
 )
-from rounds.aggregation import (
+from round_builder.aggregation import (
     _collapse_order,
     _majority_frame,
     collapse_responses,
@@ -99,7 +99,7 @@ def _rater_count(per_example: np.ndarray, n_raters: int | None) -> int:
             raise ValueError(
                 f"examples have between {low} and {high} responses; Fleiss-type kappas need the same "
                 f"number for every example: pass n_raters=k to use only the examples with exactly k "
-                "responses, or trim with rounds.aggregation.keep_top_ranked first"
+                "responses, or trim with round_builder.aggregation.keep_top_ranked first"
             )
         n_raters = high
     if n_raters < 2:
@@ -400,7 +400,7 @@ def worker_agreement(
 
     "We assessed workers by the percentage of examples they labeled for which they agreed
     with the majority." ``gold`` maps example id to its gold label (``None`` for none); by
-    default it is :func:`rounds.aggregation.majority_labels` with ``min_votes``, the worker's
+    default it is :func:`round_builder.aggregation.majority_labels` with ``min_votes``, the worker's
     own vote included. Examples without gold are left out of the rate (one can neither agree
     nor disagree with a majority that does not exist).
 
@@ -408,7 +408,7 @@ def worker_agreement(
     ``n_with_gold``, ``n_agree``, ``agreement_rate`` = n_agree / n_with_gold and
     ``disagreement_rate`` = 1 - agreement_rate (``NaN`` without gold examples). A histogram
     of ``agreement_rate`` is DynaSent Fig. 6; the rate is also the ranking
-    :func:`rounds.aggregation.keep_top_ranked` expects.
+    :func:`round_builder.aggregation.keep_top_ranked` expects.
 
     >>> import pandas as pd
     >>> table = pd.DataFrame({"example_id": [1, 1, 1], "worker_id": list("abc"),
@@ -500,7 +500,7 @@ def intended_vs_perceived(
     *perceived* label, tabulates it against the author's *intended* label (Table 5) and scores
     it as a sarcasm detector against the intended labels (Table 7: F1 of the sarcastic class).
     With ``level="majority"`` (the paper's) each example's perceived label is its
-    :func:`~rounds.aggregation.majority_labels` gold (``min_votes``; examples without one are
+    :func:`~round_builder.aggregation.majority_labels` gold (``min_votes``; examples without one are
     counted in ``n_without_perceived``); with ``level="response"`` every individual validation
     is compared with the intended label (the average validator). Only examples present in
     both ``responses`` and ``intended`` are compared.
@@ -568,7 +568,7 @@ def target_sentiment_kappas(
     with exactly ``n_raters`` responses: ``"five_point"`` (raw validation labels, ``unknown``
     a category of its own), ``"collapsed"`` (3 classes, examples with an ``unknown`` vote
     removed: the first two consolidation steps) and ``"consolidated"`` (3 classes, only the
-    kept examples of :func:`~rounds.aggregation.consolidate_target_sentiment`).
+    kept examples of :func:`~round_builder.aggregation.consolidate_target_sentiment`).
 
     >>> import pandas as pd
     >>> collapse = {"negative": "negative", "neutral": "neutral", "positive": "positive"}

@@ -42,8 +42,8 @@ import pysbd
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from model_server.metadata import ModelMetadata, ModelMetadataError
-from rounds.registry import check_compatible, jsonable
+from model_directory import ModelMetadata, ModelMetadataError
+from modelling.registry import check_compatible, jsonable
 from services.db.models import (
     Condition,
     Example,
@@ -308,8 +308,8 @@ class HarvestReport:
 
 
 def _model_predictor(model_dir: Path, batch_size: int) -> Predictor:
-    """Load the model once; predict with rounds.evaluate."""
-    from rounds import evaluate
+    """Load the model once; predict with modelling.evaluate."""
+    from modelling import evaluate
 
     try:
         classifier = evaluate.LoadedClassifier.load(model_dir)
