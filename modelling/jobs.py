@@ -7,14 +7,15 @@ run ID`` as a detached process (:func:`spawn_job`); that process calls :func:`ru
 does the work and writes its progress, message and the tail of its log to the row in short
 transactions, so a researcher's page can poll ``GET /api/v1/jobs/{id}``.
 
-Kinds (the DESIGN.md round builder's steps 6 and 7 behind buttons):
+Each kind runs the use case that `dynaloop` runs for the same step (:mod:`modelling.usecases`),
+and its parameters are that use case's options (docs/api.md, "Jobs"):
 
-* ``train``: :func:`modelling.train.train_model` from the base checkpoint on a data mix (default:
-  every built round's train split, with the newest built round's dev split for early
-  stopping), then :func:`modelling.registry.register_model`;
-* ``evaluate``: :func:`modelling.evaluate.evaluate_model` on every built round's dev and test
-  split, then :func:`modelling.registry.record_evaluation`;
-* ``promote``: :func:`modelling.registry.promote` (hot swap on the model server, then the
+* ``train``: :func:`~modelling.usecases.train_and_register` from the base checkpoint on a data
+  mix (default: every built round's train split, with the newest built round's dev split for
+  early stopping), into ``DATA_DIR/models/TASK-job-ID``;
+* ``evaluate``: :func:`~modelling.usecases.evaluate_and_record` on every built round's dev and
+  test split (and a mix's sets), into ``DATA_DIR/evaluations/TASK-job-ID``;
+* ``promote``: :func:`~modelling.usecases.promote_model` (hot swap on the model server, then the
   registry). The model server's admin token comes from the settings or the request and is
   handed to the process in its environment: it is never stored in the row or its log.
 
@@ -31,21 +32,33 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelling.datasets import DataError, DataMix, SourceSpec
+from modelling.datasets import DataError, DataMix
+from modelling.usecases import (
+    EvaluateOptions,
+    EvaluationListener,
+    PromoteOptions,
+    RegisteredModel,
+    TrainingListener,
+    TrainOptions,
+    built_rounds,
+    default_mix,
+    evaluate_and_record,
+    promote_model,
+    train_and_register,
+)
 from services.db.models import (
     Job,
     JobKind,
@@ -53,7 +66,6 @@ from services.db.models import (
     ModelVersion,
     ModelVersionStatus,
     Round,
-    RoundBuild,
     Task,
     User,
     utcnow,
@@ -62,6 +74,10 @@ from services.domain import audit
 from services.domain.rounds import check_endpoints
 from services.domain.tasks import definition_of
 from services.errors import Conflict, DomainError, Invalid, NotFound
+
+if TYPE_CHECKING:
+    from modelling.datasets import LabelledSet
+    from modelling.train import EpochRecord, TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -82,59 +98,20 @@ OWN_LOGGERS = ("round_builder", "modelling", "model_server", "model_directory", 
 
 # --- parameters --------------------------------------------------------------------------
 
-
-class TrainParams(BaseModel):
-    """``POST /tasks/{task}/jobs`` with ``kind: train``: the options of `dynaloop round train`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mix: DataMix | None = Field(
-        None, description="A data mix (the YAML of `dynaloop round train --mix`, as JSON). Default: every "
-        "built round's train split, and the newest built round's dev split for early stopping.")
-    epochs: int = Field(3, ge=1, le=1000)
-    batch_size: int = Field(32, ge=1, le=4096)
-    learning_rate: float = Field(2e-5, gt=0, le=1)
-    max_length: int = Field(128, ge=8, le=8192)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    class_weights: Literal["none", "balanced"] | dict[str, float] = "none"
-    patience: int = Field(2, ge=0, le=1000, description="Epochs without a better dev macro-F1; 0: never stop early.")
-    round: int | None = Field(None, ge=1, description="The round this model will serve (the next one to collect).")
-    base: str | None = Field(None, max_length=1000, description="Backbone checkpoint folder on the server; "
-                             "default: the packaged MiniLM.")
-    model_id: str | None = Field(None, min_length=1, max_length=150, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                                 description="Default: TASK-for-round-N, or TASK-job-ID without a round.")
-    cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
-    tiny: bool = Field(False, description="Tests only: a tiny random BERT replaces the base.")
-
-    @field_validator("class_weights")
-    @classmethod
-    def _positive_weights(cls, value: Any) -> Any:
-        if isinstance(value, dict) and any(w <= 0 for w in value.values()):
-            raise ValueError("class weights must be positive")
-        return value
+#: ``POST /tasks/{task}/jobs`` with ``kind: train``: the options of `dynaloop round train`.
+TrainParams = TrainOptions
 
 
-class EvaluateParams(BaseModel):
-    """``kind: evaluate``: score a registered model on every built round's dev and test split."""
-
-    model_config = ConfigDict(extra="forbid")
+class EvaluateParams(EvaluateOptions):
+    """``kind: evaluate``: the options of `dynaloop round evaluate`, for a registered model."""
 
     model_id: int = Field(ge=1, le=MAX_ID, description="The model's registry id (GET /tasks/{task}/models).")
-    batch_size: int = Field(64, ge=1, le=4096)
 
 
-class PromoteParams(BaseModel):
-    """``kind: promote``: hot-swap a model server to a registered model, then mark it promoted."""
-
-    model_config = ConfigDict(extra="forbid")
+class PromoteParams(PromoteOptions):
+    """``kind: promote``: the options of `dynaloop model promote`, for a registered model."""
 
     model_id: int = Field(ge=1, le=MAX_ID, description="The model's registry id.")
-    endpoint: str = Field(min_length=1, max_length=500, description="The running model server, e.g. "
-                          "http://127.0.0.1:8001.")
-    force: bool = Field(False, description="Promote a model that was never evaluated.")
-    admin_token: SecretStr | None = Field(
-        None, description="The model server's admin token; default: the API's DYNALOOP_MODEL_SERVER_ADMIN_TOKEN. "
-        "Never stored.")
 
 
 PARAMS: dict[JobKind, type[BaseModel]] = {JobKind.train: TrainParams, JobKind.evaluate: EvaluateParams,
@@ -170,32 +147,20 @@ def parse_params(kind: JobKind | str, params: dict[str, Any] | None) -> BaseMode
 # --- creating and reading ------------------------------------------------------------------
 
 
-def _built_rounds(session: Session, task: Task) -> list[int]:
-    return list(session.scalars(
-        select(Round.number).where(Round.task_id == task.id, Round.id.in_(select(RoundBuild.round_id)))
-        .order_by(Round.number)))
-
-
-def default_mix(session: Session, task: Task) -> DataMix:
-    """Every built round's train split, and the newest built round's dev split (DynaSent §5.3:
-    the next model trains on all rounds at once)."""
-    numbers = _built_rounds(session, task)
-    if not numbers:
-        raise Invalid(f"task {task.name!r} has no built round to train on; close a round and build it first "
-                      "(POST /rounds/{id}/build), or give a `mix`")
-    return DataMix(train=[SourceSpec(round=n, split="train") for n in numbers],
-                   dev=SourceSpec(round=numbers[-1], split="dev"))
+def _check_rounds(session: Session, task: Task, numbers: list[int], where: str) -> None:
+    built = set(built_rounds(session, task))
+    existing = set(session.scalars(select(Round.number).where(Round.task_id == task.id)))
+    for number in numbers:
+        if number not in existing:
+            raise Invalid(f"{where}: task {task.name!r} has no round {number}")
+        if number not in built:
+            raise Invalid(f"{where}: round {number} of {task.name!r} has not been built; build it first")
 
 
 def _check_mix(session: Session, task: Task, mix: DataMix, data_dir: Path) -> DataMix:
-    built = set(_built_rounds(session, task))
-    existing = set(session.scalars(select(Round.number).where(Round.task_id == task.id)))
-    for source in [*mix.train, *([mix.dev] if mix.dev else []), *mix.evaluate]:
-        if source.round is not None:
-            if source.round not in existing:
-                raise Invalid(f"params.mix: task {task.name!r} has no round {source.round}")
-            if source.round not in built:
-                raise Invalid(f"params.mix: round {source.round} of {task.name!r} has not been built; build it first")
+    sources = [*mix.train, *([mix.dev] if mix.dev else []), *mix.evaluate]
+    _check_rounds(session, task, [source.round for source in sources if source.round is not None], "params.mix")
+    for source in sources:
         if source.file is not None:
             # Relative file paths are relative to the server's data folder.
             path = source.file if source.file.is_absolute() else (data_dir / source.file)
@@ -248,8 +213,15 @@ def create_job(session: Session, actor: User | None, task: Task, kind: JobKind |
             raise Invalid("params: give base or tiny, not both")
     elif isinstance(parsed, EvaluateParams):
         _model_of(session, task, parsed.model_id)
-        if not _built_rounds(session, task):
+        if parsed.mix is not None:
+            parsed.mix = _check_mix(session, task, parsed.mix, data_dir)
+        if parsed.rounds is not None:
+            _check_rounds(session, task, parsed.rounds, "params.rounds")
+        elif not built_rounds(session, task) and not parsed.extra_sources():
             raise Invalid(f"task {task.name!r} has no built round to evaluate on; build a round first")
+        if parsed.positive_label is not None and parsed.positive_label not in definition.labels:
+            raise Invalid(f"params.positive_label: {parsed.positive_label!r} is not a label of {task.name!r}; its "
+                          f"labels are {list(definition.labels)}")
     elif isinstance(parsed, PromoteParams):
         model = _model_of(session, task, parsed.model_id)
         parsed.endpoint = check_endpoints([parsed.endpoint])[0]
@@ -555,131 +527,108 @@ def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path,
         return job
 
 
-def _model_summary(model: ModelVersion) -> dict[str, Any]:
-    return {"id": model.id, "name": model.name, "model_id": model.model_id, "version": model.version,
-            "status": model.status.value, "directory": model.directory}
+class _TrainingProgress(TrainingListener):
+    """A training run's milestones on the job's progress bar: loading 0-0.03, the optimizer steps
+    0.03-0.95, registering the rest."""
+
+    SHARE = (0.03, 0.95)
+
+    def __init__(self, runner: JobRunner, epochs: int) -> None:
+        self.runner = runner
+        self.epochs = epochs
+
+    def data_loaded(self, train_sets: Sequence[LabelledSet], dev: LabelledSet | None) -> None:
+        rows = sum(len(s) for s in train_sets)
+        self.runner.progress(0.02, f"loaded {rows:,} training rows from {len(train_sets)} source(s)"
+                             + (f"; dev {dev.name} has {len(dev):,} rows" if dev is not None else "; no dev set"),
+                             force=True)
+
+    def step(self, step: int, total: int) -> None:
+        start, end = self.SHARE
+        self.runner.progress(start + (end - start) * step / max(total, 1), f"training: step {step:,} of {total:,}",
+                             log=False)
+
+    def epoch_ended(self, record: EpochRecord) -> None:
+        dev_text = "" if record.dev_macro_f1 is None else f", dev macro-F1 {record.dev_macro_f1:.4f}"
+        # The trainer logs the same line with its throughput.
+        self.runner.progress(None, f"epoch {record.epoch}/{self.epochs}: train loss {record.train_loss:.4f}{dev_text}",
+                             force=True, log=False)
+
+    def trained(self, result: TrainResult) -> None:
+        self.runner.progress(0.97, f"trained {result.metadata.model_id} version {result.metadata.version}; "
+                             "registering it", force=True)
 
 
 def _train(context: _Context) -> dict[str, Any]:
-    from modelling.init_model import init_model_dir
-    from modelling.datasets import input_format, load_source, model_labels
-    from modelling.registry import register_model
-    from modelling.train import EpochRecord, TrainConfig, train_model
-
     params = TrainParams.model_validate(context.params)
-    runner = context.runner
-    assert params.mix is not None  # create_job fills in the default mix
-    with context.factory() as session:
-        task = session.get(Task, context.task_id)
-        assert task is not None
-        definition = definition_of(task)
-        labels = model_labels(definition)
-        multi = definition.is_multi_label
-        train_sets = [load_source(spec, labels=labels, multi_label=multi, session=session, task=task)
-                      for spec in params.mix.train]
-        dev = None if params.mix.dev is None else load_source(params.mix.dev, labels=labels, multi_label=multi,
-                                                               session=session, task=task)
-        pair_input = input_format(definition)
-    rows = sum(len(s) for s in train_sets)
-    runner.progress(0.02, f"loaded {rows:,} training rows from {len(train_sets)} source(s)"
-                    + (f"; dev {dev.name} has {len(dev):,} rows" if dev is not None else "; no dev set"), force=True)
-    family: Literal["single_label", "multi_label"] = "multi_label" if multi else "single_label"
-    model_id = params.model_id or (f"{context.task_name}-for-round-{params.round}" if params.round
-                                   else f"{context.task_name}-job-{context.job_id}")
     out_dir = context.data_dir / "models" / f"{context.task_name}-job-{context.job_id}"
-    train_share = (0.03, 0.95)  # of the progress bar
-
-    def on_progress(step: int, total: int) -> None:
-        runner.progress(train_share[0] + (train_share[1] - train_share[0]) * step / max(total, 1),
-                        f"training: step {step:,} of {total:,}", log=False)
-
-    def on_epoch_end(record: EpochRecord) -> None:
-        dev_text = "" if record.dev_macro_f1 is None else f", dev macro-F1 {record.dev_macro_f1:.4f}"
-        # The trainer logs the same line with its throughput.
-        runner.progress(None, f"epoch {record.epoch}/{params.epochs}: train loss {record.train_loss:.4f}{dev_text}",
-                        force=True, log=False)
-
-    with tempfile.TemporaryDirectory(prefix="dynaloop-job-base-") as scratch:
-        base: Path | None = Path(params.base) if params.base else None
-        if params.tiny:
-            base = Path(scratch) / "base"
-            init_model_dir(base, labels=labels, family=family, tiny=True, seed=params.seed)
-        config = TrainConfig(base=base, epochs=params.epochs, batch_size=params.batch_size,
-                             learning_rate=params.learning_rate, max_length=params.max_length, seed=params.seed,
-                             class_weights=params.class_weights, early_stopping_patience=params.patience or None,
-                             cpu=params.cpu)
-        result = train_model(train_sets, dev, labels=labels, family=family, input_format=pair_input, config=config,
-                             out_dir=out_dir, model_id=model_id, trained_for_round=params.round,
-                             task_name=context.task_name, progress=False, on_epoch_end=on_epoch_end,
-                             on_progress=on_progress)
-    runner.progress(0.97, f"trained {model_id} version {result.metadata.version}; registering it", force=True)
-    with context.factory.begin() as session:
-        task = session.get(Task, context.task_id)
-        assert task is not None
-        actor = session.get(User, context.actor_id) if context.actor_id is not None else None
-        model = register_model(session, task, out_dir, actor=actor)
-        summary = _model_summary(model)
+    trained = train_and_register(context.factory, context.task_name, params, out_dir, actor_id=context.actor_id,
+                                 unnamed_model_id=f"{context.task_name}-job-{context.job_id}",
+                                 listener=_TrainingProgress(context.runner, params.epochs))
+    assert trained.model is not None  # a job trains in one process, which registers the model
+    result, summary = trained.training, trained.model
     best = result.best_dev_macro_f1
-    return {"message": f"trained and registered {summary['name']} (registry id {summary['id']}): "
+    return {"message": f"trained and registered {summary.name} (registry id {summary.id}): "
                        f"{result.epochs_run} epoch(s), best epoch {result.best_epoch}"
                        + ("" if best is None else f", dev macro-F1 {best:.4f}"),
-            "model": summary, "out_dir": str(out_dir), "epochs_run": result.epochs_run,
+            "model": summary.to_dict(), "out_dir": str(out_dir), "epochs_run": result.epochs_run,
             "best_epoch": result.best_epoch, "best_dev_macro_f1": best, "stopped_early": result.stopped_early,
             "examples_per_second": round(result.examples_per_second, 2)}
 
 
+class _EvaluationProgress(EvaluationListener):
+    def __init__(self, runner: JobRunner, model_name: str) -> None:
+        self.runner = runner
+        self.model_name = model_name
+
+    def skipped(self, name: str) -> None:
+        self.runner.log(f"skipped {name}: it has no labelled examples")
+
+    def evaluating(self, sets: Sequence[LabelledSet]) -> None:
+        self.runner.progress(0.1, f"evaluating {self.model_name} on {len(sets)} set(s): "
+                             + ", ".join(s.name for s in sets), force=True)
+
+    def recording(self) -> None:
+        self.runner.progress(0.9, "recording the evaluation in the registry", force=True)
+
+
 def _evaluate(context: _Context) -> dict[str, Any]:
-    from modelling.evaluate import evaluate_model, load_evaluation_sets, write_evaluation
-    from modelling.registry import jsonable, record_evaluation
+    from modelling.registry import jsonable
 
     params = EvaluateParams.model_validate(context.params)
-    runner = context.runner
     with context.factory() as session:
         task = session.get(Task, context.task_id)
         assert task is not None
         model = _model_of(session, task, params.model_id)
-        directory, name = model.directory, model.name
-        chosen = load_evaluation_sets(session, task)
-    for skipped in chosen.skipped:
-        runner.log(f"skipped {skipped}: it has no labelled examples")
-    if not chosen.sets:
-        raise Invalid(f"nothing to evaluate: no built round of {context.task_name!r} has labelled dev or test examples")
-    runner.progress(0.1, f"evaluating {name} on {len(chosen.sets)} set(s): "
-                    + ", ".join(s.name for s in chosen.sets), force=True)
-    evaluation = evaluate_model(directory, chosen.sets, human_f1=chosen.human_f1, batch_size=params.batch_size)
+        directory, unrecorded = Path(model.directory), RegisteredModel.of(model)
     out_dir = context.data_dir / "evaluations" / f"{context.task_name}-job-{context.job_id}"
-    write_evaluation(evaluation, out_dir)
-    runner.progress(0.9, "recording the evaluation in the registry", force=True)
-    with context.factory.begin() as session:
-        task = session.get(Task, context.task_id)
-        assert task is not None
-        actor = session.get(User, context.actor_id) if context.actor_id is not None else None
-        model = record_evaluation(session, task, directory, evaluation.to_dict(), actor=actor)
-        summary = _model_summary(model)
+    evaluated = evaluate_and_record(context.factory, context.task_name, directory, params, out_dir,
+                                    actor_id=context.actor_id,
+                                    listener=_EvaluationProgress(context.runner, unrecorded.name))
+    summary = evaluated.model or unrecorded
+    evaluation = evaluated.evaluation
     sets = [{"name": m.name, "rows": m.rows, "macro_f1": m.macro_f1, "accuracy": m.accuracy,
              "human_f1": m.human_f1, "solved": m.solved} for m in evaluation.sets]
     headline = ", ".join(f"{m.name} {100 * m.macro_f1:.1f}" for m in evaluation.sets)
-    return {"message": f"evaluated {summary['name']}: macro-F1 (%) {headline}", "model": summary,
+    return {"message": f"evaluated {summary.name}: macro-F1 (%) {headline}", "model": summary.to_dict(),
             "sets": jsonable(sets), "out_dir": str(out_dir)}
 
 
 def _promote(context: _Context, admin_token: str | None) -> dict[str, Any]:
-    from modelling.registry import promote
-
     params = PromoteParams.model_validate(context.params)
     token = admin_token or os.environ.get(ADMIN_TOKEN_ENV)
     if not token:
         raise Invalid(f"the job has no model server admin token; the API passes it in {ADMIN_TOKEN_ENV}")
     context.runner.secrets.append(token)
     context.runner.progress(0.1, f"asking {params.endpoint} to load model {params.model_id}", force=True)
-    promotion = promote(context.factory, context.task_name, params.model_id, endpoint=params.endpoint,
-                        admin_token=token, force=params.force, actor_id=context.actor_id)
-    summary = _model_summary(promotion.model)
+    promotion = promote_model(context.factory, context.task_name, params.model_id, params, admin_token=token,
+                              actor_id=context.actor_id)
+    summary = RegisteredModel.of(promotion.model)
     retired = [m.name for m in promotion.retired]
-    message = f"promoted {summary['name']}: {promotion.endpoint} now serves it"
+    message = f"promoted {summary.name}: {promotion.endpoint} now serves it"
     if retired:
         message += f"; retired {', '.join(retired)}"
     if promotion.rounds_updated:
         message += f"; round(s) {', '.join(map(str, promotion.rounds_updated))} now use it"
-    return {"message": message, "model": summary, "endpoint": promotion.endpoint, "retired": retired,
+    return {"message": message, "model": summary.to_dict(), "endpoint": promotion.endpoint, "retired": retired,
             "rounds_updated": promotion.rounds_updated}

@@ -129,6 +129,68 @@ def test_train_evaluate_promote_in_process(app, built, progress_seen, model_serv
         assert TOKEN not in stored and "admin_token" not in session.get(Job, promote_id).params
 
 
+def test_a_train_job_takes_the_options_of_round_train(app, built, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """gradient_accumulation_steps, checkpoint_every and resume reach the trainer, as they do from
+    `dynaloop round train` (both run modelling.usecases.train_and_register)."""
+    from modelling import train
+
+    configs: list[train.TrainConfig] = []
+    original = train.train_model
+
+    def spy(*args: Any, **kwargs: Any) -> train.TrainResult:
+        configs.append(kwargs["config"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train, "train_model", spy)
+    params = {**TINY_TRAIN, "epochs": 1, "gradient_accumulation_steps": 2, "checkpoint_every": 1, "resume": True}
+    job_id = _create(app, "train", params)
+    with session_scope(app.state.sessionmaker) as session:
+        stored = session.get(Job, job_id).params
+        assert (stored["gradient_accumulation_steps"], stored["checkpoint_every"], stored["resume"]) == (2, 1, True)
+    job = _run(app, job_id)
+    assert job.status is JobStatus.succeeded, job.message + "\n" + job.log
+    [config] = configs
+    assert (config.gradient_accumulation_steps, config.checkpoint_every, config.resume) == (2, 1, True)
+    # The job's model folder is new, so resuming finds no checkpoint and starts from the base.
+    assert "no checkpoint in" in job.log and "starting from the base checkpoint" in job.log
+    assert list((Path(job.result["out_dir"]) / "checkpoints").glob("step-*")), "a checkpoint every optimizer step"
+    with session_scope(app.state.sessionmaker) as session:
+        registered = session.get(ModelVersion, job.result["model"]["id"])
+        assert registered.hyperparameters["gradient_accumulation_steps"] == 2
+        assert registered.hyperparameters["checkpoint_every"] == 1
+
+    for bad, message in [({"checkpoint_every": 0}, "params.checkpoint_every"),
+                         ({"checkpoint_every": "daily"}, "params.checkpoint_every"),
+                         ({"gradient_accumulation_steps": 0}, "params.gradient_accumulation_steps")]:
+        with pytest.raises(Invalid, match=message):
+            _create(app, "train", {**TINY_TRAIN, **bad})
+
+
+def test_an_evaluate_job_takes_the_options_of_round_evaluate(app, built, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """rounds, positive_label, device and record, as `dynaloop round evaluate` takes them."""
+    from modelling.registry import register_model
+
+    init_model_dir(tmp_path / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
+    with session_scope(app.state.sessionmaker) as session:
+        model_id = register_model(session, get_task(session, "dynasent-r2"), tmp_path / "m").id
+    with pytest.raises(Invalid, match="params.rounds: task 'dynasent-r2' has no round 7"):
+        _create(app, "evaluate", {"model_id": model_id, "rounds": [7]})
+    with pytest.raises(Invalid, match="params.positive_label: 'joy' is not a label of 'dynasent-r2'"):
+        _create(app, "evaluate", {"model_id": model_id, "positive_label": "joy"})
+    with pytest.raises(Invalid, match="params.device"):
+        _create(app, "evaluate", {"model_id": model_id, "device": "cuda; rm -rf /"})
+    job = _run(app, _create(app, "evaluate", {"model_id": model_id, "rounds": [1], "positive_label": "positive",
+                                              "device": "cpu", "record": False, "batch_size": 4}))
+    assert job.status is JobStatus.succeeded, job.message + "\n" + job.log
+    assert [s["name"] for s in job.result["sets"]] == ["round 1 dev", "round 1 test"]
+    assert (Path(job.result["out_dir"]) / "evaluation.json").is_file()
+    assert "recording the evaluation" not in job.log
+    with session_scope(app.state.sessionmaker) as session:
+        model = session.get(ModelVersion, model_id)
+        assert model.status is ModelVersionStatus.trained and model.evaluation in (None, {})
+    assert job.result["model"]["status"] == "trained"
+
+
 # --- failures are recorded ---------------------------------------------------------------------
 
 
@@ -291,7 +353,9 @@ def test_promote_needs_an_evaluated_model_and_a_token(app, built, tmp_path) -> N
         _create(app, "promote", {**params, "endpoint": "ftp://x", "force": True}, admin_token=TOKEN)
     job_id = _create(app, "promote", {**params, "force": True}, admin_token="from-settings")
     with session_scope(app.state.sessionmaker) as session:
-        assert session.get(Job, job_id).params == {**params, "force": True}
+        # The token is never stored; the promotion options of `dynaloop model promote` are, with their defaults.
+        assert session.get(Job, job_id).params == {**params, "force": True, "keep_round_endpoints": False,
+                                                   "timeout_s": 300.0}
         assert session.scalar(select(func.count()).select_from(Job)) == 1
 
 

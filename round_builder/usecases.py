@@ -1,0 +1,132 @@
+"""The round builder's long operations, one function each, called alike by the `dynaloop`
+command (``dynaloop/commands/round.py``) and the API (docs/round_builder.md):
+
+* :func:`build`: aggregate a closed round's labels, measure agreement and human F1, make the
+  chance-level splits and record the build (:func:`round_builder.build.build_round`);
+* :func:`export_files`: write the newest build's splits to files, one per split;
+* :func:`dataset_download`: what the API needs to stream one split of the newest build.
+
+Each takes one options schema (:class:`BuildOptions`, :class:`ExportOptions`) and returns a
+typed result. Errors are raised as :class:`~services.errors.DomainError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session, sessionmaker
+
+from round_builder import export
+from round_builder.build import BuildConfig, build_round
+from services.db.models import Round, User
+from services.domain import rounds, tasks
+
+__all__ = ["BuildOptions", "BuiltRound", "DatasetDownload", "ExportOptions", "ExportedFile", "build",
+           "dataset_download", "default_build_dir", "export_files"]
+
+
+class BuildOptions(BaseModel):
+    """What `dynaloop round build` and ``POST /rounds/{id}/build`` take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    dev_test_min_votes: int | None = Field(None, ge=1, description="Default: the task's agreement setting.")
+    chance: bool | None = Field(None, description="Require the round's model at chance on dev/test "
+                                "(default: yes for single-label families, no for multi-label).")
+    max_per_cell: int | None = Field(None, ge=1,
+                                     description="Cap dev and test at this many per (gold, predicted) cell.")
+    model_based: Literal["dawid_skene", "mace"] | None = Field("dawid_skene", description="dawid_skene, mace or null.")
+
+    def config(self) -> BuildConfig:
+        return BuildConfig(seed=self.seed, dev_test_min_votes=self.dev_test_min_votes, chance=self.chance,
+                           max_per_cell=self.max_per_cell, model_based=self.model_based)
+
+
+@dataclass(frozen=True)
+class BuiltRound:
+    build_id: int
+    task: str
+    round: int
+    report: dict[str, Any]
+    #: The folder with report.md, report.json and the plots; None when none was asked for.
+    out_dir: Path | None
+
+
+def default_build_dir(data_dir: Path, task_name: str, number: int, seed: int) -> Path:
+    """Where `dynaloop round build` writes a build's report unless told otherwise."""
+    return Path(data_dir) / "builds" / f"{task_name}-r{number}-seed{seed}"
+
+
+def build(session: Session, actor: User | None, round_: Round, options: BuildOptions, *,
+          out_dir: Path | None = None) -> BuiltRound:
+    """Build ``round_`` (closed, or built before) in the caller's transaction; with ``out_dir``
+    the report and its plots are written there too."""
+    built = build_round(session, actor, round_, options.config(), out_dir=out_dir)
+    return BuiltRound(build_id=built.id, task=round_.task.name, round=round_.number, report=built.report,
+                      out_dir=out_dir)
+
+
+class ExportOptions(BaseModel):
+    """What `dynaloop round export` takes: the file format and the splits, one file each."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = Field("parquet", description="jsonl, csv or parquet.")
+    splits: list[str] = Field(default_factory=lambda: ["train", "dev", "test"],
+                              description="train, dev, test, excluded or all.")
+
+
+@dataclass(frozen=True)
+class ExportedFile:
+    split: str
+    path: Path
+    size: int  # bytes
+
+
+def export_files(factory: sessionmaker[Session], task_name: str, number: int, out_dir: Path, options: ExportOptions,
+                 *, secret: str, on_file: Callable[[ExportedFile], None] | None = None) -> list[ExportedFile]:
+    """Write each of ``options.splits`` of the round's newest build to
+    ``out_dir/TASK-rN-SPLIT.FORMAT``; ``on_file`` hears of each file when it is written. Worker ids
+    are pseudonymised with ``secret`` (the deployment's secret key)."""
+    for split in options.splits:
+        export.check_request(split, options.format)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with factory() as session:
+        build_id = export.current_build(session, rounds.get_round_by_number(
+            session, tasks.get_task(session, task_name), number)).id
+    written = []
+    for split in options.splits:
+        path = out_dir / f"{task_name}-r{number}-{split}.{options.format}"
+        size = export.write_file(factory, build_id, split, options.format, secret, path)
+        written.append(ExportedFile(split=split, path=path, size=size))
+        if on_file is not None:
+            on_file(written[-1])
+    return written
+
+
+@dataclass(frozen=True)
+class DatasetDownload:
+    """One split of a round's newest build, ready to stream with :func:`round_builder.export.stream`."""
+
+    build_id: int
+    split: str
+    format: str
+    etag: str
+    filename: str
+    media_type: str
+
+
+def dataset_download(session: Session, task_name: str, number: int, split: str, file_format: str) -> DatasetDownload:
+    """Check the request and find the newest build of round ``number`` of task ``task_name``."""
+    export.check_request(split, file_format)
+    round_ = rounds.get_round_by_number(session, tasks.get_task(session, task_name), number)
+    built = export.current_build(session, round_)
+    return DatasetDownload(build_id=built.id, split=split, format=file_format,
+                           etag=export.etag(built, split, file_format),
+                           filename=f"{task_name}-r{number}-{split}.{file_format}",
+                           media_type=export.FORMATS[file_format])
