@@ -1,0 +1,204 @@
+"""`dynaloop model`: classifier directories and the task's model registry (docs/models.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import typer
+from rich.table import Table
+
+from dynaloop.commands.common import (
+    DatabaseOpt,
+    TaskOpt,
+    console,
+    ensure_schema,
+    fail,
+    problems,
+    session_factory,
+    settings_for,
+    task_yaml,
+)
+
+if TYPE_CHECKING:
+    from services.db.models import ModelVersion
+
+app = typer.Typer(help="Classifier directories for the model server.", no_args_is_help=True)
+
+
+@app.command("init")
+def model_init(
+    out: Annotated[Path, typer.Option("--out", help="Folder to write the model directory to")],
+    task: Annotated[str | None, typer.Option(help="Take labels and family from a task YAML file or example")] = None,
+    labels: Annotated[str | None, typer.Option(help="Comma-separated labels (instead of --task)")] = None,
+    multi_label: Annotated[bool, typer.Option(help="With --labels: a multi-label head")] = False,
+    pair: Annotated[bool, typer.Option(help="With --labels: (sentence, target) input")] = False,
+    model_id: Annotated[str, typer.Option(help="Name reported by /info")] = "model-0",
+    base: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint; default: packaged MiniLM")] = None,
+    tiny: Annotated[bool, typer.Option(help="A tiny random BERT for tests, not MiniLM")] = False,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> None:
+    """Build an (untrained) classifier directory with dynaloop_model.json, offline."""
+    from modelling.init_model import init_model_dir
+
+    family: Literal["single_label", "multi_label"] = "multi_label" if multi_label else "single_label"
+    input_format: Literal["text", "text_pair"] = "text_pair" if pair else "text"
+    task_name = None
+    if task is not None:
+        from services.taskdef import TaskDefinitionError, TaskFamily, parse_task_definition
+
+        try:
+            definition = parse_task_definition(task_yaml(task), source=task)
+        except TaskDefinitionError as exc:
+            raise fail(str(exc)) from exc
+        label_list = list(definition.labels)
+        family = "multi_label" if definition.is_multi_label else "single_label"
+        input_format = "text_pair" if definition.family is TaskFamily.target_dependent else "text"
+        task_name = definition.name
+    elif labels:
+        label_list = [label.strip() for label in labels.split(",") if label.strip()]
+    else:
+        raise fail("give --task or --labels")
+    try:
+        metadata = init_model_dir(out, labels=label_list, family=family, input_format=input_format,
+                                  model_id=model_id, base=base, tiny=tiny, seed=seed, task=task_name,
+                                  overwrite=overwrite)
+    except (FileExistsError, FileNotFoundError, OSError, ValueError) as exc:
+        raise fail(str(exc)) from exc
+    console.print(f"wrote {out} ({metadata.family}, {metadata.input_format}, labels {metadata.labels}, "
+                  f"base {metadata.base_model})", soft_wrap=True)
+
+
+def _model_row(model: ModelVersion, attempts: int | None = None) -> list[str]:
+    when = model.promoted_at or model.evaluated_at or model.created_at
+    return [str(model.id), model.name, model.status.value, "" if model.trained_for_round is None
+            else str(model.trained_for_round), model.endpoint or "", when.strftime("%Y-%m-%d %H:%M"),
+            "" if attempts is None else f"{attempts:,}", model.directory]
+
+
+@app.command("list")
+def model_list(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
+    """The task's registered model versions, their status and the attempts each one scored."""
+    from modelling.registry import attempt_counts, list_models
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_factory(url)() as session:
+            task_row = get_task(session, task)
+            models = list_models(session, task_row)
+            counts = attempt_counts(session, task_row)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    if not models:
+        console.print(f"task {task!r} has no registered models; add one with "
+                      f"`dynaloop model register --task {task} --dir DIR`")
+        return
+    table = Table()
+    for column in ("id", "name", "status", "for round", "endpoint", "since", "attempts", "directory"):
+        table.add_column(column, no_wrap=column != "directory")
+    for model in models:
+        table.add_row(*_model_row(model, counts.get(model.id, 0)))
+    console.print(table)
+
+
+@app.command("register")
+def model_register(task: TaskOpt,
+                   directory: Annotated[Path, typer.Option("--dir", help="Model directory with dynaloop_model.json")],
+                   evaluation: Annotated[Path | None, typer.Option(
+                       help="JSON file of evaluation results: recorded too (trained -> evaluated)")] = None,
+                   database_url: DatabaseOpt = None) -> None:
+    """Record a model directory in the task's registry (again: no change)."""
+    import json
+
+    from modelling.registry import record_evaluation, register_model
+    from services.db.engine import session_scope
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    metrics = None
+    if evaluation is not None:
+        try:
+            metrics = json.loads(evaluation.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise fail(f"no evaluation file {evaluation}") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise fail(f"{evaluation} is not a JSON file: {exc}") from exc
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            task_row = get_task(session, task)
+            model = register_model(session, task_row, directory)
+            if metrics is not None:
+                model = record_evaluation(session, task_row, directory, metrics)
+            summary = f"{model.name} (id {model.id}) is {model.status.value}"
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    console.print(f"registered {summary}", soft_wrap=True)
+
+
+@app.command("promote")
+def model_promote(
+    task: TaskOpt,
+    version: Annotated[str, typer.Option("--version", help="Registry id, name (model_id@version) or model_id")],
+    endpoint: Annotated[str, typer.Option(help="The running model server, e.g. http://127.0.0.1:8001")],
+    admin_token: Annotated[str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN",
+                                                    help="The model server's admin token")] = None,
+    force: Annotated[bool, typer.Option(help="Promote a model that was never evaluated")] = False,
+    keep_round_endpoints: Annotated[bool, typer.Option(
+        help="Do not point the task's open rounds at --endpoint")] = False,
+    backend: Annotated[str | None, typer.Option(help="Model server backend for the new model; default: same")]
+    = None,
+    timeout_s: Annotated[float, typer.Option(help="How long the server may take to load the model")] = 300.0,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Hot-swap the model server to a registered model, then mark it promoted (the previous one retired)."""
+    from pydantic import SecretStr, ValidationError
+
+    from modelling.usecases import PromoteOptions, promote_model
+    from services.errors import DomainError
+
+    if not admin_token:
+        raise fail("give the model server's admin token: --admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN")
+    try:
+        options = PromoteOptions(endpoint=endpoint, force=force, admin_token=SecretStr(admin_token),
+                                 keep_round_endpoints=keep_round_endpoints, backend=backend, timeout_s=timeout_s)
+    except ValidationError as exc:
+        raise fail(f"invalid promotion settings: {problems(exc)}") from exc
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        result = promote_model(session_factory(url), task, version, options)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    console.print(f"promoted {result.model.name}: {result.endpoint} now serves it", soft_wrap=True)
+    for old in result.retired:
+        console.print(f"retired {old.name}")
+    if result.rounds_updated:
+        console.print(f"round(s) {', '.join(map(str, result.rounds_updated))} now use {result.endpoint}")
+
+
+@app.command("retire")
+def model_retire(task: TaskOpt,
+                 version: Annotated[str, typer.Option("--version", help="Registry id, name or model_id")],
+                 database_url: DatabaseOpt = None) -> None:
+    """Mark a model version retired (a model server keeps serving it until another is promoted)."""
+    from modelling.registry import retire
+    from services.db.engine import session_scope
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            model = retire(session, get_task(session, task), version)
+            name, endpoint = model.name, model.endpoint
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    console.print(f"retired {name}" + (f"; {endpoint} still serves it until another model is promoted there"
+                                       if endpoint else ""), soft_wrap=True)

@@ -1,0 +1,293 @@
+"""`dynaloop round`: build, export, harvest, train and evaluate (docs/round_builder.md,
+docs/training.md, docs/evaluation.md, docs/models.md). Each command calls one use case of
+``round_builder.usecases`` or ``modelling.usecases`` (harvest: ``modelling.harvest.harvest``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.table import Table
+
+from dynaloop.commands.common import (
+    DatabaseOpt,
+    console,
+    ensure_schema,
+    fail,
+    problems,
+    session_factory,
+    settings_for,
+)
+
+app = typer.Typer(help="Build and export rounds.", no_args_is_help=True)
+
+TaskOpt = Annotated[str, typer.Option(help="Task name")]
+RoundOpt = Annotated[int, typer.Option("--round", help="Round number")]
+
+
+@app.command("build")
+def round_build(task: TaskOpt,
+                number: RoundOpt,
+                out: Annotated[Path | None, typer.Option(help="Folder for report.md, report.json and plots")] = None,
+                seed: int = 0,
+                dev_test_min_votes: int | None = None,
+                chance: Annotated[bool | None, typer.Option(help="Require the model at chance on dev/test")] = None,
+                max_per_cell: int | None = None,
+                model_based: str = "dawid_skene",
+                database_url: DatabaseOpt = None) -> None:
+    """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report."""
+    from pydantic import ValidationError
+
+    from round_builder.usecases import BuildOptions, build, default_build_dir
+    from services.db.engine import session_scope
+    from services.domain import rounds, tasks
+    from services.errors import DomainError
+
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
+    ensure_schema(url)
+    try:
+        options = BuildOptions.model_validate({
+            "seed": seed, "dev_test_min_votes": dev_test_min_votes, "chance": chance, "max_per_cell": max_per_cell,
+            "model_based": None if model_based in ("", "none") else model_based})
+    except ValidationError as exc:
+        raise fail(f"invalid build settings: {problems(exc)}") from exc
+    folder = out or default_build_dir(settings.data_dir, task, number, seed)
+    try:
+        with session_scope(session_factory(url)) as session:
+            round_ = rounds.get_round_by_number(session, tasks.get_task(session, task), number)
+            built = build(session, None, round_, options, out_dir=folder)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    report = built.report
+    total = report["counts"]["total"]
+    console.print(f"build {built.build_id}: train {total['train']:,}, dev {total['dev']:,}, test {total['test']:,}; "
+                  f"report in {folder}", soft_wrap=True)
+    for name, values in report["splits"]["assessment"].items():
+        console.print(f"  model macro-F1 on {name}: {values['model_macro_f1']}")
+
+
+@app.command("export")
+def round_export(task: TaskOpt,
+                 number: RoundOpt,
+                 out: Annotated[Path, typer.Option(help="Folder to write the files to")],
+                 format: Annotated[str, typer.Option(help="jsonl, csv or parquet")] = "parquet",
+                 splits: Annotated[str, typer.Option(help="Comma-separated splits")] = "train,dev,test",
+                 database_url: DatabaseOpt = None) -> None:
+    """Write the newest build's splits to files (one per split)."""
+    from round_builder.usecases import ExportedFile, ExportOptions, export_files
+    from services.errors import DomainError
+
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
+    ensure_schema(url)
+    options = ExportOptions(format=format, splits=[s.strip() for s in splits.split(",") if s.strip()])
+
+    def wrote(file: ExportedFile) -> None:
+        console.print(f"wrote {file.path} ({file.size:,} bytes)")
+
+    try:
+        export_files(session_factory(url), task, number, out, options, secret=settings.secret_key, on_file=wrote)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+
+
+@app.command("harvest")
+def round_harvest(
+    task: TaskOpt,
+    number: Annotated[int, typer.Option("--round", help="Round number (collecting or validating)")],
+    corpus: Annotated[Path, typer.Option(help="CSV, TSV, JSONL or Parquet file with a text and a rating column")],
+    model: Annotated[Path, typer.Option(help="The harvesting model's directory (Model 0)")],
+    n: Annotated[int, typer.Option("--n", help="How many sentences to harvest")],
+    seed: int = 0,
+    as_: Annotated[str, typer.Option("--as", help="examples (validated directly) or prompts (for writers)")]
+    = "examples",
+    text_column: str = "text",
+    rating_column: str = "rating",
+    id_column: Annotated[str | None, typer.Option(help="Document id column; default: the row number")] = None,
+    low_rating: Annotated[float, typer.Option(help="Ratings at or below this are low (DynaSent: 1 star)")] = 1,
+    high_rating: Annotated[float, typer.Option(help="Ratings at or above this are high (DynaSent: 5 stars)")] = 5,
+    positive_label: str = "positive",
+    negative_label: str = "negative",
+    min_chars: Annotated[int | None, typer.Option(help="Shortest sentence; default: the task's min_chars")] = None,
+    max_chars: Annotated[int | None, typer.Option(help="Longest sentence; default: the task's max_chars")] = None,
+    batch_size: int = 64,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Harvest corpus sentences the model likely gets wrong (DynaSent §3.2): half from low-rated
+    texts it calls positive and high-rated texts it calls negative, half at random."""
+    from modelling.evaluate import EvaluationError
+    from modelling.harvest import harvest
+    from services.errors import DomainError
+
+    mode: Literal["examples", "prompts"]
+    if as_ == "examples":
+        mode = "examples"
+    elif as_ == "prompts":
+        mode = "prompts"
+    else:
+        raise fail(f"--as takes examples or prompts, not {as_!r}")
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        report = harvest(session_factory(url), task, number, corpus, model, n, mode=mode,
+                         text_column=text_column, rating_column=rating_column, id_column=id_column, seed=seed,
+                         low_rating=low_rating, high_rating=high_rating, positive_label=positive_label,
+                         negative_label=negative_label, min_chars=min_chars, max_chars=max_chars,
+                         batch_size=batch_size)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    except (EvaluationError, OSError) as exc:
+        raise fail(str(exc)) from exc
+    table = Table("pool", "available", "wanted", "selected")
+    for pool, counts in report.pools.items():
+        table.add_row(pool, f"{counts['available']:,}", f"{counts['wanted']:,}", f"{counts['selected']:,}")
+    console.print(f"{report.corpus}: {report.documents:,} texts, {report.sentences:,} sentences; model "
+                  f"{report.model_id} version {report.model_version}", soft_wrap=True)
+    console.print(table)
+    left_out = {k: v for k, v in report.skipped.items() if v}
+    if left_out:
+        console.print("left out: " + ", ".join(f"{k} {v:,}" for k, v in left_out.items()), soft_wrap=True)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/yellow] {note}", soft_wrap=True, highlight=False)
+    console.print(f"wrote {report.written:,} {report.mode} to {task} round {number}"
+                  + (f" ({report.already_present:,} already there)" if report.already_present else ""))
+
+
+# --- train ----------------------------------------------------------------------------------
+
+
+@app.command("train")
+def round_train(
+    task: TaskOpt,
+    mix: Annotated[Path, typer.Option(help="Data mix YAML: train sources (weights, upsampling) and the dev set")],
+    out: Annotated[Path, typer.Option(help="New folder for the model directory")],
+    number: Annotated[int | None, typer.Option(
+        "--round", help="The round this model will serve (the next round to collect)")] = None,
+    base: Annotated[Path | None, typer.Option(
+        help="Backbone checkpoint folder (never a dynaloop-trained model); default: packaged MiniLM")] = None,
+    epochs: int = 3,
+    batch_size: int = 32,
+    learning_rate: float = 2e-5,
+    max_length: int = 128,
+    seed: int = 0,
+    class_weights: Annotated[str, typer.Option(help="none or balanced (from the mix's label mass)")] = "none",
+    patience: Annotated[int, typer.Option(
+        help="Early stopping: epochs without a better dev macro-F1 (0: never stop early)")] = 2,
+    gradient_accumulation_steps: int = 1,
+    checkpoint_every: Annotated[str, typer.Option(
+        help="Resumable checkpoint every N optimizer steps, or 'epoch'")] = "epoch",
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its newest checkpoint")] = False,
+    cpu: Annotated[bool, typer.Option(help="Train on the CPU even when a GPU is present")] = False,
+    model_id: Annotated[str | None, typer.Option(help="Name in dynaloop_model.json; default from task and round")]
+    = None,
+    tiny: Annotated[bool, typer.Option(help="Tests: a tiny random BERT as the base, not --base")] = False,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Retrain from scratch on the mix: base checkpoint, fresh head, all rounds' data (DynaSent §5.3)."""
+    from pydantic import ValidationError
+
+    from dynaloop.commands.progress import PrintedTraining, show_training_log
+    from modelling.datasets import DataError, DataMix
+    from modelling.train import TrainingError
+    from modelling.usecases import TrainOptions, train_and_register
+    from services.errors import DomainError
+
+    if class_weights not in ("none", "balanced"):
+        raise fail(f"--class-weights takes none or balanced, not {class_weights!r}")
+    if tiny and base is not None:
+        raise fail("give --base or --tiny, not both")
+    every: int | str = checkpoint_every
+    if checkpoint_every != "epoch":
+        try:
+            every = int(checkpoint_every)
+        except ValueError as exc:
+            raise fail(f"--checkpoint-every takes a number of steps or 'epoch', not {checkpoint_every!r}") from exc
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        options = TrainOptions.model_validate({
+            "mix": DataMix.load(mix), "round": number, "base": None if base is None else str(base),
+            "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate, "max_length": max_length,
+            "seed": seed, "class_weights": class_weights, "patience": patience,
+            "gradient_accumulation_steps": gradient_accumulation_steps, "checkpoint_every": every,
+            "resume": resume, "cpu": cpu, "model_id": model_id, "tiny": tiny})
+    except ValidationError as exc:
+        raise fail(f"invalid training settings: {problems(exc)}") from exc
+    except DataError as exc:
+        raise fail(str(exc)) from exc
+    show_training_log()
+    try:
+        trained = train_and_register(session_factory(url), task, options, out, listener=PrintedTraining(out),
+                                     progress_bar=True)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    except ValidationError as exc:
+        raise fail(f"invalid training settings: {problems(exc)}") from exc
+    except (DataError, TrainingError, OSError) as exc:
+        raise fail(str(exc)) from exc
+    if trained.model is not None:  # only the main process of `accelerate launch` registers the model
+        console.print(f"registered model version {trained.model.id} ({trained.model.status})")
+
+
+# --- evaluate -------------------------------------------------------------------------------
+
+
+def _round_numbers(value: str) -> list[int] | None:
+    """`--rounds`: 'all' (None: every built round), 'none' ([]), or numbers such as 1,2."""
+    if value.strip().lower() == "all":
+        return None
+    if value.strip().lower() == "none":
+        return []
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError as exc:
+        raise fail(f"--rounds takes 'all', 'none' or round numbers such as 1,2; not {value!r}") from exc
+
+
+@app.command("evaluate")
+def round_evaluate(task: TaskOpt,
+                   model: Annotated[Path, typer.Option(help="Model directory (with dynaloop_model.json)")],
+                   out: Annotated[Path, typer.Option(help="Folder for evaluation.md, evaluation.json and plots")],
+                   mix: Annotated[Path | None, typer.Option(
+                       help="Data mix YAML: its dev and evaluate sources are evaluated too")] = None,
+                   rounds: Annotated[str, typer.Option(
+                       help="Built rounds whose dev/test splits to evaluate: all, none, or e.g. 1,2")] = "all",
+                   positive_label: Annotated[str | None, typer.Option(
+                       help="Binary tasks: the class whose F1 is reported (default: positive/sarcastic, "
+                            "else the second label)")] = None,
+                   batch_size: int = 64,
+                   device: Annotated[str | None, typer.Option(help="cpu, cuda, ...; default: cuda if present")] = None,
+                   record: Annotated[bool, typer.Option(
+                       help="Store the results in the model registry (trained -> evaluated)")] = True,
+                   database_url: DatabaseOpt = None) -> None:
+    """Evaluate a model on every built round's dev/test split and the mix's sets (DynaSent Table 5b)."""
+    from pydantic import ValidationError
+
+    from dynaloop.commands.progress import PrintedEvaluation
+    from model_directory import ModelMetadataError
+    from modelling.datasets import DataError, DataMix
+    from modelling.evaluate import EvaluationError
+    from modelling.usecases import EvaluateOptions, evaluate_and_record
+    from services.errors import DomainError
+
+    try:
+        options = EvaluateOptions.model_validate({
+            "mix": DataMix.load(mix) if mix is not None else None, "rounds": _round_numbers(rounds),
+            "positive_label": positive_label, "batch_size": batch_size, "device": device, "record": record})
+    except ValidationError as exc:
+        raise fail(f"invalid evaluation settings: {problems(exc)}") from exc
+    except DataError as exc:
+        raise fail(str(exc)) from exc
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        evaluated = evaluate_and_record(session_factory(url), task, model, options, out,
+                                        listener=PrintedEvaluation(out), progress_bar=True)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    except (DataError, EvaluationError, ModelMetadataError) as exc:
+        raise fail(str(exc)) from exc
+    if evaluated.model is not None:
+        console.print(f"registry: {evaluated.model.name} is {evaluated.model.status}")

@@ -1,0 +1,83 @@
+"""`dynaloop task`: task definitions (the shipped examples, checking and creating tasks)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from dynaloop.commands.common import (
+    DatabaseOpt,
+    console,
+    ensure_schema,
+    err,
+    fail,
+    session_factory,
+    settings_for,
+    task_yaml,
+)
+
+app = typer.Typer(help="Task definitions.", no_args_is_help=True)
+
+
+@app.command("list-examples")
+def task_list_examples() -> None:
+    """List the example task files that ship with dynaloop (one per seed paper)."""
+    from services.taskdef import EXAMPLES_DIR, example_paths, load_task_definition
+
+    table = Table()
+    for column in ("example", "family", "language"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("title")
+    for path in example_paths():
+        definition = load_task_definition(path)
+        table.add_row(path.stem, definition.family.value, definition.language, definition.title)
+    console.print(table)
+    console.print(f"files in {EXAMPLES_DIR}; `dynaloop task show-example NAME` prints one", soft_wrap=True)
+
+
+@app.command("show-example")
+def task_show_example(name: str) -> None:
+    """Print an example task's YAML (copy it to start your own task)."""
+    from services.taskdef import example_path
+
+    try:
+        sys.stdout.write(example_path(name).read_text(encoding="utf-8"))
+    except KeyError as exc:
+        raise fail(str(exc.args[0])) from exc
+
+
+@app.command("validate")
+def task_validate(path: Path) -> None:
+    """Check a task YAML file; print each problem with its field and fix."""
+    from services.taskdef import TaskDefinitionError, load_task_definition
+
+    try:
+        definition = load_task_definition(path)
+    except FileNotFoundError as exc:
+        raise fail(f"no file {path}") from exc
+    except TaskDefinitionError as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        raise typer.Exit(1) from exc
+    console.print(f"{path}: valid {definition.family.value} task {definition.name!r}")
+
+
+@app.command("create")
+def task_create(source: Annotated[str, typer.Argument(help="YAML file, or the name of a shipped example")],
+                database_url: DatabaseOpt = None) -> None:
+    """Create a task in the database from a YAML file or a shipped example."""
+    from services.db.engine import session_scope
+    from services.domain.tasks import create_task
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            task = create_task(session, None, task_yaml(source))
+            console.print(f"created task {task.name!r} ({task.family})")
+    except DomainError as exc:
+        raise fail(exc.message) from exc

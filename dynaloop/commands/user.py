@@ -1,0 +1,64 @@
+"""`dynaloop user`: users and API tokens."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dynaloop.commands.common import DatabaseOpt, console, ensure_schema, fail, session_factory, settings_for
+
+app = typer.Typer(help="Users and API tokens.", no_args_is_help=True)
+
+PasswordOpt = Annotated[str | None, typer.Option(help="Also allow password login")]
+
+
+def _create_user(url: str, username: str, roles: list[str], password: str | None) -> str:
+    from services.db.engine import session_scope
+    from services.domain import users
+    from services.errors import DomainError
+
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            user = users.create_user(session, None, username, roles, password=password)
+            _, token = users.issue_token(session, None, user, name="cli")
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    return token
+
+
+@app.command("create-admin")
+def user_create_admin(username: str, database_url: DatabaseOpt = None, password: PasswordOpt = None) -> None:
+    """Create the first admin (also a researcher) and print their API token once."""
+    token = _create_user(settings_for(database_url).resolved_database_url, username, ["admin", "researcher"], password)
+    console.print(f"admin {username!r} created. API token (shown once):")
+    print(token)
+
+
+@app.command("create")
+def user_create(username: str,
+                role: Annotated[list[str], typer.Option("--role", help="writer, validator, researcher, admin")],
+                database_url: DatabaseOpt = None, password: PasswordOpt = None) -> None:
+    """Create a user with the given roles and print their API token once."""
+    token = _create_user(settings_for(database_url).resolved_database_url, username, role, password)
+    console.print(f"user {username!r} created with roles {role}. API token (shown once):")
+    print(token)
+
+
+@app.command("token")
+def user_token(username: str, database_url: DatabaseOpt = None,
+               name: str = "cli", expires_in_days: int | None = None) -> None:
+    """Issue a new API token for an existing user and print it once."""
+    from services.db.engine import session_scope
+    from services.domain import users
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            _, token = users.issue_token(session, None, users.get_user(session, username), name, expires_in_days)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    print(token)
