@@ -247,3 +247,29 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
     assert result.exit_code == 0, result.output
     tables = {split: pq.read_table(data / f"dynasent-r2-r1-{split}.parquet") for split in ("train", "dev", "test")}
     assert {split: t.num_rows for split, t in tables.items()} == {"train": 3, "dev": 9, "test": 9}
+    # Bad options: one line, exit code 1, nothing written.
+    refused = runner.invoke(cli, ["round", "export", "--task", "dynasent-r2", "--round", "1", "--out",
+                                  str(tmp_path / "none"), "--splits", "train,validation",
+                                  "--database-url", settings.database_url])
+    assert refused.exit_code == 1 and "unknown split 'validation'" in refused.output
+    assert not (tmp_path / "none").exists(), "a refused export writes no file"
+    refused = runner.invoke(cli, ["round", "build", "--task", "dynasent-r2", "--round", "1", "--model-based", "vote",
+                                  "--database-url", settings.database_url])
+    assert refused.exit_code == 1 and "invalid build settings: model_based" in refused.output
+    assert "Traceback" not in refused.output
+
+
+def test_dataset_download_names_the_newest_build(app, built) -> None:  # type: ignore[no-untyped-def]
+    """round_builder.usecases.dataset_download: what the API's dataset route streams."""
+    from round_builder.usecases import dataset_download
+    from services.db.engine import session_scope
+    from services.errors import Invalid, NotFound
+
+    with session_scope(app.state.sessionmaker) as session:
+        download = dataset_download(session, "dynasent-r2", 1, "dev", "csv")
+        assert download.build_id == built["build"]["build_id"] and download.media_type == "text/csv"
+        assert download.filename == "dynasent-r2-r1-dev.csv" and download.etag.startswith('"')
+        with pytest.raises(Invalid, match="unknown format 'xml'"):
+            dataset_download(session, "dynasent-r2", 1, "dev", "xml")
+        with pytest.raises(NotFound):
+            dataset_download(session, "dynasent-r2", 2, "dev", "csv")

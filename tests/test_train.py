@@ -450,3 +450,9 @@ def test_round_train_command_trains_on_a_star_rated_file_and_registers_the_model
     no_task = runner.invoke(cli, ["round", "train", "--task", "nope", "--mix", str(tmp_path / "mix.yaml"),
                                   "--out", str(tmp_path / "z"), "--tiny", "--database-url", url])
     assert no_task.exit_code == 1 and "no task 'nope'" in no_task.output
+    # The options share the limits of a train job's params (modelling.usecases.TrainOptions).
+    for bad, field in [(["--epochs", "0"], "epochs"), (["--model-id", "no spaces"], "model_id"),
+                       (["--checkpoint-every", "0"], "checkpoint_every")]:
+        invalid = runner.invoke(cli, [*args[:6], "--out", str(tmp_path / "w"), "--tiny", *bad, "--database-url", url])
+        assert invalid.exit_code == 1 and f"invalid training settings: {field}" in invalid.output, invalid.output
+    assert not (tmp_path / "w").exists()
