@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from rapidfuzz.distance import Levenshtein
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
@@ -45,6 +44,7 @@ from services.domain import audit
 from services.domain.tasks import definition_of
 from services.errors import Conflict
 from services.taskdef import TaskDefinition, TaskFamily
+from services.text import normalized_edit_distance
 
 
 # EM iterations for Dawid-Skene: crowd-kit's 100 take ~40 s on a million labels on one core;
@@ -217,7 +217,7 @@ def _conditions(data: RoundData, seed: int) -> tuple[dict[str, Any], PlotData]:
             for text in texts:
                 if prompt_texts:
                     other = rng.choice(prompt_texts)
-                    distances.append(Levenshtein.distance(other, text) / max(len(other), len(text), 1))
+                    distances.append(normalized_edit_distance(other, text))
         lengths = [len(t.split()) for t in texts]
         seen: set[str] = set()
         growth, tokens = [], 0

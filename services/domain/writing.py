@@ -15,7 +15,6 @@ import random
 from collections import Counter
 from typing import Any
 
-from rapidfuzz.distance import Levenshtein
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -42,15 +41,9 @@ from services.domain.tasks import definition_of
 from services.errors import Conflict, Gone, Invalid, ModelUnavailable, NotFound
 from services.model_client import ModelClient, ModelServerError
 from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
-from services.text import clean_text
+from services.text import clean_text, normalized_edit_distance
 
 _rng = random.SystemRandom()
-
-
-def normalized_edit_distance(prompt: str, text: str) -> float:
-    """Levenshtein distance / max(len(prompt), len(text)), as in DynaSent Fig. 2a."""
-    longest = max(len(prompt), len(text))
-    return Levenshtein.distance(prompt, text) / longest if longest else 0.0
 
 
 # --- assignments -----------------------------------------------------------------------
