@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,12 @@ from statsmodels.stats.inter_rater import fleiss_kappa
 from tests.conftest import Actor, example_yaml, open_round
 
 LABELS = ["positive", "negative", "neutral"]
-# The report JSON each test round had when report assembly moved into typed dataclasses
-# (round_builder/report.py): the build record, the API and report.md all read it, so it must not change.
+# The stub model predicts positive for "great", negative for "terrible", else neutral.
+KEYWORD = {"positive": "great", "negative": "terrible", "neutral": "plain"}
+# Each test round's report JSON as the untyped report code wrote it before the report became
+# typed dataclasses (round_builder/report.py): builds store it, the API serves it and report.md
+# renders it, so the typed report must write exactly the same.
 REPORTS = Path(__file__).parent / "data" / "round_reports"
-WRITE_REPORTS = os.environ.get("DYNALOOP_WRITE_ROUND_REPORTS") == "1"
 
 
 def _comparable(report: dict[str, Any]) -> str:
@@ -39,13 +40,8 @@ def _comparable(report: dict[str, Any]) -> str:
 
 
 def assert_report_unchanged(report: dict[str, Any], name: str) -> None:
-    path = REPORTS / f"{name}.json"
-    if WRITE_REPORTS:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_comparable(report) + "\n", encoding="utf-8")
-    assert _comparable(report) == path.read_text(encoding="utf-8").rstrip("\n")
-# The stub model predicts positive for "great", negative for "terrible", else neutral.
-KEYWORD = {"positive": "great", "negative": "terrible", "neutral": "plain"}
+    expected = (REPORTS / f"{name}.json").read_text(encoding="utf-8").rstrip("\n")
+    assert _comparable(report) == expected
 
 
 def _write(client: Any, writer: Actor, round_id: int, target: str, text: str) -> dict[str, Any]:
