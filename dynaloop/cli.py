@@ -594,7 +594,7 @@ def round_harvest(
 ) -> None:
     """Harvest corpus sentences the model likely gets wrong (DynaSent §3.2): half from low-rated
     texts it calls positive and high-rated texts it calls negative, half at random."""
-    from modelling.evaluate import EvaluationError
+    from modelling.errors import EvaluationError
     from modelling.harvest import harvest
     from services.errors import DomainError
 
@@ -781,7 +781,10 @@ def round_evaluate(task: Annotated[str, typer.Option(help="Task name")],
     """Evaluate a model on every built round's dev/test split and the mix's sets (DynaSent Table 5b)."""
     from model_directory import ModelMetadata, ModelMetadataError
     from modelling.datasets import DataError, DataMix
-    from modelling.evaluate import EvaluationError, evaluate_model, load_evaluation_sets, write_evaluation
+    from modelling.errors import EvaluationError
+    from modelling.evaluate import evaluate_model
+    from modelling.evaluation_report import write_evaluation
+    from modelling.evaluation_sets import load_evaluation_sets
     from modelling.registry import record_evaluation
     from services.db.engine import session_scope
     from services.domain.tasks import get_task

@@ -495,7 +495,7 @@ def _claim(factory: sessionmaker[Session], job_id: int) -> tuple[JobKind, int, s
 
 def _failure_message(exc: BaseException) -> str:
     from model_directory import ModelMetadataError
-    from modelling.evaluate import EvaluationError
+    from modelling.errors import EvaluationError
     from modelling.train import TrainingError
 
     if isinstance(exc, DomainError):
@@ -629,7 +629,9 @@ def _train(context: _Context) -> dict[str, Any]:
 
 
 def _evaluate(context: _Context) -> dict[str, Any]:
-    from modelling.evaluate import evaluate_model, load_evaluation_sets, write_evaluation
+    from modelling.evaluate import evaluate_model
+    from modelling.evaluation_report import write_evaluation
+    from modelling.evaluation_sets import load_evaluation_sets
     from modelling.registry import jsonable, record_evaluation
 
     params = EvaluateParams.model_validate(context.params)
