@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 from round_builder.builds import newest_build
 from services.db.models import BuiltExample, Example, Round, RoundBuild, Task
 from services.domain.tasks import definition_of
+from services.errors import validation_problems
 from services.taskdef import TaskDefinition, TaskFamily
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -110,7 +111,7 @@ class DataMix(BaseModel):
         try:
             mix = cls.model_validate(raw or {})
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            problems = "; ".join(validation_problems(exc.errors(), wording={}))  # pydantic's own messages
             raise DataError(f"{path} is not a valid data mix: {problems}") from exc
         # Relative file paths are relative to the mix file.
         for source in [*mix.train, *([mix.dev] if mix.dev else []), *mix.evaluate]:

@@ -61,7 +61,7 @@ from services.db.models import (
 from services.domain import audit
 from services.domain.rounds import check_endpoints
 from services.domain.tasks import definition_of
-from services.errors import Conflict, DomainError, Invalid, NotFound
+from services.errors import Conflict, DomainError, Invalid, NotFound, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -141,19 +141,6 @@ PARAMS: dict[JobKind, type[BaseModel]] = {JobKind.train: TrainParams, JobKind.ev
                                           JobKind.promote: PromoteParams}
 
 
-def _problems(exc: ValidationError, prefix: str) -> list[str]:
-    problems = []
-    for error in exc.errors():
-        loc = ".".join(str(part) for part in (prefix, *error.get("loc", ())))
-        if error.get("type") == "extra_forbidden":
-            problems.append(f"{loc}: is not a known field; remove it")
-        elif error.get("type") == "missing":
-            problems.append(f"{loc}: is required")
-        else:
-            problems.append(f"{loc}: {error.get('msg')}")
-    return problems
-
-
 def parse_params(kind: JobKind | str, params: dict[str, Any] | None) -> BaseModel:
     """The parameters of a job of ``kind``, validated; :class:`Invalid` lists every problem."""
     try:
@@ -163,7 +150,7 @@ def parse_params(kind: JobKind | str, params: dict[str, Any] | None) -> BaseMode
     try:
         return PARAMS[kind].model_validate(params or {})
     except ValidationError as exc:
-        problems = _problems(exc, "params")
+        problems = validation_problems(exc.errors(), "params")
         raise Invalid("; ".join(problems), problems=problems) from exc
 
 
@@ -503,7 +490,7 @@ def _failure_message(exc: BaseException) -> str:
     if isinstance(exc, DataError | TrainingError | EvaluationError | ModelMetadataError):
         return str(exc)
     if isinstance(exc, ValidationError):
-        return "; ".join(_problems(exc, "params"))
+        return "; ".join(validation_problems(exc.errors(), "params"))
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return "the job was interrupted (its process was stopped); start it again"
     return f"unexpected {type(exc).__name__}: {exc}"
