@@ -180,7 +180,8 @@ def _human_f1(outcome: BuildOutcome) -> HumanF1:
         if outcome.ids[name]:
             scores = human.human_performance(scored, gold, labels=response_labels, classes=labels,
                                              examples=outcome.ids[name], random_state=outcome.config.seed).scores
-            human_f1[name] = {str(k): ClassScores(**{m: _finite(float(v)) for m, v in row.items()})
+            human_f1[name] = {str(k): ClassScores(precision=_finite(float(row["precision"])),
+                                                  recall=_finite(float(row["recall"])), f1=_finite(float(row["f1"])))
                               for k, row in scores.iterrows()}
     return human_f1
 
