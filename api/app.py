@@ -21,6 +21,7 @@ from api.routes import round_builder, tasks, users, validating, writing
 from api.schemas import ErrorResponse, error_responses
 from services.db.engine import make_engine, make_sessionmaker
 from services.errors import DomainError, ModelUnavailable, RateLimited, Unauthorized
+from services.errors import REQUEST_PROBLEM_WORDING, validation_problems
 from services.model_client import ModelClient
 from services.settings import Settings, get_settings
 
@@ -115,21 +116,7 @@ def add_exception_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for error in exc.errors():
-            loc = ".".join(str(part) for part in error.get("loc", ()))
-            kind = error.get("type", "")
-            if kind == "json_invalid":
-                problems.append("the body is not valid JSON (or not UTF-8); send a UTF-8 JSON object")
-            elif kind == "missing":
-                problems.append(f"{loc}: is required")
-            elif kind == "extra_forbidden":
-                problems.append(f"{loc}: is not a known field; remove it")
-            elif kind == "string_unicode":
-                problems.append(f"{loc}: is not valid Unicode text (it contains a lone surrogate such as "
-                                "\\ud800); send the text encoded as UTF-8")
-            else:
-                problems.append(f"{loc}: {error.get('msg')}")
+        problems = validation_problems(exc.errors(), wording=REQUEST_PROBLEM_WORDING)
         return _error(422, "invalid", "; ".join(problems), {"problems": problems})
 
     @app.exception_handler(StarletteHTTPException)

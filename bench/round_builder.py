@@ -102,7 +102,7 @@ def bench_round(n_examples: int) -> dict[str, float]:
 
 
 def bench_edit_distance(n_pairs: int) -> float:
-    from services.domain.writing import normalized_edit_distance
+    from services.text import normalized_edit_distance
 
     rng = np.random.default_rng(1)
     words = np.array("the food was great but service slow and cold staff friendly price".split())

@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from modelling.datasets import LabelledSet  # noqa: E402
-from modelling.evaluate import compute_metrics, predict_probabilities  # noqa: E402
+from modelling.inference import predict_probabilities  # noqa: E402
+from modelling.metrics import compute_metrics  # noqa: E402
 from modelling.train import TrainConfig, train_model  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tweeteval-sentiment"

@@ -31,8 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from round_builder.builds import newest_build
 from services.db.models import BuiltExample, Example, Round, RoundBuild, Task
 from services.domain.tasks import definition_of
+from services.errors import validation_problems
 from services.taskdef import TaskDefinition, TaskFamily
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -109,7 +111,7 @@ class DataMix(BaseModel):
         try:
             mix = cls.model_validate(raw or {})
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            problems = "; ".join(validation_problems(exc.errors(), wording={}))  # pydantic's own messages
             raise DataError(f"{path} is not a valid data mix: {problems}") from exc
         # Relative file paths are relative to the mix file.
         for source in [*mix.train, *([mix.dev] if mix.dev else []), *mix.evaluate]:
@@ -293,16 +295,15 @@ def _build_for(session: Session, task: Task, spec: SourceSpec) -> tuple[Round, R
     round_ = session.scalar(select(Round).where(Round.task_id == task.id, Round.number == spec.round))
     if round_ is None:
         raise DataError(f"task {task.name!r} has no round {spec.round}")
-    if spec.build_id is not None:
-        build = session.get(RoundBuild, spec.build_id)
-        if build is None or build.round_id != round_.id:
-            raise DataError(f"build {spec.build_id} is not a build of round {spec.round} of {task.name!r}")
-    else:
-        build = session.scalar(select(RoundBuild).where(RoundBuild.round_id == round_.id)
-                               .order_by(RoundBuild.id.desc()).limit(1))
+    if spec.build_id is None:
+        build = newest_build(session, round_)
         if build is None:
             raise DataError(f"round {spec.round} of {task.name!r} has not been built; "
                             f"run `dynaloop round build --task {task.name} --round {spec.round}` first")
+        return round_, build
+    build = session.get(RoundBuild, spec.build_id)
+    if build is None or build.round_id != round_.id:
+        raise DataError(f"build {spec.build_id} is not a build of round {spec.round} of {task.name!r}")
     return round_, build
 
 

@@ -308,17 +308,17 @@ class HarvestReport:
 
 
 def _model_predictor(model_dir: Path, batch_size: int) -> Predictor:
-    """Load the model once; predict with modelling.evaluate."""
-    from modelling import evaluate
+    """Load the model once; predict with modelling.inference."""
+    from modelling.inference import LoadedClassifier, predict_loaded
 
     try:
-        classifier = evaluate.LoadedClassifier.load(model_dir)
+        classifier = LoadedClassifier.load(model_dir)
     except (ValueError, OSError) as exc:  # EvaluationError and ModelMetadataError are ValueErrors
         raise HarvestError(f"cannot load the harvesting model from {model_dir}: {exc}") from exc
 
     def predict(texts: Sequence[str]) -> np.ndarray:
-        return evaluate.predict_loaded(classifier.model, classifier.tokenizer, classifier.metadata, list(texts),
-                                       None, batch_size=batch_size)
+        return predict_loaded(classifier.model, classifier.tokenizer, classifier.metadata, list(texts), None,
+                              batch_size=batch_size)
 
     return predict
 

@@ -46,6 +46,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from modelling.datasets import DataError, DataMix
+from modelling.evaluation_sets import built_round_numbers
 from modelling.usecases import (
     EvaluateOptions,
     EvaluationListener,
@@ -53,7 +54,6 @@ from modelling.usecases import (
     RegisteredModel,
     TrainingListener,
     TrainOptions,
-    built_rounds,
     default_mix,
     evaluate_and_record,
     promote_model,
@@ -73,7 +73,7 @@ from services.db.models import (
 from services.domain import audit
 from services.domain.rounds import check_endpoints
 from services.domain.tasks import definition_of
-from services.errors import Conflict, DomainError, Invalid, NotFound
+from services.errors import Conflict, DomainError, Invalid, NotFound, validation_problems
 
 if TYPE_CHECKING:
     from modelling.datasets import LabelledSet
@@ -118,19 +118,6 @@ PARAMS: dict[JobKind, type[BaseModel]] = {JobKind.train: TrainParams, JobKind.ev
                                           JobKind.promote: PromoteParams}
 
 
-def _problems(exc: ValidationError, prefix: str) -> list[str]:
-    problems = []
-    for error in exc.errors():
-        loc = ".".join(str(part) for part in (prefix, *error.get("loc", ())))
-        if error.get("type") == "extra_forbidden":
-            problems.append(f"{loc}: is not a known field; remove it")
-        elif error.get("type") == "missing":
-            problems.append(f"{loc}: is required")
-        else:
-            problems.append(f"{loc}: {error.get('msg')}")
-    return problems
-
-
 def parse_params(kind: JobKind | str, params: dict[str, Any] | None) -> BaseModel:
     """The parameters of a job of ``kind``, validated; :class:`Invalid` lists every problem."""
     try:
@@ -140,7 +127,7 @@ def parse_params(kind: JobKind | str, params: dict[str, Any] | None) -> BaseMode
     try:
         return PARAMS[kind].model_validate(params or {})
     except ValidationError as exc:
-        problems = _problems(exc, "params")
+        problems = validation_problems(exc.errors(), "params")
         raise Invalid("; ".join(problems), problems=problems) from exc
 
 
@@ -148,7 +135,7 @@ def parse_params(kind: JobKind | str, params: dict[str, Any] | None) -> BaseMode
 
 
 def _check_rounds(session: Session, task: Task, numbers: list[int], where: str) -> None:
-    built = set(built_rounds(session, task))
+    built = set(built_round_numbers(session, task))
     existing = set(session.scalars(select(Round.number).where(Round.task_id == task.id)))
     for number in numbers:
         if number not in existing:
@@ -217,7 +204,7 @@ def create_job(session: Session, actor: User | None, task: Task, kind: JobKind |
             parsed.mix = _check_mix(session, task, parsed.mix, data_dir)
         if parsed.rounds is not None:
             _check_rounds(session, task, parsed.rounds, "params.rounds")
-        elif not built_rounds(session, task) and not parsed.extra_sources():
+        elif not built_round_numbers(session, task) and not parsed.extra_sources():
             raise Invalid(f"task {task.name!r} has no built round to evaluate on; build a round first")
         if parsed.positive_label is not None and parsed.positive_label not in definition.labels:
             raise Invalid(f"params.positive_label: {parsed.positive_label!r} is not a label of {task.name!r}; its "
@@ -467,7 +454,7 @@ def _claim(factory: sessionmaker[Session], job_id: int) -> tuple[JobKind, int, s
 
 def _failure_message(exc: BaseException) -> str:
     from model_directory import ModelMetadataError
-    from modelling.evaluate import EvaluationError
+    from modelling.errors import EvaluationError
     from modelling.train import TrainingError
 
     if isinstance(exc, DomainError):
@@ -475,7 +462,7 @@ def _failure_message(exc: BaseException) -> str:
     if isinstance(exc, DataError | TrainingError | EvaluationError | ModelMetadataError):
         return str(exc)
     if isinstance(exc, ValidationError):
-        return "; ".join(_problems(exc, "params"))
+        return "; ".join(validation_problems(exc.errors(), "params"))
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return "the job was interrupted (its process was stopped); start it again"
     return f"unexpected {type(exc).__name__}: {exc}"

@@ -48,7 +48,6 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import GradientAccumulationPlugin, load_checkpoint_in_model, set_seed
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sklearn.metrics import f1_score
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 from transformers import (
@@ -61,6 +60,7 @@ from transformers import (
 
 from model_directory import METADATA_FILE, ModelMetadata
 from modelling.datasets import LabelledSet, expand
+from modelling.metrics import macro_f1
 
 logger = logging.getLogger(__name__)
 
@@ -223,17 +223,6 @@ def class_weights_for(sets: Sequence[LabelledSet], labels: Sequence[str],
     if any(value <= 0 for value in spec.values()):
         raise TrainingError("class weights must be positive")
     return torch.tensor([float(spec.get(label, 1.0)) for label in labels], dtype=torch.float32)
-
-
-def macro_f1(y: np.ndarray, scores: np.ndarray, *, family: Family, threshold: float = 0.5) -> float:
-    """Macro-F1 of ``scores`` (probabilities or logits' argmax order) against soft or hard ``y``:
-    over classes of the argmax (single-label) or over labels at ``threshold`` (multi-label)."""
-    n_labels = y.shape[1]
-    if family == "multi_label":
-        return float(f1_score((y >= 0.5).astype(int), (scores >= threshold).astype(int), average="macro",
-                              zero_division=0))
-    return float(f1_score(y.argmax(axis=1), scores.argmax(axis=1), labels=list(range(n_labels)), average="macro",
-                          zero_division=0))
 
 
 # ---------------------------------------------------------------------------- data

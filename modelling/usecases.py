@@ -14,7 +14,7 @@ typed result, and tells a listener what it is doing; the listeners' methods do n
 front end overrides the ones it shows (the command prints, a job writes its progress). Errors
 are raised, never printed: :class:`~services.errors.DomainError`,
 :class:`~modelling.datasets.DataError`, :class:`~modelling.train.TrainingError`,
-:class:`~modelling.evaluate.EvaluationError`, :class:`~model_directory.ModelMetadataError`,
+:class:`~modelling.errors.EvaluationError`, :class:`~model_directory.ModelMetadataError`,
 pydantic's ``ValidationError`` and ``OSError``; each front end says them its own way.
 
 The heavy libraries (PyTorch, transformers) are imported inside the operations, so the API,
@@ -34,6 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from modelling.datasets import DataMix, SourceSpec
+from modelling.evaluation_sets import built_round_numbers
 from modelling.registry import RELOAD_TIMEOUT_S, Promotion, promote, record_evaluation, register_model
 from services.db.engine import session_scope
 from services.db.models import ModelVersion, Round, RoundBuild, Task, User
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from modelling.train import EpochRecord, TrainConfig, TrainResult
 
 __all__ = ["EvaluateOptions", "EvaluatedModel", "EvaluationListener", "PromoteOptions", "RegisteredModel",
-           "TrainOptions", "TrainedModel", "TrainingListener", "built_rounds", "default_mix", "evaluate_and_record",
+           "TrainOptions", "TrainedModel", "TrainingListener", "default_mix", "evaluate_and_record",
            "promote_model", "train_and_register"]
 
 MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -76,17 +77,10 @@ def _actor(session: Session, actor_id: int | None) -> User | None:
     return session.get(User, actor_id) if actor_id is not None else None
 
 
-def built_rounds(session: Session, task: Task) -> list[int]:
-    """The numbers of the task's rounds that have at least one build, in order."""
-    return list(session.scalars(
-        select(Round.number).where(Round.task_id == task.id, Round.id.in_(select(RoundBuild.round_id)))
-        .order_by(Round.number)))
-
-
 def default_mix(session: Session, task: Task) -> DataMix:
     """Every built round's train split, and the newest built round's dev split (DynaSent §5.3:
     the next model trains on all rounds at once)."""
-    numbers = built_rounds(session, task)
+    numbers = built_round_numbers(session, task)
     if not numbers:
         raise Invalid(f"task {task.name!r} has no built round to train on; close a round and build it first "
                       "(POST /rounds/{id}/build), or give a `mix`")
@@ -283,7 +277,9 @@ def evaluate_and_record(factory: sessionmaker[Session], task_name: str, model_di
 
     Should the registry refuse the evaluation, the error says that the files are written."""
     from model_directory import ModelMetadata
-    from modelling.evaluate import evaluate_model, load_evaluation_sets, write_evaluation
+    from modelling.evaluate import evaluate_model
+    from modelling.evaluation_report import write_evaluation
+    from modelling.evaluation_sets import load_evaluation_sets
 
     listener = listener or EvaluationListener()
     if not model_dir.is_dir():

@@ -9,22 +9,18 @@ then the splits. A build is deterministic for its seed.
 
 from __future__ import annotations
 
-import datetime as dt
-import math
-import random
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from rapidfuzz.distance import Levenshtein
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from round_builder import aggregation, agreement, human, splits
-from round_builder.report import PlotData, write_report
+from round_builder import aggregation, agreement, splits
+from round_builder.report import write_report
+from round_builder.report_assembly import BuildOutcome, assemble_report
 from round_builder.table import responses_frame
 from services.db.models import (
     Assignment,
@@ -116,12 +112,6 @@ def load_round(session: Session, round_: Round) -> RoundData:
     return RoundData(definition, examples, responses, attempts, prompts, sources)
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float | np.floating):
-        return None if math.isnan(value) else round(float(value), 4)
-    return value
-
-
 def _gold(data: RoundData) -> pd.DataFrame:
     """Per example: gold (str, tuple or None), gold_votes, kept (False: drop), reason."""
     definition, responses = data.definition, data.responses
@@ -199,47 +189,6 @@ def _split_input(data: RoundData, gold: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _conditions(data: RoundData, seed: int) -> tuple[dict[str, Any], PlotData]:
-    """Edit distance, length and vocabulary of the prompt vs no-prompt conditions (Fig. 2a-c).
-
-    No-prompt examples have no prompt; as a baseline their edit distance is measured to a
-    prompt of the round drawn at random (seeded), so the two histograms are comparable."""
-    rng = random.Random(seed)
-    prompt_texts = list(data.prompts.values())
-    summary: dict[str, Any] = {}
-    plot = PlotData(edit_distance={}, length_words={}, vocabulary_growth={})
-    for condition, frame in data.examples.groupby("condition"):
-        texts = frame["text"].tolist()
-        if condition == "prompt":
-            distances = [float(d) for d in frame["edit_distance"] if d is not None and not pd.isna(d)]
-        else:
-            distances = []
-            for text in texts:
-                if prompt_texts:
-                    other = rng.choice(prompt_texts)
-                    distances.append(Levenshtein.distance(other, text) / max(len(other), len(text), 1))
-        lengths = [len(t.split()) for t in texts]
-        seen: set[str] = set()
-        growth, tokens = [], 0
-        for text in texts:
-            for word in text.lower().split():
-                tokens += 1
-                seen.add(word.strip(".,!?;:\"'()"))
-            growth.append((tokens, len(seen)))
-        summary[str(condition)] = {
-            "examples": len(texts),
-            "edit_distance_mean": _finite(float(np.mean(distances))) if distances else None,
-            "edit_distance_median": _finite(float(np.median(distances))) if distances else None,
-            "length_words_mean": _finite(float(np.mean(lengths))) if lengths else None,
-            "vocabulary": len(seen),
-            "types_per_token": _finite(len(seen) / tokens) if tokens else None,
-        }
-        plot.edit_distance[str(condition)] = distances  # type: ignore[index]
-        plot.length_words[str(condition)] = lengths  # type: ignore[index]
-        plot.vocabulary_growth[str(condition)] = growth[:: max(1, len(growth) // 200)]  # type: ignore[index]
-    return summary, plot
-
-
 def build_round(session: Session, actor: User | None, round_: Round, config: BuildConfig,
                 out_dir: Path | None = None) -> RoundBuild:
     """Build ``round_`` (it must be closed, or built before) and record the build."""
@@ -307,7 +256,9 @@ def build_round(session: Session, actor: User | None, round_: Round, config: Bui
     for start in range(0, len(rows), 5000):
         session.execute(insert(BuiltExample), rows[start:start + 5000])
 
-    report, plot = _report(round_, data, gold, result, config, split_input, assignment, dropped, chance)
+    assembled, plot = assemble_report(BuildOutcome(round_, data, config, gold, split_input, result, assignment,
+                                                   dropped, chance))
+    report = assembled.to_dict()
     build.report = report
     round_.status = RoundStatus.built
     round_.built_at = utcnow()
@@ -317,163 +268,3 @@ def build_round(session: Session, actor: User | None, round_: Round, config: Bui
         written = write_report(report, plot, out_dir)
         build.report = {**report, "files": [p.name for p in written]}
     return build
-
-
-def _report(round_: Round, data: RoundData, gold: pd.DataFrame, result: splits.SplitResult, config: BuildConfig,
-            split_input: pd.DataFrame, assignment: dict[int, str], dropped: np.ndarray,
-            chance: bool) -> tuple[dict[str, Any], PlotData]:
-    definition = data.definition
-    vlabels = definition.effective_validation_labels
-    split_report = result.report
-    ids = {name: [e for e, s in assignment.items() if s == name] for name in ("train", "dev", "test")}
-
-    # DynaSent Table 4/7: distributional train, majority train/dev/test by gold label.
-    counts_by_gold = split_report.counts_by_gold
-    dist_train = Counter()
-    train_ids = set(ids["train"])
-    gold_of = dict(zip(split_input["example_id"], split_input["gold"], strict=True))
-    for example_id in train_ids:
-        g = gold_of.get(example_id)
-        dist_train[("+".join(g) if isinstance(g, tuple) else g) if g is not None else "no majority"] += 1
-    rows = {}
-    for label, row in counts_by_gold.iterrows():
-        name = str(label)
-        rows[name] = {"dist_train": dist_train.get(name, int(row.get("train", 0))) if name != "Total" else None,
-                      "train": int(row.get("train", 0)), "dev": int(row.get("dev", 0)), "test": int(row.get("test", 0))}
-    total = rows.pop("Total", {"train": len(ids["train"]), "dev": len(ids["dev"]), "test": len(ids["test"])})
-    total["dist_train"] = len(ids["train"])
-    excluded = Counter(str(r) for r, d in zip(gold["reason"], dropped, strict=True) if d)
-    excluded.update({k: v for k, v in split_report.excluded.items() if v})
-
-    responses = data.responses
-    report_agreement: dict[str, Any] = {}
-    if not responses.empty:
-        if definition.is_multi_label:
-            ml = agreement.multilabel_agreement(responses, labels=definition.labels)
-            report_agreement = {"mean_fleiss_kappa": _finite(ml.mean_fleiss), "mean_randolph_kappa": _finite(ml.mean_randolph),
-                                "mean_krippendorff_alpha": _finite(ml.mean_alpha), "mean_jaccard": _finite(ml.mean_jaccard)}
-        else:
-            n = definition.validations_per_example
-            report_agreement = {
-                "fleiss_kappa": _finite(_safe(lambda: agreement.fleiss_kappa(responses, labels=vlabels, n_raters=n))),
-                "krippendorff_alpha": _finite(_safe(lambda: agreement.krippendorff_alpha(responses, labels=vlabels))),
-                "randolph_kappa": _finite(_safe(lambda: agreement.randolph_kappa(responses, labels=vlabels, n_raters=n))),
-                "mean_pairwise_cohen_kappa": _finite(_safe(lambda: float(agreement.slot_cohen_kappas(
-                    responses, labels=vlabels, random_state=config.seed)["kappa"].mean()))),
-            }
-            for name in ("dev", "test"):
-                subset = responses[responses["example_id"].isin(ids[name])]
-                if not subset.empty:
-                    report_agreement[f"fleiss_kappa_{name}"] = _finite(_safe(
-                        lambda subset=subset: agreement.fleiss_kappa(subset, labels=vlabels, n_raters=n)))
-            if definition.family is TaskFamily.target_dependent:
-                report_agreement["madtsc_kappas"] = {k: _finite(v) for k, v in _safe(lambda: agreement.target_sentiment_kappas(
-                    responses, collapse=definition.label_collapse or {}, unknown_label=definition.unknown_label,
-                    order=vlabels, n_raters=n), {}).items()}
-
-    human_f1: dict[str, Any] = {}
-    if not definition.is_multi_label and not responses.empty:
-        labels = list(definition.labels)
-        scored, response_labels = responses, vlabels
-        if definition.family is TaskFamily.target_dependent:
-            # MAD-TSC: annotators are scored on the 3-class scale the gold label uses.
-            scored = aggregation.collapse_responses(responses, collapse=definition.label_collapse or {},
-                                                    unknown_label=definition.unknown_label)
-            response_labels = labels + ([definition.unknown_label] if definition.unknown_label else [])
-        gold_series = pd.Series({e: g for e, g in gold_of.items() if isinstance(g, str) and g in labels})
-        for name in ("dev", "test"):
-            if ids[name]:
-                scores = human.human_performance(scored, gold_series, labels=response_labels, classes=labels,
-                                                 examples=ids[name], random_state=config.seed).scores
-                human_f1[name] = {str(k): {m: _finite(float(v)) for m, v in row.items()} for k, row in scores.iterrows()}
-
-    attempts = data.attempts
-    examples = data.examples
-    validated_fooling = 0
-    for example_id, target, fooled in zip(examples["example_id"], examples["target_label"], examples["fooled"], strict=True):
-        g = gold_of.get(example_id)
-        if fooled and g is not None and (list(g) if isinstance(g, tuple) else [g]) == list(target):
-            validated_fooling += 1
-    fooling = {
-        "attempts": len(attempts),
-        "fooled_attempts": int(attempts["fooled"].fillna(False).sum()) if len(attempts) else 0,
-        "attempt_fooling_rate": _finite(float(attempts["fooled"].fillna(False).mean())) if len(attempts) else None,
-        "examples": len(examples),
-        "harvested_examples": int((examples["origin"] == "harvested").sum()),
-        "fooled_examples": int(examples["fooled"].sum()),
-        "confirmed": int((examples["confirmed"] == True).sum()),  # noqa: E712
-        "validated_fooling": validated_fooling,
-        "validated_fooling_rate": _finite(validated_fooling / len(examples)) if len(examples) else None,
-    }
-    conditions, plot = _conditions(data, config.seed)
-
-    workers: dict[str, Any] = {"writers": int(examples["writer_id"].nunique()),
-                               "validators": int(responses["worker_id"].nunique()) if not responses.empty else 0}
-    if not responses.empty and not definition.is_multi_label:
-        rates = agreement.worker_agreement(responses, labels=vlabels, min_votes=definition.agreement.gold_min_votes)
-        plot.worker_agreement = [float(r) for r in rates["agreement_rate"].dropna()]
-        workers["never_disagreed"] = int((rates["agreement_rate"] == 1.0).sum())
-        workers["mean_agreement_rate"] = _finite(float(rates["agreement_rate"].mean()))
-        workers["labels_per_validator_median"] = _finite(float(rates["n_labels"].median()))
-        labels_seen = [g for g in split_input["gold"] if isinstance(g, str)]
-        preds = [p for p, g in zip(split_input["model_prediction"], split_input["gold"], strict=True) if isinstance(g, str)]
-        rows_labels = sorted(set(labels_seen), key=lambda v: vlabels.index(v) if v in vlabels else 99)
-        matrix = [[sum(1 for g, p in zip(labels_seen, preds, strict=True) if g == r and p == c) for c in definition.labels]
-                  for r in rows_labels]
-        plot.confusion = {"labels": list(definition.labels), "rows": rows_labels, "matrix": matrix}
-
-    extra: dict[str, Any] = {}
-    if definition.family is TaskFamily.intended_sarcasm and not responses.empty:
-        intended = {e: (x or {}).get("intended_label") for e, x in zip(examples["example_id"], examples["extras"], strict=True)}
-        intended = {e: v for e, v in intended.items() if v}
-        if intended:
-            comparison = agreement.intended_vs_perceived(responses, pd.Series(intended), labels=vlabels,
-                                                         positive=definition.labels[0])
-            extra = {k: (_finite(v) if not isinstance(v, pd.DataFrame) else v.to_dict())
-                     for k, v in comparison.__dict__.items()}
-
-    assessment = {name: {"examples": len(ids[name]),
-                         "model_macro_f1": _finite(split_report.model_metrics.get(name, {}).get("macro_f1")),
-                         "model_accuracy": _finite(split_report.model_metrics.get(name, {}).get("accuracy"))}
-                  for name in ("dev", "test")}
-    report = {
-        "task": definition.name, "family": definition.family.value, "round": round_.number, "seed": config.seed,
-        "built_at": dt.datetime.now(dt.UTC).isoformat(), "config": dict(config.__dict__),
-        "counts": {"labels": list(definition.labels), "rows": rows, "total": total, "excluded": dict(excluded)},
-        "splits": {"assessment": assessment, "chance": chance, "cell_count": split_report.dev_per_cell,
-                   "cell_bound": split_report.upper_bound_c, "chance_macro_f1": _finite(split_report.chance_macro_f1),
-                   "at_chance": split_report.at_chance, "notes": list(split_report.notes)},
-        "agreement": report_agreement,
-        "human_f1": human_f1,
-        "fooling": fooling,
-        "conditions": conditions,
-        "workers": workers,
-        "intended_vs_perceived": extra or None,
-        "datasheet": {
-            "title": definition.title, "task": definition.name, "family": definition.family.value,
-            "language": definition.language, "domain": definition.domain, "licence": definition.licence or "not set",
-            "round": round_.number, "collected": {"opened": _iso(round_.opened_at), "closed": _iso(round_.closed_at)},
-            "prompt_sources": data.prompt_sources or ["prompts imported without a source"],
-            "examples": len(examples), "validations": len(responses),
-            "validations_per_example": definition.validations_per_example,
-            "gold_rule": f"{definition.agreement.gold_min_votes} of {definition.validations_per_example}",
-            "dev_test_rule": f"gold with at least {split_report.min_votes} votes; prompt condition; unique prompts; "
-                             + ("the round's model at chance" if chance else "balanced over gold classes"),
-            "agreement": report_agreement, "human_f1_macro": {k: v.get("macro avg", {}).get("f1") for k, v in human_f1.items()},
-            "model_f1_macro": {k: v["model_macro_f1"] for k, v in assessment.items()},
-        },
-    }
-    return report, plot
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
-def _safe(compute: Any, default: Any = float("nan")) -> Any:
-    """A statistic that cannot be computed on this round (e.g. unequal rater counts) is
-    reported as missing rather than failing the whole build."""
-    try:
-        return compute()
-    except (ValueError, ZeroDivisionError):
-        return default

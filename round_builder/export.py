@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from round_builder.builds import newest_build
 from services.db.models import BuiltExample, Example, Prompt, Round, RoundBuild
 from services.domain.tasks import definition_of
 from services.errors import Invalid, NotFound
@@ -52,8 +53,8 @@ def pseudonym(secret: str, user_id: int) -> str:
 
 
 def current_build(session: Session, round_: Round) -> RoundBuild:
-    build = session.scalar(select(RoundBuild).where(RoundBuild.round_id == round_.id)
-                           .order_by(RoundBuild.id.desc()).limit(1))
+    """The build an export reads: the round's newest."""
+    build = newest_build(session, round_)
     if build is None:
         raise NotFound(f"round {round_.number} has not been built yet; run `dynaloop round build` "
                        f"or POST /api/v1/rounds/{round_.id}/build")

@@ -1,15 +1,19 @@
-"""The round report: markdown and JSON from the build's report dict, PNG plots from its data.
+"""The round report: its sections as typed dataclasses, markdown and JSON from the report
+dict, PNG plots from its data.
 
-Layouts follow DynaSent: Table 4/7 (counts per split and label), Table 6/9 (human F1),
-Fig. 2a-c (edit distance, length, vocabulary: prompt vs no-prompt), Fig. 6 (per-worker
-agreement). The datasheet section collects what a dataset user needs (Gebru et al., 2021).
+:class:`RoundReport` is what a build records (``RoundReport.to_dict()`` is stored in
+``round_builds.report``, served by the API and rendered by :func:`render_markdown`); the
+build assembles it section by section (round_builder/build.py). Layouts follow DynaSent:
+Table 4/7 (counts per split and label), Table 6/9 (human F1), Fig. 2a-c (edit distance,
+length, vocabulary: prompt vs no-prompt), Fig. 6 (per-worker agreement). The datasheet
+section collects what a dataset user needs (Gebru et al., 2021).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,258 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
+
+# ---------------------------------------------------------------------------- the report's sections
+
+
+@dataclass
+class CountRow:
+    """Examples with one gold label (or the total) in each split."""
+
+    dist_train: int | None  # train examples with distributional labels (DynaSent's "Dist train")
+    train: int  # majority-label train examples
+    dev: int
+    test: int
+
+
+@dataclass
+class Counts:
+    """DynaSent Table 4/7: examples per gold label and split, and why examples were left out."""
+
+    labels: list[str]
+    rows: dict[str, CountRow]  # each gold label, other gold values (e.g. mixed), "no majority"
+    total: CountRow
+    excluded: dict[str, int]  # reason -> examples
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"labels": self.labels, "rows": {name: asdict(row) for name, row in self.rows.items()},
+                "total": asdict(self.total), "excluded": self.excluded}
+
+
+@dataclass
+class SplitAssessment:
+    """The round's model on one assessment split (dev or test)."""
+
+    examples: int
+    model_macro_f1: float | None
+    model_accuracy: float | None
+
+
+@dataclass
+class SplitsSummary:
+    """How dev and test were formed, and the evidence that the round's model is at chance."""
+
+    assessment: dict[str, SplitAssessment]  # "dev", "test"
+    chance: bool
+    cell_count: int  # examples per (gold, predicted) cell (per class without chance)
+    cell_bound: int
+    chance_macro_f1: float | None
+    at_chance: bool | None
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SingleLabelAgreement:
+    """Chance-corrected agreement of the validators on a single-label task."""
+
+    fleiss_kappa: float | None
+    krippendorff_alpha: float | None
+    randolph_kappa: float | None
+    mean_pairwise_cohen_kappa: float | None
+    fleiss_kappa_by_split: dict[str, float | None] = field(default_factory=dict)  # dev/test splits with labels
+    madtsc_kappas: dict[str, float | None] | None = None  # target-dependent tasks (MAD-TSC) only
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "fleiss_kappa": self.fleiss_kappa, "krippendorff_alpha": self.krippendorff_alpha,
+            "randolph_kappa": self.randolph_kappa, "mean_pairwise_cohen_kappa": self.mean_pairwise_cohen_kappa}
+        data.update({f"fleiss_kappa_{split}": kappa for split, kappa in self.fleiss_kappa_by_split.items()})
+        if self.madtsc_kappas is not None:
+            data["madtsc_kappas"] = self.madtsc_kappas
+        return data
+
+
+@dataclass
+class MultiLabelAgreementSummary:
+    """Agreement of the validators on a multi-label task: per-label measures averaged (EthioEmo)."""
+
+    mean_fleiss_kappa: float | None
+    mean_randolph_kappa: float | None
+    mean_krippendorff_alpha: float | None
+    mean_jaccard: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Agreement = SingleLabelAgreement | MultiLabelAgreementSummary
+
+
+@dataclass
+class ClassScores:
+    """Precision, recall and F1 of one class (or ``macro avg``), fractions in [0, 1]."""
+
+    precision: float | None
+    recall: float | None
+    f1: float | None
+
+
+# Human performance estimate (DynaSent §3.5): split -> class (then "macro avg") -> scores.
+HumanF1 = dict[str, dict[str, ClassScores]]
+
+
+@dataclass
+class Fooling:
+    """How often writers fooled the model, by attempt and by example."""
+
+    attempts: int
+    fooled_attempts: int
+    attempt_fooling_rate: float | None
+    examples: int
+    harvested_examples: int
+    fooled_examples: int
+    confirmed: int
+    validated_fooling: int  # fooled, and the validators' gold is the writer's target
+    validated_fooling_rate: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ConditionSummary:
+    """Edit distance, length and vocabulary of one writing condition (DynaSent Fig. 2a-c)."""
+
+    examples: int
+    edit_distance_mean: float | None
+    edit_distance_median: float | None
+    length_words_mean: float | None
+    vocabulary: int
+    types_per_token: float | None
+
+
+@dataclass
+class WorkerAgreementSummary:
+    """Validators' agreement with the majority (single-label tasks; DynaSent Fig. 6)."""
+
+    never_disagreed: int
+    mean_agreement_rate: float | None
+    labels_per_validator_median: float | None
+
+
+@dataclass
+class Workers:
+    writers: int
+    validators: int
+    agreement: WorkerAgreementSummary | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"writers": self.writers, "validators": self.validators}
+        if self.agreement is not None:
+            data.update(asdict(self.agreement))
+        return data
+
+
+@dataclass
+class IntendedVsPerceived:
+    """iSarcasm §5.2: the writers' intended labels against the validators' perceived ones."""
+
+    confusion: dict[Any, dict[Any, int]]  # perceived -> intended -> examples (iSarcasm Table 5)
+    precision: float | None
+    recall: float | None
+    f1: float | None
+    n_examples: int
+    n_without_perceived: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CollectionPeriod:
+    opened: str | None  # ISO 8601
+    closed: str | None
+
+
+@dataclass
+class Datasheet:
+    """What a dataset user needs to know about the round (Gebru et al., 2021)."""
+
+    title: str
+    task: str
+    family: str
+    language: str
+    domain: str | None
+    licence: str
+    round: int
+    collected: CollectionPeriod
+    prompt_sources: list[str]
+    examples: int
+    validations: int
+    validations_per_example: int
+    gold_rule: str
+    dev_test_rule: str
+    agreement: Agreement | None
+    human_f1_macro: dict[str, float | None]
+    model_f1_macro: dict[str, float | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "title": self.title, "task": self.task, "family": self.family, "language": self.language,
+            "domain": self.domain, "licence": self.licence, "round": self.round,
+            "collected": asdict(self.collected), "prompt_sources": self.prompt_sources,
+            "examples": self.examples, "validations": self.validations,
+            "validations_per_example": self.validations_per_example, "gold_rule": self.gold_rule,
+            "dev_test_rule": self.dev_test_rule, "agreement": _agreement_dict(self.agreement),
+            "human_f1_macro": self.human_f1_macro, "model_f1_macro": self.model_f1_macro,
+        }
+
+
+@dataclass
+class RoundReport:
+    """Everything a build reports about its round; :meth:`to_dict` is the stored JSON."""
+
+    task: str
+    family: str
+    round: int
+    seed: int
+    built_at: str  # ISO 8601
+    config: dict[str, Any]  # the build's settings (round_builder.build.BuildConfig)
+    counts: Counts
+    splits: SplitsSummary
+    agreement: Agreement | None  # None: no counted labels
+    human_f1: HumanF1  # empty for multi-label tasks and rounds without labels
+    fooling: Fooling
+    conditions: dict[str, ConditionSummary]  # "prompt", "no_prompt"
+    workers: Workers
+    intended_vs_perceived: IntendedVsPerceived | None  # intended-sarcasm tasks (iSarcasm)
+    datasheet: Datasheet
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task, "family": self.family, "round": self.round, "seed": self.seed,
+            "built_at": self.built_at, "config": self.config,
+            "counts": self.counts.to_dict(),
+            "splits": self.splits.to_dict(),
+            "agreement": _agreement_dict(self.agreement),
+            "human_f1": {split: {name: asdict(scores) for name, scores in table.items()}
+                         for split, table in self.human_f1.items()},
+            "fooling": self.fooling.to_dict(),
+            "conditions": {name: asdict(summary) for name, summary in self.conditions.items()},
+            "workers": self.workers.to_dict(),
+            "intended_vs_perceived": self.intended_vs_perceived.to_dict() if self.intended_vs_perceived else None,
+            "datasheet": self.datasheet.to_dict(),
+        }
+
+
+def _agreement_dict(agreement: Agreement | None) -> dict[str, Any]:
+    return agreement.to_dict() if agreement is not None else {}
+
+
+# ---------------------------------------------------------------------------- rendering
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
@@ -59,3 +60,47 @@ class ModelUnavailable(DomainError):
 
     status_code = 503
     code = "model_unavailable"
+
+
+# --- pydantic validation errors as problems ---------------------------------------------------
+
+# How a problem names the common kinds of pydantic error; other kinds keep pydantic's message.
+PROBLEM_WORDING: Mapping[str, str] = {
+    "missing": "is required",
+    "extra_forbidden": "is not a known field; remove it",
+}
+# The API's request bodies also say what to do about text that is not Unicode.
+REQUEST_PROBLEM_WORDING: Mapping[str, str] = {
+    **PROBLEM_WORDING,
+    "string_unicode": "is not valid Unicode text (it contains a lone surrogate such as \\ud800); "
+                      "send the text encoded as UTF-8",
+}
+# Errors about the whole input rather than one field: the problem is the sentence alone.
+WHOLE_INPUT_PROBLEMS: Mapping[str, str] = {
+    "json_invalid": "the body is not valid JSON (or not UTF-8); send a UTF-8 JSON object",
+}
+
+
+def validation_problems(errors: Iterable[Mapping[str, Any]], prefix: str | None = None, *,
+                        wording: Mapping[str, str] = PROBLEM_WORDING,
+                        explain: Callable[[Mapping[str, Any]], str | None] | None = None) -> list[str]:
+    """One human-readable line per pydantic error (``ValidationError.errors()``): ``location:
+    what to fix``, the location's parts joined by dots after ``prefix`` (``params.epochs``).
+
+    ``wording`` maps error kinds to their message (``{}``: pydantic's own messages); ``explain``
+    may give an error a message of its own (None: the usual one).
+
+    >>> validation_problems([{"type": "missing", "loc": ("model_id",), "msg": "Field required"}], "params")
+    ['params.model_id: is required']
+    """
+    problems = []
+    for error in errors:
+        kind = str(error.get("type", ""))
+        if kind in WHOLE_INPUT_PROBLEMS:
+            problems.append(WHOLE_INPUT_PROBLEMS[kind])
+            continue
+        parts = ([prefix] if prefix else []) + [part for part in error.get("loc", ()) if part != "__root__"]
+        location = ".".join(str(part) for part in parts)
+        message = wording.get(kind) or (explain(error) if explain else None) or str(error.get("msg", "invalid"))
+        problems.append(f"{location}: {message}" if location else message)
+    return problems

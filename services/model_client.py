@@ -50,13 +50,27 @@ class _PredictResponse(BaseModel):
 
 @dataclass(frozen=True)
 class ModelPrediction:
-    labels: list[str]
-    probabilities: dict[str, float]
+    """What the model said about one text."""
+
+    labels: list[str]  # the predicted label (single-label models) or label set (multi-label)
+    probabilities: dict[str, float]  # label -> probability
     model_id: str
     model_version: str
-    endpoint: str
+    endpoint: str  # the model server that answered
     latency_ms: float
-    truncated: bool
+    truncated: bool  # the text was longer than the model reads
+
+
+@dataclass(frozen=True)
+class NoPrediction:
+    """Why the model gave no prediction: none is in the loop, or its server is unreachable,
+    timed out, or answered with an error or a body that breaks the contract."""
+
+    error: str
+
+
+# The model's answer to one attempt.
+ModelAnswer = ModelPrediction | NoPrediction
 
 
 class ModelClient:

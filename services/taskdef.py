@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from services.errors import PROBLEM_WORDING, validation_problems
 
 EXAMPLES_DIR = Path(__file__).parent / "task_examples"
 
@@ -350,25 +353,24 @@ class TaskDefinitionError(ValueError):
         super().__init__(f"{source} is not valid:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _describe(error: dict[str, object]) -> str:
-    loc = ".".join(str(part) for part in error.get("loc", ()) if part != "__root__")
-    message = str(error.get("msg", "invalid"))
-    message = message.removeprefix("Value error, ")
-    kind = error.get("type")
-    if kind == "missing":
-        message = "is required; add it"
-    elif kind == "extra_forbidden":
-        message = "is not a known field; remove it or check its spelling"
-    elif kind == "enum":
-        message = f"{message} (got {error.get('input')!r})"
-    elif kind == "string_type" and isinstance(error.get("input"), (bool, int, float)):
+# A task file's problems say what to add or check: its author edits YAML by hand.
+TASK_FILE_WORDING = {**PROBLEM_WORDING, "missing": "is required; add it",
+                     "extra_forbidden": "is not a known field; remove it or check its spelling"}
+
+
+def _explain(error: Mapping[str, Any]) -> str:
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    kind, value = error.get("type"), error.get("input")
+    if kind == "enum":
+        return f"{message} (got {value!r})"
+    if kind == "string_type" and isinstance(value, (bool, int, float)):
         # YAML turns unquoted True/False/yes/no/on/off and numbers into non-strings, e.g.
         # the True/False options of the DynaSent onboarding quiz (Table 11).
-        message = (
-            f"{message}, got {error.get('input')!r}: YAML reads unquoted yes/no/true/false/"
+        return (
+            f"{message}, got {value!r}: YAML reads unquoted yes/no/true/false/"
             "on/off and numbers as non-text; put the value in quotes, e.g. \"True\""
         )
-    return f"{loc}: {message}" if loc else message
+    return message
 
 
 def parse_task_definition(text: str, source: str = "task definition") -> TaskDefinition:
@@ -386,7 +388,8 @@ def parse_task_definition(text: str, source: str = "task definition") -> TaskDef
     try:
         return TaskDefinition.model_validate(data)
     except ValidationError as exc:
-        raise TaskDefinitionError([_describe(e) for e in exc.errors()], source) from exc
+        raise TaskDefinitionError(validation_problems(exc.errors(), wording=TASK_FILE_WORDING, explain=_explain),
+                                  source) from exc
 
 
 def load_task_definition(path: Path | str) -> TaskDefinition:

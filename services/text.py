@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from rapidfuzz.distance import Levenshtein
+
 from services.errors import Invalid
 
 # Newline and tab are allowed in free text; every other control character is refused.
@@ -71,3 +73,10 @@ def clean_text(
     if words < min_words:
         raise Invalid(f"{field} has {words} word(s); it needs at least {min_words}", field=field)
     return text
+
+
+def normalized_edit_distance(prompt: str, text: str) -> float:
+    """Levenshtein distance / max(len(prompt), len(text)), as in DynaSent Fig. 2a (0.0 for two
+    empty strings)."""
+    longest = max(len(prompt), len(text))
+    return Levenshtein.distance(prompt, text) / longest if longest else 0.0

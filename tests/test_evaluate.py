@@ -16,20 +16,16 @@ from dynaloop.cli import app as cli
 from modelling.init_model import init_model_dir
 from modelling.datasets import LabelledSet
 from modelling.registry import find_model
+from modelling.errors import EvaluationError
 from modelling.evaluate import (
-    EvaluationError,
-    LoadedClassifier,
-    compute_metrics,
     cross_variety_from_predictions,
     cross_variety_matrix,
-    default_positive_label,
     evaluate_model,
     evaluate_probabilities,
-    plot_cross_variety,
-    predict_loaded,
-    predict_probabilities,
-    write_evaluation,
 )
+from modelling.evaluation_report import plot_cross_variety, write_evaluation
+from modelling.inference import LoadedClassifier, predict_loaded, predict_probabilities
+from modelling.metrics import compute_metrics, default_positive_label
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.models import ModelVersionStatus
 from services.domain.tasks import get_task

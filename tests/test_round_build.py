@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,29 @@ from tests.conftest import Actor, example_yaml, open_round
 LABELS = ["positive", "negative", "neutral"]
 # The stub model predicts positive for "great", negative for "terrible", else neutral.
 KEYWORD = {"positive": "great", "negative": "terrible", "neutral": "plain"}
+# Each test round's report JSON as the untyped report code wrote it before the report became
+# typed dataclasses (round_builder/report.py): builds store it, the API serves it and report.md
+# renders it, so the typed report must write exactly the same.
+REPORTS = Path(__file__).parent / "data" / "round_reports"
+
+
+def _comparable(report: dict[str, Any]) -> str:
+    """The report as JSON text, key order included, with its clock times and the edit
+    distances masked (a writer is handed a prompt drawn at random, so those vary by run)."""
+    masked = json.loads(json.dumps(report))
+    masked["built_at"] = "<built_at>"
+    for summary in masked["conditions"].values():
+        for key in ("edit_distance_mean", "edit_distance_median"):
+            assert summary[key] is None or 0 <= summary[key] <= 1
+            summary[key] = summary[key] if summary[key] is None else "<random prompt>"
+    masked["datasheet"]["collected"] = {key: "<time>" if value else value
+                                        for key, value in masked["datasheet"]["collected"].items()}
+    return json.dumps(masked, indent=1, ensure_ascii=False)
+
+
+def assert_report_unchanged(report: dict[str, Any], name: str) -> None:
+    expected = (REPORTS / f"{name}.json").read_text(encoding="utf-8").rstrip("\n")
+    assert _comparable(report) == expected
 
 
 def _write(client: Any, writer: Actor, round_id: int, target: str, text: str) -> dict[str, Any]:
@@ -104,6 +128,7 @@ def test_build_report_figures(built, client) -> None:  # type: ignore[no-untyped
     assert report["fooling"]["examples"] == 21 and report["fooling"]["fooled_examples"] == 12  # gold != predicted
     assert report["workers"]["validators"] == 5, "the unqualified validator's labels never count"
     assert report["datasheet"]["licence"] == "CC BY 4.0"
+    assert_report_unchanged(report, "dynasent-r2")
     markdown = client.get("/api/v1/tasks/dynasent-r2/rounds/1/report?format=markdown",
                           headers=built["researcher"].headers)
     assert markdown.status_code == 200 and "| positive |" in markdown.text and "Datasheet" in markdown.text
@@ -194,6 +219,7 @@ def test_multi_label_round_builds_with_label_set_classes(client, researcher, mak
     assert by_text["a joy filled day 0 ደስታ"]["distributional_label"]["joy"] == 1.0
     assert by_text["a joy filled day 0 ደስታ"]["distributional_label"]["surprise"] == pytest.approx(1 / 3, abs=1e-3)
     assert by_text["a fear filled day ፍርሃት"]["gold_label"] is None
+    assert_report_unchanged(report, "ethioemo-amharic")
 
 
 def test_target_dependent_round_builds_with_consolidation(client, researcher, make_user, stub_model) -> None:  # type: ignore[no-untyped-def]
@@ -221,6 +247,66 @@ def test_target_dependent_round_builds_with_consolidation(client, researcher, ma
     assert "madtsc_kappas" in report["agreement"]
     assert report["counts"]["total"]["dev"] == 3 and report["counts"]["total"]["test"] == 3
     assert report["counts"]["total"]["train"] == 1  # the neighbouring majority (2 of 3 votes)
+    assert_report_unchanged(report, "mad-tsc")
+
+
+@pytest.fixture(scope="module")
+def stub_sarcasm_model():  # type: ignore[no-untyped-def]
+    from tests.conftest import free_port
+    from tests.stub_model_server import ThreadedServer, create_stub_app
+
+    server = ThreadedServer(create_stub_app(["sarcastic", "not_sarcastic"]), free_port()).start()
+    yield server
+    server.stop()
+
+
+def test_intended_sarcasm_round_compares_intended_and_perceived_labels(client, researcher, make_user,
+                                                                       stub_sarcasm_model) -> None:  # type: ignore[no-untyped-def]
+    labels = ["sarcastic", "not_sarcastic"]
+    prompts = [f"Prompt {i}: the bus was late again this morning." for i in range(16)]
+    round_ = open_round(client, researcher, example_yaml("isarcasm", onboarding_quiz=None), stub_sarcasm_model.url,
+                        prompts, target_label_mode="writer_choice")
+    writer = make_user("sara", "writer")
+    validators = [make_user(f"sv{i}", "validator") for i in range(3)]
+    position = 0
+    # Per (perceived, predicted) cell: one post meant as perceived and one meant the other way.
+    for perceived in labels:
+        for predicted in labels:
+            for intended in labels:
+                word = "sarcastic" if predicted == "sarcastic" else "plain"
+                assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments",
+                                         json={"target_label": intended}, headers=writer.headers).json()
+                attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts",
+                                      json={"text": f"Post {position}: what a {word} way to start the day"},
+                                      headers=writer.headers).json()
+                assert attempt["status"] == "scored", attempt
+                if attempt["fooled"]:
+                    client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True},
+                                headers=writer.headers)
+                extras: dict[str, Any] = {"intended_label": intended}
+                if intended == "sarcastic":
+                    extras |= {"explanation": "The day started badly.", "rephrase": "The day started badly."}
+                example = client.post(f"/api/v1/assignments/{assignment['id']}/example",
+                                      json={"attempt_id": attempt["id"], "extras": extras}, headers=writer.headers)
+                assert example.status_code == 201, example.text
+                other = next(label for label in labels if label != perceived)
+                votes = [perceived, perceived, other]
+                shift = position % 3
+                for validator, label in zip(validators, votes[shift:] + votes[:shift], strict=True):
+                    response = client.post(f"/api/v1/examples/{example.json()['id']}/validations",
+                                           json={"label": label}, headers=validator.headers)
+                    assert response.status_code == 201, response.text
+                position += 1
+    client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 3}, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    report = response.json()["report"]
+    comparison = report["intended_vs_perceived"]
+    assert comparison["n_examples"] == 8 and comparison["n_without_perceived"] == 0
+    assert comparison["confusion"] == {"sarcastic": {"sarcastic": 2, "not_sarcastic": 2},
+                                       "not_sarcastic": {"sarcastic": 2, "not_sarcastic": 2}}
+    assert comparison["f1"] == pytest.approx(0.5)
+    assert_report_unchanged(report, "isarcasm")
 
 
 def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ from model_server.backends import ClassifyInput, load_backend
 from modelling.init_model import init_model_dir
 from model_directory import ModelMetadata
 from modelling.datasets import LabelledSet
+from modelling.metrics import macro_f1
 from modelling.train import (
     EpochRecord,
     TrainConfig,
@@ -25,7 +26,6 @@ from modelling.train import (
     class_weights_for,
     fresh_classifier,
     latest_checkpoint,
-    macro_f1,
     multi_label_bce,
     soft_cross_entropy,
     train_model,

@@ -117,7 +117,7 @@ def round_harvest(
 ) -> None:
     """Harvest corpus sentences the model likely gets wrong (DynaSent §3.2): half from low-rated
     texts it calls positive and high-rated texts it calls negative, half at random."""
-    from modelling.evaluate import EvaluationError
+    from modelling.errors import EvaluationError
     from modelling.harvest import harvest
     from services.errors import DomainError
 
@@ -268,7 +268,7 @@ def round_evaluate(task: TaskOpt,
     from dynaloop.commands.progress import PrintedEvaluation
     from model_directory import ModelMetadataError
     from modelling.datasets import DataError, DataMix
-    from modelling.evaluate import EvaluationError
+    from modelling.errors import EvaluationError
     from modelling.usecases import EvaluateOptions, evaluate_and_record
     from services.errors import DomainError
 

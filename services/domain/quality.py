@@ -28,6 +28,7 @@ from services.db.models import (
     Validation,
 )
 from services.domain import audit
+from services.domain.example_status import finalize_example
 from services.domain.labels import agreement_with, gold_label
 from services.domain.tasks import definition_of
 from services.errors import Conflict, Forbidden, Invalid, NotFound
@@ -254,8 +255,6 @@ def requalify(session: Session, actor: User | None, task: Task, user: User) -> i
             example.validation_count += 1
             restored += 1
             if example.validation_count >= example.validations_needed:
-                from services.domain.validating import finalize_example
-
                 finalize_example(session, example, definition_of(task))
     audit.record(session, actor, "worker.requalify", "user", user.id, task=task.name, labels_restored=restored)
     return restored

@@ -26,7 +26,8 @@ from services.db.models import (
     ValidationClaim,
     utcnow,
 )
-from services.domain.labels import check_validation_label, gold_label
+from services.domain.example_status import finalize_example
+from services.domain.labels import check_validation_label
 from services.domain.quality import apply_agreement_threshold, require_qualified, task_worker
 from services.domain.tasks import definition_of
 from services.errors import Conflict, Forbidden, Invalid, NotFound
@@ -87,23 +88,6 @@ def get_batch(session: Session, validator: User, round_: Round, size: int | None
             session.add(ValidationClaim(example_id=example.id, validator_id=validator.id, expires_at=expires))
         held.extend(fresh)
     return held[:size]
-
-
-def finalize_example(session: Session, example: Example, definition: TaskDefinition) -> None:
-    """An example that has all its counted labels: validated, re-queued once more (EthioEmo's
-    disagreements), or dropped."""
-    responses = [v.label for v in session.scalars(
-        select(Validation).where(Validation.example_id == example.id, Validation.counted.is_(True))
-    )]
-    if gold_label(definition, responses) is not None or definition.agreement.requeue_disagreements == 0:
-        example.status = ExampleStatus.validated
-    elif example.requeue_count < definition.agreement.requeue_disagreements:
-        # New validators (earlier ones cannot label it twice) give another full set of labels.
-        example.requeue_count += 1
-        example.validations_needed += definition.validations_per_example
-        example.status = ExampleStatus.validating
-    else:
-        example.status = ExampleStatus.dropped
 
 
 def submit_validation(session: Session, validator: User, example_id: int, raw_label: Any,

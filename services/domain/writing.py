@@ -15,7 +15,6 @@ import random
 from collections import Counter
 from typing import Any
 
-from rapidfuzz.distance import Levenshtein
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -40,17 +39,11 @@ from services.domain.labels import check_target_label, is_fooled
 from services.domain.quality import require_onboarded, require_qualified, task_worker
 from services.domain.tasks import definition_of
 from services.errors import Conflict, Gone, Invalid, ModelUnavailable, NotFound
-from services.model_client import ModelClient, ModelServerError
+from services.model_client import ModelAnswer, ModelClient, ModelServerError, NoPrediction
 from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
-from services.text import clean_text
+from services.text import clean_text, normalized_edit_distance
 
 _rng = random.SystemRandom()
-
-
-def normalized_edit_distance(prompt: str, text: str) -> float:
-    """Levenshtein distance / max(len(prompt), len(text)), as in DynaSent Fig. 2a."""
-    longest = max(len(prompt), len(text))
-    return Levenshtein.distance(prompt, text) / longest if longest else 0.0
 
 
 # --- assignments -----------------------------------------------------------------------
@@ -284,23 +277,22 @@ def prepare_attempt(session: Session, writer: User, assignment_id: int, raw_text
     return attempt, True
 
 
-def call_model(client: ModelClient, round_: Round, attempt: Attempt) -> tuple[Any, str | None]:
+def call_model(client: ModelClient, round_: Round, attempt: Attempt) -> ModelAnswer:
     """Ask one of the round's models (picked per attempt, DESIGN.md "Round") about the text."""
     if not round_.model_endpoints:
-        return None, "no model is in the loop for this round; a researcher must set one"
+        return NoPrediction("no model is in the loop for this round; a researcher must set one")
     endpoint = _rng.choice(round_.model_endpoints)
     target = None
     if attempt.target_span is not None:
         start, end = attempt.target_span
         target = attempt.text[start:end]
     try:
-        return client.predict(endpoint, attempt.text, target), None
+        return client.predict(endpoint, attempt.text, target)
     except ModelServerError as exc:
-        return None, str(exc)
+        return NoPrediction(str(exc))
 
 
-def record_prediction(session: Session, attempt_id: int, prediction: Any, error: str | None,
-                      retry_after_s: int) -> Attempt:
+def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer, retry_after_s: int) -> Attempt:
     """Second transaction of POST /attempts: store what the model said, or that it was down."""
     # Row lock (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): two retries with the
     # same Idempotency-Key that both found the attempt pending must not both consume a try.
@@ -311,12 +303,12 @@ def record_prediction(session: Session, attempt_id: int, prediction: Any, error:
         return attempt  # a concurrent retry with the same key scored it first
     assignment = attempt.assignment
     definition = definition_of(assignment.round.task)
-    if error is not None:
+    if isinstance(prediction, NoPrediction):
         attempt.status = AttemptStatus.model_unavailable
-        attempt.model_error = error[:1000]
+        attempt.model_error = prediction.error[:1000]
         session.flush()
         raise ModelUnavailable(
-            f"the model is unavailable ({error}); your text is saved and no try was used. "
+            f"the model is unavailable ({prediction.error}); your text is saved and no try was used. "
             f"Retry in {retry_after_s} s with the same Idempotency-Key",
             attempt_id=attempt.id,
             retry_after_s=retry_after_s,
@@ -377,10 +369,10 @@ def make_attempt(factory: sessionmaker[Session], client: ModelClient, writer_id:
     if not needs_model:
         return attempt, True
     # No transaction is open while the model thinks (SQLite would hold its write lock).
-    prediction, error = call_model(client, round_, attempt)
+    prediction = call_model(client, round_, attempt)
     session = factory()
     try:
-        result = record_prediction(session, attempt.id, prediction, error, retry_after_s)
+        result = record_prediction(session, attempt.id, prediction, retry_after_s)
         session.commit()
         return result, False
     except (ModelUnavailable, Conflict):

@@ -1,0 +1,156 @@
+"""The evaluation's files: evaluation.md (the DynaSent Table 5b layout, per variety, the
+cross-variety matrix), evaluation.json and PNG plots (confusion matrices, BESSTIE Fig. 5)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from sklearn.metrics import ConfusionMatrixDisplay
+
+from modelling.evaluate import CrossVarietyMatrix, Evaluation
+from modelling.metrics import SetMetrics
+
+
+def plot_confusion(metrics: SetMetrics, path: Path | str) -> Path:
+    """A PNG of the set's confusion matrix (gold rows, predicted columns); for multi-label sets
+    one 2x2 matrix per label."""
+    path = Path(path)
+    if metrics.multi_label:
+        n = len(metrics.labels)
+        figure = Figure(figsize=(2.4 * n, 2.8), layout="constrained")
+        axes = figure.subplots(1, n, squeeze=False)[0]
+        for ax, label, matrix in zip(axes, metrics.labels, metrics.confusion, strict=True):
+            ConfusionMatrixDisplay(np.array(matrix), display_labels=["no", "yes"]).plot(
+                ax=ax, colorbar=False, cmap="Blues", values_format="d")
+            ax.set_title(label)
+    else:
+        size = max(4.0, 0.9 * len(metrics.labels) + 2.5)
+        figure = Figure(figsize=(size + 1, size), layout="constrained")
+        ax = figure.subplots()
+        ConfusionMatrixDisplay(np.array(metrics.confusion), display_labels=metrics.labels).plot(
+            ax=ax, cmap="Blues", values_format="d", xticks_rotation=30)
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("gold")
+    figure.suptitle(f"{metrics.name}: macro-F1 {metrics.macro_f1:.3f} (n = {metrics.rows})")
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def plot_cross_variety(matrix: CrossVarietyMatrix, path: Path | str, *, title: str = "Cross-variety macro-F1") -> Path:
+    """A heatmap PNG of the matrix, each cell annotated with its macro-F1 (BESSTIE Fig. 5)."""
+    path = Path(path)
+    rows, columns = matrix.macro_f1.shape
+    figure = Figure(figsize=(1.3 * columns + 2.5, 1.0 * rows + 1.8), layout="constrained")
+    ax = figure.subplots()
+    image = ax.imshow(matrix.macro_f1, cmap="Blues", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(columns), labels=matrix.test_varieties)
+    ax.set_yticks(range(rows), labels=matrix.train_varieties)
+    ax.set_xlabel("tested on")
+    ax.set_ylabel("trained on")
+    for r in range(rows):
+        for c in range(columns):
+            value = matrix.macro_f1[r, c]
+            ax.text(c, r, "–" if math.isnan(value) else f"{value:.2f}", ha="center", va="center",
+                    color="white" if value > 0.6 else "black")
+    figure.colorbar(image, ax=ax, label="macro-F1")
+    ax.set_title(title)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "set"
+
+
+def _percent(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}"
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|",
+            *["| " + " | ".join(row) + " |" for row in rows]]
+
+
+def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatrix | None = None) -> str:
+    """evaluation.md: the Table 5b-style table (F1 in percent, one decimal, as in the paper),
+    the per-variety breakdown and, when given, the cross-variety matrix."""
+    labels = evaluation.labels
+    origin = [f"model directory `{evaluation.model_dir}`"] if evaluation.model_dir else []
+    origin += [f"version {evaluation.model_version}"] if evaluation.model_version else []
+    about = ", ".join([*origin, f"evaluated {evaluation.evaluated_at}"])
+    lines = [f"# Evaluation of {evaluation.model_id or evaluation.model_dir or 'a model'}", "",
+             f"{about[0].upper()}{about[1:]}. F1 scores in percent.", ""]
+    if evaluation.multi_label:
+        lines += [f"Multi-label: a label is predicted when its probability is at least {evaluation.threshold}.", ""]
+    if evaluation.positive_label:
+        lines += [f"Positive class: `{evaluation.positive_label}`.", ""]
+    header = ["Set", "n", *labels, "Macro-F1"]
+    if evaluation.multi_label:
+        header.append("Micro-F1")
+    if evaluation.positive_label:
+        header.append(f"F1 {evaluation.positive_label}")
+    header += ["Human F1", "Solved"]
+    rows = []
+    for m in evaluation.sets:
+        row = [m.name, str(m.rows), *[_percent(m.f1[label]) for label in labels], _percent(m.macro_f1)]
+        if evaluation.multi_label:
+            row.append(_percent(m.micro_f1))
+        if evaluation.positive_label:
+            row.append(_percent(m.positive_f1))
+        row += [_percent(m.human_f1), "–" if m.solved is None else ("yes" if m.solved else "no")]
+        rows.append(row)
+    lines += ["## F1 per set (DynaSent Table 5b)", "", *_markdown_table(header, rows), ""]
+    lines += ["Solved: the model's macro-F1 reaches the round's human F1 estimate (DynaSent §3.5).", ""]
+
+    # The paper's own orientation: classes as rows, sets as columns.
+    paper_rows = [[label, *[_percent(m.f1[label]) for m in evaluation.sets]] for label in labels]
+    paper_rows.append(["Macro avg", *[_percent(m.macro_f1) for m in evaluation.sets]])
+    lines += ["### As laid out in the paper", "",
+              *_markdown_table(["", *[m.name for m in evaluation.sets]], paper_rows), ""]
+
+    variety_rows = [[m.name, variety, str(part.rows), *[_percent(part.f1[label]) for label in labels],
+                     _percent(part.macro_f1)]
+                    for m in evaluation.sets for variety, part in m.by_variety.items()]
+    if variety_rows:
+        lines += ["## Per variety", "",
+                  *_markdown_table(["Set", "Variety", "n", *labels, "Macro-F1"], variety_rows), ""]
+    if cross_variety is not None:
+        matrix_rows = [[train, *[_percent(v) for v in cross_variety.macro_f1[r]]]
+                       for r, train in enumerate(cross_variety.train_varieties)]
+        lines += ["## Cross-variety macro-F1 (BESSTIE Fig. 5)", "",
+                  "Rows: the variety a model was trained on; columns: the variety it is tested on.", "",
+                  *_markdown_table(["trained on \\ tested on", *cross_variety.test_varieties], matrix_rows),
+                  "", "![cross-variety](cross-variety.png)", ""]
+    return "\n".join(lines)
+
+
+def write_evaluation(evaluation: Evaluation, out_dir: Path | str, *,
+                     cross_variety: CrossVarietyMatrix | None = None) -> list[Path]:
+    """Write evaluation.md, evaluation.json, one confusion-matrix PNG per set and, when given,
+    cross-variety.png into ``out_dir``; returns the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    images: dict[str, str] = {}
+    for metrics in evaluation.sets:
+        stem = f"confusion-{_slug(metrics.name)}"
+        name, copy = f"{stem}.png", 2
+        while name in images.values():
+            name, copy = f"{stem}-{copy}.png", copy + 1
+        images[metrics.name] = name
+        written.append(plot_confusion(metrics, out_dir / name))
+    if cross_variety is not None:
+        written.append(plot_cross_variety(cross_variety, out_dir / "cross-variety.png"))
+    markdown = evaluation_markdown(evaluation, cross_variety)
+    markdown += "\n## Confusion matrices\n\n" + "\n".join(f"![{name}]({image})" for name, image in images.items()) + "\n"
+    (out_dir / "evaluation.md").write_text(markdown, encoding="utf-8")
+    data = {**evaluation.to_dict(), "confusion_images": images}
+    if cross_variety is not None:
+        data["cross_variety"] = cross_variety.to_dict()
+    (out_dir / "evaluation.json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return [out_dir / "evaluation.md", out_dir / "evaluation.json", *written]
