@@ -690,10 +690,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "raw_batched_over_raw_single"]
     ratios: dict[str, Any] = {k: _median([r["ratios"][k] for r in rounds]) for k in keys}
     ratios["per_round"] = {k: [r["ratios"][k] for r in rounds] for k in keys}
-    raw_batched = {"seq_per_s": _median([r["raw_batched"]["seq_per_s"] for r in rounds]),
+    raw_batched: dict[str, Any] = {"seq_per_s": _median([r["raw_batched"]["seq_per_s"] for r in rounds]),
                    "ms_per_batch_p50": _median([r["raw_batched"]["ms_per_batch_p50"] for r in rounds]),
                    "per_round_seq_per_s": [r["raw_batched"]["seq_per_s"] for r in rounds]}
-    raw_single = {"p50_ms": _median([r["raw_single"]["p50_ms"] for r in rounds]),
+    raw_single: dict[str, Any] = {"p50_ms": _median([r["raw_single"]["p50_ms"] for r in rounds]),
                   "p99_ms": _median([r["raw_single"]["p99_ms"] for r in rounds]),
                   "per_round_p50_ms": [r["raw_single"]["p50_ms"] for r in rounds]}
     summary = {"naive32": _phase_summary([r["naive32"] for r in rounds]),

@@ -25,14 +25,24 @@ if hasattr(os, "sched_setaffinity"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import ParamSpec, TypeVar  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from rounds import aggregation, agreement, splits  # noqa: E402
+# Run as `python bench/round_builder.py`, this folder comes first on sys.path and this file's name would hide
+# the round_builder package: the repository root goes before it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from round_builder import aggregation, agreement, splits  # noqa: E402
 from round_builder.build import DAWID_SKENE_ITERATIONS  # noqa: E402
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 LABELS = ["positive", "negative", "neutral"]
 VALIDATION_LABELS = [*LABELS, "mixed"]
@@ -62,7 +72,7 @@ def synthetic_round(n_examples: int, seed: int = 0) -> tuple[pd.DataFrame, pd.Da
     return responses, examples
 
 
-def timed(results: dict[str, float], name: str, func, *args, **kwargs):  # type: ignore[no-untyped-def]
+def timed(results: dict[str, float], name: str, func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     started = time.perf_counter()
     value = func(*args, **kwargs)
     results[name] = round(time.perf_counter() - started, 3)
@@ -105,7 +115,7 @@ def bench_edit_distance(n_pairs: int) -> float:
     from services.domain.writing import normalized_edit_distance
 
     rng = np.random.default_rng(1)
-    words = np.array("the food was great but service slow and cold staff friendly price".split())
+    words = np.array(["the", "food", "was", "great", "but", "service", "slow", "and", "cold", "staff", "friendly", "price"])
     prompts = [" ".join(rng.choice(words, rng.integers(8, 25))) for _ in range(n_pairs)]
     edited = [p[: len(p) // 2] + " really " + p[len(p) // 2:] for p in prompts]
     started = time.perf_counter()

@@ -22,6 +22,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +35,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from modelling.datasets import LabelledSet  # noqa: E402
-from modelling.evaluate import compute_metrics, predict_probabilities  # noqa: E402
+from modelling.evaluate import SetMetrics, compute_metrics, predict_probabilities  # noqa: E402
 from modelling.train import TrainConfig, train_model  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tweeteval-sentiment"
+
+
+@dataclass
+class System:
+    """One system's scores on the test set, its training time and what else the report records of it."""
+
+    metrics: SetMetrics
+    train_seconds: float
+    details: dict[str, object] = field(default_factory=dict)
 
 
 def read_split(data: Path, split: str, labels: list[str]) -> tuple[list[str], np.ndarray]:
@@ -89,20 +99,20 @@ def main() -> None:
     test = labelled("tweeteval test (rest)", eval_texts, eval_ids, labels)
     print(f"train {len(train)}, dev {len(dev)}, test {len(test)}; labels {labels}")
 
-    systems: dict[str, dict[str, object]] = {}
+    systems: dict[str, System] = {}
 
     # Baselines, on exactly the same rows.
     majority = DummyClassifier(strategy="most_frequent").fit(train_texts, train_ids)
-    systems["majority class"] = {"metrics": compute_metrics(test, one_hot(majority.predict(eval_texts), len(labels))),
-                                 "train_seconds": 0.0}
+    systems["majority class"] = System(compute_metrics(test, one_hot(majority.predict(eval_texts), len(labels))),
+                                       train_seconds=0.0)
     started = time.perf_counter()
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
     features = vectorizer.fit_transform(train_texts)
     logistic = LogisticRegression(max_iter=2000, C=2.0, class_weight="balanced").fit(features, train_ids)
     tfidf_seconds = time.perf_counter() - started
     predicted = logistic.predict(vectorizer.transform(eval_texts))
-    systems["TF-IDF (1-2 grams) + logistic regression"] = {
-        "metrics": compute_metrics(test, one_hot(predicted, len(labels))), "train_seconds": round(tfidf_seconds, 2)}
+    systems["TF-IDF (1-2 grams) + logistic regression"] = System(
+        compute_metrics(test, one_hot(predicted, len(labels))), train_seconds=round(tfidf_seconds, 2))
 
     # MiniLM, from the packaged base checkpoint, on this CPU.
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
@@ -114,21 +124,20 @@ def main() -> None:
         started = time.perf_counter()
         probabilities = predict_probabilities(out, eval_texts, batch_size=64)
         predict_seconds = time.perf_counter() - started
-    systems["MiniLM-L6 fine-tuned (dynaloop round train)"] = {
-        "metrics": compute_metrics(test, probabilities), "train_seconds": round(result.wall_seconds, 2),
-        "training": result.metrics(), "predict_seq_per_s": round(len(eval_texts) / predict_seconds, 1)}
+    systems["MiniLM-L6 fine-tuned (dynaloop round train)"] = System(
+        compute_metrics(test, probabilities), train_seconds=round(result.wall_seconds, 2),
+        details={"training": result.metrics(), "predict_seq_per_s": round(len(eval_texts) / predict_seconds, 1)})
 
-    model = systems["MiniLM-L6 fine-tuned (dynaloop round train)"]["metrics"].macro_f1  # type: ignore[union-attr]
-    ratios = {f"model_macro_f1_over_{key}": round(model / value["metrics"].macro_f1, 3)  # type: ignore[union-attr]
+    model = systems["MiniLM-L6 fine-tuned (dynaloop round train)"].metrics.macro_f1
+    ratios = {f"model_macro_f1_over_{key}": round(model / value.metrics.macro_f1, 3)
               for key, value in (("majority", systems["majority class"]),
                                  ("tfidf_logreg", systems["TF-IDF (1-2 grams) + logistic regression"]))}
     print()
     print("| system | " + " | ".join(f"F1 {label}" for label in labels) + " | macro-F1 | train s |")
     print("| --- |" + " ---: |" * (len(labels) + 2))
     for name, system in systems.items():
-        metrics = system["metrics"]
-        cells = " | ".join(f"{100 * metrics.f1[label]:.1f}" for label in labels)  # type: ignore[union-attr]
-        print(f"| {name} | {cells} | {100 * metrics.macro_f1:.1f} | {system['train_seconds']} |")  # type: ignore[union-attr]
+        cells = " | ".join(f"{100 * system.metrics.f1[label]:.1f}" for label in labels)
+        print(f"| {name} | {cells} | {100 * system.metrics.macro_f1:.1f} | {system.train_seconds} |")
     print(f"\ntraining: {result.examples_per_second:.1f} examples/s, {result.wall_seconds:.0f} s wall, "
           f"{result.epochs_run} epochs (best {result.best_epoch}); ratios {ratios}")
 
@@ -141,8 +150,7 @@ def main() -> None:
         "data": {"train": len(train), "dev": len(dev), "test": len(test), "labels": labels,
                  "train_sha256": train.sha256(), "test_sha256": test.sha256()},
         "config": config.recorded(),
-        "systems": {name: {**{k: v for k, v in system.items() if k != "metrics"},
-                           "metrics": system["metrics"].to_dict()}  # type: ignore[union-attr]
+        "systems": {name: {"train_seconds": system.train_seconds, **system.details, "metrics": system.metrics.to_dict()}
                     for name, system in systems.items()},
         "ratios": ratios,
     }

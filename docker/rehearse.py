@@ -104,7 +104,10 @@ def defaults(value: str) -> str:
 
 def image_cmd(dockerfile: str) -> list[str]:
     source = (ROOT / "docker" / dockerfile).read_text(encoding="utf-8").replace("\\\n", "")
-    return json.loads(re.search(r"^CMD (\[.*\])", source, re.M).group(1))  # type: ignore[union-attr]
+    command = re.search(r"^CMD (\[.*\])", source, re.M)
+    if command is None:
+        raise SystemExit(f"docker/{dockerfile} has no CMD in exec form (CMD [\"...\"]) to run")
+    return json.loads(command.group(1))
 
 
 def main() -> int:
@@ -201,7 +204,10 @@ def main() -> int:
         stack.check("`dynaloop demo --no-serve` on PostgreSQL with production settings", result.returncode == 0,
                     result.stderr[-300:])
         tokens = dict(re.findall(r"^  (\w+)\s+(dl_\S+)$", result.stdout, re.M))
-        round_id = int(re.search(r"\(id (\d+)\)", result.stdout).group(1))  # type: ignore[union-attr]
+        round_line = re.search(r"\(id (\d+)\)", result.stdout)
+        if round_line is None:
+            raise SystemExit(f"`dynaloop demo --no-serve` printed no round id:\n{result.stdout[-500:]}")
+        round_id = int(round_line.group(1))
 
         def auth(who: str, **extra: str) -> dict[str, str]:
             return {"Authorization": f"Bearer {tokens[who]}", **extra}

@@ -299,7 +299,6 @@ def _check_texts(body: PredictRequest, backend: Backend, max_texts: int) -> str 
             return f"texts[{index}] has {len(text)} characters; the limit is {MAX_TEXT_CHARS}"
     if body.targets is not None and len(body.targets) != len(body.texts):
         return f"targets has {len(body.targets)} entries for {len(body.texts)} texts; send one per text"
-    if backend.metadata.input_format == "text_pair":
-        if body.targets is None or any(not t for t in body.targets):
-            return "this model takes (text, target) pairs; send a non-empty target for every text"
+    if backend.metadata.input_format == "text_pair" and (body.targets is None or any(not t for t in body.targets)):
+        return "this model takes (text, target) pairs; send a non-empty target for every text"
     return None

@@ -20,6 +20,7 @@ queued) never waits, and neither does the first request after a quiet spell.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -62,10 +63,8 @@ class Pending(Generic[In]):
             else:
                 self.future.set_result(result)
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody is waiting any more
             self.loop.call_soon_threadsafe(_set)
-        except RuntimeError:
-            pass  # the caller's event loop is closed: nobody is waiting any more
 
 
 def collect(source: queue.Queue[Any], max_batch_size: int, max_wait_s: float, *,
@@ -165,7 +164,7 @@ class Batcher(Generic[In, Out]):
         try:
             return list(await asyncio.wait_for(asyncio.gather(*(i.future for i in items)),
                                                timeout=max(0.0, deadline - now) + 0.05))
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise DeadlineExceeded(f"no answer within {deadline - now:.1f} s") from exc
 
     def _run(self) -> None:

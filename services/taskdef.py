@@ -28,6 +28,7 @@ from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 EXAMPLES_DIR = Path(__file__).parent / "task_examples"
 
@@ -350,7 +351,7 @@ class TaskDefinitionError(ValueError):
         super().__init__(f"{source} is not valid:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _describe(error: dict[str, object]) -> str:
+def _describe(error: ErrorDetails) -> str:
     loc = ".".join(str(part) for part in error.get("loc", ()) if part != "__root__")
     message = str(error.get("msg", "invalid"))
     message = message.removeprefix("Value error, ")

@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
 from model_directory import ModelMetadata, ModelMetadataError
+from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,9 @@ class TransformersBackend:
             return texts, [item.target or "" for item in inputs]
         return texts, None
 
-    def _tokenize(self, inputs: Sequence[ClassifyInput], **padding: object) -> tuple[dict[str, object], list[bool]]:
+    def _tokenize(self, inputs: Sequence[ClassifyInput], **padding: object) -> tuple[dict[str, Any], list[bool]]:
+        """The tokenizer's features (lists of token ids, or tensors with ``return_tensors``) and which inputs
+        were truncated."""
         texts, targets = self._pairs(inputs)
         strategy = "only_first" if targets is not None else True
         encoded = self.tokenizer(texts, targets, truncation=strategy, max_length=self.max_length, **padding)
@@ -90,7 +93,7 @@ class TransformersBackend:
 
     def encode(self, inputs: Sequence[ClassifyInput]) -> tuple[dict[str, torch.Tensor], list[bool]]:
         encoded, truncated = self._tokenize(inputs, padding=True, return_tensors="pt")
-        return {k: v.to(self.device) for k, v in encoded.items()}, truncated  # type: ignore[attr-defined]
+        return {k: v.to(self.device) for k, v in encoded.items()}, truncated
 
     def _pad(self, features: dict[str, list[list[int]]], rows: Sequence[int]) -> dict[str, torch.Tensor]:
         """The ``rows`` of unpadded ``features`` as padded tensors (padded to their longest)."""
@@ -113,12 +116,12 @@ class TransformersBackend:
         # Tokenize once, unpadded; sort by token count; run length-homogeneous micro-batches
         # (each padded only to its own longest) and restore the order after.
         features, truncated = self._tokenize(inputs)
-        lengths = [len(ids) for ids in features["input_ids"]]  # type: ignore[union-attr]
+        lengths = [len(ids) for ids in features["input_ids"]]
         order = sorted(range(len(inputs)), key=lengths.__getitem__)
         results: list[ClassifyOutput | None] = [None] * len(inputs)
         for start, end in split_by_length([lengths[i] for i in order], self.micro_batch_size):
             rows = order[start:end]
-            logits = self.model(**self._pad(features, rows)).logits.float()  # type: ignore[arg-type]
+            logits = self.model(**self._pad(features, rows)).logits.float()
             if self.metadata.family == "multi_label":
                 probabilities = torch.sigmoid(logits)
             else:
