@@ -474,7 +474,7 @@ def main() -> None:
         "--model",
         choices=["stub", "tiny", "minilm"],
         default="minilm",
-        help="stub: the tests' keyword model (DESIGN.md's p99 < 50 ms target is with a stub)",
+        help="stub: the tests' keyword model (docs/design.md's p99 < 50 ms target is with a stub)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -516,7 +516,8 @@ def main() -> None:
     )
     attempts = result["endpoints"].get("POST /attempts", {})
     if attempts.get("p99_ms") is not None:
-        # DESIGN.md: p99 of POST /attempts under 50 concurrent writers < 50 ms on SQLite, stub model.
+        # docs/design.md "Performance targets": p99 of POST /attempts under 50 concurrent writers < 50 ms on
+        # SQLite, stub model.
         result["ratios"] = {"attempts_p99_over_50ms": round(attempts["p99_ms"] / 50.0, 3)}
         print(
             f"POST /attempts p99 {attempts['p99_ms']} ms = {result['ratios']['attempts_p99_over_50ms']}x the "

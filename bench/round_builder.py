@@ -1,4 +1,4 @@
-"""Round-builder benchmark (DESIGN.md "Performance"), on ONE core:
+"""Round-builder benchmark (docs/design.md "Performance targets"), on ONE core:
 
 1. 1,000,000 synthetic validation labels (200,000 examples x 5) aggregated (majority,
    distributional, Dawid-Skene), agreement computed (Fleiss, Krippendorff, Randolph, pairwise

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 models of the domain (DESIGN.md "Domain model").
+"""SQLAlchemy 2 models of the domain (docs/design.md "Domain model").
 
 The schema itself is created and changed only by the Alembic migrations in ``migrations/``;
 these classes describe it for the ORM and for ``alembic revision --autogenerate``.
