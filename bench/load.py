@@ -74,8 +74,9 @@ class Process:
 
     def start(self, wait_s: float = 120.0) -> None:
         handle = self.log.open("ab")
-        self.popen = subprocess.Popen(self.command, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
-                                      start_new_session=True, cwd=ROOT)
+        self.popen = subprocess.Popen(
+            self.command, env=self.env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+        )
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
@@ -116,11 +117,19 @@ class Stack:
 def make_model(directory: Path, kind: str) -> None:
     from modelling.init_model import init_model_dir
 
-    init_model_dir(directory, labels=["positive", "negative", "neutral"], tiny=kind == "tiny",
-                   model_id=f"load-{kind}", task=LOAD_TASK, max_length=64)
+    init_model_dir(
+        directory,
+        labels=["positive", "negative", "neutral"],
+        tiny=kind == "tiny",
+        model_id=f"load-{kind}",
+        task=LOAD_TASK,
+        max_length=64,
+    )
 
 
-def seed_database(url: str, writers: int, validators: int, prompts: int, model_url: str) -> tuple[int, list[str], list[str]]:
+def seed_database(
+    url: str, writers: int, validators: int, prompts: int, model_url: str
+) -> tuple[int, list[str], list[str]]:
     """A DynaSent-style task without the quiz, an open round with prompts, users and tokens."""
     import yaml
 
@@ -137,8 +146,10 @@ def seed_database(url: str, writers: int, validators: int, prompts: int, model_u
         with session_scope(make_sessionmaker(engine)) as session:
             task = tasks.create_task(session, None, yaml.safe_dump(definition, allow_unicode=True))
             round_ = rounds.create_round(session, None, task, model_endpoints=[model_url])
-            lines = "\n".join(json.dumps({"text": f"Prompt {i}: the cafe on the corner serves a decent lunch."})
-                              for i in range(prompts))
+            lines = "\n".join(
+                json.dumps({"text": f"Prompt {i}: the cafe on the corner serves a decent lunch."})
+                for i in range(prompts)
+            )
             rounds.import_prompts(session, None, round_, lines.encode(), "jsonl")
             writer_tokens, validator_tokens = [], []
             for i in range(writers):
@@ -152,8 +163,16 @@ def seed_database(url: str, writers: int, validators: int, prompts: int, model_u
         engine.dispose()
 
 
-def start_stack(workdir: Path, *, writers: int, validators: int, database_url: str | None = None,
-                model_kind: str = "tiny", prompts: int | None = None, api_env: dict[str, str] | None = None) -> Stack:
+def start_stack(
+    workdir: Path,
+    *,
+    writers: int,
+    validators: int,
+    database_url: str | None = None,
+    model_kind: str = "tiny",
+    prompts: int | None = None,
+    api_env: dict[str, str] | None = None,
+) -> Stack:
     workdir.mkdir(parents=True, exist_ok=True)
     url = database_url or f"sqlite:///{workdir / 'load.db'}"
     python = sys.executable
@@ -161,26 +180,55 @@ def start_stack(workdir: Path, *, writers: int, validators: int, database_url: s
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if model_kind == "stub":
         # The test suite's stub (keyword rules, no weights): isolates the backend's own cost.
-        model = Process("stub model server", [python, "-m", "tests.stub_model_server", "--port", str(model_port)],
-                        f"http://127.0.0.1:{model_port}", base_env, workdir / "model-server.log", health_path="/info")
+        model = Process(
+            "stub model server",
+            [python, "-m", "tests.stub_model_server", "--port", str(model_port)],
+            f"http://127.0.0.1:{model_port}",
+            base_env,
+            workdir / "model-server.log",
+            health_path="/info",
+        )
     else:
         model_dir = workdir / "model"
         if not model_dir.exists():
             make_model(model_dir, model_kind)
-        model = Process("model server", [python, "-m", "dynaloop.cli", "model-server", "--model", str(model_dir),
-                                         "--port", str(model_port), "--log-level", "warning"],
-                        f"http://127.0.0.1:{model_port}", base_env, workdir / "model-server.log")
-    round_id, writer_tokens, validator_tokens = seed_database(url, writers, validators,
-                                                              prompts or max(200, writers * 40), model.url)
-    api = Process("API", [python, "-m", "dynaloop.cli", "api", "--port", str(api_port), "--database-url", url,
-                          "--log-level", "warning"],
-                  f"http://127.0.0.1:{api_port}", {**base_env, "DYNALOOP_MODEL_RETRIES": "0",
-                                                   "DYNALOOP_RETRY_AFTER_S": "1",
-                                                   # Simulated people work at machine speed, far above
-                                                   # the per-token limit meant for real ones.
-                                                   "DYNALOOP_RATE_LIMIT_PER_TOKEN": "none",
-                                                   "DYNALOOP_RATE_LIMIT_PER_IP": "none", **(api_env or {})},
-                  workdir / "api.log")
+        model = Process(
+            "model server",
+            [
+                python,
+                "-m",
+                "dynaloop.cli",
+                "model-server",
+                "--model",
+                str(model_dir),
+                "--port",
+                str(model_port),
+                "--log-level",
+                "warning",
+            ],
+            f"http://127.0.0.1:{model_port}",
+            base_env,
+            workdir / "model-server.log",
+        )
+    round_id, writer_tokens, validator_tokens = seed_database(
+        url, writers, validators, prompts or max(200, writers * 40), model.url
+    )
+    api = Process(
+        "API",
+        [python, "-m", "dynaloop.cli", "api", "--port", str(api_port), "--database-url", url, "--log-level", "warning"],
+        f"http://127.0.0.1:{api_port}",
+        {
+            **base_env,
+            "DYNALOOP_MODEL_RETRIES": "0",
+            "DYNALOOP_RETRY_AFTER_S": "1",
+            # Simulated people work at machine speed, far above
+            # the per-token limit meant for real ones.
+            "DYNALOOP_RATE_LIMIT_PER_TOKEN": "none",
+            "DYNALOOP_RATE_LIMIT_PER_IP": "none",
+            **(api_env or {}),
+        },
+        workdir / "api.log",
+    )
     model.start()
     api.start()
     return Stack(url, api, model, round_id, writer_tokens, validator_tokens, workdir)
@@ -213,13 +261,15 @@ class Tally:
 class Client:
     """One person's HTTP session; writes are retried with the same Idempotency-Key."""
 
-    def __init__(self, http: httpx.AsyncClient, token: str, tally: Tally, deadline: float,
-                 think_s: float = 0.0) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, token: str, tally: Tally, deadline: float, think_s: float = 0.0
+    ) -> None:
         self.http, self.tally, self.deadline, self.think_s = http, tally, deadline, think_s
         self.headers = {"Authorization": f"Bearer {token}"}
 
-    async def call(self, endpoint: str, method: str, path: str, *, json_body: Any = None,
-                   idempotent: bool = False) -> httpx.Response | None:
+    async def call(
+        self, endpoint: str, method: str, path: str, *, json_body: Any = None, idempotent: bool = False
+    ) -> httpx.Response | None:
         headers = dict(self.headers)
         if idempotent:
             headers["Idempotency-Key"] = uuid.uuid4().hex
@@ -249,7 +299,9 @@ class Client:
 
 async def writer_loop(client: Client, round_id: int, max_examples: int, rng: random.Random) -> None:
     while time.monotonic() < client.deadline and len(client.tally.examples_accepted) < max_examples:
-        response = await client.call("POST /assignments", "POST", f"/api/v1/rounds/{round_id}/assignments", json_body={})
+        response = await client.call(
+            "POST /assignments", "POST", f"/api/v1/rounds/{round_id}/assignments", json_body={}
+        )
         if response is None or response.status_code not in (200, 201):
             await asyncio.sleep(0.5)
             continue
@@ -261,8 +313,13 @@ async def writer_loop(client: Client, round_id: int, max_examples: int, rng: ran
                 await asyncio.sleep(rng.uniform(0.5, 1.5) * client.think_s)
             words = prompt.split()
             words.insert(rng.randrange(len(words) + 1), rng.choice(EDITS))
-            response = await client.call("POST /attempts", "POST", f"/api/v1/assignments/{assignment['id']}/attempts",
-                                         json_body={"text": " ".join(words)}, idempotent=True)
+            response = await client.call(
+                "POST /attempts",
+                "POST",
+                f"/api/v1/assignments/{assignment['id']}/attempts",
+                json_body={"text": " ".join(words)},
+                idempotent=True,
+            )
             if response is None or response.status_code not in (200, 201):
                 break
             attempt = response.json()
@@ -275,12 +332,22 @@ async def writer_loop(client: Client, round_id: int, max_examples: int, rng: ran
         if chosen is None:
             continue
         if chosen["fooled"]:
-            response = await client.call("POST /confirmation", "POST", f"/api/v1/attempts/{chosen['id']}/confirmation",
-                                         json_body={"agrees": rng.random() < 0.9}, idempotent=True)
+            response = await client.call(
+                "POST /confirmation",
+                "POST",
+                f"/api/v1/attempts/{chosen['id']}/confirmation",
+                json_body={"agrees": rng.random() < 0.9},
+                idempotent=True,
+            )
             if response is None or response.status_code != 200:
                 continue
-        response = await client.call("POST /example", "POST", f"/api/v1/assignments/{assignment['id']}/example",
-                                     json_body={"attempt_id": chosen["id"]}, idempotent=True)
+        response = await client.call(
+            "POST /example",
+            "POST",
+            f"/api/v1/assignments/{assignment['id']}/example",
+            json_body={"attempt_id": chosen["id"]},
+            idempotent=True,
+        )
         if response is not None and response.status_code in (200, 201):
             client.tally.examples_accepted.add(response.json()["id"])
 
@@ -298,23 +365,37 @@ async def validator_loop(client: Client, round_id: int, rng: random.Random) -> N
             if client.think_s:
                 await asyncio.sleep(rng.uniform(0.5, 1.5) * client.think_s)
             label = rng.choice(batch["validation_labels"])
-            response = await client.call("POST /validations", "POST", f"/api/v1/examples/{item['example_id']}/validations",
-                                         json_body={"label": label, "seconds_taken": 3.0}, idempotent=True)
+            response = await client.call(
+                "POST /validations",
+                "POST",
+                f"/api/v1/examples/{item['example_id']}/validations",
+                json_body={"label": label, "seconds_taken": 3.0},
+                idempotent=True,
+            )
             if response is not None and response.status_code in (200, 201):
                 client.tally.validations_accepted.add(response.json()["id"])
 
 
-async def drive(stack: Stack, seconds: float, max_examples: int, seed: int = 0,
-                during: Any = None, think_s: float = 0.0) -> Tally:
+async def drive(
+    stack: Stack, seconds: float, max_examples: int, seed: int = 0, during: Any = None, think_s: float = 0.0
+) -> Tally:
     """Run the writers and validators for ``seconds``; ``during(stack)`` (async) runs alongside."""
     tally = Tally()
     deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=len(stack.writer_tokens) + len(stack.validator_tokens) + 4)
     async with httpx.AsyncClient(base_url=stack.api.url, timeout=30, limits=limits) as http:
-        jobs = [writer_loop(Client(http, token, tally, deadline, think_s), stack.round_id, max_examples, random.Random(seed + i))
-                for i, token in enumerate(stack.writer_tokens)]
-        jobs += [validator_loop(Client(http, token, tally, deadline, think_s), stack.round_id, random.Random(seed + 1000 + i))
-                 for i, token in enumerate(stack.validator_tokens)]
+        jobs = [
+            writer_loop(
+                Client(http, token, tally, deadline, think_s), stack.round_id, max_examples, random.Random(seed + i)
+            )
+            for i, token in enumerate(stack.writer_tokens)
+        ]
+        jobs += [
+            validator_loop(
+                Client(http, token, tally, deadline, think_s), stack.round_id, random.Random(seed + 1000 + i)
+            )
+            for i, token in enumerate(stack.validator_tokens)
+        ]
         if during is not None:
             jobs.append(during(stack))
         await asyncio.gather(*jobs)
@@ -341,23 +422,34 @@ def verdict(stack: Stack, tally: Tally, seconds: float) -> dict[str, Any]:
     endpoints = {}
     for endpoint, values in sorted(tally.latencies.items()):
         array = np.asarray(values)
-        endpoints[endpoint] = {"requests": len(values), "per_s": round(len(values) / seconds, 2),
-                               "p50_ms": round(float(np.percentile(array, 50)), 1),
-                               "p99_ms": round(float(np.percentile(array, 99)), 1),
-                               "statuses": dict(tally.statuses[endpoint])}
+        endpoints[endpoint] = {
+            "requests": len(values),
+            "per_s": round(len(values) / seconds, 2),
+            "p50_ms": round(float(np.percentile(array, 50)), 1),
+            "p99_ms": round(float(np.percentile(array, 99)), 1),
+            "statuses": dict(tally.statuses[endpoint]),
+        }
     for endpoint, statuses in tally.statuses.items():
         endpoints.setdefault(endpoint, {"requests": 0, "statuses": dict(statuses)})
-    lost = {"examples": sorted(tally.examples_accepted - stored_examples)[:20],
-            "validations": sorted(tally.validations_accepted - stored_validations)[:20],
-            "attempts": sorted(tally.attempts_accepted - stored_attempts)[:20]}
+    lost = {
+        "examples": sorted(tally.examples_accepted - stored_examples)[:20],
+        "validations": sorted(tally.validations_accepted - stored_validations)[:20],
+        "attempts": sorted(tally.attempts_accepted - stored_attempts)[:20],
+    }
     server_errors = sum(n for s in tally.statuses.values() for code, n in s.items() if code == "500")
     return {
         "seconds": seconds,
         "endpoints": endpoints,
-        "accepted": {"examples": len(tally.examples_accepted), "validations": len(tally.validations_accepted),
-                     "attempts": len(tally.attempts_accepted)},
-        "stored": {"examples": len(stored_examples), "validations": len(stored_validations),
-                   "attempts": len(stored_attempts)},
+        "accepted": {
+            "examples": len(tally.examples_accepted),
+            "validations": len(tally.validations_accepted),
+            "attempts": len(tally.attempts_accepted),
+        },
+        "stored": {
+            "examples": len(stored_examples),
+            "validations": len(stored_validations),
+            "attempts": len(stored_attempts),
+        },
         "lost": lost,
         "nothing_lost": not any(lost.values()),
         "server_errors_500": server_errors,
@@ -374,47 +466,74 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--max-examples", type=int, default=100_000)
     parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
-    parser.add_argument("--postgres-url", default=os.environ.get(
-        "DYNALOOP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"))
-    parser.add_argument("--model", choices=["stub", "tiny", "minilm"], default="minilm",
-                        help="stub: the tests' keyword model (DESIGN.md's p99 < 50 ms target is with a stub)")
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("DYNALOOP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
+    )
+    parser.add_argument(
+        "--model",
+        choices=["stub", "tiny", "minilm"],
+        default="minilm",
+        help="stub: the tests' keyword model (docs/design.md's p99 < 50 ms target is with a stub)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--think-ms", type=float, default=0.0,
-                        help="mean pause before each check and each label (0: machine speed, a capacity test)")
+    parser.add_argument(
+        "--think-ms",
+        type=float,
+        default=0.0,
+        help="mean pause before each check and each label (0: machine speed, a capacity test)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="dynaloop-load-"))
     url = fresh_postgres(args.postgres_url) if args.database == "postgresql" else None
-    stack = start_stack(workdir, writers=args.writers, validators=args.validators, database_url=url,
-                        model_kind=args.model)
+    stack = start_stack(
+        workdir, writers=args.writers, validators=args.validators, database_url=url, model_kind=args.model
+    )
     try:
-        print(f"API {stack.api.url}, model server {stack.model.url} ({args.model}), database {args.database}; "
-              f"{args.writers} writers, {args.validators} validators, {args.seconds:.0f} s")
+        print(
+            f"API {stack.api.url}, model server {stack.model.url} ({args.model}), database {args.database}; "
+            f"{args.writers} writers, {args.validators} validators, {args.seconds:.0f} s"
+        )
         started = time.monotonic()
         tally = asyncio.run(drive(stack, args.seconds, args.max_examples, args.seed, think_s=args.think_ms / 1000))
         elapsed = time.monotonic() - started
     finally:
         stack.stop()
     result = verdict(stack, tally, elapsed)
-    result.update({"command": "python bench/load.py " + " ".join(sys.argv[1:]), "database": args.database,
-                   "writers": args.writers, "validators": args.validators, "model": args.model,
-                   "think_ms": args.think_ms,
-                   "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}})
+    result.update(
+        {
+            "command": "python bench/load.py " + " ".join(sys.argv[1:]),
+            "database": args.database,
+            "writers": args.writers,
+            "validators": args.validators,
+            "model": args.model,
+            "think_ms": args.think_ms,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        }
+    )
     attempts = result["endpoints"].get("POST /attempts", {})
     if attempts.get("p99_ms") is not None:
-        # DESIGN.md: p99 of POST /attempts under 50 concurrent writers < 50 ms on SQLite, stub model.
+        # docs/design.md "Performance targets": p99 of POST /attempts under 50 concurrent writers < 50 ms on
+        # SQLite, stub model.
         result["ratios"] = {"attempts_p99_over_50ms": round(attempts["p99_ms"] / 50.0, 3)}
-        print(f"POST /attempts p99 {attempts['p99_ms']} ms = {result['ratios']['attempts_p99_over_50ms']}x the "
-              "50 ms target (the target applies to 50 writers on SQLite with the stub model)")
+        print(
+            f"POST /attempts p99 {attempts['p99_ms']} ms = {result['ratios']['attempts_p99_over_50ms']}x the "
+            "50 ms target (the target applies to 50 writers on SQLite with the stub model)"
+        )
     print("| endpoint | requests | per s | p50 ms | p99 ms | statuses |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
     for endpoint, row in result["endpoints"].items():
-        print(f"| {endpoint} | {row['requests']} | {row.get('per_s', '')} | {row.get('p50_ms', '')} | "
-              f"{row.get('p99_ms', '')} | {row['statuses']} |")
-    print(f"accepted {result['accepted']}, stored {result['stored']}, nothing lost: {result['nothing_lost']}, "
-          f"500s: {result['server_errors_500']}, invariants ok: {result['invariants']['ok']}")
+        print(
+            f"| {endpoint} | {row['requests']} | {row.get('per_s', '')} | {row.get('p50_ms', '')} | "
+            f"{row.get('p99_ms', '')} | {row['statuses']} |"
+        )
+    print(
+        f"accepted {result['accepted']}, stored {result['stored']}, nothing lost: {result['nothing_lost']}, "
+        f"500s: {result['server_errors_500']}, invariants ok: {result['invariants']['ok']}"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

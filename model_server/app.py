@@ -78,17 +78,25 @@ class Metrics:
 
     def __post_init__(self) -> None:
         r = self.registry
-        self.requests = Counter("dynaloop_model_requests", "Requests by endpoint and outcome",
-                                ["endpoint", "outcome"], registry=r)
+        self.requests = Counter(
+            "dynaloop_model_requests", "Requests by endpoint and outcome", ["endpoint", "outcome"], registry=r
+        )
         self.texts = Counter("dynaloop_model_texts", "Texts classified", registry=r)
-        self.batch_size = Histogram("dynaloop_model_batch_size", "Texts per forward pass",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
-        self.queue_wait = Histogram("dynaloop_model_queue_wait_seconds", "Time a text waited for its batch",
-                                    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
-                                    registry=r)
-        self.latency = Histogram("dynaloop_model_request_latency_seconds", "Latency of /predict",
-                                 buckets=(0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-                                 registry=r)
+        self.batch_size = Histogram(
+            "dynaloop_model_batch_size", "Texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
+        )
+        self.queue_wait = Histogram(
+            "dynaloop_model_queue_wait_seconds",
+            "Time a text waited for its batch",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.latency = Histogram(
+            "dynaloop_model_request_latency_seconds",
+            "Latency of /predict",
+            buckets=(0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
         self.queue_depth = Gauge("dynaloop_model_queue_depth", "Texts waiting", registry=r)
         self.reloads = Counter("dynaloop_model_reloads", "Model reloads by outcome", ["outcome"], registry=r)
 
@@ -104,9 +112,12 @@ class ModelHost:
         self.load_error: str | None = None
         self._reload_lock = threading.Lock()
         self.batcher: Batcher[ClassifyInput, tuple[ClassifyOutput, Backend]] = Batcher(
-            self._forward, max_batch_size=config.max_batch_size, max_wait_s=config.max_wait_ms / 1000,
+            self._forward,
+            max_batch_size=config.max_batch_size,
+            max_wait_s=config.max_wait_ms / 1000,
             request_timeout_s=config.request_timeout_s,
-            linger_gap_s=config.linger_gap_ms / 1000, linger_max_s=config.linger_max_ms / 1000,
+            linger_gap_s=config.linger_gap_ms / 1000,
+            linger_max_s=config.linger_max_ms / 1000,
             stats=BatchStats(on_batch=metrics.batch_size.observe, on_queue_wait=metrics.queue_wait.observe),
             name="model-batcher",
         )
@@ -162,8 +173,12 @@ def create_model_app(config: ServerConfig) -> FastAPI:
         yield
         host.batcher.stop()
 
-    app = FastAPI(title="dynaloop model server", version="1", lifespan=lifespan,
-                  description="Serves the round's classifier. Contract: see services/model_client.py.")
+    app = FastAPI(
+        title="dynaloop model server",
+        version="1",
+        lifespan=lifespan,
+        description="Serves the round's classifier. Contract: see services/model_client.py.",
+    )
     app.state.host = host
 
     @app.exception_handler(RequestValidationError)
@@ -222,14 +237,20 @@ def create_model_app(config: ServerConfig) -> FastAPI:
         metrics.requests.labels("predict", "ok").inc()
         metrics.texts.inc(len(inputs))
         metrics.latency.observe(time.perf_counter() - started)
-        return JSONResponse({
-            "model": {"id": served_by.model_id, "version": served_by.version},
-            "predictions": [
-                {"label": output.labels[0], "labels": output.labels, "probabilities": output.probabilities,
-                 "truncated": output.truncated}
-                for output, _ in results
-            ],
-        })
+        return JSONResponse(
+            {
+                "model": {"id": served_by.model_id, "version": served_by.version},
+                "predictions": [
+                    {
+                        "label": output.labels[0],
+                        "labels": output.labels,
+                        "probabilities": output.probabilities,
+                        "truncated": output.truncated,
+                    }
+                    for output, _ in results
+                ],
+            }
+        )
 
     @app.post("/inspect")
     async def inspect(body: InspectRequest) -> JSONResponse:
@@ -246,11 +267,13 @@ def create_model_app(config: ServerConfig) -> FastAPI:
         except NotImplementedError as exc:
             return _error(501, "not_supported", str(exc))
         metrics.requests.labels("inspect", "ok").inc()
-        return JSONResponse({
-            "model": {"id": backend.metadata.model_id, "version": backend.metadata.version},
-            "label": body.label,
-            "tokens": [{"token": t.token, "score": t.score} for t in tokens],
-        })
+        return JSONResponse(
+            {
+                "model": {"id": backend.metadata.model_id, "version": backend.metadata.version},
+                "label": body.label,
+                "tokens": [{"token": t.token, "score": t.score} for t in tokens],
+            }
+        )
 
     @app.get("/metrics")
     def prometheus_metrics() -> Response:
@@ -265,12 +288,19 @@ def create_model_app(config: ServerConfig) -> FastAPI:
     async def reload(body: ReloadRequest, authorization: str | None = Header(None)) -> JSONResponse:
         """Load another model directory in the background and switch to it atomically."""
         if not config.admin_token:
-            return _error(403, "disabled", "reload is disabled; start the server with --admin-token "
-                          "(or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN)")
+            return _error(
+                403,
+                "disabled",
+                "reload is disabled; start the server with --admin-token (or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN)",
+            )
         given = (authorization or "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), config.admin_token.encode()):
-            return _error(401, "unauthorized", "send the admin token: `Authorization: Bearer <token>`",
-                          {"WWW-Authenticate": "Bearer"})
+            return _error(
+                401,
+                "unauthorized",
+                "send the admin token: `Authorization: Bearer <token>`",
+                {"WWW-Authenticate": "Bearer"},
+            )
         try:
             new = await asyncio.to_thread(host.reload, body.model_dir, body.backend)
         except RuntimeError as exc:
@@ -281,8 +311,9 @@ def create_model_app(config: ServerConfig) -> FastAPI:
         except Exception as exc:
             metrics.reloads.labels("failed").inc()
             logger.warning("reload of %s failed: %s", body.model_dir, exc)
-            return _error(422, "load_failed", f"{body.model_dir} could not be loaded ({type(exc).__name__}: "
-                          f"{exc}); {_still()}")
+            return _error(
+                422, "load_failed", f"{body.model_dir} could not be loaded ({type(exc).__name__}: {exc}); {_still()}"
+            )
         metrics.reloads.labels("ok").inc()
         return JSONResponse({"status": "reloaded", **describe(new, host.backend_kind)})
 
@@ -299,7 +330,6 @@ def _check_texts(body: PredictRequest, backend: Backend, max_texts: int) -> str 
             return f"texts[{index}] has {len(text)} characters; the limit is {MAX_TEXT_CHARS}"
     if body.targets is not None and len(body.targets) != len(body.texts):
         return f"targets has {len(body.targets)} entries for {len(body.texts)} texts; send one per text"
-    if backend.metadata.input_format == "text_pair":
-        if body.targets is None or any(not t for t in body.targets):
-            return "this model takes (text, target) pairs; send a non-empty target for every text"
+    if backend.metadata.input_format == "text_pair" and (body.targets is None or any(not t for t in body.targets)):
+        return "this model takes (text, target) pairs; send a non-empty target for every text"
     return None

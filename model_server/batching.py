@@ -20,6 +20,7 @@ queued) never waits, and neither does the first request after a quiet spell.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -62,14 +63,18 @@ class Pending(Generic[In]):
             else:
                 self.future.set_result(result)
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody is waiting any more
             self.loop.call_soon_threadsafe(_set)
-        except RuntimeError:
-            pass  # the caller's event loop is closed: nobody is waiting any more
 
 
-def collect(source: queue.Queue[Any], max_batch_size: int, max_wait_s: float, *,
-            poll_s: float = 0.1, clock: Callable[[], float] = time.monotonic) -> list[Any]:
+def collect(
+    source: queue.Queue[Any],
+    max_batch_size: int,
+    max_wait_s: float,
+    *,
+    poll_s: float = 0.1,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Any]:
     """Take up to ``max_batch_size`` items from ``source``.
 
     Blocks up to ``poll_s`` for the first item (returns ``[]`` if none comes, so the caller
@@ -92,8 +97,15 @@ def collect(source: queue.Queue[Any], max_batch_size: int, max_wait_s: float, *,
     return batch
 
 
-def linger(source: queue.Queue[Any], batch: list[Any], target: int, gap_s: float, until: float, *,
-           clock: Callable[[], float] = time.monotonic) -> None:
+def linger(
+    source: queue.Queue[Any],
+    batch: list[Any],
+    target: int,
+    gap_s: float,
+    until: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     """Add items from ``source`` to ``batch`` until it holds ``target``, as long as each comes
     within ``gap_s`` of the last and the clock has not passed ``until``."""
     while len(batch) < target:
@@ -117,9 +129,18 @@ class BatchStats:
 class Batcher(Generic[In, Out]):
     """Runs ``forward(list[In]) -> list[Out]`` over batches collected from concurrent callers."""
 
-    def __init__(self, forward: Callable[[Sequence[In]], Sequence[Out]], *, max_batch_size: int = 32,
-                 max_wait_s: float = 0.0, request_timeout_s: float = 10.0, stats: BatchStats | None = None,
-                 name: str = "batcher", linger_gap_s: float = 0.0, linger_max_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        forward: Callable[[Sequence[In]], Sequence[Out]],
+        *,
+        max_batch_size: int = 32,
+        max_wait_s: float = 0.0,
+        request_timeout_s: float = 10.0,
+        stats: BatchStats | None = None,
+        name: str = "batcher",
+        linger_gap_s: float = 0.0,
+        linger_max_s: float = 0.0,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if max_wait_s < 0:
@@ -163,9 +184,12 @@ class Batcher(Generic[In, Out]):
         for item in items:
             self._queue.put(item)
         try:
-            return list(await asyncio.wait_for(asyncio.gather(*(i.future for i in items)),
-                                               timeout=max(0.0, deadline - now) + 0.05))
-        except asyncio.TimeoutError as exc:
+            return list(
+                await asyncio.wait_for(
+                    asyncio.gather(*(i.future for i in items)), timeout=max(0.0, deadline - now) + 0.05
+                )
+            )
+        except TimeoutError as exc:
             raise DeadlineExceeded(f"no answer within {deadline - now:.1f} s") from exc
 
     def _run(self) -> None:
@@ -188,8 +212,9 @@ class Batcher(Generic[In, Out]):
             if pending.future.done():
                 continue  # the caller already timed out
             if pending.deadline <= now:
-                pending.resolve(error=DeadlineExceeded(
-                    f"waited {now - pending.enqueued_at:.2f} s in the queue, past its deadline"))
+                pending.resolve(
+                    error=DeadlineExceeded(f"waited {now - pending.enqueued_at:.2f} s in the queue, past its deadline")
+                )
                 continue
             pending.started_at = now
             if self.stats.on_queue_wait:

@@ -33,7 +33,5 @@ def verify_password(password: str, stored: str | None) -> bool:
         return False
     if scheme != "pbkdf2_sha256":
         return False
-    digest = hashlib.pbkdf2_hmac(
-        "sha256", password.encode("utf-8"), bytes.fromhex(salt_hex), int(iterations)
-    )
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), bytes.fromhex(salt_hex), int(iterations))
     return hmac.compare_digest(digest.hex(), digest_hex)

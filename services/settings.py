@@ -20,50 +20,55 @@ class Settings(BaseSettings):
         "development",
         description="`production` refuses placeholder secrets and SQLite-in-memory URLs.",
     )
-    data_dir: Path = Field(
-        Path(".dynaloop"), description="Folder for the default SQLite file and model directories."
-    )
+    data_dir: Path = Field(Path(".dynaloop"), description="Folder for the default SQLite file and model directories.")
     database_url: str | None = Field(
         None,
-        description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. Default: a SQLite "
-        "file in data_dir.",
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. Default: a SQLite file in data_dir.",
     )
     secret_key: str = Field(
         DEFAULT_SECRET,
-        description="Key for pseudonymous worker ids in exports. Set a long random value outside "
-        "development.",
+        description="Key for pseudonymous worker ids in exports. Set a long random value outside development.",
     )
     model_timeout_s: float = Field(10.0, gt=0, description="Timeout of one call to a model server.")
-    model_retries: int = Field(
-        2, ge=0, le=5, description="Extra tries on a model server connection error or 5xx."
-    )
+    model_retries: int = Field(2, ge=0, le=5, description="Extra tries on a model server connection error or 5xx.")
     retry_after_s: int = Field(
         5, ge=1, description="Seconds a client is told to wait (Retry-After) when the model is down."
     )
-    max_request_bytes: int = Field(
-        5 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413."
-    )
+    max_request_bytes: int = Field(5 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413.")
     max_prompt_import_rows: int = Field(200_000, ge=1, description="Most prompts in one import.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
     model_server_admin_token: SecretStr | None = Field(
-        None, description="The model servers' admin token (`dynaloop model-server --admin-token`); promote "
-        "jobs started through the API use it unless the request gives one.")
+        None,
+        description="The model servers' admin token (`dynaloop model-server --admin-token`); promote "
+        "jobs started through the API use it unless the request gives one.",
+    )
 
     worker_threads: int = Field(
-        128, ge=8, le=2048, description="Threads that run the API's request handlers. Keep it above "
+        128,
+        ge=8,
+        le=2048,
+        description="Threads that run the API's request handlers. Keep it above "
         "max_concurrent_requests: on SQLite a request may wait for the write lock in one of them, and the "
-        "request holding the lock needs a free one to finish.")
+        "request holding the lock needs a free one to finish.",
+    )
     max_concurrent_requests: int = Field(
-        100, ge=1, description="`dynaloop api` answers 503 to connections beyond this many at once.")
+        100, ge=1, description="`dynaloop api` answers 503 to connections beyond this many at once."
+    )
     rate_limit_per_token: str = Field(
-        "120/minute", description="Most writer and validator requests per API token (a `limits` string, e.g. "
-        "`120/minute;2000/hour`); `none` turns the limit off.")
+        "120/minute",
+        description="Most writer and validator requests per API token (a `limits` string, e.g. "
+        "`120/minute;2000/hour`); `none` turns the limit off.",
+    )
     rate_limit_per_ip: str = Field(
-        "1200/minute", description="Most writer and validator requests per client address (a lab behind one "
-        "NAT shares it); `none` turns the limit off.")
+        "1200/minute",
+        description="Most writer and validator requests per client address (a lab behind one "
+        "NAT shares it); `none` turns the limit off.",
+    )
     rate_limit_storage: str = Field(
-        "memory://", description="Where the counters live: `memory://` (one API process) or "
-        "`redis://host:6379` so that every API replica shares them.")
+        "memory://",
+        description="Where the counters live: `memory://` (one API process) or "
+        "`redis://host:6379` so that every API replica shares them.",
+    )
 
     @model_validator(mode="after")
     def _no_placeholder_secret_in_production(self) -> Settings:

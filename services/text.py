@@ -51,8 +51,7 @@ def clean_text(
         category = unicodedata.category(char)
         if category == "Cc" or char in ("\u2028", "\u2029") or category == "Cs":
             raise Invalid(
-                f"{field} contains a control character (U+{ord(char):04X}) at position {position}; "
-                "remove it",
+                f"{field} contains a control character (U+{ord(char):04X}) at position {position}; remove it",
                 field=field,
             )
     text = normalize_text(value)
@@ -61,13 +60,9 @@ def clean_text(
         invisible = " (it has only invisible characters, such as U+200B zero width space)" if text else ""
         raise Invalid(f"{field} is empty{invisible}; write some text", field=field)
     if len(text) < min_chars:
-        raise Invalid(
-            f"{field} has {len(text)} characters; it needs at least {min_chars}", field=field
-        )
+        raise Invalid(f"{field} has {len(text)} characters; it needs at least {min_chars}", field=field)
     if len(text) > max_chars:
-        raise Invalid(
-            f"{field} has {len(text)} characters; the limit is {max_chars}, shorten it", field=field
-        )
+        raise Invalid(f"{field} has {len(text)} characters; the limit is {max_chars}, shorten it", field=field)
     # Ge'ez script separates words with the Ethiopic word space (U+1361), not white space.
     words = len(text.replace("\u1361", " ").split())
     if words < min_words:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from model_server.backends.base import Backend, ClassifyInput, ClassifyOutput
 from model_directory import ModelMetadata
+from model_server.backends.base import Backend, ClassifyInput, ClassifyOutput
 
 __all__ = ["Backend", "ClassifyInput", "ClassifyOutput", "load_backend"]
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
 from model_directory import ModelMetadata, ModelMetadataError
+from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +23,9 @@ logger = logging.getLogger(__name__)
 SPLIT_COST_TOKENS = 96
 
 
-def split_by_length(lengths: Sequence[int], max_size: int, split_cost: float = SPLIT_COST_TOKENS) -> list[tuple[int, int]]:
+def split_by_length(
+    lengths: Sequence[int], max_size: int, split_cost: float = SPLIT_COST_TOKENS
+) -> list[tuple[int, int]]:
     """Cut ascending ``lengths`` into contiguous micro-batches ``[start, end)`` of at most
     ``max_size`` items, minimising padded tokens (items x longest, per micro-batch) plus
     ``split_cost`` per micro-batch: tweets of 11 and 44 tokens need not pad to 44 together.
@@ -44,8 +47,9 @@ def split_by_length(lengths: Sequence[int], max_size: int, split_cost: float = S
 
 
 class TransformersBackend:
-    def __init__(self, directory: Path, metadata: ModelMetadata, *, device: str | None = None,
-                 micro_batch_size: int = 64) -> None:
+    def __init__(
+        self, directory: Path, metadata: ModelMetadata, *, device: str | None = None, micro_batch_size: int = 64
+    ) -> None:
         self.directory = directory
         self.metadata = metadata
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -58,7 +62,8 @@ class TransformersBackend:
         if self.model.config.num_labels != len(metadata.labels):
             raise ModelMetadataError(
                 f"{directory}: the classifier head has {self.model.config.num_labels} outputs but "
-                f"dynaloop_model.json lists {len(metadata.labels)} labels; they must match")
+                f"dynaloop_model.json lists {len(metadata.labels)} labels; they must match"
+            )
         self.model.to(self.device).eval()
         self.max_length = min(metadata.max_length, getattr(self.tokenizer, "model_max_length", 10**6) or 10**6)
 
@@ -74,7 +79,9 @@ class TransformersBackend:
             return texts, [item.target or "" for item in inputs]
         return texts, None
 
-    def _tokenize(self, inputs: Sequence[ClassifyInput], **padding: object) -> tuple[dict[str, object], list[bool]]:
+    def _tokenize(self, inputs: Sequence[ClassifyInput], **padding: object) -> tuple[dict[str, Any], list[bool]]:
+        """The tokenizer's features (lists of token ids, or tensors with ``return_tensors``) and which inputs
+        were truncated."""
         texts, targets = self._pairs(inputs)
         strategy = "only_first" if targets is not None else True
         encoded = self.tokenizer(texts, targets, truncation=strategy, max_length=self.max_length, **padding)
@@ -90,19 +97,25 @@ class TransformersBackend:
 
     def encode(self, inputs: Sequence[ClassifyInput]) -> tuple[dict[str, torch.Tensor], list[bool]]:
         encoded, truncated = self._tokenize(inputs, padding=True, return_tensors="pt")
-        return {k: v.to(self.device) for k, v in encoded.items()}, truncated  # type: ignore[attr-defined]
+        return {k: v.to(self.device) for k, v in encoded.items()}, truncated
 
     def _pad(self, features: dict[str, list[list[int]]], rows: Sequence[int]) -> dict[str, torch.Tensor]:
         """The ``rows`` of unpadded ``features`` as padded tensors (padded to their longest)."""
         length = max(len(features["input_ids"][i]) for i in rows)
-        pad_values = {"input_ids": self.tokenizer.pad_token_id or 0,
-                      "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0)}
+        pad_values = {
+            "input_ids": self.tokenizer.pad_token_id or 0,
+            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0),
+        }
         left = getattr(self.tokenizer, "padding_side", "right") == "left"
         tensors = {}
         for key, values in features.items():
             pad = pad_values.get(key, 0)  # attention_mask and anything else: 0
-            padded = [([pad] * (length - len(values[i])) + values[i]) if left
-                      else (values[i] + [pad] * (length - len(values[i]))) for i in rows]
+            padded = [
+                ([pad] * (length - len(values[i])) + values[i])
+                if left
+                else (values[i] + [pad] * (length - len(values[i])))
+                for i in rows
+            ]
             tensors[key] = torch.tensor(padded, dtype=torch.long, device=self.device)
         return tensors
 
@@ -113,12 +126,12 @@ class TransformersBackend:
         # Tokenize once, unpadded; sort by token count; run length-homogeneous micro-batches
         # (each padded only to its own longest) and restore the order after.
         features, truncated = self._tokenize(inputs)
-        lengths = [len(ids) for ids in features["input_ids"]]  # type: ignore[union-attr]
+        lengths = [len(ids) for ids in features["input_ids"]]
         order = sorted(range(len(inputs)), key=lengths.__getitem__)
         results: list[ClassifyOutput | None] = [None] * len(inputs)
         for start, end in split_by_length([lengths[i] for i in order], self.micro_batch_size):
             rows = order[start:end]
-            logits = self.model(**self._pad(features, rows)).logits.float()  # type: ignore[arg-type]
+            logits = self.model(**self._pad(features, rows)).logits.float()
             if self.metadata.family == "multi_label":
                 probabilities = torch.sigmoid(logits)
             else:
@@ -140,7 +153,8 @@ class TransformersBackend:
         embeddings_layer = self.model.get_input_embeddings()
         special = torch.tensor(
             [[token in self.tokenizer.all_special_ids for token in row] for row in input_ids.tolist()],
-            device=input_ids.device)
+            device=input_ids.device,
+        )
         # Baseline: padding everywhere except the special tokens ([CLS], [SEP], ...).
         baseline_ids = torch.where(special, input_ids, torch.full_like(input_ids, self.tokenizer.pad_token_id or 0))
         extra = {k: v for k, v in encoded.items() if k != "input_ids"}
@@ -157,8 +171,12 @@ class TransformersBackend:
             inputs_embeds = embeddings_layer(input_ids).detach()
             baseline_embeds = embeddings_layer(baseline_ids).detach()
             attributions = IntegratedGradients(forward).attribute(
-                inputs_embeds, baselines=baseline_embeds, target=target_index, n_steps=n_steps,
-                internal_batch_size=n_steps)
+                inputs_embeds,
+                baselines=baseline_embeds,
+                target=target_index,
+                n_steps=n_steps,
+                internal_batch_size=n_steps,
+            )
         scores = attributions.sum(dim=-1).squeeze(0)
         norm = torch.linalg.vector_norm(scores)
         if norm > 0:

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide, sigmoid, softmax
 from model_directory import ModelMetadata, ModelMetadataError
+from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide, sigmoid, softmax
 
 DEFAULT_PROMPT = (
     "Classify the text into exactly one of these labels: {labels}.\n"
@@ -57,8 +57,12 @@ class VllmClassifierBackend:
     def __init__(self, directory: Path, metadata: ModelMetadata) -> None:
         vllm = _require_vllm()
         self.metadata = metadata
-        self.llm = vllm.LLM(model=str(directory), runner="pooling", max_model_len=metadata.max_length,
-                            gpu_memory_utilization=_gpu_memory())
+        self.llm = vllm.LLM(
+            model=str(directory),
+            runner="pooling",
+            max_model_len=metadata.max_length,
+            gpu_memory_utilization=_gpu_memory(),
+        )
         self.tokenizer = self.llm.get_tokenizer()
         self.pooling_params = vllm.PoolingParams(use_activation=False)
 
@@ -70,8 +74,9 @@ class VllmClassifierBackend:
         for item in inputs:
             target = item.target if self.metadata.input_format == "text_pair" else None
             full = self.tokenizer(item.text, target, truncation=False)["input_ids"]
-            ids = self.tokenizer(item.text, target, truncation="only_first" if target else True,
-                                 max_length=self.metadata.max_length)["input_ids"]
+            ids = self.tokenizer(
+                item.text, target, truncation="only_first" if target else True, max_length=self.metadata.max_length
+            )["input_ids"]
             prompts.append({"prompt_token_ids": ids})
             truncated.append(len(full) > len(ids))
         outputs = self.llm.classify(prompts, pooling_params=self.pooling_params, use_tqdm=False)
@@ -98,8 +103,13 @@ class VllmLabelGenerationBackend:
         extra = metadata.model_extra or {}
         self.template = str(extra.get("prompt_template") or DEFAULT_PROMPT)
         model = str(extra.get("decoder_dir") or directory)
-        self.llm = vllm.LLM(model=model, quantization=extra.get("quantization"), enable_prefix_caching=True,
-                            max_model_len=metadata.max_length, gpu_memory_utilization=_gpu_memory())
+        self.llm = vllm.LLM(
+            model=model,
+            quantization=extra.get("quantization"),
+            enable_prefix_caching=True,
+            max_model_len=metadata.max_length,
+            gpu_memory_utilization=_gpu_memory(),
+        )
         self.tokenizer = self.llm.get_tokenizer()
         self.params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
 
@@ -108,11 +118,15 @@ class VllmLabelGenerationBackend:
 
     def _prompt(self, item: ClassifyInput) -> str:
         target_line = f"Target: {item.target}\n" if item.target else ""
-        content = self.template.format(text=item.text, target=item.target or "", target_line=target_line,
-                                       labels=", ".join(self.metadata.labels))
+        content = self.template.format(
+            text=item.text, target=item.target or "", target_line=target_line, labels=", ".join(self.metadata.labels)
+        )
         if getattr(self.tokenizer, "chat_template", None):
-            return str(self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                                          add_generation_prompt=True, tokenize=False))
+            return str(
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+                )
+            )
         return content
 
     def predict(self, inputs: Sequence[ClassifyInput]) -> list[ClassifyOutput]:
@@ -120,7 +134,7 @@ class VllmLabelGenerationBackend:
         for item in inputs:
             prompt_ids = self.tokenizer(self._prompt(item), add_special_tokens=False)["input_ids"]
             truncated = len(prompt_ids) > self.metadata.max_length - 8
-            prompt_ids = prompt_ids[-(self.metadata.max_length - 8):]
+            prompt_ids = prompt_ids[-(self.metadata.max_length - 8) :]
             for label in self.metadata.labels:
                 label_ids = self.tokenizer(" " + label, add_special_tokens=False)["input_ids"]
                 requests.append({"prompt_token_ids": prompt_ids + label_ids})
@@ -130,8 +144,9 @@ class VllmLabelGenerationBackend:
         per_item = len(self.metadata.labels)
         for start in range(0, len(outputs), per_item):
             scores, truncated = [], False
-            for output, (offset, length, cut) in zip(outputs[start:start + per_item],
-                                                     spans[start:start + per_item], strict=True):
+            for output, (offset, length, cut) in zip(
+                outputs[start : start + per_item], spans[start : start + per_item], strict=True
+            ):
                 ids = output.prompt_token_ids
                 logprobs = output.prompt_logprobs
                 # log p(label | prompt) = sum of the label tokens' log-probabilities.

@@ -74,8 +74,11 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         # lock instead of failing with "database is locked" on lock upgrade.
         if not write_lock.acquire(timeout=timeout_s):
             # The same error SQLite gives after its busy timeout (the API answers 503 + Retry-After).
-            raise OperationalError("BEGIN IMMEDIATE", None, sqlite3.OperationalError(
-                "database is locked (no transaction slot within the busy timeout)"))
+            raise OperationalError(
+                "BEGIN IMMEDIATE",
+                None,
+                sqlite3.OperationalError("database is locked (no transaction slot within the busy timeout)"),
+            )
         connection.info["dynaloop_write_lock"] = True
         try:
             connection.exec_driver_sql("BEGIN IMMEDIATE")

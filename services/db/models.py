@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 models of the domain (DESIGN.md "Domain model").
+"""SQLAlchemy 2 models of the domain (docs/design.md "Domain model").
 
 The schema itself is created and changed only by the Alembic migrations in ``migrations/``;
 these classes describe it for the ORM and for ``alembic revision --autogenerate``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -63,7 +63,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dt.datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
 
 
 class Role(str, enum.Enum):
@@ -215,13 +215,9 @@ class Round(Base):
     number: Mapped[int] = mapped_column(Integer)
     status: Mapped[RoundStatus] = mapped_column(_enum(RoundStatus), default=RoundStatus.collecting)
     model_endpoints: Mapped[list[Any]] = mapped_column(JSON, default=list)
-    prompt_strategy: Mapped[PromptStrategy] = mapped_column(
-        _enum(PromptStrategy), default=PromptStrategy.unused_first
-    )
+    prompt_strategy: Mapped[PromptStrategy] = mapped_column(_enum(PromptStrategy), default=PromptStrategy.unused_first)
     no_prompt_fraction: Mapped[float] = mapped_column(Float, default=0.0)
-    target_label_mode: Mapped[TargetLabelMode] = mapped_column(
-        _enum(TargetLabelMode), default=TargetLabelMode.balanced
-    )
+    target_label_mode: Mapped[TargetLabelMode] = mapped_column(_enum(TargetLabelMode), default=TargetLabelMode.balanced)
     notes: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     opened_at: Mapped[dt.datetime | None]
@@ -297,18 +293,14 @@ class Assignment(Base):
     target_label: Mapped[list[Any]] = mapped_column(JSON)
     tries_used: Mapped[int] = mapped_column(Integer, default=0)
     tries_allowed: Mapped[int] = mapped_column(Integer)
-    status: Mapped[AssignmentStatus] = mapped_column(
-        _enum(AssignmentStatus), default=AssignmentStatus.active
-    )
+    status: Mapped[AssignmentStatus] = mapped_column(_enum(AssignmentStatus), default=AssignmentStatus.active)
     started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[dt.datetime]
     finished_at: Mapped[dt.datetime | None]
 
     prompt: Mapped[Prompt | None] = relationship()
     round: Mapped[Round] = relationship()
-    attempts: Mapped[list[Attempt]] = relationship(
-        back_populates="assignment", order_by="Attempt.id"
-    )
+    attempts: Mapped[list[Attempt]] = relationship(back_populates="assignment", order_by="Attempt.id")
 
 
 class Attempt(Base):
@@ -358,8 +350,7 @@ class Example(Base):
         # A written example always has its writer, assignment and attempt; only harvested
         # ones may lack them.
         CheckConstraint(
-            "origin = 'harvested' OR (writer_id IS NOT NULL AND assignment_id IS NOT NULL "
-            "AND attempt_id IS NOT NULL)",
+            "origin = 'harvested' OR (writer_id IS NOT NULL AND assignment_id IS NOT NULL AND attempt_id IS NOT NULL)",
             name="written_has_writer",
         ),
     )
@@ -392,18 +383,14 @@ class Example(Base):
     round: Mapped[Round] = relationship()
     attempt: Mapped[Attempt | None] = relationship()
     assignment: Mapped[Assignment | None] = relationship()
-    validations: Mapped[list[Validation]] = relationship(
-        back_populates="example", order_by="Validation.id"
-    )
+    validations: Mapped[list[Validation]] = relationship(back_populates="example", order_by="Validation.id")
 
 
 class Validation(Base):
     """One validator's label(s) for one example. ``counted`` is false for unqualified validators."""
 
     __tablename__ = "validations"
-    __table_args__ = (
-        UniqueConstraint("example_id", "validator_id", name="uq_validations_example_validator"),
-    )
+    __table_args__ = (UniqueConstraint("example_id", "validator_id", name="uq_validations_example_validator"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     example_id: Mapped[int] = mapped_column(ForeignKey("examples.id"), index=True)
@@ -444,9 +431,7 @@ class ModelVersion(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # training sources and their hashes
     hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # modelling.evaluate's results
-    status: Mapped[ModelVersionStatus] = mapped_column(
-        _enum(ModelVersionStatus), default=ModelVersionStatus.trained
-    )
+    status: Mapped[ModelVersionStatus] = mapped_column(_enum(ModelVersionStatus), default=ModelVersionStatus.trained)
     endpoint: Mapped[str | None] = mapped_column(String(500))  # model server it was promoted to
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     evaluated_at: Mapped[dt.datetime | None]

@@ -1,0 +1,180 @@
+"""The dependency direction between the top-level packages (docs/design.md "Dependency direction").
+
+Two checks:
+
+* import-linter's contracts in ``pyproject.toml`` (``[tool.importlinter]``), one test per contract, so a
+  failure names the broken rule and import-linter's report shows the chain of imports that breaks it;
+* plain AST scans for the two rules the deployment relies on, with the file and line of each offending
+  import: the model server is deployed alone (it may import only ``model_directory``, the format of the
+  directories it loads), and the front end reaches the project only over HTTP.
+
+import-linter comes with the ``test`` extra; without it its tests are skipped, except under CI
+(``CI=true``), where they fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+# The project's importable top-level packages: the installed ones plus the tests and benchmarks.
+INSTALLED_PACKAGES = sorted(name.rstrip("*") for name in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"])
+PROJECT_PACKAGES = frozenset([*INSTALLED_PACKAGES, "tests", "bench"])
+CONTRACTS = PYPROJECT["tool"]["importlinter"]["contracts"]
+
+
+@dataclass(frozen=True)
+class ProjectImport:
+    """One import of another top-level package of the project, where it is written."""
+
+    path: Path
+    line: int
+    module: str
+
+    @property
+    def package(self) -> str:
+        return self.module.split(".")[0]
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} imports {self.module}"
+
+
+def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """Absolute imports of a module, at any depth (inside functions too), and
+    ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name.
+
+    Relative imports are left out: they cannot leave their own top-level package.
+    """
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            function = node.func
+            name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+            if name in ("import_module", "__import__"):
+                found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def project_imports(root: Path, package: str, project: frozenset[str] = PROJECT_PACKAGES) -> list[ProjectImport]:
+    """Every import in ``root/package`` of another top-level package in ``project``."""
+    imports = []
+    for path in sorted((root / package).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for line, module in _imported_modules(tree):
+            top = module.split(".")[0]
+            if top in project and top != package:
+                imports.append(ProjectImport(path.relative_to(root), line, module))
+    return imports
+
+
+def test_model_server_imports_only_model_directory_of_the_project() -> None:
+    offending = [found for found in project_imports(ROOT, "model_server") if found.package != "model_directory"]
+    assert not offending, (
+        "model_server runs as its own process and is deployed without the rest of dynaloop: of the project it "
+        "may import only model_directory (the dynaloop_model.json format). Move what it needs into "
+        "model_directory or model_server. Offending imports:\n  " + "\n  ".join(map(str, offending))
+    )
+
+
+def test_frontend_imports_nothing_of_the_project() -> None:
+    offending = project_imports(ROOT, "frontend")
+    assert not offending, (
+        "frontend talks to the API over HTTP only (frontend/client.py) and is deployed without the rest of "
+        "dynaloop: it may import nothing of the project. Offending imports:\n  " + "\n  ".join(map(str, offending))
+    )
+
+
+def test_the_scan_finds_every_kind_of_project_import(tmp_path: Path) -> None:
+    package = tmp_path / "model_server"
+    package.mkdir()
+    (package / "__init__.py").write_text("from . import app\nfrom .app import serve\n", encoding="utf-8")
+    (package / "app.py").write_text(
+        "import json\n"
+        "import model_directory\n"
+        "from services.settings import Settings\n"
+        "import importlib\n"
+        "def serve():\n"
+        "    import api.app\n"
+        "    return importlib.import_module('round_builder.build')\n",
+        encoding="utf-8",
+    )
+
+    found = [str(item) for item in project_imports(tmp_path, "model_server")]
+
+    assert found == [
+        "model_server/app.py:2 imports model_directory",
+        "model_server/app.py:3 imports services.settings",
+        "model_server/app.py:6 imports api.app",
+        "model_server/app.py:7 imports round_builder.build",
+    ]
+
+
+def _require_import_linter() -> None:
+    try:
+        import importlinter  # noqa: F401
+    except ImportError:
+        reason = "import-linter is not installed (pip install -e '.[test]')"
+        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+            pytest.fail(f"CI is set but {reason}")
+        pytest.skip(reason)
+
+
+def _lint_imports(root: Path, *contract_ids: str) -> subprocess.CompletedProcess[str]:
+    """Run import-linter in its own process (it configures logging and sys.path) from ``root``."""
+    script = (
+        "import sys\nfrom importlinter.cli import lint_imports\n"
+        f"sys.exit(lint_imports(no_cache=True, no_logo=True, limit_to_contracts={contract_ids!r}))\n"
+    )
+    # The packages under ``root`` must win over any installed copy of the project.
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize("contract", CONTRACTS, ids=[contract["id"] for contract in CONTRACTS])
+def test_import_contract_holds(contract: dict[str, object]) -> None:
+    _require_import_linter()
+
+    result = _lint_imports(ROOT, str(contract["id"]))
+
+    assert result.returncode == 0, (
+        f"the import contract {contract['name']!r} (pyproject.toml, [tool.importlinter]) is broken:\n"
+        f"{result.stdout}{result.stderr}"
+    )
+
+
+def test_a_broken_contract_fails(tmp_path: Path) -> None:
+    """The contracts test really fails: a copy of the project where model_directory imports the API."""
+    _require_import_linter()
+    for package in INSTALLED_PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    directory_module = tmp_path / "model_directory" / "__init__.py"
+    directory_module.write_text(directory_module.read_text(encoding="utf-8") + "\nimport api.app\n", encoding="utf-8")
+
+    result = _lint_imports(tmp_path, "model-directory", "layers")
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "model_directory imports nothing of the project BROKEN" in result.stdout
+    assert "model_directory -> api.app" in result.stdout
