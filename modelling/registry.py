@@ -1,7 +1,7 @@
 """The model registry: which classifier directories a task has, and which one is in the loop.
 
 A :class:`~services.db.models.ModelVersion` moves ``trained -> evaluated -> promoted ->
-retired`` (DESIGN.md "Round builder" step 6; DynaSent §5: Model 1 replaces Model 0 for
+retired`` (docs/design.md, "Round builder" step 6; DynaSent §5: Model 1 replaces Model 0 for
 Round 2):
 
 * :func:`register_model` reads a directory's ``dynaloop_model.json`` and records it as

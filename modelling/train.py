@@ -1,4 +1,4 @@
-"""Retrain the next round's model from scratch (DESIGN.md, round builder step 6).
+"""Retrain the next round's model from scratch (docs/design.md, "Round builder" step 6).
 
 Every round's model starts again from the *base* checkpoint (a Hugging Face backbone such as
 the packaged all-MiniLM-L6-v2, RoBERTa or XLM-R) with a freshly initialised classification head,

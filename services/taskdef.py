@@ -1,6 +1,6 @@
 """Task definitions: the YAML file a researcher writes to describe a collection task.
 
-A task names its *family* (one of the five the seed papers require, see DESIGN.md "Task
+A task names its *family* (one of the five the seed papers require, see docs/design.md "Task
 families"), its labels, the labels validators may give, the writer's constraints and extra
 fields, how many tries and validations it takes, and its onboarding quiz. The YAML is
 validated by pydantic; :func:`load_task_definition` turns every validation problem into one
@@ -41,7 +41,7 @@ _BCP47_RE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z]{4})?(-([A-Za-z]{2}|[0-9]{3}))?
 
 
 class TaskFamily(str, enum.Enum):
-    """The five task families of DESIGN.md."""
+    """The five task families of docs/design.md."""
 
     single_label = "single_label"  # DynaSent ternary sentiment
     binary_variety = "binary_variety"  # BESSTIE sentiment / sarcasm per variety of English
