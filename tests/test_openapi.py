@@ -128,7 +128,8 @@ def test_multi_label_report_is_the_stored_one(client, researcher, make_user, stu
     validators = [make_user(f"ev{i}", "validator") for i in range(3)]
     plan: list[tuple[Any, str, list[int] | None, list[Any]]] = [
         (["joy"], f"a joy filled day {i} ደስታ", None, [["joy"], ["joy"], ["joy", "surprise"]]) for i in range(2)]
-    plan.append((["anger"], "an anger filled day ቁጣ", None, [["anger"], ["anger", "disgust"], ["anger"]]))
+    plan += [(["anger"], f"an anger filled day {i} ቁጣ", None, [["anger"], ["anger", "disgust"], ["anger"]])
+             for i in range(2)]
     _collect(client, make_user("amara", "writer"), validators, round_["id"], plan)
     client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     built_now = client.post(f"{API}/rounds/{round_['id']}/build", json={"seed": 1}, headers=researcher.headers)
@@ -147,8 +148,9 @@ def test_intended_sarcasm_report_is_the_stored_one(client, researcher, make_user
                             target_label_mode="writer_choice")
         writer = make_user("wes", "writer")
         validators = [make_user(f"sv{i}", "validator") for i in range(3)]
-        for i, (target, perceived) in enumerate([("sarcastic", "sarcastic"), ("sarcastic", "not_sarcastic"),
-                                                 ("not_sarcastic", "not_sarcastic")]):
+        plan = [("sarcastic", "sarcastic"), ("sarcastic", "sarcastic"), ("sarcastic", "not_sarcastic"),
+                ("not_sarcastic", "not_sarcastic"), ("not_sarcastic", "not_sarcastic")]
+        for i, (target, perceived) in enumerate(plan):
             assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={"target_label": target},
                                      headers=writer.headers).json()
             attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts",
@@ -170,7 +172,7 @@ def test_intended_sarcasm_report_is_the_stored_one(client, researcher, make_user
         built_now = client.post(f"{API}/rounds/{round_['id']}/build", json={"chance": False},
                                 headers=researcher.headers)
         assert built_now.status_code == 201, built_now.text
-        assert built_now.json()["report"]["intended_vs_perceived"]["n_examples"] == 3
+        assert built_now.json()["report"]["intended_vs_perceived"]["n_examples"] == len(plan)
         assert_report_is_the_stored_one(client, researcher.headers, "isarcasm", round_)
     finally:
         server.stop()
