@@ -35,7 +35,9 @@ goes through :meth:`TaskPolicy.manage`, so the change is that method's rule::
 with ``_created_by_caller(task)`` refusing unless ``user.has_role(Role.admin) or
 task.created_by_id == user.id`` (a 404 "no task ..." if other researchers' tasks should stay
 hidden, else a 403). :meth:`TaskPolicy.read` and :meth:`DatasetPolicy.read` then decide
-whether other researchers still see those tasks and pull their datasets.
+whether other researchers still see those tasks and pull their datasets; the lists of tasks and
+of open rounds already keep only what :meth:`TaskPolicy.read` and :meth:`RoundPolicy.read`
+allow (:func:`allows`), and a task's quiz answers are shown where :meth:`TaskPolicy.manage` allows.
 """
 
 from __future__ import annotations
