@@ -32,36 +32,36 @@ COMMON_ERRORS = (401, 403, 404, 409, 413, 422, 503)
 
 
 @dataclass(frozen=True)
-class Mount:
+class Included:
     router: APIRouter
     extra_errors: tuple[int, ...] = ()
     rate_limited: bool = False
 
 
-MOUNTS = (
-    Mount(auth.router),
-    Mount(users.router),
-    Mount(tokens.router),
-    Mount(tasks.router),
-    Mount(rounds.router),
-    Mount(worker_quality.router),
-    Mount(onboarding.router),
-    Mount(assignments.router, (410, 429), rate_limited=True),
-    Mount(validation.router, (429,), rate_limited=True),
+ROUTERS = (
+    Included(auth.router),
+    Included(users.router),
+    Included(tokens.router),
+    Included(tasks.router),
+    Included(rounds.router),
+    Included(worker_quality.router),
+    Included(onboarding.router),
+    Included(assignments.router, (410, 429), rate_limited=True),
+    Included(validation.router, (429,), rate_limited=True),
     # The full record of an example is a researcher's, but it was served with the validators'
     # routes and has always been limited with them; it stays so.
-    Mount(examples.router, (429,), rate_limited=True),
-    Mount(builds.router),
-    Mount(datasets.router),
-    Mount(jobs.router),
-    Mount(models.router),
+    Included(examples.router, (429,), rate_limited=True),
+    Included(builds.router),
+    Included(datasets.router),
+    Included(jobs.router),
+    Included(models.router),
 )
 
 
 def api_router() -> APIRouter:
     """Every router of the API, with its errors and limits, for ``app.include_router``."""
     api = APIRouter()
-    for mount in MOUNTS:
-        api.include_router(mount.router, responses=error_responses(*COMMON_ERRORS, *mount.extra_errors),
-                           dependencies=[Depends(rate_limited)] if mount.rate_limited else None)
+    for included in ROUTERS:
+        api.include_router(included.router, responses=error_responses(*COMMON_ERRORS, *included.extra_errors),
+                           dependencies=[Depends(rate_limited)] if included.rate_limited else None)
     return api
