@@ -42,7 +42,7 @@ def test_only_the_unit_of_work_commits() -> None:
         relative = path.relative_to(ROOT).as_posix()
         for function, line in _commits(path):
             if (relative, function) not in OWN_TRANSACTIONS:
-                stray.append(f"{relative}:{line} in {function}(): use services.db.transactions.commit_now(session, why)")
+                stray.append(f"{relative}:{line} in {function}(): use services.db.transactions.commit_now")
     assert not stray, "\n".join(stray)
 
 
