@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio.to_thread
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -16,9 +16,10 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlche
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.ratelimit import RateLimiter, rate_limited
-from api.routes import round_builder, tasks, users, validating, writing
-from api.schemas import ErrorResponse, error_responses
+from api.ratelimit import RateLimiter
+from api.routes import api_router
+from api.schemas.errors import ErrorResponse
+from api.schemas.health import HealthPublic
 from services.db.engine import make_engine, make_sessionmaker
 from services.errors import DomainError, ModelUnavailable, RateLimited, Unauthorized
 from services.errors import REQUEST_PROBLEM_WORDING, validation_problems
@@ -27,8 +28,6 @@ from services.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
-# Error statuses any /api/v1 operation can answer (documented in its OpenAPI `responses`).
-COMMON_ERRORS = (401, 403, 404, 409, 413, 422, 503)
 
 DESCRIPTION = """
 Adversarial human-and-model-in-the-loop dataset creation (Dynabench / DynaSent style).
@@ -214,15 +213,11 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
                                                          retries=settings.model_retries)
     add_exception_handlers(app)
     app.state.rate_limiter = RateLimiter(settings)
-    for router in (users.router, tasks.router, round_builder.router):
-        app.include_router(router, prefix=API_PREFIX, responses=error_responses(*COMMON_ERRORS))
-    # Crowdworkers' endpoints are rate limited per token and per address (api/ratelimit.py).
-    for router, extra_errors in ((writing.router, (410, 429)), (validating.router, (429,))):
-        app.include_router(router, prefix=API_PREFIX, dependencies=[Depends(rate_limited)],
-                           responses=error_responses(*COMMON_ERRORS, *extra_errors))
+    app.include_router(api_router(), prefix=API_PREFIX)
 
-    @app.get("/health", tags=["health"], responses={503: {"model": ErrorResponse}})
-    def health() -> JSONResponse:
+    @app.get("/health", tags=["health"], response_model=HealthPublic,
+             responses={503: {"model": ErrorResponse}})
+    def health() -> HealthPublic | JSONResponse:
         """200 when the database answers and its schema is at the newest migration."""
         from services.db.migrate import head_revision
 
@@ -234,7 +229,7 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         head = head_revision()
         if revision != head:
             return _error(503, "schema_outdated", f"schema is at {revision}, code expects {head}; run `dynaloop db upgrade`")
-        return JSONResponse({"status": "ok", "schema": revision})
+        return HealthPublic(status="ok", schema=str(revision))
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     return app

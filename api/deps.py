@@ -1,18 +1,22 @@
-"""FastAPI dependencies: the database session, the settings and the authenticated user."""
+"""FastAPI dependencies: the request's unit of work, the settings, the model client, the
+authenticated user, and the role half of each route's policy (services/authorization.py)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: FastAPI reads the annotations of the
+# dependencies that `allowed` and `allowed_writer` build, and those name their local `action`.
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
 
-from collections.abc import AsyncIterator
-from typing import Annotated
-
+from anyio import CapacityLimiter, to_thread
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.db.models import Role, User
+from services.authorization import Policy, authorize
+from services.db.models import User
+from services.db.transactions import commit_now
 from services.domain.users import authenticate_token
 from services.domain.writing import expire_due_assignments
-from services.errors import Forbidden, Unauthorized
+from services.errors import Unauthorized
 from services.model_client import ModelClient
 from services.settings import Settings
 
@@ -32,6 +36,10 @@ def get_model_client(request: Request) -> ModelClient:
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
+    """The request's unit of work: one session whose transaction is committed when the route
+    has built its answer, before the answer is sent (``scope="function"`` below), and rolled
+    back on any error. Routes and domain functions do not commit; the few steps that must
+    commit sooner call ``services.db.transactions.commit_now`` and say why."""
     # Async on purpose: FastAPI runs a sync dependency's teardown in its worker-thread pool.
     # When every worker thread is waiting for the database write lock, the commit that would
     # release it could not get a thread, and 50 concurrent writers stalled for the whole busy
@@ -40,6 +48,12 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     session: Session = request.app.state.sessionmaker()
     try:
         yield session
+        if session.new or session.dirty or session.deleted:
+            # Writing what is still pending may wait: for the write lock if no statement has
+            # begun the transaction yet (SQLite), for another transaction's row lock
+            # (PostgreSQL). Never on the event loop, where the commit that would end that wait
+            # runs; in a thread of its own, outside the (possibly exhausted) handler pool.
+            await to_thread.run_sync(session.flush, limiter=CapacityLimiter(1))
         session.commit()
     except BaseException:
         session.rollback()
@@ -48,12 +62,21 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         session.close()
 
 
+async def _body_bytes(request: Request) -> bytes:
+    return await request.body()
+
+
+# A raw body (a task's YAML, a prompt file) is read by an async dependency so that the endpoints
+# themselves are plain `def`: FastAPI runs those in its thread pool. An `async def` endpoint
+# would run its (blocking) database work on the event loop and, on SQLite, stall every other
+# request, even deadlock with one whose rollback waits for the loop.
+RawBody = Annotated[bytes, Depends(_body_bytes)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 # The largest id an INTEGER primary key holds on PostgreSQL (SQLite's go to 2**63 - 1): a larger
 # id in a path is bad input (422), not a database overflow (500).
 MAX_ID = 2**31 - 1
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SessionmakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 ModelClientDep = Annotated[ModelClient, Depends(get_model_client)]
 
@@ -62,38 +85,43 @@ def current_user(
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> User:
+    """Authentication: whose token is this? (401 without a valid one.)"""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("send an API token: `Authorization: Bearer <token>`")
     user = authenticate_token(session, credentials.credentials)
-    # End the read transaction now: on SQLite it would otherwise hold the write lock for the
-    # whole request (the attempt handler calls the model outside any transaction).
-    session.commit()
+    commit_now(session, "end the token lookup's read: on SQLite it holds the write lock, which must not wait "
+               "for the rest of the request (a body still arriving, a free thread, the attempt handler's own "
+               "transactions)")
     return user
 
 
 CurrentUser = Annotated[User, Depends(current_user)]
 
 
-def _requires(role: Role):  # type: ignore[no-untyped-def]
+def allowed(action: Callable[[], Policy]) -> Any:
+    """The signed-in user, if the role half of ``action``'s policy allows them (else 403).
+
+    ``action`` is a policy method such as ``RoundPolicy.manage``, called here without its
+    object. As a dependency the check runs before the route reads its path, query and body,
+    so a caller without the role gets 403 whatever they sent; the route then authorizes the
+    loaded object with the same method (``authorize(user, RoundPolicy.manage(round_))``)."""
+
     def check(user: CurrentUser) -> User:
-        if not user.has_role(role):
-            raise Forbidden(f"this needs the {role.value} role; your roles: {', '.join(user.roles) or 'none'}")
+        authorize(user, action())
         return user
 
-    return check
+    return Depends(check)
 
 
-def current_writer(session: SessionDep, user: Annotated[User, Depends(_requires(Role.writer))]) -> User:
-    # Expire the writer's overdue assignments first and commit: a 410 later in the request
-    # rolls its own transaction back, and the expiry must not go with it.
-    expire_due_assignments(session, user.id)
-    # Commit, never roll back: a rollback would expire `user`, and reloading it would open a
-    # new transaction that (on SQLite) holds the write lock for the rest of the request.
-    session.commit()
-    return user
+def allowed_writer(action: Callable[[], Policy]) -> Any:
+    """Like :func:`allowed`, for the writer's routes: the writer's overdue assignments are
+    expired first, in a transaction of their own."""
 
+    def writer(session: SessionDep, user: Annotated[User, allowed(action)]) -> User:
+        expire_due_assignments(session, user.id)
+        # Never a rollback here: it would expire `user`, and reloading it would open a new
+        # transaction that (on SQLite) holds the write lock for the rest of the request.
+        commit_now(session, "the expiry must survive a 410 (or any error) later in the request")
+        return user
 
-CurrentWriter = Annotated[User, Depends(current_writer)]
-CurrentValidator = Annotated[User, Depends(_requires(Role.validator))]
-CurrentResearcher = Annotated[User, Depends(_requires(Role.researcher))]
-CurrentAdmin = Annotated[User, Depends(_requires(Role.admin))]
+    return Depends(writer)

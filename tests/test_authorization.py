@@ -112,6 +112,26 @@ def test_every_route_has_an_authorization_entry(app: Any) -> None:
     assert not stale, f"entries in ALLOWED for routes the app does not serve: {stale}"
 
 
+def _dependency_calls(dependant: Any) -> Iterator[Any]:
+    for dependency in dependant.dependencies:
+        yield dependency.call
+        yield from _dependency_calls(dependency)
+
+
+def test_every_route_asks_the_authorization_module(app: Any) -> None:
+    """Every /api/v1 operation but login gets its caller from ``api.deps.allowed`` (or
+    ``allowed_writer``), which asks services/authorization.py; no route decides by itself."""
+    from fastapi.routing import APIRoute
+
+    asking = {"allowed.<locals>.check", "allowed_writer.<locals>.writer"}
+    unasked = sorted(
+        f"{sorted(route.methods or ())} {route.path}" for route in app.routes
+        if isinstance(route, APIRoute) and route.path.startswith(API) and route.path != f"{API}/auth/login"
+        and not asking & {getattr(call, "__qualname__", "") for call in _dependency_calls(route.dependant)}
+    )
+    assert not unasked, f"routes that do not ask services/authorization.py: {unasked}"
+
+
 @dataclass
 class World:
     """One actor per role (each acting on its own things), and the ids they need."""

@@ -1,0 +1,67 @@
+"""The API's routers, one entity each, and what each adds to every one of its operations:
+error statuses beyond the common ones (documented in OpenAPI), and the rate limit on the
+crowdworkers' routers (api/ratelimit.py). ``api.app`` mounts them all under ``/api/v1``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Depends
+
+from api.ratelimit import rate_limited
+from api.routes import (
+    assignments,
+    auth,
+    builds,
+    datasets,
+    examples,
+    jobs,
+    models,
+    onboarding,
+    rounds,
+    tasks,
+    tokens,
+    users,
+    validation,
+    worker_quality,
+)
+from api.schemas.errors import error_responses
+
+# Error statuses any /api/v1 operation can answer.
+COMMON_ERRORS = (401, 403, 404, 409, 413, 422, 503)
+
+
+@dataclass(frozen=True)
+class Included:
+    router: APIRouter
+    extra_errors: tuple[int, ...] = ()
+    rate_limited: bool = False
+
+
+ROUTERS = (
+    Included(auth.router),
+    Included(users.router),
+    Included(tokens.router),
+    Included(tasks.router),
+    Included(rounds.router),
+    Included(worker_quality.router),
+    Included(onboarding.router),
+    Included(assignments.router, (410, 429), rate_limited=True),
+    Included(validation.router, (429,), rate_limited=True),
+    # The full record of an example is a researcher's, but it was served with the validators'
+    # routes and has always been limited with them; it stays so.
+    Included(examples.router, (429,), rate_limited=True),
+    Included(builds.router),
+    Included(datasets.router),
+    Included(jobs.router),
+    Included(models.router),
+)
+
+
+def api_router() -> APIRouter:
+    """Every router of the API, with its errors and limits, for ``app.include_router``."""
+    api = APIRouter()
+    for included in ROUTERS:
+        api.include_router(included.router, responses=error_responses(*COMMON_ERRORS, *included.extra_errors),
+                           dependencies=[Depends(rate_limited)] if included.rate_limited else None)
+    return api

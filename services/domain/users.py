@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from services.db.models import ApiToken, Role, User, utcnow
 from services.domain import audit
-from services.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
+from services.errors import Conflict, Invalid, NotFound, Unauthorized
 from services.security import hash_password, hash_token, new_token, verify_password
 
 _USERNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
@@ -57,9 +57,8 @@ def get_user(session: Session, username: str) -> User:
 
 def issue_token(session: Session, actor: User | None, user: User, name: str = "api",
                 expires_in_days: int | None = None) -> tuple[ApiToken, str]:
-    """Create a token for ``user``; returns the row and the plain token (shown only once)."""
-    if actor is not None and actor.id != user.id and not actor.has_role(Role.admin):
-        raise Forbidden("only an admin can create tokens for another user")
+    """Create a token for ``user``; returns the row and the plain token (shown only once).
+    Who may ask for whose token is ``TokenPolicy.issue``'s to decide."""
     plain = new_token()
     token = ApiToken(
         user_id=user.id,
@@ -74,10 +73,20 @@ def issue_token(session: Session, actor: User | None, user: User, name: str = "a
     return token, plain
 
 
-def revoke_token(session: Session, actor: User, token_id: int) -> ApiToken:
+def get_token(session: Session, token_id: int) -> ApiToken:
+    """The token row; whose it is, is for ``TokenPolicy.revoke`` (another user's token is
+    reported as missing, in the same words)."""
     token = session.get(ApiToken, token_id)
-    if token is None or (token.user_id != actor.id and not actor.has_role(Role.admin)):
+    if token is None:
         raise NotFound(f"no token {token_id}")
+    return token
+
+
+def list_users(session: Session) -> list[User]:
+    return list(session.scalars(select(User).order_by(User.id)))
+
+
+def revoke_token(session: Session, actor: User, token: ApiToken) -> ApiToken:
     if token.revoked_at is None:
         token.revoked_at = utcnow()
         audit.record(session, actor, "token.revoke", "token", token.id)

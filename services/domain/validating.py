@@ -30,7 +30,7 @@ from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
 from services.domain.quality import apply_agreement_threshold, require_qualified, task_worker
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Forbidden, Invalid, NotFound
+from services.errors import Conflict, Invalid, NotFound
 from services.taskdef import TaskDefinition
 from services.text import clean_text
 
@@ -90,19 +90,23 @@ def get_batch(session: Session, validator: User, round_: Round, size: int | None
     return held[:size]
 
 
-def submit_validation(session: Session, validator: User, example_id: int, raw_label: Any,
-                      flagged: bool = False, flag_reason: str | None = None,
-                      seconds_taken: float | None = None,
-                      idempotency_key: str | None = None) -> tuple[Validation, bool]:
-    """Record one label. Returns (validation, created); a retried identical request returns
-    the stored validation with created=False."""
+def get_example(session: Session, example_id: int) -> Example:
     example = session.get(Example, example_id)
     if example is None:
         raise NotFound(f"no example {example_id}")
+    return example
+
+
+def submit_validation(session: Session, validator: User, example: Example, raw_label: Any,
+                      flagged: bool = False, flag_reason: str | None = None,
+                      seconds_taken: float | None = None,
+                      idempotency_key: str | None = None) -> tuple[Validation, bool]:
+    """Record one label (``ExamplePolicy.validate`` decides who may: never the example's
+    writer). Returns (validation, created); a retried identical request returns the stored
+    validation with created=False."""
+    example_id = example.id
     round_ = example.round
     definition = _require_validator(session, validator, round_)
-    if example.writer_id is not None and example.writer_id == validator.id:
-        raise Forbidden("you wrote this example; validators never label their own examples")
     label = check_validation_label(definition, raw_label)
     if seconds_taken is not None and not 0 <= seconds_taken <= 86_400:
         raise Invalid("seconds_taken must be between 0 and 86400")
@@ -158,12 +162,9 @@ def submit_validation(session: Session, validator: User, example_id: int, raw_la
     return validation, True
 
 
-def example_record(session: Session, example_id: int) -> dict[str, Any]:
+def example_record(session: Session, example: Example) -> dict[str, Any]:
     """Everything about one example: its attempts, edit distances, confirmation and labels
     (a harvested example has no writer and no attempts, but its corpus source)."""
-    example = session.get(Example, example_id)
-    if example is None:
-        raise NotFound(f"no example {example_id}")
     assignment = example.assignment
     round_ = example.round
     prompt = assignment.prompt if assignment is not None else None

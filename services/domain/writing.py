@@ -13,12 +13,14 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.authorization import AssignmentPolicy, authorize
 from services.db.models import (
     Assignment,
     AssignmentStatus,
@@ -35,6 +37,7 @@ from services.db.models import (
     User,
     utcnow,
 )
+from services.db.transactions import commit_now
 from services.domain.labels import check_target_label, is_fooled
 from services.domain.quality import require_onboarded, require_qualified, task_worker
 from services.domain.tasks import definition_of
@@ -166,12 +169,28 @@ def start_assignment(session: Session, writer: User, round_: Round,
     return assignment, True
 
 
-def get_own_assignment(session: Session, writer: User, assignment_id: int) -> Assignment:
+def get_assignment(session: Session, assignment_id: int) -> Assignment:
+    """The assignment; whose it is, is for ``AssignmentPolicy.use`` (another writer's one is
+    reported as missing, in the same words)."""
     assignment = session.get(Assignment, assignment_id)
-    # Another writer's assignment is reported as missing: writers never see each other's work.
-    if assignment is None or assignment.writer_id != writer.id:
+    if assignment is None:
         raise NotFound(f"no assignment {assignment_id} of yours")
     return assignment
+
+
+def goal_of(assignment: Assignment) -> str:
+    """The writer's goal in words, as on DynaSent's interface (App. C, Fig. 7)."""
+    definition = definition_of(assignment.round.task)
+    target = " + ".join(assignment.target_label)
+    others = [label for label in definition.labels if label not in assignment.target_label]
+    where = "" if assignment.condition is Condition.no_prompt else " Edit the prompt to get there."
+    if definition.is_multi_label:
+        return (f"Write a sentence expressing exactly {target} that the model labels differently.{where}")
+    if definition.family is TaskFamily.target_dependent:
+        return (f"Write a sentence that is {target} towards a target you mark in it, so that the model "
+                f"predicts {' or '.join(others)} for that target.{where}")
+    return (f"Write a {target} sentence that fools the model into predicting "
+            f"{' or '.join(others)}.{where}")
 
 
 def _require_active(assignment: Assignment, now: dt.datetime) -> None:
@@ -194,8 +213,7 @@ def _require_active(assignment: Assignment, now: dt.datetime) -> None:
         raise Conflict(f"assignment {assignment.id} is {assignment.status.value}; request a new assignment")
 
 
-def skip_assignment(session: Session, writer: User, assignment_id: int) -> Assignment:
-    assignment = get_own_assignment(session, writer, assignment_id)
+def skip_assignment(assignment: Assignment) -> Assignment:
     if assignment.status is AssignmentStatus.skipped:
         return assignment
     _require_active(assignment, utcnow())
@@ -233,7 +251,10 @@ def prepare_attempt(session: Session, writer: User, assignment_id: int, raw_text
     Returns (attempt, needs_model). A retried request with the same Idempotency-Key gets the
     same attempt back: already scored -> no model call; pending/unavailable -> scored again.
     """
-    assignment = get_own_assignment(session, writer, assignment_id)
+    assignment = get_assignment(session, assignment_id)
+    # The attempt handler runs outside the request's unit of work, so it asks the policy here,
+    # in its own first transaction.
+    authorize(writer, AssignmentPolicy.use(assignment))
     definition = definition_of(assignment.round.task)
     now = utcnow()
     constraints = definition.constraints
@@ -386,17 +407,16 @@ def make_attempt(factory: sessionmaker[Session], client: ModelClient, writer_id:
         session.close()
 
 
-def get_own_attempt(session: Session, writer: User, attempt_id: int) -> Attempt:
+def get_attempt(session: Session, attempt_id: int) -> Attempt:
+    """The attempt; whose it is, is for ``AttemptPolicy.use``."""
     attempt = session.get(Attempt, attempt_id)
-    if attempt is None or attempt.assignment.writer_id != writer.id:
+    if attempt is None:
         raise NotFound(f"no attempt {attempt_id} of yours")
     return attempt
 
 
-def confirm_attempt(session: Session, writer: User, attempt_id: int, agrees: bool,
-                    judged_label: str | list[str] | None) -> Attempt:
+def confirm_attempt(attempt: Attempt, agrees: bool, judged_label: str | list[str] | None) -> Attempt:
     """The writer's answer to "would a person say this is <target>?" for a fooling attempt."""
-    attempt = get_own_attempt(session, writer, attempt_id)
     assignment = attempt.assignment
     definition = definition_of(assignment.round.task)
     if attempt.status is not AttemptStatus.scored:
@@ -472,10 +492,10 @@ def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: A
     return cleaned
 
 
-def submit_example(session: Session, writer: User, assignment_id: int, attempt_id: int,
+def submit_example(session: Session, assignment: Assignment, attempt_id: int,
                    extras: dict[str, Any], idempotency_key: str | None) -> tuple[Example, bool]:
     """Submit one scored attempt as the assignment's example. Returns (example, created)."""
-    assignment = get_own_assignment(session, writer, assignment_id)
+    assignment_id = assignment.id
     definition = definition_of(assignment.round.task)
     attempt = session.get(Attempt, attempt_id)
     if attempt is None or attempt.assignment_id != assignment.id:
@@ -498,7 +518,7 @@ def submit_example(session: Session, writer: User, assignment_id: int, attempt_i
         round_id=assignment.round_id,
         assignment_id=assignment.id,
         attempt_id=attempt.id,
-        writer_id=writer.id,
+        writer_id=assignment.writer_id,
         prompt_id=assignment.prompt_id,
         condition=assignment.condition,
         text=attempt.text,
@@ -543,11 +563,35 @@ def expire_due_assignments(session: Session, writer_id: int) -> int:
     ).rowcount
 
 
-def inspect_text(session: Session, client: ModelClient, writer: User, assignment_id: int, raw_text: str,
-                 label: str | None, target_span: list[int] | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TokenScore:
+    token: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """Which words push the model towards ``label``: one signed score per token."""
+
+    label: str
+    tokens: list[TokenScore]
+
+
+def _token_scores(tokens: list[dict[str, object]], endpoint: str) -> list[TokenScore]:
+    scores = []
+    for item in tokens:
+        token, score = (item.get("token"), item.get("score")) if isinstance(item, dict) else (None, None)
+        if not isinstance(token, str) or isinstance(score, bool) or not isinstance(score, int | float):
+            raise ModelUnavailable(f"token attributions are unavailable (the model server at {endpoint} "
+                                   "answered /inspect with tokens that are not token-score pairs)", retry_after_s=5)
+        scores.append(TokenScore(token, float(score)))
+    return scores
+
+
+def inspect_text(session: Session, client: ModelClient, assignment: Assignment, raw_text: str,
+                 label: str | None, target_span: list[int] | None) -> Inspection:
     """Token attributions from the round's model for a draft (DynaSent's "Inspect" button).
     Nothing is stored and no try is used."""
-    assignment = get_own_assignment(session, writer, assignment_id)
     definition = definition_of(assignment.round.task)
     constraints = definition.constraints
     text = clean_text(raw_text, max_chars=constraints.max_chars)
@@ -555,12 +599,13 @@ def inspect_text(session: Session, client: ModelClient, writer: User, assignment
     chosen = label or assignment.target_label[0]
     if chosen not in definition.labels:
         raise Invalid(f"label {chosen!r} is not a label of task {definition.name!r}; use one of {definition.labels}")
-    endpoints = assignment.round.model_endpoints
+    endpoints = list(assignment.round.model_endpoints)
     if not endpoints:
         raise ModelUnavailable("no model is in the loop for this round", retry_after_s=5)
     target = text[span[0]:span[1]] if span else None
+    commit_now(session, "nothing is written; release SQLite's write lock while the model server works")
     try:
         tokens = client.inspect(endpoints[0], text, chosen, target)
     except ModelServerError as exc:
         raise ModelUnavailable(f"token attributions are unavailable ({exc})", retry_after_s=5) from exc
-    return {"label": chosen, "tokens": tokens}
+    return Inspection(chosen, _token_scores(tokens, endpoints[0]))

@@ -1,0 +1,49 @@
+"""Builds of a closed round: aggregation, agreement, human F1, chance-level splits
+(round_builder.build), and the newest build's report."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response, status
+
+from api.deps import IdPath, SessionDep, allowed
+from api.schemas.builds import BuildPublic, BuildRequest, RoundReportPublic
+from round_builder import export
+from round_builder.build import BuildConfig
+from round_builder.build import build_round as run_build
+from round_builder.report import render_markdown
+from services.authorization import BuildPolicy, DatasetPolicy, authorize
+from services.db.models import User
+from services.domain import rounds, tasks
+
+router = APIRouter(tags=["builds"])
+
+_MARKDOWN: dict[int | str, dict[str, Any]] = {200: {"content": {"text/markdown": {"schema": {"type": "string"}}},
+                   "description": "The report as JSON, or with `format=markdown` as Markdown."}}
+
+
+@router.post("/rounds/{round_id}/build", response_model=BuildPublic, status_code=status.HTTP_201_CREATED,
+             response_model_exclude_unset=True)
+def build_round(round_id: IdPath, body: BuildRequest, session: SessionDep,
+                researcher: Annotated[User, allowed(BuildPolicy.create)]) -> BuildPublic:
+    """Aggregate, compute agreement and human F1, build chance-level splits; returns the report."""
+    round_ = rounds.get_round(session, round_id)
+    authorize(researcher, BuildPolicy.create(round_))
+    build = run_build(session, researcher, round_, BuildConfig(**body.model_dump()))
+    return BuildPublic.model_validate({"build_id": build.id, "round": round_.number, "task": round_.task.name,
+                                       "report": build.report})
+
+
+@router.get("/tasks/{task_name}/rounds/{number}/report", response_model=RoundReportPublic,
+            response_model_exclude_unset=True, responses=_MARKDOWN)
+def round_report(task_name: str, number: IdPath, session: SessionDep,
+                 reader: Annotated[User, allowed(DatasetPolicy.read)],
+                 format: str = Query("json", pattern="^(json|markdown)$")) -> RoundReportPublic | Response:
+    """The newest build's report (DynaSent Table 4/7 counts, agreement, human F1, datasheet)."""
+    task = tasks.get_task(session, task_name)
+    authorize(reader, DatasetPolicy.read(task))
+    build = export.current_build(session, rounds.get_round_by_number(session, task, number))
+    if format == "markdown":
+        return Response(render_markdown(build.report), media_type="text/markdown; charset=utf-8")
+    return RoundReportPublic.model_validate({"build_id": build.id, **build.report})

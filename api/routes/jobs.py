@@ -1,0 +1,54 @@
+"""Jobs: train, evaluate and promote, each in a process of its own (modelling.jobs)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, status
+
+from api.deps import IdPath, SessionDep, SessionmakerDep, SettingsDep, allowed
+from api.schemas.jobs import JobCreate, JobPublic, JobsPublic
+from modelling import jobs as job_runs
+from services.authorization import JobPolicy, authorize
+from services.db.models import JobKind, JobStatus, User
+from services.db.transactions import commit_now
+from services.domain import tasks
+
+router = APIRouter(tags=["jobs"])
+
+
+@router.post("/tasks/{task_name}/jobs", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+def create_job(task_name: str, body: JobCreate, session: SessionDep, factory: SessionmakerDep,
+               settings: SettingsDep, researcher: Annotated[User, allowed(JobPolicy.start)]) -> JobPublic:
+    """Start a train, evaluate or promote job in its own process; poll GET /jobs/{id} for progress."""
+    task = tasks.get_task(session, task_name)
+    authorize(researcher, JobPolicy.start(task))
+    default_token = settings.model_server_admin_token.get_secret_value() if settings.model_server_admin_token \
+        else None
+    job, secret = job_runs.create_job(session, researcher, task, body.kind, body.params,
+                                      data_dir=settings.data_dir, admin_token=default_token)
+    commit_now(session, "the job's own process reads the row, and start_job records its pid in transactions "
+               "of its own")
+    job_runs.start_job(factory, job.id, database_url=settings.resolved_database_url, data_dir=settings.data_dir,
+                       admin_token=secret)
+    session.refresh(job)
+    return JobPublic.of(job, with_log=True)
+
+
+@router.get("/jobs/{job_id}", response_model=JobPublic)
+def get_job(job_id: IdPath, session: SessionDep, researcher: Annotated[User, allowed(JobPolicy.view)]) -> JobPublic:
+    """A job's status, progress (0-1), message, result and the newest lines of its log."""
+    job = job_runs.get_job(session, job_id)
+    authorize(researcher, JobPolicy.view(job))
+    return JobPublic.of(job, with_log=True)
+
+
+@router.get("/tasks/{task_name}/jobs", response_model=JobsPublic)
+def list_jobs(task_name: str, session: SessionDep, researcher: Annotated[User, allowed(JobPolicy.list)],
+              kind: JobKind | None = None, job_status: JobStatus | None = Query(None, alias="status"),
+              limit: int = Query(50, ge=1, le=500)) -> JobsPublic:
+    """The task's jobs, newest first (without their logs)."""
+    task = tasks.get_task(session, task_name)
+    authorize(researcher, JobPolicy.list(task))
+    found = job_runs.list_jobs(session, task, kind=kind, status=job_status, limit=limit)
+    return JobsPublic(data=[JobPublic.of(job) for job in found], count=len(found))

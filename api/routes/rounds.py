@@ -1,0 +1,132 @@
+"""Rounds of a task: opening and moving them forward, their model in the loop, prompt
+imports, live statistics and the dashboard's plot data (researchers; reading: anyone)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, status
+
+from api.deps import IdPath, RawBody, SessionDep, SettingsDep, allowed
+from api.schemas.rounds import (
+    PlotDataPublic,
+    PromptImportPublic,
+    RoundCreate,
+    RoundModelUpdate,
+    RoundPublic,
+    RoundsPublic,
+    RoundStats,
+    RoundStatusUpdate,
+)
+from round_builder.dashboard import DEFAULT_LIMIT, round_plot_data
+from services.authorization import RoundPolicy, TaskPolicy, allows, authorize
+from services.db.models import User
+from services.domain import rounds, tasks
+from services.errors import Invalid
+
+router = APIRouter(tags=["rounds"])
+Reader = Annotated[User, allowed(RoundPolicy.read)]
+Manager = Annotated[User, allowed(RoundPolicy.manage)]
+
+_PROMPT_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "JSONL (one object per line with `text`, optional `id`, `source` and metadata "
+        "fields) or CSV with a header row that has a `text` column.",
+        "content": {
+            "application/x-ndjson": {"schema": {"type": "string"}},
+            "text/csv": {"schema": {"type": "string"}},
+        },
+    }
+}
+
+
+@router.get("/tasks/{task_name}/rounds", response_model=RoundsPublic)
+def list_rounds(task_name: str, session: SessionDep, user: Annotated[User, allowed(TaskPolicy.read)]) -> RoundsPublic:
+    task = tasks.get_task(session, task_name)
+    authorize(user, TaskPolicy.read(task))
+    rows = [RoundPublic.of(r) for r in task.rounds]
+    return RoundsPublic(data=rows, count=len(rows))
+
+
+@router.post("/tasks/{task_name}/rounds", response_model=RoundPublic, status_code=status.HTTP_201_CREATED)
+def create_round(task_name: str, body: RoundCreate, session: SessionDep,
+                 researcher: Annotated[User, allowed(TaskPolicy.manage)]) -> RoundPublic:
+    """Open the task's next round (the previous one must be closed)."""
+    task = tasks.get_task(session, task_name)
+    authorize(researcher, TaskPolicy.manage(task))
+    round_ = rounds.create_round(
+        session, researcher, task, model_endpoints=body.model_endpoints, prompt_strategy=body.prompt_strategy,
+        no_prompt_fraction=body.no_prompt_fraction, target_label_mode=body.target_label_mode, notes=body.notes,
+    )
+    return RoundPublic.of(round_)
+
+
+@router.get("/rounds/open", response_model=RoundsPublic)
+def open_rounds(session: SessionDep, user: Reader) -> RoundsPublic:
+    """Rounds that are collecting (writers) or validating (validators)."""
+    rows = [RoundPublic.of(r) for r in rounds.open_rounds(session) if allows(user, RoundPolicy.read(r))]
+    return RoundsPublic(data=rows, count=len(rows))
+
+
+@router.get("/rounds/{round_id}", response_model=RoundPublic)
+def get_round(round_id: IdPath, session: SessionDep, user: Reader) -> RoundPublic:
+    round_ = rounds.get_round(session, round_id)
+    authorize(user, RoundPolicy.read(round_))
+    return RoundPublic.of(round_)
+
+
+@router.post("/rounds/{round_id}/status", response_model=RoundPublic)
+def set_round_status(round_id: IdPath, body: RoundStatusUpdate, session: SessionDep,
+                     researcher: Manager) -> RoundPublic:
+    """Move a round forward: collecting -> validating -> closed."""
+    round_ = rounds.get_round(session, round_id)
+    authorize(researcher, RoundPolicy.manage(round_))
+    return RoundPublic.of(rounds.set_status(session, researcher, round_, body.status))
+
+
+@router.put("/rounds/{round_id}/model", response_model=RoundPublic)
+def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDep,
+                    researcher: Manager) -> RoundPublic:
+    """Set the model server(s) in the loop; with several, one is picked per attempt."""
+    round_ = rounds.get_round(session, round_id)
+    authorize(researcher, RoundPolicy.manage(round_))
+    return RoundPublic.of(rounds.set_model_endpoints(session, researcher, round_, body.model_endpoints))
+
+
+@router.post("/rounds/{round_id}/prompts", response_model=PromptImportPublic, openapi_extra=_PROMPT_BODY)
+def import_prompts(round_id: IdPath, request: Request, session: SessionDep, settings: SettingsDep,
+                   researcher: Manager, content: RawBody,
+                   format: str | None = Query(None, description="jsonl or csv; default from Content-Type")
+                   ) -> PromptImportPublic:
+    """Import prompts into the round's prompt set. One bad row and nothing is imported."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip()
+    file_format = format or {"text/csv": "csv", "application/x-ndjson": "jsonl", "application/jsonl": "jsonl",
+                             "application/json": "jsonl"}.get(content_type)
+    if file_format is None:
+        raise Invalid("say what the file is: Content-Type text/csv or application/x-ndjson, or ?format=csv|jsonl")
+    round_ = rounds.get_round(session, round_id)
+    authorize(researcher, RoundPolicy.manage(round_))
+    report = rounds.import_prompts(session, researcher, round_, content, file_format,
+                                   max_rows=settings.max_prompt_import_rows)
+    return PromptImportPublic(rows=report.rows, imported=report.imported,
+                              duplicates_in_file=report.duplicates_in_file, already_present=report.already_present)
+
+
+@router.get("/rounds/{round_id}/stats", response_model=RoundStats)
+def round_stats(round_id: IdPath, session: SessionDep, researcher: Manager) -> RoundStats:
+    """Live statistics: assignments, attempts and fooling rate, confirmations, examples, coverage."""
+    round_ = rounds.get_round(session, round_id)
+    authorize(researcher, RoundPolicy.manage(round_))
+    return RoundStats.model_validate(rounds.round_stats(session, round_))
+
+
+@router.get("/rounds/{round_id}/plot-data", response_model=PlotDataPublic)
+def plot_data(round_id: IdPath, session: SessionDep, researcher: Manager,
+              limit: int = Query(DEFAULT_LIMIT, ge=1, le=500_000,
+                                 description="Most examples returned; a larger round is thinned evenly.")
+              ) -> PlotDataPublic:
+    """Per example: edit distance, length, target vs prediction vs majority; worker agreement."""
+    round_ = rounds.get_round(session, round_id)
+    authorize(researcher, RoundPolicy.manage(round_))
+    return PlotDataPublic.model_validate(round_plot_data(session, round_, limit=limit))

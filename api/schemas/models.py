@@ -1,0 +1,49 @@
+"""The model registry (modelling.registry)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from services.db.models import ModelVersion
+
+
+class ModelPublic(BaseModel):
+    id: int
+    name: str
+    model_id: str
+    version: str
+    status: str
+    trained_for_round: int | None
+    base_model: str
+    directory: str
+    endpoint: str | None
+    labels: list[Any]
+    attempts: int = Field(description="Attempts of the task's rounds this version scored.")
+    best_dev_macro_f1: float | None
+    macro_f1: dict[str, Any] = Field(description="Evaluation: macro-F1 per set (fractions).")
+    solved: dict[str, Any] = Field(description="Evaluation: set -> macro-F1 reached the human estimate.")
+    hyperparameters: dict[str, Any]
+    created_at: dt.datetime
+    evaluated_at: dt.datetime | None
+    promoted_at: dt.datetime | None
+    retired_at: dt.datetime | None
+
+    @classmethod
+    def of(cls, model: ModelVersion, attempts: int) -> ModelPublic:
+        evaluation = model.evaluation or {}
+        best = (model.metrics or {}).get("best_dev_macro_f1")
+        return cls(id=model.id, name=model.name, model_id=model.model_id, version=model.version,
+                   status=model.status.value, trained_for_round=model.trained_for_round, base_model=model.base_model,
+                   directory=model.directory, endpoint=model.endpoint, labels=list(model.labels or []),
+                   attempts=attempts, best_dev_macro_f1=best if isinstance(best, int | float) else None,
+                   macro_f1=dict(evaluation.get("macro_f1") or {}), solved=dict(evaluation.get("solved") or {}),
+                   hyperparameters=model.hyperparameters or {}, created_at=model.created_at,
+                   evaluated_at=model.evaluated_at, promoted_at=model.promoted_at, retired_at=model.retired_at)
+
+
+class ModelsPublic(BaseModel):
+    data: list[ModelPublic]
+    count: int

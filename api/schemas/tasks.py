@@ -1,0 +1,42 @@
+"""Tasks, created from their YAML definition."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.db.models import Task
+
+
+class TaskCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    definition_yaml: str = Field(min_length=1, max_length=200_000, description="The task's YAML file.")
+
+
+class TaskPublic(BaseModel):
+    id: int
+    name: str
+    title: str
+    family: str
+    definition: dict[str, Any]
+    created_at: dt.datetime
+
+    @classmethod
+    def of(cls, task: Task, *, with_answers: bool = False) -> TaskPublic:
+        definition = dict(task.definition)
+        quiz = definition.get("onboarding_quiz")
+        if quiz and not with_answers:
+            definition["onboarding_quiz"] = {
+                **quiz,
+                "questions": [{k: v for k, v in q.items() if k not in ("answer", "explanation")}
+                              for q in quiz["questions"]],
+            }
+        return cls(id=task.id, name=task.name, title=task.title, family=task.family,
+                   definition=definition, created_at=task.created_at)
+
+
+class TasksPublic(BaseModel):
+    data: list[TaskPublic]
+    count: int

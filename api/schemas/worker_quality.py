@@ -1,0 +1,37 @@
+"""Worker quality: validators' agreement with the majority, (un)qualification."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.domain.quality import ValidatorAgreement
+
+
+class UnqualifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class WorkerAgreementPublic(BaseModel):
+    username: str
+    labels: int
+    judged: int
+    agreement_rate: float | None
+    qualified: bool
+
+    @classmethod
+    def of(cls, row: ValidatorAgreement) -> WorkerAgreementPublic:
+        return cls(username=row.username, labels=row.labels, judged=row.judged,
+                   agreement_rate=row.agreement_rate, qualified=row.qualified)
+
+
+class UnqualifiedPublic(BaseModel):
+    username: str
+    qualified: bool = Field(description="Always false.")
+    labels_excluded: int = Field(description="Labels that stopped counting (0 if already unqualified).")
+
+
+class RequalifiedPublic(BaseModel):
+    username: str
+    qualified: bool = Field(description="Always true.")
+    labels_restored: int = Field(description="Labels that count again where the example still had room.")

@@ -1,0 +1,189 @@
+"""The policies of services/authorization.py, one user and one object at a time (no database:
+the objects are built in memory). The HTTP side, every route against every role, is
+tests/test_authorization.py."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from services import authorization
+from services.authorization import (
+    AssignmentPolicy,
+    AttemptPolicy,
+    BuildPolicy,
+    DatasetPolicy,
+    ExamplePolicy,
+    JobPolicy,
+    ModelPolicy,
+    OnboardingPolicy,
+    Policy,
+    RoundPolicy,
+    TaskPolicy,
+    TokenPolicy,
+    UserPolicy,
+    WorkerPolicy,
+    allows,
+    authorize,
+)
+from services.db.models import ApiToken, Assignment, Attempt, Example, Job, Round, Task, User
+from services.errors import Forbidden, NotFound
+
+
+def user(user_id: int, *roles: str) -> User:
+    return User(id=user_id, username=f"user{user_id}", roles=list(roles))
+
+
+TASK = Task(id=1, name="dynasent-r2", created_by_id=10)
+ROUND = Round(id=2, number=1, task=TASK)
+WENDYS_ASSIGNMENT = Assignment(id=5, writer_id=20, round=ROUND)
+WENDYS_ATTEMPT = Attempt(id=7, assignment=WENDYS_ASSIGNMENT)
+WENDYS_EXAMPLE = Example(id=3, writer_id=20, round=ROUND)
+HARVESTED_EXAMPLE = Example(id=4, writer_id=None, round=ROUND)
+JOB = Job(id=9, task=TASK)
+WENDY = user(20, "writer", "validator")
+WALT = user(21, "writer")
+VERA = user(30, "validator")
+RITA = user(10, "researcher")
+CORA = user(40, "client")
+ADA = user(50, "admin")
+NOBODY = user(60)
+
+
+def refusal(who: User, policy: Policy) -> tuple[type[Exception], str] | None:
+    try:
+        authorize(who, policy)
+    except (Forbidden, NotFound) as exc:
+        return type(exc), exc.message
+    return None
+
+
+# --- the role half: the same words as before the policies ----------------------------------
+
+
+def test_a_missing_role_is_403_naming_the_role_and_the_callers_roles() -> None:
+    assert refusal(WALT, TaskPolicy.manage(TASK)) == (Forbidden, "this needs the researcher role; your roles: writer")
+    assert refusal(NOBODY, RoundPolicy.write()) == (Forbidden, "this needs the writer role; your roles: none")
+    assert refusal(RITA, RoundPolicy.validate(ROUND)) == (Forbidden,
+                                                          "this needs the validator role; your roles: researcher")
+    assert refusal(VERA, UserPolicy.manage()) == (Forbidden, "this needs the admin role; your roles: validator")
+    assert refusal(WENDY, DatasetPolicy.read(TASK)) == (
+        Forbidden, "reading datasets needs the client or researcher role; your roles: writer, validator")
+
+
+def test_an_admin_passes_every_role_check() -> None:
+    for policy in (TaskPolicy.create(), TaskPolicy.manage(TASK), RoundPolicy.write(ROUND), RoundPolicy.validate(),
+                   OnboardingPolicy.take(TASK), DatasetPolicy.read(TASK), UserPolicy.manage(), JobPolicy.view(JOB)):
+        assert refusal(ADA, policy) is None, policy
+
+
+def test_signed_in_is_enough_to_read_tasks_and_rounds() -> None:
+    for who in (WALT, VERA, RITA, CORA, NOBODY):
+        assert allows(who, TaskPolicy.read(TASK)) and allows(who, RoundPolicy.read(ROUND))
+        assert allows(who, UserPolicy.me())
+
+
+def test_clients_and_researchers_read_datasets() -> None:
+    assert allows(CORA, DatasetPolicy.read(TASK)) and allows(RITA, DatasetPolicy.read(TASK))
+    assert not allows(VERA, DatasetPolicy.read(TASK))
+
+
+# --- the object half -------------------------------------------------------------------------
+
+
+def test_another_writers_assignment_and_attempt_are_reported_missing() -> None:
+    assert refusal(WENDY, AssignmentPolicy.use(WENDYS_ASSIGNMENT)) is None
+    assert refusal(WALT, AssignmentPolicy.use(WENDYS_ASSIGNMENT)) == (NotFound, "no assignment 5 of yours")
+    assert refusal(WENDY, AttemptPolicy.use(WENDYS_ATTEMPT)) is None
+    assert refusal(WALT, AttemptPolicy.use(WENDYS_ATTEMPT)) == (NotFound, "no attempt 7 of yours")
+    # Even an admin does not write into another writer's assignment.
+    assert refusal(ADA, AssignmentPolicy.use(WENDYS_ASSIGNMENT)) == (NotFound, "no assignment 5 of yours")
+
+
+def test_the_role_comes_before_the_object() -> None:
+    assert refusal(VERA, AssignmentPolicy.use(WENDYS_ASSIGNMENT)) == (
+        Forbidden, "this needs the writer role; your roles: validator")
+
+
+def test_a_validator_never_labels_their_own_example() -> None:
+    assert refusal(WENDY, ExamplePolicy.validate(WENDYS_EXAMPLE)) == (
+        Forbidden, "you wrote this example; validators never label their own examples")
+    assert refusal(VERA, ExamplePolicy.validate(WENDYS_EXAMPLE)) is None
+    assert refusal(WENDY, ExamplePolicy.validate(HARVESTED_EXAMPLE)) is None  # nobody wrote it
+
+
+def test_tokens_for_yourself_or_as_an_admin() -> None:
+    assert refusal(WALT, TokenPolicy.issue(WALT)) is None
+    assert refusal(WALT, TokenPolicy.issue(WENDY)) == (Forbidden, "only an admin can create tokens for another user")
+    assert refusal(ADA, TokenPolicy.issue(WENDY)) is None
+    wendys_token = ApiToken(id=12, user_id=WENDY.id)
+    assert refusal(WENDY, TokenPolicy.revoke(wendys_token)) is None
+    assert refusal(WALT, TokenPolicy.revoke(wendys_token)) == (NotFound, "no token 12")
+    assert refusal(ADA, TokenPolicy.revoke(wendys_token)) is None
+
+
+# --- the shape of the module -----------------------------------------------------------------
+
+POLICY_CLASSES = [AssignmentPolicy, AttemptPolicy, BuildPolicy, DatasetPolicy, ExamplePolicy, JobPolicy, ModelPolicy,
+                  OnboardingPolicy, RoundPolicy, TaskPolicy, TokenPolicy, UserPolicy, WorkerPolicy]
+SAMPLES: dict[str, Any] = {"Task": TASK, "Round": ROUND, "Assignment": WENDYS_ASSIGNMENT, "Attempt": WENDYS_ATTEMPT,
+                           "Example": WENDYS_EXAMPLE, "Job": JOB, "User": WENDY, "ApiToken": ApiToken(id=1, user_id=20)}
+
+
+def _actions() -> list[tuple[str, Callable[..., Policy], Any]]:
+    """Every policy method, with a sample of the object it takes (None for those that take none)."""
+    found = []
+    for cls in POLICY_CLASSES:
+        for name, method in vars(cls).items():
+            if not isinstance(method, staticmethod):
+                continue
+            parameters = list(inspect.signature(method.__func__).parameters.values())
+            sample = None
+            if parameters:
+                (parameter,) = parameters
+                assert parameter.default is None, f"{cls.__name__}.{name}: the object must be optional"
+                sample = SAMPLES[str(parameter.annotation).split(" | ")[0]]
+            found.append((f"{cls.__name__}.{name}", getattr(cls, name), sample))
+    return found
+
+
+def test_every_policy_module_class_is_tested() -> None:
+    classes = {name for name, value in vars(authorization).items() if name.endswith("Policy") and name != "Policy"
+               and isinstance(value, type)}
+    assert classes == {cls.__name__ for cls in POLICY_CLASSES}
+
+
+@pytest.mark.parametrize(("name", "action", "sample"), _actions(), ids=[a[0] for a in _actions()])
+def test_without_its_object_a_policy_is_its_role_half(name: str, action: Callable[..., Policy], sample: Any) -> None:
+    """`api.deps.allowed` checks the policy built without its object before the route looks
+    the object up: it must ask for the same roles as the full policy."""
+    without = action()
+    assert without.rule is None, name
+    if sample is not None:
+        full = action(sample)
+        assert (full.roles, full.needs) == (without.roles, without.needs), name
+
+
+def test_task_ownership_is_a_change_to_task_policy_manage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every researcher action on a task's things goes through TaskPolicy.manage, as the
+    module docstring promises for the task-ownership change."""
+
+    def owner_only(task: Task | None = None) -> Policy:
+        def rule(who: User) -> None:
+            if task is not None and task.created_by_id != who.id and not who.has_role(authorization.Role.admin):
+                raise Forbidden(f"task {task.name!r} is not yours")
+
+        return Policy(TaskPolicy.create().roles, "this needs the researcher role", rule if task else None)
+
+    monkeypatch.setattr(TaskPolicy, "manage", staticmethod(owner_only))
+    other_researcher = user(11, "researcher")
+    managed = [TaskPolicy.manage(TASK), RoundPolicy.manage(ROUND), WorkerPolicy.judge(TASK), BuildPolicy.create(ROUND),
+               ExamplePolicy.read(WENDYS_EXAMPLE), JobPolicy.start(TASK), JobPolicy.list(TASK), JobPolicy.view(JOB),
+               ModelPolicy.list(TASK)]
+    for policy in managed:
+        assert refusal(RITA, policy) is None
+        assert refusal(ADA, policy) is None
+        assert refusal(other_researcher, policy) == (Forbidden, "task 'dynasent-r2' is not yours")
