@@ -310,7 +310,7 @@ class ApiClient:
 
     def build_round(self, round_id: int, **options: Any) -> JSON:
         """Aggregate, compute agreement and build the splits of a closed round (options as
-        ``BuildRequest``: seed, dev_test_min_votes, chance, max_per_cell, model_based)."""
+        ``BuildOptions``: seed, dev_test_min_votes, chance, max_per_cell, model_based)."""
         return self._json("POST", f"/rounds/{round_id}/build", json_body=options)
 
     def report(self, task: str, number: int, format: str = "json") -> JSON | str:

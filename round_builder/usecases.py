@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from round_builder import export
 from round_builder.build import BuildConfig, build_round
-from services.db.models import Round, User
+from services.db.models import Round, Task, User
 from services.domain import rounds, tasks
 
 __all__ = ["BuildOptions", "BuiltRound", "DatasetDownload", "ExportOptions", "ExportedFile", "build",
@@ -121,12 +121,12 @@ class DatasetDownload:
     media_type: str
 
 
-def dataset_download(session: Session, task_name: str, number: int, split: str, file_format: str) -> DatasetDownload:
-    """Check the request and find the newest build of round ``number`` of task ``task_name``."""
+def dataset_download(session: Session, task: Task, number: int, split: str, file_format: str) -> DatasetDownload:
+    """Check the request and find the newest build of round ``number`` of ``task`` (whose
+    reader the caller has authorized)."""
     export.check_request(split, file_format)
-    round_ = rounds.get_round_by_number(session, tasks.get_task(session, task_name), number)
-    built = export.current_build(session, round_)
+    built = export.current_build(session, rounds.get_round_by_number(session, task, number))
     return DatasetDownload(build_id=built.id, split=split, format=file_format,
                            etag=export.etag(built, split, file_format),
-                           filename=f"{task_name}-r{number}-{split}.{file_format}",
+                           filename=f"{task.name}-r{number}-{split}.{file_format}",
                            media_type=export.FORMATS[file_format])

@@ -349,13 +349,14 @@ def test_dataset_download_names_the_newest_build(app, built) -> None:  # type: i
     """round_builder.usecases.dataset_download: what the API's dataset route streams."""
     from round_builder.usecases import dataset_download
     from services.db.engine import session_scope
+    from services.domain.tasks import get_task
     from services.errors import Invalid, NotFound
 
     with session_scope(app.state.sessionmaker) as session:
-        download = dataset_download(session, "dynasent-r2", 1, "dev", "csv")
+        download = dataset_download(session, get_task(session, "dynasent-r2"), 1, "dev", "csv")
         assert download.build_id == built["build"]["build_id"] and download.media_type == "text/csv"
         assert download.filename == "dynasent-r2-r1-dev.csv" and download.etag.startswith('"')
         with pytest.raises(Invalid, match="unknown format 'xml'"):
-            dataset_download(session, "dynasent-r2", 1, "dev", "xml")
+            dataset_download(session, get_task(session, "dynasent-r2"), 1, "dev", "xml")
         with pytest.raises(NotFound):
-            dataset_download(session, "dynasent-r2", 2, "dev", "csv")
+            dataset_download(session, get_task(session, "dynasent-r2"), 2, "dev", "csv")

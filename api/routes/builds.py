@@ -8,11 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response, status
 
 from api.deps import IdPath, SessionDep, allowed
-from api.schemas.builds import BuildPublic, BuildRequest, RoundReportPublic
+from api.schemas.builds import BuildPublic, RoundReportPublic
 from round_builder import export
-from round_builder.build import BuildConfig
-from round_builder.build import build_round as run_build
 from round_builder.report import render_markdown
+from round_builder.usecases import BuildOptions, build
 from services.authorization import BuildPolicy, DatasetPolicy, authorize
 from services.db.models import User
 from services.domain import rounds, tasks
@@ -25,14 +24,14 @@ _MARKDOWN: dict[int | str, dict[str, Any]] = {200: {"content": {"text/markdown":
 
 @router.post("/rounds/{round_id}/build", response_model=BuildPublic, status_code=status.HTTP_201_CREATED,
              response_model_exclude_unset=True)
-def build_round(round_id: IdPath, body: BuildRequest, session: SessionDep,
+def build_round(round_id: IdPath, body: BuildOptions, session: SessionDep,
                 researcher: Annotated[User, allowed(BuildPolicy.create)]) -> BuildPublic:
     """Aggregate, compute agreement and human F1, build chance-level splits; returns the report."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, BuildPolicy.create(round_))
-    build = run_build(session, researcher, round_, BuildConfig(**body.model_dump()))
-    return BuildPublic.model_validate({"build_id": build.id, "round": round_.number, "task": round_.task.name,
-                                       "report": build.report})
+    built = build(session, researcher, round_, body)
+    return BuildPublic.model_validate({"build_id": built.build_id, "round": built.round, "task": built.task,
+                                       "report": built.report})
 
 
 @router.get("/tasks/{task_name}/rounds/{number}/report", response_model=RoundReportPublic,

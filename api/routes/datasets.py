@@ -9,9 +9,10 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import IdPath, SessionDep, SessionmakerDep, SettingsDep, allowed
 from round_builder import export
+from round_builder.usecases import dataset_download
 from services.authorization import DatasetPolicy, authorize
 from services.db.models import User
-from services.domain import rounds, tasks
+from services.domain import tasks
 
 router = APIRouter(tags=["datasets"])
 
@@ -33,13 +34,10 @@ def dataset(task_name: str, number: IdPath, request: Request, session: SessionDe
     export.check_request(split, format)
     task = tasks.get_task(session, task_name)
     authorize(reader, DatasetPolicy.read(task))
-    build = export.current_build(session, rounds.get_round_by_number(session, task, number))
-    tag = export.etag(build, split, format)
-    headers = {"ETag": tag, "Cache-Control": "private, max-age=0, must-revalidate"}
-    if if_none_match and tag in [t.strip() for t in if_none_match.split(",")]:
+    download = dataset_download(session, task, number, split, format)
+    headers = {"ETag": download.etag, "Cache-Control": "private, max-age=0, must-revalidate"}
+    if if_none_match and download.etag in [t.strip() for t in if_none_match.split(",")]:
         return Response(status_code=304, headers=headers)
-    extension = {"jsonl": "jsonl", "csv": "csv", "parquet": "parquet"}[format]
-    filename = f"{task_name}-r{number}-{split}.{extension}"
-    headers["Content-Disposition"] = f'attachment; filename="{filename}"'
-    return StreamingResponse(export.stream(factory, build.id, split, format, settings.secret_key),
-                             media_type=export.FORMATS[format], headers=headers)
+    headers["Content-Disposition"] = f'attachment; filename="{download.filename}"'
+    return StreamingResponse(export.stream(factory, download.build_id, split, format, settings.secret_key),
+                             media_type=download.media_type, headers=headers)

@@ -7,17 +7,6 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class BuildRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    dev_test_min_votes: int | None = Field(None, ge=1, description="Default: the task's agreement setting.")
-    chance: bool | None = Field(None, description="Require the round's model at chance on dev/test "
-                                "(default: yes for single-label families, no for multi-label).")
-    max_per_cell: int | None = Field(None, ge=1,
-                                     description="Cap dev and test at this many per (gold, predicted) cell.")
-    model_based: str | None = Field("dawid_skene", description="dawid_skene, mace or null.")
-
-
 class BuildSettings(BaseModel):
     """The settings the build ran with, as requested (null: the default)."""
 
