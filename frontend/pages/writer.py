@@ -365,7 +365,8 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
     with st.expander("Instructions", expanded=task["name"] not in seen):  # open on the first prompt
         st.markdown(definition.get("instructions") or "_No instructions._")
     seen.add(task["name"])
-    st.markdown(render.goal_markdown(task["family"], labels, target))
+    # The API's own goal sentence (plain text), escaped, with the target label in bold italics.
+    st.markdown("**Your goal:** " + render.emphasize_markdown(assignment["goal"], " + ".join(target)))
     _prompt(assignment, target, lang)
 
     text = _editor(assignment, constraints.get("max_chars"))
