@@ -3,9 +3,9 @@
 Keys in ``st.session_state`` that more than one page relies on:
 
 ``client``
-    An API client (an :class:`~frontend.client.Api`) to use instead of building one: the tests
-    put one there that can fail on demand (``tests/frontend_fakes.py``). Never cleared by
-    :func:`logout`.
+    An API client (an :class:`~frontend.client.Api`) to use instead of building one: the
+    tests put one there that records its requests and can fail on demand
+    (``tests/frontend_live.py``). Never cleared by :func:`logout`.
 ``token``, ``user``, ``roles``
     The signed-in user's API token, their ``/me`` record and its roles; set by
     :func:`login`, removed by :func:`logout`.

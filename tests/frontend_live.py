@@ -43,8 +43,9 @@ HOSTILE_ESCAPED = ("&lt;script&gt;alert(1)&lt;/script&gt; **bold** [link](http:/
 class Sent(NamedTuple):
     method: str
     path: str
-    body: Any
+    body: Any  # the JSON body
     key: str | None  # the Idempotency-Key
+    params: dict[str, Any]  # the query string
 
 
 class PageClient(ApiClient):
@@ -56,7 +57,8 @@ class PageClient(ApiClient):
         self.sent: list[Sent] = []
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        self.sent.append(Sent(method, path, kwargs.get("json_body"), kwargs.get("key")))
+        params = {k: v for k, v in (kwargs.get("params") or {}).items() if v is not None}
+        self.sent.append(Sent(method, path, kwargs.get("json_body"), kwargs.get("key"), params))
         return super()._request(method, path, **kwargs)
 
     def fail_next(self, method: str, error: ApiError) -> None:
@@ -125,6 +127,7 @@ class LiveApi:
         self.app, self.url, self.stubs = app, url, stubs
         self.tokens: dict[str, tuple[int, str]] = {}  # username -> (token id, token)
         self.quiz_answers: dict[str, list[str]] = {}  # task -> the right answers
+        self._clients: dict[str, ApiClient] = {}  # for set-up, one per user
         self.admin = self.client(self.user("root", "admin"))
 
     def user(self, username: str, *roles: str, password: str | None = None) -> str:
@@ -139,7 +142,14 @@ class LiveApi:
         return PageClient(self.url, token, timeout=30)
 
     def as_user(self, username: str) -> PageClient:
+        """A new client with ``username``'s token."""
         return self.client(self.tokens[username][1])
+
+    def api(self, username: str) -> ApiClient:
+        """``username``'s client for setting up state (one per user, kept open)."""
+        if username not in self._clients:
+            self._clients[username] = ApiClient(self.url, self.tokens[username][1], timeout=30)
+        return self._clients[username]
 
     def revoke(self, username: str) -> None:
         with session_scope(self.app.state.sessionmaker) as session:
@@ -168,11 +178,11 @@ class LiveApi:
             round_ = self.admin.set_round_status(round_["id"], status)
         return round_
 
-    def writer(self, username: str, task: str) -> PageClient:
+    def writer(self, username: str, task: str) -> ApiClient:
         """``username``'s client, the user made a writer (with the task's quiz passed) if new."""
         if username not in self.tokens:
             self.user(username, "writer")
-        client = self.as_user(username)
+        client = self.api(username)
         if self.quiz_answers.get(task) and not client.quiz(task)["passed"]:
             client.answer_quiz(task, self.quiz_answers[task])
         return client
@@ -203,9 +213,12 @@ def live(live_database: str, tmp_path: Path, stub_models: StubModels) -> Iterato
                         data_dir=tmp_path, model_retries=0, model_timeout_s=5.0, retry_after_s=5)
     app = create_app(settings)
     server = ThreadedServer(app, free_port()).start()
+    api = LiveApi(app, server.url, stub_models)
     try:
-        yield LiveApi(app, server.url, stub_models)
+        yield api
     finally:
+        for client in api._clients.values():
+            client.close()
         server.stop()
         app.state.model_client.close()
         app.state.engine.dispose()
@@ -219,7 +232,7 @@ def signed_in_app(live: LiveApi, username: str, page: str | None = None, client:
     """The app with ``username`` signed in (using ``client``, default a new one), after one run
     (and on ``page``, e.g. ``"pages/validator.py"``, when given)."""
     client = client or live.as_user(username)
-    user = live.as_user(username).me()
+    user = live.api(username).me()
     at = AppTest.from_file(str(APP_FILE), default_timeout=timeout)
     at.session_state["client"] = client
     at.session_state["token"] = live.tokens[username][1]

@@ -117,7 +117,7 @@ def test_an_example_that_filled_up_meanwhile_closes_its_card(dynasent: tuple[Liv
     at = validator_app(live)
     for number in range(5):  # other validators give its last labels meanwhile
         live.user(f"other{number}", "validator")
-        live.as_user(f"other{number}").validate(ids[1], "negative")
+        live.api(f"other{number}").validate(ids[1], "negative")
     save(at, ids[1], "positive")
     assert any("already has all its labels" in i for i in texts(at.info))
     assert [p.text for p in at.progress] == ["1 of 3 labelled"]

@@ -66,7 +66,7 @@ def held(at: AppTest) -> Assignment:
 
 def state(live: LiveApi, assignment_id: int) -> Assignment:
     """The assignment as the API has it now."""
-    return live.as_user("walt").assignment(assignment_id)
+    return live.api("walt").assignment(assignment_id)
 
 
 def check(at: AppTest, text: str) -> AppTest:
@@ -215,7 +215,7 @@ def test_model_unavailable_keeps_the_text_and_uses_no_try(dynasent: LiveApi) -> 
 def test_other_errors_show_the_api_message(dynasent: LiveApi) -> None:
     at, _ = writer_app(dynasent)
     with pytest.raises(ApiError) as refused:  # what the API says to a too short text
-        dynasent.as_user("walt").attempt(held(at)["id"], "hi")
+        dynasent.api("walt").attempt(held(at)["id"], "hi")
     check(at, "hi")
     assert refused.value.status == 422 and refused.value.message in texts(at.error)
 
@@ -270,7 +270,7 @@ def test_onboarding_quiz_unanswered_and_attempt_limit(live: LiveApi) -> None:
     assert "Answer every question first." in texts(at.warning)
     quiz_attempts = r"/tasks/dynasent-r2/quiz/attempts"
     assert not client.requests("POST", quiz_attempts)
-    options = [question["options"] for question in live.as_user("walt").quiz("dynasent-r2")["questions"]]
+    options = [question["options"] for question in live.api("walt").quiz("dynasent-r2")["questions"]]
     wrong = [next(o for o in choices if o != answer) for choices, answer in zip(options, answers, strict=True)]
     answer_quiz(at, wrong)
     answer_quiz(at, wrong)
