@@ -1,14 +1,15 @@
 """The Streamlit page tests' API: the real app (``api.app.create_app``) on a SQLite database,
 served over HTTP, with keyword stub model servers (tests/stub_model_server.py, plus ``/inspect``).
 
-``live`` (a fixture) starts a fresh app per test on the module's database and sets up state
+``live`` (a fixture) empties the database of the module's app for each test and sets up state
 through the API (an admin client) or the domain functions: users, tasks from the shipped
 example YAML, rounds with prompts, examples written and labelled as a writer and validators
 would. The pages get a :class:`PageClient`: the real :class:`~frontend.client.ApiClient` that
 records what it sends and can fail once on demand (:meth:`PageClient.fail_next`).
 
-Test modules import the fixtures they use: ``from tests.frontend_live import live, live_database,
-stub_models  # noqa: F401``.
+Test modules import the three fixtures (``live``, ``live_server``, ``stub_models``) under the
+names of their functions, so that test parameters do not shadow the imports:
+``from tests.frontend_live import live_fixture, live_server_fixture, stub_models_fixture  # noqa: F401``.
 """
 
 from __future__ import annotations
@@ -107,19 +108,31 @@ class StubModels:
             httpx.post(f"{server.url}/admin/mode", json={"mode": mode}).raise_for_status()
 
 
-@pytest.fixture(scope="session")
-def stub_models() -> Iterator[StubModels]:
+@pytest.fixture(scope="session", name="stub_models")
+def stub_models_fixture() -> Iterator[StubModels]:
     stubs = StubModels()
     yield stubs
     for server in stubs.servers.values():
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def live_database(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = f"sqlite:///{tmp_path_factory.mktemp('frontend') / 'dynaloop.db'}"
+@pytest.fixture(scope="module", name="live_server")
+def live_server_fixture(tmp_path_factory: pytest.TempPathFactory, stub_models: StubModels
+                        ) -> Iterator[tuple[Any, str]]:
+    """One app per test module on its own SQLite database, served over HTTP: (app, its URL).
+    Rate limits are off, since a module's tests send many requests from one address."""
+    folder = tmp_path_factory.mktemp("frontend")
+    url = f"sqlite:///{folder / 'dynaloop.db'}"
     upgrade(url)
-    return url
+    settings = Settings(database_url=url, environment="test", secret_key="test-suite-secret-key-0123456789",
+                        data_dir=folder / "data", model_retries=0, model_timeout_s=5.0, retry_after_s=5,
+                        rate_limit_per_token="none", rate_limit_per_ip="none")
+    app = create_app(settings)
+    server = ThreadedServer(app, free_port()).start()
+    yield app, server.url
+    server.stop()
+    app.state.model_client.close()
+    app.state.engine.dispose()
 
 
 class LiveApi:
@@ -204,24 +217,16 @@ class LiveApi:
         return {v["validator"]: v["label"] for v in self.admin.example(example_id)["validations"]}
 
 
-@pytest.fixture
-def live(live_database: str, tmp_path: Path, stub_models: StubModels) -> Iterator[LiveApi]:
-    """A fresh app on the emptied module database, over HTTP; stub models answer normally."""
-    empty_tables(live_database)
+@pytest.fixture(name="live")
+def live_fixture(live_server: tuple[Any, str], stub_models: StubModels) -> Iterator[LiveApi]:
+    """The module's app with every table emptied, and stub models that answer normally."""
+    app, url = live_server
+    empty_tables(app.state.settings.database_url)
     stub_models.mode("normal")
-    settings = Settings(database_url=live_database, environment="test", secret_key="test-suite-secret-key-0123456789",
-                        data_dir=tmp_path, model_retries=0, model_timeout_s=5.0, retry_after_s=5)
-    app = create_app(settings)
-    server = ThreadedServer(app, free_port()).start()
-    api = LiveApi(app, server.url, stub_models)
-    try:
-        yield api
-    finally:
-        for client in api._clients.values():
-            client.close()
-        server.stop()
-        app.state.model_client.close()
-        app.state.engine.dispose()
+    api = LiveApi(app, url, stub_models)
+    yield api
+    for client in api._clients.values():
+        client.close()
 
 
 # --- AppTest helpers ------------------------------------------------------------------
@@ -252,7 +257,7 @@ def texts(elements: Any) -> list[str]:
 
 def html_of(at: AppTest) -> str:
     """Every ``st.html`` block of the page (where user text is rendered), joined."""
-    return "\n".join(str(block.value) for block in at.get("html"))
+    return "\n".join(str(getattr(block, "value", "")) for block in at.get("html"))
 
 
 def markdown_of(at: AppTest) -> str:
@@ -260,7 +265,7 @@ def markdown_of(at: AppTest) -> str:
     widget labels), joined: user text must never be in it unescaped."""
     parts: list[str] = []
     for kind in ("markdown", "caption", "error", "warning", "info", "success", "title", "subheader"):
-        parts.extend(str(element.value) for element in at.get(kind))
+        parts.extend(str(getattr(element, "value", "")) for element in at.get(kind))
     for kind in ("radio", "button", "text_area", "text_input", "checkbox", "selectbox", "pills", "multiselect"):
         parts.extend(str(getattr(widget, "label", "")) for widget in at.get(kind))
         for widget in at.get(kind):

@@ -11,9 +11,11 @@ import json
 import os
 import re
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import altair as alt
 import pytest
 import yaml
 from sqlalchemy import select
@@ -27,7 +29,13 @@ from modelling.registry import record_evaluation, register_model
 from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelVersion, ModelVersionStatus, Prompt, Task, utcnow
 from services.taskdef import example_path
-from tests.frontend_live import LiveApi, PageClient, live, live_database, stub_models  # noqa: F401 - fixtures
+from tests.frontend_live import (  # noqa: F401 - fixtures
+    LiveApi,
+    PageClient,
+    live_fixture,
+    live_server_fixture,
+    stub_models_fixture,
+)
 from tests.test_round_build import KEYWORD, LABELS, built  # noqa: F401 - the built-round fixture
 
 PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"
@@ -128,8 +136,9 @@ def registered_model(live: LiveApi, model_id: str, version: str, *, round_: int 
                      macro_f1: dict[str, float] | None = None, promoted_to: str | None = None) -> ModelVersion:
     """A model directory's metadata, registered for the task (evaluated with ``macro_f1``, and
     promoted to ``promoted_to``, when given) with the registry's own functions."""
-    directory = live.app.state.settings.data_dir / "models" / f"{model_id}-{version}"
-    directory.mkdir(parents=True)
+    models = live.app.state.settings.data_dir / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix=f"{model_id}-{version}-", dir=models))
     ModelMetadata(model_id=model_id, version=version, labels=LABELS, base_model="/models/minilm",
                   trained_for_round=round_, task=TASK).save(directory)
     with session_scope(live.app.state.sessionmaker) as session:
@@ -525,6 +534,12 @@ def plot_fixture(round_id: int = 1) -> dict[str, Any]:
 
 
 
+def drawn(chart: alt.TopLevelMixin | None) -> dict[str, Any]:
+    """A chart's Vega-Lite spec (it must have been drawn)."""
+    assert chart is not None
+    return chart.to_dict()
+
+
 def test_plots_on_a_fixture() -> None:
     data = plot_fixture()
     counts = plots.confusion_counts(data)
@@ -539,15 +554,15 @@ def test_plots_on_a_fixture() -> None:
     by_target = plots.confusion_counts(data, "target")
     assert by_target["count"].sum() == 20 and "mixed" not in set(by_target["gold"])
 
-    spec = plots.edit_distance_chart(data).to_dict()
+    spec = drawn(plots.edit_distance_chart(data))
     assert spec["encoding"]["x"]["bin"] == {"extent": [0, 1], "step": 0.05}
     assert len(spec["datasets"][spec["data"]["name"]]) == 16  # no-prompt examples have no distance
-    spec = plots.worker_agreement_chart(data).to_dict()
+    spec = drawn(plots.worker_agreement_chart(data))
     rows = spec["datasets"][spec["data"]["name"]]
     assert sorted(r["agreement_rate"] for r in rows) == [0.1, 0.85, 0.9]  # the unjudged one is left out
     assert {r["status"] for r in rows} == {"qualified", "unqualified"}
-    assert plots.length_chart(data, "chars").to_dict()["encoding"]["x"]["field"] == "chars"
-    layered = plots.confusion_chart(data).to_dict()
+    assert drawn(plots.length_chart(data, "chars"))["encoding"]["x"]["field"] == "chars"
+    layered = drawn(plots.confusion_chart(data))
     assert [layer["mark"]["type"] for layer in layered["layer"]] == ["rect", "text"]
     assert plots.summary(data) == {"examples": 20, "validated": 16, "with_majority": 16, "model_accuracy": 0.25,
                                    "mean_edit_distance": pytest.approx(sum(0.05 * (i % 19) for i in range(20)
@@ -555,7 +570,7 @@ def test_plots_on_a_fixture() -> None:
 
 
 def test_plots_without_data() -> None:
-    empty = {"examples": [], "worker_agreement": []}
+    empty: dict[str, Any] = {"examples": [], "worker_agreement": []}
     for chart in (plots.edit_distance_chart(empty), plots.length_chart(empty), plots.worker_agreement_chart(empty),
                   plots.confusion_chart(empty)):
         assert chart is None

@@ -21,11 +21,11 @@ from tests.frontend_live import (  # noqa: F401 - fixtures
     LiveApi,
     PageClient,
     html_of,
-    live,
-    live_database,
+    live_fixture,
+    live_server_fixture,
     markdown_of,
     signed_in_app,
-    stub_models,
+    stub_models_fixture,
     texts,
 )
 from tests.stub_model_server import classify
