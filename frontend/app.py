@@ -55,10 +55,10 @@ def navigation_pages() -> dict[str, list[StreamlitPage]]:
 
 
 def sidebar() -> None:
-    user = state.current_user() or {}
-    name = user.get("display_name") or user.get("username") or "?"
+    user = state.current_user()
+    name = (user.get("display_name") or user.get("username")) if user else None
     with st.sidebar:
-        st.text(f"Signed in as {name}")
+        st.text(f"Signed in as {name or '?'}")
         st.caption(", ".join(state.roles()))
         if st.button("Log out", key="app_logout"):
             state.logout()

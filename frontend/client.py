@@ -10,6 +10,11 @@ gives none, the key is derived from the request's content (for an attempt: the a
 the text and the target span), so a click that is retried after a dropped connection, a
 double click, or a retry after a 503 never uses a second try or stores a second label.
 
+The pages depend on :class:`Api`, a :class:`~typing.Protocol` with the methods they call,
+not on :class:`ApiClient` itself; the ``TypedDict`` classes below describe the JSON each
+method returns (the API's response schemas in docs/api.md, written out here because the
+front end imports nothing from the backend).
+
 Example::
 
     client = ApiClient("http://127.0.0.1:8000")
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 import httpx
 
@@ -32,6 +37,399 @@ API_PREFIX = "/api/v1"
 DEFAULT_TIMEOUT_S = 60.0
 
 JSON = dict[str, Any]
+Label = str | list[str]  # one label, or several for multi-label tasks
+
+# --- what the API answers (datetimes are ISO 8601 strings) --------------------------------
+
+
+class User(TypedDict):
+    id: int
+    username: str
+    display_name: str | None
+    roles: list[str]
+    is_active: bool
+
+
+class Login(TypedDict):
+    token: str
+    user: User
+
+
+class TextConstraints(TypedDict):
+    min_chars: int
+    max_chars: int
+    min_words: int
+
+
+class WriterField(TypedDict):
+    """An extra field writers fill in (``writer_fields`` of the task's YAML, docs/tasks.md)."""
+
+    name: str
+    required: bool
+    max_chars: int
+    choices: list[str] | None
+    required_when_intended: str | None
+
+
+class QuizQuestion(TypedDict):
+    text: str
+    options: list[str]
+
+
+class OnboardingQuiz(TypedDict):
+    max_attempts: int
+    questions: list[QuizQuestion]  # without the answers
+
+
+class TaskDefinition(TypedDict):
+    """The task's YAML as the API checked it (docs/tasks.md), every field filled in."""
+
+    name: str
+    title: str
+    family: str  # single_label, binary_variety, intended_sarcasm, multi_label, target_dependent
+    description: str
+    labels: list[str]
+    validation_labels: list[str] | None
+    label_collapse: dict[str, str] | None
+    unknown_label: str | None
+    exclusive_labels: list[str]
+    language: str
+    domain: str | None
+    licence: str | None
+    constraints: TextConstraints
+    tries_per_assignment: int
+    validations_per_example: int
+    validation_batch_size: int
+    assignment_timeout_minutes: int
+    agreement: dict[str, Any]
+    writer_fields: list[WriterField]
+    instructions: str
+    validator_instructions: str
+    onboarding_quiz: OnboardingQuiz | None
+
+
+class Task(TypedDict):
+    id: int
+    name: str
+    title: str
+    family: str
+    definition: TaskDefinition
+    created_at: str
+
+
+class Round(TypedDict):
+    id: int
+    task: str
+    number: int
+    status: str  # collecting, validating, closed, built
+    model_endpoints: list[str]
+    prompt_strategy: str
+    no_prompt_fraction: float
+    target_label_mode: str  # balanced, writer_choice
+    opened_at: str | None
+    validating_at: str | None
+    closed_at: str | None
+
+
+class PromptImport(TypedDict):
+    rows: int
+    imported: int
+    duplicates_in_file: int
+    already_present: int
+
+
+class QuizStatus(TypedDict):
+    required: bool
+    passed: bool
+    attempts_used: int
+    attempts_left: int
+    questions: list[QuizQuestion]
+
+
+class QuizResult(TypedDict):
+    passed: bool
+    correct: int
+    wrong_questions: list[int]  # 1-based
+    attempts_used: int
+    attempts_left: int
+
+
+class Prompt(TypedDict):
+    id: int
+    text: str
+    metadata: dict[str, Any]
+
+
+class Attempt(TypedDict):
+    id: int
+    assignment_id: int
+    text: str
+    status: str  # pending, scored, model_unavailable
+    prediction: list[str] | None
+    probabilities: dict[str, float] | None
+    model_id: str | None
+    model_version: str | None
+    latency_ms: float | None
+    input_truncated: bool | None
+    edit_distance: float | None
+    seconds_since_start: float
+    fooled: bool | None
+    counts_as_try: bool
+    confirmed: bool | None
+    judged_label: list[str] | None
+    target_span: list[int] | None
+    created_at: str
+
+
+class Assignment(TypedDict):
+    id: int
+    round_id: int
+    task: str
+    condition: str  # prompt, no_prompt
+    prompt: Prompt | None
+    target_label: list[str]
+    goal: str  # the writer's goal in words (plain text)
+    tries_used: int
+    tries_allowed: int
+    status: str  # active, submitted, skipped, expired
+    started_at: str
+    expires_at: str
+    attempts: list[Attempt]
+
+
+class Example(TypedDict):
+    id: int
+    round_id: int
+    assignment_id: int | None
+    attempt_id: int | None
+    text: str
+    target_label: list[str]
+    condition: str
+    fooled: bool
+    extras: dict[str, Any]
+    status: str
+    created_at: str
+
+
+class TokenScore(TypedDict):
+    token: str
+    score: float
+
+
+class Inspection(TypedDict):
+    label: str
+    tokens: list[TokenScore]
+
+
+class TargetSpan(TypedDict):
+    start: int
+    end: int
+    text: str
+
+
+class BatchItem(TypedDict):
+    example_id: int
+    text: str
+    target_span: TargetSpan | None
+
+
+class ValidationBatch(TypedDict):
+    round_id: int
+    task: str
+    validation_labels: list[str]
+    multi_label: bool
+    data: list[BatchItem]
+    count: int
+
+
+class Validation(TypedDict):
+    id: int
+    example_id: int
+    label: list[str]
+    flagged: bool
+    counted: bool
+    created_at: str
+
+
+class AttemptStats(TypedDict):
+    scored: int
+    fooled: int
+    model_unavailable: int
+    fooling_rate: float | None
+
+
+class ConfirmationStats(TypedDict):
+    yes: int
+    no: int
+    rate: float | None
+
+
+class ExampleStats(TypedDict):
+    submitted: int
+    fooled: int
+    prompt: int
+    no_prompt: int
+    validating: int
+    validated: int
+    dropped: int
+    by_target_label: dict[str, int]
+
+
+class ValidationStats(TypedDict):
+    given: int
+    counted: int
+    needed: int
+    coverage: float | None
+
+
+class PromptStats(TypedDict):
+    total: int
+    used: int
+
+
+class RoundStats(TypedDict):
+    round: int
+    status: str
+    assignments: dict[str, int]
+    attempts: AttemptStats
+    confirmations: ConfirmationStats
+    examples: ExampleStats
+    validations: ValidationStats
+    prompts: PromptStats
+    examples_by_origin: dict[str, int]
+
+
+class WorkerAgreement(TypedDict):
+    username: str
+    labels: int
+    judged: int
+    agreement_rate: float | None
+    qualified: bool
+
+
+class PlotExample(TypedDict):
+    example_id: int
+    condition: str
+    origin: str
+    edit_distance: float | None
+    chars: int
+    words: int
+    target: str | None
+    prediction: str | None
+    majority: str | None
+    validated: bool
+    fooled: bool
+    validations: int
+
+
+class PlotData(TypedDict):
+    round_id: int
+    round: int
+    task: str
+    labels: list[str]
+    validation_labels: list[str]
+    multi_label: bool
+    total_examples: int
+    truncated: bool
+    examples: list[PlotExample]
+    worker_agreement: list[WorkerAgreement]
+
+
+class Build(TypedDict):
+    build_id: int
+    round: int
+    task: str
+    report: dict[str, Any]  # counts, agreement, human F1, datasheet (docs/round_builder.md)
+
+
+class Job(TypedDict):
+    id: int
+    kind: str  # train, evaluate, promote
+    task: str
+    status: str  # queued, running, succeeded, failed
+    progress: float  # 0 to 1
+    message: str
+    params: dict[str, Any]
+    result: dict[str, Any] | None
+    log: str | None  # only from job(), not jobs()
+    created_by: str | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+
+
+class Model(TypedDict):
+    id: int
+    name: str
+    model_id: str
+    version: str
+    status: str  # trained, evaluated, promoted, retired
+    trained_for_round: int | None
+    base_model: str
+    directory: str
+    endpoint: str | None
+    labels: list[str]
+    attempts: int
+    best_dev_macro_f1: float | None
+    macro_f1: dict[str, float]
+    solved: dict[str, Any]
+    hyperparameters: dict[str, Any]
+    created_at: str
+    evaluated_at: str | None
+    promoted_at: str | None
+    retired_at: str | None
+
+
+class Api(Protocol):
+    """What the pages need of an API client: the methods they call, with the JSON they get
+    back. :class:`ApiClient` is the implementation; every method raises :class:`ApiError`."""
+
+    token: str | None
+
+    def login(self, username: str, password: str) -> Login: ...
+    def me(self) -> User: ...
+
+    def tasks(self) -> list[Task]: ...
+    def task(self, name: str) -> Task: ...
+    def rounds(self, task: str) -> list[Round]: ...
+    def open_rounds(self) -> list[Round]: ...
+
+    def quiz(self, task: str) -> QuizStatus: ...
+    def answer_quiz(self, task: str, answers: list[str]) -> QuizResult: ...
+    def start_assignment(self, round_id: int, target_label: Label | None = None) -> Assignment: ...
+    def assignment(self, assignment_id: int) -> Assignment: ...
+    def attempt(self, assignment_id: int, text: str, *, target_span: list[int] | None = None,
+                idempotency_key: str | None = None) -> Attempt: ...
+    def confirm(self, attempt_id: int, agrees: bool, judged_label: Label | None = None, *,
+                idempotency_key: str | None = None) -> Attempt: ...
+    def submit_example(self, assignment_id: int, attempt_id: int, extras: dict[str, Any] | None = None, *,
+                       idempotency_key: str | None = None) -> Example: ...
+    def skip(self, assignment_id: int) -> Assignment: ...
+    def inspect(self, assignment_id: int, text: str, *, label: str | None = None,
+                target_span: list[int] | None = None) -> Inspection: ...
+
+    def validation_batch(self, round_id: int, size: int | None = None) -> ValidationBatch: ...
+    def validate(self, example_id: int, label: Label, *, flagged: bool = False, flag_reason: str | None = None,
+                 seconds_taken: float | None = None, idempotency_key: str | None = None) -> Validation: ...
+
+    def create_task(self, definition_yaml: str) -> Task: ...
+    def open_round(self, task: str, *, model_endpoints: list[str] | None = None, prompt_strategy: str | None = None,
+                   no_prompt_fraction: float | None = None, target_label_mode: str | None = None,
+                   notes: str | None = None) -> Round: ...
+    def set_model(self, round_id: int, model_endpoints: list[str]) -> Round: ...
+    def import_prompts(self, round_id: int, content: bytes, filename: str = "prompts.jsonl", *,
+                       format: str | None = None) -> PromptImport: ...
+    def set_round_status(self, round_id: int, status: str) -> Round: ...
+    def round_stats(self, round_id: int) -> RoundStats: ...
+    def plot_data(self, round_id: int, limit: int | None = None) -> PlotData: ...
+    def build_round(self, round_id: int, **options: Any) -> Build: ...
+    def report(self, task: str, number: int, format: str = "json") -> JSON | str: ...
+    def download_dataset(self, task: str, number: int, split: str = "train", format: str = "jsonl") -> bytes: ...
+    def start_job(self, task: str, kind: str, params: dict[str, Any] | None = None) -> Job: ...
+    def job(self, job_id: int) -> Job: ...
+    def jobs(self, task: str, *, kind: str | None = None, status: str | None = None,
+             limit: int | None = None) -> list[Job]: ...
+    def models(self, task: str) -> list[Model]: ...
 
 
 class ApiError(Exception):
@@ -83,7 +481,8 @@ def _retry_after(response: httpx.Response, details: dict[str, Any]) -> float | N
 
 def error_from_response(response: httpx.Response) -> ApiError:
     """The API's error body as an :class:`ApiError`; a sensible message for any other body."""
-    code, message, details = "http_error", "", {}
+    code, message = "http_error", ""
+    details: dict[str, Any] = {}
     try:
         body = response.json()
     except ValueError:
@@ -147,62 +546,62 @@ class ApiClient:
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._request(method, path, **kwargs).json()
 
-    def _data(self, path: str, **kwargs: Any) -> list[JSON]:
+    def _data(self, path: str, **kwargs: Any) -> list[Any]:
         return list(self._json("GET", path, **kwargs)["data"])
 
     # --- sign-in ----------------------------------------------------------------------
 
-    def login(self, username: str, password: str) -> JSON:
+    def login(self, username: str, password: str) -> Login:
         """Trade a username and password for a 7-day token; the client uses it from now on."""
         result = self._json("POST", "/auth/login", json_body={"username": username, "password": password})
         self.token = result["token"]
         return result
 
-    def me(self) -> JSON:
+    def me(self) -> User:
         return self._json("GET", "/me")
 
     # --- tasks and rounds -------------------------------------------------------------
 
-    def tasks(self) -> list[JSON]:
+    def tasks(self) -> list[Task]:
         return self._data("/tasks")
 
-    def task(self, name: str) -> JSON:
+    def task(self, name: str) -> Task:
         return self._json("GET", f"/tasks/{name}")
 
-    def rounds(self, task: str) -> list[JSON]:
+    def rounds(self, task: str) -> list[Round]:
         """The rounds of a task."""
         return self._data(f"/tasks/{task}/rounds")
 
-    def open_rounds(self) -> list[JSON]:
+    def open_rounds(self) -> list[Round]:
         """Rounds that are collecting or validating, of every task."""
         return self._data("/rounds/open")
 
-    def round(self, round_id: int) -> JSON:
+    def round(self, round_id: int) -> Round:
         return self._json("GET", f"/rounds/{round_id}")
 
     # --- writer: onboarding quiz ------------------------------------------------------
 
-    def quiz(self, task: str) -> JSON:
+    def quiz(self, task: str) -> QuizStatus:
         """``{"required", "passed", "attempts_used", "attempts_left", "questions"}``."""
         return self._json("GET", f"/tasks/{task}/quiz")
 
-    def answer_quiz(self, task: str, answers: list[str]) -> JSON:
+    def answer_quiz(self, task: str, answers: list[str]) -> QuizResult:
         """``{"passed", "correct", "wrong_questions", "attempts_used", "attempts_left"}``."""
         return self._json("POST", f"/tasks/{task}/quiz/attempts", json_body={"answers": answers})
 
     # --- writer: assignments, attempts, examples ---------------------------------------
 
-    def start_assignment(self, round_id: int, target_label: str | list[str] | None = None) -> JSON:
+    def start_assignment(self, round_id: int, target_label: Label | None = None) -> Assignment:
         """The writer's open assignment in the round, or a new one (a prompt and a target)."""
         body = {} if target_label is None else {"target_label": target_label}
         return self._json("POST", f"/rounds/{round_id}/assignments", json_body=body)
 
-    def assignment(self, assignment_id: int) -> JSON:
+    def assignment(self, assignment_id: int) -> Assignment:
         """An assignment with every attempt so far."""
         return self._json("GET", f"/assignments/{assignment_id}")
 
     def attempt(self, assignment_id: int, text: str, *, target_span: list[int] | None = None,
-                idempotency_key: str | None = None) -> JSON:
+                idempotency_key: str | None = None) -> Attempt:
         """Check a text against the model in the loop (one try, unless the model is unavailable:
         then :class:`ApiError` 503 with ``retry_after``; resend the same text to retry)."""
         key = idempotency_key or _key("attempt", assignment_id, text, target_span)
@@ -211,8 +610,8 @@ class ApiClient:
             body["target_span"] = list(target_span)
         return self._json("POST", f"/assignments/{assignment_id}/attempts", json_body=body, key=key)
 
-    def confirm(self, attempt_id: int, agrees: bool, judged_label: str | list[str] | None = None, *,
-                idempotency_key: str | None = None) -> JSON:
+    def confirm(self, attempt_id: int, agrees: bool, judged_label: Label | None = None, *,
+                idempotency_key: str | None = None) -> Attempt:
         """"Would a person say this has the target label?" (yes, or no with the label they would give)."""
         key = idempotency_key or _key("confirmation", attempt_id, agrees, judged_label)
         body: JSON = {"agrees": agrees}
@@ -221,18 +620,18 @@ class ApiClient:
         return self._json("POST", f"/attempts/{attempt_id}/confirmation", json_body=body, key=key)
 
     def submit_example(self, assignment_id: int, attempt_id: int, extras: dict[str, Any] | None = None, *,
-                       idempotency_key: str | None = None) -> JSON:
+                       idempotency_key: str | None = None) -> Example:
         """Submit one attempt of the assignment as the example, with the task's writer fields."""
         key = idempotency_key or _key("example", assignment_id, attempt_id)
         return self._json("POST", f"/assignments/{assignment_id}/example",
                           json_body={"attempt_id": attempt_id, "extras": extras or {}}, key=key)
 
-    def skip(self, assignment_id: int) -> JSON:
+    def skip(self, assignment_id: int) -> Assignment:
         """Switch to the next prompt: the assignment ends without an example."""
         return self._json("POST", f"/assignments/{assignment_id}/skip")
 
     def inspect(self, assignment_id: int, text: str, *, label: str | None = None,
-                target_span: list[int] | None = None) -> JSON:
+                target_span: list[int] | None = None) -> Inspection:
         """Token attributions of a draft (``{"label", "tokens": [{"token", "score"}]}``); no try used."""
         body: JSON = {"text": text}
         if label is not None:
@@ -243,13 +642,13 @@ class ApiClient:
 
     # --- validator --------------------------------------------------------------------
 
-    def validation_batch(self, round_id: int, size: int | None = None) -> JSON:
+    def validation_batch(self, round_id: int, size: int | None = None) -> ValidationBatch:
         """Up to 10 examples by others; asking again returns the examples still held."""
         return self._json("GET", f"/rounds/{round_id}/validation-batch", params={"size": size})
 
-    def validate(self, example_id: int, label: str | list[str], *, flagged: bool = False,
+    def validate(self, example_id: int, label: Label, *, flagged: bool = False,
                  flag_reason: str | None = None, seconds_taken: float | None = None,
-                 idempotency_key: str | None = None) -> JSON:
+                 idempotency_key: str | None = None) -> Validation:
         """Label one example (a list for multi-label tasks), optionally flagging it."""
         key = idempotency_key or _key("validation", example_id, label, flagged, flag_reason)
         body: JSON = {"label": label, "flagged": flagged}
@@ -261,44 +660,44 @@ class ApiClient:
 
     # --- researcher -------------------------------------------------------------------
 
-    def create_task(self, definition_yaml: str) -> JSON:
+    def create_task(self, definition_yaml: str) -> Task:
         return self._json("POST", "/tasks", json_body={"definition_yaml": definition_yaml})
 
     def open_round(self, task: str, *, model_endpoints: list[str] | None = None, prompt_strategy: str | None = None,
                    no_prompt_fraction: float | None = None, target_label_mode: str | None = None,
-                   notes: str | None = None) -> JSON:
+                   notes: str | None = None) -> Round:
         """Open the task's next round (fields left out take the API's defaults)."""
         body = {"model_endpoints": model_endpoints, "prompt_strategy": prompt_strategy,
                 "no_prompt_fraction": no_prompt_fraction, "target_label_mode": target_label_mode, "notes": notes}
         return self._json("POST", f"/tasks/{task}/rounds",
                           json_body={k: v for k, v in body.items() if v is not None})
 
-    def set_model(self, round_id: int, model_endpoints: list[str]) -> JSON:
+    def set_model(self, round_id: int, model_endpoints: list[str]) -> Round:
         return self._json("PUT", f"/rounds/{round_id}/model", json_body={"model_endpoints": model_endpoints})
 
     def import_prompts(self, round_id: int, content: bytes, filename: str = "prompts.jsonl", *,
-                       format: str | None = None) -> JSON:
+                       format: str | None = None) -> PromptImport:
         """Upload a JSONL or CSV prompt file (the format from ``format`` or the file name)."""
         fmt = format or ("csv" if filename.lower().endswith(".csv") else "jsonl")
         content_type = "text/csv" if fmt == "csv" else "application/x-ndjson"
         return self._json("POST", f"/rounds/{round_id}/prompts", content=content, content_type=content_type,
                           params={"format": fmt})
 
-    def set_round_status(self, round_id: int, status: str) -> JSON:
+    def set_round_status(self, round_id: int, status: str) -> Round:
         """collecting -> validating -> closed."""
         return self._json("POST", f"/rounds/{round_id}/status", json_body={"status": status})
 
-    def round_stats(self, round_id: int) -> JSON:
+    def round_stats(self, round_id: int) -> RoundStats:
         return self._json("GET", f"/rounds/{round_id}/stats")
 
-    def worker_agreement(self, round_id: int) -> list[JSON]:
+    def worker_agreement(self, round_id: int) -> list[WorkerAgreement]:
         return list(self._json("GET", f"/rounds/{round_id}/worker-agreement"))
 
     def example(self, example_id: int) -> JSON:
         """The full record of one example: every attempt, the confirmation, every label."""
         return self._json("GET", f"/examples/{example_id}")
 
-    def apply_worker_quality(self, task: str) -> list[JSON]:
+    def apply_worker_quality(self, task: str) -> list[WorkerAgreement]:
         """Unqualify validators above the task's disagreement threshold; returns them."""
         return list(self._json("POST", f"/tasks/{task}/worker-quality/apply"))
 
@@ -308,7 +707,7 @@ class ApiClient:
     def requalify(self, task: str, username: str) -> JSON:
         return self._json("POST", f"/tasks/{task}/workers/{username}/requalify")
 
-    def build_round(self, round_id: int, **options: Any) -> JSON:
+    def build_round(self, round_id: int, **options: Any) -> Build:
         """Aggregate, compute agreement and build the splits of a closed round (options as
         ``BuildOptions``: seed, dev_test_min_votes, chance, max_per_cell, model_based)."""
         return self._json("POST", f"/rounds/{round_id}/build", json_body=options)
@@ -323,25 +722,25 @@ class ApiClient:
         return self._request("GET", f"/tasks/{task}/rounds/{number}/dataset",
                              params={"split": split, "format": format}).content
 
-    # --- jobs and models (researcher pages; added by their helper below this line) -----
+    # --- jobs and models ------------------------------------------------------------
 
-    def start_job(self, task: str, kind: str, params: dict[str, Any] | None = None) -> JSON:
+    def start_job(self, task: str, kind: str, params: dict[str, Any] | None = None) -> Job:
         """Start a train, evaluate or promote job (202); poll :meth:`job` for its progress."""
         return self._json("POST", f"/tasks/{task}/jobs", json_body={"kind": kind, "params": params or {}})
 
-    def job(self, job_id: int) -> JSON:
+    def job(self, job_id: int) -> Job:
         """A job's status, progress (0-1), message, result and the newest lines of its log."""
         return self._json("GET", f"/jobs/{job_id}")
 
     def jobs(self, task: str, *, kind: str | None = None, status: str | None = None,
-             limit: int | None = None) -> list[JSON]:
+             limit: int | None = None) -> list[Job]:
         """The task's jobs, newest first (without logs)."""
         return self._data(f"/tasks/{task}/jobs", params={"kind": kind, "status": status, "limit": limit})
 
-    def models(self, task: str) -> list[JSON]:
+    def models(self, task: str) -> list[Model]:
         """The task's model registry with the attempts each version scored."""
         return self._data(f"/tasks/{task}/models")
 
-    def plot_data(self, round_id: int, limit: int | None = None) -> JSON:
+    def plot_data(self, round_id: int, limit: int | None = None) -> PlotData:
         """Per example edit distance, lengths, target / prediction / majority; worker agreement."""
         return self._json("GET", f"/rounds/{round_id}/plot-data", params={"limit": limit})

@@ -176,21 +176,18 @@ def attributions_html(tokens: Sequence[Mapping[str, Any]], *, label: str, lang: 
             + legend)
 
 
-# --- the writer's goal ----------------------------------------------------------------
+# --- text from the API with one phrase emphasised --------------------------------------
 
 
-def goal_markdown(family: str, labels: Sequence[str], target: Sequence[str]) -> str:
-    """The goal sentence in DynaSent's words (App. C, Fig. 7), for each task family. Labels
-    are identifiers checked by the task schema, so they are safe in Markdown."""
-    wanted = labels_text(target)
-    others = " or ".join(label_name(label) for label in labels if label not in target)
-    if family == "multi_label":
-        return (f"Your goal: enter a text expressing exactly ***{wanted}*** that fools the model into "
-                "predicting a different set of emotions.")
-    if family == "target_dependent":
-        return (f"Your goal: enter a sentence that is ***{wanted}*** towards the target you mark in it and "
-                f"that fools the model into predicting {others} for that target.")
-    if family == "intended_sarcasm":
-        return (f"Your goal: enter a post you intend to be ***{wanted}*** that fools the model into "
-                f"predicting {others}.")
-    return f"Your goal: enter a ***{wanted}*** statement that fools the model into predicting {others}."
+def emphasize_markdown(text: str, phrase: str) -> str:
+    """``text`` escaped for Markdown (:func:`escape_markdown`), with the first whole-word
+    occurrence of ``phrase`` in bold italics, e.g. the target label in the API's goal sentence.
+    Both are escaped before they are matched, so nothing in either is ever interpreted."""
+    escaped, needle = escape_markdown(text), escape_markdown(phrase)
+    if not needle:
+        return escaped
+    # Not part of a longer word: "negative" is not emphasised inside "weakly_negative".
+    match = re.search(rf"(?<![\w\\]){re.escape(needle)}(?!\w)", escaped)
+    if match is None:
+        return escaped
+    return f"{escaped[:match.start()]}***{needle}***{escaped[match.end():]}"

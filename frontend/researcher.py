@@ -3,19 +3,17 @@ pages), and numbers formatted for ``st.metric``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import streamlit as st
 
 from frontend import state
-from frontend.client import ApiError
+from frontend.client import Api, ApiError, Round, Task
 
 TASK_KEY = "researcher_task"  # the task last chosen on any researcher page (not a widget key)
 SELECT_TASK_KEY = "researcher_select_task"  # a task to select on the next run (e.g. one just created)
 ROUND_KEY = "researcher_round"  # likewise the round number, per task: {task: number}
 
 
-def choose_task(client: Any, key: str) -> dict[str, Any] | None:
+def choose_task(client: Api, key: str) -> Task | None:
     """A task selector; None (after showing why) when there is no task or the API fails."""
     try:
         tasks = client.tasks()
@@ -37,8 +35,7 @@ def choose_task(client: Any, key: str) -> dict[str, Any] | None:
     return next(task for task in tasks if task["name"] == name)
 
 
-def choose_round(client: Any, task: dict[str, Any], key: str,
-                 statuses: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+def choose_round(client: Api, task: Task, key: str, statuses: tuple[str, ...] | None = None) -> Round | None:
     """A round selector (newest first), optionally limited to some statuses."""
     try:
         rounds = client.rounds(task["name"])

@@ -3,8 +3,9 @@
 Keys in ``st.session_state`` that more than one page relies on:
 
 ``client``
-    An API client to use instead of building one: tests put a fake there
-    (``tests/frontend_fakes.py``). Never cleared by :func:`logout`.
+    An API client (an :class:`~frontend.client.Api`) to use instead of building one: the
+    tests put one there that records its requests and can fail on demand
+    (``tests/frontend_live.py``). Never cleared by :func:`logout`.
 ``token``, ``user``, ``roles``
     The signed-in user's API token, their ``/me`` record and its roles; set by
     :func:`login`, removed by :func:`logout`.
@@ -17,12 +18,12 @@ Each page keeps its own keys under a prefix (``writer_``, ``validator_``, ``rese
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Literal
 
 import streamlit as st
 
 from frontend import render
-from frontend.client import ApiClient, ApiError, api_root
+from frontend.client import Api, ApiClient, ApiError, Task, User, api_root
 
 API_URL_ENV = "DYNALOOP_API_URL"
 DEFAULT_API_URL = "http://127.0.0.1:8000"
@@ -43,16 +44,15 @@ def api_url() -> str:
     return os.environ.get(API_URL_ENV) or DEFAULT_API_URL
 
 
-def get_client() -> ApiClient:
+def get_client() -> Api:
     """The session's API client: the injected ``st.session_state["client"]`` if there is one
-    (a stand-in with the same methods, in tests), else an :class:`ApiClient` for
-    :func:`api_url` with the signed-in user's token."""
+    (in tests), else an :class:`ApiClient` for :func:`api_url` with the signed-in user's token."""
     token = st.session_state.get(TOKEN_KEY)
-    injected = st.session_state.get(CLIENT_KEY)
+    injected: Api | None = st.session_state.get(CLIENT_KEY)
     if injected is not None:
-        if token and getattr(injected, "token", None) != token:
+        if token and injected.token != token:
             injected.token = token
-        return injected  # type: ignore[no-any-return]
+        return injected
     built: ApiClient | None = st.session_state.get(_BUILT_CLIENT_KEY)
     if built is None or built.base_url != api_root(api_url()) or (token and built.token != token):
         if built is not None:
@@ -62,7 +62,7 @@ def get_client() -> ApiClient:
     return built
 
 
-def login(token: str, user: dict[str, Any]) -> None:
+def login(token: str, user: User) -> None:
     """Remember who signed in; the next :func:`get_client` sends their token."""
     st.session_state[TOKEN_KEY] = token
     st.session_state[USER_KEY] = dict(user)
@@ -87,7 +87,7 @@ def is_logged_in() -> bool:
     return bool(st.session_state.get(TOKEN_KEY))
 
 
-def current_user() -> dict[str, Any] | None:
+def current_user() -> User | None:
     return st.session_state.get(USER_KEY)
 
 
@@ -101,7 +101,7 @@ def has_role(*wanted: str) -> bool:
     return "admin" in mine or any(role in mine for role in wanted)
 
 
-def require_role(*wanted: str) -> ApiClient:
+def require_role(*wanted: str) -> Api:
     """The guard at the top of each page: stop unless the user is signed in with one of
     ``wanted``; returns the API client."""
     if not is_logged_in():
@@ -139,9 +139,9 @@ def show_api_error(error: ApiError) -> None:
         render.alert("error", error.message)
 
 
-def task_definition(client: ApiClient, name: str) -> dict[str, Any]:
+def task_definition(client: Api, name: str) -> Task:
     """``GET /tasks/{name}``, once per session (a task's definition never changes)."""
-    cache: dict[str, dict[str, Any]] = st.session_state.setdefault(_TASK_CACHE_KEY, {})
+    cache: dict[str, Task] = st.session_state.setdefault(_TASK_CACHE_KEY, {})
     if name not in cache:
         cache[name] = client.task(name)
     return cache[name]

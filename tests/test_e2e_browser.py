@@ -292,7 +292,7 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     page.wait_text("Your goal:")
     page.field("Your sentence")
     page.idle()
-    goal = re.search(r"Your goal: enter a (\w+) statement", page.text())
+    goal = re.search(r"Your goal: Write a (\w+) sentence", page.text())  # the API's goal sentence
     assert goal, page.text()
     target = goal.group(1)
     prompt_text = page.field("Your sentence").get_attribute("value")

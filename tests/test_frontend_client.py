@@ -1,5 +1,5 @@
 """The front end's API client against the real API over HTTP, its error mapping, and the
-Streamlit app's login and role-based navigation (with the fake client)."""
+Streamlit app's login and role-based navigation (against the real API, tests/frontend_live.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,14 @@ from frontend.client import ApiClient, ApiError, api_root, idempotency_key
 from services.db.engine import session_scope
 from services.domain import users
 from tests.conftest import example_yaml, free_port
-from tests.frontend_fakes import APP_FILE, FakeApiClient, signed_in_app
+from tests.frontend_live import (  # noqa: F401 - fixtures
+    APP_FILE,
+    LiveApi,
+    live_fixture,
+    live_server_fixture,
+    signed_in_app,
+    stub_models_fixture,
+)
 from tests.stub_model_server import ThreadedServer
 
 PROMPTS = ["The soup was fine and the bread was fresh.", "We went there on a Sunday afternoon."]
@@ -211,18 +218,18 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
 # --- the app: login and role-based navigation -----------------------------------------
 
 
-def _fake_with_round() -> FakeApiClient:
-    fake = FakeApiClient()
-    fake.add_task("dynasent-r2", onboarding_quiz=None)
-    fake.add_round("dynasent-r2", PROMPTS)
-    return fake
+@pytest.fixture
+def with_round(live: LiveApi) -> LiveApi:
+    live.task("dynasent-r2", onboarding_quiz=None)
+    live.round("dynasent-r2", PROMPTS)
+    return live
 
 
-def test_login_with_password_shows_the_pages_of_the_roles() -> None:
-    fake = _fake_with_round()
-    fake.add_user("wanda", "writer", "validator", password="wanda-secret-1")
-    at = AppTest.from_file(str(APP_FILE), default_timeout=10)
-    at.session_state["client"] = fake
+def test_login_with_password_shows_the_pages_of_the_roles(with_round: LiveApi) -> None:
+    with_round.user("wanda", "writer", "validator", password="wanda-secret-1")
+    client = with_round.client()
+    at = AppTest.from_file(str(APP_FILE), default_timeout=30)
+    at.session_state["client"] = client
     at.run()
     assert [t.value for t in at.title] == ["dynaloop"]
     at.text_input(key="login_username").set_value("wanda")
@@ -237,20 +244,21 @@ def test_login_with_password_shows_the_pages_of_the_roles() -> None:
     assert at.session_state["roles"] == ["writer", "validator"]
     assert [t.value for t in at.title] == ["Write"]  # the first page of the roles
     assert "Signed in as wanda" in [t.value for t in at.sidebar.text]
+    token = at.session_state["token"]
+    assert client.token == token and ApiClient(with_round.url, token).me()["username"] == "wanda"
     at.switch_page("pages/validator.py").run()
     assert [t.value for t in at.title] == ["Validate"]
 
     at.button(key="app_logout").click().run()
     assert [t.value for t in at.title] == ["dynaloop"]
-    assert "token" not in at.session_state and fake.token is None
-    assert at.session_state["client"] is fake
+    assert "token" not in at.session_state and client.token is None
+    assert at.session_state["client"] is client
 
 
-def test_login_with_an_api_token() -> None:
-    fake = _fake_with_round()
-    token = fake.add_user("vera", "validator")
-    at = AppTest.from_file(str(APP_FILE), default_timeout=10)
-    at.session_state["client"] = fake
+def test_login_with_an_api_token(with_round: LiveApi) -> None:
+    token = with_round.user("vera", "validator")
+    at = AppTest.from_file(str(APP_FILE), default_timeout=30)
+    at.session_state["client"] = with_round.client()
     at.run()
     at.text_input(key="login_api_token").set_value("dl_bogus")
     at.button(key="login_token_submit").click().run()
@@ -262,23 +270,21 @@ def test_login_with_an_api_token() -> None:
         at.switch_page("pages/writer.py")  # not a page of a validator
 
 
-def test_writer_cannot_reach_validator_page_and_admin_reaches_all() -> None:
-    fake = _fake_with_round()
-    fake.add_user("walt", "writer")
-    fake.add_user("ada", "admin")
-    at = signed_in_app(fake, "walt")
+def test_writer_cannot_reach_validator_page_and_admin_reaches_all(with_round: LiveApi) -> None:
+    with_round.user("walt", "writer")
+    with_round.user("ada", "admin")
+    at = signed_in_app(with_round, "walt")
     with pytest.raises(ValueError):
         at.switch_page("pages/validator.py")
-    admin = signed_in_app(fake, "ada", page="pages/writer.py")
+    admin = signed_in_app(with_round, "ada", page="pages/writer.py")
     assert [t.value for t in admin.title] == ["Write"]
     admin.switch_page("pages/validator.py").run()
     assert [t.value for t in admin.title] == ["Validate"]
 
 
-def test_researcher_navigation_lists_the_researcher_pages_that_exist() -> None:
-    fake = _fake_with_round()
-    fake.add_user("rita", "researcher")
-    at = signed_in_app(fake, "rita")
+def test_researcher_navigation_lists_the_researcher_pages_that_exist(with_round: LiveApi) -> None:
+    with_round.user("rita", "researcher")
+    at = signed_in_app(with_round, "rita")
     pages = sorted(Path(APP_FILE).parent.joinpath("pages").glob("researcher_*.py"))
     for page in pages:
         at.switch_page(f"pages/{page.name}")  # registered (not run: those pages have their own tests)
@@ -288,11 +294,10 @@ def test_researcher_navigation_lists_the_researcher_pages_that_exist() -> None:
         at.switch_page("pages/writer.py")
 
 
-def test_expired_token_offers_to_log_in_again() -> None:
-    fake = _fake_with_round()
-    fake.add_user("walt", "writer")
-    at = signed_in_app(fake, "walt")
-    fake.tokens.clear()  # the token was revoked
+def test_expired_token_offers_to_log_in_again(with_round: LiveApi) -> None:
+    with_round.user("walt", "writer")
+    at = signed_in_app(with_round, "walt")
+    with_round.revoke("walt")  # the token was revoked
     at.run()
     assert "unknown or revoked" in at.error[0].value
     at.button(key="state_relogin").click().run()

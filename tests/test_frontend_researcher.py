@@ -1,40 +1,61 @@
-"""The researcher pages (Streamlit AppTest with the in-memory API of tests/frontend_fakes.py)
-and the dashboard's plot functions (frontend/plots.py) on fixtures."""
+"""The researcher pages (Streamlit AppTest against the real API, tests/frontend_live.py) and the
+dashboard's plot functions (frontend/plots.py) on fixtures.
+
+Jobs: the API records them but, as in tests/test_authorization.py, starts no `dynaloop job run`
+process; the test writes what that process would write to the job's row (:class:`JobProcess`).
+``test_researcher_pages_against_the_real_api`` follows a real job process to its end."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import altair as alt
 import pytest
 import yaml
+from sqlalchemy import select
 from streamlit.testing.v1 import AppTest
 
+import modelling.jobs
 from frontend import plots
-from frontend.client import ApiError
+from frontend.client import ApiError, Round
+from model_directory import ModelMetadata
+from modelling.registry import record_evaluation, register_model
+from services.db.engine import session_scope
+from services.db.models import Job, JobStatus, ModelVersion, ModelVersionStatus, Prompt, Task, utcnow
 from services.taskdef import example_path
-from tests.frontend_fakes import FakeApiClient
-from tests.test_round_build import built  # noqa: F401 - the built-round fixture
+from tests.frontend_live import (  # noqa: F401 - fixtures
+    LiveApi,
+    PageClient,
+    live_fixture,
+    live_server_fixture,
+    stub_models_fixture,
+)
+from tests.test_round_build import KEYWORD, LABELS, built  # noqa: F401 - the built-round fixture
 
 PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"
 HOSTILE = "<script>alert('x')</script> **bold** [link](http://evil.example) $x$"
 TASK = "dynasent-r2"
+JOBS = f"/tasks/{TASK}/jobs"
 
 
 @pytest.fixture
-def fake() -> FakeApiClient:
-    client = FakeApiClient()
-    client.token = client.add_user("rita", "researcher")
-    client.add_task(TASK, onboarding_quiz=None)
+def rita(live: LiveApi) -> PageClient:
+    """A researcher's client (for the pages), with DynaSent's task (no quiz) created."""
+    client = live.client(live.user("rita", "researcher"))
+    live.task(TASK, onboarding_quiz=None)
     return client
 
 
-def page(fake: FakeApiClient, name: str, *, roles: tuple[str, ...] = ("researcher",)) -> AppTest:
+def page(client: PageClient, name: str, *, roles: tuple[str, ...] = ("researcher",)) -> AppTest:
     at = AppTest.from_file(str(PAGES / f"{name}.py"), default_timeout=60)
-    at.session_state["client"] = fake
-    at.session_state["token"] = fake.token
+    at.session_state["client"] = client
+    at.session_state["token"] = client.token
     at.session_state["user"] = {"username": "rita", "roles": list(roles)}
     at.session_state["roles"] = list(roles)
     return at.run()
@@ -52,7 +73,8 @@ def assert_no_raw_markup(at: AppTest) -> None:
     """Nothing that Streamlit parses as Markdown carries user text unescaped."""
     for kind in ("markdown", "caption", "success", "info", "warning", "error"):
         for element in getattr(at, kind):
-            assert "<script>" not in element.value and "**bold**" not in element.value, (kind, element.value)
+            for raw in ("<script>", "**bold**", "__bold__"):
+                assert raw not in element.value, (kind, element.value)
 
 
 def said(at: AppTest, kind: str, fragment: str) -> bool:
@@ -77,25 +99,123 @@ def hostile_task_yaml() -> str:
     return yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
 
 
+def labelled_round(live: LiveApi, *, status: str = "collecting", validators: tuple[str, ...] = (
+        "val1", "val2", "val3", "val4", "x__bold__")) -> Round:
+    """Round 1 of the task as tests/test_round_build.py's ``built`` writes it, through the API:
+    two examples per (target, prediction) cell with 4 of 5 validators agreeing, and three with a
+    mixed, no or a 3-of-5 majority (21 examples, 12 of them fooled the model); then ``status``."""
+    round_ = live.round(TASK, [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(30)],
+                        target_label_mode="writer_choice")
+    for name in validators:
+        live.user(name, "validator")
+    plan: list[tuple[int, list[str]]] = []
+    for gold in LABELS:
+        for predicted in LABELS:
+            for copy in range(2):
+                text = f"Copy {copy}: a {KEYWORD[predicted]} {gold} sentence about lunch."
+                other = next(label for label in LABELS if label != gold)
+                plan.append((live.example(round_, text, target=gold), [gold, gold, gold, gold, other]))
+    extra = [["mixed", "mixed", "mixed", "positive", "negative"],
+             ["positive", "negative", "neutral", "mixed", "positive"],
+             ["negative", "negative", "negative", "positive", "neutral"]]
+    for i, labels in enumerate(extra):
+        plan.append((live.example(round_, f"Extra {i}: a plain remark on the menu.", target="neutral"), labels))
+    for position, (example_id, labels) in enumerate(plan):
+        shift = position % 5  # who disagrees rotates, so nobody is unqualified
+        for name, label in zip(validators, labels[shift:] + labels[:shift], strict=True):
+            live.api(name).validate(example_id, label)
+    if status == "built":
+        live.admin.set_round_status(round_["id"], "closed")
+        live.admin.build_round(round_["id"], seed=7)
+    elif status != "collecting":
+        live.admin.set_round_status(round_["id"], status)
+    return live.admin.rounds(TASK)[0]
+
+
+def registered_model(live: LiveApi, model_id: str, version: str, *, round_: int | None = 2,
+                     macro_f1: dict[str, float] | None = None, promoted_to: str | None = None) -> ModelVersion:
+    """A model directory's metadata, registered for the task (evaluated with ``macro_f1``, and
+    promoted to ``promoted_to``, when given) with the registry's own functions."""
+    models = live.app.state.settings.data_dir / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix=f"{model_id}-{version}-", dir=models))
+    ModelMetadata(model_id=model_id, version=version, labels=LABELS, base_model="/models/minilm",
+                  trained_for_round=round_, task=TASK).save(directory)
+    with session_scope(live.app.state.sessionmaker) as session:
+        task = session.scalars(select(Task).where(Task.name == TASK)).one()
+        model = register_model(session, task, directory)
+        if macro_f1:
+            model = record_evaluation(session, task, directory, {"macro_f1": macro_f1})
+        if promoted_to:  # what modelling.registry.promote records once the model server has switched
+            model.status, model.endpoint = ModelVersionStatus.promoted, promoted_to
+            model.promoted_at = utcnow()
+        session.flush()
+        session.expunge(model)
+        return model
+
+
+class JobProcess:
+    """Writes to a job's row what its `dynaloop job run` process would (modelling.jobs.run_job):
+    running with progress and a message, then succeeded with a result, or failed."""
+
+    def __init__(self, live: LiveApi) -> None:
+        self.live = live
+
+    def _update(self, job_id: int, **values: Any) -> None:
+        with session_scope(self.live.app.state.sessionmaker) as session:
+            job = session.get(Job, job_id)
+            assert job is not None and job.status in (JobStatus.queued, JobStatus.running), job
+            if job.status is JobStatus.queued:
+                job.status, job.started_at, job.pid, job.host = JobStatus.running, utcnow(), \
+                    os.getpid(), socket.gethostname()
+            message = values.get("message")
+            if message:
+                job.log = f"{job.log or ''}\n{message}".strip()
+            for name, value in values.items():
+                setattr(job, name, value)
+
+    def progress(self, job_id: int, fraction: float, message: str) -> None:
+        self._update(job_id, progress=fraction, message=message)
+
+    def succeed(self, job_id: int, message: str, result: dict[str, Any] | None = None) -> None:
+        self._update(job_id, status=JobStatus.succeeded, progress=1.0, message=message, result=result,
+                     finished_at=utcnow())
+
+    def fail(self, job_id: int, message: str) -> None:
+        self._update(job_id, status=JobStatus.failed, message=message, finished_at=utcnow())
+
+
+@pytest.fixture
+def jobs(live: LiveApi, monkeypatch: pytest.MonkeyPatch) -> JobProcess:
+    monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)  # no process: JobProcess
+    return JobProcess(live)
+
+
+def followed_job(at: AppTest) -> int | None:
+    """The job the models page follows."""
+    job_id: int | None = at.session_state["researcher_models_job"].get(TASK)
+    return job_id
+
+
 # --- guard ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["researcher_rounds", "researcher_dashboard", "researcher_models"])
-def test_pages_need_the_researcher_role(fake, name) -> None:  # type: ignore[no-untyped-def]
-    at = ok(page(fake, name, roles=("writer",)))
+def test_pages_need_the_researcher_role(rita: PageClient, name: str) -> None:
+    at = ok(page(rita, name, roles=("writer",)))
     assert said(at, "error", "needs the researcher role")
-    assert not fake.calls_of("tasks")
+    assert not rita.sent  # the page asked the API nothing
 
 
 # --- tasks and rounds ------------------------------------------------------------------------
 
 
-def test_rounds_page_creates_a_task_and_escapes_its_title(fake) -> None:  # type: ignore[no-untyped-def]
-    at = ok(page(fake, "researcher_rounds"))
+def test_rounds_page_creates_a_task_and_escapes_its_title(live: LiveApi, rita: PageClient) -> None:
+    at = ok(page(rita, "researcher_rounds"))
     assert at.title[0].value == "Tasks and rounds"
     at.text_area(key="researcher_task_yaml").input(hostile_task_yaml())
     at = ok(at.button(key="researcher_create_task").click().run())
-    assert "hostile-task" in fake.task_records
+    assert live.admin.task("hostile-task")["title"] == HOSTILE
     assert said(at, "success", "Created task hostile-task")
     assert at.selectbox(key="researcher_rounds_task").value == "hostile-task"
     assert HOSTILE in [t.value for t in at.text], texts(at)  # the title, literally, as plain text
@@ -106,8 +226,8 @@ def test_rounds_page_creates_a_task_and_escapes_its_title(fake) -> None:  # type
     assert said(at, "error", "already exists")
 
 
-def test_rounds_page_shows_invalid_yaml_errors(fake) -> None:  # type: ignore[no-untyped-def]
-    at = page(fake, "researcher_rounds")
+def test_rounds_page_shows_invalid_yaml_errors(rita: PageClient) -> None:
+    at = page(rita, "researcher_rounds")
     at.text_area(key="researcher_task_yaml").input("name: Not Valid\nfamily: nope\n")
     at = ok(at.button(key="researcher_create_task").click().run())
     assert at.error and "family" in at.error[0].value
@@ -117,82 +237,280 @@ def test_rounds_page_shows_invalid_yaml_errors(fake) -> None:  # type: ignore[no
     assert said(at, "warning", "paste the task's YAML")
 
 
-def test_rounds_page_opens_moves_and_sets_the_model(fake) -> None:  # type: ignore[no-untyped-def]
-    at = ok(page(fake, "researcher_rounds"))
+def test_rounds_page_opens_moves_and_sets_the_model(live: LiveApi, rita: PageClient) -> None:
+    at = ok(page(rita, "researcher_rounds"))
     assert said(at, "info", "no round yet")
     at.text_area(key="researcher_open_endpoints").input("http://127.0.0.1:8001\n\nhttp://127.0.0.1:8002")
     at.selectbox(key="researcher_open_mode").set_value("writer_choice")
     at = ok(at.button(key="researcher_open_submit").click().run())
-    call = fake.calls_of("open_round")[-1]
-    assert call["model_endpoints"] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
-    assert call["target_label_mode"] == "writer_choice"
+    sent = rita.requests("POST", f"/tasks/{TASK}/rounds")[-1].body
+    assert sent["model_endpoints"] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert sent["target_label_mode"] == "writer_choice"
+    opened = live.admin.rounds(TASK)[0]
+    assert (opened["model_endpoints"], opened["target_label_mode"]) == (sent["model_endpoints"], "writer_choice")
     assert said(at, "success", "Opened round 1")
     assert at.dataframe[0].value["status"].tolist() == ["collecting"]
     # collecting -> validating -> closed
-    at = ok(at.button(key="researcher_status_1_validating").click().run())
-    assert fake.round_records[1]["status"] == "validating"
-    at = ok(at.button(key="researcher_status_1_closed").click().run())
-    assert fake.round_records[1]["status"] == "closed"
+    round_id = opened["id"]
+    at = ok(at.button(key=f"researcher_status_{round_id}_validating").click().run())
+    assert live.admin.rounds(TASK)[0]["status"] == "validating"
+    at = ok(at.button(key=f"researcher_status_{round_id}_closed").click().run())
+    assert live.admin.rounds(TASK)[0]["status"] == "closed"
     assert not [b for b in at.button if b.key and b.key.startswith("researcher_status_")]
     # A closed round: the next one can be opened; a refused transition shows the API's message.
-    fake.round_records[1]["status"] = "collecting"
-    fake.fail_next("set_round_status", ApiError(409, "conflict", "round 1 is **busy** <b>now</b>"))
-    at = ok(page(fake, "researcher_rounds").button(key="researcher_status_1_validating").click().run())
-    assert any(r"round 1 is \*\*busy\*\* \<b\>now\<\/b\>" in e.value for e in at.error)
+    second = live.round(TASK)
+    rita.fail_next("set_round_status", ApiError(409, "conflict", "round 2 is **busy** <b>now</b>"))
+    at = ok(page(rita, "researcher_rounds").button(key=f"researcher_status_{second['id']}_validating").click().run())
+    assert any(r"round 2 is \*\*busy\*\* \<b\>now\<\/b\>" in e.value for e in at.error)
+    assert live.admin.round(second["id"])["status"] == "collecting"
 
 
-def test_rounds_page_sets_the_model_in_the_loop_and_shows_the_registry(fake) -> None:  # type: ignore[no-untyped-def]
-    fake.add_round(TASK, ["a prompt"])  # model endpoints: http://model
-    fake.add_model(TASK, "dynasent-r2-for-round-2", "3f9a", status="promoted", endpoint="http://model",
-                   macro_f1={"round 1 test": 0.71})
-    at = ok(page(fake, "researcher_rounds"))
-    assert "http://model" in [c.value for c in at.code]
+def test_rounds_page_sets_the_model_in_the_loop_and_shows_the_registry(live: LiveApi, rita: PageClient) -> None:
+    round_ = live.round(TASK, ["a prompt"])  # model endpoint: the stub model
+    endpoint = round_["model_endpoints"][0]
+    registered_model(live, "dynasent-r2-for-round-2", "3f9a", macro_f1={"round 1 test": 0.71}, promoted_to=endpoint)
+    at = ok(page(rita, "researcher_rounds"))
+    assert endpoint in [c.value for c in at.code]
     values = dataframe_values(at)
     assert "dynasent-r2-for-round-2@3f9a" in values and "round 1 test 71.0" in values
-    at.text_area(key="researcher_model_endpoints_1").input("ftp://nowhere")
-    at = ok(at.button(key="researcher_model_save_1").click().run())
+    at.text_area(key=f"researcher_model_endpoints_{round_['id']}").input("ftp://nowhere")
+    at = ok(at.button(key=f"researcher_model_save_{round_['id']}").click().run())
     assert said(at, "error", "is not an http(s) URL")
-    at.text_area(key="researcher_model_endpoints_1").input("http://127.0.0.1:9001\nhttp://127.0.0.1:9002")
-    at = ok(at.button(key="researcher_model_save_1").click().run())
-    assert fake.round_records[1]["model_endpoints"] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    at.text_area(key=f"researcher_model_endpoints_{round_['id']}").input("http://127.0.0.1:9001\nhttp://127.0.0.1:9002")
+    at = ok(at.button(key=f"researcher_model_save_{round_['id']}").click().run())
+    assert live.admin.rounds(TASK)[0]["model_endpoints"] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
     assert said(at, "success", "now uses 2 model endpoint(s)")
 
 
-def test_rounds_page_imports_prompts_and_escapes_them(fake) -> None:  # type: ignore[no-untyped-def]
-    fake.add_round(TASK, ["already there"])
-    at = ok(page(fake, "researcher_rounds"))
+def test_rounds_page_imports_prompts_and_escapes_them(live: LiveApi, rita: PageClient) -> None:
+    round_ = live.round(TASK, ["already there"])
+    at = ok(page(rita, "researcher_rounds"))
     lines = [{"text": HOSTILE, "id": "p1"}, {"text": "already there"}, {"text": HOSTILE}, {"text": "A new prompt."}]
-    at.text_area(key="researcher_prompts_text_1").input("\n".join(json.dumps(line) for line in lines))
+    at.text_area(key=f"researcher_prompts_text_{round_['id']}").input("\n".join(json.dumps(line) for line in lines))
     at = ok(at.run())
     assert HOSTILE in dataframe_values(at)  # the preview, as data
-    at = ok(at.button(key="researcher_prompts_import_1").click().run())
+    at = ok(at.button(key=f"researcher_prompts_import_{round_['id']}").click().run())
     assert said(at, "success", "Imported 2 of 4 rows")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics == {"Rows in the file": "4", "Imported": "2", "Repeated in the file": "1",
                        "Already in the round": "1"}
-    assert [p["text"] for p in fake.prompts[1]] == ["already there", HOSTILE, "A new prompt."]
+    with live.app.state.sessionmaker() as session:
+        stored = session.scalars(select(Prompt.text).where(Prompt.round_id == round_["id"]).order_by(Prompt.id))
+        assert list(stored) == ["already there", HOSTILE, "A new prompt."]
     assert_no_raw_markup(at)
     # CSV, and a file the API refuses.
-    at.radio(key="researcher_prompts_format_1").set_value("csv")
-    at.text_area(key="researcher_prompts_text_1").input("text,source\nCSV prompt,yelp\n")
-    at = ok(at.button(key="researcher_prompts_import_1").click().run())
-    assert fake.calls_of("import_prompts")[-1]["format"] == "csv"
-    at.radio(key="researcher_prompts_format_1").set_value("jsonl")
-    at.text_area(key="researcher_prompts_text_1").input('{"text": "fine"}\n{not json')
-    at = ok(at.button(key="researcher_prompts_import_1").click().run())
+    at.radio(key=f"researcher_prompts_format_{round_['id']}").set_value("csv")
+    at.text_area(key=f"researcher_prompts_text_{round_['id']}").input("text,source\nCSV prompt,yelp\n")
+    at = ok(at.button(key=f"researcher_prompts_import_{round_['id']}").click().run())
+    assert rita.requests("POST", f"/rounds/{round_['id']}/prompts")[-1].params == {"format": "csv"}
+    assert said(at, "success", "Imported 1 of 1 rows")
+    at.radio(key=f"researcher_prompts_format_{round_['id']}").set_value("jsonl")
+    at.text_area(key=f"researcher_prompts_text_{round_['id']}").input('{"text": "fine"}\n{not json')
+    at = ok(at.button(key=f"researcher_prompts_import_{round_['id']}").click().run())
     assert said(at, "error", "line 2: not valid JSON")
 
 
-def test_rounds_page_shows_api_errors(fake) -> None:  # type: ignore[no-untyped-def]
-    fake.fail_next("tasks", ApiError(0, "unreachable", "cannot reach the API at http://api (refused)"))
-    at = ok(page(fake, "researcher_rounds"))
+def test_rounds_page_shows_api_errors(rita: PageClient) -> None:
+    rita.fail_next("tasks", ApiError(0, "unreachable", "cannot reach the API at http://api (refused)"))
+    at = ok(page(rita, "researcher_rounds"))
     assert said(at, "warning", "cannot reach the API")
-    fake.fail_next("rounds", ApiError(500, "internal_error", "an unexpected error occurred"))
+    rita.fail_next("rounds", ApiError(500, "internal_error", "an unexpected error occurred"))
     at = ok(at.run())
     assert said(at, "error", "an unexpected error occurred")
 
 
+def test_rounds_page_selects_the_round_just_opened(live: LiveApi, rita: PageClient) -> None:
+    live.round(TASK, ["p"], status="closed")
+    at = ok(page(rita, "researcher_rounds"))
+    assert at.selectbox(key="researcher_rounds_round").value == 1
+    at = ok(at.button(key="researcher_open_submit").click().run())
+    assert at.selectbox(key="researcher_rounds_round").value == 2
+    second = next(r for r in live.admin.rounds(TASK) if r["number"] == 2)
+    assert at.text_area(key=f"researcher_prompts_text_{second['id']}")  # the new round takes prompts
+
+
 # --- dashboard ---------------------------------------------------------------------------------
+
+
+def test_dashboard_shows_metrics_and_plots(live: LiveApi, rita: PageClient) -> None:
+    round_ = labelled_round(live)
+    # One more writer finds the model down: an attempt kept unscored.
+    writer = live.writer("walt", TASK)
+    assignment = writer.start_assignment(round_["id"], "negative")
+    live.stubs.mode("fail")
+    with pytest.raises(ApiError):
+        writer.attempt(assignment["id"], "A perfectly ordinary sentence about lunch.")
+    live.stubs.mode("normal")
+    at = ok(page(rita, "researcher_dashboard"))
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics == {"Attempts": "21", "Fooling rate": "57.1%", "Confirmation rate": "100.0%", "Examples": "21",
+                       "Validated": "21", "Validation coverage": "100.0%"}
+    assert said(at, "warning", "1 attempt(s) found the model unavailable")
+    charts = at.get("vega_lite_chart")
+    assert len(charts) == 4, [type(e).__name__ for e in at.main]
+    assert at.toggle(key="researcher_dash_auto").value is True  # a collecting round refreshes by default
+    assert said(at, "caption", "agrees with the validated majority on 30.0% of the 20 examples")
+    assert {"val1", "x__bold__"} <= set(dataframe_values(at))  # validators' names, as data
+    assert_no_raw_markup(at)
+    # The other length unit and the confusion against the writers' targets still draw.
+    at.radio(key=f"researcher_dash_unit_{round_['id']}").set_value("chars")
+    at.radio(key=f"researcher_dash_gold_{round_['id']}").set_value("target")
+    at = ok(at.run())
+    assert len(at.get("vega_lite_chart")) == 4
+    at.toggle(key="researcher_dash_auto").set_value(False)
+    at = ok(at.run())
+    assert at.selectbox(key="researcher_dash_every").disabled
+
+
+def test_dashboard_with_an_empty_round_and_api_errors(live: LiveApi, rita: PageClient) -> None:
+    at = ok(page(rita, "researcher_dashboard"))
+    assert said(at, "info", "no round yet")
+    live.round(TASK, ["p"], status="validating")
+    at = ok(at.run())
+    assert said(at, "info", "No example has been submitted")
+    assert {m.label: m.value for m in at.metric}["Fooling rate"] == "–"
+    assert not at.get("vega_lite_chart")
+    rita.fail_next("round_stats", ApiError(503, "database_unavailable", "the database cannot be used right now"))
+    at = ok(at.run())
+    assert said(at, "warning", "the database cannot be used right now")
+    assert not at.metric
+
+
+# --- models and datasets ------------------------------------------------------------------------
+
+
+def run_until_idle(at: AppTest, runs: int = 6) -> AppTest:
+    """Rerun the page (as the polling fragment would) until no job is followed any more."""
+    for _ in range(runs):
+        if not followed_job(at):
+            return at
+        at = ok(at.run())
+    raise AssertionError("the job never finished")
+
+
+def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
+    round_ = labelled_round(live, status="closed")
+    at = ok(page(rita, "researcher_models"))
+    assert said(at, "caption", "Build a round first")
+    at = ok(at.button(key="researcher_models_build").click().run())
+    assert live.admin.rounds(TASK)[0]["status"] == "built"
+    report = live.admin.report(TASK, 1)
+    assert isinstance(report, dict)
+    total = report["counts"]["total"]
+    assert (report["build_id"], total["dev"], total["test"]) == (1, 9, 9)
+    assert said(at, "success", f"Built round 1 (build 1): train {total['train']}, dev 9, test 9")
+    assert rita.requests("POST", f"/rounds/{round_['id']}/build")[0].body == {"seed": 0}
+
+    at.number_input(key="researcher_train_epochs").set_value(2)
+    at = ok(at.button(key="researcher_train_submit").click().run())
+    started = rita.requests("POST", JOBS)[-1].body
+    assert started["kind"] == "train" and started["params"]["epochs"] == 2 and started["params"]["round"] == 2
+    train = followed_job(at)
+    assert train is not None and live.admin.job(train)["params"]["epochs"] == 2  # as the API stored it
+    # Polling: the progress bar follows the job, the buttons wait, then the result is shown.
+    seen = []
+    for fraction, step in ((0.25, 1), (0.75, 3)):
+        jobs.progress(train, fraction, f"training: step {step} of 4")
+        at = ok(at.run())
+        bars = at.get("progress")
+        assert bars, texts(at)
+        seen.append(bars[0].proto.value)
+        assert at.button(key="researcher_train_submit").disabled
+    assert seen == [25, 75]
+    model = registered_model(live, "dynasent-r2-for-round-2", "v1")
+    jobs.succeed(train, f"trained and registered {model.name} (registry id {model.id})",
+                 {"model": {"id": model.id, "name": model.name}})
+    at = run_until_idle(at)
+    assert said(at, "success", "trained and registered dynasent-r2-for-round-2@v1"), texts(at)
+    assert not at.get("progress")
+    assert "dynasent-r2-for-round-2@v1" in dataframe_values(at)
+
+    at = ok(at.button(key="researcher_models_evaluate").click().run())
+    assert rita.requests("POST", JOBS)[-1].body == {"kind": "evaluate", "params": {"model_id": model.id}}
+    evaluate = followed_job(at)
+    assert evaluate is not None
+    registered_model_evaluation(live, model, {"round 1 dev": 0.52, "round 1 test": 0.49})
+    jobs.succeed(evaluate, f"evaluated {model.name}: macro-F1 (%) round 1 dev 52.0, round 1 test 49.0")
+    at = run_until_idle(at)
+    assert said(at, "success", "evaluated dynasent-r2-for-round-2@v1")
+    assert [m["status"] for m in live.admin.models(TASK)] == ["evaluated"]
+
+    at.text_input(key="researcher_promote_endpoint").input("http://127.0.0.1:8001")
+    at.text_input(key="researcher_promote_token").input("s3cret-token")
+    at = ok(at.button(key="researcher_promote_submit").click().run())
+    params = rita.requests("POST", JOBS)[-1].body["params"]
+    assert params == {"model_id": model.id, "endpoint": "http://127.0.0.1:8001", "force": False,
+                      "admin_token": "s3cret-token"}
+    promote = followed_job(at)
+    assert promote is not None
+    assert "s3cret-token" not in json.dumps(live.admin.job(promote))  # the API never stores it
+    jobs.succeed(promote, f"promoted {model.name}: http://127.0.0.1:8001 now serves it")
+    at = run_until_idle(at)
+    assert said(at, "success", "promoted dynasent-r2-for-round-2@v1")
+    table = next(frame.value for frame in at.dataframe if "kind" in frame.value.columns)
+    assert table["kind"].tolist() == ["promote", "evaluate", "train"] and set(table["status"]) == {"succeeded"}
+
+
+def registered_model_evaluation(live: LiveApi, model: ModelVersion, macro_f1: dict[str, float]) -> None:
+    """What an evaluate job records in the registry (modelling.registry.record_evaluation)."""
+    with session_scope(live.app.state.sessionmaker) as session:
+        task = session.scalars(select(Task).where(Task.name == TASK)).one()
+        record_evaluation(session, task, model.directory, {"macro_f1": macro_f1})
+
+
+def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita: PageClient,
+                                                           jobs: JobProcess) -> None:
+    labelled_round(live, status="built")
+    at = ok(page(rita, "researcher_models"))
+    at = ok(at.button(key="researcher_train_submit").click().run())
+    failed = followed_job(at)
+    assert failed is not None
+    jobs.fail(failed, f"unexpected RuntimeError: {HOSTILE}")
+    at = run_until_idle(at)
+    assert said(at, "error", f"train job {failed}: unexpected RuntimeError: {HOSTILE}"), texts(at)
+    assert_no_raw_markup(at)
+    assert any(HOSTILE in c.value for c in at.code)  # the failed job's log, as code
+    # A train job still running (started elsewhere): the API's 409 is shown, nothing is followed.
+    other = live.admin.start_job(TASK, "train", {"epochs": 1})
+    at = ok(at.button(key="researcher_train_submit").click().run())
+    assert said(at, "error", f"train job {other['id']} of task '{TASK}' is still queued")
+    assert not followed_job(at)
+    # Promoting a model that was never evaluated: refused by the API, with its reason.
+    registered_model(live, "m", "1")
+    at = ok(at.run())
+    at.text_input(key="researcher_promote_endpoint").input("http://127.0.0.1:8001")
+    at = ok(at.button(key="researcher_promote_submit").click().run())
+    assert said(at, "error", "was never evaluated")
+    rita.fail_next("models", ApiError(403, "forbidden", "this needs the researcher role; your roles: writer"))
+    at = ok(at.run())
+    assert said(at, "error", "needs the researcher role")
+
+
+def test_models_page_downloads_the_dataset_and_the_report(live: LiveApi, rita: PageClient) -> None:
+    labelled_round(live, status="built")
+    at = ok(page(rita, "researcher_models"))
+    assert not at.get("download_button")
+    at.selectbox(key="researcher_download_split").set_value("dev")
+    at.selectbox(key="researcher_download_format").set_value("csv")
+    at = ok(at.button(key="researcher_download_fetch").click().run())
+    sent = rita.requests("GET", f"/tasks/{TASK}/rounds/1/dataset")[-1]
+    assert sent.params == {"split": "dev", "format": "csv"}
+    ready = at.session_state["researcher_models_download"]
+    lines = ready["data"].decode("utf-8").splitlines()
+    assert ready["name"] == f"{TASK}-r1-dev.csv" and "text" in lines[0].split(",") and len(lines) == 10
+    assert len(at.get("download_button")) == 1
+    at.radio(key="researcher_download_what").set_value("report")
+    at = ok(at.button(key="researcher_download_fetch").click().run())
+    assert rita.requests("GET", f"/tasks/{TASK}/rounds/1/report")[-1].params == {"format": "markdown"}
+    ready = at.session_state["researcher_models_download"]
+    assert ready["name"] == f"{TASK}-r1-report.md" and b"Datasheet" in ready["data"]
+    rita.fail_next("report", ApiError(409, "conflict", "round 1 has not been built"))
+    at = ok(at.button(key="researcher_download_fetch").click().run())
+    assert said(at, "error", "has not been built")
+    assert not at.get("download_button")
+
+
+# --- plots ---------------------------------------------------------------------------------------
 
 
 def plot_fixture(round_id: int = 1) -> dict[str, Any]:
@@ -215,158 +533,11 @@ def plot_fixture(round_id: int = 1) -> dict[str, Any]:
                 {"username": "new", "labels": 2, "judged": 0, "agreement_rate": None, "qualified": True}]}
 
 
-STATS = {"round": 1, "status": "collecting",
-         "attempts": {"scored": 120, "fooled": 30, "model_unavailable": 2, "fooling_rate": 0.25},
-         "confirmations": {"yes": 24, "no": 6, "rate": 0.8},
-         "examples": {"submitted": 40, "fooled": 20, "prompt": 36, "no_prompt": 4, "validating": 10,
-                      "validated": 30, "dropped": 0, "by_target_label": {}},
-         "validations": {"given": 160, "counted": 150, "needed": 200, "coverage": 0.75},
-         "prompts": {"total": 100, "used": 40}}
 
-
-def test_dashboard_shows_metrics_and_plots(fake) -> None:  # type: ignore[no-untyped-def]
-    fake.add_round(TASK, ["p"])
-    fake.research["stats"][1] = STATS
-    fake.research["plot_data"][1] = plot_fixture()
-    at = ok(page(fake, "researcher_dashboard"))
-    metrics = {m.label: m.value for m in at.metric}
-    assert metrics == {"Attempts": "120", "Fooling rate": "25.0%", "Confirmation rate": "80.0%", "Examples": "40",
-                       "Validated": "30", "Validation coverage": "75.0%"}
-    assert said(at, "warning", "2 attempt(s) found the model unavailable")
-    charts = at.get("vega_lite_chart")
-    assert len(charts) == 4, [type(e).__name__ for e in at.main]
-    assert at.toggle(key="researcher_dash_auto").value is True  # a collecting round refreshes by default
-    assert said(at, "caption", "agrees with the validated majority on 25.0% of the 16 examples")
-    assert HOSTILE in dataframe_values(at)  # a validator's name, as data
-    assert_no_raw_markup(at)
-    # The other length unit and the confusion against the writers' targets still draw.
-    at.radio(key="researcher_dash_unit_1").set_value("chars")
-    at.radio(key="researcher_dash_gold_1").set_value("target")
-    at = ok(at.run())
-    assert len(at.get("vega_lite_chart")) == 4
-    at.toggle(key="researcher_dash_auto").set_value(False)
-    at = ok(at.run())
-    assert at.selectbox(key="researcher_dash_every").disabled
-
-
-def test_dashboard_with_an_empty_round_and_api_errors(fake) -> None:  # type: ignore[no-untyped-def]
-    at = ok(page(fake, "researcher_dashboard"))
-    assert said(at, "info", "no round yet")
-    fake.add_round(TASK, ["p"], status="validating")
-    at = ok(at.run())
-    assert said(at, "info", "No example has been submitted")
-    assert {m.label: m.value for m in at.metric}["Fooling rate"] == "–"
-    assert not at.get("vega_lite_chart")
-    fake.fail_next("round_stats", ApiError(503, "database_unavailable", "the database cannot be used right now"))
-    at = ok(at.run())
-    assert said(at, "warning", "the database cannot be used right now")
-    assert not at.metric
-
-
-# --- models and datasets ------------------------------------------------------------------------
-
-
-def run_until_idle(at: AppTest, fake: FakeApiClient, runs: int = 6) -> AppTest:
-    """Rerun the page (as the polling fragment would) until no job is followed any more."""
-    for _ in range(runs):
-        if not at.session_state["researcher_models_job"].get(TASK):
-            return at
-        at = ok(at.run())
-    raise AssertionError("the job never finished")
-
-
-def test_models_page_builds_trains_evaluates_and_promotes(fake) -> None:  # type: ignore[no-untyped-def]
-    fake.add_round(TASK, ["p"], status="closed")
-    at = ok(page(fake, "researcher_models"))
-    assert said(at, "caption", "Build a round first")
-    at = ok(at.button(key="researcher_models_build").click().run())
-    assert fake.round_records[1]["status"] == "built"
-    assert said(at, "success", "Built round 1 (build 1): train 12, dev 9, test 9")
-
-    at.number_input(key="researcher_train_epochs").set_value(2)
-    at = ok(at.button(key="researcher_train_submit").click().run())
-    started = fake.calls_of("start_job")[-1]
-    assert started["kind"] == "train" and started["params"]["epochs"] == 2 and started["params"]["round"] == 2
-    # Polling: the progress bar follows the job, the buttons wait, then the result is shown.
-    seen = []
-    for _ in range(2):
-        bars = at.get("progress")
-        assert bars, texts(at)
-        seen.append(bars[0].proto.value)
-        assert at.button(key="researcher_train_submit").disabled
-        at = ok(at.run())
-    assert seen == [25, 75]
-    at = run_until_idle(at, fake)
-    assert said(at, "success", "trained and registered dynasent-r2-for-round-2@v1"), texts(at)
-    assert not at.get("progress")
-    assert "dynasent-r2-for-round-2@v1" in dataframe_values(at)
-
-    at = ok(at.button(key="researcher_models_evaluate").click().run())
-    assert fake.calls_of("start_job")[-1] == {"task": TASK, "kind": "evaluate", "params": {"model_id": 1}}
-    at = run_until_idle(at, fake)
-    assert said(at, "success", "evaluated dynasent-r2-for-round-2@v1")
-    assert fake.research["models"][1]["status"] == "evaluated"
-
-    at.text_input(key="researcher_promote_endpoint").input("http://127.0.0.1:8001")
-    at.text_input(key="researcher_promote_token").input("s3cret-token")
-    at = ok(at.button(key="researcher_promote_submit").click().run())
-    params = fake.calls_of("start_job")[-1]["params"]
-    assert params == {"model_id": 1, "endpoint": "http://127.0.0.1:8001", "force": False,
-                      "admin_token": "s3cret-token"}
-    at = run_until_idle(at, fake)
-    assert said(at, "success", "promoted dynasent-r2-for-round-2@v1")
-    assert "s3cret-token" not in json.dumps(fake.research["jobs"][3]["params"])
-    jobs = next(frame.value for frame in at.dataframe if "kind" in frame.value.columns)
-    assert jobs["kind"].tolist() == ["promote", "evaluate", "train"] and set(jobs["status"]) == {"succeeded"}
-
-
-def test_models_page_shows_failed_jobs_and_refusals_escaped(fake) -> None:  # type: ignore[no-untyped-def]
-    fake.add_round(TASK, ["p"], status="built")
-    fake.research["next_job_failure"] = f"unexpected RuntimeError: {HOSTILE}"
-    at = ok(page(fake, "researcher_models"))
-    at = ok(at.button(key="researcher_train_submit").click().run())
-    at = run_until_idle(at, fake)
-    assert said(at, "error", f"train job 1: unexpected RuntimeError: {HOSTILE}"), texts(at)
-    assert_no_raw_markup(at)
-    assert any(HOSTILE in c.value for c in at.code)  # the failed job's log, as code
-    # A train job still running elsewhere: the API's 409 is shown.
-    fake.fail_next("start_job", ApiError(409, "conflict", "train job 7 of task 'dynasent-r2' is still running"))
-    at = ok(at.button(key="researcher_train_submit").click().run())
-    assert said(at, "error", "train job 7")
-    assert not at.session_state["researcher_models_job"].get(TASK)
-    # Promoting a model that was never evaluated: refused by the API, with its reason.
-    fake.add_model(TASK, "m", "1", status="trained")
-    at = ok(at.run())
-    at.text_input(key="researcher_promote_endpoint").input("http://127.0.0.1:8001")
-    at = ok(at.button(key="researcher_promote_submit").click().run())
-    assert said(at, "error", "was never evaluated")
-    fake.fail_next("models", ApiError(403, "forbidden", "this needs the researcher role; your roles: writer"))
-    at = ok(at.run())
-    assert said(at, "error", "needs the researcher role")
-
-
-def test_models_page_downloads_the_dataset_and_the_report(fake) -> None:  # type: ignore[no-untyped-def]
-    fake.add_round(TASK, ["p"], status="built")
-    at = ok(page(fake, "researcher_models"))
-    assert not at.get("download_button")
-    at.selectbox(key="researcher_download_split").set_value("dev")
-    at.selectbox(key="researcher_download_format").set_value("csv")
-    at = ok(at.button(key="researcher_download_fetch").click().run())
-    assert fake.calls_of("download_dataset")[-1] == {"task": TASK, "number": 1, "split": "dev", "format": "csv"}
-    ready = at.session_state["researcher_models_download"]
-    assert ready["name"] == f"{TASK}-r1-dev.csv" and ready["data"].startswith(b"id,text,split")
-    assert len(at.get("download_button")) == 1
-    at.radio(key="researcher_download_what").set_value("report")
-    at = ok(at.button(key="researcher_download_fetch").click().run())
-    assert fake.calls_of("report")[-1]["format"] == "markdown"
-    assert at.session_state["researcher_models_download"]["name"] == f"{TASK}-r1-report.md"
-    fake.fail_next("report", ApiError(409, "conflict", "round 1 has not been built"))
-    at = ok(at.button(key="researcher_download_fetch").click().run())
-    assert said(at, "error", "has not been built")
-    assert not at.get("download_button")
-
-
-# --- plots ---------------------------------------------------------------------------------------
+def drawn(chart: alt.TopLevelMixin | None) -> dict[str, Any]:
+    """A chart's Vega-Lite spec (it must have been drawn)."""
+    assert chart is not None
+    return chart.to_dict()
 
 
 def test_plots_on_a_fixture() -> None:
@@ -383,15 +554,15 @@ def test_plots_on_a_fixture() -> None:
     by_target = plots.confusion_counts(data, "target")
     assert by_target["count"].sum() == 20 and "mixed" not in set(by_target["gold"])
 
-    spec = plots.edit_distance_chart(data).to_dict()
+    spec = drawn(plots.edit_distance_chart(data))
     assert spec["encoding"]["x"]["bin"] == {"extent": [0, 1], "step": 0.05}
     assert len(spec["datasets"][spec["data"]["name"]]) == 16  # no-prompt examples have no distance
-    spec = plots.worker_agreement_chart(data).to_dict()
+    spec = drawn(plots.worker_agreement_chart(data))
     rows = spec["datasets"][spec["data"]["name"]]
     assert sorted(r["agreement_rate"] for r in rows) == [0.1, 0.85, 0.9]  # the unjudged one is left out
     assert {r["status"] for r in rows} == {"qualified", "unqualified"}
-    assert plots.length_chart(data, "chars").to_dict()["encoding"]["x"]["field"] == "chars"
-    layered = plots.confusion_chart(data).to_dict()
+    assert drawn(plots.length_chart(data, "chars"))["encoding"]["x"]["field"] == "chars"
+    layered = drawn(plots.confusion_chart(data))
     assert [layer["mark"]["type"] for layer in layered["layer"]] == ["rect", "text"]
     assert plots.summary(data) == {"examples": 20, "validated": 16, "with_majority": 16, "model_accuracy": 0.25,
                                    "mean_edit_distance": pytest.approx(sum(0.05 * (i % 19) for i in range(20)
@@ -399,7 +570,7 @@ def test_plots_on_a_fixture() -> None:
 
 
 def test_plots_without_data() -> None:
-    empty = {"examples": [], "worker_agreement": []}
+    empty: dict[str, Any] = {"examples": [], "worker_agreement": []}
     for chart in (plots.edit_distance_chart(empty), plots.length_chart(empty), plots.worker_agreement_chart(empty),
                   plots.confusion_chart(empty)):
         assert chart is None
@@ -455,12 +626,3 @@ def test_researcher_pages_against_the_real_api(app, built) -> None:  # type: ign
         assert client.job(job["id"])["status"] == "succeeded"
     finally:
         server.stop()
-
-
-def test_rounds_page_selects_the_round_just_opened(fake) -> None:  # type: ignore[no-untyped-def]
-    fake.add_round(TASK, ["p"], status="closed")
-    at = ok(page(fake, "researcher_rounds"))
-    assert at.selectbox(key="researcher_rounds_round").value == 1
-    at = ok(at.button(key="researcher_open_submit").click().run())
-    assert at.selectbox(key="researcher_rounds_round").value == 2
-    assert at.text_area(key="researcher_prompts_text_2")  # the new round takes prompts

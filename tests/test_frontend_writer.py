@@ -1,224 +1,304 @@
-"""The writer's page with AppTest and the fake API: the DynaSent loop (check -> fooled ->
-confirm -> submit), tries running out, a 503 that keeps the text, the onboarding quiz, the
-family fields (iSarcasm, MAD-TSC target span), Inspect, escaping; and the render helpers."""
+"""The writer's page with AppTest against the real API (tests/frontend_live.py): the DynaSent
+loop (check -> fooled -> confirm -> submit), tries running out, a 503 that keeps the text, the
+onboarding quiz, the family fields (iSarcasm, MAD-TSC target span), Inspect, escaping; and the
+render helpers."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 from streamlit.testing.v1 import AppTest
 
 from frontend import render
-from frontend.client import ApiError
-from tests.frontend_fakes import HOSTILE, HOSTILE_ESCAPED, FakeApiClient, html_of, markdown_of, signed_in_app, texts
+from frontend.client import ApiError, Assignment
+from services.db.models import Assignment as AssignmentRow
+from services.db.models import Example as ExampleRow
+from tests.frontend_live import (  # noqa: F401 - fixtures
+    HOSTILE,
+    HOSTILE_ESCAPED,
+    LiveApi,
+    PageClient,
+    html_of,
+    live_fixture,
+    live_server_fixture,
+    markdown_of,
+    signed_in_app,
+    stub_models_fixture,
+    texts,
+)
+from tests.stub_model_server import classify
 
+LABELS = ["positive", "negative", "neutral"]
 SOUP = "The soup was fine and the bread was fresh."
-FOOLING = "The host did a great job of making me feel unwanted."  # the fake model says positive
+SUNDAY = "We went there on a Sunday afternoon."
+ATTEMPTS = r"/assignments/\d+/attempts"
 
 
-def _writer_app(fake: FakeApiClient) -> AppTest:
-    fake.add_user("walt", "writer")
-    at = signed_in_app(fake, "walt")
+def fooling(target: str) -> str:
+    """A sentence the stub model labels otherwise than ``target`` (DynaSent single-label)."""
+    if target == "positive":
+        return "The host did a terrible job of making me feel welcome."
+    return "The host did a great job of making me feel unwanted."
+
+
+def honest(target: str, variant: int) -> str:
+    """A sentence the stub model labels ``target``."""
+    words = {"positive": ("great", "wonderful"), "negative": ("cold", "rude"), "neutral": ("served", "sliced")}
+    return f"The soup was {words[target][variant]} and the bread came with it."
+
+
+def writer_app(live: LiveApi) -> tuple[AppTest, PageClient]:
+    """Walt (a writer) on the Write page; returns the app and the page's client."""
+    live.user("walt", "writer")
+    client = live.as_user("walt")
+    at = signed_in_app(live, "walt", client=client)
     assert not at.exception, at.exception
-    return at
+    return at, client
 
 
-def _assignment(fake: FakeApiClient) -> dict[str, Any]:
-    return next(a for a in reversed(list(fake.assignments.values())) if a["status"] == "active")
+def held(at: AppTest) -> Assignment:
+    """The assignment the page shows."""
+    assignment: Assignment = at.session_state["writer_assignment"]
+    return assignment
 
 
-def _check(at: AppTest, fake: FakeApiClient, text: str) -> AppTest:
-    assignment_id = _assignment(fake)["id"]
+def state(live: LiveApi, assignment_id: int) -> Assignment:
+    """The assignment as the API has it now."""
+    return live.api("walt").assignment(assignment_id)
+
+
+def check(at: AppTest, text: str) -> AppTest:
+    assignment_id = held(at)["id"]
     at.text_area(key=f"writer_text_{assignment_id}").set_value(text).run()  # the browser reruns on edit
     return at.button(key=f"writer_check_{assignment_id}").click().run()
 
 
+def goal_line(assignment: Assignment) -> str:
+    """The API's goal sentence as the page shows it: the target label emphasised."""
+    target = " + ".join(assignment["target_label"])
+    return "**Your goal:** " + assignment["goal"].replace(target, f"***{target}***", 1)
+
+
+def assignments(live: LiveApi) -> int:
+    """How many assignments the database holds."""
+    with live.app.state.sessionmaker() as session:
+        return int(session.scalar(select(func.count()).select_from(AssignmentRow)) or 0)
+
+
+def example_of(live: LiveApi, assignment_id: int) -> int:
+    """The id of the example submitted for the assignment."""
+    with live.app.state.sessionmaker() as session:
+        return int(session.scalars(select(ExampleRow.id).where(ExampleRow.assignment_id == assignment_id)).one())
+
+
 @pytest.fixture
-def dynasent() -> FakeApiClient:
-    fake = FakeApiClient()
-    fake.add_task("dynasent-r2", onboarding_quiz=None)
-    fake.add_round("dynasent-r2", [SOUP, "We went there on a Sunday afternoon."], targets=[["negative"], ["neutral"]])
-    return fake
+def dynasent(live: LiveApi) -> LiveApi:
+    live.task("dynasent-r2", onboarding_quiz=None)
+    live.round("dynasent-r2", [SOUP, SUNDAY])
+    return live
 
 
-def test_happy_path_check_fooled_confirm_submit(dynasent: FakeApiClient) -> None:
-    at = _writer_app(dynasent)
-    assignment = _assignment(dynasent)
-    aid = assignment["id"]
-    assert "Your goal: enter a ***negative*** statement that fools the model into predicting positive or neutral." \
-        in texts(at.markdown)
-    assert SOUP in html_of(at)  # the inspirational prompt
-    assert at.text_area(key=f"writer_text_{aid}").value == SOUP  # the editor starts from the prompt
+def test_happy_path_check_fooled_confirm_submit(dynasent: LiveApi) -> None:
+    at, client = writer_app(dynasent)
+    assignment = held(at)
+    aid, target = assignment["id"], assignment["target_label"][0]
+    others = [label for label in LABELS if label != target]
+    assert assignment["goal"].startswith(f"Write a {target} sentence")  # the API's own sentence ...
+    assert goal_line(assignment) in texts(at.markdown)  # ... is what the page shows
+    prompt = assignment["prompt"]
+    assert prompt is not None and prompt["text"] in (SOUP, SUNDAY)
+    assert prompt["text"] in html_of(at)  # the inspirational prompt
+    assert at.text_area(key=f"writer_text_{aid}").value == prompt["text"]  # the editor starts from the prompt
     assert "Tries: **0 / 10**" in texts(at.markdown)
 
-    _check(at, dynasent, FOOLING)
+    text = fooling(target)
+    predicted = classify(text, LABELS, False)[0]
+    check(at, text)
     assert not at.exception, at.exception
-    assert "Model prediction: **positive**" in texts(at.markdown)
-    assert [p.text for p in at.progress] == ["positive: 90%", "negative: 5%", "neutral: 5%"]
+    assert f"Model prediction: **{predicted}**" in texts(at.markdown)
+    assert [p.text for p in at.progress] == [f"{label}: {90 if label == predicted else 5}%" for label in LABELS]
     assert "<del" in html_of(at) and "<ins" in html_of(at)  # the diff against the prompt
-    assert texts(at.success) == ["You fooled the model! It predicted **positive**, but a person would say this "
-                                  "sentence is **negative**."]
+    assert texts(at.success) == [f"You fooled the model! It predicted **{predicted}**, but a person would say "
+                                 f"this sentence is **{target}**."]
     assert "Tries: **1 / 10**" in texts(at.markdown)
     assert not [b for b in at.button if b.key == f"writer_submit_{aid}"]  # no submit before confirming
-    attempt_call = dynasent.calls_of("attempt")[0]
-    assert attempt_call["text"] == FOOLING and attempt_call["idempotency_key"].startswith("attempt-")
+    sent = client.requests("POST", ATTEMPTS)
+    assert sent[0].body["text"] == text and sent[0].key and sent[0].key.startswith("attempt-")
 
     # A second click on the same text is a retry: same key, same attempt, no new try.
     at.button(key=f"writer_check_{aid}").click().run()
-    assert dynasent.assignments[aid]["tries_used"] == 1 and len(dynasent.attempts) == 1
+    assert [s.key for s in client.requests("POST", ATTEMPTS)] == [sent[0].key] * 2
+    now = state(dynasent, aid)
+    assert now["tries_used"] == 1 and len(now["attempts"]) == 1
 
-    attempt_id = next(iter(dynasent.attempts))
+    attempt_id = now["attempts"][0]["id"]
+    assert at.button(key=f"writer_confirm_no_{attempt_id}").label == \
+        f"No, I judge this sentence to be {' or '.join(others)}."
     at.button(key=f"writer_confirm_yes_{attempt_id}").click().run()
-    assert dynasent.attempts[attempt_id]["confirmed"] is True
-    assert "You confirmed that you judge this sentence to be **negative**." in texts(at.info)
+    assert state(dynasent, aid)["attempts"][0]["confirmed"] is True
+    assert f"You confirmed that you judge this sentence to be **{target}**." in texts(at.info)
 
     at.button(key=f"writer_submit_{aid}").click().run()
     assert not at.exception, at.exception
-    submitted = dynasent.calls_of("submit_example")[0]
-    assert submitted["attempt_id"] == attempt_id and submitted["idempotency_key"].startswith("example-")
-    assert dynasent.assignments[aid]["status"] == "submitted"
+    submitted = client.requests("POST", f"/assignments/{aid}/example")
+    assert len(submitted) == 1 and submitted[0].body["attempt_id"] == attempt_id
+    assert submitted[0].key and submitted[0].key.startswith("example-")
+    assert state(dynasent, aid)["status"] == "submitted"
     assert any("Submitted! It fooled the model." in s for s in texts(at.success))
-    # ... and the next prompt is there.
-    assert _assignment(dynasent)["id"] != aid
-    assert "Your goal: enter a ***neutral*** statement that fools the model into predicting positive or negative." \
-        in texts(at.markdown)
+    # ... and the next prompt is there, with its own goal.
+    following = held(at)
+    assert following["id"] != aid and following["prompt"] is not None
+    assert {prompt["text"], following["prompt"]["text"]} == {SOUP, SUNDAY}
+    assert goal_line(following) in texts(at.markdown)
 
 
-def test_confirming_no_with_the_judged_label(dynasent: FakeApiClient) -> None:
-    at = _writer_app(dynasent)
-    _check(at, dynasent, FOOLING)
-    attempt_id = next(iter(dynasent.attempts))
-    assert at.button(key=f"writer_confirm_no_{attempt_id}").label == \
-        "No, I judge this sentence to be positive or neutral."
-    at.selectbox(key=f"writer_judged_{attempt_id}").set_value("positive")
+def test_confirming_no_with_the_judged_label(dynasent: LiveApi) -> None:
+    at, _ = writer_app(dynasent)
+    aid, target = held(at)["id"], held(at)["target_label"][0]
+    check(at, fooling(target))
+    attempt_id = state(dynasent, aid)["attempts"][0]["id"]
+    judged = next(label for label in LABELS if label != target)
+    at.selectbox(key=f"writer_judged_{attempt_id}").set_value(judged)
     at.button(key=f"writer_confirm_no_{attempt_id}").click().run()
-    assert (dynasent.attempts[attempt_id]["confirmed"], dynasent.attempts[attempt_id]["judged_label"]) == \
-        (False, ["positive"])
-    assert "You said you judge this sentence otherwise (positive)." in texts(at.info)
-    assert at.button(key=f"writer_submit_{_assignment(dynasent)['id']}")  # a "no" can still be submitted
+    stored = state(dynasent, aid)["attempts"][0]
+    assert (stored["confirmed"], stored["judged_label"]) == (False, [judged])
+    assert f"You said you judge this sentence otherwise ({judged})." in texts(at.info)
+    assert at.button(key=f"writer_submit_{aid}")  # a "no" can still be submitted
 
 
-def test_not_fooled_until_the_tries_run_out(dynasent: FakeApiClient) -> None:
-    fake = FakeApiClient()
-    fake.add_task("dynasent-r2", onboarding_quiz=None, tries_per_assignment=2)
-    fake.add_round("dynasent-r2", [SOUP], targets=[["negative"]])
-    at = _writer_app(fake)
-    aid = _assignment(fake)["id"]
-    _check(at, fake, "The soup was cold and the bread was stale.")  # negative: the model is right
-    assert "Model prediction: **negative**" in texts(at.markdown)
+def test_not_fooled_until_the_tries_run_out(live: LiveApi) -> None:
+    live.task("dynasent-r2", onboarding_quiz=None, tries_per_assignment=2)
+    live.round("dynasent-r2", [SOUP])
+    at, client = writer_app(live)
+    aid, target = held(at)["id"], held(at)["target_label"][0]
+    check(at, honest(target, 0))  # the model is right
+    assert f"Model prediction: **{target}**" in texts(at.markdown)
     assert any(i.startswith("Not fooled yet") and "(1 tries left)" in i for i in texts(at.info))
     assert not [b for b in at.button if b.key == f"writer_submit_{aid}"]
-    _check(at, fake, "The soup was cold and the waiter was rude.")
+    check(at, honest(target, 1))
     assert "Tries: **2 / 2**" in texts(at.markdown)
     assert at.button(key=f"writer_check_{aid}").disabled
     assert "You have used all 2 tries. Submit your last sentence or switch to the next prompt." in texts(at.warning)
     at.button(key=f"writer_submit_{aid}").click().run()
-    assert fake.calls_of("submit_example")[0]["attempt_id"] == max(fake.attempts)
-    assert fake.assignments[aid]["status"] == "submitted"
+    last = state(live, aid)["attempts"][-1]
+    assert last["text"] == honest(target, 1)
+    assert client.requests("POST", f"/assignments/{aid}/example")[0].body["attempt_id"] == last["id"]
+    assert state(live, aid)["status"] == "submitted"
 
 
-def test_model_unavailable_keeps_the_text_and_uses_no_try(dynasent: FakeApiClient) -> None:
-    at = _writer_app(dynasent)
-    aid = _assignment(dynasent)["id"]
-    dynasent.model_down = True
-    _check(at, dynasent, FOOLING)
+def test_model_unavailable_keeps_the_text_and_uses_no_try(dynasent: LiveApi) -> None:
+    at, client = writer_app(dynasent)
+    aid, target = held(at)["id"], held(at)["target_label"][0]
+    dynasent.stubs.mode("fail")
+    check(at, fooling(target))
     assert not at.exception, at.exception
     assert "The model is not answering; try again in 5 s. Your text is kept and no try was used." \
         in texts(at.warning)
-    assert at.text_area(key=f"writer_text_{aid}").value == FOOLING
-    assert dynasent.assignments[aid]["tries_used"] == 0
+    assert at.text_area(key=f"writer_text_{aid}").value == fooling(target)
+    assert state(dynasent, aid)["tries_used"] == 0
     # A rerun (or a page switch and back) keeps the text too.
     at.run()
-    assert at.text_area(key=f"writer_text_{aid}").value == FOOLING
+    assert at.text_area(key=f"writer_text_{aid}").value == fooling(target)
     assert any("did not reach the model" in w for w in texts(at.warning))
 
-    dynasent.model_down = False
+    dynasent.stubs.mode("normal")
     at.button(key=f"writer_check_{aid}").click().run()
-    assert "Model prediction: **positive**" in texts(at.markdown)
-    keys = {call["idempotency_key"] for call in dynasent.calls_of("attempt")}
-    assert len(keys) == 1 and len(dynasent.attempts) == 1  # the retry scored the saved attempt
-    assert dynasent.assignments[aid]["tries_used"] == 1
+    assert f"Model prediction: **{classify(fooling(target), LABELS, False)[0]}**" in texts(at.markdown)
+    keys = {sent.key for sent in client.requests("POST", ATTEMPTS)}
+    now = state(dynasent, aid)
+    assert len(keys) == 1 and len(now["attempts"]) == 1  # the retry scored the saved attempt
+    assert now["tries_used"] == 1 and now["attempts"][0]["status"] == "scored"
 
 
-def test_other_errors_show_the_api_message(dynasent: FakeApiClient) -> None:
-    at = _writer_app(dynasent)
-    dynasent.fail_next("attempt", ApiError(422, "invalid", "text has 2 characters; it needs at least 10"))
-    _check(at, dynasent, "hi")
-    assert "text has 2 characters; it needs at least 10" in texts(at.error)
+def test_other_errors_show_the_api_message(dynasent: LiveApi) -> None:
+    at, _ = writer_app(dynasent)
+    with pytest.raises(ApiError) as refused:  # what the API says to a too short text
+        dynasent.api("walt").attempt(held(at)["id"], "hi")
+    check(at, "hi")
+    assert refused.value.status == 422 and refused.value.message in texts(at.error)
 
 
-def test_switch_to_next_prompt(dynasent: FakeApiClient) -> None:
-    at = _writer_app(dynasent)
-    first = _assignment(dynasent)["id"]
+def test_switch_to_next_prompt(dynasent: LiveApi) -> None:
+    at, _ = writer_app(dynasent)
+    first = held(at)["id"]
     at.button(key=f"writer_skip_{first}").click().run()
-    assert dynasent.assignments[first]["status"] == "skipped"
-    assert _assignment(dynasent)["id"] != first
+    assert state(dynasent, first)["status"] == "skipped"
+    assert held(at)["id"] != first
     assert "Switched to the next prompt." in texts(at.info)
-    at.button(key=f"writer_skip_{_assignment(dynasent)['id']}").click().run()
+    at.button(key=f"writer_skip_{held(at)['id']}").click().run()
     assert any("you have seen all 2 prompts" in e for e in texts(at.error))
 
 
-def _quiz_fake(max_attempts: int = 5) -> tuple[FakeApiClient, list[str]]:
-    fake = FakeApiClient()
-    task = fake.add_task("dynasent-r2")
-    quiz = task["definition"]["onboarding_quiz"]
-    quiz["max_attempts"] = max_attempts
-    fake.add_round("dynasent-r2", [SOUP], targets=[["negative"]])
-    return fake, [q["answer"] for q in quiz["questions"]]
+def quiz_task(live: LiveApi, max_attempts: int = 5) -> list[str]:
+    """DynaSent's task with its quiz (at most ``max_attempts``); returns the right answers."""
+    from services.taskdef import example_path, load_task_definition
+
+    quiz = load_task_definition(example_path("dynasent-r2")).onboarding_quiz
+    assert quiz is not None
+    live.task("dynasent-r2", onboarding_quiz={**quiz.model_dump(mode="json"), "max_attempts": max_attempts})
+    live.round("dynasent-r2", [SOUP])
+    return [question.answer for question in quiz.questions]
 
 
-def _answer_quiz(at: AppTest, answers: list[str]) -> AppTest:
+def answer_quiz(at: AppTest, answers: list[str]) -> AppTest:
     for index, answer in enumerate(answers):
         at.radio(key=f"writer_quiz_dynasent-r2_{index}").set_value(answer)
     return at.button(key="writer_quiz_submit").click().run()
 
 
-def test_onboarding_quiz_fail_then_pass() -> None:
-    fake, answers = _quiz_fake()
-    at = _writer_app(fake)
+def test_onboarding_quiz_fail_then_pass(live: LiveApi) -> None:
+    answers = quiz_task(live)
+    at, _ = writer_app(live)
     assert "Before you start: a short quiz" in texts(at.subheader)
-    assert len(at.radio) == 8 and not fake.assignments
+    assert len(at.radio) == 8 and assignments(live) == 0
     wrong = list(answers)
     wrong[1] = "True" if answers[1] == "False" else "False"
-    _answer_quiz(at, wrong)
+    answer_quiz(at, wrong)
     assert "Not yet: 7 answers right; question(s) 2 were wrong. 4 attempt(s) left." in texts(at.error)
     assert any("Attempts left: **4**" in m for m in texts(at.markdown))
-    _answer_quiz(at, answers)
+    answer_quiz(at, answers)
     assert "You passed the quiz. Here is your first prompt." in texts(at.success)
-    assert fake.assignments and SOUP in html_of(at)
+    assert assignments(live) == 1 and SOUP in html_of(at)
 
 
-def test_onboarding_quiz_unanswered_and_attempt_limit() -> None:
-    fake, answers = _quiz_fake(max_attempts=2)
-    at = _writer_app(fake)
+def test_onboarding_quiz_unanswered_and_attempt_limit(live: LiveApi) -> None:
+    answers = quiz_task(live, max_attempts=2)
+    at, client = writer_app(live)
     at.button(key="writer_quiz_submit").click().run()
     assert "Answer every question first." in texts(at.warning)
-    assert not fake.calls_of("answer_quiz")
-    questions = fake.task_records["dynasent-r2"]["definition"]["onboarding_quiz"]["questions"]
-    wrong = [next(o for o in q["options"] if o != q["answer"]) for q in questions]
-    _answer_quiz(at, wrong)
-    _answer_quiz(at, wrong)
+    quiz_attempts = r"/tasks/dynasent-r2/quiz/attempts"
+    assert not client.requests("POST", quiz_attempts)
+    options = [question["options"] for question in live.api("walt").quiz("dynasent-r2")["questions"]]
+    wrong = [next(o for o in choices if o != answer) for choices, answer in zip(options, answers, strict=True)]
+    answer_quiz(at, wrong)
+    answer_quiz(at, wrong)
     assert any("you are held back from writing" in e for e in texts(at.error))
-    assert not at.radio and not fake.assignments
-    assert len(fake.calls_of("answer_quiz")) == 2
+    assert not at.radio and assignments(live) == 0
+    assert len(client.requests("POST", quiz_attempts)) == 2
 
 
-def test_intended_sarcasm_fields() -> None:
-    fake = FakeApiClient()
-    fake.add_task("isarcasm", onboarding_quiz=None)
-    fake.add_round("isarcasm", target_label_mode="writer_choice", no_prompt=True)
-    at = _writer_app(fake)
-    assert not fake.assignments
+def sarcasm_app(live: LiveApi, target: str) -> tuple[AppTest, PageClient]:
+    """iSarcasm, writers choose the target, no prompts; the writer has chosen ``target``."""
+    live.task("isarcasm", onboarding_quiz=None)
+    live.round("isarcasm", target_label_mode="writer_choice")
+    at, client = writer_app(live)
+    assert assignments(live) == 0
     assert at.button(key="writer_start").disabled
-    at.radio(key="writer_target_choice").set_value("sarcastic").run()
+    at.radio(key="writer_target_choice").set_value(target).run()
     at.button(key="writer_start").click().run()
-    aid = _assignment(fake)["id"]
+    return at, client
+
+
+def test_intended_sarcasm_fields(live: LiveApi) -> None:
+    at, client = sarcasm_app(live, "sarcastic")
+    aid = held(at)["id"]
     assert "No prompt this time: write your sentence from scratch." in texts(at.info)
-    assert "Your goal: enter a post you intend to be ***sarcastic*** that fools the model into predicting not " \
-           "sarcastic." in texts(at.markdown)
-    _check(at, fake, "Oh wonderful, another Monday meeting that could have been an email. Living the dream.")
-    attempt_id = max(fake.attempts)
+    assert "**Your goal:** Write a ***sarcastic*** sentence that fools the model into predicting not_sarcastic." \
+        in texts(at.markdown)
+    check(at, "Oh wonderful, another Monday meeting that could have been an email. Living the dream.")
+    attempt_id = state(live, aid)["attempts"][-1]["id"]
     at.button(key=f"writer_confirm_yes_{attempt_id}").click().run()
     assert at.selectbox(key=f"writer_extra_intended_label_{aid}").value == "sarcastic"
     assert at.selectbox(key=f"writer_extra_category_{aid}").options == [
@@ -231,34 +311,30 @@ def test_intended_sarcasm_fields() -> None:
     at.run()
     at.button(key=f"writer_submit_{aid}").click().run()
     assert not at.exception, at.exception
-    assert fake.calls_of("submit_example")[0]["extras"] == {
-        "intended_label": "sarcastic", "explanation": "Nobody enjoys pointless meetings.",
-        "rephrase": "Another pointless meeting; I wish it were an email.", "category": "sarcasm"}
+    extras = {"intended_label": "sarcastic", "explanation": "Nobody enjoys pointless meetings.",
+              "rephrase": "Another pointless meeting; I wish it were an email.", "category": "sarcasm"}
+    assert client.requests("POST", f"/assignments/{aid}/example")[0].body["extras"] == extras
+    assert live.admin.example(example_of(live, aid))["extras"] == extras  # stored as sent
 
 
-def test_intended_not_sarcastic_needs_no_explanation() -> None:
-    fake = FakeApiClient()
-    fake.add_task("isarcasm", onboarding_quiz=None)
-    fake.add_round("isarcasm", target_label_mode="writer_choice", no_prompt=True)
-    at = _writer_app(fake)
-    at.radio(key="writer_target_choice").set_value("not_sarcastic").run()
-    at.button(key="writer_start").click().run()
-    aid = _assignment(fake)["id"]
-    _check(at, fake, "I am sarcastic about nothing today, the meeting was simply useful.")  # model: sarcastic
-    at.button(key=f"writer_confirm_yes_{max(fake.attempts)}").click().run()
+def test_intended_not_sarcastic_needs_no_explanation(live: LiveApi) -> None:
+    at, client = sarcasm_app(live, "not_sarcastic")
+    aid = held(at)["id"]
+    check(at, "I am sarcastic about nothing today, the meeting was simply useful.")  # model: sarcastic
+    at.button(key=f"writer_confirm_yes_{state(live, aid)['attempts'][-1]['id']}").click().run()
     assert not at.button(key=f"writer_submit_{aid}").disabled
     at.button(key=f"writer_submit_{aid}").click().run()
-    assert fake.calls_of("submit_example")[0]["extras"] == {"intended_label": "not_sarcastic"}
+    assert client.requests("POST", f"/assignments/{aid}/example")[0].body["extras"] == \
+        {"intended_label": "not_sarcastic"}
+    assert state(live, aid)["status"] == "submitted"
 
 
-def test_target_span_picker() -> None:
-    fake = FakeApiClient()
-    fake.add_task("mad-tsc", onboarding_quiz=None)
+def test_target_span_picker(live: LiveApi) -> None:
+    live.task("mad-tsc", onboarding_quiz=None)
     prompt = "Pedro Sánchez announced the new housing plan in a press conference in Madrid."
-    fake.add_round("mad-tsc", [{"text": prompt, "metadata": {"target": "Pedro Sánchez", "outlet": "El País"}}],
-                   targets=[["negative"]])
-    at = _writer_app(fake)
-    aid = _assignment(fake)["id"]
+    live.round("mad-tsc", [{"text": prompt, "target": "Pedro Sánchez", "outlet": "El País"}])
+    at, client = writer_app(live)
+    aid = held(at)["id"]
     assert at.text_input(key=f"writer_target_words_{aid}").value == "Pedro Sánchez"
     assert "<mark" in html_of(at) and ">Pedro Sánchez</mark>" in html_of(at)
     assert "outlet: El País" in html_of(at)
@@ -268,48 +344,46 @@ def test_target_span_picker() -> None:
 
     at.text_input(key=f"writer_target_words_{aid}").set_value("Pedro Sánchez").run()
     # Typed with a combining accent (NFD): offsets still count the stored NFC text.
-    _check(at, fake, "Pedro Sa\u0301nchez once again announced a housing plan that nobody in Madrid asked for.")
-    call = fake.calls_of("attempt")[0]
-    assert call["target_span"] == [0, 13] and call["text"].startswith("Pedro Sánchez")
+    check(at, "Pedro Sa\u0301nchez once again announced a housing plan that nobody in Madrid asked for.")
+    sent = client.requests("POST", ATTEMPTS)[0].body
+    assert sent["target_span"] == [0, 13] and sent["text"].startswith("Pedro Sánchez")
     assert "Model prediction: **neutral**" in texts(at.markdown)
+    assert state(live, aid)["attempts"][0]["target_span"] == [0, 13]  # the API took the span
 
 
-def test_target_span_picker_with_repeated_words() -> None:
-    fake = FakeApiClient()
-    fake.add_task("mad-tsc", onboarding_quiz=None)
-    fake.add_round("mad-tsc", ["Merkel met Merkel's old rival in Brussels on a rainy Tuesday morning."],
-                   targets=[["negative"]])
-    at = _writer_app(fake)
-    aid = _assignment(fake)["id"]
+def test_target_span_picker_with_repeated_words(live: LiveApi) -> None:
+    live.task("mad-tsc", onboarding_quiz=None)
+    live.round("mad-tsc", ["Merkel met Merkel's old rival in Brussels on a rainy Tuesday morning."])
+    at, client = writer_app(live)
+    aid = held(at)["id"]
     assert any("Type the target words" in w for w in texts(at.warning))
     at.text_input(key=f"writer_target_words_{aid}").set_value("Merkel").run()
     at.selectbox(key=f"writer_target_occurrence_{aid}").set_value(1)
-    _check(at, fake, "Merkel met Merkel's old rival in Brussels on a rainy Tuesday morning.")
-    assert fake.calls_of("attempt")[0]["target_span"] == [11, 17]
+    check(at, "Merkel met Merkel's old rival in Brussels on a rainy Tuesday morning.")
+    assert client.requests("POST", ATTEMPTS)[0].body["target_span"] == [11, 17]
+    assert state(live, aid)["attempts"][0]["target_span"] == [11, 17]
 
 
-def test_inspect_shades_tokens(dynasent: FakeApiClient) -> None:
-    at = _writer_app(dynasent)
-    aid = _assignment(dynasent)["id"]
+def test_inspect_shades_tokens(dynasent: LiveApi) -> None:
+    at, _ = writer_app(dynasent)
+    aid = held(at)["id"]
     at.text_area(key=f"writer_text_{aid}").set_value("A great <b>meal</b>, but cold.")
     at.button(key=f"writer_inspect_{aid}").click().run()
     shading = [h for h in texts(at.get("html")) if "dl-inspect" in h][0]
     assert 'title="+0.600" style="background: rgba(22, 163, 74, 0.75)' in shading  # great: towards
     assert 'title="-0.600" style="background: rgba(220, 38, 38, 0.75)' in shading  # cold: away
     assert "&lt;" in shading and "<b>meal" not in shading and "[CLS]" not in shading
-    assert dynasent.assignments[aid]["tries_used"] == 0  # Inspect uses no try
-    dynasent.model_down = True
+    assert state(dynasent, aid)["tries_used"] == 0  # Inspect uses no try
+    dynasent.stubs.mode("fail")
     at.button(key=f"writer_inspect_{aid}").click().run()
     assert any(w.startswith("Inspect is not available right now") for w in texts(at.warning))
 
 
-def test_hostile_text_is_shown_literally_on_the_writer_page() -> None:
-    fake = FakeApiClient()
-    fake.add_task("dynasent-r2", onboarding_quiz=None)
-    fake.add_round("dynasent-r2", [{"text": HOSTILE + " great", "metadata": {"note": "<i>x</i>"}}],
-                   targets=[["negative"]])
-    at = _writer_app(fake)
-    _check(at, fake, HOSTILE + " great food")
+def test_hostile_text_is_shown_literally_on_the_writer_page(live: LiveApi) -> None:
+    live.task("dynasent-r2", onboarding_quiz=None)
+    live.round("dynasent-r2", [{"text": HOSTILE + " great", "note": "<i>x</i>"}])
+    at, _ = writer_app(live)
+    check(at, HOSTILE + " great food")
     page_html = html_of(at)
     assert HOSTILE_ESCAPED in page_html and "&lt;i&gt;x&lt;/i&gt;" in page_html
     assert "<script>" not in page_html and "<img" not in page_html
@@ -356,8 +430,9 @@ def test_find_spans_counts_nfc_code_points() -> None:
 def test_highlight_and_attributions_escape_every_piece() -> None:
     markup = render.highlight_html("<b>Bob</b> & co", 3, 6)
     assert "&lt;b&gt;<mark" in markup and ">Bob</mark>&lt;/b&gt; &amp; co" in markup
-    tokens = [{"token": "<s>", "score": 0.0}, {"token": "Ġ<b>", "score": 0.5}, {"token": "Ġno", "score": -0.25},
-              {"token": "pe", "score": 0.1}, {"token": "</s>", "score": 0.0}]
+    tokens: list[dict[str, Any]] = [{"token": "<s>", "score": 0.0}, {"token": "Ġ<b>", "score": 0.5},
+                                    {"token": "Ġno", "score": -0.25}, {"token": "pe", "score": 0.1},
+                                    {"token": "</s>", "score": 0.0}]
     shaded = render.attributions_html(tokens, label="weakly_positive")
     assert ">&lt;b&gt;</span>" in shaded and ">no</span><span" in shaded  # BPE pieces join into words
     assert "weakly positive" in shaded and "<s>" not in shaded
@@ -366,10 +441,15 @@ def test_highlight_and_attributions_escape_every_piece() -> None:
     assert ">un</span><span" in wordpiece and ">kind</span>" in wordpiece
 
 
-def test_goal_sentences_per_family() -> None:
-    labels = ["positive", "negative", "neutral"]
-    assert render.goal_markdown("single_label", labels, ["negative"]) == (
-        "Your goal: enter a ***negative*** statement that fools the model into predicting positive or neutral.")
-    assert "exactly ***anger + disgust***" in render.goal_markdown(
-        "multi_label", ["anger", "disgust", "joy"], ["anger", "disgust"])
-    assert "towards the target you mark in it" in render.goal_markdown("target_dependent", labels, ["positive"])
+def test_the_goal_is_the_apis_sentence_escaped_with_the_target_emphasised() -> None:
+    goal = "Write a negative sentence that fools the model into predicting positive or neutral."
+    assert render.emphasize_markdown(goal, "negative") == (
+        r"Write a ***negative*** sentence that fools the model into predicting positive or neutral\.")
+    # Only a whole word, the first one: not "negative" inside "weakly_negative".
+    assert render.emphasize_markdown("Write a weakly_negative, not a negative, one.", "negative") == \
+        r"Write a weakly\_negative\, not a ***negative***\, one\."
+    assert render.emphasize_markdown("exactly anger + disgust.", "anger + disgust") == \
+        r"exactly ***anger \+ disgust***\."
+    # Text from the API is never Markdown or HTML; a phrase that is not there changes nothing.
+    assert render.emphasize_markdown("<b>**x**</b> [a](b)", "positive") == r"\<b\>\*\*x\*\*\<\/b\> \[a\]\(b\)"
+    assert render.emphasize_markdown("a *b* c", "*b*") == r"a ***\*b\**** c"

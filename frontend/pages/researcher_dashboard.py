@@ -10,19 +10,21 @@ majority as a heatmap. With auto-refresh on, the figures reload every few second
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 import pandas as pd
 import streamlit as st
 
 from frontend import plots, state
-from frontend.client import ApiError
+from frontend.client import Api, ApiError, PlotData, RoundStats
 from frontend.researcher import choose_round, choose_task, percent
 
 REFRESH_CHOICES = [5, 10, 30, 60]
+LENGTH_UNITS: list[Literal["words", "chars"]] = ["words", "chars"]
+GOLD_STANDARDS: list[Literal["majority", "target"]] = ["majority", "target"]
 
 
-def metrics(stats: dict[str, Any]) -> None:
+def metrics(stats: RoundStats) -> None:
     attempts = stats.get("attempts") or {}
     confirmations = stats.get("confirmations") or {}
     examples = stats.get("examples") or {}
@@ -47,7 +49,7 @@ def metrics(stats: dict[str, Any]) -> None:
         st.warning(f"{model_down:,} attempt(s) found the model unavailable (the writers were asked to retry).")
 
 
-def charts(data: dict[str, Any], round_id: int) -> None:
+def charts(data: PlotData, round_id: int) -> None:
     if data.get("truncated"):
         st.caption(f"The plots show {len(data['examples']):,} of the round's {data['total_examples']:,} examples, "
                    "spread evenly over the round.")
@@ -61,9 +63,9 @@ def charts(data: dict[str, Any], round_id: int) -> None:
         else:
             st.altair_chart(chart, width="stretch")
     with right:
-        unit = st.radio("Length in", ["words", "chars"], horizontal=True, key=f"researcher_dash_unit_{round_id}",
+        unit = st.radio("Length in", LENGTH_UNITS, horizontal=True, key=f"researcher_dash_unit_{round_id}",
                         format_func=lambda u: "words" if u == "words" else "characters")
-        chart = plots.length_chart(data, unit)
+        chart = plots.length_chart(data, unit or "words")
         if chart is not None:
             st.altair_chart(chart, width="stretch")
     left, right = st.columns(2)
@@ -74,15 +76,15 @@ def charts(data: dict[str, Any], round_id: int) -> None:
         else:
             st.altair_chart(chart, width="stretch")
     with right:
-        gold = st.radio("Model prediction against", ["majority", "target"], horizontal=True,
+        gold = st.radio("Model prediction against", GOLD_STANDARDS, horizontal=True,
                         key=f"researcher_dash_gold_{round_id}",
                         format_func=lambda g: "validated majority" if g == "majority" else "writer's target")
-        chart = plots.confusion_chart(data, gold)
-        if chart is None:
+        confusion = plots.confusion_chart(data, gold or "majority")
+        if confusion is None:
             st.caption("No validated example with a majority label yet." if gold == "majority"
                        else "No example yet.")
         else:
-            st.altair_chart(chart, width="stretch")
+            st.altair_chart(confusion, width="stretch")
     headline = plots.summary(data)
     if headline["model_accuracy"] is not None:
         st.caption(f"The model agrees with the validated majority on {percent(headline['model_accuracy'])} of the "
@@ -96,7 +98,7 @@ def charts(data: dict[str, Any], round_id: int) -> None:
             }), hide_index=True, key=f"researcher_dash_validators_{round_id}")
 
 
-def live(client: Any, round_id: int) -> None:
+def live(client: Api, round_id: int) -> None:
     """The part of the page that reloads: statistics, then plots."""
     try:
         stats = client.round_stats(round_id)

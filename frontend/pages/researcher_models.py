@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from frontend import render, state
-from frontend.client import ApiError
+from frontend.client import Api, ApiError, Job, Round, Task
 from frontend.researcher import choose_round, choose_task
 
 ACTIVE_JOB_KEY = "researcher_models_job"  # {task: job id} of the job this page follows
@@ -28,7 +28,7 @@ FORMATS = {"jsonl": "application/x-ndjson", "csv": "text/csv", "parquet": "appli
 # --- jobs --------------------------------------------------------------------------------
 
 
-def start(client: Any, task: str, kind: str, params: dict[str, Any]) -> None:
+def start(client: Api, task: str, kind: str, params: dict[str, Any]) -> None:
     try:
         job = client.start_job(task, kind, params)
     except ApiError as error:
@@ -38,11 +38,11 @@ def start(client: Any, task: str, kind: str, params: dict[str, Any]) -> None:
     st.rerun()
 
 
-def _job_text(job: dict[str, Any]) -> str:
+def _job_text(job: Job) -> str:
     return render.escape_markdown(f"{job['kind']} job {job['id']}: {job.get('message') or job['status']}")
 
 
-def follow_job(client: Any, task: str) -> None:
+def follow_job(client: Api, task: str) -> None:
     """The followed job's progress bar; polls while it is queued or running."""
     job_id = st.session_state.get(ACTIVE_JOB_KEY, {}).get(task)
     if job_id is None:
@@ -63,12 +63,12 @@ def follow_job(client: Any, task: str) -> None:
     st.rerun()  # the whole page: the registry and the job list changed
 
 
-def job_progress(client: Any, task: str) -> None:
+def job_progress(client: Api, task: str) -> None:
     following = st.session_state.get(ACTIVE_JOB_KEY, {}).get(task) is not None
     st.fragment(follow_job, run_every=POLL_SECONDS if following else None)(client, task)
 
 
-def jobs_table(client: Any, task: str) -> None:
+def jobs_table(client: Api, task: str) -> None:
     try:
         jobs = client.jobs(task, limit=20)
     except ApiError as error:
@@ -97,7 +97,7 @@ def jobs_table(client: Any, task: str) -> None:
 # --- build -------------------------------------------------------------------------------
 
 
-def build_section(client: Any, task: dict[str, Any]) -> None:
+def build_section(client: Api, task: Task) -> None:
     st.subheader("Build a round")
     round_ = choose_round(client, task, "researcher_models_build_round", statuses=("closed", "built"))
     if round_ is None:
@@ -123,7 +123,7 @@ def build_section(client: Any, task: dict[str, Any]) -> None:
 # --- train -------------------------------------------------------------------------------
 
 
-def train_section(client: Any, task: dict[str, Any], rounds: list[dict[str, Any]], busy: bool) -> None:
+def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> None:
     st.subheader("Train the next model")
     built = [r["number"] for r in rounds if r["status"] == "built"]
     if not built:
@@ -156,7 +156,7 @@ def train_section(client: Any, task: dict[str, Any], rounds: list[dict[str, Any]
 # --- registry: evaluate, promote ---------------------------------------------------------------
 
 
-def registry_section(client: Any, task: dict[str, Any], rounds: list[dict[str, Any]], busy: bool) -> None:
+def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> None:
     st.subheader("Model registry")
     try:
         models = client.models(task["name"])
@@ -183,7 +183,7 @@ def registry_section(client: Any, task: dict[str, Any], rounds: list[dict[str, A
             start(client, task["name"], "evaluate", {"model_id": model["id"]})
     with right:
         endpoints = sorted({e for r in rounds for e in (r.get("model_endpoints") or [])}
-                           | {m["endpoint"] for m in models if m.get("endpoint")})
+                           | {served for m in models if (served := m.get("endpoint"))})
         with st.form("researcher_models_promote_form"):
             endpoint = st.text_input("Model server to promote it to", value=endpoints[0] if endpoints else "",
                                      key="researcher_promote_endpoint")
@@ -193,10 +193,11 @@ def registry_section(client: Any, task: dict[str, Any], rounds: list[dict[str, A
                                 disabled=model["status"] != "trained")
             submitted = st.form_submit_button("Promote", disabled=busy, key="researcher_promote_submit")
         if submitted:
-            if not endpoint.strip():
+            endpoint = (endpoint or "").strip()
+            if not endpoint:
                 st.warning("Give the model server's URL, e.g. http://127.0.0.1:8001.")
                 return
-            params: dict[str, Any] = {"model_id": model["id"], "endpoint": endpoint.strip(), "force": bool(force)}
+            params: dict[str, Any] = {"model_id": model["id"], "endpoint": endpoint, "force": bool(force)}
             if token:
                 params["admin_token"] = token
             start(client, task["name"], "promote", params)
@@ -205,7 +206,7 @@ def registry_section(client: Any, task: dict[str, Any], rounds: list[dict[str, A
 # --- downloads ---------------------------------------------------------------------------
 
 
-def downloads_section(client: Any, task: dict[str, Any]) -> None:
+def downloads_section(client: Api, task: Task) -> None:
     st.subheader("Dataset and report")
     round_ = choose_round(client, task, "researcher_models_download_round", statuses=("built",))
     if round_ is None:

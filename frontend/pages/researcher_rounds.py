@@ -18,7 +18,7 @@ import streamlit as st
 
 from frontend import render, state
 from frontend.researcher import SELECT_TASK_KEY, choose_task
-from frontend.client import ApiError
+from frontend.client import Api, ApiError, Round, Task
 
 NEXT_STATUS = {"collecting": ("validating", "Stop collecting: validation only"),
                "validating": ("closed", "Close the round")}
@@ -29,7 +29,7 @@ ROUND_WIDGET = "researcher_rounds_round"
 SELECT_ROUND_KEY = "researcher_rounds_select_round"  # a round to select on the next run
 
 
-def create_task_form(client: Any) -> None:
+def create_task_form(client: Api) -> None:
     with st.expander("Create a task from its YAML file", expanded=False):
         st.caption("The YAML format is in docs/tasks.md; `dynaloop task show-example dynasent-r2` prints an example.")
         upload = st.file_uploader("Task YAML file", type=["yaml", "yml"], key="researcher_task_file")
@@ -57,7 +57,7 @@ def create_task_form(client: Any) -> None:
         st.rerun()
 
 
-def show_task(task: dict[str, Any]) -> None:
+def show_task(task: Task) -> None:
     definition = task.get("definition") or {}
     st.text(f"{task['title']}")
     cols = st.columns(3)
@@ -66,7 +66,7 @@ def show_task(task: dict[str, Any]) -> None:
     cols[2].text("labels: " + ", ".join(definition.get("labels") or []))
 
 
-def rounds_table(rounds: list[dict[str, Any]]) -> None:
+def rounds_table(rounds: list[Round]) -> None:
     if not rounds:
         st.info("This task has no round yet: open the first one below.")
         return
@@ -83,7 +83,7 @@ def _endpoints(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def open_round_form(client: Any, task: dict[str, Any], rounds: list[dict[str, Any]]) -> None:
+def open_round_form(client: Api, task: Task, rounds: list[Round]) -> None:
     still_open = [r for r in rounds if r["status"] in ("collecting", "validating")]
     with st.expander("Open the next round", expanded=not rounds):
         if still_open:
@@ -114,7 +114,7 @@ def open_round_form(client: Any, task: dict[str, Any], rounds: list[dict[str, An
         st.rerun()
 
 
-def status_controls(client: Any, round_: dict[str, Any]) -> None:
+def status_controls(client: Api, round_: Round) -> None:
     st.text(f"Status: {round_['status']}")
     step = NEXT_STATUS.get(round_["status"])
     if step is None:
@@ -160,7 +160,7 @@ def preview_prompts(content: bytes, file_format: str) -> pd.DataFrame | None:
     return pd.DataFrame(rows).astype(str) if rows else None
 
 
-def import_prompts_form(client: Any, round_: dict[str, Any]) -> None:
+def import_prompts_form(client: Api, round_: Round) -> None:
     st.subheader("Prompts")
     upload = st.file_uploader("Prompt file (JSONL with a `text` field per line, or CSV with a `text` column)",
                               type=["jsonl", "ndjson", "csv"], key=f"researcher_prompts_file_{round_['id']}")
@@ -198,7 +198,7 @@ def import_prompts_form(client: Any, round_: dict[str, Any]) -> None:
     cols[3].metric("Already in the round", report["already_present"])
 
 
-def model_in_the_loop(client: Any, task: dict[str, Any], round_: dict[str, Any]) -> None:
+def model_in_the_loop(client: Api, task: Task, round_: Round) -> None:
     st.subheader("Model in the loop")
     endpoints = list(round_.get("model_endpoints") or [])
     if endpoints:

@@ -13,18 +13,34 @@ and Enter on "Save label" (or in the reason field) saves the card.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import streamlit as st
 
 from frontend import render, state
-from frontend.client import ApiError
+from frontend.client import Api, ApiError, BatchItem, Label, Round, TaskDefinition
 
 BATCH_KEY = "validator_batch"
 SHOWN_AT_KEY = "validator_shown_at"
 
 
-def choose_round(client: Any) -> dict[str, Any] | None:
+class SavedCard(TypedDict):
+    label: list[str]
+    flagged: bool
+    note: str | None  # why the card closed without a label of this validator's
+
+
+class HeldBatch(TypedDict):
+    """The batch being labelled (kept in the session): the API's batch and the cards done."""
+
+    round_id: int
+    labels: list[str]
+    multi_label: bool
+    items: list[BatchItem]
+    done: dict[int, SavedCard]
+
+
+def choose_round(client: Api) -> Round | None:
     try:
         rounds = [r for r in client.open_rounds() if r["status"] in ("collecting", "validating")]
     except ApiError as error:
@@ -41,24 +57,24 @@ def choose_round(client: Any) -> dict[str, Any] | None:
     return by_id[chosen]
 
 
-def current_batch(client: Any, round_id: int) -> dict[str, Any] | None:
+def current_batch(client: Api, round_id: int) -> HeldBatch | None:
     """The batch being labelled, kept in the session; fetched from the API when there is none
     (first visit, a reload, or "Next batch")."""
-    batch = st.session_state.get(BATCH_KEY)
-    if batch is not None and batch["round_id"] == round_id:
-        return batch
+    held: HeldBatch | None = st.session_state.get(BATCH_KEY)
+    if held is not None and held["round_id"] == round_id:
+        return held
     try:
         answer = client.validation_batch(round_id)
     except ApiError as error:
         state.show_api_error(error)
         return None
-    batch = {"round_id": round_id, "labels": answer["validation_labels"], "multi_label": answer["multi_label"],
-             "items": answer["data"], "done": {}}
+    batch: HeldBatch = {"round_id": round_id, "labels": answer["validation_labels"],
+                        "multi_label": answer["multi_label"], "items": answer["data"], "done": {}}
     st.session_state[BATCH_KEY] = batch
     return batch
 
 
-def _sentence(item: dict[str, Any], lang: str | None) -> None:
+def _sentence(item: BatchItem, lang: str | None) -> None:
     span = item.get("target_span")
     if span:
         render.show_html(render.highlight_html(item["text"], int(span["start"]), int(span["end"]), lang=lang))
@@ -67,8 +83,7 @@ def _sentence(item: dict[str, Any], lang: str | None) -> None:
         render.show_text(item["text"], lang=lang)
 
 
-def _save(client: Any, batch: dict[str, Any], example_id: int, label: str | list[str], flagged: bool,
-          reason: str) -> None:
+def _save(client: Api, batch: HeldBatch, example_id: int, label: Label, flagged: bool, reason: str) -> None:
     shown_at = st.session_state.get(SHOWN_AT_KEY, {}).get(example_id)
     seconds = time.time() - shown_at if shown_at else None
     try:
@@ -85,7 +100,7 @@ def _save(client: Any, batch: dict[str, Any], example_id: int, label: str | list
     st.rerun()
 
 
-def card(client: Any, batch: dict[str, Any], index: int, item: dict[str, Any], definition: dict[str, Any]) -> None:
+def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition: TaskDefinition) -> None:
     example_id = item["example_id"]
     labels = batch["labels"]
     lang = definition.get("language")
@@ -94,8 +109,9 @@ def card(client: Any, batch: dict[str, Any], index: int, item: dict[str, Any], d
         _sentence(item, lang)
         done = batch["done"].get(example_id)
         if done is not None:
-            if done.get("note"):
-                render.alert("info", done["note"])
+            note = done.get("note")
+            if note:
+                render.alert("info", note)
             else:
                 flag = " (flagged)" if done["flagged"] else ""
                 st.success(f"Saved: **{render.labels_text(done['label'], ', ')}**{flag}")

@@ -16,10 +16,12 @@ from typing import Any
 import streamlit as st
 
 from frontend import render, state
-from frontend.client import ApiError
+from frontend.client import Api, ApiError, Assignment, Attempt, Label, QuizResult, Round, Task, TaskDefinition
 
-# The API's default categories of iSarcasm's ironic speech (services/taskdef.py), repeated
-# here because the front end talks to the backend over HTTP only.
+# The categories of iSarcasm's ironic speech, for a task whose `category` field lists no
+# choices of its own. The API fills in this default only when it checks a submission
+# (`TaskDefinition.field_choices`); `GET /tasks/{name}` returns the field as written in the
+# YAML, without the default, so the page needs the list too. Choices the task does list win.
 INTENDED_SARCASM_CATEGORIES = ["sarcasm", "irony", "satire", "understatement", "overstatement",
                                "rhetorical_question"]
 
@@ -35,7 +37,7 @@ INSTRUCTIONS_SEEN_KEY = "writer_instructions_seen"
 # --- round and onboarding -----------------------------------------------------------
 
 
-def choose_round(client: Any) -> dict[str, Any] | None:
+def choose_round(client: Api) -> Round | None:
     try:
         rounds = [r for r in client.open_rounds() if r["status"] == "collecting"]
     except ApiError as error:
@@ -52,7 +54,7 @@ def choose_round(client: Any) -> dict[str, Any] | None:
     return by_id[chosen]
 
 
-def _quiz_result(result: dict[str, Any]) -> None:
+def _quiz_result(result: QuizResult) -> None:
     wrong = result.get("wrong_questions") or []
     left = result.get("attempts_left", 0)
     if result.get("passed"):
@@ -62,7 +64,7 @@ def _quiz_result(result: dict[str, Any]) -> None:
              f"{left} attempt(s) left.")
 
 
-def onboarding(client: Any, task: dict[str, Any]) -> bool:
+def onboarding(client: Api, task: Task) -> bool:
     """True when the writer may write for the task; otherwise shows the quiz."""
     name = task["name"]
     passed: dict[str, bool] = st.session_state.setdefault(QUIZ_PASSED_KEY, {})
@@ -95,11 +97,12 @@ def onboarding(client: Any, task: dict[str, Any]) -> bool:
                                     key=f"writer_quiz_{name}_{index}"))
         submitted = st.form_submit_button("Submit answers", type="primary", key="writer_quiz_submit")
     if submitted:
-        if any(answer is None for answer in answers):
+        given = [answer for answer in answers if answer is not None]
+        if len(given) < len(answers):
             st.warning("Answer every question first.")
             return False
         try:
-            result = client.answer_quiz(name, answers)
+            result = client.answer_quiz(name, given)
         except ApiError as error:
             state.show_api_error(error)
             return False
@@ -119,14 +122,14 @@ def _forget_assignment() -> None:
     st.session_state.pop(INSPECT_KEY, None)
 
 
-def current_assignment(client: Any, round_: dict[str, Any], task: dict[str, Any]) -> dict[str, Any] | None:
+def current_assignment(client: Api, round_: Round, task: Task) -> Assignment | None:
     """The writer's open assignment in the round (the API returns the same one on a reload)."""
-    held = st.session_state.get(ASSIGNMENT_KEY)
+    held: Assignment | None = st.session_state.get(ASSIGNMENT_KEY)
     if held and held["round_id"] == round_["id"] and held["status"] == "active":
         return held
     definition = task["definition"]
     needs_target: dict[int, bool] = st.session_state.setdefault(NEEDS_TARGET_KEY, {})
-    target: str | list[str] | None = None
+    target: Label | None = None
     if round_["target_label_mode"] == "writer_choice" and needs_target.get(round_["id"]):
         target = _choose_target(definition)
         if target is None:
@@ -146,9 +149,10 @@ def current_assignment(client: Any, round_: dict[str, Any], task: dict[str, Any]
     return assignment
 
 
-def _choose_target(definition: dict[str, Any]) -> str | list[str] | None:
+def _choose_target(definition: TaskDefinition) -> Label | None:
     labels = definition["labels"]
     st.markdown("In this round **you choose** the label your sentence should have.")
+    chosen: Label | None
     if definition.get("family") == "multi_label":
         chosen = st.multiselect("Target labels (every one your text should express)", labels,
                                 format_func=render.label_name, key="writer_target_choice")
@@ -156,11 +160,11 @@ def _choose_target(definition: dict[str, Any]) -> str | list[str] | None:
         chosen = st.radio("Target label", labels, index=None, horizontal=True, format_func=render.label_name,
                           key="writer_target_choice")
     if st.button("Start writing", type="primary", disabled=not chosen, key="writer_start"):
-        return list(chosen) if isinstance(chosen, list) else chosen
+        return chosen
     return None
 
 
-def _refresh(client: Any, assignment_id: int) -> dict[str, Any]:
+def _refresh(client: Api, assignment_id: int) -> Assignment:
     assignment = client.assignment(assignment_id)
     st.session_state[ASSIGNMENT_KEY] = assignment
     return assignment
@@ -169,7 +173,7 @@ def _refresh(client: Any, assignment_id: int) -> dict[str, Any]:
 # --- pieces of the writing view --------------------------------------------------------
 
 
-def _prompt(assignment: dict[str, Any], target: list[str], lang: str | None) -> None:
+def _prompt(assignment: Assignment, target: list[str], lang: str | None) -> None:
     prompt = assignment.get("prompt")
     if not prompt:
         st.info("No prompt this time: write your sentence from scratch.")
@@ -183,7 +187,7 @@ def _prompt(assignment: dict[str, Any], target: list[str], lang: str | None) -> 
         render.show_html(f'<div dir="auto" style="font-size: 0.85rem; color: #555;">{shown}</div>')
 
 
-def _editor(assignment: dict[str, Any], max_chars: int | None) -> str:
+def _editor(assignment: Assignment, max_chars: int | None) -> str:
     """The text area, prefilled with the prompt; its text survives reruns, errors and page switches."""
     assignment_id = assignment["id"]
     key = f"writer_text_{assignment_id}"
@@ -191,20 +195,21 @@ def _editor(assignment: dict[str, Any], max_chars: int | None) -> str:
     if key not in st.session_state:
         attempts = assignment.get("attempts") or []
         last_text = attempts[-1]["text"] if attempts else None
-        prompt = assignment.get("prompt") or {}
-        st.session_state[key] = drafts.get(assignment_id) or last_text or prompt.get("text", "")
+        prompt = assignment.get("prompt")
+        st.session_state[key] = drafts.get(assignment_id) or last_text or (prompt["text"] if prompt else "")
     text = st.text_area("Your sentence", key=key, height=130, max_chars=max_chars,
                         help="Edit the prompt (or write from scratch), then check it with the model.")
     drafts[assignment_id] = text
     return text
 
 
-def _target_span(assignment: dict[str, Any], text: str, lang: str | None) -> list[int] | None:
+def _target_span(assignment: Assignment, text: str, lang: str | None) -> list[int] | None:
     """The target span picker: the writer types the target words, the page finds their offsets."""
     assignment_id = assignment["id"]
     key = f"writer_target_words_{assignment_id}"
     if key not in st.session_state:
-        metadata = (assignment.get("prompt") or {}).get("metadata") or {}
+        prompt = assignment.get("prompt")
+        metadata = (prompt["metadata"] if prompt else None) or {}
         st.session_state[key] = str(metadata.get("target") or "")
     words = st.text_input("Target: the words naming the person (or thing) your sentence is about, exactly as "
                           "they appear in it", key=key)
@@ -228,7 +233,7 @@ def _target_span(assignment: dict[str, Any], text: str, lang: str | None) -> lis
     return [start, end]
 
 
-def _prediction(attempt: dict[str, Any], labels: list[str], lang: str | None) -> None:
+def _prediction(attempt: Attempt, labels: list[str], lang: str | None) -> None:
     predicted = attempt.get("prediction") or []
     st.markdown(f"Model prediction: **{render.labels_text(predicted) or 'no label'}**")
     st.caption("for the sentence you checked:")
@@ -240,8 +245,7 @@ def _prediction(attempt: dict[str, Any], labels: list[str], lang: str | None) ->
             st.progress(value, text=f"{render.label_name(label)}: {value:.0%}")
 
 
-def _confirmation(client: Any, assignment: dict[str, Any], attempt: dict[str, Any], definition: dict[str, Any]
-                  ) -> None:
+def _confirmation(client: Api, assignment: Assignment, attempt: Attempt, definition: TaskDefinition) -> None:
     target = assignment["target_label"]
     others = [label for label in definition["labels"] if label not in target]
     wanted, predicted = render.labels_text(target), render.labels_text(attempt.get("prediction") or [])
@@ -272,8 +276,7 @@ def _confirmation(client: Any, assignment: dict[str, Any], attempt: dict[str, An
         _confirm(client, assignment, attempt_id, False, judged_choice or None)
 
 
-def _confirm(client: Any, assignment: dict[str, Any], attempt_id: int, agrees: bool,
-             judged: str | list[str] | None) -> None:
+def _confirm(client: Api, assignment: Assignment, attempt_id: int, agrees: bool, judged: Label | None) -> None:
     try:
         client.confirm(attempt_id, agrees, judged)
         _refresh(client, assignment["id"])
@@ -283,7 +286,7 @@ def _confirm(client: Any, assignment: dict[str, Any], attempt_id: int, agrees: b
     st.rerun()
 
 
-def _extras(definition: dict[str, Any], assignment: dict[str, Any], attempt: dict[str, Any]
+def _extras(definition: TaskDefinition, assignment: Assignment, attempt: Attempt
             ) -> tuple[dict[str, Any], list[str]]:
     """The task's extra writer fields (``writer_fields``); returns them and what is missing."""
     extras: dict[str, Any] = {}
@@ -302,8 +305,9 @@ def _extras(definition: dict[str, Any], assignment: dict[str, Any], attempt: dic
         if name == "intended_label":
             choices = choices or definition["labels"]
             default = assignment["target_label"][0]
-            if attempt.get("confirmed") is False and attempt.get("judged_label"):
-                default = attempt["judged_label"][0]
+            judged = attempt.get("judged_label")
+            if attempt.get("confirmed") is False and judged:
+                default = judged[0]
             intended = st.selectbox("Intended label: what did you mean your post to be?", choices,
                                     index=choices.index(default) if default in choices else 0,
                                     format_func=render.label_name, key=key)
@@ -346,7 +350,7 @@ def _inspect_view(assignment_id: int, text: str, lang: str | None) -> None:
 # --- the page -------------------------------------------------------------------------
 
 
-def write(client: Any, task: dict[str, Any], assignment: dict[str, Any]) -> None:
+def write(client: Api, task: Task, assignment: Assignment) -> None:
     definition = task["definition"]
     lang = definition.get("language")
     labels = definition["labels"]
@@ -361,7 +365,8 @@ def write(client: Any, task: dict[str, Any], assignment: dict[str, Any]) -> None
     with st.expander("Instructions", expanded=task["name"] not in seen):  # open on the first prompt
         st.markdown(definition.get("instructions") or "_No instructions._")
     seen.add(task["name"])
-    st.markdown(render.goal_markdown(task["family"], labels, target))
+    # The API's own goal sentence (plain text), escaped, with the target label in bold italics.
+    st.markdown("**Your goal:** " + render.emphasize_markdown(assignment["goal"], " + ".join(target)))
     _prompt(assignment, target, lang)
 
     text = _editor(assignment, constraints.get("max_chars"))
