@@ -21,8 +21,14 @@ from api.routes import api_router
 from api.schemas.errors import ErrorResponse
 from api.schemas.health import HealthPublic
 from services.db.engine import make_engine, make_sessionmaker
-from services.errors import DomainError, ModelUnavailable, RateLimited, Unauthorized
-from services.errors import REQUEST_PROBLEM_WORDING, validation_problems
+from services.errors import (
+    REQUEST_PROBLEM_WORDING,
+    DomainError,
+    ModelUnavailable,
+    RateLimited,
+    Unauthorized,
+    validation_problems,
+)
 from services.model_client import ModelClient
 from services.settings import Settings, get_settings
 
@@ -38,8 +44,13 @@ what to fix. See `docs/api.md` for the flows with example requests.
 """
 
 
-def _error(status_code: int, code: str, message: str, details: dict[str, Any] | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
+def _error(
+    status_code: int,
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     return JSONResponse(
         status_code=status_code,
         content={"error": {"code": code, "message": message, "details": details or {}}},
@@ -122,8 +133,9 @@ def add_exception_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
             # FastAPI answers a JSON body that is not UTF-8 with a bare 400; say what to fix.
-            problem = (f"the body is not valid UTF-8 (bad byte at offset {exc.__cause__.start}); "
-                       "send a UTF-8 JSON object")
+            problem = (
+                f"the body is not valid UTF-8 (bad byte at offset {exc.__cause__.start}); send a UTF-8 JSON object"
+            )
             return _error(422, "invalid", problem, {"problems": [problem]})
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
         message = str(exc.detail)
@@ -138,9 +150,12 @@ def add_exception_handlers(app: FastAPI) -> None:
     async def _database_down(request: Request, exc: OperationalError) -> JSONResponse:
         logger.error("database error: %s", exc)
         reason = str(exc.orig) if exc.orig is not None else str(exc)
-        return _error(503, "database_unavailable",
-                      f"the database cannot be used right now ({reason[:200]}); nothing was saved, retry later",
-                      headers={"Retry-After": "5"})
+        return _error(
+            503,
+            "database_unavailable",
+            f"the database cannot be used right now ({reason[:200]}); nothing was saved, retry later",
+            headers={"Retry-After": "5"},
+        )
 
     @app.exception_handler(IntegrityError)
     async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
@@ -150,8 +165,9 @@ def add_exception_handlers(app: FastAPI) -> None:
         unique = getattr(orig, "sqlstate", None) == "23505" or "UNIQUE constraint failed" in str(orig)
         if unique:
             logger.info("unique constraint race: %s", orig)
-            return _error(409, "conflict", "another request changed the same data at the same moment; "
-                          "nothing was saved, retry")
+            return _error(
+                409, "conflict", "another request changed the same data at the same moment; nothing was saved, retry"
+            )
         logger.exception("database integrity error")
         return _error(500, "database_error", "the database refused the change; nothing was saved")
 
@@ -164,8 +180,9 @@ def add_exception_handlers(app: FastAPI) -> None:
         if "NUL" in str(exc.orig):
             message = "a text value contains a NUL character (U+0000), which cannot be stored; remove it"
         elif getattr(exc.orig, "sqlstate", None) == "22003":
-            message = ("a number is out of the range the database can store (ids go up to 2147483647); "
-                       "send a smaller one")
+            message = (
+                "a number is out of the range the database can store (ids go up to 2147483647); send a smaller one"
+            )
         if message:
             return _error(422, "invalid", message, {"problems": [message]})
         logger.exception("database error")
@@ -180,8 +197,11 @@ def add_exception_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug, not bad input: keep the documented error shape and log the traceback.
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error(500, "internal_error", "an unexpected error occurred; nothing was saved. "
-                      "Please report it with the time of the request")
+        return _error(
+            500,
+            "internal_error",
+            "an unexpected error occurred; nothing was saved. Please report it with the time of the request",
+        )
 
 
 def create_app(settings: Settings | None = None, model_client: ModelClient | None = None) -> FastAPI:
@@ -209,14 +229,14 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.model_client = model_client or ModelClient(timeout_s=settings.model_timeout_s,
-                                                         retries=settings.model_retries)
+    app.state.model_client = model_client or ModelClient(
+        timeout_s=settings.model_timeout_s, retries=settings.model_retries
+    )
     add_exception_handlers(app)
     app.state.rate_limiter = RateLimiter(settings)
     app.include_router(api_router(), prefix=API_PREFIX)
 
-    @app.get("/health", tags=["health"], response_model=HealthPublic,
-             responses={503: {"model": ErrorResponse}})
+    @app.get("/health", tags=["health"], response_model=HealthPublic, responses={503: {"model": ErrorResponse}})
     def health() -> HealthPublic | JSONResponse:
         """200 when the database answers and its schema is at the newest migration."""
         from services.db.migrate import head_revision
@@ -228,7 +248,9 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
             return _error(503, "database_unavailable", f"database unreachable or not migrated: {str(exc)[:200]}")
         head = head_revision()
         if revision != head:
-            return _error(503, "schema_outdated", f"schema is at {revision}, code expects {head}; run `dynaloop db upgrade`")
+            return _error(
+                503, "schema_outdated", f"schema is at {revision}, code expects {head}; run `dynaloop db upgrade`"
+            )
         return HealthPublic(status="ok", schema=str(revision))
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)

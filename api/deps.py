@@ -89,9 +89,12 @@ def current_user(
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("send an API token: `Authorization: Bearer <token>`")
     user = authenticate_token(session, credentials.credentials)
-    commit_now(session, "end the token lookup's read: on SQLite it holds the write lock, which must not wait "
-               "for the rest of the request (a body still arriving, a free thread, the attempt handler's own "
-               "transactions)")
+    commit_now(
+        session,
+        "end the token lookup's read: on SQLite it holds the write lock, which must not wait "
+        "for the rest of the request (a body still arriving, a free thread, the attempt handler's own "
+        "transactions)",
+    )
     return user
 
 

@@ -40,8 +40,11 @@ class RateLimiter:
             if not self.limiter.hit(item, "dynaloop", key):
                 reset = self.limiter.get_window_stats(item, "dynaloop", key).reset_time
                 retry_after = max(1, math.ceil(reset - time.time()))
-                raise RateLimited(f"too many requests from this {who} (limit {item}); wait {retry_after} s and "
-                                  "retry: nothing was saved", retry_after_s=retry_after)
+                raise RateLimited(
+                    f"too many requests from this {who} (limit {item}); wait {retry_after} s and "
+                    "retry: nothing was saved",
+                    retry_after_s=retry_after,
+                )
 
     def check(self, request: Request) -> None:
         address = request.client.host if request.client else "unknown"

@@ -73,8 +73,10 @@ def main() -> None:
     args = parser.parse_args()
 
     if not (args.data / "val_text.txt").is_file():
-        raise SystemExit(f"{args.data} is missing: this benchmark reads TweetEval sentiment from ../shared/data "
-                         "(see ../shared/data/README.md); it is not part of the repository")
+        raise SystemExit(
+            f"{args.data} is missing: this benchmark reads TweetEval sentiment from ../shared/data "
+            "(see ../shared/data/README.md); it is not part of the repository"
+        )
     labels = [line.split("\t")[1] for line in (args.data / "mapping.txt").read_text().splitlines() if line.strip()]
     val_texts, val_ids = read_split(args.data, "val", labels)
     test_texts, test_ids = read_split(args.data, "test", labels)
@@ -94,8 +96,10 @@ def main() -> None:
 
     # Baselines, on exactly the same rows.
     majority = DummyClassifier(strategy="most_frequent").fit(train_texts, train_ids)
-    systems["majority class"] = {"metrics": compute_metrics(test, one_hot(majority.predict(eval_texts), len(labels))),
-                                 "train_seconds": 0.0}
+    systems["majority class"] = {
+        "metrics": compute_metrics(test, one_hot(majority.predict(eval_texts), len(labels))),
+        "train_seconds": 0.0,
+    }
     started = time.perf_counter()
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
     features = vectorizer.fit_transform(train_texts)
@@ -103,26 +107,51 @@ def main() -> None:
     tfidf_seconds = time.perf_counter() - started
     predicted = logistic.predict(vectorizer.transform(eval_texts))
     systems["TF-IDF (1-2 grams) + logistic regression"] = {
-        "metrics": compute_metrics(test, one_hot(predicted, len(labels))), "train_seconds": round(tfidf_seconds, 2)}
+        "metrics": compute_metrics(test, one_hot(predicted, len(labels))),
+        "train_seconds": round(tfidf_seconds, 2),
+    }
 
     # MiniLM, from the packaged base checkpoint, on this CPU.
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                         max_length=args.max_length, seed=args.seed, cpu=True, early_stopping_patience=1)
+    config = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        max_length=args.max_length,
+        seed=args.seed,
+        cpu=True,
+        early_stopping_patience=1,
+    )
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch) / "model"
-        result = train_model([train], dev, labels=labels, family="single_label", input_format="text",
-                             config=config, out_dir=out, model_id="tweeteval-minilm", task_name="tweeteval-sentiment")
+        result = train_model(
+            [train],
+            dev,
+            labels=labels,
+            family="single_label",
+            input_format="text",
+            config=config,
+            out_dir=out,
+            model_id="tweeteval-minilm",
+            task_name="tweeteval-sentiment",
+        )
         started = time.perf_counter()
         probabilities = predict_probabilities(out, eval_texts, batch_size=64)
         predict_seconds = time.perf_counter() - started
     systems["MiniLM-L6 fine-tuned (dynaloop round train)"] = {
-        "metrics": compute_metrics(test, probabilities), "train_seconds": round(result.wall_seconds, 2),
-        "training": result.metrics(), "predict_seq_per_s": round(len(eval_texts) / predict_seconds, 1)}
+        "metrics": compute_metrics(test, probabilities),
+        "train_seconds": round(result.wall_seconds, 2),
+        "training": result.metrics(),
+        "predict_seq_per_s": round(len(eval_texts) / predict_seconds, 1),
+    }
 
     model = systems["MiniLM-L6 fine-tuned (dynaloop round train)"]["metrics"].macro_f1  # type: ignore[union-attr]
-    ratios = {f"model_macro_f1_over_{key}": round(model / value["metrics"].macro_f1, 3)  # type: ignore[union-attr]
-              for key, value in (("majority", systems["majority class"]),
-                                 ("tfidf_logreg", systems["TF-IDF (1-2 grams) + logistic regression"]))}
+    ratios = {
+        f"model_macro_f1_over_{key}": round(model / value["metrics"].macro_f1, 3)  # type: ignore[union-attr]
+        for key, value in (
+            ("majority", systems["majority class"]),
+            ("tfidf_logreg", systems["TF-IDF (1-2 grams) + logistic regression"]),
+        )
+    }
     print()
     print("| system | " + " | ".join(f"F1 {label}" for label in labels) + " | macro-F1 | train s |")
     print("| --- |" + " ---: |" * (len(labels) + 2))
@@ -130,21 +159,34 @@ def main() -> None:
         metrics = system["metrics"]
         cells = " | ".join(f"{100 * metrics.f1[label]:.1f}" for label in labels)  # type: ignore[union-attr]
         print(f"| {name} | {cells} | {100 * metrics.macro_f1:.1f} | {system['train_seconds']} |")  # type: ignore[union-attr]
-    print(f"\ntraining: {result.examples_per_second:.1f} examples/s, {result.wall_seconds:.0f} s wall, "
-          f"{result.epochs_run} epochs (best {result.best_epoch}); ratios {ratios}")
+    print(
+        f"\ntraining: {result.examples_per_second:.1f} examples/s, {result.wall_seconds:.0f} s wall, "
+        f"{result.epochs_run} epochs (best {result.best_epoch}); ratios {ratios}"
+    )
 
     report = {
         "benchmark": "retraining on tweeteval-sentiment",
         "command": "python bench/train_tweeteval.py " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpu_cores": torch.get_num_threads(), "python": platform.python_version(),
-                    "torch": torch.__version__, "processor": platform.processor() or platform.machine()},
-        "data": {"train": len(train), "dev": len(dev), "test": len(test), "labels": labels,
-                 "train_sha256": train.sha256(), "test_sha256": test.sha256()},
+        "machine": {
+            "cpu_cores": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "processor": platform.processor() or platform.machine(),
+        },
+        "data": {
+            "train": len(train),
+            "dev": len(dev),
+            "test": len(test),
+            "labels": labels,
+            "train_sha256": train.sha256(),
+            "test_sha256": test.sha256(),
+        },
         "config": config.recorded(),
-        "systems": {name: {**{k: v for k, v in system.items() if k != "metrics"},
-                           "metrics": system["metrics"].to_dict()}  # type: ignore[union-attr]
-                    for name, system in systems.items()},
+        "systems": {
+            name: {**{k: v for k, v in system.items() if k != "metrics"}, "metrics": system["metrics"].to_dict()}  # type: ignore[union-attr]
+            for name, system in systems.items()
+        },
         "ratios": ratios,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,11 @@ from dynaloop.commands.user import app as user_app
 
 __all__ = ["app", "main", "ui_command", "web_app_file"]
 
-app = typer.Typer(help="dynaloop: adversarial human-and-model-in-the-loop dataset creation.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="dynaloop: adversarial human-and-model-in-the-loop dataset creation.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 app.add_typer(db_app, name="db")
 app.add_typer(task_app, name="task")
 app.add_typer(prompts_app, name="prompts")

@@ -28,6 +28,8 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import select
 
+from dynaloop.model_zero import ModelZeroSpec, ensure_model_zero
+from dynaloop.processes import Service, ServiceError, Supervisor, connect_host, port_in_use, still_running
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.migrate import upgrade
 from services.db.models import Round, RoundStatus, Task, User
@@ -36,9 +38,6 @@ from services.errors import DomainError
 from services.security import hash_password
 from services.settings import Settings
 from services.taskdef import example_path
-
-from dynaloop.model_zero import ModelZeroSpec, ensure_model_zero
-from dynaloop.processes import Service, ServiceError, Supervisor, connect_host, port_in_use, still_running
 
 DEMO_TASK = "dynasent-r2"
 DEMO_PROMPTS = Path(__file__).parent / "demo_prompts.jsonl"
@@ -79,8 +78,11 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
             task = session.scalar(select(Task).where(Task.name == DEMO_TASK))
             if task is None:
                 task = tasks.create_task(session, None, example_path(DEMO_TASK).read_text(encoding="utf-8"))
-            round_ = session.scalar(select(Round).where(
-                Round.task_id == task.id, Round.status.in_([RoundStatus.collecting, RoundStatus.validating])))
+            round_ = session.scalar(
+                select(Round).where(
+                    Round.task_id == task.id, Round.status.in_([RoundStatus.collecting, RoundStatus.validating])
+                )
+            )
             if round_ is None:
                 round_ = rounds.create_round(session, None, task, model_endpoints=model_endpoints)
             elif model_endpoints:
@@ -96,9 +98,12 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
                     user.password_hash = hash_password(password)
                 _, token = users.issue_token(session, None, user, name="demo", expires_in_days=30)
                 logins.append(DemoLogin(role, username, password, token))
-            prompt_count = len(list(session.scalars(select(rounds.Prompt.id).where(rounds.Prompt.round_id == round_.id))))
-            return DemoSetup(url, task.name, round_.id, round_.number, prompt_count,
-                             list(round_.model_endpoints), logins)
+            prompt_count = len(
+                list(session.scalars(select(rounds.Prompt.id).where(rounds.Prompt.round_id == round_.id)))
+            )
+            return DemoSetup(
+                url, task.name, round_.id, round_.number, prompt_count, list(round_.model_endpoints), logins
+            )
     finally:
         engine.dispose()
 
@@ -212,10 +217,15 @@ def _check_ports(options: DemoOptions, start_model_server: bool, start_ui: bool,
     for name, host, port, option in wanted:
         if port_in_use(host, port):
             left = still_running(log_dir)
-            hint = (f"; an earlier demo with this data directory left {', '.join(left)} running: stop "
-                    "it with `kill PID`" if left else "")
-            raise DemoError(f"port {port} on {host} is in use (another dynaloop demo, or another server){hint}; "
-                            f"stop it or give the {name} another port with {option}")
+            hint = (
+                f"; an earlier demo with this data directory left {', '.join(left)} running: stop it with `kill PID`"
+                if left
+                else ""
+            )
+            raise DemoError(
+                f"port {port} on {host} is in use (another dynaloop demo, or another server){hint}; "
+                f"stop it or give the {name} another port with {option}"
+            )
 
 
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None:
@@ -238,54 +248,122 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
         try:
             setup = set_up_demo(settings, model_endpoints=endpoints)
             console.print(f"[bold]dynaloop demo[/bold] — database {_redacted(setup.database_url)}", soft_wrap=True)
-            console.print(f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), "
-                          f"{setup.prompts} prompts", soft_wrap=True)
+            console.print(
+                f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), {setup.prompts} prompts",
+                soft_wrap=True,
+            )
             model_name = None
             if start_model_server:
                 spec = options.model
-                console.print(f"Model 0: MiniLM fine-tuned on the seed corpus ({3 * spec.per_label} sentences, "
-                              f"{spec.epochs} epoch(s), max_length {spec.max_length})", soft_wrap=True)
+                console.print(
+                    f"Model 0: MiniLM fine-tuned on the seed corpus ({3 * spec.per_label} sentences, "
+                    f"{spec.epochs} epoch(s), max_length {spec.max_length})",
+                    soft_wrap=True,
+                )
                 try:
                     with _quiet_transformers():
-                        model = ensure_model_zero(settings.data_dir, spec, task_name=setup.task,
-                                                  retrain=options.retrain)
+                        model = ensure_model_zero(
+                            settings.data_dir, spec, task_name=setup.task, retrain=options.retrain
+                        )
                 except (ValueError, OSError) as exc:  # modelling.train's TrainingError is a ValueError
                     raise DemoError(f"Model 0 could not be trained: {exc}") from exc
-                console.print(("  trained in {:.0f} s" if model.trained else "  cached (took {:.1f} s to find; "
-                               "--retrain trains it again)").format(model.seconds) + f": {model.directory}",
-                              soft_wrap=True)
+                console.print(
+                    (
+                        "  trained in {:.0f} s"
+                        if model.trained
+                        else "  cached (took {:.1f} s to find; --retrain trains it again)"
+                    ).format(model.seconds)
+                    + f": {model.directory}",
+                    soft_wrap=True,
+                )
                 server = supervisor.start(
                     "model server",
-                    [python, "-m", "dynaloop", "model-server", "--model", str(model.directory),
-                     "--host", "127.0.0.1", "--port", str(options.model_port)],
-                    url=model_url, health_url=f"{model_url}/health",
-                    env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": admin_token})
+                    [
+                        python,
+                        "-m",
+                        "dynaloop",
+                        "model-server",
+                        "--model",
+                        str(model.directory),
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(options.model_port),
+                    ],
+                    url=model_url,
+                    health_url=f"{model_url}/health",
+                    env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": admin_token},
+                )
                 _wait(console, supervisor, server, options.model_start_timeout_s)
                 model_name = put_model_in_loop(settings, model.directory, model_url, admin_token)
             api = supervisor.start(
                 "API",
-                [python, "-m", "dynaloop", "api", "--host", options.host, "--port", str(options.port),
-                 "--database-url", setup.database_url],
-                url=api_url, health_url=f"{api_url}/health", env={"DYNALOOP_DATA_DIR": str(settings.data_dir)})
+                [
+                    python,
+                    "-m",
+                    "dynaloop",
+                    "api",
+                    "--host",
+                    options.host,
+                    "--port",
+                    str(options.port),
+                    "--database-url",
+                    setup.database_url,
+                ],
+                url=api_url,
+                health_url=f"{api_url}/health",
+                env={"DYNALOOP_DATA_DIR": str(settings.data_dir)},
+            )
             _wait(console, supervisor, api, options.api_start_timeout_s)
             if start_ui:
                 web = supervisor.start(
                     "web app",
-                    [python, "-m", "streamlit", "run", str(app_file), "--server.address", options.host,
-                     "--server.port", str(options.ui_port), "--server.headless", "true",
-                     "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-                     "--client.toolbarMode", "minimal"],
-                    url=ui_url, health_url=f"{ui_url}/_stcore/health", env={"DYNALOOP_API_URL": api_url})
+                    [
+                        python,
+                        "-m",
+                        "streamlit",
+                        "run",
+                        str(app_file),
+                        "--server.address",
+                        options.host,
+                        "--server.port",
+                        str(options.ui_port),
+                        "--server.headless",
+                        "true",
+                        "--browser.gatherUsageStats",
+                        "false",
+                        "--server.fileWatcherType",
+                        "none",
+                        "--client.toolbarMode",
+                        "minimal",
+                    ],
+                    url=ui_url,
+                    health_url=f"{ui_url}/_stcore/health",
+                    env={"DYNALOOP_API_URL": api_url},
+                )
                 _wait(console, supervisor, web, options.ui_start_timeout_s)
-            _print_ready(console, setup, supervisor, api_url, model_name, admin_token if start_model_server else None,
-                         ui_note=None if start_ui else (
-                             "web app not started (--no-ui)" if not options.ui
-                             else f"web app not started: {app_file} does not exist"))
+            _print_ready(
+                console,
+                setup,
+                supervisor,
+                api_url,
+                model_name,
+                admin_token if start_model_server else None,
+                ui_note=None
+                if start_ui
+                else (
+                    "web app not started (--no-ui)"
+                    if not options.ui
+                    else f"web app not started: {app_file} does not exist"
+                ),
+            )
             while True:
                 stopped = supervisor.exited()
                 if stopped is not None:
-                    raise DemoError(f"the {stopped.name} stopped on its own (status {stopped.process.returncode}); "
-                                    f"see {stopped.log_path}")
+                    raise DemoError(
+                        f"the {stopped.name} stopped on its own (status {stopped.process.returncode}); "
+                        f"see {stopped.log_path}"
+                    )
                 time.sleep(0.5)
         except _StopRequested as stop:
             console.print(f"\n{stop} received: stopping the demo …")
@@ -305,8 +383,9 @@ def _wait(console: Console, supervisor: Supervisor, service: Service, timeout_s:
     console.print(f"starting the {service.name} at {service.url} …", soft_wrap=True)
     started = time.perf_counter()
     supervisor.wait_healthy(service, timeout_s)
-    console.print(f"  ready in {time.perf_counter() - started:.1f} s (pid {service.pid}, log {service.log_path})",
-                  soft_wrap=True)
+    console.print(
+        f"  ready in {time.perf_counter() - started:.1f} s (pid {service.pid}, log {service.log_path})", soft_wrap=True
+    )
 
 
 def _redacted(url: str) -> str:
@@ -315,8 +394,15 @@ def _redacted(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def _print_ready(console: Console, setup: DemoSetup, supervisor: Supervisor, api_url: str, model_name: str | None,
-                 admin_token: str | None, ui_note: str | None) -> None:
+def _print_ready(
+    console: Console,
+    setup: DemoSetup,
+    supervisor: Supervisor,
+    api_url: str,
+    model_name: str | None,
+    admin_token: str | None,
+    ui_note: str | None,
+) -> None:
     table = Table("role", "username", "password", title="Logins (web app and POST /api/v1/auth/login)")
     for login in setup.logins:
         table.add_row(login.role, login.username, login.password)
@@ -327,8 +413,11 @@ def _print_ready(console: Console, setup: DemoSetup, supervisor: Supervisor, api
         print(f"  {login.username:<12} {login.token}")
     for service in supervisor.services:
         address = f"{service.url}/api/v1  (docs: {service.url}/docs)" if service.name == "API" else service.url
-        console.print(f"{service.name:<13} {address}  [dim](pid {service.pid}, log {service.log_path})[/dim]",
-                      soft_wrap=True, highlight=False)
+        console.print(
+            f"{service.name:<13} {address}  [dim](pid {service.pid}, log {service.log_path})[/dim]",
+            soft_wrap=True,
+            highlight=False,
+        )
     if model_name:
         console.print(f"model in the loop: {model_name} at {', '.join(setup.model_endpoints)}", soft_wrap=True)
     else:

@@ -89,8 +89,9 @@ def _is_complete(directory: Path) -> bool:
     return (directory / "dynaloop_model.json").is_file() and (directory / "config.json").is_file()
 
 
-def ensure_model_zero(data_dir: Path, spec: ModelZeroSpec, *, task_name: str, retrain: bool = False,
-                      progress: bool = True) -> ModelZero:
+def ensure_model_zero(
+    data_dir: Path, spec: ModelZeroSpec, *, task_name: str, retrain: bool = False, progress: bool = True
+) -> ModelZero:
     """Model 0's directory under ``data_dir/models``, trained first unless a cached one fits.
 
     Training writes to a temporary folder that is renamed into place only when complete, so
@@ -112,18 +113,40 @@ def ensure_model_zero(data_dir: Path, spec: ModelZeroSpec, *, task_name: str, re
     y = np.zeros((len(corpus), len(labels)), dtype=np.float32)
     for row, (_, label) in enumerate(corpus):
         y[row, labels.index(label)] = 1.0
-    train = LabelledSet(name="dynaloop seed corpus", labels=labels, multi_label=False,
-                        texts=[text for text, _ in corpus], y=y,
-                        origin={"source": "dynaloop.seed_corpus", "cache_key": cache_key(spec)})
-    config = TrainConfig(epochs=spec.epochs, batch_size=spec.batch_size, learning_rate=spec.learning_rate,
-                         max_length=spec.max_length, seed=spec.seed, cpu=True, early_stopping_patience=None)
+    train = LabelledSet(
+        name="dynaloop seed corpus",
+        labels=labels,
+        multi_label=False,
+        texts=[text for text, _ in corpus],
+        y=y,
+        origin={"source": "dynaloop.seed_corpus", "cache_key": cache_key(spec)},
+    )
+    config = TrainConfig(
+        epochs=spec.epochs,
+        batch_size=spec.batch_size,
+        learning_rate=spec.learning_rate,
+        max_length=spec.max_length,
+        seed=spec.seed,
+        cpu=True,
+        early_stopping_patience=None,
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".training-", dir=target.parent))
     try:
         out = scratch / "model"
-        train_model([train], None, labels=labels, family="single_label", input_format="text", config=config,
-                    out_dir=out, model_id=f"{task_name}-model-0", trained_for_round=1, task_name=task_name,
-                    progress=progress)
+        train_model(
+            [train],
+            None,
+            labels=labels,
+            family="single_label",
+            input_format="text",
+            config=config,
+            out_dir=out,
+            model_id=f"{task_name}-model-0",
+            trained_for_round=1,
+            task_name=task_name,
+            progress=progress,
+        )
         # Resumable checkpoints (optimizer state) are of no use once the run is done.
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
         if target.exists():

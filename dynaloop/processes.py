@@ -86,14 +86,27 @@ class Supervisor:
     log_dir: Path
     services: list[Service] = field(default_factory=list)
 
-    def start(self, name: str, argv: Sequence[str], *, url: str, health_url: str,
-              env: Mapping[str, str] | None = None, log_name: str | None = None) -> Service:
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        url: str,
+        health_url: str,
+        env: Mapping[str, str] | None = None,
+        log_name: str | None = None,
+    ) -> Service:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / (log_name or f"{name.lower().replace(' ', '-')}.log")
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})}, start_new_session=True)
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
         service = Service(name, url, health_url, log_path, process)
         self.services.append(service)
         self._write_running()
@@ -104,8 +117,10 @@ class Supervisor:
         if not self.services:
             path.unlink(missing_ok=True)
             return
-        path.write_text(json.dumps([{"name": s.name, "pid": s.pid, "url": s.url} for s in self.services], indent=2)
-                        + "\n", encoding="utf-8")
+        path.write_text(
+            json.dumps([{"name": s.name, "pid": s.pid, "url": s.url} for s in self.services], indent=2) + "\n",
+            encoding="utf-8",
+        )
 
     def wait_healthy(self, service: Service, timeout_s: float) -> None:
         """Return once ``GET health_url`` answers 200; raise :class:`ServiceError` if the
@@ -115,17 +130,21 @@ class Supervisor:
             while True:
                 code = service.process.poll()
                 if code is not None:
-                    raise ServiceError(f"the {service.name} exited with status {code} while starting; "
-                                       f"its log ({service.log_path}) ends with:\n{log_tail(service.log_path)}")
+                    raise ServiceError(
+                        f"the {service.name} exited with status {code} while starting; "
+                        f"its log ({service.log_path}) ends with:\n{log_tail(service.log_path)}"
+                    )
                 try:
                     if http.get(service.health_url).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    raise ServiceError(f"the {service.name} did not answer {service.health_url} within "
-                                       f"{timeout_s:.0f} s; its log ({service.log_path}) ends with:\n"
-                                       f"{log_tail(service.log_path)}")
+                    raise ServiceError(
+                        f"the {service.name} did not answer {service.health_url} within "
+                        f"{timeout_s:.0f} s; its log ({service.log_path}) ends with:\n"
+                        f"{log_tail(service.log_path)}"
+                    )
                 time.sleep(0.25)
 
     def exited(self) -> Service | None:

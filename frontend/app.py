@@ -39,8 +39,10 @@ ROLE_PAGES: dict[str, list[tuple[str, str, str, tuple[str, ...]]]] = {
 
 def _no_pages() -> None:
     st.title("dynaloop")
-    st.info(f"Your roles ({', '.join(state.roles()) or 'none'}) have no pages here. Ask an admin for the writer, "
-            "validator or researcher role; REST clients use the API directly.")
+    st.info(
+        f"Your roles ({', '.join(state.roles()) or 'none'}) have no pages here. Ask an admin for the writer, "
+        "validator or researcher role; REST clients use the API directly."
+    )
 
 
 def navigation_pages() -> dict[str, list[StreamlitPage]]:
@@ -68,8 +70,7 @@ def sidebar() -> None:
 def main() -> None:
     st.set_page_config(page_title="dynaloop", layout="wide")
     if not state.is_logged_in():
-        page = st.navigation([st.Page(PAGES / "login.py", title="Log in", url_path="sign-in")],
-                             position="hidden")
+        page = st.navigation([st.Page(PAGES / "login.py", title="Log in", url_path="sign-in")], position="hidden")
         page.run()
         return
     sections = navigation_pages() or {"": [st.Page(_no_pages, title="Welcome", url_path="welcome")]}

@@ -398,27 +398,52 @@ class Api(Protocol):
     def answer_quiz(self, task: str, answers: list[str]) -> QuizResult: ...
     def start_assignment(self, round_id: int, target_label: Label | None = None) -> Assignment: ...
     def assignment(self, assignment_id: int) -> Assignment: ...
-    def attempt(self, assignment_id: int, text: str, *, target_span: list[int] | None = None,
-                idempotency_key: str | None = None) -> Attempt: ...
-    def confirm(self, attempt_id: int, agrees: bool, judged_label: Label | None = None, *,
-                idempotency_key: str | None = None) -> Attempt: ...
-    def submit_example(self, assignment_id: int, attempt_id: int, extras: dict[str, Any] | None = None, *,
-                       idempotency_key: str | None = None) -> Example: ...
+    def attempt(
+        self, assignment_id: int, text: str, *, target_span: list[int] | None = None, idempotency_key: str | None = None
+    ) -> Attempt: ...
+    def confirm(
+        self, attempt_id: int, agrees: bool, judged_label: Label | None = None, *, idempotency_key: str | None = None
+    ) -> Attempt: ...
+    def submit_example(
+        self,
+        assignment_id: int,
+        attempt_id: int,
+        extras: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Example: ...
     def skip(self, assignment_id: int) -> Assignment: ...
-    def inspect(self, assignment_id: int, text: str, *, label: str | None = None,
-                target_span: list[int] | None = None) -> Inspection: ...
+    def inspect(
+        self, assignment_id: int, text: str, *, label: str | None = None, target_span: list[int] | None = None
+    ) -> Inspection: ...
 
     def validation_batch(self, round_id: int, size: int | None = None) -> ValidationBatch: ...
-    def validate(self, example_id: int, label: Label, *, flagged: bool = False, flag_reason: str | None = None,
-                 seconds_taken: float | None = None, idempotency_key: str | None = None) -> Validation: ...
+    def validate(
+        self,
+        example_id: int,
+        label: Label,
+        *,
+        flagged: bool = False,
+        flag_reason: str | None = None,
+        seconds_taken: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> Validation: ...
 
     def create_task(self, definition_yaml: str) -> Task: ...
-    def open_round(self, task: str, *, model_endpoints: list[str] | None = None, prompt_strategy: str | None = None,
-                   no_prompt_fraction: float | None = None, target_label_mode: str | None = None,
-                   notes: str | None = None) -> Round: ...
+    def open_round(
+        self,
+        task: str,
+        *,
+        model_endpoints: list[str] | None = None,
+        prompt_strategy: str | None = None,
+        no_prompt_fraction: float | None = None,
+        target_label_mode: str | None = None,
+        notes: str | None = None,
+    ) -> Round: ...
     def set_model(self, round_id: int, model_endpoints: list[str]) -> Round: ...
-    def import_prompts(self, round_id: int, content: bytes, filename: str = "prompts.jsonl", *,
-                       format: str | None = None) -> PromptImport: ...
+    def import_prompts(
+        self, round_id: int, content: bytes, filename: str = "prompts.jsonl", *, format: str | None = None
+    ) -> PromptImport: ...
     def set_round_status(self, round_id: int, status: str) -> Round: ...
     def round_stats(self, round_id: int) -> RoundStats: ...
     def plot_data(self, round_id: int, limit: int | None = None) -> PlotData: ...
@@ -427,8 +452,9 @@ class Api(Protocol):
     def download_dataset(self, task: str, number: int, split: str = "train", format: str = "jsonl") -> bytes: ...
     def start_job(self, task: str, kind: str, params: dict[str, Any] | None = None) -> Job: ...
     def job(self, job_id: int) -> Job: ...
-    def jobs(self, task: str, *, kind: str | None = None, status: str | None = None,
-             limit: int | None = None) -> list[Job]: ...
+    def jobs(
+        self, task: str, *, kind: str | None = None, status: str | None = None, limit: int | None = None
+    ) -> list[Job]: ...
     def models(self, task: str) -> list[Model]: ...
 
 
@@ -439,8 +465,14 @@ class ApiError(Exception):
     ``retry_after`` (seconds) from its ``Retry-After`` header on a 503.
     """
 
-    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None,
-                 details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        retry_after: float | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -501,8 +533,14 @@ def error_from_response(response: httpx.Response) -> ApiError:
 class ApiClient:
     """A synchronous client of the dynaloop REST API for one user (one token)."""
 
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT_S,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.base_url = api_root(base_url)
         self.token = token
         self.timeout = timeout
@@ -519,9 +557,17 @@ class ApiClient:
 
     # --- plumbing ---------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
-                 content: bytes | None = None, content_type: str | None = None,
-                 key: str | None = None) -> httpx.Response:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        content: bytes | None = None,
+        content_type: str | None = None,
+        key: str | None = None,
+    ) -> httpx.Response:
         headers = {"Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -531,14 +577,19 @@ class ApiClient:
             headers["Content-Type"] = content_type
         params = {k: v for k, v in (params or {}).items() if v is not None}
         try:
-            response = self._http.request(method, path, json=json_body, params=params or None, content=content,
-                                          headers=headers)
+            response = self._http.request(
+                method, path, json=json_body, params=params or None, content=content, headers=headers
+            )
         except httpx.TimeoutException as exc:
-            raise ApiError(0, "timeout", f"the API at {self.base_url} did not answer within {self.timeout:g} s; "
-                           "try again") from exc
+            raise ApiError(
+                0, "timeout", f"the API at {self.base_url} did not answer within {self.timeout:g} s; try again"
+            ) from exc
         except httpx.TransportError as exc:
-            raise ApiError(0, "unreachable", f"cannot reach the API at {self.base_url} ({exc}); is the API "
-                           "running (`dynaloop api`)?") from exc
+            raise ApiError(
+                0,
+                "unreachable",
+                f"cannot reach the API at {self.base_url} ({exc}); is the API running (`dynaloop api`)?",
+            ) from exc
         if response.is_error:
             raise error_from_response(response)
         return response
@@ -600,8 +651,9 @@ class ApiClient:
         """An assignment with every attempt so far."""
         return self._json("GET", f"/assignments/{assignment_id}")
 
-    def attempt(self, assignment_id: int, text: str, *, target_span: list[int] | None = None,
-                idempotency_key: str | None = None) -> Attempt:
+    def attempt(
+        self, assignment_id: int, text: str, *, target_span: list[int] | None = None, idempotency_key: str | None = None
+    ) -> Attempt:
         """Check a text against the model in the loop (one try, unless the model is unavailable:
         then :class:`ApiError` 503 with ``retry_after``; resend the same text to retry)."""
         key = idempotency_key or _key("attempt", assignment_id, text, target_span)
@@ -610,28 +662,40 @@ class ApiClient:
             body["target_span"] = list(target_span)
         return self._json("POST", f"/assignments/{assignment_id}/attempts", json_body=body, key=key)
 
-    def confirm(self, attempt_id: int, agrees: bool, judged_label: Label | None = None, *,
-                idempotency_key: str | None = None) -> Attempt:
-        """"Would a person say this has the target label?" (yes, or no with the label they would give)."""
+    def confirm(
+        self, attempt_id: int, agrees: bool, judged_label: Label | None = None, *, idempotency_key: str | None = None
+    ) -> Attempt:
+        """ "Would a person say this has the target label?" (yes, or no with the label they would give)."""
         key = idempotency_key or _key("confirmation", attempt_id, agrees, judged_label)
         body: JSON = {"agrees": agrees}
         if judged_label is not None:
             body["judged_label"] = judged_label
         return self._json("POST", f"/attempts/{attempt_id}/confirmation", json_body=body, key=key)
 
-    def submit_example(self, assignment_id: int, attempt_id: int, extras: dict[str, Any] | None = None, *,
-                       idempotency_key: str | None = None) -> Example:
+    def submit_example(
+        self,
+        assignment_id: int,
+        attempt_id: int,
+        extras: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Example:
         """Submit one attempt of the assignment as the example, with the task's writer fields."""
         key = idempotency_key or _key("example", assignment_id, attempt_id)
-        return self._json("POST", f"/assignments/{assignment_id}/example",
-                          json_body={"attempt_id": attempt_id, "extras": extras or {}}, key=key)
+        return self._json(
+            "POST",
+            f"/assignments/{assignment_id}/example",
+            json_body={"attempt_id": attempt_id, "extras": extras or {}},
+            key=key,
+        )
 
     def skip(self, assignment_id: int) -> Assignment:
         """Switch to the next prompt: the assignment ends without an example."""
         return self._json("POST", f"/assignments/{assignment_id}/skip")
 
-    def inspect(self, assignment_id: int, text: str, *, label: str | None = None,
-                target_span: list[int] | None = None) -> Inspection:
+    def inspect(
+        self, assignment_id: int, text: str, *, label: str | None = None, target_span: list[int] | None = None
+    ) -> Inspection:
         """Token attributions of a draft (``{"label", "tokens": [{"token", "score"}]}``); no try used."""
         body: JSON = {"text": text}
         if label is not None:
@@ -646,9 +710,16 @@ class ApiClient:
         """Up to 10 examples by others; asking again returns the examples still held."""
         return self._json("GET", f"/rounds/{round_id}/validation-batch", params={"size": size})
 
-    def validate(self, example_id: int, label: Label, *, flagged: bool = False,
-                 flag_reason: str | None = None, seconds_taken: float | None = None,
-                 idempotency_key: str | None = None) -> Validation:
+    def validate(
+        self,
+        example_id: int,
+        label: Label,
+        *,
+        flagged: bool = False,
+        flag_reason: str | None = None,
+        seconds_taken: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> Validation:
         """Label one example (a list for multi-label tasks), optionally flagging it."""
         key = idempotency_key or _key("validation", example_id, label, flagged, flag_reason)
         body: JSON = {"label": label, "flagged": flagged}
@@ -663,25 +734,38 @@ class ApiClient:
     def create_task(self, definition_yaml: str) -> Task:
         return self._json("POST", "/tasks", json_body={"definition_yaml": definition_yaml})
 
-    def open_round(self, task: str, *, model_endpoints: list[str] | None = None, prompt_strategy: str | None = None,
-                   no_prompt_fraction: float | None = None, target_label_mode: str | None = None,
-                   notes: str | None = None) -> Round:
+    def open_round(
+        self,
+        task: str,
+        *,
+        model_endpoints: list[str] | None = None,
+        prompt_strategy: str | None = None,
+        no_prompt_fraction: float | None = None,
+        target_label_mode: str | None = None,
+        notes: str | None = None,
+    ) -> Round:
         """Open the task's next round (fields left out take the API's defaults)."""
-        body = {"model_endpoints": model_endpoints, "prompt_strategy": prompt_strategy,
-                "no_prompt_fraction": no_prompt_fraction, "target_label_mode": target_label_mode, "notes": notes}
-        return self._json("POST", f"/tasks/{task}/rounds",
-                          json_body={k: v for k, v in body.items() if v is not None})
+        body = {
+            "model_endpoints": model_endpoints,
+            "prompt_strategy": prompt_strategy,
+            "no_prompt_fraction": no_prompt_fraction,
+            "target_label_mode": target_label_mode,
+            "notes": notes,
+        }
+        return self._json("POST", f"/tasks/{task}/rounds", json_body={k: v for k, v in body.items() if v is not None})
 
     def set_model(self, round_id: int, model_endpoints: list[str]) -> Round:
         return self._json("PUT", f"/rounds/{round_id}/model", json_body={"model_endpoints": model_endpoints})
 
-    def import_prompts(self, round_id: int, content: bytes, filename: str = "prompts.jsonl", *,
-                       format: str | None = None) -> PromptImport:
+    def import_prompts(
+        self, round_id: int, content: bytes, filename: str = "prompts.jsonl", *, format: str | None = None
+    ) -> PromptImport:
         """Upload a JSONL or CSV prompt file (the format from ``format`` or the file name)."""
         fmt = format or ("csv" if filename.lower().endswith(".csv") else "jsonl")
         content_type = "text/csv" if fmt == "csv" else "application/x-ndjson"
-        return self._json("POST", f"/rounds/{round_id}/prompts", content=content, content_type=content_type,
-                          params={"format": fmt})
+        return self._json(
+            "POST", f"/rounds/{round_id}/prompts", content=content, content_type=content_type, params={"format": fmt}
+        )
 
     def set_round_status(self, round_id: int, status: str) -> Round:
         """collecting -> validating -> closed."""
@@ -719,8 +803,9 @@ class ApiClient:
 
     def download_dataset(self, task: str, number: int, split: str = "train", format: str = "jsonl") -> bytes:
         """One split of the newest build as JSONL, CSV or Parquet bytes."""
-        return self._request("GET", f"/tasks/{task}/rounds/{number}/dataset",
-                             params={"split": split, "format": format}).content
+        return self._request(
+            "GET", f"/tasks/{task}/rounds/{number}/dataset", params={"split": split, "format": format}
+        ).content
 
     # --- jobs and models ------------------------------------------------------------
 
@@ -732,8 +817,9 @@ class ApiClient:
         """A job's status, progress (0-1), message, result and the newest lines of its log."""
         return self._json("GET", f"/jobs/{job_id}")
 
-    def jobs(self, task: str, *, kind: str | None = None, status: str | None = None,
-             limit: int | None = None) -> list[Job]:
+    def jobs(
+        self, task: str, *, kind: str | None = None, status: str | None = None, limit: int | None = None
+    ) -> list[Job]:
         """The task's jobs, newest first (without logs)."""
         return self._data(f"/tasks/{task}/jobs", params={"kind": kind, "status": status, "limit": limit})
 

@@ -21,8 +21,20 @@ from typing import Any, Literal
 import altair as alt
 import pandas as pd
 
-EXAMPLE_COLUMNS = ["example_id", "condition", "origin", "edit_distance", "chars", "words", "target", "prediction",
-                   "majority", "validated", "fooled", "validations"]
+EXAMPLE_COLUMNS = [
+    "example_id",
+    "condition",
+    "origin",
+    "edit_distance",
+    "chars",
+    "words",
+    "target",
+    "prediction",
+    "majority",
+    "validated",
+    "fooled",
+    "validations",
+]
 AGREEMENT_COLUMNS = ["username", "labels", "judged", "agreement_rate", "qualified"]
 CONDITIONS = ["prompt", "no_prompt"]
 
@@ -48,12 +60,15 @@ def edit_distance_chart(plot_data: Mapping[str, Any]) -> alt.Chart | None:
     frame = examples_frame(plot_data).dropna(subset=["edit_distance"])
     if frame.empty:
         return None
-    return alt.Chart(frame[["edit_distance", "condition"]], title="Edit distance to the prompt").mark_bar(
-        opacity=0.75).encode(
-        x=alt.X("edit_distance:Q", bin=alt.Bin(extent=[0, 1], step=0.05), title="normalised edit distance"),
-        y=alt.Y("count():Q", stack=None, title="examples"),
-        color=alt.Color("condition:N", sort=CONDITIONS, title="condition"),
-        tooltip=[alt.Tooltip("condition:N"), alt.Tooltip("count():Q", title="examples")],
+    return (
+        alt.Chart(frame[["edit_distance", "condition"]], title="Edit distance to the prompt")
+        .mark_bar(opacity=0.75)
+        .encode(
+            x=alt.X("edit_distance:Q", bin=alt.Bin(extent=[0, 1], step=0.05), title="normalised edit distance"),
+            y=alt.Y("count():Q", stack=None, title="examples"),
+            color=alt.Color("condition:N", sort=CONDITIONS, title="condition"),
+            tooltip=[alt.Tooltip("condition:N"), alt.Tooltip("count():Q", title="examples")],
+        )
     )
 
 
@@ -63,11 +78,15 @@ def length_chart(plot_data: Mapping[str, Any], unit: Literal["words", "chars"] =
     if frame.empty:
         return None
     title = "words" if unit == "words" else "characters"
-    return alt.Chart(frame[[unit, "condition"]], title=f"Length in {title}").mark_bar(opacity=0.75).encode(
-        x=alt.X(f"{unit}:Q", bin=alt.Bin(maxbins=30), title=title),
-        y=alt.Y("count():Q", stack=None, title="examples"),
-        color=alt.Color("condition:N", sort=CONDITIONS, title="condition"),
-        tooltip=[alt.Tooltip("condition:N"), alt.Tooltip("count():Q", title="examples")],
+    return (
+        alt.Chart(frame[[unit, "condition"]], title=f"Length in {title}")
+        .mark_bar(opacity=0.75)
+        .encode(
+            x=alt.X(f"{unit}:Q", bin=alt.Bin(maxbins=30), title=title),
+            y=alt.Y("count():Q", stack=None, title="examples"),
+            color=alt.Color("condition:N", sort=CONDITIONS, title="condition"),
+            tooltip=[alt.Tooltip("condition:N"), alt.Tooltip("count():Q", title="examples")],
+        )
     )
 
 
@@ -77,13 +96,20 @@ def worker_agreement_chart(plot_data: Mapping[str, Any]) -> alt.Chart | None:
     frame = agreement_frame(plot_data).dropna(subset=["agreement_rate"])
     if frame.empty:
         return None
-    return alt.Chart(frame[["agreement_rate", "status"]], title="Validators' agreement with the majority").mark_bar(
-    ).encode(
-        x=alt.X("agreement_rate:Q", bin=alt.Bin(extent=[0, 1], step=0.05), title="agreement rate"),
-        y=alt.Y("count():Q", title="validators"),
-        color=alt.Color("status:N", sort=["qualified", "unqualified"], title="",
-                        scale=alt.Scale(domain=["qualified", "unqualified"], range=["#4c78a8", "#e45756"])),
-        tooltip=[alt.Tooltip("status:N"), alt.Tooltip("count():Q", title="validators")],
+    return (
+        alt.Chart(frame[["agreement_rate", "status"]], title="Validators' agreement with the majority")
+        .mark_bar()
+        .encode(
+            x=alt.X("agreement_rate:Q", bin=alt.Bin(extent=[0, 1], step=0.05), title="agreement rate"),
+            y=alt.Y("count():Q", title="validators"),
+            color=alt.Color(
+                "status:N",
+                sort=["qualified", "unqualified"],
+                title="",
+                scale=alt.Scale(domain=["qualified", "unqualified"], range=["#4c78a8", "#e45756"]),
+            ),
+            tooltip=[alt.Tooltip("status:N"), alt.Tooltip("count():Q", title="validators")],
+        )
     )
 
 
@@ -104,8 +130,9 @@ def confusion_counts(plot_data: Mapping[str, Any], gold: Literal["majority", "ta
     return pd.DataFrame(rows, columns=["gold", "predicted", "count"])
 
 
-def confusion_chart(plot_data: Mapping[str, Any], gold: Literal["majority", "target"] = "majority"
-                    ) -> alt.LayerChart | None:
+def confusion_chart(
+    plot_data: Mapping[str, Any], gold: Literal["majority", "target"] = "majority"
+) -> alt.LayerChart | None:
     """Heatmap of the model's predictions against the majority (or the writer's target), with
     the count in each cell; the diagonal is where the model was right. None without data."""
     counts = confusion_counts(plot_data, gold)
@@ -119,8 +146,11 @@ def confusion_chart(plot_data: Mapping[str, Any], gold: Literal["majority", "tar
     )
     cells = base.mark_rect().encode(
         color=alt.Color("count:Q", scale=alt.Scale(scheme="blues"), title="examples"),
-        tooltip=[alt.Tooltip("gold:N", title=gold_title), alt.Tooltip("predicted:N", title="predicted"),
-                 alt.Tooltip("count:Q", title="examples")],
+        tooltip=[
+            alt.Tooltip("gold:N", title=gold_title),
+            alt.Tooltip("predicted:N", title="predicted"),
+            alt.Tooltip("count:Q", title="examples"),
+        ],
     )
     largest = max(int(counts["count"].max()), 1)
     text = base.mark_text(fontSize=13).encode(
@@ -137,10 +167,11 @@ def summary(plot_data: Mapping[str, Any]) -> dict[str, Any]:
     with_majority = frame[frame["majority"].notna() & frame["prediction"].notna()]
     distances = frame["edit_distance"].dropna()
     return {
-        "examples": int(len(frame)),
+        "examples": len(frame),
         "validated": int(frame["validated"].fillna(False).astype(bool).sum()),
-        "with_majority": int(len(with_majority)),
+        "with_majority": len(with_majority),
         "model_accuracy": float((with_majority["majority"] == with_majority["prediction"]).mean())
-        if len(with_majority) else None,
+        if len(with_majority)
+        else None,
         "mean_edit_distance": float(distances.mean()) if len(distances) else None,
     }

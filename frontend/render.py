@@ -56,8 +56,7 @@ def _lang_attr(lang: str | None) -> str:
 
 def text_html(text: str, *, lang: str | None = None, css_class: str = "dl-text") -> str:
     """One block of user text, escaped, with ``dir="auto"`` and the task's language."""
-    return (f'<div class="{css_class}" dir="auto"{_lang_attr(lang)} style="{_TEXT_STYLE}">'
-            f"{escape(text)}</div>")
+    return f'<div class="{css_class}" dir="auto"{_lang_attr(lang)} style="{_TEXT_STYLE}">{escape(text)}</div>'
 
 
 def show_html(markup: str) -> None:
@@ -105,8 +104,10 @@ def highlight_html(text: str, start: int, end: int, *, lang: str | None = None) 
     """The text with ``[start, end)`` (the target) highlighted; every piece escaped."""
     start = max(0, min(start, len(text)))
     end = max(start, min(end, len(text)))
-    marked = (f"{escape(text[:start])}<mark style=\"background: #ffe08a; padding: 0 2px; font-weight: 600;\">"
-              f"{escape(text[start:end])}</mark>{escape(text[end:])}")
+    marked = (
+        f'{escape(text[:start])}<mark style="background: #ffe08a; padding: 0 2px; font-weight: 600;">'
+        f"{escape(text[start:end])}</mark>{escape(text[end:])}"
+    )
     return f'<div class="dl-text" dir="auto"{_lang_attr(lang)} style="{_TEXT_STYLE}">{marked}</div>'
 
 
@@ -128,13 +129,10 @@ def diff_html(prompt: str, text: str, *, lang: str | None = None) -> str:
             parts.append(escape("".join(old[a0:a1])))
             continue
         if op in ("delete", "replace"):
-            parts.append('<del style="background: #fde2e2; color: #9b1c1c;">'
-                         f"{escape(''.join(old[a0:a1]))}</del>")
+            parts.append(f'<del style="background: #fde2e2; color: #9b1c1c;">{escape("".join(old[a0:a1]))}</del>')
         if op in ("insert", "replace"):
-            parts.append('<ins style="background: #dcfce7; color: #14532d;">'
-                         f"{escape(''.join(new[b0:b1]))}</ins>")
-    return (f'<div class="dl-diff" dir="auto"{_lang_attr(lang)} style="{_TEXT_STYLE}">'
-            f"{''.join(parts)}</div>")
+            parts.append(f'<ins style="background: #dcfce7; color: #14532d;">{escape("".join(new[b0:b1]))}</ins>')
+    return f'<div class="dl-diff" dir="auto"{_lang_attr(lang)} style="{_TEXT_STYLE}">{"".join(parts)}</div>'
 
 
 # --- token attributions ("Inspect") ----------------------------------------------------
@@ -167,13 +165,15 @@ def attributions_html(tokens: Sequence[Mapping[str, Any]], *, label: str, lang: 
     for piece, score, space in pieces:
         alpha = round(min(1.0, abs(score) / largest) * 0.75, 3)
         colour = f"rgba(22, 163, 74, {alpha})" if score >= 0 else f"rgba(220, 38, 38, {alpha})"
-        spans.append((" " if space else "")
-                     + f'<span title="{score:+.3f}" style="background: {colour}; border-radius: 3px; '
-                     f'padding: 1px 1px;">{escape(piece)}</span>')
-    legend = (f'<div style="font-size: 0.8rem; color: #555;">green: pushes the model towards '
-              f"<b>{escape(label_name(label))}</b>; red: pushes it away. Hover a word for its score.</div>")
-    return (f'<div class="dl-inspect" dir="auto"{_lang_attr(lang)} style="{_TEXT_STYLE}">{"".join(spans)}</div>'
-            + legend)
+        spans.append(
+            (" " if space else "") + f'<span title="{score:+.3f}" style="background: {colour}; border-radius: 3px; '
+            f'padding: 1px 1px;">{escape(piece)}</span>'
+        )
+    legend = (
+        f'<div style="font-size: 0.8rem; color: #555;">green: pushes the model towards '
+        f"<b>{escape(label_name(label))}</b>; red: pushes it away. Hover a word for its score.</div>"
+    )
+    return f'<div class="dl-inspect" dir="auto"{_lang_attr(lang)} style="{_TEXT_STYLE}">{"".join(spans)}</div>' + legend
 
 
 # --- text from the API with one phrase emphasised --------------------------------------
@@ -190,4 +190,4 @@ def emphasize_markdown(text: str, phrase: str) -> str:
     match = re.search(rf"(?<![\w\\]){re.escape(needle)}(?!\w)", escaped)
     if match is None:
         return escaped
-    return f"{escaped[:match.start()]}***{needle}***{escaped[match.end():]}"
+    return f"{escaped[: match.start()]}***{needle}***{escaped[match.end() :]}"

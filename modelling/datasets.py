@@ -61,7 +61,8 @@ class SourceSpec(BaseModel):
     label_map: dict[str, str | list[str] | None] = Field(
         default_factory=dict,
         description="Raw label value -> task label(s); a value mapped to null is dropped. Raw values "
-                    "are compared as text, so 1 and '1' are the same key.")
+        "are compared as text, so 1 and '1' are the same key.",
+    )
     label_separator: str | None = Field(None, description="Multi-label files: labels joined by this, e.g. ','.")
     weight: float = Field(1.0, gt=0, description="Multiplies each example's loss.")
     upsample: int = Field(1, ge=1, le=100, description="Each example appears this many times per epoch.")
@@ -168,17 +169,30 @@ class LabelledSet:
     def subset(self, rows: Sequence[int], name: str | None = None) -> LabelledSet:
         rows = list(rows)
         return LabelledSet(
-            name=name or self.name, labels=self.labels, multi_label=self.multi_label,
-            texts=[self.texts[i] for i in rows], y=self.y[rows],
+            name=name or self.name,
+            labels=self.labels,
+            multi_label=self.multi_label,
+            texts=[self.texts[i] for i in rows],
+            y=self.y[rows],
             targets=None if self.targets is None else [self.targets[i] for i in rows],
             varieties=None if self.varieties is None else [self.varieties[i] for i in rows],
-            ids=[self.ids[i] for i in rows], weight=self.weight, upsample=self.upsample, origin=dict(self.origin))
+            ids=[self.ids[i] for i in rows],
+            weight=self.weight,
+            upsample=self.upsample,
+            origin=dict(self.origin),
+        )
 
     def summary(self) -> dict[str, Any]:
         counts = self.hard().sum(axis=0) if self.multi_label else np.bincount(self.hard(), minlength=len(self.labels))
-        return {"name": self.name, "rows": len(self), "weight": self.weight, "upsample": self.upsample,
-                "label_counts": {label: int(c) for label, c in zip(self.labels, counts, strict=True)},
-                "sha256": self.sha256(), **self.origin}
+        return {
+            "name": self.name,
+            "rows": len(self),
+            "weight": self.weight,
+            "upsample": self.upsample,
+            "label_counts": {label: int(c) for label, c in zip(self.labels, counts, strict=True)},
+            "sha256": self.sha256(),
+            **self.origin,
+        }
 
 
 def model_labels(definition: TaskDefinition) -> list[str]:
@@ -216,8 +230,9 @@ def _label_key(value: Any) -> str:
     return str(value).strip()
 
 
-def labelled_from_frame(frame: pd.DataFrame, *, labels: Sequence[str], multi_label: bool, spec: SourceSpec,
-                        name: str | None = None) -> LabelledSet:
+def labelled_from_frame(
+    frame: pd.DataFrame, *, labels: Sequence[str], multi_label: bool, spec: SourceSpec, name: str | None = None
+) -> LabelledSet:
     """Map a frame's label column onto ``labels`` with ``spec.label_map``; report unknown values."""
     name = name or spec.describe()
     for column in [spec.text_column, spec.label_column, spec.target_column, spec.variety_column]:
@@ -248,8 +263,11 @@ def labelled_from_frame(frame: pd.DataFrame, *, labels: Sequence[str], multi_lab
                     continue
                 vector[index[label]] = float(p)
         else:
-            values = raw if isinstance(raw, list) else (
-                [v for v in str(raw).split(spec.label_separator) if v.strip()] if spec.label_separator else [raw])
+            values = (
+                raw
+                if isinstance(raw, list)
+                else ([v for v in str(raw).split(spec.label_separator) if v.strip()] if spec.label_separator else [raw])
+            )
             for value in values:
                 key = _label_key(value)
                 mapped = mapping.get(key, key) if mapping else key
@@ -276,16 +294,26 @@ def labelled_from_frame(frame: pd.DataFrame, *, labels: Sequence[str], multi_lab
         rows.append(vector)
     if unknown:
         sample = ", ".join(f"{k!r} ({n}×)" for k, n in sorted(unknown.items())[:8])
-        raise DataError(f"{name}: label values not in the task's labels {list(labels)} and not in label_map: "
-                        f"{sample}; add them to label_map (map to null to drop them)")
+        raise DataError(
+            f"{name}: label values not in the task's labels {list(labels)} and not in label_map: "
+            f"{sample}; add them to label_map (map to null to drop them)"
+        )
     if not texts:
         raise DataError(f"{name}: no usable rows (every row had an empty text or a dropped label)")
     y = np.stack(rows) if rows else np.zeros((0, len(labels)), dtype=np.float32)
-    return LabelledSet(name=name, labels=list(labels), multi_label=multi_label, texts=texts, y=y,
-                       targets=targets if spec.target_column is not None else None,
-                       varieties=varieties if spec.variety_column is not None else None, ids=ids,
-                       weight=spec.weight, upsample=spec.upsample,
-                       origin={"file": str(spec.file) if spec.file else None, "dropped_rows": dropped})
+    return LabelledSet(
+        name=name,
+        labels=list(labels),
+        multi_label=multi_label,
+        texts=texts,
+        y=y,
+        targets=targets if spec.target_column is not None else None,
+        varieties=varieties if spec.variety_column is not None else None,
+        ids=ids,
+        weight=spec.weight,
+        upsample=spec.upsample,
+        origin={"file": str(spec.file) if spec.file else None, "dropped_rows": dropped},
+    )
 
 
 # ---------------------------------------------------------------------------- rounds
@@ -298,8 +326,10 @@ def _build_for(session: Session, task: Task, spec: SourceSpec) -> tuple[Round, R
     if spec.build_id is None:
         build = newest_build(session, round_)
         if build is None:
-            raise DataError(f"round {spec.round} of {task.name!r} has not been built; "
-                            f"run `dynaloop round build --task {task.name} --round {spec.round}` first")
+            raise DataError(
+                f"round {spec.round} of {task.name!r} has not been built; "
+                f"run `dynaloop round build --task {task.name} --round {spec.round}` first"
+            )
         return round_, build
     build = session.get(RoundBuild, spec.build_id)
     if build is None or build.round_id != round_.id:
@@ -316,8 +346,13 @@ def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> Label
     multi = definition.is_multi_label
     round_, build = _build_for(session, task, spec)
     rows = session.execute(
-        select(BuiltExample.example_id, BuiltExample.gold_label, BuiltExample.distributional_label,
-               Example.text, Example.extras)
+        select(
+            BuiltExample.example_id,
+            BuiltExample.gold_label,
+            BuiltExample.distributional_label,
+            Example.text,
+            Example.extras,
+        )
         .join(Example, BuiltExample.example_id == Example.id)
         .where(BuiltExample.build_id == build.id, BuiltExample.split == spec.split)
         .order_by(BuiltExample.example_id)
@@ -364,15 +399,28 @@ def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> Label
     y = np.stack([vectors[i] for i in keep])
     has_variety = any(v is not None for v in varieties)
     return LabelledSet(
-        name=spec.describe(), labels=labels, multi_label=multi, texts=[texts[i] for i in keep], y=y,
+        name=spec.describe(),
+        labels=labels,
+        multi_label=multi,
+        texts=[texts[i] for i in keep],
+        y=y,
         targets=[targets[i] for i in keep] if definition.family is TaskFamily.target_dependent else None,
-        varieties=[varieties[i] for i in keep] if has_variety else None, ids=[ids[i] for i in keep],
-        weight=spec.weight, upsample=spec.upsample,
-        origin={"round": round_.number, "build_id": build.id, "split": spec.split, "skipped_rows": skipped})
+        varieties=[varieties[i] for i in keep] if has_variety else None,
+        ids=[ids[i] for i in keep],
+        weight=spec.weight,
+        upsample=spec.upsample,
+        origin={"round": round_.number, "build_id": build.id, "split": spec.split, "skipped_rows": skipped},
+    )
 
 
-def load_source(spec: SourceSpec, *, labels: Sequence[str], multi_label: bool,
-                session: Session | None = None, task: Task | None = None) -> LabelledSet:
+def load_source(
+    spec: SourceSpec,
+    *,
+    labels: Sequence[str],
+    multi_label: bool,
+    session: Session | None = None,
+    task: Task | None = None,
+) -> LabelledSet:
     if spec.round is not None:
         if session is None or task is None:
             raise DataError(f"{spec.describe()}: a round source needs the database and a task")
@@ -384,6 +432,8 @@ def load_source(spec: SourceSpec, *, labels: Sequence[str], multi_label: bool,
 def expand(sets: Sequence[LabelledSet], *, seed: int = 0) -> tuple[list[int], list[int]]:
     """The training stream of one epoch as (set index, row) pairs, every row repeated its set's
     ``upsample`` times, shuffled with ``seed``: DynaSent Table 5a's "3×" and "5×" sources."""
-    pairs = [(s, row) for s, labelled in enumerate(sets) for _ in range(labelled.upsample) for row in range(len(labelled))]
+    pairs = [
+        (s, row) for s, labelled in enumerate(sets) for _ in range(labelled.upsample) for row in range(len(labelled))
+    ]
     order = np.random.default_rng(seed).permutation(len(pairs))
     return [pairs[i][0] for i in order], [pairs[i][1] for i in order]

@@ -60,7 +60,12 @@ class Evaluation:
         ``table().T`` is the paper's orientation (classes as rows, sets as columns)."""
         rows = []
         for metrics in self.sets:
-            row: dict[str, Any] = {"set": metrics.name, "rows": metrics.rows, **metrics.f1, "macro_f1": metrics.macro_f1}
+            row: dict[str, Any] = {
+                "set": metrics.name,
+                "rows": metrics.rows,
+                **metrics.f1,
+                "macro_f1": metrics.macro_f1,
+            }
             if self.multi_label:
                 row["micro_f1"] = metrics.micro_f1
             row["human_f1"] = metrics.human_f1
@@ -70,32 +75,52 @@ class Evaluation:
 
     def variety_table(self) -> pd.DataFrame:
         """One row per (set, variety): rows, F1 per class, macro-F1. Empty without varieties."""
-        rows = [{"set": metrics.name, "variety": variety, "rows": part.rows, **part.f1, "macro_f1": part.macro_f1}
-                for metrics in self.sets for variety, part in metrics.by_variety.items()]
+        rows = [
+            {"set": metrics.name, "variety": variety, "rows": part.rows, **part.f1, "macro_f1": part.macro_f1}
+            for metrics in self.sets
+            for variety, part in metrics.by_variety.items()
+        ]
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe({
-            "model_id": self.model_id, "model_version": self.model_version, "model_dir": self.model_dir,
-            "labels": self.labels, "multi_label": self.multi_label, "threshold": self.threshold,
-            "positive_label": self.positive_label, "evaluated_at": self.evaluated_at,
-            "macro_f1": {m.name: m.macro_f1 for m in self.sets}, "solved": self.solved,
-            "sets": [m.to_dict() for m in self.sets],
-        })
+        return json_safe(
+            {
+                "model_id": self.model_id,
+                "model_version": self.model_version,
+                "model_dir": self.model_dir,
+                "labels": self.labels,
+                "multi_label": self.multi_label,
+                "threshold": self.threshold,
+                "positive_label": self.positive_label,
+                "evaluated_at": self.evaluated_at,
+                "macro_f1": {m.name: m.macro_f1 for m in self.sets},
+                "solved": self.solved,
+                "sets": [m.to_dict() for m in self.sets],
+            }
+        )
 
 
 def align_columns(probabilities: np.ndarray, model_labels: Sequence[str], set_labels: Sequence[str]) -> np.ndarray:
     """Reorder a model's probability columns to a set's label order (same labels required)."""
     if sorted(model_labels) != sorted(set_labels):
-        raise EvaluationError(f"the model's labels {list(model_labels)} are not the set's labels {list(set_labels)}; "
-                              "evaluate a model trained for this task")
+        raise EvaluationError(
+            f"the model's labels {list(model_labels)} are not the set's labels {list(set_labels)}; "
+            "evaluate a model trained for this task"
+        )
     return probabilities[:, [list(model_labels).index(label) for label in set_labels]]
 
 
-def evaluate_probabilities(sets: Sequence[LabelledSet], probabilities: Sequence[np.ndarray], *,
-                           human_f1: Mapping[str, float] | None = None, threshold: float = 0.5,
-                           positive_label: str | None = None, model_id: str = "", model_version: str = "",
-                           model_dir: str = "") -> Evaluation:
+def evaluate_probabilities(
+    sets: Sequence[LabelledSet],
+    probabilities: Sequence[np.ndarray],
+    *,
+    human_f1: Mapping[str, float] | None = None,
+    threshold: float = 0.5,
+    positive_label: str | None = None,
+    model_id: str = "",
+    model_version: str = "",
+    model_dir: str = "",
+) -> Evaluation:
     """:func:`evaluate_model` for predictions already made (one array per set, columns in the
     set's label order)."""
     if not sets:
@@ -117,9 +142,16 @@ def evaluate_probabilities(sets: Sequence[LabelledSet], probabilities: Sequence[
             metrics.solved = metrics.macro_f1 >= estimate
         results.append(metrics)
     first = sets[0]
-    return Evaluation(model_id=model_id, model_version=model_version, model_dir=model_dir, labels=list(first.labels),
-                      multi_label=first.multi_label, threshold=threshold, sets=results,
-                      positive_label=next((m.positive_label for m in results if m.positive_label), None))
+    return Evaluation(
+        model_id=model_id,
+        model_version=model_version,
+        model_dir=model_dir,
+        labels=list(first.labels),
+        multi_label=first.multi_label,
+        threshold=threshold,
+        sets=results,
+        positive_label=next((m.positive_label for m in results if m.positive_label), None),
+    )
 
 
 def _predict_set(classifier: LoadedClassifier, labelled: LabelledSet, *, batch_size: int, progress: bool) -> np.ndarray:
@@ -130,17 +162,33 @@ def _predict_set(classifier: LoadedClassifier, labelled: LabelledSet, *, batch_s
     targets = None
     if metadata.input_format == "text_pair":
         if labelled.targets is None:
-            raise EvaluationError(f"the model takes (sentence, target) pairs but {labelled.name} has no targets; "
-                                  "give the file source a target_column")
+            raise EvaluationError(
+                f"the model takes (sentence, target) pairs but {labelled.name} has no targets; "
+                "give the file source a target_column"
+            )
         targets = labelled.targets
-    probabilities = predict_loaded(classifier.model, classifier.tokenizer, metadata, labelled.texts, targets,
-                                   batch_size=batch_size, progress=progress)
+    probabilities = predict_loaded(
+        classifier.model,
+        classifier.tokenizer,
+        metadata,
+        labelled.texts,
+        targets,
+        batch_size=batch_size,
+        progress=progress,
+    )
     return align_columns(probabilities, metadata.labels, labelled.labels)
 
 
-def evaluate_model(model_dir: Path | str, sets: Sequence[LabelledSet], *, human_f1: Mapping[str, float] | None = None,
-                   positive_label: str | None = None, batch_size: int = 64, device: str | None = None,
-                   progress: bool = False) -> Evaluation:
+def evaluate_model(
+    model_dir: Path | str,
+    sets: Sequence[LabelledSet],
+    *,
+    human_f1: Mapping[str, float] | None = None,
+    positive_label: str | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    progress: bool = False,
+) -> Evaluation:
     """Predict every set with the model in ``model_dir`` and score it (:func:`compute_metrics`,
     per variety too). ``human_f1`` maps set names (``round 1 dev``) to the round's human
     macro-F1 estimate; those sets get ``solved = macro_f1 >= human_f1``. Multi-label sets are
@@ -148,9 +196,16 @@ def evaluate_model(model_dir: Path | str, sets: Sequence[LabelledSet], *, human_
     classifier = LoadedClassifier.load(model_dir, device=device)
     probabilities = [_predict_set(classifier, labelled, batch_size=batch_size, progress=progress) for labelled in sets]
     metadata = classifier.metadata
-    return evaluate_probabilities(sets, probabilities, human_f1=human_f1, threshold=metadata.threshold,
-                                  positive_label=positive_label, model_id=metadata.model_id,
-                                  model_version=metadata.version, model_dir=str(model_dir))
+    return evaluate_probabilities(
+        sets,
+        probabilities,
+        human_f1=human_f1,
+        threshold=metadata.threshold,
+        positive_label=positive_label,
+        model_id=metadata.model_id,
+        model_version=metadata.version,
+        model_dir=str(model_dir),
+    )
 
 
 # ---------------------------------------------------------------------------- cross-variety (BESSTIE Fig. 5)
@@ -166,20 +221,31 @@ class CrossVarietyMatrix:
     test_rows: dict[str, int]  # examples per test variety
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.macro_f1, index=pd.Index(self.train_varieties, name="trained on"),
-                            columns=pd.Index(self.test_varieties, name="tested on"))
+        return pd.DataFrame(
+            self.macro_f1,
+            index=pd.Index(self.train_varieties, name="trained on"),
+            columns=pd.Index(self.test_varieties, name="tested on"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe({"train_varieties": self.train_varieties, "test_varieties": self.test_varieties,
-                           "macro_f1": self.macro_f1.tolist(), "test_rows": self.test_rows})
+        return json_safe(
+            {
+                "train_varieties": self.train_varieties,
+                "test_varieties": self.test_varieties,
+                "macro_f1": self.macro_f1.tolist(),
+                "test_rows": self.test_rows,
+            }
+        )
 
 
 def _rows_by_variety(test_sets: Sequence[LabelledSet]) -> dict[str, list[tuple[int, int]]]:
     groups: dict[str, list[tuple[int, int]]] = {}
     for s, labelled in enumerate(test_sets):
         if labelled.varieties is None:
-            raise EvaluationError(f"{labelled.name} records no varieties; a cross-variety matrix needs them "
-                                  "(give the file source a variety_column)")
+            raise EvaluationError(
+                f"{labelled.name} records no varieties; a cross-variety matrix needs them "
+                "(give the file source a variety_column)"
+            )
         for row, variety in enumerate(labelled.varieties):
             if variety is not None:
                 groups.setdefault(variety, []).append((s, row))
@@ -188,9 +254,13 @@ def _rows_by_variety(test_sets: Sequence[LabelledSet]) -> dict[str, list[tuple[i
     return groups
 
 
-def cross_variety_from_predictions(predictions: Mapping[str, Sequence[np.ndarray]], test_sets: Sequence[LabelledSet],
-                                   *, test_varieties: Sequence[str] | None = None,
-                                   threshold: float = 0.5) -> CrossVarietyMatrix:
+def cross_variety_from_predictions(
+    predictions: Mapping[str, Sequence[np.ndarray]],
+    test_sets: Sequence[LabelledSet],
+    *,
+    test_varieties: Sequence[str] | None = None,
+    threshold: float = 0.5,
+) -> CrossVarietyMatrix:
     """The matrix from predictions already made: ``predictions[train_variety][i]`` are one
     model's probabilities on ``test_sets[i]`` (columns in the set's label order). Test rows are
     pooled over the sets and grouped by variety; columns follow ``test_varieties`` (default:
@@ -207,18 +277,31 @@ def cross_variety_from_predictions(predictions: Mapping[str, Sequence[np.ndarray
             raise EvaluationError(f"{train_variety}: {len(per_set)} prediction arrays for {len(test_sets)} test sets")
         for c, variety in enumerate(columns):
             rows = groups[variety]
-            pooled = LabelledSet(name=variety, labels=list(first.labels), multi_label=first.multi_label,
-                                 texts=[test_sets[s].texts[i] for s, i in rows],
-                                 y=np.stack([test_sets[s].y[i] for s, i in rows]))
+            pooled = LabelledSet(
+                name=variety,
+                labels=list(first.labels),
+                multi_label=first.multi_label,
+                texts=[test_sets[s].texts[i] for s, i in rows],
+                y=np.stack([test_sets[s].y[i] for s, i in rows]),
+            )
             probabilities = np.stack([per_set[s][i] for s, i in rows])
             matrix[r, c] = compute_metrics(pooled, probabilities, threshold=threshold).macro_f1
-    return CrossVarietyMatrix(train_varieties=list(predictions), test_varieties=columns, macro_f1=matrix,
-                              test_rows={v: len(groups[v]) for v in columns})
+    return CrossVarietyMatrix(
+        train_varieties=list(predictions),
+        test_varieties=columns,
+        macro_f1=matrix,
+        test_rows={v: len(groups[v]) for v in columns},
+    )
 
 
-def cross_variety_matrix(models: Mapping[str, Path | str], test_sets: Sequence[LabelledSet], *,
-                         test_varieties: Sequence[str] | None = None, batch_size: int = 64,
-                         device: str | None = None) -> CrossVarietyMatrix:
+def cross_variety_matrix(
+    models: Mapping[str, Path | str],
+    test_sets: Sequence[LabelledSet],
+    *,
+    test_varieties: Sequence[str] | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+) -> CrossVarietyMatrix:
     """BESSTIE Fig. 5: ``models`` maps a training variety (``en-AU``, or ``PT`` for the model
     before fine-tuning) to a model directory; each model predicts every test set once and is
     scored (macro-F1) on each variety's rows. Rows keep the order of ``models``."""
@@ -230,7 +313,8 @@ def cross_variety_matrix(models: Mapping[str, Path | str], test_sets: Sequence[L
     for train_variety, model_dir in models.items():
         classifier = LoadedClassifier.load(model_dir, device=device)
         threshold = classifier.metadata.threshold
-        predictions[train_variety] = [_predict_set(classifier, labelled, batch_size=batch_size, progress=False)
-                                      for labelled in test_sets]
+        predictions[train_variety] = [
+            _predict_set(classifier, labelled, batch_size=batch_size, progress=False) for labelled in test_sets
+        ]
         del classifier
     return cross_variety_from_predictions(predictions, test_sets, test_varieties=test_varieties, threshold=threshold)

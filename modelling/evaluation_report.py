@@ -26,14 +26,16 @@ def plot_confusion(metrics: SetMetrics, path: Path | str) -> Path:
         axes = figure.subplots(1, n, squeeze=False)[0]
         for ax, label, matrix in zip(axes, metrics.labels, metrics.confusion, strict=True):
             ConfusionMatrixDisplay(np.array(matrix), display_labels=["no", "yes"]).plot(
-                ax=ax, colorbar=False, cmap="Blues", values_format="d")
+                ax=ax, colorbar=False, cmap="Blues", values_format="d"
+            )
             ax.set_title(label)
     else:
         size = max(4.0, 0.9 * len(metrics.labels) + 2.5)
         figure = Figure(figsize=(size + 1, size), layout="constrained")
         ax = figure.subplots()
         ConfusionMatrixDisplay(np.array(metrics.confusion), display_labels=metrics.labels).plot(
-            ax=ax, cmap="Blues", values_format="d", xticks_rotation=30)
+            ax=ax, cmap="Blues", values_format="d", xticks_rotation=30
+        )
         ax.set_xlabel("predicted")
         ax.set_ylabel("gold")
     figure.suptitle(f"{metrics.name}: macro-F1 {metrics.macro_f1:.3f} (n = {metrics.rows})")
@@ -55,8 +57,14 @@ def plot_cross_variety(matrix: CrossVarietyMatrix, path: Path | str, *, title: s
     for r in range(rows):
         for c in range(columns):
             value = matrix.macro_f1[r, c]
-            ax.text(c, r, "–" if math.isnan(value) else f"{value:.2f}", ha="center", va="center",
-                    color="white" if value > 0.6 else "black")
+            ax.text(
+                c,
+                r,
+                "–" if math.isnan(value) else f"{value:.2f}",
+                ha="center",
+                va="center",
+                color="white" if value > 0.6 else "black",
+            )
     figure.colorbar(image, ax=ax, label="macro-F1")
     ax.set_title(title)
     figure.savefig(path, dpi=100)
@@ -72,8 +80,11 @@ def _percent(value: float | None) -> str:
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|",
-            *["| " + " | ".join(row) + " |" for row in rows]]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(" --- " for _ in header) + "|",
+        *["| " + " | ".join(row) + " |" for row in rows],
+    ]
 
 
 def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatrix | None = None) -> str:
@@ -83,8 +94,12 @@ def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatri
     origin = [f"model directory `{evaluation.model_dir}`"] if evaluation.model_dir else []
     origin += [f"version {evaluation.model_version}"] if evaluation.model_version else []
     about = ", ".join([*origin, f"evaluated {evaluation.evaluated_at}"])
-    lines = [f"# Evaluation of {evaluation.model_id or evaluation.model_dir or 'a model'}", "",
-             f"{about[0].upper()}{about[1:]}. F1 scores in percent.", ""]
+    lines = [
+        f"# Evaluation of {evaluation.model_id or evaluation.model_dir or 'a model'}",
+        "",
+        f"{about[0].upper()}{about[1:]}. F1 scores in percent.",
+        "",
+    ]
     if evaluation.multi_label:
         lines += [f"Multi-label: a label is predicted when its probability is at least {evaluation.threshold}.", ""]
     if evaluation.positive_label:
@@ -110,27 +125,46 @@ def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatri
     # The paper's own orientation: classes as rows, sets as columns.
     paper_rows = [[label, *[_percent(m.f1[label]) for m in evaluation.sets]] for label in labels]
     paper_rows.append(["Macro avg", *[_percent(m.macro_f1) for m in evaluation.sets]])
-    lines += ["### As laid out in the paper", "",
-              *_markdown_table(["", *[m.name for m in evaluation.sets]], paper_rows), ""]
+    lines += [
+        "### As laid out in the paper",
+        "",
+        *_markdown_table(["", *[m.name for m in evaluation.sets]], paper_rows),
+        "",
+    ]
 
-    variety_rows = [[m.name, variety, str(part.rows), *[_percent(part.f1[label]) for label in labels],
-                     _percent(part.macro_f1)]
-                    for m in evaluation.sets for variety, part in m.by_variety.items()]
+    variety_rows = [
+        [m.name, variety, str(part.rows), *[_percent(part.f1[label]) for label in labels], _percent(part.macro_f1)]
+        for m in evaluation.sets
+        for variety, part in m.by_variety.items()
+    ]
     if variety_rows:
-        lines += ["## Per variety", "",
-                  *_markdown_table(["Set", "Variety", "n", *labels, "Macro-F1"], variety_rows), ""]
+        lines += [
+            "## Per variety",
+            "",
+            *_markdown_table(["Set", "Variety", "n", *labels, "Macro-F1"], variety_rows),
+            "",
+        ]
     if cross_variety is not None:
-        matrix_rows = [[train, *[_percent(v) for v in cross_variety.macro_f1[r]]]
-                       for r, train in enumerate(cross_variety.train_varieties)]
-        lines += ["## Cross-variety macro-F1 (BESSTIE Fig. 5)", "",
-                  "Rows: the variety a model was trained on; columns: the variety it is tested on.", "",
-                  *_markdown_table(["trained on \\ tested on", *cross_variety.test_varieties], matrix_rows),
-                  "", "![cross-variety](cross-variety.png)", ""]
+        matrix_rows = [
+            [train, *[_percent(v) for v in cross_variety.macro_f1[r]]]
+            for r, train in enumerate(cross_variety.train_varieties)
+        ]
+        lines += [
+            "## Cross-variety macro-F1 (BESSTIE Fig. 5)",
+            "",
+            "Rows: the variety a model was trained on; columns: the variety it is tested on.",
+            "",
+            *_markdown_table(["trained on \\ tested on", *cross_variety.test_varieties], matrix_rows),
+            "",
+            "![cross-variety](cross-variety.png)",
+            "",
+        ]
     return "\n".join(lines)
 
 
-def write_evaluation(evaluation: Evaluation, out_dir: Path | str, *,
-                     cross_variety: CrossVarietyMatrix | None = None) -> list[Path]:
+def write_evaluation(
+    evaluation: Evaluation, out_dir: Path | str, *, cross_variety: CrossVarietyMatrix | None = None
+) -> list[Path]:
     """Write evaluation.md, evaluation.json, one confusion-matrix PNG per set and, when given,
     cross-variety.png into ``out_dir``; returns the paths written."""
     out_dir = Path(out_dir)
@@ -147,7 +181,9 @@ def write_evaluation(evaluation: Evaluation, out_dir: Path | str, *,
     if cross_variety is not None:
         written.append(plot_cross_variety(cross_variety, out_dir / "cross-variety.png"))
     markdown = evaluation_markdown(evaluation, cross_variety)
-    markdown += "\n## Confusion matrices\n\n" + "\n".join(f"![{name}]({image})" for name, image in images.items()) + "\n"
+    markdown += (
+        "\n## Confusion matrices\n\n" + "\n".join(f"![{name}]({image})" for name, image in images.items()) + "\n"
+    )
     (out_dir / "evaluation.md").write_text(markdown, encoding="utf-8")
     data = {**evaluation.to_dict(), "confusion_images": images}
     if cross_variety is not None:

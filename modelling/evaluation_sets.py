@@ -30,9 +30,13 @@ def human_f1_estimate(report: Mapping[str, Any], split: str) -> float | None:
 
 def built_round_numbers(session: Session, task: Task) -> list[int]:
     """The task's rounds that have at least one build, in order."""
-    return list(session.scalars(
-        select(Round.number).where(Round.task_id == task.id, Round.id.in_(select(RoundBuild.round_id)))
-        .order_by(Round.number)))
+    return list(
+        session.scalars(
+            select(Round.number)
+            .where(Round.task_id == task.id, Round.id.in_(select(RoundBuild.round_id)))
+            .order_by(Round.number)
+        )
+    )
 
 
 @dataclass
@@ -50,13 +54,16 @@ def _newest_build(session: Session, task: Task, number: int) -> RoundBuild:
         raise EvaluationError(f"task {task.name!r} has no round {number}")
     build = newest_build(session, round_)
     if build is None:
-        raise EvaluationError(f"round {number} of {task.name!r} has not been built; run "
-                              f"`dynaloop round build --task {task.name} --round {number}` first")
+        raise EvaluationError(
+            f"round {number} of {task.name!r} has not been built; run "
+            f"`dynaloop round build --task {task.name} --round {number}` first"
+        )
     return build
 
 
-def load_evaluation_sets(session: Session, task: Task, *, rounds: Sequence[int] | None = None,
-                         extra: Sequence[SourceSpec] = ()) -> EvaluationSets:
+def load_evaluation_sets(
+    session: Session, task: Task, *, rounds: Sequence[int] | None = None, extra: Sequence[SourceSpec] = ()
+) -> EvaluationSets:
     """Each round's dev and test split from its newest build (``rounds``: default every built
     round; ``[]`` for none), then the ``extra`` sources (a data mix's dev and evaluate
     entries: external files or other round splits), each once. Round splits carry the human
@@ -65,8 +72,11 @@ def load_evaluation_sets(session: Session, task: Task, *, rounds: Sequence[int] 
     definition = definition_of(task)
     labels, multi = model_labels(definition), definition.is_multi_label
     numbers = built_round_numbers(session, task) if rounds is None else list(rounds)
-    specs = [SourceSpec(round=number, split=split, build_id=_newest_build(session, task, number).id)
-             for number in numbers for split in ("dev", "test")]
+    specs = [
+        SourceSpec(round=number, split=split, build_id=_newest_build(session, task, number).id)
+        for number in numbers
+        for split in ("dev", "test")
+    ]
     result = EvaluationSets(sets=[], human_f1={}, skipped=[])
     seen: set[tuple[Any, ...]] = set()
     for spec in [*specs, *extra]:
@@ -76,8 +86,11 @@ def load_evaluation_sets(session: Session, task: Task, *, rounds: Sequence[int] 
         if key in seen:
             continue
         seen.add(key)
-        if spec.round is not None and not session.scalar(select(func.count()).select_from(BuiltExample).where(
-                BuiltExample.build_id == spec.build_id, BuiltExample.split == spec.split)):
+        if spec.round is not None and not session.scalar(
+            select(func.count())
+            .select_from(BuiltExample)
+            .where(BuiltExample.build_id == spec.build_id, BuiltExample.split == spec.split)
+        ):
             logger.info("%s of %s has no examples in build %s; skipped", spec.describe(), task.name, spec.build_id)
             result.skipped.append(spec.describe())
             continue

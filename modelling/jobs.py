@@ -81,8 +81,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ACTIVE", "EvaluateParams", "JobRunner", "PromoteParams", "TrainParams", "check_process", "create_job",
-           "default_mix", "get_job", "list_jobs", "parse_params", "run_job", "spawn_job", "start_job"]
+__all__ = [
+    "ACTIVE",
+    "EvaluateParams",
+    "JobRunner",
+    "PromoteParams",
+    "TrainParams",
+    "check_process",
+    "create_job",
+    "default_mix",
+    "get_job",
+    "list_jobs",
+    "parse_params",
+    "run_job",
+    "spawn_job",
+    "start_job",
+]
 
 ACTIVE = (JobStatus.queued, JobStatus.running)
 #: Characters of log kept in the row: the newest lines (the full log is in the job's log file).
@@ -114,8 +128,11 @@ class PromoteParams(PromoteOptions):
     model_id: int = Field(ge=1, le=MAX_ID, description="The model's registry id.")
 
 
-PARAMS: dict[JobKind, type[BaseModel]] = {JobKind.train: TrainParams, JobKind.evaluate: EvaluateParams,
-                                          JobKind.promote: PromoteParams}
+PARAMS: dict[JobKind, type[BaseModel]] = {
+    JobKind.train: TrainParams,
+    JobKind.evaluate: EvaluateParams,
+    JobKind.promote: PromoteParams,
+}
 
 
 def parse_params(kind: JobKind | str, params: dict[str, Any] | None) -> BaseModel:
@@ -160,15 +177,29 @@ def _check_mix(session: Session, task: Task, mix: DataMix, data_dir: Path) -> Da
 def _model_of(session: Session, task: Task, model_id: int) -> ModelVersion:
     model = session.get(ModelVersion, model_id)
     if model is None or model.task_id != task.id:
-        known = [f"{m.id} ({m.name})" for m in session.scalars(
-            select(ModelVersion).where(ModelVersion.task_id == task.id).order_by(ModelVersion.id))]
-        raise Invalid(f"params.model_id: task {task.name!r} has no model {model_id}; registered: "
-                      f"{', '.join(known) or 'none (train one first)'}")
+        known = [
+            f"{m.id} ({m.name})"
+            for m in session.scalars(
+                select(ModelVersion).where(ModelVersion.task_id == task.id).order_by(ModelVersion.id)
+            )
+        ]
+        raise Invalid(
+            f"params.model_id: task {task.name!r} has no model {model_id}; registered: "
+            f"{', '.join(known) or 'none (train one first)'}"
+        )
     return model
 
 
-def create_job(session: Session, actor: User | None, task: Task, kind: JobKind | str, params: dict[str, Any] | None,
-               *, data_dir: Path, admin_token: str | None = None) -> tuple[Job, str | None]:
+def create_job(
+    session: Session,
+    actor: User | None,
+    task: Task,
+    kind: JobKind | str,
+    params: dict[str, Any] | None,
+    *,
+    data_dir: Path,
+    admin_token: str | None = None,
+) -> tuple[Job, str | None]:
     """Validate ``params`` for ``kind`` and record a queued job.
 
     Returns the job and the model server admin token its process needs (promote jobs: the
@@ -182,18 +213,24 @@ def create_job(session: Session, actor: User | None, task: Task, kind: JobKind |
         # Lock the task row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises) so two
         # concurrent requests cannot both start a training run.
         session.execute(select(Task.id).where(Task.id == task.id).with_for_update())
-        for other in session.scalars(select(Job).where(Job.task_id == task.id, Job.kind == JobKind.train,
-                                                       Job.status.in_(ACTIVE))):
+        for other in session.scalars(
+            select(Job).where(Job.task_id == task.id, Job.kind == JobKind.train, Job.status.in_(ACTIVE))
+        ):
             check_process(session, other)
             if other.status in ACTIVE:
-                raise Conflict(f"train job {other.id} of task {task.name!r} is still {other.status.value}; wait for "
-                               f"it to finish (GET /api/v1/jobs/{other.id})", job_id=other.id)
+                raise Conflict(
+                    f"train job {other.id} of task {task.name!r} is still {other.status.value}; wait for "
+                    f"it to finish (GET /api/v1/jobs/{other.id})",
+                    job_id=other.id,
+                )
         parsed.mix = _check_mix(session, task, parsed.mix or default_mix(session, task), data_dir)
         if isinstance(parsed.class_weights, dict):
             unknown = sorted(set(parsed.class_weights) - set(definition.labels))
             if unknown:
-                raise Invalid(f"params.class_weights: {unknown} are not labels of {task.name!r}; its labels are "
-                              f"{list(definition.labels)}")
+                raise Invalid(
+                    f"params.class_weights: {unknown} are not labels of {task.name!r}; its labels are "
+                    f"{list(definition.labels)}"
+                )
         if parsed.base is not None and not parsed.tiny and not Path(parsed.base).is_dir():
             raise Invalid(f"params.base: {parsed.base} is not a folder on the server")
         if parsed.base is not None and parsed.tiny:
@@ -207,21 +244,34 @@ def create_job(session: Session, actor: User | None, task: Task, kind: JobKind |
         elif not built_round_numbers(session, task) and not parsed.extra_sources():
             raise Invalid(f"task {task.name!r} has no built round to evaluate on; build a round first")
         if parsed.positive_label is not None and parsed.positive_label not in definition.labels:
-            raise Invalid(f"params.positive_label: {parsed.positive_label!r} is not a label of {task.name!r}; its "
-                          f"labels are {list(definition.labels)}")
+            raise Invalid(
+                f"params.positive_label: {parsed.positive_label!r} is not a label of {task.name!r}; its "
+                f"labels are {list(definition.labels)}"
+            )
     elif isinstance(parsed, PromoteParams):
         model = _model_of(session, task, parsed.model_id)
         parsed.endpoint = check_endpoints([parsed.endpoint])[0]
         if model.status is ModelVersionStatus.trained and not parsed.force:
-            raise Conflict(f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the "
-                           "loop; run an evaluate job first, or set force to promote it anyway")
+            raise Conflict(
+                f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the "
+                "loop; run an evaluate job first, or set force to promote it anyway"
+            )
         secret = parsed.admin_token.get_secret_value() if parsed.admin_token else admin_token
         if not secret:
-            raise Invalid("params.admin_token: give the model server's admin token, or start the API with "
-                          f"{ADMIN_TOKEN_ENV} set")
+            raise Invalid(
+                f"params.admin_token: give the model server's admin token, or start the API with {ADMIN_TOKEN_ENV} set"
+            )
     stored = parsed.model_dump(mode="json", exclude={"admin_token"}, exclude_none=True)
-    job = Job(kind=kind, task_id=task.id, status=JobStatus.queued, progress=0.0, message="queued",
-              params=stored, log="", created_by_id=actor.id if actor else None)
+    job = Job(
+        kind=kind,
+        task_id=task.id,
+        status=JobStatus.queued,
+        progress=0.0,
+        message="queued",
+        params=stored,
+        log="",
+        created_by_id=actor.id if actor else None,
+    )
     session.add(job)
     session.flush()
     audit.record(session, actor, f"job.{kind.value}", "job", job.id, task=task.name, params=stored)
@@ -236,8 +286,9 @@ def get_job(session: Session, job_id: int) -> Job:
     return job
 
 
-def list_jobs(session: Session, task: Task, *, kind: JobKind | None = None, status: JobStatus | None = None,
-              limit: int = 50) -> list[Job]:
+def list_jobs(
+    session: Session, task: Task, *, kind: JobKind | None = None, status: JobStatus | None = None, limit: int = 50
+) -> list[Job]:
     """The task's jobs, newest first."""
     query = select(Job).where(Job.task_id == task.id)
     if kind is not None:
@@ -274,18 +325,24 @@ def check_process(session: Session, job: Job) -> bool:
     if job.pid is None:
         if utcnow() - job.created_at < START_TIMEOUT:
             return False
-        message = (f"the job's process never started (no process picked it up within "
-                   f"{int(START_TIMEOUT.total_seconds() // 60)} minutes); start it again")
+        message = (
+            f"the job's process never started (no process picked it up within "
+            f"{int(START_TIMEOUT.total_seconds() // 60)} minutes); start it again"
+        )
     elif job.host != socket.gethostname() or _process_alive(job.pid):
         return False
     else:
-        message = (f"the job's process (pid {job.pid}) ended without reporting a result: it was killed, ran out of "
-                   "memory, or the machine restarted; see the job's log and start it again")
+        message = (
+            f"the job's process (pid {job.pid}) ended without reporting a result: it was killed, ran out of "
+            "memory, or the machine restarted; see the job's log and start it again"
+        )
     same_process = Job.pid.is_(None) if job.pid is None else Job.pid == job.pid
     changed = session.execute(
-        update(Job).where(Job.id == job.id, Job.status.in_(ACTIVE), same_process)
+        update(Job)
+        .where(Job.id == job.id, Job.status.in_(ACTIVE), same_process)
         .values(status=JobStatus.failed, message=message, finished_at=utcnow())
-        .execution_options(synchronize_session=False)).rowcount
+        .execution_options(synchronize_session=False)
+    ).rowcount
     session.refresh(job)
     if changed:
         logger.warning("job %s: %s", job.id, message)
@@ -299,8 +356,9 @@ def job_log_path(data_dir: Path, job_id: int) -> Path:
     return Path(data_dir) / "jobs" / f"job-{job_id}.log"
 
 
-def spawn_job(job_id: int, *, database_url: str, data_dir: Path,
-              admin_token: str | None = None) -> subprocess.Popen[bytes]:
+def spawn_job(
+    job_id: int, *, database_url: str, data_dir: Path, admin_token: str | None = None
+) -> subprocess.Popen[bytes]:
     """Start ``python -m dynaloop.cli job run JOB_ID`` detached from this process.
 
     The database URL (which may hold a password) and the admin token travel in the child's
@@ -310,33 +368,51 @@ def spawn_job(job_id: int, *, database_url: str, data_dir: Path,
     log_path = job_log_path(data_dir, job_id)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    env.update(DYNALOOP_DATABASE_URL=database_url, DYNALOOP_DATA_DIR=str(Path(data_dir).resolve()),
-               PYTHONUNBUFFERED="1")
+    env.update(
+        DYNALOOP_DATABASE_URL=database_url, DYNALOOP_DATA_DIR=str(Path(data_dir).resolve()), PYTHONUNBUFFERED="1"
+    )
     env.pop(ADMIN_TOKEN_ENV, None)
     if admin_token:
         env[ADMIN_TOKEN_ENV] = admin_token
     with log_path.open("ab") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "dynaloop.cli", "job", "run", str(job_id)], env=env,
-                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "dynaloop.cli", "job", "run", str(job_id)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     threading.Thread(target=popen.wait, name=f"dynaloop-job-{job_id}-reaper", daemon=True).start()
     return popen
 
 
-def start_job(factory: sessionmaker[Session], job_id: int, *, database_url: str, data_dir: Path,
-              admin_token: str | None = None,
-              spawn: Callable[..., subprocess.Popen[bytes]] = spawn_job) -> None:
+def start_job(
+    factory: sessionmaker[Session],
+    job_id: int,
+    *,
+    database_url: str,
+    data_dir: Path,
+    admin_token: str | None = None,
+    spawn: Callable[..., subprocess.Popen[bytes]] = spawn_job,
+) -> None:
     """Spawn the job's process and record its pid; a failure to start is recorded on the job."""
     try:
         popen = spawn(job_id, database_url=database_url, data_dir=data_dir, admin_token=admin_token)
     except OSError as exc:
         with factory.begin() as session:
-            session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.queued).values(
-                status=JobStatus.failed, message=f"could not start the job's process: {exc}", finished_at=utcnow()))
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status == JobStatus.queued)
+                .values(
+                    status=JobStatus.failed, message=f"could not start the job's process: {exc}", finished_at=utcnow()
+                )
+            )
         return
     with factory.begin() as session:
-        session.execute(update(Job).where(Job.id == job_id, Job.pid.is_(None)).values(
-            pid=popen.pid, host=socket.gethostname()))
+        session.execute(
+            update(Job).where(Job.id == job_id, Job.pid.is_(None)).values(pid=popen.pid, host=socket.gethostname())
+        )
 
 
 # --- running ----------------------------------------------------------------------------
@@ -376,8 +452,9 @@ class JobRunner:
             text = "\n".join(self._lines)
         return text[-LOG_LIMIT:]
 
-    def progress(self, fraction: float | None, message: str | None = None, *, force: bool = False,
-                 log: bool = True) -> None:
+    def progress(
+        self, fraction: float | None, message: str | None = None, *, force: bool = False, log: bool = True
+    ) -> None:
         """Set the progress (0-1; it never goes backwards; None keeps it) and the message, which
         also goes to the log unless ``log`` is false (per-step messages would flood it)."""
         if fraction is not None:
@@ -391,14 +468,22 @@ class JobRunner:
             return
         self._last_write = now
         with self.factory.begin() as session:
-            session.execute(update(Job).where(Job.id == self.job_id, Job.status == JobStatus.running).values(
-                progress=round(self._progress, 4), message=self._message[:2000], log=self.tail()))
+            session.execute(
+                update(Job)
+                .where(Job.id == self.job_id, Job.status == JobStatus.running)
+                .values(progress=round(self._progress, 4), message=self._message[:2000], log=self.tail())
+            )
 
     def finish(self, status: JobStatus, message: str, result: dict[str, Any] | None = None) -> None:
         message = self.redact(message)
         self.log(message)
-        values: dict[str, Any] = {"status": status, "message": message[:2000], "log": self.tail(),
-                                  "finished_at": utcnow(), "result": result}
+        values: dict[str, Any] = {
+            "status": status,
+            "message": message[:2000],
+            "log": self.tail(),
+            "finished_at": utcnow(),
+            "result": result,
+        }
         if status is JobStatus.succeeded:
             values["progress"] = 1.0
         else:
@@ -468,8 +553,7 @@ def _failure_message(exc: BaseException) -> str:
     return f"unexpected {type(exc).__name__}: {exc}"
 
 
-def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path,
-            admin_token: str | None = None) -> Job:
+def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path, admin_token: str | None = None) -> Job:
     """Run queued job ``job_id`` in this process and return the finished row.
 
     Failures are recorded on the job (status *failed*, a message that says what happened, the
@@ -493,7 +577,7 @@ def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path,
         else:
             result = _promote(context, admin_token)
         runner.finish(JobStatus.succeeded, result.pop("message"), result)
-    except BaseException as exc:  # noqa: BLE001 - every failure, even an interrupt, is recorded
+    except BaseException as exc:
         message = _failure_message(exc)
         if not isinstance(exc, DomainError | DataError | ValidationError | KeyboardInterrupt | SystemExit):
             runner.log(traceback.format_exc())
@@ -526,41 +610,62 @@ class _TrainingProgress(TrainingListener):
 
     def data_loaded(self, train_sets: Sequence[LabelledSet], dev: LabelledSet | None) -> None:
         rows = sum(len(s) for s in train_sets)
-        self.runner.progress(0.02, f"loaded {rows:,} training rows from {len(train_sets)} source(s)"
-                             + (f"; dev {dev.name} has {len(dev):,} rows" if dev is not None else "; no dev set"),
-                             force=True)
+        self.runner.progress(
+            0.02,
+            f"loaded {rows:,} training rows from {len(train_sets)} source(s)"
+            + (f"; dev {dev.name} has {len(dev):,} rows" if dev is not None else "; no dev set"),
+            force=True,
+        )
 
     def step(self, step: int, total: int) -> None:
         start, end = self.SHARE
-        self.runner.progress(start + (end - start) * step / max(total, 1), f"training: step {step:,} of {total:,}",
-                             log=False)
+        self.runner.progress(
+            start + (end - start) * step / max(total, 1), f"training: step {step:,} of {total:,}", log=False
+        )
 
     def epoch_ended(self, record: EpochRecord) -> None:
         dev_text = "" if record.dev_macro_f1 is None else f", dev macro-F1 {record.dev_macro_f1:.4f}"
         # The trainer logs the same line with its throughput.
-        self.runner.progress(None, f"epoch {record.epoch}/{self.epochs}: train loss {record.train_loss:.4f}{dev_text}",
-                             force=True, log=False)
+        self.runner.progress(
+            None,
+            f"epoch {record.epoch}/{self.epochs}: train loss {record.train_loss:.4f}{dev_text}",
+            force=True,
+            log=False,
+        )
 
     def trained(self, result: TrainResult) -> None:
-        self.runner.progress(0.97, f"trained {result.metadata.model_id} version {result.metadata.version}; "
-                             "registering it", force=True)
+        self.runner.progress(
+            0.97, f"trained {result.metadata.model_id} version {result.metadata.version}; registering it", force=True
+        )
 
 
 def _train(context: _Context) -> dict[str, Any]:
     params = TrainParams.model_validate(context.params)
     out_dir = context.data_dir / "models" / f"{context.task_name}-job-{context.job_id}"
-    trained = train_and_register(context.factory, context.task_name, params, out_dir, actor_id=context.actor_id,
-                                 unnamed_model_id=f"{context.task_name}-job-{context.job_id}",
-                                 listener=_TrainingProgress(context.runner, params.epochs))
+    trained = train_and_register(
+        context.factory,
+        context.task_name,
+        params,
+        out_dir,
+        actor_id=context.actor_id,
+        unnamed_model_id=f"{context.task_name}-job-{context.job_id}",
+        listener=_TrainingProgress(context.runner, params.epochs),
+    )
     assert trained.model is not None  # a job trains in one process, which registers the model
     result, summary = trained.training, trained.model
     best = result.best_dev_macro_f1
-    return {"message": f"trained and registered {summary.name} (registry id {summary.id}): "
-                       f"{result.epochs_run} epoch(s), best epoch {result.best_epoch}"
-                       + ("" if best is None else f", dev macro-F1 {best:.4f}"),
-            "model": summary.to_dict(), "out_dir": str(out_dir), "epochs_run": result.epochs_run,
-            "best_epoch": result.best_epoch, "best_dev_macro_f1": best, "stopped_early": result.stopped_early,
-            "examples_per_second": round(result.examples_per_second, 2)}
+    return {
+        "message": f"trained and registered {summary.name} (registry id {summary.id}): "
+        f"{result.epochs_run} epoch(s), best epoch {result.best_epoch}"
+        + ("" if best is None else f", dev macro-F1 {best:.4f}"),
+        "model": summary.to_dict(),
+        "out_dir": str(out_dir),
+        "epochs_run": result.epochs_run,
+        "best_epoch": result.best_epoch,
+        "best_dev_macro_f1": best,
+        "stopped_early": result.stopped_early,
+        "examples_per_second": round(result.examples_per_second, 2),
+    }
 
 
 class _EvaluationProgress(EvaluationListener):
@@ -572,8 +677,9 @@ class _EvaluationProgress(EvaluationListener):
         self.runner.log(f"skipped {name}: it has no labelled examples")
 
     def evaluating(self, sets: Sequence[LabelledSet]) -> None:
-        self.runner.progress(0.1, f"evaluating {self.model_name} on {len(sets)} set(s): "
-                             + ", ".join(s.name for s in sets), force=True)
+        self.runner.progress(
+            0.1, f"evaluating {self.model_name} on {len(sets)} set(s): " + ", ".join(s.name for s in sets), force=True
+        )
 
     def recording(self) -> None:
         self.runner.progress(0.9, "recording the evaluation in the registry", force=True)
@@ -589,16 +695,35 @@ def _evaluate(context: _Context) -> dict[str, Any]:
         model = _model_of(session, task, params.model_id)
         directory, unrecorded = Path(model.directory), RegisteredModel.of(model)
     out_dir = context.data_dir / "evaluations" / f"{context.task_name}-job-{context.job_id}"
-    evaluated = evaluate_and_record(context.factory, context.task_name, directory, params, out_dir,
-                                    actor_id=context.actor_id,
-                                    listener=_EvaluationProgress(context.runner, unrecorded.name))
+    evaluated = evaluate_and_record(
+        context.factory,
+        context.task_name,
+        directory,
+        params,
+        out_dir,
+        actor_id=context.actor_id,
+        listener=_EvaluationProgress(context.runner, unrecorded.name),
+    )
     summary = evaluated.model or unrecorded
     evaluation = evaluated.evaluation
-    sets = [{"name": m.name, "rows": m.rows, "macro_f1": m.macro_f1, "accuracy": m.accuracy,
-             "human_f1": m.human_f1, "solved": m.solved} for m in evaluation.sets]
+    sets = [
+        {
+            "name": m.name,
+            "rows": m.rows,
+            "macro_f1": m.macro_f1,
+            "accuracy": m.accuracy,
+            "human_f1": m.human_f1,
+            "solved": m.solved,
+        }
+        for m in evaluation.sets
+    ]
     headline = ", ".join(f"{m.name} {100 * m.macro_f1:.1f}" for m in evaluation.sets)
-    return {"message": f"evaluated {summary.name}: macro-F1 (%) {headline}", "model": summary.to_dict(),
-            "sets": jsonable(sets), "out_dir": str(out_dir)}
+    return {
+        "message": f"evaluated {summary.name}: macro-F1 (%) {headline}",
+        "model": summary.to_dict(),
+        "sets": jsonable(sets),
+        "out_dir": str(out_dir),
+    }
 
 
 def _promote(context: _Context, admin_token: str | None) -> dict[str, Any]:
@@ -608,8 +733,9 @@ def _promote(context: _Context, admin_token: str | None) -> dict[str, Any]:
         raise Invalid(f"the job has no model server admin token; the API passes it in {ADMIN_TOKEN_ENV}")
     context.runner.secrets.append(token)
     context.runner.progress(0.1, f"asking {params.endpoint} to load model {params.model_id}", force=True)
-    promotion = promote_model(context.factory, context.task_name, params.model_id, params, admin_token=token,
-                              actor_id=context.actor_id)
+    promotion = promote_model(
+        context.factory, context.task_name, params.model_id, params, admin_token=token, actor_id=context.actor_id
+    )
     summary = RegisteredModel.of(promotion.model)
     retired = [m.name for m in promotion.retired]
     message = f"promoted {summary.name}: {promotion.endpoint} now serves it"
@@ -617,5 +743,10 @@ def _promote(context: _Context, admin_token: str | None) -> dict[str, Any]:
         message += f"; retired {', '.join(retired)}"
     if promotion.rounds_updated:
         message += f"; round(s) {', '.join(map(str, promotion.rounds_updated))} now use it"
-    return {"message": message, "model": summary.to_dict(), "endpoint": promotion.endpoint, "retired": retired,
-            "rounds_updated": promotion.rounds_updated}
+    return {
+        "message": message,
+        "model": summary.to_dict(),
+        "endpoint": promotion.endpoint,
+        "retired": retired,
+        "rounds_updated": promotion.rounds_updated,
+    }

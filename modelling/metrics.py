@@ -62,7 +62,9 @@ class SetMetrics:
     support: dict[str, int]  # gold examples of each class / carrying each label
     macro_f1: float
     accuracy: float  # multi-label: exact-match ratio (every label right)
-    confusion: list[list[int]]  # single-label: gold rows x predicted columns; multi-label: per label [[tn, fp], [fn, tp]]
+    confusion: list[
+        list[int]
+    ]  # single-label: gold rows x predicted columns; multi-label: per label [[tn, fp], [fn, tp]]
     micro_f1: float | None = None  # multi-label only
     jaccard: float | None = None  # multi-label only: mean per-example Jaccard (EthioEmo)
     positive_label: str | None = None  # binary tasks
@@ -99,8 +101,9 @@ def predicted_labels(probabilities: np.ndarray, *, multi_label: bool, threshold:
     return probabilities.argmax(axis=1)
 
 
-def compute_metrics(labelled: LabelledSet, probabilities: np.ndarray, *, threshold: float = 0.5,
-                    positive_label: str | None = None) -> SetMetrics:
+def compute_metrics(
+    labelled: LabelledSet, probabilities: np.ndarray, *, threshold: float = 0.5, positive_label: str | None = None
+) -> SetMetrics:
     """Score ``probabilities`` (rows of ``labelled``, columns in ``labelled.labels`` order) against
     the set's gold labels (:meth:`LabelledSet.hard`) with scikit-learn.
 
@@ -119,27 +122,42 @@ def compute_metrics(labelled: LabelledSet, probabilities: np.ndarray, *, thresho
     """
     labels = list(labelled.labels)
     if probabilities.shape != (len(labelled), len(labels)):
-        raise EvaluationError(f"{labelled.name}: probabilities have shape {probabilities.shape}, "
-                              f"expected {(len(labelled), len(labels))}")
+        raise EvaluationError(
+            f"{labelled.name}: probabilities have shape {probabilities.shape}, expected {(len(labelled), len(labels))}"
+        )
     if len(labelled) == 0:
         raise EvaluationError(f"{labelled.name} has no rows to evaluate")
     gold = labelled.hard()
     predicted = predicted_labels(probabilities, multi_label=labelled.multi_label, threshold=threshold)
     indices = list(range(len(labels)))
-    report = classification_report(gold, predicted, labels=None if labelled.multi_label else indices,
-                                   target_names=labels, output_dict=True, zero_division=0)
+    report = classification_report(
+        gold,
+        predicted,
+        labels=None if labelled.multi_label else indices,
+        target_names=labels,
+        output_dict=True,
+        zero_division=0,
+    )
     per_class = {label: report[label] for label in labels}
     metrics = SetMetrics(
-        name=labelled.name, rows=len(labelled), labels=labels, multi_label=labelled.multi_label,
+        name=labelled.name,
+        rows=len(labelled),
+        labels=labels,
+        multi_label=labelled.multi_label,
         f1={label: float(row["f1-score"]) for label, row in per_class.items()},
         precision={label: float(row["precision"]) for label, row in per_class.items()},
         recall={label: float(row["recall"]) for label, row in per_class.items()},
         support={label: int(row["support"]) for label, row in per_class.items()},
         macro_f1=float(report["macro avg"]["f1-score"]),
         accuracy=float(accuracy_score(gold, predicted)),
-        confusion=(multilabel_confusion_matrix(gold, predicted).tolist() if labelled.multi_label
-                   else confusion_matrix(gold, predicted, labels=indices).tolist()),
-        round=labelled.origin.get("round"), split=labelled.origin.get("split"))
+        confusion=(
+            multilabel_confusion_matrix(gold, predicted).tolist()
+            if labelled.multi_label
+            else confusion_matrix(gold, predicted, labels=indices).tolist()
+        ),
+        round=labelled.origin.get("round"),
+        split=labelled.origin.get("split"),
+    )
     if labelled.multi_label:
         metrics.micro_f1 = float(f1_score(gold, predicted, average="micro", zero_division=0))
         metrics.jaccard = float(jaccard_score(gold, predicted, average="samples", zero_division=1.0))
@@ -148,16 +166,18 @@ def compute_metrics(labelled: LabelledSet, probabilities: np.ndarray, *, thresho
         if positive not in labels:
             raise EvaluationError(f"positive label {positive!r} is not one of the labels {labels}")
         metrics.positive_label = positive
-        metrics.positive_f1 = float(f1_score(gold, predicted, labels=[labels.index(positive)], average="macro",
-                                             zero_division=0))
+        metrics.positive_f1 = float(
+            f1_score(gold, predicted, labels=[labels.index(positive)], average="macro", zero_division=0)
+        )
     return metrics
 
 
 UNSPECIFIED_VARIETY = "unspecified"
 
 
-def metrics_by_variety(labelled: LabelledSet, probabilities: np.ndarray, *, threshold: float = 0.5,
-                       positive_label: str | None = None) -> dict[str, SetMetrics]:
+def metrics_by_variety(
+    labelled: LabelledSet, probabilities: np.ndarray, *, threshold: float = 0.5, positive_label: str | None = None
+) -> dict[str, SetMetrics]:
     """:func:`compute_metrics` on each variety's rows (BESSTIE reports macro-F1 per variety);
     rows without a variety form ``unspecified``. Empty when the set records no varieties."""
     if labelled.varieties is None:
@@ -165,18 +185,28 @@ def metrics_by_variety(labelled: LabelledSet, probabilities: np.ndarray, *, thre
     groups: dict[str, list[int]] = {}
     for row, variety in enumerate(labelled.varieties):
         groups.setdefault(variety or UNSPECIFIED_VARIETY, []).append(row)
-    return {variety: compute_metrics(labelled.subset(rows, name=f"{labelled.name} [{variety}]"),
-                                     probabilities[rows], threshold=threshold, positive_label=positive_label)
-            for variety, rows in sorted(groups.items())}
+    return {
+        variety: compute_metrics(
+            labelled.subset(rows, name=f"{labelled.name} [{variety}]"),
+            probabilities[rows],
+            threshold=threshold,
+            positive_label=positive_label,
+        )
+        for variety, rows in sorted(groups.items())
+    }
 
 
-def macro_f1(y: np.ndarray, scores: np.ndarray, *, family: Literal["single_label", "multi_label"],
-             threshold: float = 0.5) -> float:
+def macro_f1(
+    y: np.ndarray, scores: np.ndarray, *, family: Literal["single_label", "multi_label"], threshold: float = 0.5
+) -> float:
     """Macro-F1 of ``scores`` (probabilities, or logits for single-label models) against soft or
     hard ``y``: over every class of the argmax (single-label) or over labels at ``threshold``
     (multi-label; gold labels at 0.5). The trainer's early stopping watches it."""
     multi_label = family == "multi_label"
     gold = (y >= 0.5).astype(int) if multi_label else y.argmax(axis=1)
     predicted = predicted_labels(scores, multi_label=multi_label, threshold=threshold)
-    return float(f1_score(gold, predicted, labels=None if multi_label else list(range(y.shape[1])), average="macro",
-                          zero_division=0))
+    return float(
+        f1_score(
+            gold, predicted, labels=None if multi_label else list(range(y.shape[1])), average="macro", zero_division=0
+        )
+    )

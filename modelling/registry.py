@@ -63,8 +63,20 @@ from services.taskdef import TaskDefinition, TaskFamily
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Promotion", "PromotionError", "attempt_counts", "check_compatible", "find_model", "jsonable",
-           "list_models", "promote", "record_evaluation", "register_model", "reload_model_server", "retire"]
+__all__ = [
+    "Promotion",
+    "PromotionError",
+    "attempt_counts",
+    "check_compatible",
+    "find_model",
+    "jsonable",
+    "list_models",
+    "promote",
+    "record_evaluation",
+    "register_model",
+    "reload_model_server",
+    "retire",
+]
 
 # How long a reload may take: a large checkpoint loads in tens of seconds on a CPU.
 RELOAD_TIMEOUT_S = 300.0
@@ -106,18 +118,23 @@ def check_compatible(definition: TaskDefinition, metadata: ModelMetadata, where:
     if set(metadata.labels) != set(definition.labels):
         missing = [label for label in definition.labels if label not in metadata.labels]
         extra = [label for label in metadata.labels if label not in definition.labels]
-        detail = "; ".join(part for part in (
-            f"missing {missing}" if missing else "", f"not in the task {extra}" if extra else "") if part)
+        detail = "; ".join(
+            part
+            for part in (f"missing {missing}" if missing else "", f"not in the task {extra}" if extra else "")
+            if part
+        )
         raise Invalid(
             f"{where} predicts labels {metadata.labels} but task {definition.name!r} has labels "
-            f"{list(definition.labels)} ({detail}); train the model for this task's labels")
+            f"{list(definition.labels)} ({detail}); train the model for this task's labels"
+        )
     wanted_family = "multi_label" if definition.is_multi_label else "single_label"
     if metadata.family != wanted_family:
         raise Invalid(f"{where} is a {metadata.family} model but task {definition.name!r} needs a {wanted_family} one")
     wanted_input = "text_pair" if definition.family is TaskFamily.target_dependent else "text"
     if metadata.input_format != wanted_input:
-        raise Invalid(f"{where} takes {metadata.input_format} input but task {definition.name!r} needs "
-                      f"{wanted_input} input")
+        raise Invalid(
+            f"{where} takes {metadata.input_format} input but task {definition.name!r} needs {wanted_input} input"
+        )
     if metadata.task is not None and metadata.task != definition.name:
         raise Invalid(f"{where} was made for task {metadata.task!r}, not {definition.name!r}")
 
@@ -151,8 +168,7 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def register_model(session: Session, task: Task, directory: Path | str, *,
-                   actor: User | None = None) -> ModelVersion:
+def register_model(session: Session, task: Task, directory: Path | str, *, actor: User | None = None) -> ModelVersion:
     """Record the model directory ``directory`` for ``task`` as *trained*.
 
     Registering the same ``model_id`` and ``version`` again returns the existing row; the same
@@ -162,15 +178,20 @@ def register_model(session: Session, task: Task, directory: Path | str, *,
     metadata = _load_metadata(directory)
     definition = definition_of(task)
     check_compatible(definition, metadata, f"model {metadata.model_id} (version {metadata.version}) in {directory}")
-    existing = session.scalar(select(ModelVersion).where(
-        ModelVersion.task_id == task.id, ModelVersion.model_id == metadata.model_id,
-        ModelVersion.version == metadata.version))
+    existing = session.scalar(
+        select(ModelVersion).where(
+            ModelVersion.task_id == task.id,
+            ModelVersion.model_id == metadata.model_id,
+            ModelVersion.version == metadata.version,
+        )
+    )
     if existing is not None:
         if Path(existing.directory) != directory:
             raise Conflict(
                 f"model {metadata.model_id} version {metadata.version} is already registered for task "
                 f"{task.name!r} from {existing.directory}; if {directory} holds other weights, give it a new "
-                "`version` in its dynaloop_model.json")
+                "`version` in its dynaloop_model.json"
+            )
         return existing
     model = ModelVersion(
         task_id=task.id,
@@ -190,15 +211,26 @@ def register_model(session: Session, task: Task, directory: Path | str, *,
         with session.begin_nested():  # a failed insert rolls back (and expunges) only this row
             session.add(model)
     except IntegrityError as exc:
-        raise Conflict(f"model {model.name} is being registered by another request, or its name is taken; "
-                       "retry, or change model_id") from exc
-    audit.record(session, actor, "model.register", "model_version", model.id, task=task.name, name=model.name,
-                 directory=model.directory)
+        raise Conflict(
+            f"model {model.name} is being registered by another request, or its name is taken; "
+            "retry, or change model_id"
+        ) from exc
+    audit.record(
+        session,
+        actor,
+        "model.register",
+        "model_version",
+        model.id,
+        task=task.name,
+        name=model.name,
+        directory=model.directory,
+    )
     return model
 
 
-def record_evaluation(session: Session, task: Task, directory: Path | str, metrics: dict[str, Any], *,
-                      actor: User | None = None) -> ModelVersion:
+def record_evaluation(
+    session: Session, task: Task, directory: Path | str, metrics: dict[str, Any], *, actor: User | None = None
+) -> ModelVersion:
     """Store ``metrics`` (e.g. ``modelling.evaluate``'s results) as the evaluation of the model in
     ``directory`` (registered first if needed); a *trained* model becomes *evaluated*. A
     promoted or retired model keeps its status (re-evaluating it on a newer round is normal)."""
@@ -219,8 +251,7 @@ def record_evaluation(session: Session, task: Task, directory: Path | str, metri
 
 def list_models(session: Session, task: Task) -> list[ModelVersion]:
     """The task's model versions, oldest first."""
-    return list(session.scalars(
-        select(ModelVersion).where(ModelVersion.task_id == task.id).order_by(ModelVersion.id)))
+    return list(session.scalars(select(ModelVersion).where(ModelVersion.task_id == task.id).order_by(ModelVersion.id)))
 
 
 def find_model(session: Session, task: Task, reference: str | int) -> ModelVersion:
@@ -236,20 +267,32 @@ def find_model(session: Session, task: Task, reference: str | int) -> ModelVersi
         return model
     if "@" in text:
         model_id, _, version = text.rpartition("@")
-        model = session.scalar(select(ModelVersion).where(
-            ModelVersion.task_id == task.id, ModelVersion.model_id == model_id, ModelVersion.version == version))
+        model = session.scalar(
+            select(ModelVersion).where(
+                ModelVersion.task_id == task.id, ModelVersion.model_id == model_id, ModelVersion.version == version
+            )
+        )
         if model is not None:
             return model
-    candidates = list(session.scalars(select(ModelVersion).where(
-        ModelVersion.task_id == task.id, ModelVersion.model_id == text).order_by(ModelVersion.id)))
+    candidates = list(
+        session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.task_id == task.id, ModelVersion.model_id == text)
+            .order_by(ModelVersion.id)
+        )
+    )
     if len(candidates) == 1:
         return candidates[0]
     if candidates:
-        raise Invalid(f"task {task.name!r} has {len(candidates)} versions of {text!r} "
-                      f"({', '.join(c.name for c in candidates)}); name one")
+        raise Invalid(
+            f"task {task.name!r} has {len(candidates)} versions of {text!r} "
+            f"({', '.join(c.name for c in candidates)}); name one"
+        )
     known = [m.name for m in list_models(session, task)]
-    raise NotFound(f"task {task.name!r} has no model {text!r}; registered: {', '.join(known) or 'none'} "
-                   "(register one with `dynaloop model register`)")
+    raise NotFound(
+        f"task {task.name!r} has no model {text!r}; registered: {', '.join(known) or 'none'} "
+        "(register one with `dynaloop model register`)"
+    )
 
 
 def attempt_counts(session: Session, task: Task) -> dict[int, int]:
@@ -288,12 +331,27 @@ def _plan(session: Session, task: Task, reference: str | int, endpoint: str, for
         raise Conflict(
             f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the loop; "
             "evaluate it first (record_evaluation / `dynaloop model register --evaluation FILE`) or pass "
-            "--force to promote it anyway")
-    previous = session.scalar(select(ModelVersion).where(
-        ModelVersion.task_id == task.id, ModelVersion.status == ModelVersionStatus.promoted,
-        ModelVersion.endpoint == endpoint, ModelVersion.id != model.id))
-    return _Plan(task.id, task.name, model.id, model.name, model.model_id, model.version, model.directory,
-                 endpoint, previous.directory if previous is not None else None)
+            "--force to promote it anyway"
+        )
+    previous = session.scalar(
+        select(ModelVersion).where(
+            ModelVersion.task_id == task.id,
+            ModelVersion.status == ModelVersionStatus.promoted,
+            ModelVersion.endpoint == endpoint,
+            ModelVersion.id != model.id,
+        )
+    )
+    return _Plan(
+        task.id,
+        task.name,
+        model.id,
+        model.name,
+        model.model_id,
+        model.version,
+        model.directory,
+        endpoint,
+        previous.directory if previous is not None else None,
+    )
 
 
 def _server_message(response: httpx.Response) -> str:
@@ -306,8 +364,15 @@ def _server_message(response: httpx.Response) -> str:
     return response.text[:300]
 
 
-def reload_model_server(http: httpx.Client, endpoint: str, directory: str, admin_token: str, *,
-                        backend: str | None = None, timeout_s: float = RELOAD_TIMEOUT_S) -> dict[str, Any]:
+def reload_model_server(
+    http: httpx.Client,
+    endpoint: str,
+    directory: str,
+    admin_token: str,
+    *,
+    backend: str | None = None,
+    timeout_s: float = RELOAD_TIMEOUT_S,
+) -> dict[str, Any]:
     """``POST {endpoint}/admin/reload`` and wait until it succeeds; returns the server's answer.
     Raises :class:`PromotionError` saying what went wrong (down, wrong token, cannot load)."""
     deadline = time.monotonic() + timeout_s
@@ -316,37 +381,48 @@ def reload_model_server(http: httpx.Client, endpoint: str, directory: str, admin
         body["backend"] = backend
     while True:
         try:
-            response = http.post(f"{endpoint}/admin/reload", json=body,
-                                 headers={"Authorization": f"Bearer {admin_token}"},
-                                 timeout=httpx.Timeout(timeout_s, connect=5.0))
+            response = http.post(
+                f"{endpoint}/admin/reload",
+                json=body,
+                headers={"Authorization": f"Bearer {admin_token}"},
+                timeout=httpx.Timeout(timeout_s, connect=5.0),
+            )
         except httpx.TimeoutException as exc:
-            raise PromotionError(f"the model server at {endpoint} did not finish loading {directory} within "
-                                 f"{timeout_s:.0f} s ({type(exc).__name__}); check its log") from exc
+            raise PromotionError(
+                f"the model server at {endpoint} did not finish loading {directory} within "
+                f"{timeout_s:.0f} s ({type(exc).__name__}); check its log"
+            ) from exc
         except httpx.TransportError as exc:
-            raise PromotionError(f"the model server at {endpoint} is down or unreachable ({type(exc).__name__}); "
-                                 "start it (`dynaloop model-server --admin-token ...`) or check the URL") from exc
+            raise PromotionError(
+                f"the model server at {endpoint} is down or unreachable ({type(exc).__name__}); "
+                "start it (`dynaloop model-server --admin-token ...`) or check the URL"
+            ) from exc
         if response.status_code == 200:
             try:
                 answer = response.json()
             except ValueError as exc:
                 raise PromotionError(
-                    f"the model server at {endpoint} answered the reload with a non-JSON body") from exc
+                    f"the model server at {endpoint} answered the reload with a non-JSON body"
+                ) from exc
             return answer if isinstance(answer, dict) else {}
         message = _server_message(response)
         if response.status_code == 409 and time.monotonic() < deadline:
             time.sleep(0.5)  # another load (e.g. the server's start-up) holds the reload lock
             continue
         if response.status_code == 401:
-            raise PromotionError(f"the model server at {endpoint} refused the admin token (HTTP 401); give the "
-                                 "token it was started with (--admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN)")
+            raise PromotionError(
+                f"the model server at {endpoint} refused the admin token (HTTP 401); give the "
+                "token it was started with (--admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN)"
+            )
         if response.status_code == 403:
             raise PromotionError(f"the model server at {endpoint} does not allow reloads (HTTP 403): {message}")
         if response.status_code == 422:
             raise PromotionError(f"the model server at {endpoint} could not load {directory} (HTTP 422): {message}")
         if response.status_code == 404:
             raise PromotionError(f"{endpoint} has no /admin/reload (HTTP 404); is it a dynaloop model server?")
-        raise PromotionError(f"the model server at {endpoint} answered the reload with HTTP "
-                             f"{response.status_code}: {message}")
+        raise PromotionError(
+            f"the model server at {endpoint} answered the reload with HTTP {response.status_code}: {message}"
+        )
 
 
 def _verify(http: httpx.Client, plan: _Plan) -> dict[str, Any]:
@@ -354,16 +430,22 @@ def _verify(http: httpx.Client, plan: _Plan) -> dict[str, Any]:
         response = http.get(f"{plan.endpoint}/info", timeout=10.0)
         info = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError) as exc:
-        raise PromotionError(f"the model server at {plan.endpoint} reloaded but GET /info failed "
-                             f"({type(exc).__name__}); check the server") from exc
+        raise PromotionError(
+            f"the model server at {plan.endpoint} reloaded but GET /info failed "
+            f"({type(exc).__name__}); check the server"
+        ) from exc
     if not isinstance(info, dict):
-        raise PromotionError(f"the model server at {plan.endpoint} reloaded but GET /info answered HTTP "
-                             f"{response.status_code}: {_server_message(response)}")
+        raise PromotionError(
+            f"the model server at {plan.endpoint} reloaded but GET /info answered HTTP "
+            f"{response.status_code}: {_server_message(response)}"
+        )
     served = (str(info.get("model_id")), str(info.get("version")))
     if served != (plan.model_id, plan.version):
-        raise PromotionError(f"after the reload the model server at {plan.endpoint} reports model {served[0]} "
-                             f"version {served[1]}, not {plan.model_id} version {plan.version}; another reload may "
-                             "have raced this one, or the directory's dynaloop_model.json changed")
+        raise PromotionError(
+            f"after the reload the model server at {plan.endpoint} reports model {served[0]} "
+            f"version {served[1]}, not {plan.model_id} version {plan.version}; another reload may "
+            "have raced this one, or the directory's dynaloop_model.json changed"
+        )
     return info
 
 
@@ -375,9 +457,15 @@ def _record(session: Session, plan: _Plan, actor: User | None, update_open_round
     if model is None:
         raise NotFound(f"model {plan.name} disappeared from the registry during the promotion")
     now = utcnow()
-    retired = list(session.scalars(select(ModelVersion).where(
-        ModelVersion.task_id == plan.task_id, ModelVersion.status == ModelVersionStatus.promoted,
-        ModelVersion.id != model.id)))
+    retired = list(
+        session.scalars(
+            select(ModelVersion).where(
+                ModelVersion.task_id == plan.task_id,
+                ModelVersion.status == ModelVersionStatus.promoted,
+                ModelVersion.id != model.id,
+            )
+        )
+    )
     for old in retired:
         old.status = ModelVersionStatus.retired
         old.retired_at = now
@@ -387,23 +475,51 @@ def _record(session: Session, plan: _Plan, actor: User | None, update_open_round
     model.endpoint = plan.endpoint
     rounds_updated = []
     if update_open_rounds:
-        for round_ in session.scalars(select(Round).where(Round.task_id == plan.task_id,
-                                                          Round.status.in_(_OPEN_ROUNDS)).order_by(Round.number)):
+        for round_ in session.scalars(
+            select(Round).where(Round.task_id == plan.task_id, Round.status.in_(_OPEN_ROUNDS)).order_by(Round.number)
+        ):
             if plan.endpoint not in (round_.model_endpoints or []):
-                audit.record(session, actor, "round.model", "round", round_.id, endpoints=[plan.endpoint],
-                             previous=list(round_.model_endpoints or []), reason=f"promoted {plan.name}")
+                audit.record(
+                    session,
+                    actor,
+                    "round.model",
+                    "round",
+                    round_.id,
+                    endpoints=[plan.endpoint],
+                    previous=list(round_.model_endpoints or []),
+                    reason=f"promoted {plan.name}",
+                )
                 round_.model_endpoints = [plan.endpoint]
                 rounds_updated.append(round_.number)
-    audit.record(session, actor, "model.promote", "model_version", model.id, task=plan.task_name, name=model.name,
-                 endpoint=plan.endpoint, retired=[m.name for m in retired])
+    audit.record(
+        session,
+        actor,
+        "model.promote",
+        "model_version",
+        model.id,
+        task=plan.task_name,
+        name=model.name,
+        endpoint=plan.endpoint,
+        retired=[m.name for m in retired],
+    )
     session.flush()
     return Promotion(model=model, endpoint=plan.endpoint, retired=retired, rounds_updated=rounds_updated)
 
 
-def promote(factory: sessionmaker[Session], task_name: str, reference: str | int, *, endpoint: str,
-            admin_token: str, http: httpx.Client | None = None, force: bool = False, actor_id: int | None = None,
-            backend: str | None = None, update_open_rounds: bool = True,
-            timeout_s: float = RELOAD_TIMEOUT_S) -> Promotion:
+def promote(
+    factory: sessionmaker[Session],
+    task_name: str,
+    reference: str | int,
+    *,
+    endpoint: str,
+    admin_token: str,
+    http: httpx.Client | None = None,
+    force: bool = False,
+    actor_id: int | None = None,
+    backend: str | None = None,
+    update_open_rounds: bool = True,
+    timeout_s: float = RELOAD_TIMEOUT_S,
+) -> Promotion:
     """Put model ``reference`` of task ``task_name`` in the loop at ``endpoint``.
 
     Three steps, each in its own transaction or none, so no database lock is held while the
@@ -429,8 +545,9 @@ def promote(factory: sessionmaker[Session], task_name: str, reference: str | int
     own_http = http is None
     client = http or httpx.Client()
     try:
-        answer = reload_model_server(client, endpoint, plan.directory, admin_token, backend=backend,
-                                     timeout_s=timeout_s)
+        answer = reload_model_server(
+            client, endpoint, plan.directory, admin_token, backend=backend, timeout_s=timeout_s
+        )
         info = _verify(client, plan)
         try:
             with factory.begin() as session:
@@ -438,10 +555,13 @@ def promote(factory: sessionmaker[Session], task_name: str, reference: str | int
                 result = _record(session, plan, actor, update_open_rounds)
         except (DomainError, SQLAlchemyError) as exc:
             restored = _restore(client, plan, admin_token, backend, timeout_s)
-            reason = exc.message if isinstance(exc, DomainError) else \
-                f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            raise PromotionError(f"the model server at {endpoint} switched to {plan.name} but the registry could "
-                                 f"not record it ({reason}); {restored}") from exc
+            reason = (
+                exc.message if isinstance(exc, DomainError) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            )
+            raise PromotionError(
+                f"the model server at {endpoint} switched to {plan.name} but the registry could "
+                f"not record it ({reason}); {restored}"
+            ) from exc
     finally:
         if own_http:
             client.close()
@@ -454,8 +574,9 @@ def _restore(http: httpx.Client, plan: _Plan, admin_token: str, backend: str | N
     if plan.previous_directory is None:
         return "no model was promoted there before, so it keeps serving the new one"
     try:
-        reload_model_server(http, plan.endpoint, plan.previous_directory, admin_token, backend=backend,
-                            timeout_s=timeout_s)
+        reload_model_server(
+            http, plan.endpoint, plan.previous_directory, admin_token, backend=backend, timeout_s=timeout_s
+        )
     except PromotionError as exc:
         return f"reloading the previous model failed too ({exc.message})"
     return f"the previous model ({plan.previous_directory}) was reloaded"
@@ -473,7 +594,15 @@ def retire(session: Session, task: Task, reference: str | int, *, actor: User | 
     was = model.status
     model.status = ModelVersionStatus.retired
     model.retired_at = utcnow()
-    audit.record(session, actor, "model.retire", "model_version", model.id, task=task.name, name=model.name,
-                 previous_status=was.value)
+    audit.record(
+        session,
+        actor,
+        "model.retire",
+        "model_version",
+        model.id,
+        task=task.name,
+        name=model.name,
+        previous_status=was.value,
+    )
     session.flush()
     return model

@@ -91,15 +91,19 @@ class TrainConfig(BaseModel):
     max_length: int = Field(128, ge=8, le=8192, description="Longer inputs are truncated (the text, not the target).")
     seed: int = 0
     class_weights: Literal["none", "balanced"] | dict[str, float] = Field(
-        "none", description="Per-class loss weights: none, balanced (from the mix's label mass) or {label: weight}.")
+        "none", description="Per-class loss weights: none, balanced (from the mix's label mass) or {label: weight}."
+    )
     early_stopping_patience: int | None = Field(
-        2, ge=1, description="Stop after this many epochs without a better dev macro-F1; null: never.")
+        2, ge=1, description="Stop after this many epochs without a better dev macro-F1; null: never."
+    )
     gradient_accumulation_steps: int = Field(1, ge=1)
     cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
     mixed_precision: Literal["no", "fp16", "bf16"] | None = Field(
-        None, description="null: what `accelerate launch` / `accelerate config` says (default no).")
+        None, description="null: what `accelerate launch` / `accelerate config` says (default no)."
+    )
     checkpoint_every: int | Literal["epoch"] = Field(
-        "epoch", description="Save a resumable checkpoint every N optimizer steps, or at each epoch's end only.")
+        "epoch", description="Save a resumable checkpoint every N optimizer steps, or at each epoch's end only."
+    )
     resume: bool = Field(False, description="Continue from the newest checkpoint in out_dir/checkpoints.")
 
     @field_validator("checkpoint_every")
@@ -165,8 +169,9 @@ class TrainResult:
 # ---------------------------------------------------------------------------- losses
 
 
-def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                       class_weights: torch.Tensor | None = None) -> torch.Tensor:
+def soft_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-example ``-(w * y * log_softmax(logits)).sum(-1)``.
 
     On one-hot ``targets`` this is ``F.cross_entropy(logits, gold, weight=w, reduction="none")``;
@@ -178,16 +183,21 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
     return -(weighted * log_probabilities).sum(dim=-1)
 
 
-def multi_label_bce(logits: torch.Tensor, targets: torch.Tensor,
-                    pos_weight: torch.Tensor | None = None) -> torch.Tensor:
+def multi_label_bce(
+    logits: torch.Tensor, targets: torch.Tensor, pos_weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-example binary cross-entropy with logits, averaged over labels."""
     losses = F.binary_cross_entropy_with_logits(logits.float(), targets, pos_weight=pos_weight, reduction="none")
     return losses.mean(dim=-1)
 
 
-def class_weights_for(sets: Sequence[LabelledSet], labels: Sequence[str],
-                      spec: Literal["none", "balanced"] | Mapping[str, float], *,
-                      family: Family) -> torch.Tensor | None:
+def class_weights_for(
+    sets: Sequence[LabelledSet],
+    labels: Sequence[str],
+    spec: Literal["none", "balanced"] | Mapping[str, float],
+    *,
+    family: Family,
+) -> torch.Tensor | None:
     """Per-class loss weights for the mix, or None.
 
     ``balanced`` follows scikit-learn's formula on the soft label mass, counting each example
@@ -210,8 +220,10 @@ def class_weights_for(sets: Sequence[LabelledSet], labels: Sequence[str],
         weights = np.ones(len(labels), dtype=np.float64)
         seen = positive > 0
         if not seen.all():
-            logger.warning("no training mass for %s; their class weight stays 1",
-                           [label for label, s in zip(labels, seen, strict=True) if not s])
+            logger.warning(
+                "no training mass for %s; their class weight stays 1",
+                [label for label, s in zip(labels, seen, strict=True) if not s],
+            )
         if family == "multi_label":
             weights[seen] = (examples - positive[seen]) / positive[seen]
         else:
@@ -240,8 +252,12 @@ class MixDataset(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> dict[str, object]:
         set_index, row = key
         labelled = self.sets[set_index]
-        return {"text": labelled.texts[row], "target": None if labelled.targets is None else labelled.targets[row],
-                "y": labelled.y[row], "weight": labelled.weight}
+        return {
+            "text": labelled.texts[row],
+            "target": None if labelled.targets is None else labelled.targets[row],
+            "y": labelled.y[row],
+            "weight": labelled.weight,
+        }
 
 
 class UpsampledEpochs(Sampler[tuple[int, int]]):
@@ -278,19 +294,26 @@ class Collate:
         texts = [str(item["text"]) for item in items]
         if self.input_format == "text_pair":
             targets = [str(item["target"]) for item in items]
-            encoded = self.tokenizer(texts, targets, truncation="only_first", max_length=self.max_length,
-                                     padding=True, return_tensors="pt")
+            encoded = self.tokenizer(
+                texts, targets, truncation="only_first", max_length=self.max_length, padding=True, return_tensors="pt"
+            )
         else:
-            encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=True,
-                                     return_tensors="pt")
+            encoded = self.tokenizer(
+                texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt"
+            )
         batch = dict(encoded)
         batch["y"] = torch.tensor(np.stack([item["y"] for item in items]), dtype=torch.float32)  # type: ignore[arg-type]
         batch["weight"] = torch.tensor([float(item["weight"]) for item in items], dtype=torch.float32)  # type: ignore[arg-type]
         return batch
 
 
-def _check_sets(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, labels: Sequence[str],
-                family: Family, input_format: InputFormat) -> None:
+def _check_sets(
+    train_sets: Sequence[LabelledSet],
+    dev: LabelledSet | None,
+    labels: Sequence[str],
+    family: Family,
+    input_format: InputFormat,
+) -> None:
     if len(labels) < 2:
         raise TrainingError(f"a classifier needs at least two labels, got {list(labels)}")
     if not train_sets or not any(len(labelled) for labelled in train_sets):
@@ -299,11 +322,14 @@ def _check_sets(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, labe
         if list(labelled.labels) != list(labels):
             raise TrainingError(f"{labelled.name}: labels {labelled.labels} differ from the model's {list(labels)}")
         if labelled.multi_label != (family == "multi_label"):
-            raise TrainingError(f"{labelled.name}: a {'multi' if labelled.multi_label else 'single'}-label set "
-                                f"for a {family} model")
+            raise TrainingError(
+                f"{labelled.name}: a {'multi' if labelled.multi_label else 'single'}-label set for a {family} model"
+            )
         if input_format == "text_pair" and labelled.targets is None:
-            raise TrainingError(f"{labelled.name}: the model takes (text, target) pairs but the set has no targets; "
-                                "set target_column for a file source")
+            raise TrainingError(
+                f"{labelled.name}: the model takes (text, target) pairs but the set has no targets; "
+                "set target_column for a file source"
+            )
         if input_format == "text" and labelled.targets is not None:
             raise TrainingError(f"{labelled.name}: the set has targets but the model takes single texts")
 
@@ -326,7 +352,8 @@ def refuse_trained_base(base: Path) -> None:
         raise TrainingError(
             f"{base} is a model dynaloop already trained{served}. Each round's model is retrained from scratch: "
             f"from the base checkpoint with a fresh classification head, on all rounds' data, never continued "
-            f"from the previous round's model (DynaSent §5.3). Pass the backbone instead: --base {origin}")
+            f"from the previous round's model (DynaSent §5.3). Pass the backbone instead: --base {origin}"
+        )
 
 
 def fresh_classifier(base: Path, labels: Sequence[str], family: Family) -> PreTrainedModel:
@@ -337,19 +364,25 @@ def fresh_classifier(base: Path, labels: Sequence[str], family: Family) -> PreTr
     its head replaced by freshly initialised weights, so no label knowledge carries over.
     """
     problem_type = "multi_label_classification" if family == "multi_label" else "single_label_classification"
-    label_kwargs = {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
-                    "label2id": {label: i for i, label in enumerate(labels)}, "problem_type": problem_type}
+    label_kwargs = {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {label: i for i, label in enumerate(labels)},
+        "problem_type": problem_type,
+    }
     try:
         model, loading = AutoModelForSequenceClassification.from_pretrained(
-            base, local_files_only=True, ignore_mismatched_sizes=True, output_loading_info=True, **label_kwargs)
+            base, local_files_only=True, ignore_mismatched_sizes=True, output_loading_info=True, **label_kwargs
+        )
     except (OSError, ValueError) as exc:
         raise TrainingError(f"cannot load a Hugging Face checkpoint from {base}: {exc}") from exc
     prefix = model.base_model_prefix + "."
     head_keys = {key for key in model.state_dict() if not key.startswith(prefix)}
     if head_keys - set(loading["missing_keys"]):
         fresh = AutoModelForSequenceClassification.from_config(model.config)
-        model.load_state_dict({key: value for key, value in fresh.state_dict().items() if key in head_keys},
-                              strict=False)
+        model.load_state_dict(
+            {key: value for key, value in fresh.state_dict().items() if key in head_keys}, strict=False
+        )
     return model
 
 
@@ -398,15 +431,27 @@ class TrainingProgress:
         return cls(**json.loads((directory / PROGRESS_FILE).read_text(encoding="utf-8")))
 
 
-def _fingerprint(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, labels: Sequence[str],
-                 family: Family, input_format: InputFormat, config: TrainConfig, num_processes: int) -> str:
+def _fingerprint(
+    train_sets: Sequence[LabelledSet],
+    dev: LabelledSet | None,
+    labels: Sequence[str],
+    family: Family,
+    input_format: InputFormat,
+    config: TrainConfig,
+    num_processes: int,
+) -> str:
     """What must not change between a checkpoint and its resumption (epochs and patience may)."""
     identity = {
-        "labels": list(labels), "family": family, "input_format": input_format, "processes": num_processes,
+        "labels": list(labels),
+        "family": family,
+        "input_format": input_format,
+        "processes": num_processes,
         "train": [(s.sha256(), s.weight, s.upsample) for s in train_sets],
         "dev": dev.sha256() if dev is not None else None,
-        "config": config.model_dump(mode="json", exclude={"epochs", "early_stopping_patience", "resume",
-                                                          "checkpoint_every", "cpu", "mixed_precision"}),
+        "config": config.model_dump(
+            mode="json",
+            exclude={"epochs", "early_stopping_patience", "resume", "checkpoint_every", "cpu", "mixed_precision"},
+        ),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -421,12 +466,22 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 # ---------------------------------------------------------------------------- training
 
 
-def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, labels: Sequence[str],
-                family: Family, input_format: InputFormat, config: TrainConfig, out_dir: Path | str,
-                model_id: str, trained_for_round: int | None = None, task_name: str | None = None,
-                progress: bool = True,
-                on_epoch_end: Callable[[EpochRecord], None] | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> TrainResult:
+def train_model(
+    train_sets: Sequence[LabelledSet],
+    dev: LabelledSet | None,
+    *,
+    labels: Sequence[str],
+    family: Family,
+    input_format: InputFormat,
+    config: TrainConfig,
+    out_dir: Path | str,
+    model_id: str,
+    trained_for_round: int | None = None,
+    task_name: str | None = None,
+    progress: bool = True,
+    on_epoch_end: Callable[[EpochRecord], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> TrainResult:
     """Train a classifier from the base checkpoint on ``train_sets``; write it to ``out_dir``.
 
     ``dev`` drives early stopping and the choice of the saved epoch (macro-F1); without it the
@@ -448,13 +503,17 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
     class_weights = class_weights_for(train_sets, labels, config.class_weights, family=family)
 
     accelerator = Accelerator(
-        cpu=config.cpu, mixed_precision=config.mixed_precision,
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps))
+        cpu=config.cpu,
+        mixed_precision=config.mixed_precision,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps),
+    )
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes == 1:
         # Otherwise every process would train alone and write the same folder.
-        raise TrainingError(f"launched as {launched} processes but Accelerate runs only one: on CPUs pass "
-                            "--cpu (TrainConfig.cpu) so the processes train together over gloo")
+        raise TrainingError(
+            f"launched as {launched} processes but Accelerate runs only one: on CPUs pass "
+            "--cpu (TrainConfig.cpu) so the processes train together over gloo"
+        )
     set_seed(config.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = out_dir / CHECKPOINTS_DIR
@@ -466,13 +525,22 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
     sampler = UpsampledEpochs(train_sets, config.seed)
     # Loaders draw a seed when an iterator starts; their own generator keeps that draw out of
     # the global RNG, so a run resumed mid-epoch sees the same dropout masks as one never cut.
-    train_loader = DataLoader(MixDataset(train_sets), batch_size=config.batch_size, sampler=sampler,
-                              collate_fn=collate, generator=torch.Generator().manual_seed(config.seed))
+    train_loader = DataLoader(
+        MixDataset(train_sets),
+        batch_size=config.batch_size,
+        sampler=sampler,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
     dev_loader = None
     if dev is not None:
-        dev_loader = DataLoader(MixDataset([dev]), batch_size=config.batch_size * 2,
-                                sampler=[(0, row) for row in range(len(dev))], collate_fn=collate,
-                                generator=torch.Generator().manual_seed(config.seed))
+        dev_loader = DataLoader(
+            MixDataset([dev]),
+            batch_size=config.batch_size * 2,
+            sampler=[(0, row) for row in range(len(dev))],
+            collate_fn=collate,
+            generator=torch.Generator().manual_seed(config.seed),
+        )
     optimizer = torch.optim.AdamW(_parameter_groups(model, config.weight_decay), lr=config.learning_rate)
     # Built before prepare(): Accelerate steps a prepared scheduler once per process, so the
     # schedule is counted in unsharded batches.
@@ -497,12 +565,18 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
             if saved.fingerprint != fingerprint:
                 raise TrainingError(
                     f"the checkpoint {checkpoint} was made with other data or hyperparameters (only epochs and "
-                    f"patience may change on resume); start a new output folder instead")
+                    f"patience may change on resume); start a new output folder instead"
+                )
             accelerator.load_state(str(checkpoint))
             state = saved
             resumed_from = saved.global_step
-            _info(accelerator, "resuming from %s: epoch %d, %d batches done", checkpoint.name, state.epoch,
-                  state.batches_done)
+            _info(
+                accelerator,
+                "resuming from %s: epoch %d, %d batches done",
+                checkpoint.name,
+                state.epoch,
+                state.batches_done,
+            )
 
     def save_checkpoint() -> None:
         folder = checkpoints / f"step-{state.global_step:08d}"
@@ -526,9 +600,17 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
         epoch = state.epoch
         model.train()
         sampler.use_epoch(epoch)
-        loader = accelerator.skip_first_batches(train_loader, state.batches_done) if state.batches_done else train_loader
-        bar = tqdm(total=len(train_loader), initial=state.batches_done, desc=f"epoch {epoch}/{config.epochs}",
-                   unit="batch", leave=False, disable=not (progress and accelerator.is_local_main_process))
+        loader = (
+            accelerator.skip_first_batches(train_loader, state.batches_done) if state.batches_done else train_loader
+        )
+        bar = tqdm(
+            total=len(train_loader),
+            initial=state.batches_done,
+            desc=f"epoch {epoch}/{config.epochs}",
+            unit="batch",
+            leave=False,
+            disable=not (progress and accelerator.is_local_main_process),
+        )
         tick = time.perf_counter()
         for batch in loader:
             y, weight = batch.pop("y"), batch.pop("weight")
@@ -551,23 +633,32 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
                 state.global_step += 1
                 if on_progress is not None and accelerator.is_main_process:
                     on_progress(min(state.global_step, total_steps), total_steps)
-                if (isinstance(config.checkpoint_every, int) and state.global_step % config.checkpoint_every == 0
-                        and state.batches_done < len(train_loader)):
+                if (
+                    isinstance(config.checkpoint_every, int)
+                    and state.global_step % config.checkpoint_every == 0
+                    and state.batches_done < len(train_loader)
+                ):
                     state.epoch_seconds += time.perf_counter() - tick
                     save_checkpoint()
                     tick = time.perf_counter()
         bar.close()
         state.epoch_seconds += time.perf_counter() - tick
 
-        totals = accelerator.reduce(torch.tensor([state.loss_sum, state.loss_examples], device=accelerator.device),
-                                    "sum")
+        totals = accelerator.reduce(
+            torch.tensor([state.loss_sum, state.loss_examples], device=accelerator.device), "sum"
+        )
         loss_sum, examples = totals.tolist()
         dev_f1 = None
         if dev is not None and dev_loader is not None:
             dev_f1 = _dev_macro_f1(accelerator, model, dev_loader, dev, family)
-        record = EpochRecord(epoch=epoch, train_loss=loss_sum / max(examples, 1.0), dev_macro_f1=dev_f1,
-                             examples=int(examples), seconds=round(state.epoch_seconds, 3),
-                             examples_per_second=examples / max(state.epoch_seconds, 1e-9))
+        record = EpochRecord(
+            epoch=epoch,
+            train_loss=loss_sum / max(examples, 1.0),
+            dev_macro_f1=dev_f1,
+            examples=int(examples),
+            seconds=round(state.epoch_seconds, 3),
+            examples_per_second=examples / max(state.epoch_seconds, 1e-9),
+        )
         improved = dev_f1 is not None and (state.best_dev_macro_f1 is None or dev_f1 > state.best_dev_macro_f1)
         if improved:
             state.best_dev_macro_f1, state.best_epoch, state.epochs_without_improvement = dev_f1, epoch, 0
@@ -582,11 +673,22 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
         state.loss_sum = state.loss_examples = state.epoch_seconds = 0.0
         save_checkpoint()
         dev_text = "" if dev_f1 is None else f", dev macro-F1 {dev_f1:.4f}{' (best)' if improved else ''}"
-        _info(accelerator, "epoch %d/%d: train loss %.4f%s, %.1f examples/s", epoch, config.epochs,
-              record.train_loss, dev_text, record.examples_per_second)
+        _info(
+            accelerator,
+            "epoch %d/%d: train loss %.4f%s, %.1f examples/s",
+            epoch,
+            config.epochs,
+            record.train_loss,
+            dev_text,
+            record.examples_per_second,
+        )
         if state.stopped_early:
-            _info(accelerator, "early stop: no better dev macro-F1 for %d epochs; keeping epoch %d",
-                  state.epochs_without_improvement, state.best_epoch)
+            _info(
+                accelerator,
+                "early stop: no better dev macro-F1 for %d epochs; keeping epoch %d",
+                state.epochs_without_improvement,
+                state.best_epoch,
+            )
         if on_epoch_end is not None:
             on_epoch_end(record)
 
@@ -597,36 +699,62 @@ def train_model(train_sets: Sequence[LabelledSet], dev: LabelledSet | None, *, l
     history = [EpochRecord(**record) for record in state.history]  # type: ignore[arg-type]
     train_seconds = sum(record.seconds for record in history)
     summary = {
-        "epochs_run": len(history), "best_epoch": state.best_epoch, "best_dev_macro_f1": state.best_dev_macro_f1,
-        "stopped_early": state.stopped_early, "resumed_from_step": resumed_from,
+        "epochs_run": len(history),
+        "best_epoch": state.best_epoch,
+        "best_dev_macro_f1": state.best_dev_macro_f1,
+        "stopped_early": state.stopped_early,
+        "resumed_from_step": resumed_from,
         "examples_per_second": sum(record.examples for record in history) / max(train_seconds, 1e-9),
         "wall_seconds": time.perf_counter() - started,
     }
     metadata = ModelMetadata(
-        model_id=model_id, version=weights_version(final), labels=labels, family=family,
-        input_format=input_format, max_length=max_length, base_model=str(base),
-        trained_for_round=trained_for_round, task=task_name,
-        data={"train": [labelled.summary() for labelled in train_sets],
-              "dev": dev.summary() if dev is not None else None},
+        model_id=model_id,
+        version=weights_version(final),
+        labels=labels,
+        family=family,
+        input_format=input_format,
+        max_length=max_length,
+        base_model=str(base),
+        trained_for_round=trained_for_round,
+        task=task_name,
+        data={
+            "train": [labelled.summary() for labelled in train_sets],
+            "dev": dev.summary() if dev is not None else None,
+        },
         hyperparameters=config.recorded(),
-        training={**summary, "history": [asdict(record) for record in history], "from_scratch": True,
-                  "processes": accelerator.num_processes, "device": str(accelerator.device),
-                  "mixed_precision": accelerator.mixed_precision, "versions": _versions()})
+        training={
+            **summary,
+            "history": [asdict(record) for record in history],
+            "from_scratch": True,
+            "processes": accelerator.num_processes,
+            "device": str(accelerator.device),
+            "mixed_precision": accelerator.mixed_precision,
+            "versions": _versions(),
+        },
+    )
     if accelerator.is_main_process:
         final.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
         metadata.save(out_dir)
     accelerator.wait_for_everyone()
     _info(accelerator, "wrote %s (version %s, best epoch %d)", out_dir, metadata.version, state.best_epoch)
-    return TrainResult(out_dir=out_dir, metadata=metadata, history=history, best_epoch=state.best_epoch,
-                       best_dev_macro_f1=state.best_dev_macro_f1, stopped_early=state.stopped_early,
-                       resumed_from_step=resumed_from, examples_per_second=float(summary["examples_per_second"]),
-                       wall_seconds=float(summary["wall_seconds"]))
+    return TrainResult(
+        out_dir=out_dir,
+        metadata=metadata,
+        history=history,
+        best_epoch=state.best_epoch,
+        best_dev_macro_f1=state.best_dev_macro_f1,
+        stopped_early=state.stopped_early,
+        resumed_from_step=resumed_from,
+        examples_per_second=float(summary["examples_per_second"]),
+        wall_seconds=float(summary["wall_seconds"]),
+    )
 
 
 @torch.no_grad()
-def _dev_macro_f1(accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader,
-                  dev: LabelledSet, family: Family) -> float:
+def _dev_macro_f1(
+    accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader, dev: LabelledSet, family: Family
+) -> float:
     model.eval()
     chunks = []
     for batch in loader:

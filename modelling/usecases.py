@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from modelling.datasets import DataMix, SourceSpec
 from modelling.evaluation_sets import built_round_numbers
 from modelling.registry import RELOAD_TIMEOUT_S, Promotion, promote, record_evaluation, register_model
 from services.db.engine import session_scope
-from services.db.models import ModelVersion, Round, RoundBuild, Task, User
+from services.db.models import ModelVersion, Task, User
 from services.domain.tasks import definition_of, get_task
 from services.errors import DomainError, Invalid
 
@@ -46,9 +45,20 @@ if TYPE_CHECKING:
     from modelling.evaluate import Evaluation
     from modelling.train import EpochRecord, TrainConfig, TrainResult
 
-__all__ = ["EvaluateOptions", "EvaluatedModel", "EvaluationListener", "PromoteOptions", "RegisteredModel",
-           "TrainOptions", "TrainedModel", "TrainingListener", "default_mix", "evaluate_and_record",
-           "promote_model", "train_and_register"]
+__all__ = [
+    "EvaluateOptions",
+    "EvaluatedModel",
+    "EvaluationListener",
+    "PromoteOptions",
+    "RegisteredModel",
+    "TrainOptions",
+    "TrainedModel",
+    "TrainingListener",
+    "default_mix",
+    "evaluate_and_record",
+    "promote_model",
+    "train_and_register",
+]
 
 MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -66,8 +76,14 @@ class RegisteredModel:
 
     @classmethod
     def of(cls, model: ModelVersion) -> RegisteredModel:
-        return cls(id=model.id, name=model.name, model_id=model.model_id, version=model.version,
-                   status=model.status.value, directory=model.directory)
+        return cls(
+            id=model.id,
+            name=model.name,
+            model_id=model.model_id,
+            version=model.version,
+            status=model.status.value,
+            directory=model.directory,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,10 +98,13 @@ def default_mix(session: Session, task: Task) -> DataMix:
     the next model trains on all rounds at once)."""
     numbers = built_round_numbers(session, task)
     if not numbers:
-        raise Invalid(f"task {task.name!r} has no built round to train on; close a round and build it first "
-                      "(POST /rounds/{id}/build), or give a `mix`")
-    return DataMix(train=[SourceSpec(round=n, split="train") for n in numbers],
-                   dev=SourceSpec(round=numbers[-1], split="dev"))
+        raise Invalid(
+            f"task {task.name!r} has no built round to train on; close a round and build it first "
+            "(POST /rounds/{id}/build), or give a `mix`"
+        )
+    return DataMix(
+        train=[SourceSpec(round=n, split="train") for n in numbers], dev=SourceSpec(round=numbers[-1], split="dev")
+    )
 
 
 # --- train and register --------------------------------------------------------------------
@@ -97,8 +116,10 @@ class TrainOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mix: DataMix | None = Field(
-        None, description="A data mix (the YAML of `dynaloop round train --mix`, as JSON). Default: every "
-        "built round's train split, and the newest built round's dev split for early stopping.")
+        None,
+        description="A data mix (the YAML of `dynaloop round train --mix`, as JSON). Default: every "
+        "built round's train split, and the newest built round's dev split for early stopping.",
+    )
     epochs: int = Field(3, ge=1, le=1000)
     batch_size: int = Field(32, ge=1, le=4096)
     learning_rate: float = Field(2e-5, gt=0, le=1)
@@ -108,13 +129,23 @@ class TrainOptions(BaseModel):
     patience: int = Field(2, ge=0, le=1000, description="Epochs without a better dev macro-F1; 0: never stop early.")
     gradient_accumulation_steps: int = Field(1, ge=1, le=4096, description="Batches per optimizer step.")
     checkpoint_every: int | Literal["epoch"] = Field(
-        "epoch", description="A resumable checkpoint every N optimizer steps, or at each epoch's end.")
+        "epoch", description="A resumable checkpoint every N optimizer steps, or at each epoch's end."
+    )
     resume: bool = Field(False, description="Continue the run in the output folder from its newest checkpoint.")
     round: int | None = Field(None, ge=1, description="The round this model will serve (the next one to collect).")
-    base: str | None = Field(None, max_length=1000, description="Backbone checkpoint folder; default: the "
-                             "packaged MiniLM. Never a model dynaloop trained (DynaSent §5.3).")
-    model_id: str | None = Field(None, min_length=1, max_length=150, pattern=MODEL_ID_PATTERN,
-                                 description="Default: TASK-for-round-N, or a name from the output folder.")
+    base: str | None = Field(
+        None,
+        max_length=1000,
+        description="Backbone checkpoint folder; default: the "
+        "packaged MiniLM. Never a model dynaloop trained (DynaSent §5.3).",
+    )
+    model_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=150,
+        pattern=MODEL_ID_PATTERN,
+        description="Default: TASK-for-round-N, or a name from the output folder.",
+    )
     cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
     tiny: bool = Field(False, description="Tests only: a tiny random BERT replaces the base.")
 
@@ -136,11 +167,20 @@ class TrainOptions(BaseModel):
         """The trainer's hyperparameters, with ``base`` (the tiny base of ``tiny`` runs) as the backbone."""
         from modelling.train import TrainConfig
 
-        return TrainConfig(base=base, epochs=self.epochs, batch_size=self.batch_size,
-                           learning_rate=self.learning_rate, max_length=self.max_length, seed=self.seed,
-                           class_weights=self.class_weights, early_stopping_patience=self.patience or None,
-                           gradient_accumulation_steps=self.gradient_accumulation_steps, cpu=self.cpu,
-                           checkpoint_every=self.checkpoint_every, resume=self.resume)
+        return TrainConfig(
+            base=base,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            max_length=self.max_length,
+            seed=self.seed,
+            class_weights=self.class_weights,
+            early_stopping_patience=self.patience or None,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            cpu=self.cpu,
+            checkpoint_every=self.checkpoint_every,
+            resume=self.resume,
+        )
 
 
 class TrainingListener:
@@ -168,9 +208,17 @@ class TrainedModel:
     model: RegisteredModel | None
 
 
-def train_and_register(factory: sessionmaker[Session], task_name: str, options: TrainOptions, out_dir: Path, *,
-                       actor_id: int | None = None, unnamed_model_id: str | None = None,
-                       listener: TrainingListener | None = None, progress_bar: bool = False) -> TrainedModel:
+def train_and_register(
+    factory: sessionmaker[Session],
+    task_name: str,
+    options: TrainOptions,
+    out_dir: Path,
+    *,
+    actor_id: int | None = None,
+    unnamed_model_id: str | None = None,
+    listener: TrainingListener | None = None,
+    progress_bar: bool = False,
+) -> TrainedModel:
     """Train a fresh classifier for task ``task_name`` on ``options.mix`` (default:
     :func:`default_mix`) into ``out_dir``, then register it as *trained*.
 
@@ -189,24 +237,40 @@ def train_and_register(factory: sessionmaker[Session], task_name: str, options: 
         definition = definition_of(task)
         labels = model_labels(definition)
         multi = definition.is_multi_label
-        train_sets = [load_source(spec, labels=labels, multi_label=multi, session=session, task=task)
-                      for spec in mix.train]
-        dev = None if mix.dev is None else load_source(mix.dev, labels=labels, multi_label=multi,
-                                                        session=session, task=task)
+        train_sets = [
+            load_source(spec, labels=labels, multi_label=multi, session=session, task=task) for spec in mix.train
+        ]
+        dev = (
+            None
+            if mix.dev is None
+            else load_source(mix.dev, labels=labels, multi_label=multi, session=session, task=task)
+        )
         pair_input = input_format(definition)
     listener.data_loaded(train_sets, dev)
     family: Literal["single_label", "multi_label"] = "multi_label" if multi else "single_label"
-    model_id = options.model_id or (f"{task_name}-for-round-{options.round}" if options.round
-                                    else unnamed_model_id or f"{task_name}-{out_dir.name}")
+    model_id = options.model_id or (
+        f"{task_name}-for-round-{options.round}" if options.round else unnamed_model_id or f"{task_name}-{out_dir.name}"
+    )
     with tempfile.TemporaryDirectory(prefix="dynaloop-tiny-base-") as scratch:
         base = Path(options.base) if options.base else None
         if options.tiny:
             base = Path(scratch) / "base"
             init_model_dir(base, labels=labels, family=family, tiny=True, seed=options.seed)
-        result = train.train_model(train_sets, dev, labels=labels, family=family, input_format=pair_input,
-                                   config=options.train_config(base), out_dir=out_dir, model_id=model_id,
-                                   trained_for_round=options.round, task_name=task_name, progress=progress_bar,
-                                   on_epoch_end=listener.epoch_ended, on_progress=listener.step)
+        result = train.train_model(
+            train_sets,
+            dev,
+            labels=labels,
+            family=family,
+            input_format=pair_input,
+            config=options.train_config(base),
+            out_dir=out_dir,
+            model_id=model_id,
+            trained_for_round=options.round,
+            task_name=task_name,
+            progress=progress_bar,
+            on_epoch_end=listener.epoch_ended,
+            on_progress=listener.step,
+        )
     if not PartialState().is_main_process:  # `accelerate launch`: one process registers the model
         return TrainedModel(out_dir=out_dir, training=result, model=None)
     listener.trained(result)
@@ -226,14 +290,24 @@ class EvaluateOptions(BaseModel):
 
     mix: DataMix | None = Field(None, description="A data mix: its dev and evaluate sources are evaluated too.")
     rounds: list[Annotated[int, Field(ge=1)]] | None = Field(
-        None, description="Built rounds whose dev and test splits are evaluated; default: every built round; "
-        "[]: none (only the mix's sets).")
+        None,
+        description="Built rounds whose dev and test splits are evaluated; default: every built round; "
+        "[]: none (only the mix's sets).",
+    )
     positive_label: str | None = Field(
-        None, min_length=1, max_length=200, description="Binary tasks: the class whose F1 is reported "
-        "(default: positive/sarcastic, else the second label).")
+        None,
+        min_length=1,
+        max_length=200,
+        description="Binary tasks: the class whose F1 is reported "
+        "(default: positive/sarcastic, else the second label).",
+    )
     batch_size: int = Field(64, ge=1, le=4096)
-    device: str | None = Field(None, max_length=20, pattern=r"^[a-z]+(:[0-9]+)?$",
-                               description="cpu, cuda, cuda:1, ...; default: cuda when present.")
+    device: str | None = Field(
+        None,
+        max_length=20,
+        pattern=r"^[a-z]+(:[0-9]+)?$",
+        description="cpu, cuda, cuda:1, ...; default: cuda when present.",
+    )
     record: bool = Field(True, description="Store the results in the model registry (trained -> evaluated).")
 
     def extra_sources(self) -> list[SourceSpec]:
@@ -268,9 +342,17 @@ class EvaluatedModel:
     model: RegisteredModel | None
 
 
-def evaluate_and_record(factory: sessionmaker[Session], task_name: str, model_dir: Path, options: EvaluateOptions,
-                        out_dir: Path, *, actor_id: int | None = None, listener: EvaluationListener | None = None,
-                        progress_bar: bool = False) -> EvaluatedModel:
+def evaluate_and_record(
+    factory: sessionmaker[Session],
+    task_name: str,
+    model_dir: Path,
+    options: EvaluateOptions,
+    out_dir: Path,
+    *,
+    actor_id: int | None = None,
+    listener: EvaluationListener | None = None,
+    progress_bar: bool = False,
+) -> EvaluatedModel:
     """Evaluate the model in ``model_dir`` on the chosen rounds' dev and test splits and the mix's
     sets (DynaSent Table 5b), write ``evaluation.md``, ``evaluation.json`` and the plots to
     ``out_dir``, and with ``options.record`` store the results in the registry.
@@ -286,17 +368,26 @@ def evaluate_and_record(factory: sessionmaker[Session], task_name: str, model_di
         raise Invalid(f"model directory {model_dir} does not exist")
     ModelMetadata.load(model_dir)
     with factory() as session:
-        chosen = load_evaluation_sets(session, get_task(session, task_name), rounds=options.rounds,
-                                      extra=options.extra_sources())
+        chosen = load_evaluation_sets(
+            session, get_task(session, task_name), rounds=options.rounds, extra=options.extra_sources()
+        )
     for name in chosen.skipped:
         listener.skipped(name)
     if not chosen.sets:
-        raise Invalid(f"nothing to evaluate: task {task_name!r} has no built round with labelled dev/test examples "
-                      "and no data mix with evaluate sources")
+        raise Invalid(
+            f"nothing to evaluate: task {task_name!r} has no built round with labelled dev/test examples "
+            "and no data mix with evaluate sources"
+        )
     listener.evaluating(chosen.sets)
-    evaluation = evaluate_model(model_dir, chosen.sets, human_f1=chosen.human_f1,
-                                positive_label=options.positive_label, batch_size=options.batch_size,
-                                device=options.device, progress=progress_bar)
+    evaluation = evaluate_model(
+        model_dir,
+        chosen.sets,
+        human_f1=chosen.human_f1,
+        positive_label=options.positive_label,
+        batch_size=options.batch_size,
+        device=options.device,
+        progress=progress_bar,
+    )
     files = write_evaluation(evaluation, out_dir)
     listener.written(evaluation, files)
     if not options.record:
@@ -304,12 +395,14 @@ def evaluate_and_record(factory: sessionmaker[Session], task_name: str, model_di
     listener.recording()
     try:
         with session_scope(factory) as session:
-            model = record_evaluation(session, get_task(session, task_name), model_dir, evaluation.to_dict(),
-                                      actor=_actor(session, actor_id))
+            model = record_evaluation(
+                session, get_task(session, task_name), model_dir, evaluation.to_dict(), actor=_actor(session, actor_id)
+            )
             recorded = RegisteredModel.of(model)
     except DomainError as exc:
-        raise type(exc)(f"the evaluation files are written, but the model registry refused it: {exc.message}",
-                        **exc.details) from exc
+        raise type(exc)(
+            f"the evaluation files are written, but the model registry refused it: {exc.message}", **exc.details
+        ) from exc
     return EvaluatedModel(evaluation=evaluation, out_dir=out_dir, files=files, model=recorded)
 
 
@@ -321,24 +414,44 @@ class PromoteOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint: str = Field(min_length=1, max_length=500, description="The running model server, e.g. "
-                          "http://127.0.0.1:8001.")
+    endpoint: str = Field(
+        min_length=1, max_length=500, description="The running model server, e.g. http://127.0.0.1:8001."
+    )
     force: bool = Field(False, description="Promote a model that was never evaluated.")
     admin_token: SecretStr | None = Field(
-        None, description="The model server's admin token; default: DYNALOOP_MODEL_SERVER_ADMIN_TOKEN. Never stored.")
+        None, description="The model server's admin token; default: DYNALOOP_MODEL_SERVER_ADMIN_TOKEN. Never stored."
+    )
     keep_round_endpoints: bool = Field(False, description="Do not point the task's open rounds at the endpoint.")
-    backend: str | None = Field(None, min_length=1, max_length=100,
-                                description="Model server backend for the new model; default: the same.")
-    timeout_s: float = Field(RELOAD_TIMEOUT_S, gt=0, le=86_400,
-                             description="How long the server may take to load the model.")
+    backend: str | None = Field(
+        None, min_length=1, max_length=100, description="Model server backend for the new model; default: the same."
+    )
+    timeout_s: float = Field(
+        RELOAD_TIMEOUT_S, gt=0, le=86_400, description="How long the server may take to load the model."
+    )
 
 
-def promote_model(factory: sessionmaker[Session], task_name: str, reference: str | int, options: PromoteOptions,
-                  *, actor_id: int | None = None, admin_token: str | None = None) -> Promotion:
+def promote_model(
+    factory: sessionmaker[Session],
+    task_name: str,
+    reference: str | int,
+    options: PromoteOptions,
+    *,
+    actor_id: int | None = None,
+    admin_token: str | None = None,
+) -> Promotion:
     """Put model ``reference`` (registry id, ``model_id@version`` or ``model_id``) of task
     ``task_name`` in the loop at ``options.endpoint``: :func:`modelling.registry.promote`. The
     admin token is ``options.admin_token``, else ``admin_token``."""
     token = options.admin_token.get_secret_value() if options.admin_token else admin_token
-    return promote(factory, task_name, reference, endpoint=options.endpoint, admin_token=token or "",
-                   force=options.force, actor_id=actor_id, backend=options.backend,
-                   update_open_rounds=not options.keep_round_endpoints, timeout_s=options.timeout_s)
+    return promote(
+        factory,
+        task_name,
+        reference,
+        endpoint=options.endpoint,
+        admin_token=token or "",
+        force=options.force,
+        actor_id=actor_id,
+        backend=options.backend,
+        update_open_rounds=not options.keep_round_endpoints,
+        timeout_s=options.timeout_s,
+    )

@@ -52,9 +52,9 @@ from services.taskdef import TaskDefinition
 
 __all__ = [
     "DYNASENT_SPLIT",
+    "collapse_responses",
     "compare_aggregations",
     "consolidate_target_sentiment",
-    "collapse_responses",
     "dawid_skene_labels",
     "distribution_settings",
     "distributional_labels",
@@ -118,9 +118,7 @@ def _majority_frame(
     )
 
 
-def majority_labels(
-    responses: pd.DataFrame, *, labels: Sequence[str], min_votes: int | None = None
-) -> pd.DataFrame:
+def majority_labels(responses: pd.DataFrame, *, labels: Sequence[str], min_votes: int | None = None) -> pd.DataFrame:
     """k-of-n majority label per example (DynaSent §3.4, "Majority Label"; Table 4).
 
     DynaSent takes "the one chosen by at least three of the five workers, if there is such
@@ -355,9 +353,9 @@ def mace_labels(
     if encoded.n_examples == 0:
         return _empty_model_frame(encoded.labels, probabilities)
     with _quiet_crowdkit():
-        model = MACE(
-            n_restarts=n_restarts, n_iter=n_iter, method=method, random_state=random_state
-        ).fit(_crowdkit_frame(encoded))
+        model = MACE(n_restarts=n_restarts, n_iter=n_iter, method=method, random_state=random_state).fit(
+            _crowdkit_frame(encoded)
+        )
     return _model_frame(model.probas_, encoded, probabilities=probabilities, tie_tolerance=tie_tolerance)
 
 
@@ -390,9 +388,7 @@ def compare_aggregations(
     frame = majority.rename(columns={"label": "majority", "votes": "majority_votes"})
     runners = {
         "dawid_skene": lambda: dawid_skene_labels(responses, labels=labels),
-        "mace": lambda: mace_labels(
-            responses, labels=labels, random_state=random_state, n_restarts=mace_restarts
-        ),
+        "mace": lambda: mace_labels(responses, labels=labels, random_state=random_state, n_restarts=mace_restarts),
     }
     for method in methods:
         if method not in runners:
@@ -601,9 +597,7 @@ def exclude_workers(responses: pd.DataFrame, workers: Iterable[Hashable]) -> pd.
     return responses.loc[~responses["worker_id"].isin(excluded)].copy()
 
 
-def keep_top_ranked(
-    responses: pd.DataFrame, ranking: Mapping[Hashable, float] | pd.Series, *, n: int
-) -> pd.DataFrame:
+def keep_top_ranked(responses: pd.DataFrame, ranking: Mapping[Hashable, float] | pd.Series, *, n: int) -> pd.DataFrame:
     """Keep at most ``n`` responses per example, those of the best-ranked workers (DynaSent App. B.2).
 
     "Many examples received more than 5 labels; we keep only those by the top-ranked workers

@@ -235,9 +235,7 @@ def slot_cohen_kappas(
     return pd.DataFrame(rows, columns=["slot_a", "slot_b", "n_examples", "kappa"])
 
 
-def worker_pair_cohen_kappas(
-    responses: pd.DataFrame, *, labels: Sequence[str], min_shared: int = 20
-) -> pd.DataFrame:
+def worker_pair_cohen_kappas(responses: pd.DataFrame, *, labels: Sequence[str], min_shared: int = 20) -> pd.DataFrame:
     """Cohen's kappa for every pair of workers who labelled at least ``min_shared`` common examples.
 
     The pairs come from each example's own responses (no workers x workers matrix), and the
@@ -444,9 +442,7 @@ def worker_agreement(
     )
 
 
-def disagreeing_workers(
-    agreement: pd.DataFrame, *, threshold: float = 0.8, min_labels: int = 10
-) -> list[Hashable]:
+def disagreeing_workers(agreement: pd.DataFrame, *, threshold: float = 0.8, min_labels: int = 10) -> list[Hashable]:
     """Workers whose disagreement rate exceeds ``threshold`` (DynaSent §3.3: 80%).
 
     ``agreement`` is the output of :func:`worker_agreement`. Only workers with at least

@@ -42,7 +42,6 @@ from services.domain.tasks import definition_of
 from services.errors import Conflict
 from services.taskdef import TaskDefinition, TaskFamily
 
-
 # EM iterations for Dawid-Skene: crowd-kit's 100 take ~40 s on a million labels on one core;
 # the labels stop changing long before 30 (bench/round_builder.py measures both).
 DAWID_SKENE_ITERATIONS = 30
@@ -84,19 +83,47 @@ def load_round(session: Session, round_: Round) -> RoundData:
     definition = definition_of(round_.task)
     multi = definition.is_multi_label
     rows = session.execute(
-        select(Example.id, Example.text, Example.prompt_id, Example.condition, Example.model_prediction,
-               Example.target_label, Example.writer_id, Example.fooled, Example.status, Example.extras,
-               Attempt.edit_distance, Attempt.confirmed, Example.origin)
+        select(
+            Example.id,
+            Example.text,
+            Example.prompt_id,
+            Example.condition,
+            Example.model_prediction,
+            Example.target_label,
+            Example.writer_id,
+            Example.fooled,
+            Example.status,
+            Example.extras,
+            Attempt.edit_distance,
+            Attempt.confirmed,
+            Example.origin,
+        )
         # Outer join: harvested examples (DynaSent §3.2) have no attempt.
         .outerjoin(Attempt, Example.attempt_id == Attempt.id)
         .where(Example.round_id == round_.id)
         .order_by(Example.id)
     ).all()
     examples = pd.DataFrame.from_records(
-        [(r[0], r[1], r[2], r[3].value, r[4], r[5], r[6], bool(r[7]), r[8].value, r[9], r[10], r[11], r[12].value)
-         for r in rows],
-        columns=["example_id", "text", "prompt_id", "condition", "model_prediction", "target_label", "writer_id",
-                 "fooled", "status", "extras", "edit_distance", "confirmed", "origin"])
+        [
+            (r[0], r[1], r[2], r[3].value, r[4], r[5], r[6], bool(r[7]), r[8].value, r[9], r[10], r[11], r[12].value)
+            for r in rows
+        ],
+        columns=[
+            "example_id",
+            "text",
+            "prompt_id",
+            "condition",
+            "model_prediction",
+            "target_label",
+            "writer_id",
+            "fooled",
+            "status",
+            "extras",
+            "edit_distance",
+            "confirmed",
+            "origin",
+        ],
+    )
     responses = counted_responses(session, round_, multi_label=multi)
     attempts = pd.DataFrame.from_records(
         session.execute(
@@ -107,8 +134,13 @@ def load_round(session: Session, round_: Round) -> RoundData:
         columns=["attempt_id", "fooled", "confirmed", "condition"],
     )
     prompts = dict(session.execute(select(Prompt.id, Prompt.text).where(Prompt.round_id == round_.id)).all())
-    sources = sorted(s for s in session.scalars(
-        select(Prompt.source).where(Prompt.round_id == round_.id, Prompt.source.is_not(None)).distinct()) if s)
+    sources = sorted(
+        s
+        for s in session.scalars(
+            select(Prompt.source).where(Prompt.round_id == round_.id, Prompt.source.is_not(None)).distinct()
+        )
+        if s
+    )
     return RoundData(definition, examples, responses, attempts, prompts, sources)
 
 
@@ -118,12 +150,17 @@ def _gold(data: RoundData) -> pd.DataFrame:
     index = pd.Index(data.examples["example_id"], name="example_id")
     if definition.family is TaskFamily.target_dependent:
         frame = aggregation.consolidate_target_sentiment(
-            responses, collapse=definition.label_collapse or {}, unknown_label=definition.unknown_label,
-            order=definition.effective_validation_labels, min_responses=1)
+            responses,
+            collapse=definition.label_collapse or {},
+            unknown_label=definition.unknown_label,
+            order=definition.effective_validation_labels,
+            min_responses=1,
+        )
         frame = frame.rename(columns={"label": "gold", "votes": "gold_votes"})
     elif definition.is_multi_label:
-        frame = aggregation.multilabel_gold(responses, labels=definition.labels,
-                                            min_votes=definition.agreement.gold_min_votes)
+        frame = aggregation.multilabel_gold(
+            responses, labels=definition.labels, min_votes=definition.agreement.gold_min_votes
+        )
         # The gold set's weakest label decides whether it is strong enough for dev/test.
         votes = frame[[f"votes_{label}" for label in definition.labels]].to_numpy(dtype=float)
         in_gold = votes >= definition.agreement.gold_min_votes
@@ -131,8 +168,9 @@ def _gold(data: RoundData) -> pd.DataFrame:
         gold_votes = np.where(np.isfinite(weakest), weakest, 0).astype(int)
         frame = frame.assign(gold=frame["label"], gold_votes=gold_votes, kept=True, reason=None)
     else:
-        frame = aggregation.majority_labels(responses, labels=definition.effective_validation_labels,
-                                            min_votes=definition.agreement.gold_min_votes)
+        frame = aggregation.majority_labels(
+            responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
+        )
         frame = frame.rename(columns={"label": "gold", "votes": "gold_votes"}).assign(kept=True, reason=None)
     frame = frame.reindex(index)
     frame["kept"] = frame["kept"].fillna(False).astype(bool) if "kept" in frame else False
@@ -152,7 +190,10 @@ def _distributional(data: RoundData) -> dict[int, dict[str, float]]:
         return {int(e): row for e, row in zip(shares.index, shares.to_dict("records"), strict=True)}
     frame = aggregation.distributional_labels(data.responses, **aggregation.distribution_settings(definition))
     frame = frame.dropna(how="all").round(4)
-    return {int(e): {k: float(v) for k, v in row.items()} for e, row in zip(frame.index, frame.to_dict("records"), strict=True)}
+    return {
+        int(e): {k: float(v) for k, v in row.items()}
+        for e, row in zip(frame.index, frame.to_dict("records"), strict=True)
+    }
 
 
 def _model_based(data: RoundData, method: str | None) -> dict[int, list[str]]:
@@ -179,22 +220,27 @@ def _split_input(data: RoundData, gold: pd.DataFrame) -> pd.DataFrame:
         return tuple(value) if definition.is_multi_label else value[0]
 
     # dtype=object: pandas would otherwise store missing gold labels as NaN in a str column.
-    return pd.DataFrame({
-        "example_id": examples.index,
-        "gold": pd.Series([g if isinstance(g, str | tuple) else None for g in gold["gold"]], dtype=object),
-        "gold_votes": gold["gold_votes"].fillna(0).astype(int).to_numpy(),
-        "prompt_id": examples["prompt_id"].to_numpy(),
-        "condition": examples["condition"].to_numpy(),
-        "model_prediction": [prediction(v) for v in examples["model_prediction"]],
-    })
+    return pd.DataFrame(
+        {
+            "example_id": examples.index,
+            "gold": pd.Series([g if isinstance(g, str | tuple) else None for g in gold["gold"]], dtype=object),
+            "gold_votes": gold["gold_votes"].fillna(0).astype(int).to_numpy(),
+            "prompt_id": examples["prompt_id"].to_numpy(),
+            "condition": examples["condition"].to_numpy(),
+            "model_prediction": [prediction(v) for v in examples["model_prediction"]],
+        }
+    )
 
 
-def build_round(session: Session, actor: User | None, round_: Round, config: BuildConfig,
-                out_dir: Path | None = None) -> RoundBuild:
+def build_round(
+    session: Session, actor: User | None, round_: Round, config: BuildConfig, out_dir: Path | None = None
+) -> RoundBuild:
     """Build ``round_`` (it must be closed, or built before) and record the build."""
     if round_.status not in (RoundStatus.closed, RoundStatus.built):
-        raise Conflict(f"round {round_.number} is {round_.status.value}; close it before building "
-                       f"(POST /api/v1/rounds/{round_.id}/status {{\"status\": \"closed\"}})")
+        raise Conflict(
+            f"round {round_.number} is {round_.status.value}; close it before building "
+            f'(POST /api/v1/rounds/{round_.id}/status {{"status": "closed"}})'
+        )
     data = load_round(session, round_)
     definition = data.definition
     if data.examples.empty:
@@ -206,16 +252,24 @@ def build_round(session: Session, actor: User | None, round_: Round, config: Bui
 
     # Keep only the top-ranked validators' labels where an example has more than enough.
     if not data.responses.empty and not multi:
-        ranking = agreement.worker_agreement(data.responses, labels=definition.effective_validation_labels,
-                                             min_votes=definition.agreement.gold_min_votes)["agreement_rate"]
+        ranking = agreement.worker_agreement(
+            data.responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
+        )["agreement_rate"]
         data.responses = aggregation.keep_top_ranked(data.responses, ranking, n=definition.validations_per_example)
 
     gold = _gold(data)
     dropped = (data.examples["status"].to_numpy() == ExampleStatus.dropped.value) | ~gold["kept"].to_numpy()
     split_input = _split_input(data, gold)
     eligible = split_input.loc[~dropped]
-    result = splits.build_splits(eligible, labels, min_votes=min_votes, seed=config.seed,
-                                 dev_size=config.max_per_cell, test_size=config.max_per_cell, chance=chance)
+    result = splits.build_splits(
+        eligible,
+        labels,
+        min_votes=min_votes,
+        seed=config.seed,
+        dev_size=config.max_per_cell,
+        test_size=config.max_per_cell,
+        chance=chance,
+    )
     assignment = dict(result.assignment.items())
     flags = result.flags
     distributional = _distributional(data)
@@ -224,10 +278,16 @@ def build_round(session: Session, actor: User | None, round_: Round, config: Bui
     responses_by_example: dict[int, list[list[Any]]] = {}
     for example_id, worker, label in data.responses.itertuples(index=False):
         responses_by_example.setdefault(int(example_id), []).append(
-            [int(worker), list(label) if isinstance(label, tuple) else [str(label)]])
+            [int(worker), list(label) if isinstance(label, tuple) else [str(label)]]
+        )
 
-    build = RoundBuild(round_id=round_.id, seed=config.seed, config=dict(config.__dict__),
-                       created_by_id=actor.id if actor else None, report={})
+    build = RoundBuild(
+        round_id=round_.id,
+        seed=config.seed,
+        config=dict(config.__dict__),
+        created_by_id=actor.id if actor else None,
+        report={},
+    )
     session.add(build)
     session.flush()
     rows = []
@@ -242,22 +302,32 @@ def build_round(session: Session, actor: User | None, round_: Round, config: Bui
             row_flags = flags.loc[example_id]
             example_flags = [name for name in ("no_prompt", "prompt_shared_with_assessment") if bool(row_flags[name])]
         gold_value = split_input["gold"].iat[position]
-        rows.append({
-            "build_id": build.id, "example_id": example_id, "split": split_name,
-            "gold_label": (list(gold_value) if isinstance(gold_value, tuple)
-                           else [gold_value] if isinstance(gold_value, str) else None),
-            "gold_votes": int(split_input["gold_votes"].iat[position]) or None,
-            "responses": len(responses_by_example.get(example_id, [])),
-            "response_labels": responses_by_example.get(example_id, []),
-            "distributional_label": distributional.get(example_id),
-            "model_based_label": model_based.get(example_id),
-            "flags": example_flags,
-        })
+        rows.append(
+            {
+                "build_id": build.id,
+                "example_id": example_id,
+                "split": split_name,
+                "gold_label": (
+                    list(gold_value)
+                    if isinstance(gold_value, tuple)
+                    else [gold_value]
+                    if isinstance(gold_value, str)
+                    else None
+                ),
+                "gold_votes": int(split_input["gold_votes"].iat[position]) or None,
+                "responses": len(responses_by_example.get(example_id, [])),
+                "response_labels": responses_by_example.get(example_id, []),
+                "distributional_label": distributional.get(example_id),
+                "model_based_label": model_based.get(example_id),
+                "flags": example_flags,
+            }
+        )
     for start in range(0, len(rows), 5000):
-        session.execute(insert(BuiltExample), rows[start:start + 5000])
+        session.execute(insert(BuiltExample), rows[start : start + 5000])
 
-    assembled, plot = assemble_report(BuildOutcome(round_, data, config, gold, split_input, result, assignment,
-                                                   dropped, chance))
+    assembled, plot = assemble_report(
+        BuildOutcome(round_, data, config, gold, split_input, result, assignment, dropped, chance)
+    )
     report = assembled.to_dict()
     build.report = report
     round_.status = RoundStatus.built

@@ -11,5 +11,6 @@ from services.db.models import Round, RoundBuild
 
 def newest_build(session: Session, round_: Round) -> RoundBuild | None:
     """The round's most recent build, or None while it has never been built."""
-    return session.scalar(select(RoundBuild).where(RoundBuild.round_id == round_.id)
-                          .order_by(RoundBuild.id.desc()).limit(1))
+    return session.scalar(
+        select(RoundBuild).where(RoundBuild.round_id == round_.id).order_by(RoundBuild.id.desc()).limit(1)
+    )

@@ -40,15 +40,21 @@ def majority_gold(definition: TaskDefinition, responses: pd.DataFrame) -> dict[i
         return {}
     if definition.family is TaskFamily.target_dependent:
         frame = aggregation.consolidate_target_sentiment(
-            responses, collapse=definition.label_collapse or {}, unknown_label=definition.unknown_label,
-            order=definition.effective_validation_labels, min_responses=1)
+            responses,
+            collapse=definition.label_collapse or {},
+            unknown_label=definition.unknown_label,
+            order=definition.effective_validation_labels,
+            min_responses=1,
+        )
         return {int(e): label if isinstance(label, str) else None for e, label in frame["label"].items()}
     if definition.is_multi_label:
-        frame = aggregation.multilabel_gold(responses, labels=definition.labels,
-                                            min_votes=definition.agreement.gold_min_votes)
+        frame = aggregation.multilabel_gold(
+            responses, labels=definition.labels, min_votes=definition.agreement.gold_min_votes
+        )
         return {int(e): _joined(label) for e, label in frame["label"].items()}
-    frame = aggregation.majority_labels(responses, labels=definition.effective_validation_labels,
-                                        min_votes=definition.agreement.gold_min_votes)
+    frame = aggregation.majority_labels(
+        responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
+    )
     return {int(e): label if isinstance(label, str) else None for e, label in frame["label"].items()}
 
 
@@ -57,9 +63,18 @@ def round_plot_data(session: Session, round_: Round, *, limit: int = DEFAULT_LIM
     definition = definition_of(round_.task)
     multi = definition.is_multi_label
     rows = session.execute(
-        select(Example.id, Example.condition, Example.origin, Example.text, Example.target_label,
-               Example.model_prediction, Example.fooled, Example.status, Example.validation_count,
-               Attempt.edit_distance)
+        select(
+            Example.id,
+            Example.condition,
+            Example.origin,
+            Example.text,
+            Example.target_label,
+            Example.model_prediction,
+            Example.fooled,
+            Example.status,
+            Example.validation_count,
+            Attempt.edit_distance,
+        )
         .outerjoin(Attempt, Example.attempt_id == Attempt.id)  # harvested examples have no attempt
         .where(Example.round_id == round_.id)
         .order_by(Example.id)
@@ -71,26 +86,34 @@ def round_plot_data(session: Session, round_: Round, *, limit: int = DEFAULT_LIM
     responses = counted_responses(session, round_, multi_label=multi)
     gold = majority_gold(definition, responses)
     examples = []
-    for (example_id, condition, origin, text, target, prediction, fooled, status, validations,
-         edit_distance) in rows:
+    for example_id, condition, origin, text, target, prediction, fooled, status, validations, edit_distance in rows:
         validated = status is ExampleStatus.validated
-        examples.append({
-            "example_id": example_id,
-            "condition": condition.value,
-            "origin": origin.value,
-            "edit_distance": None if edit_distance is None else round(float(edit_distance), 4),
-            "chars": len(text),
-            "words": len(text.split()),
-            "target": _joined(target),
-            "prediction": _joined(prediction),
-            "majority": gold.get(example_id) if validated else None,
-            "validated": validated,
-            "fooled": bool(fooled),
-            "validations": validations,
-        })
-    agreement = [{"username": r.username, "labels": r.labels, "judged": r.judged,
-                  "agreement_rate": r.agreement_rate, "qualified": r.qualified}
-                 for r in quality.validator_agreement(session, round_.task, round_)]
+        examples.append(
+            {
+                "example_id": example_id,
+                "condition": condition.value,
+                "origin": origin.value,
+                "edit_distance": None if edit_distance is None else round(float(edit_distance), 4),
+                "chars": len(text),
+                "words": len(text.split()),
+                "target": _joined(target),
+                "prediction": _joined(prediction),
+                "majority": gold.get(example_id) if validated else None,
+                "validated": validated,
+                "fooled": bool(fooled),
+                "validations": validations,
+            }
+        )
+    agreement = [
+        {
+            "username": r.username,
+            "labels": r.labels,
+            "judged": r.judged,
+            "agreement_rate": r.agreement_rate,
+            "qualified": r.qualified,
+        }
+        for r in quality.validator_agreement(session, round_.task, round_)
+    ]
     return {
         "round_id": round_.id,
         "round": round_.number,

@@ -31,21 +31,53 @@ FORMATS = {"jsonl": "application/x-ndjson", "csv": "text/csv", "parquet": "appli
 SPLITS = ("train", "dev", "test", "excluded", "all")
 CHUNK_ROWS = 2000
 
-FIELDS = ["example_id", "round", "split", "text", "gold_label", "gold_votes", "distributional_label",
-          "model_based_label", "responses", "model_prediction", "model_id", "fooled", "target_label",
-          "condition", "prompt_id", "prompt_text", "language", "writer", "extras", "flags"]
+FIELDS = [
+    "example_id",
+    "round",
+    "split",
+    "text",
+    "gold_label",
+    "gold_votes",
+    "distributional_label",
+    "model_based_label",
+    "responses",
+    "model_prediction",
+    "model_id",
+    "fooled",
+    "target_label",
+    "condition",
+    "prompt_id",
+    "prompt_text",
+    "language",
+    "writer",
+    "extras",
+    "flags",
+]
 
-_SCHEMA = pa.schema([
-    ("example_id", pa.int64()), ("round", pa.int32()), ("split", pa.string()), ("text", pa.string()),
-    ("gold_label", pa.list_(pa.string())), ("gold_votes", pa.int32()),
-    ("distributional_label", pa.map_(pa.string(), pa.float64())),
-    ("model_based_label", pa.list_(pa.string())),
-    ("responses", pa.list_(pa.struct([("worker", pa.string()), ("label", pa.list_(pa.string()))]))),
-    ("model_prediction", pa.list_(pa.string())), ("model_id", pa.string()), ("fooled", pa.bool_()),
-    ("target_label", pa.list_(pa.string())), ("condition", pa.string()), ("prompt_id", pa.int64()),
-    ("prompt_text", pa.string()), ("language", pa.string()), ("writer", pa.string()),
-    ("extras", pa.string()), ("flags", pa.list_(pa.string())),
-])
+_SCHEMA = pa.schema(
+    [
+        ("example_id", pa.int64()),
+        ("round", pa.int32()),
+        ("split", pa.string()),
+        ("text", pa.string()),
+        ("gold_label", pa.list_(pa.string())),
+        ("gold_votes", pa.int32()),
+        ("distributional_label", pa.map_(pa.string(), pa.float64())),
+        ("model_based_label", pa.list_(pa.string())),
+        ("responses", pa.list_(pa.struct([("worker", pa.string()), ("label", pa.list_(pa.string()))]))),
+        ("model_prediction", pa.list_(pa.string())),
+        ("model_id", pa.string()),
+        ("fooled", pa.bool_()),
+        ("target_label", pa.list_(pa.string())),
+        ("condition", pa.string()),
+        ("prompt_id", pa.int64()),
+        ("prompt_text", pa.string()),
+        ("language", pa.string()),
+        ("writer", pa.string()),
+        ("extras", pa.string()),
+        ("flags", pa.list_(pa.string())),
+    ]
+)
 
 
 def pseudonym(secret: str, user_id: int) -> str:
@@ -56,8 +88,10 @@ def current_build(session: Session, round_: Round) -> RoundBuild:
     """The build an export reads: the round's newest."""
     build = newest_build(session, round_)
     if build is None:
-        raise NotFound(f"round {round_.number} has not been built yet; run `dynaloop round build` "
-                       f"or POST /api/v1/rounds/{round_.id}/build")
+        raise NotFound(
+            f"round {round_.number} has not been built yet; run `dynaloop round build` "
+            f"or POST /api/v1/rounds/{round_.id}/build"
+        )
     return build
 
 
@@ -101,30 +135,34 @@ def iter_rows(factory: sessionmaker[Session], build_id: int, split: str, secret:
                 return
             chunk = []
             for built, example, prompt_text in rows:
-                chunk.append({
-                    "example_id": example.id,
-                    "round": round_.number,
-                    "split": built.split,
-                    "text": example.text,
-                    "gold_label": built.gold_label,
-                    "gold_votes": built.gold_votes,
-                    "distributional_label": built.distributional_label,
-                    "model_based_label": built.model_based_label,
-                    "responses": [{"worker": pseudonym(secret, worker), "label": label}
-                                  for worker, label in built.response_labels],
-                    "model_prediction": example.model_prediction,
-                    "model_id": example.model_id,
-                    "fooled": example.fooled,
-                    "target_label": example.target_label,
-                    "condition": example.condition.value,
-                    "prompt_id": example.prompt_id,
-                    "prompt_text": prompt_text,
-                    "language": language,
-                    # Harvested examples have no writer.
-                    "writer": pseudonym(secret, example.writer_id) if example.writer_id is not None else None,
-                    "extras": example.extras,
-                    "flags": built.flags,
-                })
+                chunk.append(
+                    {
+                        "example_id": example.id,
+                        "round": round_.number,
+                        "split": built.split,
+                        "text": example.text,
+                        "gold_label": built.gold_label,
+                        "gold_votes": built.gold_votes,
+                        "distributional_label": built.distributional_label,
+                        "model_based_label": built.model_based_label,
+                        "responses": [
+                            {"worker": pseudonym(secret, worker), "label": label}
+                            for worker, label in built.response_labels
+                        ],
+                        "model_prediction": example.model_prediction,
+                        "model_id": example.model_id,
+                        "fooled": example.fooled,
+                        "target_label": example.target_label,
+                        "condition": example.condition.value,
+                        "prompt_id": example.prompt_id,
+                        "prompt_text": prompt_text,
+                        "language": language,
+                        # Harvested examples have no writer.
+                        "writer": pseudonym(secret, example.writer_id) if example.writer_id is not None else None,
+                        "extras": example.extras,
+                        "flags": built.flags,
+                    }
+                )
             after = rows[-1][0].example_id
         yield chunk
 
@@ -147,8 +185,9 @@ def _csv(chunks: Iterator[list[dict[str, Any]]]) -> Iterator[bytes]:
     for chunk in chunks:
         for row in chunk:
             # Nested values as JSON inside the cell: one row per example, still machine-readable.
-            writer.writerow({k: json.dumps(v, ensure_ascii=False) if isinstance(v, list | dict) else v
-                             for k, v in row.items()})
+            writer.writerow(
+                {k: json.dumps(v, ensure_ascii=False) if isinstance(v, list | dict) else v for k, v in row.items()}
+            )
         yield buffer.getvalue().encode("utf-8")
         buffer.seek(0)
         buffer.truncate()
@@ -194,8 +233,9 @@ def _parquet(chunks: Iterator[list[dict[str, Any]]]) -> Iterator[bytes]:
     yield sink.drain()
 
 
-def write_file(factory: sessionmaker[Session], build_id: int, split: str, file_format: str, secret: str,
-               path: Any) -> int:
+def write_file(
+    factory: sessionmaker[Session], build_id: int, split: str, file_format: str, secret: str, path: Any
+) -> int:
     """Write an export to ``path``; returns the bytes written."""
     total = 0
     with open(path, "wb") as handle:

@@ -109,20 +109,32 @@ def human_performance(
             truth, guess, labels=class_codes, average=None, zero_division=0
         )
         for name, p, r, f in zip(class_names, precision, recall, f1, strict=True):
-            rows.append({"annotator": annotator + 1, "class": name, "precision": p, "recall": r, "f1": f,
-                         "n_examples": len(truth)})
-        rows.append({"annotator": annotator + 1, "class": MACRO, "precision": precision.mean(),
-                     "recall": recall.mean(), "f1": f1.mean(), "n_examples": len(truth)})
-    per_annotator = pd.DataFrame(
-        rows, columns=["annotator", "class", "precision", "recall", "f1", "n_examples"]
-    )
+            rows.append(
+                {
+                    "annotator": annotator + 1,
+                    "class": name,
+                    "precision": p,
+                    "recall": r,
+                    "f1": f,
+                    "n_examples": len(truth),
+                }
+            )
+        rows.append(
+            {
+                "annotator": annotator + 1,
+                "class": MACRO,
+                "precision": precision.mean(),
+                "recall": recall.mean(),
+                "f1": f1.mean(),
+                "n_examples": len(truth),
+            }
+        )
+    per_annotator = pd.DataFrame(rows, columns=["annotator", "class", "precision", "recall", "f1", "n_examples"])
     order = class_names + [MACRO]
     if per_annotator.empty:
         scores = pd.DataFrame(np.nan, index=pd.Index(order, name="class"), columns=["precision", "recall", "f1"])
     else:
-        scores = (
-            per_annotator.groupby("class", sort=False)[["precision", "recall", "f1"]].mean().reindex(order)
-        )
+        scores = per_annotator.groupby("class", sort=False)[["precision", "recall", "f1"]].mean().reindex(order)
         scores.index.name = "class"
     return HumanPerformance(
         scores=scores,

@@ -20,7 +20,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 # ---------------------------------------------------------------------------- the report's sections
 
@@ -45,8 +45,12 @@ class Counts:
     excluded: dict[str, int]  # reason -> examples
 
     def to_dict(self) -> dict[str, Any]:
-        return {"labels": self.labels, "rows": {name: asdict(row) for name, row in self.rows.items()},
-                "total": asdict(self.total), "excluded": self.excluded}
+        return {
+            "labels": self.labels,
+            "rows": {name: asdict(row) for name, row in self.rows.items()},
+            "total": asdict(self.total),
+            "excluded": self.excluded,
+        }
 
 
 @dataclass
@@ -87,8 +91,11 @@ class SingleLabelAgreement:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "fleiss_kappa": self.fleiss_kappa, "krippendorff_alpha": self.krippendorff_alpha,
-            "randolph_kappa": self.randolph_kappa, "mean_pairwise_cohen_kappa": self.mean_pairwise_cohen_kappa}
+            "fleiss_kappa": self.fleiss_kappa,
+            "krippendorff_alpha": self.krippendorff_alpha,
+            "randolph_kappa": self.randolph_kappa,
+            "mean_pairwise_cohen_kappa": self.mean_pairwise_cohen_kappa,
+        }
         data.update({f"fleiss_kappa_{split}": kappa for split, kappa in self.fleiss_kappa_by_split.items()})
         if self.madtsc_kappas is not None:
             data["madtsc_kappas"] = self.madtsc_kappas
@@ -221,13 +228,23 @@ class Datasheet:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "title": self.title, "task": self.task, "family": self.family, "language": self.language,
-            "domain": self.domain, "licence": self.licence, "round": self.round,
-            "collected": asdict(self.collected), "prompt_sources": self.prompt_sources,
-            "examples": self.examples, "validations": self.validations,
-            "validations_per_example": self.validations_per_example, "gold_rule": self.gold_rule,
-            "dev_test_rule": self.dev_test_rule, "agreement": _agreement_dict(self.agreement),
-            "human_f1_macro": self.human_f1_macro, "model_f1_macro": self.model_f1_macro,
+            "title": self.title,
+            "task": self.task,
+            "family": self.family,
+            "language": self.language,
+            "domain": self.domain,
+            "licence": self.licence,
+            "round": self.round,
+            "collected": asdict(self.collected),
+            "prompt_sources": self.prompt_sources,
+            "examples": self.examples,
+            "validations": self.validations,
+            "validations_per_example": self.validations_per_example,
+            "gold_rule": self.gold_rule,
+            "dev_test_rule": self.dev_test_rule,
+            "agreement": _agreement_dict(self.agreement),
+            "human_f1_macro": self.human_f1_macro,
+            "model_f1_macro": self.model_f1_macro,
         }
 
 
@@ -253,13 +270,19 @@ class RoundReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "task": self.task, "family": self.family, "round": self.round, "seed": self.seed,
-            "built_at": self.built_at, "config": self.config,
+            "task": self.task,
+            "family": self.family,
+            "round": self.round,
+            "seed": self.seed,
+            "built_at": self.built_at,
+            "config": self.config,
             "counts": self.counts.to_dict(),
             "splits": self.splits.to_dict(),
             "agreement": _agreement_dict(self.agreement),
-            "human_f1": {split: {name: asdict(scores) for name, scores in table.items()}
-                         for split, table in self.human_f1.items()},
+            "human_f1": {
+                split: {name: asdict(scores) for name, scores in table.items()}
+                for split, table in self.human_f1.items()
+            },
             "fooling": self.fooling.to_dict(),
             "conditions": {name: asdict(summary) for name, summary in self.conditions.items()},
             "workers": self.workers.to_dict(),
@@ -303,13 +326,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as markdown, for people."""
     out: list[str] = [f"# Round {report['round']} of {report['task']}", ""]
-    out.append(f"Built {report.get('built_at', '')} with seed {report.get('seed')}; family "
-               f"`{report.get('family')}`. Plots, where written, are next to this file.")
+    out.append(
+        f"Built {report.get('built_at', '')} with seed {report.get('seed')}; family "
+        f"`{report.get('family')}`. Plots, where written, are next to this file."
+    )
     counts = report.get("counts", {})
     if counts:
         out += ["", "## Counts (DynaSent Table 4/7 layout)", ""]
-        rows = [[name, *(row.get(column) for column in ("dist_train", "train", "dev", "test"))]
-                for name, row in counts["rows"].items()]
+        rows = [
+            [name, *(row.get(column) for column in ("dist_train", "train", "dev", "test"))]
+            for name, row in counts["rows"].items()
+        ]
         total = counts.get("total", {})
         rows.append(["**total**", *(total.get(column) for column in ("dist_train", "train", "dev", "test"))])
         out.append(_table(["label", "Dist train", "Majority train", "Dev", "Test"], rows))
@@ -318,12 +345,21 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     splits = report.get("splits", {})
     if splits:
         out += ["", "## Model at chance on dev and test", ""]
-        out.append(_table(["split", "examples", "model macro-F1", "model accuracy"], [
-            [name, s.get("examples"), s.get("model_macro_f1"), s.get("model_accuracy")]
-            for name, s in splits.get("assessment", {}).items()]))
+        out.append(
+            _table(
+                ["split", "examples", "model macro-F1", "model accuracy"],
+                [
+                    [name, s.get("examples"), s.get("model_macro_f1"), s.get("model_accuracy")]
+                    for name, s in splits.get("assessment", {}).items()
+                ],
+            )
+        )
         if splits.get("cell_count") is not None:
-            out += ["", f"{splits['cell_count']} examples per (gold, predicted) cell in each of dev and test "
-                    f"(upper bound {splits.get('cell_bound')})."]
+            out += [
+                "",
+                f"{splits['cell_count']} examples per (gold, predicted) cell in each of dev and test "
+                f"(upper bound {splits.get('cell_bound')}).",
+            ]
     agreement = report.get("agreement", {})
     if agreement:
         out += ["", "## Agreement", ""]
@@ -347,16 +383,22 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         out.append(_table(["", *conditions], [[k, *(c.get(k) for c in conditions.values())] for k in keys]))
     workers = report.get("workers", {})
     if workers:
-        out += ["", "## Workers", "", _table(["", "value"], [[k, v] for k, v in workers.items()
-                                                              if not isinstance(v, list | dict)])]
+        out += [
+            "",
+            "## Workers",
+            "",
+            _table(["", "value"], [[k, v] for k, v in workers.items() if not isinstance(v, list | dict)]),
+        ]
     extra = report.get("intended_vs_perceived")
     if extra:
         out += ["", "## Intended vs perceived (iSarcasm)", "", "```json", json.dumps(extra, indent=2), "```"]
     datasheet = report.get("datasheet", {})
     if datasheet:
         out += ["", "## Datasheet", ""]
-        out += [f"- **{key.replace('_', ' ')}**: {json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value}"
-                for key, value in datasheet.items()]
+        out += [
+            f"- **{key.replace('_', ' ')}**: {json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value}"
+            for key, value in datasheet.items()
+        ]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -431,8 +473,9 @@ def write_plots(data: PlotData, out_dir: Path) -> list[Path]:
 def write_report(report: Mapping[str, Any], data: PlotData | None, out_dir: Path) -> list[Path]:
     """report.json, report.md and the plots into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n",
-                                         encoding="utf-8")
+    (out_dir / "report.json").write_text(
+        json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
+    )
     (out_dir / "report.md").write_text(render_markdown(report), encoding="utf-8")
     written = [out_dir / "report.json", out_dir / "report.md"]
     if data is not None:

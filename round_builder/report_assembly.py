@@ -84,11 +84,22 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         plot.worker_agreement = [float(r) for r in rates["agreement_rate"].dropna()]
         plot.confusion = _model_vs_majority(outcome)
     report = RoundReport(
-        task=definition.name, family=definition.family.value, round=outcome.round_.number, seed=config.seed,
-        built_at=dt.datetime.now(dt.UTC).isoformat(), config=dict(config.__dict__),
-        counts=counts, splits=split_summary, agreement=report_agreement, human_f1=human_f1, fooling=fooling,
-        conditions=conditions, workers=workers, intended_vs_perceived=_intended_vs_perceived(outcome),
-        datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1))
+        task=definition.name,
+        family=definition.family.value,
+        round=outcome.round_.number,
+        seed=config.seed,
+        built_at=dt.datetime.now(dt.UTC).isoformat(),
+        config=dict(config.__dict__),
+        counts=counts,
+        splits=split_summary,
+        agreement=report_agreement,
+        human_f1=human_f1,
+        fooling=fooling,
+        conditions=conditions,
+        workers=workers,
+        intended_vs_perceived=_intended_vs_perceived(outcome),
+        datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1),
+    )
     return report, plot
 
 
@@ -100,34 +111,46 @@ def _counts(outcome: BuildOutcome) -> Counts:
         gold = outcome.gold_of.get(example_id)
         dist_train[("+".join(gold) if isinstance(gold, tuple) else gold) if gold is not None else "no majority"] += 1
     rows: dict[str, CountRow] = {}
-    total = CountRow(dist_train=None, train=len(outcome.ids["train"]), dev=len(outcome.ids["dev"]),
-                     test=len(outcome.ids["test"]))
+    total = CountRow(
+        dist_train=None, train=len(outcome.ids["train"]), dev=len(outcome.ids["dev"]), test=len(outcome.ids["test"])
+    )
     for label, row in split_report.counts_by_gold.iterrows():
         name = str(label)
-        counted = CountRow(dist_train=None, train=int(row.get("train", 0)), dev=int(row.get("dev", 0)),
-                           test=int(row.get("test", 0)))
+        counted = CountRow(
+            dist_train=None, train=int(row.get("train", 0)), dev=int(row.get("dev", 0)), test=int(row.get("test", 0))
+        )
         if name == "Total":
             total = counted
         else:
             counted.dist_train = dist_train.get(name, counted.train)
             rows[name] = counted
     total.dist_train = len(outcome.ids["train"])
-    excluded = Counter(str(reason) for reason, dropped in zip(outcome.gold["reason"], outcome.dropped, strict=True)
-                       if dropped)
+    excluded = Counter(
+        str(reason) for reason, dropped in zip(outcome.gold["reason"], outcome.dropped, strict=True) if dropped
+    )
     excluded.update({reason: n for reason, n in split_report.excluded.items() if n})
     return Counts(labels=list(outcome.data.definition.labels), rows=rows, total=total, excluded=dict(excluded))
 
 
 def _split_summary(outcome: BuildOutcome) -> SplitsSummary:
     split_report = outcome.result.report
-    assessment = {name: SplitAssessment(
-        examples=len(outcome.ids[name]),
-        model_macro_f1=_finite(split_report.model_metrics.get(name, {}).get("macro_f1")),
-        model_accuracy=_finite(split_report.model_metrics.get(name, {}).get("accuracy")))
-        for name in ("dev", "test")}
-    return SplitsSummary(assessment=assessment, chance=outcome.chance, cell_count=split_report.dev_per_cell,
-                         cell_bound=split_report.upper_bound_c, chance_macro_f1=_finite(split_report.chance_macro_f1),
-                         at_chance=split_report.at_chance, notes=list(split_report.notes))
+    assessment = {
+        name: SplitAssessment(
+            examples=len(outcome.ids[name]),
+            model_macro_f1=_finite(split_report.model_metrics.get(name, {}).get("macro_f1")),
+            model_accuracy=_finite(split_report.model_metrics.get(name, {}).get("accuracy")),
+        )
+        for name in ("dev", "test")
+    }
+    return SplitsSummary(
+        assessment=assessment,
+        chance=outcome.chance,
+        cell_count=split_report.dev_per_cell,
+        cell_bound=split_report.upper_bound_c,
+        chance_macro_f1=_finite(split_report.chance_macro_f1),
+        at_chance=split_report.at_chance,
+        notes=list(split_report.notes),
+    )
 
 
 def _agreement(outcome: BuildOutcome) -> Agreement | None:
@@ -139,25 +162,44 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
     if definition.is_multi_label:
         ml = agreement.multilabel_agreement(responses, labels=definition.labels)
         return MultiLabelAgreementSummary(
-            mean_fleiss_kappa=_finite(ml.mean_fleiss), mean_randolph_kappa=_finite(ml.mean_randolph),
-            mean_krippendorff_alpha=_finite(ml.mean_alpha), mean_jaccard=_finite(ml.mean_jaccard))
+            mean_fleiss_kappa=_finite(ml.mean_fleiss),
+            mean_randolph_kappa=_finite(ml.mean_randolph),
+            mean_krippendorff_alpha=_finite(ml.mean_alpha),
+            mean_jaccard=_finite(ml.mean_jaccard),
+        )
     labels = definition.effective_validation_labels
     n = definition.validations_per_example
     summary = SingleLabelAgreement(
         fleiss_kappa=_finite(_safe(lambda: agreement.fleiss_kappa(responses, labels=labels, n_raters=n))),
         krippendorff_alpha=_finite(_safe(lambda: agreement.krippendorff_alpha(responses, labels=labels))),
         randolph_kappa=_finite(_safe(lambda: agreement.randolph_kappa(responses, labels=labels, n_raters=n))),
-        mean_pairwise_cohen_kappa=_finite(_safe(lambda: float(agreement.slot_cohen_kappas(
-            responses, labels=labels, random_state=outcome.config.seed)["kappa"].mean()))))
+        mean_pairwise_cohen_kappa=_finite(
+            _safe(
+                lambda: float(
+                    agreement.slot_cohen_kappas(responses, labels=labels, random_state=outcome.config.seed)[
+                        "kappa"
+                    ].mean()
+                )
+            )
+        ),
+    )
     for name in ("dev", "test"):
         subset = responses[responses["example_id"].isin(outcome.ids[name])]
         if not subset.empty:
-            summary.fleiss_kappa_by_split[name] = _finite(_safe(
-                lambda subset=subset: agreement.fleiss_kappa(subset, labels=labels, n_raters=n)))
+            summary.fleiss_kappa_by_split[name] = _finite(
+                _safe(lambda subset=subset: agreement.fleiss_kappa(subset, labels=labels, n_raters=n))
+            )
     if definition.family is TaskFamily.target_dependent:
-        kappas = _safe(lambda: agreement.target_sentiment_kappas(
-            responses, collapse=definition.label_collapse or {}, unknown_label=definition.unknown_label,
-            order=labels, n_raters=n), {})
+        kappas = _safe(
+            lambda: agreement.target_sentiment_kappas(
+                responses,
+                collapse=definition.label_collapse or {},
+                unknown_label=definition.unknown_label,
+                order=labels,
+                n_raters=n,
+            ),
+            {},
+        )
         summary.madtsc_kappas = {name: _finite(kappa) for name, kappa in kappas.items()}
     return summary
 
@@ -171,26 +213,39 @@ def _human_f1(outcome: BuildOutcome) -> HumanF1:
     scored, response_labels = responses, definition.effective_validation_labels
     if definition.family is TaskFamily.target_dependent:
         # MAD-TSC: annotators are scored on the 3-class scale the gold label uses.
-        scored = aggregation.collapse_responses(responses, collapse=definition.label_collapse or {},
-                                                unknown_label=definition.unknown_label)
+        scored = aggregation.collapse_responses(
+            responses, collapse=definition.label_collapse or {}, unknown_label=definition.unknown_label
+        )
         response_labels = labels + ([definition.unknown_label] if definition.unknown_label else [])
     gold = pd.Series({e: g for e, g in outcome.gold_of.items() if isinstance(g, str) and g in labels})
     human_f1: HumanF1 = {}
     for name in ("dev", "test"):
         if outcome.ids[name]:
-            scores = human.human_performance(scored, gold, labels=response_labels, classes=labels,
-                                             examples=outcome.ids[name], random_state=outcome.config.seed).scores
-            human_f1[name] = {str(k): ClassScores(precision=_finite(float(row["precision"])),
-                                                  recall=_finite(float(row["recall"])), f1=_finite(float(row["f1"])))
-                              for k, row in scores.iterrows()}
+            scores = human.human_performance(
+                scored,
+                gold,
+                labels=response_labels,
+                classes=labels,
+                examples=outcome.ids[name],
+                random_state=outcome.config.seed,
+            ).scores
+            human_f1[name] = {
+                str(k): ClassScores(
+                    precision=_finite(float(row["precision"])),
+                    recall=_finite(float(row["recall"])),
+                    f1=_finite(float(row["f1"])),
+                )
+                for k, row in scores.iterrows()
+            }
     return human_f1
 
 
 def _fooling(outcome: BuildOutcome) -> Fooling:
     attempts, examples = outcome.data.attempts, outcome.data.examples
     validated_fooling = 0
-    for example_id, target, fooled in zip(examples["example_id"], examples["target_label"], examples["fooled"],
-                                          strict=True):
+    for example_id, target, fooled in zip(
+        examples["example_id"], examples["target_label"], examples["fooled"], strict=True
+    ):
         gold = outcome.gold_of.get(example_id)
         if fooled and gold is not None and (list(gold) if isinstance(gold, tuple) else [gold]) == list(target):
             validated_fooling += 1
@@ -203,7 +258,8 @@ def _fooling(outcome: BuildOutcome) -> Fooling:
         fooled_examples=int(examples["fooled"].sum()),
         confirmed=int((examples["confirmed"] == True).sum()),  # noqa: E712
         validated_fooling=validated_fooling,
-        validated_fooling_rate=_finite(validated_fooling / len(examples)) if len(examples) else None)
+        validated_fooling_rate=_finite(validated_fooling / len(examples)) if len(examples) else None,
+    )
 
 
 def _conditions(data: RoundData, seed: int) -> tuple[dict[str, ConditionSummary], PlotData]:
@@ -241,28 +297,34 @@ def _conditions(data: RoundData, seed: int) -> tuple[dict[str, ConditionSummary]
             edit_distance_median=_finite(float(np.median(distances))) if distances else None,
             length_words_mean=_finite(float(np.mean(lengths))) if lengths else None,
             vocabulary=len(seen),
-            types_per_token=_finite(len(seen) / tokens) if tokens else None)
+            types_per_token=_finite(len(seen) / tokens) if tokens else None,
+        )
         edit_distance[str(condition)] = distances
         length_words[str(condition)] = lengths
         vocabulary_growth[str(condition)] = growth[:: max(1, len(growth) // 200)]
-    return summary, PlotData(edit_distance=edit_distance, length_words=length_words,
-                             vocabulary_growth=vocabulary_growth)
+    return summary, PlotData(
+        edit_distance=edit_distance, length_words=length_words, vocabulary_growth=vocabulary_growth
+    )
 
 
 def _workers(outcome: BuildOutcome) -> tuple[Workers, pd.DataFrame | None]:
     """Writers and validators, with the validators' agreement with the majority (DynaSent
     Fig. 6) on single-label tasks; the per-validator rates come back for the plot."""
     definition, examples, responses = outcome.data.definition, outcome.data.examples, outcome.data.responses
-    workers = Workers(writers=int(examples["writer_id"].nunique()),
-                      validators=int(responses["worker_id"].nunique()) if not responses.empty else 0)
+    workers = Workers(
+        writers=int(examples["writer_id"].nunique()),
+        validators=int(responses["worker_id"].nunique()) if not responses.empty else 0,
+    )
     if responses.empty or definition.is_multi_label:
         return workers, None
-    rates = agreement.worker_agreement(responses, labels=definition.effective_validation_labels,
-                                       min_votes=definition.agreement.gold_min_votes)
+    rates = agreement.worker_agreement(
+        responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
+    )
     workers.agreement = WorkerAgreementSummary(
         never_disagreed=int((rates["agreement_rate"] == 1.0).sum()),
         mean_agreement_rate=_finite(float(rates["agreement_rate"].mean())),
-        labels_per_validator_median=_finite(float(rates["n_labels"].median())))
+        labels_per_validator_median=_finite(float(rates["n_labels"].median())),
+    )
     return workers, rates
 
 
@@ -271,11 +333,14 @@ def _model_vs_majority(outcome: BuildOutcome) -> dict[str, Any]:
     definition, split_input = outcome.data.definition, outcome.split_input
     validation_labels = definition.effective_validation_labels
     gold = [g for g in split_input["gold"] if isinstance(g, str)]
-    predicted = [p for p, g in zip(split_input["model_prediction"], split_input["gold"], strict=True)
-                 if isinstance(g, str)]
+    predicted = [
+        p for p, g in zip(split_input["model_prediction"], split_input["gold"], strict=True) if isinstance(g, str)
+    ]
     rows = sorted(set(gold), key=lambda v: validation_labels.index(v) if v in validation_labels else 99)
-    matrix = [[sum(1 for g, p in zip(gold, predicted, strict=True) if g == r and p == c) for c in definition.labels]
-              for r in rows]
+    matrix = [
+        [sum(1 for g, p in zip(gold, predicted, strict=True) if g == r and p == c) for c in definition.labels]
+        for r in rows
+    ]
     return {"labels": list(definition.labels), "rows": rows, "matrix": matrix}
 
 
@@ -284,38 +349,50 @@ def _intended_vs_perceived(outcome: BuildOutcome) -> IntendedVsPerceived | None:
     definition, examples, responses = outcome.data.definition, outcome.data.examples, outcome.data.responses
     if definition.family is not TaskFamily.intended_sarcasm or responses.empty:
         return None
-    intended = {e: (x or {}).get("intended_label") for e, x in zip(examples["example_id"], examples["extras"],
-                                                                  strict=True)}
+    intended = {
+        e: (x or {}).get("intended_label") for e, x in zip(examples["example_id"], examples["extras"], strict=True)
+    }
     intended = {e: v for e, v in intended.items() if v}
     if not intended:
         return None
-    comparison = agreement.intended_vs_perceived(responses, pd.Series(intended),
-                                                 labels=definition.effective_validation_labels,
-                                                 positive=definition.labels[0])
+    comparison = agreement.intended_vs_perceived(
+        responses, pd.Series(intended), labels=definition.effective_validation_labels, positive=definition.labels[0]
+    )
     return IntendedVsPerceived(
-        confusion=comparison.confusion.to_dict(), precision=_finite(comparison.precision),
-        recall=_finite(comparison.recall), f1=_finite(comparison.f1), n_examples=comparison.n_examples,
-        n_without_perceived=comparison.n_without_perceived)
+        confusion=comparison.confusion.to_dict(),
+        precision=_finite(comparison.precision),
+        recall=_finite(comparison.recall),
+        f1=_finite(comparison.f1),
+        n_examples=comparison.n_examples,
+        n_without_perceived=comparison.n_without_perceived,
+    )
 
 
-def _datasheet(outcome: BuildOutcome, split_summary: SplitsSummary, report_agreement: Agreement | None,
-               human_f1: HumanF1) -> Datasheet:
+def _datasheet(
+    outcome: BuildOutcome, split_summary: SplitsSummary, report_agreement: Agreement | None, human_f1: HumanF1
+) -> Datasheet:
     definition, round_ = outcome.data.definition, outcome.round_
     macro = {split: table.get(human.MACRO) for split, table in human_f1.items()}
     return Datasheet(
-        title=definition.title, task=definition.name, family=definition.family.value,
-        language=definition.language, domain=definition.domain,
-        licence=definition.licence or "not set", round=round_.number,
+        title=definition.title,
+        task=definition.name,
+        family=definition.family.value,
+        language=definition.language,
+        domain=definition.domain,
+        licence=definition.licence or "not set",
+        round=round_.number,
         collected=CollectionPeriod(opened=_iso(round_.opened_at), closed=_iso(round_.closed_at)),
         prompt_sources=outcome.data.prompt_sources or ["prompts imported without a source"],
-        examples=len(outcome.data.examples), validations=len(outcome.data.responses),
+        examples=len(outcome.data.examples),
+        validations=len(outcome.data.responses),
         validations_per_example=definition.validations_per_example,
         gold_rule=f"{definition.agreement.gold_min_votes} of {definition.validations_per_example}",
         dev_test_rule=f"gold with at least {outcome.result.report.min_votes} votes; prompt condition; unique prompts; "
-                      + ("the round's model at chance" if outcome.chance else "balanced over gold classes"),
+        + ("the round's model at chance" if outcome.chance else "balanced over gold classes"),
         agreement=report_agreement,
         human_f1_macro={split: scores.f1 if scores is not None else None for split, scores in macro.items()},
-        model_f1_macro={split: assessment.model_macro_f1 for split, assessment in split_summary.assessment.items()})
+        model_f1_macro={split: assessment.model_macro_f1 for split, assessment in split_summary.assessment.items()},
+    )
 
 
 def _iso(value: dt.datetime | None) -> str | None:

@@ -62,8 +62,16 @@ from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from services.errors import Invalid
 
-__all__ = ["COLUMNS", "CONDITIONS", "INELIGIBLE_REASONS", "SPLITS", "SplitError", "SplitReport", "SplitResult",
-           "build_splits"]
+__all__ = [
+    "COLUMNS",
+    "CONDITIONS",
+    "INELIGIBLE_REASONS",
+    "SPLITS",
+    "SplitError",
+    "SplitReport",
+    "SplitResult",
+    "build_splits",
+]
 
 COLUMNS = ["example_id", "gold", "gold_votes", "prompt_id", "condition", "model_prediction"]
 SPLITS = ("train", "dev", "test", "excluded")
@@ -74,8 +82,15 @@ NO_MAJORITY = "no majority"
 NO_PREDICTION = "no prediction"
 
 # Why an example could not go to dev/test (first that applies).
-INELIGIBLE_REASONS = ("no_prompt", "no_majority", "gold_not_in_labels", "class_not_assessed",
-                      "below_min_votes", "no_model_prediction", "prediction_not_in_labels")
+INELIGIBLE_REASONS = (
+    "no_prompt",
+    "no_majority",
+    "gold_not_in_labels",
+    "class_not_assessed",
+    "below_min_votes",
+    "no_model_prediction",
+    "prediction_not_in_labels",
+)
 
 # Up to this many cells a prompt's set of cells is an int64 bit mask (fast path).
 _BITMASK_MAX_CELLS = 62
@@ -130,39 +145,54 @@ class SplitReport:
             return [{str(k): _plain(v) for k, v in row.items()} for row in out.to_dict("records")]
 
         return {
-            "labels": list(self.labels), "classes": list(self.classes), "chance": self.chance,
-            "seed": self.seed, "min_votes": self.min_votes, "unit": self.unit,
+            "labels": list(self.labels),
+            "classes": list(self.classes),
+            "chance": self.chance,
+            "seed": self.seed,
+            "min_votes": self.min_votes,
+            "unit": self.unit,
             "counts_by_gold": table(self.counts_by_gold),
             "counts_by_cell": table(self.counts_by_cell),
             "availability": table(self.availability),
-            "dev_per_cell": self.dev_per_cell, "test_per_cell": self.test_per_cell,
-            "max_c": self.max_c, "upper_bound_c": self.upper_bound_c,
+            "dev_per_cell": self.dev_per_cell,
+            "test_per_cell": self.test_per_cell,
+            "max_c": self.max_c,
+            "upper_bound_c": self.upper_bound_c,
             "max_total_per_cell": self.max_total_per_cell,
             "upper_bound_total_per_cell": self.upper_bound_total_per_cell,
             "capped": self.capped,
             "model_metrics": {s: {k: _plain(v) for k, v in m.items()} for s, m in self.model_metrics.items()},
-            "chance_macro_f1": self.chance_macro_f1, "at_chance": self.at_chance,
-            "excluded": dict(self.excluded), "ineligible": dict(self.ineligible),
-            "eligible_in_train": self.eligible_in_train, "no_prompt_in_train": self.no_prompt_in_train,
+            "chance_macro_f1": self.chance_macro_f1,
+            "at_chance": self.at_chance,
+            "excluded": dict(self.excluded),
+            "ineligible": dict(self.ineligible),
+            "eligible_in_train": self.eligible_in_train,
+            "no_prompt_in_train": self.no_prompt_in_train,
             "notes": list(self.notes),
         }
 
     def to_markdown(self) -> str:
         """The Table 4/7 layout (majority-label counts per split) and the chance evidence."""
-        lines = ["| gold | " + " | ".join(self.counts_by_gold.columns) + " |",
-                 "|---" * (len(self.counts_by_gold.columns) + 1) + "|"]
+        lines = [
+            "| gold | " + " | ".join(self.counts_by_gold.columns) + " |",
+            "|---" * (len(self.counts_by_gold.columns) + 1) + "|",
+        ]
         for name, row in self.counts_by_gold.iterrows():
             lines.append(f"| {name} | " + " | ".join(f"{int(v):,}" for v in row) + " |")
         lines.append("")
         per = "cell" if self.unit == "cell" else "class"
-        lines.append(f"dev: {self.dev_per_cell} per {per}, test: {self.test_per_cell} per {per}; "
-                     f"largest feasible c = {self.max_c} (bound ignoring shared prompts: {self.upper_bound_c})")
+        lines.append(
+            f"dev: {self.dev_per_cell} per {per}, test: {self.test_per_cell} per {per}; "
+            f"largest feasible c = {self.max_c} (bound ignoring shared prompts: {self.upper_bound_c})"
+        )
         for split in ("dev", "test"):
             m = self.model_metrics.get(split)
             if m:
-                lines.append(f"model on {split}: macro-F1 {m['macro_f1']:.4f}, accuracy {m['accuracy']:.4f} "
-                             f"(n={int(m['n'])})" + (f"; chance = {self.chance_macro_f1:.4f}"
-                                                      if self.chance_macro_f1 is not None else ""))
+                lines.append(
+                    f"model on {split}: macro-F1 {m['macro_f1']:.4f}, accuracy {m['accuracy']:.4f} "
+                    f"(n={int(m['n'])})"
+                    + (f"; chance = {self.chance_macro_f1:.4f}" if self.chance_macro_f1 is not None else "")
+                )
         if self.excluded:
             lines.append("excluded: " + ", ".join(f"{k} {v:,}" for k, v in self.excluded.items()))
         if self.ineligible:
@@ -189,9 +219,18 @@ class SplitResult:
         return self.assignment.index[self.assignment.to_numpy() == split].tolist()
 
 
-def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: int = 4, seed: int = 0,
-                 dev_size: int | None = None, test_size: int | None = None, min_size: int = 1,
-                 chance: bool = True, classes: Sequence[object] | None = None) -> SplitResult:
+def build_splits(
+    examples: pd.DataFrame,
+    labels: Sequence[str],
+    *,
+    min_votes: int = 4,
+    seed: int = 0,
+    dev_size: int | None = None,
+    test_size: int | None = None,
+    min_size: int = 1,
+    chance: bool = True,
+    classes: Sequence[object] | None = None,
+) -> SplitResult:
     """Assign every example to train, dev, test or excluded (see the module docstring).
 
     ``examples`` has the columns of :data:`COLUMNS`, one row per example. ``dev_size`` and
@@ -249,9 +288,12 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
         cell = np.where(eligible, gc.class_code, -1)
         cell_names = list(gc.names)
     if n_cells == 0:
-        raise SplitError("no gold class has an eligible example (prompt condition, gold within the task's labels, "
-                         f"at least {min_votes} votes), so there is nothing to balance dev and test over",
-                         constraint="dev_test_size", min_size=min_size)
+        raise SplitError(
+            "no gold class has an eligible example (prompt condition, gold within the task's labels, "
+            f"at least {min_votes} votes), so there is nothing to balance dev and test over",
+            constraint="dev_test_size",
+            min_size=min_size,
+        )
 
     # Prompts: the prompt condition's prompt_id; a missing one is a prompt of its own.
     prompt_code = np.full(n, -1, dtype=np.int64)
@@ -275,8 +317,9 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
     bound_total = int(min(available.min(), graph.n_eligible_prompts // n_cells))
     need = 2 * min_size
     if bound_total < need or not graph.feasible(need):
-        raise SplitError(graph.diagnose(need, min_size, available, cell_names, chance),
-                         constraint="dev_test_size", min_size=min_size)
+        raise SplitError(
+            graph.diagnose(need, min_size, available, cell_names, chance), constraint="dev_test_size", min_size=min_size
+        )
     max_total = graph.largest_feasible(need, bound_total)
 
     if dev_size is None and test_size is None:
@@ -318,18 +361,43 @@ def build_splits(examples: pd.DataFrame, labels: Sequence[str], *, min_votes: in
     inverse = np.empty(n, dtype=np.int64)
     inverse[order] = np.arange(n)
     index = pd.Index(examples["example_id"], name="example_id")
-    assignment = pd.Series(pd.Categorical.from_codes(split[inverse], categories=list(SPLITS)),
-                           index=index, name="split")
-    flags = pd.DataFrame({"no_prompt": ~is_prompt[inverse], "prompt_shared_with_assessment": shared[inverse],
-                          "ineligible_reason": pd.Categorical.from_codes(reason[inverse],
-                                                                         categories=list(INELIGIBLE_REASONS))},
-                         index=index)
+    assignment = pd.Series(
+        pd.Categorical.from_codes(split[inverse], categories=list(SPLITS)), index=index, name="split"
+    )
+    flags = pd.DataFrame(
+        {
+            "no_prompt": ~is_prompt[inverse],
+            "prompt_shared_with_assessment": shared[inverse],
+            "ineligible_reason": pd.Categorical.from_codes(reason[inverse], categories=list(INELIGIBLE_REASONS)),
+        },
+        index=index,
+    )
 
-    report = _report(_ReportInput(
-        labels=labels, gold=gold, prediction=prediction, gc=gc, pred_label=pred_label, split=split,
-        reason=reason, shared=shared, is_prompt=is_prompt, chance=chance, seed=seed, min_votes=min_votes,
-        cell_names=cell_names, cell=cell, available=available, eligible_examples=eligible_examples,
-        dev_per_cell=d, test_per_cell=t, max_total=max_total, bound_total=bound_total, capped=capped))
+    report = _report(
+        _ReportInput(
+            labels=labels,
+            gold=gold,
+            prediction=prediction,
+            gc=gc,
+            pred_label=pred_label,
+            split=split,
+            reason=reason,
+            shared=shared,
+            is_prompt=is_prompt,
+            chance=chance,
+            seed=seed,
+            min_votes=min_votes,
+            cell_names=cell_names,
+            cell=cell,
+            available=available,
+            eligible_examples=eligible_examples,
+            dev_per_cell=d,
+            test_per_cell=t,
+            max_total=max_total,
+            bound_total=bound_total,
+            capped=capped,
+        )
+    )
     return SplitResult(assignment=assignment, flags=flags, report=report)
 
 
@@ -343,8 +411,7 @@ class _PromptGraph:
     which using them would exclude); within a mask the cheapest are always used first.
     """
 
-    def __init__(self, pair_prompt: np.ndarray, pair_cell: np.ndarray, prompt_size: np.ndarray,
-                 n_cells: int) -> None:
+    def __init__(self, pair_prompt: np.ndarray, pair_cell: np.ndarray, prompt_size: np.ndarray, n_cells: int) -> None:
         self.n_cells = C = n_cells
         prompts, starts = np.unique(pair_prompt, return_index=True)
         self.n_eligible_prompts = len(prompts)
@@ -442,10 +509,13 @@ class _PromptGraph:
             return arc_units
         y = np.rint(lp.x[G:]).astype(np.int64)
         through = np.bincount(self.arc_mask, weights=y, minlength=M)
-        ok = (np.abs(lp.x[G:] - y).max(initial=0) < 1e-6 and (y >= 0).all()
-              and (np.bincount(self.arc_cell, weights=y, minlength=C) == k).all()
-              and (through <= self.mask_count).all()
-              and self._cost(y) <= self._cost(arc_units))
+        ok = (
+            np.abs(lp.x[G:] - y).max(initial=0) < 1e-6
+            and (y >= 0).all()
+            and (np.bincount(self.arc_cell, weights=y, minlength=C) == k).all()
+            and (through <= self.mask_count).all()
+            and self._cost(y) <= self._cost(arc_units)
+        )
         return y if ok else arc_units
 
     def _fill(self, arc_units: np.ndarray) -> np.ndarray:
@@ -465,8 +535,9 @@ class _PromptGraph:
         out_group, out_cell, out_units = [], [], []
         arc_start = np.searchsorted(self.arc_mask, np.arange(self.M + 1))
         for m in range(self.M):
-            groups = [[g, int(group_units[g])] for g in range(self.mask_groups[m], self.mask_groups[m + 1])
-                      if group_units[g]]
+            groups = [
+                [g, int(group_units[g])] for g in range(self.mask_groups[m], self.mask_groups[m + 1]) if group_units[g]
+            ]
             gi = 0
             for a in range(arc_start[m], arc_start[m + 1]):
                 need = int(arc_units[a])
@@ -479,11 +550,15 @@ class _PromptGraph:
                     need -= take
                     if not groups[gi][1]:
                         gi += 1
-        return (np.asarray(out_group, dtype=np.int64), np.asarray(out_cell, dtype=np.int64),
-                np.asarray(out_units, dtype=np.int64))
+        return (
+            np.asarray(out_group, dtype=np.int64),
+            np.asarray(out_cell, dtype=np.int64),
+            np.asarray(out_units, dtype=np.int64),
+        )
 
-    def realise(self, plan: tuple[np.ndarray, np.ndarray, np.ndarray],
-                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def realise(
+        self, plan: tuple[np.ndarray, np.ndarray, np.ndarray], rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Concrete prompts for a plan: a seeded random order within each group."""
         order = np.lexsort((rng.random(len(self.prompts)), self.group_of))
         members = self.prompts[order]
@@ -492,26 +567,29 @@ class _PromptGraph:
         out_prompt, out_cell = [], []
         for g, cell, units in zip(*plan, strict=True):
             start = group_start[g] + taken[g]
-            out_prompt.append(members[start:start + units])
+            out_prompt.append(members[start : start + units])
             out_cell.append(np.full(units, cell, dtype=np.int64))
             taken[g] += units
         if not out_prompt:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return np.concatenate(out_prompt), np.concatenate(out_cell)
 
-    def diagnose(self, need: int, min_size: int, available: np.ndarray, cell_names: list[str],
-                 chance: bool) -> str:
+    def diagnose(self, need: int, min_size: int, available: np.ndarray, cell_names: list[str], chance: bool) -> str:
         what = "cell" if chance else "class"
         wanted = f"dev and test need at least 2×{min_size}"
         short = [j for j in np.argsort(available, kind="stable") if available[j] < need]
         if short:
             j = short[0]
-            message = (f"{what} {cell_names[j]} has {available[j]} eligible examples from distinct prompts; "
-                       f"{wanted} (short by {need - available[j]})")
+            message = (
+                f"{what} {cell_names[j]} has {available[j]} eligible examples from distinct prompts; "
+                f"{wanted} (short by {need - available[j]})"
+            )
             if len(short) > 1:
-                message += (f"; {len(short) - 1} other {what}{'s' if len(short) > 2 else ''} short too: "
-                            + ", ".join(f"{cell_names[i]} ({available[i]})" for i in short[1:6])
-                            + (", ..." if len(short) > 6 else ""))
+                message += (
+                    f"; {len(short) - 1} other {what}{'s' if len(short) > 2 else ''} short too: "
+                    + ", ".join(f"{cell_names[i]} ({available[i]})" for i in short[1:6])
+                    + (", ..." if len(short) > 6 else "")
+                )
             return message
         # Hall's condition fails jointly. The cells on the sink side of a minimum cut draw on
         # fewer prompts than they need between them; the cut nearest the sink (nodes that can
@@ -521,21 +599,30 @@ class _PromptGraph:
         residual.data[residual.data < 0] = 0
         residual.eliminate_zeros()
         reaches_sink = np.zeros(self.sink + 1, dtype=bool)
-        reaches_sink[breadth_first_order(residual.T.tocsr(), self.sink, directed=True,
-                                         return_predecessors=False)] = True
+        reaches_sink[breadth_first_order(residual.T.tocsr(), self.sink, directed=True, return_predecessors=False)] = (
+            True
+        )
         cells = [j for j in range(self.n_cells) if reaches_sink[1 + self.M + j]]
         in_set = np.zeros(self.n_cells, dtype=bool)
         in_set[cells] = True
         prompts = int(sum(self.mask_count[m] for m in range(self.M) if in_set[self.mask_cells[m]].any()))
         names = ", ".join(cell_names[j] for j in cells)
         total = need * len(cells)
-        return (f"{what}s {names} have eligible examples from only {prompts} distinct prompts between them "
-                f"(each prompt serves at most one dev/test example); {wanted} from each, {total} in all "
-                f"(short by {total - prompts})")
+        return (
+            f"{what}s {names} have eligible examples from only {prompts} distinct prompts between them "
+            f"(each prompt serves at most one dev/test example); {wanted} from each, {total} in all "
+            f"(short by {total - prompts})"
+        )
 
 
-def _check_arguments(examples: pd.DataFrame, labels: Sequence[str], min_votes: int, dev_size: int | None,
-                     test_size: int | None, min_size: int) -> list[str]:
+def _check_arguments(
+    examples: pd.DataFrame,
+    labels: Sequence[str],
+    min_votes: int,
+    dev_size: int | None,
+    test_size: int | None,
+    min_size: int,
+) -> list[str]:
     missing = [c for c in COLUMNS if c not in examples.columns]
     if missing:
         raise ValueError(f"examples need the columns {COLUMNS}; missing {missing}")
@@ -584,8 +671,9 @@ class _Column:
         try:
             codes, uniques = pd.factorize(series, use_na_sentinel=True)
         except TypeError:  # lists or sets: unhashable
-            codes, uniques = pd.factorize(series.map(lambda v: tuple(v) if isinstance(v, list | set) else v),
-                                          use_na_sentinel=True)
+            codes, uniques = pd.factorize(
+                series.map(lambda v: tuple(v) if isinstance(v, list | set) else v), use_na_sentinel=True
+            )
         return cls(np.asarray(codes, dtype=np.int64), list(uniques))
 
     def lookup(self, per_value: np.ndarray, missing: object) -> np.ndarray:
@@ -605,12 +693,14 @@ class _GoldClasses:
     single_label: bool
 
     @classmethod
-    def build(cls, gold: _Column, labels: list[str], chance: bool, classes: Sequence[object] | None,
-              could_assess: np.ndarray) -> _GoldClasses:
+    def build(
+        cls, gold: _Column, labels: list[str], chance: bool, classes: Sequence[object] | None, could_assess: np.ndarray
+    ) -> _GoldClasses:
         is_set = [_is_set(v) for v in gold.values]
         if chance and any(is_set):
-            raise ValueError("chance=True needs one gold label per example; multi-label gold (tuples) "
-                             "needs chance=False")
+            raise ValueError(
+                "chance=True needs one gold label per example; multi-label gold (tuples) needs chance=False"
+            )
         display = [_display(v) for v in gold.values]
         label_index = _label_index(gold.values, labels)
         if not any(is_set):
@@ -625,8 +715,10 @@ class _GoldClasses:
             in_labels = label_index >= 0
         else:  # multi-label: each distinct set (canonical: sorted tuple, as round_builder.table stores it)
             position = {label: i for i, label in enumerate(labels)}
-            canon = [tuple(sorted(set(v if s else (v,)))) if all(m in position for m in (v if s else (v,)))
-                     else None for v, s in zip(gold.values, is_set, strict=True)]
+            canon = [
+                tuple(sorted(set(v if s else (v,)))) if all(m in position for m in (v if s else (v,))) else None
+                for v, s in zip(gold.values, is_set, strict=True)
+            ]
             in_labels = np.array([c is not None for c in canon], dtype=bool)
             if classes is None:
                 present = np.bincount(gold.codes[could_assess & (gold.codes >= 0)], minlength=len(canon)) > 0
@@ -643,10 +735,16 @@ class _GoldClasses:
             class_index = np.array([index.get(c, -1) if c is not None else -1 for c in canon], dtype=np.int64)
         class_code = gold.lookup(class_index, -1)
         in_labels_row = gold.lookup(in_labels, True)
-        return cls(keys=keys, names=[_display(k) for k in keys], class_code=class_code,
-                   label_code=gold.lookup(label_index, -1), in_labels=in_labels_row,
-                   assessed=(gold.codes < 0) | ~in_labels_row | (class_code >= 0), display=display,
-                   single_label=not any(is_set))
+        return cls(
+            keys=keys,
+            names=[_display(k) for k in keys],
+            class_code=class_code,
+            label_code=gold.lookup(label_index, -1),
+            in_labels=in_labels_row,
+            assessed=(gold.codes < 0) | ~in_labels_row | (class_code >= 0),
+            display=display,
+            single_label=not any(is_set),
+        )
 
 
 @dataclass(frozen=True)
@@ -691,34 +789,47 @@ def _report(r: _ReportInput) -> SplitReport:
     # Table 4/7 rows: the balanced classes, other labels, other gold values (e.g. mixed), no majority.
     gold_row, gold_names = _display_codes(r.gold, gc.display, NO_MAJORITY)
     counts = np.bincount(gold_row * n_splits + split, minlength=len(gold_names) * n_splits)
-    by_gold = pd.DataFrame(counts.reshape(len(gold_names), n_splits), index=pd.Index(gold_names, name="gold"),
-                           columns=list(SPLITS))
+    by_gold = pd.DataFrame(
+        counts.reshape(len(gold_names), n_splits), index=pd.Index(gold_names, name="gold"), columns=list(SPLITS)
+    )
     known = set(gc.names) | set(labels) | {NO_MAJORITY}
-    rows = gc.names + [v for v in labels if v not in gc.names] \
-        + sorted(v for v in gold_names if v not in known) + [NO_MAJORITY]
+    rows = (
+        gc.names
+        + [v for v in labels if v not in gc.names]
+        + sorted(v for v in gold_names if v not in known)
+        + [NO_MAJORITY]
+    )
     by_gold = by_gold.reindex(rows, fill_value=0)
     by_gold.loc["Total"] = by_gold.sum()
 
     by_cell = None
     if gc.single_label and len(r.prediction.values):
-        pred_row, pred_names = _display_codes(r.prediction, [_display(v) for v in r.prediction.values],
-                                              NO_PREDICTION)
+        pred_row, pred_names = _display_codes(r.prediction, [_display(v) for v in r.prediction.values], NO_PREDICTION)
         P = len(pred_names)
-        counts = np.bincount((gold_row * P + pred_row) * n_splits + split,
-                             minlength=len(gold_names) * P * n_splits).reshape(-1, n_splits)
+        counts = np.bincount(
+            (gold_row * P + pred_row) * n_splits + split, minlength=len(gold_names) * P * n_splits
+        ).reshape(-1, n_splits)
         present = np.flatnonzero(counts.sum(axis=1))
         table = {(gold_names[k // P], pred_names[k % P]): counts[k] for k in present}
         full = list(itertools.product(labels, labels))
         extra = sorted(k for k in table if k not in set(full))
         zero = np.zeros(n_splits, dtype=np.int64)
-        by_cell = pd.DataFrame([table.get(k, zero) for k in full + extra], columns=list(SPLITS),
-                               index=pd.MultiIndex.from_tuples(full + extra, names=["gold", "predicted"]))
+        by_cell = pd.DataFrame(
+            [table.get(k, zero) for k in full + extra],
+            columns=list(SPLITS),
+            index=pd.MultiIndex.from_tuples(full + extra, names=["gold", "predicted"]),
+        )
 
     n_cells = len(r.cell_names)
-    availability = pd.DataFrame({"eligible_examples": r.eligible_examples, "distinct_prompts": r.available,
-                                 "dev": np.bincount(r.cell[split == _DEV], minlength=n_cells),
-                                 "test": np.bincount(r.cell[split == _TEST], minlength=n_cells)},
-                                index=pd.Index(r.cell_names, name="cell" if r.chance else "class"))
+    availability = pd.DataFrame(
+        {
+            "eligible_examples": r.eligible_examples,
+            "distinct_prompts": r.available,
+            "dev": np.bincount(r.cell[split == _DEV], minlength=n_cells),
+            "test": np.bincount(r.cell[split == _TEST], minlength=n_cells),
+        },
+        index=pd.Index(r.cell_names, name="cell" if r.chance else "class"),
+    )
 
     metrics: dict[str, dict[str, float]] = {}
     K = len(labels)
@@ -729,15 +840,18 @@ def _report(r: _ReportInput) -> SplitReport:
         # Integer codes (K: a prediction outside the labels) are much faster than strings.
         y_true = gc.label_code[rows_]
         y_pred = np.where(r.pred_label[rows_] >= 0, r.pred_label[rows_], K)
-        metrics[name] = {"n": int(rows_.sum()),
-                         "macro_f1": float(f1_score(y_true, y_pred, labels=list(range(K)), average="macro",
-                                                    zero_division=0)),
-                         "accuracy": float(accuracy_score(y_true, y_pred))}
+        metrics[name] = {
+            "n": int(rows_.sum()),
+            "macro_f1": float(f1_score(y_true, y_pred, labels=list(range(K)), average="macro", zero_division=0)),
+            "accuracy": float(accuracy_score(y_true, y_pred)),
+        }
     chance_f1 = 1 / K if r.chance else None
     at_chance = None
     if r.chance:
-        at_chance = all(math.isclose(m["macro_f1"], 1 / K, rel_tol=1e-9)
-                        and math.isclose(m["accuracy"], 1 / K, rel_tol=1e-9) for m in metrics.values())
+        at_chance = all(
+            math.isclose(m["macro_f1"], 1 / K, rel_tol=1e-9) and math.isclose(m["accuracy"], 1 / K, rel_tol=1e-9)
+            for m in metrics.values()
+        )
 
     reasons = np.bincount(r.reason[r.reason >= 0], minlength=len(INELIGIBLE_REASONS))
     unit = "cell" if r.chance else "class"
@@ -745,24 +859,43 @@ def _report(r: _ReportInput) -> SplitReport:
     if r.capped:
         notes.append(f"dev/test capped below the largest feasible size ({r.max_total // 2} per {unit} each)")
     if r.max_total // 2 < r.bound_total // 2:
-        notes.append(f"prompts shared between cells cost {r.bound_total // 2 - r.max_total // 2} per {unit} "
-                     "against the naive bound")
+        notes.append(
+            f"prompts shared between cells cost {r.bound_total // 2 - r.max_total // 2} per {unit} "
+            "against the naive bound"
+        )
     n_excluded = int(r.shared.sum())
     if n_excluded > int((split == _DEV).sum() + (split == _TEST).sum()):
-        notes.append(f"{n_excluded} examples are excluded because their prompt serves dev/test, more than "
-                     "dev and test hold; capping dev/test (dev_size/test_size) keeps more of them for train")
+        notes.append(
+            f"{n_excluded} examples are excluded because their prompt serves dev/test, more than "
+            "dev and test hold; capping dev/test (dev_size/test_size) keeps more of them for train"
+        )
     eligible = r.reason < 0
     return SplitReport(
-        labels=list(labels), classes=list(gc.names), chance=r.chance, seed=r.seed, min_votes=r.min_votes,
-        unit=unit, counts_by_gold=by_gold, counts_by_cell=by_cell, availability=availability,
-        dev_per_cell=r.dev_per_cell, test_per_cell=r.test_per_cell, max_c=r.max_total // 2,
-        upper_bound_c=r.bound_total // 2, max_total_per_cell=r.max_total,
-        upper_bound_total_per_cell=r.bound_total, capped=r.capped, model_metrics=metrics,
-        chance_macro_f1=chance_f1, at_chance=at_chance,
+        labels=list(labels),
+        classes=list(gc.names),
+        chance=r.chance,
+        seed=r.seed,
+        min_votes=r.min_votes,
+        unit=unit,
+        counts_by_gold=by_gold,
+        counts_by_cell=by_cell,
+        availability=availability,
+        dev_per_cell=r.dev_per_cell,
+        test_per_cell=r.test_per_cell,
+        max_c=r.max_total // 2,
+        upper_bound_c=r.bound_total // 2,
+        max_total_per_cell=r.max_total,
+        upper_bound_total_per_cell=r.bound_total,
+        capped=r.capped,
+        model_metrics=metrics,
+        chance_macro_f1=chance_f1,
+        at_chance=at_chance,
         excluded={"prompt_shared_with_assessment": int(r.shared.sum())} if r.shared.any() else {},
         ineligible={name: int(c) for name, c in zip(INELIGIBLE_REASONS, reasons, strict=True) if c},
         eligible_in_train=int((eligible & (split == _TRAIN)).sum()),
-        no_prompt_in_train=int((~r.is_prompt & (split == _TRAIN)).sum()), notes=notes)
+        no_prompt_in_train=int((~r.is_prompt & (split == _TRAIN)).sum()),
+        notes=notes,
+    )
 
 
 def _plain(value: object) -> object:

@@ -25,8 +25,17 @@ from round_builder.build import BuildConfig, build_round
 from services.db.models import Round, Task, User
 from services.domain import rounds, tasks
 
-__all__ = ["BuildOptions", "BuiltRound", "DatasetDownload", "ExportOptions", "ExportedFile", "build",
-           "dataset_download", "default_build_dir", "export_files"]
+__all__ = [
+    "BuildOptions",
+    "BuiltRound",
+    "DatasetDownload",
+    "ExportOptions",
+    "ExportedFile",
+    "build",
+    "dataset_download",
+    "default_build_dir",
+    "export_files",
+]
 
 
 class BuildOptions(BaseModel):
@@ -36,15 +45,24 @@ class BuildOptions(BaseModel):
 
     seed: int = Field(0, ge=0, le=2**31 - 1)
     dev_test_min_votes: int | None = Field(None, ge=1, description="Default: the task's agreement setting.")
-    chance: bool | None = Field(None, description="Require the round's model at chance on dev/test "
-                                "(default: yes for single-label families, no for multi-label).")
-    max_per_cell: int | None = Field(None, ge=1,
-                                     description="Cap dev and test at this many per (gold, predicted) cell.")
+    chance: bool | None = Field(
+        None,
+        description="Require the round's model at chance on dev/test "
+        "(default: yes for single-label families, no for multi-label).",
+    )
+    max_per_cell: int | None = Field(
+        None, ge=1, description="Cap dev and test at this many per (gold, predicted) cell."
+    )
     model_based: Literal["dawid_skene", "mace"] | None = Field("dawid_skene", description="dawid_skene, mace or null.")
 
     def config(self) -> BuildConfig:
-        return BuildConfig(seed=self.seed, dev_test_min_votes=self.dev_test_min_votes, chance=self.chance,
-                           max_per_cell=self.max_per_cell, model_based=self.model_based)
+        return BuildConfig(
+            seed=self.seed,
+            dev_test_min_votes=self.dev_test_min_votes,
+            chance=self.chance,
+            max_per_cell=self.max_per_cell,
+            model_based=self.model_based,
+        )
 
 
 @dataclass(frozen=True)
@@ -62,13 +80,15 @@ def default_build_dir(data_dir: Path, task_name: str, number: int, seed: int) ->
     return Path(data_dir) / "builds" / f"{task_name}-r{number}-seed{seed}"
 
 
-def build(session: Session, actor: User | None, round_: Round, options: BuildOptions, *,
-          out_dir: Path | None = None) -> BuiltRound:
+def build(
+    session: Session, actor: User | None, round_: Round, options: BuildOptions, *, out_dir: Path | None = None
+) -> BuiltRound:
     """Build ``round_`` (closed, or built before) in the caller's transaction; with ``out_dir``
     the report and its plots are written there too."""
     built = build_round(session, actor, round_, options.config(), out_dir=out_dir)
-    return BuiltRound(build_id=built.id, task=round_.task.name, round=round_.number, report=built.report,
-                      out_dir=out_dir)
+    return BuiltRound(
+        build_id=built.id, task=round_.task.name, round=round_.number, report=built.report, out_dir=out_dir
+    )
 
 
 class ExportOptions(BaseModel):
@@ -77,8 +97,9 @@ class ExportOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: str = Field("parquet", description="jsonl, csv or parquet.")
-    splits: list[str] = Field(default_factory=lambda: ["train", "dev", "test"],
-                              description="train, dev, test, excluded or all.")
+    splits: list[str] = Field(
+        default_factory=lambda: ["train", "dev", "test"], description="train, dev, test, excluded or all."
+    )
 
 
 @dataclass(frozen=True)
@@ -88,8 +109,16 @@ class ExportedFile:
     size: int  # bytes
 
 
-def export_files(factory: sessionmaker[Session], task_name: str, number: int, out_dir: Path, options: ExportOptions,
-                 *, secret: str, on_file: Callable[[ExportedFile], None] | None = None) -> list[ExportedFile]:
+def export_files(
+    factory: sessionmaker[Session],
+    task_name: str,
+    number: int,
+    out_dir: Path,
+    options: ExportOptions,
+    *,
+    secret: str,
+    on_file: Callable[[ExportedFile], None] | None = None,
+) -> list[ExportedFile]:
     """Write each of ``options.splits`` of the round's newest build to
     ``out_dir/TASK-rN-SPLIT.FORMAT``; ``on_file`` hears of each file when it is written. Worker ids
     are pseudonymised with ``secret`` (the deployment's secret key)."""
@@ -97,8 +126,9 @@ def export_files(factory: sessionmaker[Session], task_name: str, number: int, ou
         export.check_request(split, options.format)
     out_dir.mkdir(parents=True, exist_ok=True)
     with factory() as session:
-        build_id = export.current_build(session, rounds.get_round_by_number(
-            session, tasks.get_task(session, task_name), number)).id
+        build_id = export.current_build(
+            session, rounds.get_round_by_number(session, tasks.get_task(session, task_name), number)
+        ).id
     written = []
     for split in options.splits:
         path = out_dir / f"{task_name}-r{number}-{split}.{options.format}"
@@ -126,7 +156,11 @@ def dataset_download(session: Session, task: Task, number: int, split: str, file
     reader the caller has authorized)."""
     export.check_request(split, file_format)
     built = export.current_build(session, rounds.get_round_by_number(session, task, number))
-    return DatasetDownload(build_id=built.id, split=split, format=file_format,
-                           etag=export.etag(built, split, file_format),
-                           filename=f"{task.name}-r{number}-{split}.{file_format}",
-                           media_type=export.FORMATS[file_format])
+    return DatasetDownload(
+        build_id=built.id,
+        split=split,
+        format=file_format,
+        etag=export.etag(built, split, file_format),
+        filename=f"{task.name}-r{number}-{split}.{file_format}",
+        media_type=export.FORMATS[file_format],
+    )

@@ -73,7 +73,7 @@ PROBLEM_WORDING: Mapping[str, str] = {
 REQUEST_PROBLEM_WORDING: Mapping[str, str] = {
     **PROBLEM_WORDING,
     "string_unicode": "is not valid Unicode text (it contains a lone surrogate such as \\ud800); "
-                      "send the text encoded as UTF-8",
+    "send the text encoded as UTF-8",
 }
 # Errors about the whole input rather than one field: the problem is the sentence alone.
 WHOLE_INPUT_PROBLEMS: Mapping[str, str] = {
@@ -81,9 +81,13 @@ WHOLE_INPUT_PROBLEMS: Mapping[str, str] = {
 }
 
 
-def validation_problems(errors: Iterable[Mapping[str, Any]], prefix: str | None = None, *,
-                        wording: Mapping[str, str] = PROBLEM_WORDING,
-                        explain: Callable[[Mapping[str, Any]], str | None] | None = None) -> list[str]:
+def validation_problems(
+    errors: Iterable[Mapping[str, Any]],
+    prefix: str | None = None,
+    *,
+    wording: Mapping[str, str] = PROBLEM_WORDING,
+    explain: Callable[[Mapping[str, Any]], str | None] | None = None,
+) -> list[str]:
     """One human-readable line per pydantic error (``ValidationError.errors()``): ``location:
     what to fix``, the location's parts joined by dots after ``prefix`` (``params.epochs``).
 

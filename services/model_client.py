@@ -76,8 +76,14 @@ ModelAnswer = ModelPrediction | NoPrediction
 class ModelClient:
     """Calls model servers over HTTP with a timeout and a bounded number of retries."""
 
-    def __init__(self, *, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.05,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 2,
+        backoff_s: float = 0.05,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.retries = retries
         self.backoff_s = backoff_s
         self._http = httpx.Client(
@@ -122,15 +128,17 @@ class ModelClient:
         """Token attributions for ``label`` from ``POST {endpoint}/inspect`` (one try: it is
         an optional aid for writers, not part of the attempt)."""
         try:
-            response = self._http.post(endpoint.rstrip("/") + "/inspect",
-                                       json={"text": text, "label": label, "target": target})
+            response = self._http.post(
+                endpoint.rstrip("/") + "/inspect", json={"text": text, "label": label, "target": target}
+            )
         except httpx.HTTPError as exc:
             raise ModelServerError(f"model server at {endpoint} is unreachable ({type(exc).__name__})") from exc
         if response.status_code in (404, 501):
             raise ModelServerError(f"the model server at {endpoint} does not offer token attributions")
         if response.status_code != 200:
-            raise ModelServerError(f"model server at {endpoint} answered HTTP {response.status_code}: "
-                                   f"{response.text[:300]}")
+            raise ModelServerError(
+                f"model server at {endpoint} answered HTTP {response.status_code}: {response.text[:300]}"
+            )
         tokens = response.json().get("tokens")
         if not isinstance(tokens, list):
             raise ModelServerError(f"model server at {endpoint} answered /inspect without `tokens`")
@@ -153,8 +161,7 @@ class ModelClient:
             body = _PredictResponse.model_validate_json(response.content)
         except ValidationError as exc:
             raise ModelServerError(
-                f"model server at {endpoint} answered with a body that breaks the contract: "
-                f"{exc.errors()[0]['msg']}"
+                f"model server at {endpoint} answered with a body that breaks the contract: {exc.errors()[0]['msg']}"
             ) from exc
         if len(body.predictions) != 1:
             raise ModelServerError(

@@ -78,9 +78,7 @@ class _Strict(BaseModel):
 
 class TextConstraints(_Strict):
     min_chars: int = Field(1, ge=1, description="Fewest characters a written sentence may have.")
-    max_chars: int = Field(
-        1000, ge=1, le=20000, description="Most characters a written sentence may have."
-    )
+    max_chars: int = Field(1000, ge=1, le=20000, description="Most characters a written sentence may have.")
     min_words: int = Field(1, ge=1, description="Fewest whitespace-separated words.")
 
     @model_validator(mode="after")
@@ -108,12 +106,8 @@ class WriterField(_Strict):
 
 
 class AgreementSettings(_Strict):
-    gold_min_votes: int = Field(
-        3, ge=1, description="Votes a label needs to become gold (DynaSent: 3 of 5)."
-    )
-    dev_test_min_votes: int = Field(
-        4, ge=1, description="Votes the gold label needs for dev/test (DynaSent: 4 of 5)."
-    )
+    gold_min_votes: int = Field(3, ge=1, description="Votes a label needs to become gold (DynaSent: 3 of 5).")
+    dev_test_min_votes: int = Field(4, ge=1, description="Votes the gold label needs for dev/test (DynaSent: 4 of 5).")
     unqualify_disagreement_rate: float = Field(
         0.8,
         gt=0,
@@ -143,8 +137,7 @@ class QuizQuestion(_Strict):
     def _answer_is_option(self) -> QuizQuestion:
         if self.answer not in self.options:
             raise ValueError(
-                f"answer {self.answer!r} is not one of the options {self.options}; "
-                "make answer one of the options"
+                f"answer {self.answer!r} is not one of the options {self.options}; make answer one of the options"
             )
         return self
 
@@ -161,9 +154,7 @@ class TaskDefinition(_Strict):
     title: str = Field(min_length=1, max_length=200)
     family: TaskFamily
     description: str = ""
-    labels: list[str] = Field(
-        min_length=2, description="Labels writers target and models predict."
-    )
+    labels: list[str] = Field(min_length=2, description="Labels writers target and models predict.")
     validation_labels: list[str] | None = Field(
         None,
         description="Labels validators choose from; defaults to `labels`. May add e.g. "
@@ -171,12 +162,9 @@ class TaskDefinition(_Strict):
     )
     label_collapse: dict[str, str] | None = Field(
         None,
-        description="target_dependent: maps each validation label (5-point) to a task label "
-        "(3-point), MAD-TSC §3.4.",
+        description="target_dependent: maps each validation label (5-point) to a task label (3-point), MAD-TSC §3.4.",
     )
-    unknown_label: str | None = Field(
-        None, description="Validation label meaning 'cannot tell' (MAD-TSC `unknown`)."
-    )
+    unknown_label: str | None = Field(None, description="Validation label meaning 'cannot tell' (MAD-TSC `unknown`).")
     exclusive_labels: list[str] = Field(
         default_factory=list,
         description="multi_label: labels that cannot be combined with others (e.g. neutral).",
@@ -211,9 +199,7 @@ class TaskDefinition(_Strict):
     @classmethod
     def _language_tag(cls, value: str) -> str:
         if not _BCP47_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a BCP-47 language tag; write e.g. en, en-IN, am or om"
-            )
+            raise ValueError(f"{value!r} is not a BCP-47 language tag; write e.g. en, en-IN, am or om")
         return value
 
     @field_validator("labels", "validation_labels", "exclusive_labels")
@@ -267,16 +253,12 @@ class TaskDefinition(_Strict):
         if self.label_collapse:
             for vlabel, label in self.label_collapse.items():
                 if vlabel not in vlabels:
-                    raise ValueError(
-                        f"label_collapse key {vlabel!r} is not a validation label; use one of {vlabels}"
-                    )
+                    raise ValueError(f"label_collapse key {vlabel!r} is not a validation label; use one of {vlabels}")
                 if label not in self.labels:
                     raise ValueError(
                         f"label_collapse maps {vlabel!r} to {label!r}, which is not in labels {self.labels}"
                     )
-            missing = [
-                v for v in vlabels if v not in self.label_collapse and v != self.unknown_label
-            ]
+            missing = [v for v in vlabels if v not in self.label_collapse and v != self.unknown_label]
             if missing:
                 raise ValueError(
                     f"label_collapse has no entry for validation labels {missing}; map each one "
@@ -286,9 +268,7 @@ class TaskDefinition(_Strict):
             # Without a collapse map every task label must be a validation label.
             missing = [label for label in self.labels if label not in vlabels]
             if missing:
-                raise ValueError(
-                    f"validation_labels must include every label; add {missing} to validation_labels"
-                )
+                raise ValueError(f"validation_labels must include every label; add {missing} to validation_labels")
         if self.unknown_label is not None and self.unknown_label not in vlabels:
             raise ValueError(
                 f"unknown_label {self.unknown_label!r} is not a validation label; add it to validation_labels"
@@ -301,9 +281,7 @@ class TaskDefinition(_Strict):
                 raise ValueError(f"exclusive_labels {unknown} are not in labels {self.labels}")
         for writer_field in self.writer_fields:
             if writer_field.name is WriterFieldName.intended_label and family is not TaskFamily.intended_sarcasm:
-                raise ValueError(
-                    "writer field intended_label belongs to family intended_sarcasm; remove it"
-                )
+                raise ValueError("writer field intended_label belongs to family intended_sarcasm; remove it")
             if writer_field.required_when_intended is not None:
                 if writer_field.required_when_intended not in self.labels:
                     raise ValueError(
@@ -354,8 +332,11 @@ class TaskDefinitionError(ValueError):
 
 
 # A task file's problems say what to add or check: its author edits YAML by hand.
-TASK_FILE_WORDING = {**PROBLEM_WORDING, "missing": "is required; add it",
-                     "extra_forbidden": "is not a known field; remove it or check its spelling"}
+TASK_FILE_WORDING = {
+    **PROBLEM_WORDING,
+    "missing": "is required; add it",
+    "extra_forbidden": "is not a known field; remove it or check its spelling",
+}
 
 
 def _explain(error: Mapping[str, Any]) -> str:
@@ -368,7 +349,7 @@ def _explain(error: Mapping[str, Any]) -> str:
         # the True/False options of the DynaSent onboarding quiz (Table 11).
         return (
             f"{message}, got {value!r}: YAML reads unquoted yes/no/true/false/"
-            "on/off and numbers as non-text; put the value in quotes, e.g. \"True\""
+            'on/off and numbers as non-text; put the value in quotes, e.g. "True"'
         )
     return message
 
@@ -388,8 +369,9 @@ def parse_task_definition(text: str, source: str = "task definition") -> TaskDef
     try:
         return TaskDefinition.model_validate(data)
     except ValidationError as exc:
-        raise TaskDefinitionError(validation_problems(exc.errors(), wording=TASK_FILE_WORDING, explain=_explain),
-                                  source) from exc
+        raise TaskDefinitionError(
+            validation_problems(exc.errors(), wording=TASK_FILE_WORDING, explain=_explain), source
+        ) from exc
 
 
 def load_task_definition(path: Path | str) -> TaskDefinition:
@@ -412,4 +394,3 @@ def example_path(name: str) -> Path:
             return path
     known = ", ".join(p.stem for p in example_paths())
     raise KeyError(f"no example task {name!r}; known examples: {known}")
-

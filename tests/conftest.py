@@ -33,8 +33,13 @@ from services.taskdef import example_path
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 POSTGRES_URL = os.environ.get("DYNALOOP_TEST_POSTGRES_URL")
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
-    not POSTGRES_URL, reason="DYNALOOP_TEST_POSTGRES_URL is not set (.ci/run sets it)"))]
+BACKENDS = [
+    "sqlite",
+    pytest.param(
+        "postgresql",
+        marks=pytest.mark.skipif(not POSTGRES_URL, reason="DYNALOOP_TEST_POSTGRES_URL is not set (.ci/run sets it)"),
+    ),
+]
 
 
 def free_port() -> int:
@@ -70,10 +75,25 @@ def model_server_process(model_dir: Path, log: Path, admin_token: str) -> Iterat
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
     env.update(DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=admin_token, PYTHONUNBUFFERED="1")
     with log.open("wb") as out:
-        popen = subprocess.Popen([*dynaloop_command(), "model-server", "--model", str(model_dir), "--port", str(port),
-                                  "--device", "cpu", "--log-level", "warning"],
-                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+        popen = subprocess.Popen(
+            [
+                *dynaloop_command(),
+                "model-server",
+                "--model",
+                str(model_dir),
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     server = ModelServerProcess(f"http://127.0.0.1:{port}", popen, log)
     try:
         deadline = time.monotonic() + 90
@@ -115,10 +135,13 @@ def fresh_postgres_database(server_url: str | None = None) -> Iterator[str]:
             yield server.set(database=name).render_as_string(hide_password=False)
         finally:
             with admin.connect() as connection:
-                connection.execute(text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :name AND pid <> pg_backend_pid()"
-                ), {"name": name})
+                connection.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = :name AND pid <> pg_backend_pid()"
+                    ),
+                    {"name": name},
+                )
                 connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
     finally:
         admin.dispose()
@@ -177,9 +200,16 @@ def reset_stubs(stub_model: ThreadedServer) -> Iterator[None]:
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
     empty_tables(database_url)
-    return Settings(database_url=database_url, environment="test", secret_key="test-suite-secret-key-0123456789",
-                    data_dir=tmp_path, model_retries=1,
-                    model_timeout_s=2.0, retry_after_s=3, max_request_bytes=256 * 1024)
+    return Settings(
+        database_url=database_url,
+        environment="test",
+        secret_key="test-suite-secret-key-0123456789",
+        data_dir=tmp_path,
+        model_retries=1,
+        model_timeout_s=2.0,
+        retry_after_s=3,
+        max_request_bytes=256 * 1024,
+    )
 
 
 @pytest.fixture
@@ -244,11 +274,20 @@ def example_yaml(name: str, **overrides: Any) -> str:
     return yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
 
 
-def open_round(client: TestClient, researcher: Actor, yaml_text: str, endpoint: str | None,
-               prompts: list[str] | None = None, **round_options: Any) -> dict[str, Any]:
+def open_round(
+    client: TestClient,
+    researcher: Actor,
+    yaml_text: str,
+    endpoint: str | None,
+    prompts: list[str] | None = None,
+    **round_options: Any,
+) -> dict[str, Any]:
     """Create a task from YAML, open round 1 with the model endpoint, import prompts."""
-    response = client.post("/api/v1/tasks", content=yaml_text.encode("utf-8"),
-                           headers={**researcher.headers, "Content-Type": "application/yaml"})
+    response = client.post(
+        "/api/v1/tasks",
+        content=yaml_text.encode("utf-8"),
+        headers={**researcher.headers, "Content-Type": "application/yaml"},
+    )
     assert response.status_code == 201, response.text
     task = response.json()["name"]
     body = {"model_endpoints": [endpoint] if endpoint else [], **round_options}
@@ -259,8 +298,11 @@ def open_round(client: TestClient, researcher: Actor, yaml_text: str, endpoint: 
         import json
 
         lines = "\n".join(json.dumps({"text": p, "id": f"p{i}"}) for i, p in enumerate(prompts))
-        response = client.post(f"/api/v1/rounds/{round_['id']}/prompts", content=lines.encode("utf-8"),
-                               headers={**researcher.headers, "Content-Type": "application/x-ndjson"})
+        response = client.post(
+            f"/api/v1/rounds/{round_['id']}/prompts",
+            content=lines.encode("utf-8"),
+            headers={**researcher.headers, "Content-Type": "application/x-ndjson"},
+        )
         assert response.status_code == 200, response.text
     return round_
 

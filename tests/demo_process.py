@@ -99,8 +99,14 @@ def group_members(pgids: set[int]) -> list[int]:
 
 
 @contextmanager
-def running_demo(data_dir: Path, *args: str, model_cache: Path | None = None, ui: bool = False,
-                 timeout_s: float = 240.0, env: dict[str, str] | None = None) -> Iterator[RunningDemo]:
+def running_demo(
+    data_dir: Path,
+    *args: str,
+    model_cache: Path | None = None,
+    ui: bool = False,
+    timeout_s: float = 240.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[RunningDemo]:
     """Start `dynaloop demo` on free ports and wait until it says it is running.
 
     On the way out it is stopped with SIGINT if still running, and anything left of it is
@@ -109,14 +115,38 @@ def running_demo(data_dir: Path, *args: str, model_cache: Path | None = None, ui
     if model_cache is not None and not (data_dir / MODELS_DIR).exists():
         (data_dir / MODELS_DIR).symlink_to(model_cache / MODELS_DIR, target_is_directory=True)
     api_port, model_port, ui_port = distinct_free_ports(3)
-    command = [*DYNALOOP, "demo", "--data-dir", str(data_dir), "--port", str(api_port),
-               "--model-port", str(model_port), "--ui-port", str(ui_port), *TINY_ARGS,
-               *([] if ui else ["--no-ui"]), *args]
-    process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})})
-    demo = RunningDemo(process, data_dir, f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{model_port}",
-                       f"http://127.0.0.1:{ui_port}")
+    command = [
+        *DYNALOOP,
+        "demo",
+        "--data-dir",
+        str(data_dir),
+        "--port",
+        str(api_port),
+        "--model-port",
+        str(model_port),
+        "--ui-port",
+        str(ui_port),
+        *TINY_ARGS,
+        *([] if ui else ["--no-ui"]),
+        *args,
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})},
+    )
+    demo = RunningDemo(
+        process,
+        data_dir,
+        f"http://127.0.0.1:{api_port}",
+        f"http://127.0.0.1:{model_port}",
+        f"http://127.0.0.1:{ui_port}",
+    )
     ready = threading.Event()
 
     def read() -> None:

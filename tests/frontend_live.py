@@ -37,8 +37,7 @@ from tests.stub_model_server import NEGATIVE_WORDS, POSITIVE_WORDS, ThreadedServ
 
 APP_FILE = Path(__file__).resolve().parents[1] / "frontend" / "app.py"
 HOSTILE = "<script>alert(1)</script> **bold** [link](http://x) <img src=x onerror=alert(2)>"
-HOSTILE_ESCAPED = ("&lt;script&gt;alert(1)&lt;/script&gt; **bold** [link](http://x) "
-                   "&lt;img src=x onerror=alert(2)&gt;")
+HOSTILE_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt; **bold** [link](http://x) &lt;img src=x onerror=alert(2)&gt;"
 
 
 class Sent(NamedTuple):
@@ -117,16 +116,23 @@ def stub_models_fixture() -> Iterator[StubModels]:
 
 
 @pytest.fixture(scope="module", name="live_server")
-def live_server_fixture(tmp_path_factory: pytest.TempPathFactory, stub_models: StubModels
-                        ) -> Iterator[tuple[Any, str]]:
+def live_server_fixture(tmp_path_factory: pytest.TempPathFactory, stub_models: StubModels) -> Iterator[tuple[Any, str]]:
     """One app per test module on its own SQLite database, served over HTTP: (app, its URL).
     Rate limits are off, since a module's tests send many requests from one address."""
     folder = tmp_path_factory.mktemp("frontend")
     url = f"sqlite:///{folder / 'dynaloop.db'}"
     upgrade(url)
-    settings = Settings(database_url=url, environment="test", secret_key="test-suite-secret-key-0123456789",
-                        data_dir=folder / "data", model_retries=0, model_timeout_s=5.0, retry_after_s=5,
-                        rate_limit_per_token="none", rate_limit_per_ip="none")
+    settings = Settings(
+        database_url=url,
+        environment="test",
+        secret_key="test-suite-secret-key-0123456789",
+        data_dir=folder / "data",
+        model_retries=0,
+        model_timeout_s=5.0,
+        retry_after_s=5,
+        rate_limit_per_token="none",
+        rate_limit_per_ip="none",
+    )
     app = create_app(settings)
     server = ThreadedServer(app, free_port()).start()
     yield app, server.url
@@ -176,14 +182,24 @@ class LiveApi:
         self.quiz_answers[task["name"]] = [q["answer"] for q in quiz["questions"]] if quiz else []
         return task
 
-    def round(self, task: str, prompts: Sequence[str | dict[str, Any]] = (), *, target_label_mode: str = "balanced",
-              status: str = "collecting") -> Round:
+    def round(
+        self,
+        task: str,
+        prompts: Sequence[str | dict[str, Any]] = (),
+        *,
+        target_label_mode: str = "balanced",
+        status: str = "collecting",
+    ) -> Round:
         """Open the task's next round with its stub model and ``prompts`` (dicts: text and
         metadata); without prompts every assignment is written from scratch."""
         definition = self.admin.task(task)["definition"]
         endpoint = self.stubs.url(definition["labels"], definition["family"] == "multi_label")
-        round_ = self.admin.open_round(task, model_endpoints=[endpoint], target_label_mode=target_label_mode,
-                                       no_prompt_fraction=0.0 if prompts else 1.0)
+        round_ = self.admin.open_round(
+            task,
+            model_endpoints=[endpoint],
+            target_label_mode=target_label_mode,
+            no_prompt_fraction=0.0 if prompts else 1.0,
+        )
         if prompts:
             rows = [{"text": p} if isinstance(p, str) else p for p in prompts]
             self.admin.import_prompts(round_["id"], "\n".join(json.dumps(r) for r in rows).encode())
@@ -200,8 +216,15 @@ class LiveApi:
             client.answer_quiz(task, self.quiz_answers[task])
         return client
 
-    def example(self, round_: Round, text: str, *, writer: str = "wendy", target: str | None = None,
-                target_span: list[int] | None = None) -> int:
+    def example(
+        self,
+        round_: Round,
+        text: str,
+        *,
+        writer: str = "wendy",
+        target: str | None = None,
+        target_span: list[int] | None = None,
+    ) -> int:
         """An example written through the API: one attempt, confirmed if it fooled the model."""
         client = self.writer(writer, round_["task"])
         if target is None and round_["target_label_mode"] == "writer_choice":
@@ -232,8 +255,9 @@ def live_fixture(live_server: tuple[Any, str], stub_models: StubModels) -> Itera
 # --- AppTest helpers ------------------------------------------------------------------
 
 
-def signed_in_app(live: LiveApi, username: str, page: str | None = None, client: PageClient | None = None,
-                  timeout: float = 30) -> AppTest:
+def signed_in_app(
+    live: LiveApi, username: str, page: str | None = None, client: PageClient | None = None, timeout: float = 30
+) -> AppTest:
     """The app with ``username`` signed in (using ``client``, default a new one), after one run
     (and on ``page``, e.g. ``"pages/validator.py"``, when given)."""
     client = client or live.as_user(username)

@@ -56,8 +56,12 @@ def create_stub_app(labels: list[str], multi_label: bool = False, model_id: str 
 
     @app.get("/info")
     def info() -> dict[str, Any]:
-        return {"model_id": model_id, "version": "1", "labels": labels,
-                "family": "multi_label" if multi_label else "single_label"}
+        return {
+            "model_id": model_id,
+            "version": "1",
+            "labels": labels,
+            "family": "multi_label" if multi_label else "single_label",
+        }
 
     @app.post("/predict")
     def predict(body: PredictRequest) -> dict[str, Any]:
@@ -75,10 +79,13 @@ def create_stub_app(labels: list[str], multi_label: bool = False, model_id: str 
         for text in body.texts:
             predicted = ["alien_label"] if mode == "alien" else classify(text, labels, multi_label)
             share = 1.0 / len(predicted)
-            probabilities = {label: (0.9 * share if label in predicted else 0.1 / max(1, len(labels) - len(predicted)))
-                             for label in labels}
-            predictions.append({"label": predicted[0], "labels": predicted, "probabilities": probabilities,
-                                "truncated": False})
+            probabilities = {
+                label: (0.9 * share if label in predicted else 0.1 / max(1, len(labels) - len(predicted)))
+                for label in labels
+            }
+            predictions.append(
+                {"label": predicted[0], "labels": predicted, "probabilities": probabilities, "truncated": False}
+            )
         return {"model": {"id": model_id, "version": "1"}, "predictions": predictions}
 
     @app.post("/admin/mode")
@@ -123,8 +130,9 @@ def main() -> None:
     parser.add_argument("--labels", default="positive,negative,neutral")
     parser.add_argument("--multi-label", action="store_true")
     args = parser.parse_args()
-    uvicorn.run(create_stub_app(args.labels.split(","), args.multi_label), host="127.0.0.1", port=args.port,
-                log_level="warning")
+    uvicorn.run(
+        create_stub_app(args.labels.split(","), args.multi_label), host="127.0.0.1", port=args.port, log_level="warning"
+    )
 
 
 if __name__ == "__main__":

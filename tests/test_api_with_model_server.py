@@ -39,20 +39,27 @@ def sentiment_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def pair_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     directory = tmp_path_factory.mktemp("m") / "pair"
-    init_model_dir(directory, labels=["negative", "neutral", "positive"], input_format="text_pair", tiny=True,
-                   model_id="tiny-tsc")
+    init_model_dir(
+        directory, labels=["negative", "neutral", "positive"], input_format="text_pair", tiny=True, model_id="tiny-tsc"
+    )
     server = _serve(directory)
     yield server
     server.stop()
 
 
 def test_attempts_are_scored_by_the_served_model(client, researcher, writer, sentiment_server):  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), sentiment_server.url,
-                        ["The soup was fine and the bread was fresh."])
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        sentiment_server.url,
+        ["The soup was fine and the bread was fresh."],
+    )
     assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()
     text = "The soup was cold and the bread was stale."
-    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
-                          headers=writer.headers).json()
+    attempt = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text}, headers=writer.headers
+    ).json()
     direct = httpx.post(f"{sentiment_server.url}/predict", json={"texts": [text]}).json()["predictions"][0]
     assert attempt["status"] == "scored" and attempt["model_id"] == "tiny-sentiment"
     assert attempt["prediction"] == direct["labels"]
@@ -60,8 +67,9 @@ def test_attempts_are_scored_by_the_served_model(client, researcher, writer, sen
         assert attempt["probabilities"][label] == pytest.approx(probability, abs=1e-6)
     assert attempt["fooled"] == (direct["labels"] != assignment["target_label"])
 
-    inspected = client.post(f"/api/v1/assignments/{assignment['id']}/inspect", json={"text": text},
-                            headers=writer.headers)
+    inspected = client.post(
+        f"/api/v1/assignments/{assignment['id']}/inspect", json={"text": text}, headers=writer.headers
+    )
     assert inspected.status_code == 200, inspected.text
     body = inspected.json()
     assert body["label"] == assignment["target_label"][0]
@@ -71,17 +79,26 @@ def test_attempts_are_scored_by_the_served_model(client, researcher, writer, sen
 
 
 def test_target_span_reaches_the_sentence_pair_model(client, researcher, writer, pair_server):  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher, example_yaml("mad-tsc", onboarding_quiz=None), pair_server.url,
-                        ["The minister met the mayor in Lyon on Monday."])
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("mad-tsc", onboarding_quiz=None),
+        pair_server.url,
+        ["The minister met the mayor in Lyon on Monday."],
+    )
     assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()
     text = "The minister praised the mayor in Lyon on Monday."
     scores = {}
     for span in ([4, 12], [25, 30]):
-        attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts",
-                              json={"text": text, "target_span": span}, headers=writer.headers).json()
+        attempt = client.post(
+            f"/api/v1/assignments/{assignment['id']}/attempts",
+            json={"text": text, "target_span": span},
+            headers=writer.headers,
+        ).json()
         assert attempt["status"] == "scored", attempt
-        direct = httpx.post(f"{pair_server.url}/predict",
-                            json={"texts": [text], "targets": [text[span[0]:span[1]]]}).json()["predictions"][0]
+        direct = httpx.post(
+            f"{pair_server.url}/predict", json={"texts": [text], "targets": [text[span[0] : span[1]]]}
+        ).json()["predictions"][0]
         assert attempt["probabilities"] == pytest.approx(direct["probabilities"], abs=1e-6)
         scores[tuple(span)] = attempt["probabilities"]
     assert scores[(4, 12)] != scores[(25, 30)], "the target is part of the model's input"

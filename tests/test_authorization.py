@@ -125,8 +125,11 @@ def test_every_route_asks_the_authorization_module(app: Any) -> None:
 
     asking = {"allowed.<locals>.check", "allowed_writer.<locals>.writer"}
     unasked = sorted(
-        f"{sorted(route.methods or ())} {route.path}" for route in app.routes
-        if isinstance(route, APIRoute) and route.path.startswith(API) and route.path != f"{API}/auth/login"
+        f"{sorted(route.methods or ())} {route.path}"
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        and route.path.startswith(API)
+        and route.path != f"{API}/auth/login"
         and not asking & {getattr(call, "__qualname__", "") for call in _dependency_calls(route.dependant)}
     )
     assert not unasked, f"routes that do not ask services/authorization.py: {unasked}"
@@ -159,22 +162,27 @@ def model_with_inspect() -> Iterator[ThreadedServer]:
 
 
 @pytest.fixture
-def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch
-          ) -> World:
+def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch) -> World:
     monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)  # no real training
     actors: dict[str, Actor | None] = {"anonymous": None}
     for role in ROLES[1:]:
         actors[role] = make_user(f"the-{role}", role)
     root = make_user("root", "researcher")
-    round_ = open_round(client, root, example_yaml(TASK, onboarding_quiz=None), model_with_inspect.url,
-                        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(10)])
+    round_ = open_round(
+        client,
+        root,
+        example_yaml(TASK, onboarding_quiz=None),
+        model_with_inspect.url,
+        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(10)],
+    )
     other = make_user("wendy", "writer")
     example = _write_example(client, other, round_["id"], "A plain remark about the lunch menu today.")
     writer = actors["writer"]
     assert writer is not None
     assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()
-    attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts", json={"text": WRITER_TEXT},
-                          headers=writer.headers)
+    attempt = client.post(
+        f"{API}/assignments/{assignment['id']}/attempts", json={"text": WRITER_TEXT}, headers=writer.headers
+    )
     assert attempt.status_code == 201, attempt.text
     make_user("victim", "validator")  # the one researchers unqualify and requalify
     with session_scope(client.app.state.sessionmaker) as session:  # the one who logs in
@@ -182,8 +190,9 @@ def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monke
     spare = {}
     for role, actor in actors.items():
         if actor is not None:
-            response = client.post(f"{API}/users/{actor.username}/tokens", json={"name": "spare"},
-                                   headers=actor.headers)
+            response = client.post(
+                f"{API}/users/{actor.username}/tokens", json={"name": "spare"}, headers=actor.headers
+            )
             assert response.status_code == 201, response.text
             spare[role] = response.json()["id"]
     return World(actors, round_["id"], assignment["id"], attempt.json()["id"], example["id"], spare)
@@ -191,13 +200,15 @@ def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monke
 
 def _write_example(client: Any, writer: Actor, round_id: int, text_: str) -> dict[str, Any]:
     assignment = client.post(f"{API}/rounds/{round_id}/assignments", json={}, headers=writer.headers).json()
-    attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts", json={"text": text_},
-                          headers=writer.headers).json()
+    attempt = client.post(
+        f"{API}/assignments/{assignment['id']}/attempts", json={"text": text_}, headers=writer.headers
+    ).json()
     assert attempt["status"] == "scored", attempt
     if attempt["fooled"]:
         client.post(f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-    response = client.post(f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                           headers=writer.headers)
+    response = client.post(
+        f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+    )
     assert response.status_code == 201, response.text
     return response.json()
 
@@ -206,8 +217,13 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
     """The URL and a valid body for ``role`` calling ``method path`` on its own things."""
     actor = world.actors[role]
     values = {
-        "task_name": TASK, "round_id": world.round_id, "number": 1, "assignment_id": world.assignment_id,
-        "attempt_id": world.attempt_id, "example_id": world.example_id, "job_id": 1,
+        "task_name": TASK,
+        "round_id": world.round_id,
+        "number": 1,
+        "assignment_id": world.assignment_id,
+        "attempt_id": world.attempt_id,
+        "example_id": world.example_id,
+        "job_id": 1,
         "username": actor.username if actor and path.endswith("/tokens") else "victim",
         "token_id": world.spare_tokens.get(role, 1),
     }
@@ -216,14 +232,17 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
         ("POST", f"{API}/auth/login"): {"json": {"username": "lou", "password": "correct-horse"}},
         ("POST", f"{API}/users"): {"json": {"username": f"new-{role}", "roles": ["writer"]}},
         ("POST", f"{API}/users/{{username}}/tokens"): {"json": {"name": "matrix"}},
-        ("POST", f"{API}/tasks"): {"content": example_yaml("isarcasm", onboarding_quiz=None).encode(),
-                                   "headers": {"Content-Type": "application/yaml"}},
+        ("POST", f"{API}/tasks"): {
+            "content": example_yaml("isarcasm", onboarding_quiz=None).encode(),
+            "headers": {"Content-Type": "application/yaml"},
+        },
         ("POST", f"{API}/tasks/{{task_name}}/rounds"): {"json": {"model_endpoints": [stub_url]}},
         ("POST", f"{API}/rounds/{{round_id}}/status"): {"json": {"status": "collecting"}},
         ("PUT", f"{API}/rounds/{{round_id}}/model"): {"json": {"model_endpoints": [stub_url]}},
         ("POST", f"{API}/rounds/{{round_id}}/prompts"): {
             "content": json.dumps({"text": f"A new prompt from the {role} about lunch."}).encode(),
-            "headers": {"Content-Type": "application/x-ndjson"}},
+            "headers": {"Content-Type": "application/x-ndjson"},
+        },
         ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/unqualify"): {"json": {"reason": "matrix"}},
         ("POST", f"{API}/tasks/{{task_name}}/quiz/attempts"): {"json": {"answers": []}},
         ("POST", f"{API}/rounds/{{round_id}}/assignments"): {"json": {}},
@@ -278,15 +297,22 @@ def test_route_role_matrix(client: Any, app: Any, world: World, model_with_inspe
 # --- writers: nobody else's drafts ----------------------------------------------------------
 
 
-def test_a_writer_never_sees_another_writers_assignment_or_attempts(client: Any, make_user: Any,
-                                                                     stub_model: Any) -> None:
+def test_a_writer_never_sees_another_writers_assignment_or_attempts(
+    client: Any, make_user: Any, stub_model: Any
+) -> None:
     root = make_user("root", "researcher")
-    round_ = open_round(client, root, example_yaml(TASK, onboarding_quiz=None), stub_model.url,
-                        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)])
+    round_ = open_round(
+        client,
+        root,
+        example_yaml(TASK, onboarding_quiz=None),
+        stub_model.url,
+        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)],
+    )
     wendy, walt = make_user("wendy", "writer"), make_user("walt", "writer")
     assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={}, headers=wendy.headers).json()
-    attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts", json={"text": SECRET_TEXT},
-                          headers=wendy.headers).json()
+    attempt = client.post(
+        f"{API}/assignments/{assignment['id']}/attempts", json={"text": SECRET_TEXT}, headers=wendy.headers
+    ).json()
     assert attempt["text"] == SECRET_TEXT
     prompt_text = assignment["prompt"]["text"]
     attempts = [
@@ -335,32 +361,50 @@ def sarcasm_model() -> Any:
     server.stop()
 
 
-def test_a_validators_batch_carries_no_label_prediction_or_other_labels(client: Any, make_user: Any,
-                                                                       sarcasm_model: Any) -> None:
+def test_a_validators_batch_carries_no_label_prediction_or_other_labels(
+    client: Any, make_user: Any, sarcasm_model: Any
+) -> None:
     """iSarcasm: the writer's intended label, explanation and rephrase, the model's prediction,
     and the labels other validators gave are all on the server; the batch shows the text only."""
     root = make_user("root", "researcher")
-    round_ = open_round(client, root, example_yaml("isarcasm", onboarding_quiz=None), sarcasm_model.url,
-                        ["Mondays are the best day of the week for meetings."], target_label_mode="writer_choice")
+    round_ = open_round(
+        client,
+        root,
+        example_yaml("isarcasm", onboarding_quiz=None),
+        sarcasm_model.url,
+        ["Mondays are the best day of the week for meetings."],
+        target_label_mode="writer_choice",
+    )
     writer = make_user("wes", "writer")
-    extras = {"intended_label": "sarcastic", "explanation": "EXPLANATION-MARKER nobody likes Monday meetings.",
-              "rephrase": "REPHRASE-MARKER I do not like meetings on Monday.", "category": "sarcasm"}
-    assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={"target_label": "sarcastic"},
-                             headers=writer.headers).json()
-    attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts",
-                          json={"text": "Oh great, another meeting at seven on a Monday morning."},
-                          headers=writer.headers).json()
+    extras = {
+        "intended_label": "sarcastic",
+        "explanation": "EXPLANATION-MARKER nobody likes Monday meetings.",
+        "rephrase": "REPHRASE-MARKER I do not like meetings on Monday.",
+        "category": "sarcasm",
+    }
+    assignment = client.post(
+        f"{API}/rounds/{round_['id']}/assignments", json={"target_label": "sarcastic"}, headers=writer.headers
+    ).json()
+    attempt = client.post(
+        f"{API}/assignments/{assignment['id']}/attempts",
+        json={"text": "Oh great, another meeting at seven on a Monday morning."},
+        headers=writer.headers,
+    ).json()
     assert attempt["status"] == "scored" and attempt["prediction"], attempt
     if attempt["fooled"]:
         client.post(f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-    example = client.post(f"{API}/assignments/{assignment['id']}/example",
-                          json={"attempt_id": attempt["id"], "extras": extras}, headers=writer.headers)
+    example = client.post(
+        f"{API}/assignments/{assignment['id']}/example",
+        json={"attempt_id": attempt["id"], "extras": extras},
+        headers=writer.headers,
+    )
     assert example.status_code == 201, example.text
     first, second = make_user("val1", "validator"), make_user("val2", "validator")
     batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=first.headers).json()
     assert [item["example_id"] for item in batch["data"]] == [example.json()["id"]]
-    response = client.post(f"{API}/examples/{example.json()['id']}/validations", json={"label": "not_sarcastic"},
-                           headers=first.headers)
+    response = client.post(
+        f"{API}/examples/{example.json()['id']}/validations", json={"label": "not_sarcastic"}, headers=first.headers
+    )
     assert response.status_code == 201, response.text
     response = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=second.headers)
     assert response.status_code == 200
@@ -371,21 +415,39 @@ def test_a_validators_batch_carries_no_label_prediction_or_other_labels(client: 
         assert set(item) == ITEM_KEYS, item
         assert item["target_span"] is None
     body = response.text
-    for secret in ("EXPLANATION-MARKER", "REPHRASE-MARKER", "intended_label", "prediction", "probabilities",
-                   "fooled", "gold", "target_label", "validations", "label_counts", "wes", "val1"):
+    for secret in (
+        "EXPLANATION-MARKER",
+        "REPHRASE-MARKER",
+        "intended_label",
+        "prediction",
+        "probabilities",
+        "fooled",
+        "gold",
+        "target_label",
+        "validations",
+        "label_counts",
+        "wes",
+        "val1",
+    ):
         assert secret not in body, secret
 
 
 def test_a_validator_cannot_label_their_own_example(client: Any, app: Any, make_user: Any, stub_model: Any) -> None:
     root = make_user("root", "researcher")
-    round_ = open_round(client, root, example_yaml(TASK, onboarding_quiz=None), stub_model.url,
-                        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)])
+    round_ = open_round(
+        client,
+        root,
+        example_yaml(TASK, onboarding_quiz=None),
+        stub_model.url,
+        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)],
+    )
     both = make_user("bo", "writer", "validator")
     example = _write_example(client, both, round_["id"], WRITER_TEXT)
     batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=both.headers).json()
     assert example["id"] not in [item["example_id"] for item in batch["data"]]
-    response = client.post(f"{API}/examples/{example['id']}/validations", json={"label": "neutral"},
-                           headers=both.headers)
+    response = client.post(
+        f"{API}/examples/{example['id']}/validations", json={"label": "neutral"}, headers=both.headers
+    )
     assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden", response.text
     with app.state.engine.connect() as connection:
         assert connection.execute(text("SELECT COUNT(*) FROM validations")).scalar_one() == 0
@@ -402,16 +464,23 @@ def test_tokens_are_stored_hashed_and_a_revoked_token_is_refused(client: Any, ap
         response = client.post(f"{API}/users/wim/tokens", json={"name": name}, headers=writer.headers)
         assert response.status_code == 201
         issued.append(response.json()["token"])
-    login_user = client.post(f"{API}/users", json={"username": "lou", "roles": ["validator"],
-                                                   "password": "correct-horse"}, headers=admin.headers)
+    login_user = client.post(
+        f"{API}/users",
+        json={"username": "lou", "roles": ["validator"], "password": "correct-horse"},
+        headers=admin.headers,
+    )
     assert login_user.status_code == 201
     login = client.post(f"{API}/auth/login", json={"username": "lou", "password": "correct-horse"})
     issued.append(login.json()["token"])
     # No table, no text column, holds a plain token (the 10-character display prefix is no token).
     with app.state.engine.connect() as connection:
         for table in Base.metadata.sorted_tables:
-            columns = [c.name for c in table.columns if isinstance(c.type, (String, Text)) or c.name in
-                       ("details", "definition", "extras", "params", "result")]
+            columns = [
+                c.name
+                for c in table.columns
+                if isinstance(c.type, (String, Text))
+                or c.name in ("details", "definition", "extras", "params", "result")
+            ]
             for row in connection.execute(table.select()):
                 values = " ".join(str(row._mapping[c]) for c in columns)
                 for token in issued:
@@ -434,8 +503,14 @@ def test_tokens_are_stored_hashed_and_a_revoked_token_is_refused(client: Any, ap
         assert refused.json()["error"]["code"] == "unauthorized"
         assert refused.headers.get("www-authenticate") == "Bearer"
     assert client.get(f"{API}/me", headers=writer.headers).status_code == 200
-    for bad in ("", "Bearer", "Bearer ", f"Basic {laptop}", f"Bearer {laptop}x", "Bearer dl_" + "A" * 43,
-                f"Bearer {laptop[:-1]}"):
+    for bad in (
+        "",
+        "Bearer",
+        "Bearer ",
+        f"Basic {laptop}",
+        f"Bearer {laptop}x",
+        "Bearer dl_" + "A" * 43,
+        f"Bearer {laptop[:-1]}",
+    ):
         response = client.get(f"{API}/me", headers={"Authorization": bad})
         assert response.status_code == 401, (bad, response.text)
-

@@ -24,8 +24,11 @@ from tests.stub_model_server import ThreadedServer, create_stub_app
 
 API = "/api/v1"
 ALL_TABLES = [table.name for table in Base.metadata.sorted_tables]
-PROMPTS = ["The soup was fine and the bread was fresh.", "We went there on a Sunday afternoon.",
-           "The staff were friendly and quick."]
+PROMPTS = [
+    "The soup was fine and the bread was fresh.",
+    "We went there on a Sunday afternoon.",
+    "The staff were friendly and quick.",
+]
 NEUTRAL_TEXT = "We went there on a Sunday afternoon with friends."  # the stub says neutral
 GEEZ = "ሰላም ለዓለም ይህ ጥሩ ነው"
 
@@ -62,13 +65,13 @@ def assert_error(response: httpx.Response, status: int, code: str, *fragments: s
     return error
 
 
-def post_attempt(client: Any, actor: Actor, assignment_id: int, text: str, key: str | None = None,
-                 **fields: Any) -> httpx.Response:
+def post_attempt(
+    client: Any, actor: Actor, assignment_id: int, text: str, key: str | None = None, **fields: Any
+) -> httpx.Response:
     headers = dict(actor.headers)
     if key is not None:
         headers["Idempotency-Key"] = key
-    return client.post(f"{API}/assignments/{assignment_id}/attempts", json={"text": text, **fields},
-                       headers=headers)
+    return client.post(f"{API}/assignments/{assignment_id}/attempts", json={"text": text, **fields}, headers=headers)
 
 
 def start(client: Any, actor: Actor, round_id: int, **body: Any) -> dict[str, Any]:
@@ -77,26 +80,37 @@ def start(client: Any, actor: Actor, round_id: int, **body: Any) -> dict[str, An
     return response.json()
 
 
-def submittable(client: Any, actor: Actor, round_id: int, text: str, target_label: str | None = None,
-                **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def submittable(
+    client: Any, actor: Actor, round_id: int, text: str, target_label: str | None = None, **fields: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """An assignment and a scored attempt that may be submitted (confirmed when it fooled)."""
     assignment = start(client, actor, round_id, **({"target_label": target_label} if target_label else {}))
     response = post_attempt(client, actor, assignment["id"], text, **fields)
     assert response.status_code == 201, response.text
     attempt = response.json()
     if attempt["fooled"]:
-        response = client.post(f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True},
-                               headers=actor.headers)
+        response = client.post(
+            f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=actor.headers
+        )
         assert response.status_code == 200, response.text
     return assignment, attempt
 
 
-def write_example(client: Any, actor: Actor, round_id: int, text: str = NEUTRAL_TEXT,
-                  extras: dict[str, Any] | None = None, target_label: str | None = None,
-                  **fields: Any) -> dict[str, Any]:
+def write_example(
+    client: Any,
+    actor: Actor,
+    round_id: int,
+    text: str = NEUTRAL_TEXT,
+    extras: dict[str, Any] | None = None,
+    target_label: str | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
     assignment, attempt = submittable(client, actor, round_id, text, target_label, **fields)
-    response = client.post(f"{API}/assignments/{assignment['id']}/example",
-                           json={"attempt_id": attempt["id"], "extras": extras or {}}, headers=actor.headers)
+    response = client.post(
+        f"{API}/assignments/{assignment['id']}/example",
+        json={"attempt_id": attempt["id"], "extras": extras or {}},
+        headers=actor.headers,
+    )
     assert response.status_code == 201, response.text
     return response.json()
 
@@ -134,8 +148,7 @@ def sarcasm_model() -> Iterator[ThreadedServer]:
 
 @pytest.fixture
 def dynasent(client, researcher, stub_model):  # type: ignore[no-untyped-def]
-    return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                      PROMPTS)
+    return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
 @pytest.fixture
@@ -178,10 +191,14 @@ RAW_BODY_CASES = [
     pytest.param(b"text=hello world again", ["not valid json", "json object"], id="not-json"),
     pytest.param(b'{"text": "hello world again"', ["not valid json"], id="truncated-json"),
     pytest.param(b"{}", ["text", "required"], id="missing-field"),
-    pytest.param(b'{"txt": "hello world again"}', ["text: is required", "txt: is not a known field"],
-                 id="misspelled-field"),
-    pytest.param(b'{"text": "hello world again", "label": "positive"}', ["label", "not a known field", "remove"],
-                 id="extra-field"),
+    pytest.param(
+        b'{"txt": "hello world again"}', ["text: is required", "txt: is not a known field"], id="misspelled-field"
+    ),
+    pytest.param(
+        b'{"text": "hello world again", "label": "positive"}',
+        ["label", "not a known field", "remove"],
+        id="extra-field",
+    ),
     pytest.param(b'["hello world again"]', ["valid dictionary"], id="array"),
     pytest.param(b'{"text": 42}', ["text", "valid string"], id="number"),
     pytest.param(b'{"text": null}', ["text", "valid string"], id="null"),
@@ -191,8 +208,11 @@ RAW_BODY_CASES = [
 @pytest.mark.parametrize(("body", "fragments"), RAW_BODY_CASES)
 def test_attempt_body_is_checked(client, app, writer, assignment, body, fragments):  # type: ignore[no-untyped-def]
     with unchanged(app):
-        response = client.post(f"{API}/assignments/{assignment['id']}/attempts", content=body,
-                               headers={**writer.headers, "Content-Type": "application/json"})
+        response = client.post(
+            f"{API}/assignments/{assignment['id']}/attempts",
+            content=body,
+            headers={**writer.headers, "Content-Type": "application/json"},
+        )
         error = assert_error(response, 422, "invalid", *fragments)
     assert error["details"]["problems"], error
 
@@ -207,8 +227,15 @@ def _chunks(total: int, size: int = 16 * 1024) -> Iterator[bytes]:
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
-def test_body_over_the_size_limit_is_refused(client, app, writer, assignment, researcher, dynasent,  # type: ignore[no-untyped-def]
-                                             chunked):
+def test_body_over_the_size_limit_is_refused(
+    client,
+    app,
+    writer,
+    assignment,
+    researcher,
+    dynasent,  # type: ignore[no-untyped-def]
+    chunked,
+):
     limit = app.state.settings.max_request_bytes
     assert limit == 256 * 1024
     requests = [
@@ -236,22 +263,37 @@ def test_body_limit_uses_bytes_not_characters(client, app, writer, assignment): 
         assert_error(response, 413, "too_large")
 
 
-def test_other_text_fields_are_checked(client, app, writer, validators, dynasent, example,  # type: ignore[no-untyped-def]
-                                       sarcasm_model, researcher):
+def test_other_text_fields_are_checked(
+    client,
+    app,
+    writer,
+    validators,
+    dynasent,
+    example,  # type: ignore[no-untyped-def]
+    sarcasm_model,
+    researcher,
+):
     # A validator's flag reason.
     with unchanged(app):
-        response = client.post(f"{API}/examples/{example['id']}/validations",
-                               json={"label": "neutral", "flagged": True, "flag_reason": "spam\x00"},
-                               headers=validators[0].headers)
+        response = client.post(
+            f"{API}/examples/{example['id']}/validations",
+            json={"label": "neutral", "flagged": True, "flag_reason": "spam\x00"},
+            headers=validators[0].headers,
+        )
         assert_error(response, 422, "invalid", "flag_reason", "control character", "remove it")
     with unchanged(app):
-        response = client.post(f"{API}/examples/{example['id']}/validations",
-                               json={"label": "neutral", "flag_reason": "looks like spam"},
-                               headers=validators[0].headers)
+        response = client.post(
+            f"{API}/examples/{example['id']}/validations",
+            json={"label": "neutral", "flag_reason": "looks like spam"},
+            headers=validators[0].headers,
+        )
         assert_error(response, 422, "invalid", "flagged is false", "set flagged to true")
     with unchanged(app):
-        response = client.post(f"{API}/examples/{example['id']}/validations",
-                               json={"label": "neutral", "seconds_taken": -3}, headers=validators[0].headers)
+        response = client.post(
+            f"{API}/examples/{example['id']}/validations",
+            json={"label": "neutral", "seconds_taken": -3},
+            headers=validators[0].headers,
+        )
         assert_error(response, 422, "invalid", "seconds_taken", "between 0 and 86400")
 
 
@@ -278,10 +320,20 @@ def test_non_latin_text_is_stored_byte_identically(client, app, writer, validato
     assert json.loads(response.content)["attempts"][0]["text"] == text
 
 
-def test_geez_text_is_accepted_and_stored_byte_identically(client, app, researcher, make_user,  # type: ignore[no-untyped-def]
-                                                           stub_multi_label_model):
-    round_ = open_round(client, researcher, example_yaml("ethioemo-amharic", onboarding_quiz=None),
-                        stub_multi_label_model.url, ["ዛሬ በጣም ደስ ብሎኛል።", "ጠቅላይ ሚኒስትሩ ዛሬ ወደ ናይሮቢ ተጓዙ።"])
+def test_geez_text_is_accepted_and_stored_byte_identically(
+    client,
+    app,
+    researcher,
+    make_user,  # type: ignore[no-untyped-def]
+    stub_multi_label_model,
+):
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("ethioemo-amharic", onboarding_quiz=None),
+        stub_multi_label_model.url,
+        ["ዛሬ በጣም ደስ ብሎኛል።", "ጠቅላይ ሚኒስትሩ ዛሬ ወደ ናይሮቢ ተጓዙ።"],
+    )
     writer = make_user("abebe", "writer")
     assignment = start(client, writer, round_["id"])
     assert assignment["prompt"]["text"] in ("ዛሬ በጣም ደስ ብሎኛል።", "ጠቅላይ ሚኒስትሩ ዛሬ ወደ ናይሮቢ ተጓዙ።")
@@ -305,48 +357,74 @@ def test_geez_text_is_accepted_and_stored_byte_identically(client, app, research
 
 @pytest.fixture
 def choice_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
-    return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                      PROMPTS, target_label_mode="writer_choice")
+    return open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        PROMPTS,
+        target_label_mode="writer_choice",
+    )
 
 
-@pytest.mark.parametrize(("label", "fragments"), [
-    ("happy", ["'happy'", "not a label of task dynasent-r2", "use one of"]),
-    ("mixed", ["'mixed'", "not a label"]),  # a validation label, not a writer target
-    (["positive", "negative"], ["exactly one label"]),
-    ([], ["exactly one label"]),
-    (None, ["choose the target label", "send target_label"]),
-])
+@pytest.mark.parametrize(
+    ("label", "fragments"),
+    [
+        ("happy", ["'happy'", "not a label of task dynasent-r2", "use one of"]),
+        ("mixed", ["'mixed'", "not a label"]),  # a validation label, not a writer target
+        (["positive", "negative"], ["exactly one label"]),
+        ([], ["exactly one label"]),
+        (None, ["choose the target label", "send target_label"]),
+    ],
+)
 def test_unknown_target_label(client, app, writer, choice_round, label, fragments):  # type: ignore[no-untyped-def]
     with unchanged(app):
-        response = client.post(f"{API}/rounds/{choice_round['id']}/assignments", json={"target_label": label},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/rounds/{choice_round['id']}/assignments", json={"target_label": label}, headers=writer.headers
+        )
         assert_error(response, 422, "invalid", *fragments)
 
 
 def test_target_label_in_a_balanced_round_is_refused(client, app, writer, dynasent):  # type: ignore[no-untyped-def]
     with unchanged(app):
-        response = client.post(f"{API}/rounds/{dynasent['id']}/assignments", json={"target_label": "positive"},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/rounds/{dynasent['id']}/assignments", json={"target_label": "positive"}, headers=writer.headers
+        )
         assert_error(response, 422, "invalid", "do not send target_label")
 
 
-@pytest.mark.parametrize(("label", "status", "fragments"), [
-    ("happy", 422, ["'happy'", "not a label", "use one of", "mixed"]),
-    (["positive", "negative"], 422, ["exactly one label"]),
-    ("Positive", 422, ["'Positive'", "not a label"]),
-    ("", 422, ["not a label"]),
-])
+@pytest.mark.parametrize(
+    ("label", "status", "fragments"),
+    [
+        ("happy", 422, ["'happy'", "not a label", "use one of", "mixed"]),
+        (["positive", "negative"], 422, ["exactly one label"]),
+        ("Positive", 422, ["'Positive'", "not a label"]),
+        ("", 422, ["not a label"]),
+    ],
+)
 def test_unknown_validation_label(client, app, validators, example, label, status, fragments):  # type: ignore[no-untyped-def]
     with unchanged(app):
-        response = client.post(f"{API}/examples/{example['id']}/validations", json={"label": label},
-                               headers=validators[0].headers)
+        response = client.post(
+            f"{API}/examples/{example['id']}/validations", json={"label": label}, headers=validators[0].headers
+        )
         assert_error(response, status, "invalid", *fragments)
 
 
-def test_multi_label_exclusive_label_cannot_be_combined(client, app, researcher, make_user,  # type: ignore[no-untyped-def]
-                                                        stub_multi_label_model):
-    round_ = open_round(client, researcher, example_yaml("ethioemo-amharic", onboarding_quiz=None),
-                        stub_multi_label_model.url, ["ዛሬ በጣም ደስ ብሎኛል።"], target_label_mode="writer_choice")
+def test_multi_label_exclusive_label_cannot_be_combined(
+    client,
+    app,
+    researcher,
+    make_user,  # type: ignore[no-untyped-def]
+    stub_multi_label_model,
+):
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("ethioemo-amharic", onboarding_quiz=None),
+        stub_multi_label_model.url,
+        ["ዛሬ በጣም ደስ ብሎኛል።"],
+        target_label_mode="writer_choice",
+    )
     writer, validator = make_user("abebe", "writer"), make_user("almaz", "validator")
     for label, fragments in [
         (["neutral", "joy"], ["'neutral' cannot be combined", "choose it alone"]),
@@ -355,8 +433,9 @@ def test_multi_label_exclusive_label_cannot_be_combined(client, app, researcher,
         (["joy", "happiness"], ["'happiness'", "not a label"]),
     ]:
         with unchanged(app):
-            response = client.post(f"{API}/rounds/{round_['id']}/assignments", json={"target_label": label},
-                                   headers=writer.headers)
+            response = client.post(
+                f"{API}/rounds/{round_['id']}/assignments", json={"target_label": label}, headers=writer.headers
+            )
             assert_error(response, 422, "invalid", *fragments)
     # A combination without the exclusive label is fine, and so is neutral alone.
     assignment = start(client, writer, round_["id"], target_label=["joy", "surprise"])
@@ -366,21 +445,26 @@ def test_multi_label_exclusive_label_cannot_be_combined(client, app, researcher,
     attempt = response.json()
     if attempt["fooled"]:
         with unchanged(app):
-            response = client.post(f"{API}/attempts/{attempt['id']}/confirmation",
-                                   json={"agrees": False, "judged_label": ["neutral", "joy"]},
-                                   headers=writer.headers)
+            response = client.post(
+                f"{API}/attempts/{attempt['id']}/confirmation",
+                json={"agrees": False, "judged_label": ["neutral", "joy"]},
+                headers=writer.headers,
+            )
             assert_error(response, 422, "invalid", "'neutral' cannot be combined")
         client.post(f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-    response = client.post(f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                           headers=writer.headers)
+    response = client.post(
+        f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+    )
     assert response.status_code == 201, response.text
     example_id = response.json()["id"]
     with unchanged(app):
-        response = client.post(f"{API}/examples/{example_id}/validations", json={"label": ["neutral", "joy"]},
-                               headers=validator.headers)
+        response = client.post(
+            f"{API}/examples/{example_id}/validations", json={"label": ["neutral", "joy"]}, headers=validator.headers
+        )
         assert_error(response, 422, "invalid", "label", "'neutral' cannot be combined", "choose it alone")
-    response = client.post(f"{API}/examples/{example_id}/validations", json={"label": ["joy", "anger"]},
-                           headers=validator.headers)
+    response = client.post(
+        f"{API}/examples/{example_id}/validations", json={"label": ["joy", "anger"]}, headers=validator.headers
+    )
     assert response.status_code == 201, response.text
     assert response.json()["label"] == ["anger", "joy"]  # stored in the task's label order
 
@@ -388,8 +472,9 @@ def test_multi_label_exclusive_label_cannot_be_combined(client, app, researcher,
 def test_target_span_on_a_single_label_task(client, app, writer, assignment):  # type: ignore[no-untyped-def]
     with unchanged(app):
         response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT, target_span=[0, 2])
-        assert_error(response, 422, "invalid", "target_span only applies to target-dependent tasks",
-                     "single_label", "remove it")
+        assert_error(
+            response, 422, "invalid", "target_span only applies to target-dependent tasks", "single_label", "remove it"
+        )
 
 
 MAD_TEXT = "The minister Anna Berg opened the new railway line on Monday."
@@ -398,18 +483,26 @@ MAD_SPAN = [MAD_TEXT.index("Anna Berg"), MAD_TEXT.index("Anna Berg") + len("Anna
 
 @pytest.fixture
 def mad_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
-    return open_round(client, researcher, example_yaml("mad-tsc", onboarding_quiz=None), stub_model.url,
-                      ["The mayor Jan Novak spoke to reporters after the council meeting."])
+    return open_round(
+        client,
+        researcher,
+        example_yaml("mad-tsc", onboarding_quiz=None),
+        stub_model.url,
+        ["The mayor Jan Novak spoke to reporters after the council meeting."],
+    )
 
 
-@pytest.mark.parametrize(("span", "fragments"), [
-    (None, ["target_span is required", "character offsets"]),
-    ([0, 200], ["outside the text", "mark the target inside the text"]),
-    ([10, 5], ["outside the text"]),
-    ([-1, 5], ["outside the text"]),
-    ([3, 4], ["covers only white space"]),
-    ([1, 2, 3], ["two integers"]),
-])
+@pytest.mark.parametrize(
+    ("span", "fragments"),
+    [
+        (None, ["target_span is required", "character offsets"]),
+        ([0, 200], ["outside the text", "mark the target inside the text"]),
+        ([10, 5], ["outside the text"]),
+        ([-1, 5], ["outside the text"]),
+        ([3, 4], ["covers only white space"]),
+        ([1, 2, 3], ["two integers"]),
+    ],
+)
 def test_target_span_on_a_target_dependent_task(client, app, writer, mad_round, span, fragments):  # type: ignore[no-untyped-def]
     assignment = start(client, writer, mad_round["id"])
     with unchanged(app):
@@ -423,13 +516,17 @@ def test_target_span_mismatch_on_submit(client, app, writer, mad_round, stub_mod
     targets = httpx.get(f"{stub_model.url}/admin/calls").json()["targets"]
     assert targets[-1] == ["Anna Berg"]
     with unchanged(app):
-        response = client.post(f"{API}/assignments/{assignment['id']}/example",
-                               json={"attempt_id": attempt["id"], "extras": {"target_span": [0, 3]}},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/assignments/{assignment['id']}/example",
+            json={"attempt_id": attempt["id"], "extras": {"target_span": [0, 3]}},
+            headers=writer.headers,
+        )
         assert_error(response, 422, "invalid", "target_span differs", "same span")
-    response = client.post(f"{API}/assignments/{assignment['id']}/example",
-                           json={"attempt_id": attempt["id"], "extras": {"target_span": MAD_SPAN}},
-                           headers=writer.headers)
+    response = client.post(
+        f"{API}/assignments/{assignment['id']}/example",
+        json={"attempt_id": attempt["id"], "extras": {"target_span": MAD_SPAN}},
+        headers=writer.headers,
+    )
     assert response.status_code == 201, response.text
     assert response.json()["extras"]["target_span"] == {"start": MAD_SPAN[0], "end": MAD_SPAN[1], "text": "Anna Berg"}
 
@@ -437,13 +534,18 @@ def test_target_span_mismatch_on_submit(client, app, writer, mad_round, stub_mod
 def test_extras_not_in_the_task(client, app, writer, dynasent):  # type: ignore[no-untyped-def]
     assignment, attempt = submittable(client, writer, dynasent["id"], NEUTRAL_TEXT)
     with unchanged(app):
-        response = client.post(f"{API}/assignments/{assignment['id']}/example",
-                               json={"attempt_id": attempt["id"], "extras": {"explanation": "because"}},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/assignments/{assignment['id']}/example",
+            json={"attempt_id": attempt["id"], "extras": {"explanation": "because"}},
+            headers=writer.headers,
+        )
         assert_error(response, 422, "invalid", "['explanation']", "not part of task 'dynasent-r2'", "allowed")
     with unchanged(app):
-        response = client.post(f"{API}/assignments/{assignment['id']}/example",
-                               json={"attempt_id": attempt["id"], "comment": "hi"}, headers=writer.headers)
+        response = client.post(
+            f"{API}/assignments/{assignment['id']}/example",
+            json={"attempt_id": attempt["id"], "comment": "hi"},
+            headers=writer.headers,
+        )
         assert_error(response, 422, "invalid", "comment", "not a known field")
 
 
@@ -453,38 +555,61 @@ SARCASTIC_TEXT = "Oh sure, another Monday meeting at seven, exactly what everyon
 @pytest.fixture
 def sarcasm_round(client, researcher, sarcasm_model):  # type: ignore[no-untyped-def]
     # Writers choose the target, so each case can write for the label its extras intend.
-    return open_round(client, researcher, example_yaml("isarcasm", onboarding_quiz=None), sarcasm_model.url,
-                      ["Mondays are the best day of the week for meetings."], target_label_mode="writer_choice")
+    return open_round(
+        client,
+        researcher,
+        example_yaml("isarcasm", onboarding_quiz=None),
+        sarcasm_model.url,
+        ["Mondays are the best day of the week for meetings."],
+        target_label_mode="writer_choice",
+    )
 
 
-@pytest.mark.parametrize(("extras", "fragments"), [
-    ({"intended_label": "sarcastic"}, ["explanation is required when the intended label is 'sarcastic'"]),
-    ({"intended_label": "sarcastic", "explanation": "   "}, ["explanation is required"]),
-    ({"intended_label": "sarcastic", "explanation": "Nobody wants a 7 am meeting."},
-     ["rephrase is required when the intended label is 'sarcastic'"]),
-    ({}, ["intended_label is required", "fill it in"]),
-    ({"intended_label": "ironic"}, ["intended_label 'ironic' is not allowed", "sarcastic", "not_sarcastic"]),
-    ({"intended_label": "not_sarcastic", "category": "pun"}, ["category 'pun' is not allowed", "overstatement"]),
-    ({"intended_label": ["sarcastic"]}, ["intended_label must be text"]),
-    ({"intended_label": "sarcastic", "explanation": "bad\x1bbyte", "rephrase": "Mondays are hard."},
-     ["explanation contains a control character"]),
-    ({"intended_label": "sarcastic", "explanation": "x" * 601, "rephrase": "Mondays are hard."},
-     ["explanation has 601 characters", "limit is 600"]),
-    ({"intended_label": "not_sarcastic", "target_span": [0, 3]}, ["['target_span']", "not part of task"]),
-])
+@pytest.mark.parametrize(
+    ("extras", "fragments"),
+    [
+        ({"intended_label": "sarcastic"}, ["explanation is required when the intended label is 'sarcastic'"]),
+        ({"intended_label": "sarcastic", "explanation": "   "}, ["explanation is required"]),
+        (
+            {"intended_label": "sarcastic", "explanation": "Nobody wants a 7 am meeting."},
+            ["rephrase is required when the intended label is 'sarcastic'"],
+        ),
+        ({}, ["intended_label is required", "fill it in"]),
+        ({"intended_label": "ironic"}, ["intended_label 'ironic' is not allowed", "sarcastic", "not_sarcastic"]),
+        ({"intended_label": "not_sarcastic", "category": "pun"}, ["category 'pun' is not allowed", "overstatement"]),
+        ({"intended_label": ["sarcastic"]}, ["intended_label must be text"]),
+        (
+            {"intended_label": "sarcastic", "explanation": "bad\x1bbyte", "rephrase": "Mondays are hard."},
+            ["explanation contains a control character"],
+        ),
+        (
+            {"intended_label": "sarcastic", "explanation": "x" * 601, "rephrase": "Mondays are hard."},
+            ["explanation has 601 characters", "limit is 600"],
+        ),
+        ({"intended_label": "not_sarcastic", "target_span": [0, 3]}, ["['target_span']", "not part of task"]),
+    ],
+)
 def test_isarcasm_writer_fields(client, app, writer, sarcasm_round, extras, fragments):  # type: ignore[no-untyped-def]
     assignment, attempt = submittable(client, writer, sarcasm_round["id"], SARCASTIC_TEXT, target_label="sarcastic")
     with unchanged(app):
-        response = client.post(f"{API}/assignments/{assignment['id']}/example",
-                               json={"attempt_id": attempt["id"], "extras": extras}, headers=writer.headers)
+        response = client.post(
+            f"{API}/assignments/{assignment['id']}/example",
+            json={"attempt_id": attempt["id"], "extras": extras},
+            headers=writer.headers,
+        )
         assert_error(response, 422, "invalid", *fragments)
 
 
 def test_isarcasm_complete_extras_are_accepted(client, writer, sarcasm_round):  # type: ignore[no-untyped-def]
-    extras = {"intended_label": "sarcastic", "explanation": "Nobody wants a meeting at seven.",
-              "rephrase": "I do not want a meeting at seven on Monday.", "category": "sarcasm"}
-    example = write_example(client, writer, sarcasm_round["id"], text=SARCASTIC_TEXT, extras=extras,
-                            target_label="sarcastic")
+    extras = {
+        "intended_label": "sarcastic",
+        "explanation": "Nobody wants a meeting at seven.",
+        "rephrase": "I do not want a meeting at seven on Monday.",
+        "category": "sarcasm",
+    }
+    example = write_example(
+        client, writer, sarcasm_round["id"], text=SARCASTIC_TEXT, extras=extras, target_label="sarcastic"
+    )
     assert example["extras"] == extras
 
 
@@ -495,8 +620,9 @@ def test_validator_cannot_label_their_own_example(client, app, make_user, dynase
     both = make_user("bo", "writer", "validator")
     example = write_example(client, both, dynasent["id"])
     with unchanged(app):
-        response = client.post(f"{API}/examples/{example['id']}/validations", json={"label": "neutral"},
-                               headers=both.headers)
+        response = client.post(
+            f"{API}/examples/{example['id']}/validations", json={"label": "neutral"}, headers=both.headers
+        )
         assert_error(response, 403, "forbidden", "you wrote this example")
     # Their batch never offers it either.
     batch = client.get(f"{API}/rounds/{dynasent['id']}/validation-batch", headers=both.headers).json()
@@ -511,8 +637,9 @@ def test_second_label_conflicts_and_identical_retry_replays(client, app, validat
         response = client.post(url, json={"label": "positive"}, headers=validators[0].headers)
         assert_error(response, 409, "conflict", "already labelled", "as ['neutral']", "cannot be changed")
     with unchanged(app):
-        response = client.post(url, json={"label": "neutral", "flagged": True, "flag_reason": "odd"},
-                               headers=validators[0].headers)
+        response = client.post(
+            url, json={"label": "neutral", "flagged": True, "flag_reason": "odd"}, headers=validators[0].headers
+        )
         assert_error(response, 409, "conflict", "already labelled")
     with unchanged(app):
         replay = client.post(url, json={"label": "neutral"}, headers={**validators[0].headers, "Idempotency-Key": "v1"})
@@ -538,8 +665,9 @@ def _researcher_headers(client: Any, app: Any) -> dict[str, str]:
 
 def test_validation_of_a_missing_example(client, app, validators):  # type: ignore[no-untyped-def]
     with unchanged(app):
-        response = client.post(f"{API}/examples/999/validations", json={"label": "neutral"},
-                               headers=validators[0].headers)
+        response = client.post(
+            f"{API}/examples/999/validations", json={"label": "neutral"}, headers=validators[0].headers
+        )
         assert_error(response, 404, "not_found", "no example 999")
 
 
@@ -567,8 +695,9 @@ def test_expired_assignment_is_gone(client, app, writer, assignment):  # type: i
         response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT + " Again.", key="again")
         assert_error(response, 410, "gone", f"assignment {assignment['id']} expired", "request a new assignment")
     with unchanged(app):
-        response = client.post(f"{API}/assignments/{assignment['id']}/example",
-                               json={"attempt_id": attempt["id"]}, headers=writer.headers)
+        response = client.post(
+            f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+        )
         assert_error(response, 410, "gone", "expired", "request a new assignment")
     with unchanged(app):
         response = client.post(f"{API}/assignments/{assignment['id']}/skip", headers=writer.headers)
@@ -580,9 +709,13 @@ def test_expired_assignment_is_gone(client, app, writer, assignment):  # type: i
 
 
 def test_tries_beyond_the_limit_conflict(client, app, researcher, writer, stub_model):  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher,
-                        task_yaml("dynasent-r2", tries_per_assignment=2, name="dynasent-two-tries"),
-                        stub_model.url, PROMPTS)
+    round_ = open_round(
+        client,
+        researcher,
+        task_yaml("dynasent-r2", tries_per_assignment=2, name="dynasent-two-tries"),
+        stub_model.url,
+        PROMPTS,
+    )
     assignment = start(client, writer, round_["id"])
     assert assignment["tries_allowed"] == 2
     for i in range(2):
@@ -642,8 +775,9 @@ def test_revoked_and_expired_tokens_are_refused(client, app, writer, assignment)
     # The writer's other token still works.
     assert client.get(f"{API}/me", headers=writer.headers).status_code == 200
 
-    expiring = client.post(f"{API}/users/{writer.username}/tokens", json={"expires_in_days": 1},
-                           headers=writer.headers).json()
+    expiring = client.post(
+        f"{API}/users/{writer.username}/tokens", json={"expires_in_days": 1}, headers=writer.headers
+    ).json()
     past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
     with app.state.sessionmaker.begin() as session:
         session.execute(update(ApiToken).where(ApiToken.id == expiring["id"]).values(expires_at=past))
@@ -652,8 +786,9 @@ def test_revoked_and_expired_tokens_are_refused(client, app, writer, assignment)
         assert_error(response, 401, "unauthorized", "expired", "create a new one")
     # Token management mistakes.
     with unchanged(app):
-        response = client.post(f"{API}/users/{writer.username}/tokens", json={"expires_in_days": 0},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/users/{writer.username}/tokens", json={"expires_in_days": 0}, headers=writer.headers
+        )
         assert_error(response, 422, "invalid", "expires_in_days")
     with unchanged(app):
         response = client.delete(f"{API}/tokens/999", headers=writer.headers)
@@ -675,46 +810,78 @@ def everyone(make_user, researcher, writer):  # type: ignore[no-untyped-def]
     return {"writer": writer, "validator": make_user("vic", "validator"), "researcher": researcher}
 
 
-def _role_guarded(round_id: int, assignment_id: int, attempt_id: int, example_id: int
-                  ) -> list[tuple[str, str, Any, str, list[str]]]:
+def _role_guarded(
+    round_id: int, assignment_id: int, attempt_id: int, example_id: int
+) -> list[tuple[str, str, Any, str, list[str]]]:
     """(method, url, body, needed role, callers that lack it)."""
     yaml_text = task_yaml("dynasent-r2", name="another-task")
     return [
         ("POST", f"{API}/tasks", {"definition_yaml": yaml_text}, "researcher", ["writer", "validator"]),
         ("POST", f"{API}/tasks/dynasent-r2/rounds", {}, "researcher", ["writer", "validator"]),
         ("POST", f"{API}/rounds/{round_id}/status", {"status": "closed"}, "researcher", ["writer", "validator"]),
-        ("PUT", f"{API}/rounds/{round_id}/model", {"model_endpoints": ["http://127.0.0.1:1"]}, "researcher",
-         ["writer", "validator"]),
+        (
+            "PUT",
+            f"{API}/rounds/{round_id}/model",
+            {"model_endpoints": ["http://127.0.0.1:1"]},
+            "researcher",
+            ["writer", "validator"],
+        ),
         ("POST", f"{API}/rounds/{round_id}/prompts?format=jsonl", None, "researcher", ["writer", "validator"]),
         ("GET", f"{API}/rounds/{round_id}/stats", None, "researcher", ["writer", "validator"]),
         ("GET", f"{API}/rounds/{round_id}/worker-agreement", None, "researcher", ["writer", "validator"]),
         ("POST", f"{API}/tasks/dynasent-r2/worker-quality/apply", None, "researcher", ["writer", "validator"]),
-        ("POST", f"{API}/tasks/dynasent-r2/workers/wendy/unqualify", {"reason": "spam"}, "researcher",
-         ["writer", "validator"]),
+        (
+            "POST",
+            f"{API}/tasks/dynasent-r2/workers/wendy/unqualify",
+            {"reason": "spam"},
+            "researcher",
+            ["writer", "validator"],
+        ),
         ("GET", f"{API}/examples/{example_id}", None, "researcher", ["writer", "validator"]),
         ("POST", f"{API}/rounds/{round_id}/assignments", {}, "writer", ["validator", "researcher"]),
         ("GET", f"{API}/assignments/{assignment_id}", None, "writer", ["validator", "researcher"]),
-        ("POST", f"{API}/assignments/{assignment_id}/attempts", {"text": NEUTRAL_TEXT}, "writer",
-         ["validator", "researcher"]),
+        (
+            "POST",
+            f"{API}/assignments/{assignment_id}/attempts",
+            {"text": NEUTRAL_TEXT},
+            "writer",
+            ["validator", "researcher"],
+        ),
         ("POST", f"{API}/attempts/{attempt_id}/confirmation", {"agrees": True}, "writer", ["validator", "researcher"]),
-        ("POST", f"{API}/assignments/{assignment_id}/example", {"attempt_id": attempt_id}, "writer",
-         ["validator", "researcher"]),
+        (
+            "POST",
+            f"{API}/assignments/{assignment_id}/example",
+            {"attempt_id": attempt_id},
+            "writer",
+            ["validator", "researcher"],
+        ),
         ("POST", f"{API}/assignments/{assignment_id}/skip", None, "writer", ["validator", "researcher"]),
         ("GET", f"{API}/tasks/dynasent-r2/quiz", None, "writer", ["validator", "researcher"]),
         ("POST", f"{API}/tasks/dynasent-r2/quiz/attempts", {"answers": []}, "writer", ["validator", "researcher"]),
         ("GET", f"{API}/rounds/{round_id}/validation-batch", None, "validator", ["writer", "researcher"]),
-        ("POST", f"{API}/examples/{example_id}/validations", {"label": "neutral"}, "validator",
-         ["writer", "researcher"]),
-        ("POST", f"{API}/users", {"username": "eve", "roles": ["admin"]}, "admin",
-         ["writer", "validator", "researcher"]),
+        (
+            "POST",
+            f"{API}/examples/{example_id}/validations",
+            {"label": "neutral"},
+            "validator",
+            ["writer", "researcher"],
+        ),
+        (
+            "POST",
+            f"{API}/users",
+            {"username": "eve", "roles": ["admin"]},
+            "admin",
+            ["writer", "validator", "researcher"],
+        ),
         ("GET", f"{API}/users", None, "admin", ["writer", "validator", "researcher"]),
     ]
 
 
 def test_wrong_role_is_forbidden(client, app, everyone, writer, dynasent, example, assignment):  # type: ignore[no-untyped-def]
     attempt = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT).json()
-    for method, url, body, role, callers in _role_guarded(dynasent["id"], assignment["id"], attempt["id"],
-                                                          example["id"]):
+    for method, url, body, role, callers in _role_guarded(
+        dynasent["id"], assignment["id"], attempt["id"], example["id"]
+    ):
         for caller in callers:
             with unchanged(app):
                 response = client.request(method, url, json=body, headers=everyone[caller].headers)
@@ -727,12 +894,20 @@ def test_writers_never_see_each_others_work(client, app, make_user, writer, dyna
     attempt = post_attempt(client, writer, assignment["id"], "The staff were terrible and the soup was cold.").json()
     for method, url, body, fragment in [
         ("GET", f"{API}/assignments/{assignment['id']}", None, f"no assignment {assignment['id']} of yours"),
-        ("POST", f"{API}/assignments/{assignment['id']}/attempts", {"text": NEUTRAL_TEXT},
-         f"no assignment {assignment['id']} of yours"),
+        (
+            "POST",
+            f"{API}/assignments/{assignment['id']}/attempts",
+            {"text": NEUTRAL_TEXT},
+            f"no assignment {assignment['id']} of yours",
+        ),
         ("POST", f"{API}/assignments/{assignment['id']}/skip", None, "of yours"),
         ("POST", f"{API}/assignments/{assignment['id']}/example", {"attempt_id": attempt["id"]}, "of yours"),
-        ("POST", f"{API}/attempts/{attempt['id']}/confirmation", {"agrees": True},
-         f"no attempt {attempt['id']} of yours"),
+        (
+            "POST",
+            f"{API}/attempts/{attempt['id']}/confirmation",
+            {"agrees": True},
+            f"no attempt {attempt['id']} of yours",
+        ),
         ("GET", f"{API}/assignments/99999", None, "no assignment 99999 of yours"),
     ]:
         with unchanged(app):
@@ -747,8 +922,9 @@ def test_writers_never_see_each_others_work(client, app, make_user, writer, dyna
 # --- task YAML ---------------------------------------------------------------------------
 
 
-def _post_yaml(client: Any, researcher: Actor, content: bytes, content_type: str = "application/yaml"
-               ) -> httpx.Response:
+def _post_yaml(
+    client: Any, researcher: Actor, content: bytes, content_type: str = "application/yaml"
+) -> httpx.Response:
     return client.post(f"{API}/tasks", content=content, headers={**researcher.headers, "Content-Type": content_type})
 
 
@@ -757,16 +933,22 @@ def test_invalid_task_yaml_lists_the_problems(client, app, researcher):  # type:
         response = _post_yaml(client, researcher, b"name: broken\nlabels: [a, b\ntitle: x\n")
         error = assert_error(response, 422, "invalid", "YAML syntax error", "line")
         assert any("YAML syntax error at line" in p for p in error["details"]["problems"])
-    bad = task_yaml("dynasent-r2", name="Bad Name!", family="triple_label", colour="blue",
-                    tries_per_assignment=0)
+    bad = task_yaml("dynasent-r2", name="Bad Name!", family="triple_label", colour="blue", tries_per_assignment=0)
     bad = "\n".join(line for line in bad.splitlines() if not line.startswith("title:"))
     with unchanged(app):
         response = _post_yaml(client, researcher, bad.encode("utf-8"))
         error = assert_error(response, 422, "invalid", "not valid")
         problems = error["details"]["problems"]
         joined = "\n".join(problems)
-        for fragment in ["name:", "not a valid task name", "family:", "title: is required", "colour:",
-                         "not a known field", "tries_per_assignment:"]:
+        for fragment in [
+            "name:",
+            "not a valid task name",
+            "family:",
+            "title: is required",
+            "colour:",
+            "not a known field",
+            "tries_per_assignment:",
+        ]:
             assert fragment in joined, (fragment, problems)
         assert len(problems) >= 5
     with unchanged(app):
@@ -803,8 +985,11 @@ def empty_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
 
 
 def _import(client: Any, researcher: Actor, round_id: int, content: bytes, content_type: str) -> httpx.Response:
-    return client.post(f"{API}/rounds/{round_id}/prompts", content=content,
-                       headers={**researcher.headers, "Content-Type": content_type})
+    return client.post(
+        f"{API}/rounds/{round_id}/prompts",
+        content=content,
+        headers={**researcher.headers, "Content-Type": content_type},
+    )
 
 
 def test_prompt_file_with_one_bad_row_imports_nothing(client, app, researcher, empty_round):  # type: ignore[no-untyped-def]
@@ -822,8 +1007,10 @@ def test_prompt_file_with_one_bad_row_imports_nothing(client, app, researcher, e
             response = _import(client, researcher, empty_round["id"], content, "application/x-ndjson")
             error = assert_error(response, 422, "invalid", "1 row(s)", "nothing was imported", *fragments)
             assert len(error["details"]["errors"]) == 1
-    for csv_content in [b'text,stars\nA fine prompt here.,4\n"unterminated,5\nAnother prompt.,1\n',
-                        b'text,stars\nA fine prompt here.,4\n"quoted" then more,5\n']:
+    for csv_content in [
+        b'text,stars\nA fine prompt here.,4\n"unterminated,5\nAnother prompt.,1\n',
+        b'text,stars\nA fine prompt here.,4\n"quoted" then more,5\n',
+    ]:
         with unchanged(app):
             response = _import(client, researcher, empty_round["id"], csv_content, "text/csv")
             assert_error(response, 422, "invalid", "the CSV is malformed near line")
@@ -847,8 +1034,7 @@ def test_prompt_file_format_problems(client, app, researcher, empty_round):  # t
             response = _import(client, researcher, rid, content, content_type)
             assert_error(response, 422, "invalid", *fragments)
     with unchanged(app):
-        response = client.post(f"{API}/rounds/{rid}/prompts?format=xml", content=b"<a/>",
-                               headers=researcher.headers)
+        response = client.post(f"{API}/rounds/{rid}/prompts?format=xml", content=b"<a/>", headers=researcher.headers)
         assert_error(response, 422, "invalid", "unknown prompt file format 'xml'")
     with unchanged(app):
         response = _import(client, researcher, 999, b'{"text": "A fine prompt."}', "application/x-ndjson")
@@ -858,10 +1044,16 @@ def test_prompt_file_format_problems(client, app, researcher, empty_round):  # t
 def test_prompt_duplicates_are_counted_and_skipped(client, app, researcher, empty_round):  # type: ignore[no-untyped-def]
     rid = empty_round["id"]
     # Duplicates after normalisation: surrounding space, CRLF vs LF, NFC vs NFD.
-    content = "\n".join(json.dumps({"text": t}) for t in [
-        "The pasta was fine.", "  The pasta was fine.  ", "Café by the river.", "Cafe\u0301 by the river.",
-        "A new one.",
-    ]).encode("utf-8")
+    content = "\n".join(
+        json.dumps({"text": t})
+        for t in [
+            "The pasta was fine.",
+            "  The pasta was fine.  ",
+            "Café by the river.",
+            "Cafe\u0301 by the river.",
+            "A new one.",
+        ]
+    ).encode("utf-8")
     response = _import(client, researcher, rid, content, "application/x-ndjson")
     assert response.status_code == 200, response.text
     assert response.json() == {"rows": 5, "imported": 3, "duplicates_in_file": 2, "already_present": 0}
@@ -871,19 +1063,19 @@ def test_prompt_duplicates_are_counted_and_skipped(client, app, researcher, empt
     assert response.json() == {"rows": 5, "imported": 0, "duplicates_in_file": 2, "already_present": 3}
     after = table_counts(app)
     assert after["prompts"] == before["prompts"] == 3
-    csv_content = "text,stars\nThe pasta was fine.,2\nA brand new prompt.,5\nA brand new prompt.,5\n".encode()
+    csv_content = b"text,stars\nThe pasta was fine.,2\nA brand new prompt.,5\nA brand new prompt.,5\n"
     response = _import(client, researcher, rid, csv_content, "text/csv")
     assert response.json() == {"rows": 3, "imported": 1, "duplicates_in_file": 1, "already_present": 1}
     assert table_counts(app)["prompts"] == 4
 
 
 def test_prompts_cannot_be_added_to_a_closed_round(client, app, researcher, empty_round):  # type: ignore[no-untyped-def]
-    response = client.post(f"{API}/rounds/{empty_round['id']}/status", json={"status": "closed"},
-                           headers=researcher.headers)
+    response = client.post(
+        f"{API}/rounds/{empty_round['id']}/status", json={"status": "closed"}, headers=researcher.headers
+    )
     assert response.status_code == 200, response.text
     with unchanged(app):
-        response = _import(client, researcher, empty_round["id"], b'{"text": "A fine prompt."}',
-                           "application/x-ndjson")
+        response = _import(client, researcher, empty_round["id"], b'{"text": "A fine prompt."}', "application/x-ndjson")
         assert_error(response, 409, "conflict", "closed", "can no longer be added")
 
 
@@ -898,8 +1090,16 @@ FAULTS = [
 
 
 @pytest.mark.parametrize(("mode", "delay", "fragment"), FAULTS)
-def test_model_fault_keeps_the_attempt_and_no_try(client, app, writer, assignment, stub_model,  # type: ignore[no-untyped-def]
-                                                  mode, delay, fragment):
+def test_model_fault_keeps_the_attempt_and_no_try(
+    client,
+    app,
+    writer,
+    assignment,
+    stub_model,  # type: ignore[no-untyped-def]
+    mode,
+    delay,
+    fragment,
+):
     counts, rows = db_state(app)
     set_mode(stub_model, mode, delay)
     response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT, key="fault-1")
@@ -915,7 +1115,8 @@ def test_model_fault_keeps_the_attempt_and_no_try(client, app, writer, assignmen
     state = client.get(f"{API}/assignments/{assignment['id']}", headers=writer.headers).json()
     assert state["tries_used"] == 0
     assert [(a["id"], a["status"], a["counts_as_try"]) for a in state["attempts"]] == [
-        (attempt_id, "model_unavailable", False)]
+        (attempt_id, "model_unavailable", False)
+    ]
     with app.state.sessionmaker() as session:
         assert fragment in (session.get(Attempt, attempt_id).model_error or "")
 
@@ -944,18 +1145,25 @@ def test_model_fault_keeps_the_attempt_and_no_try(client, app, writer, assignmen
         assert_error(response, 409, "conflict", "different text")
 
 
-def test_model_unavailable_attempt_cannot_be_confirmed_or_submitted(client, app, writer, assignment,  # type: ignore[no-untyped-def]
-                                                                    stub_model):
+def test_model_unavailable_attempt_cannot_be_confirmed_or_submitted(
+    client,
+    app,
+    writer,
+    assignment,  # type: ignore[no-untyped-def]
+    stub_model,
+):
     set_mode(stub_model, "fail")
     response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT, key="down")
     attempt_id = response.json()["error"]["details"]["attempt_id"]
     with unchanged(app):
-        response = client.post(f"{API}/attempts/{attempt_id}/confirmation", json={"agrees": True},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/attempts/{attempt_id}/confirmation", json={"agrees": True}, headers=writer.headers
+        )
         assert_error(response, 409, "conflict", "no model prediction", "retry it first")
     with unchanged(app):
-        response = client.post(f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": attempt_id},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": attempt_id}, headers=writer.headers
+        )
         assert_error(response, 409, "conflict", "no model prediction", "check it with the model")
 
 
@@ -964,8 +1172,9 @@ def test_round_without_a_model_is_a_retryable_503(client, app, researcher, write
     assignment = start(client, writer, round_["id"])
     counts, rows = db_state(app)
     response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT, key="nomodel")
-    assert_error(response, 503, "model_unavailable", "no model is in the loop", "a researcher must set one",
-                 "no try was used")
+    assert_error(
+        response, 503, "model_unavailable", "no model is in the loop", "a researcher must set one", "no try was used"
+    )
     assert response.headers["Retry-After"] == "3"
     counts_after, rows_after = db_state(app)
     assert counts_after == {**counts, "attempts": counts["attempts"] + 1}  # the text is kept
@@ -978,8 +1187,9 @@ def test_invalid_model_endpoint_is_refused(client, app, researcher, dynasent):  
         (["http://a:1", "http://a:1/"], ["same URL twice"]),
     ]:
         with unchanged(app):
-            response = client.put(f"{API}/rounds/{dynasent['id']}/model", json={"model_endpoints": endpoints},
-                                  headers=researcher.headers)
+            response = client.put(
+                f"{API}/rounds/{dynasent['id']}/model", json={"model_endpoints": endpoints}, headers=researcher.headers
+            )
             assert_error(response, 422, "invalid", *fragments)
 
 
@@ -990,8 +1200,16 @@ def _set_status(client: Any, researcher: Actor, round_id: int, status: str) -> h
     return client.post(f"{API}/rounds/{round_id}/status", json={"status": status}, headers=researcher.headers)
 
 
-def test_attempts_outside_a_collecting_round_conflict(client, app, researcher, writer, validators, dynasent,  # type: ignore[no-untyped-def]
-                                                      assignment, example):
+def test_attempts_outside_a_collecting_round_conflict(
+    client,
+    app,
+    researcher,
+    writer,
+    validators,
+    dynasent,  # type: ignore[no-untyped-def]
+    assignment,
+    example,
+):
     assert _set_status(client, researcher, dynasent["id"], "validating").status_code == 200
     for request in [
         lambda: post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT),
@@ -1000,8 +1218,9 @@ def test_attempts_outside_a_collecting_round_conflict(client, app, researcher, w
         with unchanged(app):
             assert_error(request(), 409, "conflict", "validating", "not collecting")
     # Validation goes on while the round is validating.
-    response = client.post(f"{API}/examples/{example['id']}/validations", json={"label": "neutral"},
-                           headers=validators[0].headers)
+    response = client.post(
+        f"{API}/examples/{example['id']}/validations", json={"label": "neutral"}, headers=validators[0].headers
+    )
     assert response.status_code == 201, response.text
 
     assert _set_status(client, researcher, dynasent["id"], "closed").status_code == 200
@@ -1012,8 +1231,9 @@ def test_attempts_outside_a_collecting_round_conflict(client, app, researcher, w
         response = client.post(f"{API}/rounds/{dynasent['id']}/assignments", json={}, headers=writer.headers)
         assert_error(response, 409, "conflict", "closed", "not collecting")
     with unchanged(app):
-        response = client.post(f"{API}/examples/{example['id']}/validations", json={"label": "neutral"},
-                               headers=validators[1].headers)
+        response = client.post(
+            f"{API}/examples/{example['id']}/validations", json={"label": "neutral"}, headers=validators[1].headers
+        )
         assert_error(response, 409, "conflict", "closed", "validation is over")
     with unchanged(app):
         response = client.get(f"{API}/rounds/{dynasent['id']}/validation-batch", headers=validators[1].headers)
@@ -1026,8 +1246,13 @@ def test_second_open_round_conflicts(client, app, researcher, dynasent):  # type
             assert _set_status(client, researcher, dynasent["id"], "validating").status_code == 200
         with unchanged(app):
             response = client.post(f"{API}/tasks/dynasent-r2/rounds", json={}, headers=researcher.headers)
-            assert_error(response, 409, "conflict", f"round 1 of task 'dynasent-r2' is still {status}",
-                         "close it before opening the next")
+            assert_error(
+                response,
+                409,
+                "conflict",
+                f"round 1 of task 'dynasent-r2' is still {status}",
+                "close it before opening the next",
+            )
     assert _set_status(client, researcher, dynasent["id"], "closed").status_code == 200
     response = client.post(f"{API}/tasks/dynasent-r2/rounds", json={}, headers=researcher.headers)
     assert response.status_code == 201 and response.json()["number"] == 2
@@ -1035,37 +1260,55 @@ def test_second_open_round_conflicts(client, app, researcher, dynasent):  # type
         response = client.post(f"{API}/tasks/no-such-task/rounds", json={}, headers=researcher.headers)
         assert_error(response, 404, "not_found", "no task 'no-such-task'")
     with unchanged(app):
-        response = client.post(f"{API}/tasks/dynasent-r2/rounds", json={"no_prompt_fraction": 1.5},
-                               headers=researcher.headers)
+        response = client.post(
+            f"{API}/tasks/dynasent-r2/rounds", json={"no_prompt_fraction": 1.5}, headers=researcher.headers
+        )
         assert_error(response, 422, "invalid", "no_prompt_fraction")
     with unchanged(app):
-        response = client.post(f"{API}/tasks/dynasent-r2/rounds", json={"prompt_strategy": "random"},
-                               headers=researcher.headers)
+        response = client.post(
+            f"{API}/tasks/dynasent-r2/rounds", json={"prompt_strategy": "random"}, headers=researcher.headers
+        )
         assert_error(response, 422, "invalid", "prompt_strategy")
 
 
 def test_illegal_round_transitions_conflict(client, app, researcher, dynasent):  # type: ignore[no-untyped-def]
     rid = dynasent["id"]
     with unchanged(app):
-        assert_error(_set_status(client, researcher, rid, "built"), 409, "conflict",
-                     "collecting and cannot become built", "allowed next: closed, validating")
+        assert_error(
+            _set_status(client, researcher, rid, "built"),
+            409,
+            "conflict",
+            "collecting and cannot become built",
+            "allowed next: closed, validating",
+        )
     with unchanged(app):
         assert_error(_set_status(client, researcher, rid, "open"), 422, "invalid", "status")
     assert _set_status(client, researcher, rid, "validating").status_code == 200
     with unchanged(app):
-        assert_error(_set_status(client, researcher, rid, "collecting"), 409, "conflict",
-                     "validating and cannot become collecting", "allowed next: closed")
+        assert_error(
+            _set_status(client, researcher, rid, "collecting"),
+            409,
+            "conflict",
+            "validating and cannot become collecting",
+            "allowed next: closed",
+        )
     assert _set_status(client, researcher, rid, "closed").status_code == 200
     for target in ("collecting", "validating", "built"):
         with unchanged(app):
-            assert_error(_set_status(client, researcher, rid, target), 409, "conflict",
-                         f"closed and cannot become {target}", "allowed next: none")
+            assert_error(
+                _set_status(client, researcher, rid, target),
+                409,
+                "conflict",
+                f"closed and cannot become {target}",
+                "allowed next: none",
+            )
     with unchanged(app):  # the same status again changes nothing
         response = _set_status(client, researcher, rid, "closed")
         assert response.status_code == 200
     with unchanged(app):
-        response = client.put(f"{API}/rounds/{rid}/model", json={"model_endpoints": ["http://127.0.0.1:9"]},
-                              headers=researcher.headers)
+        response = client.put(
+            f"{API}/rounds/{rid}/model", json={"model_endpoints": ["http://127.0.0.1:9"]}, headers=researcher.headers
+        )
         assert_error(response, 409, "conflict", "closed", "can no longer change")
     with unchanged(app):
         assert_error(_set_status(client, researcher, 999, "closed"), 404, "not_found", "no round with id 999")
@@ -1100,22 +1343,34 @@ def test_quiz_mistakes(client, app, researcher, writer, stub_model):  # type: ig
     quiz = client.get(f"{API}/tasks/dynasent-r2/quiz", headers=writer.headers).json()
     n = len(quiz["questions"])
     with unchanged(app):
-        response = client.post(f"{API}/tasks/dynasent-r2/quiz/attempts", json={"answers": ["x"] * (n + 1)},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/tasks/dynasent-r2/quiz/attempts", json={"answers": ["x"] * (n + 1)}, headers=writer.headers
+        )
         assert_error(response, 422, "invalid", f"has {n} questions", "send exactly that many")
     with unchanged(app):
-        response = client.post(f"{API}/tasks/dynasent-r2/quiz/attempts", json={"answers": ["nonsense"] * n},
-                               headers=writer.headers)
+        response = client.post(
+            f"{API}/tasks/dynasent-r2/quiz/attempts", json={"answers": ["nonsense"] * n}, headers=writer.headers
+        )
         assert_error(response, 422, "invalid", "answer 1", "not one of that question's options")
 
 
 def test_unknown_routes_and_methods(client, app, writer):  # type: ignore[no-untyped-def]
     with unchanged(app):
-        assert_error(client.get(f"{API}/nothing-here", headers=writer.headers), 404, "not_found",
-                     "no endpoint GET /api/v1/nothing-here", "/docs")
+        assert_error(
+            client.get(f"{API}/nothing-here", headers=writer.headers),
+            404,
+            "not_found",
+            "no endpoint GET /api/v1/nothing-here",
+            "/docs",
+        )
     with unchanged(app):
-        assert_error(client.put(f"{API}/me", headers=writer.headers), 405, "method_not_allowed",
-                     "PUT is not allowed on /api/v1/me", "use GET")
+        assert_error(
+            client.put(f"{API}/me", headers=writer.headers),
+            405,
+            "method_not_allowed",
+            "PUT is not allowed on /api/v1/me",
+            "use GET",
+        )
     with unchanged(app):
         response = client.get(f"{API}/tasks/nope", headers=writer.headers)
         assert_error(response, 404, "not_found", "no task 'nope'", "GET /api/v1/tasks")

@@ -7,8 +7,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from dynaloop.cli import app as cli
 from api.app import create_app
+from dynaloop.cli import app as cli
 from services.db.migrate import current_revision, head_revision
 from services.settings import Settings
 
@@ -30,8 +30,11 @@ def test_list_examples_names_all_five_families() -> None:
 
 def test_validate_reports_field_and_fix(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x-task\ntitle: T\nfamily: single_label\nlabels: [pos, neg]\n"
-                   "constraints: {min_chars: 50, max_chars: 10}\n", encoding="utf-8")
+    bad.write_text(
+        "name: x-task\ntitle: T\nfamily: single_label\nlabels: [pos, neg]\n"
+        "constraints: {min_chars: 50, max_chars: 10}\n",
+        encoding="utf-8",
+    )
     result = run("task", "validate", str(bad))
     assert result.exit_code == 1
     assert "constraints: min_chars (50) is larger than max_chars (10)" in result.output
@@ -50,12 +53,16 @@ def test_admin_token_from_cli_works_against_the_api(tmp_path: Path) -> None:
     duplicate = run("user", "create-admin", "boss", "--database-url", url)
     assert duplicate.exit_code == 1 and "already exists" in duplicate.output
     assert run("task", "create", "dynasent-r2", "--database-url", url).exit_code == 0
-    with TestClient(create_app(Settings(database_url=url, environment="test", secret_key="a-real-secret-for-this-test"))) as client:
+    with TestClient(
+        create_app(Settings(database_url=url, environment="test", secret_key="a-real-secret-for-this-test"))
+    ) as client:
         me = client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).json()
         assert me["username"] == "boss" and me["roles"] == ["researcher", "admin"]
         tasks = client.get("/api/v1/tasks", headers={"Authorization": f"Bearer {token}"}).json()
         assert [t["name"] for t in tasks["data"]] == ["dynasent-r2"]
-        response = client.post("/api/v1/tasks/dynasent-r2/rounds", json={}, headers={"Authorization": f"Bearer {token}"})
+        response = client.post(
+            "/api/v1/tasks/dynasent-r2/rounds", json={}, headers={"Authorization": f"Bearer {token}"}
+        )
         assert response.status_code == 201
     prompts = tmp_path / "prompts.csv"
     prompts.write_text("text,stars\nThe pie was good.,4\nThe pie was good.,4\nService was slow.,2\n", encoding="utf-8")

@@ -27,8 +27,11 @@ from tests.stub_model_server import ThreadedServer
 
 API = "/api/v1"
 NEUTRAL_TEXT = "We went there on a Sunday afternoon with friends."  # the stub says neutral
-PROMPTS = ["The soup was fine and the bread was fresh.", "We went there on a Sunday afternoon.",
-           "The staff were friendly and quick."]
+PROMPTS = [
+    "The soup was fine and the bread was fresh.",
+    "We went there on a Sunday afternoon.",
+    "The staff were friendly and quick.",
+]
 
 
 @pytest.fixture
@@ -89,8 +92,7 @@ def start(http: httpx.Client, actor: Actor, round_id: int, **body: Any) -> dict[
     return response.json()
 
 
-def attempt(http: httpx.Client, actor: Actor, assignment_id: int, text: str, key: str | None = None
-            ) -> httpx.Response:
+def attempt(http: httpx.Client, actor: Actor, assignment_id: int, text: str, key: str | None = None) -> httpx.Response:
     headers = dict(actor.headers)
     if key is not None:
         headers["Idempotency-Key"] = key
@@ -103,19 +105,20 @@ def write_example(http: httpx.Client, actor: Actor, round_id: int, text: str = N
     assert response.status_code == 201, response.text
     scored = response.json()
     if scored["fooled"]:
-        response = http.post(f"{API}/attempts/{scored['id']}/confirmation", json={"agrees": True},
-                             headers=actor.headers)
+        response = http.post(
+            f"{API}/attempts/{scored['id']}/confirmation", json={"agrees": True}, headers=actor.headers
+        )
         assert response.status_code == 200, response.text
-    response = http.post(f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": scored["id"]},
-                         headers=actor.headers)
+    response = http.post(
+        f"{API}/assignments/{assignment['id']}/example", json={"attempt_id": scored["id"]}, headers=actor.headers
+    )
     assert response.status_code == 201, response.text
     return response.json()
 
 
 @pytest.fixture
 def dynasent(http, researcher, stub_model):  # type: ignore[no-untyped-def]
-    return open_round(http, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                      PROMPTS)
+    return open_round(http, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
 # --- (a) validators racing for the last labels ---------------------------------------------
@@ -125,8 +128,12 @@ def test_ten_validators_race_for_five_labels(http, app, make_user, writer, dynas
     example = write_example(http, writer, dynasent["id"])
     racers = [make_user(f"racer{i}", "validator") for i in range(10)]
 
-    responses = fire(10, lambda i: http.post(f"{API}/examples/{example['id']}/validations",
-                                             json={"label": "neutral"}, headers=racers[i].headers))
+    responses = fire(
+        10,
+        lambda i: http.post(
+            f"{API}/examples/{example['id']}/validations", json={"label": "neutral"}, headers=racers[i].headers
+        ),
+    )
 
     assert_no_server_errors(responses)
     assert statuses(responses) == {201: 5, 409: 5}, [r.text for r in responses]
@@ -137,10 +144,14 @@ def test_ten_validators_race_for_five_labels(http, app, make_user, writer, dynas
             assert "already has all its labels" in error["message"] and "fetch a new batch" in error["message"]
     with app.state.sessionmaker() as session:
         row = session.get(Example, example["id"])
-        counted = session.scalar(select(func.count()).select_from(Validation).where(
-            Validation.example_id == example["id"], Validation.counted.is_(True)))
-        total = session.scalar(select(func.count()).select_from(Validation).where(
-            Validation.example_id == example["id"]))
+        counted = session.scalar(
+            select(func.count())
+            .select_from(Validation)
+            .where(Validation.example_id == example["id"], Validation.counted.is_(True))
+        )
+        total = session.scalar(
+            select(func.count()).select_from(Validation).where(Validation.example_id == example["id"])
+        )
         assert row is not None
         assert row.validation_count == 5 == counted == total
         assert row.status.value == "validated"
@@ -159,9 +170,14 @@ def test_same_validation_sent_eight_times(http, app, validators, writer, dynasen
     batch = http.get(f"{API}/rounds/{dynasent['id']}/validation-batch", headers=validator.headers).json()
     assert [item["example_id"] for item in batch["data"]] == [example["id"]]
 
-    responses = fire(8, lambda i: http.post(f"{API}/examples/{example['id']}/validations",
-                                            json={"label": "negative"},
-                                            headers={**validator.headers, "Idempotency-Key": "same-label"}))
+    responses = fire(
+        8,
+        lambda i: http.post(
+            f"{API}/examples/{example['id']}/validations",
+            json={"label": "negative"},
+            headers={**validator.headers, "Idempotency-Key": "same-label"},
+        ),
+    )
 
     created_id = assert_created_once(responses)
     for response in responses:
@@ -175,8 +191,11 @@ def test_same_validation_sent_eight_times(http, app, validators, writer, dynasen
         assert [(r.id, r.label) for r in rows] == [(created_id, ["negative"])]
         assert session.get(Example, example["id"]).validation_count == 1
     # A retry after the race is answered from the stored row.
-    again = http.post(f"{API}/examples/{example['id']}/validations", json={"label": "negative"},
-                      headers={**validator.headers, "Idempotency-Key": "same-label"})
+    again = http.post(
+        f"{API}/examples/{example['id']}/validations",
+        json={"label": "negative"},
+        headers={**validator.headers, "Idempotency-Key": "same-label"},
+    )
     assert again.status_code == 200 and again.json()["id"] == rows[0].id
 
 
@@ -211,8 +230,7 @@ def test_tries_never_exceed_the_limit(http, app, writer, dynasent):  # type: ign
     for i in range(allowed - 2):
         assert attempt(http, writer, assignment["id"], f"{NEUTRAL_TEXT} Warm-up {i}.").status_code == 201
 
-    responses = fire(8, lambda i: attempt(http, writer, assignment["id"], f"{NEUTRAL_TEXT} Race {i}.",
-                                          key=f"race-{i}"))
+    responses = fire(8, lambda i: attempt(http, writer, assignment["id"], f"{NEUTRAL_TEXT} Race {i}.", key=f"race-{i}"))
 
     assert_no_server_errors(responses)
     assert statuses(responses) == {201: 2, 409: 6}, [r.text for r in responses]
@@ -223,8 +241,11 @@ def test_tries_never_exceed_the_limit(http, app, writer, dynasent):  # type: ign
     with app.state.sessionmaker() as session:
         row = session.get(Assignment, assignment["id"])
         assert row.tries_used == row.tries_allowed == allowed
-        counted = session.scalar(select(func.count()).select_from(Attempt).where(
-            Attempt.assignment_id == assignment["id"], Attempt.counts_as_try.is_(True)))
+        counted = session.scalar(
+            select(func.count())
+            .select_from(Attempt)
+            .where(Attempt.assignment_id == assignment["id"], Attempt.counts_as_try.is_(True))
+        )
         assert counted == allowed
     state = http.get(f"{API}/assignments/{assignment['id']}", headers=writer.headers).json()
     assert state["tries_used"] == allowed
@@ -237,21 +258,31 @@ def _prompt_usage_is_exact(app: Any, round_id: int) -> dict[int, int]:
     """Every prompt's times_used equals the assignments that got it (no lost update)."""
     with app.state.sessionmaker() as session:
         used = dict(session.execute(select(Prompt.id, Prompt.times_used).where(Prompt.round_id == round_id)).all())
-        handed = Counter(session.scalars(
-            select(Assignment.prompt_id).where(Assignment.round_id == round_id, Assignment.prompt_id.is_not(None))))
+        handed = Counter(
+            session.scalars(
+                select(Assignment.prompt_id).where(Assignment.round_id == round_id, Assignment.prompt_id.is_not(None))
+            )
+        )
     assert used == {pid: handed.get(pid, 0) for pid in used}
     return used
 
 
 def test_two_writers_race_for_the_last_unused_prompt(http, app, make_user, researcher, stub_model):  # type: ignore[no-untyped-def]
-    round_ = open_round(http, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        PROMPTS[:2], prompt_strategy="unused_first")
+    round_ = open_round(
+        http,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        PROMPTS[:2],
+        prompt_strategy="unused_first",
+    )
     first = start(http, make_user("early", "writer"), round_["id"])
     last_unused = ({p for p in PROMPTS[:2]} - {first["prompt"]["text"]}).pop()
     racers = [make_user("anna", "writer"), make_user("bert", "writer")]
 
-    responses = fire(2, lambda i: http.post(f"{API}/rounds/{round_['id']}/assignments", json={},
-                                            headers=racers[i].headers))
+    responses = fire(
+        2, lambda i: http.post(f"{API}/rounds/{round_['id']}/assignments", json={}, headers=racers[i].headers)
+    )
 
     assert_no_server_errors(responses)
     got = [r.json()["prompt"]["text"] for r in responses if r.status_code == 201]
@@ -268,12 +299,19 @@ def test_two_writers_race_for_the_last_unused_prompt(http, app, make_user, resea
 
 def test_eight_writers_race_for_eight_unused_prompts(http, app, make_user, researcher, stub_model):  # type: ignore[no-untyped-def]
     prompts = [f"Prompt number {i} about a quiet little cafe." for i in range(8)]
-    round_ = open_round(http, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        prompts, prompt_strategy="unused_first")
+    round_ = open_round(
+        http,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        prompts,
+        prompt_strategy="unused_first",
+    )
     racers = [make_user(f"w{i}", "writer") for i in range(8)]
 
-    responses = fire(8, lambda i: http.post(f"{API}/rounds/{round_['id']}/assignments", json={},
-                                            headers=racers[i].headers))
+    responses = fire(
+        8, lambda i: http.post(f"{API}/rounds/{round_['id']}/assignments", json={}, headers=racers[i].headers)
+    )
 
     assert_no_server_errors(responses)
     got = [r.json()["prompt"]["id"] for r in responses if r.status_code == 201]
@@ -297,12 +335,21 @@ def test_concurrent_submit_makes_one_example(http, app, writer, dynasent):  # ty
     assert response.status_code == 201, response.text
     scored = response.json()
     assert scored["fooled"]
-    assert http.post(f"{API}/attempts/{scored['id']}/confirmation", json={"agrees": True},
-                     headers=writer.headers).status_code == 200
+    assert (
+        http.post(
+            f"{API}/attempts/{scored['id']}/confirmation", json={"agrees": True}, headers=writer.headers
+        ).status_code
+        == 200
+    )
 
-    responses = fire(8, lambda i: http.post(f"{API}/assignments/{assignment['id']}/example",
-                                            json={"attempt_id": scored["id"]},
-                                            headers={**writer.headers, "Idempotency-Key": "submit-1"}))
+    responses = fire(
+        8,
+        lambda i: http.post(
+            f"{API}/assignments/{assignment['id']}/example",
+            json={"attempt_id": scored["id"]},
+            headers={**writer.headers, "Idempotency-Key": "submit-1"},
+        ),
+    )
 
     created_id = assert_created_once(responses)
     for response in responses:
@@ -322,20 +369,34 @@ def test_concurrent_submit_makes_one_example(http, app, writer, dynasent):  # ty
 
 def test_concurrent_setup_requests_create_each_thing_once(http, app, researcher, stub_model):  # type: ignore[no-untyped-def]
     yaml_text = example_yaml("dynasent-r2", onboarding_quiz=None).encode("utf-8")
-    responses = fire(6, lambda i: http.post(f"{API}/tasks", content=yaml_text,
-                                            headers={**researcher.headers, "Content-Type": "application/yaml"}))
+    responses = fire(
+        6,
+        lambda i: http.post(
+            f"{API}/tasks", content=yaml_text, headers={**researcher.headers, "Content-Type": "application/yaml"}
+        ),
+    )
     assert_no_server_errors(responses)
     assert statuses(responses) == {201: 1, 409: 5}, [r.text for r in responses]
 
-    responses = fire(6, lambda i: http.post(f"{API}/tasks/dynasent-r2/rounds",
-                                            json={"model_endpoints": [stub_model.url]}, headers=researcher.headers))
+    responses = fire(
+        6,
+        lambda i: http.post(
+            f"{API}/tasks/dynasent-r2/rounds", json={"model_endpoints": [stub_model.url]}, headers=researcher.headers
+        ),
+    )
     assert_no_server_errors(responses)
     assert statuses(responses) == {201: 1, 409: 5}, [r.text for r in responses]
     round_id = next(r.json()["id"] for r in responses if r.status_code == 201)
 
     lines = "\n".join(json.dumps({"text": f"Prompt {i} about the cafe."}) for i in range(40)).encode("utf-8")
-    responses = fire(6, lambda i: http.post(f"{API}/rounds/{round_id}/prompts", content=lines,
-                                            headers={**researcher.headers, "Content-Type": "application/x-ndjson"}))
+    responses = fire(
+        6,
+        lambda i: http.post(
+            f"{API}/rounds/{round_id}/prompts",
+            content=lines,
+            headers={**researcher.headers, "Content-Type": "application/x-ndjson"},
+        ),
+    )
     assert_no_server_errors(responses)
     assert set(statuses(responses)) <= {200, 409}
     imported = [r.json() for r in responses if r.status_code == 200]
@@ -368,10 +429,14 @@ def test_oversized_bodies_over_real_http(http, app, writer, dynasent):  # type: 
 
     tables = ["attempts", "assignments", "prompts", "examples", "validations"]
     before = table_counts(app), table_snapshot(app, *tables)
-    responses = fire(4, lambda i: http.post(
-        f"{API}/assignments/{assignment['id']}/attempts",
-        content=chunked() if i % 2 else b"a" * (limit + 1),
-        headers={**writer.headers, "Content-Type": "application/json"}))
+    responses = fire(
+        4,
+        lambda i: http.post(
+            f"{API}/assignments/{assignment['id']}/attempts",
+            content=chunked() if i % 2 else b"a" * (limit + 1),
+            headers={**writer.headers, "Content-Type": "application/json"},
+        ),
+    )
     for i, response in enumerate(responses):
         assert response.status_code == 413, response.text
         error = response.json()["error"]

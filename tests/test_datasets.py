@@ -31,9 +31,13 @@ STARS = {"1": "negative", "2": "negative", "3": "neutral", "4": "positive", "5":
 
 
 def _reviews() -> pd.DataFrame:
-    return pd.DataFrame({"id": ["a", "b", "c", "d", "e", "f"],
-                         "text": ["Awful.", "Meh.", "Fine I guess.", "Lovely!", "Best ever.", "   "],
-                         "stars": [1, 2, 3, 4, 5, 5]})
+    return pd.DataFrame(
+        {
+            "id": ["a", "b", "c", "d", "e", "f"],
+            "text": ["Awful.", "Meh.", "Fine I guess.", "Lovely!", "Best ever.", "   "],
+            "stars": [1, 2, 3, 4, 5, 5],
+        }
+    )
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
@@ -48,8 +52,15 @@ def test_files_of_every_format_load_with_star_ratings_binned(tmp_path: Path, suf
         frame.to_json(path, orient="records", lines=True, force_ascii=False)
     else:
         frame.to_parquet(path)
-    spec = SourceSpec.model_validate({"file": str(path), "label_column": "stars", "label_map": {
-        int(k): v for k, v in STARS.items()}, "weight": 0.5, "upsample": 2})
+    spec = SourceSpec.model_validate(
+        {
+            "file": str(path),
+            "label_column": "stars",
+            "label_map": {int(k): v for k, v in STARS.items()},
+            "weight": 0.5,
+            "upsample": 2,
+        }
+    )
     labelled = load_source(spec, labels=LABELS, multi_label=False)
     # The blank text is dropped and counted; stars map to classes whatever type the file gave.
     assert labelled.texts == ["Awful.", "Meh.", "Fine I guess.", "Lovely!", "Best ever."]
@@ -86,34 +97,46 @@ def test_distributions_multi_label_and_targets() -> None:
 
     emotions = ["joy", "anger", "fear"]
     frame = pd.DataFrame({"text": ["a", "b", "c"], "label": ["joy,anger", "", "fear"]})
-    multi = labelled_from_frame(frame, labels=emotions, multi_label=True,
-                                spec=SourceSpec(file=Path("e.csv"), label_separator=","))
+    multi = labelled_from_frame(
+        frame, labels=emotions, multi_label=True, spec=SourceSpec(file=Path("e.csv"), label_separator=",")
+    )
     assert multi.hard().tolist() == [[1, 1, 0], [0, 0, 0], [0, 0, 1]]  # no emotion is a valid answer
 
-    frame = pd.DataFrame({"text": ["The screen is great but the battery dies."] * 2,
-                          "target": ["screen", "battery"], "label": ["positive", "negative"]})
-    pairs = labelled_from_frame(frame, labels=LABELS, multi_label=False,
-                                spec=SourceSpec(file=Path("t.csv"), target_column="target"))
+    frame = pd.DataFrame(
+        {
+            "text": ["The screen is great but the battery dies."] * 2,
+            "target": ["screen", "battery"],
+            "label": ["positive", "negative"],
+        }
+    )
+    pairs = labelled_from_frame(
+        frame, labels=LABELS, multi_label=False, spec=SourceSpec(file=Path("t.csv"), target_column="target")
+    )
     assert pairs.targets == ["screen", "battery"]
 
 
 def test_hash_changes_with_text_label_or_target() -> None:
-    base = LabelledSet(name="s", labels=LABELS, multi_label=False, texts=["a", "b"],
-                       y=np.eye(3, dtype=np.float32)[[0, 1]])
-    same = LabelledSet(name="other name", labels=LABELS, multi_label=False, texts=["a", "b"],
-                       y=np.eye(3, dtype=np.float32)[[0, 1]])
+    base = LabelledSet(
+        name="s", labels=LABELS, multi_label=False, texts=["a", "b"], y=np.eye(3, dtype=np.float32)[[0, 1]]
+    )
+    same = LabelledSet(
+        name="other name", labels=LABELS, multi_label=False, texts=["a", "b"], y=np.eye(3, dtype=np.float32)[[0, 1]]
+    )
     assert base.sha256() == same.sha256()
     assert base.sha256() != base.subset([1, 0]).sha256()
-    relabelled = LabelledSet(name="s", labels=LABELS, multi_label=False, texts=["a", "b"],
-                             y=np.eye(3, dtype=np.float32)[[0, 2]])
+    relabelled = LabelledSet(
+        name="s", labels=LABELS, multi_label=False, texts=["a", "b"], y=np.eye(3, dtype=np.float32)[[0, 2]]
+    )
     assert base.sha256() != relabelled.sha256()
 
 
 def test_expand_repeats_each_source_by_its_factor_and_is_seeded() -> None:
-    small = LabelledSet(name="r1", labels=LABELS, multi_label=False, texts=["a"] * 4,
-                        y=np.eye(3, dtype=np.float32)[[0] * 4], upsample=5)
-    large = LabelledSet(name="ext", labels=LABELS, multi_label=False, texts=["b"] * 10,
-                        y=np.eye(3, dtype=np.float32)[[1] * 10])
+    small = LabelledSet(
+        name="r1", labels=LABELS, multi_label=False, texts=["a"] * 4, y=np.eye(3, dtype=np.float32)[[0] * 4], upsample=5
+    )
+    large = LabelledSet(
+        name="ext", labels=LABELS, multi_label=False, texts=["b"] * 10, y=np.eye(3, dtype=np.float32)[[1] * 10]
+    )
     sources, rows = expand([small, large], seed=3)
     assert Counter(sources) == {0: 20, 1: 10}
     assert Counter(zip(sources, rows, strict=True))[(0, 2)] == 5
@@ -124,7 +147,9 @@ def test_expand_repeats_each_source_by_its_factor_and_is_seeded() -> None:
 def test_mix_file_resolves_paths_and_reports_problems(tmp_path: Path) -> None:
     (tmp_path / "mix.yaml").write_text(
         "train:\n  - round: 1\n    upsample: 3\n  - file: data/sst.csv\n    label_map: {1: negative}\n"
-        "dev:\n  round: 1\n  split: dev\n", encoding="utf-8")
+        "dev:\n  round: 1\n  split: dev\n",
+        encoding="utf-8",
+    )
     mix = DataMix.load(tmp_path / "mix.yaml")
     assert mix.train[1].file == (tmp_path / "data" / "sst.csv").resolve()
     assert mix.train[1].label_map == {"1": "negative"}
@@ -142,15 +167,20 @@ def test_round_splits_carry_soft_train_labels_and_gold_dev_labels(built, app) ->
     with session_scope(app.state.sessionmaker) as session:
         task = session.scalar(select(Task).where(Task.name == "dynasent-r2"))
         train = load_source(SourceSpec(round=1), labels=LABELS, multi_label=False, session=session, task=task)
-        dev = load_source(SourceSpec(round=1, split="dev"), labels=LABELS, multi_label=False, session=session, task=task)
+        dev = load_source(
+            SourceSpec(round=1, split="dev"), labels=LABELS, multi_label=False, session=session, task=task
+        )
         build_id = train.origin["build_id"]
-        rows = {(b.example_id, b.split): b for b in session.scalars(
-            select(BuiltExample).where(BuiltExample.build_id == build_id))}
+        rows = {
+            (b.example_id, b.split): b
+            for b in session.scalars(select(BuiltExample).where(BuiltExample.build_id == build_id))
+        }
     assert train.origin["round"] == 1 and train.origin["split"] == "train"
     for example_id, vector in zip(train.ids, train.y, strict=True):
         distribution = rows[(int(example_id), "train")].distributional_label
-        assert {label: round(float(p), 4) for label, p in zip(LABELS, vector, strict=True) if p} == \
-            {label: p for label, p in distribution.items() if p}
+        assert {label: round(float(p), 4) for label, p in zip(LABELS, vector, strict=True) if p} == {
+            label: p for label, p in distribution.items() if p
+        }
     assert len(dev) > 0
     for example_id, vector in zip(dev.ids, dev.y, strict=True):
         assert [LABELS[int(np.argmax(vector))]] == rows[(int(example_id), "dev")].gold_label

@@ -19,8 +19,8 @@ from dynaloop.demo import DEMO_PROMPTS, DEMO_TASK
 from dynaloop.model_zero import ModelZeroSpec, cache_key, ensure_model_zero, model_zero_dir
 from dynaloop.processes import RUNNING_FILE, ServiceError, Supervisor, still_running
 from dynaloop.seed_corpus import DEFAULT_PER_LABEL, SEED_LABELS, seed_corpus
-from modelling.init_model import minilm_dir
 from model_directory import ModelMetadata
+from modelling.init_model import minilm_dir
 from services.taskdef import example_path, load_task_definition
 from tests.demo_process import TINY_SPEC, alive, group_members, running_demo, tiny_model_cache
 
@@ -36,7 +36,7 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_seed_corpus_is_balanced_distinct_and_stable() -> None:
     corpus = seed_corpus()
     counts = {label: sum(1 for _, row_label in corpus if row_label == label) for label in SEED_LABELS}
-    assert counts == {label: DEFAULT_PER_LABEL for label in SEED_LABELS}
+    assert counts == dict.fromkeys(SEED_LABELS, DEFAULT_PER_LABEL)
     texts = [text.lower() for text, _ in corpus]
     assert len(set(texts)) == len(texts), "a sentence appears twice (or under two labels)"
     assert all(3 <= len(text.split()) <= 40 and text[0].isupper() for text, _ in corpus)
@@ -46,13 +46,22 @@ def test_seed_corpus_is_balanced_distinct_and_stable() -> None:
     # Any prefix is balanced too (labels are interleaved), so a smaller corpus stays balanced.
     small = seed_corpus(per_label=20)
     assert [label for _, label in small[:6]] == list(SEED_LABELS) * 2
-    assert {label: sum(1 for _, row_label in small if row_label == label) for label in SEED_LABELS} == \
-        {label: 20 for label in SEED_LABELS}
+    assert {label: sum(1 for _, row_label in small if row_label == label) for label in SEED_LABELS} == dict.fromkeys(
+        SEED_LABELS, 20
+    )
 
 
 def test_cache_key_changes_with_what_decides_the_weights() -> None:
-    keys = {cache_key(spec) for spec in (ModelZeroSpec(), ModelZeroSpec(epochs=3), ModelZeroSpec(max_length=32),
-                                         ModelZeroSpec(per_label=100), ModelZeroSpec(seed=1))}
+    keys = {
+        cache_key(spec)
+        for spec in (
+            ModelZeroSpec(),
+            ModelZeroSpec(epochs=3),
+            ModelZeroSpec(max_length=32),
+            ModelZeroSpec(per_label=100),
+            ModelZeroSpec(seed=1),
+        )
+    }
     assert len(keys) == 5
     assert cache_key(ModelZeroSpec()) == cache_key(ModelZeroSpec())
     with pytest.raises(ValueError, match="at least one epoch"):
@@ -111,8 +120,12 @@ def test_supervisor_stops_a_service_with_everything_it_started(tmp_path: Path) -
 
 def test_a_service_that_dies_while_starting_shows_its_log(tmp_path: Path) -> None:
     supervisor = Supervisor(tmp_path / "logs")
-    service = supervisor.start("model server", [sys.executable, "-c", "print('cannot load the model'); exit(3)"],
-                               url="-", health_url="http://127.0.0.1:9/health")
+    service = supervisor.start(
+        "model server",
+        [sys.executable, "-c", "print('cannot load the model'); exit(3)"],
+        url="-",
+        health_url="http://127.0.0.1:9/health",
+    )
     try:
         with pytest.raises(ServiceError, match=r"(?s)exited with status 3.*cannot load the model"):
             supervisor.wait_healthy(service, timeout_s=30)
@@ -131,15 +144,21 @@ def _writer_attempt(api: str) -> dict[str, object]:
         headers = {"Authorization": f"Bearer {login.json()['token']}"}
         quiz = load_task_definition(example_path(DEMO_TASK)).onboarding_quiz
         assert quiz is not None
-        answered = http.post(f"/tasks/{DEMO_TASK}/quiz/attempts", headers=headers,
-                             json={"answers": [question.answer for question in quiz.questions]})
+        answered = http.post(
+            f"/tasks/{DEMO_TASK}/quiz/attempts",
+            headers=headers,
+            json={"answers": [question.answer for question in quiz.questions]},
+        )
         assert answered.status_code == 200 and answered.json()["passed"], answered.text
         rounds = http.get("/rounds/open", headers=headers).json()
         round_id = next(r["id"] for r in rounds["data"] if r["task"] == DEMO_TASK)
         assignment = http.post(f"/rounds/{round_id}/assignments", headers=headers, json={})
         assert assignment.status_code in (200, 201), assignment.text
-        attempt = http.post(f"/assignments/{assignment.json()['id']}/attempts", headers=headers,
-                            json={"text": "The waiter forgot our drinks, but the pasta was wonderful."})
+        attempt = http.post(
+            f"/assignments/{assignment.json()['id']}/attempts",
+            headers=headers,
+            json={"text": "The waiter forgot our drinks, but the pasta was wonderful."},
+        )
         assert attempt.status_code in (200, 201), attempt.text
         return attempt.json()
 

@@ -176,8 +176,11 @@ def test_cpu_images_install_the_cpu_torch_wheel_the_project_allows(name: str) ->
 def test_images_copy_every_package_the_project_installs(name: str) -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     packages = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
-    copied = {ins.value.split()[0] for ins in dockerfile(DOCKERFILES[name]) if ins.keyword == "COPY"
-              and not ins.value.startswith("--from")}
+    copied = {
+        ins.value.split()[0]
+        for ins in dockerfile(DOCKERFILES[name])
+        if ins.keyword == "COPY" and not ins.value.startswith("--from")
+    }
     assert packages <= copied, f"Dockerfile.{name} does not copy {sorted(packages - copied)}"
     assert "README.md" in copied, "pyproject.toml names README.md as the readme: pip needs it"
 
@@ -186,12 +189,19 @@ def test_images_copy_every_package_the_project_installs(name: str) -> None:
 def test_each_dockerfile_ignores_everything_it_does_not_copy(name: str) -> None:
     """BuildKit's <Dockerfile>.dockerignore keeps .venv and data out of the build context; every
     COPY source must be let back in."""
-    lines = [line.strip() for line in (DOCKER / f"Dockerfile.{name}.dockerignore").read_text(encoding="utf-8")
-             .splitlines() if line.strip() and not line.startswith("#")]
+    lines = [
+        line.strip()
+        for line in (DOCKER / f"Dockerfile.{name}.dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert lines[0] == "*"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    sources = {part.rstrip("/") for ins in dockerfile(DOCKERFILES[name]) if ins.keyword == "COPY"
-               and not ins.value.startswith("--from") for part in ins.value.split()[:-1]}
+    sources = {
+        part.rstrip("/")
+        for ins in dockerfile(DOCKERFILES[name])
+        if ins.keyword == "COPY" and not ins.value.startswith("--from")
+        for part in ins.value.split()[:-1]
+    }
     assert sources <= allowed, f"Dockerfile.{name}.dockerignore leaves out {sorted(sources - allowed)}"
 
 
@@ -229,7 +239,7 @@ def test_frontend_cmd_matches_dynaloop_ui() -> None:
     assert cmd[:3] == ["streamlit", "run", "frontend/app.py"]
     assert (ROOT / "frontend" / "app.py").is_file()
     expected = ui_command("0.0.0.0", 8501)
-    assert cmd[3:] == expected[expected.index("--server.port"):]
+    assert cmd[3:] == expected[expected.index("--server.port") :]
 
 
 def test_frontend_image_holds_what_the_web_app_imports() -> None:
@@ -288,7 +298,7 @@ def check_dynaloop_command(argv: list[str]) -> None:
         group = commands[word]
     result = CliRunner().invoke(cli_app, [*path, "--help"])
     assert result.exit_code == 0, result.output
-    options = {word for word in argv[1 + len(path):] if word.startswith("--")}
+    options = {word for word in argv[1 + len(path) :] if word.startswith("--")}
     unknown = options - cli_options(path)
     assert not unknown, f"`dynaloop {' '.join(path)}` has no option(s) {sorted(unknown)}"
 
@@ -324,8 +334,16 @@ def test_compose_commands_are_real_dynaloop_commands() -> None:
 
 
 def test_compose_has_the_services_of_the_stack() -> None:
-    assert set(services()) == {"postgres", "redis", *ONE_SHOT, *API_REPLICAS, *MODEL_REPLICAS, *GPU_REPLICAS,
-                               "nginx", "frontend"}
+    assert set(services()) == {
+        "postgres",
+        "redis",
+        *ONE_SHOT,
+        *API_REPLICAS,
+        *MODEL_REPLICAS,
+        *GPU_REPLICAS,
+        "nginx",
+        "frontend",
+    }
     assert services()["postgres"]["image"] == "postgres:15"
     assert any("/var/lib/postgresql/data" in volume for volume in services()["postgres"]["volumes"])
 
@@ -380,8 +398,11 @@ def test_secrets_are_required_variables_never_values() -> None:
             if re.search(r"PASSWORD|SECRET|ADMIN_TOKEN", key):
                 assert value.startswith("${") and ":?" in value, f"{name}: {key} has a literal value"
     assert "POSTGRES_PASSWORD=" not in text and "SECRET_KEY=" not in text
-    env_example = dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines()
-                       if line and not line.startswith("#"))
+    env_example = dict(
+        line.split("=", 1)
+        for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    )
     for secret in SECRETS:
         assert env_example[secret] == "", f".env.example must leave {secret} empty"
     assert ".env" in (DOCKER / ".gitignore").read_text(encoding="utf-8").split()
@@ -403,8 +424,11 @@ def test_compose_dynaloop_variables_exist() -> None:
 
 def test_every_compose_variable_is_in_env_example_and_back() -> None:
     used = set(re.findall(r"(?<!\$)\$\{([A-Z0-9_]+)", COMPOSE_FILE.read_text(encoding="utf-8")))
-    documented = {line.split("=", 1)[0] for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines()
-                  if line and not line.startswith("#")}
+    documented = {
+        line.split("=", 1)[0]
+        for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    }
     assert used - documented == set(), "compose.yaml uses variables .env.example does not list"
     assert documented - used == set(), ".env.example lists variables compose.yaml does not use"
 
@@ -430,8 +454,12 @@ def test_model_replicas_share_the_data_volume_and_the_admin_token() -> None:
     # The API writes trained models where the model servers find them, under the same path.
     for name in (*API_REPLICAS, "model-init"):
         assert services()[name]["volumes"] == ["dynaloop-data:/data"]
-    assert services()["model-1"]["command"][:4] == ["dynaloop", "model-server", "--model",
-                                                   "${MODEL_DIR:-/data/models/model-0}"]
+    assert services()["model-1"]["command"][:4] == [
+        "dynaloop",
+        "model-server",
+        "--model",
+        "${MODEL_DIR:-/data/models/model-0}",
+    ]
 
 
 def test_gpu_profile_runs_vllm_replicas_on_nvidia_gpus() -> None:
@@ -445,8 +473,9 @@ def test_gpu_profile_runs_vllm_replicas_on_nvidia_gpus() -> None:
             assert service["build"]["dockerfile"] == "docker/Dockerfile.model-server-vllm"
         else:
             assert "profiles" not in service, f"{name} should start without a profile"
-    gpu_ids = [services()[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
-               for name in GPU_REPLICAS]
+    gpu_ids = [
+        services()[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for name in GPU_REPLICAS
+    ]
     assert gpu_ids[0] != gpu_ids[1], "one GPU per vLLM replica"
 
 
@@ -602,8 +631,9 @@ def test_nginx_config_passes_nginx_t(tmp_path: Path) -> None:
         text = re.sub(r"server (api|model|vllm)-\d+:", "server 127.0.0.1:", text).replace(" resolve ", " ")
     config = tmp_path / "nginx.conf"
     config.write_text(text, encoding="utf-8")
-    result = subprocess.run([binary, "-t", "-p", str(tmp_path), "-c", str(config)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [binary, "-t", "-p", str(tmp_path), "-c", str(config)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert "test is successful" in result.stderr
 
@@ -623,8 +653,14 @@ def _compose_cli() -> list[str] | None:
 
 def _run_compose(cli: list[str], *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {key: value for key, value in os.environ.items() if key not in SECRETS}
-    return subprocess.run([*cli, "-f", str(COMPOSE_FILE), "--env-file", str(ENV_EXAMPLE), *args],
-                          capture_output=True, text=True, timeout=120, env={**clean, **env}, cwd=ROOT)
+    return subprocess.run(
+        [*cli, "-f", str(COMPOSE_FILE), "--env-file", str(ENV_EXAMPLE), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean, **env},
+        cwd=ROOT,
+    )
 
 
 def test_docker_compose_config_accepts_the_stack() -> None:

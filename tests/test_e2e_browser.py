@@ -40,21 +40,27 @@ WAIT_S = 45.0
 # Sentences a person would give the target label, in the ways DynaSent's writers fooled models
 # (sarcasm, negation, hedged praise, reported opinions); the test tries them until one fools Model 0.
 ATTEMPTS = {
-    "negative": ["The host did a great job of making me feel unwanted.",
-                 "I just love waiting an hour for a cold, soggy burger.",
-                 "What a fantastic way to ruin a birthday dinner.",
-                 "Five stars for the most creative ways to overcharge a customer.",
-                 "The waiter was so attentive that he forgot us for forty minutes."],
-    "positive": ["The food was not bad at all, honestly better than I hoped.",
-                 "Not the worst meal I've had; in fact it was one of the best.",
-                 "I expected to hate it, but the pasta won me over.",
-                 "No complaints whatsoever, and the staff could not have been nicer.",
-                 "It was shockingly good for such a plain-looking place."],
-    "neutral": ["The menu says it serves the best burger in town.",
-                "The sign outside claims they have the friendliest staff in the city.",
-                "My friend told me the soup is terrible, so I ordered the salad.",
-                "The reviews call it the worst pizza in town; we went on a Monday.",
-                "Their website promises an unforgettable, amazing experience."],
+    "negative": [
+        "The host did a great job of making me feel unwanted.",
+        "I just love waiting an hour for a cold, soggy burger.",
+        "What a fantastic way to ruin a birthday dinner.",
+        "Five stars for the most creative ways to overcharge a customer.",
+        "The waiter was so attentive that he forgot us for forty minutes.",
+    ],
+    "positive": [
+        "The food was not bad at all, honestly better than I hoped.",
+        "Not the worst meal I've had; in fact it was one of the best.",
+        "I expected to hate it, but the pasta won me over.",
+        "No complaints whatsoever, and the staff could not have been nicer.",
+        "It was shockingly good for such a plain-looking place.",
+    ],
+    "neutral": [
+        "The menu says it serves the best burger in town.",
+        "The sign outside claims they have the friendliest staff in the city.",
+        "My friend told me the soup is terrible, so I ordered the salad.",
+        "The reviews call it the worst pizza in town; we went on a Monday.",
+        "Their website promises an unforgettable, amazing experience.",
+    ],
 }
 
 T = TypeVar("T")
@@ -68,8 +74,10 @@ def _require_browser() -> None:
         missing.append("the selenium package (pip install -e '.[test]')")
     if not missing:
         return
-    reason = (f"the browser test needs {', '.join(missing)}; install Debian's chromium and chromium-driver "
-              "(apt-get install chromium chromium-driver), as .ci/run does")
+    reason = (
+        f"the browser test needs {', '.join(missing)}; install Debian's chromium and chromium-driver "
+        "(apt-get install chromium chromium-driver), as .ci/run does"
+    )
     if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
         pytest.fail(f"CI is set but {reason}")
     pytest.skip(reason)
@@ -83,13 +91,22 @@ def browser() -> Iterator[Any]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     f"--window-size={WIDTH},{HEIGHT}", "--disable-extensions", "--no-first-run"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={WIDTH},{HEIGHT}",
+        "--disable-extensions",
+        "--no-first-run",
+    ):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     # The viewport itself 1280x900 (the window size includes the browser's own frame).
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
+    )
     try:
         yield driver
     finally:
@@ -123,27 +140,37 @@ class Page:
     def text(self) -> str:
         try:
             return str(self.driver.find_element(self.by.TAG_NAME, "body").text)
-        except Exception:  # noqa: BLE001 - only for error messages
+        except Exception:
             return ""
 
     def idle(self) -> None:
         """Wait until Streamlit has finished running the script (no 'Running...' widget)."""
         time.sleep(0.3)
-        self.until(lambda: not self.driver.find_elements(
-            self.by.CSS_SELECTOR,
-            "[data-testid='stStatusWidgetRunningIcon'], [data-testid='stStatusWidgetRunningManIcon']")
-            or None, "the app to finish running")
+        self.until(
+            lambda: (
+                not self.driver.find_elements(
+                    self.by.CSS_SELECTOR,
+                    "[data-testid='stStatusWidgetRunningIcon'], [data-testid='stStatusWidgetRunningManIcon']",
+                )
+                or None
+            ),
+            "the app to finish running",
+        )
 
     def visible(self, css: str) -> Any:
         return next((e for e in self.driver.find_elements(self.by.CSS_SELECTOR, css) if e.is_displayed()), None)
 
     def field(self, label: str) -> Any:
-        return self.until(lambda: self.visible(f"input[aria-label='{label}'], textarea[aria-label='{label}']"),
-                          f"the field {label!r}")
+        return self.until(
+            lambda: self.visible(f"input[aria-label='{label}'], textarea[aria-label='{label}']"), f"the field {label!r}"
+        )
 
     def button(self, text: str, *, prefix: bool = False) -> Any:
-        test = f"starts-with(normalize-space(), {_xpath_literal(text)})" if prefix else \
-            f"normalize-space()={_xpath_literal(text)}"
+        test = (
+            f"starts-with(normalize-space(), {_xpath_literal(text)})"
+            if prefix
+            else f"normalize-space()={_xpath_literal(text)}"
+        )
 
         def find() -> Any:
             for element in self.driver.find_elements(self.by.XPATH, f"//button[{test}]"):
@@ -160,8 +187,11 @@ class Page:
         return fragment in self.text()
 
     def wait_text(self, *fragments: str, timeout_s: float = WAIT_S) -> str:
-        return self.until(lambda: next((f for f in fragments if self.has_text(f)), None),
-                          f"one of {fragments!r} on the page", timeout_s)
+        return self.until(
+            lambda: next((f for f in fragments if self.has_text(f)), None),
+            f"one of {fragments!r} on the page",
+            timeout_s,
+        )
 
     def type_into(self, label: str, text: str) -> None:
         from selenium.webdriver.common.keys import Keys
@@ -174,10 +204,15 @@ class Page:
 
     def choose(self, group_label: str, option: str, *, prefix: bool = False) -> None:
         """Click ``option`` in the radio group whose ARIA label is (or starts with) ``group_label``."""
-        match = f"starts-with(@aria-label, {_xpath_literal(group_label)})" if prefix else \
-            f"@aria-label={_xpath_literal(group_label)}"
-        xpath = (f"//*[@role='radiogroup'][{match}]//label[@data-testid='stRadioOption']"
-                 f"[normalize-space()={_xpath_literal(option)}]")
+        match = (
+            f"starts-with(@aria-label, {_xpath_literal(group_label)})"
+            if prefix
+            else f"@aria-label={_xpath_literal(group_label)}"
+        )
+        xpath = (
+            f"//*[@role='radiogroup'][{match}]//label[@data-testid='stRadioOption']"
+            f"[normalize-space()={_xpath_literal(option)}]"
+        )
         self.until(lambda: self.driver.find_elements(self.by.XPATH, xpath), f"option {option!r} of {group_label!r}")
         self.driver.find_element(self.by.XPATH, xpath).click()
 
@@ -208,9 +243,17 @@ class Page:
         self.field("Username")
 
     def open_page(self, title: str) -> None:
-        link = self.until(lambda: next(
-            (e for e in self.driver.find_elements(self.by.CSS_SELECTOR, "[data-testid='stSidebarNav'] a")
-             if e.text.strip().splitlines()[-1:] == [title]), None), f"the navigation link {title!r}")
+        link = self.until(
+            lambda: next(
+                (
+                    e
+                    for e in self.driver.find_elements(self.by.CSS_SELECTOR, "[data-testid='stSidebarNav'] a")
+                    if e.text.strip().splitlines()[-1:] == [title]
+                ),
+                None,
+            ),
+            f"the navigation link {title!r}",
+        )
         link.click()
         self.idle()
 
@@ -230,7 +273,7 @@ def _xpath_literal(text: str) -> str:
         return f"'{text}'"
     if '"' not in text:
         return f'"{text}"'
-    return "concat(" + ", \"'\", ".join(f"'{part}'" for part in text.split("'")) + ")"
+    return "concat(" + ', "\'", '.join(f"'{part}'" for part in text.split("'")) + ")"
 
 
 def _number(value: str) -> float:
@@ -261,10 +304,12 @@ def test_writer_validator_and_researcher_in_a_browser(browser: Any, demo: Runnin
         _golden_path(page, demo)
     except BaseException:
         page.screenshot("failure")
-        logs = "".join(f"\n===== {log.name}\n{log_tail(log, 80)}\n"
-                       for log in sorted((demo.data_dir / "logs").glob("*.log")))
+        logs = "".join(
+            f"\n===== {log.name}\n{log_tail(log, 80)}\n" for log in sorted((demo.data_dir / "logs").glob("*.log"))
+        )
         (ARTIFACTS / "failure.txt").write_text(
-            f"===== page\n{page.text()}\n===== dynaloop demo\n{demo.output}{logs}", encoding="utf-8")
+            f"===== page\n{page.text()}\n===== dynaloop demo\n{demo.output}{logs}", encoding="utf-8"
+        )
         raise
 
 
@@ -350,8 +395,10 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
 
     # The researcher sees the round move.
     page.log_in("researcher", "researcher-demo")
-    after = page.until(lambda: (lambda m: m if _number(m["Validated"]) > 0 else None)(
-        _dashboard(page, "09-researcher")), "the dashboard to count the validations")
+    after = page.until(
+        lambda: (lambda m: m if _number(m["Validated"]) > 0 else None)(_dashboard(page, "09-researcher")),
+        "the dashboard to count the validations",
+    )
     assert _number(after["Examples"]) == 1 + SEEDED_EXAMPLES, after
     assert _number(after["Attempts"]) >= 1 + SEEDED_EXAMPLES and _number(after["Validation coverage"]) > 0, after
     page.scroll_to_text("Attempts", block="start")
@@ -401,8 +448,9 @@ class _Api:
             target = assignment["target_label"][0]
             for attempt_number in range(2):
                 text = ATTEMPTS[target][(index + attempt_number) % len(ATTEMPTS[target])]
-                attempt = self.post(f"/assignments/{assignment['id']}/attempts", "writer",
-                                    {"text": f"{text[:-1]} (visit {index + 1})."})
+                attempt = self.post(
+                    f"/assignments/{assignment['id']}/attempts", "writer", {"text": f"{text[:-1]} (visit {index + 1})."}
+                )
                 if attempt["fooled"]:
                     fooled += 1
                     self.post(f"/attempts/{attempt['id']}/confirmation", "writer", {"agrees": True})
@@ -416,10 +464,12 @@ class _Api:
         return {"fooled": fooled, "validations": validations}
 
 
-@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception),
-                                             ("false", pytest.skip.Exception)])
-def test_a_missing_browser_skips_except_under_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str,
-                                                 outcome: type[BaseException]) -> None:
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception), ("false", pytest.skip.Exception)]
+)
+def test_a_missing_browser_skips_except_under_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str, outcome: type[BaseException]
+) -> None:
     monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", tmp_path / "no-chromium")
     monkeypatch.setenv("CI", ci)
     with pytest.raises(outcome, match="chromium-driver"):

@@ -13,9 +13,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, jaccard_
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from modelling.init_model import init_model_dir
 from modelling.datasets import LabelledSet
-from modelling.registry import find_model
 from modelling.errors import EvaluationError
 from modelling.evaluate import (
     cross_variety_from_predictions,
@@ -25,7 +23,9 @@ from modelling.evaluate import (
 )
 from modelling.evaluation_report import plot_cross_variety, write_evaluation
 from modelling.inference import LoadedClassifier, predict_loaded, predict_probabilities
+from modelling.init_model import init_model_dir
 from modelling.metrics import compute_metrics, default_positive_label
+from modelling.registry import find_model
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.models import ModelVersionStatus
 from services.domain.tasks import get_task
@@ -36,10 +36,23 @@ EMOTIONS = ["anger", "joy", "neutral"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def labelled(name: str, labels: list[str], gold: list[int], *, varieties: list[str | None] | None = None,
-             origin: dict | None = None) -> LabelledSet:
-    return LabelledSet(name=name, labels=labels, multi_label=False, texts=[f"text {i}" for i in range(len(gold))],
-                       y=np.eye(len(labels), dtype=np.float32)[gold], varieties=varieties, origin=origin or {})
+def labelled(
+    name: str,
+    labels: list[str],
+    gold: list[int],
+    *,
+    varieties: list[str | None] | None = None,
+    origin: dict | None = None,
+) -> LabelledSet:
+    return LabelledSet(
+        name=name,
+        labels=labels,
+        multi_label=False,
+        texts=[f"text {i}" for i in range(len(gold))],
+        y=np.eye(len(labels), dtype=np.float32)[gold],
+        varieties=varieties,
+        origin=origin or {},
+    )
 
 
 def one_hot_probabilities(predicted: list[int], n_labels: int) -> np.ndarray:
@@ -128,8 +141,13 @@ def test_positive_class_defaults_and_override() -> None:
 
 
 def multi_labelled(gold: list[list[int]]) -> LabelledSet:
-    return LabelledSet(name="emotions", labels=EMOTIONS, multi_label=True, texts=[str(i) for i in range(len(gold))],
-                       y=np.array(gold, dtype=np.float32))
+    return LabelledSet(
+        name="emotions",
+        labels=EMOTIONS,
+        multi_label=True,
+        texts=[str(i) for i in range(len(gold))],
+        y=np.array(gold, dtype=np.float32),
+    )
 
 
 def test_multi_label_hand_computed() -> None:
@@ -159,7 +177,8 @@ def test_multi_label_metrics_equal_scikit_learn(threshold: float) -> None:
     predicted = (probabilities >= threshold).astype(int)
     metrics = compute_metrics(multi_labelled(gold.tolist()), probabilities, threshold=threshold)
     assert [metrics.f1[label] for label in EMOTIONS] == pytest.approx(
-        f1_score(gold, predicted, average=None, zero_division=0).tolist())
+        f1_score(gold, predicted, average=None, zero_division=0).tolist()
+    )
     assert metrics.macro_f1 == pytest.approx(f1_score(gold, predicted, average="macro", zero_division=0))
     assert metrics.micro_f1 == pytest.approx(f1_score(gold, predicted, average="micro", zero_division=0))
     assert metrics.jaccard == pytest.approx(jaccard_score(gold, predicted, average="samples", zero_division=1.0))
@@ -170,9 +189,11 @@ def test_multi_label_metrics_equal_scikit_learn(threshold: float) -> None:
 
 def test_solved_flag_compares_macro_f1_with_the_human_estimate() -> None:
     gold, predicted = [0, 0, 1, 2, 2, 2], [0, 1, 1, 2, 2, 0]  # macro-F1 0.6556 (hand-computed above)
-    sets = [labelled("round 1 dev", SENTIMENT, gold, origin={"round": 1, "split": "dev"}),
-            labelled("round 1 test", SENTIMENT, gold, origin={"round": 1, "split": "test"}),
-            labelled("sst-3 test", SENTIMENT, gold)]
+    sets = [
+        labelled("round 1 dev", SENTIMENT, gold, origin={"round": 1, "split": "dev"}),
+        labelled("round 1 test", SENTIMENT, gold, origin={"round": 1, "split": "test"}),
+        labelled("sst-3 test", SENTIMENT, gold),
+    ]
     probabilities = [one_hot_probabilities(predicted, 3)] * 3
     evaluation = evaluate_probabilities(sets, probabilities, human_f1={"round 1 dev": 0.6, "round 1 test": 0.88})
     dev, test, external = evaluation.sets
@@ -209,7 +230,8 @@ def test_per_variety_breakdown() -> None:
         rows = [i for i, v in enumerate(varieties) if v == variety]
         assert by_variety[variety].rows == len(rows) == (19 if variety == "en-UK" else 20)
         assert by_variety[variety].macro_f1 == pytest.approx(
-            f1_score(gold_array[rows], predicted[rows], labels=[0, 1], average="macro", zero_division=0))
+            f1_score(gold_array[rows], predicted[rows], labels=[0, 1], average="macro", zero_division=0)
+        )
         assert by_variety[variety].positive_label == "positive"
     assert by_variety["unspecified"].rows == 1
     assert len(evaluation.variety_table()) == 4
@@ -217,18 +239,22 @@ def test_per_variety_breakdown() -> None:
 
 def test_cross_variety_matrix_from_predictions() -> None:
     labels = ["negative", "positive"]
-    first = labelled("reddit test", labels, [0, 1, 0, 1, 1, 0], varieties=["en-AU", "en-AU", "en-IN", "en-IN", "en-UK", "en-UK"])
+    first = labelled(
+        "reddit test", labels, [0, 1, 0, 1, 1, 0], varieties=["en-AU", "en-AU", "en-IN", "en-IN", "en-UK", "en-UK"]
+    )
     second = labelled("google test", labels, [1, 1, 0, 0], varieties=["en-IN", "en-UK", "en-AU", None])
     right = [one_hot_probabilities(first.hard().tolist(), 2), one_hot_probabilities(second.hard().tolist(), 2)]
     always_positive = [one_hot_probabilities([1] * 6, 2), one_hot_probabilities([1] * 4, 2)]
-    matrix = cross_variety_from_predictions({"PT": always_positive, "en-AU": right}, [first, second],
-                                            test_varieties=["en-AU", "en-IN", "en-UK"])
+    matrix = cross_variety_from_predictions(
+        {"PT": always_positive, "en-AU": right}, [first, second], test_varieties=["en-AU", "en-IN", "en-UK"]
+    )
     assert matrix.train_varieties == ["PT", "en-AU"] and matrix.test_varieties == ["en-AU", "en-IN", "en-UK"]
     assert matrix.test_rows == {"en-AU": 3, "en-IN": 3, "en-UK": 3}
     assert matrix.macro_f1[1].tolist() == [1.0, 1.0, 1.0]
     # PT on en-AU: gold [0, 1, 0] (two from the first set, one from the second), predicted all positive.
-    assert matrix.macro_f1[0, 0] == pytest.approx(f1_score([0, 1, 0], [1, 1, 1], labels=[0, 1], average="macro",
-                                                           zero_division=0))
+    assert matrix.macro_f1[0, 0] == pytest.approx(
+        f1_score([0, 1, 0], [1, 1, 1], labels=[0, 1], average="macro", zero_division=0)
+    )
     assert matrix.to_frame().loc["en-AU", "en-IN"] == 1.0
     with pytest.raises(EvaluationError, match="no test rows for varieties"):
         cross_variety_from_predictions({"PT": always_positive}, [first, second], test_varieties=["en-US"])
@@ -246,17 +272,25 @@ def assert_png(path: Path) -> None:
 
 def test_write_evaluation_files(tmp_path: Path) -> None:
     single = evaluate_probabilities(
-        [labelled("round 1 dev", SENTIMENT, [0, 0, 1, 2, 2, 2], varieties=["a", "b"] * 3),
-         labelled("round 1 dev", SENTIMENT, [0, 1, 2]).subset([0, 1, 2], name="Round 1 dev!")],
+        [
+            labelled("round 1 dev", SENTIMENT, [0, 0, 1, 2, 2, 2], varieties=["a", "b"] * 3),
+            labelled("round 1 dev", SENTIMENT, [0, 1, 2]).subset([0, 1, 2], name="Round 1 dev!"),
+        ],
         [one_hot_probabilities([0, 1, 1, 2, 2, 0], 3), one_hot_probabilities([0, 1, 2], 3)],
-        human_f1={"round 1 dev": 0.7})
+        human_f1={"round 1 dev": 0.7},
+    )
     labels = ["negative", "positive"]
     test_set = labelled("t", labels, [0, 1, 1, 0], varieties=["en-AU", "en-AU", "en-IN", "en-IN"])
     matrix = cross_variety_from_predictions({"en-AU": [one_hot_probabilities([0, 1, 0, 0], 2)]}, [test_set])
     written = write_evaluation(single, tmp_path / "out", cross_variety=matrix)
     names = sorted(p.name for p in written)
-    assert names == ["confusion-round-1-dev-2.png", "confusion-round-1-dev.png", "cross-variety.png",
-                     "evaluation.json", "evaluation.md"]
+    assert names == [
+        "confusion-round-1-dev-2.png",
+        "confusion-round-1-dev.png",
+        "cross-variety.png",
+        "evaluation.json",
+        "evaluation.md",
+    ]
     for path in written:
         if path.suffix == ".png":
             assert_png(path)
@@ -271,7 +305,9 @@ def test_write_evaluation_files(tmp_path: Path) -> None:
     assert data["sets"][0]["by_variety"]["a"]["rows"] == 3
     assert data["cross_variety"]["test_varieties"] == ["en-AU", "en-IN"]
 
-    multi = evaluate_probabilities([multi_labelled([[1, 0, 0], [0, 1, 1]])], [np.array([[0.9, 0.1, 0.2], [0.2, 0.8, 0.3]])])
+    multi = evaluate_probabilities(
+        [multi_labelled([[1, 0, 0], [0, 1, 1]])], [np.array([[0.9, 0.1, 0.2], [0.2, 0.8, 0.3]])]
+    )
     paths = write_evaluation(multi, tmp_path / "multi")
     assert_png(tmp_path / "multi" / "confusion-emotions.png")
     assert "Micro-F1" in (tmp_path / "multi" / "evaluation.md").read_text(encoding="utf-8")
@@ -293,8 +329,14 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {path.name: path for path in root.iterdir()}
 
 
-TEXTS = ["Good.", "The soup was cold and the waiter never came back to our table, twice.", "Fine",
-         "An enormous, rambling, and yet somehow perfectly pleasant evening " * 4, "meh", "Really not bad at all!"]
+TEXTS = [
+    "Good.",
+    "The soup was cold and the waiter never came back to our table, twice.",
+    "Fine",
+    "An enormous, rambling, and yet somehow perfectly pleasant evening " * 4,
+    "meh",
+    "Really not bad at all!",
+]
 
 
 def test_predict_single_label_shape_rows_sum_to_one_and_order_kept(models: dict[str, Path]) -> None:
@@ -367,10 +409,22 @@ def test_round_evaluate_command(built, client, settings, models, tmp_path: Path)
     external = tmp_path / "sst3.csv"
     external.write_text("text,label\nGreat pie.,5\nAwful pie.,1\nA pie.,3\nLovely.,5\n", encoding="utf-8")
     mix = tmp_path / "mix.yaml"
-    mix.write_text(yaml.safe_dump({"train": [{"round": 1}], "dev": {"round": 1, "split": "dev"},
-                                   "evaluate": [{"file": "sst3.csv", "name": "sst-3 test",
-                                                 "label_map": {"1": "negative", "3": "neutral", "5": "positive"}}]}),
-                   encoding="utf-8")
+    mix.write_text(
+        yaml.safe_dump(
+            {
+                "train": [{"round": 1}],
+                "dev": {"round": 1, "split": "dev"},
+                "evaluate": [
+                    {
+                        "file": "sst3.csv",
+                        "name": "sst-3 test",
+                        "label_map": {"1": "negative", "3": "neutral", "5": "positive"},
+                    }
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     out = tmp_path / "evaluation"
     result = runner.invoke(cli, [*base, "--model", str(models["single"]), "--out", str(out), "--mix", str(mix)])
     assert result.exit_code == 0, result.output
@@ -394,8 +448,21 @@ def test_round_evaluate_command(built, client, settings, models, tmp_path: Path)
     finally:
         engine.dispose()
 
-    only_mix = runner.invoke(cli, [*base, "--model", str(models["single"]), "--out", str(tmp_path / "mix-only"),
-                                   "--mix", str(mix), "--rounds", "none", "--no-record"])
+    only_mix = runner.invoke(
+        cli,
+        [
+            *base,
+            "--model",
+            str(models["single"]),
+            "--out",
+            str(tmp_path / "mix-only"),
+            "--mix",
+            str(mix),
+            "--rounds",
+            "none",
+            "--no-record",
+        ],
+    )
     assert only_mix.exit_code == 0, only_mix.output
     assert "registry" not in only_mix.output
     data = json.loads((tmp_path / "mix-only" / "evaluation.json").read_text(encoding="utf-8"))
@@ -403,7 +470,9 @@ def test_round_evaluate_command(built, client, settings, models, tmp_path: Path)
     assert data["sets"][0]["human_f1"] == sets["round 1 dev"]["human_f1"], "a mix's round split has its estimate"
 
     missing = runner.invoke(cli, [*base, "--model", str(tmp_path / "nope"), "--out", str(out)])
-    assert missing.exit_code == 1 and "does not exist" in flat(missing.output) and "Traceback" not in flat(missing.output)
+    assert (
+        missing.exit_code == 1 and "does not exist" in flat(missing.output) and "Traceback" not in flat(missing.output)
+    )
     no_round = runner.invoke(cli, [*base, "--model", str(models["single"]), "--out", str(out), "--rounds", "3"])
     assert no_round.exit_code == 1 and "has no round 3" in flat(no_round.output)
     response = client.post("/api/v1/tasks/dynasent-r2/rounds", json={}, headers=built["researcher"].headers)

@@ -73,8 +73,9 @@ def test_api_killed_and_restarted_during_load(stack: Stack) -> None:
 
     result = _run(stack, 12, kill_and_restart)
     _assert_nothing_lost(result)
-    errors = sum(n for statuses in result["endpoints"].values() for code, n in statuses["statuses"].items()
-                 if not code.isdigit())
+    errors = sum(
+        n for statuses in result["endpoints"].values() for code, n in statuses["statuses"].items() if not code.isdigit()
+    )
     assert errors > 0, result["endpoints"]  # clients did see the API go away, and retried
     assert result["retries"] > 0
     assert result["accepted"]["validations"] > 0 and result["accepted"]["examples"] > 0
@@ -95,9 +96,17 @@ def test_postgres_connections_dropped_during_load(tmp_path: Path) -> None:
             for _ in range(3):
                 await asyncio.sleep(2.5)
                 with admin.connect() as connection:
-                    dropped.append(len(connection.execute(text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = :name AND pid <> pg_backend_pid()"), {"name": name}).all()))
+                    dropped.append(
+                        len(
+                            connection.execute(
+                                text(
+                                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                                ),
+                                {"name": name},
+                            ).all()
+                        )
+                    )
         finally:
             admin.dispose()
 
@@ -107,8 +116,9 @@ def test_postgres_connections_dropped_during_load(tmp_path: Path) -> None:
         running.stop()
         admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as connection:
-            connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-                               {"n": name})
+            connection.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name}
+            )
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
         admin.dispose()
     assert sum(dropped) > 0  # connections really were cut
@@ -120,8 +130,13 @@ def test_postgres_connections_dropped_during_load(tmp_path: Path) -> None:
 
 
 def _writer_setup(client, researcher, make_user, stub_model) -> tuple[Any, int]:  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        ["The cafe on the corner serves lunch."])
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        ["The cafe on the corner serves lunch."],
+    )
     writer = make_user("wanda", "writer")
     assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()
     return writer, assignment["id"]
@@ -131,12 +146,16 @@ def _attempts(app: Any) -> int:
     with app.state.engine.connect() as connection:
         # Scored attempts that used a try; an attempt whose scoring could not be saved stays
         # pending (no try used) and is resumed by a retry with the same Idempotency-Key.
-        return int(connection.execute(text(
-            "SELECT COUNT(*) FROM attempts WHERE status = 'scored' AND counts_as_try")).scalar_one())
+        return int(
+            connection.execute(
+                text("SELECT COUNT(*) FROM attempts WHERE status = 'scored' AND counts_as_try")
+            ).scalar_one()
+        )
 
 
-def test_full_sqlite_database_gives_a_clear_retryable_error(client, app, researcher, make_user, stub_model,
-                                                             database_url) -> None:
+def test_full_sqlite_database_gives_a_clear_retryable_error(
+    client, app, researcher, make_user, stub_model, database_url
+) -> None:
     if not database_url.startswith("sqlite"):
         pytest.skip("SQLite only: PostgreSQL reports a full disk the same way (OperationalError -> 503)")
     writer, assignment_id = _writer_setup(client, researcher, make_user, stub_model)
@@ -159,8 +178,10 @@ def test_full_sqlite_database_gives_a_clear_retryable_error(client, app, researc
 
     try:
         texts = [f"The cafe on the corner serves lunch {'and dinner ' * 25}{i}." for i in range(10)]
-        responses = [client.post(f"/api/v1/assignments/{assignment_id}/attempts", json={"text": t},
-                                 headers=writer.headers) for t in texts]
+        responses = [
+            client.post(f"/api/v1/assignments/{assignment_id}/attempts", json={"text": t}, headers=writer.headers)
+            for t in texts
+        ]
     finally:
         event.remove(app.state.engine, "connect", _full)
         app.state.engine.dispose()
@@ -205,10 +226,15 @@ def test_fifty_writers_at_once_on_sqlite_are_all_served(tmp_path: Path) -> None:
 
     async def everyone_at_once() -> list[int]:
         async with httpx.AsyncClient(base_url=running.api.url, timeout=60) as http:
+
             async def one(token: str) -> int:
-                response = await http.post(f"/api/v1/rounds/{running.round_id}/assignments", json={},
-                                           headers={"Authorization": f"Bearer {token}"})
+                response = await http.post(
+                    f"/api/v1/rounds/{running.round_id}/assignments",
+                    json={},
+                    headers={"Authorization": f"Bearer {token}"},
+                )
                 return response.status_code
+
             return await asyncio.gather(*[one(token) for token in running.writer_tokens])
 
     try:

@@ -48,7 +48,8 @@ def test_api_root_accepts_both_forms() -> None:
 
 
 def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-untyped-def]
-        app, api_url, researcher, make_user, stub_model) -> None:
+    app, api_url, researcher, make_user, stub_model
+) -> None:
     research = ApiClient(api_url, researcher.token)
     task = research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
     assert task["name"] == "dynasent-r2" and task["family"] == "single_label"
@@ -56,8 +57,7 @@ def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-unty
     lines = "\n".join(json.dumps({"id": f"p{i}", "text": p, "stars": 3}) for i, p in enumerate(PROMPTS))
     report = research.import_prompts(round_["id"], lines.encode("utf-8"), "prompts.jsonl")
     assert report["imported"] == 2
-    csv_report = research.import_prompts(round_["id"], b"id,text\nc1,A third prompt about the cold soup.\n",
-                                         "more.csv")
+    csv_report = research.import_prompts(round_["id"], b"id,text\nc1,A third prompt about the cold soup.\n", "more.csv")
     assert csv_report["imported"] == 1
 
     _user_with_password(app, "wanda", "wanda-secret-1", "writer")
@@ -94,8 +94,9 @@ def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-unty
     assert batch["validation_labels"] == ["positive", "negative", "neutral", "mixed"]
     assert [item["example_id"] for item in batch["data"]] == [example["id"]]
     assert validator.validation_batch(round_["id"], size=1)["data"][0]["example_id"] == example["id"]
-    label = validator.validate(example["id"], target, flagged=True, flag_reason="reads like an advert",
-                               seconds_taken=4.2)
+    label = validator.validate(
+        example["id"], target, flagged=True, flag_reason="reads like an advert", seconds_taken=4.2
+    )
     assert label["label"] == [target] and label["flagged"] is True
     again = validator.validate(example["id"], target, flagged=True, flag_reason="reads like an advert")
     assert again["id"] == label["id"]
@@ -113,7 +114,8 @@ def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-unty
 
 
 def test_error_mapping_401_404_409_and_503_with_retry_after(  # type: ignore[no-untyped-def]
-        app, api_url, researcher, make_user, stub_model) -> None:
+    app, api_url, researcher, make_user, stub_model
+) -> None:
     with pytest.raises(ApiError) as unknown:
         ApiClient(api_url, "dl_not-a-token").me()
     assert (unknown.value.status, unknown.value.code) == (401, "unauthorized")
@@ -188,8 +190,14 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
     client.validate(3, ["anger", "joy"])
     keyed = {r.url.path: r.headers.get("Idempotency-Key") for r in seen}
     assert keyed["/api/v1/assignments/1/attempts"] == idempotency_key("attempt", 1, "Some text here.", [0, 4])
-    assert all(keyed[path] for path in ["/api/v1/attempts/2/confirmation", "/api/v1/assignments/1/example",
-                                        "/api/v1/examples/3/validations"])
+    assert all(
+        keyed[path]
+        for path in [
+            "/api/v1/attempts/2/confirmation",
+            "/api/v1/assignments/1/example",
+            "/api/v1/examples/3/validations",
+        ]
+    )
     assert json.loads(seen[0].content) == {"text": "Some text here.", "target_span": [0, 4]}
     assert seen[0].headers["Authorization"] == "Bearer dl_token"
     # A different text gets a different key; an explicit key wins.
@@ -322,6 +330,14 @@ def test_dynaloop_ui_runs_streamlit_with_the_api_url(monkeypatch: pytest.MonkeyP
     assert result.exit_code == 0, result.output
     command = started["command"]
     assert command[1:4] == ["-m", "streamlit", "run"] and command[4] == str(APP_FILE)
-    assert command[5:] == ["--server.port", "8600", "--server.address", "0.0.0.0", "--server.headless", "true",
-                           "--browser.gatherUsageStats", "false"]
+    assert command[5:] == [
+        "--server.port",
+        "8600",
+        "--server.address",
+        "0.0.0.0",
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
     assert started["env"]["DYNALOOP_API_URL"] == "http://api:9000"

@@ -99,13 +99,20 @@ def hostile_task_yaml() -> str:
     return yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
 
 
-def labelled_round(live: LiveApi, *, status: str = "collecting", validators: tuple[str, ...] = (
-        "val1", "val2", "val3", "val4", "x__bold__")) -> Round:
+def labelled_round(
+    live: LiveApi,
+    *,
+    status: str = "collecting",
+    validators: tuple[str, ...] = ("val1", "val2", "val3", "val4", "x__bold__"),
+) -> Round:
     """Round 1 of the task as tests/test_round_build.py's ``built`` writes it, through the API:
     two examples per (target, prediction) cell with 4 of 5 validators agreeing, and three with a
     mixed, no or a 3-of-5 majority (21 examples, 12 of them fooled the model); then ``status``."""
-    round_ = live.round(TASK, [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(30)],
-                        target_label_mode="writer_choice")
+    round_ = live.round(
+        TASK,
+        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(30)],
+        target_label_mode="writer_choice",
+    )
     for name in validators:
         live.user(name, "validator")
     plan: list[tuple[int, list[str]]] = []
@@ -115,9 +122,11 @@ def labelled_round(live: LiveApi, *, status: str = "collecting", validators: tup
                 text = f"Copy {copy}: a {KEYWORD[predicted]} {gold} sentence about lunch."
                 other = next(label for label in LABELS if label != gold)
                 plan.append((live.example(round_, text, target=gold), [gold, gold, gold, gold, other]))
-    extra = [["mixed", "mixed", "mixed", "positive", "negative"],
-             ["positive", "negative", "neutral", "mixed", "positive"],
-             ["negative", "negative", "negative", "positive", "neutral"]]
+    extra = [
+        ["mixed", "mixed", "mixed", "positive", "negative"],
+        ["positive", "negative", "neutral", "mixed", "positive"],
+        ["negative", "negative", "negative", "positive", "neutral"],
+    ]
     for i, labels in enumerate(extra):
         plan.append((live.example(round_, f"Extra {i}: a plain remark on the menu.", target="neutral"), labels))
     for position, (example_id, labels) in enumerate(plan):
@@ -132,15 +141,28 @@ def labelled_round(live: LiveApi, *, status: str = "collecting", validators: tup
     return live.admin.rounds(TASK)[0]
 
 
-def registered_model(live: LiveApi, model_id: str, version: str, *, round_: int | None = 2,
-                     macro_f1: dict[str, float] | None = None, promoted_to: str | None = None) -> ModelVersion:
+def registered_model(
+    live: LiveApi,
+    model_id: str,
+    version: str,
+    *,
+    round_: int | None = 2,
+    macro_f1: dict[str, float] | None = None,
+    promoted_to: str | None = None,
+) -> ModelVersion:
     """A model directory's metadata, registered for the task (evaluated with ``macro_f1``, and
     promoted to ``promoted_to``, when given) with the registry's own functions."""
     models = live.app.state.settings.data_dir / "models"
     models.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix=f"{model_id}-{version}-", dir=models))
-    ModelMetadata(model_id=model_id, version=version, labels=LABELS, base_model="/models/minilm",
-                  trained_for_round=round_, task=TASK).save(directory)
+    ModelMetadata(
+        model_id=model_id,
+        version=version,
+        labels=LABELS,
+        base_model="/models/minilm",
+        trained_for_round=round_,
+        task=TASK,
+    ).save(directory)
     with session_scope(live.app.state.sessionmaker) as session:
         task = session.scalars(select(Task).where(Task.name == TASK)).one()
         model = register_model(session, task, directory)
@@ -166,8 +188,12 @@ class JobProcess:
             job = session.get(Job, job_id)
             assert job is not None and job.status in (JobStatus.queued, JobStatus.running), job
             if job.status is JobStatus.queued:
-                job.status, job.started_at, job.pid, job.host = JobStatus.running, utcnow(), \
-                    os.getpid(), socket.gethostname()
+                job.status, job.started_at, job.pid, job.host = (
+                    JobStatus.running,
+                    utcnow(),
+                    os.getpid(),
+                    socket.gethostname(),
+                )
             message = values.get("message")
             if message:
                 job.log = f"{job.log or ''}\n{message}".strip()
@@ -178,8 +204,9 @@ class JobProcess:
         self._update(job_id, progress=fraction, message=message)
 
     def succeed(self, job_id: int, message: str, result: dict[str, Any] | None = None) -> None:
-        self._update(job_id, status=JobStatus.succeeded, progress=1.0, message=message, result=result,
-                     finished_at=utcnow())
+        self._update(
+            job_id, status=JobStatus.succeeded, progress=1.0, message=message, result=result, finished_at=utcnow()
+        )
 
     def fail(self, job_id: int, message: str) -> None:
         self._update(job_id, status=JobStatus.failed, message=message, finished_at=utcnow())
@@ -292,8 +319,12 @@ def test_rounds_page_imports_prompts_and_escapes_them(live: LiveApi, rita: PageC
     at = ok(at.button(key=f"researcher_prompts_import_{round_['id']}").click().run())
     assert said(at, "success", "Imported 2 of 4 rows")
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics == {"Rows in the file": "4", "Imported": "2", "Repeated in the file": "1",
-                       "Already in the round": "1"}
+    assert metrics == {
+        "Rows in the file": "4",
+        "Imported": "2",
+        "Repeated in the file": "1",
+        "Already in the round": "1",
+    }
     with live.app.state.sessionmaker() as session:
         stored = session.scalars(select(Prompt.text).where(Prompt.round_id == round_["id"]).order_by(Prompt.id))
         assert list(stored) == ["already there", HOSTILE, "A new prompt."]
@@ -343,8 +374,14 @@ def test_dashboard_shows_metrics_and_plots(live: LiveApi, rita: PageClient) -> N
     live.stubs.mode("normal")
     at = ok(page(rita, "researcher_dashboard"))
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics == {"Attempts": "21", "Fooling rate": "57.1%", "Confirmation rate": "100.0%", "Examples": "21",
-                       "Validated": "21", "Validation coverage": "100.0%"}
+    assert metrics == {
+        "Attempts": "21",
+        "Fooling rate": "57.1%",
+        "Confirmation rate": "100.0%",
+        "Examples": "21",
+        "Validated": "21",
+        "Validation coverage": "100.0%",
+    }
     assert said(at, "warning", "1 attempt(s) found the model unavailable")
     charts = at.get("vega_lite_chart")
     assert len(charts) == 4, [type(e).__name__ for e in at.main]
@@ -418,8 +455,11 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
         assert at.button(key="researcher_train_submit").disabled
     assert seen == [25, 75]
     model = registered_model(live, "dynasent-r2-for-round-2", "v1")
-    jobs.succeed(train, f"trained and registered {model.name} (registry id {model.id})",
-                 {"model": {"id": model.id, "name": model.name}})
+    jobs.succeed(
+        train,
+        f"trained and registered {model.name} (registry id {model.id})",
+        {"model": {"id": model.id, "name": model.name}},
+    )
     at = run_until_idle(at)
     assert said(at, "success", "trained and registered dynasent-r2-for-round-2@v1"), texts(at)
     assert not at.get("progress")
@@ -439,8 +479,12 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     at.text_input(key="researcher_promote_token").input("s3cret-token")
     at = ok(at.button(key="researcher_promote_submit").click().run())
     params = rita.requests("POST", JOBS)[-1].body["params"]
-    assert params == {"model_id": model.id, "endpoint": "http://127.0.0.1:8001", "force": False,
-                      "admin_token": "s3cret-token"}
+    assert params == {
+        "model_id": model.id,
+        "endpoint": "http://127.0.0.1:8001",
+        "force": False,
+        "admin_token": "s3cret-token",
+    }
     promote = followed_job(at)
     assert promote is not None
     assert "s3cret-token" not in json.dumps(live.admin.job(promote))  # the API never stores it
@@ -458,8 +502,7 @@ def registered_model_evaluation(live: LiveApi, model: ModelVersion, macro_f1: di
         record_evaluation(session, task, model.directory, {"macro_f1": macro_f1})
 
 
-def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita: PageClient,
-                                                           jobs: JobProcess) -> None:
+def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
     labelled_round(live, status="built")
     at = ok(page(rita, "researcher_models"))
     at = ok(at.button(key="researcher_train_submit").click().run())
@@ -515,23 +558,47 @@ def test_models_page_downloads_the_dataset_and_the_report(live: LiveApi, rita: P
 
 def plot_fixture(round_id: int = 1) -> dict[str, Any]:
     examples = []
-    cells = [("positive", "negative", "positive"), ("negative", "neutral", "negative"),
-             ("neutral", "neutral", "neutral"), ("positive", "positive", "mixed"), ("negative", "positive", None)]
+    cells = [
+        ("positive", "negative", "positive"),
+        ("negative", "neutral", "negative"),
+        ("neutral", "neutral", "neutral"),
+        ("positive", "positive", "mixed"),
+        ("negative", "positive", None),
+    ]
     for i, (target, prediction, majority) in enumerate(cells * 4):
-        examples.append({"example_id": i + 1, "condition": "no_prompt" if i % 5 == 4 else "prompt",
-                         "origin": "written", "edit_distance": None if i % 5 == 4 else round(0.05 * (i % 19), 2),
-                         "chars": 30 + i, "words": 5 + i % 7, "target": target, "prediction": prediction,
-                         "majority": majority, "validated": majority is not None, "fooled": target != prediction,
-                         "validations": 5})
-    return {"round_id": round_id, "round": 1, "task": TASK, "labels": ["positive", "negative", "neutral"],
-            "validation_labels": ["positive", "negative", "neutral", "mixed"], "multi_label": False,
-            "total_examples": 20, "truncated": False, "examples": examples,
-            "worker_agreement": [
-                {"username": "val1", "labels": 20, "judged": 20, "agreement_rate": 0.9, "qualified": True},
-                {"username": "val2", "labels": 20, "judged": 20, "agreement_rate": 0.85, "qualified": True},
-                {"username": HOSTILE, "labels": 20, "judged": 20, "agreement_rate": 0.1, "qualified": False},
-                {"username": "new", "labels": 2, "judged": 0, "agreement_rate": None, "qualified": True}]}
-
+        examples.append(
+            {
+                "example_id": i + 1,
+                "condition": "no_prompt" if i % 5 == 4 else "prompt",
+                "origin": "written",
+                "edit_distance": None if i % 5 == 4 else round(0.05 * (i % 19), 2),
+                "chars": 30 + i,
+                "words": 5 + i % 7,
+                "target": target,
+                "prediction": prediction,
+                "majority": majority,
+                "validated": majority is not None,
+                "fooled": target != prediction,
+                "validations": 5,
+            }
+        )
+    return {
+        "round_id": round_id,
+        "round": 1,
+        "task": TASK,
+        "labels": ["positive", "negative", "neutral"],
+        "validation_labels": ["positive", "negative", "neutral", "mixed"],
+        "multi_label": False,
+        "total_examples": 20,
+        "truncated": False,
+        "examples": examples,
+        "worker_agreement": [
+            {"username": "val1", "labels": 20, "judged": 20, "agreement_rate": 0.9, "qualified": True},
+            {"username": "val2", "labels": 20, "judged": 20, "agreement_rate": 0.85, "qualified": True},
+            {"username": HOSTILE, "labels": 20, "judged": 20, "agreement_rate": 0.1, "qualified": False},
+            {"username": "new", "labels": 2, "judged": 0, "agreement_rate": None, "qualified": True},
+        ],
+    }
 
 
 def drawn(chart: alt.TopLevelMixin | None) -> dict[str, Any]:
@@ -564,15 +631,23 @@ def test_plots_on_a_fixture() -> None:
     assert drawn(plots.length_chart(data, "chars"))["encoding"]["x"]["field"] == "chars"
     layered = drawn(plots.confusion_chart(data))
     assert [layer["mark"]["type"] for layer in layered["layer"]] == ["rect", "text"]
-    assert plots.summary(data) == {"examples": 20, "validated": 16, "with_majority": 16, "model_accuracy": 0.25,
-                                   "mean_edit_distance": pytest.approx(sum(0.05 * (i % 19) for i in range(20)
-                                                                           if i % 5 != 4) / 16, abs=1e-3)}
+    assert plots.summary(data) == {
+        "examples": 20,
+        "validated": 16,
+        "with_majority": 16,
+        "model_accuracy": 0.25,
+        "mean_edit_distance": pytest.approx(sum(0.05 * (i % 19) for i in range(20) if i % 5 != 4) / 16, abs=1e-3),
+    }
 
 
 def test_plots_without_data() -> None:
     empty: dict[str, Any] = {"examples": [], "worker_agreement": []}
-    for chart in (plots.edit_distance_chart(empty), plots.length_chart(empty), plots.worker_agreement_chart(empty),
-                  plots.confusion_chart(empty)):
+    for chart in (
+        plots.edit_distance_chart(empty),
+        plots.length_chart(empty),
+        plots.worker_agreement_chart(empty),
+        plots.confusion_chart(empty),
+    ):
         assert chart is None
     assert plots.confusion_counts({}).empty
     assert plots.summary({})["model_accuracy"] is None

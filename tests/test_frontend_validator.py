@@ -22,9 +22,11 @@ from tests.frontend_live import (  # noqa: F401 - fixtures
     texts,
 )
 
-SENTENCES = ["The menu says it serves the best burger in town.",
-             "The soup arrived after forty minutes and nobody said a word about it.",
-             "The restaurant is open from noon until ten every day."]
+SENTENCES = [
+    "The menu says it serves the best burger in town.",
+    "The soup arrived after forty minutes and nobody said a word about it.",
+    "The restaurant is open from noon until ten every day.",
+]
 VALIDATIONS = r"/examples/\d+/validations"
 
 
@@ -38,8 +40,11 @@ def validator_app(live: LiveApi, client: PageClient | None = None) -> AppTest:
 
 
 def save(at: AppTest, example_id: int, label: str | list[str], *, flag: bool = False, reason: str = "") -> AppTest:
-    widget = at.pills(key=f"validator_label_{example_id}") if isinstance(label, list) else \
-        at.radio(key=f"validator_label_{example_id}")
+    widget = (
+        at.pills(key=f"validator_label_{example_id}")
+        if isinstance(label, list)
+        else at.radio(key=f"validator_label_{example_id}")
+    )
     widget.set_value(label)
     if flag:
         at.checkbox(key=f"validator_flag_{example_id}").check()
@@ -71,8 +76,11 @@ def test_batch_is_labelled_card_by_card(dynasent: tuple[LiveApi, list[int]]) -> 
     assert [p.text for p in at.progress] == ["0 of 3 labelled"]
     page = html_of(at)
     assert all(text in page for text in SENTENCES) and "vera wrote herself" not in page  # never her own
-    assert [c for c in texts(at.caption) if c.startswith("Sentence ")] == ["Sentence 1 of 3", "Sentence 2 of 3",
-                                                                            "Sentence 3 of 3"]
+    assert [c for c in texts(at.caption) if c.startswith("Sentence ")] == [
+        "Sentence 1 of 3",
+        "Sentence 2 of 3",
+        "Sentence 3 of 3",
+    ]
     radio = at.radio(key=f"validator_label_{ids[0]}")
     assert radio.options == ["positive", "negative", "neutral", "mixed"] and radio.value is None
 
@@ -134,8 +142,9 @@ def test_flag_with_reason(dynasent: tuple[LiveApi, list[int]]) -> None:
     at.checkbox(key=f"validator_flag_{ids[0]}").check()
     at.button(key=f"validator_save_{ids[0]}").click().run()
     stored = live.admin.example(ids[0])["validations"]
-    assert [(v["validator"], v["label"], v["flagged"], v["flag_reason"]) for v in stored] == \
-        [("vera", ["mixed"], True, "Reads like an advert")]
+    assert [(v["validator"], v["label"], v["flagged"], v["flag_reason"]) for v in stored] == [
+        ("vera", ["mixed"], True, "Reads like an advert")
+    ]
     assert "Saved: **mixed** (flagged)" in texts(at.success)
 
 

@@ -120,8 +120,9 @@ def test_happy_path_check_fooled_confirm_submit(dynasent: LiveApi) -> None:
     assert f"Model prediction: **{predicted}**" in texts(at.markdown)
     assert [p.text for p in at.progress] == [f"{label}: {90 if label == predicted else 5}%" for label in LABELS]
     assert "<del" in html_of(at) and "<ins" in html_of(at)  # the diff against the prompt
-    assert texts(at.success) == [f"You fooled the model! It predicted **{predicted}**, but a person would say "
-                                 f"this sentence is **{target}**."]
+    assert texts(at.success) == [
+        f"You fooled the model! It predicted **{predicted}**, but a person would say this sentence is **{target}**."
+    ]
     assert "Tries: **1 / 10**" in texts(at.markdown)
     assert not [b for b in at.button if b.key == f"writer_submit_{aid}"]  # no submit before confirming
     sent = client.requests("POST", ATTEMPTS)
@@ -134,8 +135,10 @@ def test_happy_path_check_fooled_confirm_submit(dynasent: LiveApi) -> None:
     assert now["tries_used"] == 1 and len(now["attempts"]) == 1
 
     attempt_id = now["attempts"][0]["id"]
-    assert at.button(key=f"writer_confirm_no_{attempt_id}").label == \
-        f"No, I judge this sentence to be {' or '.join(others)}."
+    assert (
+        at.button(key=f"writer_confirm_no_{attempt_id}").label
+        == f"No, I judge this sentence to be {' or '.join(others)}."
+    )
     at.button(key=f"writer_confirm_yes_{attempt_id}").click().run()
     assert state(dynasent, aid)["attempts"][0]["confirmed"] is True
     assert f"You confirmed that you judge this sentence to be **{target}**." in texts(at.info)
@@ -194,8 +197,7 @@ def test_model_unavailable_keeps_the_text_and_uses_no_try(dynasent: LiveApi) -> 
     dynasent.stubs.mode("fail")
     check(at, fooling(target))
     assert not at.exception, at.exception
-    assert "The model is not answering; try again in 5 s. Your text is kept and no try was used." \
-        in texts(at.warning)
+    assert "The model is not answering; try again in 5 s. Your text is kept and no try was used." in texts(at.warning)
     assert at.text_area(key=f"writer_text_{aid}").value == fooling(target)
     assert state(dynasent, aid)["tries_used"] == 0
     # A rerun (or a page switch and back) keeps the text too.
@@ -295,14 +297,22 @@ def test_intended_sarcasm_fields(live: LiveApi) -> None:
     at, client = sarcasm_app(live, "sarcastic")
     aid = held(at)["id"]
     assert "No prompt this time: write your sentence from scratch." in texts(at.info)
-    assert "**Your goal:** Write a ***sarcastic*** sentence that fools the model into predicting not_sarcastic." \
+    assert (
+        "**Your goal:** Write a ***sarcastic*** sentence that fools the model into predicting not_sarcastic."
         in texts(at.markdown)
+    )
     check(at, "Oh wonderful, another Monday meeting that could have been an email. Living the dream.")
     attempt_id = state(live, aid)["attempts"][-1]["id"]
     at.button(key=f"writer_confirm_yes_{attempt_id}").click().run()
     assert at.selectbox(key=f"writer_extra_intended_label_{aid}").value == "sarcastic"
     assert at.selectbox(key=f"writer_extra_category_{aid}").options == [
-        "sarcasm", "irony", "satire", "understatement", "overstatement", "rhetorical question"]
+        "sarcasm",
+        "irony",
+        "satire",
+        "understatement",
+        "overstatement",
+        "rhetorical question",
+    ]
     assert at.button(key=f"writer_submit_{aid}").disabled  # explanation and rephrase are required
     assert "Fill in: explanation, rephrase" in texts(at.caption)
     at.text_area(key=f"writer_extra_explanation_{aid}").set_value("Nobody enjoys pointless meetings.")
@@ -311,8 +321,12 @@ def test_intended_sarcasm_fields(live: LiveApi) -> None:
     at.run()
     at.button(key=f"writer_submit_{aid}").click().run()
     assert not at.exception, at.exception
-    extras = {"intended_label": "sarcastic", "explanation": "Nobody enjoys pointless meetings.",
-              "rephrase": "Another pointless meeting; I wish it were an email.", "category": "sarcasm"}
+    extras = {
+        "intended_label": "sarcastic",
+        "explanation": "Nobody enjoys pointless meetings.",
+        "rephrase": "Another pointless meeting; I wish it were an email.",
+        "category": "sarcasm",
+    }
     assert client.requests("POST", f"/assignments/{aid}/example")[0].body["extras"] == extras
     assert live.admin.example(example_of(live, aid))["extras"] == extras  # stored as sent
 
@@ -324,8 +338,9 @@ def test_intended_not_sarcastic_needs_no_explanation(live: LiveApi) -> None:
     at.button(key=f"writer_confirm_yes_{state(live, aid)['attempts'][-1]['id']}").click().run()
     assert not at.button(key=f"writer_submit_{aid}").disabled
     at.button(key=f"writer_submit_{aid}").click().run()
-    assert client.requests("POST", f"/assignments/{aid}/example")[0].body["extras"] == \
-        {"intended_label": "not_sarcastic"}
+    assert client.requests("POST", f"/assignments/{aid}/example")[0].body["extras"] == {
+        "intended_label": "not_sarcastic"
+    }
     assert state(live, aid)["status"] == "submitted"
 
 
@@ -430,26 +445,35 @@ def test_find_spans_counts_nfc_code_points() -> None:
 def test_highlight_and_attributions_escape_every_piece() -> None:
     markup = render.highlight_html("<b>Bob</b> & co", 3, 6)
     assert "&lt;b&gt;<mark" in markup and ">Bob</mark>&lt;/b&gt; &amp; co" in markup
-    tokens: list[dict[str, Any]] = [{"token": "<s>", "score": 0.0}, {"token": "Ġ<b>", "score": 0.5},
-                                    {"token": "Ġno", "score": -0.25}, {"token": "pe", "score": 0.1},
-                                    {"token": "</s>", "score": 0.0}]
+    tokens: list[dict[str, Any]] = [
+        {"token": "<s>", "score": 0.0},
+        {"token": "Ġ<b>", "score": 0.5},
+        {"token": "Ġno", "score": -0.25},
+        {"token": "pe", "score": 0.1},
+        {"token": "</s>", "score": 0.0},
+    ]
     shaded = render.attributions_html(tokens, label="weakly_positive")
     assert ">&lt;b&gt;</span>" in shaded and ">no</span><span" in shaded  # BPE pieces join into words
     assert "weakly positive" in shaded and "<s>" not in shaded
-    wordpiece = render.attributions_html([{"token": "un", "score": 0.2}, {"token": "##kind", "score": 0.4}],
-                                         label="negative")
+    wordpiece = render.attributions_html(
+        [{"token": "un", "score": 0.2}, {"token": "##kind", "score": 0.4}], label="negative"
+    )
     assert ">un</span><span" in wordpiece and ">kind</span>" in wordpiece
 
 
 def test_the_goal_is_the_apis_sentence_escaped_with_the_target_emphasised() -> None:
     goal = "Write a negative sentence that fools the model into predicting positive or neutral."
     assert render.emphasize_markdown(goal, "negative") == (
-        r"Write a ***negative*** sentence that fools the model into predicting positive or neutral\.")
+        r"Write a ***negative*** sentence that fools the model into predicting positive or neutral\."
+    )
     # Only a whole word, the first one: not "negative" inside "weakly_negative".
-    assert render.emphasize_markdown("Write a weakly_negative, not a negative, one.", "negative") == \
-        r"Write a weakly\_negative\, not a ***negative***\, one\."
-    assert render.emphasize_markdown("exactly anger + disgust.", "anger + disgust") == \
-        r"exactly ***anger \+ disgust***\."
+    assert (
+        render.emphasize_markdown("Write a weakly_negative, not a negative, one.", "negative")
+        == r"Write a weakly\_negative\, not a ***negative***\, one\."
+    )
+    assert (
+        render.emphasize_markdown("exactly anger + disgust.", "anger + disgust") == r"exactly ***anger \+ disgust***\."
+    )
     # Text from the API is never Markdown or HTML; a phrase that is not there changes nothing.
     assert render.emphasize_markdown("<b>**x**</b> [a](b)", "positive") == r"\<b\>\*\*x\*\*\<\/b\> \[a\]\(b\)"
     assert render.emphasize_markdown("a *b* c", "*b*") == r"a ***\*b\**** c"

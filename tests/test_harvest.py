@@ -20,9 +20,6 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from modelling.init_model import init_model_dir
-from round_builder import export
-from round_builder.build import BuildConfig, build_round
 from modelling.harvest import (
     POOL_HIGH,
     POOL_LOW,
@@ -33,6 +30,9 @@ from modelling.harvest import (
     sample_sentences,
     split_sentences,
 )
+from modelling.init_model import init_model_dir
+from round_builder import export
+from round_builder.build import BuildConfig, build_round
 from services.db.engine import session_scope
 from services.db.models import Example, ExampleOrigin, ExampleStatus, Prompt
 from services.domain.rounds import get_round
@@ -67,9 +67,14 @@ def write_corpus(path: Path) -> Path:
     rows = []
     for stars in (1, 3, 5):
         for i in range(6):
-            rows.append({"review_id": f"r{stars}-{i}", "stars": stars,
-                         "body": f"The great soup {stars}{i} was served.\nThe awful bread {stars}{i} came late. "
-                                 f"The plain table {stars}{i} stood there."})
+            rows.append(
+                {
+                    "review_id": f"r{stars}-{i}",
+                    "stars": stars,
+                    "body": f"The great soup {stars}{i} was served.\nThe awful bread {stars}{i} came late. "
+                    f"The plain table {stars}{i} stood there.",
+                }
+            )
     rows.append({"review_id": "dup", "stars": 2, "body": "The plain table 10 stood there. Ok."})
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
@@ -80,9 +85,14 @@ def write_corpus(path: Path) -> Path:
 
 def test_sentences_are_split_with_pysbd_and_line_breaks() -> None:
     assert split_sentences("Dr. Smith was late. The U.S. office paid $5.50 for it!\nNever again") == [
-        "Dr. Smith was late.", "The U.S. office paid $5.50 for it!", "Never again"]
+        "Dr. Smith was late.",
+        "The U.S. office paid $5.50 for it!",
+        "Never again",
+    ]
     assert split_sentences("The food was cold!!! The staff   did not care...  ") == [
-        "The food was cold!!!", "The staff did not care..."]
+        "The food was cold!!!",
+        "The staff did not care...",
+    ]
     assert split_sentences("ቡናው ጥሩ ነበር። አገልግሎቱ ግን መጥፎ ነበር።", "am") == ["ቡናው ጥሩ ነበር።", "አገልግሎቱ ግን መጥፎ ነበር።"]
     assert split_sentences("Hello there. Fine.", "xx-Latn") == ["Hello there.", "Fine."]  # no rules: English
     assert split_sentences("  \n ") == []
@@ -90,8 +100,9 @@ def test_sentences_are_split_with_pysbd_and_line_breaks() -> None:
 
 def _pools(n_low: int, n_high: int, n_other: int) -> tuple[np.ndarray, np.ndarray]:
     ratings = [1] * n_low + [5] * n_high + [3] * (n_other // 2) + [1] * (n_other - n_other // 2)
-    predicted: list[str | None] = (["positive"] * n_low + ["negative"] * n_high + [None] * (n_other // 2)
-                                   + ["negative"] * (n_other - n_other // 2))
+    predicted: list[str | None] = (
+        ["positive"] * n_low + ["negative"] * n_high + [None] * (n_other // 2) + ["negative"] * (n_other - n_other // 2)
+    )
     return np.array(ratings, dtype=float), np.array(predicted, dtype=object)
 
 
@@ -136,8 +147,9 @@ def test_a_short_pool_is_made_up_and_reported() -> None:
 def test_thresholds_and_labels_are_settings() -> None:
     ratings = np.array([2, 2, 4, 4, 3, 3], dtype=float)
     predicted = np.array(["pos", "neg", "neg", "pos", "pos", "neg"], dtype=object)
-    draw = sample_sentences(ratings, predicted, 4, low_rating=2, high_rating=4, positive_label="pos",
-                            negative_label="neg", seed=0)
+    draw = sample_sentences(
+        ratings, predicted, 4, low_rating=2, high_rating=4, positive_label="pos", negative_label="neg", seed=0
+    )
     assert draw.indices[POOL_LOW].tolist() == [0] and draw.indices[POOL_HIGH].tolist() == [2]
 
 
@@ -145,7 +157,9 @@ def test_thresholds_and_labels_are_settings() -> None:
 
 
 def test_corpus_formats_and_clear_errors(tmp_path: Path) -> None:
-    frame = pd.DataFrame({"text": ["Good food. Bad staff.", None, "Fine."], "rating": [5.0, 1.0, 3.0], "id": ["a", "b", "c"]})
+    frame = pd.DataFrame(
+        {"text": ["Good food. Bad staff.", None, "Fine."], "rating": [5.0, 1.0, 3.0], "id": ["a", "b", "c"]}
+    )
     frame.to_parquet(tmp_path / "c.parquet")
     frame.to_json(tmp_path / "c.jsonl", orient="records", lines=True)
     for name in ("c.parquet", "c.jsonl"):
@@ -160,7 +174,7 @@ def test_corpus_formats_and_clear_errors(tmp_path: Path) -> None:
         "empty.csv": "empty.csv is empty",
         "header.csv": "has no rows",
         "no-rating.csv": r"has no column 'rating' \(columns: \['text', 'score'\]\); name the right one with "
-                         "--rating-column",
+        "--rating-column",
         "bad-rating.csv": r"1 row\(s\) of bad-rating.csv have no numeric 'rating': row 2 \('one star'\)",
         "no-text.csv": "none with text",
         "corpus.xlsx": "cannot tell the format",
@@ -181,16 +195,30 @@ def _open(client: Any, researcher: Any) -> dict[str, Any]:
 
 
 def test_harvested_examples_are_validated_and_built_into_chance_level_splits(
-        app, client, researcher, validators, model_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app, client, researcher, validators, model_dir, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     round_ = _open(client, researcher)
     corpus = write_corpus(tmp_path / "reviews.csv")
-    report = harvest(app.state.sessionmaker, "dynasent-r2", 1, corpus, model_dir, 48, text_column="body",
-                     rating_column="stars", id_column="review_id", seed=1, predictor=fake_predictor)
+    report = harvest(
+        app.state.sessionmaker,
+        "dynasent-r2",
+        1,
+        corpus,
+        model_dir,
+        48,
+        text_column="body",
+        rating_column="stars",
+        id_column="review_id",
+        seed=1,
+        predictor=fake_predictor,
+    )
     assert (report.documents, report.sentences) == (19, 56)
     assert report.skipped["duplicates"] == 1 and report.skipped["too_short"] == 1  # "Ok." is under 10 characters
-    assert report.pools == {POOL_LOW: {"available": 6, "wanted": 12, "selected": 6},
-                            POOL_HIGH: {"available": 6, "wanted": 12, "selected": 6},
-                            POOL_RANDOM: {"available": 42, "wanted": 24, "selected": 36}}
+    assert report.pools == {
+        POOL_LOW: {"available": 6, "wanted": 12, "selected": 6},
+        POOL_HIGH: {"available": 6, "wanted": 12, "selected": 6},
+        POOL_RANDOM: {"available": 42, "wanted": 24, "selected": 36},
+    }
     assert report.written == 48 and any("is short" in note for note in report.notes)
 
     with session_scope(app.state.sessionmaker) as session:
@@ -226,14 +254,21 @@ def test_harvested_examples_are_validated_and_built_into_chance_level_splits(
             if not batch["data"]:
                 break
             for item in batch["data"]:
-                response = client.post(f"/api/v1/examples/{item['example_id']}/validations",
-                                       json={"label": gold[item["example_id"]]}, headers=validator.headers)
+                response = client.post(
+                    f"/api/v1/examples/{item['example_id']}/validations",
+                    json={"label": gold[item["example_id"]]},
+                    headers=validator.headers,
+                )
                 assert response.status_code == 201, response.text
     record = client.get(f"/api/v1/examples/{examples[0].id}", headers=researcher.headers).json()
     assert record["origin"] == "harvested" and record["writer"] is None and record["attempts"] == []
     assert record["source"]["corpus"] == "reviews.csv" and len(record["validations"]) == 5
-    assert client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"},
-                       headers=researcher.headers).status_code == 200
+    assert (
+        client.post(
+            f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers
+        ).status_code
+        == 200
+    )
 
     with session_scope(app.state.sessionmaker) as session:
         assert all(e.status is ExampleStatus.validated for e in session.scalars(select(Example)))
@@ -256,8 +291,13 @@ def test_harvest_as_prompts_for_writers(app, client, researcher, writer, model_d
     with session_scope(app.state.sessionmaker) as session:
         prompts = list(session.scalars(select(Prompt).where(Prompt.round_id == round_["id"])))
         assert len(prompts) == 10 and session.scalar(select(Example.id)) is None
-        assert all(p.source == "reviews.csv" and p.meta["pool"] in (POOL_LOW, POOL_HIGH, POOL_RANDOM)
-                   and p.meta["model_id"] == "model-0" and p.external_id.count(":") == 1 for p in prompts)
+        assert all(
+            p.source == "reviews.csv"
+            and p.meta["pool"] in (POOL_LOW, POOL_HIGH, POOL_RANDOM)
+            and p.meta["model_id"] == "model-0"
+            and p.external_id.count(":") == 1
+            for p in prompts
+        )
         low = [p for p in prompts if p.meta["pool"] == POOL_LOW]
         assert len(low) == 3 and all(p.meta["rating"] == 1 and p.meta["model_prediction"] == "positive" for p in low)
     # Harvesting again never repeats a sentence already in the round.
@@ -277,16 +317,31 @@ def test_bad_harvests_fail_clearly_and_write_nothing(app, client, researcher, mo
     before = table_counts(app)
     cases = [
         (dict(corpus_path=corpus), HarvestError, "no column 'text'.*--text-column"),
-        (dict(corpus_path=tmp_path / "none.csv", text_column="body", rating_column="stars"), HarvestError,
-         "no corpus file"),
-        (dict(corpus_path=corpus, text_column="body", rating_column="stars", negative_label="bad"), HarvestError,
-         "label 'bad' is not a label.*--negative-label"),
-        (dict(corpus_path=corpus, text_column="body", rating_column="stars", min_chars=400), HarvestError,
-         "none of the 56 sentences"),
-        (dict(corpus_path=corpus, text_column="body", rating_column="stars", model_dir=tmp_path), HarvestError,
-         "no dynaloop_model.json"),
-        (dict(corpus_path=corpus, text_column="body", rating_column="stars", model_dir=weightless, predictor=None),
-         HarvestError, "cannot load the harvesting model"),
+        (
+            dict(corpus_path=tmp_path / "none.csv", text_column="body", rating_column="stars"),
+            HarvestError,
+            "no corpus file",
+        ),
+        (
+            dict(corpus_path=corpus, text_column="body", rating_column="stars", negative_label="bad"),
+            HarvestError,
+            "label 'bad' is not a label.*--negative-label",
+        ),
+        (
+            dict(corpus_path=corpus, text_column="body", rating_column="stars", min_chars=400),
+            HarvestError,
+            "none of the 56 sentences",
+        ),
+        (
+            dict(corpus_path=corpus, text_column="body", rating_column="stars", model_dir=tmp_path),
+            HarvestError,
+            "no dynaloop_model.json",
+        ),
+        (
+            dict(corpus_path=corpus, text_column="body", rating_column="stars", model_dir=weightless, predictor=None),
+            HarvestError,
+            "cannot load the harvesting model",
+        ),
     ]
     for kwargs, error, message in cases:
         arguments: dict[str, Any] = {"model_dir": model_dir, "n": 10, "predictor": fake_predictor, **kwargs}
@@ -295,10 +350,22 @@ def test_bad_harvests_fail_clearly_and_write_nothing(app, client, researcher, mo
         assert table_counts(app) == before
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     with pytest.raises(Conflict, match="round 1 is closed"):
-        harvest(factory, "dynasent-r2", 1, corpus, model_dir, 10, text_column="body", rating_column="stars",
-                predictor=fake_predictor)
-    response = client.post("/api/v1/tasks", content=example_yaml("ethioemo-amharic", onboarding_quiz=None).encode(),
-                           headers={**researcher.headers, "Content-Type": "application/yaml"})
+        harvest(
+            factory,
+            "dynasent-r2",
+            1,
+            corpus,
+            model_dir,
+            10,
+            text_column="body",
+            rating_column="stars",
+            predictor=fake_predictor,
+        )
+    response = client.post(
+        "/api/v1/tasks",
+        content=example_yaml("ethioemo-amharic", onboarding_quiz=None).encode(),
+        headers={**researcher.headers, "Content-Type": "application/yaml"},
+    )
     client.post(f"/api/v1/tasks/{response.json()['name']}/rounds", json={}, headers=researcher.headers)
     with pytest.raises(HarvestError, match="is multi_label; harvesting"):
         harvest(factory, response.json()["name"], 1, corpus, model_dir, 10, predictor=fake_predictor)
@@ -308,10 +375,35 @@ def test_cli_harvest_with_the_real_model(app, client, researcher, settings, mode
     _open(client, researcher)
     corpus = write_corpus(tmp_path / "reviews.csv")
     runner = CliRunner()
-    base = ["round", "harvest", "--task", "dynasent-r2", "--round", "1", "--model", str(model_dir),
-            "--database-url", settings.database_url]
-    result = runner.invoke(cli, [*base, "--corpus", str(corpus), "--n", "12", "--text-column", "body",
-                                 "--rating-column", "stars", "--seed", "5"], env={"COLUMNS": "200"})
+    base = [
+        "round",
+        "harvest",
+        "--task",
+        "dynasent-r2",
+        "--round",
+        "1",
+        "--model",
+        str(model_dir),
+        "--database-url",
+        settings.database_url,
+    ]
+    result = runner.invoke(
+        cli,
+        [
+            *base,
+            "--corpus",
+            str(corpus),
+            "--n",
+            "12",
+            "--text-column",
+            "body",
+            "--rating-column",
+            "stars",
+            "--seed",
+            "5",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     assert "19 texts, 56 sentences; model model-0 version 0" in result.output
     assert "wrote 12 examples to dynasent-r2 round 1" in result.output and POOL_RANDOM in result.output
@@ -320,8 +412,11 @@ def test_cli_harvest_with_the_real_model(app, client, researcher, settings, mode
     assert len(predictions) == 12 and all(p is not None and p[0] in LABELS for p in predictions)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"body": "Nice place here.", "stars": "five"}) + "\n", encoding="utf-8")
-    result = runner.invoke(cli, [*base, "--corpus", str(bad), "--n", "3", "--text-column", "body",
-                                 "--rating-column", "stars"], env={"COLUMNS": "200"})
+    result = runner.invoke(
+        cli,
+        [*base, "--corpus", str(bad), "--n", "3", "--text-column", "body", "--rating-column", "stars"],
+        env={"COLUMNS": "200"},
+    )
     assert result.exit_code == 1 and "no numeric 'stars'" in result.output and "Traceback" not in result.output
     result = runner.invoke(cli, [*base, "--corpus", str(corpus), "--n", "3", "--as", "both"])
     assert result.exit_code == 1 and "--as takes examples or prompts" in result.output

@@ -38,7 +38,7 @@ import yaml
 from rapidfuzz.distance import Levenshtein
 
 from services.taskdef import example_path
-from tests.conftest import BACKENDS, Actor, example_yaml, fresh_postgres_database, free_port
+from tests.conftest import BACKENDS, Actor, example_yaml, free_port, fresh_postgres_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -67,8 +67,7 @@ def _dynaloop_command() -> list[str]:
 def _child_env(data_dir: Path) -> dict[str, str]:
     """The environment of every child: no DYNALOOP_* settings leak in from the caller."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
-    env.update({"DYNALOOP_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "COLUMNS": "200",
-                "NO_COLOR": "1"})
+    env.update({"DYNALOOP_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "COLUMNS": "200", "NO_COLOR": "1"})
     return env
 
 
@@ -79,8 +78,15 @@ class Process:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        self.popen = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def log_tail(self, chars: int = 4000) -> str:
         self._log.flush()
@@ -92,8 +98,9 @@ class Process:
         last = "no answer yet"
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
-                pytest.fail(f"{self.name} exited with {self.popen.returncode} before answering {url}:\n"
-                            f"{self.log_tail()}")
+                pytest.fail(
+                    f"{self.name} exited with {self.popen.returncode} before answering {url}:\n{self.log_tail()}"
+                )
             try:
                 response = httpx.get(url, timeout=1.0)
                 if response.status_code == 200:
@@ -125,21 +132,41 @@ class Process:
 
 
 def _run_cli(args: list[str], *, env: dict[str, str], cwd: Path) -> str:
-    result = subprocess.run([*_dynaloop_command(), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [*_dynaloop_command(), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, f"dynaloop {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
 
-def _create_users(specs: list[tuple[str, list[str]]], database_url: str, *, env: dict[str, str],
-                  cwd: Path) -> dict[str, str]:
+def _create_users(
+    specs: list[tuple[str, list[str]]], database_url: str, *, env: dict[str, str], cwd: Path
+) -> dict[str, str]:
     """Create users with the CLI, all at once; returns username -> token (the last stdout line)."""
     running = []
     for username, args in specs:
         argv = [*_dynaloop_command(), "user", *args, "--database-url", database_url]
-        running.append((username, args, subprocess.Popen(
-            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            stdin=subprocess.DEVNULL)))
+        running.append(
+            (
+                username,
+                args,
+                subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    stdin=subprocess.DEVNULL,
+                ),
+            )
+        )
     tokens: dict[str, str] = {}
     failures = []
     for username, args, popen in running:
@@ -159,8 +186,6 @@ def _create_users(specs: list[tuple[str, list[str]]], database_url: str, *, env:
     assert not failures, "\n".join(failures)
     assert all(token.startswith("dl_") and " " not in token for token in tokens.values()), tokens
     return tokens
-
-
 
 
 @dataclass
@@ -202,9 +227,15 @@ def deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         stubs: dict[str, str] = {}
         for name, args in stub_specs.items():
             port = free_port()
-            processes.append(Process(f"stub-{name}", [sys.executable, "-m", "tests.stub_model_server",
-                                                      "--port", str(port), *args],
-                                     cwd=REPO_ROOT, env=env, log_dir=workdir))
+            processes.append(
+                Process(
+                    f"stub-{name}",
+                    [sys.executable, "-m", "tests.stub_model_server", "--port", str(port), *args],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    log_dir=workdir,
+                )
+            )
             stubs[name] = f"http://127.0.0.1:{port}"
 
         out = _run_cli(["db", "upgrade", "--database-url", database_url], env=env, cwd=workdir)
@@ -212,15 +243,32 @@ def deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         tokens = _create_users(
             [("rita", ["create-admin", "rita"]), ("walt", ["create", "walt", "--role", "writer"])]
             + [(name, ["create", name, "--role", "validator"]) for name in VALIDATORS],
-            database_url, env=env, cwd=workdir,
+            database_url,
+            env=env,
+            cwd=workdir,
         )
 
         api_port = free_port()
-        api = Process("api", [*_dynaloop_command(), "api", "--port", str(api_port), "--database-url",
-                              database_url, "--log-level", "warning"], cwd=workdir, env=env, log_dir=workdir)
+        api = Process(
+            "api",
+            [
+                *_dynaloop_command(),
+                "api",
+                "--port",
+                str(api_port),
+                "--database-url",
+                database_url,
+                "--log-level",
+                "warning",
+            ],
+            cwd=workdir,
+            env=env,
+            log_dir=workdir,
+        )
         processes.append(api)
-        for process, url in zip(processes, [*(f"{u}/info" for u in stubs.values()),
-                                            f"http://127.0.0.1:{api_port}/health"], strict=True):
+        for process, url in zip(
+            processes, [*(f"{u}/info" for u in stubs.values()), f"http://127.0.0.1:{api_port}/health"], strict=True
+        ):
             process.wait_ready(url)
         for name, url in stubs.items():
             info = httpx.get(f"{url}/info", timeout=5).json()
@@ -233,7 +281,11 @@ def deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         me = client.get("/api/v1/me", headers=researcher.headers).json()
         assert me["username"] == "rita" and set(me["roles"]) == {"admin", "researcher"}, me
         yield Deployment(
-            backend=backend, api=client, stubs=stubs, researcher=researcher, writer=Actor("walt", tokens["walt"]),
+            backend=backend,
+            api=client,
+            stubs=stubs,
+            researcher=researcher,
+            writer=Actor("walt", tokens["walt"]),
             validators=[Actor(name, tokens[name]) for name in VALIDATORS],
         )
 
@@ -241,9 +293,18 @@ def deployment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 # --- helpers ------------------------------------------------------------------------------
 
 
-def call(client: httpx.Client, method: str, path: str, actor: Actor, expect: int, *,
-         json_body: Any = None, content: bytes | None = None, content_type: str | None = None,
-         headers: dict[str, str] | None = None) -> Any:
+def call(
+    client: httpx.Client,
+    method: str,
+    path: str,
+    actor: Actor,
+    expect: int,
+    *,
+    json_body: Any = None,
+    content: bytes | None = None,
+    content_type: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
     """One API request; asserts the status code and returns the JSON body."""
     all_headers = {**actor.headers, **(headers or {})}
     if content_type:
@@ -254,25 +315,35 @@ def call(client: httpx.Client, method: str, path: str, actor: Actor, expect: int
 
 
 def create_task(d: Deployment, yaml_text: str) -> dict[str, Any]:
-    return call(d.api, "POST", "/tasks", d.researcher, 201, content=yaml_text.encode("utf-8"),
-                content_type="application/yaml")
+    return call(
+        d.api, "POST", "/tasks", d.researcher, 201, content=yaml_text.encode("utf-8"), content_type="application/yaml"
+    )
 
 
 def open_round(d: Deployment, task: str, endpoint: str, **options: Any) -> dict[str, Any]:
-    round_ = call(d.api, "POST", f"/tasks/{task}/rounds", d.researcher, 201,
-                  json_body={"model_endpoints": [endpoint], **options})
+    round_ = call(
+        d.api, "POST", f"/tasks/{task}/rounds", d.researcher, 201, json_body={"model_endpoints": [endpoint], **options}
+    )
     assert round_["number"] == 1 and round_["status"] == "collecting"
     assert round_["model_endpoints"] == [endpoint]
     return round_
 
 
-def attempt(d: Deployment, assignment_id: int, text: str, key: str, expect: int = 201,
-            target_span: list[int] | None = None) -> Any:
+def attempt(
+    d: Deployment, assignment_id: int, text: str, key: str, expect: int = 201, target_span: list[int] | None = None
+) -> Any:
     body: dict[str, Any] = {"text": text}
     if target_span is not None:
         body["target_span"] = target_span
-    return call(d.api, "POST", f"/assignments/{assignment_id}/attempts", d.writer, expect, json_body=body,
-                headers={"Idempotency-Key": key})
+    return call(
+        d.api,
+        "POST",
+        f"/assignments/{assignment_id}/attempts",
+        d.writer,
+        expect,
+        json_body=body,
+        headers={"Idempotency-Key": key},
+    )
 
 
 def expected_distance(prompt: str, text: str) -> float:
@@ -281,19 +352,41 @@ def expected_distance(prompt: str, text: str) -> float:
 
 
 def validate(d: Deployment, validator: Actor, example_id: int, label: str | list[str], key: str) -> Any:
-    return call(d.api, "POST", f"/examples/{example_id}/validations", validator, 201,
-                json_body={"label": label, "seconds_taken": 4.5}, headers={"Idempotency-Key": key})
+    return call(
+        d.api,
+        "POST",
+        f"/examples/{example_id}/validations",
+        validator,
+        201,
+        json_body={"label": label, "seconds_taken": 4.5},
+        headers={"Idempotency-Key": key},
+    )
 
 
 # --- cycle 1: DynaSent --------------------------------------------------------------------
 
 DYNASENT_PROMPTS = [
-    {"text": "The soup was fine and the bread was fresh.", "id": "y1", "source": "yelp", "stars": "3",
-     "business": "Cafe Roma"},
-    {"text": "We went there on a Sunday afternoon.", "id": "y2", "source": "yelp", "stars": "4",
-     "business": "Diner, Inc."},
-    {"text": "The staff were friendly and quick.", "id": "y3", "source": "yelp", "stars": "5",
-     "business": "Noodle \"Bar\""},
+    {
+        "text": "The soup was fine and the bread was fresh.",
+        "id": "y1",
+        "source": "yelp",
+        "stars": "3",
+        "business": "Cafe Roma",
+    },
+    {
+        "text": "We went there on a Sunday afternoon.",
+        "id": "y2",
+        "source": "yelp",
+        "stars": "4",
+        "business": "Diner, Inc.",
+    },
+    {
+        "text": "The staff were friendly and quick.",
+        "id": "y3",
+        "source": "yelp",
+        "stars": "5",
+        "business": 'Noodle "Bar"',
+    },
 ]
 # For each target: a sentence the stub labels with the target (does not fool it), and one it
 # labels otherwise (fools it) although a person would give it the target.
@@ -323,8 +416,15 @@ def test_dynasent_cycle(deployment: Deployment) -> None:
     round_ = open_round(d, "dynasent-r2", d.stubs["sentiment"])
     rid = round_["id"]
 
-    report = call(d.api, "POST", f"/rounds/{rid}/prompts", d.researcher, 200,
-                  content=_prompts_csv(DYNASENT_PROMPTS), content_type="text/csv")
+    report = call(
+        d.api,
+        "POST",
+        f"/rounds/{rid}/prompts",
+        d.researcher,
+        200,
+        content=_prompts_csv(DYNASENT_PROMPTS),
+        content_type="text/csv",
+    )
     assert report == {"rows": 4, "imported": 3, "duplicates_in_file": 1, "already_present": 0}
 
     # Onboarding: no assignment before the quiz; one failed attempt; then all answers right.
@@ -340,12 +440,10 @@ def test_dynasent_cycle(deployment: Deployment) -> None:
     wrong = list(right)
     wrong[3] = next(option for option in quiz["questions"][3]["options"] if option != right[3])
     failed = call(d.api, "POST", "/tasks/dynasent-r2/quiz/attempts", d.writer, 200, json_body={"answers": wrong})
-    assert failed == {"passed": False, "correct": 7, "wrong_questions": [4], "attempts_used": 1,
-                      "attempts_left": 4}
+    assert failed == {"passed": False, "correct": 7, "wrong_questions": [4], "attempts_used": 1, "attempts_left": 4}
     call(d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 403, json_body={})
     passed = call(d.api, "POST", "/tasks/dynasent-r2/quiz/attempts", d.writer, 200, json_body={"answers": right})
-    assert passed == {"passed": True, "correct": 8, "wrong_questions": [], "attempts_used": 2,
-                      "attempts_left": 3}
+    assert passed == {"passed": True, "correct": 8, "wrong_questions": [], "attempts_used": 2, "attempts_left": 3}
 
     # The writer's assignment: a prompt with its CSV metadata and a target label.
     assignment = call(d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 201, json_body={})
@@ -370,18 +468,26 @@ def test_dynasent_cycle(deployment: Deployment) -> None:
     state = call(d.api, "GET", f"/assignments/{assignment['id']}", d.writer, 200)
     assert state["tries_used"] == 2 and [a["id"] for a in state["attempts"]] == [first["id"], second["id"]]
 
-    confirmed = call(d.api, "POST", f"/attempts/{second['id']}/confirmation", d.writer, 200,
-                     json_body={"agrees": True})
+    confirmed = call(d.api, "POST", f"/attempts/{second['id']}/confirmation", d.writer, 200, json_body={"agrees": True})
     assert confirmed["confirmed"] is True
-    example = call(d.api, "POST", f"/assignments/{assignment['id']}/example", d.writer, 201,
-                   json_body={"attempt_id": second["id"]}, headers={"Idempotency-Key": "dyn-submit"})
+    example = call(
+        d.api,
+        "POST",
+        f"/assignments/{assignment['id']}/example",
+        d.writer,
+        201,
+        json_body={"attempt_id": second["id"]},
+        headers={"Idempotency-Key": "dyn-submit"},
+    )
     assert example["text"] == text2 and example["fooled"] is True and example["status"] == "validating"
     assert example["target_label"] == [target] and example["extras"] == {}
     eid = example["id"]
 
     # Collection ends; validation goes on.
-    assert call(d.api, "POST", f"/rounds/{rid}/status", d.researcher, 200,
-                json_body={"status": "validating"})["status"] == "validating"
+    assert (
+        call(d.api, "POST", f"/rounds/{rid}/status", d.researcher, 200, json_body={"status": "validating"})["status"]
+        == "validating"
+    )
     call(d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 409, json_body={})
 
     # Five validators each fetch a batch (the one example) and label it: four agree with the
@@ -396,8 +502,11 @@ def test_dynasent_cycle(deployment: Deployment) -> None:
         stored = validate(d, validator, eid, label, f"dyn-v{number}")
         assert stored["label"] == [label] and stored["counted"] is True
     # A retried request (same key, same label) is answered from the first and adds nothing.
-    replay = d.api.post(f"/api/v1/examples/{eid}/validations", json={"label": target, "seconds_taken": 4.5},
-                        headers={**d.validators[0].headers, "Idempotency-Key": "dyn-v0"})
+    replay = d.api.post(
+        f"/api/v1/examples/{eid}/validations",
+        json={"label": target, "seconds_taken": 4.5},
+        headers={**d.validators[0].headers, "Idempotency-Key": "dyn-v0"},
+    )
     assert replay.status_code == 200 and replay.headers["Idempotent-Replayed"] == "true", replay.text
     # The sixth validator finds nothing left to label; the writer may not read the record.
     empty = call(d.api, "GET", f"/rounds/{rid}/validation-batch", d.validators[5], 200)
@@ -424,7 +533,8 @@ def test_dynasent_cycle(deployment: Deployment) -> None:
         assert a["model_id"] == "stub-model" and a["model_version"] == "1" and a["latency_ms"] > 0
     assert attempts[0]["seconds_since_start"] <= attempts[1]["seconds_since_start"]
     assert sorted((v["validator"], v["label"][0]) for v in record["validations"]) == sorted(
-        zip(VALIDATORS[:5], labels, strict=True))
+        zip(VALIDATORS[:5], labels, strict=True)
+    )
     assert all(v["counted"] and v["seconds_taken"] == 4.5 for v in record["validations"])
 
     stats = call(d.api, "GET", f"/rounds/{rid}/stats", d.researcher, 200)
@@ -432,8 +542,16 @@ def test_dynasent_cycle(deployment: Deployment) -> None:
     assert stats["assignments"] == {"active": 0, "submitted": 1, "skipped": 0, "expired": 0}
     assert stats["attempts"] == {"scored": 2, "fooled": 1, "model_unavailable": 0, "fooling_rate": 0.5}
     assert stats["confirmations"] == {"yes": 1, "no": 0, "rate": 1.0}
-    assert stats["examples"] == {"submitted": 1, "fooled": 1, "prompt": 1, "no_prompt": 0, "validating": 0,
-                                 "validated": 1, "dropped": 0, "by_target_label": {target: 1}}
+    assert stats["examples"] == {
+        "submitted": 1,
+        "fooled": 1,
+        "prompt": 1,
+        "no_prompt": 0,
+        "validating": 0,
+        "validated": 1,
+        "dropped": 0,
+        "by_target_label": {target: 1},
+    }
     assert stats["validations"] == {"given": 5, "counted": 5, "needed": 5, "coverage": 1.0}
     assert stats["prompts"] == {"total": 3, "used": 1}
 
@@ -453,16 +571,26 @@ def test_ethioemo_multi_label_cycle(deployment: Deployment) -> None:
     assert task["title"] == "EthioEmo Amharic: multi-label emotion / የስሜት መለያ (አማርኛ)"
     round_ = open_round(d, "ethioemo-amharic", d.stubs["emotion"], target_label_mode="writer_choice")
     rid = round_["id"]
-    lines = "\n".join(json.dumps({"text": t, "id": f"am{i}", "source": "twitter"}, ensure_ascii=False)
-                      for i, t in enumerate(AMHARIC_PROMPTS))
-    report = call(d.api, "POST", f"/rounds/{rid}/prompts", d.researcher, 200, content=lines.encode("utf-8"),
-                  content_type="application/x-ndjson")
+    lines = "\n".join(
+        json.dumps({"text": t, "id": f"am{i}", "source": "twitter"}, ensure_ascii=False)
+        for i, t in enumerate(AMHARIC_PROMPTS)
+    )
+    report = call(
+        d.api,
+        "POST",
+        f"/rounds/{rid}/prompts",
+        d.researcher,
+        200,
+        content=lines.encode("utf-8"),
+        content_type="application/x-ndjson",
+    )
     assert report["imported"] == 2
 
     # Example A: target set anger + disgust, two attempts.
     call(d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 422, json_body={"target_label": ["neutral", "joy"]})
-    first = call(d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 201,
-                 json_body={"target_label": ["disgust", "anger"]})
+    first = call(
+        d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 201, json_body={"target_label": ["disgust", "anger"]}
+    )
     assert first["target_label"] == ["anger", "disgust"]
     assert first["prompt"]["text"] in AMHARIC_PROMPTS
     plain = attempt(d, first["id"], ANGER_PLAIN, "am-1")
@@ -471,21 +599,23 @@ def test_ethioemo_multi_label_cycle(deployment: Deployment) -> None:
     assert fooling["prediction"] == ["neutral"] and fooling["fooled"] is True
     assert fooling["text"].encode("utf-8") == ANGER_FOOLING.encode("utf-8")
     assert fooling["edit_distance"] == pytest.approx(
-        expected_distance(first["prompt"]["text"], ANGER_FOOLING), abs=1e-9)
+        expected_distance(first["prompt"]["text"], ANGER_FOOLING), abs=1e-9
+    )
     call(d.api, "POST", f"/attempts/{fooling['id']}/confirmation", d.writer, 200, json_body={"agrees": True})
-    example_a = call(d.api, "POST", f"/assignments/{first['id']}/example", d.writer, 201,
-                     json_body={"attempt_id": fooling["id"]})
+    example_a = call(
+        d.api, "POST", f"/assignments/{first['id']}/example", d.writer, 201, json_body={"attempt_id": fooling["id"]}
+    )
     assert example_a["text"].encode("utf-8") == ANGER_FOOLING.encode("utf-8")
 
     # Example B: target sadness, fooled at the first try.
-    second = call(d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 201,
-                  json_body={"target_label": ["sadness"]})
+    second = call(d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 201, json_body={"target_label": ["sadness"]})
     assert {first["prompt"]["text"], second["prompt"]["text"]} == set(AMHARIC_PROMPTS)
     sad = attempt(d, second["id"], SADNESS_FOOLING, "am-3")
     assert sad["prediction"] == ["neutral"] and sad["fooled"] is True
     call(d.api, "POST", f"/attempts/{sad['id']}/confirmation", d.writer, 200, json_body={"agrees": True})
-    example_b = call(d.api, "POST", f"/assignments/{second['id']}/example", d.writer, 201,
-                     json_body={"attempt_id": sad["id"]})
+    example_b = call(
+        d.api, "POST", f"/assignments/{second['id']}/example", d.writer, 201, json_body={"attempt_id": sad["id"]}
+    )
     a_id, b_id = example_a["id"], example_b["id"]
 
     # Three validators label both examples with label sets. A: anger is chosen by 2 of 3 (gold);
@@ -517,7 +647,10 @@ def test_ethioemo_multi_label_cycle(deployment: Deployment) -> None:
     assert [a["text"] for a in record_a["attempts"]] == [ANGER_PLAIN, ANGER_FOOLING]
     assert [a["prediction"] for a in record_a["attempts"]] == [["anger", "disgust"], ["neutral"]]
     assert sorted((v["validator"], v["label"]) for v in record_a["validations"]) == [
-        ("val1", ["anger", "disgust"]), ("val2", ["anger"]), ("val3", ["sadness"])]
+        ("val1", ["anger", "disgust"]),
+        ("val2", ["anger"]),
+        ("val3", ["sadness"]),
+    ]
 
     record_b = call(d.api, "GET", f"/examples/{b_id}", d.researcher, 200)
     assert record_b["status"] == "validating"
@@ -542,9 +675,16 @@ def test_ethioemo_multi_label_cycle(deployment: Deployment) -> None:
     assert stats["assignments"]["submitted"] == 2 and stats["assignments"]["active"] == 0
     assert stats["attempts"] == {"scored": 3, "fooled": 2, "model_unavailable": 0, "fooling_rate": 2 / 3}
     assert stats["confirmations"] == {"yes": 2, "no": 0, "rate": 1.0}
-    assert stats["examples"] == {"submitted": 2, "fooled": 2, "prompt": 2, "no_prompt": 0, "validating": 0,
-                                 "validated": 1, "dropped": 1,
-                                 "by_target_label": {"anger+disgust": 1, "sadness": 1}}
+    assert stats["examples"] == {
+        "submitted": 2,
+        "fooled": 2,
+        "prompt": 2,
+        "no_prompt": 0,
+        "validating": 0,
+        "validated": 1,
+        "dropped": 1,
+        "by_target_label": {"anger+disgust": 1, "sadness": 1},
+    }
     assert stats["validations"] == {"given": 9, "counted": 9, "needed": 9, "coverage": 1.0}
     assert stats["prompts"] == {"total": 2, "used": 2}
 
@@ -565,14 +705,28 @@ def test_mad_tsc_target_dependent_cycle(deployment: Deployment) -> None:
     round_ = open_round(d, "mad-tsc", d.stubs["targeted"], target_label_mode="writer_choice")
     rid = round_["id"]
     line = json.dumps({"text": MADTSC_PROMPT, "id": "vox-1", "source": "voxeurop", "target": TARGET})
-    call(d.api, "POST", f"/rounds/{rid}/prompts", d.researcher, 200, content=line.encode("utf-8"),
-         content_type="application/x-ndjson")
-    passed = call(d.api, "POST", "/tasks/mad-tsc/quiz/attempts", d.writer, 200,
-                  json_body={"answers": [q["answer"] for q in quiz["questions"]]})
+    call(
+        d.api,
+        "POST",
+        f"/rounds/{rid}/prompts",
+        d.researcher,
+        200,
+        content=line.encode("utf-8"),
+        content_type="application/x-ndjson",
+    )
+    passed = call(
+        d.api,
+        "POST",
+        "/tasks/mad-tsc/quiz/attempts",
+        d.writer,
+        200,
+        json_body={"answers": [q["answer"] for q in quiz["questions"]]},
+    )
     assert passed["passed"] is True and passed["attempts_used"] == 1
 
-    assignment = call(d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 201,
-                      json_body={"target_label": "negative"})
+    assignment = call(
+        d.api, "POST", f"/rounds/{rid}/assignments", d.writer, 201, json_body={"target_label": "negative"}
+    )
     assert assignment["prompt"]["metadata"] == {"target": TARGET}
     # No span, or a span outside the text: refused before the model is asked.
     attempt(d, assignment["id"], MADTSC_PLAIN, "tsc-0", expect=422)
@@ -591,8 +745,14 @@ def test_mad_tsc_target_dependent_cycle(deployment: Deployment) -> None:
     assert calls == {"calls": 2, "targets": [[TARGET], [TARGET]]}
 
     call(d.api, "POST", f"/attempts/{fooling['id']}/confirmation", d.writer, 200, json_body={"agrees": True})
-    example = call(d.api, "POST", f"/assignments/{assignment['id']}/example", d.writer, 201,
-                   json_body={"attempt_id": fooling["id"], "extras": {"target_span": span}})
+    example = call(
+        d.api,
+        "POST",
+        f"/assignments/{assignment['id']}/example",
+        d.writer,
+        201,
+        json_body={"attempt_id": fooling["id"], "extras": {"target_span": span}},
+    )
     expected_extras = {"target_span": {"start": 12, "end": 25, "text": TARGET}}
     assert example["extras"] == expected_extras
     eid = example["id"]
@@ -600,10 +760,17 @@ def test_mad_tsc_target_dependent_cycle(deployment: Deployment) -> None:
     v1, v2, v3 = d.validators[:3]
     for validator in (v1, v2, v3):
         batch = call(d.api, "GET", f"/rounds/{rid}/validation-batch", validator, 200)
-        assert batch["validation_labels"] == ["negative", "weakly_negative", "neutral", "weakly_positive",
-                                              "positive", "unknown"]
-        assert batch["data"] == [{"example_id": eid, "text": MADTSC_FOOLING,
-                                  "target_span": expected_extras["target_span"]}]
+        assert batch["validation_labels"] == [
+            "negative",
+            "weakly_negative",
+            "neutral",
+            "weakly_positive",
+            "positive",
+            "unknown",
+        ]
+        assert batch["data"] == [
+            {"example_id": eid, "text": MADTSC_FOOLING, "target_span": expected_extras["target_span"]}
+        ]
     refused = call(d.api, "POST", f"/examples/{eid}/validations", v1, 422, json_body={"label": "mixed"})
     assert "weakly_negative" in refused["error"]["message"]
     validate(d, v1, eid, "weakly_negative", "t-1")
@@ -620,7 +787,10 @@ def test_mad_tsc_target_dependent_cycle(deployment: Deployment) -> None:
     assert [a["prediction"] for a in record["attempts"]] == [["negative"], ["neutral"]]
     assert [a["text"] for a in record["attempts"]] == [MADTSC_PLAIN, MADTSC_FOOLING]
     assert sorted((v["validator"], v["label"]) for v in record["validations"]) == [
-        ("val1", ["weakly_negative"]), ("val2", ["negative"]), ("val3", ["unknown"])]
+        ("val1", ["weakly_negative"]),
+        ("val2", ["negative"]),
+        ("val3", ["unknown"]),
+    ]
 
     stats = call(d.api, "GET", f"/rounds/{rid}/stats", d.researcher, 200)
     assert stats["attempts"] == {"scored": 2, "fooled": 1, "model_unavailable": 0, "fooling_rate": 0.5}

@@ -46,28 +46,37 @@ def test_a_round_made_through_the_api_breaks_no_rule(built, app) -> None:  # noq
 CORRUPTIONS: dict[str, Callable[[Any], list[str]]] = {
     # rule -> statements that break it (given the built round)
     "overcounted": lambda app: [
-        f"UPDATE examples SET validations_needed = 2 WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}"],
+        f"UPDATE examples SET validations_needed = 2 WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}"
+    ],
     "validation_count": lambda app: [
         f"UPDATE examples SET validation_count = validation_count + 1 "
-        f"WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}"],
+        f"WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}"
+    ],
     "self_validation": lambda app: [
         "UPDATE validations SET validator_id = (SELECT writer_id FROM examples WHERE examples.id = validations.example_id) "
-        f"WHERE id = {_one(app, 'SELECT MIN(id) FROM validations')}"],
+        f"WHERE id = {_one(app, 'SELECT MIN(id) FROM validations')}"
+    ],
     "tries_used": lambda app: [
-        f"UPDATE assignments SET tries_used = tries_used + 1 WHERE id = {_one(app, 'SELECT MIN(id) FROM assignments')}"],
+        f"UPDATE assignments SET tries_used = tries_used + 1 WHERE id = {_one(app, 'SELECT MIN(id) FROM assignments')}"
+    ],
     "unconfirmed_example": lambda app: [
         "UPDATE attempts SET confirmed = NULL WHERE id = "
-        f"{_one(app, 'SELECT MIN(a.id) FROM attempts a JOIN examples e ON e.attempt_id = a.id WHERE a.fooled')}"],
+        f"{_one(app, 'SELECT MIN(a.id) FROM attempts a JOIN examples e ON e.attempt_id = a.id WHERE a.fooled')}"
+    ],
     "example_without_attempt": lambda app: [
         f"UPDATE attempts SET text = 'changed after submission' "
-        f"WHERE id = {_one(app, 'SELECT MIN(attempt_id) FROM examples')}"],
+        f"WHERE id = {_one(app, 'SELECT MIN(attempt_id) FROM examples')}"
+    ],
     "unscored_example": lambda app: [
-        f"UPDATE attempts SET status = 'pending' WHERE id = {_one(app, 'SELECT MIN(attempt_id) FROM examples')}"],
+        f"UPDATE attempts SET status = 'pending' WHERE id = {_one(app, 'SELECT MIN(attempt_id) FROM examples')}"
+    ],
     "assignment_status": lambda app: [
-        f"UPDATE assignments SET status = 'active' WHERE id = {_one(app, 'SELECT MIN(assignment_id) FROM examples')}"],
+        f"UPDATE assignments SET status = 'active' WHERE id = {_one(app, 'SELECT MIN(assignment_id) FROM examples')}"
+    ],
     "validated_short": lambda app: [
         "UPDATE examples SET status = 'validated', validations_needed = validation_count + 1 "
-        f"WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}"],
+        f"WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}"
+    ],
 }
 
 
@@ -87,17 +96,27 @@ def test_duplicate_validations_are_found(built, app) -> None:  # noqa: F811
             pytest.skip("SQLite cannot drop a table constraint in place; covered on PostgreSQL")
         connection.execute(text("ALTER TABLE validations DROP CONSTRAINT uq_validations_example_validator"))
     try:
-        _run(app, "INSERT INTO validations (example_id, validator_id, label, flagged, counted, created_at) "
-                  "SELECT example_id, validator_id, label, flagged, false, created_at FROM validations "
-                  "WHERE id = (SELECT MIN(id) FROM validations)")
+        _run(
+            app,
+            "INSERT INTO validations (example_id, validator_id, label, flagged, counted, created_at) "
+            "SELECT example_id, validator_id, label, flagged, false, created_at FROM validations "
+            "WHERE id = (SELECT MIN(id) FROM validations)",
+        )
         found = {v["rule"] for v in _check(app)["violations"]}
         assert "duplicate_validation" in found
     finally:
-        _run(app, "DELETE FROM validations WHERE id NOT IN (SELECT MIN(id) FROM validations "
-                  "GROUP BY example_id, validator_id)")
+        _run(
+            app,
+            "DELETE FROM validations WHERE id NOT IN (SELECT MIN(id) FROM validations "
+            "GROUP BY example_id, validator_id)",
+        )
         with app.state.engine.begin() as connection:
-            connection.execute(text("ALTER TABLE validations ADD CONSTRAINT uq_validations_example_validator "
-                                    "UNIQUE (example_id, validator_id)"))
+            connection.execute(
+                text(
+                    "ALTER TABLE validations ADD CONSTRAINT uq_validations_example_validator "
+                    "UNIQUE (example_id, validator_id)"
+                )
+            )
 
 
 def test_orphans_are_found(built, app) -> None:  # noqa: F811
@@ -134,8 +153,11 @@ def test_check_command_reports_and_exits_nonzero(built, app, database_url) -> No
     result = runner.invoke(cli, ["check", "--database-url", database_url])
     assert result.exit_code == 0, result.output
     assert "no violations" in result.output
-    _run(app, f"UPDATE examples SET validation_count = validation_count + 1 "
-              f"WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}")
+    _run(
+        app,
+        f"UPDATE examples SET validation_count = validation_count + 1 "
+        f"WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}",
+    )
     result = runner.invoke(cli, ["check", "--database-url", database_url, "--json"])
     assert result.exit_code == 1
     report = json.loads(result.output)

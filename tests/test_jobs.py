@@ -19,8 +19,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from modelling.init_model import init_model_dir
 from modelling import jobs
+from modelling.init_model import init_model_dir
 from modelling.jobs import JobRunner, create_job, run_job
 from services.db.engine import session_scope
 from services.db.models import AuditEntry, Job, JobKind, JobStatus, ModelVersion, ModelVersionStatus, utcnow
@@ -32,15 +32,30 @@ from tests.test_round_build import LABELS, built  # noqa: F401 - the built-round
 pytestmark = pytest.mark.timeout(600)
 
 TOKEN = "jobs-test-admin-token-123"
-TINY_TRAIN = {"tiny": True, "epochs": 2, "batch_size": 2, "learning_rate": 5e-3, "max_length": 32, "cpu": True,
-              "round": 2}
+TINY_TRAIN = {
+    "tiny": True,
+    "epochs": 2,
+    "batch_size": 2,
+    "learning_rate": 5e-3,
+    "max_length": 32,
+    "cpu": True,
+    "round": 2,
+}
 
 
-def _create(app: Any, kind: str, params: dict[str, Any], *, task: str = "dynasent-r2",
-            admin_token: str | None = None) -> int:
+def _create(
+    app: Any, kind: str, params: dict[str, Any], *, task: str = "dynasent-r2", admin_token: str | None = None
+) -> int:
     with session_scope(app.state.sessionmaker) as session:
-        job, _ = create_job(session, None, get_task(session, task), kind, params,
-                            data_dir=app.state.settings.data_dir, admin_token=admin_token)
+        job, _ = create_job(
+            session,
+            None,
+            get_task(session, task),
+            kind,
+            params,
+            data_dir=app.state.settings.data_dir,
+            admin_token=admin_token,
+        )
         return job.id
 
 
@@ -113,8 +128,9 @@ def test_train_evaluate_promote_in_process(app, built, progress_seen, model_serv
         assert registered.status is ModelVersionStatus.evaluated
         assert set(registered.evaluation["macro_f1"]) == {"round 1 dev", "round 1 test"}
 
-    promote_id = _create(app, "promote", {"model_id": model["id"], "endpoint": model_server + "/",
-                                          "admin_token": TOKEN})
+    promote_id = _create(
+        app, "promote", {"model_id": model["id"], "endpoint": model_server + "/", "admin_token": TOKEN}
+    )
     promotion = _run(app, promote_id, admin_token=TOKEN)
     assert promotion.status is JobStatus.succeeded, promotion.message + "\n" + promotion.log
     assert promotion.result["endpoint"] == model_server
@@ -124,8 +140,14 @@ def test_train_evaluate_promote_in_process(app, built, progress_seen, model_serv
         registered = session.get(ModelVersion, model["id"])
         assert registered.status is ModelVersionStatus.promoted and registered.endpoint == model_server
         # The token is used, never stored: not in the params, the log, the message or the audit log.
-        stored = json.dumps([session.get(Job, promote_id).params, session.get(Job, promote_id).log,
-                             promotion.message, [e.details for e in session.scalars(select(AuditEntry))]])
+        stored = json.dumps(
+            [
+                session.get(Job, promote_id).params,
+                session.get(Job, promote_id).log,
+                promotion.message,
+                [e.details for e in session.scalars(select(AuditEntry))],
+            ]
+        )
         assert TOKEN not in stored and "admin_token" not in session.get(Job, promote_id).params
 
 
@@ -159,9 +181,11 @@ def test_a_train_job_takes_the_options_of_round_train(app, built, monkeypatch) -
         assert registered.hyperparameters["gradient_accumulation_steps"] == 2
         assert registered.hyperparameters["checkpoint_every"] == 1
 
-    for bad, message in [({"checkpoint_every": 0}, "params.checkpoint_every"),
-                         ({"checkpoint_every": "daily"}, "params.checkpoint_every"),
-                         ({"gradient_accumulation_steps": 0}, "params.gradient_accumulation_steps")]:
+    for bad, message in [
+        ({"checkpoint_every": 0}, "params.checkpoint_every"),
+        ({"checkpoint_every": "daily"}, "params.checkpoint_every"),
+        ({"gradient_accumulation_steps": 0}, "params.gradient_accumulation_steps"),
+    ]:
         with pytest.raises(Invalid, match=message):
             _create(app, "train", {**TINY_TRAIN, **bad})
 
@@ -179,8 +203,21 @@ def test_an_evaluate_job_takes_the_options_of_round_evaluate(app, built, tmp_pat
         _create(app, "evaluate", {"model_id": model_id, "positive_label": "joy"})
     with pytest.raises(Invalid, match="params.device"):
         _create(app, "evaluate", {"model_id": model_id, "device": "cuda; rm -rf /"})
-    job = _run(app, _create(app, "evaluate", {"model_id": model_id, "rounds": [1], "positive_label": "positive",
-                                              "device": "cpu", "record": False, "batch_size": 4}))
+    job = _run(
+        app,
+        _create(
+            app,
+            "evaluate",
+            {
+                "model_id": model_id,
+                "rounds": [1],
+                "positive_label": "positive",
+                "device": "cpu",
+                "record": False,
+                "batch_size": 4,
+            },
+        ),
+    )
     assert job.status is JobStatus.succeeded, job.message + "\n" + job.log
     assert [s["name"] for s in job.result["sets"]] == ["round 1 dev", "round 1 test"]
     assert (Path(job.result["out_dir"]) / "evaluation.json").is_file()
@@ -215,8 +252,9 @@ def test_failures_are_recorded_with_a_clear_message(app, built, monkeypatch, tmp
         model = record_evaluation(session, get_task(session, "dynasent-r2"), root / "m", {"dev": {"macro_f1": 0.5}})
         model_id = model.id
     down = f"http://127.0.0.1:{free_port()}"
-    job = _run(app, _create(app, "promote", {"model_id": model_id, "endpoint": down, "admin_token": TOKEN}),
-               admin_token=TOKEN)
+    job = _run(
+        app, _create(app, "promote", {"model_id": model_id, "endpoint": down, "admin_token": TOKEN}), admin_token=TOKEN
+    )
     assert job.status is JobStatus.failed
     assert job.message.startswith(f"the model server at {down} is down or unreachable")
     with session_scope(app.state.sessionmaker) as session:
@@ -229,17 +267,46 @@ def test_failures_are_recorded_with_a_clear_message(app, built, monkeypatch, tmp
 def test_a_job_whose_process_is_gone_is_reported_failed(app, client, researcher) -> None:  # type: ignore[no-untyped-def]
     with session_scope(app.state.sessionmaker) as session:
         create_task(session, None, example_yaml("dynasent-r2", onboarding_quiz=None))
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     gone_pid = int(done.stdout)
     with session_scope(app.state.sessionmaker) as session:
         task = get_task(session, "dynasent-r2")
-        dead = Job(kind=JobKind.train, task_id=task.id, status=JobStatus.running, progress=0.4, message="step 4",
-                   params={}, log="", pid=gone_pid, host=socket.gethostname(), started_at=utcnow())
-        elsewhere = Job(kind=JobKind.evaluate, task_id=task.id, status=JobStatus.running, progress=0.4, message="",
-                        params={}, log="", pid=gone_pid, host="another-machine")
-        alive = Job(kind=JobKind.evaluate, task_id=task.id, status=JobStatus.running, progress=0.1, message="",
-                    params={}, log="", pid=os.getpid(), host=socket.gethostname())
+        dead = Job(
+            kind=JobKind.train,
+            task_id=task.id,
+            status=JobStatus.running,
+            progress=0.4,
+            message="step 4",
+            params={},
+            log="",
+            pid=gone_pid,
+            host=socket.gethostname(),
+            started_at=utcnow(),
+        )
+        elsewhere = Job(
+            kind=JobKind.evaluate,
+            task_id=task.id,
+            status=JobStatus.running,
+            progress=0.4,
+            message="",
+            params={},
+            log="",
+            pid=gone_pid,
+            host="another-machine",
+        )
+        alive = Job(
+            kind=JobKind.evaluate,
+            task_id=task.id,
+            status=JobStatus.running,
+            progress=0.1,
+            message="",
+            params={},
+            log="",
+            pid=os.getpid(),
+            host=socket.gethostname(),
+        )
         session.add_all([dead, elsewhere, alive])
         session.flush()
         ids = dead.id, elsewhere.id, alive.id
@@ -255,8 +322,9 @@ def test_a_job_whose_process_is_gone_is_reported_failed(app, client, researcher)
 
 def test_post_starts_a_process_that_finishes(app, client, built) -> None:  # type: ignore[no-untyped-def]
     researcher = built["researcher"]
-    response = client.post("/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": TINY_TRAIN},
-                           headers=researcher.headers)
+    response = client.post(
+        "/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": TINY_TRAIN}, headers=researcher.headers
+    )
     assert response.status_code == 202, response.text
     job = response.json()
     assert job["status"] in ("queued", "running") and job["kind"] == "train" and job["created_by"] == "rita"
@@ -265,8 +333,9 @@ def test_post_starts_a_process_that_finishes(app, client, built) -> None:  # typ
         assert row.pid is not None and row.host == socket.gethostname()
         pid = row.pid
     # A second train job for the task while this one runs: 409, and nothing is recorded.
-    again = client.post("/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": TINY_TRAIN},
-                        headers=researcher.headers)
+    again = client.post(
+        "/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": TINY_TRAIN}, headers=researcher.headers
+    )
     assert again.status_code == 409 and f"train job {job['id']}" in again.json()["error"]["message"]
     seen: list[float] = []
     deadline = time.monotonic() + 300
@@ -305,10 +374,16 @@ def test_roles_unknown_task_and_bad_input(app, client, built, make_user) -> None
     round_id = built["round"]["id"]
     url = "/api/v1/tasks/dynasent-r2/jobs"
     before = table_counts(app)
-    for method, path in [("post", url), ("get", url), ("get", "/api/v1/jobs/1"),
-                         ("get", "/api/v1/tasks/dynasent-r2/models"), ("get", f"/api/v1/rounds/{round_id}/plot-data")]:
-        response = client.request(method.upper(), path, json={"kind": "train"} if method == "post" else None,
-                                  headers=writer.headers)
+    for method, path in [
+        ("post", url),
+        ("get", url),
+        ("get", "/api/v1/jobs/1"),
+        ("get", "/api/v1/tasks/dynasent-r2/models"),
+        ("get", f"/api/v1/rounds/{round_id}/plot-data"),
+    ]:
+        response = client.request(
+            method.upper(), path, json={"kind": "train"} if method == "post" else None, headers=writer.headers
+        )
         assert response.status_code == 403, (path, response.text)
         assert "needs the researcher role" in response.json()["error"]["message"]
     assert client.post(url, json={"kind": "train"}).status_code == 401
@@ -323,11 +398,13 @@ def test_roles_unknown_task_and_bad_input(app, client, built, make_user) -> None
     refused({"kind": "train", "colour": 1}, 422, "body.colour: is not a known field")
     refused({"kind": "train", "params": {"colour": "red"}}, 422, "params.colour: is not a known field; remove it")
     refused({"kind": "train", "params": {"epochs": 0}}, 422, "params.epochs: Input should be greater than or equal")
-    refused({"kind": "train", "params": {"class_weights": {"joy": 2}}}, 422,
-            "params.class_weights: ['joy'] are not labels of 'dynasent-r2'")
+    refused(
+        {"kind": "train", "params": {"class_weights": {"joy": 2}}},
+        422,
+        "params.class_weights: ['joy'] are not labels of 'dynasent-r2'",
+    )
     refused({"kind": "train", "params": {"mix": {"train": [{"round": 7}]}}}, 422, "has no round 7")
-    refused({"kind": "train", "params": {"mix": {"train": [{"file": "missing.csv"}]}}}, 422,
-            "there is no file")
+    refused({"kind": "train", "params": {"mix": {"train": [{"file": "missing.csv"}]}}}, 422, "there is no file")
     refused({"kind": "train", "params": {"base": "/no/such/folder"}}, 422, "is not a folder on the server")
     refused({"kind": "evaluate", "params": {}}, 422, "params.model_id: is required")
     refused({"kind": "evaluate", "params": {"model_id": 99}}, 422, "task 'dynasent-r2' has no model 99")
@@ -354,8 +431,12 @@ def test_promote_needs_an_evaluated_model_and_a_token(app, built, tmp_path) -> N
     job_id = _create(app, "promote", {**params, "force": True}, admin_token="from-settings")
     with session_scope(app.state.sessionmaker) as session:
         # The token is never stored; the promotion options of `dynaloop model promote` are, with their defaults.
-        assert session.get(Job, job_id).params == {**params, "force": True, "keep_round_endpoints": False,
-                                                   "timeout_s": 300.0}
+        assert session.get(Job, job_id).params == {
+            **params,
+            "force": True,
+            "keep_round_endpoints": False,
+            "timeout_s": 300.0,
+        }
         assert session.scalar(select(func.count()).select_from(Job)) == 1
 
 
@@ -390,23 +471,23 @@ def test_plot_data_for_the_dashboard(client, built) -> None:  # type: ignore[no-
         assert row["words"] == len(example["text"].split()) and "text" not in row
     agreement = {row["username"]: row for row in data["worker_agreement"]}
     assert {f"val{i}" for i in range(5)} <= set(agreement) and all(agreement[f"val{i}"]["qualified"] for i in range(5))
-    thinned = client.get(f"/api/v1/rounds/{built['round']['id']}/plot-data?limit=5",
-                         headers=researcher.headers).json()
+    thinned = client.get(f"/api/v1/rounds/{built['round']['id']}/plot-data?limit=5", headers=researcher.headers).json()
     assert thinned["truncated"] and len(thinned["examples"]) == 5 and thinned["total_examples"] == 21
 
 
 def test_a_stopped_job_process_records_the_interruption(app, client, built) -> None:  # type: ignore[no-untyped-def]
     researcher = built["researcher"]
     params = {**TINY_TRAIN, "epochs": 1000, "patience": 0}
-    job = client.post("/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": params},
-                      headers=researcher.headers).json()
+    job = client.post(
+        "/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": params}, headers=researcher.headers
+    ).json()
     with session_scope(app.state.sessionmaker) as session:
         pid = session.get(Job, job["id"]).pid
     try:
         deadline = time.monotonic() + 240
         while True:
             body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
-            if body["status"] == "running" and body["progress"] > 0.03 or time.monotonic() > deadline:
+            if (body["status"] == "running" and body["progress"] > 0.03) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert body["status"] == "running", body
@@ -429,8 +510,15 @@ def test_cli_job_run_runs_a_job_once(app, settings) -> None:  # type: ignore[no-
 
     with session_scope(app.state.sessionmaker) as session:
         task = create_task(session, None, example_yaml("dynasent-r2", onboarding_quiz=None))
-        done = Job(kind=JobKind.evaluate, task_id=task.id, status=JobStatus.succeeded, progress=1.0, message="ok",
-                   params={"model_id": 1}, log="")
+        done = Job(
+            kind=JobKind.evaluate,
+            task_id=task.id,
+            status=JobStatus.succeeded,
+            progress=1.0,
+            message="ok",
+            params={"model_id": 1},
+            log="",
+        )
         session.add(done)
         session.flush()
         done_id = done.id

@@ -27,8 +27,20 @@ def test_upgrade_downgrade_upgrade(tmp_path) -> None:  # type: ignore[no-untyped
     assert current_revision(url) == head_revision()
     engine = create_engine(url)
     tables = set(inspect(engine).get_table_names())
-    assert {"tasks", "rounds", "prompts", "assignments", "attempts", "examples", "validations",
-            "users", "api_tokens", "task_workers", "model_versions", "audit_log"} <= tables
+    assert {
+        "tasks",
+        "rounds",
+        "prompts",
+        "assignments",
+        "attempts",
+        "examples",
+        "validations",
+        "users",
+        "api_tokens",
+        "task_workers",
+        "model_versions",
+        "audit_log",
+    } <= tables
     downgrade(url, "base")
     assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     upgrade(url)
@@ -44,7 +56,8 @@ def test_named_constraints_guard_the_invariants(database_url: str) -> None:
         uniques = {c["name"] for c in inspector.get_unique_constraints("validations")}
         assert "uq_validations_example_validator" in uniques
         assert "uq_attempts_assignment_idempotency_key" in {
-            c["name"] for c in inspector.get_unique_constraints("attempts")}
+            c["name"] for c in inspector.get_unique_constraints("attempts")
+        }
         assert "uq_api_tokens_token_hash" in {c["name"] for c in inspector.get_unique_constraints("api_tokens")}
     finally:
         engine.dispose()

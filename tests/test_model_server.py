@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from model_directory import ModelMetadata
 from model_server.app import ServerConfig, create_model_app
 from model_server.batching import Batcher, DeadlineExceeded, ServerStopping, collect
 from modelling.init_model import init_model_dir
-from model_directory import ModelMetadata
 from tests.conftest import free_port
 from tests.stub_model_server import ThreadedServer
 
@@ -90,6 +90,7 @@ def test_a_lone_caller_never_lingers_but_returning_callers_are_batched_together(
         async def client(k: int) -> None:
             for r in range(rounds):
                 await batcher.submit([k * 100 + r])
+
         await asyncio.gather(*(client(k) for k in range(clients)))
 
     try:
@@ -214,10 +215,16 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
     init_model_dir(dirs["tiny"], labels=LABELS, tiny=True, model_id="tiny-a", seed=1)
     init_model_dir(dirs["tiny_b"], labels=LABELS, tiny=True, model_id="tiny-b", seed=2)
-    init_model_dir(dirs["pair"], labels=["negative", "neutral", "positive"], input_format="text_pair", tiny=True,
-                   model_id="tiny-pair")
-    init_model_dir(dirs["multi"], labels=EMOTIONS, family="multi_label", tiny=True, model_id="tiny-multi",
-                   max_length=16)
+    init_model_dir(
+        dirs["pair"],
+        labels=["negative", "neutral", "positive"],
+        input_format="text_pair",
+        tiny=True,
+        model_id="tiny-pair",
+    )
+    init_model_dir(
+        dirs["multi"], labels=EMOTIONS, family="multi_label", tiny=True, model_id="tiny-multi", max_length=16
+    )
     return dirs
 
 
@@ -263,8 +270,9 @@ def test_predictions_do_not_depend_on_batch_company(server: ThreadedServer) -> N
     texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(24)]
     alone = [httpx.post(f"{server.url}/predict", json={"texts": [t]}).json()["predictions"][0] for t in texts]
     with ThreadPoolExecutor(max_workers=12) as pool:
-        together = list(pool.map(
-            lambda t: httpx.post(f"{server.url}/predict", json={"texts": [t]}).json()["predictions"][0], texts))
+        together = list(
+            pool.map(lambda t: httpx.post(f"{server.url}/predict", json={"texts": [t]}).json()["predictions"][0], texts)
+        )
     for a, b in zip(alone, together, strict=True):
         assert a["label"] == b["label"]
         for label in LABELS:
@@ -321,8 +329,7 @@ def test_bad_input_gets_clear_422s(server: ThreadedServer) -> None:
 def test_long_input_is_truncated_and_says_so(model_dirs: dict[str, Path]) -> None:
     running = _serve(ServerConfig(model_dir=model_dirs["multi"]))
     try:
-        body = httpx.post(f"{running.url}/predict",
-                          json={"texts": ["joy " * 40, "short"]}).json()
+        body = httpx.post(f"{running.url}/predict", json={"texts": ["joy " * 40, "short"]}).json()
     finally:
         running.stop()
     first, second = body["predictions"]
@@ -337,8 +344,9 @@ def test_sentence_pair_model_needs_targets(model_dirs: dict[str, Path]) -> None:
     try:
         missing = httpx.post(f"{running.url}/predict", json={"texts": ["Merkel spoke in Paris."]})
         assert missing.status_code == 422 and "(text, target) pairs" in missing.json()["error"]["message"]
-        ok = httpx.post(f"{running.url}/predict", json={"texts": ["Merkel spoke in Paris."] * 2,
-                                                        "targets": ["Merkel", "Paris"]})
+        ok = httpx.post(
+            f"{running.url}/predict", json={"texts": ["Merkel spoke in Paris."] * 2, "targets": ["Merkel", "Paris"]}
+        )
         assert ok.status_code == 200
         a, b = ok.json()["predictions"]
         # The target is part of the input: the same sentence with another target is scored anew.
@@ -374,8 +382,9 @@ def test_reload_switches_atomically_and_keeps_serving(server: ThreadedServer, mo
     for thread in threads:
         thread.start()
     time.sleep(0.2)
-    response = httpx.post(f"{url}/admin/reload", json={"model_dir": str(model_dirs["tiny_b"])}, headers=auth,
-                          timeout=60)
+    response = httpx.post(
+        f"{url}/admin/reload", json={"model_dir": str(model_dirs["tiny_b"])}, headers=auth, timeout=60
+    )
     time.sleep(0.2)
     stop.set()
     for thread in threads:
@@ -389,8 +398,9 @@ def test_reload_switches_atomically_and_keeps_serving(server: ThreadedServer, mo
     assert httpx.get(f"{url}/info").json()["model_id"] == "tiny-b"
 
 
-def test_failed_reload_leaves_the_old_model_serving(server: ThreadedServer, tmp_path: Path,
-                                                    model_dirs: dict[str, Path]) -> None:
+def test_failed_reload_leaves_the_old_model_serving(
+    server: ThreadedServer, tmp_path: Path, model_dirs: dict[str, Path]
+) -> None:
     auth = {"Authorization": "Bearer admin-secret-123"}
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -411,8 +421,11 @@ def test_failed_reload_leaves_the_old_model_serving(server: ThreadedServer, tmp_
 def test_reload_is_disabled_without_an_admin_token(model_dirs: dict[str, Path]) -> None:
     running = _serve(ServerConfig(model_dir=model_dirs["tiny"]))
     try:
-        response = httpx.post(f"{running.url}/admin/reload", json={"model_dir": str(model_dirs["tiny_b"])},
-                              headers={"Authorization": "Bearer anything"})
+        response = httpx.post(
+            f"{running.url}/admin/reload",
+            json={"model_dir": str(model_dirs["tiny_b"])},
+            headers={"Authorization": "Bearer anything"},
+        )
         assert response.status_code == 403 and "--admin-token" in response.json()["error"]["message"]
     finally:
         running.stop()
@@ -450,8 +463,11 @@ def test_overloaded_server_answers_503_not_a_hang(model_dirs: dict[str, Path]) -
     host.backend.predict = slow_predict
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
-            responses = list(pool.map(lambda i: httpx.post(f"{running.url}/predict", json={"texts": [f"t{i}"]},
-                                                            timeout=10), range(4)))
+            responses = list(
+                pool.map(
+                    lambda i: httpx.post(f"{running.url}/predict", json={"texts": [f"t{i}"]}, timeout=10), range(4)
+                )
+            )
     finally:
         running.stop()
     assert all(r.status_code == 503 for r in responses), [r.text for r in responses]
@@ -485,8 +501,8 @@ def test_vllm_classifier_matches_transformers(model_dirs: dict[str, Path], tmp_p
 def test_vllm_backends_refuse_clearly_without_a_gpu(model_dirs: dict[str, Path]) -> None:
     if _has_cuda_and_vllm():
         pytest.skip("this machine has a GPU and vLLM")
-    from model_server.backends import load_backend
     from model_directory import ModelMetadataError
+    from model_server.backends import load_backend
 
     for kind in ("vllm-classify", "vllm-generate"):
         with pytest.raises(ModelMetadataError) as error:

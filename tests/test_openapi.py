@@ -48,9 +48,11 @@ def _success_schemas(schema: dict[str, Any]) -> list[tuple[str, str, str, dict[s
 
 def test_every_json_success_response_is_a_named_model(app: Any) -> None:
     """No untyped object responses: a `$ref` to a model, or a list of them."""
-    untyped = [f"{method} {path} {status}: {json.dumps(schema)[:80]}"
-               for method, path, status, schema in _success_schemas(app.openapi())
-               if "$ref" not in schema and not (schema.get("type") == "array" and "$ref" in schema.get("items", {}))]
+    untyped = [
+        f"{method} {path} {status}: {json.dumps(schema)[:80]}"
+        for method, path, status, schema in _success_schemas(app.openapi())
+        if "$ref" not in schema and not (schema.get("type") == "array" and "$ref" in schema.get("items", {}))
+    ]
     assert not untyped, "\n".join(untyped)
 
 
@@ -86,8 +88,9 @@ def test_models_and_plot_data_are_not_jobs(app: Any) -> None:
 
 def _stored_report(app: Any, round_id: int) -> tuple[int, dict[str, Any]]:
     with app.state.sessionmaker() as session:
-        build = session.scalars(select(RoundBuild).where(RoundBuild.round_id == round_id)
-                                .order_by(RoundBuild.id.desc())).first()
+        build = session.scalars(
+            select(RoundBuild).where(RoundBuild.round_id == round_id).order_by(RoundBuild.id.desc())
+        ).first()
         assert build is not None
         return build.id, build.report
 
@@ -103,8 +106,9 @@ def assert_report_is_the_stored_one(client: Any, headers: dict[str, str], task: 
 def test_a_built_rounds_answers_are_the_domains(built, client, app) -> None:  # noqa: F811
     researcher, round_ = built["researcher"], built["round"]
     build_id, report = _stored_report(app, round_["id"])
-    assert same_json(built["build"], {"build_id": build_id, "round": round_["number"], "task": "dynasent-r2",
-                                      "report": report})
+    assert same_json(
+        built["build"], {"build_id": build_id, "round": round_["number"], "task": "dynasent-r2", "report": report}
+    )
     assert_report_is_the_stored_one(client, researcher.headers, "dynasent-r2", round_)
     stats = client.get(f"{API}/rounds/{round_['id']}/stats", headers=researcher.headers)
     plot = client.get(f"{API}/rounds/{round_['id']}/plot-data", headers=researcher.headers)
@@ -117,19 +121,34 @@ def test_a_built_rounds_answers_are_the_domains(built, client, app) -> None:  # 
         example = session.get(Example, example_id)
         assert example is not None
         assert same_json(record.json(), validating.example_record(session, example))
-    assert list(stats.json()["examples"]) == ["submitted", "fooled", "prompt", "no_prompt", "validating", "validated",
-                                              "dropped", "by_target_label"]
+    assert list(stats.json()["examples"]) == [
+        "submitted",
+        "fooled",
+        "prompt",
+        "no_prompt",
+        "validating",
+        "validated",
+        "dropped",
+        "by_target_label",
+    ]
 
 
 def test_multi_label_report_is_the_stored_one(client, researcher, make_user, stub_multi_label_model) -> None:
-    round_ = open_round(client, researcher, example_yaml("ethioemo-amharic", onboarding_quiz=None),
-                        stub_multi_label_model.url, [f"Prompt {i}: ስለ ምግቡ አስተያየት" for i in range(6)],
-                        target_label_mode="writer_choice")
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("ethioemo-amharic", onboarding_quiz=None),
+        stub_multi_label_model.url,
+        [f"Prompt {i}: ስለ ምግቡ አስተያየት" for i in range(6)],
+        target_label_mode="writer_choice",
+    )
     validators = [make_user(f"ev{i}", "validator") for i in range(3)]
     plan: list[tuple[Any, str, list[int] | None, list[Any]]] = [
-        (["joy"], f"a joy filled day {i} ደስታ", None, [["joy"], ["joy"], ["joy", "surprise"]]) for i in range(2)]
-    plan += [(["anger"], f"an anger filled day {i} ቁጣ", None, [["anger"], ["anger", "disgust"], ["anger"]])
-             for i in range(2)]
+        (["joy"], f"a joy filled day {i} ደስታ", None, [["joy"], ["joy"], ["joy", "surprise"]]) for i in range(2)
+    ]
+    plan += [
+        (["anger"], f"an anger filled day {i} ቁጣ", None, [["anger"], ["anger", "disgust"], ["anger"]]) for i in range(2)
+    ]
     _collect(client, make_user("amara", "writer"), validators, round_["id"], plan)
     client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     built_now = client.post(f"{API}/rounds/{round_['id']}/build", json={"seed": 1}, headers=researcher.headers)
@@ -143,34 +162,65 @@ def test_intended_sarcasm_report_is_the_stored_one(client, researcher, make_user
     """iSarcasm's report carries the intended-vs-perceived comparison (iSarcasm §5.2)."""
     server = ThreadedServer(create_stub_app(["sarcastic", "not_sarcastic"]), free_port()).start()
     try:
-        round_ = open_round(client, researcher, example_yaml("isarcasm", onboarding_quiz=None), server.url,
-                            [f"Prompt {i}: Mondays are the best day for meetings." for i in range(6)],
-                            target_label_mode="writer_choice")
+        round_ = open_round(
+            client,
+            researcher,
+            example_yaml("isarcasm", onboarding_quiz=None),
+            server.url,
+            [f"Prompt {i}: Mondays are the best day for meetings." for i in range(6)],
+            target_label_mode="writer_choice",
+        )
         writer = make_user("wes", "writer")
         validators = [make_user(f"sv{i}", "validator") for i in range(3)]
-        plan = [("sarcastic", "sarcastic"), ("sarcastic", "sarcastic"), ("sarcastic", "not_sarcastic"),
-                ("not_sarcastic", "not_sarcastic"), ("not_sarcastic", "not_sarcastic")]
+        plan = [
+            ("sarcastic", "sarcastic"),
+            ("sarcastic", "sarcastic"),
+            ("sarcastic", "not_sarcastic"),
+            ("not_sarcastic", "not_sarcastic"),
+            ("not_sarcastic", "not_sarcastic"),
+        ]
         for i, (target, perceived) in enumerate(plan):
-            assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={"target_label": target},
-                                     headers=writer.headers).json()
-            attempt = client.post(f"{API}/assignments/{assignment['id']}/attempts",
-                                  json={"text": f"Oh wonderful, meeting number {i} at seven on a Monday."},
-                                  headers=writer.headers).json()
+            assignment = client.post(
+                f"{API}/rounds/{round_['id']}/assignments", json={"target_label": target}, headers=writer.headers
+            ).json()
+            attempt = client.post(
+                f"{API}/assignments/{assignment['id']}/attempts",
+                json={"text": f"Oh wonderful, meeting number {i} at seven on a Monday."},
+                headers=writer.headers,
+            ).json()
             if attempt["fooled"]:
-                client.post(f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True},
-                            headers=writer.headers)
-            extras = {"intended_label": target, "explanation": "Nobody likes early meetings.",
-                      "rephrase": "I do not like early meetings.", "category": "sarcasm"} \
-                if target == "sarcastic" else {"intended_label": target}
-            example = client.post(f"{API}/assignments/{assignment['id']}/example",
-                                  json={"attempt_id": attempt["id"], "extras": extras}, headers=writer.headers)
+                client.post(
+                    f"{API}/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers
+                )
+            extras = (
+                {
+                    "intended_label": target,
+                    "explanation": "Nobody likes early meetings.",
+                    "rephrase": "I do not like early meetings.",
+                    "category": "sarcasm",
+                }
+                if target == "sarcastic"
+                else {"intended_label": target}
+            )
+            example = client.post(
+                f"{API}/assignments/{assignment['id']}/example",
+                json={"attempt_id": attempt["id"], "extras": extras},
+                headers=writer.headers,
+            )
             assert example.status_code == 201, example.text
             for validator in validators:
-                assert client.post(f"{API}/examples/{example.json()['id']}/validations", json={"label": perceived},
-                                   headers=validator.headers).status_code == 201
+                assert (
+                    client.post(
+                        f"{API}/examples/{example.json()['id']}/validations",
+                        json={"label": perceived},
+                        headers=validator.headers,
+                    ).status_code
+                    == 201
+                )
         client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
-        built_now = client.post(f"{API}/rounds/{round_['id']}/build", json={"chance": False},
-                                headers=researcher.headers)
+        built_now = client.post(
+            f"{API}/rounds/{round_['id']}/build", json={"chance": False}, headers=researcher.headers
+        )
         assert built_now.status_code == 201, built_now.text
         assert built_now.json()["report"]["intended_vs_perceived"]["n_examples"] == len(plan)
         assert_report_is_the_stored_one(client, researcher.headers, "isarcasm", round_)
@@ -184,23 +234,42 @@ def test_quiz_worker_quality_and_inspect_answers(client, app, researcher, make_u
     quiz = client.get(f"{API}/tasks/dynasent-r2/quiz", headers=writer.headers)
     definition = yaml.safe_load(example_path("dynasent-r2").read_text(encoding="utf-8"))["onboarding_quiz"]
     questions, allowed = definition["questions"], definition.get("max_attempts", 5)
-    assert same_json(quiz.json(), {"required": True, "passed": False, "attempts_used": 0, "attempts_left": allowed,
-                                   "questions": [{"text": q["text"], "options": q["options"]} for q in questions]})
+    assert same_json(
+        quiz.json(),
+        {
+            "required": True,
+            "passed": False,
+            "attempts_used": 0,
+            "attempts_left": allowed,
+            "questions": [{"text": q["text"], "options": q["options"]} for q in questions],
+        },
+    )
     answers = [str(q["answer"]) for q in questions]
     wrong = [*answers[:1], next(o for o in questions[1]["options"] if o != answers[1]), *answers[2:]]
     failed = client.post(f"{API}/tasks/dynasent-r2/quiz/attempts", json={"answers": wrong}, headers=writer.headers)
-    assert same_json(failed.json(), {"passed": False, "correct": len(answers) - 1, "wrong_questions": [2],
-                                     "attempts_used": 1, "attempts_left": allowed - 1})
-    unqualified = client.post(f"{API}/tasks/dynasent-r2/workers/wes/unqualify", json={"reason": "test"},
-                              headers=researcher.headers)
+    assert same_json(
+        failed.json(),
+        {
+            "passed": False,
+            "correct": len(answers) - 1,
+            "wrong_questions": [2],
+            "attempts_used": 1,
+            "attempts_left": allowed - 1,
+        },
+    )
+    unqualified = client.post(
+        f"{API}/tasks/dynasent-r2/workers/wes/unqualify", json={"reason": "test"}, headers=researcher.headers
+    )
     assert same_json(unqualified.json(), {"username": "wes", "qualified": False, "labels_excluded": 0})
     requalified = client.post(f"{API}/tasks/dynasent-r2/workers/wes/requalify", headers=researcher.headers)
     assert same_json(requalified.json(), {"username": "wes", "qualified": True, "labels_restored": 0})
-    assert client.post(f"{API}/tasks/dynasent-r2/quiz/attempts", json={"answers": answers},
-                       headers=writer.headers).json()["passed"]
+    assert client.post(
+        f"{API}/tasks/dynasent-r2/quiz/attempts", json={"answers": answers}, headers=writer.headers
+    ).json()["passed"]
     assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()
-    inspected = client.post(f"{API}/assignments/{assignment['id']}/inspect", json={"text": "The soup was great."},
-                            headers=writer.headers)
+    inspected = client.post(
+        f"{API}/assignments/{assignment['id']}/inspect", json={"text": "The soup was great."}, headers=writer.headers
+    )
     # The conftest stub offers no attributions: a documented 503, nothing stored.
     assert inspected.status_code == 503, inspected.text
     assert inspected.json()["error"]["code"] == "model_unavailable"
@@ -222,14 +291,24 @@ def model_with_inspect() -> Any:
 
 
 def test_inspect_answers_label_and_token_scores(client, researcher, make_user, model_with_inspect) -> None:
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), model_with_inspect.url,
-                        ["The soup was fine."])
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        model_with_inspect.url,
+        ["The soup was fine."],
+    )
     writer = make_user("wes", "writer")
     assignment = client.post(f"{API}/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()
     url = f"{API}/assignments/{assignment['id']}/inspect"
     inspected = client.post(url, json={"text": "The soup was great."}, headers=writer.headers)
     assert inspected.status_code == 200, inspected.text
-    assert same_json(inspected.json(), {"label": assignment["target_label"][0],
-                                        "tokens": [{"token": w, "score": 0.25} for w in "The soup was great.".split()]})
+    assert same_json(
+        inspected.json(),
+        {
+            "label": assignment["target_label"][0],
+            "tokens": [{"token": w, "score": 0.25} for w in ["The", "soup", "was", "great."]],
+        },
+    )
     broken = client.post(url, json={"text": "Broken attributions here."}, headers=writer.headers)
     assert broken.status_code == 503 and "not token-score pairs" in broken.json()["error"]["message"], broken.text

@@ -67,16 +67,28 @@ def refusal(who: User, policy: Policy) -> tuple[type[Exception], str] | None:
 def test_a_missing_role_is_403_naming_the_role_and_the_callers_roles() -> None:
     assert refusal(WALT, TaskPolicy.manage(TASK)) == (Forbidden, "this needs the researcher role; your roles: writer")
     assert refusal(NOBODY, RoundPolicy.write()) == (Forbidden, "this needs the writer role; your roles: none")
-    assert refusal(RITA, RoundPolicy.validate(ROUND)) == (Forbidden,
-                                                          "this needs the validator role; your roles: researcher")
+    assert refusal(RITA, RoundPolicy.validate(ROUND)) == (
+        Forbidden,
+        "this needs the validator role; your roles: researcher",
+    )
     assert refusal(VERA, UserPolicy.manage()) == (Forbidden, "this needs the admin role; your roles: validator")
     assert refusal(WENDY, DatasetPolicy.read(TASK)) == (
-        Forbidden, "reading datasets needs the client or researcher role; your roles: writer, validator")
+        Forbidden,
+        "reading datasets needs the client or researcher role; your roles: writer, validator",
+    )
 
 
 def test_an_admin_passes_every_role_check() -> None:
-    for policy in (TaskPolicy.create(), TaskPolicy.manage(TASK), RoundPolicy.write(ROUND), RoundPolicy.validate(),
-                   OnboardingPolicy.take(TASK), DatasetPolicy.read(TASK), UserPolicy.manage(), JobPolicy.view(JOB)):
+    for policy in (
+        TaskPolicy.create(),
+        TaskPolicy.manage(TASK),
+        RoundPolicy.write(ROUND),
+        RoundPolicy.validate(),
+        OnboardingPolicy.take(TASK),
+        DatasetPolicy.read(TASK),
+        UserPolicy.manage(),
+        JobPolicy.view(JOB),
+    ):
         assert refusal(ADA, policy) is None, policy
 
 
@@ -105,12 +117,16 @@ def test_another_writers_assignment_and_attempt_are_reported_missing() -> None:
 
 def test_the_role_comes_before_the_object() -> None:
     assert refusal(VERA, AssignmentPolicy.use(WENDYS_ASSIGNMENT)) == (
-        Forbidden, "this needs the writer role; your roles: validator")
+        Forbidden,
+        "this needs the writer role; your roles: validator",
+    )
 
 
 def test_a_validator_never_labels_their_own_example() -> None:
     assert refusal(WENDY, ExamplePolicy.validate(WENDYS_EXAMPLE)) == (
-        Forbidden, "you wrote this example; validators never label their own examples")
+        Forbidden,
+        "you wrote this example; validators never label their own examples",
+    )
     assert refusal(VERA, ExamplePolicy.validate(WENDYS_EXAMPLE)) is None
     assert refusal(WENDY, ExamplePolicy.validate(HARVESTED_EXAMPLE)) is None  # nobody wrote it
 
@@ -127,10 +143,31 @@ def test_tokens_for_yourself_or_as_an_admin() -> None:
 
 # --- the shape of the module -----------------------------------------------------------------
 
-POLICY_CLASSES = [AssignmentPolicy, AttemptPolicy, BuildPolicy, DatasetPolicy, ExamplePolicy, JobPolicy, ModelPolicy,
-                  OnboardingPolicy, RoundPolicy, TaskPolicy, TokenPolicy, UserPolicy, WorkerPolicy]
-SAMPLES: dict[str, Any] = {"Task": TASK, "Round": ROUND, "Assignment": WENDYS_ASSIGNMENT, "Attempt": WENDYS_ATTEMPT,
-                           "Example": WENDYS_EXAMPLE, "Job": JOB, "User": WENDY, "ApiToken": ApiToken(id=1, user_id=20)}
+POLICY_CLASSES = [
+    AssignmentPolicy,
+    AttemptPolicy,
+    BuildPolicy,
+    DatasetPolicy,
+    ExamplePolicy,
+    JobPolicy,
+    ModelPolicy,
+    OnboardingPolicy,
+    RoundPolicy,
+    TaskPolicy,
+    TokenPolicy,
+    UserPolicy,
+    WorkerPolicy,
+]
+SAMPLES: dict[str, Any] = {
+    "Task": TASK,
+    "Round": ROUND,
+    "Assignment": WENDYS_ASSIGNMENT,
+    "Attempt": WENDYS_ATTEMPT,
+    "Example": WENDYS_EXAMPLE,
+    "Job": JOB,
+    "User": WENDY,
+    "ApiToken": ApiToken(id=1, user_id=20),
+}
 
 
 def _actions() -> list[tuple[str, Callable[..., Policy], Any]]:
@@ -151,8 +188,11 @@ def _actions() -> list[tuple[str, Callable[..., Policy], Any]]:
 
 
 def test_every_policy_module_class_is_tested() -> None:
-    classes = {name for name, value in vars(authorization).items() if name.endswith("Policy") and name != "Policy"
-               and isinstance(value, type)}
+    classes = {
+        name
+        for name, value in vars(authorization).items()
+        if name.endswith("Policy") and name != "Policy" and isinstance(value, type)
+    }
     assert classes == {cls.__name__ for cls in POLICY_CLASSES}
 
 
@@ -180,9 +220,17 @@ def test_task_ownership_is_a_change_to_task_policy_manage(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(TaskPolicy, "manage", staticmethod(owner_only))
     other_researcher = user(11, "researcher")
-    managed = [TaskPolicy.manage(TASK), RoundPolicy.manage(ROUND), WorkerPolicy.judge(TASK), BuildPolicy.create(ROUND),
-               ExamplePolicy.read(WENDYS_EXAMPLE), JobPolicy.start(TASK), JobPolicy.list(TASK), JobPolicy.view(JOB),
-               ModelPolicy.list(TASK)]
+    managed = [
+        TaskPolicy.manage(TASK),
+        RoundPolicy.manage(ROUND),
+        WorkerPolicy.judge(TASK),
+        BuildPolicy.create(ROUND),
+        ExamplePolicy.read(WENDYS_EXAMPLE),
+        JobPolicy.start(TASK),
+        JobPolicy.list(TASK),
+        JobPolicy.view(JOB),
+        ModelPolicy.list(TASK),
+    ]
     for policy in managed:
         assert refusal(RITA, policy) is None
         assert refusal(ADA, policy) is None

@@ -19,12 +19,18 @@ def _client(settings: Settings, **limits: str) -> TestClient:
 
 
 def _round(client: TestClient, researcher: Any, stub_model: Any) -> dict[str, Any]:
-    return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                      [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)])
+    return open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)],
+    )
 
 
-def test_a_token_over_its_limit_gets_429_and_nothing_is_written(settings, make_user, researcher, stub_model,
-                                                                 reset_stubs) -> None:
+def test_a_token_over_its_limit_gets_429_and_nothing_is_written(
+    settings, make_user, researcher, stub_model, reset_stubs
+) -> None:
     with _client(settings, rate_limit_per_token="3/minute", rate_limit_per_ip="none") as client:
         round_ = _round(client, researcher, stub_model)
         writer, other = make_user("wanda", "writer"), make_user("walt", "writer")
@@ -32,8 +38,12 @@ def test_a_token_over_its_limit_gets_429_and_nothing_is_written(settings, make_u
         assert assignment.status_code == 201
         url = f"/api/v1/assignments/{assignment.json()['id']}/attempts"
         for i in range(2):
-            assert client.post(url, json={"text": f"The cafe serves a great lunch {i}."},
-                               headers=writer.headers).status_code == 201
+            assert (
+                client.post(
+                    url, json={"text": f"The cafe serves a great lunch {i}."}, headers=writer.headers
+                ).status_code
+                == 201
+            )
         before = table_counts(client.app)
         refused = client.post(url, json={"text": "The cafe serves a great lunch again."}, headers=writer.headers)
         assert refused.status_code == 429
@@ -42,19 +52,23 @@ def test_a_token_over_its_limit_gets_429_and_nothing_is_written(settings, make_u
         assert 1 <= int(refused.headers["Retry-After"]) <= 60
         assert table_counts(client.app) == before
         # Another writer's token has its own budget; researcher endpoints are not limited.
-        assert client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={},
-                           headers=other.headers).status_code == 201
+        assert (
+            client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=other.headers).status_code == 201
+        )
         for _ in range(5):
             assert client.get(f"/api/v1/rounds/{round_['id']}/stats", headers=researcher.headers).status_code == 200
 
 
-def test_an_address_over_its_limit_gets_429_whatever_the_token(settings, make_user, researcher, stub_model,
-                                                                reset_stubs) -> None:
+def test_an_address_over_its_limit_gets_429_whatever_the_token(
+    settings, make_user, researcher, stub_model, reset_stubs
+) -> None:
     with _client(settings, rate_limit_per_token="none", rate_limit_per_ip="4/minute") as client:
         round_ = _round(client, researcher, stub_model)
         validators = [make_user(f"val{i}", "validator") for i in range(6)]
-        statuses = [client.get(f"/api/v1/rounds/{round_['id']}/validation-batch", headers=v.headers).status_code
-                    for v in validators]
+        statuses = [
+            client.get(f"/api/v1/rounds/{round_['id']}/validation-batch", headers=v.headers).status_code
+            for v in validators
+        ]
         assert statuses == [200, 200, 200, 200, 429, 429]
 
 
@@ -68,8 +82,10 @@ def test_limits_can_be_turned_off(settings, make_user, researcher, stub_model, r
     with _client(settings, rate_limit_per_token="none", rate_limit_per_ip="none") as client:
         round_ = _round(client, researcher, stub_model)
         validator = make_user("vera", "validator")
-        assert all(client.get(f"/api/v1/rounds/{round_['id']}/validation-batch",
-                              headers=validator.headers).status_code == 200 for _ in range(30))
+        assert all(
+            client.get(f"/api/v1/rounds/{round_['id']}/validation-batch", headers=validator.headers).status_code == 200
+            for _ in range(30)
+        )
 
 
 def test_a_malformed_limit_is_refused_at_start(settings) -> None:

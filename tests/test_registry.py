@@ -19,9 +19,17 @@ from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from modelling.init_model import init_model_dir
 from modelling import registry
-from modelling.registry import PromotionError, find_model, list_models, promote, record_evaluation, register_model, retire
+from modelling.init_model import init_model_dir
+from modelling.registry import (
+    PromotionError,
+    find_model,
+    list_models,
+    promote,
+    record_evaluation,
+    register_model,
+    retire,
+)
 from services.db.engine import session_scope
 from services.db.models import Assignment, Attempt, AuditEntry, ModelVersion, ModelVersionStatus, Round
 from services.domain.tasks import create_task, get_task
@@ -46,8 +54,12 @@ class Models:
 def _set_version(directory: Path, version: str) -> None:
     path = directory / "dynaloop_model.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    data.update(version=version, data={"train": [{"name": "round 1 train", "sha256": "abc"}]},
-                hyperparameters={"epochs": 3, "learning_rate": 2e-5}, training={"best_dev_macro_f1": 0.5})
+    data.update(
+        version=version,
+        data={"train": [{"name": "round 1 train", "sha256": "abc"}]},
+        hyperparameters={"epochs": 3, "learning_rate": 2e-5},
+        training={"best_dev_macro_f1": 0.5},
+    )
     path.write_text(json.dumps(data), encoding="utf-8")
 
 
@@ -91,7 +103,11 @@ def test_register_is_idempotent_and_reads_the_metadata(app, task, models) -> Non
         again = register_model(session, get_task(session, task), str(models.b) + "/")
         assert first.id == again.id
         assert (first.name, first.model_id, first.version, first.status) == (
-            f"{MODEL_ID}@1", MODEL_ID, "1", ModelVersionStatus.trained)
+            f"{MODEL_ID}@1",
+            MODEL_ID,
+            "1",
+            ModelVersionStatus.trained,
+        )
         assert first.labels == LABELS and first.directory == str(models.b.resolve())
         assert first.data == {"train": [{"name": "round 1 train", "sha256": "abc"}]}
         assert first.hyperparameters == {"epochs": 3, "learning_rate": 2e-5}
@@ -158,14 +174,26 @@ def test_promotion_failures_say_why_and_change_nothing(app, task, models, model_
     _registered(app, task, models.unloadable)
     before = _tables(app)
     cases = [
-        (dict(reference=f"{MODEL_ID}@0", endpoint=model_server.url, admin_token=TOKEN),
-         Conflict, "never evaluated.*--force"),
-        (dict(reference=f"{MODEL_ID}@broken", endpoint=f"http://127.0.0.1:{free_port()}", admin_token=TOKEN),
-         PromotionError, "is down or unreachable"),
-        (dict(reference=f"{MODEL_ID}@broken", endpoint=model_server.url, admin_token="wrong"),
-         PromotionError, "refused the admin token \\(HTTP 401\\)"),
-        (dict(reference=f"{MODEL_ID}@broken", endpoint=model_server.url, admin_token=TOKEN),
-         PromotionError, "could not load .*unloadable \\(HTTP 422\\)"),
+        (
+            dict(reference=f"{MODEL_ID}@0", endpoint=model_server.url, admin_token=TOKEN),
+            Conflict,
+            "never evaluated.*--force",
+        ),
+        (
+            dict(reference=f"{MODEL_ID}@broken", endpoint=f"http://127.0.0.1:{free_port()}", admin_token=TOKEN),
+            PromotionError,
+            "is down or unreachable",
+        ),
+        (
+            dict(reference=f"{MODEL_ID}@broken", endpoint=model_server.url, admin_token="wrong"),
+            PromotionError,
+            "refused the admin token \\(HTTP 401\\)",
+        ),
+        (
+            dict(reference=f"{MODEL_ID}@broken", endpoint=model_server.url, admin_token=TOKEN),
+            PromotionError,
+            "could not load .*unloadable \\(HTTP 422\\)",
+        ),
         (dict(reference="nope", endpoint=model_server.url, admin_token=TOKEN), NotFound, "has no model 'nope'"),
         (dict(reference=f"{MODEL_ID}@broken", endpoint="ftp://x", admin_token=TOKEN), Invalid, "not an http"),
     ]
@@ -177,8 +205,9 @@ def test_promotion_failures_say_why_and_change_nothing(app, task, models, model_
     assert model_server.info()["version"] == "0", "a failed reload leaves the old model serving"
 
 
-def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(app, task, models, model_server,
-                                                                           monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(
+    app, task, models, model_server, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     factory = app.state.sessionmaker
     _registered(app, task, models.a, models.b)
     promote(factory, task, f"{MODEL_ID}@0", endpoint=model_server.url, admin_token=TOKEN)
@@ -199,8 +228,9 @@ def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(app, t
 
 def _attempt(client: Any, writer: Any, round_id: int, text: str) -> dict[str, Any]:
     assignment = client.post(f"/api/v1/rounds/{round_id}/assignments", json={}, headers=writer.headers).json()
-    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
-                          headers=writer.headers)
+    attempt = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text}, headers=writer.headers
+    )
     assert attempt.status_code == 201, attempt.text
     client.post(f"/api/v1/assignments/{assignment['id']}/skip", headers=writer.headers)
     return attempt.json()
@@ -208,8 +238,13 @@ def _attempt(client: Any, writer: Any, round_id: int, text: str) -> dict[str, An
 
 def test_attempts_record_the_promoted_version(app, client, researcher, writer, models, model_server) -> None:  # type: ignore[no-untyped-def]
     factory = app.state.sessionmaker
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), model_server.url,
-                        [f"Prompt {i}: the soup was fine." for i in range(4)])
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        model_server.url,
+        [f"Prompt {i}: the soup was fine." for i in range(4)],
+    )
     _registered(app, "dynasent-r2", models.a)
     first = promote(factory, "dynasent-r2", f"{MODEL_ID}@0", endpoint=model_server.url, admin_token=TOKEN)
     assert first.retired == [] and first.rounds_updated == []  # the round already uses this server
@@ -232,12 +267,15 @@ def test_attempts_record_the_promoted_version(app, client, researcher, writer, m
         # Every attempt joins to the registry entry of the model that scored it.
         joined = session.execute(
             select(Attempt.id, ModelVersion.name)
-            .join(ModelVersion, (ModelVersion.model_id == Attempt.model_id)
-                  & (ModelVersion.version == Attempt.model_version))
+            .join(
+                ModelVersion,
+                (ModelVersion.model_id == Attempt.model_id) & (ModelVersion.version == Attempt.model_version),
+            )
             .join(Assignment, Attempt.assignment_id == Assignment.id)
             .join(Round, Assignment.round_id == Round.id)
             .where(Round.id == round_["id"], ModelVersion.task_id == Round.task_id)
-            .order_by(Attempt.id)).all()
+            .order_by(Attempt.id)
+        ).all()
         assert [(row[0], row[1]) for row in joined] == [(before["id"], a.name), (after["id"], b.name)]
         assert registry.attempt_counts(session, get_task(session, "dynasent-r2")) == {a.id: 1, b.id: 1}
         actions = [e.action for e in session.scalars(select(AuditEntry)) if e.action.startswith("model.")]
@@ -247,8 +285,9 @@ def test_attempts_record_the_promoted_version(app, client, researcher, writer, m
 def test_promotion_points_open_rounds_at_the_endpoint(app, client, researcher, models, model_server) -> None:  # type: ignore[no-untyped-def]
     round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), None)
     _registered(app, "dynasent-r2", models.a)
-    result = promote(app.state.sessionmaker, "dynasent-r2", MODEL_ID, endpoint=model_server.url + "/",
-                     admin_token=TOKEN)
+    result = promote(
+        app.state.sessionmaker, "dynasent-r2", MODEL_ID, endpoint=model_server.url + "/", admin_token=TOKEN
+    )
     assert result.rounds_updated == [1] and result.endpoint == model_server.url
     shown = client.get(f"/api/v1/rounds/{round_['id']}", headers=researcher.headers).json()
     assert shown["model_endpoints"] == [model_server.url]
@@ -269,26 +308,68 @@ def test_cli_register_list_promote_retire(app, settings, task, models, model_ser
     assert f"registered {MODEL_ID}@0" in result.output and "is trained" in result.output
     result = run("model", "register", "--task", task, "--dir", str(models.wrong_labels))
     assert result.exit_code == 1 and "missing ['neutral']" in result.output and "Traceback" not in result.output
-    result = run("model", "promote", "--task", task, "--version", f"{MODEL_ID}@0", "--endpoint", model_server.url,
-                 env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": TOKEN})
+    result = run(
+        "model",
+        "promote",
+        "--task",
+        task,
+        "--version",
+        f"{MODEL_ID}@0",
+        "--endpoint",
+        model_server.url,
+        env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": TOKEN},
+    )
     assert result.exit_code == 1 and "never evaluated" in result.output
     evaluation = tmp_path / "evaluation.json"
     evaluation.write_text(json.dumps({"round 1 dev": {"macro_f1": 0.5}}), encoding="utf-8")
     result = run("model", "register", "--task", task, "--dir", str(models.b), "--evaluation", str(evaluation))
     assert result.exit_code == 0 and "is evaluated" in result.output, result.output
-    result = run("model", "promote", "--task", task, "--version", f"{MODEL_ID}@1", "--endpoint", model_server.url,
-                 "--admin-token", "wrong")
+    result = run(
+        "model",
+        "promote",
+        "--task",
+        task,
+        "--version",
+        f"{MODEL_ID}@1",
+        "--endpoint",
+        model_server.url,
+        "--admin-token",
+        "wrong",
+    )
     assert result.exit_code == 1 and "HTTP 401" in result.output and "Traceback" not in result.output
-    result = run("model", "promote", "--task", task, "--version", f"{MODEL_ID}@1", "--endpoint", model_server.url,
-                 env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": TOKEN})
+    result = run(
+        "model",
+        "promote",
+        "--task",
+        task,
+        "--version",
+        f"{MODEL_ID}@1",
+        "--endpoint",
+        model_server.url,
+        env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": TOKEN},
+    )
     assert result.exit_code == 0 and f"promoted {MODEL_ID}@1" in result.output, result.output
-    result = run("model", "promote", "--task", task, "--version", f"{MODEL_ID}@0", "--endpoint", model_server.url,
-                 "--force", env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": TOKEN})
+    result = run(
+        "model",
+        "promote",
+        "--task",
+        task,
+        "--version",
+        f"{MODEL_ID}@0",
+        "--endpoint",
+        model_server.url,
+        "--force",
+        env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": TOKEN},
+    )
     assert result.exit_code == 0 and f"retired {MODEL_ID}@1" in result.output, result.output
     result = run("model", "list", "--task", task)
     assert result.exit_code == 0
-    lines = {name: line for line in result.output.splitlines() for name in (f"{MODEL_ID}@0", f"{MODEL_ID}@1")
-             if f" {name} " in line}
+    lines = {
+        name: line
+        for line in result.output.splitlines()
+        for name in (f"{MODEL_ID}@0", f"{MODEL_ID}@1")
+        if f" {name} " in line
+    }
     assert "promoted" in lines[f"{MODEL_ID}@0"] and "retired" in lines[f"{MODEL_ID}@1"]
     result = run("model", "retire", "--task", task, "--version", f"{MODEL_ID}@0")
     assert result.exit_code == 0 and "still serves it" in result.output

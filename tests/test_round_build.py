@@ -34,8 +34,9 @@ def _comparable(report: dict[str, Any]) -> str:
         for key in ("edit_distance_mean", "edit_distance_median"):
             assert summary[key] is None or 0 <= summary[key] <= 1
             summary[key] = summary[key] if summary[key] is None else "<random prompt>"
-    masked["datasheet"]["collected"] = {key: "<time>" if value else value
-                                        for key, value in masked["datasheet"]["collected"].items()}
+    masked["datasheet"]["collected"] = {
+        key: "<time>" if value else value for key, value in masked["datasheet"]["collected"].items()
+    }
     return json.dumps(masked, indent=1, ensure_ascii=False)
 
 
@@ -45,15 +46,18 @@ def assert_report_unchanged(report: dict[str, Any], name: str) -> None:
 
 
 def _write(client: Any, writer: Actor, round_id: int, target: str, text: str) -> dict[str, Any]:
-    assignment = client.post(f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target},
-                             headers=writer.headers).json()
-    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
-                          headers=writer.headers).json()
+    assignment = client.post(
+        f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target}, headers=writer.headers
+    ).json()
+    attempt = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text}, headers=writer.headers
+    ).json()
     assert attempt["status"] == "scored", attempt
     if attempt["fooled"]:
         client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                           headers=writer.headers)
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+    )
     assert response.status_code == 201, response.text
     return {**response.json(), "prediction": attempt["prediction"][0]}
 
@@ -61,8 +65,14 @@ def _write(client: Any, writer: Actor, round_id: int, target: str, text: str) ->
 @pytest.fixture
 def built(client, app, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
     prompts = [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(30)]
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        prompts, target_label_mode="writer_choice")
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        prompts,
+        target_label_mode="writer_choice",
+    )
     writer = make_user("wanda", "writer")
     validators = [make_user(f"val{i}", "validator") for i in range(5)]
     spammer = make_user("spam", "validator")
@@ -71,33 +81,52 @@ def built(client, app, researcher, make_user, stub_model):  # type: ignore[no-un
     for gold in LABELS:
         for predicted in LABELS:
             for copy in range(2):
-                example = _write(client, writer, round_["id"], gold,
-                                 f"Copy {copy}: a {KEYWORD[predicted]} {gold} sentence about lunch.")
+                example = _write(
+                    client,
+                    writer,
+                    round_["id"],
+                    gold,
+                    f"Copy {copy}: a {KEYWORD[predicted]} {gold} sentence about lunch.",
+                )
                 assert example["prediction"] == predicted
                 other = next(label for label in LABELS if label != gold)
                 plan.append((example, [gold, gold, gold, gold, other]))
     # Train-only material: a mixed majority, no majority, a 3-of-5 gold.
-    extra = [["mixed", "mixed", "mixed", "positive", "negative"],
-             ["positive", "negative", "neutral", "mixed", "positive"],
-             ["negative", "negative", "negative", "positive", "neutral"]]
+    extra = [
+        ["mixed", "mixed", "mixed", "positive", "negative"],
+        ["positive", "negative", "neutral", "mixed", "positive"],
+        ["negative", "negative", "negative", "positive", "neutral"],
+    ]
     for i, labels in enumerate(extra):
-        plan.append((_write(client, writer, round_["id"], "neutral", f"Extra {i}: a plain remark on the menu."), labels))
+        plan.append(
+            (_write(client, writer, round_["id"], "neutral", f"Extra {i}: a plain remark on the menu."), labels)
+        )
     # The spammer labels a few examples first and is then unqualified: those labels stop counting.
     for example, labels in plan[:3]:
-        assert client.post(f"/api/v1/examples/{example['id']}/validations", json={"label": "mixed"},
-                           headers=spammer.headers).status_code == 201
-    response = client.post("/api/v1/tasks/dynasent-r2/workers/spam/unqualify", json={"reason": "spam"},
-                           headers=researcher.headers)
+        assert (
+            client.post(
+                f"/api/v1/examples/{example['id']}/validations", json={"label": "mixed"}, headers=spammer.headers
+            ).status_code
+            == 201
+        )
+    response = client.post(
+        "/api/v1/tasks/dynasent-r2/workers/spam/unqualify", json={"reason": "spam"}, headers=researcher.headers
+    )
     assert response.json()["labels_excluded"] == 3
     for position, (example, labels) in enumerate(plan):
         # Rotate who disagrees, so nobody crosses the 80% disagreement line and gets unqualified.
         shift = position % 5
         for validator, label in zip(validators, labels[shift:] + labels[:shift], strict=True):
-            response = client.post(f"/api/v1/examples/{example['id']}/validations", json={"label": label},
-                                   headers=validator.headers)
+            response = client.post(
+                f"/api/v1/examples/{example['id']}/validations", json={"label": label}, headers=validator.headers
+            )
             assert response.status_code == 201, response.text
-    assert client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"},
-                       headers=researcher.headers).status_code == 200
+    assert (
+        client.post(
+            f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers
+        ).status_code
+        == 200
+    )
     response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 7}, headers=researcher.headers)
     assert response.status_code == 201, response.text
     return {"round": round_, "plan": plan, "build": response.json(), "researcher": researcher, "writer": writer}
@@ -129,8 +158,9 @@ def test_build_report_figures(built, client) -> None:  # type: ignore[no-untyped
     assert report["workers"]["validators"] == 5, "the unqualified validator's labels never count"
     assert report["datasheet"]["licence"] == "CC BY 4.0"
     assert_report_unchanged(report, "dynasent-r2")
-    markdown = client.get("/api/v1/tasks/dynasent-r2/rounds/1/report?format=markdown",
-                          headers=built["researcher"].headers)
+    markdown = client.get(
+        "/api/v1/tasks/dynasent-r2/rounds/1/report?format=markdown", headers=built["researcher"].headers
+    )
     assert markdown.status_code == 200 and "| positive |" in markdown.text and "Datasheet" in markdown.text
 
 
@@ -147,8 +177,12 @@ def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # typ
     assert abs(sum(first["distributional_label"].values()) - 1) < 1e-6
     assert "spam" not in response.text and "val0" not in response.text, "worker ids are pseudonymous"
     tag = response.headers["ETag"]
-    assert client.get(url, params={"split": "dev", "format": "jsonl"},
-                      headers={**reader.headers, "If-None-Match": tag}).status_code == 304
+    assert (
+        client.get(
+            url, params={"split": "dev", "format": "jsonl"}, headers={**reader.headers, "If-None-Match": tag}
+        ).status_code
+        == 304
+    )
     csv_response = client.get(url, params={"split": "all", "format": "csv"}, headers=reader.headers)
     frame = pd.read_csv(io.StringIO(csv_response.text))
     assert len(frame) == 21 and sorted(frame["split"].unique()) == ["dev", "test", "train"]
@@ -165,38 +199,56 @@ def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # typ
 
 
 def test_building_an_open_round_is_refused(client, researcher, stub_model) -> None:  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, ["a b c d"])
+    round_ = open_round(
+        client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, ["a b c d"]
+    )
     response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={}, headers=researcher.headers)
     assert response.status_code == 409 and "close it before building" in response.json()["error"]["message"]
     missing = client.get("/api/v1/tasks/dynasent-r2/rounds/1/dataset", headers=researcher.headers)
     assert missing.status_code == 404 and "has not been built yet" in missing.json()["error"]["message"]
 
 
-def _collect(client: Any, writer: Actor, validators: list[Actor], round_id: int,
-             plan: list[tuple[Any, str, list[int] | None, list[Any]]]) -> None:
+def _collect(
+    client: Any,
+    writer: Actor,
+    validators: list[Actor],
+    round_id: int,
+    plan: list[tuple[Any, str, list[int] | None, list[Any]]],
+) -> None:
     """Write each (target, text, span) and have the validators give the listed labels."""
     for target, text, span, labels in plan:
-        assignment = client.post(f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target},
-                                 headers=writer.headers).json()
+        assignment = client.post(
+            f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target}, headers=writer.headers
+        ).json()
         body: dict[str, Any] = {"text": text, **({"target_span": span} if span else {})}
-        attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json=body,
-                              headers=writer.headers).json()
+        attempt = client.post(
+            f"/api/v1/assignments/{assignment['id']}/attempts", json=body, headers=writer.headers
+        ).json()
         assert attempt["status"] == "scored", attempt
         if attempt["fooled"]:
             client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-        example = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                              headers=writer.headers).json()
+        example = client.post(
+            f"/api/v1/assignments/{assignment['id']}/example",
+            json={"attempt_id": attempt["id"]},
+            headers=writer.headers,
+        ).json()
         for validator, label in zip(validators, labels, strict=False):
-            response = client.post(f"/api/v1/examples/{example['id']}/validations", json={"label": label},
-                                   headers=validator.headers)
+            response = client.post(
+                f"/api/v1/examples/{example['id']}/validations", json={"label": label}, headers=validator.headers
+            )
             assert response.status_code == 201, response.text
 
 
-def test_multi_label_round_builds_with_label_set_classes(client, researcher, make_user,
-                                                         stub_multi_label_model) -> None:  # type: ignore[no-untyped-def]
+def test_multi_label_round_builds_with_label_set_classes(client, researcher, make_user, stub_multi_label_model) -> None:  # type: ignore[no-untyped-def]
     prompts = [f"Prompt {i}: ስለ ምግቡ አስተያየት" for i in range(12)]
-    round_ = open_round(client, researcher, example_yaml("ethioemo-amharic", onboarding_quiz=None),
-                        stub_multi_label_model.url, prompts, target_label_mode="writer_choice")
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("ethioemo-amharic", onboarding_quiz=None),
+        stub_multi_label_model.url,
+        prompts,
+        target_label_mode="writer_choice",
+    )
     writer = make_user("amara", "writer")
     validators = [make_user(f"ev{i}", "validator") for i in range(3)]
     plan = []
@@ -212,8 +264,12 @@ def test_multi_label_round_builds_with_label_set_classes(client, researcher, mak
     assert report["splits"]["chance"] is False
     assert report["counts"]["total"]["dev"] == 2 and report["counts"]["total"]["test"] == 2
     assert report["agreement"]["mean_jaccard"] is not None
-    rows = [json.loads(line) for line in client.get("/api/v1/tasks/ethioemo-amharic/rounds/1/dataset",
-                                                     params={"split": "all"}, headers=researcher.headers).text.splitlines()]
+    rows = [
+        json.loads(line)
+        for line in client.get(
+            "/api/v1/tasks/ethioemo-amharic/rounds/1/dataset", params={"split": "all"}, headers=researcher.headers
+        ).text.splitlines()
+    ]
     by_text = {r["text"]: r for r in rows}
     assert by_text["a joy filled day 0 ደስታ"]["gold_label"] == ["joy"]
     assert by_text["a joy filled day 0 ደስታ"]["distributional_label"]["joy"] == 1.0
@@ -224,22 +280,31 @@ def test_multi_label_round_builds_with_label_set_classes(client, researcher, mak
 
 def test_target_dependent_round_builds_with_consolidation(client, researcher, make_user, stub_model) -> None:  # type: ignore[no-untyped-def]
     prompts = [f"Prompt {i}: the minister visited the city." for i in range(12)]
-    round_ = open_round(client, researcher, example_yaml("mad-tsc", onboarding_quiz=None), stub_model.url, prompts,
-                        target_label_mode="writer_choice")
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("mad-tsc", onboarding_quiz=None),
+        stub_model.url,
+        prompts,
+        target_label_mode="writer_choice",
+    )
     writer = make_user("tess", "writer")
     validators = [make_user(f"tv{i}", "validator") for i in range(3)]
     text = "The minister met the mayor in the old town hall on Monday."
     plan = []
     for label, weak in (("positive", "weakly_positive"), ("negative", "weakly_negative"), ("neutral", "neutral")):
-        plan.append((label, text, [4, 12], [label, weak, label]))      # unanimous after collapsing
+        plan.append((label, text, [4, 12], [label, weak, label]))  # unanimous after collapsing
         plan.append((label, text, [20, 25], [label, label, label]))
     plan.append(("negative", text, [20, 25], ["negative", "negative", "neutral"]))  # neighbouring majority
-    plan.append(("neutral", text, [4, 12], ["positive", "positive", "negative"]))   # non-neighbouring: dropped
-    plan.append(("neutral", text, [20, 25], ["neutral", "unknown", "neutral"]))     # unknown vote: dropped
+    plan.append(("neutral", text, [4, 12], ["positive", "positive", "negative"]))  # non-neighbouring: dropped
+    plan.append(("neutral", text, [20, 25], ["neutral", "unknown", "neutral"]))  # unknown vote: dropped
     _collect(client, writer, validators, round_["id"], plan)
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
-    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"chance": False, "dev_test_min_votes": 3},
-                           headers=researcher.headers)
+    response = client.post(
+        f"/api/v1/rounds/{round_['id']}/build",
+        json={"chance": False, "dev_test_min_votes": 3},
+        headers=researcher.headers,
+    )
     assert response.status_code == 201, response.text
     report = response.json()["report"]
     assert report["counts"]["excluded"].get("non_neighbouring_vote") == 1
@@ -260,12 +325,19 @@ def stub_sarcasm_model():  # type: ignore[no-untyped-def]
     server.stop()
 
 
-def test_intended_sarcasm_round_compares_intended_and_perceived_labels(client, researcher, make_user,
-                                                                       stub_sarcasm_model) -> None:  # type: ignore[no-untyped-def]
+def test_intended_sarcasm_round_compares_intended_and_perceived_labels(
+    client, researcher, make_user, stub_sarcasm_model
+) -> None:  # type: ignore[no-untyped-def]
     labels = ["sarcastic", "not_sarcastic"]
     prompts = [f"Prompt {i}: the bus was late again this morning." for i in range(16)]
-    round_ = open_round(client, researcher, example_yaml("isarcasm", onboarding_quiz=None), stub_sarcasm_model.url,
-                        prompts, target_label_mode="writer_choice")
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("isarcasm", onboarding_quiz=None),
+        stub_sarcasm_model.url,
+        prompts,
+        target_label_mode="writer_choice",
+    )
     writer = make_user("sara", "writer")
     validators = [make_user(f"sv{i}", "validator") for i in range(3)]
     position = 0
@@ -274,27 +346,39 @@ def test_intended_sarcasm_round_compares_intended_and_perceived_labels(client, r
         for predicted in labels:
             for intended in labels:
                 word = "sarcastic" if predicted == "sarcastic" else "plain"
-                assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments",
-                                         json={"target_label": intended}, headers=writer.headers).json()
-                attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts",
-                                      json={"text": f"Post {position}: what a {word} way to start the day"},
-                                      headers=writer.headers).json()
+                assignment = client.post(
+                    f"/api/v1/rounds/{round_['id']}/assignments",
+                    json={"target_label": intended},
+                    headers=writer.headers,
+                ).json()
+                attempt = client.post(
+                    f"/api/v1/assignments/{assignment['id']}/attempts",
+                    json={"text": f"Post {position}: what a {word} way to start the day"},
+                    headers=writer.headers,
+                ).json()
                 assert attempt["status"] == "scored", attempt
                 if attempt["fooled"]:
-                    client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True},
-                                headers=writer.headers)
+                    client.post(
+                        f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers
+                    )
                 extras: dict[str, Any] = {"intended_label": intended}
                 if intended == "sarcastic":
                     extras |= {"explanation": "The day started badly.", "rephrase": "The day started badly."}
-                example = client.post(f"/api/v1/assignments/{assignment['id']}/example",
-                                      json={"attempt_id": attempt["id"], "extras": extras}, headers=writer.headers)
+                example = client.post(
+                    f"/api/v1/assignments/{assignment['id']}/example",
+                    json={"attempt_id": attempt["id"], "extras": extras},
+                    headers=writer.headers,
+                )
                 assert example.status_code == 201, example.text
                 other = next(label for label in labels if label != perceived)
                 votes = [perceived, perceived, other]
                 shift = position % 3
                 for validator, label in zip(validators, votes[shift:] + votes[:shift], strict=True):
-                    response = client.post(f"/api/v1/examples/{example.json()['id']}/validations",
-                                           json={"label": label}, headers=validator.headers)
+                    response = client.post(
+                        f"/api/v1/examples/{example.json()['id']}/validations",
+                        json={"label": label},
+                        headers=validator.headers,
+                    )
                     assert response.status_code == 201, response.text
                 position += 1
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
@@ -303,8 +387,10 @@ def test_intended_sarcasm_round_compares_intended_and_perceived_labels(client, r
     report = response.json()["report"]
     comparison = report["intended_vs_perceived"]
     assert comparison["n_examples"] == 8 and comparison["n_without_perceived"] == 0
-    assert comparison["confusion"] == {"sarcastic": {"sarcastic": 2, "not_sarcastic": 2},
-                                       "not_sarcastic": {"sarcastic": 2, "not_sarcastic": 2}}
+    assert comparison["confusion"] == {
+        "sarcastic": {"sarcastic": 2, "not_sarcastic": 2},
+        "not_sarcastic": {"sarcastic": 2, "not_sarcastic": 2},
+    }
     assert comparison["f1"] == pytest.approx(0.5)
     assert_report_unchanged(report, "isarcasm")
 
@@ -316,31 +402,93 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
 
     runner = CliRunner()
     out = tmp_path / "report"
-    result = runner.invoke(cli, ["round", "build", "--task", "dynasent-r2", "--round", "1", "--seed", "7",
-                                 "--out", str(out), "--database-url", settings.database_url])
+    result = runner.invoke(
+        cli,
+        [
+            "round",
+            "build",
+            "--task",
+            "dynasent-r2",
+            "--round",
+            "1",
+            "--seed",
+            "7",
+            "--out",
+            str(out),
+            "--database-url",
+            settings.database_url,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "dev 9, test 9" in result.output
-    for name in ("report.md", "report.json", "edit_distance.png", "length.png", "vocabulary.png",
-                 "worker_agreement.png", "model_vs_majority.png"):
+    for name in (
+        "report.md",
+        "report.json",
+        "edit_distance.png",
+        "length.png",
+        "vocabulary.png",
+        "worker_agreement.png",
+        "model_vs_majority.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert (out / "edit_distance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     # The same seed gives the same splits as the API's build.
     assert report["counts"] == built["build"]["report"]["counts"]
     data = tmp_path / "data"
-    result = runner.invoke(cli, ["round", "export", "--task", "dynasent-r2", "--round", "1", "--out", str(data),
-                                 "--database-url", settings.database_url])
+    result = runner.invoke(
+        cli,
+        [
+            "round",
+            "export",
+            "--task",
+            "dynasent-r2",
+            "--round",
+            "1",
+            "--out",
+            str(data),
+            "--database-url",
+            settings.database_url,
+        ],
+    )
     assert result.exit_code == 0, result.output
     tables = {split: pq.read_table(data / f"dynasent-r2-r1-{split}.parquet") for split in ("train", "dev", "test")}
     assert {split: t.num_rows for split, t in tables.items()} == {"train": 3, "dev": 9, "test": 9}
     # Bad options: one line, exit code 1, nothing written.
-    refused = runner.invoke(cli, ["round", "export", "--task", "dynasent-r2", "--round", "1", "--out",
-                                  str(tmp_path / "none"), "--splits", "train,validation",
-                                  "--database-url", settings.database_url])
+    refused = runner.invoke(
+        cli,
+        [
+            "round",
+            "export",
+            "--task",
+            "dynasent-r2",
+            "--round",
+            "1",
+            "--out",
+            str(tmp_path / "none"),
+            "--splits",
+            "train,validation",
+            "--database-url",
+            settings.database_url,
+        ],
+    )
     assert refused.exit_code == 1 and "unknown split 'validation'" in refused.output
     assert not (tmp_path / "none").exists(), "a refused export writes no file"
-    refused = runner.invoke(cli, ["round", "build", "--task", "dynasent-r2", "--round", "1", "--model-based", "vote",
-                                  "--database-url", settings.database_url])
+    refused = runner.invoke(
+        cli,
+        [
+            "round",
+            "build",
+            "--task",
+            "dynasent-r2",
+            "--round",
+            "1",
+            "--model-based",
+            "vote",
+            "--database-url",
+            settings.database_url,
+        ],
+    )
     assert refused.exit_code == 1 and "invalid build settings: model_based" in refused.output
     assert "Traceback" not in refused.output
 

@@ -97,7 +97,10 @@ def test_majority_k_of_n_on_dynasent_table_3_rows():
     assert two_of_five.loc["two", "label"] == "positive"
     assert two_of_five.loc["tie", "label"] is None  # ties never give gold
     assert majority_labels(table, labels=SENTIMENT, min_votes=4)["label"].tolist() == [
-        None, "positive", None, None,
+        None,
+        "positive",
+        None,
+        None,
     ]
 
 
@@ -267,18 +270,14 @@ def test_mad_tsc_neighbour_rule():
 
 def test_mad_tsc_order_may_be_the_five_point_scale():
     # Neighbours are judged on the collapsed scale, also when `order` lists all 5 points.
-    result = consolidate_target_sentiment(
-        mad_fixture(), collapse=COLLAPSE, unknown_label="unknown", order=FIVE_POINT
-    )
+    result = consolidate_target_sentiment(mad_fixture(), collapse=COLLAPSE, unknown_label="unknown", order=FIVE_POINT)
     assert result.loc["pos_neu", "reason"] == "neighbouring_majority"
     assert result.loc["pos_neg", "reason"] == "non_neighbouring_vote"
 
 
 def test_mad_tsc_uses_task_file_and_kappa_after_consolidation_by_hand():
     task = load_task_definition(example_path("mad-tsc"))
-    kappas = target_sentiment_kappas(
-        mad_fixture(), collapse=task.label_collapse, unknown_label=task.unknown_label
-    )
+    kappas = target_sentiment_kappas(mad_fixture(), collapse=task.label_collapse, unknown_label=task.unknown_label)
     # Kept: unanimous [0,0,3], pos_neu [0,1,2], neu_neg [1,2,0] over (neg, neu, pos).
     # P_i = 1, 1/3, 1/3 -> P = 5/9; p = (1, 3, 5)/9 -> P_e = 35/81; kappa = (45-35)/(81-35).
     assert kappas["consolidated"] == pytest.approx(10 / 46)
@@ -448,9 +447,7 @@ def isarcasm_table_5() -> tuple[pd.DataFrame, dict[int, str]]:
 
 def test_intended_vs_perceived_reproduces_isarcasm_tables_5_and_7():
     table, intended = isarcasm_table_5()
-    result = intended_vs_perceived(
-        table, intended, labels=["sarcastic", "not_sarcastic"], positive="sarcastic"
-    )
+    result = intended_vs_perceived(table, intended, labels=["sarcastic", "not_sarcastic"], positive="sarcastic")
     assert result.confusion.to_numpy().tolist() == [[61, 26], [50, 322]]
     # Table 7 "Manual Labelling": P = 61/111, R = 61/87, F = 0.616.
     assert (round(result.precision, 3), round(result.recall, 3), round(result.f1, 3)) == (0.550, 0.701, 0.616)
@@ -514,9 +511,7 @@ def test_human_recall_is_the_agreement_rate_and_shuffle_is_seeded():
     # Each synthetic annotator labels every example exactly once.
     assert (result.per_annotator["n_examples"] == 30).all()
 
-    layout = human_performance_table(
-        table, gold, {"dev": range(0, 15), "test": range(15, 30)}, labels=SENTIMENT
-    )
+    layout = human_performance_table(table, gold, {"dev": range(15), "test": range(15, 30)}, labels=SENTIMENT)
     assert list(layout.columns) == ["dev", "test"]
     assert list(layout.index) == ["positive", "negative", "neutral", "macro avg"]
 
@@ -542,30 +537,48 @@ class Aggregator:
 
 AGGREGATORS = {
     "majority": Aggregator(
-        lambda t: majority_labels(t, labels=SENTIMENT), ["label", "votes", "n_responses"],
-        "positive", "negative", "sarcastic",
+        lambda t: majority_labels(t, labels=SENTIMENT),
+        ["label", "votes", "n_responses"],
+        "positive",
+        "negative",
+        "sarcastic",
     ),
     "distributional": Aggregator(
         lambda t: distributional_labels(
             t, labels=["positive", "negative", "neutral"], split={"mixed": ["positive", "negative"]}
         ),
-        ["positive", "negative", "neutral"], "positive", "negative", "sarcastic",
+        ["positive", "negative", "neutral"],
+        "positive",
+        "negative",
+        "sarcastic",
     ),
     "dawid_skene": Aggregator(
-        lambda t: dawid_skene_labels(t, labels=SENTIMENT), ["label", "probability"],
-        "positive", "negative", "sarcastic",
+        lambda t: dawid_skene_labels(t, labels=SENTIMENT),
+        ["label", "probability"],
+        "positive",
+        "negative",
+        "sarcastic",
     ),
     "mace": Aggregator(
-        lambda t: mace_labels(t, labels=SENTIMENT, n_restarts=2, n_iter=20), ["label", "probability"],
-        "positive", "negative", "sarcastic",
+        lambda t: mace_labels(t, labels=SENTIMENT, n_restarts=2, n_iter=20),
+        ["label", "probability"],
+        "positive",
+        "negative",
+        "sarcastic",
     ),
     "multilabel_gold": Aggregator(
         lambda t: multilabel_gold(t, labels=EMOTIONS, min_votes=2),
-        ["label", "n_responses"] + [f"votes_{e}" for e in EMOTIONS], ("joy",), ("anger",), ("happiness",),
+        ["label", "n_responses"] + [f"votes_{e}" for e in EMOTIONS],
+        ("joy",),
+        ("anger",),
+        ("happiness",),
     ),
     "mad_tsc": Aggregator(
         lambda t: consolidate_target_sentiment(t, collapse=COLLAPSE, unknown_label="unknown", min_responses=2),
-        ["label", "votes", "n_responses", "kept", "reason"], "positive", "negative", "very_positive",
+        ["label", "votes", "n_responses", "kept", "reason"],
+        "positive",
+        "negative",
+        "very_positive",
     ),
 }
 
@@ -600,9 +613,7 @@ def test_edge_cases_for_every_aggregator(name: str, case: str):
         assert list(result.columns) == spec.columns
         assert result.index.name == "example_id"
     elif case == "single_worker":
-        table = pd.DataFrame(
-            {"example_id": [1, 2], "worker_id": ["only", "only"], "label": [spec.first, spec.second]}
-        )
+        table = pd.DataFrame({"example_id": [1, 2], "worker_id": ["only", "only"], "label": [spec.first, spec.second]})
         result = spec.run(table)
         assert list(result.index) == [1, 2]
         for example_id, expected in zip([1, 2], SINGLE_WORKER[name], strict=True):
@@ -621,9 +632,7 @@ def test_edge_cases_for_every_aggregator(name: str, case: str):
             else:
                 assert 0.5 < row["probability"] <= 1
     elif case == "tie":
-        table = pd.DataFrame(
-            {"example_id": [1, 1], "worker_id": ["a", "b"], "label": [spec.first, spec.second]}
-        )
+        table = pd.DataFrame({"example_id": [1, 1], "worker_id": ["a", "b"], "label": [spec.first, spec.second]})
         row = spec.run(table).loc[1]
         expected = TIE[name]
         if name == "distributional":
@@ -651,9 +660,7 @@ def test_edge_cases_for_every_aggregator(name: str, case: str):
             else:
                 assert row["label"] == ("positive" if p_first > p_second else "negative")
     else:
-        table = pd.DataFrame(
-            {"example_id": [1, 1], "worker_id": ["a", "b"], "label": [spec.first, spec.outside]}
-        )
+        table = pd.DataFrame({"example_id": [1, 1], "worker_id": ["a", "b"], "label": [spec.first, spec.outside]})
         bad = spec.outside[0] if isinstance(spec.outside, tuple) else spec.outside
         with pytest.raises(ValueError, match=f"'{bad}' is not one of the task's labels"):
             spec.run(table)

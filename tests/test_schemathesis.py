@@ -50,25 +50,39 @@ TASK = "dynasent-r2"
 OPENAPI = "/api/v1/openapi.json"
 MAX_EXAMPLES = 20  # per operation in the fuzzing phase; the examples and coverage phases add their own
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
-SETTINGS = hypothesis.settings(max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
-                               suppress_health_check=list(HealthCheck))
+SETTINGS = hypothesis.settings(
+    max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def _schema_only_app() -> Any:
     """An app only to read the OpenAPI document at collection time (nothing touches its
     database). The app under test is built per test from conftest's ``settings``;
     ``test_the_served_schema_is_the_tested_one`` checks that both serve the same document."""
-    return create_app(Settings(database_url="sqlite://", environment="test",
-                               secret_key="schema-only-secret-key-0123456789", data_dir=Path("/nonexistent")))
+    return create_app(
+        Settings(
+            database_url="sqlite://",
+            environment="test",
+            secret_key="schema-only-secret-key-0123456789",
+            data_dir=Path("/nonexistent"),
+        )
+    )
 
 
-CONFIG = schemathesis.Config.from_dict({
-    "seed": 20260407,
-    "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True, "mode": "all",
-                   "with-security-parameters": False, "database": "none"},
-    # The stateful phase chains operations into scenarios; each test here is about one operation.
-    "phases": {"stateful": {"enabled": False}},
-})
+CONFIG = schemathesis.Config.from_dict(
+    {
+        "seed": 20260407,
+        "generation": {
+            "max-examples": MAX_EXAMPLES,
+            "deterministic": True,
+            "mode": "all",
+            "with-security-parameters": False,
+            "database": "none",
+        },
+        # The stateful phase chains operations into scenarios; each test here is about one operation.
+        "phases": {"stateful": {"enabled": False}},
+    }
+)
 schema = schemathesis.openapi.from_asgi(OPENAPI, _schema_only_app(), config=CONFIG)
 # Prompt files are JSONL or CSV text: send the generated string as it is.
 schemathesis.serializer.alias("application/x-ndjson", "text/plain")
@@ -84,18 +98,39 @@ def _real_ids_mostly(context: Any, path_parameters: dict[str, Any] | None) -> An
     if not names:
         return st.just(path_parameters)
     assert path_parameters is not None
-    real = st.fixed_dictionaries({
-        name: st.sampled_from(REAL[name]) if name in names else st.just(value)
-        for name, value in path_parameters.items()
-    })
+    real = st.fixed_dictionaries(
+        {
+            name: st.sampled_from(REAL[name]) if name in names else st.just(value)
+            for name, value in path_parameters.items()
+        }
+    )
     # Hypothesis prefers (and shrinks towards) the first branch: the real ids.
     return st.one_of(real, st.just(path_parameters))
 
 
 # Words for sentences that pass the task's constraints (>= 10 characters, >= 3 words); some
 # of them make the stub model say positive or negative, so attempts are scored and can fool it.
-WORDS = ["the", "soup", "was", "great", "rude", "waiter", "lunch", "menu", "cold", "not", "at", "all",
-         "ሰላም", "مرحبا", "😀", "e\u0301", "plain", "love", "worst"]
+WORDS = [
+    "the",
+    "soup",
+    "was",
+    "great",
+    "rude",
+    "waiter",
+    "lunch",
+    "menu",
+    "cold",
+    "not",
+    "at",
+    "all",
+    "ሰላም",
+    "مرحبا",
+    "😀",
+    "e\u0301",
+    "plain",
+    "love",
+    "worst",
+]
 SENTENCE = st.lists(st.sampled_from(WORDS), min_size=3, max_size=14).map(" ".join)
 HOSTILE_SENTENCE = st.tuples(SENTENCE, st.text(max_size=40), SENTENCE).map(" ".join)
 VALIDATION_LABELS = ["positive", "negative", "neutral", "mixed"]
@@ -113,8 +148,9 @@ def _plausible_bodies_mostly(context: Any, body: Any) -> Any:
         if "target_span" in body:  # the seeded task is not target-dependent
             replacements["target_span"] = st.none()
     if "label" in body:
-        replacements["label"] = st.one_of(st.sampled_from(VALIDATION_LABELS),
-                                          st.lists(st.sampled_from(VALIDATION_LABELS), max_size=3))
+        replacements["label"] = st.one_of(
+            st.sampled_from(VALIDATION_LABELS), st.lists(st.sampled_from(VALIDATION_LABELS), max_size=3)
+        )
     if "answers" in body:
         replacements["answers"] = st.lists(st.sampled_from(["True", "False"]), min_size=8, max_size=8)
     if not replacements:
@@ -184,8 +220,14 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
     tokens: dict[str, str] = {}
     token_ids: dict[str, int] = {}
     with session_scope(app.state.sessionmaker) as session:
-        for name, roles in [("root", ["researcher", "admin"]), ("walt", ["writer"]), ("wendy", ["writer"]),
-                            ("val1", ["validator"]), ("val2", ["validator"]), ("cora", ["client"])]:
+        for name, roles in [
+            ("root", ["researcher", "admin"]),
+            ("walt", ["writer"]),
+            ("wendy", ["writer"]),
+            ("val1", ["validator"]),
+            ("val2", ["validator"]),
+            ("cora", ["client"]),
+        ]:
             user = users.create_user(session, None, name, roles)
             row, tokens[name] = users.issue_token(session, None, user)
             token_ids[name] = row.id
@@ -193,46 +235,70 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
         spare_id = spare.id
     client = TestClient(app)  # no `with`: the lifespan's shutdown would close the app's model client
     h = {name: _Actor(token).headers for name, token in tokens.items()}
-    round_ = open_round(client, _Actor(tokens["root"]), _task_yaml(), model_url,
-                        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(12)])
+    round_ = open_round(
+        client,
+        _Actor(tokens["root"]),
+        _task_yaml(),
+        model_url,
+        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(12)],
+    )
     ids: dict[str, list[Any]] = {"assignment_id": [], "attempt_id": [], "example_id": []}
-    for writer, text in [("walt", "The soup was great but the waiter was rude."),
-                         ("wendy", "A plain remark about the lunch menu today.")]:
-        response = client.post(f"/api/v1/tasks/{TASK}/quiz/attempts", json={"answers": _quiz_answers()},
-                               headers=h[writer])
+    for writer, text in [
+        ("walt", "The soup was great but the waiter was rude."),
+        ("wendy", "A plain remark about the lunch menu today."),
+    ]:
+        response = client.post(
+            f"/api/v1/tasks/{TASK}/quiz/attempts", json={"answers": _quiz_answers()}, headers=h[writer]
+        )
         assert response.status_code == 200 and response.json()["passed"], response.text
         assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=h[writer])
         assert assignment.status_code == 201, assignment.text
-        attempt = client.post(f"/api/v1/assignments/{assignment.json()['id']}/attempts", json={"text": text},
-                              headers=h[writer])
+        attempt = client.post(
+            f"/api/v1/assignments/{assignment.json()['id']}/attempts", json={"text": text}, headers=h[writer]
+        )
         assert attempt.status_code == 201, attempt.text
         if attempt.json()["fooled"]:
-            client.post(f"/api/v1/attempts/{attempt.json()['id']}/confirmation", json={"agrees": True},
-                        headers=h[writer])
-        example = client.post(f"/api/v1/assignments/{assignment.json()['id']}/example",
-                              json={"attempt_id": attempt.json()["id"]}, headers=h[writer])
+            client.post(
+                f"/api/v1/attempts/{attempt.json()['id']}/confirmation", json={"agrees": True}, headers=h[writer]
+            )
+        example = client.post(
+            f"/api/v1/assignments/{assignment.json()['id']}/example",
+            json={"attempt_id": attempt.json()["id"]},
+            headers=h[writer],
+        )
         assert example.status_code == 201, example.text
         ids["assignment_id"].append(assignment.json()["id"])
         ids["attempt_id"].append(attempt.json()["id"])
         ids["example_id"].append(example.json()["id"])
     open_assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=h["walt"])
-    attempt = client.post(f"/api/v1/assignments/{open_assignment.json()['id']}/attempts",
-                          json={"text": "Lunch was served at noon as usual."}, headers=h["walt"])
+    attempt = client.post(
+        f"/api/v1/assignments/{open_assignment.json()['id']}/attempts",
+        json={"text": "Lunch was served at noon as usual."},
+        headers=h["walt"],
+    )
     assert attempt.status_code == 201, attempt.text
     # Twice: the open assignment is where attempts, inspect and skip do their real work.
     ids["assignment_id"] += [open_assignment.json()["id"]] * 2
     ids["attempt_id"].append(attempt.json()["id"])
-    response = client.post(f"/api/v1/examples/{ids['example_id'][0]}/validations", json={"label": "mixed"},
-                           headers=h["val1"])
+    response = client.post(
+        f"/api/v1/examples/{ids['example_id'][0]}/validations", json={"label": "mixed"}, headers=h["val1"]
+    )
     assert response.status_code == 201, response.text
-    ids.update({"round_id": [round_["id"]], "task_name": [TASK], "number": [round_["number"]],
-                "username": ["walt", "val1"], "token_id": [spare_id], "job_id": [1]})
+    ids.update(
+        {
+            "round_id": [round_["id"]],
+            "task_name": [TASK],
+            "number": [round_["number"]],
+            "username": ["walt", "val1"],
+            "token_id": [spare_id],
+            "job_id": [1],
+        }
+    )
     return tokens, token_ids, ids
 
 
 @pytest.fixture
-def seeded(settings: Settings, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch
-           ) -> Iterator[Seeded]:
+def seeded(settings: Settings, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Seeded]:
     # A generated train or evaluate job must not start a real training process.
     monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)
     app = create_app(settings)
@@ -265,8 +331,10 @@ def test_the_served_schema_is_the_tested_one(seeded: Seeded) -> None:
 
 
 BUILT_ROUND_READS = [
-    ("/api/v1/tasks/{task_name}/rounds/{number}/dataset", {"split": ["train", "dev", "test", "excluded", "all"],
-                                                           "format": ["jsonl", "csv", "parquet"]}),
+    (
+        "/api/v1/tasks/{task_name}/rounds/{number}/dataset",
+        {"split": ["train", "dev", "test", "excluded", "all"], "format": ["jsonl", "csv", "parquet"]},
+    ),
     ("/api/v1/tasks/{task_name}/rounds/{number}/report", {"format": ["json", "markdown"]}),
     ("/api/v1/rounds/{round_id}/plot-data", {"limit": [1, 5, 500_000]}),
     ("/api/v1/tasks/{task_name}/models", {}),
@@ -282,16 +350,20 @@ def test_round_builder_reads_on_a_built_round(built, app, make_user) -> None:  #
     REAL.clear()
     REAL.update({"task_name": [TASK], "number": [built["round"]["number"]], "round_id": [built["round"]["id"]]})
     headers: dict[str | None, dict[str, str] | None] = {
-        None: None, "client": make_user("cora", "client").headers, "researcher": built["researcher"].headers,
+        None: None,
+        "client": make_user("cora", "client").headers,
+        "researcher": built["researcher"].headers,
         "writer": built["writer"].headers,
     }
     try:
         for path, valid_query in BUILT_ROUND_READS:
             operation = schema[path]["GET"]
-            combinations = [dict(zip(valid_query, values, strict=True))
-                            for values in itertools.product(*valid_query.values())]
+            combinations = [
+                dict(zip(valid_query, values, strict=True)) for values in itertools.product(*valid_query.values())
+            ]
             strategy = st.one_of(
-                operation.as_strategy(GenerationMode.POSITIVE), operation.as_strategy(GenerationMode.NEGATIVE),
+                operation.as_strategy(GenerationMode.POSITIVE),
+                operation.as_strategy(GenerationMode.NEGATIVE),
                 st.sampled_from(combinations).flatmap(lambda query, op=operation: op.as_strategy(query=query)),
             )
 

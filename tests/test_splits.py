@@ -29,8 +29,12 @@ def row(example_id, gold, prompt, predicted, votes=5, condition="prompt") -> tup
 
 def full_grid(labels, per_cell, prefix="") -> list[tuple]:
     """per_cell examples in every (gold, predicted) cell, each from its own prompt."""
-    return [row(f"{prefix}{g}-{p}-{i}", g, f"{prefix}P-{g}-{p}-{i}", p)
-            for g in labels for p in labels for i in range(per_cell)]
+    return [
+        row(f"{prefix}{g}-{p}-{i}", g, f"{prefix}P-{g}-{p}-{i}", p)
+        for g in labels
+        for p in labels
+        for i in range(per_cell)
+    ]
 
 
 def split_of(result) -> dict:
@@ -39,32 +43,43 @@ def split_of(result) -> dict:
 
 # --- hand-made cases -------------------------------------------------------------------------
 
+
 def test_exact_small_case():
     labels = ["pos", "neg"]
     rows = full_grid(labels, 2)  # exactly 2 prompts per cell: all of them are needed
     rows += [
-        row("mixed-1", "mixed", "M1", "pos"),                  # outside the labels: train
-        row("nomaj-1", None, "M2", "neg", votes=2),            # no majority: train
-        row("weak-1", "pos", "M3", "pos", votes=3),            # 3 of 5: train
+        row("mixed-1", "mixed", "M1", "pos"),  # outside the labels: train
+        row("nomaj-1", None, "M2", "neg", votes=2),  # no majority: train
+        row("weak-1", "pos", "M3", "pos", votes=3),  # 3 of 5: train
         row("noprompt-1", "neg", None, "pos", condition="no_prompt"),  # always train, flagged
-        row("sibling-1", "mixed", "P-pos-neg-0", "neg"),       # shares a dev/test prompt: excluded
-        row("nopred-1", "pos", "M4", None),                    # no model prediction: train
+        row("sibling-1", "mixed", "P-pos-neg-0", "neg"),  # shares a dev/test prompt: excluded
+        row("nopred-1", "pos", "M4", None),  # no model prediction: train
     ]
     result = build_splits(frame(rows), labels, min_votes=4, seed=7)
     got = split_of(result)
     assessed = {r[0] for r in full_grid(labels, 2)}
     assert {k for k, v in got.items() if v in ("dev", "test")} == assessed
     assert {k: v for k, v in got.items() if k not in assessed} == {
-        "mixed-1": "train", "nomaj-1": "train", "weak-1": "train", "noprompt-1": "train",
-        "sibling-1": "excluded", "nopred-1": "train"}
+        "mixed-1": "train",
+        "nomaj-1": "train",
+        "weak-1": "train",
+        "noprompt-1": "train",
+        "sibling-1": "excluded",
+        "nopred-1": "train",
+    }
     assert list(result.assignment.index) == [r[0] for r in rows]  # input order kept
     flags = result.flags
     assert flags["no_prompt"][flags["no_prompt"]].index.tolist() == ["noprompt-1"]
     assert flags.index[flags["prompt_shared_with_assessment"]].tolist() == ["sibling-1"]
     reasons = flags["ineligible_reason"].dropna().to_dict()
-    assert reasons == {"mixed-1": "gold_not_in_labels", "nomaj-1": "no_majority", "weak-1": "below_min_votes",
-                       "noprompt-1": "no_prompt", "sibling-1": "gold_not_in_labels",
-                       "nopred-1": "no_model_prediction"}
+    assert reasons == {
+        "mixed-1": "gold_not_in_labels",
+        "nomaj-1": "no_majority",
+        "weak-1": "below_min_votes",
+        "noprompt-1": "no_prompt",
+        "sibling-1": "gold_not_in_labels",
+        "nopred-1": "no_model_prediction",
+    }
 
     report = result.report
     assert (report.dev_per_cell, report.test_per_cell, report.max_c, report.upper_bound_c) == (1, 1, 1, 1)
@@ -82,8 +97,13 @@ def test_exact_small_case():
     assert report.model_metrics["test"] == {"n": 4, "macro_f1": 0.5, "accuracy": 0.5}
     assert report.at_chance is True and report.chance_macro_f1 == 0.5
     assert report.excluded == {"prompt_shared_with_assessment": 1}
-    assert report.ineligible == {"no_prompt": 1, "no_majority": 1, "gold_not_in_labels": 2, "below_min_votes": 1,
-                                 "no_model_prediction": 1}
+    assert report.ineligible == {
+        "no_prompt": 1,
+        "no_majority": 1,
+        "gold_not_in_labels": 2,
+        "below_min_votes": 1,
+        "no_model_prediction": 1,
+    }
     assert report.no_prompt_in_train == 1 and report.eligible_in_train == 0
     assert "| Total | 5 | 4 | 4 | 1 |" in report.to_markdown()
     assert report.to_dict()["counts_by_gold"][-1] == {"gold": "Total", "train": 5, "dev": 4, "test": 4, "excluded": 1}
@@ -117,17 +137,29 @@ def test_shared_prompts_flow_beats_greedy():
     labels = ["a", "b"]
     rows = [
         # prompt A has examples in (a,a) and (a,b); B and C only in (a,a); D only in (a,b)
-        row("A-aa", "a", "A", "a"), row("A-ab", "a", "A", "b"),
-        row("B-aa", "a", "B", "a"), row("C-aa", "a", "C", "a"),
+        row("A-aa", "a", "A", "a"),
+        row("A-ab", "a", "A", "b"),
+        row("B-aa", "a", "B", "a"),
+        row("C-aa", "a", "C", "a"),
         row("D-ab", "a", "D", "b"),
-        row("E-ba", "b", "E", "a"), row("F-ba", "b", "F", "a"),
-        row("G-bb", "b", "G", "b"), row("H-bb", "b", "H", "b"),
+        row("E-ba", "b", "E", "a"),
+        row("F-ba", "b", "F", "a"),
+        row("G-bb", "b", "G", "b"),
+        row("H-bb", "b", "H", "b"),
     ]
     assert not greedy_c1(rows, labels)  # greedy gives A and B to (a,a) and starves (a,b)
     result = build_splits(frame(rows), labels, seed=0)
     got = split_of(result)
-    assert {k for k, v in got.items() if v in ("dev", "test")} == {"A-ab", "B-aa", "C-aa", "D-ab", "E-ba",
-                                                                   "F-ba", "G-bb", "H-bb"}
+    assert {k for k, v in got.items() if v in ("dev", "test")} == {
+        "A-ab",
+        "B-aa",
+        "C-aa",
+        "D-ab",
+        "E-ba",
+        "F-ba",
+        "G-bb",
+        "H-bb",
+    }
     assert got["A-aa"] == "excluded"  # its prompt serves (a,b) in dev/test
     assert result.report.max_c == 1
 
@@ -225,21 +257,27 @@ def test_generic_cell_sets_match_bitmask_path(monkeypatch):
 
 # --- failure messages ------------------------------------------------------------------------
 
+
 def test_error_names_the_short_cell_and_the_shortfall():
     rows = full_grid(LABELS, 25)
     rows = [r for r in rows if not (r[1] == "neutral" and r[5] == "positive" and int(r[0].rsplit("-", 1)[1]) >= 3)]
     with pytest.raises(SplitError) as info:
         build_splits(frame(rows), LABELS, min_size=10)
-    assert str(info.value) == ("cell gold=neutral/predicted=positive has 3 eligible examples from distinct "
-                               "prompts; dev and test need at least 2×10 (short by 17)")
+    assert str(info.value) == (
+        "cell gold=neutral/predicted=positive has 3 eligible examples from distinct "
+        "prompts; dev and test need at least 2×10 (short by 17)"
+    )
     assert isinstance(info.value, ValueError) and info.value.status_code == 422
 
 
 def test_error_for_an_empty_cell_lists_other_short_cells():
     rows = [r for r in full_grid(["a", "b"], 2) if r[1] != "b"]
-    with pytest.raises(SplitError, match=r"^cell gold=b/predicted=a has 0 eligible examples from distinct "
-                                         r"prompts; dev and test need at least 2×1 \(short by 2\); 1 other cell "
-                                         r"short too: gold=b/predicted=b \(0\)$"):
+    with pytest.raises(
+        SplitError,
+        match=r"^cell gold=b/predicted=a has 0 eligible examples from distinct "
+        r"prompts; dev and test need at least 2×1 \(short by 2\); 1 other cell "
+        r"short too: gold=b/predicted=b \(0\)$",
+    ):
         build_splits(frame(rows), ["a", "b"])
 
 
@@ -247,20 +285,28 @@ def test_error_when_shared_prompts_make_cells_jointly_infeasible():
     labels = ["a", "b"]
     rows = [r for r in full_grid(labels, 2) if r[1] != "a"]
     # (a,a) and (a,b) each see two prompts, but the same two: together they need four.
-    rows += [row("X-aa", "a", "X", "a"), row("X-ab", "a", "X", "b"),
-             row("Y-aa", "a", "Y", "a"), row("Y-ab", "a", "Y", "b")]
+    rows += [
+        row("X-aa", "a", "X", "a"),
+        row("X-ab", "a", "X", "b"),
+        row("Y-aa", "a", "Y", "a"),
+        row("Y-ab", "a", "Y", "b"),
+    ]
     with pytest.raises(SplitError) as info:
         build_splits(frame(rows), labels)
     assert str(info.value) == (
         "cells gold=a/predicted=a, gold=a/predicted=b have eligible examples from only 2 distinct prompts "
         "between them (each prompt serves at most one dev/test example); dev and test need at least 2×1 "
-        "from each, 4 in all (short by 2)")
+        "from each, 4 in all (short by 2)"
+    )
 
 
 def test_error_without_chance_names_the_class():
     rows = [row(f"a{i}", "a", f"Pa{i}", None) for i in range(6)] + [row("b0", "b", "Pb0", None)]
-    with pytest.raises(SplitError, match=r"^class b has 1 eligible examples from distinct prompts; "
-                                         r"dev and test need at least 2×1 \(short by 1\)$"):
+    with pytest.raises(
+        SplitError,
+        match=r"^class b has 1 eligible examples from distinct prompts; "
+        r"dev and test need at least 2×1 \(short by 1\)$",
+    ):
         build_splits(frame(rows), ["a", "b"], chance=False)
 
 
@@ -276,11 +322,12 @@ def test_bad_input_is_rejected():
 
 # --- properties ------------------------------------------------------------------------------
 
+
 def brute_force(df: pd.DataFrame, labels, min_votes: int, chance: bool) -> tuple[int, int]:
     """Exhaustive search over tiny inputs: the largest c such that distinct prompts can fill
     every cell with 2c, and the fewest examples such a filling excludes (other examples of the
     prompts it uses)."""
-    ok = ((df.condition == "prompt") & df.gold.isin(labels) & (df.gold_votes >= min_votes))
+    ok = (df.condition == "prompt") & df.gold.isin(labels) & (df.gold_votes >= min_votes)
     if chance:
         ok &= df.model_prediction.isin(labels)
         cells = list(itertools.product(labels, labels))
@@ -318,7 +365,7 @@ def round_data(draw, labels=("a", "b"), chance=True, extra_prompts=10):
     rows = []
     for gold, predicted in cells:
         shuffled = draw(st.permutations(pool + [None]))
-        for prompt in shuffled[:draw(st.integers(2, 6))]:
+        for prompt in shuffled[: draw(st.integers(2, 6))]:
             votes = draw(st.sampled_from([3, 4, 5, 5, 5, 5]))
             if not chance:
                 predicted = draw(st.sampled_from(list(labels) + [None]))
@@ -368,8 +415,9 @@ def check_invariants(df: pd.DataFrame, result, labels, min_votes: int, chance: b
     assert result.flags["no_prompt"].equals((df.condition == "no_prompt").set_axis(split.index))
     # the report agrees with the assignment
     report = result.report
-    assert report.counts_by_gold.loc["Total"].to_dict() == {s: int((split == s).sum()) for s in
-                                                          ("train", "dev", "test", "excluded")}
+    assert report.counts_by_gold.loc["Total"].to_dict() == {
+        s: int((split == s).sum()) for s in ("train", "dev", "test", "excluded")
+    }
     assert len(dev) == report.dev_per_cell * (len(labels) if chance else 1) * len(labels)
     if chance:
         assert report.at_chance
@@ -420,8 +468,15 @@ def test_larger_random_rounds_keep_the_invariants(per_cell, shared, seed):
     # extra examples reusing existing prompts, with arbitrary gold/votes/predictions
     prompts = [r[3] for r in rows]
     for i in range(shared * 5):
-        rows.append(row(f"x{i}", rng.choice(LABELS + ["mixed"]), rng.choice(prompts), rng.choice(LABELS),
-                        votes=int(rng.integers(3, 6))))
+        rows.append(
+            row(
+                f"x{i}",
+                rng.choice(LABELS + ["mixed"]),
+                rng.choice(prompts),
+                rng.choice(LABELS),
+                votes=int(rng.integers(3, 6)),
+            )
+        )
     rows += [row(f"np{i}", rng.choice(LABELS), None, rng.choice(LABELS), condition="no_prompt") for i in range(3)]
     df = frame(rows)
     result = build_splits(df, LABELS, seed=seed)

@@ -29,7 +29,7 @@ def test_concurrent_writers_all_commit(tmp_path: Path) -> None:
             for i in range(10):
                 with engine.begin() as connection:
                     connection.execute(text("INSERT INTO t VALUES (:x)"), {"x": n * 100 + i})
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=write, args=(n,)) for n in range(30)]

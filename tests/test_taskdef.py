@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from services.taskdef import (
-    ISARCASM_CATEGORIES,
     EXAMPLES_DIR,
+    ISARCASM_CATEGORIES,
     TaskDefinition,
     TaskDefinitionError,
     TaskFamily,
@@ -84,8 +84,10 @@ def test_example_is_written_for_a_real_round(name: str) -> None:
     assert 1 < constraints.min_chars < constraints.max_chars <= 1000
     assert constraints.min_words >= 2
     # Every task label can be given by validators (directly or through the collapse map).
-    reachable = set(definition.label_collapse.values()) if definition.label_collapse else set(
-        definition.effective_validation_labels
+    reachable = (
+        set(definition.label_collapse.values())
+        if definition.label_collapse
+        else set(definition.effective_validation_labels)
     )
     assert set(definition.labels) <= reachable
     agreement = definition.agreement
@@ -126,29 +128,28 @@ DYNASENT_TABLE_11 = [
     ),
     ("You may need to wait after you submit your result.", ["False", "True"], "True"),
     (
-        "The goal is to find an example that the model gets right but that another person "
-        "would get wrong.",
+        "The goal is to find an example that the model gets right but that another person would get wrong.",
         ["False", "True"],
         "False",
     ),
     ("You will be modifying a provided prompt to generate your own sentence.", ["False", "True"], "True"),
     (
-        "Here is an example where a powerful model predicts positive sentiment: \"The "
-        "restaurant is near my place, but the food there is not good at all.\"",
+        'Here is an example where a powerful model predicts positive sentiment: "The '
+        'restaurant is near my place, but the food there is not good at all."',
         ["False", "True"],
         "False",
     ),
     (
         "Suppose the goal is to write a positive sentence that fools the model into predicting "
-        "another label. The sentence provided is \"That was awful!\", and the model predicts "
+        'another label. The sentence provided is "That was awful!", and the model predicts '
         "negative. Does this sentence meet the goal of the task?",
         ["Yes", "No"],
         "No",
     ),
     (
         "Suppose the goal is to write a negative sentence that fools the model into predicting "
-        "another label. The sentence provided is \"They did a great job of making me feel "
-        "unwanted\", and the model predicts positive. Does this sentence meet the goal of the task?",
+        'another label. The sentence provided is "They did a great job of making me feel '
+        'unwanted", and the model predicts positive. Does this sentence meet the goal of the task?',
         ["Yes", "No"],
         "Yes",
     ),
@@ -323,9 +324,7 @@ BASES: dict[str, dict[str, object]] = {
         "family": "single_label",
         "labels": ["positive", "negative", "neutral"],
         "validation_labels": ["positive", "negative", "neutral", "mixed"],
-        "onboarding_quiz": {
-            "questions": [{"text": "Is this a test?", "options": ["True", "False"], "answer": "True"}]
-        },
+        "onboarding_quiz": {"questions": [{"text": "Is this a test?", "options": ["True", "False"], "answer": "True"}]},
     },
     "binary_variety": {
         "name": "tiny-sarcasm",
@@ -413,8 +412,10 @@ BAD_CASES = [
         "unknown-family",
         "single_label",
         _set(family="sentiment"),
-        [r"family: Input should be 'single_label', 'binary_variety', 'intended_sarcasm', "
-         r"'multi_label' or 'target_dependent' \(got 'sentiment'\)$"],
+        [
+            r"family: Input should be 'single_label', 'binary_variety', 'intended_sarcasm', "
+            r"'multi_label' or 'target_dependent' \(got 'sentiment'\)$"
+        ],
     ),
     (
         "duplicate-labels",
@@ -438,8 +439,10 @@ BAD_CASES = [
         "min-chars-above-max-chars",
         "single_label",
         _set(constraints={"min_chars": 500, "max_chars": 100}),
-        [r"constraints: min_chars \(500\) is larger than max_chars \(100\); "
-         r"lower min_chars or raise max_chars$"],
+        [
+            r"constraints: min_chars \(500\) is larger than max_chars \(100\); "
+            r"lower min_chars or raise max_chars$"
+        ],
     ),
     (
         "gold-votes-above-validations",
@@ -457,22 +460,28 @@ BAD_CASES = [
         "quiz-answer-not-an-option",
         "single_label",
         _set(onboarding_quiz={"questions": [{"text": "Q?", "options": ["True", "False"], "answer": "Maybe"}]}),
-        [r"onboarding_quiz\.questions\.0: answer 'Maybe' is not one of the options "
-         r"\['True', 'False'\]; make answer one of the options$"],
+        [
+            r"onboarding_quiz\.questions\.0: answer 'Maybe' is not one of the options "
+            r"\['True', 'False'\]; make answer one of the options$"
+        ],
     ),
     (
         "quiz-unquoted-booleans",
         "single_label",
         _set(onboarding_quiz={"questions": [{"text": "Q?", "options": ["Yes", False], "answer": "Yes"}]}),
-        [r"onboarding_quiz\.questions\.0\.options\.1: Input should be a valid string, got False: "
-         r".*put the value in quotes"],
+        [
+            r"onboarding_quiz\.questions\.0\.options\.1: Input should be a valid string, got False: "
+            r".*put the value in quotes"
+        ],
     ),
     (
         "target-dependent-without-target-span",
         "target_dependent",
         _drop_writer_field("target_span"),
-        [r"family target_dependent needs a writer field `target_span`; add "
-         r"`- \{name: target_span, required: true\}` to writer_fields$"],
+        [
+            r"family target_dependent needs a writer field `target_span`; add "
+            r"`- \{name: target_span, required: true\}` to writer_fields$"
+        ],
     ),
     (
         "target-dependent-without-collapse",
@@ -483,16 +492,31 @@ BAD_CASES = [
     (
         "collapse-misses-a-validation-label",
         "target_dependent",
-        _set(label_collapse={"negative": "negative", "neutral": "neutral", "positive": "positive",
-                             "weakly_positive": "positive"}),
-        [r"label_collapse has no entry for validation labels \['weakly_negative'\]; map each one "
-         r"or name it as unknown_label$"],
+        _set(
+            label_collapse={
+                "negative": "negative",
+                "neutral": "neutral",
+                "positive": "positive",
+                "weakly_positive": "positive",
+            }
+        ),
+        [
+            r"label_collapse has no entry for validation labels \['weakly_negative'\]; map each one "
+            r"or name it as unknown_label$"
+        ],
     ),
     (
         "collapse-to-unknown-task-label",
         "target_dependent",
-        _set(label_collapse={"negative": "negative", "weakly_negative": "negative", "neutral": "neutral",
-                             "weakly_positive": "positive", "positive": "very_positive"}),
+        _set(
+            label_collapse={
+                "negative": "negative",
+                "weakly_negative": "negative",
+                "neutral": "neutral",
+                "weakly_positive": "positive",
+                "positive": "very_positive",
+            }
+        ),
         [r"label_collapse maps 'positive' to 'very_positive', which is not in labels"],
     ),
     (
@@ -505,14 +529,20 @@ BAD_CASES = [
         "intended-sarcasm-without-intended-label",
         "intended_sarcasm",
         _drop_writer_field("intended_label"),
-        [r"family intended_sarcasm needs a writer field `intended_label`; add "
-         r"`- \{name: intended_label, required: true\}` to writer_fields$"],
+        [
+            r"family intended_sarcasm needs a writer field `intended_label`; add "
+            r"`- \{name: intended_label, required: true\}` to writer_fields$"
+        ],
     ),
     (
         "required-when-intended-not-a-label",
         "intended_sarcasm",
-        _set(writer_fields=[{"name": "intended_label", "required": True},
-                            {"name": "rephrase", "required_when_intended": "ironic"}]),
+        _set(
+            writer_fields=[
+                {"name": "intended_label", "required": True},
+                {"name": "rephrase", "required_when_intended": "ironic"},
+            ]
+        ),
         [r"writer field rephrase: required_when_intended 'ironic' is not in labels"],
     ),
     (

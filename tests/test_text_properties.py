@@ -22,8 +22,11 @@ settings.register_profile("text-properties", max_examples=300, deadline=None, de
 PROFILE = settings.get_profile("text-properties")
 
 ALLOWED_CONTROL = {"\n", "\t", "\r"}
-REFUSED_CONTROL = [chr(c) for c in range(0x20) if chr(c) not in ALLOWED_CONTROL] + \
-    [chr(c) for c in range(0x7F, 0xA0)] + ["\u2028", "\u2029"]
+REFUSED_CONTROL = (
+    [chr(c) for c in range(0x20) if chr(c) not in ALLOWED_CONTROL]
+    + [chr(c) for c in range(0x7F, 0xA0)]
+    + ["\u2028", "\u2029"]
+)
 
 # Pieces of real text in several scripts, and the characters that make text hard.
 RTL = ["שלום עולם", "مرحبا بالعالم", "\u200f", "\u200e", "\u202b", "\u202c", "\u2067", "\u2069", "ـ"]
@@ -36,13 +39,15 @@ PIECES = RTL + GEEZ + EMOJI + COMBINING + SPACE + ["the", "soup", "", "x"]
 # Any Unicode scalar value (no surrogates: UTF-8 cannot encode them), and text built from the
 # pieces above, mixed.
 ANY_CHAR = st.characters(codec="utf-8")
-HARD_TEXT = st.lists(st.one_of(st.sampled_from(PIECES), st.sampled_from(REFUSED_CONTROL), ANY_CHAR),
-                     max_size=40).map("".join)
+HARD_TEXT = st.lists(st.one_of(st.sampled_from(PIECES), st.sampled_from(REFUSED_CONTROL), ANY_CHAR), max_size=40).map(
+    "".join
+)
 TEXT = st.one_of(st.text(ANY_CHAR, max_size=60), HARD_TEXT)
 # Text without any control character clean_text refuses (so it can only fail on length or words).
 CLEAN_CHAR = ANY_CHAR.filter(lambda c: c not in REFUSED_CONTROL)
-CLEAN_TEXT = st.one_of(st.text(CLEAN_CHAR, max_size=60),
-                       st.lists(st.one_of(st.sampled_from(PIECES), CLEAN_CHAR), max_size=40).map("".join))
+CLEAN_TEXT = st.one_of(
+    st.text(CLEAN_CHAR, max_size=60), st.lists(st.one_of(st.sampled_from(PIECES), CLEAN_CHAR), max_size=40).map("".join)
+)
 LIMITS = st.tuples(st.integers(0, 20), st.integers(0, 80), st.integers(0, 6))
 
 
@@ -78,8 +83,9 @@ def test_crlf_and_a_lone_cr_become_one_lf(before: str, after: str) -> None:
 @example("ሰላም፡ዓለም፡እንዴት ነሽ", (1, 280, 2), "text")
 @example("\u200b\u200b\u200b\u200b \ufeff\u2060", (1, 100, 1), "text")
 @example("e\u0301" * 10, (10, 10, 1), "text")
-def test_clean_text_returns_the_normalised_text_or_raises_invalid(value: str, limits: tuple[int, int, int],
-                                                                 field: str) -> None:
+def test_clean_text_returns_the_normalised_text_or_raises_invalid(
+    value: str, limits: tuple[int, int, int], field: str
+) -> None:
     min_chars, max_chars, min_words = limits
     try:
         cleaned = clean_text(value, field=field, min_chars=min_chars, max_chars=max_chars, min_words=min_words)
@@ -97,8 +103,7 @@ def test_clean_text_returns_the_normalised_text_or_raises_invalid(value: str, li
 
 @PROFILE
 @given(CLEAN_TEXT, st.sampled_from(REFUSED_CONTROL), CLEAN_TEXT)
-def test_a_control_character_is_refused_with_its_code_point_and_position(before: str, control: str,
-                                                                       after: str) -> None:
+def test_a_control_character_is_refused_with_its_code_point_and_position(before: str, control: str, after: str) -> None:
     with pytest.raises(Invalid) as refused:
         clean_text(before + control + after, field="text", max_chars=10_000)
     message = refused.value.message
@@ -115,8 +120,11 @@ def test_a_lone_surrogate_is_refused(before: str, surrogate: str) -> None:
 
 
 @PROFILE
-@given(st.integers(1, 60), st.sampled_from([" ", "\t", "\n", "\r\n", "\u00a0", "\u2003", "\u3000"]),
-       st.sampled_from(["e\u0301", "a\u0308", "\u1100\u1161"]))
+@given(
+    st.integers(1, 60),
+    st.sampled_from([" ", "\t", "\n", "\r\n", "\u00a0", "\u2003", "\u3000"]),
+    st.sampled_from(["e\u0301", "a\u0308", "\u1100\u1161"]),
+)
 def test_length_limits_count_the_normalised_text(n: int, pad: str, decomposed: str) -> None:
     """``n`` decomposed characters (2n code points), padded with white space: the limits
     apply to the n characters that are stored, not to what was sent."""
@@ -131,8 +139,10 @@ def test_length_limits_count_the_normalised_text(n: int, pad: str, decomposed: s
 
 
 @PROFILE
-@given(st.lists(st.sampled_from(RTL[:2] + GEEZ[:3] + EMOJI + ["the soup", "ሰላም ዓለም"]), min_size=1, max_size=8),
-       st.sampled_from([" ", "\n", "\u1361", " \u200f"]))
+@given(
+    st.lists(st.sampled_from(RTL[:2] + GEEZ[:3] + EMOJI + ["the soup", "ሰላም ዓለም"]), min_size=1, max_size=8),
+    st.sampled_from([" ", "\n", "\u1361", " \u200f"]),
+)
 def test_real_text_in_any_script_is_kept_as_typed(pieces: list[str], separator: str) -> None:
     value = separator.join(pieces)
     if not unicodedata.is_normalized("NFC", value):
@@ -150,8 +160,25 @@ def test_geez_words_separated_by_the_ethiopic_wordspace_count_as_words(parts: li
         clean_text(value, min_words=len(parts) + 1)
 
 
-INVISIBLE = [" ", "\t", "\n", "\u00a0", "\u2003", "\u3000", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff",
-             "\u00ad", "\u200e", "\u200f", "\u2066", "\u2069", "\u180e"]
+INVISIBLE = [
+    " ",
+    "\t",
+    "\n",
+    "\u00a0",
+    "\u2003",
+    "\u3000",
+    "\u200b",
+    "\u200c",
+    "\u200d",
+    "\u2060",
+    "\ufeff",
+    "\u00ad",
+    "\u200e",
+    "\u200f",
+    "\u2066",
+    "\u2069",
+    "\u180e",
+]
 
 
 @PROFILE

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from model_server.backends import ClassifyInput, load_backend
-from modelling.init_model import init_model_dir
 from model_directory import ModelMetadata
+from model_server.backends import ClassifyInput, load_backend
 from modelling.datasets import LabelledSet
+from modelling.init_model import init_model_dir
 from modelling.metrics import macro_f1
 from modelling.train import (
     EpochRecord,
@@ -33,12 +33,26 @@ from modelling.train import (
 
 SENTIMENT = ["negative", "neutral", "positive"]
 EMOTIONS = ["anger", "joy", "sadness"]
-CUES = {"negative": "awful terrible", "neutral": "table chair", "positive": "great lovely",
-        "anger": "furious", "joy": "delighted", "sadness": "tearful"}
+CUES = {
+    "negative": "awful terrible",
+    "neutral": "table chair",
+    "positive": "great lovely",
+    "anger": "furious",
+    "joy": "delighted",
+    "sadness": "tearful",
+}
 
 
-def sentiment_set(n: int, *, name: str = "toy", seed: int = 0, soft: bool = False, weight: float = 1.0,
-                  upsample: int = 1, targets: bool = False) -> LabelledSet:
+def sentiment_set(
+    n: int,
+    *,
+    name: str = "toy",
+    seed: int = 0,
+    soft: bool = False,
+    weight: float = 1.0,
+    upsample: int = 1,
+    targets: bool = False,
+) -> LabelledSet:
     """Sentences whose class shows in a cue word; ``soft`` puts 20% of the mass on a neighbour."""
     rng = np.random.default_rng(seed)
     gold = [i % 3 for i in range(n)]
@@ -48,15 +62,25 @@ def sentiment_set(n: int, *, name: str = "toy", seed: int = 0, soft: bool = Fals
         y[i, g] = 1.0
         if soft:
             y[i, g], y[i, (g + 1) % 3] = 0.8, 0.2
-    return LabelledSet(name=name, labels=SENTIMENT, multi_label=False, texts=texts, y=y, weight=weight,
-                       upsample=upsample, targets=[["food", "service"][i % 2] for i in range(n)] if targets else None)
+    return LabelledSet(
+        name=name,
+        labels=SENTIMENT,
+        multi_label=False,
+        texts=texts,
+        y=y,
+        weight=weight,
+        upsample=upsample,
+        targets=[["food", "service"][i % 2] for i in range(n)] if targets else None,
+    )
 
 
 def emotion_set(n: int, seed: int = 0) -> LabelledSet:
     rng = np.random.default_rng(seed)
     y = (rng.random((n, 3)) < 0.4).astype(np.float32)
-    texts = [" ".join(["I am"] + [CUES[label] for label, on in zip(EMOTIONS, row, strict=True) if on] + ["today"])
-             for row in y]
+    texts = [
+        " ".join(["I am"] + [CUES[label] for label, on in zip(EMOTIONS, row, strict=True) if on] + ["today"])
+        for row in y
+    ]
     return LabelledSet(name="emotions", labels=EMOTIONS, multi_label=True, texts=texts, y=y)
 
 
@@ -69,16 +93,43 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(base: Path, **overrides: object) -> TrainConfig:
-    values: dict[str, object] = {"base": base, "epochs": 2, "batch_size": 8, "learning_rate": 5e-3,
-                                 "warmup_ratio": 0.0, "max_length": 32, "seed": 0, "cpu": True}
+    values: dict[str, object] = {
+        "base": base,
+        "epochs": 2,
+        "batch_size": 8,
+        "learning_rate": 5e-3,
+        "warmup_ratio": 0.0,
+        "max_length": 32,
+        "seed": 0,
+        "cpu": True,
+    }
     return TrainConfig(**(values | overrides))  # type: ignore[arg-type]
 
 
-def train(train_sets: list[LabelledSet], dev: LabelledSet | None, out: Path, cfg: TrainConfig, *,
-          family: str = "single_label", input_format: str = "text", **kwargs: object):  # type: ignore[no-untyped-def]
-    return train_model(train_sets, dev, labels=train_sets[0].labels, family=family,  # type: ignore[arg-type]
-                       input_format=input_format, config=cfg, out_dir=out, model_id="toy-model",  # type: ignore[arg-type]
-                       trained_for_round=2, task_name="toy-task", progress=False, **kwargs)  # type: ignore[arg-type]
+def train(
+    train_sets: list[LabelledSet],
+    dev: LabelledSet | None,
+    out: Path,
+    cfg: TrainConfig,
+    *,
+    family: str = "single_label",
+    input_format: str = "text",
+    **kwargs: object,
+):  # type: ignore[no-untyped-def]
+    return train_model(
+        train_sets,
+        dev,
+        labels=train_sets[0].labels,
+        family=family,  # type: ignore[arg-type]
+        input_format=input_format,
+        config=cfg,
+        out_dir=out,
+        model_id="toy-model",  # type: ignore[arg-type]
+        trained_for_round=2,
+        task_name="toy-task",
+        progress=False,
+        **kwargs,
+    )  # type: ignore[arg-type]
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -100,8 +151,10 @@ def test_soft_cross_entropy_on_one_hot_targets_is_cross_entropy() -> None:
     one_hot = F.one_hot(gold, 3).float()
     assert torch.allclose(soft_cross_entropy(logits, one_hot), F.cross_entropy(logits, gold, reduction="none"))
     class_weights = torch.tensor([0.5, 2.0, 1.5])
-    assert torch.allclose(soft_cross_entropy(logits, one_hot, class_weights),
-                          F.cross_entropy(logits, gold, weight=class_weights, reduction="none"))
+    assert torch.allclose(
+        soft_cross_entropy(logits, one_hot, class_weights),
+        F.cross_entropy(logits, gold, weight=class_weights, reduction="none"),
+    )
 
 
 def test_soft_cross_entropy_on_a_distribution_is_the_expectation_over_labels() -> None:
@@ -134,8 +187,15 @@ def test_balanced_class_weights_come_from_the_soft_label_mass() -> None:
     assert explicit is not None and explicit.tolist() == [1.0, 3.0, 1.0]
     with pytest.raises(TrainingError, match="not among the labels"):
         class_weights_for(mix, SENTIMENT, {"mixed": 2.0}, family="single_label")
-    multi = [LabelledSet(name="m", labels=EMOTIONS, multi_label=True, texts=list("abcd"),
-                         y=np.array([[1, 0, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]], dtype=np.float32))]
+    multi = [
+        LabelledSet(
+            name="m",
+            labels=EMOTIONS,
+            multi_label=True,
+            texts=list("abcd"),
+            y=np.array([[1, 0, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]], dtype=np.float32),
+        )
+    ]
     pos_weight = class_weights_for(multi, EMOTIONS, "balanced", family="multi_label")
     assert pos_weight is not None and torch.allclose(pos_weight, torch.tensor([1 / 3, 3.0, 3.0]))
 
@@ -143,7 +203,9 @@ def test_balanced_class_weights_come_from_the_soft_label_mass() -> None:
 def test_macro_f1_single_and_multi_label() -> None:
     y = np.eye(3)[[0, 1, 2, 2]]
     assert macro_f1(y, np.eye(3)[[0, 1, 2, 2]], family="single_label") == 1.0
-    assert macro_f1(y, np.eye(3)[[0, 0, 0, 0]], family="single_label") == pytest.approx(0.4 / 3)  # F1 of class 0: 2 * 0.25 / 1.25
+    assert macro_f1(y, np.eye(3)[[0, 0, 0, 0]], family="single_label") == pytest.approx(
+        0.4 / 3
+    )  # F1 of class 0: 2 * 0.25 / 1.25
     multi = np.array([[1, 0], [1, 1]])
     assert macro_f1(multi, np.array([[0.9, 0.1], [0.8, 0.7]]), family="multi_label") == 1.0
 
@@ -176,8 +238,10 @@ def test_a_base_with_a_head_gets_a_fresh_head(tiny_base: Path) -> None:
     base = weights(tiny_base)
     model = fresh_classifier(tiny_base, SENTIMENT, "single_label")
     state = model.state_dict()
-    assert torch.equal(state["bert.encoder.layer.0.attention.self.query.weight"],
-                       base["bert.encoder.layer.0.attention.self.query.weight"])
+    assert torch.equal(
+        state["bert.encoder.layer.0.attention.self.query.weight"],
+        base["bert.encoder.layer.0.attention.self.query.weight"],
+    )
     assert not torch.equal(state["classifier.weight"], base["classifier.weight"])
     assert model.config.id2label == dict(enumerate(SENTIMENT))
 
@@ -215,8 +279,10 @@ def test_bad_inputs_are_refused_before_training(tiny_base: Path, tmp_path: Path)
 def single_label_run(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """Soft labels, a 3x-upsampled second source with half the loss weight, class weights, dev set."""
     out = tmp_path_factory.mktemp("run") / "model"
-    mix = [sentiment_set(36, name="round 1 train", soft=True), sentiment_set(12, name="sst", seed=1, weight=0.5,
-                                                                                upsample=3)]
+    mix = [
+        sentiment_set(36, name="round 1 train", soft=True),
+        sentiment_set(12, name="sst", seed=1, weight=0.5, upsample=3),
+    ]
     dev = sentiment_set(15, name="round 1 dev", seed=2)
     result = train(mix, dev, out, config(tiny_base, epochs=3, class_weights="balanced"))
     return result, mix, dev
@@ -242,13 +308,19 @@ def test_the_model_directory_records_data_hyperparameters_and_training(single_la
     metadata = ModelMetadata.load(result.out_dir)
     assert metadata == result.metadata
     assert (metadata.model_id, metadata.labels, metadata.family, metadata.input_format) == (
-        "toy-model", SENTIMENT, "single_label", "text")
+        "toy-model",
+        SENTIMENT,
+        "single_label",
+        "text",
+    )
     assert metadata.trained_for_round == 2 and metadata.task == "toy-task" and metadata.max_length == 32
     assert len(metadata.version) == 12 and metadata.version != "0"
     extra = metadata.model_extra or {}
     train_sources = extra["data"]["train"]
     assert [(s["name"], s["rows"], s["weight"], s["upsample"]) for s in train_sources] == [
-        ("round 1 train", 36, 1.0, 1), ("sst", 12, 0.5, 3)]
+        ("round 1 train", 36, 1.0, 1),
+        ("sst", 12, 0.5, 3),
+    ]
     assert train_sources[0]["sha256"] == mix[0].sha256()
     assert train_sources[1]["label_counts"] == {"negative": 4, "neutral": 4, "positive": 4}
     assert extra["data"]["dev"]["sha256"] == dev.sha256()
@@ -275,8 +347,13 @@ def test_a_multi_label_model_trains_and_its_loss_decreases(tmp_path: Path) -> No
     base = tmp_path / "base"
     init_model_dir(base, labels=EMOTIONS, family="multi_label", tiny=True)
     emotions = emotion_set(48)
-    result = train([emotions], emotion_set(12, seed=1), tmp_path / "out", config(base, epochs=3, learning_rate=1e-2),
-                   family="multi_label")
+    result = train(
+        [emotions],
+        emotion_set(12, seed=1),
+        tmp_path / "out",
+        config(base, epochs=3, learning_rate=1e-2),
+        family="multi_label",
+    )
     losses = [record.train_loss for record in result.history]
     assert losses[-1] < losses[0]
     assert result.metadata.family == "multi_label"
@@ -287,8 +364,9 @@ def test_a_multi_label_model_trains_and_its_loss_decreases(tmp_path: Path) -> No
 
 def test_a_sentence_pair_model_trains(tiny_base: Path, tmp_path: Path) -> None:
     pairs = sentiment_set(24, targets=True)
-    result = train([pairs], sentiment_set(9, seed=3, targets=True), tmp_path / "out", config(tiny_base),
-                   input_format="text_pair")
+    result = train(
+        [pairs], sentiment_set(9, seed=3, targets=True), tmp_path / "out", config(tiny_base), input_format="text_pair"
+    )
     assert result.metadata.input_format == "text_pair" and len(result.history) == 2
     backend = load_backend(result.out_dir, device="cpu")
     [output] = backend.predict([ClassifyInput("the food was great, the service awful", target="service")])
@@ -302,9 +380,13 @@ def test_early_stopping_stops_when_dev_macro_f1_stops_improving(tiny_base: Path,
     # With a learning rate of 0 the dev macro-F1 never changes: epoch 1 is best, and with a
     # patience of 2 the run stops after epoch 3 of 10.
     seen: list[EpochRecord] = []
-    result = train([sentiment_set(16)], sentiment_set(6, seed=1), tmp_path / "out",
-                   config(tiny_base, epochs=10, learning_rate=0.0, early_stopping_patience=2),
-                   on_epoch_end=seen.append)
+    result = train(
+        [sentiment_set(16)],
+        sentiment_set(6, seed=1),
+        tmp_path / "out",
+        config(tiny_base, epochs=10, learning_rate=0.0, early_stopping_patience=2),
+        on_epoch_end=seen.append,
+    )
     assert [record.epoch for record in seen] == [1, 2, 3]
     assert result.stopped_early and result.best_epoch == 1 and result.epochs_run == 3
 
@@ -336,8 +418,13 @@ def test_an_interrupted_run_resumes_to_the_same_model(tiny_base: Path, tmp_path:
     with pytest.raises(Interrupted):
         train(mix, dev, tmp_path / "cut", config(tiny_base, early_stopping_patience=None), on_epoch_end=crash)
     seen: list[EpochRecord] = []
-    resumed = train(mix, dev, tmp_path / "cut", config(tiny_base, early_stopping_patience=None, resume=True),
-                    on_epoch_end=seen.append)
+    resumed = train(
+        mix,
+        dev,
+        tmp_path / "cut",
+        config(tiny_base, early_stopping_patience=None, resume=True),
+        on_epoch_end=seen.append,
+    )
     assert [record.epoch for record in seen] == [2]  # only the missing epoch ran
     assert resumed.resumed_from_step == 3 and resumed.epochs_run == 2
     assert same_weights(whole.out_dir, resumed.out_dir)
@@ -382,8 +469,13 @@ def test_resuming_with_more_epochs_continues_from_the_checkpoint(tiny_base: Path
     one = train(mix, None, tmp_path / "out", config(tiny_base, epochs=1, learning_rate=1e-2))
     first_epoch = weights(one.out_dir)
     seen: list[EpochRecord] = []
-    two = train(mix, None, tmp_path / "out", config(tiny_base, epochs=2, learning_rate=1e-2, resume=True),
-                on_epoch_end=seen.append)
+    two = train(
+        mix,
+        None,
+        tmp_path / "out",
+        config(tiny_base, epochs=2, learning_rate=1e-2, resume=True),
+        on_epoch_end=seen.append,
+    )
     assert [record.epoch for record in seen] == [2] and two.resumed_from_step == 3
     assert two.history[0] == one.history[0] and two.epochs_run == 2
     assert not torch.equal(weights(two.out_dir)["classifier.weight"], first_epoch["classifier.weight"])
@@ -411,11 +503,33 @@ def test_round_train_command_trains_on_a_star_rated_file_and_registers_the_model
         "dev:\n"
         "  file: reviews.csv\n  label_column: stars\n  limit: 10\n"
         "  label_map: {'1': negative, '2': negative, '3': neutral, '4': positive, '5': positive}\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     out = tmp_path / "model"
-    args = ["round", "train", "--task", "dynasent-r2", "--mix", str(tmp_path / "mix.yaml"), "--out", str(out),
-            "--round", "2", "--tiny", "--epochs", "1", "--batch-size", "8", "--learning-rate", "0.005",
-            "--class-weights", "balanced", "--cpu", "--database-url", url]
+    args = [
+        "round",
+        "train",
+        "--task",
+        "dynasent-r2",
+        "--mix",
+        str(tmp_path / "mix.yaml"),
+        "--out",
+        str(out),
+        "--round",
+        "2",
+        "--tiny",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--learning-rate",
+        "0.005",
+        "--class-weights",
+        "balanced",
+        "--cpu",
+        "--database-url",
+        url,
+    ]
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "reviews.csv — 30 rows, weight 1.0, ×2" in result.output
@@ -424,7 +538,10 @@ def test_round_train_command_trains_on_a_star_rated_file_and_registers_the_model
     assert metadata.model_id == "dynasent-r2-for-round-2" and metadata.trained_for_round == 2
     assert metadata.labels == ["positive", "negative", "neutral"]  # the task's order
     assert (metadata.model_extra or {})["data"]["train"][0]["label_counts"] == {
-        "positive": 12, "negative": 12, "neutral": 6}
+        "positive": 12,
+        "negative": 12,
+        "neutral": 6,
+    }
     from sqlalchemy import select
 
     from services.db.engine import make_engine, make_sessionmaker
@@ -433,26 +550,75 @@ def test_round_train_command_trains_on_a_star_rated_file_and_registers_the_model
     with make_sessionmaker(make_engine(url))() as session:
         [version] = session.scalars(select(ModelVersion)).all()
         assert (version.model_id, version.version, version.trained_for_round) == (
-            metadata.model_id, metadata.version, 2)
+            metadata.model_id,
+            metadata.version,
+            2,
+        )
 
     # Errors: a clear message and exit code 1, no traceback.
-    refused = runner.invoke(cli, [*args[:6], "--out", str(tmp_path / "again"), "--base", str(out),
-                                  "--database-url", url])
+    refused = runner.invoke(
+        cli, [*args[:6], "--out", str(tmp_path / "again"), "--base", str(out), "--database-url", url]
+    )
     assert refused.exit_code == 1 and "retrained from scratch" in refused.output
     assert "Traceback" not in refused.output
-    missing = runner.invoke(cli, ["round", "train", "--task", "dynasent-r2", "--mix", str(tmp_path / "none.yaml"),
-                                  "--out", str(tmp_path / "x"), "--tiny", "--database-url", url])
+    missing = runner.invoke(
+        cli,
+        [
+            "round",
+            "train",
+            "--task",
+            "dynasent-r2",
+            "--mix",
+            str(tmp_path / "none.yaml"),
+            "--out",
+            str(tmp_path / "x"),
+            "--tiny",
+            "--database-url",
+            url,
+        ],
+    )
     assert missing.exit_code == 1 and "cannot read the data mix" in missing.output
     (tmp_path / "bad.yaml").write_text("train:\n  - file: reviews.csv\n    label_column: stars\n", encoding="utf-8")
-    unmapped = runner.invoke(cli, ["round", "train", "--task", "dynasent-r2", "--mix", str(tmp_path / "bad.yaml"),
-                                   "--out", str(tmp_path / "y"), "--tiny", "--database-url", url])
+    unmapped = runner.invoke(
+        cli,
+        [
+            "round",
+            "train",
+            "--task",
+            "dynasent-r2",
+            "--mix",
+            str(tmp_path / "bad.yaml"),
+            "--out",
+            str(tmp_path / "y"),
+            "--tiny",
+            "--database-url",
+            url,
+        ],
+    )
     assert unmapped.exit_code == 1 and "label_map" in unmapped.output
-    no_task = runner.invoke(cli, ["round", "train", "--task", "nope", "--mix", str(tmp_path / "mix.yaml"),
-                                  "--out", str(tmp_path / "z"), "--tiny", "--database-url", url])
+    no_task = runner.invoke(
+        cli,
+        [
+            "round",
+            "train",
+            "--task",
+            "nope",
+            "--mix",
+            str(tmp_path / "mix.yaml"),
+            "--out",
+            str(tmp_path / "z"),
+            "--tiny",
+            "--database-url",
+            url,
+        ],
+    )
     assert no_task.exit_code == 1 and "no task 'nope'" in no_task.output
     # The options share the limits of a train job's params (modelling.usecases.TrainOptions).
-    for bad, field in [(["--epochs", "0"], "epochs"), (["--model-id", "no spaces"], "model_id"),
-                       (["--checkpoint-every", "0"], "checkpoint_every")]:
+    for bad, field in [
+        (["--epochs", "0"], "epochs"),
+        (["--model-id", "no spaces"], "model_id"),
+        (["--checkpoint-every", "0"], "checkpoint_every"),
+    ]:
         invalid = runner.invoke(cli, [*args[:6], "--out", str(tmp_path / "w"), "--tiny", *bad, "--database-url", url])
         assert invalid.exit_code == 1 and f"invalid training settings: {field}" in invalid.output, invalid.output
     assert not (tmp_path / "w").exists()

@@ -29,8 +29,7 @@ def _commits(path: Path) -> list[tuple[str, int]]:
     for function in ast.walk(tree):
         if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
             for node in ast.walk(function):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr == "commit"):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "commit":
                     found.append((function.name, node.lineno))
     return found
 
@@ -46,12 +45,18 @@ def test_only_the_unit_of_work_commits() -> None:
     assert not stray, "\n".join(stray)
 
 
-def test_a_routes_pending_changes_are_committed_before_the_answer(client: Any, app: Any, researcher: Any,
-                                                                  make_user: Any, stub_model: Any) -> None:
+def test_a_routes_pending_changes_are_committed_before_the_answer(
+    client: Any, app: Any, researcher: Any, make_user: Any, stub_model: Any
+) -> None:
     """Skipping leaves the assignment's new status pending in the session (nothing flushes
     it); the unit of work writes and commits it before the 200, so another connection sees it."""
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        ["The soup was fine.", "The bread was fresh."])
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        ["The soup was fine.", "The bread was fresh."],
+    )
     writer = make_user("wes", "writer")
     assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()
     skipped = client.post(f"/api/v1/assignments/{assignment['id']}/skip", headers=writer.headers)
@@ -61,8 +66,9 @@ def test_a_routes_pending_changes_are_committed_before_the_answer(client: Any, a
     assert status is not None and status.value == "skipped"
 
 
-def test_an_error_after_a_change_rolls_the_whole_request_back(client: Any, app: Any, researcher: Any,
-                                                              stub_model: Any) -> None:
+def test_an_error_after_a_change_rolls_the_whole_request_back(
+    client: Any, app: Any, researcher: Any, stub_model: Any
+) -> None:
     """Opening a round while one is open: the task row is locked and read, then 409; the
     request leaves no trace (no audit entry, no round)."""
     round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url)

@@ -9,8 +9,11 @@ from tests.conftest import table_counts
 
 def test_admin_creates_users_and_tokens_are_stored_hashed(client, app, make_user):  # type: ignore[no-untyped-def]
     admin = make_user("ada", "admin")
-    response = client.post("/api/v1/users", json={"username": "wren", "roles": ["writer"], "password": "s3cret-pass"},
-                           headers=admin.headers)
+    response = client.post(
+        "/api/v1/users",
+        json={"username": "wren", "roles": ["writer"], "password": "s3cret-pass"},
+        headers=admin.headers,
+    )
     assert response.status_code == 201 and response.json()["roles"] == ["writer"]
     token = client.post("/api/v1/users/wren/tokens", json={"name": "laptop"}, headers=admin.headers).json()
     assert token["token"].startswith("dl_") and token["prefix"] == token["token"][:10]
@@ -25,8 +28,11 @@ def test_admin_creates_users_and_tokens_are_stored_hashed(client, app, make_user
 
 def test_password_login_and_wrong_password(client, make_user):  # type: ignore[no-untyped-def]
     admin = make_user("ada", "admin")
-    client.post("/api/v1/users", json={"username": "val", "roles": ["validator"], "password": "correct-horse"},
-                headers=admin.headers)
+    client.post(
+        "/api/v1/users",
+        json={"username": "val", "roles": ["validator"], "password": "correct-horse"},
+        headers=admin.headers,
+    )
     ok = client.post("/api/v1/auth/login", json={"username": "val", "password": "correct-horse"})
     assert ok.status_code == 200 and ok.json()["user"]["roles"] == ["validator"]
     me = client.get("/api/v1/me", headers={"Authorization": f"Bearer {ok.json()['token']}"})

@@ -16,12 +16,14 @@ PROMPTS = [f"Prompt number {i} about a small cafe downtown." for i in range(12)]
 def write_example(client: Any, writer: Actor, round_id: int, text: str) -> dict[str, Any]:
     """One assignment -> one attempt -> (confirm if fooled) -> submit."""
     assignment = client.post(f"/api/v1/rounds/{round_id}/assignments", json={}, headers=writer.headers).json()
-    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
-                          headers=writer.headers).json()
+    attempt = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text}, headers=writer.headers
+    ).json()
     if attempt["fooled"]:
         client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                           headers=writer.headers)
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+    )
     assert response.status_code == 201, response.text
     return response.json()
 
@@ -78,17 +80,28 @@ def test_five_labels_validate_an_example_and_the_record_shows_them(client, dynas
     assert response.status_code == 409 and "already has all its labels" in response.json()["error"]["message"]
     record = client.get(f"/api/v1/examples/{example['id']}", headers=researcher.headers).json()
     assert record["status"] == "validated" and record["validation_count"] == 5
-    assert sorted(v["label"][0] for v in record["validations"]) == ["mixed", "neutral", "neutral", "neutral", "positive"]
+    assert sorted(v["label"][0] for v in record["validations"]) == [
+        "mixed",
+        "neutral",
+        "neutral",
+        "neutral",
+        "positive",
+    ]
     assert all(v["counted"] for v in record["validations"])
 
 
-def test_unqualify_excludes_labels_requeues_and_requalify_restores(client, app, dynasent, writer, validators, researcher):  # type: ignore[no-untyped-def]
+def test_unqualify_excludes_labels_requeues_and_requalify_restores(
+    client, app, dynasent, writer, validators, researcher
+):  # type: ignore[no-untyped-def]
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
     for validator in validators[:5]:
         assert label(client, validator, example["id"], "neutral").status_code == 201
     bad = validators[0]
-    response = client.post(f"/api/v1/tasks/dynasent-r2/workers/{bad.username}/unqualify",
-                           json={"reason": "spot check failed"}, headers=researcher.headers)
+    response = client.post(
+        f"/api/v1/tasks/dynasent-r2/workers/{bad.username}/unqualify",
+        json={"reason": "spot check failed"},
+        headers=researcher.headers,
+    )
     assert response.status_code == 200 and response.json()["labels_excluded"] == 1
     record = client.get(f"/api/v1/examples/{example['id']}", headers=researcher.headers).json()
     assert record["status"] == "validating" and record["validation_count"] == 4
@@ -104,20 +117,28 @@ def test_unqualify_excludes_labels_requeues_and_requalify_restores(client, app, 
     assert response.json() == {"username": bad.username, "qualified": True, "labels_restored": 0}
     with app.state.sessionmaker() as session:
         row = session.get(Example, example["id"])
-        counted = session.scalars(select(Validation).where(Validation.example_id == example["id"],
-                                                           Validation.counted.is_(True))).all()
+        counted = session.scalars(
+            select(Validation).where(Validation.example_id == example["id"], Validation.counted.is_(True))
+        ).all()
         assert row.validation_count == len(counted) == 5 and row.status.value == "validated"
 
 
 def test_agreement_rates_and_automatic_unqualification(client, app, researcher, writer, make_user, stub_model):  # type: ignore[no-untyped-def]
     # Batches of 2 and judgement after 2 labels, so the 80% rule triggers quickly.
-    yaml_text = example_yaml("dynasent-r2", onboarding_quiz=None, validation_batch_size=2,
-                             agreement={"gold_min_votes": 3, "dev_test_min_votes": 4,
-                                        "unqualify_disagreement_rate": 0.8, "min_labels_for_quality": 2})
+    yaml_text = example_yaml(
+        "dynasent-r2",
+        onboarding_quiz=None,
+        validation_batch_size=2,
+        agreement={
+            "gold_min_votes": 3,
+            "dev_test_min_votes": 4,
+            "unqualify_disagreement_rate": 0.8,
+            "min_labels_for_quality": 2,
+        },
+    )
     round_ = open_round(client, researcher, yaml_text, stub_model.url, PROMPTS)
     crowd = [make_user(f"v{i}", "validator") for i in range(5)]
-    examples = [write_example(client, writer, round_["id"], f"A plain remark number {i} about rain.")
-                for i in range(2)]
+    examples = [write_example(client, writer, round_["id"], f"A plain remark number {i} about rain.") for i in range(2)]
     for example in examples:
         for validator in crowd[:4]:
             assert label(client, validator, example["id"], "neutral").status_code == 201
@@ -125,8 +146,10 @@ def test_agreement_rates_and_automatic_unqualification(client, app, researcher, 
     assert label(client, contrarian, examples[0]["id"], "positive").status_code == 201
     assert label(client, contrarian, examples[1]["id"], "negative").status_code == 201
     # Two labels = one batch window: the contrarian disagreed 100% > 80% and is unqualified.
-    rates = {r["username"]: r for r in client.get(f"/api/v1/rounds/{round_['id']}/worker-agreement",
-                                                  headers=researcher.headers).json()}
+    rates = {
+        r["username"]: r
+        for r in client.get(f"/api/v1/rounds/{round_['id']}/worker-agreement", headers=researcher.headers).json()
+    }
     assert rates["v0"]["agreement_rate"] == 1.0 and rates["v0"]["qualified"]
     assert rates["v4"]["agreement_rate"] == 0.0 and not rates["v4"]["qualified"]
     with app.state.sessionmaker() as session:
@@ -149,20 +172,26 @@ def test_onboarding_quiz_gates_writing_and_holds_back_after_five_failures(client
     right = [q.answer for q in load_task_definition(example_path("dynasent-r2")).onboarding_quiz.questions]
     assert wrong != right
     for used in range(1, 6):
-        result = client.post("/api/v1/tasks/dynasent-r2/quiz/attempts", json={"answers": wrong},
-                             headers=newcomer.headers).json()
+        result = client.post(
+            "/api/v1/tasks/dynasent-r2/quiz/attempts", json={"answers": wrong}, headers=newcomer.headers
+        ).json()
         assert result["passed"] is False and result["attempts_used"] == used
-    response = client.post("/api/v1/tasks/dynasent-r2/quiz/attempts", json={"answers": right},
-                           headers=newcomer.headers)
+    response = client.post("/api/v1/tasks/dynasent-r2/quiz/attempts", json={"answers": right}, headers=newcomer.headers)
     assert response.status_code == 403 and "held back" in response.json()["error"]["message"]
     response = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=newcomer.headers)
     assert response.status_code == 403 and "held back" in response.json()["error"]["message"]
     # Someone else passes on the first try and may write.
     keen = make_user("kim", "writer")
-    result = client.post("/api/v1/tasks/dynasent-r2/quiz/attempts", json={"answers": right},
-                         headers=keen.headers).json()
-    assert result == {"passed": True, "correct": len(right), "wrong_questions": [], "attempts_used": 1,
-                      "attempts_left": 4}
+    result = client.post(
+        "/api/v1/tasks/dynasent-r2/quiz/attempts", json={"answers": right}, headers=keen.headers
+    ).json()
+    assert result == {
+        "passed": True,
+        "correct": len(right),
+        "wrong_questions": [],
+        "attempts_used": 1,
+        "attempts_left": 4,
+    }
     assert client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=keen.headers).status_code == 201
 
 
@@ -182,54 +211,77 @@ def test_skip_ends_assignment_and_next_prompt_is_new(client, dynasent, writer, a
     assert second.status_code == 201
     assert second.json()["prompt"]["id"] != first["prompt"]["id"]
     before = table_counts(app)
-    response = client.post(f"/api/v1/assignments/{first['id']}/attempts", json={"text": "Some words here now."},
-                           headers=writer.headers)
+    response = client.post(
+        f"/api/v1/assignments/{first['id']}/attempts", json={"text": "Some words here now."}, headers=writer.headers
+    )
     assert response.status_code == 409 and "skipped" in response.json()["error"]["message"]
     assert table_counts(app) == before
 
 
 def test_unused_first_gives_each_prompt_once_before_reuse(client, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        PROMPTS[:4])
+    round_ = open_round(
+        client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS[:4]
+    )
     seen = []
     for i in range(4):
         writer = make_user(f"w{i}", "writer")
-        seen.append(client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={},
-                                headers=writer.headers).json()["prompt"]["id"])
+        seen.append(
+            client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()["prompt"][
+                "id"
+            ]
+        )
     assert len(set(seen)) == 4
     stats = client.get(f"/api/v1/rounds/{round_['id']}/stats", headers=researcher.headers).json()
     assert stats["prompts"] == {"total": 4, "used": 4} and stats["assignments"]["active"] == 4
 
 
 def test_balanced_targets_and_writer_choice(client, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        PROMPTS)
+    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
     targets = []
     for i in range(6):
         writer = make_user(f"b{i}", "writer")
-        targets.append(client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={},
-                                   headers=writer.headers).json()["target_label"][0])
+        targets.append(
+            client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=writer.headers).json()[
+                "target_label"
+            ][0]
+        )
     assert sorted(targets) == ["negative", "negative", "neutral", "neutral", "positive", "positive"]
     chooser = make_user("chooser", "writer")
-    response = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={"target_label": "negative"},
-                           headers=chooser.headers)
+    response = client.post(
+        f"/api/v1/rounds/{round_['id']}/assignments", json={"target_label": "negative"}, headers=chooser.headers
+    )
     assert response.status_code == 422 and "assigns target labels" in response.json()["error"]["message"]
 
 
 def test_no_prompt_condition(client, researcher, writer, stub_model):  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        None, no_prompt_fraction=1.0, target_label_mode="writer_choice")
-    assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={"target_label": "positive"},
-                             headers=writer.headers).json()
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        None,
+        no_prompt_fraction=1.0,
+        target_label_mode="writer_choice",
+    )
+    assignment = client.post(
+        f"/api/v1/rounds/{round_['id']}/assignments", json={"target_label": "positive"}, headers=writer.headers
+    ).json()
     assert assignment["condition"] == "no_prompt" and assignment["prompt"] is None
     assert "Edit the prompt" not in assignment["goal"]
-    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts",
-                          json={"text": "The food was bland and overpriced."}, headers=writer.headers).json()
+    attempt = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": "The food was bland and overpriced."},
+        headers=writer.headers,
+    ).json()
     assert attempt["edit_distance"] is None and attempt["fooled"] is True
-    client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": False, "judged_label": "negative"},
-                headers=writer.headers)
-    example = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                          headers=writer.headers).json()
+    client.post(
+        f"/api/v1/attempts/{attempt['id']}/confirmation",
+        json={"agrees": False, "judged_label": "negative"},
+        headers=writer.headers,
+    )
+    example = client.post(
+        f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+    ).json()
     assert example["condition"] == "no_prompt"
 
 
@@ -237,30 +289,47 @@ def test_unqualifying_in_a_closed_round_requeues_nothing(client, app, dynasent, 
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
     for validator in validators[:5]:
         assert label(client, validator, example["id"], "neutral").status_code == 201
-    assert client.post(f"/api/v1/rounds/{dynasent['id']}/status", json={"status": "closed"},
-                       headers=researcher.headers).status_code == 200
-    response = client.post(f"/api/v1/tasks/dynasent-r2/workers/{validators[0].username}/unqualify",
-                           json={"reason": "late audit"}, headers=researcher.headers)
+    assert (
+        client.post(
+            f"/api/v1/rounds/{dynasent['id']}/status", json={"status": "closed"}, headers=researcher.headers
+        ).status_code
+        == 200
+    )
+    response = client.post(
+        f"/api/v1/tasks/dynasent-r2/workers/{validators[0].username}/unqualify",
+        json={"reason": "late audit"},
+        headers=researcher.headers,
+    )
     assert response.json()["labels_excluded"] == 1
     record = client.get(f"/api/v1/examples/{example['id']}", headers=researcher.headers).json()
     assert record["status"] == "validated" and record["validation_count"] == 4
 
 
 def test_reloaded_batch_keeps_fooling_examples_first(client, researcher, make_user, validators, stub_model):  # type: ignore[no-untyped-def]
-    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url,
-                        PROMPTS, target_label_mode="writer_choice")
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        PROMPTS,
+        target_label_mode="writer_choice",
+    )
     writer = make_user("wes", "writer")
 
     def write(target: str, text: str) -> dict[str, Any]:
-        assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={"target_label": target},
-                                 headers=writer.headers).json()
-        attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
-                              headers=writer.headers).json()
+        assignment = client.post(
+            f"/api/v1/rounds/{round_['id']}/assignments", json={"target_label": target}, headers=writer.headers
+        ).json()
+        attempt = client.post(
+            f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text}, headers=writer.headers
+        ).json()
         if attempt["fooled"]:
-            client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True},
-                        headers=writer.headers)
-        return client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                           headers=writer.headers).json()
+            client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
+        return client.post(
+            f"/api/v1/assignments/{assignment['id']}/example",
+            json={"attempt_id": attempt["id"]},
+            headers=writer.headers,
+        ).json()
 
     plain = write("neutral", "An ordinary sentence about lunch today.")
     fooling = write("negative", "A great and wonderful day there.")

@@ -7,14 +7,16 @@ import pytest
 
 from tests.conftest import example_yaml, open_round, table_counts
 
-PROMPTS = ["The soup was fine and the bread was fresh.", "We went there on a Sunday afternoon.",
-           "The staff were friendly and quick."]
+PROMPTS = [
+    "The soup was fine and the bread was fresh.",
+    "We went there on a Sunday afternoon.",
+    "The staff were friendly and quick.",
+]
 
 
 @pytest.fixture
 def dynasent_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
-    return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None),
-                      stub_model.url, PROMPTS)
+    return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
 def test_writer_fools_model_confirms_and_submits(client, writer, dynasent_round):  # type: ignore[no-untyped-def]
@@ -30,8 +32,11 @@ def test_writer_fools_model_confirms_and_submits(client, writer, dynasent_round)
 
     fooling_word = {"positive": "terrible", "negative": "great", "neutral": "great"}[target]
     text = f"{assignment['prompt']['text']} Honestly {fooling_word} stuff"
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
-                           headers={**writer.headers, "Idempotency-Key": "k1"})
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": text},
+        headers={**writer.headers, "Idempotency-Key": "k1"},
+    )
     assert response.status_code == 201, response.text
     attempt = response.json()
     assert attempt["status"] == "scored" and attempt["fooled"] is True and attempt["counts_as_try"]
@@ -40,36 +45,47 @@ def test_writer_fools_model_confirms_and_submits(client, writer, dynasent_round)
     assert set(attempt["probabilities"]) == {"positive", "negative", "neutral"}
 
     # Retried request with the same key: same attempt, no new try.
-    replay = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text},
-                         headers={**writer.headers, "Idempotency-Key": "k1"})
+    replay = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": text},
+        headers={**writer.headers, "Idempotency-Key": "k1"},
+    )
     assert replay.status_code == 200 and replay.json()["id"] == attempt["id"]
     state = client.get(f"/api/v1/assignments/{assignment['id']}", headers=writer.headers).json()
     assert state["tries_used"] == 1 and len(state["attempts"]) == 1
 
     # Submitting an unconfirmed fooling attempt is refused.
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                           headers=writer.headers)
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+    )
     assert response.status_code == 409 and "confirm" in response.json()["error"]["message"]
 
-    response = client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True},
-                           headers=writer.headers)
+    response = client.post(
+        f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers
+    )
     assert response.status_code == 200 and response.json()["confirmed"] is True
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                           headers=writer.headers)
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+    )
     assert response.status_code == 201, response.text
     example = response.json()
     assert example["fooled"] and example["text"] == text and example["status"] == "validating"
-    again = client.post(f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]},
-                        headers=writer.headers)
+    again = client.post(
+        f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
+    )
     assert again.status_code == 200 and again.json()["id"] == example["id"]
 
 
 def test_model_down_keeps_attempt_and_consumes_no_try(client, writer, dynasent_round, stub_model, app):  # type: ignore[no-untyped-def]
-    assignment = client.post(f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={},
-                             headers=writer.headers).json()
+    assignment = client.post(
+        f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={}, headers=writer.headers
+    ).json()
     httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "fail"})
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": "A fine test sentence."},
-                           headers={**writer.headers, "Idempotency-Key": "down-1"})
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": "A fine test sentence."},
+        headers={**writer.headers, "Idempotency-Key": "down-1"},
+    )
     assert response.status_code == 503
     assert response.headers["Retry-After"] == "3"
     body = response.json()["error"]
@@ -79,8 +95,11 @@ def test_model_down_keeps_attempt_and_consumes_no_try(client, writer, dynasent_r
     assert [a["status"] for a in state["attempts"]] == ["model_unavailable"]
     # The model comes back; the retry with the same key scores the same attempt.
     httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "normal"})
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": "A fine test sentence."},
-                           headers={**writer.headers, "Idempotency-Key": "down-1"})
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": "A fine test sentence."},
+        headers={**writer.headers, "Idempotency-Key": "down-1"},
+    )
     assert response.status_code == 201, response.text
     assert response.json()["id"] == body["details"]["attempt_id"]
     assert table_counts(app)["attempts"] == 1
@@ -105,25 +124,43 @@ def stub_sarcasm_model():  # type: ignore[no-untyped-def]
 def test_isarcasm_intended_label_must_match_the_target(client, researcher, writer, stub_sarcasm_model, app):  # type: ignore[no-untyped-def]
     from tests.conftest import table_counts
 
-    round_ = open_round(client, researcher, example_yaml("isarcasm", onboarding_quiz=None), stub_sarcasm_model.url,
-                        PROMPTS, target_label_mode="writer_choice")
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("isarcasm", onboarding_quiz=None),
+        stub_sarcasm_model.url,
+        PROMPTS,
+        target_label_mode="writer_choice",
+    )
     assignment = _assignment(client, writer, round_["id"], target_label="not_sarcastic")
-    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts",
-                          json={"text": "The train was on time and the seats were clean."},
-                          headers=writer.headers).json()
+    attempt = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": "The train was on time and the seats were clean."},
+        headers=writer.headers,
+    ).json()
     if attempt["fooled"]:
         client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
     before = table_counts(app)
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/example",
-                           json={"attempt_id": attempt["id"], "extras": {
-                               "intended_label": "sarcastic", "explanation": "I mean the opposite.",
-                               "rephrase": "The train was late."}}, headers=writer.headers)
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/example",
+        json={
+            "attempt_id": attempt["id"],
+            "extras": {
+                "intended_label": "sarcastic",
+                "explanation": "I mean the opposite.",
+                "rephrase": "The train was late.",
+            },
+        },
+        headers=writer.headers,
+    )
     assert response.status_code == 422
     assert "contradicts this assignment's target label ('not_sarcastic')" in response.json()["error"]["message"]
     assert table_counts(app) == before
-    response = client.post(f"/api/v1/assignments/{assignment['id']}/example",
-                           json={"attempt_id": attempt["id"], "extras": {"intended_label": "not_sarcastic"}},
-                           headers=writer.headers)
+    response = client.post(
+        f"/api/v1/assignments/{assignment['id']}/example",
+        json={"attempt_id": attempt["id"], "extras": {"intended_label": "not_sarcastic"}},
+        headers=writer.headers,
+    )
     assert response.status_code == 201 and response.json()["extras"] == {"intended_label": "not_sarcastic"}
 
 
@@ -133,16 +170,21 @@ def test_target_span_extra_of_the_wrong_type_is_a_clear_422(client, researcher, 
     round_ = open_round(client, researcher, example_yaml("mad-tsc", onboarding_quiz=None), stub_model.url, PROMPTS)
     assignment = _assignment(client, writer, round_["id"])
     text = "Officials said the mayor handled the flood response well."
-    attempt = client.post(f"/api/v1/assignments/{assignment['id']}/attempts",
-                          json={"text": text, "target_span": [18, 23]}, headers=writer.headers).json()
+    attempt = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": text, "target_span": [18, 23]},
+        headers=writer.headers,
+    ).json()
     assert attempt["status"] == "scored", attempt
     if attempt["fooled"]:
         client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
     before = table_counts(app)
     for bad in [5, "18-23", [0, 5]]:
-        response = client.post(f"/api/v1/assignments/{assignment['id']}/example",
-                               json={"attempt_id": attempt["id"], "extras": {"target_span": bad}},
-                               headers=writer.headers)
+        response = client.post(
+            f"/api/v1/assignments/{assignment['id']}/example",
+            json={"attempt_id": attempt["id"], "extras": {"target_span": bad}},
+            headers=writer.headers,
+        )
         assert response.status_code == 422, response.text
         assert "target_span differs from the span of the submitted attempt" in response.json()["error"]["message"]
     assert table_counts(app) == before
@@ -151,8 +193,9 @@ def test_target_span_extra_of_the_wrong_type_is_a_clear_422(client, researcher, 
 
 def test_balanced_round_refuses_a_target_even_when_resuming(client, writer, dynasent_round):  # type: ignore[no-untyped-def]
     _assignment(client, writer, dynasent_round["id"])
-    response = client.post(f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={"target_label": "positive"},
-                           headers=writer.headers)
+    response = client.post(
+        f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={"target_label": "positive"}, headers=writer.headers
+    )
     assert response.status_code == 422 and "assigns target labels" in response.json()["error"]["message"]
 
 

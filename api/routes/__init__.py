@@ -62,6 +62,9 @@ def api_router() -> APIRouter:
     """Every router of the API, with its errors and limits, for ``app.include_router``."""
     api = APIRouter()
     for included in ROUTERS:
-        api.include_router(included.router, responses=error_responses(*COMMON_ERRORS, *included.extra_errors),
-                           dependencies=[Depends(rate_limited)] if included.rate_limited else None)
+        api.include_router(
+            included.router,
+            responses=error_responses(*COMMON_ERRORS, *included.extra_errors),
+            dependencies=[Depends(rate_limited)] if included.rate_limited else None,
+        )
     return api

@@ -29,17 +29,28 @@ router = APIRouter(tags=["assignments"])
 AssignmentWriter = Annotated[User, allowed_writer(AssignmentPolicy.use)]
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", max_length=200,
-           description="Any unique string; a retried request with the same key is answered from "
-           "the first one and creates nothing new."),
+    Header(
+        alias="Idempotency-Key",
+        max_length=200,
+        description="Any unique string; a retried request with the same key is answered from "
+        "the first one and creates nothing new.",
+    ),
 ]
 _REPLAYED = "A retry with the same Idempotency-Key: the first answer again (header `Idempotent-Replayed`)."
 
 
-@router.post("/rounds/{round_id}/assignments", response_model=AssignmentPublic,
-             responses={201: {"model": AssignmentPublic, "description": "A new assignment."}})
-def start_assignment(round_id: IdPath, body: AssignmentRequest, response: Response, session: SessionDep,
-                     writer: Annotated[User, allowed_writer(RoundPolicy.write)]) -> AssignmentPublic:
+@router.post(
+    "/rounds/{round_id}/assignments",
+    response_model=AssignmentPublic,
+    responses={201: {"model": AssignmentPublic, "description": "A new assignment."}},
+)
+def start_assignment(
+    round_id: IdPath,
+    body: AssignmentRequest,
+    response: Response,
+    session: SessionDep,
+    writer: Annotated[User, allowed_writer(RoundPolicy.write)],
+) -> AssignmentPublic:
     """Your open assignment in the round, or a new one (201): a prompt and a target label."""
     round_ = rounds.get_round(session, round_id)
     authorize(writer, RoundPolicy.write(round_))
@@ -55,20 +66,32 @@ def get_assignment(assignment_id: IdPath, session: SessionDep, writer: Assignmen
     return AssignmentPublic.of(assignment, writing.goal_of(assignment))
 
 
-@router.post("/assignments/{assignment_id}/attempts", response_model=AttemptPublic,
-             status_code=status.HTTP_201_CREATED,
-             responses={200: {"model": AttemptPublic, "description": _REPLAYED},
-                        503: {"model": ErrorResponse,
-                              "description": "Model unavailable: text saved, no try used; retry."}})
-def create_attempt(assignment_id: IdPath, body: AttemptCreate, response: Response, writer: AssignmentWriter,
-                   factory: SessionmakerDep, client: ModelClientDep, settings: SettingsDep,
-                   idempotency_key: IdempotencyKey = None) -> AttemptPublic:
+@router.post(
+    "/assignments/{assignment_id}/attempts",
+    response_model=AttemptPublic,
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        200: {"model": AttemptPublic, "description": _REPLAYED},
+        503: {"model": ErrorResponse, "description": "Model unavailable: text saved, no try used; retry."},
+    },
+)
+def create_attempt(
+    assignment_id: IdPath,
+    body: AttemptCreate,
+    response: Response,
+    writer: AssignmentWriter,
+    factory: SessionmakerDep,
+    client: ModelClientDep,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKey = None,
+) -> AttemptPublic:
     """Check a text with the model in the loop. Uses one try unless the model is unavailable.
 
     The attempt runs in transactions of its own, around the model call (services.domain.writing),
     and asks ``AssignmentPolicy.use`` in the first of them."""
-    attempt, replayed = writing.make_attempt(factory, client, writer.id, assignment_id, body.text,
-                                             body.target_span, idempotency_key, settings.retry_after_s)
+    attempt, replayed = writing.make_attempt(
+        factory, client, writer.id, assignment_id, body.text, body.target_span, idempotency_key, settings.retry_after_s
+    )
     if replayed:
         response.status_code = status.HTTP_200_OK
         response.headers["Idempotent-Replayed"] = "true"
@@ -76,18 +99,32 @@ def create_attempt(assignment_id: IdPath, body: AttemptCreate, response: Respons
 
 
 @router.post("/attempts/{attempt_id}/confirmation", response_model=AttemptPublic)
-def confirm_attempt(attempt_id: IdPath, body: ConfirmationCreate, session: SessionDep,
-                    writer: Annotated[User, allowed_writer(AttemptPolicy.use)]) -> AttemptPublic:
+def confirm_attempt(
+    attempt_id: IdPath,
+    body: ConfirmationCreate,
+    session: SessionDep,
+    writer: Annotated[User, allowed_writer(AttemptPolicy.use)],
+) -> AttemptPublic:
     """Would a person say this text has the target label? Required before submitting a fooling attempt."""
     attempt = writing.get_attempt(session, attempt_id)
     authorize(writer, AttemptPolicy.use(attempt))
     return AttemptPublic.of(writing.confirm_attempt(attempt, body.agrees, body.judged_label))
 
 
-@router.post("/assignments/{assignment_id}/example", response_model=ExamplePublic,
-             status_code=status.HTTP_201_CREATED, responses={200: {"model": ExamplePublic, "description": _REPLAYED}})
-def submit_example(assignment_id: IdPath, body: ExampleCreate, response: Response, session: SessionDep,
-                   writer: AssignmentWriter, idempotency_key: IdempotencyKey = None) -> ExamplePublic:
+@router.post(
+    "/assignments/{assignment_id}/example",
+    response_model=ExamplePublic,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": ExamplePublic, "description": _REPLAYED}},
+)
+def submit_example(
+    assignment_id: IdPath,
+    body: ExampleCreate,
+    response: Response,
+    session: SessionDep,
+    writer: AssignmentWriter,
+    idempotency_key: IdempotencyKey = None,
+) -> ExamplePublic:
     """Submit one of the assignment's attempts, with the task's extra writer fields."""
     assignment = writing.get_assignment(session, assignment_id)
     authorize(writer, AssignmentPolicy.use(assignment))
@@ -107,11 +144,16 @@ def skip_assignment(assignment_id: IdPath, session: SessionDep, writer: Assignme
     return AssignmentPublic.of(skipped, writing.goal_of(skipped))
 
 
-@router.post("/assignments/{assignment_id}/inspect", response_model=InspectionPublic,
-             responses={503: {"model": ErrorResponse,
-                              "description": "The model server is down or offers no token attributions."}})
-def inspect_draft(assignment_id: IdPath, body: InspectRequest, session: SessionDep, writer: AssignmentWriter,
-                  client: ModelClientDep) -> InspectionPublic:
+@router.post(
+    "/assignments/{assignment_id}/inspect",
+    response_model=InspectionPublic,
+    responses={
+        503: {"model": ErrorResponse, "description": "The model server is down or offers no token attributions."}
+    },
+)
+def inspect_draft(
+    assignment_id: IdPath, body: InspectRequest, session: SessionDep, writer: AssignmentWriter, client: ModelClientDep
+) -> InspectionPublic:
     """Which words push the model towards a label (the target label by default)? Token
     attributions for a draft; nothing is stored and no try is used."""
     assignment = writing.get_assignment(session, assignment_id)

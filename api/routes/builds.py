@@ -18,27 +18,45 @@ from services.domain import rounds, tasks
 
 router = APIRouter(tags=["builds"])
 
-_MARKDOWN: dict[int | str, dict[str, Any]] = {200: {"content": {"text/markdown": {"schema": {"type": "string"}}},
-                   "description": "The report as JSON, or with `format=markdown` as Markdown."}}
+_MARKDOWN: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"text/markdown": {"schema": {"type": "string"}}},
+        "description": "The report as JSON, or with `format=markdown` as Markdown.",
+    }
+}
 
 
-@router.post("/rounds/{round_id}/build", response_model=BuildPublic, status_code=status.HTTP_201_CREATED,
-             response_model_exclude_unset=True)
-def build_round(round_id: IdPath, body: BuildOptions, session: SessionDep,
-                researcher: Annotated[User, allowed(BuildPolicy.create)]) -> BuildPublic:
+@router.post(
+    "/rounds/{round_id}/build",
+    response_model=BuildPublic,
+    status_code=status.HTTP_201_CREATED,
+    response_model_exclude_unset=True,
+)
+def build_round(
+    round_id: IdPath, body: BuildOptions, session: SessionDep, researcher: Annotated[User, allowed(BuildPolicy.create)]
+) -> BuildPublic:
     """Aggregate, compute agreement and human F1, build chance-level splits; returns the report."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, BuildPolicy.create(round_))
     built = build(session, researcher, round_, body)
-    return BuildPublic.model_validate({"build_id": built.build_id, "round": built.round, "task": built.task,
-                                       "report": built.report})
+    return BuildPublic.model_validate(
+        {"build_id": built.build_id, "round": built.round, "task": built.task, "report": built.report}
+    )
 
 
-@router.get("/tasks/{task_name}/rounds/{number}/report", response_model=RoundReportPublic,
-            response_model_exclude_unset=True, responses=_MARKDOWN)
-def round_report(task_name: str, number: IdPath, session: SessionDep,
-                 reader: Annotated[User, allowed(DatasetPolicy.read)],
-                 format: str = Query("json", pattern="^(json|markdown)$")) -> RoundReportPublic | Response:
+@router.get(
+    "/tasks/{task_name}/rounds/{number}/report",
+    response_model=RoundReportPublic,
+    response_model_exclude_unset=True,
+    responses=_MARKDOWN,
+)
+def round_report(
+    task_name: str,
+    number: IdPath,
+    session: SessionDep,
+    reader: Annotated[User, allowed(DatasetPolicy.read)],
+    format: str = Query("json", pattern="^(json|markdown)$"),
+) -> RoundReportPublic | Response:
     """The newest build's report (DynaSent Table 4/7 counts, agreement, human F1, datasheet)."""
     task = tasks.get_task(session, task_name)
     authorize(reader, DatasetPolicy.read(task))

@@ -16,17 +16,28 @@ from services.domain import tasks
 
 router = APIRouter(tags=["datasets"])
 
-_FILES: dict[int | str, dict[str, Any]] = {200: {"content": {media_type: {} for media_type in export.FORMATS.values()},
-                "description": "The split as a file (`Content-Disposition: attachment`), with its `ETag`."},
-          304: {"description": "Not modified (`If-None-Match` has the current `ETag`)."}}
+_FILES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {media_type: {} for media_type in export.FORMATS.values()},
+        "description": "The split as a file (`Content-Disposition: attachment`), with its `ETag`.",
+    },
+    304: {"description": "Not modified (`If-None-Match` has the current `ETag`)."},
+}
 
 
 @router.get("/tasks/{task_name}/rounds/{number}/dataset", response_class=Response, responses=_FILES)
-def dataset(task_name: str, number: IdPath, request: Request, session: SessionDep, factory: SessionmakerDep,
-            settings: SettingsDep, reader: Annotated[User, allowed(DatasetPolicy.read)],
-            split: str = Query("train", description="train, dev, test, excluded or all"),
-            format: str = Query("jsonl", description="jsonl, csv or parquet"),
-            if_none_match: Annotated[str | None, Header()] = None) -> Response:
+def dataset(
+    task_name: str,
+    number: IdPath,
+    request: Request,
+    session: SessionDep,
+    factory: SessionmakerDep,
+    settings: SettingsDep,
+    reader: Annotated[User, allowed(DatasetPolicy.read)],
+    split: str = Query("train", description="train, dev, test, excluded or all"),
+    format: str = Query("jsonl", description="jsonl, csv or parquet"),
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
     """Stream a split of the newest build. Supports ETag / If-None-Match.
 
     The request's transaction ends before the first byte is sent; the stream reads the rows in
@@ -39,5 +50,8 @@ def dataset(task_name: str, number: IdPath, request: Request, session: SessionDe
     if if_none_match and download.etag in [t.strip() for t in if_none_match.split(",")]:
         return Response(status_code=304, headers=headers)
     headers["Content-Disposition"] = f'attachment; filename="{download.filename}"'
-    return StreamingResponse(export.stream(factory, download.build_id, split, format, settings.secret_key),
-                             media_type=download.media_type, headers=headers)
+    return StreamingResponse(
+        export.stream(factory, download.build_id, split, format, settings.secret_key),
+        media_type=download.media_type,
+        headers=headers,
+    )

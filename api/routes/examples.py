@@ -16,8 +16,9 @@ router = APIRouter(tags=["examples"])
 
 
 @router.get("/examples/{example_id}", response_model=ExampleRecord)
-def example_record(example_id: IdPath, session: SessionDep,
-                   researcher: Annotated[User, allowed(ExamplePolicy.read)]) -> ExampleRecord:
+def example_record(
+    example_id: IdPath, session: SessionDep, researcher: Annotated[User, allowed(ExamplePolicy.read)]
+) -> ExampleRecord:
     """The whole record of an example: every attempt, edit distances, confirmation, every label."""
     example = validating.get_example(session, example_id)
     authorize(researcher, ExamplePolicy.read(example))

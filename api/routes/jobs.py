@@ -18,19 +18,25 @@ router = APIRouter(tags=["jobs"])
 
 
 @router.post("/tasks/{task_name}/jobs", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
-def create_job(task_name: str, body: JobCreate, session: SessionDep, factory: SessionmakerDep,
-               settings: SettingsDep, researcher: Annotated[User, allowed(JobPolicy.start)]) -> JobPublic:
+def create_job(
+    task_name: str,
+    body: JobCreate,
+    session: SessionDep,
+    factory: SessionmakerDep,
+    settings: SettingsDep,
+    researcher: Annotated[User, allowed(JobPolicy.start)],
+) -> JobPublic:
     """Start a train, evaluate or promote job in its own process; poll GET /jobs/{id} for progress."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, JobPolicy.start(task))
-    default_token = settings.model_server_admin_token.get_secret_value() if settings.model_server_admin_token \
-        else None
-    job, secret = job_runs.create_job(session, researcher, task, body.kind, body.params,
-                                      data_dir=settings.data_dir, admin_token=default_token)
-    commit_now(session, "the job's own process reads the row, and start_job records its pid in transactions "
-               "of its own")
-    job_runs.start_job(factory, job.id, database_url=settings.resolved_database_url, data_dir=settings.data_dir,
-                       admin_token=secret)
+    default_token = settings.model_server_admin_token.get_secret_value() if settings.model_server_admin_token else None
+    job, secret = job_runs.create_job(
+        session, researcher, task, body.kind, body.params, data_dir=settings.data_dir, admin_token=default_token
+    )
+    commit_now(session, "the job's own process reads the row, and start_job records its pid in transactions of its own")
+    job_runs.start_job(
+        factory, job.id, database_url=settings.resolved_database_url, data_dir=settings.data_dir, admin_token=secret
+    )
     session.refresh(job)
     return JobPublic.of(job, with_log=True)
 
@@ -44,9 +50,14 @@ def get_job(job_id: IdPath, session: SessionDep, researcher: Annotated[User, all
 
 
 @router.get("/tasks/{task_name}/jobs", response_model=JobsPublic)
-def list_jobs(task_name: str, session: SessionDep, researcher: Annotated[User, allowed(JobPolicy.list)],
-              kind: JobKind | None = None, job_status: JobStatus | None = Query(None, alias="status"),
-              limit: int = Query(50, ge=1, le=500)) -> JobsPublic:
+def list_jobs(
+    task_name: str,
+    session: SessionDep,
+    researcher: Annotated[User, allowed(JobPolicy.list)],
+    kind: JobKind | None = None,
+    job_status: JobStatus | None = Query(None, alias="status"),
+    limit: int = Query(50, ge=1, le=500),
+) -> JobsPublic:
     """The task's jobs, newest first (without their logs)."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, JobPolicy.list(task))

@@ -17,8 +17,9 @@ router = APIRouter(tags=["models"])
 
 
 @router.get("/tasks/{task_name}/models", response_model=ModelsPublic)
-def task_models(task_name: str, session: SessionDep,
-                researcher: Annotated[User, allowed(ModelPolicy.list)]) -> ModelsPublic:
+def task_models(
+    task_name: str, session: SessionDep, researcher: Annotated[User, allowed(ModelPolicy.list)]
+) -> ModelsPublic:
     """The task's model registry, oldest first, with the attempts each version scored."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, ModelPolicy.list(task))

@@ -50,14 +50,21 @@ def list_rounds(task_name: str, session: SessionDep, user: Annotated[User, allow
 
 
 @router.post("/tasks/{task_name}/rounds", response_model=RoundPublic, status_code=status.HTTP_201_CREATED)
-def create_round(task_name: str, body: RoundCreate, session: SessionDep,
-                 researcher: Annotated[User, allowed(TaskPolicy.manage)]) -> RoundPublic:
+def create_round(
+    task_name: str, body: RoundCreate, session: SessionDep, researcher: Annotated[User, allowed(TaskPolicy.manage)]
+) -> RoundPublic:
     """Open the task's next round (the previous one must be closed)."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, TaskPolicy.manage(task))
     round_ = rounds.create_round(
-        session, researcher, task, model_endpoints=body.model_endpoints, prompt_strategy=body.prompt_strategy,
-        no_prompt_fraction=body.no_prompt_fraction, target_label_mode=body.target_label_mode, notes=body.notes,
+        session,
+        researcher,
+        task,
+        model_endpoints=body.model_endpoints,
+        prompt_strategy=body.prompt_strategy,
+        no_prompt_fraction=body.no_prompt_fraction,
+        target_label_mode=body.target_label_mode,
+        notes=body.notes,
     )
     return RoundPublic.of(round_)
 
@@ -77,8 +84,9 @@ def get_round(round_id: IdPath, session: SessionDep, user: Reader) -> RoundPubli
 
 
 @router.post("/rounds/{round_id}/status", response_model=RoundPublic)
-def set_round_status(round_id: IdPath, body: RoundStatusUpdate, session: SessionDep,
-                     researcher: Manager) -> RoundPublic:
+def set_round_status(
+    round_id: IdPath, body: RoundStatusUpdate, session: SessionDep, researcher: Manager
+) -> RoundPublic:
     """Move a round forward: collecting -> validating -> closed."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
@@ -86,8 +94,7 @@ def set_round_status(round_id: IdPath, body: RoundStatusUpdate, session: Session
 
 
 @router.put("/rounds/{round_id}/model", response_model=RoundPublic)
-def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDep,
-                    researcher: Manager) -> RoundPublic:
+def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDep, researcher: Manager) -> RoundPublic:
     """Set the model server(s) in the loop; with several, one is picked per attempt."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
@@ -95,22 +102,36 @@ def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDe
 
 
 @router.post("/rounds/{round_id}/prompts", response_model=PromptImportPublic, openapi_extra=_PROMPT_BODY)
-def import_prompts(round_id: IdPath, request: Request, session: SessionDep, settings: SettingsDep,
-                   researcher: Manager, content: RawBody,
-                   format: str | None = Query(None, description="jsonl or csv; default from Content-Type")
-                   ) -> PromptImportPublic:
+def import_prompts(
+    round_id: IdPath,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    researcher: Manager,
+    content: RawBody,
+    format: str | None = Query(None, description="jsonl or csv; default from Content-Type"),
+) -> PromptImportPublic:
     """Import prompts into the round's prompt set. One bad row and nothing is imported."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
-    file_format = format or {"text/csv": "csv", "application/x-ndjson": "jsonl", "application/jsonl": "jsonl",
-                             "application/json": "jsonl"}.get(content_type)
+    file_format = format or {
+        "text/csv": "csv",
+        "application/x-ndjson": "jsonl",
+        "application/jsonl": "jsonl",
+        "application/json": "jsonl",
+    }.get(content_type)
     if file_format is None:
         raise Invalid("say what the file is: Content-Type text/csv or application/x-ndjson, or ?format=csv|jsonl")
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
-    report = rounds.import_prompts(session, researcher, round_, content, file_format,
-                                   max_rows=settings.max_prompt_import_rows)
-    return PromptImportPublic(rows=report.rows, imported=report.imported,
-                              duplicates_in_file=report.duplicates_in_file, already_present=report.already_present)
+    report = rounds.import_prompts(
+        session, researcher, round_, content, file_format, max_rows=settings.max_prompt_import_rows
+    )
+    return PromptImportPublic(
+        rows=report.rows,
+        imported=report.imported,
+        duplicates_in_file=report.duplicates_in_file,
+        already_present=report.already_present,
+    )
 
 
 @router.get("/rounds/{round_id}/stats", response_model=RoundStats)
@@ -122,10 +143,14 @@ def round_stats(round_id: IdPath, session: SessionDep, researcher: Manager) -> R
 
 
 @router.get("/rounds/{round_id}/plot-data", response_model=PlotDataPublic)
-def plot_data(round_id: IdPath, session: SessionDep, researcher: Manager,
-              limit: int = Query(DEFAULT_LIMIT, ge=1, le=500_000,
-                                 description="Most examples returned; a larger round is thinned evenly.")
-              ) -> PlotDataPublic:
+def plot_data(
+    round_id: IdPath,
+    session: SessionDep,
+    researcher: Manager,
+    limit: int = Query(
+        DEFAULT_LIMIT, ge=1, le=500_000, description="Most examples returned; a larger round is thinned evenly."
+    ),
+) -> PlotDataPublic:
     """Per example: edit distance, length, target vs prediction vs majority; worker agreement."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))

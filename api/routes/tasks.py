@@ -28,15 +28,16 @@ _YAML_BODY = {
 
 
 @router.post("/tasks", response_model=TaskPublic, status_code=status.HTTP_201_CREATED, openapi_extra=_YAML_BODY)
-def create_task(request: Request, session: SessionDep, researcher: Annotated[User, allowed(TaskPolicy.create)],
-                raw: RawBody) -> TaskPublic:
+def create_task(
+    request: Request, session: SessionDep, researcher: Annotated[User, allowed(TaskPolicy.create)], raw: RawBody
+) -> TaskPublic:
     """Create a task from its YAML file (raw `application/yaml`, or JSON `{"definition_yaml": ...}`)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type == "application/json":
         try:
             yaml_text = TaskCreate.model_validate_json(raw).definition_yaml
         except ValidationError as exc:
-            raise Invalid(f"body must be {{\"definition_yaml\": \"...\"}}: {exc.errors()[0]['msg']}") from exc
+            raise Invalid(f'body must be {{"definition_yaml": "..."}}: {exc.errors()[0]["msg"]}') from exc
     else:
         try:
             yaml_text = raw.decode("utf-8")
@@ -49,8 +50,11 @@ def create_task(request: Request, session: SessionDep, researcher: Annotated[Use
 @router.get("/tasks", response_model=TasksPublic)
 def list_tasks(session: SessionDep, user: Annotated[User, allowed(TaskPolicy.read)]) -> TasksPublic:
     """Every task; the onboarding quiz's answers only for those who manage the task."""
-    rows = [TaskPublic.of(t, with_answers=allows(user, TaskPolicy.manage(t))) for t in tasks.list_tasks(session)
-            if allows(user, TaskPolicy.read(t))]
+    rows = [
+        TaskPublic.of(t, with_answers=allows(user, TaskPolicy.manage(t)))
+        for t in tasks.list_tasks(session)
+        if allows(user, TaskPolicy.read(t))
+    ]
     return TasksPublic(data=rows, count=len(rows))
 
 

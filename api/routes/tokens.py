@@ -16,8 +16,9 @@ router = APIRouter(tags=["tokens"])
 
 
 @router.post("/users/{username}/tokens", response_model=TokenPublic, status_code=status.HTTP_201_CREATED)
-def create_token(username: str, body: TokenCreate, session: SessionDep,
-                 actor: Annotated[User, allowed(TokenPolicy.issue)]) -> TokenPublic:
+def create_token(
+    username: str, body: TokenCreate, session: SessionDep, actor: Annotated[User, allowed(TokenPolicy.issue)]
+) -> TokenPublic:
     """Create an API token for yourself, or (admins) for anyone. The token is shown only here."""
     owner = users.get_user(session, username)
     authorize(actor, TokenPolicy.issue(owner))
@@ -26,8 +27,9 @@ def create_token(username: str, body: TokenCreate, session: SessionDep,
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenPublic)
-def revoke_token(token_id: IdPath, session: SessionDep,
-                 actor: Annotated[User, allowed(TokenPolicy.revoke)]) -> TokenPublic:
+def revoke_token(
+    token_id: IdPath, session: SessionDep, actor: Annotated[User, allowed(TokenPolicy.revoke)]
+) -> TokenPublic:
     token = users.get_token(session, token_id)
     authorize(actor, TokenPolicy.revoke(token))
     return TokenPublic.of(users.revoke_token(session, actor, token))

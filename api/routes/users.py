@@ -18,8 +18,9 @@ Admin = Annotated[User, allowed(UserPolicy.manage)]
 
 @router.post("/users", response_model=UserPublic, status_code=status.HTTP_201_CREATED)
 def create_user(body: UserCreate, session: SessionDep, admin: Admin) -> UserPublic:
-    user = users.create_user(session, admin, body.username, body.roles,
-                             display_name=body.display_name, password=body.password)
+    user = users.create_user(
+        session, admin, body.username, body.roles, display_name=body.display_name, password=body.password
+    )
     return UserPublic.of(user)
 
 

@@ -39,8 +39,9 @@ def apply_worker_quality(task_name: str, session: SessionDep, researcher: Judge)
 
 
 @router.post("/tasks/{task_name}/workers/{username}/unqualify", response_model=UnqualifiedPublic)
-def unqualify(task_name: str, username: str, body: UnqualifyRequest, session: SessionDep,
-              researcher: Judge) -> UnqualifiedPublic:
+def unqualify(
+    task_name: str, username: str, body: UnqualifyRequest, session: SessionDep, researcher: Judge
+) -> UnqualifiedPublic:
     """Stop a worker: their labels are kept but excluded, their examples re-queued."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, WorkerPolicy.judge(task))

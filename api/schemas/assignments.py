@@ -54,13 +54,24 @@ class AttemptPublic(BaseModel):
     @classmethod
     def of(cls, attempt: Attempt) -> AttemptPublic:
         return cls(
-            id=attempt.id, assignment_id=attempt.assignment_id, text=attempt.text, status=attempt.status.value,
-            prediction=attempt.prediction, probabilities=attempt.probabilities, model_id=attempt.model_id,
-            model_version=attempt.model_version, latency_ms=attempt.latency_ms,
-            input_truncated=attempt.input_truncated, edit_distance=attempt.edit_distance,
-            seconds_since_start=attempt.seconds_since_start, fooled=attempt.fooled,
-            counts_as_try=attempt.counts_as_try, confirmed=attempt.confirmed, judged_label=attempt.judged_label,
-            target_span=attempt.target_span, created_at=attempt.created_at,
+            id=attempt.id,
+            assignment_id=attempt.assignment_id,
+            text=attempt.text,
+            status=attempt.status.value,
+            prediction=attempt.prediction,
+            probabilities=attempt.probabilities,
+            model_id=attempt.model_id,
+            model_version=attempt.model_version,
+            latency_ms=attempt.latency_ms,
+            input_truncated=attempt.input_truncated,
+            edit_distance=attempt.edit_distance,
+            seconds_since_start=attempt.seconds_since_start,
+            fooled=attempt.fooled,
+            counts_as_try=attempt.counts_as_try,
+            confirmed=attempt.confirmed,
+            judged_label=attempt.judged_label,
+            target_span=attempt.target_span,
+            created_at=attempt.created_at,
         )
 
 
@@ -83,12 +94,18 @@ class AssignmentPublic(BaseModel):
     def of(cls, assignment: Assignment, goal: str) -> AssignmentPublic:
         prompt = assignment.prompt
         return cls(
-            id=assignment.id, round_id=assignment.round_id, task=assignment.round.task.name,
+            id=assignment.id,
+            round_id=assignment.round_id,
+            task=assignment.round.task.name,
             condition=assignment.condition.value,
             prompt=PromptPublic(id=prompt.id, text=prompt.text, metadata=prompt.meta) if prompt else None,
-            target_label=assignment.target_label, goal=goal, tries_used=assignment.tries_used,
-            tries_allowed=assignment.tries_allowed, status=assignment.status.value,
-            started_at=assignment.started_at, expires_at=assignment.expires_at,
+            target_label=assignment.target_label,
+            goal=goal,
+            tries_used=assignment.tries_used,
+            tries_allowed=assignment.tries_allowed,
+            status=assignment.status.value,
+            started_at=assignment.started_at,
+            expires_at=assignment.expires_at,
             attempts=[AttemptPublic.of(a) for a in assignment.attempts],
         )
 
@@ -125,5 +142,6 @@ class InspectionPublic(BaseModel):
 
     @classmethod
     def of(cls, inspection: Inspection) -> InspectionPublic:
-        return cls(label=inspection.label,
-                   tokens=[TokenAttribution(token=t.token, score=t.score) for t in inspection.tokens])
+        return cls(
+            label=inspection.label, tokens=[TokenAttribution(token=t.token, score=t.score) for t in inspection.tokens]
+        )

@@ -4,7 +4,7 @@ measures that do not apply to a task's family are left out rather than null."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 
 class BuildSettings(BaseModel):
@@ -101,8 +101,9 @@ class ReportWorkers(BaseModel):
 class IntendedVsPerceived(BaseModel):
     """iSarcasm §5.2: the writers' intended labels against the validators' perceived ones."""
 
-    confusion: dict[str, dict[str, int]] = Field(description="Perceived label -> intended label -> examples "
-                                                 "(iSarcasm Table 5).")
+    confusion: dict[str, dict[str, int]] = Field(
+        description="Perceived label -> intended label -> examples (iSarcasm Table 5)."
+    )
     precision: float | None
     recall: float | None
     f1: float | None
@@ -150,14 +151,18 @@ class RoundReport(BaseModel):
     splits: ReportSplits
     agreement: ReportAgreement
     human_f1: dict[str, dict[str, dict[str, float | None]]] = Field(
-        description="Human performance estimate (DynaSent §3.5, Table 6/9): split -> class or average -> measure.")
+        description="Human performance estimate (DynaSent §3.5, Table 6/9): split -> class or average -> measure."
+    )
     fooling: ReportFooling
     conditions: dict[str, ConditionSummary] = Field(description="`prompt` and `no_prompt`.")
     workers: ReportWorkers
     intended_vs_perceived: IntendedVsPerceived | None
     datasheet: Datasheet
-    files: list[str] | None = Field(None, description="Files written with the report (builds run with an "
-                                    "output folder, `dynaloop round build`); absent otherwise.")
+    files: list[str] | None = Field(
+        None,
+        description="Files written with the report (builds run with an "
+        "output folder, `dynaloop round build`); absent otherwise.",
+    )
 
 
 class BuildPublic(BaseModel):

@@ -27,7 +27,7 @@ _ERROR_DESCRIPTIONS = {
     422: "Bad input: `details.problems` lists each problem with what to fix.",
     429: "Too many requests from this token or address; see `Retry-After`.",
     503: "The database (or, where the operation uses it, the model server) is unavailable; nothing was "
-         "saved, retry after `Retry-After` seconds.",
+    "saved, retry after `Retry-After` seconds.",
 }
 
 

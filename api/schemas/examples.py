@@ -25,10 +25,19 @@ class ExamplePublic(BaseModel):
 
     @classmethod
     def of(cls, example: Example) -> ExamplePublic:
-        return cls(id=example.id, round_id=example.round_id, assignment_id=example.assignment_id,
-                   attempt_id=example.attempt_id, text=example.text, target_label=example.target_label,
-                   condition=example.condition.value, fooled=example.fooled, extras=example.extras,
-                   status=example.status.value, created_at=example.created_at)
+        return cls(
+            id=example.id,
+            round_id=example.round_id,
+            assignment_id=example.assignment_id,
+            attempt_id=example.attempt_id,
+            text=example.text,
+            target_label=example.target_label,
+            condition=example.condition.value,
+            fooled=example.fooled,
+            extras=example.extras,
+            status=example.status.value,
+            created_at=example.created_at,
+        )
 
 
 # --- the full record (services.domain.validating.example_record) -----------------------------

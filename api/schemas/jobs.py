@@ -33,10 +33,21 @@ class JobPublic(BaseModel):
 
     @classmethod
     def of(cls, job: Job, *, with_log: bool = False) -> JobPublic:
-        return cls(id=job.id, kind=job.kind, task=job.task.name, status=job.status, progress=job.progress,
-                   message=job.message, params=job.params or {}, result=job.result,
-                   log=job.log if with_log else None, created_by=job.created_by.username if job.created_by else None,
-                   created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at)
+        return cls(
+            id=job.id,
+            kind=job.kind,
+            task=job.task.name,
+            status=job.status,
+            progress=job.progress,
+            message=job.message,
+            params=job.params or {},
+            result=job.result,
+            log=job.log if with_log else None,
+            created_by=job.created_by.username if job.created_by else None,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+        )
 
 
 class JobsPublic(BaseModel):

@@ -35,13 +35,27 @@ class ModelPublic(BaseModel):
     def of(cls, model: ModelVersion, attempts: int) -> ModelPublic:
         evaluation = model.evaluation or {}
         best = (model.metrics or {}).get("best_dev_macro_f1")
-        return cls(id=model.id, name=model.name, model_id=model.model_id, version=model.version,
-                   status=model.status.value, trained_for_round=model.trained_for_round, base_model=model.base_model,
-                   directory=model.directory, endpoint=model.endpoint, labels=list(model.labels or []),
-                   attempts=attempts, best_dev_macro_f1=best if isinstance(best, int | float) else None,
-                   macro_f1=dict(evaluation.get("macro_f1") or {}), solved=dict(evaluation.get("solved") or {}),
-                   hyperparameters=model.hyperparameters or {}, created_at=model.created_at,
-                   evaluated_at=model.evaluated_at, promoted_at=model.promoted_at, retired_at=model.retired_at)
+        return cls(
+            id=model.id,
+            name=model.name,
+            model_id=model.model_id,
+            version=model.version,
+            status=model.status.value,
+            trained_for_round=model.trained_for_round,
+            base_model=model.base_model,
+            directory=model.directory,
+            endpoint=model.endpoint,
+            labels=list(model.labels or []),
+            attempts=attempts,
+            best_dev_macro_f1=best if isinstance(best, int | float) else None,
+            macro_f1=dict(evaluation.get("macro_f1") or {}),
+            solved=dict(evaluation.get("solved") or {}),
+            hyperparameters=model.hyperparameters or {},
+            created_at=model.created_at,
+            evaluated_at=model.evaluated_at,
+            promoted_at=model.promoted_at,
+            retired_at=model.retired_at,
+        )
 
 
 class ModelsPublic(BaseModel):

@@ -12,8 +12,7 @@ from services.db.models import PromptStrategy, Round, RoundStatus, TargetLabelMo
 
 class RoundCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model_endpoints: list[str] = Field(default_factory=list, max_length=20,
-                                       examples=[["http://127.0.0.1:8001"]])
+    model_endpoints: list[str] = Field(default_factory=list, max_length=20, examples=[["http://127.0.0.1:8001"]])
     prompt_strategy: PromptStrategy = PromptStrategy.unused_first
     no_prompt_fraction: float = Field(0.0, ge=0.0, le=1.0)
     target_label_mode: TargetLabelMode = TargetLabelMode.balanced
@@ -45,10 +44,19 @@ class RoundPublic(BaseModel):
 
     @classmethod
     def of(cls, round_: Round) -> RoundPublic:
-        return cls(id=round_.id, task=round_.task.name, number=round_.number, status=round_.status,
-                   model_endpoints=list(round_.model_endpoints), prompt_strategy=round_.prompt_strategy,
-                   no_prompt_fraction=round_.no_prompt_fraction, target_label_mode=round_.target_label_mode,
-                   opened_at=round_.opened_at, validating_at=round_.validating_at, closed_at=round_.closed_at)
+        return cls(
+            id=round_.id,
+            task=round_.task.name,
+            number=round_.number,
+            status=round_.status,
+            model_endpoints=list(round_.model_endpoints),
+            prompt_strategy=round_.prompt_strategy,
+            no_prompt_fraction=round_.no_prompt_fraction,
+            target_label_mode=round_.target_label_mode,
+            opened_at=round_.opened_at,
+            validating_at=round_.validating_at,
+            closed_at=round_.closed_at,
+        )
 
 
 class RoundsPublic(BaseModel):

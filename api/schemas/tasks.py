@@ -30,11 +30,18 @@ class TaskPublic(BaseModel):
         if quiz and not with_answers:
             definition["onboarding_quiz"] = {
                 **quiz,
-                "questions": [{k: v for k, v in q.items() if k not in ("answer", "explanation")}
-                              for q in quiz["questions"]],
+                "questions": [
+                    {k: v for k, v in q.items() if k not in ("answer", "explanation")} for q in quiz["questions"]
+                ],
             }
-        return cls(id=task.id, name=task.name, title=task.title, family=task.family,
-                   definition=definition, created_at=task.created_at)
+        return cls(
+            id=task.id,
+            name=task.name,
+            title=task.title,
+            family=task.family,
+            definition=definition,
+            created_at=task.created_at,
+        )
 
 
 class TasksPublic(BaseModel):

@@ -24,8 +24,13 @@ class UserPublic(BaseModel):
 
     @classmethod
     def of(cls, user: User) -> UserPublic:
-        return cls(id=user.id, username=user.username, display_name=user.display_name,
-                   roles=list(user.roles), is_active=user.is_active)
+        return cls(
+            id=user.id,
+            username=user.username,
+            display_name=user.display_name,
+            roles=list(user.roles),
+            is_active=user.is_active,
+        )
 
 
 class UsersPublic(BaseModel):

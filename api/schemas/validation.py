@@ -46,5 +46,11 @@ class ValidationPublic(BaseModel):
 
     @classmethod
     def of(cls, validation: Validation) -> ValidationPublic:
-        return cls(id=validation.id, example_id=validation.example_id, label=validation.label,
-                   flagged=validation.flagged, counted=validation.counted, created_at=validation.created_at)
+        return cls(
+            id=validation.id,
+            example_id=validation.example_id,
+            label=validation.label,
+            flagged=validation.flagged,
+            counted=validation.counted,
+            created_at=validation.created_at,
+        )

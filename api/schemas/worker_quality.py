@@ -21,8 +21,13 @@ class WorkerAgreementPublic(BaseModel):
 
     @classmethod
     def of(cls, row: ValidatorAgreement) -> WorkerAgreementPublic:
-        return cls(username=row.username, labels=row.labels, judged=row.judged,
-                   agreement_rate=row.agreement_rate, qualified=row.qualified)
+        return cls(
+            username=row.username,
+            labels=row.labels,
+            judged=row.judged,
+            agreement_rate=row.agreement_rate,
+            qualified=row.qualified,
+        )
 
 
 class UnqualifiedPublic(BaseModel):

@@ -9,9 +9,11 @@ import typer
 from dynaloop.commands.common import DatabaseOpt, console, ensure_schema, fail, session_factory, settings_for
 
 
-def check(database_url: DatabaseOpt = None,
-          rule: Annotated[list[str] | None, typer.Option(help="Only this rule (repeatable); default: all")] = None,
-          as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON")] = False) -> None:
+def check(
+    database_url: DatabaseOpt = None,
+    rule: Annotated[list[str] | None, typer.Option(help="Only this rule (repeatable); default: all")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON")] = False,
+) -> None:
     """Check the database against the rules (labels counted, no self-validation, counters, orphans).
     Exit code 1 when anything is violated."""
     import json
@@ -32,8 +34,12 @@ def check(database_url: DatabaseOpt = None,
         counts = ", ".join(f"{n:,} {name}" for name, n in report.counts.items())
         console.print(f"checked {len(report.rules_checked)} rules over {counts}", soft_wrap=True)
         for violation in report.violations:
-            console.print(f"[red]{violation.rule}[/red]: {violation.count:,} — {violation.description}; "
-                          f"e.g. {violation.rows[:3]}", soft_wrap=True, highlight=False)
+            console.print(
+                f"[red]{violation.rule}[/red]: {violation.count:,} — {violation.description}; "
+                f"e.g. {violation.rows[:3]}",
+                soft_wrap=True,
+                highlight=False,
+            )
         if report.ok:
             console.print("no violations")
     if not report.ok:

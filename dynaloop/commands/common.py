@@ -19,8 +19,12 @@ console = Console()
 err = Console(stderr=True)
 
 DatabaseOpt = Annotated[
-    str | None, typer.Option("--database-url", envvar="DYNALOOP_DATABASE_URL",
-                             help="SQLAlchemy URL; default: SQLite file in DYNALOOP_DATA_DIR.")
+    str | None,
+    typer.Option(
+        "--database-url",
+        envvar="DYNALOOP_DATABASE_URL",
+        help="SQLAlchemy URL; default: SQLite file in DYNALOOP_DATA_DIR.",
+    ),
 ]
 TaskOpt = Annotated[str, typer.Option("--task", help="Task name")]
 

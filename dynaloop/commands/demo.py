@@ -17,17 +17,24 @@ def demo(
     model_port: Annotated[int, typer.Option(help="Model server port (it listens on 127.0.0.1 only)")] = 8001,
     ui_port: Annotated[int, typer.Option(help="Web app (Streamlit) port")] = 8501,
     ui: Annotated[bool, typer.Option(help="Start the web app")] = True,
-    data_dir: Annotated[Path | None, typer.Option(
-        help="Folder for the SQLite file, Model 0 and the logs (default: DYNALOOP_DATA_DIR or .dynaloop)")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder for the SQLite file, Model 0 and the logs (default: DYNALOOP_DATA_DIR or .dynaloop)"),
+    ] = None,
     model_epochs: Annotated[int, typer.Option(help="Epochs of Model 0 on the seed corpus")] = 2,
     model_max_length: Annotated[int, typer.Option(help="Model 0's longest input, in word pieces")] = 48,
     seed_per_label: Annotated[int, typer.Option(help="Seed sentences per label Model 0 trains on")] = 300,
     retrain: Annotated[bool, typer.Option(help="Train Model 0 again even if a cached one fits")] = False,
-    model_endpoint: Annotated[list[str] | None, typer.Option(
-        help="Use this model server (e.g. http://127.0.0.1:8001) instead of training Model 0 and starting one; "
-             "repeat for an ensemble")] = None,
-    serve: Annotated[bool, typer.Option(
-        help="Start the services; --no-serve only sets up the database and prints the logins")] = True,
+    model_endpoint: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Use this model server (e.g. http://127.0.0.1:8001) instead of training Model 0 and starting one; "
+            "repeat for an ensemble"
+        ),
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option(help="Start the services; --no-serve only sets up the database and prints the logins")
+    ] = True,
 ) -> None:
     """The whole demo on SQLite: Model 0, model server, API and web app, with one login per role.
 
@@ -46,8 +53,16 @@ def demo(
             spec = ModelZeroSpec(epochs=model_epochs, max_length=model_max_length, per_label=seed_per_label)
         except ValueError as exc:
             raise fail(str(exc)) from exc
-        options = DemoOptions(host=host, port=port, model_port=model_port, ui_port=ui_port, ui=ui,
-                              model_endpoints=model_endpoint or [], model=spec, retrain=retrain)
+        options = DemoOptions(
+            host=host,
+            port=port,
+            model_port=model_port,
+            ui_port=ui_port,
+            ui=ui,
+            model_endpoints=model_endpoint or [],
+            model=spec,
+            retrain=retrain,
+        )
         try:
             run_demo(settings, options, console)
         except DemoError as exc:
@@ -55,8 +70,10 @@ def demo(
         return
     setup: DemoSetup = set_up_demo(settings, model_endpoints=model_endpoint or [])
     console.print(f"[bold]dynaloop demo[/bold] — database {redact(setup.database_url)}")
-    console.print(f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), "
-                  f"{setup.prompts} prompts; model in the loop: {', '.join(setup.model_endpoints) or 'none yet'}")
+    console.print(
+        f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), "
+        f"{setup.prompts} prompts; model in the loop: {', '.join(setup.model_endpoints) or 'none yet'}"
+    )
     table = Table("role", "username", "password")
     for login in setup.logins:
         table.add_row(login.role, login.username, login.password)

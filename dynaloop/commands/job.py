@@ -8,13 +8,16 @@ import typer
 
 from dynaloop.commands.common import DatabaseOpt, console, ensure_schema, fail, session_factory, settings_for
 
-app = typer.Typer(help="Jobs (train, evaluate, promote) that the API starts in their own process.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Jobs (train, evaluate, promote) that the API starts in their own process.", no_args_is_help=True
+)
 
 
 @app.command("run")
-def job_run(job_id: Annotated[int, typer.Argument(help="The job's id (POST /api/v1/tasks/{task}/jobs)")],
-            database_url: DatabaseOpt = None) -> None:
+def job_run(
+    job_id: Annotated[int, typer.Argument(help="The job's id (POST /api/v1/tasks/{task}/jobs)")],
+    database_url: DatabaseOpt = None,
+) -> None:
     """Run a queued job in this process, writing its progress to the database (the API starts
     this command for every job; the model server admin token comes from the environment)."""
     import signal
@@ -33,11 +36,19 @@ def job_run(job_id: Annotated[int, typer.Argument(help="The job's id (POST /api/
     signal.signal(signal.SIGTERM, _stop)
     token = settings.model_server_admin_token
     try:
-        job = run_job(session_factory(url), job_id, data_dir=settings.data_dir,
-                      admin_token=token.get_secret_value() if token else None)
+        job = run_job(
+            session_factory(url),
+            job_id,
+            data_dir=settings.data_dir,
+            admin_token=token.get_secret_value() if token else None,
+        )
     except DomainError as exc:
         raise fail(exc.message) from exc
-    console.print(f"job {job.id} ({job.kind.value}) {job.status.value}: {job.message}", soft_wrap=True,
-                  highlight=False, markup=False)
+    console.print(
+        f"job {job.id} ({job.kind.value}) {job.status.value}: {job.message}",
+        soft_wrap=True,
+        highlight=False,
+        markup=False,
+    )
     if job.status is not JobStatus.succeeded:
         raise typer.Exit(1)

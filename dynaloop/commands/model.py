@@ -61,20 +61,39 @@ def model_init(
     else:
         raise fail("give --task or --labels")
     try:
-        metadata = init_model_dir(out, labels=label_list, family=family, input_format=input_format,
-                                  model_id=model_id, base=base, tiny=tiny, seed=seed, task=task_name,
-                                  overwrite=overwrite)
+        metadata = init_model_dir(
+            out,
+            labels=label_list,
+            family=family,
+            input_format=input_format,
+            model_id=model_id,
+            base=base,
+            tiny=tiny,
+            seed=seed,
+            task=task_name,
+            overwrite=overwrite,
+        )
     except (FileExistsError, FileNotFoundError, OSError, ValueError) as exc:
         raise fail(str(exc)) from exc
-    console.print(f"wrote {out} ({metadata.family}, {metadata.input_format}, labels {metadata.labels}, "
-                  f"base {metadata.base_model})", soft_wrap=True)
+    console.print(
+        f"wrote {out} ({metadata.family}, {metadata.input_format}, labels {metadata.labels}, "
+        f"base {metadata.base_model})",
+        soft_wrap=True,
+    )
 
 
 def _model_row(model: ModelVersion, attempts: int | None = None) -> list[str]:
     when = model.promoted_at or model.evaluated_at or model.created_at
-    return [str(model.id), model.name, model.status.value, "" if model.trained_for_round is None
-            else str(model.trained_for_round), model.endpoint or "", when.strftime("%Y-%m-%d %H:%M"),
-            "" if attempts is None else f"{attempts:,}", model.directory]
+    return [
+        str(model.id),
+        model.name,
+        model.status.value,
+        "" if model.trained_for_round is None else str(model.trained_for_round),
+        model.endpoint or "",
+        when.strftime("%Y-%m-%d %H:%M"),
+        "" if attempts is None else f"{attempts:,}",
+        model.directory,
+    ]
 
 
 @app.command("list")
@@ -94,8 +113,9 @@ def model_list(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
     except DomainError as exc:
         raise fail(exc.message) from exc
     if not models:
-        console.print(f"task {task!r} has no registered models; add one with "
-                      f"`dynaloop model register --task {task} --dir DIR`")
+        console.print(
+            f"task {task!r} has no registered models; add one with `dynaloop model register --task {task} --dir DIR`"
+        )
         return
     table = Table()
     for column in ("id", "name", "status", "for round", "endpoint", "since", "attempts", "directory"):
@@ -106,11 +126,14 @@ def model_list(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
 
 
 @app.command("register")
-def model_register(task: TaskOpt,
-                   directory: Annotated[Path, typer.Option("--dir", help="Model directory with dynaloop_model.json")],
-                   evaluation: Annotated[Path | None, typer.Option(
-                       help="JSON file of evaluation results: recorded too (trained -> evaluated)")] = None,
-                   database_url: DatabaseOpt = None) -> None:
+def model_register(
+    task: TaskOpt,
+    directory: Annotated[Path, typer.Option("--dir", help="Model directory with dynaloop_model.json")],
+    evaluation: Annotated[
+        Path | None, typer.Option(help="JSON file of evaluation results: recorded too (trained -> evaluated)")
+    ] = None,
+    database_url: DatabaseOpt = None,
+) -> None:
     """Record a model directory in the task's registry (again: no change)."""
     import json
 
@@ -146,13 +169,14 @@ def model_promote(
     task: TaskOpt,
     version: Annotated[str, typer.Option("--version", help="Registry id, name (model_id@version) or model_id")],
     endpoint: Annotated[str, typer.Option(help="The running model server, e.g. http://127.0.0.1:8001")],
-    admin_token: Annotated[str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN",
-                                                    help="The model server's admin token")] = None,
+    admin_token: Annotated[
+        str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", help="The model server's admin token")
+    ] = None,
     force: Annotated[bool, typer.Option(help="Promote a model that was never evaluated")] = False,
-    keep_round_endpoints: Annotated[bool, typer.Option(
-        help="Do not point the task's open rounds at --endpoint")] = False,
-    backend: Annotated[str | None, typer.Option(help="Model server backend for the new model; default: same")]
-    = None,
+    keep_round_endpoints: Annotated[
+        bool, typer.Option(help="Do not point the task's open rounds at --endpoint")
+    ] = False,
+    backend: Annotated[str | None, typer.Option(help="Model server backend for the new model; default: same")] = None,
     timeout_s: Annotated[float, typer.Option(help="How long the server may take to load the model")] = 300.0,
     database_url: DatabaseOpt = None,
 ) -> None:
@@ -165,8 +189,14 @@ def model_promote(
     if not admin_token:
         raise fail("give the model server's admin token: --admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN")
     try:
-        options = PromoteOptions(endpoint=endpoint, force=force, admin_token=SecretStr(admin_token),
-                                 keep_round_endpoints=keep_round_endpoints, backend=backend, timeout_s=timeout_s)
+        options = PromoteOptions(
+            endpoint=endpoint,
+            force=force,
+            admin_token=SecretStr(admin_token),
+            keep_round_endpoints=keep_round_endpoints,
+            backend=backend,
+            timeout_s=timeout_s,
+        )
     except ValidationError as exc:
         raise fail(f"invalid promotion settings: {problems(exc)}") from exc
     url = settings_for(database_url).resolved_database_url
@@ -183,9 +213,11 @@ def model_promote(
 
 
 @app.command("retire")
-def model_retire(task: TaskOpt,
-                 version: Annotated[str, typer.Option("--version", help="Registry id, name or model_id")],
-                 database_url: DatabaseOpt = None) -> None:
+def model_retire(
+    task: TaskOpt,
+    version: Annotated[str, typer.Option("--version", help="Registry id, name or model_id")],
+    database_url: DatabaseOpt = None,
+) -> None:
     """Mark a model version retired (a model server keeps serving it until another is promoted)."""
     from modelling.registry import retire
     from services.db.engine import session_scope
@@ -200,5 +232,7 @@ def model_retire(task: TaskOpt,
             name, endpoint = model.name, model.endpoint
     except DomainError as exc:
         raise fail(exc.message) from exc
-    console.print(f"retired {name}" + (f"; {endpoint} still serves it until another model is promoted there"
-                                       if endpoint else ""), soft_wrap=True)
+    console.print(
+        f"retired {name}" + (f"; {endpoint} still serves it until another model is promoted there" if endpoint else ""),
+        soft_wrap=True,
+    )

@@ -40,17 +40,22 @@ class PrintedTraining(TrainingListener):
         if os.environ.get("RANK", "0") != "0":  # once under `accelerate launch` / torchrun
             return
         for labelled in train_sets:
-            console.print(f"train: {labelled.name} — {len(labelled):,} rows, weight {labelled.weight}, "
-                          f"×{labelled.upsample}", soft_wrap=True)
+            console.print(
+                f"train: {labelled.name} — {len(labelled):,} rows, weight {labelled.weight}, ×{labelled.upsample}",
+                soft_wrap=True,
+            )
         if dev is not None:
             console.print(f"dev: {dev.name} — {len(dev):,} rows", soft_wrap=True)
 
     def trained(self, result: TrainResult) -> None:
         best = result.best_dev_macro_f1
-        console.print(f"trained {result.metadata.model_id} version {result.metadata.version}: {result.epochs_run} "
-                      f"epoch(s), best epoch {result.best_epoch}"
-                      + ("" if best is None else f", dev macro-F1 {best:.4f}")
-                      + f", {result.examples_per_second:.1f} examples/s; wrote {self.out}", soft_wrap=True)
+        console.print(
+            f"trained {result.metadata.model_id} version {result.metadata.version}: {result.epochs_run} "
+            f"epoch(s), best epoch {result.best_epoch}"
+            + ("" if best is None else f", dev macro-F1 {best:.4f}")
+            + f", {result.examples_per_second:.1f} examples/s; wrote {self.out}",
+            soft_wrap=True,
+        )
 
 
 class PrintedEvaluation(EvaluationListener):
@@ -66,10 +71,13 @@ class PrintedEvaluation(EvaluationListener):
         for column in ["n", *evaluation.labels, "macro-F1", "human F1", "solved"]:
             table.add_column(column, justify="right")
         for metrics in evaluation.sets:
-            table.add_row(metrics.name, str(metrics.rows),
-                          *[f"{100 * metrics.f1[label]:.1f}" for label in evaluation.labels],
-                          f"{100 * metrics.macro_f1:.1f}",
-                          "–" if metrics.human_f1 is None else f"{100 * metrics.human_f1:.1f}",
-                          "–" if metrics.solved is None else ("yes" if metrics.solved else "no"))
+            table.add_row(
+                metrics.name,
+                str(metrics.rows),
+                *[f"{100 * metrics.f1[label]:.1f}" for label in evaluation.labels],
+                f"{100 * metrics.macro_f1:.1f}",
+                "–" if metrics.human_f1 is None else f"{100 * metrics.human_f1:.1f}",
+                "–" if metrics.solved is None else ("yes" if metrics.solved else "no"),
+            )
         console.print(table)
         console.print(f"wrote {len(files)} files to {self.out}", soft_wrap=True)

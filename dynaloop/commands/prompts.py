@@ -42,15 +42,21 @@ def prompts_import(
         with session_scope(session_factory(url)) as session:
             task_row = tasks.get_task(session, task)
             if round_number is None:
-                round_ = session.scalar(select(Round).where(
-                    Round.task_id == task_row.id, Round.status.in_([RoundStatus.collecting, RoundStatus.validating])))
+                round_ = session.scalar(
+                    select(Round).where(
+                        Round.task_id == task_row.id, Round.status.in_([RoundStatus.collecting, RoundStatus.validating])
+                    )
+                )
                 if round_ is None:
                     raise fail(f"task {task!r} has no open round; give --round")
             else:
                 round_ = rounds.get_round_by_number(session, task_row, round_number)
-            report = rounds.import_prompts(session, None, round_, content, file_format,
-                                           max_rows=settings.max_prompt_import_rows)
+            report = rounds.import_prompts(
+                session, None, round_, content, file_format, max_rows=settings.max_prompt_import_rows
+            )
     except DomainError as exc:
         raise fail(exc.message) from exc
-    console.print(f"imported {report.imported} of {report.rows} rows "
-                  f"({report.duplicates_in_file} repeated in the file, {report.already_present} already present)")
+    console.print(
+        f"imported {report.imported} of {report.rows} rows "
+        f"({report.duplicates_in_file} repeated in the file, {report.already_present} already present)"
+    )

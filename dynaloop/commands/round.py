@@ -27,15 +27,17 @@ RoundOpt = Annotated[int, typer.Option("--round", help="Round number")]
 
 
 @app.command("build")
-def round_build(task: TaskOpt,
-                number: RoundOpt,
-                out: Annotated[Path | None, typer.Option(help="Folder for report.md, report.json and plots")] = None,
-                seed: int = 0,
-                dev_test_min_votes: int | None = None,
-                chance: Annotated[bool | None, typer.Option(help="Require the model at chance on dev/test")] = None,
-                max_per_cell: int | None = None,
-                model_based: str = "dawid_skene",
-                database_url: DatabaseOpt = None) -> None:
+def round_build(
+    task: TaskOpt,
+    number: RoundOpt,
+    out: Annotated[Path | None, typer.Option(help="Folder for report.md, report.json and plots")] = None,
+    seed: int = 0,
+    dev_test_min_votes: int | None = None,
+    chance: Annotated[bool | None, typer.Option(help="Require the model at chance on dev/test")] = None,
+    max_per_cell: int | None = None,
+    model_based: str = "dawid_skene",
+    database_url: DatabaseOpt = None,
+) -> None:
     """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report."""
     from pydantic import ValidationError
 
@@ -48,9 +50,15 @@ def round_build(task: TaskOpt,
     url = settings.resolved_database_url
     ensure_schema(url)
     try:
-        options = BuildOptions.model_validate({
-            "seed": seed, "dev_test_min_votes": dev_test_min_votes, "chance": chance, "max_per_cell": max_per_cell,
-            "model_based": None if model_based in ("", "none") else model_based})
+        options = BuildOptions.model_validate(
+            {
+                "seed": seed,
+                "dev_test_min_votes": dev_test_min_votes,
+                "chance": chance,
+                "max_per_cell": max_per_cell,
+                "model_based": None if model_based in ("", "none") else model_based,
+            }
+        )
     except ValidationError as exc:
         raise fail(f"invalid build settings: {problems(exc)}") from exc
     folder = out or default_build_dir(settings.data_dir, task, number, seed)
@@ -62,19 +70,24 @@ def round_build(task: TaskOpt,
         raise fail(exc.message) from exc
     report = built.report
     total = report["counts"]["total"]
-    console.print(f"build {built.build_id}: train {total['train']:,}, dev {total['dev']:,}, test {total['test']:,}; "
-                  f"report in {folder}", soft_wrap=True)
+    console.print(
+        f"build {built.build_id}: train {total['train']:,}, dev {total['dev']:,}, test {total['test']:,}; "
+        f"report in {folder}",
+        soft_wrap=True,
+    )
     for name, values in report["splits"]["assessment"].items():
         console.print(f"  model macro-F1 on {name}: {values['model_macro_f1']}")
 
 
 @app.command("export")
-def round_export(task: TaskOpt,
-                 number: RoundOpt,
-                 out: Annotated[Path, typer.Option(help="Folder to write the files to")],
-                 format: Annotated[str, typer.Option(help="jsonl, csv or parquet")] = "parquet",
-                 splits: Annotated[str, typer.Option(help="Comma-separated splits")] = "train,dev,test",
-                 database_url: DatabaseOpt = None) -> None:
+def round_export(
+    task: TaskOpt,
+    number: RoundOpt,
+    out: Annotated[Path, typer.Option(help="Folder to write the files to")],
+    format: Annotated[str, typer.Option(help="jsonl, csv or parquet")] = "parquet",
+    splits: Annotated[str, typer.Option(help="Comma-separated splits")] = "train,dev,test",
+    database_url: DatabaseOpt = None,
+) -> None:
     """Write the newest build's splits to files (one per split)."""
     from round_builder.usecases import ExportedFile, ExportOptions, export_files
     from services.errors import DomainError
@@ -101,8 +114,9 @@ def round_harvest(
     model: Annotated[Path, typer.Option(help="The harvesting model's directory (Model 0)")],
     n: Annotated[int, typer.Option("--n", help="How many sentences to harvest")],
     seed: int = 0,
-    as_: Annotated[str, typer.Option("--as", help="examples (validated directly) or prompts (for writers)")]
-    = "examples",
+    as_: Annotated[
+        str, typer.Option("--as", help="examples (validated directly) or prompts (for writers)")
+    ] = "examples",
     text_column: str = "text",
     rating_column: str = "rating",
     id_column: Annotated[str | None, typer.Option(help="Document id column; default: the row number")] = None,
@@ -131,11 +145,26 @@ def round_harvest(
     url = settings_for(database_url).resolved_database_url
     ensure_schema(url)
     try:
-        report = harvest(session_factory(url), task, number, corpus, model, n, mode=mode,
-                         text_column=text_column, rating_column=rating_column, id_column=id_column, seed=seed,
-                         low_rating=low_rating, high_rating=high_rating, positive_label=positive_label,
-                         negative_label=negative_label, min_chars=min_chars, max_chars=max_chars,
-                         batch_size=batch_size)
+        report = harvest(
+            session_factory(url),
+            task,
+            number,
+            corpus,
+            model,
+            n,
+            mode=mode,
+            text_column=text_column,
+            rating_column=rating_column,
+            id_column=id_column,
+            seed=seed,
+            low_rating=low_rating,
+            high_rating=high_rating,
+            positive_label=positive_label,
+            negative_label=negative_label,
+            min_chars=min_chars,
+            max_chars=max_chars,
+            batch_size=batch_size,
+        )
     except DomainError as exc:
         raise fail(exc.message) from exc
     except (EvaluationError, OSError) as exc:
@@ -143,16 +172,21 @@ def round_harvest(
     table = Table("pool", "available", "wanted", "selected")
     for pool, counts in report.pools.items():
         table.add_row(pool, f"{counts['available']:,}", f"{counts['wanted']:,}", f"{counts['selected']:,}")
-    console.print(f"{report.corpus}: {report.documents:,} texts, {report.sentences:,} sentences; model "
-                  f"{report.model_id} version {report.model_version}", soft_wrap=True)
+    console.print(
+        f"{report.corpus}: {report.documents:,} texts, {report.sentences:,} sentences; model "
+        f"{report.model_id} version {report.model_version}",
+        soft_wrap=True,
+    )
     console.print(table)
     left_out = {k: v for k, v in report.skipped.items() if v}
     if left_out:
         console.print("left out: " + ", ".join(f"{k} {v:,}" for k, v in left_out.items()), soft_wrap=True)
     for note in report.notes:
         console.print(f"[yellow]note:[/yellow] {note}", soft_wrap=True, highlight=False)
-    console.print(f"wrote {report.written:,} {report.mode} to {task} round {number}"
-                  + (f" ({report.already_present:,} already there)" if report.already_present else ""))
+    console.print(
+        f"wrote {report.written:,} {report.mode} to {task} round {number}"
+        + (f" ({report.already_present:,} already there)" if report.already_present else "")
+    )
 
 
 # --- train ----------------------------------------------------------------------------------
@@ -163,25 +197,31 @@ def round_train(
     task: TaskOpt,
     mix: Annotated[Path, typer.Option(help="Data mix YAML: train sources (weights, upsampling) and the dev set")],
     out: Annotated[Path, typer.Option(help="New folder for the model directory")],
-    number: Annotated[int | None, typer.Option(
-        "--round", help="The round this model will serve (the next round to collect)")] = None,
-    base: Annotated[Path | None, typer.Option(
-        help="Backbone checkpoint folder (never a dynaloop-trained model); default: packaged MiniLM")] = None,
+    number: Annotated[
+        int | None, typer.Option("--round", help="The round this model will serve (the next round to collect)")
+    ] = None,
+    base: Annotated[
+        Path | None,
+        typer.Option(help="Backbone checkpoint folder (never a dynaloop-trained model); default: packaged MiniLM"),
+    ] = None,
     epochs: int = 3,
     batch_size: int = 32,
     learning_rate: float = 2e-5,
     max_length: int = 128,
     seed: int = 0,
     class_weights: Annotated[str, typer.Option(help="none or balanced (from the mix's label mass)")] = "none",
-    patience: Annotated[int, typer.Option(
-        help="Early stopping: epochs without a better dev macro-F1 (0: never stop early)")] = 2,
+    patience: Annotated[
+        int, typer.Option(help="Early stopping: epochs without a better dev macro-F1 (0: never stop early)")
+    ] = 2,
     gradient_accumulation_steps: int = 1,
-    checkpoint_every: Annotated[str, typer.Option(
-        help="Resumable checkpoint every N optimizer steps, or 'epoch'")] = "epoch",
+    checkpoint_every: Annotated[
+        str, typer.Option(help="Resumable checkpoint every N optimizer steps, or 'epoch'")
+    ] = "epoch",
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from its newest checkpoint")] = False,
     cpu: Annotated[bool, typer.Option(help="Train on the CPU even when a GPU is present")] = False,
-    model_id: Annotated[str | None, typer.Option(help="Name in dynaloop_model.json; default from task and round")]
-    = None,
+    model_id: Annotated[
+        str | None, typer.Option(help="Name in dynaloop_model.json; default from task and round")
+    ] = None,
     tiny: Annotated[bool, typer.Option(help="Tests: a tiny random BERT as the base, not --base")] = False,
     database_url: DatabaseOpt = None,
 ) -> None:
@@ -207,20 +247,35 @@ def round_train(
     url = settings_for(database_url).resolved_database_url
     ensure_schema(url)
     try:
-        options = TrainOptions.model_validate({
-            "mix": DataMix.load(mix), "round": number, "base": None if base is None else str(base),
-            "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate, "max_length": max_length,
-            "seed": seed, "class_weights": class_weights, "patience": patience,
-            "gradient_accumulation_steps": gradient_accumulation_steps, "checkpoint_every": every,
-            "resume": resume, "cpu": cpu, "model_id": model_id, "tiny": tiny})
+        options = TrainOptions.model_validate(
+            {
+                "mix": DataMix.load(mix),
+                "round": number,
+                "base": None if base is None else str(base),
+                "epochs": epochs,
+                "batch_size": batch_size,
+                "learning_rate": learning_rate,
+                "max_length": max_length,
+                "seed": seed,
+                "class_weights": class_weights,
+                "patience": patience,
+                "gradient_accumulation_steps": gradient_accumulation_steps,
+                "checkpoint_every": every,
+                "resume": resume,
+                "cpu": cpu,
+                "model_id": model_id,
+                "tiny": tiny,
+            }
+        )
     except ValidationError as exc:
         raise fail(f"invalid training settings: {problems(exc)}") from exc
     except DataError as exc:
         raise fail(str(exc)) from exc
     show_training_log()
     try:
-        trained = train_and_register(session_factory(url), task, options, out, listener=PrintedTraining(out),
-                                     progress_bar=True)
+        trained = train_and_register(
+            session_factory(url), task, options, out, listener=PrintedTraining(out), progress_bar=True
+        )
     except DomainError as exc:
         raise fail(exc.message) from exc
     except ValidationError as exc:
@@ -247,21 +302,27 @@ def _round_numbers(value: str) -> list[int] | None:
 
 
 @app.command("evaluate")
-def round_evaluate(task: TaskOpt,
-                   model: Annotated[Path, typer.Option(help="Model directory (with dynaloop_model.json)")],
-                   out: Annotated[Path, typer.Option(help="Folder for evaluation.md, evaluation.json and plots")],
-                   mix: Annotated[Path | None, typer.Option(
-                       help="Data mix YAML: its dev and evaluate sources are evaluated too")] = None,
-                   rounds: Annotated[str, typer.Option(
-                       help="Built rounds whose dev/test splits to evaluate: all, none, or e.g. 1,2")] = "all",
-                   positive_label: Annotated[str | None, typer.Option(
-                       help="Binary tasks: the class whose F1 is reported (default: positive/sarcastic, "
-                            "else the second label)")] = None,
-                   batch_size: int = 64,
-                   device: Annotated[str | None, typer.Option(help="cpu, cuda, ...; default: cuda if present")] = None,
-                   record: Annotated[bool, typer.Option(
-                       help="Store the results in the model registry (trained -> evaluated)")] = True,
-                   database_url: DatabaseOpt = None) -> None:
+def round_evaluate(
+    task: TaskOpt,
+    model: Annotated[Path, typer.Option(help="Model directory (with dynaloop_model.json)")],
+    out: Annotated[Path, typer.Option(help="Folder for evaluation.md, evaluation.json and plots")],
+    mix: Annotated[
+        Path | None, typer.Option(help="Data mix YAML: its dev and evaluate sources are evaluated too")
+    ] = None,
+    rounds: Annotated[
+        str, typer.Option(help="Built rounds whose dev/test splits to evaluate: all, none, or e.g. 1,2")
+    ] = "all",
+    positive_label: Annotated[
+        str | None,
+        typer.Option(
+            help="Binary tasks: the class whose F1 is reported (default: positive/sarcastic, else the second label)"
+        ),
+    ] = None,
+    batch_size: int = 64,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, ...; default: cuda if present")] = None,
+    record: Annotated[bool, typer.Option(help="Store the results in the model registry (trained -> evaluated)")] = True,
+    database_url: DatabaseOpt = None,
+) -> None:
     """Evaluate a model on every built round's dev/test split and the mix's sets (DynaSent Table 5b)."""
     from pydantic import ValidationError
 
@@ -273,9 +334,16 @@ def round_evaluate(task: TaskOpt,
     from services.errors import DomainError
 
     try:
-        options = EvaluateOptions.model_validate({
-            "mix": DataMix.load(mix) if mix is not None else None, "rounds": _round_numbers(rounds),
-            "positive_label": positive_label, "batch_size": batch_size, "device": device, "record": record})
+        options = EvaluateOptions.model_validate(
+            {
+                "mix": DataMix.load(mix) if mix is not None else None,
+                "rounds": _round_numbers(rounds),
+                "positive_label": positive_label,
+                "batch_size": batch_size,
+                "device": device,
+                "record": record,
+            }
+        )
     except ValidationError as exc:
         raise fail(f"invalid evaluation settings: {problems(exc)}") from exc
     except DataError as exc:
@@ -283,8 +351,9 @@ def round_evaluate(task: TaskOpt,
     url = settings_for(database_url).resolved_database_url
     ensure_schema(url)
     try:
-        evaluated = evaluate_and_record(session_factory(url), task, model, options, out,
-                                        listener=PrintedEvaluation(out), progress_bar=True)
+        evaluated = evaluate_and_record(
+            session_factory(url), task, model, options, out, listener=PrintedEvaluation(out), progress_bar=True
+        )
     except DomainError as exc:
         raise fail(exc.message) from exc
     except (DataError, EvaluationError, ModelMetadataError) as exc:

@@ -11,8 +11,13 @@ import typer
 from dynaloop.commands.common import DatabaseOpt, console, fail, settings_for
 
 
-def api(host: str = "127.0.0.1", port: int = 8000, database_url: DatabaseOpt = None,
-        workers: int = 1, log_level: str = "info") -> None:
+def api(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    database_url: DatabaseOpt = None,
+    workers: int = 1,
+    log_level: str = "info",
+) -> None:
     """Run the REST API (migrates the database to the newest schema first)."""
     import uvicorn
 
@@ -27,9 +32,15 @@ def api(host: str = "127.0.0.1", port: int = 8000, database_url: DatabaseOpt = N
         os.environ["DYNALOOP_DATABASE_URL"] = database_url
     if settings.max_concurrent_requests >= settings.worker_threads:
         raise fail("DYNALOOP_MAX_CONCURRENT_REQUESTS must be below DYNALOOP_WORKER_THREADS (see docs/deploy.md)")
-    uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                limit_concurrency=settings.max_concurrent_requests,
-                log_level=log_level)
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        limit_concurrency=settings.max_concurrent_requests,
+        log_level=log_level,
+    )
 
 
 def web_app_file() -> Path:
@@ -47,14 +58,30 @@ def web_app_file() -> Path:
 
 def ui_command(host: str, port: int) -> list[str]:
     """The `streamlit run` command line of `dynaloop ui`."""
-    return [sys.executable, "-m", "streamlit", "run", str(web_app_file()), "--server.port", str(port),
-            "--server.address", host, "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(web_app_file()),
+        "--server.port",
+        str(port),
+        "--server.address",
+        host,
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
 
 
-def ui(host: Annotated[str, typer.Option(help="Address the web app listens on")] = "127.0.0.1",
-       port: Annotated[int, typer.Option(help="Web app port")] = 8501,
-       api_url: Annotated[str, typer.Option(envvar="DYNALOOP_API_URL",
-                                            help="The API the web app talks to")] = "http://127.0.0.1:8000") -> None:
+def ui(
+    host: Annotated[str, typer.Option(help="Address the web app listens on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Web app port")] = 8501,
+    api_url: Annotated[
+        str, typer.Option(envvar="DYNALOOP_API_URL", help="The API the web app talks to")
+    ] = "http://127.0.0.1:8000",
+) -> None:
     """Run the web app (Streamlit): login, then the writer, validator and researcher pages of your roles.
     It talks to the API over HTTP only (start that with `dynaloop api`)."""
     import os
@@ -77,13 +104,17 @@ def model_server(
     device: Annotated[str | None, typer.Option(help="cpu or cuda; default: cuda when available")] = None,
     max_batch_size: int = 32,
     max_wait_ms: Annotated[float, typer.Option(help="Wait this long for a batch to fill (0: greedy)")] = 0.0,
-    linger_gap_ms: Annotated[float, typer.Option(
-        help="Under load, keep collecting callers that come back within this gap of each other (0: off)")] = 20.0,
-    linger_max_ms: Annotated[float, typer.Option(
-        help="Lingering never goes past this long after the previous batch ended")] = 150.0,
+    linger_gap_ms: Annotated[
+        float,
+        typer.Option(help="Under load, keep collecting callers that come back within this gap of each other (0: off)"),
+    ] = 20.0,
+    linger_max_ms: Annotated[
+        float, typer.Option(help="Lingering never goes past this long after the previous batch ended")
+    ] = 150.0,
     request_timeout_s: float = 10.0,
-    admin_token: Annotated[str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN",
-                                                    help="Enables POST /admin/reload")] = None,
+    admin_token: Annotated[
+        str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", help="Enables POST /admin/reload")
+    ] = None,
     log_level: str = "info",
 ) -> None:
     """Serve a classifier: /predict with dynamic batching, /info, /health, /metrics, /inspect, /admin/reload."""
@@ -93,7 +124,15 @@ def model_server(
 
     if not model.is_dir():
         raise fail(f"{model} is not a folder; build one with `dynaloop model init --task NAME --out {model}`")
-    config = ServerConfig(model_dir=model, backend=backend, device=device, max_batch_size=max_batch_size,
-                          max_wait_ms=max_wait_ms, linger_gap_ms=linger_gap_ms, linger_max_ms=linger_max_ms,
-                          request_timeout_s=request_timeout_s, admin_token=admin_token)
+    config = ServerConfig(
+        model_dir=model,
+        backend=backend,
+        device=device,
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+        linger_gap_ms=linger_gap_ms,
+        linger_max_ms=linger_max_ms,
+        request_timeout_s=request_timeout_s,
+        admin_token=admin_token,
+    )
     uvicorn.run(create_model_app(config), host=host, port=port, log_level=log_level)

@@ -66,8 +66,10 @@ def task_validate(path: Path) -> None:
 
 
 @app.command("create")
-def task_create(source: Annotated[str, typer.Argument(help="YAML file, or the name of a shipped example")],
-                database_url: DatabaseOpt = None) -> None:
+def task_create(
+    source: Annotated[str, typer.Argument(help="YAML file, or the name of a shipped example")],
+    database_url: DatabaseOpt = None,
+) -> None:
     """Create a task in the database from a YAML file or a shipped example."""
     from services.db.engine import session_scope
     from services.domain.tasks import create_task

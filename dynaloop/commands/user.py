@@ -37,9 +37,12 @@ def user_create_admin(username: str, database_url: DatabaseOpt = None, password:
 
 
 @app.command("create")
-def user_create(username: str,
-                role: Annotated[list[str], typer.Option("--role", help="writer, validator, researcher, admin")],
-                database_url: DatabaseOpt = None, password: PasswordOpt = None) -> None:
+def user_create(
+    username: str,
+    role: Annotated[list[str], typer.Option("--role", help="writer, validator, researcher, admin")],
+    database_url: DatabaseOpt = None,
+    password: PasswordOpt = None,
+) -> None:
     """Create a user with the given roles and print their API token once."""
     token = _create_user(settings_for(database_url).resolved_database_url, username, role, password)
     console.print(f"user {username!r} created with roles {role}. API token (shown once):")
@@ -47,8 +50,9 @@ def user_create(username: str,
 
 
 @app.command("token")
-def user_token(username: str, database_url: DatabaseOpt = None,
-               name: str = "cli", expires_in_days: int | None = None) -> None:
+def user_token(
+    username: str, database_url: DatabaseOpt = None, name: str = "cli", expires_in_days: int | None = None
+) -> None:
     """Issue a new API token for an existing user and print it once."""
     from services.db.engine import session_scope
     from services.domain import users

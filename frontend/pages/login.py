@@ -11,8 +11,7 @@ from frontend.client import ApiError
 def _password_login() -> None:
     with st.form("login_form"):
         username = st.text_input("Username", key="login_username", autocomplete="username")
-        password = st.text_input("Password", type="password", key="login_password",
-                                 autocomplete="current-password")
+        password = st.text_input("Password", type="password", key="login_password", autocomplete="current-password")
         submitted = st.form_submit_button("Log in", type="primary", key="login_submit")
     if not submitted:
         return

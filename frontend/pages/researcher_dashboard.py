@@ -30,20 +30,35 @@ def metrics(stats: RoundStats) -> None:
     examples = stats.get("examples") or {}
     validations = stats.get("validations") or {}
     row = st.columns(6)
-    row[0].metric("Attempts", f"{attempts.get('scored', 0):,}",
-                  help="Scored attempts (model_unavailable ones are not counted)")
-    row[1].metric("Fooling rate", percent(attempts.get("fooling_rate")),
-                  help=f"{attempts.get('fooled', 0):,} of the scored attempts fooled the model")
-    row[2].metric("Confirmation rate", percent(confirmations.get("rate")),
-                  help=f"Writers said yes to {confirmations.get('yes', 0):,} and no to {confirmations.get('no', 0):,} "
-                  "of their fooling attempts")
-    row[3].metric("Examples", f"{examples.get('submitted', 0):,}",
-                  help=f"{examples.get('fooled', 0):,} fooled the model; {examples.get('no_prompt', 0):,} without a "
-                  "prompt")
-    row[4].metric("Validated", f"{examples.get('validated', 0):,}",
-                  help=f"{examples.get('validating', 0):,} still need labels; {examples.get('dropped', 0):,} dropped")
-    row[5].metric("Validation coverage", percent(validations.get("coverage")),
-                  help=f"{validations.get('counted', 0):,} of {validations.get('needed', 0):,} labels needed")
+    row[0].metric(
+        "Attempts", f"{attempts.get('scored', 0):,}", help="Scored attempts (model_unavailable ones are not counted)"
+    )
+    row[1].metric(
+        "Fooling rate",
+        percent(attempts.get("fooling_rate")),
+        help=f"{attempts.get('fooled', 0):,} of the scored attempts fooled the model",
+    )
+    row[2].metric(
+        "Confirmation rate",
+        percent(confirmations.get("rate")),
+        help=f"Writers said yes to {confirmations.get('yes', 0):,} and no to {confirmations.get('no', 0):,} "
+        "of their fooling attempts",
+    )
+    row[3].metric(
+        "Examples",
+        f"{examples.get('submitted', 0):,}",
+        help=f"{examples.get('fooled', 0):,} fooled the model; {examples.get('no_prompt', 0):,} without a prompt",
+    )
+    row[4].metric(
+        "Validated",
+        f"{examples.get('validated', 0):,}",
+        help=f"{examples.get('validating', 0):,} still need labels; {examples.get('dropped', 0):,} dropped",
+    )
+    row[5].metric(
+        "Validation coverage",
+        percent(validations.get("coverage")),
+        help=f"{validations.get('counted', 0):,} of {validations.get('needed', 0):,} labels needed",
+    )
     model_down = attempts.get("model_unavailable", 0)
     if model_down:
         st.warning(f"{model_down:,} attempt(s) found the model unavailable (the writers were asked to retry).")
@@ -51,8 +66,10 @@ def metrics(stats: RoundStats) -> None:
 
 def charts(data: PlotData, round_id: int) -> None:
     if data.get("truncated"):
-        st.caption(f"The plots show {len(data['examples']):,} of the round's {data['total_examples']:,} examples, "
-                   "spread evenly over the round.")
+        st.caption(
+            f"The plots show {len(data['examples']):,} of the round's {data['total_examples']:,} examples, "
+            "spread evenly over the round."
+        )
     if not data.get("examples"):
         st.info("No example has been submitted in this round yet: the plots appear with the first ones.")
     left, right = st.columns(2)
@@ -63,8 +80,13 @@ def charts(data: PlotData, round_id: int) -> None:
         else:
             st.altair_chart(chart, width="stretch")
     with right:
-        unit = st.radio("Length in", LENGTH_UNITS, horizontal=True, key=f"researcher_dash_unit_{round_id}",
-                        format_func=lambda u: "words" if u == "words" else "characters")
+        unit = st.radio(
+            "Length in",
+            LENGTH_UNITS,
+            horizontal=True,
+            key=f"researcher_dash_unit_{round_id}",
+            format_func=lambda u: "words" if u == "words" else "characters",
+        )
         chart = plots.length_chart(data, unit or "words")
         if chart is not None:
             st.altair_chart(chart, width="stretch")
@@ -76,26 +98,40 @@ def charts(data: PlotData, round_id: int) -> None:
         else:
             st.altair_chart(chart, width="stretch")
     with right:
-        gold = st.radio("Model prediction against", GOLD_STANDARDS, horizontal=True,
-                        key=f"researcher_dash_gold_{round_id}",
-                        format_func=lambda g: "validated majority" if g == "majority" else "writer's target")
+        gold = st.radio(
+            "Model prediction against",
+            GOLD_STANDARDS,
+            horizontal=True,
+            key=f"researcher_dash_gold_{round_id}",
+            format_func=lambda g: "validated majority" if g == "majority" else "writer's target",
+        )
         confusion = plots.confusion_chart(data, gold or "majority")
         if confusion is None:
-            st.caption("No validated example with a majority label yet." if gold == "majority"
-                       else "No example yet.")
+            st.caption("No validated example with a majority label yet." if gold == "majority" else "No example yet.")
         else:
             st.altair_chart(confusion, width="stretch")
     headline = plots.summary(data)
     if headline["model_accuracy"] is not None:
-        st.caption(f"The model agrees with the validated majority on {percent(headline['model_accuracy'])} of the "
-                   f"{headline['with_majority']:,} examples that have one.")
+        st.caption(
+            f"The model agrees with the validated majority on {percent(headline['model_accuracy'])} of the "
+            f"{headline['with_majority']:,} examples that have one."
+        )
     agreement = plots.agreement_frame(data)
     if not agreement.empty:
         with st.expander("Validators"):
-            st.dataframe(pd.DataFrame({
-                "validator": agreement["username"], "labels": agreement["labels"], "judged": agreement["judged"],
-                "agreement with the majority": agreement["agreement_rate"], "status": agreement["status"],
-            }), hide_index=True, key=f"researcher_dash_validators_{round_id}")
+            st.dataframe(
+                pd.DataFrame(
+                    {
+                        "validator": agreement["username"],
+                        "labels": agreement["labels"],
+                        "judged": agreement["judged"],
+                        "agreement with the majority": agreement["agreement_rate"],
+                        "status": agreement["status"],
+                    }
+                ),
+                hide_index=True,
+                key=f"researcher_dash_validators_{round_id}",
+            )
 
 
 def live(client: Api, round_id: int) -> None:

@@ -77,12 +77,26 @@ def jobs_table(client: Api, task: str) -> None:
     if not jobs:
         return
     with st.expander(f"Recent jobs ({len(jobs)})"):
-        st.dataframe(pd.DataFrame([{
-            "id": j["id"], "kind": j["kind"], "status": j["status"], "progress": j.get("progress"),
-            "message": j.get("message"), "by": j.get("created_by"), "started": j.get("started_at"),
-            "finished": j.get("finished_at"),
-        } for j in jobs]), hide_index=True, key="researcher_models_jobs",
-            column_config={"progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0)})
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "id": j["id"],
+                        "kind": j["kind"],
+                        "status": j["status"],
+                        "progress": j.get("progress"),
+                        "message": j.get("message"),
+                        "by": j.get("created_by"),
+                        "started": j.get("started_at"),
+                        "finished": j.get("finished_at"),
+                    }
+                    for j in jobs
+                ]
+            ),
+            hide_index=True,
+            key="researcher_models_jobs",
+            column_config={"progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0)},
+        )
         failed = [j for j in jobs if j["status"] == "failed"]
         if failed:
             chosen = st.selectbox("Log of the failed job", [j["id"] for j in failed], key="researcher_models_log_job")
@@ -103,8 +117,9 @@ def build_section(client: Api, task: Task) -> None:
     if round_ is None:
         st.caption("Close a round on the Tasks and rounds page to build it.")
         return
-    seed = st.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, step=1,
-                           key="researcher_models_build_seed")
+    seed = st.number_input(
+        "Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="researcher_models_build_seed"
+    )
     label = "Rebuild" if round_["status"] == "built" else "Build"
     if not st.button(f"{label} round {round_['number']}", type="primary", key="researcher_models_build"):
         return
@@ -115,8 +130,11 @@ def build_section(client: Api, task: Task) -> None:
         state.show_api_error(error)
         return
     total = (built.get("report") or {}).get("counts", {}).get("total", {})
-    state.flash("success", f"Built round {built.get('round', round_['number'])} (build {built.get('build_id')}): "
-                f"train {total.get('train', 0):,}, dev {total.get('dev', 0):,}, test {total.get('test', 0):,}.")
+    state.flash(
+        "success",
+        f"Built round {built.get('round', round_['number'])} (build {built.get('build_id')}): "
+        f"train {total.get('train', 0):,}, dev {total.get('dev', 0):,}, test {total.get('test', 0):,}.",
+    )
     st.rerun()
 
 
@@ -129,28 +147,54 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
     if not built:
         st.caption("Build a round first: the model trains on every built round's train split.")
         return
-    st.caption(f"From the base checkpoint, on the train split of round(s) {', '.join(map(str, built))}, with round "
-               f"{max(built)}'s dev split for early stopping (DynaSent §5.3: retrain from scratch every round).")
+    st.caption(
+        f"From the base checkpoint, on the train split of round(s) {', '.join(map(str, built))}, with round "
+        f"{max(built)}'s dev split for early stopping (DynaSent §5.3: retrain from scratch every round)."
+    )
     with st.form("researcher_models_train_form"):
         cols = st.columns(4)
         epochs = cols[0].number_input("Epochs", 1, 1000, 3, key="researcher_train_epochs")
         batch_size = cols[1].number_input("Batch size", 1, 4096, 32, key="researcher_train_batch")
-        learning_rate = cols[2].number_input("Learning rate", 1e-7, 1.0, 2e-5, step=1e-6, format="%.1e",
-                                             key="researcher_train_lr")
+        learning_rate = cols[2].number_input(
+            "Learning rate", 1e-7, 1.0, 2e-5, step=1e-6, format="%.1e", key="researcher_train_lr"
+        )
         max_length = cols[3].number_input("Max tokens", 8, 8192, 128, key="researcher_train_max_length")
         cols = st.columns(4)
-        serves = cols[0].number_input("For round", 1, 10_000, max(r["number"] for r in rounds) + 1,
-                                      key="researcher_train_round", help="The round this model will serve")
+        serves = cols[0].number_input(
+            "For round",
+            1,
+            10_000,
+            max(r["number"] for r in rounds) + 1,
+            key="researcher_train_round",
+            help="The round this model will serve",
+        )
         seed = cols[1].number_input("Seed", 0, 2**31 - 1, 0, key="researcher_train_seed")
-        patience = cols[2].number_input("Patience", 0, 1000, 2, key="researcher_train_patience",
-                                        help="Epochs without a better dev macro-F1 before stopping; 0: never")
+        patience = cols[2].number_input(
+            "Patience",
+            0,
+            1000,
+            2,
+            key="researcher_train_patience",
+            help="Epochs without a better dev macro-F1 before stopping; 0: never",
+        )
         weights = cols[3].selectbox("Class weights", ["none", "balanced"], key="researcher_train_weights")
         submitted = st.form_submit_button("Train", type="primary", disabled=busy, key="researcher_train_submit")
     if submitted:
-        start(client, task["name"], "train", {
-            "epochs": int(epochs), "batch_size": int(batch_size), "learning_rate": float(learning_rate),
-            "max_length": int(max_length), "round": int(serves), "seed": int(seed), "patience": int(patience),
-            "class_weights": weights})
+        start(
+            client,
+            task["name"],
+            "train",
+            {
+                "epochs": int(epochs),
+                "batch_size": int(batch_size),
+                "learning_rate": float(learning_rate),
+                "max_length": int(max_length),
+                "round": int(serves),
+                "seed": int(seed),
+                "patience": int(patience),
+                "class_weights": weights,
+            },
+        )
 
 
 # --- registry: evaluate, promote ---------------------------------------------------------------
@@ -166,15 +210,34 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
     if not models:
         st.caption("No model is registered for this task yet.")
         return
-    st.dataframe(pd.DataFrame([{
-        "id": m["id"], "name": m["name"], "status": m["status"], "for round": m.get("trained_for_round"),
-        "best dev macro-F1": m.get("best_dev_macro_f1"),
-        **{f"F1 {name}": value for name, value in (m.get("macro_f1") or {}).items()},
-        "endpoint": m.get("endpoint"), "attempts scored": m.get("attempts"), "created": m.get("created_at"),
-    } for m in models]), hide_index=True, key="researcher_models_registry")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "id": m["id"],
+                    "name": m["name"],
+                    "status": m["status"],
+                    "for round": m.get("trained_for_round"),
+                    "best dev macro-F1": m.get("best_dev_macro_f1"),
+                    **{f"F1 {name}": value for name, value in (m.get("macro_f1") or {}).items()},
+                    "endpoint": m.get("endpoint"),
+                    "attempts scored": m.get("attempts"),
+                    "created": m.get("created_at"),
+                }
+                for m in models
+            ]
+        ),
+        hide_index=True,
+        key="researcher_models_registry",
+    )
     by_id = {m["id"]: m for m in models}
-    chosen = st.selectbox("Model", list(by_id), index=len(by_id) - 1, key="researcher_models_model",
-                          format_func=lambda i: f"{by_id[i]['name']} ({by_id[i]['status']})")
+    chosen = st.selectbox(
+        "Model",
+        list(by_id),
+        index=len(by_id) - 1,
+        key="researcher_models_model",
+        format_func=lambda i: f"{by_id[i]['name']} ({by_id[i]['status']})",
+    )
     model = by_id[chosen]
     left, right = st.columns(2)
     with left:
@@ -182,15 +245,26 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
         if st.button("Evaluate", key="researcher_models_evaluate", disabled=busy):
             start(client, task["name"], "evaluate", {"model_id": model["id"]})
     with right:
-        endpoints = sorted({e for r in rounds for e in (r.get("model_endpoints") or [])}
-                           | {served for m in models if (served := m.get("endpoint"))})
+        endpoints = sorted(
+            {e for r in rounds for e in (r.get("model_endpoints") or [])}
+            | {served for m in models if (served := m.get("endpoint"))}
+        )
         with st.form("researcher_models_promote_form"):
-            endpoint = st.text_input("Model server to promote it to", value=endpoints[0] if endpoints else "",
-                                     key="researcher_promote_endpoint")
-            token = st.text_input("Model server admin token (leave empty to use the API's)", type="password",
-                                  key="researcher_promote_token")
-            force = st.checkbox("Promote even though it was never evaluated", key="researcher_promote_force",
-                                disabled=model["status"] != "trained")
+            endpoint = st.text_input(
+                "Model server to promote it to",
+                value=endpoints[0] if endpoints else "",
+                key="researcher_promote_endpoint",
+            )
+            token = st.text_input(
+                "Model server admin token (leave empty to use the API's)",
+                type="password",
+                key="researcher_promote_token",
+            )
+            force = st.checkbox(
+                "Promote even though it was never evaluated",
+                key="researcher_promote_force",
+                disabled=model["status"] != "trained",
+            )
             submitted = st.form_submit_button("Promote", disabled=busy, key="researcher_promote_submit")
         if submitted:
             endpoint = (endpoint or "").strip()
@@ -216,26 +290,41 @@ def downloads_section(client: Api, task: Task) -> None:
     cols = st.columns(3)
     split = cols[0].selectbox("Split", SPLITS, key="researcher_download_split")
     file_format = cols[1].selectbox("Format", list(FORMATS), key="researcher_download_format")
-    what = cols[2].radio("What", ["dataset", "report"], key="researcher_download_what",
-                         format_func=lambda w: "the split" if w == "dataset" else "the report (Markdown)")
+    what = cols[2].radio(
+        "What",
+        ["dataset", "report"],
+        key="researcher_download_what",
+        format_func=lambda w: "the split" if w == "dataset" else "the report (Markdown)",
+    )
     if st.button("Fetch", key="researcher_download_fetch"):
         try:
             if what == "dataset":
                 data = client.download_dataset(name, number, split=split, format=file_format)
-                st.session_state[DOWNLOAD_KEY] = {"name": f"{name}-r{number}-{split}.{file_format}", "data": data,
-                                                  "mime": FORMATS[file_format]}
+                st.session_state[DOWNLOAD_KEY] = {
+                    "name": f"{name}-r{number}-{split}.{file_format}",
+                    "data": data,
+                    "mime": FORMATS[file_format],
+                }
             else:
                 text = client.report(name, number, format="markdown")
-                st.session_state[DOWNLOAD_KEY] = {"name": f"{name}-r{number}-report.md",
-                                                  "data": str(text).encode("utf-8"), "mime": "text/markdown"}
+                st.session_state[DOWNLOAD_KEY] = {
+                    "name": f"{name}-r{number}-report.md",
+                    "data": str(text).encode("utf-8"),
+                    "mime": "text/markdown",
+                }
         except ApiError as error:
             state.show_api_error(error)
             st.session_state.pop(DOWNLOAD_KEY, None)
     ready = st.session_state.get(DOWNLOAD_KEY)
     if ready:
-        st.download_button(f"Download {ready['name']} ({len(ready['data']):,} bytes)", data=ready["data"],
-                           file_name=ready["name"], mime=ready["mime"], key="researcher_download_button",
-                           icon=":material/download:")
+        st.download_button(
+            f"Download {ready['name']} ({len(ready['data']):,} bytes)",
+            data=ready["data"],
+            file_name=ready["name"],
+            mime=ready["mime"],
+            key="researcher_download_button",
+            icon=":material/download:",
+        )
 
 
 def main() -> None:

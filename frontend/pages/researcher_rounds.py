@@ -17,11 +17,13 @@ import pandas as pd
 import streamlit as st
 
 from frontend import render, state
-from frontend.researcher import SELECT_TASK_KEY, choose_task
 from frontend.client import Api, ApiError, Round, Task
+from frontend.researcher import SELECT_TASK_KEY, choose_task
 
-NEXT_STATUS = {"collecting": ("validating", "Stop collecting: validation only"),
-               "validating": ("closed", "Close the round")}
+NEXT_STATUS = {
+    "collecting": ("validating", "Stop collecting: validation only"),
+    "validating": ("closed", "Close the round"),
+}
 STRATEGIES = ["unused_first", "least_used", "least_fooled"]
 TARGET_MODES = ["balanced", "writer_choice"]
 PREVIEW_ROWS = 5
@@ -70,12 +72,22 @@ def rounds_table(rounds: list[Round]) -> None:
     if not rounds:
         st.info("This task has no round yet: open the first one below.")
         return
-    frame = pd.DataFrame([{
-        "round": r["number"], "id": r["id"], "status": r["status"],
-        "model endpoints": ", ".join(r.get("model_endpoints") or []) or "none",
-        "prompt strategy": r.get("prompt_strategy"), "no-prompt share": r.get("no_prompt_fraction"),
-        "target labels": r.get("target_label_mode"), "opened": r.get("opened_at"), "closed": r.get("closed_at"),
-    } for r in rounds])
+    frame = pd.DataFrame(
+        [
+            {
+                "round": r["number"],
+                "id": r["id"],
+                "status": r["status"],
+                "model endpoints": ", ".join(r.get("model_endpoints") or []) or "none",
+                "prompt strategy": r.get("prompt_strategy"),
+                "no-prompt share": r.get("no_prompt_fraction"),
+                "target labels": r.get("target_label_mode"),
+                "opened": r.get("opened_at"),
+                "closed": r.get("closed_at"),
+            }
+            for r in rounds
+        ]
+    )
     st.dataframe(frame, hide_index=True, key="researcher_rounds_table")
 
 
@@ -90,22 +102,38 @@ def open_round_form(client: Api, task: Task, rounds: list[Round]) -> None:
             st.info(f"Round {still_open[0]['number']} is still {still_open[0]['status']}; close it first.")
             return
         with st.form("researcher_open_round_form"):
-            endpoints = st.text_area("Model server(s) in the loop, one URL per line (e.g. http://127.0.0.1:8001)",
-                                     key="researcher_open_endpoints")
-            strategy = st.selectbox("Prompt order", STRATEGIES, key="researcher_open_strategy",
-                                    help="unused first: each prompt once, as DynaSent intended")
-            no_prompt = st.number_input("Share of assignments without a prompt", 0.0, 1.0, 0.0, 0.05,
-                                        key="researcher_open_no_prompt")
-            mode = st.selectbox("Target labels", TARGET_MODES, key="researcher_open_mode",
-                                help="balanced: the API spreads targets evenly; writer_choice: writers pick")
+            endpoints = st.text_area(
+                "Model server(s) in the loop, one URL per line (e.g. http://127.0.0.1:8001)",
+                key="researcher_open_endpoints",
+            )
+            strategy = st.selectbox(
+                "Prompt order",
+                STRATEGIES,
+                key="researcher_open_strategy",
+                help="unused first: each prompt once, as DynaSent intended",
+            )
+            no_prompt = st.number_input(
+                "Share of assignments without a prompt", 0.0, 1.0, 0.0, 0.05, key="researcher_open_no_prompt"
+            )
+            mode = st.selectbox(
+                "Target labels",
+                TARGET_MODES,
+                key="researcher_open_mode",
+                help="balanced: the API spreads targets evenly; writer_choice: writers pick",
+            )
             notes = st.text_area("Notes (optional)", max_chars=5000, key="researcher_open_notes")
             submitted = st.form_submit_button("Open round", type="primary", key="researcher_open_submit")
         if not submitted:
             return
         try:
-            round_ = client.open_round(task["name"], model_endpoints=_endpoints(endpoints), prompt_strategy=strategy,
-                                       no_prompt_fraction=float(no_prompt), target_label_mode=mode,
-                                       notes=notes.strip() or None)
+            round_ = client.open_round(
+                task["name"],
+                model_endpoints=_endpoints(endpoints),
+                prompt_strategy=strategy,
+                no_prompt_fraction=float(no_prompt),
+                target_label_mode=mode,
+                notes=notes.strip() or None,
+            )
         except ApiError as error:
             state.show_api_error(error)
             return
@@ -118,8 +146,11 @@ def status_controls(client: Api, round_: Round) -> None:
     st.text(f"Status: {round_['status']}")
     step = NEXT_STATUS.get(round_["status"])
     if step is None:
-        st.caption("A closed round is built on the Models and datasets page." if round_["status"] == "closed"
-                   else "This round is built.")
+        st.caption(
+            "A closed round is built on the Models and datasets page."
+            if round_["status"] == "closed"
+            else "This round is built."
+        )
         return
     target, label = step
     if st.button(label, key=f"researcher_status_{round_['id']}_{target}"):
@@ -162,16 +193,23 @@ def preview_prompts(content: bytes, file_format: str) -> pd.DataFrame | None:
 
 def import_prompts_form(client: Api, round_: Round) -> None:
     st.subheader("Prompts")
-    upload = st.file_uploader("Prompt file (JSONL with a `text` field per line, or CSV with a `text` column)",
-                              type=["jsonl", "ndjson", "csv"], key=f"researcher_prompts_file_{round_['id']}")
+    upload = st.file_uploader(
+        "Prompt file (JSONL with a `text` field per line, or CSV with a `text` column)",
+        type=["jsonl", "ndjson", "csv"],
+        key=f"researcher_prompts_file_{round_['id']}",
+    )
     pasted = st.text_area("... or paste JSONL / CSV", height=120, key=f"researcher_prompts_text_{round_['id']}")
     if upload is not None:
         content, name = upload.getvalue(), upload.name
         file_format = "csv" if name.lower().endswith(".csv") else "jsonl"
     else:
         content, name = pasted.encode("utf-8"), "pasted"
-        file_format = st.radio("Format of the pasted text", ["jsonl", "csv"], horizontal=True,
-                               key=f"researcher_prompts_format_{round_['id']}")
+        file_format = st.radio(
+            "Format of the pasted text",
+            ["jsonl", "csv"],
+            horizontal=True,
+            key=f"researcher_prompts_format_{round_['id']}",
+        )
     if content.strip():
         preview = preview_prompts(content, file_format)
         if preview is None:
@@ -185,8 +223,9 @@ def import_prompts_form(client: Api, round_: Round) -> None:
         st.warning("Choose a prompt file or paste prompts first.")
         return
     try:
-        report = client.import_prompts(round_["id"], content, filename=name if upload is not None else
-                                       f"pasted.{file_format}", format=file_format)
+        report = client.import_prompts(
+            round_["id"], content, filename=name if upload is not None else f"pasted.{file_format}", format=file_format
+        )
     except ApiError as error:
         state.show_api_error(error)
         return
@@ -213,22 +252,44 @@ def model_in_the_loop(client: Api, task: Task, round_: Round) -> None:
     serving = [m for m in models if m.get("endpoint") in endpoints and m.get("status") == "promoted"]
     if serving:
         st.caption("What the registry knows about the model promoted to these endpoints:")
-        st.dataframe(pd.DataFrame([{
-            "name": m["name"], "model id": m["model_id"], "version": m["version"], "endpoint": m["endpoint"],
-            "labels": ", ".join(map(str, m.get("labels") or [])), "trained for round": m.get("trained_for_round"),
-            "base model": m.get("base_model"), "promoted": m.get("promoted_at"),
-            "attempts scored": m.get("attempts"),
-            "macro-F1": ", ".join(f"{k} {100 * v:.1f}" for k, v in (m.get("macro_f1") or {}).items()
-                                  if isinstance(v, int | float)),
-        } for m in serving]), hide_index=True, key=f"researcher_loop_models_{round_['id']}")
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "name": m["name"],
+                        "model id": m["model_id"],
+                        "version": m["version"],
+                        "endpoint": m["endpoint"],
+                        "labels": ", ".join(map(str, m.get("labels") or [])),
+                        "trained for round": m.get("trained_for_round"),
+                        "base model": m.get("base_model"),
+                        "promoted": m.get("promoted_at"),
+                        "attempts scored": m.get("attempts"),
+                        "macro-F1": ", ".join(
+                            f"{k} {100 * v:.1f}"
+                            for k, v in (m.get("macro_f1") or {}).items()
+                            if isinstance(v, int | float)
+                        ),
+                    }
+                    for m in serving
+                ]
+            ),
+            hide_index=True,
+            key=f"researcher_loop_models_{round_['id']}",
+        )
     elif endpoints:
-        st.caption("No registered model is promoted to these endpoints (promote one on the Models and datasets page "
-                   "to see its details here).")
+        st.caption(
+            "No registered model is promoted to these endpoints (promote one on the Models and datasets page "
+            "to see its details here)."
+        )
     if round_["status"] not in ("collecting", "validating"):
         return
     with st.form(f"researcher_model_form_{round_['id']}"):
-        new = st.text_area("Model server URLs, one per line (several: one is picked per attempt)",
-                           value="\n".join(endpoints), key=f"researcher_model_endpoints_{round_['id']}")
+        new = st.text_area(
+            "Model server URLs, one per line (several: one is picked per attempt)",
+            value="\n".join(endpoints),
+            key=f"researcher_model_endpoints_{round_['id']}",
+        )
         saved = st.form_submit_button("Set the model in the loop", key=f"researcher_model_save_{round_['id']}")
     if not saved:
         return
@@ -266,8 +327,12 @@ def main() -> None:
         st.session_state[ROUND_WIDGET] = pending
     elif st.session_state.get(ROUND_WIDGET) not in by_number:
         st.session_state[ROUND_WIDGET] = max(by_number)
-    number = st.selectbox("Round", sorted(by_number, reverse=True), key=ROUND_WIDGET,
-                          format_func=lambda n: f"round {n} ({by_number[n]['status']})")
+    number = st.selectbox(
+        "Round",
+        sorted(by_number, reverse=True),
+        key=ROUND_WIDGET,
+        format_func=lambda n: f"round {n} ({by_number[n]['status']})",
+    )
     round_ = by_number[number]
     status_controls(client, round_)
     if round_["status"] in ("collecting", "validating"):

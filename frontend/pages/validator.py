@@ -52,8 +52,12 @@ def choose_round(client: Api) -> Round | None:
     if len(rounds) == 1:
         return rounds[0]
     by_id = {r["id"]: r for r in rounds}
-    chosen = st.selectbox("Task", list(by_id), key="validator_round_id",
-                          format_func=lambda rid: f"{by_id[rid]['task']} (round {by_id[rid]['number']})")
+    chosen = st.selectbox(
+        "Task",
+        list(by_id),
+        key="validator_round_id",
+        format_func=lambda rid: f"{by_id[rid]['task']} (round {by_id[rid]['number']})",
+    )
     return by_id[chosen]
 
 
@@ -68,8 +72,13 @@ def current_batch(client: Api, round_id: int) -> HeldBatch | None:
     except ApiError as error:
         state.show_api_error(error)
         return None
-    batch: HeldBatch = {"round_id": round_id, "labels": answer["validation_labels"],
-                        "multi_label": answer["multi_label"], "items": answer["data"], "done": {}}
+    batch: HeldBatch = {
+        "round_id": round_id,
+        "labels": answer["validation_labels"],
+        "multi_label": answer["multi_label"],
+        "items": answer["data"],
+        "done": {},
+    }
     st.session_state[BATCH_KEY] = batch
     return batch
 
@@ -87,8 +96,7 @@ def _save(client: Api, batch: HeldBatch, example_id: int, label: Label, flagged:
     shown_at = st.session_state.get(SHOWN_AT_KEY, {}).get(example_id)
     seconds = time.time() - shown_at if shown_at else None
     try:
-        saved = client.validate(example_id, label, flagged=flagged, flag_reason=reason or None,
-                                seconds_taken=seconds)
+        saved = client.validate(example_id, label, flagged=flagged, flag_reason=reason or None, seconds_taken=seconds)
     except ApiError as error:
         if error.status == 409:
             # Labels cannot change, and a full example takes no more: the card is finished.
@@ -119,15 +127,29 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
         st.session_state.setdefault(SHOWN_AT_KEY, {}).setdefault(example_id, time.time())
         with st.form(f"validator_form_{example_id}", border=False):
             if batch["multi_label"]:
-                choice: Any = st.pills("Choose every label that applies", labels, selection_mode="multi",
-                                       format_func=render.label_name, key=f"validator_label_{example_id}")
+                choice: Any = st.pills(
+                    "Choose every label that applies",
+                    labels,
+                    selection_mode="multi",
+                    format_func=render.label_name,
+                    key=f"validator_label_{example_id}",
+                )
             else:
-                choice = st.radio("Label", labels, index=None, horizontal=True, format_func=render.label_name,
-                                  key=f"validator_label_{example_id}")
-            flagged = st.checkbox("Flag this sentence (spam, an advert, personal data, not a real sentence, ...)",
-                                  key=f"validator_flag_{example_id}")
-            reason = st.text_input("Reason for the flag (optional)", max_chars=1000,
-                                   key=f"validator_reason_{example_id}")
+                choice = st.radio(
+                    "Label",
+                    labels,
+                    index=None,
+                    horizontal=True,
+                    format_func=render.label_name,
+                    key=f"validator_label_{example_id}",
+                )
+            flagged = st.checkbox(
+                "Flag this sentence (spam, an advert, personal data, not a real sentence, ...)",
+                key=f"validator_flag_{example_id}",
+            )
+            reason = st.text_input(
+                "Reason for the flag (optional)", max_chars=1000, key=f"validator_reason_{example_id}"
+            )
             saved = st.form_submit_button("Save label", type="primary", key=f"validator_save_{example_id}")
         if not saved:
             return
@@ -165,8 +187,10 @@ def main() -> None:
         return
     items = batch["items"]
     if not items:
-        st.info("Nothing to label in this round right now: every sentence has its labels or is held by other "
-                "validators. Please check again later.")
+        st.info(
+            "Nothing to label in this round right now: every sentence has its labels or is held by other "
+            "validators. Please check again later."
+        )
         if st.button("Check again", key="validator_check_again"):
             st.session_state.pop(BATCH_KEY, None)
             st.rerun()

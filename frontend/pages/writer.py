@@ -22,8 +22,7 @@ from frontend.client import Api, ApiError, Assignment, Attempt, Label, QuizResul
 # choices of its own. The API fills in this default only when it checks a submission
 # (`TaskDefinition.field_choices`); `GET /tasks/{name}` returns the field as written in the
 # YAML, without the default, so the page needs the list too. Choices the task does list win.
-INTENDED_SARCASM_CATEGORIES = ["sarcasm", "irony", "satire", "understatement", "overstatement",
-                               "rhetorical_question"]
+INTENDED_SARCASM_CATEGORIES = ["sarcasm", "irony", "satire", "understatement", "overstatement", "rhetorical_question"]
 
 ASSIGNMENT_KEY = "writer_assignment"
 DRAFTS_KEY = "writer_drafts"
@@ -49,8 +48,12 @@ def choose_round(client: Api) -> Round | None:
     if len(rounds) == 1:
         return rounds[0]
     by_id = {r["id"]: r for r in rounds}
-    chosen = st.selectbox("Task", list(by_id), key="writer_round_id",
-                          format_func=lambda rid: f"{by_id[rid]['task']} (round {by_id[rid]['number']})")
+    chosen = st.selectbox(
+        "Task",
+        list(by_id),
+        key="writer_round_id",
+        format_func=lambda rid: f"{by_id[rid]['task']} (round {by_id[rid]['number']})",
+    )
     return by_id[chosen]
 
 
@@ -60,8 +63,10 @@ def _quiz_result(result: QuizResult) -> None:
     if result.get("passed"):
         return
     questions = ", ".join(str(q) for q in wrong)
-    st.error(f"Not yet: {result.get('correct', 0)} answers right; question(s) {questions} were wrong. "
-             f"{left} attempt(s) left.")
+    st.error(
+        f"Not yet: {result.get('correct', 0)} answers right; question(s) {questions} were wrong. "
+        f"{left} attempt(s) left."
+    )
 
 
 def onboarding(client: Api, task: Task) -> bool:
@@ -81,11 +86,15 @@ def onboarding(client: Api, task: Task) -> bool:
     st.subheader("Before you start: a short quiz")
     last = st.session_state.setdefault(QUIZ_RESULT_KEY, {}).get(name)
     if quiz["attempts_left"] <= 0:
-        st.error(f"You used all {quiz['attempts_used']} attempts at the quiz, so you are held back from writing "
-                 "for this task. Contact the researcher if you think this is a mistake.")
+        st.error(
+            f"You used all {quiz['attempts_used']} attempts at the quiz, so you are held back from writing "
+            "for this task. Contact the researcher if you think this is a mistake."
+        )
         return False
-    st.markdown("Read the instructions below, then answer **every** question correctly to start writing. "
-                f"Attempts left: **{quiz['attempts_left']}**.")
+    st.markdown(
+        "Read the instructions below, then answer **every** question correctly to start writing. "
+        f"Attempts left: **{quiz['attempts_left']}**."
+    )
     with st.expander("Instructions", expanded=True):
         st.markdown(task["definition"].get("instructions") or "_No instructions._")
     if last:
@@ -93,8 +102,14 @@ def onboarding(client: Api, task: Task) -> bool:
     with st.form(f"writer_quiz_form_{name}"):
         answers = []
         for index, question in enumerate(quiz["questions"]):
-            answers.append(st.radio(f"{index + 1}. {question['text']}", question["options"], index=None,
-                                    key=f"writer_quiz_{name}_{index}"))
+            answers.append(
+                st.radio(
+                    f"{index + 1}. {question['text']}",
+                    question["options"],
+                    index=None,
+                    key=f"writer_quiz_{name}_{index}",
+                )
+            )
         submitted = st.form_submit_button("Submit answers", type="primary", key="writer_quiz_submit")
     if submitted:
         given = [answer for answer in answers if answer is not None]
@@ -154,11 +169,21 @@ def _choose_target(definition: TaskDefinition) -> Label | None:
     st.markdown("In this round **you choose** the label your sentence should have.")
     chosen: Label | None
     if definition.get("family") == "multi_label":
-        chosen = st.multiselect("Target labels (every one your text should express)", labels,
-                                format_func=render.label_name, key="writer_target_choice")
+        chosen = st.multiselect(
+            "Target labels (every one your text should express)",
+            labels,
+            format_func=render.label_name,
+            key="writer_target_choice",
+        )
     else:
-        chosen = st.radio("Target label", labels, index=None, horizontal=True, format_func=render.label_name,
-                          key="writer_target_choice")
+        chosen = st.radio(
+            "Target label",
+            labels,
+            index=None,
+            horizontal=True,
+            format_func=render.label_name,
+            key="writer_target_choice",
+        )
     if st.button("Start writing", type="primary", disabled=not chosen, key="writer_start"):
         return chosen
     return None
@@ -178,8 +203,10 @@ def _prompt(assignment: Assignment, target: list[str], lang: str | None) -> None
     if not prompt:
         st.info("No prompt this time: write your sentence from scratch.")
         return
-    st.markdown(f"**Inspirational prompt** (you can use this as a starting point, but it might not be "
-                f"{render.labels_text(target)}):")
+    st.markdown(
+        f"**Inspirational prompt** (you can use this as a starting point, but it might not be "
+        f"{render.labels_text(target)}):"
+    )
     render.show_text(prompt["text"], lang=lang)
     metadata = prompt.get("metadata") or {}
     if metadata:
@@ -197,8 +224,13 @@ def _editor(assignment: Assignment, max_chars: int | None) -> str:
         last_text = attempts[-1]["text"] if attempts else None
         prompt = assignment.get("prompt")
         st.session_state[key] = drafts.get(assignment_id) or last_text or (prompt["text"] if prompt else "")
-    text = st.text_area("Your sentence", key=key, height=130, max_chars=max_chars,
-                        help="Edit the prompt (or write from scratch), then check it with the model.")
+    text = st.text_area(
+        "Your sentence",
+        key=key,
+        height=130,
+        max_chars=max_chars,
+        help="Edit the prompt (or write from scratch), then check it with the model.",
+    )
     drafts[assignment_id] = text
     return text
 
@@ -211,22 +243,28 @@ def _target_span(assignment: Assignment, text: str, lang: str | None) -> list[in
         prompt = assignment.get("prompt")
         metadata = (prompt["metadata"] if prompt else None) or {}
         st.session_state[key] = str(metadata.get("target") or "")
-    words = st.text_input("Target: the words naming the person (or thing) your sentence is about, exactly as "
-                          "they appear in it", key=key)
+    words = st.text_input(
+        "Target: the words naming the person (or thing) your sentence is about, exactly as they appear in it", key=key
+    )
     if not words.strip():
         st.warning("Type the target words so the model knows whom the sentence is about.")
         return None
     normalized = render.normalize_text(text)
     spans = render.find_spans(normalized, words)
     if not spans:
-        st.error("The target words are not in your sentence. Type them exactly as they appear in the text "
-                 "(same spelling and spacing), or change the sentence.")
+        st.error(
+            "The target words are not in your sentence. Type them exactly as they appear in the text "
+            "(same spelling and spacing), or change the sentence."
+        )
         return None
     choice = 0
     if len(spans) > 1:
-        choice = st.selectbox(f"The target occurs {len(spans)} times; which one do you mean?", range(len(spans)),
-                              key=f"writer_target_occurrence_{assignment_id}",
-                              format_func=lambda i: f"occurrence {i + 1} (characters {spans[i][0]}-{spans[i][1]})")
+        choice = st.selectbox(
+            f"The target occurs {len(spans)} times; which one do you mean?",
+            range(len(spans)),
+            key=f"writer_target_occurrence_{assignment_id}",
+            format_func=lambda i: f"occurrence {i + 1} (characters {spans[i][0]}-{spans[i][1]})",
+        )
     start, end = spans[choice]
     st.caption(f"Target: characters {start}-{end} of your sentence, highlighted:")
     render.show_html(render.highlight_html(normalized, start, end, lang=lang))
@@ -249,8 +287,9 @@ def _confirmation(client: Api, assignment: Assignment, attempt: Attempt, definit
     target = assignment["target_label"]
     others = [label for label in definition["labels"] if label not in target]
     wanted, predicted = render.labels_text(target), render.labels_text(attempt.get("prediction") or [])
-    st.success(f"You fooled the model! It predicted **{predicted}**, but a person would say this sentence is "
-               f"**{wanted}**.")
+    st.success(
+        f"You fooled the model! It predicted **{predicted}**, but a person would say this sentence is **{wanted}**."
+    )
     if attempt.get("confirmed") is not None:
         if attempt["confirmed"]:
             st.info(f"You confirmed that you judge this sentence to be **{wanted}**.")
@@ -258,19 +297,32 @@ def _confirmation(client: Api, assignment: Assignment, attempt: Attempt, definit
             judged = render.labels_text(attempt.get("judged_label") or []) or "something else"
             st.info(f"You said you judge this sentence otherwise ({judged}).")
         return
-    st.markdown(f"You are **required** to confirm that you judge this sentence to be **{wanted}** before you "
-                "can submit.")
+    st.markdown(
+        f"You are **required** to confirm that you judge this sentence to be **{wanted}** before you can submit."
+    )
     attempt_id = attempt["id"]
-    if st.button(f"Yes, I confirm that I judge this sentence to be {wanted}.", type="primary",
-                 key=f"writer_confirm_yes_{attempt_id}"):
+    if st.button(
+        f"Yes, I confirm that I judge this sentence to be {wanted}.",
+        type="primary",
+        key=f"writer_confirm_yes_{attempt_id}",
+    ):
         _confirm(client, assignment, attempt_id, True, None)
     multi = definition.get("family") == "multi_label"
     if multi:
-        judged_choice: Any = st.multiselect("If not: which labels would you give it? (optional)", definition["labels"],
-                                            format_func=render.label_name, key=f"writer_judged_{attempt_id}")
+        judged_choice: Any = st.multiselect(
+            "If not: which labels would you give it? (optional)",
+            definition["labels"],
+            format_func=render.label_name,
+            key=f"writer_judged_{attempt_id}",
+        )
     else:
-        judged_choice = st.selectbox("If not: which label would you give it? (optional)", others, index=None,
-                                     format_func=render.label_name, key=f"writer_judged_{attempt_id}")
+        judged_choice = st.selectbox(
+            "If not: which label would you give it? (optional)",
+            others,
+            index=None,
+            format_func=render.label_name,
+            key=f"writer_judged_{attempt_id}",
+        )
     no_text = "other emotions" if multi else " or ".join(render.label_name(label) for label in others)
     if st.button(f"No, I judge this sentence to be {no_text}.", key=f"writer_confirm_no_{attempt_id}"):
         _confirm(client, assignment, attempt_id, False, judged_choice or None)
@@ -286,8 +338,7 @@ def _confirm(client: Api, assignment: Assignment, attempt_id: int, agrees: bool,
     st.rerun()
 
 
-def _extras(definition: TaskDefinition, assignment: Assignment, attempt: Attempt
-            ) -> tuple[dict[str, Any], list[str]]:
+def _extras(definition: TaskDefinition, assignment: Assignment, attempt: Attempt) -> tuple[dict[str, Any], list[str]]:
     """The task's extra writer fields (``writer_fields``); returns them and what is missing."""
     extras: dict[str, Any] = {}
     missing: list[str] = []
@@ -308,25 +359,32 @@ def _extras(definition: TaskDefinition, assignment: Assignment, attempt: Attempt
             judged = attempt.get("judged_label")
             if attempt.get("confirmed") is False and judged:
                 default = judged[0]
-            intended = st.selectbox("Intended label: what did you mean your post to be?", choices,
-                                    index=choices.index(default) if default in choices else 0,
-                                    format_func=render.label_name, key=key)
+            intended = st.selectbox(
+                "Intended label: what did you mean your post to be?",
+                choices,
+                index=choices.index(default) if default in choices else 0,
+                format_func=render.label_name,
+                key=key,
+            )
             extras[name] = intended
             continue
         required = bool(field.get("required")) or (
-            field.get("required_when_intended") is not None and field["required_when_intended"] == intended)
+            field.get("required_when_intended") is not None and field["required_when_intended"] == intended
+        )
         suffix = " (required)" if required else " (optional)"
         if name == "category" and choices is None and family == "intended_sarcasm":
             choices = INTENDED_SARCASM_CATEGORIES
         if choices:
-            value = st.selectbox(f"{name.capitalize()}{suffix}", choices, index=None, format_func=render.label_name,
-                                 key=key)
+            value = st.selectbox(
+                f"{name.capitalize()}{suffix}", choices, index=None, format_func=render.label_name, key=key
+            )
         elif name == "explanation":
             why = f"why is it {render.label_name(intended)}?" if intended else "what did you mean?"
             value = st.text_area(f"Explanation: {why}{suffix}", max_chars=field.get("max_chars"), key=key)
         elif name == "rephrase":
-            value = st.text_area(f"Rephrase: say the same thing without sarcasm{suffix}",
-                                 max_chars=field.get("max_chars"), key=key)
+            value = st.text_area(
+                f"Rephrase: say the same thing without sarcasm{suffix}", max_chars=field.get("max_chars"), key=key
+            )
         else:
             value = st.text_input(f"{name.capitalize()}{suffix}", max_chars=field.get("max_chars"), key=key)
         if isinstance(value, str):
@@ -358,7 +416,8 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
     assignment_id = assignment["id"]
     constraints = definition.get("constraints") or {}
     needs_span = task["family"] == "target_dependent" or any(
-        f["name"] == "target_span" for f in definition.get("writer_fields") or [])
+        f["name"] == "target_span" for f in definition.get("writer_fields") or []
+    )
 
     st.subheader("Find examples that fool the model")
     seen: set[str] = st.session_state.setdefault(INSTRUCTIONS_SEEN_KEY, set())
@@ -381,11 +440,15 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
     out_of_tries = tries_used >= tries_allowed
     cannot_check = out_of_tries or not normalized or (needs_span and span is None)
     columns = st.columns([2, 1, 2, 2])
-    check = columns[0].button("Check with the model", type="primary", disabled=cannot_check,
-                              key=f"writer_check_{assignment_id}")
-    inspect = columns[1].button("Inspect", disabled=not normalized or (needs_span and span is None),
-                                key=f"writer_inspect_{assignment_id}",
-                                help="Which words push the model towards your goal label? Uses no try.")
+    check = columns[0].button(
+        "Check with the model", type="primary", disabled=cannot_check, key=f"writer_check_{assignment_id}"
+    )
+    inspect = columns[1].button(
+        "Inspect",
+        disabled=not normalized or (needs_span and span is None),
+        key=f"writer_inspect_{assignment_id}",
+        help="Which words push the model towards your goal label? Uses no try.",
+    )
     skip = columns[2].button("Switch to next prompt", key=f"writer_skip_{assignment_id}")
     columns[3].markdown(f"Tries: **{tries_used} / {tries_allowed}**")
 
@@ -405,8 +468,7 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
         except ApiError as error:
             if error.status == 503:
                 wait = int(error.retry_after) if error.retry_after else 5
-                st.warning(f"The model is not answering; try again in {wait} s. Your text is kept and no try was "
-                           "used.")
+                st.warning(f"The model is not answering; try again in {wait} s. Your text is kept and no try was used.")
                 try:
                     _refresh(client, assignment_id)  # the API kept the attempt, unscored
                 except ApiError:
@@ -440,11 +502,12 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
     if latest.get("fooled"):
         _confirmation(client, assignment, latest, definition)
     elif out_of_tries:
-        st.warning(f"You have used all {tries_allowed} tries. Submit your last sentence or switch to the next "
-                   "prompt.")
+        st.warning(f"You have used all {tries_allowed} tries. Submit your last sentence or switch to the next prompt.")
     else:
-        st.info(f"Not fooled yet: the model predicted your goal label. Edit your sentence and check again "
-                f"({tries_allowed - tries_used} tries left).")
+        st.info(
+            f"Not fooled yet: the model predicted your goal label. Edit your sentence and check again "
+            f"({tries_allowed - tries_used} tries left)."
+        )
     # DynaSent: submit once the model is fooled and the writer has confirmed, or when the
     # tries have run out (then the last sentence is submitted as a non-fooling example).
     can_submit = latest.get("confirmed") is not None if latest.get("fooled") else out_of_tries

@@ -9,8 +9,9 @@ from sqlalchemy.orm import Session
 from services.db.models import AuditEntry, User
 
 
-def record(session: Session, actor: User | None, action: str, target_type: str, target_id: object,
-           **details: Any) -> None:
+def record(
+    session: Session, actor: User | None, action: str, target_type: str, target_id: object, **details: Any
+) -> None:
     session.add(
         AuditEntry(
             actor_id=actor.id if actor else None,

@@ -15,9 +15,12 @@ from services.taskdef import TaskDefinition
 def finalize_example(session: Session, example: Example, definition: TaskDefinition) -> None:
     """An example that has all its counted labels: validated, re-queued once more (EthioEmo's
     disagreements), or dropped."""
-    responses = [v.label for v in session.scalars(
-        select(Validation).where(Validation.example_id == example.id, Validation.counted.is_(True))
-    )]
+    responses = [
+        v.label
+        for v in session.scalars(
+            select(Validation).where(Validation.example_id == example.id, Validation.counted.is_(True))
+        )
+    ]
     if gold_label(definition, responses) is not None or definition.agreement.requeue_disagreements == 0:
         example.status = ExampleStatus.validated
     elif example.requeue_count < definition.agreement.requeue_disagreements:

@@ -33,9 +33,9 @@ from sqlalchemy.orm import Session, aliased
 
 from services.db.models import (
     Assignment,
+    AssignmentStatus,
     Attempt,
     AttemptStatus,
-    AssignmentStatus,
     BuiltExample,
     Example,
     ExampleOrigin,
@@ -71,94 +71,138 @@ class CheckReport:
         return not self.violations
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "rules_checked": self.rules_checked, "counts": self.counts,
-                "violations": [v.to_dict() for v in self.violations]}
+        return {
+            "ok": self.ok,
+            "rules_checked": self.rules_checked,
+            "counts": self.counts,
+            "violations": [v.to_dict() for v in self.violations],
+        }
 
 
 def _counted_labels() -> Select[Any]:
-    return (select(Validation.example_id, func.count().label("n"))
-            .where(Validation.counted.is_(True)).group_by(Validation.example_id))
+    return (
+        select(Validation.example_id, func.count().label("n"))
+        .where(Validation.counted.is_(True))
+        .group_by(Validation.example_id)
+    )
 
 
 def _overcounted() -> Select[Any]:
     counted = _counted_labels().subquery()
-    return (select(Example.id.label("example_id"), counted.c.n.label("counted"),
-                   Example.validations_needed.label("needed"))
-            .join(counted, counted.c.example_id == Example.id)
-            .where(counted.c.n > Example.validations_needed))
+    return (
+        select(Example.id.label("example_id"), counted.c.n.label("counted"), Example.validations_needed.label("needed"))
+        .join(counted, counted.c.example_id == Example.id)
+        .where(counted.c.n > Example.validations_needed)
+    )
 
 
 def _validation_count() -> Select[Any]:
     counted = _counted_labels().subquery()
     actual = func.coalesce(counted.c.n, 0)
-    return (select(Example.id.label("example_id"), Example.validation_count.label("stored"), actual.label("actual"))
-            .outerjoin(counted, counted.c.example_id == Example.id)
-            .where(Example.validation_count != actual))
+    return (
+        select(Example.id.label("example_id"), Example.validation_count.label("stored"), actual.label("actual"))
+        .outerjoin(counted, counted.c.example_id == Example.id)
+        .where(Example.validation_count != actual)
+    )
 
 
 def _validated_short() -> Select[Any]:
     counted = _counted_labels().subquery()
     actual = func.coalesce(counted.c.n, 0)
-    return (select(Example.id.label("example_id"), actual.label("counted"), Example.validations_needed.label("needed"))
-            .outerjoin(counted, counted.c.example_id == Example.id)
-            .where(Example.status == ExampleStatus.validated, actual < Example.validations_needed))
+    return (
+        select(Example.id.label("example_id"), actual.label("counted"), Example.validations_needed.label("needed"))
+        .outerjoin(counted, counted.c.example_id == Example.id)
+        .where(Example.status == ExampleStatus.validated, actual < Example.validations_needed)
+    )
 
 
 def _self_validation() -> Select[Any]:
-    return (select(Validation.id.label("validation_id"), Validation.example_id, Validation.validator_id)
-            .join(Example, Example.id == Validation.example_id)
-            .where(Example.writer_id.is_not(None), Example.writer_id == Validation.validator_id))
+    return (
+        select(Validation.id.label("validation_id"), Validation.example_id, Validation.validator_id)
+        .join(Example, Example.id == Validation.example_id)
+        .where(Example.writer_id.is_not(None), Example.writer_id == Validation.validator_id)
+    )
 
 
 def _duplicate_validation() -> Select[Any]:
-    return (select(Validation.example_id, Validation.validator_id, func.count().label("labels"))
-            .group_by(Validation.example_id, Validation.validator_id).having(func.count() > 1))
+    return (
+        select(Validation.example_id, Validation.validator_id, func.count().label("labels"))
+        .group_by(Validation.example_id, Validation.validator_id)
+        .having(func.count() > 1)
+    )
 
 
 def _tries_used() -> Select[Any]:
-    tries = (select(Attempt.assignment_id, func.count().label("n"))
-             .where(Attempt.counts_as_try.is_(True)).group_by(Attempt.assignment_id).subquery())
+    tries = (
+        select(Attempt.assignment_id, func.count().label("n"))
+        .where(Attempt.counts_as_try.is_(True))
+        .group_by(Attempt.assignment_id)
+        .subquery()
+    )
     actual = func.coalesce(tries.c.n, 0)
-    return (select(Assignment.id.label("assignment_id"), Assignment.tries_used.label("stored"),
-                   actual.label("actual"), Assignment.tries_allowed.label("allowed"))
-            .outerjoin(tries, tries.c.assignment_id == Assignment.id)
-            .where(or_(Assignment.tries_used != actual, Assignment.tries_used > Assignment.tries_allowed)))
+    return (
+        select(
+            Assignment.id.label("assignment_id"),
+            Assignment.tries_used.label("stored"),
+            actual.label("actual"),
+            Assignment.tries_allowed.label("allowed"),
+        )
+        .outerjoin(tries, tries.c.assignment_id == Assignment.id)
+        .where(or_(Assignment.tries_used != actual, Assignment.tries_used > Assignment.tries_allowed))
+    )
 
 
 def _example_without_attempt() -> Select[Any]:
-    return (select(Example.id.label("example_id"), Example.assignment_id, Example.attempt_id)
-            .outerjoin(Attempt, Attempt.id == Example.attempt_id)
-            .outerjoin(Assignment, Assignment.id == Example.assignment_id)
-            .where(Example.origin == ExampleOrigin.written,
-                   or_(Attempt.id.is_(None), Assignment.id.is_(None),
-                       Attempt.assignment_id != Example.assignment_id, Attempt.text != Example.text)))
+    return (
+        select(Example.id.label("example_id"), Example.assignment_id, Example.attempt_id)
+        .outerjoin(Attempt, Attempt.id == Example.attempt_id)
+        .outerjoin(Assignment, Assignment.id == Example.assignment_id)
+        .where(
+            Example.origin == ExampleOrigin.written,
+            or_(
+                Attempt.id.is_(None),
+                Assignment.id.is_(None),
+                Attempt.assignment_id != Example.assignment_id,
+                Attempt.text != Example.text,
+            ),
+        )
+    )
 
 
 def _unconfirmed_example() -> Select[Any]:
-    return (select(Example.id.label("example_id"), Example.attempt_id)
-            .join(Attempt, Attempt.id == Example.attempt_id)
-            .where(Attempt.fooled.is_(True), Attempt.confirmed.is_(None)))
+    return (
+        select(Example.id.label("example_id"), Example.attempt_id)
+        .join(Attempt, Attempt.id == Example.attempt_id)
+        .where(Attempt.fooled.is_(True), Attempt.confirmed.is_(None))
+    )
 
 
 def _unscored_example() -> Select[Any]:
-    return (select(Example.id.label("example_id"), Example.attempt_id, Attempt.status)
-            .join(Attempt, Attempt.id == Example.attempt_id)
-            .where(or_(Attempt.status != AttemptStatus.scored, Attempt.counts_as_try.is_(False))))
+    return (
+        select(Example.id.label("example_id"), Example.attempt_id, Attempt.status)
+        .join(Attempt, Attempt.id == Example.attempt_id)
+        .where(or_(Attempt.status != AttemptStatus.scored, Attempt.counts_as_try.is_(False)))
+    )
 
 
 def _assignment_status() -> Select[Any]:
-    return (select(Assignment.id.label("assignment_id"), Assignment.status, Example.id.label("example_id"))
-            .join(Example, Example.assignment_id == Assignment.id)
-            .where(Assignment.status != AssignmentStatus.submitted))
+    return (
+        select(Assignment.id.label("assignment_id"), Assignment.status, Example.id.label("example_id"))
+        .join(Example, Example.assignment_id == Assignment.id)
+        .where(Assignment.status != AssignmentStatus.submitted)
+    )
 
 
 def _orphans(child: Any, column: Any, parent: Any, parent_key: Any) -> Callable[[], Select[Any]]:
     def query() -> Select[Any]:
         target = aliased(parent)
         key = getattr(target, parent_key.key)
-        return (select(child.id.label("id"), column.label("points_to"))
-                .outerjoin(target, key == column)
-                .where(and_(column.is_not(None), key.is_(None))))
+        return (
+            select(child.id.label("id"), column.label("points_to"))
+            .outerjoin(target, key == column)
+            .where(and_(column.is_not(None), key.is_(None)))
+        )
+
     return query
 
 
@@ -168,24 +212,36 @@ RULES: dict[str, tuple[str, Callable[[], Select[Any]]]] = {
     "duplicate_validation": ("one validator labelled one example more than once", _duplicate_validation),
     "validation_count": ("validation_count differs from the example's counted labels", _validation_count),
     "tries_used": ("tries_used differs from the attempts that used a try, or exceeds tries_allowed", _tries_used),
-    "example_without_attempt": ("a written example lacks its assignment or attempt, or they disagree",
-                                _example_without_attempt),
+    "example_without_attempt": (
+        "a written example lacks its assignment or attempt, or they disagree",
+        _example_without_attempt,
+    ),
     "unconfirmed_example": ("a fooling example was submitted without the writer's confirmation", _unconfirmed_example),
     "unscored_example": ("an example was made from an attempt the model never scored", _unscored_example),
     "assignment_status": ("an assignment with an example is not marked submitted", _assignment_status),
     "validated_short": ("an example marked validated has fewer counted labels than asked", _validated_short),
-    "orphan_validations": ("validations of examples that do not exist",
-                           _orphans(Validation, Validation.example_id, Example, Example.id)),
-    "orphan_attempts": ("attempts of assignments that do not exist",
-                        _orphans(Attempt, Attempt.assignment_id, Assignment, Assignment.id)),
+    "orphan_validations": (
+        "validations of examples that do not exist",
+        _orphans(Validation, Validation.example_id, Example, Example.id),
+    ),
+    "orphan_attempts": (
+        "attempts of assignments that do not exist",
+        _orphans(Attempt, Attempt.assignment_id, Assignment, Assignment.id),
+    ),
     "orphan_examples": ("examples of rounds that do not exist", _orphans(Example, Example.round_id, Round, Round.id)),
-    "orphan_assignments": ("assignments of rounds that do not exist",
-                           _orphans(Assignment, Assignment.round_id, Round, Round.id)),
+    "orphan_assignments": (
+        "assignments of rounds that do not exist",
+        _orphans(Assignment, Assignment.round_id, Round, Round.id),
+    ),
     "orphan_prompts": ("prompts of rounds that do not exist", _orphans(Prompt, Prompt.round_id, Round, Round.id)),
-    "orphan_claims": ("validation claims on examples that do not exist",
-                      _orphans(ValidationClaim, ValidationClaim.example_id, Example, Example.id)),
-    "orphan_built_examples": ("built rows of examples that do not exist",
-                              _orphans(BuiltExample, BuiltExample.example_id, Example, Example.id)),
+    "orphan_claims": (
+        "validation claims on examples that do not exist",
+        _orphans(ValidationClaim, ValidationClaim.example_id, Example, Example.id),
+    ),
+    "orphan_built_examples": (
+        "built rows of examples that do not exist",
+        _orphans(BuiltExample, BuiltExample.example_id, Example, Example.id),
+    ),
 }
 
 
@@ -205,10 +261,18 @@ def check_database(session: Session, rules: list[str] | None = None) -> CheckRep
         query = build()
         count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
         if count:
-            rows = [{key: _jsonable(value) for key, value in row._mapping.items()}
-                    for row in session.execute(query.limit(MAX_LISTED))]
+            rows = [
+                {key: _jsonable(value) for key, value in row._mapping.items()}
+                for row in session.execute(query.limit(MAX_LISTED))
+            ]
             violations.append(Violation(rule, description, int(count), rows))
-    counts = {name: int(session.scalar(select(func.count()).select_from(model)) or 0)
-              for name, model in (("examples", Example), ("validations", Validation), ("attempts", Attempt),
-                                  ("assignments", Assignment))}
+    counts = {
+        name: int(session.scalar(select(func.count()).select_from(model)) or 0)
+        for name, model in (
+            ("examples", Example),
+            ("validations", Validation),
+            ("attempts", Attempt),
+            ("assignments", Assignment),
+        )
+    }
     return CheckReport(rules_checked=chosen, violations=violations, counts=counts)

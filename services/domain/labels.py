@@ -42,9 +42,7 @@ def check_label_set(
             raise Invalid(f"{what} lists a label twice; list each label once")
         exclusive = [label for label in labels if label in definition.exclusive_labels]
         if exclusive and len(labels) > 1:
-            raise Invalid(
-                f"{what}: {exclusive[0]!r} cannot be combined with other labels; choose it alone"
-            )
+            raise Invalid(f"{what}: {exclusive[0]!r} cannot be combined with other labels; choose it alone")
         return sorted(labels, key=allowed.index)
     if len(labels) != 1:
         raise Invalid(f"{what} must be exactly one label for family {definition.family.value}")

@@ -37,12 +37,16 @@ from services.taskdef import TaskDefinition
 
 def task_worker(session: Session, task: Task, user: User) -> TaskWorker:
     """The worker's standing on a task, created on first use."""
-    worker = session.scalar(
-        select(TaskWorker).where(TaskWorker.task_id == task.id, TaskWorker.user_id == user.id)
-    )
+    worker = session.scalar(select(TaskWorker).where(TaskWorker.task_id == task.id, TaskWorker.user_id == user.id))
     if worker is None:
-        worker = TaskWorker(task_id=task.id, user_id=user.id, quiz_attempts=0,
-                            onboarding_passed=False, qualified=True, agreement_labels=0)
+        worker = TaskWorker(
+            task_id=task.id,
+            user_id=user.id,
+            quiz_attempts=0,
+            onboarding_passed=False,
+            qualified=True,
+            agreement_labels=0,
+        )
         try:
             with session.begin_nested():
                 session.add(worker)
@@ -109,13 +113,21 @@ def answer_quiz(session: Session, task: Task, user: User, answers: list[str]) ->
             raise Invalid(f"answer {index + 1} ({answer!r}) is not one of that question's options {question.options}")
     worker = task_worker(session, task, user)
     if worker.onboarding_passed:
-        return {"passed": True, "correct": len(answers), "wrong_questions": [],
-                "attempts_used": worker.quiz_attempts, "attempts_left": quiz.max_attempts - worker.quiz_attempts}
+        return {
+            "passed": True,
+            "correct": len(answers),
+            "wrong_questions": [],
+            "attempts_used": worker.quiz_attempts,
+            "attempts_left": quiz.max_attempts - worker.quiz_attempts,
+        }
     # Conditional increment: concurrent submissions cannot exceed the attempt limit.
     result = session.execute(
         update(TaskWorker)
-        .where(TaskWorker.id == worker.id, TaskWorker.quiz_attempts < quiz.max_attempts,
-               TaskWorker.onboarding_passed.is_(False))
+        .where(
+            TaskWorker.id == worker.id,
+            TaskWorker.quiz_attempts < quiz.max_attempts,
+            TaskWorker.onboarding_passed.is_(False),
+        )
         .values(quiz_attempts=TaskWorker.quiz_attempts + 1)
     )
     if result.rowcount == 0:
@@ -127,8 +139,9 @@ def answer_quiz(session: Session, task: Task, user: User, answers: list[str]) ->
     wrong = [i + 1 for i, (a, q) in enumerate(zip(answers, quiz.questions, strict=True)) if a != q.answer]
     passed = not wrong
     worker.onboarding_passed = passed
-    session.add(QuizAttempt(task_id=task.id, user_id=user.id, answers=answers,
-                            correct=len(answers) - len(wrong), passed=passed))
+    session.add(
+        QuizAttempt(task_id=task.id, user_id=user.id, answers=answers, correct=len(answers) - len(wrong), passed=passed)
+    )
     return {
         "passed": passed,
         "correct": len(answers) - len(wrong),
@@ -148,8 +161,9 @@ class ValidatorAgreement:
     qualified: bool
 
 
-def validator_agreement(session: Session, task: Task, round_: Round | None = None,
-                        only_user_id: int | None = None) -> list[ValidatorAgreement]:
+def validator_agreement(
+    session: Session, task: Task, round_: Round | None = None, only_user_id: int | None = None
+) -> list[ValidatorAgreement]:
     """Each validator's rate of agreement with the majority (DynaSent Fig. 6).
 
     The majority of an example comes from its counted labels; every label a validator gave
@@ -179,10 +193,7 @@ def validator_agreement(session: Session, task: Task, round_: Round | None = Non
             label_counts[validator_id] += 1
             if gold is not None:
                 totals[validator_id].append(agreement_with(definition, label, gold))
-    workers = {
-        w.user_id: w
-        for w in session.scalars(select(TaskWorker).where(TaskWorker.task_id == task.id))
-    }
+    workers = {w.user_id: w for w in session.scalars(select(TaskWorker).where(TaskWorker.task_id == task.id))}
     users = {u.id: u for u in session.scalars(select(User).where(User.id.in_(list(label_counts))))}
     result = []
     for validator_id, count in sorted(label_counts.items()):
@@ -221,14 +232,18 @@ def unqualify(session: Session, actor: User | None, task: Task, user: User, reas
         example = validation.example
         example.validation_count -= 1
         round_open = example.round.status in (RoundStatus.collecting, RoundStatus.validating)
-        if (round_open and example.status is not ExampleStatus.dropped
-                and example.validation_count < example.validations_needed):
+        if (
+            round_open
+            and example.status is not ExampleStatus.dropped
+            and example.validation_count < example.validations_needed
+        ):
             # Re-queued: it needs labels from qualified validators again. In a closed round
             # nobody can label it any more, so it keeps its status with fewer counted labels.
             example.status = ExampleStatus.validating
         excluded += 1
-    audit.record(session, actor, "worker.unqualify", "user", user.id, task=task.name, reason=reason,
-                 labels_excluded=excluded)
+    audit.record(
+        session, actor, "worker.unqualify", "user", user.id, task=task.name, reason=reason, labels_excluded=excluded
+    )
     return excluded
 
 
@@ -260,8 +275,9 @@ def requalify(session: Session, actor: User | None, task: Task, user: User) -> i
     return restored
 
 
-def apply_agreement_threshold(session: Session, actor: User | None, task: Task,
-                              only_user_id: int | None = None) -> list[ValidatorAgreement]:
+def apply_agreement_threshold(
+    session: Session, actor: User | None, task: Task, only_user_id: int | None = None
+) -> list[ValidatorAgreement]:
     """Unqualify validators who disagree with the majority more often than the task allows
     (and have enough judged labels). Returns the validators unqualified now."""
     definition = definition_of(task)
@@ -283,7 +299,10 @@ def apply_agreement_threshold(session: Session, actor: User | None, task: Task,
             if user is None:
                 raise NotFound(f"no user {row.user_id}")
             unqualify(
-                session, actor, task, user,
+                session,
+                actor,
+                task,
+                user,
                 reason=f"disagreed with the majority on {1 - row.agreement_rate:.0%} of "
                 f"{row.judged} labels (limit {settings.unqualify_disagreement_rate:.0%})",
             )

@@ -49,20 +49,24 @@ def check_endpoints(endpoints: list[str]) -> list[str]:
     for endpoint in endpoints:
         endpoint = endpoint.strip().rstrip("/")
         if not endpoint.startswith(("http://", "https://")) or len(endpoint) > 500:
-            raise Invalid(
-                f"model endpoint {endpoint!r} is not an http(s) URL; give e.g. http://127.0.0.1:8001"
-            )
+            raise Invalid(f"model endpoint {endpoint!r} is not an http(s) URL; give e.g. http://127.0.0.1:8001")
         cleaned.append(endpoint)
     if len(set(cleaned)) != len(cleaned):
         raise Invalid("model endpoints list the same URL twice; list each once")
     return cleaned
 
 
-def create_round(session: Session, actor: User | None, task: Task, *, model_endpoints: list[str],
-                 prompt_strategy: PromptStrategy = PromptStrategy.unused_first,
-                 no_prompt_fraction: float = 0.0,
-                 target_label_mode: TargetLabelMode = TargetLabelMode.balanced,
-                 notes: str | None = None) -> Round:
+def create_round(
+    session: Session,
+    actor: User | None,
+    task: Task,
+    *,
+    model_endpoints: list[str],
+    prompt_strategy: PromptStrategy = PromptStrategy.unused_first,
+    no_prompt_fraction: float = 0.0,
+    target_label_mode: TargetLabelMode = TargetLabelMode.balanced,
+    notes: str | None = None,
+) -> Round:
     if not 0.0 <= no_prompt_fraction <= 1.0:
         raise Invalid(f"no_prompt_fraction must be between 0 and 1, got {no_prompt_fraction}")
     # Lock the task row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises) so two
@@ -105,9 +109,11 @@ def get_round(session: Session, round_id: int) -> Round:
 
 
 def open_rounds(session: Session) -> list[Round]:
-    return list(session.scalars(
-        select(Round).where(Round.status.in_([RoundStatus.collecting, RoundStatus.validating])).order_by(Round.id)
-    ))
+    return list(
+        session.scalars(
+            select(Round).where(Round.status.in_([RoundStatus.collecting, RoundStatus.validating])).order_by(Round.id)
+        )
+    )
 
 
 def get_round_by_number(session: Session, task: Task, number: int) -> Round:
@@ -135,9 +141,7 @@ def set_status(session: Session, actor: User | None, round_: Round, status: Roun
         round_.closed_at = now
         # Assignments left open can no longer be used.
         for assignment in session.scalars(
-            select(Assignment).where(
-                Assignment.round_id == round_.id, Assignment.status == AssignmentStatus.active
-            )
+            select(Assignment).where(Assignment.round_id == round_.id, Assignment.status == AssignmentStatus.active)
         ):
             assignment.status = AssignmentStatus.expired
             assignment.finished_at = now
@@ -177,7 +181,7 @@ def _rows_from_jsonl(text: str) -> list[tuple[int, dict[str, Any] | str]]:
             rows.append((number, f"line {number}: not valid JSON ({exc.msg}); write one JSON object per line"))
             continue
         if not isinstance(value, dict):
-            rows.append((number, f"line {number}: expected a JSON object with a \"text\" field"))
+            rows.append((number, f'line {number}: expected a JSON object with a "text" field'))
             continue
         rows.append((number, value))
     return rows
@@ -189,8 +193,7 @@ def _rows_from_csv(text: str) -> list[tuple[int, dict[str, Any] | str]]:
     reader = csv.DictReader(io.StringIO(text), strict=True)
     if reader.fieldnames is None or "text" not in reader.fieldnames:
         raise Invalid(
-            f"the CSV has no `text` column (columns: {reader.fieldnames or []}); add a header row "
-            "with a `text` column"
+            f"the CSV has no `text` column (columns: {reader.fieldnames or []}); add a header row with a `text` column"
         )
     rows: list[tuple[int, dict[str, Any] | str]] = []
     try:
@@ -208,9 +211,7 @@ def parse_prompt_file(content: bytes, file_format: str, max_rows: int) -> list[t
     try:
         text = content.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise Invalid(
-            f"the prompt file is not UTF-8 (bad byte at offset {exc.start}); save it as UTF-8"
-        ) from exc
+        raise Invalid(f"the prompt file is not UTF-8 (bad byte at offset {exc.start}); save it as UTF-8") from exc
     if file_format == "jsonl":
         rows = _rows_from_jsonl(text)
     elif file_format == "csv":
@@ -224,8 +225,9 @@ def parse_prompt_file(content: bytes, file_format: str, max_rows: int) -> list[t
     return rows
 
 
-def import_prompts(session: Session, actor: User | None, round_: Round, content: bytes,
-                   file_format: str, *, max_rows: int = 200_000) -> PromptImportReport:
+def import_prompts(
+    session: Session, actor: User | None, round_: Round, content: bytes, file_format: str, *, max_rows: int = 200_000
+) -> PromptImportReport:
     """Add prompts to a round's prompt set. All rows are checked first: one bad row and
     nothing is written (the report lists up to 50 problems with their line numbers).
     Prompts already in the round, or repeated in the file, are skipped and counted."""
@@ -280,8 +282,7 @@ def import_prompts(session: Session, actor: User | None, round_: Round, content:
     session.add_all(new)
     session.flush()
     report.imported = len(new)
-    audit.record(session, actor, "round.prompts", "round", round_.id, imported=report.imported,
-                 rows=report.rows)
+    audit.record(session, actor, "round.prompts", "round", round_.id, imported=report.imported, rows=report.rows)
     return report
 
 
@@ -289,14 +290,23 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
     """Live statistics a researcher watches while a round runs."""
     rid = round_.id
     assignments = Counter(
-        dict(session.execute(
-            select(Assignment.status, func.count()).where(Assignment.round_id == rid).group_by(Assignment.status)
-        ).all())
+        dict(
+            session.execute(
+                select(Assignment.status, func.count()).where(Assignment.round_id == rid).group_by(Assignment.status)
+            ).all()
+        )
     )
     # Overdue assignments are expired even before their writer comes back to find out.
-    overdue = session.scalar(select(func.count()).where(
-        Assignment.round_id == rid, Assignment.status == AssignmentStatus.active, Assignment.expires_at <= utcnow()
-    )) or 0
+    overdue = (
+        session.scalar(
+            select(func.count()).where(
+                Assignment.round_id == rid,
+                Assignment.status == AssignmentStatus.active,
+                Assignment.expires_at <= utcnow(),
+            )
+        )
+        or 0
+    )
     assignments[AssignmentStatus.active] -= overdue
     assignments[AssignmentStatus.expired] += overdue
     attempt_rows = session.execute(
@@ -309,38 +319,46 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
     fooled_attempts = sum(n for status, fooled, n in attempt_rows if status is AttemptStatus.scored and fooled)
     unavailable = sum(n for status, _, n in attempt_rows if status is AttemptStatus.model_unavailable)
     example_rows = session.execute(
-        select(Example.status, Example.fooled, Example.condition, func.count(), func.sum(Example.validation_count),
-               func.sum(Example.validations_needed))
+        select(
+            Example.status,
+            Example.fooled,
+            Example.condition,
+            func.count(),
+            func.sum(Example.validation_count),
+            func.sum(Example.validations_needed),
+        )
         .where(Example.round_id == rid)
         .group_by(Example.status, Example.fooled, Example.condition)
     ).all()
     examples = sum(row[3] for row in example_rows)
     confirmations = Counter(
-        dict(session.execute(
-            select(Attempt.confirmed, func.count())
-            .join(Assignment, Attempt.assignment_id == Assignment.id)
-            .where(Assignment.round_id == rid, Attempt.fooled.is_(True), Attempt.confirmed.is_not(None))
-            .group_by(Attempt.confirmed)
-        ).all())
+        dict(
+            session.execute(
+                select(Attempt.confirmed, func.count())
+                .join(Assignment, Attempt.assignment_id == Assignment.id)
+                .where(Assignment.round_id == rid, Attempt.fooled.is_(True), Attempt.confirmed.is_not(None))
+                .group_by(Attempt.confirmed)
+            ).all()
+        )
     )
     labels_given = sum(int(row[4] or 0) for row in example_rows)
     labels_needed = sum(int(row[5] or 0) for row in example_rows)
-    validations_total = session.scalar(
-        select(func.count()).select_from(Validation).join(Example).where(Example.round_id == rid)
-    ) or 0
+    validations_total = (
+        session.scalar(select(func.count()).select_from(Validation).join(Example).where(Example.round_id == rid)) or 0
+    )
     prompts_total = session.scalar(select(func.count()).where(Prompt.round_id == rid)) or 0
-    prompts_used = session.scalar(
-        select(func.count()).where(Prompt.round_id == rid, Prompt.times_used > 0)
-    ) or 0
+    prompts_used = session.scalar(select(func.count()).where(Prompt.round_id == rid, Prompt.times_used > 0)) or 0
     # Harvested examples have no target label (nobody wrote them for one).
     targets = Counter(
         "+".join(target)
         for (target,) in session.execute(select(Example.target_label).where(Example.round_id == rid))
         if target
     )
-    origins = dict(session.execute(
-        select(Example.origin, func.count()).where(Example.round_id == rid).group_by(Example.origin)
-    ).all())
+    origins = dict(
+        session.execute(
+            select(Example.origin, func.count()).where(Example.round_id == rid).group_by(Example.origin)
+        ).all()
+    )
     return {
         "round": round_.number,
         "status": round_.status.value,
@@ -351,9 +369,11 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
             "model_unavailable": unavailable,
             "fooling_rate": fooled_attempts / scored if scored else None,
         },
-        "confirmations": {"yes": confirmations.get(True, 0), "no": confirmations.get(False, 0),
-                          "rate": (confirmations.get(True, 0) / sum(confirmations.values()))
-                          if confirmations else None},
+        "confirmations": {
+            "yes": confirmations.get(True, 0),
+            "no": confirmations.get(False, 0),
+            "rate": (confirmations.get(True, 0) / sum(confirmations.values())) if confirmations else None,
+        },
         "examples": {
             "submitted": examples,
             "fooled": sum(row[3] for row in example_rows if row[1]),

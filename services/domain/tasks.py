@@ -17,9 +17,7 @@ def create_task(session: Session, actor: User | None, yaml_text: str) -> Task:
     except TaskDefinitionError as exc:
         raise Invalid(str(exc), problems=exc.problems) from exc
     if session.scalar(select(Task.id).where(Task.name == definition.name)) is not None:
-        raise Conflict(
-            f"task {definition.name!r} already exists; change `name` in the YAML to create another"
-        )
+        raise Conflict(f"task {definition.name!r} already exists; change `name` in the YAML to create another")
     task = Task(
         name=definition.name,
         title=definition.title,

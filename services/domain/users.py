@@ -26,12 +26,17 @@ def _check_roles(roles: list[str]) -> list[str]:
     return sorted(set(roles), key=known.index)
 
 
-def create_user(session: Session, actor: User | None, username: str, roles: list[str], *,
-                display_name: str | None = None, password: str | None = None) -> User:
+def create_user(
+    session: Session,
+    actor: User | None,
+    username: str,
+    roles: list[str],
+    *,
+    display_name: str | None = None,
+    password: str | None = None,
+) -> User:
     if not _USERNAME_RE.match(username):
-        raise Invalid(
-            f"username {username!r} is not valid; use 1-64 letters, digits, '_', '.', '@' or '-'"
-        )
+        raise Invalid(f"username {username!r} is not valid; use 1-64 letters, digits, '_', '.', '@' or '-'")
     if password is not None and len(password) < 8:
         raise Invalid("password is shorter than 8 characters; choose a longer one")
     if session.scalar(select(User.id).where(User.username == username)) is not None:
@@ -55,8 +60,9 @@ def get_user(session: Session, username: str) -> User:
     return user
 
 
-def issue_token(session: Session, actor: User | None, user: User, name: str = "api",
-                expires_in_days: int | None = None) -> tuple[ApiToken, str]:
+def issue_token(
+    session: Session, actor: User | None, user: User, name: str = "api", expires_in_days: int | None = None
+) -> tuple[ApiToken, str]:
     """Create a token for ``user``; returns the row and the plain token (shown only once).
     Who may ask for whose token is ``TokenPolicy.issue``'s to decide."""
     plain = new_token()

@@ -62,12 +62,14 @@ def get_batch(session: Session, validator: User, round_: Round, size: int | None
         Example.validation_count < Example.validations_needed,
         Example.id.not_in(labelled_by_me),
     )
-    held = list(session.scalars(
-        select(Example)
-        .join(ValidationClaim, ValidationClaim.example_id == Example.id)
-        .where(ValidationClaim.validator_id == validator.id, *open_examples)
-        .order_by(Example.fooled.desc(), Example.validation_count, Example.id)
-    ))
+    held = list(
+        session.scalars(
+            select(Example)
+            .join(ValidationClaim, ValidationClaim.example_id == Example.id)
+            .where(ValidationClaim.validator_id == validator.id, *open_examples)
+            .order_by(Example.fooled.desc(), Example.validation_count, Example.id)
+        )
+    )
     if len(held) < size:
         others_claims = (
             select(func.count())
@@ -76,13 +78,18 @@ def get_batch(session: Session, validator: User, round_: Round, size: int | None
             .scalar_subquery()
         )
         held_ids = [e.id for e in held]
-        fresh = list(session.scalars(
-            select(Example)
-            .where(*open_examples, Example.id.not_in(held_ids),
-                   Example.validation_count + others_claims < Example.validations_needed)
-            .order_by(Example.fooled.desc(), Example.validation_count, Example.id)
-            .limit(size - len(held))
-        ))
+        fresh = list(
+            session.scalars(
+                select(Example)
+                .where(
+                    *open_examples,
+                    Example.id.not_in(held_ids),
+                    Example.validation_count + others_claims < Example.validations_needed,
+                )
+                .order_by(Example.fooled.desc(), Example.validation_count, Example.id)
+                .limit(size - len(held))
+            )
+        )
         expires = now + dt.timedelta(minutes=CLAIM_MINUTES)
         for example in fresh:
             session.add(ValidationClaim(example_id=example.id, validator_id=validator.id, expires_at=expires))
@@ -97,10 +104,16 @@ def get_example(session: Session, example_id: int) -> Example:
     return example
 
 
-def submit_validation(session: Session, validator: User, example: Example, raw_label: Any,
-                      flagged: bool = False, flag_reason: str | None = None,
-                      seconds_taken: float | None = None,
-                      idempotency_key: str | None = None) -> tuple[Validation, bool]:
+def submit_validation(
+    session: Session,
+    validator: User,
+    example: Example,
+    raw_label: Any,
+    flagged: bool = False,
+    flag_reason: str | None = None,
+    seconds_taken: float | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[Validation, bool]:
     """Record one label (``ExamplePolicy.validate`` decides who may: never the example's
     writer). Returns (validation, created); a retried identical request returns the stored
     validation with created=False."""
@@ -122,8 +135,11 @@ def submit_validation(session: Session, validator: User, example: Example, raw_l
         raise Conflict(f"you already labelled example {example.id} as {existing.label}; labels cannot be changed")
     counted = session.execute(
         update(Example)
-        .where(Example.id == example.id, Example.status == ExampleStatus.validating,
-               Example.validation_count < Example.validations_needed)
+        .where(
+            Example.id == example.id,
+            Example.status == ExampleStatus.validating,
+            Example.validation_count < Example.validations_needed,
+        )
         .values(validation_count=Example.validation_count + 1)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -146,17 +162,24 @@ def submit_validation(session: Session, validator: User, example: Example, raw_l
         # example_id, not example.id: after the failed flush the session cannot load anything.
         raise Conflict(f"your label for example {example_id} is being recorded by another request; retry") from exc
     session.execute(
-        delete(ValidationClaim).where(ValidationClaim.example_id == example.id,
-                                      ValidationClaim.validator_id == validator.id)
+        delete(ValidationClaim).where(
+            ValidationClaim.example_id == example.id, ValidationClaim.validator_id == validator.id
+        )
     )
     session.refresh(example)
     if example.validation_count >= example.validations_needed:
         finalize_example(session, example, definition)
     # "After each batch window" (DynaSent App. B): judge this validator every full batch.
-    given = session.scalar(
-        select(func.count()).select_from(Validation).join(Example).join(Round)
-        .where(Validation.validator_id == validator.id, Round.task_id == round_.task_id)
-    ) or 0
+    given = (
+        session.scalar(
+            select(func.count())
+            .select_from(Validation)
+            .join(Example)
+            .join(Round)
+            .where(Validation.validator_id == validator.id, Round.task_id == round_.task_id)
+        )
+        or 0
+    )
     if given % definition.validation_batch_size == 0:
         apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id)
     return validation, True
@@ -181,8 +204,13 @@ def example_record(session: Session, example: Example) -> dict[str, Any]:
         "text": example.text,
         "target_label": example.target_label,
         "condition": example.condition.value,
-        "prompt": None if prompt is None else {
-            "id": prompt.id, "text": prompt.text, "source": prompt.source, "metadata": prompt.meta,
+        "prompt": None
+        if prompt is None
+        else {
+            "id": prompt.id,
+            "text": prompt.text,
+            "source": prompt.source,
+            "metadata": prompt.meta,
         },
         "writer": users.get(example.writer_id) if example.writer_id is not None else None,
         "model_prediction": example.model_prediction,
@@ -195,19 +223,33 @@ def example_record(session: Session, example: Example) -> dict[str, Any]:
         "submitted_attempt_id": example.attempt_id,
         "attempts": [
             {
-                "id": a.id, "text": a.text, "status": a.status.value, "prediction": a.prediction,
-                "probabilities": a.probabilities, "model_id": a.model_id, "model_version": a.model_version,
-                "latency_ms": a.latency_ms, "edit_distance": a.edit_distance,
-                "seconds_since_start": a.seconds_since_start, "fooled": a.fooled,
-                "counts_as_try": a.counts_as_try, "confirmed": a.confirmed, "judged_label": a.judged_label,
-                "target_span": a.target_span, "created_at": a.created_at.isoformat(),
+                "id": a.id,
+                "text": a.text,
+                "status": a.status.value,
+                "prediction": a.prediction,
+                "probabilities": a.probabilities,
+                "model_id": a.model_id,
+                "model_version": a.model_version,
+                "latency_ms": a.latency_ms,
+                "edit_distance": a.edit_distance,
+                "seconds_since_start": a.seconds_since_start,
+                "fooled": a.fooled,
+                "counts_as_try": a.counts_as_try,
+                "confirmed": a.confirmed,
+                "judged_label": a.judged_label,
+                "target_span": a.target_span,
+                "created_at": a.created_at.isoformat(),
             }
             for a in (assignment.attempts if assignment is not None else [])
         ],
         "validations": [
             {
-                "validator": users.get(v.validator_id), "label": v.label, "counted": v.counted,
-                "flagged": v.flagged, "flag_reason": v.flag_reason, "seconds_taken": v.seconds_taken,
+                "validator": users.get(v.validator_id),
+                "label": v.label,
+                "counted": v.counted,
+                "flagged": v.flagged,
+                "flag_reason": v.flag_reason,
+                "seconds_taken": v.seconds_taken,
                 "created_at": v.created_at.isoformat(),
             }
             for v in example.validations

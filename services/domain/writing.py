@@ -60,14 +60,13 @@ def _expire_if_due(assignment: Assignment, now: dt.datetime) -> bool:
     return False
 
 
-def _pick_target(session: Session, round_: Round, definition: TaskDefinition,
-                 requested: str | list[str] | None) -> list[str]:
+def _pick_target(
+    session: Session, round_: Round, definition: TaskDefinition, requested: str | list[str] | None
+) -> list[str]:
     if requested is not None:
         return check_target_label(definition, requested)
     if round_.target_label_mode is TargetLabelMode.writer_choice:
-        raise Invalid(
-            f"this round lets writers choose the target label; send target_label, one of {definition.labels}"
-        )
+        raise Invalid(f"this round lets writers choose the target label; send target_label, one of {definition.labels}")
     # Balanced: the label with the fewest assignments so far (ties broken at random).
     counts = Counter({label: 0 for label in definition.labels if label not in definition.exclusive_labels})
     for (target,) in session.execute(select(Assignment.target_label).where(Assignment.round_id == round_.id)):
@@ -115,8 +114,9 @@ def _pick_prompt(session: Session, round_: Round, writer: User) -> Prompt | None
     raise Conflict("prompts are in heavy demand right now; retry in a moment")
 
 
-def start_assignment(session: Session, writer: User, round_: Round,
-                     target_label: str | list[str] | None = None) -> tuple[Assignment, bool]:
+def start_assignment(
+    session: Session, writer: User, round_: Round, target_label: str | list[str] | None = None
+) -> tuple[Assignment, bool]:
     """Give the writer their open assignment in the round, or a new one.
 
     Returns (assignment, created)."""
@@ -185,19 +185,19 @@ def goal_of(assignment: Assignment) -> str:
     others = [label for label in definition.labels if label not in assignment.target_label]
     where = "" if assignment.condition is Condition.no_prompt else " Edit the prompt to get there."
     if definition.is_multi_label:
-        return (f"Write a sentence expressing exactly {target} that the model labels differently.{where}")
+        return f"Write a sentence expressing exactly {target} that the model labels differently.{where}"
     if definition.family is TaskFamily.target_dependent:
-        return (f"Write a sentence that is {target} towards a target you mark in it, so that the model "
-                f"predicts {' or '.join(others)} for that target.{where}")
-    return (f"Write a {target} sentence that fools the model into predicting "
-            f"{' or '.join(others)}.{where}")
+        return (
+            f"Write a sentence that is {target} towards a target you mark in it, so that the model "
+            f"predicts {' or '.join(others)} for that target.{where}"
+        )
+    return f"Write a {target} sentence that fools the model into predicting {' or '.join(others)}.{where}"
 
 
 def _require_active(assignment: Assignment, now: dt.datetime) -> None:
     if _expire_if_due(assignment, now):
         raise Gone(
-            f"assignment {assignment.id} expired at {assignment.expires_at.isoformat()}; "
-            "request a new assignment"
+            f"assignment {assignment.id} expired at {assignment.expires_at.isoformat()}; request a new assignment"
         )
     # The round first: closing a round expires its assignments, and "request a new
     # assignment" would be wrong advice there.
@@ -206,8 +206,7 @@ def _require_active(assignment: Assignment, now: dt.datetime) -> None:
     if assignment.status is AssignmentStatus.expired:
         # Usually marked already (and committed) by the writer dependency; still 410, not 409.
         raise Gone(
-            f"assignment {assignment.id} expired at {assignment.expires_at.isoformat()}; "
-            "request a new assignment"
+            f"assignment {assignment.id} expired at {assignment.expires_at.isoformat()}; request a new assignment"
         )
     if assignment.status is not AssignmentStatus.active:
         raise Conflict(f"assignment {assignment.id} is {assignment.status.value}; request a new assignment")
@@ -228,8 +227,10 @@ def skip_assignment(assignment: Assignment) -> Assignment:
 def _check_span(text: str, span: list[int] | None, definition: TaskDefinition) -> list[int] | None:
     if definition.family is not TaskFamily.target_dependent:
         if span is not None:
-            raise Invalid(f"target_span only applies to target-dependent tasks; task {definition.name!r} is "
-                          f"{definition.family.value}, remove it")
+            raise Invalid(
+                f"target_span only applies to target-dependent tasks; task {definition.name!r} is "
+                f"{definition.family.value}, remove it"
+            )
         return None
     if span is None:
         raise Invalid("target_span is required: give [start, end] character offsets of the target in the text")
@@ -237,15 +238,22 @@ def _check_span(text: str, span: list[int] | None, definition: TaskDefinition) -
         raise Invalid("target_span must be two integers [start, end]")
     start, end = span
     if not 0 <= start < end <= len(text):
-        raise Invalid(f"target_span [{start}, {end}] is outside the text (0..{len(text)}); "
-                      "mark the target inside the text")
+        raise Invalid(
+            f"target_span [{start}, {end}] is outside the text (0..{len(text)}); mark the target inside the text"
+        )
     if not text[start:end].strip():
         raise Invalid("target_span covers only white space; mark the target's words")
     return [start, end]
 
 
-def prepare_attempt(session: Session, writer: User, assignment_id: int, raw_text: str,
-                    target_span: list[int] | None, idempotency_key: str | None) -> tuple[Attempt, bool]:
+def prepare_attempt(
+    session: Session,
+    writer: User,
+    assignment_id: int,
+    raw_text: str,
+    target_span: list[int] | None,
+    idempotency_key: str | None,
+) -> tuple[Attempt, bool]:
     """Validate and record a pending attempt (first transaction of POST /attempts).
 
     Returns (attempt, needs_model). A retried request with the same Idempotency-Key gets the
@@ -258,8 +266,9 @@ def prepare_attempt(session: Session, writer: User, assignment_id: int, raw_text
     definition = definition_of(assignment.round.task)
     now = utcnow()
     constraints = definition.constraints
-    text = clean_text(raw_text, min_chars=constraints.min_chars, max_chars=constraints.max_chars,
-                      min_words=constraints.min_words)
+    text = clean_text(
+        raw_text, min_chars=constraints.min_chars, max_chars=constraints.max_chars, min_words=constraints.min_words
+    )
     span = _check_span(text, target_span, definition)
     if idempotency_key is not None:
         existing = session.scalar(
@@ -374,9 +383,16 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
     return attempt
 
 
-def make_attempt(factory: sessionmaker[Session], client: ModelClient, writer_id: int, assignment_id: int,
-                 text: str, target_span: list[int] | None, idempotency_key: str | None,
-                 retry_after_s: int) -> tuple[Attempt, bool]:
+def make_attempt(
+    factory: sessionmaker[Session],
+    client: ModelClient,
+    writer_id: int,
+    assignment_id: int,
+    text: str,
+    target_span: list[int] | None,
+    idempotency_key: str | None,
+    retry_after_s: int,
+) -> tuple[Attempt, bool]:
     """The whole attempt: record pending, call the model outside any transaction, record the result.
 
     Returns (attempt, replayed)."""
@@ -448,8 +464,7 @@ def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: A
     unknown = sorted(set(extras) - set(known))
     if unknown:
         raise Invalid(
-            f"extra field(s) {unknown} are not part of task {definition.name!r}; "
-            f"allowed: {sorted(known) or 'none'}"
+            f"extra field(s) {unknown} are not part of task {definition.name!r}; allowed: {sorted(known) or 'none'}"
         )
     cleaned: dict[str, Any] = {}
     intended = extras.get(WriterFieldName.intended_label.value)
@@ -458,8 +473,9 @@ def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: A
         if name == WriterFieldName.target_span.value:
             # The span is marked on the attempt itself (the model saw it); submit may repeat it.
             if value is not None and (not isinstance(value, list) or value != attempt.target_span):
-                raise Invalid("target_span differs from the span of the submitted attempt; "
-                              "send the same span or leave it out")
+                raise Invalid(
+                    "target_span differs from the span of the submitted attempt; send the same span or leave it out"
+                )
             if attempt.target_span is not None:
                 start, end = attempt.target_span
                 cleaned[name] = {"start": start, "end": end, "text": attempt.text[start:end]}
@@ -469,7 +485,11 @@ def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: A
             required = intended == spec.required_when_intended
         if value is None or (isinstance(value, str) and not value.strip()):
             if required:
-                when = f" when the intended label is {spec.required_when_intended!r}" if spec.required_when_intended else ""
+                when = (
+                    f" when the intended label is {spec.required_when_intended!r}"
+                    if spec.required_when_intended
+                    else ""
+                )
                 raise Invalid(f"{name} is required{when}; fill it in")
             continue
         if not isinstance(value, str):
@@ -492,8 +512,9 @@ def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: A
     return cleaned
 
 
-def submit_example(session: Session, assignment: Assignment, attempt_id: int,
-                   extras: dict[str, Any], idempotency_key: str | None) -> tuple[Example, bool]:
+def submit_example(
+    session: Session, assignment: Assignment, attempt_id: int, extras: dict[str, Any], idempotency_key: str | None
+) -> tuple[Example, bool]:
     """Submit one scored attempt as the assignment's example. Returns (example, created)."""
     assignment_id = assignment.id
     definition = definition_of(assignment.round.task)
@@ -538,7 +559,8 @@ def submit_example(session: Session, assignment: Assignment, attempt_id: int,
     assignment.finished_at = utcnow()
     if example.fooled and attempt.confirmed and assignment.prompt_id is not None:
         session.execute(
-            update(Prompt).where(Prompt.id == assignment.prompt_id)
+            update(Prompt)
+            .where(Prompt.id == assignment.prompt_id)
             .values(times_fooled=Prompt.times_fooled + 1)
             .execution_options(synchronize_session=False)
         )
@@ -556,8 +578,11 @@ def expire_due_assignments(session: Session, writer_id: int) -> int:
     now = utcnow()
     return session.execute(
         update(Assignment)
-        .where(Assignment.writer_id == writer_id, Assignment.status == AssignmentStatus.active,
-               Assignment.expires_at <= now)
+        .where(
+            Assignment.writer_id == writer_id,
+            Assignment.status == AssignmentStatus.active,
+            Assignment.expires_at <= now,
+        )
         .values(status=AssignmentStatus.expired, finished_at=now)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -582,14 +607,23 @@ def _token_scores(tokens: list[dict[str, object]], endpoint: str) -> list[TokenS
     for item in tokens:
         token, score = (item.get("token"), item.get("score")) if isinstance(item, dict) else (None, None)
         if not isinstance(token, str) or isinstance(score, bool) or not isinstance(score, int | float):
-            raise ModelUnavailable(f"token attributions are unavailable (the model server at {endpoint} "
-                                   "answered /inspect with tokens that are not token-score pairs)", retry_after_s=5)
+            raise ModelUnavailable(
+                f"token attributions are unavailable (the model server at {endpoint} "
+                "answered /inspect with tokens that are not token-score pairs)",
+                retry_after_s=5,
+            )
         scores.append(TokenScore(token, float(score)))
     return scores
 
 
-def inspect_text(session: Session, client: ModelClient, assignment: Assignment, raw_text: str,
-                 label: str | None, target_span: list[int] | None) -> Inspection:
+def inspect_text(
+    session: Session,
+    client: ModelClient,
+    assignment: Assignment,
+    raw_text: str,
+    label: str | None,
+    target_span: list[int] | None,
+) -> Inspection:
     """Token attributions from the round's model for a draft (DynaSent's "Inspect" button).
     Nothing is stored and no try is used."""
     definition = definition_of(assignment.round.task)
@@ -602,7 +636,7 @@ def inspect_text(session: Session, client: ModelClient, assignment: Assignment, 
     endpoints = list(assignment.round.model_endpoints)
     if not endpoints:
         raise ModelUnavailable("no model is in the loop for this round", retry_after_s=5)
-    target = text[span[0]:span[1]] if span else None
+    target = text[span[0] : span[1]] if span else None
     commit_now(session, "nothing is written; release SQLite's write lock while the model server works")
     try:
         tokens = client.inspect(endpoints[0], text, chosen, target)
