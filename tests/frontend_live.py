@@ -142,12 +142,17 @@ def live_server_fixture(tmp_path_factory: pytest.TempPathFactory, stub_models: S
 
 
 class LiveApi:
+    """The module's app for one test, and the ways to set up its state (``admin`` is a client
+    of the set-up user ``root``, an admin)."""
+
     def __init__(self, app: Any, url: str, stubs: StubModels) -> None:
         self.app, self.url, self.stubs = app, url, stubs
         self.tokens: dict[str, tuple[int, str]] = {}  # username -> (token id, token)
         self.quiz_answers: dict[str, list[str]] = {}  # task -> the right answers
         self._clients: dict[str, ApiClient] = {}  # for set-up, one per user
-        self.admin = self.client(self.user("root", "admin"))
+        self._page_clients: list[PageClient] = []
+        self.user("root", "admin")
+        self.admin = self.api("root")
 
     def user(self, username: str, *roles: str, password: str | None = None) -> str:
         """A user with a fresh API token (returned)."""
@@ -158,7 +163,10 @@ class LiveApi:
         return plain
 
     def client(self, token: str | None = None) -> PageClient:
-        return PageClient(self.url, token, timeout=30)
+        """A new client for a page (closed after the test)."""
+        client = PageClient(self.url, token, timeout=30)
+        self._page_clients.append(client)
+        return client
 
     def as_user(self, username: str) -> PageClient:
         """A new client with ``username``'s token."""
@@ -235,6 +243,10 @@ class LiveApi:
             client.confirm(attempt["id"], True)
         return client.submit_example(assignment["id"], attempt["id"])["id"]
 
+    def close(self) -> None:
+        for client in [*self._clients.values(), *self._page_clients]:
+            client.close()
+
     def labels_of(self, example_id: int) -> dict[str, list[str]]:
         """The labels the example has, by validator."""
         return {v["validator"]: v["label"] for v in self.admin.example(example_id)["validations"]}
@@ -248,8 +260,7 @@ def live_fixture(live_server: tuple[Any, str], stub_models: StubModels) -> Itera
     stub_models.mode("normal")
     api = LiveApi(app, url, stub_models)
     yield api
-    for client in api._clients.values():
-        client.close()
+    api.close()
 
 
 # --- AppTest helpers ------------------------------------------------------------------
