@@ -1,4 +1,4 @@
-"""Bad input and faults (DESIGN.md "Bad input and faults", "Validation protocol",
+"""Bad input and faults (docs/design.md "Bad input and faults", "Validation protocol",
 "One attempt, end to end"), endpoint family by endpoint family.
 
 Every rejected request is checked twice: the error body (status, ``error.code`` and a

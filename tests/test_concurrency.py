@@ -1,7 +1,7 @@
 """Real concurrency over real HTTP: the API runs under uvicorn in a background thread on a
 free port, and requests are fired at the same moment from a thread pool with httpx.
 
-What must hold under races (DESIGN.md "Bad input and faults", "Validation protocol"):
+What must hold under races (docs/design.md "Bad input and faults", "Validation protocol"):
 never more counted labels than an example needs, never a second row for a retried request,
 never more tries than allowed, never two writers handed the same unused prompt, never two
 examples for one assignment -- and never a 500: a request that loses a race gets a 409 that

@@ -62,7 +62,7 @@ def is_fooled(definition: TaskDefinition, target: list[str], predicted: list[str
     """True when the model's prediction misses the writer's target.
 
     Single-label families: the predicted label differs from the target label. Multi-label
-    (DESIGN.md): the predicted label *set* is not exactly the target set.
+    (docs/design.md "One attempt, end to end"): the predicted label *set* is not exactly the target set.
     """
     if definition.is_multi_label:
         return set(predicted) != set(target)

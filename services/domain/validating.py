@@ -1,4 +1,4 @@
-"""The validator's flow (DESIGN.md "Validation protocol"; DynaSent §3.3, App. B).
+"""The validator's flow (docs/design.md "Validation protocol"; DynaSent §3.3, App. B).
 
 Validators get batches of up to ``validation_batch_size`` examples written by others, fooling
 examples first, then the least-validated; never their own, never one they labelled, never one

@@ -1,4 +1,4 @@
-"""The writer's flow (DESIGN.md "One attempt, end to end"; DynaSent §4, App. C).
+"""The writer's flow (docs/design.md "One attempt, end to end"; DynaSent §4, App. C).
 
 assignment (prompt + target label) -> attempts checked against the live model (at most
 ``tries_per_assignment``) -> confirmation of a fooling attempt -> submitted example, or skip.
@@ -308,7 +308,7 @@ def prepare_attempt(
 
 
 def call_model(client: ModelClient, round_: Round, attempt: Attempt) -> ModelAnswer:
-    """Ask one of the round's models (picked per attempt, DESIGN.md "Round") about the text."""
+    """Ask one of the round's models (picked per attempt, docs/design.md "Domain model", Round) about the text."""
     if not round_.model_endpoints:
         return NoPrediction("no model is in the loop for this round; a researcher must set one")
     endpoint = _rng.choice(round_.model_endpoints)
