@@ -215,3 +215,21 @@ def test_overdue_assignments_count_as_expired_in_stats(client, app, researcher, 
     assert fresh["id"] != assignment["id"]
     with app.state.sessionmaker() as session:
         assert session.get(Assignment, assignment["id"]).status.value == "expired"
+
+
+def test_a_task_shows_its_writer_fields_with_the_choices_the_api_checks(client, researcher, writer) -> None:  # type: ignore[no-untyped-def]
+    """The web app offers exactly these: iSarcasm's categories come from the family's default,
+    the intended label from the task's labels; a field without choices stays without."""
+    from services.taskdef import ISARCASM_CATEGORIES
+
+    created = client.post(
+        "/api/v1/tasks",
+        content=example_yaml("isarcasm", onboarding_quiz=None),
+        headers={**researcher.headers, "Content-Type": "application/yaml"},
+    )
+    assert created.status_code == 201, created.text
+    task = client.get(f"/api/v1/tasks/{created.json()['name']}", headers=writer.headers).json()
+    fields = {field["name"]: field for field in task["definition"]["writer_fields"]}
+    assert fields["category"]["choices"] == list(ISARCASM_CATEGORIES)
+    assert fields["intended_label"]["choices"] == task["definition"]["labels"]
+    assert fields["explanation"]["choices"] is None

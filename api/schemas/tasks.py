@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.db.models import Task
+from services.domain.tasks import definition_of
 
 
 class TaskCreate(BaseModel):
@@ -26,6 +27,14 @@ class TaskPublic(BaseModel):
     @classmethod
     def of(cls, task: Task, *, with_answers: bool = False) -> TaskPublic:
         definition = dict(task.definition)
+        # A writer field's choices as the API checks them, the family's defaults included (the
+        # web app shows exactly these; it keeps no list of its own).
+        parsed = definition_of(task)
+        if "writer_fields" in definition:
+            definition["writer_fields"] = [
+                {**written, "choices": parsed.field_choices(field)}
+                for written, field in zip(definition["writer_fields"], parsed.writer_fields, strict=True)
+            ]
         quiz = definition.get("onboarding_quiz")
         if quiz and not with_answers:
             definition["onboarding_quiz"] = {

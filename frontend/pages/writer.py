@@ -18,12 +18,6 @@ import streamlit as st
 from frontend import render, state
 from frontend.client import Api, ApiError, Assignment, Attempt, Label, QuizResult, Round, Task, TaskDefinition
 
-# The categories of iSarcasm's ironic speech, for a task whose `category` field lists no
-# choices of its own. The API fills in this default only when it checks a submission
-# (`TaskDefinition.field_choices`); `GET /tasks/{name}` returns the field as written in the
-# YAML, without the default, so the page needs the list too. Choices the task does list win.
-INTENDED_SARCASM_CATEGORIES = ["sarcasm", "irony", "satire", "understatement", "overstatement", "rhetorical_question"]
-
 ASSIGNMENT_KEY = "writer_assignment"
 DRAFTS_KEY = "writer_drafts"
 QUIZ_PASSED_KEY = "writer_quiz_passed"
@@ -346,7 +340,6 @@ def _extras(definition: TaskDefinition, assignment: Assignment, attempt: Attempt
     if not fields:
         return extras, missing
     assignment_id = assignment["id"]
-    family = definition.get("family")
     st.markdown("**About your sentence**")
     intended = None
     for field in fields:
@@ -372,8 +365,6 @@ def _extras(definition: TaskDefinition, assignment: Assignment, attempt: Attempt
             field.get("required_when_intended") is not None and field["required_when_intended"] == intended
         )
         suffix = " (required)" if required else " (optional)"
-        if name == "category" and choices is None and family == "intended_sarcasm":
-            choices = INTENDED_SARCASM_CATEGORIES
         if choices:
             value = st.selectbox(
                 f"{name.capitalize()}{suffix}", choices, index=None, format_func=render.label_name, key=key
