@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio.to_thread
@@ -107,10 +107,8 @@ class BodySizeLimit:
                 response_started = True
             await send(message)
 
-        try:
+        with suppress(_TooLarge):
             await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            pass
         if exceeded and not response_started:
             await too_large(scope, receive, send)
 
