@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio.to_thread
@@ -20,6 +20,7 @@ from api.ratelimit import RateLimiter
 from api.routes import api_router
 from api.schemas.errors import ErrorResponse
 from api.schemas.health import HealthPublic
+from api.state import AppState
 from services.db.engine import make_engine, make_sessionmaker
 from services.errors import (
     REQUEST_PROBLEM_WORDING,
@@ -106,10 +107,8 @@ class BodySizeLimit:
                 response_started = True
             await send(message)
 
-        try:
+        with suppress(_TooLarge):
             await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            pass
         if exceeded and not response_started:
             await too_large(scope, receive, send)
 
@@ -214,8 +213,8 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         # write lock always finds a thread to finish on while others wait for the lock.
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
         yield
-        app.state.model_client.close()
-        app.state.engine.dispose()
+        state.model_client.close()
+        state.engine.dispose()
 
     app = FastAPI(
         title="dynaloop API",
@@ -226,14 +225,15 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         docs_url="/docs",
     )
     engine = make_engine(settings.resolved_database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
-    app.state.settings = settings
-    app.state.engine = engine
-    app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.model_client = model_client or ModelClient(
-        timeout_s=settings.model_timeout_s, retries=settings.model_retries
+    state = AppState(
+        settings=settings,
+        engine=engine,
+        sessionmaker=make_sessionmaker(engine),
+        model_client=model_client or ModelClient(timeout_s=settings.model_timeout_s, retries=settings.model_retries),
+        rate_limiter=RateLimiter(settings),
     )
+    app.state = state
     add_exception_handlers(app)
-    app.state.rate_limiter = RateLimiter(settings)
     app.include_router(api_router(), prefix=API_PREFIX)
 
     @app.get("/health", tags=["health"], response_model=HealthPublic, responses={503: {"model": ErrorResponse}})

@@ -11,6 +11,7 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.state import app_state
 from services.authorization import Policy, authorize
 from services.db.models import User
 from services.db.transactions import commit_now
@@ -24,15 +25,15 @@ _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization
 
 
 def get_settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
+    return app_state(request).settings
 
 
 def get_sessionmaker(request: Request) -> sessionmaker[Session]:
-    return request.app.state.sessionmaker  # type: ignore[no-any-return]
+    return app_state(request).sessionmaker
 
 
 def get_model_client(request: Request) -> ModelClient:
-    return request.app.state.model_client  # type: ignore[no-any-return]
+    return app_state(request).model_client
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
@@ -45,7 +46,7 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     # release it could not get a thread, and 50 concurrent writers stalled for the whole busy
     # timeout (bench/load.py). Creating the session, commit and rollback are short and never
     # wait for the lock (only a transaction's BEGIN does), so they may run on the event loop.
-    session: Session = request.app.state.sessionmaker()
+    session = app_state(request).sessionmaker()
     try:
         yield session
         if session.new or session.dirty or session.deleted:

@@ -19,6 +19,7 @@ from limits import RateLimitItem, parse_many
 from limits.storage import storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
+from api.state import app_state
 from services.errors import RateLimited
 from services.settings import Settings
 
@@ -57,4 +58,4 @@ class RateLimiter:
 
 def rate_limited(request: Request) -> None:
     """FastAPI dependency for the writer and validator routers."""
-    request.app.state.rate_limiter.check(request)
+    app_state(request).rate_limiter.check(request)

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,7 +215,5 @@ def _kill_leftovers(pgid: int, deadline: float) -> None:
 
 def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
     # The process leads its own group (start_new_session), so its pid is the group id.
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass

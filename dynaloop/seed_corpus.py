@@ -511,7 +511,7 @@ def _corpus(per_label: int) -> tuple[tuple[str, str], ...]:
     rows: list[tuple[str, str]] = []
     seen: set[str] = set()
     for label in SEED_LABELS:
-        texts = [text for text in _HAND_WRITTEN[label][:per_label]]
+        texts = list(_HAND_WRITTEN[label][:per_label])
         seen.update(text.lower() for text in texts)
         tries = 0
         while len(texts) < per_label:

@@ -282,12 +282,14 @@ class TaskDefinition(_Strict):
         for writer_field in self.writer_fields:
             if writer_field.name is WriterFieldName.intended_label and family is not TaskFamily.intended_sarcasm:
                 raise ValueError("writer field intended_label belongs to family intended_sarcasm; remove it")
-            if writer_field.required_when_intended is not None:
-                if writer_field.required_when_intended not in self.labels:
-                    raise ValueError(
-                        f"writer field {writer_field.name.value}: required_when_intended "
-                        f"{writer_field.required_when_intended!r} is not in labels {self.labels}"
-                    )
+            if (
+                writer_field.required_when_intended is not None
+                and writer_field.required_when_intended not in self.labels
+            ):
+                raise ValueError(
+                    f"writer field {writer_field.name.value}: required_when_intended "
+                    f"{writer_field.required_when_intended!r} is not in labels {self.labels}"
+                )
         if family is TaskFamily.intended_sarcasm and WriterFieldName.intended_label not in field_names:
             raise ValueError(
                 "family intended_sarcasm needs a writer field `intended_label`; add "

@@ -11,6 +11,7 @@ gets the same one back with its attempts, and the text being edited is kept in t
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 import streamlit as st
@@ -460,10 +461,8 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
             if error.status == 503:
                 wait = int(error.retry_after) if error.retry_after else 5
                 st.warning(f"The model is not answering; try again in {wait} s. Your text is kept and no try was used.")
-                try:
+                with suppress(ApiError):
                     _refresh(client, assignment_id)  # the API kept the attempt, unscored
-                except ApiError:
-                    pass
             elif error.status == 410:
                 _forget_assignment()
                 state.flash("warning", "This assignment expired; here is a new prompt.")

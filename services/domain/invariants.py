@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session, aliased
@@ -47,6 +47,9 @@ from services.db.models import (
 )
 
 MAX_LISTED = 20  # offending ids listed per rule (the count is always complete)
+
+# A rule's query: the offending rows, with as many columns as the rule names.
+RuleQuery: TypeAlias = Select[*tuple[Any, ...]]
 
 
 @dataclass
@@ -79,7 +82,7 @@ class CheckReport:
         }
 
 
-def _counted_labels() -> Select[Any]:
+def _counted_labels() -> Select[int, int]:
     return (
         select(Validation.example_id, func.count().label("n"))
         .where(Validation.counted.is_(True))
@@ -87,7 +90,7 @@ def _counted_labels() -> Select[Any]:
     )
 
 
-def _overcounted() -> Select[Any]:
+def _overcounted() -> RuleQuery:
     counted = _counted_labels().subquery()
     return (
         select(Example.id.label("example_id"), counted.c.n.label("counted"), Example.validations_needed.label("needed"))
@@ -96,7 +99,7 @@ def _overcounted() -> Select[Any]:
     )
 
 
-def _validation_count() -> Select[Any]:
+def _validation_count() -> RuleQuery:
     counted = _counted_labels().subquery()
     actual = func.coalesce(counted.c.n, 0)
     return (
@@ -106,7 +109,7 @@ def _validation_count() -> Select[Any]:
     )
 
 
-def _validated_short() -> Select[Any]:
+def _validated_short() -> RuleQuery:
     counted = _counted_labels().subquery()
     actual = func.coalesce(counted.c.n, 0)
     return (
@@ -116,7 +119,7 @@ def _validated_short() -> Select[Any]:
     )
 
 
-def _self_validation() -> Select[Any]:
+def _self_validation() -> RuleQuery:
     return (
         select(Validation.id.label("validation_id"), Validation.example_id, Validation.validator_id)
         .join(Example, Example.id == Validation.example_id)
@@ -124,7 +127,7 @@ def _self_validation() -> Select[Any]:
     )
 
 
-def _duplicate_validation() -> Select[Any]:
+def _duplicate_validation() -> RuleQuery:
     return (
         select(Validation.example_id, Validation.validator_id, func.count().label("labels"))
         .group_by(Validation.example_id, Validation.validator_id)
@@ -132,7 +135,7 @@ def _duplicate_validation() -> Select[Any]:
     )
 
 
-def _tries_used() -> Select[Any]:
+def _tries_used() -> RuleQuery:
     tries = (
         select(Attempt.assignment_id, func.count().label("n"))
         .where(Attempt.counts_as_try.is_(True))
@@ -152,7 +155,7 @@ def _tries_used() -> Select[Any]:
     )
 
 
-def _example_without_attempt() -> Select[Any]:
+def _example_without_attempt() -> RuleQuery:
     return (
         select(Example.id.label("example_id"), Example.assignment_id, Example.attempt_id)
         .outerjoin(Attempt, Attempt.id == Example.attempt_id)
@@ -169,7 +172,7 @@ def _example_without_attempt() -> Select[Any]:
     )
 
 
-def _unconfirmed_example() -> Select[Any]:
+def _unconfirmed_example() -> RuleQuery:
     return (
         select(Example.id.label("example_id"), Example.attempt_id)
         .join(Attempt, Attempt.id == Example.attempt_id)
@@ -177,7 +180,7 @@ def _unconfirmed_example() -> Select[Any]:
     )
 
 
-def _unscored_example() -> Select[Any]:
+def _unscored_example() -> RuleQuery:
     return (
         select(Example.id.label("example_id"), Example.attempt_id, Attempt.status)
         .join(Attempt, Attempt.id == Example.attempt_id)
@@ -185,7 +188,7 @@ def _unscored_example() -> Select[Any]:
     )
 
 
-def _assignment_status() -> Select[Any]:
+def _assignment_status() -> RuleQuery:
     return (
         select(Assignment.id.label("assignment_id"), Assignment.status, Example.id.label("example_id"))
         .join(Example, Example.assignment_id == Assignment.id)
@@ -193,8 +196,8 @@ def _assignment_status() -> Select[Any]:
     )
 
 
-def _orphans(child: Any, column: Any, parent: Any, parent_key: Any) -> Callable[[], Select[Any]]:
-    def query() -> Select[Any]:
+def _orphans(child: Any, column: Any, parent: Any, parent_key: Any) -> Callable[[], RuleQuery]:
+    def query() -> RuleQuery:
         target = aliased(parent)
         key = getattr(target, parent_key.key)
         return (
@@ -206,7 +209,7 @@ def _orphans(child: Any, column: Any, parent: Any, parent_key: Any) -> Callable[
     return query
 
 
-RULES: dict[str, tuple[str, Callable[[], Select[Any]]]] = {
+RULES: dict[str, tuple[str, Callable[[], RuleQuery]]] = {
     "overcounted": ("an example has more counted labels than it asks for", _overcounted),
     "self_validation": ("a validator labelled their own example", _self_validation),
     "duplicate_validation": ("one validator labelled one example more than once", _duplicate_validation),

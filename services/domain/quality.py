@@ -27,6 +27,7 @@ from services.db.models import (
     User,
     Validation,
 )
+from services.db.statements import rows_matched
 from services.domain import audit
 from services.domain.example_status import finalize_example
 from services.domain.labels import agreement_with, gold_label
@@ -121,16 +122,17 @@ def answer_quiz(session: Session, task: Task, user: User, answers: list[str]) ->
             "attempts_left": quiz.max_attempts - worker.quiz_attempts,
         }
     # Conditional increment: concurrent submissions cannot exceed the attempt limit.
-    result = session.execute(
+    attempt_taken = rows_matched(
+        session,
         update(TaskWorker)
         .where(
             TaskWorker.id == worker.id,
             TaskWorker.quiz_attempts < quiz.max_attempts,
             TaskWorker.onboarding_passed.is_(False),
         )
-        .values(quiz_attempts=TaskWorker.quiz_attempts + 1)
+        .values(quiz_attempts=TaskWorker.quiz_attempts + 1),
     )
-    if result.rowcount == 0:
+    if not attempt_taken:
         raise Forbidden(
             f"you used all {quiz.max_attempts} attempts at the onboarding quiz of task {task.name!r}; "
             "you are held back from writing for this task"
@@ -286,7 +288,10 @@ def apply_agreement_threshold(
     for row in validator_agreement(session, task, only_user_id=only_user_id):
         if only_user_id is not None and row.user_id != only_user_id:
             continue
-        worker = task_worker(session, task, session.get(User, row.user_id))  # type: ignore[arg-type]
+        user = session.get(User, row.user_id)
+        if user is None:
+            raise NotFound(f"no user {row.user_id}")
+        worker = task_worker(session, task, user)
         worker.agreement_rate = row.agreement_rate
         worker.agreement_labels = row.judged
         if (
@@ -295,9 +300,6 @@ def apply_agreement_threshold(
             and row.judged >= settings.min_labels_for_quality
             and 1.0 - row.agreement_rate > settings.unqualify_disagreement_rate
         ):
-            user = session.get(User, row.user_id)
-            if user is None:
-                raise NotFound(f"no user {row.user_id}")
             unqualify(
                 session,
                 actor,

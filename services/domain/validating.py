@@ -26,6 +26,7 @@ from services.db.models import (
     ValidationClaim,
     utcnow,
 )
+from services.db.statements import rows_matched
 from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
 from services.domain.quality import apply_agreement_threshold, require_qualified, task_worker
@@ -133,7 +134,8 @@ def submit_validation(
         if existing.label == label and existing.flagged == flagged:
             return existing, False
         raise Conflict(f"you already labelled example {example.id} as {existing.label}; labels cannot be changed")
-    counted = session.execute(
+    counted = rows_matched(
+        session,
         update(Example)
         .where(
             Example.id == example.id,
@@ -141,8 +143,8 @@ def submit_validation(
             Example.validation_count < Example.validations_needed,
         )
         .values(validation_count=Example.validation_count + 1)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if not counted:
         raise Conflict(f"example {example.id} already has all its labels; fetch a new batch")
     validation = Validation(

@@ -37,6 +37,7 @@ from services.db.models import (
     User,
     utcnow,
 )
+from services.db.statements import rows_matched
 from services.db.transactions import commit_now
 from services.domain.labels import check_target_label, is_fooled
 from services.domain.quality import require_onboarded, require_qualified, task_worker
@@ -101,12 +102,13 @@ def _pick_prompt(session: Session, round_: Round, writer: User) -> Prompt | None
             pool = [p for p in candidates if p.times_used == best.times_used]
         prompt = _rng.choice(pool)
         # Compare-and-set on times_used: two writers cannot both take the last unused prompt.
-        claimed = session.execute(
+        claimed = rows_matched(
+            session,
             update(Prompt)
             .where(Prompt.id == prompt.id, Prompt.times_used == prompt.times_used)
             .values(times_used=Prompt.times_used + 1)
-            .execution_options(synchronize_session=False)
-        ).rowcount
+            .execution_options(synchronize_session=False),
+        )
         if claimed:
             session.refresh(prompt)
             return prompt
@@ -354,12 +356,13 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
             attempt_id=attempt.id,
             retry_after_s=retry_after_s,
         )
-    consumed = session.execute(
+    consumed = rows_matched(
+        session,
         update(Assignment)
         .where(Assignment.id == assignment.id, Assignment.tries_used < Assignment.tries_allowed)
         .values(tries_used=Assignment.tries_used + 1)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     session.refresh(assignment)
     now = utcnow()
     attempt.status = AttemptStatus.scored
@@ -576,7 +579,8 @@ def expire_due_assignments(session: Session, writer_id: int) -> int:
     """Mark the writer's assignments whose time ran out as expired (its own transaction, so
     the change survives an error the request may raise afterwards)."""
     now = utcnow()
-    return session.execute(
+    return rows_matched(
+        session,
         update(Assignment)
         .where(
             Assignment.writer_id == writer_id,
@@ -584,8 +588,8 @@ def expire_due_assignments(session: Session, writer_id: int) -> int:
             Assignment.expires_at <= now,
         )
         .values(status=AssignmentStatus.expired, finished_at=now)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,18 @@
+"""Conditional writes: an UPDATE whose WHERE clause is the condition, and how many rows it matched."""
+
+from __future__ import annotations
+
+from sqlalchemy import CursorResult, Delete, Update
+from sqlalchemy.orm import Session
+
+
+def rows_matched(session: Session, statement: Update | Delete) -> int:
+    """Execute ``statement`` (an UPDATE or DELETE without RETURNING) in ``session`` and return
+    the number of rows its WHERE clause matched: 0 when the condition no longer held.
+
+    ``Session.execute`` is typed to return a plain ``Result`` for every statement, because some
+    ORM bulk statements return no cursor result; an UPDATE or DELETE with WHERE criteria and no
+    RETURNING always returns a ``CursorResult``, which has the row count."""
+    result = session.execute(statement)
+    assert isinstance(result, CursorResult), f"{type(result).__name__} has no row count"
+    return result.rowcount
