@@ -35,7 +35,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -52,6 +52,7 @@ from services.taskdef import TaskDefinition
 
 __all__ = [
     "DYNASENT_SPLIT",
+    "DistributionSettings",
     "collapse_responses",
     "compare_aggregations",
     "consolidate_target_sentiment",
@@ -152,7 +153,15 @@ def majority_labels(responses: pd.DataFrame, *, labels: Sequence[str], min_votes
     return _majority_frame(encoded.counts(), encoded.example_ids, encoded.labels, min_votes)
 
 
-def distribution_settings(task: TaskDefinition) -> dict[str, object]:
+class DistributionSettings(TypedDict):
+    """The keyword arguments :func:`distributional_labels` takes for a task."""
+
+    labels: list[str]
+    split: dict[str, tuple[str, ...]]
+    drop: tuple[str, ...]
+
+
+def distribution_settings(task: TaskDefinition) -> DistributionSettings:
     """Keyword arguments of :func:`distributional_labels` for a task definition.
 
     Validation labels that are task labels map to themselves; with a ``label_collapse``
