@@ -390,6 +390,7 @@ def _cheap_httpx() -> None:
     import importlib.util
 
     if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+        # The import system documents None in sys.modules as "import fails"; typeshed types the values as ModuleType.
         sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 

@@ -22,6 +22,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +36,22 @@ sys.path.insert(0, str(ROOT))
 
 from modelling.datasets import LabelledSet  # noqa: E402
 from modelling.inference import predict_probabilities  # noqa: E402
-from modelling.metrics import compute_metrics  # noqa: E402
+from modelling.metrics import SetMetrics, compute_metrics  # noqa: E402
 from modelling.train import TrainConfig, train_model  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tweeteval-sentiment"
+
+
+@dataclass
+class SystemResult:
+    """One system's test-set scores, training time and anything else the report records about it."""
+
+    metrics: SetMetrics
+    train_seconds: float
+    details: dict[str, object] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"train_seconds": self.train_seconds, **self.details, "metrics": self.metrics.to_dict()}
 
 
 def read_split(data: Path, split: str, labels: list[str]) -> tuple[list[str], np.ndarray]:
@@ -92,24 +105,22 @@ def main() -> None:
     test = labelled("tweeteval test (rest)", eval_texts, eval_ids, labels)
     print(f"train {len(train)}, dev {len(dev)}, test {len(test)}; labels {labels}")
 
-    systems: dict[str, dict[str, object]] = {}
+    systems: dict[str, SystemResult] = {}
 
     # Baselines, on exactly the same rows.
     majority = DummyClassifier(strategy="most_frequent").fit(train_texts, train_ids)
-    systems["majority class"] = {
-        "metrics": compute_metrics(test, one_hot(majority.predict(eval_texts), len(labels))),
-        "train_seconds": 0.0,
-    }
+    systems["majority class"] = SystemResult(
+        metrics=compute_metrics(test, one_hot(majority.predict(eval_texts), len(labels))), train_seconds=0.0
+    )
     started = time.perf_counter()
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
     features = vectorizer.fit_transform(train_texts)
     logistic = LogisticRegression(max_iter=2000, C=2.0, class_weight="balanced").fit(features, train_ids)
     tfidf_seconds = time.perf_counter() - started
     predicted = logistic.predict(vectorizer.transform(eval_texts))
-    systems["TF-IDF (1-2 grams) + logistic regression"] = {
-        "metrics": compute_metrics(test, one_hot(predicted, len(labels))),
-        "train_seconds": round(tfidf_seconds, 2),
-    }
+    systems["TF-IDF (1-2 grams) + logistic regression"] = SystemResult(
+        metrics=compute_metrics(test, one_hot(predicted, len(labels))), train_seconds=round(tfidf_seconds, 2)
+    )
 
     # MiniLM, from the packaged base checkpoint, on this CPU.
     config = TrainConfig(
@@ -137,16 +148,18 @@ def main() -> None:
         started = time.perf_counter()
         probabilities = predict_probabilities(out, eval_texts, batch_size=64)
         predict_seconds = time.perf_counter() - started
-    systems["MiniLM-L6 fine-tuned (dynaloop round train)"] = {
-        "metrics": compute_metrics(test, probabilities),
-        "train_seconds": round(result.wall_seconds, 2),
-        "training": result.metrics(),
-        "predict_seq_per_s": round(len(eval_texts) / predict_seconds, 1),
-    }
+    systems["MiniLM-L6 fine-tuned (dynaloop round train)"] = SystemResult(
+        metrics=compute_metrics(test, probabilities),
+        train_seconds=round(result.wall_seconds, 2),
+        details={
+            "training": result.metrics(),
+            "predict_seq_per_s": round(len(eval_texts) / predict_seconds, 1),
+        },
+    )
 
-    model = systems["MiniLM-L6 fine-tuned (dynaloop round train)"]["metrics"].macro_f1  # type: ignore[union-attr]
+    model = systems["MiniLM-L6 fine-tuned (dynaloop round train)"].metrics.macro_f1
     ratios = {
-        f"model_macro_f1_over_{key}": round(model / value["metrics"].macro_f1, 3)  # type: ignore[union-attr]
+        f"model_macro_f1_over_{key}": round(model / value.metrics.macro_f1, 3)
         for key, value in (
             ("majority", systems["majority class"]),
             ("tfidf_logreg", systems["TF-IDF (1-2 grams) + logistic regression"]),
@@ -156,9 +169,9 @@ def main() -> None:
     print("| system | " + " | ".join(f"F1 {label}" for label in labels) + " | macro-F1 | train s |")
     print("| --- |" + " ---: |" * (len(labels) + 2))
     for name, system in systems.items():
-        metrics = system["metrics"]
-        cells = " | ".join(f"{100 * metrics.f1[label]:.1f}" for label in labels)  # type: ignore[union-attr]
-        print(f"| {name} | {cells} | {100 * metrics.macro_f1:.1f} | {system['train_seconds']} |")  # type: ignore[union-attr]
+        metrics = system.metrics
+        cells = " | ".join(f"{100 * metrics.f1[label]:.1f}" for label in labels)
+        print(f"| {name} | {cells} | {100 * metrics.macro_f1:.1f} | {system.train_seconds} |")
     print(
         f"\ntraining: {result.examples_per_second:.1f} examples/s, {result.wall_seconds:.0f} s wall, "
         f"{result.epochs_run} epochs (best {result.best_epoch}); ratios {ratios}"
@@ -183,10 +196,7 @@ def main() -> None:
             "test_sha256": test.sha256(),
         },
         "config": config.recorded(),
-        "systems": {
-            name: {**{k: v for k, v in system.items() if k != "metrics"}, "metrics": system["metrics"].to_dict()}  # type: ignore[union-attr]
-            for name, system in systems.items()
-        },
+        "systems": {name: system.to_dict() for name, system in systems.items()},
         "ratios": ratios,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,9 @@ def init_model_dir(
     base_dir = Path(base) if base is not None else minilm_dir()
     id2label = dict(enumerate(labels))
     label2id = {label: i for i, label in enumerate(labels)}
-    problem_type = "multi_label_classification" if family == "multi_label" else "single_label_classification"
+    problem_type: Literal["multi_label_classification", "single_label_classification"] = (
+        "multi_label_classification" if family == "multi_label" else "single_label_classification"
+    )
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
     if tiny:
@@ -63,8 +65,7 @@ def init_model_dir(
             num_attention_heads=2,
             intermediate_size=64,
             max_position_embeddings=512,
-            num_labels=len(labels),
-            id2label=id2label,
+            id2label=id2label,  # num_labels is len(id2label)
             label2id=label2id,
             problem_type=problem_type,
         )

@@ -37,10 +37,10 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 import numpy as np
 import torch
@@ -240,7 +240,16 @@ def class_weights_for(
 # ---------------------------------------------------------------------------- data
 
 
-class MixDataset(Dataset):
+class TrainingItem(TypedDict):
+    """One row of a labelled set, as the data loader hands it to :class:`Collate`."""
+
+    text: str
+    target: str | None
+    y: np.ndarray  # (len(labels),) float32
+    weight: float
+
+
+class MixDataset(Dataset[TrainingItem]):
     """Rows of several labelled sets, addressed by ``(set index, row)``."""
 
     def __init__(self, sets: Sequence[LabelledSet]) -> None:
@@ -249,7 +258,7 @@ class MixDataset(Dataset):
     def __len__(self) -> int:
         return sum(len(labelled) for labelled in self.sets)
 
-    def __getitem__(self, key: tuple[int, int]) -> dict[str, object]:
+    def __getitem__(self, key: tuple[int, int]) -> TrainingItem:
         set_index, row = key
         labelled = self.sets[set_index]
         return {
@@ -277,7 +286,7 @@ class UpsampledEpochs(Sampler[tuple[int, int]]):
     def __len__(self) -> int:
         return self._length
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         set_indices, rows = expand(self.sets, seed=self.seed + self.epoch)
         return iter(zip(set_indices, rows, strict=True))
 
@@ -290,7 +299,7 @@ class Collate:
         self.max_length = max_length
         self.input_format = input_format
 
-    def __call__(self, items: list[dict[str, object]]) -> dict[str, torch.Tensor]:
+    def __call__(self, items: list[TrainingItem]) -> dict[str, torch.Tensor]:
         texts = [str(item["text"]) for item in items]
         if self.input_format == "text_pair":
             targets = [str(item["target"]) for item in items]
@@ -302,8 +311,8 @@ class Collate:
                 texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt"
             )
         batch = dict(encoded)
-        batch["y"] = torch.tensor(np.stack([item["y"] for item in items]), dtype=torch.float32)  # type: ignore[arg-type]
-        batch["weight"] = torch.tensor([float(item["weight"]) for item in items], dtype=torch.float32)  # type: ignore[arg-type]
+        batch["y"] = torch.tensor(np.stack([item["y"] for item in items]), dtype=torch.float32)
+        batch["weight"] = torch.tensor([float(item["weight"]) for item in items], dtype=torch.float32)
         return batch
 
 
@@ -417,7 +426,7 @@ class TrainingProgress:
     best_epoch: int = 0
     epochs_without_improvement: int = 0
     stopped_early: bool = False
-    history: list[dict[str, object]] = field(default_factory=list)
+    history: list[EpochRecord] = field(default_factory=list)
     # The running epoch's sums, so a mid-epoch resume reports the whole epoch.
     loss_sum: float = 0.0
     loss_examples: float = 0.0
@@ -428,7 +437,9 @@ class TrainingProgress:
 
     @classmethod
     def load(cls, directory: Path) -> TrainingProgress:
-        return cls(**json.loads((directory / PROGRESS_FILE).read_text(encoding="utf-8")))
+        saved = json.loads((directory / PROGRESS_FILE).read_text(encoding="utf-8"))
+        saved["history"] = [EpochRecord(**record) for record in saved["history"]]
+        return cls(**saved)
 
 
 def _fingerprint(
@@ -667,7 +678,7 @@ def train_model(
             state.epochs_without_improvement += 1
         else:
             state.best_epoch = epoch
-        state.history.append(asdict(record))
+        state.history.append(record)
         state.stopped_early = patience is not None and state.epochs_without_improvement >= patience
         state.epoch, state.batches_done = epoch + 1, 0
         state.loss_sum = state.loss_examples = state.epoch_seconds = 0.0
@@ -696,16 +707,18 @@ def train_model(
     final = accelerator.unwrap_model(model)
     if state.best_dev_macro_f1 is not None:
         load_checkpoint_in_model(final, str(checkpoints / BEST_WEIGHTS_DIR))
-    history = [EpochRecord(**record) for record in state.history]  # type: ignore[arg-type]
+    history = list(state.history)
     train_seconds = sum(record.seconds for record in history)
+    examples_per_second = sum(record.examples for record in history) / max(train_seconds, 1e-9)
+    wall_seconds = time.perf_counter() - started
     summary = {
         "epochs_run": len(history),
         "best_epoch": state.best_epoch,
         "best_dev_macro_f1": state.best_dev_macro_f1,
         "stopped_early": state.stopped_early,
         "resumed_from_step": resumed_from,
-        "examples_per_second": sum(record.examples for record in history) / max(train_seconds, 1e-9),
-        "wall_seconds": time.perf_counter() - started,
+        "examples_per_second": examples_per_second,
+        "wall_seconds": wall_seconds,
     }
     metadata = ModelMetadata(
         model_id=model_id,
@@ -746,8 +759,8 @@ def train_model(
         best_dev_macro_f1=state.best_dev_macro_f1,
         stopped_early=state.stopped_early,
         resumed_from_step=resumed_from,
-        examples_per_second=float(summary["examples_per_second"]),
-        wall_seconds=float(summary["wall_seconds"]),
+        examples_per_second=examples_per_second,
+        wall_seconds=wall_seconds,
     )
 
 

@@ -8,7 +8,7 @@ examples x 5 responses encodes in well under a second.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,10 +189,7 @@ def slots(example: np.ndarray, n_examples: int, rng: np.random.Generator | None 
     "randomize the responses for each example"); without it, the table's row order.
     """
     n = len(example)
-    if rng is None:
-        order = np.argsort(example, kind="stable")
-    else:
-        order = np.lexsort((rng.random(n), example))
+    order = np.argsort(example, kind="stable") if rng is None else np.lexsort((rng.random(n), example))
     starts = np.zeros(n_examples + 1, dtype=np.int64)
     np.cumsum(np.bincount(example, minlength=n_examples), out=starts[1:])
     sorted_examples = example[order]
@@ -207,7 +204,7 @@ def as_generator(random_state: int | np.random.Generator | None) -> np.random.Ge
     return np.random.default_rng(random_state)
 
 
-def gold_codes(gold: pd.Series | dict[Hashable, object], example_ids: pd.Index, labels: Sequence[str]) -> np.ndarray:
+def gold_codes(gold: pd.Series | Mapping[Hashable, object], example_ids: pd.Index, labels: Sequence[str]) -> np.ndarray:
     """Per example (in ``example_ids`` order) the code of its gold label, -1 for none/missing."""
     series = gold if isinstance(gold, pd.Series) else pd.Series(gold, dtype=object)
     aligned = series.reindex(example_ids)

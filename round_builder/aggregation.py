@@ -35,7 +35,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -52,6 +52,7 @@ from services.taskdef import TaskDefinition
 
 __all__ = [
     "DYNASENT_SPLIT",
+    "DistributionSettings",
     "collapse_responses",
     "compare_aggregations",
     "consolidate_target_sentiment",
@@ -83,6 +84,13 @@ def _object_column(values: np.ndarray, index: pd.Index) -> pd.Series:
     return pd.Series(values, index=index, dtype=object)
 
 
+def _names_or_none(keep: np.ndarray, names: np.ndarray) -> np.ndarray:
+    """An object array: ``names`` where ``keep`` holds, ``None`` elsewhere."""
+    column = np.full(len(keep), None, dtype=object)
+    column[keep] = names[keep]
+    return column
+
+
 def _check_min_votes(min_votes: int | None) -> None:
     if min_votes is not None and (isinstance(min_votes, bool) or int(min_votes) != min_votes or min_votes < 1):
         raise ValueError(f"min_votes must be a positive integer or None, got {min_votes!r}")
@@ -107,7 +115,7 @@ def _majority_frame(
     needed = n_responses // 2 + 1 if min_votes is None else np.full(len(n_responses), min_votes)
     has_gold = (votes >= needed) & ~tied & (n_responses > 0)
     names = np.asarray(labels, dtype=object)[top] if len(top) else np.zeros(0, dtype=object)
-    gold = np.where(has_gold, names, None)
+    gold = _names_or_none(has_gold, names)
     index = _index(example_ids)
     return pd.DataFrame(
         {
@@ -145,7 +153,15 @@ def majority_labels(responses: pd.DataFrame, *, labels: Sequence[str], min_votes
     return _majority_frame(encoded.counts(), encoded.example_ids, encoded.labels, min_votes)
 
 
-def distribution_settings(task: TaskDefinition) -> dict[str, object]:
+class DistributionSettings(TypedDict):
+    """The keyword arguments :func:`distributional_labels` takes for a task."""
+
+    labels: list[str]
+    split: dict[str, tuple[str, ...]]
+    drop: tuple[str, ...]
+
+
+def distribution_settings(task: TaskDefinition) -> DistributionSettings:
     """Keyword arguments of :func:`distributional_labels` for a task definition.
 
     Validation labels that are task labels map to themselves; with a ``label_collapse``
@@ -223,7 +239,7 @@ def distributional_labels(
     encoded = encode_single(responses, allowed)
     weights = np.zeros((len(allowed), len(task_labels)))
     weights[np.arange(len(task_labels)), np.arange(len(task_labels))] = 1.0
-    for offset, (key, targets) in enumerate(split_map.items()):
+    for offset, targets in enumerate(split_map.values()):
         share = 1.0 if mode == "copies" else 1.0 / len(targets)
         for target in targets:
             weights[len(task_labels) + offset, task_labels.index(target)] += share
@@ -263,7 +279,7 @@ def _model_frame(
     index = _index(encoded.example_ids)
     frame = pd.DataFrame(
         {
-            "label": _object_column(np.where(tied, None, names), index),
+            "label": _object_column(_names_or_none(~tied, names), index),
             "probability": pd.Series(best, index=index, dtype=float),
         }
     )
@@ -318,8 +334,8 @@ def dawid_skene_labels(
     if encoded.n_examples == 0:
         return _empty_model_frame(encoded.labels, probabilities)
     with _quiet_crowdkit():
-        model = DawidSkene(n_iter=n_iter, tol=tol).fit(_crowdkit_frame(encoded))
-    return _model_frame(model.probas_, encoded, probabilities=probabilities, tie_tolerance=tie_tolerance)
+        probas = DawidSkene(n_iter=n_iter, tol=tol).fit_predict_proba(_crowdkit_frame(encoded))
+    return _model_frame(probas, encoded, probabilities=probabilities, tie_tolerance=tie_tolerance)
 
 
 def mace_labels(
@@ -353,10 +369,10 @@ def mace_labels(
     if encoded.n_examples == 0:
         return _empty_model_frame(encoded.labels, probabilities)
     with _quiet_crowdkit():
-        model = MACE(n_restarts=n_restarts, n_iter=n_iter, method=method, random_state=random_state).fit(
+        probas = MACE(n_restarts=n_restarts, n_iter=n_iter, method=method, random_state=random_state).fit_predict_proba(
             _crowdkit_frame(encoded)
         )
-    return _model_frame(model.probas_, encoded, probabilities=probabilities, tie_tolerance=tie_tolerance)
+    return _model_frame(probas, encoded, probabilities=probabilities, tie_tolerance=tie_tolerance)
 
 
 def compare_aggregations(
@@ -569,7 +585,7 @@ def consolidate_target_sentiment(
     index = _index(encoded.example_ids)
     return pd.DataFrame(
         {
-            "label": _object_column(np.where(kept, names, None), index),
+            "label": _object_column(_names_or_none(kept, names), index),
             "votes": pd.Series(votes.astype(np.int64), index=index),
             "n_responses": pd.Series(n_responses.astype(np.int64), index=index),
             "kept": pd.Series(kept.astype(bool), index=index),

@@ -187,11 +187,15 @@ def _distributional(data: RoundData) -> dict[int, dict[str, float]]:
         frame = aggregation.multilabel_gold(data.responses, labels=definition.labels, min_votes=1)
         shares = frame[[f"votes_{label}" for label in definition.labels]].div(frame["n_responses"], axis=0).round(4)
         shares.columns = list(definition.labels)
-        return {int(e): row for e, row in zip(shares.index, shares.to_dict("records"), strict=True)}
+        return _label_shares(shares)
     frame = aggregation.distributional_labels(data.responses, **aggregation.distribution_settings(definition))
-    frame = frame.dropna(how="all").round(4)
+    return _label_shares(frame.dropna(how="all").round(4))
+
+
+def _label_shares(frame: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """Per example (the frame's index) its row as label -> share (the columns are the labels)."""
     return {
-        int(e): {k: float(v) for k, v in row.items()}
+        int(e): {str(label): float(share) for label, share in row.items()}
         for e, row in zip(frame.index, frame.to_dict("records"), strict=True)
     }
 
@@ -207,7 +211,7 @@ def _model_based(data: RoundData, method: str | None) -> dict[int, list[str]]:
         frame = aggregation.mace_labels(data.responses, labels=labels)
     else:
         raise ValueError(f"unknown model-based aggregation {method!r}; use dawid_skene, mace or null")
-    return {int(e): [label] for e, label in frame["label"].items() if isinstance(label, str)}
+    return {int(e): [label] for e, label in zip(frame.index, frame["label"], strict=True) if isinstance(label, str)}
 
 
 def _split_input(data: RoundData, gold: pd.DataFrame) -> pd.DataFrame:
@@ -270,7 +274,7 @@ def build_round(
         test_size=config.max_per_cell,
         chance=chance,
     )
-    assignment = dict(result.assignment.items())
+    assignment = {int(e): str(split) for e, split in zip(result.assignment.index, result.assignment, strict=True)}
     flags = result.flags
     distributional = _distributional(data)
     model_based = _model_based(data, config.model_based)
@@ -292,6 +296,7 @@ def build_round(
     session.flush()
     rows = []
     reasons = gold["reason"].to_dict()
+    gold_votes = split_input["gold_votes"].to_numpy()
     for position, example_id in enumerate(split_input["example_id"]):
         example_id = int(example_id)
         if dropped[position]:
@@ -314,7 +319,7 @@ def build_round(
                     if isinstance(gold_value, str)
                     else None
                 ),
-                "gold_votes": int(split_input["gold_votes"].iat[position]) or None,
+                "gold_votes": int(gold_votes[position]) or None,
                 "responses": len(responses_by_example.get(example_id, [])),
                 "response_labels": responses_by_example.get(example_id, []),
                 "distributional_label": distributional.get(example_id),

@@ -46,16 +46,21 @@ def majority_gold(definition: TaskDefinition, responses: pd.DataFrame) -> dict[i
             order=definition.effective_validation_labels,
             min_responses=1,
         )
-        return {int(e): label if isinstance(label, str) else None for e, label in frame["label"].items()}
+        return _gold_by_example(frame["label"])
     if definition.is_multi_label:
         frame = aggregation.multilabel_gold(
             responses, labels=definition.labels, min_votes=definition.agreement.gold_min_votes
         )
-        return {int(e): _joined(label) for e, label in frame["label"].items()}
+        return {int(e): _joined(label) for e, label in zip(frame.index, frame["label"], strict=True)}
     frame = aggregation.majority_labels(
         responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
     )
-    return {int(e): label if isinstance(label, str) else None for e, label in frame["label"].items()}
+    return _gold_by_example(frame["label"])
+
+
+def _gold_by_example(gold: pd.Series) -> dict[int, str | None]:
+    """Example id (the index) -> its gold label, None where it has none."""
+    return {int(e): label if isinstance(label, str) else None for e, label in zip(gold.index, gold, strict=True)}
 
 
 def round_plot_data(session: Session, round_: Round, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:

@@ -54,30 +54,29 @@ FIELDS = [
     "flags",
 ]
 
-_SCHEMA = pa.schema(
-    [
-        ("example_id", pa.int64()),
-        ("round", pa.int32()),
-        ("split", pa.string()),
-        ("text", pa.string()),
-        ("gold_label", pa.list_(pa.string())),
-        ("gold_votes", pa.int32()),
-        ("distributional_label", pa.map_(pa.string(), pa.float64())),
-        ("model_based_label", pa.list_(pa.string())),
-        ("responses", pa.list_(pa.struct([("worker", pa.string()), ("label", pa.list_(pa.string()))]))),
-        ("model_prediction", pa.list_(pa.string())),
-        ("model_id", pa.string()),
-        ("fooled", pa.bool_()),
-        ("target_label", pa.list_(pa.string())),
-        ("condition", pa.string()),
-        ("prompt_id", pa.int64()),
-        ("prompt_text", pa.string()),
-        ("language", pa.string()),
-        ("writer", pa.string()),
-        ("extras", pa.string()),
-        ("flags", pa.list_(pa.string())),
-    ]
-)
+_COLUMN_TYPES: list[tuple[str, pa.DataType]] = [
+    ("example_id", pa.int64()),
+    ("round", pa.int32()),
+    ("split", pa.string()),
+    ("text", pa.string()),
+    ("gold_label", pa.list_(pa.string())),
+    ("gold_votes", pa.int32()),
+    ("distributional_label", pa.map_(pa.string(), pa.float64())),
+    ("model_based_label", pa.list_(pa.string())),
+    ("responses", pa.list_(pa.struct([("worker", pa.string()), ("label", pa.list_(pa.string()))]))),
+    ("model_prediction", pa.list_(pa.string())),
+    ("model_id", pa.string()),
+    ("fooled", pa.bool_()),
+    ("target_label", pa.list_(pa.string())),
+    ("condition", pa.string()),
+    ("prompt_id", pa.int64()),
+    ("prompt_text", pa.string()),
+    ("language", pa.string()),
+    ("writer", pa.string()),
+    ("extras", pa.string()),
+    ("flags", pa.list_(pa.string())),
+]
+_SCHEMA = pa.schema(_COLUMN_TYPES)
 
 
 def pseudonym(secret: str, user_id: int) -> str:
@@ -222,7 +221,8 @@ class _Sink(io.RawIOBase):
 
 def _parquet(chunks: Iterator[list[dict[str, Any]]]) -> Iterator[bytes]:
     sink = _Sink()
-    writer = pq.ParquetWriter(sink, _SCHEMA, compression="zstd")
+    # pyarrow wraps any object with a ``write`` method in a PythonFile; its stubs only name IO and NativeFile.
+    writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _SCHEMA, compression="zstd")
     for chunk in chunks:
         for row in chunk:
             row["extras"] = json.dumps(row["extras"], ensure_ascii=False)

@@ -178,15 +178,15 @@ def human_performance_table(
     if metric not in ("precision", "recall", "f1"):
         raise ValueError(f"metric must be precision, recall or f1, got {metric!r}")
     allowed = check_labels_argument(labels)
-    subsets = {name: list(ids) for name, ids in subsets.items()}
+    subset_ids: dict[str, list[Hashable]] = {name: list(ids) for name, ids in subsets.items()}
     if classes is None:
         gold_series = gold if isinstance(gold, pd.Series) else pd.Series(dict(gold), dtype=object)
         wanted = set()
-        for ids in subsets.values():
+        for ids in subset_ids.values():
             wanted |= set(gold_series.reindex(ids).dropna())
         classes = [label for label in allowed if label in wanted]
     columns = {}
-    for name, ids in subsets.items():
+    for name, ids in subset_ids.items():
         result = human_performance(
             responses, gold, labels=allowed, classes=classes, examples=ids, random_state=random_state
         )

@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import pandas as pd
@@ -362,13 +363,13 @@ def build_splits(
     inverse[order] = np.arange(n)
     index = pd.Index(examples["example_id"], name="example_id")
     assignment = pd.Series(
-        pd.Categorical.from_codes(split[inverse], categories=list(SPLITS)), index=index, name="split"
+        pd.Categorical.from_codes(split[inverse], categories=pd.Index(SPLITS)), index=index, name="split"
     )
     flags = pd.DataFrame(
         {
             "no_prompt": ~is_prompt[inverse],
             "prompt_shared_with_assessment": shared[inverse],
-            "ineligible_reason": pd.Categorical.from_codes(reason[inverse], categories=list(INELIGIBLE_REASONS)),
+            "ineligible_reason": pd.Categorical.from_codes(reason[inverse], categories=pd.Index(INELIGIBLE_REASONS)),
         },
         index=index,
     )
@@ -422,7 +423,7 @@ class _PromptGraph:
             self.mask_cells = [np.flatnonzero((int(m) >> np.arange(n_cells)) & 1) for m in mask_values]
         else:
             bounds = np.append(starts, len(pair_cell))
-            keys = [tuple(pair_cell[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            keys = [tuple(pair_cell[a:b].tolist()) for a, b in itertools.pairwise(bounds)]
             # The bit-mask order (a binary number compares by its highest bits first).
             distinct = sorted(set(keys), key=lambda cells: cells[::-1])
             index = {k: i for i, k in enumerate(distinct)}
@@ -503,9 +504,10 @@ class _PromptGraph:
         vals = np.concatenate([np.ones(G), -np.ones(A), np.ones(A)])
         a_eq = sp.csr_array((vals, (rows, cols)), shape=(M + C, G + A))
         b_eq = np.concatenate([np.zeros(M), np.full(C, k)])
-        bounds = np.column_stack([np.zeros(G + A), np.concatenate([self.group_count, np.full(A, np.inf)])])
-        lp = linprog(cost, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs-ipm")
-        if lp.status != 0:
+        bounds = [(0.0, upper) for upper in np.concatenate([self.group_count, np.full(A, np.inf)])]
+        # HiGHS takes a sparse A_eq (scipy.optimize._linprog_util._check_sparse_inputs); scipy-stubs type it dense only.
+        lp = linprog(cost, A_eq=cast(Any, a_eq), b_eq=b_eq, bounds=bounds, method="highs-ipm")
+        if lp.status != 0 or lp.x is None:
             return arc_units
         y = np.rint(lp.x[G:]).astype(np.int64)
         through = np.bincount(self.arc_mask, weights=y, minlength=M)
@@ -594,7 +596,7 @@ class _PromptGraph:
         # Hall's condition fails jointly. The cells on the sink side of a minimum cut draw on
         # fewer prompts than they need between them; the cut nearest the sink (nodes that can
         # still reach it in the residual graph) gives the smallest such set of cells.
-        value, capacity, flow = self._flow(need)
+        _value, capacity, flow = self._flow(need)
         residual = (capacity - flow).tocsr()
         residual.data[residual.data < 0] = 0
         residual.eliminate_zeros()
@@ -642,15 +644,24 @@ def _check_arguments(
     return labels
 
 
-def _is_set(value: object) -> bool:
+def _is_set(value: object) -> TypeGuard[tuple[object, ...] | list[object] | frozenset[object] | set[object]]:
     return isinstance(value, tuple | list | frozenset | set)
 
 
 def _display(value: object) -> str:
     if _is_set(value):
-        members = sorted(map(str, value))  # type: ignore[call-overload]
+        members = sorted(map(str, value))
         return "+".join(members) if members else "(none)"
     return str(value)
+
+
+def _label_set(value: object, position: Mapping[str, int]) -> tuple[str, ...] | None:
+    """A gold value (a set of labels or one label) as its sorted labels; None if one is not a task label."""
+    members = value if _is_set(value) else (value,)
+    labels = [m for m in members if m in position and isinstance(m, str)]
+    if len(labels) != len(members):
+        return None
+    return tuple(sorted(set(labels)))
 
 
 def _label_index(values: list[object], labels: list[str]) -> np.ndarray:
@@ -683,7 +694,7 @@ class _Column:
 
 @dataclass(frozen=True)
 class _GoldClasses:
-    keys: list[object]  # the classes dev/test balance over (labels, or sorted label tuples)
+    keys: Sequence[object]  # the classes dev/test balance over (labels, or sorted label tuples)
     names: list[str]
     class_code: np.ndarray  # per row: index into keys, -1 for none
     label_code: np.ndarray  # per row: index into labels (single-label gold), -1 otherwise
@@ -704,7 +715,7 @@ class _GoldClasses:
         display = [_display(v) for v in gold.values]
         label_index = _label_index(gold.values, labels)
         if not any(is_set):
-            keys: list[object] = list(labels)
+            keys: Sequence[object] = list(labels)
             if classes is not None:
                 wanted = set(classes)
                 if not wanted <= set(labels):
@@ -715,10 +726,7 @@ class _GoldClasses:
             in_labels = label_index >= 0
         else:  # multi-label: each distinct set (canonical: sorted tuple, as round_builder.table stores it)
             position = {label: i for i, label in enumerate(labels)}
-            canon = [
-                tuple(sorted(set(v if s else (v,)))) if all(m in position for m in (v if s else (v,))) else None
-                for v, s in zip(gold.values, is_set, strict=True)
-            ]
+            canon = [_label_set(v, position) for v in gold.values]
             in_labels = np.array([c is not None for c in canon], dtype=bool)
             if classes is None:
                 present = np.bincount(gold.codes[could_assess & (gold.codes >= 0)], minlength=len(canon)) > 0
@@ -726,12 +734,13 @@ class _GoldClasses:
             else:
                 seen = set()
                 for c in classes:
-                    members = tuple(c) if _is_set(c) else (c,)
-                    if not all(m in position for m in members):
+                    label_set = _label_set(c, position)
+                    if label_set is None:
                         raise ValueError(f"class {c!r} has labels outside the task's labels {labels}")
-                    seen.add(tuple(sorted(set(members))))
-            keys = sorted(seen, key=lambda s: (len(s), [position[m] for m in s]))
-            index = {k: i for i, k in enumerate(keys)}
+                    seen.add(label_set)
+            label_sets = sorted(seen, key=lambda s: (len(s), [position[m] for m in s]))
+            index = {k: i for i, k in enumerate(label_sets)}
+            keys = label_sets
             class_index = np.array([index.get(c, -1) if c is not None else -1 for c in canon], dtype=np.int64)
         class_code = gold.lookup(class_index, -1)
         in_labels_row = gold.lookup(in_labels, True)
@@ -775,8 +784,7 @@ class _ReportInput:
 def _display_codes(column: _Column, display: list[str], missing: str) -> tuple[np.ndarray, list[str]]:
     """Per row, an index into the returned distinct display names (``missing`` last)."""
     codes, names = pd.factorize(pd.Series(display + [missing], dtype=object))
-    names = list(names)
-    return column.lookup(codes[:-1], codes[-1]), names
+    return column.lookup(codes[:-1], codes[-1]), list(names)
 
 
 def _report(r: _ReportInput) -> SplitReport:
