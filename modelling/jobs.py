@@ -38,7 +38,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from pydantic import BaseModel, Field, ValidationError
@@ -70,14 +70,13 @@ from services.db.models import (
     User,
     utcnow,
 )
+from services.db.statements import rows_matched
 from services.domain import audit
 from services.domain.rounds import check_endpoints
 from services.domain.tasks import definition_of
 from services.errors import Conflict, DomainError, Invalid, NotFound, validation_problems
 
 if TYPE_CHECKING:
-    from sqlalchemy import CursorResult
-
     from modelling.datasets import LabelledSet
     from modelling.train import EpochRecord, TrainResult
 
@@ -339,18 +338,13 @@ def check_process(session: Session, job: Job) -> bool:
             "memory, or the machine restarted; see the job's log and start it again"
         )
     same_process = Job.pid.is_(None) if job.pid is None else Job.pid == job.pid
-    # Session.execute is typed to return a Result; for an UPDATE without RETURNING it is a CursorResult,
-    # which carries the rowcount.
-    marked = cast(
-        "CursorResult[Any]",
-        session.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.status.in_(ACTIVE), same_process)
-            .values(status=JobStatus.failed, message=message, finished_at=utcnow())
-            .execution_options(synchronize_session=False)
-        ),
+    changed = rows_matched(
+        session,
+        update(Job)
+        .where(Job.id == job.id, Job.status.in_(ACTIVE), same_process)
+        .values(status=JobStatus.failed, message=message, finished_at=utcnow())
+        .execution_options(synchronize_session=False),
     )
-    changed = marked.rowcount
     session.refresh(job)
     if changed:
         logger.warning("job %s: %s", job.id, message)
