@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -31,6 +31,9 @@ from services.domain import users
 from services.settings import Settings
 from services.taskdef import example_path
 from tests.stub_model_server import ThreadedServer, create_stub_app
+
+# Fixtures that live in their own modules.
+pytest_plugins = ["tests.built_round"]
 
 POSTGRES_URL = os.environ.get("DYNALOOP_TEST_POSTGRES_URL")
 BACKENDS = [
@@ -235,8 +238,14 @@ class Actor:
         return {"Authorization": f"Bearer {self.token}"}
 
 
+class MakeUser(Protocol):
+    """The ``make_user`` fixture: creates a user with the roles and a token for them."""
+
+    def __call__(self, username: str, *roles: str) -> Actor: ...
+
+
 @pytest.fixture
-def make_user(app: Any):  # type: ignore[no-untyped-def]
+def make_user(app: Any) -> MakeUser:
     def _make(username: str, *roles: str) -> Actor:
         with session_scope(app.state.sessionmaker) as session:
             user = users.create_user(session, None, username, list(roles))
@@ -247,17 +256,17 @@ def make_user(app: Any):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def researcher(make_user) -> Actor:  # type: ignore[no-untyped-def]
+def researcher(make_user: MakeUser) -> Actor:
     return make_user("rita", "researcher")
 
 
 @pytest.fixture
-def writer(make_user) -> Actor:  # type: ignore[no-untyped-def]
+def writer(make_user: MakeUser) -> Actor:
     return make_user("walt", "writer")
 
 
 @pytest.fixture
-def validators(make_user) -> list[Actor]:  # type: ignore[no-untyped-def]
+def validators(make_user: MakeUser) -> list[Actor]:
     return [make_user(f"val{i}", "validator") for i in range(1, 7)]
 
 

@@ -29,6 +29,7 @@ from modelling.registry import record_evaluation, register_model
 from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelVersion, ModelVersionStatus, Prompt, Task, utcnow
 from services.taskdef import example_path
+from tests.built_round import KEYWORD, LABELS
 from tests.frontend_live import (  # noqa: F401 - fixtures
     LiveApi,
     PageClient,
@@ -36,7 +37,6 @@ from tests.frontend_live import (  # noqa: F401 - fixtures
     live_server_fixture,
     stub_models_fixture,
 )
-from tests.test_round_build import KEYWORD, LABELS, built  # noqa: F401 - the built-round fixture
 
 PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"
 HOSTILE = "<script>alert('x')</script> **bold** [link](http://evil.example) $x$"

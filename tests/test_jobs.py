@@ -26,8 +26,8 @@ from services.db.engine import session_scope
 from services.db.models import AuditEntry, Job, JobKind, JobStatus, ModelVersion, ModelVersionStatus, utcnow
 from services.domain.tasks import create_task, get_task
 from services.errors import Conflict, Invalid
+from tests.built_round import LABELS
 from tests.conftest import example_yaml, free_port, model_server_process, table_counts
-from tests.test_round_build import LABELS, built  # noqa: F401 - the built-round fixture
 
 pytestmark = pytest.mark.timeout(600)
 

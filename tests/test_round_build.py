@@ -14,11 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from statsmodels.stats.inter_rater import fleiss_kappa
 
-from tests.conftest import Actor, example_yaml, open_round
+from tests.built_round import LABELS, write_and_label
+from tests.conftest import example_yaml, open_round
 
-LABELS = ["positive", "negative", "neutral"]
-# The stub model predicts positive for "great", negative for "terrible", else neutral.
-KEYWORD = {"positive": "great", "negative": "terrible", "neutral": "plain"}
 # Each test round's report JSON as the untyped report code wrote it before the report became
 # typed dataclasses (round_builder/report.py): builds store it, the API serves it and report.md
 # renders it, so the typed report must write exactly the same.
@@ -43,93 +41,6 @@ def _comparable(report: dict[str, Any]) -> str:
 def assert_report_unchanged(report: dict[str, Any], name: str) -> None:
     expected = (REPORTS / f"{name}.json").read_text(encoding="utf-8").rstrip("\n")
     assert _comparable(report) == expected
-
-
-def _write(client: Any, writer: Actor, round_id: int, target: str, text: str) -> dict[str, Any]:
-    assignment = client.post(
-        f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target}, headers=writer.headers
-    ).json()
-    attempt = client.post(
-        f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text}, headers=writer.headers
-    ).json()
-    assert attempt["status"] == "scored", attempt
-    if attempt["fooled"]:
-        client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-    response = client.post(
-        f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
-    )
-    assert response.status_code == 201, response.text
-    return {**response.json(), "prediction": attempt["prediction"][0]}
-
-
-@pytest.fixture
-def built(client, app, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
-    prompts = [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(30)]
-    round_ = open_round(
-        client,
-        researcher,
-        example_yaml("dynasent-r2", onboarding_quiz=None),
-        stub_model.url,
-        prompts,
-        target_label_mode="writer_choice",
-    )
-    writer = make_user("wanda", "writer")
-    validators = [make_user(f"val{i}", "validator") for i in range(5)]
-    spammer = make_user("spam", "validator")
-    plan: list[tuple[dict[str, Any], list[str]]] = []
-    # Two examples per (gold, predicted) cell with 4 of 5 agreeing: one for dev, one for test.
-    for gold in LABELS:
-        for predicted in LABELS:
-            for copy in range(2):
-                example = _write(
-                    client,
-                    writer,
-                    round_["id"],
-                    gold,
-                    f"Copy {copy}: a {KEYWORD[predicted]} {gold} sentence about lunch.",
-                )
-                assert example["prediction"] == predicted
-                other = next(label for label in LABELS if label != gold)
-                plan.append((example, [gold, gold, gold, gold, other]))
-    # Train-only material: a mixed majority, no majority, a 3-of-5 gold.
-    extra = [
-        ["mixed", "mixed", "mixed", "positive", "negative"],
-        ["positive", "negative", "neutral", "mixed", "positive"],
-        ["negative", "negative", "negative", "positive", "neutral"],
-    ]
-    for i, labels in enumerate(extra):
-        plan.append(
-            (_write(client, writer, round_["id"], "neutral", f"Extra {i}: a plain remark on the menu."), labels)
-        )
-    # The spammer labels a few examples first and is then unqualified: those labels stop counting.
-    for example, labels in plan[:3]:
-        assert (
-            client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": "mixed"}, headers=spammer.headers
-            ).status_code
-            == 201
-        )
-    response = client.post(
-        "/api/v1/tasks/dynasent-r2/workers/spam/unqualify", json={"reason": "spam"}, headers=researcher.headers
-    )
-    assert response.json()["labels_excluded"] == 3
-    for position, (example, labels) in enumerate(plan):
-        # Rotate who disagrees, so nobody crosses the 80% disagreement line and gets unqualified.
-        shift = position % 5
-        for validator, label in zip(validators, labels[shift:] + labels[:shift], strict=True):
-            response = client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": label}, headers=validator.headers
-            )
-            assert response.status_code == 201, response.text
-    assert (
-        client.post(
-            f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers
-        ).status_code
-        == 200
-    )
-    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 7}, headers=researcher.headers)
-    assert response.status_code == 201, response.text
-    return {"round": round_, "plan": plan, "build": response.json(), "researcher": researcher, "writer": writer}
 
 
 def test_build_report_figures(built, client) -> None:  # type: ignore[no-untyped-def]
@@ -189,7 +100,7 @@ def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # typ
     parquet = client.get(url, params={"split": "train", "format": "parquet"}, headers=reader.headers)
     table = pq.read_table(io.BytesIO(parquet.content))
     assert table.num_rows == 3 and "distributional_label" in table.column_names
-    mixed = [r for r in table.to_pylist() if r["gold_label"] == ["mixed"]][0]
+    mixed = next(r for r in table.to_pylist() if r["gold_label"] == ["mixed"])
     assert dict(mixed["distributional_label"]) == pytest.approx({"positive": 0.5, "negative": 0.5, "neutral": 0.0})
     # A writer cannot read datasets; unknown split/format are clear 422s.
     denied = client.get(url, headers=built["writer"].headers)
@@ -206,37 +117,6 @@ def test_building_an_open_round_is_refused(client, researcher, stub_model) -> No
     assert response.status_code == 409 and "close it before building" in response.json()["error"]["message"]
     missing = client.get("/api/v1/tasks/dynasent-r2/rounds/1/dataset", headers=researcher.headers)
     assert missing.status_code == 404 and "has not been built yet" in missing.json()["error"]["message"]
-
-
-def _collect(
-    client: Any,
-    writer: Actor,
-    validators: list[Actor],
-    round_id: int,
-    plan: list[tuple[Any, str, list[int] | None, list[Any]]],
-) -> None:
-    """Write each (target, text, span) and have the validators give the listed labels."""
-    for target, text, span, labels in plan:
-        assignment = client.post(
-            f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target}, headers=writer.headers
-        ).json()
-        body: dict[str, Any] = {"text": text, **({"target_span": span} if span else {})}
-        attempt = client.post(
-            f"/api/v1/assignments/{assignment['id']}/attempts", json=body, headers=writer.headers
-        ).json()
-        assert attempt["status"] == "scored", attempt
-        if attempt["fooled"]:
-            client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-        example = client.post(
-            f"/api/v1/assignments/{assignment['id']}/example",
-            json={"attempt_id": attempt["id"]},
-            headers=writer.headers,
-        ).json()
-        for validator, label in zip(validators, labels, strict=False):
-            response = client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": label}, headers=validator.headers
-            )
-            assert response.status_code == 201, response.text
 
 
 def test_multi_label_round_builds_with_label_set_classes(client, researcher, make_user, stub_multi_label_model) -> None:  # type: ignore[no-untyped-def]
@@ -256,7 +136,7 @@ def test_multi_label_round_builds_with_label_set_classes(client, researcher, mak
         plan.append((["joy"], f"a joy filled day {i} ደስታ", None, [["joy"], ["joy"], ["joy", "surprise"]]))
         plan.append((["anger"], f"an anger filled day {i} ቁጣ", None, [["anger"], ["anger", "disgust"], ["anger"]]))
     plan.append((["fear"], "a fear filled day ፍርሃት", None, [["fear"], ["sadness"], ["surprise"]]))  # no gold: re-queued
-    _collect(client, writer, validators, round_["id"], plan)
+    write_and_label(client, writer, validators, round_["id"], plan)
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 1}, headers=researcher.headers)
     assert response.status_code == 201, response.text
@@ -298,7 +178,7 @@ def test_target_dependent_round_builds_with_consolidation(client, researcher, ma
     plan.append(("negative", text, [20, 25], ["negative", "negative", "neutral"]))  # neighbouring majority
     plan.append(("neutral", text, [4, 12], ["positive", "positive", "negative"]))  # non-neighbouring: dropped
     plan.append(("neutral", text, [20, 25], ["neutral", "unknown", "neutral"]))  # unknown vote: dropped
-    _collect(client, writer, validators, round_["id"], plan)
+    write_and_label(client, writer, validators, round_["id"], plan)
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     response = client.post(
         f"/api/v1/rounds/{round_['id']}/build",
