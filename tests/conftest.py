@@ -33,7 +33,7 @@ from services.taskdef import example_path
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 # Fixtures that live in their own modules.
-pytest_plugins = ["tests.built_round"]
+pytest_plugins = ["tests.built_round", "tests.frontend_live"]
 
 POSTGRES_URL = os.environ.get("DYNALOOP_TEST_POSTGRES_URL")
 BACKENDS = [

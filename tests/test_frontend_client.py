@@ -16,13 +16,10 @@ from frontend.client import ApiClient, ApiError, api_root, idempotency_key
 from services.db.engine import session_scope
 from services.domain import users
 from tests.conftest import example_yaml, free_port
-from tests.frontend_live import (  # noqa: F401 - fixtures
+from tests.frontend_live import (
     APP_FILE,
     LiveApi,
-    live_fixture,
-    live_server_fixture,
     signed_in_app,
-    stub_models_fixture,
 )
 from tests.stub_model_server import ThreadedServer
 

@@ -30,12 +30,9 @@ from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelVersion, ModelVersionStatus, Prompt, Task, utcnow
 from services.taskdef import example_path
 from tests.built_round import KEYWORD, LABELS
-from tests.frontend_live import (  # noqa: F401 - fixtures
+from tests.frontend_live import (
     LiveApi,
     PageClient,
-    live_fixture,
-    live_server_fixture,
-    stub_models_fixture,
 )
 
 PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"

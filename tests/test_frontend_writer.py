@@ -15,17 +15,14 @@ from frontend import render
 from frontend.client import ApiError, Assignment
 from services.db.models import Assignment as AssignmentRow
 from services.db.models import Example as ExampleRow
-from tests.frontend_live import (  # noqa: F401 - fixtures
+from tests.frontend_live import (
     HOSTILE,
     HOSTILE_ESCAPED,
     LiveApi,
     PageClient,
     html_of,
-    live_fixture,
-    live_server_fixture,
     markdown_of,
     signed_in_app,
-    stub_models_fixture,
     texts,
 )
 from tests.stub_model_server import classify
