@@ -171,7 +171,8 @@ class LiveApi:
 
     def revoke(self, username: str) -> None:
         with session_scope(self.app.state.sessionmaker) as session:
-            users.revoke_token(session, users.get_user(session, "root"), self.tokens[username][0])
+            token = users.get_token(session, self.tokens[username][0])
+            users.revoke_token(session, users.get_user(session, "root"), token)
 
     def task(self, example: str, **overrides: Any) -> Task:
         """A shipped example task, with top-level YAML keys replaced (None drops one)."""
