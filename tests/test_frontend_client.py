@@ -271,7 +271,7 @@ def test_login_with_an_api_token(with_round: LiveApi) -> None:
     at.text_input(key="login_api_token").set_value(token)
     at.button(key="login_token_submit").click().run()
     assert [t.value for t in at.title] == ["Validate"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/writer\.py'"):
         at.switch_page("pages/writer.py")  # not a page of a validator
 
 
@@ -279,7 +279,7 @@ def test_writer_cannot_reach_validator_page_and_admin_reaches_all(with_round: Li
     with_round.user("walt", "writer")
     with_round.user("ada", "admin")
     at = signed_in_app(with_round, "walt")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/validator\.py'"):
         at.switch_page("pages/validator.py")
     admin = signed_in_app(with_round, "ada", page="pages/writer.py")
     assert [t.value for t in admin.title] == ["Write"]
@@ -295,7 +295,7 @@ def test_researcher_navigation_lists_the_researcher_pages_that_exist(with_round:
         at.switch_page(f"pages/{page.name}")  # registered (not run: those pages have their own tests)
     if not pages:
         assert "have no pages here" in at.info[0].value
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/writer\.py'"):
         at.switch_page("pages/writer.py")
 
 
