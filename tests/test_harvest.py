@@ -183,7 +183,7 @@ def test_corpus_formats_and_clear_errors(tmp_path: Path) -> None:
     for name, message in cases.items():
         with pytest.raises(HarvestError, match=message):
             read_corpus(tmp_path / name)
-    with pytest.raises(HarvestError, match="no column 'doc'.*--id-column"):
+    with pytest.raises(HarvestError, match=r"no column 'doc'.*--id-column"):
         read_corpus(tmp_path / "c.jsonl", id_column="doc")
 
 

@@ -7,6 +7,7 @@ Runs on SQLite always and on PostgreSQL when DYNALOOP_TEST_POSTGRES_URL is set.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,7 +120,7 @@ def test_register_refuses_other_labels_and_a_reused_version(app, task, models, t
     with _session(app) as session:
         with pytest.raises(Invalid, match=r"labels \['positive', 'negative'\].*missing \['neutral'\]"):
             register_model(session, get_task(session, task), models.wrong_labels)
-        with pytest.raises(Invalid, match="has no dynaloop_model.json"):
+        with pytest.raises(Invalid, match=re.escape("has no dynaloop_model.json")):
             register_model(session, get_task(session, task), tmp_path)
         with pytest.raises(Invalid, match="does not exist"):
             register_model(session, get_task(session, task), tmp_path / "nowhere")
@@ -127,7 +128,7 @@ def test_register_refuses_other_labels_and_a_reused_version(app, task, models, t
     copy = tmp_path / "copy-of-a"
     shutil.copytree(models.a, copy)
     before = table_snapshot(app, "model_versions")
-    with _session(app) as session, pytest.raises(Conflict, match="already registered.*give it a new `version`"):
+    with _session(app) as session, pytest.raises(Conflict, match=r"already registered.*give it a new `version`"):
         register_model(session, get_task(session, task), copy)
     assert table_snapshot(app, "model_versions") == before
 
@@ -217,7 +218,7 @@ def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(
         raise OperationalError("UPDATE model_versions", {}, Exception("disk I/O error"))
 
     monkeypatch.setattr(registry, "_record", broken)
-    with pytest.raises(PromotionError, match="could not record it.*previous model .* was reloaded"):
+    with pytest.raises(PromotionError, match=r"could not record it.*previous model .* was reloaded"):
         promote(factory, task, f"{MODEL_ID}@1", endpoint=model_server.url, admin_token=TOKEN)
     assert _tables(app) == before
     assert model_server.info()["version"] == "0"

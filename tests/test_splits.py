@@ -497,7 +497,7 @@ def test_determinism_and_seed_sensitivity():
 
 def test_error_when_nothing_is_eligible():
     rows = [("x", ("a",), 2, "P", "prompt", None), ("y", ("b",), 5, None, "no_prompt", None)]
-    with pytest.raises(SplitError, match="no gold class has an eligible example .* at least 4 votes"):
+    with pytest.raises(SplitError, match=r"no gold class has an eligible example .* at least 4 votes"):
         build_splits(frame(rows), ["a", "b"], chance=False)
-    with pytest.raises(SplitError, match="^cell gold=a/predicted=a has 0 eligible"):
+    with pytest.raises(SplitError, match=r"^cell gold=a/predicted=a has 0 eligible"):
         build_splits(pd.DataFrame(columns=COLUMNS), ["a", "b"])
