@@ -277,7 +277,7 @@ def test_two_writers_race_for_the_last_unused_prompt(http, app, make_user, resea
         prompt_strategy="unused_first",
     )
     first = start(http, make_user("early", "writer"), round_["id"])
-    last_unused = ({p for p in PROMPTS[:2]} - {first["prompt"]["text"]}).pop()
+    last_unused = (set(PROMPTS[:2]) - {first["prompt"]["text"]}).pop()
     racers = [make_user("anna", "writer"), make_user("bert", "writer")]
 
     responses = fire(

@@ -94,7 +94,9 @@ def test_model_zero_is_trained_once_then_cached(model_cache: Path) -> None:
 # A service that starts a grandchild which ignores SIGTERM, then waits.
 _PARENT = """
 import subprocess, sys, time
-child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+child = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+)
 subprocess.Popen([sys.executable, '-c', child])
 time.sleep(600)
 """

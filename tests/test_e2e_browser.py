@@ -382,7 +382,7 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
         page.choose("Label", target)
         page.click("Save label")
         labelled += 1
-        page.until(lambda: page.text().count("Saved:") >= labelled, f"{labelled} saved label(s)")
+        page.until(lambda saved=labelled: page.text().count("Saved:") >= saved, f"{labelled} saved label(s)")
         page.idle()
     assert labelled >= 1
     page.wait_text("Batch done. Thank you!")

@@ -52,7 +52,8 @@ CORRUPTIONS: dict[str, Callable[[Any], list[str]]] = {
         f"WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}"
     ],
     "self_validation": lambda app: [
-        "UPDATE validations SET validator_id = (SELECT writer_id FROM examples WHERE examples.id = validations.example_id) "
+        "UPDATE validations SET validator_id = "
+        "(SELECT writer_id FROM examples WHERE examples.id = validations.example_id) "
         f"WHERE id = {_one(app, 'SELECT MIN(id) FROM validations')}"
     ],
     "tries_used": lambda app: [

@@ -289,7 +289,7 @@ def single_label_run(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_a_run_trains_on_the_upsampled_mix_and_keeps_the_best_epoch(single_label_run) -> None:  # type: ignore[no-untyped-def]
-    result, mix, dev = single_label_run
+    result, _, dev = single_label_run
     assert [record.epoch for record in result.history] == [1, 2, 3]
     assert all(record.examples == 36 + 3 * 12 for record in result.history)
     assert result.history[-1].train_loss < result.history[0].train_loss

@@ -74,7 +74,7 @@ def test_claims_spread_examples_across_concurrent_validators(client, dynasent, w
 
 def test_five_labels_validate_an_example_and_the_record_shows_them(client, dynasent, writer, validators, researcher):  # type: ignore[no-untyped-def]
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
-    for validator, value in zip(validators[:5], ["neutral", "neutral", "neutral", "positive", "mixed"]):
+    for validator, value in zip(validators[:5], ["neutral", "neutral", "neutral", "positive", "mixed"], strict=True):
         assert label(client, validator, example["id"], value).status_code == 201
     response = label(client, validators[5], example["id"], "neutral")
     assert response.status_code == 409 and "already has all its labels" in response.json()["error"]["message"]
