@@ -5,6 +5,7 @@ through the API."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 import pytest
@@ -50,7 +51,7 @@ def write_and_label(
     writer: Actor,
     validators: list[Actor],
     round_id: int,
-    plan: list[tuple[Any, str, list[int] | None, list[Any]]],
+    plan: Sequence[tuple[Any, str, list[int] | None, list[Any]]],
 ) -> None:
     """Write each (target, text, span) and have the validators give the listed labels."""
     for target, text, span, labels in plan:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -67,7 +68,7 @@ class ModelServerProcess:
     log: Path
 
     def info(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/info", timeout=5).json()  # type: ignore[no-any-return]
+        return httpx.get(f"{self.url}/info", timeout=5).json()
 
 
 @contextmanager
@@ -216,7 +217,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def app(settings: Settings, reset_stubs: None) -> Any:
+def app(settings: Settings, reset_stubs: None) -> FastAPI:
     return create_app(settings)
 
 
@@ -284,7 +285,7 @@ def example_yaml(name: str, **overrides: Any) -> str:
 
 
 def open_round(
-    client: TestClient,
+    client: TestClient | httpx.Client,
     researcher: Actor,
     yaml_text: str,
     endpoint: str | None,

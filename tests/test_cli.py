@@ -15,7 +15,7 @@ from services.settings import Settings
 runner = CliRunner()
 
 
-def run(*args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def run(*args: str, env: dict[str, str] | None = None):
     return runner.invoke(cli, list(args), env=env, catch_exceptions=False)
 
 

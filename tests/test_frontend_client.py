@@ -10,12 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from streamlit.testing.v1 import AppTest
 
 from frontend.client import ApiClient, ApiError, api_root, idempotency_key
 from services.db.engine import session_scope
 from services.domain import users
-from tests.conftest import example_yaml, free_port
+from tests.conftest import Actor, MakeUser, example_yaml, free_port
 from tests.frontend_live import (
     APP_FILE,
     LiveApi,
@@ -44,8 +45,8 @@ def test_api_root_accepts_both_forms() -> None:
     assert api_root("http://h:8000/api/v1/") == "http://h:8000/api/v1"
 
 
-def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-untyped-def]
-    app, api_url, researcher, make_user, stub_model
+def test_writer_and_validator_flow_through_the_real_api(
+    app: FastAPI, api_url: str, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
     research = ApiClient(api_url, researcher.token)
     task = research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
@@ -110,8 +111,8 @@ def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-unty
     assert research.set_round_status(round_["id"], "validating")["status"] == "validating"
 
 
-def test_error_mapping_401_404_409_and_503_with_retry_after(  # type: ignore[no-untyped-def]
-    app, api_url, researcher, make_user, stub_model
+def test_error_mapping_401_404_409_and_503_with_retry_after(
+    app: FastAPI, api_url: str, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
     with pytest.raises(ApiError) as unknown:
         ApiClient(api_url, "dl_not-a-token").me()

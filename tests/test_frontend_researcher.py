@@ -18,6 +18,7 @@ from typing import Any
 import altair as alt
 import pytest
 import yaml
+from fastapi import FastAPI
 from sqlalchemy import select
 from streamlit.testing.v1 import AppTest
 
@@ -29,7 +30,7 @@ from modelling.registry import record_evaluation, register_model
 from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelVersion, ModelVersionStatus, Prompt, Task, utcnow
 from services.taskdef import example_path
-from tests.built_round import KEYWORD, LABELS
+from tests.built_round import KEYWORD, LABELS, BuiltRound
 from tests.frontend_live import (
     LiveApi,
     PageClient,
@@ -653,7 +654,7 @@ def test_plots_without_data() -> None:
 # --- the real client against the real API ------------------------------------------------------
 
 
-def test_researcher_pages_against_the_real_api(app, built) -> None:  # type: ignore[no-untyped-def]
+def test_researcher_pages_against_the_real_api(app: FastAPI, built: BuiltRound) -> None:
     """The pages with the real ApiClient, the API served over HTTP, a built round and a real
     `dynaloop job run` process: plot data, downloads, a train job followed to the end."""
     import time

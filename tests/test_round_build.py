@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,13 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from statsmodels.stats.inter_rater import fleiss_kappa
 
-from tests.built_round import LABELS, write_and_label
-from tests.conftest import example_yaml, open_round
+from tests.built_round import LABELS, BuiltRound, write_and_label
+from tests.conftest import Actor, MakeUser, example_yaml, free_port, open_round
+from tests.stub_model_server import ThreadedServer, create_stub_app
 
 # Each test round's report JSON as the untyped report code wrote it before the report became
 # typed dataclasses (round_builder/report.py): builds store it, the API serves it and report.md
@@ -43,7 +47,7 @@ def assert_report_unchanged(report: dict[str, Any], name: str) -> None:
     assert _comparable(report) == expected
 
 
-def test_build_report_figures(built, client) -> None:  # type: ignore[no-untyped-def]
+def test_build_report_figures(built: BuiltRound, client: TestClient) -> None:
     report = built["build"]["report"]
     counts = report["counts"]
     # 18 eligible examples: c = 1 per cell -> 9 dev and 9 test; the rest (and the extras) train.
@@ -75,7 +79,7 @@ def test_build_report_figures(built, client) -> None:  # type: ignore[no-untyped
     assert markdown.status_code == 200 and "| positive |" in markdown.text and "Datasheet" in markdown.text
 
 
-def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # type: ignore[no-untyped-def]
+def test_export_formats_etag_and_roles(built: BuiltRound, client: TestClient, make_user: MakeUser) -> None:
     reader = make_user("robot", "client")
     url = "/api/v1/tasks/dynasent-r2/rounds/1/dataset"
     response = client.get(url, params={"split": "dev", "format": "jsonl"}, headers=reader.headers)
@@ -109,7 +113,7 @@ def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # typ
     assert bad.status_code == 422 and "unknown split" in bad.json()["error"]["message"]
 
 
-def test_building_an_open_round_is_refused(client, researcher, stub_model) -> None:  # type: ignore[no-untyped-def]
+def test_building_an_open_round_is_refused(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> None:
     round_ = open_round(
         client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, ["a b c d"]
     )
@@ -119,7 +123,9 @@ def test_building_an_open_round_is_refused(client, researcher, stub_model) -> No
     assert missing.status_code == 404 and "has not been built yet" in missing.json()["error"]["message"]
 
 
-def test_multi_label_round_builds_with_label_set_classes(client, researcher, make_user, stub_multi_label_model) -> None:  # type: ignore[no-untyped-def]
+def test_multi_label_round_builds_with_label_set_classes(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_multi_label_model: ThreadedServer
+) -> None:
     prompts = [f"Prompt {i}: ስለ ምግቡ አስተያየት" for i in range(12)]
     round_ = open_round(
         client,
@@ -158,7 +164,9 @@ def test_multi_label_round_builds_with_label_set_classes(client, researcher, mak
     assert_report_unchanged(report, "ethioemo-amharic")
 
 
-def test_target_dependent_round_builds_with_consolidation(client, researcher, make_user, stub_model) -> None:  # type: ignore[no-untyped-def]
+def test_target_dependent_round_builds_with_consolidation(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
     prompts = [f"Prompt {i}: the minister visited the city." for i in range(12)]
     round_ = open_round(
         client,
@@ -196,18 +204,15 @@ def test_target_dependent_round_builds_with_consolidation(client, researcher, ma
 
 
 @pytest.fixture(scope="module")
-def stub_sarcasm_model():  # type: ignore[no-untyped-def]
-    from tests.conftest import free_port
-    from tests.stub_model_server import ThreadedServer, create_stub_app
-
+def stub_sarcasm_model() -> Iterator[ThreadedServer]:
     server = ThreadedServer(create_stub_app(["sarcastic", "not_sarcastic"]), free_port()).start()
     yield server
     server.stop()
 
 
 def test_intended_sarcasm_round_compares_intended_and_perceived_labels(
-    client, researcher, make_user, stub_sarcasm_model
-) -> None:  # type: ignore[no-untyped-def]
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_sarcasm_model: ThreadedServer
+) -> None:
     labels = ["sarcastic", "not_sarcastic"]
     prompts = [f"Prompt {i}: the bus was late again this morning." for i in range(16)]
     round_ = open_round(
@@ -275,7 +280,7 @@ def test_intended_sarcasm_round_compares_intended_and_perceived_labels(
     assert_report_unchanged(report, "isarcasm")
 
 
-def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_cli_build_writes_report_and_plots_and_exports(built: BuiltRound, database_url: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from dynaloop.cli import app as cli
@@ -296,7 +301,7 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
             "--out",
             str(out),
             "--database-url",
-            settings.database_url,
+            database_url,
         ],
     )
     assert result.exit_code == 0, result.output
@@ -328,7 +333,7 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
             "--out",
             str(data),
             "--database-url",
-            settings.database_url,
+            database_url,
         ],
     )
     assert result.exit_code == 0, result.output
@@ -349,7 +354,7 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
             "--splits",
             "train,validation",
             "--database-url",
-            settings.database_url,
+            database_url,
         ],
     )
     assert refused.exit_code == 1 and "unknown split 'validation'" in refused.output
@@ -366,14 +371,14 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
             "--model-based",
             "vote",
             "--database-url",
-            settings.database_url,
+            database_url,
         ],
     )
     assert refused.exit_code == 1 and "invalid build settings: model_based" in refused.output
     assert "Traceback" not in refused.output
 
 
-def test_dataset_download_names_the_newest_build(app, built) -> None:  # type: ignore[no-untyped-def]
+def test_dataset_download_names_the_newest_build(app: FastAPI, built: BuiltRound) -> None:
     """round_builder.usecases.dataset_download: what the API's dataset route streams."""
     from round_builder.usecases import dataset_download
     from services.db.engine import session_scope

@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 from services.db.engine import make_engine
 
 
-def _engine(tmp_path: Path, **kwargs):  # type: ignore[no-untyped-def]
+def _engine(tmp_path: Path, **kwargs):
     engine = make_engine(f"sqlite:///{tmp_path / 'lock.db'}", busy_timeout_ms=2000, **kwargs)
     with engine.begin() as connection:
         connection.execute(text("CREATE TABLE t (x INTEGER)"))
