@@ -103,7 +103,7 @@ def labelled_round(
     status: str = "collecting",
     validators: tuple[str, ...] = ("val1", "val2", "val3", "val4", "x__bold__"),
 ) -> Round:
-    """Round 1 of the task as tests/test_round_build.py's ``built`` writes it, through the API:
+    """Round 1 of the task as tests/built_round.py's ``built`` writes it, through the API:
     two examples per (target, prediction) cell with 4 of 5 validators agreeing, and three with a
     mixed, no or a 3-of-5 majority (21 examples, 12 of them fooled the model); then ``status``."""
     round_ = live.round(

@@ -1,5 +1,6 @@
 """A DynaSent-style round, simulated through the real database and API (writers, five
-validators per example, an unqualified validator), built and exported."""
+validators per example, an unqualified validator; the ``built`` fixture of tests/built_round.py), built
+and exported."""
 
 from __future__ import annotations
 
