@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -31,6 +32,9 @@ from services.domain import users
 from services.settings import Settings
 from services.taskdef import example_path
 from tests.stub_model_server import ThreadedServer, create_stub_app
+
+# Fixtures that live in their own modules.
+pytest_plugins = ["tests.built_round", "tests.frontend_live"]
 
 POSTGRES_URL = os.environ.get("DYNALOOP_TEST_POSTGRES_URL")
 BACKENDS = [
@@ -64,7 +68,7 @@ class ModelServerProcess:
     log: Path
 
     def info(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/info", timeout=5).json()  # type: ignore[no-any-return]
+        return httpx.get(f"{self.url}/info", timeout=5).json()
 
 
 @contextmanager
@@ -213,7 +217,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def app(settings: Settings, reset_stubs: None) -> Any:
+def app(settings: Settings, reset_stubs: None) -> FastAPI:
     return create_app(settings)
 
 
@@ -235,8 +239,14 @@ class Actor:
         return {"Authorization": f"Bearer {self.token}"}
 
 
+class MakeUser(Protocol):
+    """The ``make_user`` fixture: creates a user with the roles and a token for them."""
+
+    def __call__(self, username: str, *roles: str) -> Actor: ...
+
+
 @pytest.fixture
-def make_user(app: Any):  # type: ignore[no-untyped-def]
+def make_user(app: Any) -> MakeUser:
     def _make(username: str, *roles: str) -> Actor:
         with session_scope(app.state.sessionmaker) as session:
             user = users.create_user(session, None, username, list(roles))
@@ -247,17 +257,17 @@ def make_user(app: Any):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def researcher(make_user) -> Actor:  # type: ignore[no-untyped-def]
+def researcher(make_user: MakeUser) -> Actor:
     return make_user("rita", "researcher")
 
 
 @pytest.fixture
-def writer(make_user) -> Actor:  # type: ignore[no-untyped-def]
+def writer(make_user: MakeUser) -> Actor:
     return make_user("walt", "writer")
 
 
 @pytest.fixture
-def validators(make_user) -> list[Actor]:  # type: ignore[no-untyped-def]
+def validators(make_user: MakeUser) -> list[Actor]:
     return [make_user(f"val{i}", "validator") for i in range(1, 7)]
 
 
@@ -275,7 +285,7 @@ def example_yaml(name: str, **overrides: Any) -> str:
 
 
 def open_round(
-    client: TestClient,
+    client: TestClient | httpx.Client,
     researcher: Actor,
     yaml_text: str,
     endpoint: str | None,

@@ -7,9 +7,8 @@ example YAML, rounds with prompts, examples written and labelled as a writer and
 would. The pages get a :class:`PageClient`: the real :class:`~frontend.client.ApiClient` that
 records what it sends and can fail once on demand (:meth:`PageClient.fail_next`).
 
-Test modules import the three fixtures (``live``, ``live_server``, ``stub_models``) under the
-names of their functions, so that test parameters do not shadow the imports:
-``from tests.frontend_live import live_fixture, live_server_fixture, stub_models_fixture  # noqa: F401``.
+The module is a pytest plugin (listed in tests/conftest.py's ``pytest_plugins``): its three
+fixtures, ``live``, ``live_server`` (one per test module) and ``stub_models``, are there for every test.
 """
 
 from __future__ import annotations
@@ -107,16 +106,16 @@ class StubModels:
             httpx.post(f"{server.url}/admin/mode", json={"mode": mode}).raise_for_status()
 
 
-@pytest.fixture(scope="session", name="stub_models")
-def stub_models_fixture() -> Iterator[StubModels]:
+@pytest.fixture(scope="session")
+def stub_models() -> Iterator[StubModels]:
     stubs = StubModels()
     yield stubs
     for server in stubs.servers.values():
         server.stop()
 
 
-@pytest.fixture(scope="module", name="live_server")
-def live_server_fixture(tmp_path_factory: pytest.TempPathFactory, stub_models: StubModels) -> Iterator[tuple[Any, str]]:
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory, stub_models: StubModels) -> Iterator[tuple[Any, str]]:
     """One app per test module on its own SQLite database, served over HTTP: (app, its URL).
     Rate limits are off, since a module's tests send many requests from one address."""
     folder = tmp_path_factory.mktemp("frontend")
@@ -253,8 +252,8 @@ class LiveApi:
         return {v["validator"]: v["label"] for v in self.admin.example(example_id)["validations"]}
 
 
-@pytest.fixture(name="live")
-def live_fixture(live_server: tuple[Any, str], stub_models: StubModels) -> Iterator[LiveApi]:
+@pytest.fixture
+def live(live_server: tuple[Any, str], stub_models: StubModels) -> Iterator[LiveApi]:
     """The module's app with every table emptied, and stub models that answer normally."""
     app, url = live_server
     empty_tables(app.state.settings.database_url)

@@ -9,10 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from model_server.app import ServerConfig, create_model_app
 from modelling.init_model import init_model_dir
-from tests.conftest import example_yaml, free_port, open_round
+from tests.conftest import Actor, example_yaml, free_port, open_round
 from tests.stub_model_server import ThreadedServer
 
 
@@ -47,7 +48,9 @@ def pair_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     server.stop()
 
 
-def test_attempts_are_scored_by_the_served_model(client, researcher, writer, sentiment_server):  # type: ignore[no-untyped-def]
+def test_attempts_are_scored_by_the_served_model(
+    client: TestClient, researcher: Actor, writer: Actor, sentiment_server
+) -> None:
     round_ = open_round(
         client,
         researcher,
@@ -78,7 +81,9 @@ def test_attempts_are_scored_by_the_served_model(client, researcher, writer, sen
     assert state["tries_used"] == 1, "inspect uses no try"
 
 
-def test_target_span_reaches_the_sentence_pair_model(client, researcher, writer, pair_server):  # type: ignore[no-untyped-def]
+def test_target_span_reaches_the_sentence_pair_model(
+    client: TestClient, researcher: Actor, writer: Actor, pair_server
+) -> None:
     round_ = open_round(
         client,
         researcher,

@@ -23,7 +23,6 @@ from services.db.models import Base
 from services.domain import users
 from tests.conftest import Actor, example_yaml, free_port, open_round
 from tests.stub_model_server import ThreadedServer, create_stub_app
-from tests.test_round_build import built  # noqa: F401  (fixture: a built DynaSent-style round)
 
 API = "/api/v1"
 ROLES = ["anonymous", "writer", "validator", "researcher", "client", "admin"]
@@ -333,7 +332,7 @@ def test_a_writer_never_sees_another_writers_assignment_or_attempts(
     assert mine["status"] == "active" and mine["tries_used"] == 1 and len(mine["attempts"]) == 1
 
 
-def test_a_writer_cannot_read_the_dataset_or_the_report(built, client: Any, make_user: Any) -> None:  # noqa: F811
+def test_a_writer_cannot_read_the_dataset_or_the_report(built, client: Any, make_user: Any) -> None:
     """Even when the round is built and the files exist."""
     reader = make_user("cora", "client")
     writer, validator = built["writer"], make_user("vic", "validator")

@@ -15,11 +15,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import httpx2  # starlette's TestClient is an httpx2 client: its answers are httpx2 responses
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from services.db.models import ApiToken, Assignment, Attempt, Base, Round, Task
-from tests.conftest import Actor, example_yaml, free_port, open_round, table_counts, table_snapshot
+from tests.conftest import Actor, MakeUser, example_yaml, free_port, open_round, table_counts, table_snapshot
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 API = "/api/v1"
@@ -51,7 +54,7 @@ def unchanged(app: Any) -> Iterator[None]:
         assert rows_after[name] == rows[name], f"table {name} changed on a rejected request"
 
 
-def assert_error(response: httpx.Response, status: int, code: str, *fragments: str) -> dict[str, Any]:
+def assert_error(response: httpx2.Response, status: int, code: str, *fragments: str) -> dict[str, Any]:
     """The response is an error with this status and code, and its message names each fragment."""
     assert response.status_code == status, response.text
     body = response.json()
@@ -67,7 +70,7 @@ def assert_error(response: httpx.Response, status: int, code: str, *fragments: s
 
 def post_attempt(
     client: Any, actor: Actor, assignment_id: int, text: str, key: str | None = None, **fields: Any
-) -> httpx.Response:
+) -> httpx2.Response:
     headers = dict(actor.headers)
     if key is not None:
         headers["Idempotency-Key"] = key
@@ -147,17 +150,17 @@ def sarcasm_model() -> Iterator[ThreadedServer]:
 
 
 @pytest.fixture
-def dynasent(client, researcher, stub_model):  # type: ignore[no-untyped-def]
+def dynasent(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
     return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
 @pytest.fixture
-def assignment(client, writer, dynasent):  # type: ignore[no-untyped-def]
+def assignment(client: TestClient, writer: Actor, dynasent: dict[str, Any]) -> dict[str, Any]:
     return start(client, writer, dynasent["id"])
 
 
 @pytest.fixture
-def example(client, make_user, dynasent):  # type: ignore[no-untyped-def]
+def example(client: TestClient, make_user: MakeUser, dynasent: dict[str, Any]) -> dict[str, Any]:
     """A submitted example by another writer, waiting for validations."""
     return write_example(client, make_user("wendy", "writer"), dynasent["id"])
 
@@ -178,7 +181,9 @@ TEXT_CASES = [
 
 
 @pytest.mark.parametrize(("text", "fragments"), TEXT_CASES)
-def test_attempt_text_is_checked(client, app, writer, assignment, text, fragments):  # type: ignore[no-untyped-def]
+def test_attempt_text_is_checked(
+    client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any], text, fragments
+) -> None:
     with unchanged(app):
         response = post_attempt(client, writer, assignment["id"], text, key="k-bad")
         error = assert_error(response, 422, "invalid", "text", *fragments)
@@ -206,7 +211,9 @@ RAW_BODY_CASES = [
 
 
 @pytest.mark.parametrize(("body", "fragments"), RAW_BODY_CASES)
-def test_attempt_body_is_checked(client, app, writer, assignment, body, fragments):  # type: ignore[no-untyped-def]
+def test_attempt_body_is_checked(
+    client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any], body, fragments
+) -> None:
     with unchanged(app):
         response = client.post(
             f"{API}/assignments/{assignment['id']}/attempts",
@@ -228,14 +235,14 @@ def _chunks(total: int, size: int = 16 * 1024) -> Iterator[bytes]:
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 def test_body_over_the_size_limit_is_refused(
-    client,
-    app,
-    writer,
-    assignment,
-    researcher,
-    dynasent,  # type: ignore[no-untyped-def]
+    client: TestClient,
+    app: FastAPI,
+    writer: Actor,
+    assignment: dict[str, Any],
+    researcher: Actor,
+    dynasent: dict[str, Any],
     chunked,
-):
+) -> None:
     limit = app.state.settings.max_request_bytes
     assert limit == 256 * 1024
     requests = [
@@ -256,7 +263,9 @@ def test_body_over_the_size_limit_is_refused(
         assert_error(response, 422, "invalid", "text", "at most 100000 characters")
 
 
-def test_body_limit_uses_bytes_not_characters(client, app, writer, assignment):  # type: ignore[no-untyped-def]
+def test_body_limit_uses_bytes_not_characters(
+    client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any]
+) -> None:
     """Ge'ez characters are 3 bytes in UTF-8: 100k of them is over 256 KiB."""
     with unchanged(app):
         response = post_attempt(client, writer, assignment["id"], "ሰ" * 100_000)
@@ -264,15 +273,15 @@ def test_body_limit_uses_bytes_not_characters(client, app, writer, assignment): 
 
 
 def test_other_text_fields_are_checked(
-    client,
-    app,
-    writer,
-    validators,
-    dynasent,
-    example,  # type: ignore[no-untyped-def]
-    sarcasm_model,
-    researcher,
-):
+    client: TestClient,
+    app: FastAPI,
+    writer: Actor,
+    validators: list[Actor],
+    dynasent: dict[str, Any],
+    example: dict[str, Any],
+    sarcasm_model: ThreadedServer,
+    researcher: Actor,
+) -> None:
     # A validator's flag reason.
     with unchanged(app):
         response = client.post(
@@ -308,7 +317,9 @@ UNICODE_TEXTS = [
 
 
 @pytest.mark.parametrize("text", UNICODE_TEXTS)
-def test_non_latin_text_is_stored_byte_identically(client, app, writer, validators, dynasent, text):  # type: ignore[no-untyped-def]
+def test_non_latin_text_is_stored_byte_identically(
+    client: TestClient, app: FastAPI, writer: Actor, validators: list[Actor], dynasent: dict[str, Any], text
+) -> None:
     example = write_example(client, writer, dynasent["id"], text=text)
     assert example["text"].encode("utf-8") == text.encode("utf-8")
     state = client.get(f"{API}/assignments/{example['assignment_id']}", headers=writer.headers).json()
@@ -321,12 +332,12 @@ def test_non_latin_text_is_stored_byte_identically(client, app, writer, validato
 
 
 def test_geez_text_is_accepted_and_stored_byte_identically(
-    client,
-    app,
-    researcher,
-    make_user,  # type: ignore[no-untyped-def]
-    stub_multi_label_model,
-):
+    client: TestClient,
+    app: FastAPI,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_multi_label_model: ThreadedServer,
+) -> None:
     round_ = open_round(
         client,
         researcher,
@@ -356,7 +367,7 @@ def test_geez_text_is_accepted_and_stored_byte_identically(
 
 
 @pytest.fixture
-def choice_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
+def choice_round(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
     return open_round(
         client,
         researcher,
@@ -377,7 +388,9 @@ def choice_round(client, researcher, stub_model):  # type: ignore[no-untyped-def
         (None, ["choose the target label", "send target_label"]),
     ],
 )
-def test_unknown_target_label(client, app, writer, choice_round, label, fragments):  # type: ignore[no-untyped-def]
+def test_unknown_target_label(
+    client: TestClient, app: FastAPI, writer: Actor, choice_round: dict[str, Any], label, fragments
+) -> None:
     with unchanged(app):
         response = client.post(
             f"{API}/rounds/{choice_round['id']}/assignments", json={"target_label": label}, headers=writer.headers
@@ -385,7 +398,9 @@ def test_unknown_target_label(client, app, writer, choice_round, label, fragment
         assert_error(response, 422, "invalid", *fragments)
 
 
-def test_target_label_in_a_balanced_round_is_refused(client, app, writer, dynasent):  # type: ignore[no-untyped-def]
+def test_target_label_in_a_balanced_round_is_refused(
+    client: TestClient, app: FastAPI, writer: Actor, dynasent: dict[str, Any]
+) -> None:
     with unchanged(app):
         response = client.post(
             f"{API}/rounds/{dynasent['id']}/assignments", json={"target_label": "positive"}, headers=writer.headers
@@ -402,7 +417,9 @@ def test_target_label_in_a_balanced_round_is_refused(client, app, writer, dynase
         ("", 422, ["not a label"]),
     ],
 )
-def test_unknown_validation_label(client, app, validators, example, label, status, fragments):  # type: ignore[no-untyped-def]
+def test_unknown_validation_label(
+    client: TestClient, app: FastAPI, validators: list[Actor], example: dict[str, Any], label, status, fragments
+) -> None:
     with unchanged(app):
         response = client.post(
             f"{API}/examples/{example['id']}/validations", json={"label": label}, headers=validators[0].headers
@@ -411,12 +428,12 @@ def test_unknown_validation_label(client, app, validators, example, label, statu
 
 
 def test_multi_label_exclusive_label_cannot_be_combined(
-    client,
-    app,
-    researcher,
-    make_user,  # type: ignore[no-untyped-def]
-    stub_multi_label_model,
-):
+    client: TestClient,
+    app: FastAPI,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_multi_label_model: ThreadedServer,
+) -> None:
     round_ = open_round(
         client,
         researcher,
@@ -469,7 +486,9 @@ def test_multi_label_exclusive_label_cannot_be_combined(
     assert response.json()["label"] == ["anger", "joy"]  # stored in the task's label order
 
 
-def test_target_span_on_a_single_label_task(client, app, writer, assignment):  # type: ignore[no-untyped-def]
+def test_target_span_on_a_single_label_task(
+    client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any]
+) -> None:
     with unchanged(app):
         response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT, target_span=[0, 2])
         assert_error(
@@ -482,7 +501,7 @@ MAD_SPAN = [MAD_TEXT.index("Anna Berg"), MAD_TEXT.index("Anna Berg") + len("Anna
 
 
 @pytest.fixture
-def mad_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
+def mad_round(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
     return open_round(
         client,
         researcher,
@@ -503,14 +522,18 @@ def mad_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
         ([1, 2, 3], ["two integers"]),
     ],
 )
-def test_target_span_on_a_target_dependent_task(client, app, writer, mad_round, span, fragments):  # type: ignore[no-untyped-def]
+def test_target_span_on_a_target_dependent_task(
+    client: TestClient, app: FastAPI, writer: Actor, mad_round: dict[str, Any], span, fragments
+) -> None:
     assignment = start(client, writer, mad_round["id"])
     with unchanged(app):
         response = post_attempt(client, writer, assignment["id"], MAD_TEXT, target_span=span)
         assert_error(response, 422, "invalid", "target_span", *fragments)
 
 
-def test_target_span_mismatch_on_submit(client, app, writer, mad_round, stub_model):  # type: ignore[no-untyped-def]
+def test_target_span_mismatch_on_submit(
+    client: TestClient, app: FastAPI, writer: Actor, mad_round: dict[str, Any], stub_model: ThreadedServer
+) -> None:
     assignment, attempt = submittable(client, writer, mad_round["id"], MAD_TEXT, target_span=MAD_SPAN)
     # The model got the target span text as the sentence pair's second part.
     targets = httpx.get(f"{stub_model.url}/admin/calls").json()["targets"]
@@ -531,7 +554,7 @@ def test_target_span_mismatch_on_submit(client, app, writer, mad_round, stub_mod
     assert response.json()["extras"]["target_span"] == {"start": MAD_SPAN[0], "end": MAD_SPAN[1], "text": "Anna Berg"}
 
 
-def test_extras_not_in_the_task(client, app, writer, dynasent):  # type: ignore[no-untyped-def]
+def test_extras_not_in_the_task(client: TestClient, app: FastAPI, writer: Actor, dynasent: dict[str, Any]) -> None:
     assignment, attempt = submittable(client, writer, dynasent["id"], NEUTRAL_TEXT)
     with unchanged(app):
         response = client.post(
@@ -553,7 +576,7 @@ SARCASTIC_TEXT = "Oh sure, another Monday meeting at seven, exactly what everyon
 
 
 @pytest.fixture
-def sarcasm_round(client, researcher, sarcasm_model):  # type: ignore[no-untyped-def]
+def sarcasm_round(client: TestClient, researcher: Actor, sarcasm_model: ThreadedServer) -> dict[str, Any]:
     # Writers choose the target, so each case can write for the label its extras intend.
     return open_round(
         client,
@@ -589,7 +612,9 @@ def sarcasm_round(client, researcher, sarcasm_model):  # type: ignore[no-untyped
         ({"intended_label": "not_sarcastic", "target_span": [0, 3]}, ["['target_span']", "not part of task"]),
     ],
 )
-def test_isarcasm_writer_fields(client, app, writer, sarcasm_round, extras, fragments):  # type: ignore[no-untyped-def]
+def test_isarcasm_writer_fields(
+    client: TestClient, app: FastAPI, writer: Actor, sarcasm_round: dict[str, Any], extras, fragments
+) -> None:
     assignment, attempt = submittable(client, writer, sarcasm_round["id"], SARCASTIC_TEXT, target_label="sarcastic")
     with unchanged(app):
         response = client.post(
@@ -600,7 +625,9 @@ def test_isarcasm_writer_fields(client, app, writer, sarcasm_round, extras, frag
         assert_error(response, 422, "invalid", *fragments)
 
 
-def test_isarcasm_complete_extras_are_accepted(client, writer, sarcasm_round):  # type: ignore[no-untyped-def]
+def test_isarcasm_complete_extras_are_accepted(
+    client: TestClient, writer: Actor, sarcasm_round: dict[str, Any]
+) -> None:
     extras = {
         "intended_label": "sarcastic",
         "explanation": "Nobody wants a meeting at seven.",
@@ -616,7 +643,9 @@ def test_isarcasm_complete_extras_are_accepted(client, writer, sarcasm_round):  
 # --- validators -------------------------------------------------------------------------
 
 
-def test_validator_cannot_label_their_own_example(client, app, make_user, dynasent):  # type: ignore[no-untyped-def]
+def test_validator_cannot_label_their_own_example(
+    client: TestClient, app: FastAPI, make_user: MakeUser, dynasent: dict[str, Any]
+) -> None:
     both = make_user("bo", "writer", "validator")
     example = write_example(client, both, dynasent["id"])
     with unchanged(app):
@@ -629,7 +658,9 @@ def test_validator_cannot_label_their_own_example(client, app, make_user, dynase
     assert batch["count"] == 0
 
 
-def test_second_label_conflicts_and_identical_retry_replays(client, app, validators, example):  # type: ignore[no-untyped-def]
+def test_second_label_conflicts_and_identical_retry_replays(
+    client: TestClient, app: FastAPI, validators: list[Actor], example: dict[str, Any]
+) -> None:
     url = f"{API}/examples/{example['id']}/validations"
     first = client.post(url, json={"label": "neutral"}, headers={**validators[0].headers, "Idempotency-Key": "v1"})
     assert first.status_code == 201, first.text
@@ -663,7 +694,7 @@ def _researcher_headers(client: Any, app: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_validation_of_a_missing_example(client, app, validators):  # type: ignore[no-untyped-def]
+def test_validation_of_a_missing_example(client: TestClient, app: FastAPI, validators: list[Actor]) -> None:
     with unchanged(app):
         response = client.post(
             f"{API}/examples/999/validations", json={"label": "neutral"}, headers=validators[0].headers
@@ -674,7 +705,9 @@ def test_validation_of_a_missing_example(client, app, validators):  # type: igno
 # --- assignments: expiry and tries --------------------------------------------------------
 
 
-def test_expired_assignment_is_gone(client, app, writer, assignment):  # type: ignore[no-untyped-def]
+def test_expired_assignment_is_gone(
+    client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any]
+) -> None:
     response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT)
     assert response.status_code == 201, response.text
     attempt = response.json()
@@ -708,7 +741,9 @@ def test_expired_assignment_is_gone(client, app, writer, assignment):  # type: i
     assert assignment_row(app, assignment["id"]).status.value == "expired"
 
 
-def test_tries_beyond_the_limit_conflict(client, app, researcher, writer, stub_model):  # type: ignore[no-untyped-def]
+def test_tries_beyond_the_limit_conflict(
+    client: TestClient, app: FastAPI, researcher: Actor, writer: Actor, stub_model: ThreadedServer
+) -> None:
     round_ = open_round(
         client,
         researcher,
@@ -745,7 +780,9 @@ def _auth_cases(writer: Actor) -> list[tuple[str, dict[str, str], list[str]]]:
     ]
 
 
-def test_unauthenticated_requests_are_refused(client, app, writer, assignment, dynasent):  # type: ignore[no-untyped-def]
+def test_unauthenticated_requests_are_refused(
+    client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any], dynasent: dict[str, Any]
+) -> None:
     targets = [
         ("POST", f"{API}/assignments/{assignment['id']}/attempts", {"text": NEUTRAL_TEXT}),
         ("POST", f"{API}/rounds/{dynasent['id']}/assignments", {}),
@@ -761,7 +798,9 @@ def test_unauthenticated_requests_are_refused(client, app, writer, assignment, d
             assert what  # for the failure message
 
 
-def test_revoked_and_expired_tokens_are_refused(client, app, writer, assignment):  # type: ignore[no-untyped-def]
+def test_revoked_and_expired_tokens_are_refused(
+    client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any]
+) -> None:
     created = client.post(f"{API}/users/{writer.username}/tokens", json={"name": "laptop"}, headers=writer.headers)
     assert created.status_code == 201, created.text
     spare = created.json()
@@ -795,7 +834,7 @@ def test_revoked_and_expired_tokens_are_refused(client, app, writer, assignment)
         assert_error(response, 404, "not_found", "no token 999")
 
 
-def test_a_deactivated_user_is_refused(client, app, writer):  # type: ignore[no-untyped-def]
+def test_a_deactivated_user_is_refused(client: TestClient, app: FastAPI, writer: Actor) -> None:
     from services.db.models import User
 
     with app.state.sessionmaker.begin() as session:
@@ -806,7 +845,7 @@ def test_a_deactivated_user_is_refused(client, app, writer):  # type: ignore[no-
 
 
 @pytest.fixture
-def everyone(make_user, researcher, writer):  # type: ignore[no-untyped-def]
+def everyone(make_user: MakeUser, researcher: Actor, writer: Actor) -> dict[str, Actor]:
     return {"writer": writer, "validator": make_user("vic", "validator"), "researcher": researcher}
 
 
@@ -877,7 +916,15 @@ def _role_guarded(
     ]
 
 
-def test_wrong_role_is_forbidden(client, app, everyone, writer, dynasent, example, assignment):  # type: ignore[no-untyped-def]
+def test_wrong_role_is_forbidden(
+    client: TestClient,
+    app: FastAPI,
+    everyone: dict[str, Actor],
+    writer: Actor,
+    dynasent: dict[str, Any],
+    example: dict[str, Any],
+    assignment: dict[str, Any],
+) -> None:
     attempt = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT).json()
     for method, url, body, role, callers in _role_guarded(
         dynasent["id"], assignment["id"], attempt["id"], example["id"]
@@ -889,7 +936,14 @@ def test_wrong_role_is_forbidden(client, app, everyone, writer, dynasent, exampl
                 assert error, (method, url, caller)
 
 
-def test_writers_never_see_each_others_work(client, app, make_user, writer, dynasent, assignment):  # type: ignore[no-untyped-def]
+def test_writers_never_see_each_others_work(
+    client: TestClient,
+    app: FastAPI,
+    make_user: MakeUser,
+    writer: Actor,
+    dynasent: dict[str, Any],
+    assignment: dict[str, Any],
+) -> None:
     other = make_user("olga", "writer")
     attempt = post_attempt(client, writer, assignment["id"], "The staff were terrible and the soup was cold.").json()
     for method, url, body, fragment in [
@@ -924,11 +978,11 @@ def test_writers_never_see_each_others_work(client, app, make_user, writer, dyna
 
 def _post_yaml(
     client: Any, researcher: Actor, content: bytes, content_type: str = "application/yaml"
-) -> httpx.Response:
+) -> httpx2.Response:
     return client.post(f"{API}/tasks", content=content, headers={**researcher.headers, "Content-Type": content_type})
 
 
-def test_invalid_task_yaml_lists_the_problems(client, app, researcher):  # type: ignore[no-untyped-def]
+def test_invalid_task_yaml_lists_the_problems(client: TestClient, app: FastAPI, researcher: Actor) -> None:
     with unchanged(app):
         response = _post_yaml(client, researcher, b"name: broken\nlabels: [a, b\ntitle: x\n")
         error = assert_error(response, 422, "invalid", "YAML syntax error", "line")
@@ -965,7 +1019,7 @@ def test_invalid_task_yaml_lists_the_problems(client, app, researcher):  # type:
         assert_error(response, 422, "invalid")
 
 
-def test_duplicate_task_name_conflicts(client, app, researcher):  # type: ignore[no-untyped-def]
+def test_duplicate_task_name_conflicts(client: TestClient, app: FastAPI, researcher: Actor) -> None:
     yaml_text = example_yaml("dynasent-r2")
     assert _post_yaml(client, researcher, yaml_text.encode("utf-8")).status_code == 201
     with unchanged(app):
@@ -980,11 +1034,11 @@ def test_duplicate_task_name_conflicts(client, app, researcher):  # type: ignore
 
 
 @pytest.fixture
-def empty_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
+def empty_round(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
     return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url)
 
 
-def _import(client: Any, researcher: Actor, round_id: int, content: bytes, content_type: str) -> httpx.Response:
+def _import(client: Any, researcher: Actor, round_id: int, content: bytes, content_type: str) -> httpx2.Response:
     return client.post(
         f"{API}/rounds/{round_id}/prompts",
         content=content,
@@ -992,7 +1046,9 @@ def _import(client: Any, researcher: Actor, round_id: int, content: bytes, conte
     )
 
 
-def test_prompt_file_with_one_bad_row_imports_nothing(client, app, researcher, empty_round):  # type: ignore[no-untyped-def]
+def test_prompt_file_with_one_bad_row_imports_nothing(
+    client: TestClient, app: FastAPI, researcher: Actor, empty_round: dict[str, Any]
+) -> None:
     good = [json.dumps({"text": f"Good prompt number {i}.", "stars": 3}) for i in range(5)]
     for bad_line, fragments in [
         ('{"text": "broken', ["line 4", "not valid JSON", "one JSON object per line"]),
@@ -1020,7 +1076,9 @@ def test_prompt_file_with_one_bad_row_imports_nothing(client, app, researcher, e
         assert_error(response, 422, "invalid", "line 3", "more fields than header columns", "nothing was imported")
 
 
-def test_prompt_file_format_problems(client, app, researcher, empty_round):  # type: ignore[no-untyped-def]
+def test_prompt_file_format_problems(
+    client: TestClient, app: FastAPI, researcher: Actor, empty_round: dict[str, Any]
+) -> None:
     rid = empty_round["id"]
     cases = [
         ("text,stars\nCafé très bon,5\n".encode("latin-1"), "text/csv", ["not UTF-8", "offset", "save it as UTF-8"]),
@@ -1041,7 +1099,9 @@ def test_prompt_file_format_problems(client, app, researcher, empty_round):  # t
         assert_error(response, 404, "not_found", "no round with id 999")
 
 
-def test_prompt_duplicates_are_counted_and_skipped(client, app, researcher, empty_round):  # type: ignore[no-untyped-def]
+def test_prompt_duplicates_are_counted_and_skipped(
+    client: TestClient, app: FastAPI, researcher: Actor, empty_round: dict[str, Any]
+) -> None:
     rid = empty_round["id"]
     # Duplicates after normalisation: surrounding space, CRLF vs LF, NFC vs NFD.
     content = "\n".join(
@@ -1069,7 +1129,9 @@ def test_prompt_duplicates_are_counted_and_skipped(client, app, researcher, empt
     assert table_counts(app)["prompts"] == 4
 
 
-def test_prompts_cannot_be_added_to_a_closed_round(client, app, researcher, empty_round):  # type: ignore[no-untyped-def]
+def test_prompts_cannot_be_added_to_a_closed_round(
+    client: TestClient, app: FastAPI, researcher: Actor, empty_round: dict[str, Any]
+) -> None:
     response = client.post(
         f"{API}/rounds/{empty_round['id']}/status", json={"status": "closed"}, headers=researcher.headers
     )
@@ -1091,15 +1153,15 @@ FAULTS = [
 
 @pytest.mark.parametrize(("mode", "delay", "fragment"), FAULTS)
 def test_model_fault_keeps_the_attempt_and_no_try(
-    client,
-    app,
-    writer,
-    assignment,
-    stub_model,  # type: ignore[no-untyped-def]
+    client: TestClient,
+    app: FastAPI,
+    writer: Actor,
+    assignment: dict[str, Any],
+    stub_model: ThreadedServer,
     mode,
     delay,
     fragment,
-):
+) -> None:
     counts, rows = db_state(app)
     set_mode(stub_model, mode, delay)
     response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT, key="fault-1")
@@ -1146,12 +1208,12 @@ def test_model_fault_keeps_the_attempt_and_no_try(
 
 
 def test_model_unavailable_attempt_cannot_be_confirmed_or_submitted(
-    client,
-    app,
-    writer,
-    assignment,  # type: ignore[no-untyped-def]
-    stub_model,
-):
+    client: TestClient,
+    app: FastAPI,
+    writer: Actor,
+    assignment: dict[str, Any],
+    stub_model: ThreadedServer,
+) -> None:
     set_mode(stub_model, "fail")
     response = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT, key="down")
     attempt_id = response.json()["error"]["details"]["attempt_id"]
@@ -1167,7 +1229,9 @@ def test_model_unavailable_attempt_cannot_be_confirmed_or_submitted(
         assert_error(response, 409, "conflict", "no model prediction", "check it with the model")
 
 
-def test_round_without_a_model_is_a_retryable_503(client, app, researcher, writer):  # type: ignore[no-untyped-def]
+def test_round_without_a_model_is_a_retryable_503(
+    client: TestClient, app: FastAPI, researcher: Actor, writer: Actor
+) -> None:
     round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), None, PROMPTS)
     assignment = start(client, writer, round_["id"])
     counts, rows = db_state(app)
@@ -1181,7 +1245,9 @@ def test_round_without_a_model_is_a_retryable_503(client, app, researcher, write
     assert all(rows_after[name] == rows[name] for name in ALL_TABLES if name != "attempts")
 
 
-def test_invalid_model_endpoint_is_refused(client, app, researcher, dynasent):  # type: ignore[no-untyped-def]
+def test_invalid_model_endpoint_is_refused(
+    client: TestClient, app: FastAPI, researcher: Actor, dynasent: dict[str, Any]
+) -> None:
     for endpoints, fragments in [
         (["ftp://model"], ["not an http(s) URL"]),
         (["http://a:1", "http://a:1/"], ["same URL twice"]),
@@ -1196,20 +1262,20 @@ def test_invalid_model_endpoint_is_refused(client, app, researcher, dynasent):  
 # --- round state ---------------------------------------------------------------------------
 
 
-def _set_status(client: Any, researcher: Actor, round_id: int, status: str) -> httpx.Response:
+def _set_status(client: Any, researcher: Actor, round_id: int, status: str) -> httpx2.Response:
     return client.post(f"{API}/rounds/{round_id}/status", json={"status": status}, headers=researcher.headers)
 
 
 def test_attempts_outside_a_collecting_round_conflict(
-    client,
-    app,
-    researcher,
-    writer,
-    validators,
-    dynasent,  # type: ignore[no-untyped-def]
-    assignment,
-    example,
-):
+    client: TestClient,
+    app: FastAPI,
+    researcher: Actor,
+    writer: Actor,
+    validators: list[Actor],
+    dynasent: dict[str, Any],
+    assignment: dict[str, Any],
+    example: dict[str, Any],
+) -> None:
     assert _set_status(client, researcher, dynasent["id"], "validating").status_code == 200
     for request in [
         lambda: post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT),
@@ -1240,7 +1306,9 @@ def test_attempts_outside_a_collecting_round_conflict(
         assert_error(response, 409, "conflict", "validation is over")
 
 
-def test_second_open_round_conflicts(client, app, researcher, dynasent):  # type: ignore[no-untyped-def]
+def test_second_open_round_conflicts(
+    client: TestClient, app: FastAPI, researcher: Actor, dynasent: dict[str, Any]
+) -> None:
     for status in ("collecting", "validating"):
         if status == "validating":
             assert _set_status(client, researcher, dynasent["id"], "validating").status_code == 200
@@ -1271,7 +1339,9 @@ def test_second_open_round_conflicts(client, app, researcher, dynasent):  # type
         assert_error(response, 422, "invalid", "prompt_strategy")
 
 
-def test_illegal_round_transitions_conflict(client, app, researcher, dynasent):  # type: ignore[no-untyped-def]
+def test_illegal_round_transitions_conflict(
+    client: TestClient, app: FastAPI, researcher: Actor, dynasent: dict[str, Any]
+) -> None:
     rid = dynasent["id"]
     with unchanged(app):
         assert_error(
@@ -1317,7 +1387,7 @@ def test_illegal_round_transitions_conflict(client, app, researcher, dynasent): 
 # --- users and quiz --------------------------------------------------------------------------
 
 
-def test_user_and_login_mistakes(client, app, make_user):  # type: ignore[no-untyped-def]
+def test_user_and_login_mistakes(client: TestClient, app: FastAPI, make_user: MakeUser) -> None:
     admin = make_user("ada", "admin")
     for body, status, code, fragments in [
         ({"username": "bad name!", "roles": ["writer"]}, 422, "invalid", ["not valid", "letters, digits"]),
@@ -1334,7 +1404,9 @@ def test_user_and_login_mistakes(client, app, make_user):  # type: ignore[no-unt
         assert_error(response, 401, "unauthorized", "wrong username or password")
 
 
-def test_quiz_mistakes(client, app, researcher, writer, stub_model):  # type: ignore[no-untyped-def]
+def test_quiz_mistakes(
+    client: TestClient, app: FastAPI, researcher: Actor, writer: Actor, stub_model: ThreadedServer
+) -> None:
     round_ = open_round(client, researcher, example_yaml("dynasent-r2"), stub_model.url, PROMPTS)
     # The quiz comes first; nothing is written for the refused assignment request.
     with unchanged(app):
@@ -1354,7 +1426,7 @@ def test_quiz_mistakes(client, app, researcher, writer, stub_model):  # type: ig
         assert_error(response, 422, "invalid", "answer 1", "not one of that question's options")
 
 
-def test_unknown_routes_and_methods(client, app, writer):  # type: ignore[no-untyped-def]
+def test_unknown_routes_and_methods(client: TestClient, app: FastAPI, writer: Actor) -> None:
     with unchanged(app):
         assert_error(
             client.get(f"{API}/nothing-here", headers=writer.headers),
@@ -1379,7 +1451,7 @@ def test_unknown_routes_and_methods(client, app, writer):  # type: ignore[no-unt
         assert_error(response, 422, "invalid", "round_id")
 
 
-def test_no_task_or_round_rows_leak_from_a_rejected_task(client, app, researcher):  # type: ignore[no-untyped-def]
+def test_no_task_or_round_rows_leak_from_a_rejected_task(client: TestClient, app: FastAPI, researcher: Actor) -> None:
     """A task refused for a family rule leaves no task, round or audit row behind."""
     yaml_text = task_yaml("mad-tsc", writer_fields=[], name="mad-no-span")
     with unchanged(app):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from api.app import create_app
 from dynaloop.cli import app as cli
@@ -15,7 +15,7 @@ from services.settings import Settings
 runner = CliRunner()
 
 
-def run(*args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
     return runner.invoke(cli, list(args), env=env, catch_exceptions=False)
 
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import func, select
 
 from services.db.models import Assignment, Attempt, Example, Prompt, Round, Task, Validation
-from tests.conftest import Actor, example_yaml, free_port, open_round, table_counts, table_snapshot
+from tests.conftest import Actor, MakeUser, example_yaml, free_port, open_round, table_counts, table_snapshot
 from tests.stub_model_server import ThreadedServer
 
 API = "/api/v1"
@@ -117,14 +118,16 @@ def write_example(http: httpx.Client, actor: Actor, round_id: int, text: str = N
 
 
 @pytest.fixture
-def dynasent(http, researcher, stub_model):  # type: ignore[no-untyped-def]
+def dynasent(http: httpx.Client, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
     return open_round(http, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
 # --- (a) validators racing for the last labels ---------------------------------------------
 
 
-def test_ten_validators_race_for_five_labels(http, app, make_user, writer, dynasent):  # type: ignore[no-untyped-def]
+def test_ten_validators_race_for_five_labels(
+    http: httpx.Client, app: FastAPI, make_user: MakeUser, writer: Actor, dynasent: dict[str, Any]
+) -> None:
     example = write_example(http, writer, dynasent["id"])
     racers = [make_user(f"racer{i}", "validator") for i in range(10)]
 
@@ -162,7 +165,9 @@ def test_ten_validators_race_for_five_labels(http, app, make_user, writer, dynas
 # --- (b) one validator, the same label eight times at once -----------------------------------
 
 
-def test_same_validation_sent_eight_times(http, app, validators, writer, dynasent):  # type: ignore[no-untyped-def]
+def test_same_validation_sent_eight_times(
+    http: httpx.Client, app: FastAPI, validators: list[Actor], writer: Actor, dynasent: dict[str, Any]
+) -> None:
     example = write_example(http, writer, dynasent["id"])
     validator = validators[0]
     # As in the real flow, the batch comes first (it also creates the validator's standing on
@@ -202,7 +207,9 @@ def test_same_validation_sent_eight_times(http, app, validators, writer, dynasen
 # --- (c) one attempt, the same Idempotency-Key eight times at once ----------------------------
 
 
-def test_same_attempt_key_sent_eight_times(http, app, writer, dynasent):  # type: ignore[no-untyped-def]
+def test_same_attempt_key_sent_eight_times(
+    http: httpx.Client, app: FastAPI, writer: Actor, dynasent: dict[str, Any]
+) -> None:
     assignment = start(http, writer, dynasent["id"])
 
     responses = fire(8, lambda i: attempt(http, writer, assignment["id"], NEUTRAL_TEXT, key="same-attempt"))
@@ -224,7 +231,9 @@ def test_same_attempt_key_sent_eight_times(http, app, writer, dynasent):  # type
 # --- (d) eight attempts at once on an assignment with two tries left --------------------------
 
 
-def test_tries_never_exceed_the_limit(http, app, writer, dynasent):  # type: ignore[no-untyped-def]
+def test_tries_never_exceed_the_limit(
+    http: httpx.Client, app: FastAPI, writer: Actor, dynasent: dict[str, Any]
+) -> None:
     assignment = start(http, writer, dynasent["id"])
     allowed = assignment["tries_allowed"]
     for i in range(allowed - 2):
@@ -267,7 +276,9 @@ def _prompt_usage_is_exact(app: Any, round_id: int) -> dict[int, int]:
     return used
 
 
-def test_two_writers_race_for_the_last_unused_prompt(http, app, make_user, researcher, stub_model):  # type: ignore[no-untyped-def]
+def test_two_writers_race_for_the_last_unused_prompt(
+    http: httpx.Client, app: FastAPI, make_user: MakeUser, researcher: Actor, stub_model: ThreadedServer
+) -> None:
     round_ = open_round(
         http,
         researcher,
@@ -277,7 +288,7 @@ def test_two_writers_race_for_the_last_unused_prompt(http, app, make_user, resea
         prompt_strategy="unused_first",
     )
     first = start(http, make_user("early", "writer"), round_["id"])
-    last_unused = ({p for p in PROMPTS[:2]} - {first["prompt"]["text"]}).pop()
+    last_unused = (set(PROMPTS[:2]) - {first["prompt"]["text"]}).pop()
     racers = [make_user("anna", "writer"), make_user("bert", "writer")]
 
     responses = fire(
@@ -297,7 +308,9 @@ def test_two_writers_race_for_the_last_unused_prompt(http, app, make_user, resea
         assert max(usage.values()) == 2
 
 
-def test_eight_writers_race_for_eight_unused_prompts(http, app, make_user, researcher, stub_model):  # type: ignore[no-untyped-def]
+def test_eight_writers_race_for_eight_unused_prompts(
+    http: httpx.Client, app: FastAPI, make_user: MakeUser, researcher: Actor, stub_model: ThreadedServer
+) -> None:
     prompts = [f"Prompt number {i} about a quiet little cafe." for i in range(8)]
     round_ = open_round(
         http,
@@ -327,7 +340,9 @@ def test_eight_writers_race_for_eight_unused_prompts(http, app, make_user, resea
 # --- (f) the same assignment submitted eight times at once ---------------------------------------
 
 
-def test_concurrent_submit_makes_one_example(http, app, writer, dynasent):  # type: ignore[no-untyped-def]
+def test_concurrent_submit_makes_one_example(
+    http: httpx.Client, app: FastAPI, writer: Actor, dynasent: dict[str, Any]
+) -> None:
     assignment = start(http, writer, dynasent["id"])
     target = assignment["target_label"][0]
     fooling = {"positive": "terrible", "negative": "great", "neutral": "great"}[target]
@@ -367,7 +382,9 @@ def test_concurrent_submit_makes_one_example(http, app, writer, dynasent):  # ty
 # --- (g) a researcher's double click: the same task, round and prompt file at once -------------
 
 
-def test_concurrent_setup_requests_create_each_thing_once(http, app, researcher, stub_model):  # type: ignore[no-untyped-def]
+def test_concurrent_setup_requests_create_each_thing_once(
+    http: httpx.Client, app: FastAPI, researcher: Actor, stub_model: ThreadedServer
+) -> None:
     yaml_text = example_yaml("dynasent-r2", onboarding_quiz=None).encode("utf-8")
     responses = fire(
         6,
@@ -415,7 +432,9 @@ def test_concurrent_setup_requests_create_each_thing_once(http, app, researcher,
 # --- (h) oversized bodies over a real socket, with and without Content-Length ------------------
 
 
-def test_oversized_bodies_over_real_http(http, app, writer, dynasent):  # type: ignore[no-untyped-def]
+def test_oversized_bodies_over_real_http(
+    http: httpx.Client, app: FastAPI, writer: Actor, dynasent: dict[str, Any]
+) -> None:
     """uvicorn, not the test transport: a 413 comes back whether or not Content-Length is sent,
     before the whole body is read, and the connection pool stays usable."""
     assignment = start(http, writer, dynasent["id"])

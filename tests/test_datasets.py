@@ -24,7 +24,6 @@ from modelling.datasets import (
 )
 from services.db.engine import session_scope
 from services.db.models import BuiltExample, Task
-from tests.test_round_build import built  # noqa: F401  (the fixture)
 
 LABELS = ["positive", "negative", "neutral"]
 STARS = {"1": "negative", "2": "negative", "3": "neutral", "4": "positive", "5": "positive"}
@@ -163,7 +162,7 @@ def test_mix_file_resolves_paths_and_reports_problems(tmp_path: Path) -> None:
         read_table(tmp_path / "mix.yaml")
 
 
-def test_round_splits_carry_soft_train_labels_and_gold_dev_labels(built, app) -> None:  # noqa: F811
+def test_round_splits_carry_soft_train_labels_and_gold_dev_labels(built, app) -> None:
     with session_scope(app.state.sessionmaker) as session:
         task = session.scalar(select(Task).where(Task.name == "dynasent-r2"))
         train = load_source(SourceSpec(round=1), labels=LABELS, multi_label=False, session=session, task=task)

@@ -23,6 +23,7 @@ from model_directory import ModelMetadata
 from modelling.init_model import minilm_dir
 from services.taskdef import example_path, load_task_definition
 from tests.demo_process import TINY_SPEC, alive, group_members, running_demo, tiny_model_cache
+from tests.stub_model_server import ThreadedServer
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +85,7 @@ def test_model_zero_is_trained_once_then_cached(model_cache: Path) -> None:
     metadata = ModelMetadata.load(directory)
     assert metadata.labels == list(SEED_LABELS) and metadata.task == DEMO_TASK
     assert Path(metadata.base_model) == minilm_dir(), "Model 0 starts from the packaged MiniLM"
-    assert metadata.training["epochs_run"] == 1  # type: ignore[index]
+    assert (metadata.model_extra or {})["training"]["epochs_run"] == 1
     assert not (directory / "checkpoints").exists(), "optimizer checkpoints are removed after training"
     assert not [p for p in directory.parent.iterdir() if p.name.startswith(".training-")]
 
@@ -94,7 +95,9 @@ def test_model_zero_is_trained_once_then_cached(model_cache: Path) -> None:
 # A service that starts a grandchild which ignores SIGTERM, then waits.
 _PARENT = """
 import subprocess, sys, time
-child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+child = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+)
 subprocess.Popen([sys.executable, '-c', child])
 time.sleep(600)
 """
@@ -193,7 +196,7 @@ def test_demo_serves_model_zero_and_stops_every_child(tmp_path: Path, model_cach
 
 
 @pytest.mark.integration
-def test_demo_uses_an_external_model_server_when_given_one(tmp_path: Path, stub_model) -> None:  # type: ignore[no-untyped-def]
+def test_demo_uses_an_external_model_server_when_given_one(tmp_path: Path, stub_model: ThreadedServer) -> None:
     with running_demo(tmp_path / "data", "--model-endpoint", stub_model.url) as demo:
         assert "Model 0" not in demo.output and not (tmp_path / "data" / "models").exists()
         assert set(demo.service_pids()) == {"API"}

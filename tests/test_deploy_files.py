@@ -484,8 +484,8 @@ def test_images_are_built_from_the_dockerfiles() -> None:
         build = service.get("build")
         if build is None:
             continue
-        assert build["context"] == ".."
-        assert (ROOT / build["dockerfile"]).is_file()
+        assert build["context"] == "..", name
+        assert (ROOT / build["dockerfile"]).is_file(), name
 
 
 # --- nginx.conf ---------------------------------------------------------------------------------

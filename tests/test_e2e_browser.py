@@ -382,7 +382,11 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
         page.choose("Label", target)
         page.click("Save label")
         labelled += 1
-        page.until(lambda: page.text().count("Saved:") >= labelled, f"{labelled} saved label(s)")
+
+        def all_saved(expected: int = labelled) -> bool:
+            return page.text().count("Saved:") >= expected
+
+        page.until(all_saved, f"{labelled} saved label(s)")
         page.idle()
     assert labelled >= 1
     page.wait_text("Batch done. Thank you!")

@@ -29,7 +29,6 @@ from modelling.registry import find_model
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.models import ModelVersionStatus
 from services.domain.tasks import get_task
-from tests.test_round_build import built  # noqa: F401  (a built DynaSent-style round, through the API)
 
 SENTIMENT = ["positive", "negative", "neutral"]
 EMOTIONS = ["anger", "joy", "neutral"]
@@ -402,7 +401,7 @@ def flat(output: str) -> str:
     return " ".join(output.split())
 
 
-def test_round_evaluate_command(built, client, settings, models, tmp_path: Path) -> None:  # noqa: F811
+def test_round_evaluate_command(built, client, settings, models, tmp_path: Path) -> None:
     runner = CliRunner()
     url = settings.database_url
     base = ["round", "evaluate", "--task", "dynasent-r2", "--database-url", url]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
@@ -21,7 +23,8 @@ from bench.load import Stack, drive, fresh_postgres, start_stack, verdict
 from services.db.engine import session_scope
 from services.domain.invariants import check_database
 from services.settings import Settings
-from tests.conftest import POSTGRES_URL, example_yaml, open_round
+from tests.conftest import POSTGRES_URL, Actor, MakeUser, example_yaml, open_round
+from tests.stub_model_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +37,7 @@ def _assert_nothing_lost(result: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def stack(tmp_path: Path):  # type: ignore[no-untyped-def]
+def stack(tmp_path: Path) -> Iterator[Stack]:
     running = start_stack(tmp_path / "load", writers=4, validators=3)
     yield running
     running.stop()
@@ -129,7 +132,9 @@ def test_postgres_connections_dropped_during_load(tmp_path: Path) -> None:
 # --- a database that cannot be written ---------------------------------------------------------
 
 
-def _writer_setup(client, researcher, make_user, stub_model) -> tuple[Any, int]:  # type: ignore[no-untyped-def]
+def _writer_setup(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> tuple[Any, int]:
     round_ = open_round(
         client,
         researcher,
@@ -169,7 +174,7 @@ def test_full_sqlite_database_gives_a_clear_retryable_error(
     app.state.engine.dispose()
 
     @event.listens_for(app.state.engine, "connect")
-    def _full(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _full(dbapi_connection, _record) -> None:
         # No page may be added: SQLite answers SQLITE_FULL, "database or disk is full".
         cursor = dbapi_connection.cursor()
         pages = cursor.execute("PRAGMA page_count").fetchone()[0]

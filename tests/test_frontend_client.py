@@ -10,19 +10,17 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from streamlit.testing.v1 import AppTest
 
 from frontend.client import ApiClient, ApiError, api_root, idempotency_key
 from services.db.engine import session_scope
 from services.domain import users
-from tests.conftest import example_yaml, free_port
-from tests.frontend_live import (  # noqa: F401 - fixtures
+from tests.conftest import Actor, MakeUser, example_yaml, free_port
+from tests.frontend_live import (
     APP_FILE,
     LiveApi,
-    live_fixture,
-    live_server_fixture,
     signed_in_app,
-    stub_models_fixture,
 )
 from tests.stub_model_server import ThreadedServer
 
@@ -47,8 +45,8 @@ def test_api_root_accepts_both_forms() -> None:
     assert api_root("http://h:8000/api/v1/") == "http://h:8000/api/v1"
 
 
-def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-untyped-def]
-    app, api_url, researcher, make_user, stub_model
+def test_writer_and_validator_flow_through_the_real_api(
+    app: FastAPI, api_url: str, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
     research = ApiClient(api_url, researcher.token)
     task = research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
@@ -113,8 +111,8 @@ def test_writer_and_validator_flow_through_the_real_api(  # type: ignore[no-unty
     assert research.set_round_status(round_["id"], "validating")["status"] == "validating"
 
 
-def test_error_mapping_401_404_409_and_503_with_retry_after(  # type: ignore[no-untyped-def]
-    app, api_url, researcher, make_user, stub_model
+def test_error_mapping_401_404_409_and_503_with_retry_after(
+    app: FastAPI, api_url: str, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
     with pytest.raises(ApiError) as unknown:
         ApiClient(api_url, "dl_not-a-token").me()
@@ -274,7 +272,7 @@ def test_login_with_an_api_token(with_round: LiveApi) -> None:
     at.text_input(key="login_api_token").set_value(token)
     at.button(key="login_token_submit").click().run()
     assert [t.value for t in at.title] == ["Validate"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/writer\.py'"):
         at.switch_page("pages/writer.py")  # not a page of a validator
 
 
@@ -282,7 +280,7 @@ def test_writer_cannot_reach_validator_page_and_admin_reaches_all(with_round: Li
     with_round.user("walt", "writer")
     with_round.user("ada", "admin")
     at = signed_in_app(with_round, "walt")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/validator\.py'"):
         at.switch_page("pages/validator.py")
     admin = signed_in_app(with_round, "ada", page="pages/writer.py")
     assert [t.value for t in admin.title] == ["Write"]
@@ -298,7 +296,7 @@ def test_researcher_navigation_lists_the_researcher_pages_that_exist(with_round:
         at.switch_page(f"pages/{page.name}")  # registered (not run: those pages have their own tests)
     if not pages:
         assert "have no pages here" in at.info[0].value
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/writer\.py'"):
         at.switch_page("pages/writer.py")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import altair as alt
 import pytest
 import yaml
+from fastapi import FastAPI
 from sqlalchemy import select
 from streamlit.testing.v1 import AppTest
 
@@ -29,14 +30,11 @@ from modelling.registry import record_evaluation, register_model
 from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelVersion, ModelVersionStatus, Prompt, Task, utcnow
 from services.taskdef import example_path
-from tests.frontend_live import (  # noqa: F401 - fixtures
+from tests.built_round import KEYWORD, LABELS, BuiltRound
+from tests.frontend_live import (
     LiveApi,
     PageClient,
-    live_fixture,
-    live_server_fixture,
-    stub_models_fixture,
 )
-from tests.test_round_build import KEYWORD, LABELS, built  # noqa: F401 - the built-round fixture
 
 PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"
 HOSTILE = "<script>alert('x')</script> **bold** [link](http://evil.example) $x$"
@@ -105,7 +103,7 @@ def labelled_round(
     status: str = "collecting",
     validators: tuple[str, ...] = ("val1", "val2", "val3", "val4", "x__bold__"),
 ) -> Round:
-    """Round 1 of the task as tests/test_round_build.py's ``built`` writes it, through the API:
+    """Round 1 of the task as tests/built_round.py's ``built`` writes it, through the API:
     two examples per (target, prediction) cell with 4 of 5 validators agreeing, and three with a
     mixed, no or a 3-of-5 majority (21 examples, 12 of them fooled the model); then ``status``."""
     round_ = live.round(
@@ -656,7 +654,7 @@ def test_plots_without_data() -> None:
 # --- the real client against the real API ------------------------------------------------------
 
 
-def test_researcher_pages_against_the_real_api(app, built) -> None:  # type: ignore[no-untyped-def]
+def test_researcher_pages_against_the_real_api(app: FastAPI, built: BuiltRound) -> None:
     """The pages with the real ApiClient, the API served over HTTP, a built round and a real
     `dynaloop job run` process: plot data, downloads, a train job followed to the end."""
     import time

@@ -8,17 +8,14 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from frontend.client import Round
-from tests.frontend_live import (  # noqa: F401 - fixtures
+from tests.frontend_live import (
     HOSTILE,
     HOSTILE_ESCAPED,
     LiveApi,
     PageClient,
     html_of,
-    live_fixture,
-    live_server_fixture,
     markdown_of,
     signed_in_app,
-    stub_models_fixture,
     texts,
 )
 

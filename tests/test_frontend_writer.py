@@ -15,17 +15,14 @@ from frontend import render
 from frontend.client import ApiError, Assignment
 from services.db.models import Assignment as AssignmentRow
 from services.db.models import Example as ExampleRow
-from tests.frontend_live import (  # noqa: F401 - fixtures
+from tests.frontend_live import (
     HOSTILE,
     HOSTILE_ESCAPED,
     LiveApi,
     PageClient,
     html_of,
-    live_fixture,
-    live_server_fixture,
     markdown_of,
     signed_in_app,
-    stub_models_fixture,
     texts,
 )
 from tests.stub_model_server import classify
@@ -384,7 +381,7 @@ def test_inspect_shades_tokens(dynasent: LiveApi) -> None:
     aid = held(at)["id"]
     at.text_area(key=f"writer_text_{aid}").set_value("A great <b>meal</b>, but cold.")
     at.button(key=f"writer_inspect_{aid}").click().run()
-    shading = [h for h in texts(at.get("html")) if "dl-inspect" in h][0]
+    shading = next(h for h in texts(at.get("html")) if "dl-inspect" in h)
     assert 'title="+0.600" style="background: rgba(22, 163, 74, 0.75)' in shading  # great: towards
     assert 'title="-0.600" style="background: rgba(220, 38, 38, 0.75)' in shading  # cold: away
     assert "&lt;" in shading and "<b>meal" not in shading and "[CLS]" not in shading

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -37,7 +39,7 @@ from services.db.engine import session_scope
 from services.db.models import Example, ExampleOrigin, ExampleStatus, Prompt
 from services.domain.rounds import get_round
 from services.errors import Conflict
-from tests.conftest import example_yaml, open_round, table_counts
+from tests.conftest import Actor, example_yaml, open_round, table_counts
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -183,7 +185,7 @@ def test_corpus_formats_and_clear_errors(tmp_path: Path) -> None:
     for name, message in cases.items():
         with pytest.raises(HarvestError, match=message):
             read_corpus(tmp_path / name)
-    with pytest.raises(HarvestError, match="no column 'doc'.*--id-column"):
+    with pytest.raises(HarvestError, match=r"no column 'doc'.*--id-column"):
         read_corpus(tmp_path / "c.jsonl", id_column="doc")
 
 
@@ -195,8 +197,8 @@ def _open(client: Any, researcher: Any) -> dict[str, Any]:
 
 
 def test_harvested_examples_are_validated_and_built_into_chance_level_splits(
-    app, client, researcher, validators, model_dir, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+    app: FastAPI, client: TestClient, researcher: Actor, validators: list[Actor], model_dir: Path, tmp_path: Path
+) -> None:
     round_ = _open(client, researcher)
     corpus = write_corpus(tmp_path / "reviews.csv")
     report = harvest(
@@ -282,7 +284,9 @@ def test_harvested_examples_are_validated_and_built_into_chance_level_splits(
     assert len(rows) == 48 and all(row["writer"] is None for row in rows)
 
 
-def test_harvest_as_prompts_for_writers(app, client, researcher, writer, model_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_harvest_as_prompts_for_writers(
+    app: FastAPI, client: TestClient, researcher: Actor, writer: Actor, model_dir: Path, tmp_path: Path
+) -> None:
     round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), None)
     corpus = write_corpus(tmp_path / "reviews.csv")
     options = dict(text_column="body", rating_column="stars", mode="prompts", predictor=fake_predictor)
@@ -307,7 +311,9 @@ def test_harvest_as_prompts_for_writers(app, client, researcher, writer, model_d
     assert assignment.status_code == 201 and assignment.json()["prompt"]["text"]
 
 
-def test_bad_harvests_fail_clearly_and_write_nothing(app, client, researcher, model_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_bad_harvests_fail_clearly_and_write_nothing(
+    app: FastAPI, client: TestClient, researcher: Actor, model_dir: Path, tmp_path: Path
+) -> None:
     round_ = _open(client, researcher)
     corpus = write_corpus(tmp_path / "reviews.csv")
     factory = app.state.sessionmaker
@@ -371,7 +377,9 @@ def test_bad_harvests_fail_clearly_and_write_nothing(app, client, researcher, mo
         harvest(factory, response.json()["name"], 1, corpus, model_dir, 10, predictor=fake_predictor)
 
 
-def test_cli_harvest_with_the_real_model(app, client, researcher, settings, model_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_cli_harvest_with_the_real_model(
+    app: FastAPI, client: TestClient, researcher: Actor, database_url: str, model_dir: Path, tmp_path: Path
+) -> None:
     _open(client, researcher)
     corpus = write_corpus(tmp_path / "reviews.csv")
     runner = CliRunner()
@@ -385,7 +393,7 @@ def test_cli_harvest_with_the_real_model(app, client, researcher, settings, mode
         "--model",
         str(model_dir),
         "--database-url",
-        settings.database_url,
+        database_url,
     ]
     result = runner.invoke(
         cli,

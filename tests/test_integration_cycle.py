@@ -17,6 +17,7 @@ Runs on SQLite always and on PostgreSQL when DYNALOOP_TEST_POSTGRES_URL is set.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -125,10 +126,8 @@ class Process:
             self._log.close()
 
     def _signal(self, signum: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signum)  # the group this process leads (start_new_session)
-        except ProcessLookupError:
-            pass
 
 
 def _run_cli(args: list[str], *, env: dict[str, str], cwd: Path) -> str:

@@ -12,7 +12,6 @@ from sqlalchemy import text
 
 from services.db.engine import session_scope
 from services.domain.invariants import RULES, check_database
-from tests.test_round_build import built  # noqa: F401  (the fixture)
 
 
 def _check(app: Any) -> dict[str, Any]:
@@ -36,7 +35,7 @@ def _run(app: Any, *statements: str, without_foreign_keys: bool = False) -> None
             connection.execute(text(statement))
 
 
-def test_a_round_made_through_the_api_breaks_no_rule(built, app) -> None:  # noqa: F811
+def test_a_round_made_through_the_api_breaks_no_rule(built, app) -> None:
     report = _check(app)
     assert report["ok"], report["violations"]
     assert report["counts"]["validations"] > 100
@@ -53,7 +52,8 @@ CORRUPTIONS: dict[str, Callable[[Any], list[str]]] = {
         f"WHERE id = {_one(app, 'SELECT MIN(id) FROM examples')}"
     ],
     "self_validation": lambda app: [
-        "UPDATE validations SET validator_id = (SELECT writer_id FROM examples WHERE examples.id = validations.example_id) "
+        "UPDATE validations SET validator_id = "
+        "(SELECT writer_id FROM examples WHERE examples.id = validations.example_id) "
         f"WHERE id = {_one(app, 'SELECT MIN(id) FROM validations')}"
     ],
     "tries_used": lambda app: [
@@ -81,7 +81,7 @@ CORRUPTIONS: dict[str, Callable[[Any], list[str]]] = {
 
 
 @pytest.mark.parametrize("rule", sorted(CORRUPTIONS))
-def test_each_rule_finds_its_corruption(built, app, rule: str) -> None:  # noqa: F811
+def test_each_rule_finds_its_corruption(built, app, rule: str) -> None:
     _run(app, *CORRUPTIONS[rule](app))
     report = _check(app)
     found = {v["rule"]: v for v in report["violations"]}
@@ -89,7 +89,7 @@ def test_each_rule_finds_its_corruption(built, app, rule: str) -> None:  # noqa:
     assert found[rule]["count"] >= 1 and found[rule]["rows"]
 
 
-def test_duplicate_validations_are_found(built, app) -> None:  # noqa: F811
+def test_duplicate_validations_are_found(built, app) -> None:
     # The unique constraint forbids it; a restored dump or a dropped constraint would not.
     with app.state.engine.begin() as connection:
         if connection.dialect.name == "sqlite":
@@ -119,7 +119,7 @@ def test_duplicate_validations_are_found(built, app) -> None:  # noqa: F811
             )
 
 
-def test_orphans_are_found(built, app) -> None:  # noqa: F811
+def test_orphans_are_found(built, app) -> None:
     example = _one(app, "SELECT MIN(e.id) FROM examples e JOIN validations v ON v.example_id = e.id")
     # Outside the application's checks, on a raw driver connection, as a hand edit would do it.
     raw = app.state.engine.raw_connection()
@@ -144,7 +144,7 @@ def test_unknown_rule_is_refused(app) -> None:
         check_database(session, ["no_such_rule"])
 
 
-def test_check_command_reports_and_exits_nonzero(built, app, database_url) -> None:  # noqa: F811
+def test_check_command_reports_and_exits_nonzero(built, app, database_url) -> None:
     from typer.testing import CliRunner
 
     from dynaloop.cli import app as cli

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
@@ -21,7 +23,7 @@ def test_models_match_the_migrations(database_url: str) -> None:
     assert diff == [], f"models and migrations differ; write a migration: {diff}"
 
 
-def test_upgrade_downgrade_upgrade(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_upgrade_downgrade_upgrade(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'nested' / 'folder' / 'm.db'}"
     upgrade(url)
     assert current_revision(url) == head_revision()

@@ -4,6 +4,7 @@ contract over real HTTP with a tiny random-initialised BERT (and MiniLM where a 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
@@ -285,7 +286,7 @@ def test_split_by_length_covers_every_item_once_and_splits_only_where_padding_co
     lengths = sorted([11, 13, 14, 15, 17, 19, 20, 22, 23, 25, 27, 28, 30, 33, 36, 120, 124, 128])
     spans = split_by_length(lengths, max_size=8, split_cost=32)
     assert spans[0][0] == 0 and spans[-1][1] == len(lengths)
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, in order
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # contiguous, in order
     assert all(0 < end - start <= 8 for start, end in spans)
     assert any(start == 15 for start, _ in spans)  # the three long ones are not padded with the short
     assert split_by_length([20] * 10, max_size=64) == [(0, 10)]  # nothing to gain: one pass

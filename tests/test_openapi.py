@@ -19,9 +19,9 @@ from round_builder.dashboard import round_plot_data
 from services.db.models import Example, RoundBuild
 from services.domain import rounds, validating
 from services.taskdef import example_path
+from tests.built_round import write_and_label
 from tests.conftest import example_yaml, free_port, open_round
 from tests.stub_model_server import ThreadedServer, create_stub_app
-from tests.test_round_build import _collect, built  # noqa: F401  (fixture: a built DynaSent-style round)
 
 API = "/api/v1"
 
@@ -103,7 +103,7 @@ def assert_report_is_the_stored_one(client: Any, headers: dict[str, str], task: 
     assert list(response.json()) == ["build_id", *report]
 
 
-def test_a_built_rounds_answers_are_the_domains(built, client, app) -> None:  # noqa: F811
+def test_a_built_rounds_answers_are_the_domains(built, client, app) -> None:
     researcher, round_ = built["researcher"], built["round"]
     build_id, report = _stored_report(app, round_["id"])
     assert same_json(
@@ -149,7 +149,7 @@ def test_multi_label_report_is_the_stored_one(client, researcher, make_user, stu
     plan += [
         (["anger"], f"an anger filled day {i} ቁጣ", None, [["anger"], ["anger", "disgust"], ["anger"]]) for i in range(2)
     ]
-    _collect(client, make_user("amara", "writer"), validators, round_["id"], plan)
+    write_and_label(client, make_user("amara", "writer"), validators, round_["id"], plan)
     client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     built_now = client.post(f"{API}/rounds/{round_['id']}/build", json={"seed": 1}, headers=researcher.headers)
     assert built_now.status_code == 201, built_now.text

@@ -89,7 +89,7 @@ def test_limits_can_be_turned_off(settings, make_user, researcher, stub_model, r
 
 
 def test_a_malformed_limit_is_refused_at_start(settings) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rate limit string 'many per minute'"):
         create_app(settings.model_copy(update={"rate_limit_per_token": "many per minute"}))
 
 

@@ -7,6 +7,7 @@ Runs on SQLite always and on PostgreSQL when DYNALOOP_TEST_POSTGRES_URL is set.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
@@ -34,7 +37,15 @@ from services.db.engine import session_scope
 from services.db.models import Assignment, Attempt, AuditEntry, ModelVersion, ModelVersionStatus, Round
 from services.domain.tasks import create_task, get_task
 from services.errors import Conflict, Invalid, NotFound
-from tests.conftest import ModelServerProcess, example_yaml, free_port, model_server_process, open_round, table_snapshot
+from tests.conftest import (
+    Actor,
+    ModelServerProcess,
+    example_yaml,
+    free_port,
+    model_server_process,
+    open_round,
+    table_snapshot,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -90,14 +101,14 @@ def task(app: Any) -> str:
         return create_task(session, None, example_yaml("dynasent-r2", onboarding_quiz=None)).name
 
 
-def _session(app: Any):  # type: ignore[no-untyped-def]
+def _session(app: Any):
     return session_scope(app.state.sessionmaker)
 
 
 # --- registering ------------------------------------------------------------------------
 
 
-def test_register_is_idempotent_and_reads_the_metadata(app, task, models) -> None:  # type: ignore[no-untyped-def]
+def test_register_is_idempotent_and_reads_the_metadata(app: FastAPI, task: str, models: Models) -> None:
     with _session(app) as session:
         first = register_model(session, get_task(session, task), models.b)
         again = register_model(session, get_task(session, task), str(models.b) + "/")
@@ -115,11 +126,13 @@ def test_register_is_idempotent_and_reads_the_metadata(app, task, models) -> Non
         assert len(list_models(session, get_task(session, task))) == 1
 
 
-def test_register_refuses_other_labels_and_a_reused_version(app, task, models, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_register_refuses_other_labels_and_a_reused_version(
+    app: FastAPI, task: str, models: Models, tmp_path: Path
+) -> None:
     with _session(app) as session:
         with pytest.raises(Invalid, match=r"labels \['positive', 'negative'\].*missing \['neutral'\]"):
             register_model(session, get_task(session, task), models.wrong_labels)
-        with pytest.raises(Invalid, match="has no dynaloop_model.json"):
+        with pytest.raises(Invalid, match=re.escape("has no dynaloop_model.json")):
             register_model(session, get_task(session, task), tmp_path)
         with pytest.raises(Invalid, match="does not exist"):
             register_model(session, get_task(session, task), tmp_path / "nowhere")
@@ -127,12 +140,12 @@ def test_register_refuses_other_labels_and_a_reused_version(app, task, models, t
     copy = tmp_path / "copy-of-a"
     shutil.copytree(models.a, copy)
     before = table_snapshot(app, "model_versions")
-    with _session(app) as session, pytest.raises(Conflict, match="already registered.*give it a new `version`"):
+    with _session(app) as session, pytest.raises(Conflict, match=r"already registered.*give it a new `version`"):
         register_model(session, get_task(session, task), copy)
     assert table_snapshot(app, "model_versions") == before
 
 
-def test_evaluation_moves_trained_to_evaluated_and_names_resolve(app, task, models) -> None:  # type: ignore[no-untyped-def]
+def test_evaluation_moves_trained_to_evaluated_and_names_resolve(app: FastAPI, task: str, models: Models) -> None:
     with _session(app) as session:
         task_row = get_task(session, task)
         model = record_evaluation(session, task_row, models.a, {"round 1 test": {"macro_f1": float("nan"), "n": 3}})
@@ -168,7 +181,9 @@ def _tables(app: Any) -> dict[str, list[tuple[Any, ...]]]:
     return table_snapshot(app, "model_versions", "rounds", "audit_log")
 
 
-def test_promotion_failures_say_why_and_change_nothing(app, task, models, model_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_promotion_failures_say_why_and_change_nothing(
+    app: FastAPI, task: str, models: Models, model_server: ModelServerProcess, tmp_path: Path
+) -> None:
     factory = app.state.sessionmaker
     _registered(app, task, models.a, evaluated=False)
     _registered(app, task, models.unloadable)
@@ -206,8 +221,8 @@ def test_promotion_failures_say_why_and_change_nothing(app, task, models, model_
 
 
 def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(
-    app, task, models, model_server, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+    app: FastAPI, task: str, models: Models, model_server: ModelServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     factory = app.state.sessionmaker
     _registered(app, task, models.a, models.b)
     promote(factory, task, f"{MODEL_ID}@0", endpoint=model_server.url, admin_token=TOKEN)
@@ -217,7 +232,7 @@ def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(
         raise OperationalError("UPDATE model_versions", {}, Exception("disk I/O error"))
 
     monkeypatch.setattr(registry, "_record", broken)
-    with pytest.raises(PromotionError, match="could not record it.*previous model .* was reloaded"):
+    with pytest.raises(PromotionError, match=r"could not record it.*previous model .* was reloaded"):
         promote(factory, task, f"{MODEL_ID}@1", endpoint=model_server.url, admin_token=TOKEN)
     assert _tables(app) == before
     assert model_server.info()["version"] == "0"
@@ -236,7 +251,9 @@ def _attempt(client: Any, writer: Any, round_id: int, text: str) -> dict[str, An
     return attempt.json()
 
 
-def test_attempts_record_the_promoted_version(app, client, researcher, writer, models, model_server) -> None:  # type: ignore[no-untyped-def]
+def test_attempts_record_the_promoted_version(
+    app: FastAPI, client: TestClient, researcher: Actor, writer: Actor, models: Models, model_server: ModelServerProcess
+) -> None:
     factory = app.state.sessionmaker
     round_ = open_round(
         client,
@@ -282,7 +299,9 @@ def test_attempts_record_the_promoted_version(app, client, researcher, writer, m
         assert actions.count("model.promote") == 2
 
 
-def test_promotion_points_open_rounds_at_the_endpoint(app, client, researcher, models, model_server) -> None:  # type: ignore[no-untyped-def]
+def test_promotion_points_open_rounds_at_the_endpoint(
+    app: FastAPI, client: TestClient, researcher: Actor, models: Models, model_server: ModelServerProcess
+) -> None:
     round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), None)
     _registered(app, "dynasent-r2", models.a)
     result = promote(
@@ -296,9 +315,11 @@ def test_promotion_points_open_rounds_at_the_endpoint(app, client, researcher, m
 # --- CLI ---------------------------------------------------------------------------------
 
 
-def test_cli_register_list_promote_retire(app, settings, task, models, model_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_cli_register_list_promote_retire(
+    app: FastAPI, database_url: str, task: str, models: Models, model_server: ModelServerProcess, tmp_path: Path
+) -> None:
     runner = CliRunner()
-    url = ["--database-url", settings.database_url]
+    url = ["--database-url", database_url]
 
     def run(*args: str, env: dict[str, str] | None = None) -> Any:
         return runner.invoke(cli, [*args, *url], env={"COLUMNS": "250", **(env or {})})

@@ -1,10 +1,12 @@
 """A DynaSent-style round, simulated through the real database and API (writers, five
-validators per example, an unqualified validator), built and exported."""
+validators per example, an unqualified validator; the ``built`` fixture of tests/built_round.py), built
+and exported."""
 
 from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +14,14 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from statsmodels.stats.inter_rater import fleiss_kappa
 
-from tests.conftest import Actor, example_yaml, open_round
+from tests.built_round import LABELS, BuiltRound, write_and_label
+from tests.conftest import Actor, MakeUser, example_yaml, free_port, open_round
+from tests.stub_model_server import ThreadedServer, create_stub_app
 
-LABELS = ["positive", "negative", "neutral"]
-# The stub model predicts positive for "great", negative for "terrible", else neutral.
-KEYWORD = {"positive": "great", "negative": "terrible", "neutral": "plain"}
 # Each test round's report JSON as the untyped report code wrote it before the report became
 # typed dataclasses (round_builder/report.py): builds store it, the API serves it and report.md
 # renders it, so the typed report must write exactly the same.
@@ -45,94 +48,7 @@ def assert_report_unchanged(report: dict[str, Any], name: str) -> None:
     assert _comparable(report) == expected
 
 
-def _write(client: Any, writer: Actor, round_id: int, target: str, text: str) -> dict[str, Any]:
-    assignment = client.post(
-        f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target}, headers=writer.headers
-    ).json()
-    attempt = client.post(
-        f"/api/v1/assignments/{assignment['id']}/attempts", json={"text": text}, headers=writer.headers
-    ).json()
-    assert attempt["status"] == "scored", attempt
-    if attempt["fooled"]:
-        client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-    response = client.post(
-        f"/api/v1/assignments/{assignment['id']}/example", json={"attempt_id": attempt["id"]}, headers=writer.headers
-    )
-    assert response.status_code == 201, response.text
-    return {**response.json(), "prediction": attempt["prediction"][0]}
-
-
-@pytest.fixture
-def built(client, app, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
-    prompts = [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(30)]
-    round_ = open_round(
-        client,
-        researcher,
-        example_yaml("dynasent-r2", onboarding_quiz=None),
-        stub_model.url,
-        prompts,
-        target_label_mode="writer_choice",
-    )
-    writer = make_user("wanda", "writer")
-    validators = [make_user(f"val{i}", "validator") for i in range(5)]
-    spammer = make_user("spam", "validator")
-    plan: list[tuple[dict[str, Any], list[str]]] = []
-    # Two examples per (gold, predicted) cell with 4 of 5 agreeing: one for dev, one for test.
-    for gold in LABELS:
-        for predicted in LABELS:
-            for copy in range(2):
-                example = _write(
-                    client,
-                    writer,
-                    round_["id"],
-                    gold,
-                    f"Copy {copy}: a {KEYWORD[predicted]} {gold} sentence about lunch.",
-                )
-                assert example["prediction"] == predicted
-                other = next(label for label in LABELS if label != gold)
-                plan.append((example, [gold, gold, gold, gold, other]))
-    # Train-only material: a mixed majority, no majority, a 3-of-5 gold.
-    extra = [
-        ["mixed", "mixed", "mixed", "positive", "negative"],
-        ["positive", "negative", "neutral", "mixed", "positive"],
-        ["negative", "negative", "negative", "positive", "neutral"],
-    ]
-    for i, labels in enumerate(extra):
-        plan.append(
-            (_write(client, writer, round_["id"], "neutral", f"Extra {i}: a plain remark on the menu."), labels)
-        )
-    # The spammer labels a few examples first and is then unqualified: those labels stop counting.
-    for example, labels in plan[:3]:
-        assert (
-            client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": "mixed"}, headers=spammer.headers
-            ).status_code
-            == 201
-        )
-    response = client.post(
-        "/api/v1/tasks/dynasent-r2/workers/spam/unqualify", json={"reason": "spam"}, headers=researcher.headers
-    )
-    assert response.json()["labels_excluded"] == 3
-    for position, (example, labels) in enumerate(plan):
-        # Rotate who disagrees, so nobody crosses the 80% disagreement line and gets unqualified.
-        shift = position % 5
-        for validator, label in zip(validators, labels[shift:] + labels[:shift], strict=True):
-            response = client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": label}, headers=validator.headers
-            )
-            assert response.status_code == 201, response.text
-    assert (
-        client.post(
-            f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers
-        ).status_code
-        == 200
-    )
-    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 7}, headers=researcher.headers)
-    assert response.status_code == 201, response.text
-    return {"round": round_, "plan": plan, "build": response.json(), "researcher": researcher, "writer": writer}
-
-
-def test_build_report_figures(built, client) -> None:  # type: ignore[no-untyped-def]
+def test_build_report_figures(built: BuiltRound, client: TestClient) -> None:
     report = built["build"]["report"]
     counts = report["counts"]
     # 18 eligible examples: c = 1 per cell -> 9 dev and 9 test; the rest (and the extras) train.
@@ -164,7 +80,7 @@ def test_build_report_figures(built, client) -> None:  # type: ignore[no-untyped
     assert markdown.status_code == 200 and "| positive |" in markdown.text and "Datasheet" in markdown.text
 
 
-def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # type: ignore[no-untyped-def]
+def test_export_formats_etag_and_roles(built: BuiltRound, client: TestClient, make_user: MakeUser) -> None:
     reader = make_user("robot", "client")
     url = "/api/v1/tasks/dynasent-r2/rounds/1/dataset"
     response = client.get(url, params={"split": "dev", "format": "jsonl"}, headers=reader.headers)
@@ -189,7 +105,7 @@ def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # typ
     parquet = client.get(url, params={"split": "train", "format": "parquet"}, headers=reader.headers)
     table = pq.read_table(io.BytesIO(parquet.content))
     assert table.num_rows == 3 and "distributional_label" in table.column_names
-    mixed = [r for r in table.to_pylist() if r["gold_label"] == ["mixed"]][0]
+    mixed = next(r for r in table.to_pylist() if r["gold_label"] == ["mixed"])
     assert dict(mixed["distributional_label"]) == pytest.approx({"positive": 0.5, "negative": 0.5, "neutral": 0.0})
     # A writer cannot read datasets; unknown split/format are clear 422s.
     denied = client.get(url, headers=built["writer"].headers)
@@ -198,7 +114,7 @@ def test_export_formats_etag_and_roles(built, client, make_user) -> None:  # typ
     assert bad.status_code == 422 and "unknown split" in bad.json()["error"]["message"]
 
 
-def test_building_an_open_round_is_refused(client, researcher, stub_model) -> None:  # type: ignore[no-untyped-def]
+def test_building_an_open_round_is_refused(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> None:
     round_ = open_round(
         client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, ["a b c d"]
     )
@@ -208,38 +124,9 @@ def test_building_an_open_round_is_refused(client, researcher, stub_model) -> No
     assert missing.status_code == 404 and "has not been built yet" in missing.json()["error"]["message"]
 
 
-def _collect(
-    client: Any,
-    writer: Actor,
-    validators: list[Actor],
-    round_id: int,
-    plan: list[tuple[Any, str, list[int] | None, list[Any]]],
+def test_multi_label_round_builds_with_label_set_classes(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_multi_label_model: ThreadedServer
 ) -> None:
-    """Write each (target, text, span) and have the validators give the listed labels."""
-    for target, text, span, labels in plan:
-        assignment = client.post(
-            f"/api/v1/rounds/{round_id}/assignments", json={"target_label": target}, headers=writer.headers
-        ).json()
-        body: dict[str, Any] = {"text": text, **({"target_span": span} if span else {})}
-        attempt = client.post(
-            f"/api/v1/assignments/{assignment['id']}/attempts", json=body, headers=writer.headers
-        ).json()
-        assert attempt["status"] == "scored", attempt
-        if attempt["fooled"]:
-            client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json={"agrees": True}, headers=writer.headers)
-        example = client.post(
-            f"/api/v1/assignments/{assignment['id']}/example",
-            json={"attempt_id": attempt["id"]},
-            headers=writer.headers,
-        ).json()
-        for validator, label in zip(validators, labels, strict=False):
-            response = client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": label}, headers=validator.headers
-            )
-            assert response.status_code == 201, response.text
-
-
-def test_multi_label_round_builds_with_label_set_classes(client, researcher, make_user, stub_multi_label_model) -> None:  # type: ignore[no-untyped-def]
     prompts = [f"Prompt {i}: ስለ ምግቡ አስተያየት" for i in range(12)]
     round_ = open_round(
         client,
@@ -256,7 +143,7 @@ def test_multi_label_round_builds_with_label_set_classes(client, researcher, mak
         plan.append((["joy"], f"a joy filled day {i} ደስታ", None, [["joy"], ["joy"], ["joy", "surprise"]]))
         plan.append((["anger"], f"an anger filled day {i} ቁጣ", None, [["anger"], ["anger", "disgust"], ["anger"]]))
     plan.append((["fear"], "a fear filled day ፍርሃት", None, [["fear"], ["sadness"], ["surprise"]]))  # no gold: re-queued
-    _collect(client, writer, validators, round_["id"], plan)
+    write_and_label(client, writer, validators, round_["id"], plan)
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 1}, headers=researcher.headers)
     assert response.status_code == 201, response.text
@@ -278,7 +165,9 @@ def test_multi_label_round_builds_with_label_set_classes(client, researcher, mak
     assert_report_unchanged(report, "ethioemo-amharic")
 
 
-def test_target_dependent_round_builds_with_consolidation(client, researcher, make_user, stub_model) -> None:  # type: ignore[no-untyped-def]
+def test_target_dependent_round_builds_with_consolidation(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
     prompts = [f"Prompt {i}: the minister visited the city." for i in range(12)]
     round_ = open_round(
         client,
@@ -298,7 +187,7 @@ def test_target_dependent_round_builds_with_consolidation(client, researcher, ma
     plan.append(("negative", text, [20, 25], ["negative", "negative", "neutral"]))  # neighbouring majority
     plan.append(("neutral", text, [4, 12], ["positive", "positive", "negative"]))  # non-neighbouring: dropped
     plan.append(("neutral", text, [20, 25], ["neutral", "unknown", "neutral"]))  # unknown vote: dropped
-    _collect(client, writer, validators, round_["id"], plan)
+    write_and_label(client, writer, validators, round_["id"], plan)
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     response = client.post(
         f"/api/v1/rounds/{round_['id']}/build",
@@ -316,18 +205,15 @@ def test_target_dependent_round_builds_with_consolidation(client, researcher, ma
 
 
 @pytest.fixture(scope="module")
-def stub_sarcasm_model():  # type: ignore[no-untyped-def]
-    from tests.conftest import free_port
-    from tests.stub_model_server import ThreadedServer, create_stub_app
-
+def stub_sarcasm_model() -> Iterator[ThreadedServer]:
     server = ThreadedServer(create_stub_app(["sarcastic", "not_sarcastic"]), free_port()).start()
     yield server
     server.stop()
 
 
 def test_intended_sarcasm_round_compares_intended_and_perceived_labels(
-    client, researcher, make_user, stub_sarcasm_model
-) -> None:  # type: ignore[no-untyped-def]
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_sarcasm_model: ThreadedServer
+) -> None:
     labels = ["sarcastic", "not_sarcastic"]
     prompts = [f"Prompt {i}: the bus was late again this morning." for i in range(16)]
     round_ = open_round(
@@ -395,7 +281,7 @@ def test_intended_sarcasm_round_compares_intended_and_perceived_labels(
     assert_report_unchanged(report, "isarcasm")
 
 
-def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_cli_build_writes_report_and_plots_and_exports(built: BuiltRound, database_url: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from dynaloop.cli import app as cli
@@ -416,7 +302,7 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
             "--out",
             str(out),
             "--database-url",
-            settings.database_url,
+            database_url,
         ],
     )
     assert result.exit_code == 0, result.output
@@ -448,7 +334,7 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
             "--out",
             str(data),
             "--database-url",
-            settings.database_url,
+            database_url,
         ],
     )
     assert result.exit_code == 0, result.output
@@ -469,7 +355,7 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
             "--splits",
             "train,validation",
             "--database-url",
-            settings.database_url,
+            database_url,
         ],
     )
     assert refused.exit_code == 1 and "unknown split 'validation'" in refused.output
@@ -486,14 +372,14 @@ def test_cli_build_writes_report_and_plots_and_exports(built, settings, tmp_path
             "--model-based",
             "vote",
             "--database-url",
-            settings.database_url,
+            database_url,
         ],
     )
     assert refused.exit_code == 1 and "invalid build settings: model_based" in refused.output
     assert "Traceback" not in refused.output
 
 
-def test_dataset_download_names_the_newest_build(app, built) -> None:  # type: ignore[no-untyped-def]
+def test_dataset_download_names_the_newest_build(app: FastAPI, built: BuiltRound) -> None:
     """round_builder.usecases.dataset_download: what the API's dataset route streams."""
     from round_builder.usecases import dataset_download
     from services.db.engine import session_scope

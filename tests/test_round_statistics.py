@@ -78,7 +78,7 @@ def from_counts(counts: list[list[int]], labels: list[str]) -> pd.DataFrame:
 # --- majority ---------------------------------------------------------------------------
 
 
-def test_majority_k_of_n_on_dynasent_table_3_rows():
+def test_majority_k_of_n_on_dynasent_table_3_rows() -> None:
     table = long_table(
         {
             "good food": ["mixed", "mixed", "mixed", "negative", "negative"],  # Mixed majority 3/5
@@ -104,7 +104,7 @@ def test_majority_k_of_n_on_dynasent_table_3_rows():
     ]
 
 
-def test_majority_rejects_bad_min_votes():
+def test_majority_rejects_bad_min_votes() -> None:
     with pytest.raises(ValueError, match="min_votes"):
         majority_labels(long_table({1: ["positive"]}), labels=SENTIMENT, min_votes=0)
 
@@ -112,7 +112,7 @@ def test_majority_rejects_bad_min_votes():
 # --- distributional labels --------------------------------------------------------------
 
 
-def test_distributional_labels_split_mixed_into_two_copies():
+def test_distributional_labels_split_mixed_into_two_copies() -> None:
     table = long_table(
         {
             1: ["mixed", "mixed", "mixed", "negative", "negative"],  # pos 3, neg 3+2 -> 3/8, 5/8
@@ -139,7 +139,7 @@ def test_distributional_labels_split_mixed_into_two_copies():
     np.testing.assert_allclose(fraction.loc[2], [3.5 / 5, 0.5 / 5, 1 / 5])
 
 
-def test_distributional_labels_drop_discard_and_all_dropped_row_is_nan():
+def test_distributional_labels_drop_discard_and_all_dropped_row_is_nan() -> None:
     table = long_table({1: ["sarcastic", "discard", "not_sarcastic"], 2: ["discard", "discard"]})
     dist = distributional_labels(table, labels=["sarcastic", "not_sarcastic"], drop=["discard"])
     np.testing.assert_allclose(dist.loc[1], [0.5, 0.5])
@@ -147,7 +147,7 @@ def test_distributional_labels_drop_discard_and_all_dropped_row_is_nan():
     assert list(dist.dropna().index) == [1]
 
 
-def test_distribution_settings_from_task_files():
+def test_distribution_settings_from_task_files() -> None:
     dynasent = distribution_settings(load_task_definition(example_path("dynasent-r2")))
     assert dynasent["split"] == {"mixed": ("positive", "negative")}
     besstie = distribution_settings(load_task_definition(example_path("besstie-en-in-sarcasm")))
@@ -174,7 +174,7 @@ def spammer_fixture() -> pd.DataFrame:
     return pd.DataFrame.from_records(records, columns=["example_id", "worker_id", "label"])
 
 
-def test_dawid_skene_and_mace_side_by_side_with_majority():
+def test_dawid_skene_and_mace_side_by_side_with_majority() -> None:
     table = spammer_fixture()
     labels = ["positive", "negative", "neutral"]
     both = compare_aggregations(table, labels=labels, methods=("dawid_skene", "mace"), mace_restarts=2)
@@ -190,7 +190,7 @@ def test_dawid_skene_and_mace_side_by_side_with_majority():
     np.testing.assert_allclose(with_probas["probability"], probas.max(axis=1))
 
 
-def test_mace_is_seeded():
+def test_mace_is_seeded() -> None:
     table = spammer_fixture()
     first = mace_labels(table, labels=["positive", "negative", "neutral"], random_state=7, n_restarts=2)
     again = mace_labels(table, labels=["positive", "negative", "neutral"], random_state=7, n_restarts=2)
@@ -210,7 +210,7 @@ def ethioemo_fixture() -> pd.DataFrame:
     )
 
 
-def test_multilabel_gold_two_of_three():
+def test_multilabel_gold_two_of_three() -> None:
     gold = multilabel_gold(ethioemo_fixture(), labels=EMOTIONS, min_votes=2)
     # anger 2, disgust 2, fear 1 -> {anger, disgust}, in the task's label order.
     assert gold.loc[1, "label"] == ("anger", "disgust")
@@ -221,7 +221,7 @@ def test_multilabel_gold_two_of_three():
     assert multilabel_gold(ethioemo_fixture(), labels=EMOTIONS, min_votes=3)["label"].isna().all()
 
 
-def test_multilabel_agreement_by_hand():
+def test_multilabel_agreement_by_hand() -> None:
     result = multilabel_agreement(ethioemo_fixture(), labels=EMOTIONS)
     anger = result.per_label.loc["anger"]
     # anger chosen/not per example: [2,1], [0,3], [0,3]. P_i = 1/3, 1, 1 -> P = 7/9.
@@ -252,7 +252,7 @@ def mad_fixture() -> pd.DataFrame:
     )
 
 
-def test_mad_tsc_neighbour_rule():
+def test_mad_tsc_neighbour_rule() -> None:
     result = consolidate_target_sentiment(mad_fixture(), collapse=COLLAPSE, unknown_label="unknown")
     expected = {
         "unanimous": ("positive", True, "unanimous"),
@@ -268,14 +268,14 @@ def test_mad_tsc_neighbour_rule():
         assert (row["label"], bool(row["kept"]), row["reason"]) == (label, kept, reason), example_id
 
 
-def test_mad_tsc_order_may_be_the_five_point_scale():
+def test_mad_tsc_order_may_be_the_five_point_scale() -> None:
     # Neighbours are judged on the collapsed scale, also when `order` lists all 5 points.
     result = consolidate_target_sentiment(mad_fixture(), collapse=COLLAPSE, unknown_label="unknown", order=FIVE_POINT)
     assert result.loc["pos_neu", "reason"] == "neighbouring_majority"
     assert result.loc["pos_neg", "reason"] == "non_neighbouring_vote"
 
 
-def test_mad_tsc_uses_task_file_and_kappa_after_consolidation_by_hand():
+def test_mad_tsc_uses_task_file_and_kappa_after_consolidation_by_hand() -> None:
     task = load_task_definition(example_path("mad-tsc"))
     kappas = target_sentiment_kappas(mad_fixture(), collapse=task.label_collapse, unknown_label=task.unknown_label)
     # Kept: unanimous [0,0,3], pos_neu [0,1,2], neu_neg [1,2,0] over (neg, neu, pos).
@@ -288,7 +288,7 @@ def test_mad_tsc_uses_task_file_and_kappa_after_consolidation_by_hand():
 # --- response filters ---------------------------------------------------------------------
 
 
-def test_keep_top_ranked_and_exclude_workers():
+def test_keep_top_ranked_and_exclude_workers() -> None:
     table = pd.DataFrame(
         {
             "example_id": [1] * 7 + [2] * 2,
@@ -322,14 +322,14 @@ FLEISS_WIKIPEDIA = [
 ]
 
 
-def test_fleiss_kappa_wikipedia_worked_example():
+def test_fleiss_kappa_wikipedia_worked_example() -> None:
     categories = ["c1", "c2", "c3", "c4", "c5"]
     table = from_counts(FLEISS_WIKIPEDIA, categories)
     assert count_table(table, labels=categories).to_numpy().tolist() == FLEISS_WIKIPEDIA
     assert round(fleiss_kappa(table, labels=categories), 3) == 0.210
 
 
-def test_fleiss_and_randolph_by_hand():
+def test_fleiss_and_randolph_by_hand() -> None:
     table = long_table({1: ["a", "a", "a"], 2: ["a", "a", "b"], 3: ["b", "b", "b"]})
     # P_i = 1, 1/3, 1 -> P = 7/9; p_a = 5/9, p_b = 4/9 -> P_e = 41/81; kappa = (63-41)/(81-41).
     assert fleiss_kappa(table, labels=["a", "b"]) == pytest.approx(22 / 40)
@@ -338,7 +338,7 @@ def test_fleiss_and_randolph_by_hand():
     assert randolph_kappa(table, labels=["a", "b", "c"]) == pytest.approx(2 / 3)
 
 
-def test_fleiss_needs_equal_raters_or_n_raters():
+def test_fleiss_needs_equal_raters_or_n_raters() -> None:
     table = long_table({1: ["a", "a", "a"], 2: ["a", "b"], 3: ["b", "b", "b"]})
     with pytest.raises(ValueError, match="n_raters"):
         fleiss_kappa(table, labels=["a", "b"])
@@ -346,7 +346,7 @@ def test_fleiss_needs_equal_raters_or_n_raters():
     assert fleiss_kappa(table, labels=["a", "b"], n_raters=3) == pytest.approx(1.0)
 
 
-def test_krippendorff_alpha_krippendorff_2011_nominal_example():
+def test_krippendorff_alpha_krippendorff_2011_nominal_example() -> None:
     # Krippendorff (2011), "Computing Krippendorff's alpha-reliability", 4 observers x 12 units,
     # missing values allowed; nominal alpha = 0.743 (interval 0.849).
     observers = [
@@ -367,7 +367,7 @@ def test_krippendorff_alpha_krippendorff_2011_nominal_example():
     assert round(krippendorff_alpha(table, labels=labels, level="interval"), 3) == 0.849
 
 
-def test_krippendorff_alpha_by_hand():
+def test_krippendorff_alpha_by_hand() -> None:
     table = long_table({1: ["a", "a"], 2: ["a", "b"], 3: ["b", "b"]})
     # Coincidences o_aa = 2, o_ab = o_ba = 1, o_bb = 2; n_a = n_b = 3, n = 6.
     # D_o = 2/6; D_e = 2 * 3 * 3 / (6 * 5) = 0.6; alpha = 1 - (1/3) / 0.6 = 4/9.
@@ -381,7 +381,7 @@ def cohen_fixture() -> pd.DataFrame:
     return pd.DataFrame.from_records(records, columns=["example_id", "worker_id", "label"])
 
 
-def test_cohen_kappa_by_hand_between_slots_and_worker_pairs():
+def test_cohen_kappa_by_hand_between_slots_and_worker_pairs() -> None:
     # p_o = 3/4; marginals slot 1 (1/2, 1/2), slot 2 (1/4, 3/4) -> p_e = 1/8 + 3/8 = 1/2;
     # kappa = (3/4 - 1/2) / (1/2) = 1/2.
     slots = slot_cohen_kappas(cohen_fixture(), labels=["a", "b"])
@@ -391,7 +391,7 @@ def test_cohen_kappa_by_hand_between_slots_and_worker_pairs():
     assert worker_pair_cohen_kappas(cohen_fixture(), labels=["a", "b"], min_shared=5).empty
 
 
-def test_worker_pair_kappas_match_sklearn():
+def test_worker_pair_kappas_match_sklearn() -> None:
     rng = np.random.default_rng(3)
     records = []
     for example_id in range(300):
@@ -409,7 +409,7 @@ def test_worker_pair_kappas_match_sklearn():
         )
 
 
-def test_worker_agreement_and_disagreeing_workers():
+def test_worker_agreement_and_disagreeing_workers() -> None:
     table = long_table(
         {
             1: ["positive", "positive", "negative"],
@@ -445,7 +445,7 @@ def isarcasm_table_5() -> tuple[pd.DataFrame, dict[int, str]]:
     return long_table(rows), intended
 
 
-def test_intended_vs_perceived_reproduces_isarcasm_tables_5_and_7():
+def test_intended_vs_perceived_reproduces_isarcasm_tables_5_and_7() -> None:
     table, intended = isarcasm_table_5()
     result = intended_vs_perceived(table, intended, labels=["sarcastic", "not_sarcastic"], positive="sarcastic")
     assert result.confusion.to_numpy().tolist() == [[61, 26], [50, 322]]
@@ -466,7 +466,7 @@ def test_intended_vs_perceived_reproduces_isarcasm_tables_5_and_7():
 # --- human performance -------------------------------------------------------------------
 
 
-def test_human_f1_by_hand():
+def test_human_f1_by_hand() -> None:
     table = long_table(
         {
             1: ["positive", "positive"],
@@ -492,7 +492,7 @@ def test_human_f1_by_hand():
     assert result.n_examples == 4 and result.n_annotators == 2
 
 
-def test_human_recall_is_the_agreement_rate_and_shuffle_is_seeded():
+def test_human_recall_is_the_agreement_rate_and_shuffle_is_seeded() -> None:
     # Every example 4/5: the five synthetic annotators' recalls average 4/5 for every class,
     # whichever order the shuffle picks (DynaSent §3.5's "conservative" estimate).
     rows, gold = {}, {}
@@ -516,7 +516,7 @@ def test_human_recall_is_the_agreement_rate_and_shuffle_is_seeded():
     assert list(layout.index) == ["positive", "negative", "neutral", "macro avg"]
 
 
-def test_human_performance_skips_examples_without_gold():
+def test_human_performance_skips_examples_without_gold() -> None:
     table = long_table({1: ["positive", "positive"], 2: ["positive", "negative"]})
     result = human_performance(table, {1: "positive", 2: None}, labels=SENTIMENT)
     assert result.n_examples == 1
@@ -604,7 +604,7 @@ TIE = {
 
 @pytest.mark.parametrize("case", ["empty", "single_worker", "tie", "outside_label"])
 @pytest.mark.parametrize("name", list(AGGREGATORS))
-def test_edge_cases_for_every_aggregator(name: str, case: str):
+def test_edge_cases_for_every_aggregator(name: str, case: str) -> None:
     spec = AGGREGATORS[name]
     if case == "empty":
         empty = pd.DataFrame({"example_id": [], "worker_id": [], "label": []}, dtype=object)
@@ -679,20 +679,20 @@ def test_edge_cases_for_every_aggregator(name: str, case: str):
     ],
     ids=["fleiss", "randolph", "krippendorff", "slot_cohen", "pair_cohen", "worker_agreement", "human"],
 )
-def test_every_statistic_names_a_label_outside_the_task(statistic):
+def test_every_statistic_names_a_label_outside_the_task(statistic) -> None:
     table = long_table({1: ["positive", "ironic"]})
     with pytest.raises(ValueError, match="'ironic' is not one of the task's labels"):
         statistic(table)
 
 
-def test_missing_columns_and_missing_labels_are_clear_errors():
+def test_missing_columns_and_missing_labels_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="missing"):
         majority_labels(pd.DataFrame({"example_id": [1], "label": ["positive"]}), labels=SENTIMENT)
     with pytest.raises(ValueError, match="no label"):
         majority_labels(long_table({1: ["positive", None]}), labels=SENTIMENT)
 
 
-def test_large_frame_is_consistent_across_aggregators():
+def test_large_frame_is_consistent_across_aggregators() -> None:
     """A quick property check on a random round: distributional argmax agrees with majority."""
     rng = np.random.default_rng(0)
     n_examples = 2000

@@ -44,7 +44,6 @@ from services.settings import Settings
 from services.taskdef import example_path
 from tests.conftest import example_yaml, free_port, open_round
 from tests.stub_model_server import ThreadedServer, create_stub_app
-from tests.test_round_build import built  # noqa: F401  (fixture: a DynaSent-style round, built)
 
 TASK = "dynasent-r2"
 OPENAPI = "/api/v1/openapi.json"
@@ -342,7 +341,7 @@ BUILT_ROUND_READS = [
 ]
 
 
-def test_round_builder_reads_on_a_built_round(built, app, make_user) -> None:  # noqa: F811
+def test_round_builder_reads_on_a_built_round(built, app, make_user) -> None:
     """The reads of a *built* round (the seeded round of ``test_every_operation`` is not built):
     generated requests, valid and invalid, with every valid query combination mixed in, sent
     anonymously and as a client, a researcher and a writer. The dataset streams JSONL, CSV or

@@ -44,7 +44,7 @@ def split_of(result) -> dict:
 # --- hand-made cases -------------------------------------------------------------------------
 
 
-def test_exact_small_case():
+def test_exact_small_case() -> None:
     labels = ["pos", "neg"]
     rows = full_grid(labels, 2)  # exactly 2 prompts per cell: all of them are needed
     rows += [
@@ -109,7 +109,7 @@ def test_exact_small_case():
     assert report.to_dict()["counts_by_gold"][-1] == {"gold": "Total", "train": 5, "dev": 4, "test": 4, "excluded": 1}
 
 
-def test_dynasent_like_three_labels_sizes_and_leftovers_to_train():
+def test_dynasent_like_three_labels_sizes_and_leftovers_to_train() -> None:
     rows = full_grid(LABELS, 5)
     result = build_splits(frame(rows), LABELS, seed=3)
     r = result.report
@@ -133,7 +133,7 @@ def greedy_c1(rows, labels):
     return True
 
 
-def test_shared_prompts_flow_beats_greedy():
+def test_shared_prompts_flow_beats_greedy() -> None:
     labels = ["a", "b"]
     rows = [
         # prompt A has examples in (a,a) and (a,b); B and C only in (a,a); D only in (a,b)
@@ -164,7 +164,7 @@ def test_shared_prompts_flow_beats_greedy():
     assert result.report.max_c == 1
 
 
-def test_prefers_prompts_with_fewer_other_examples():
+def test_prefers_prompts_with_fewer_other_examples() -> None:
     labels = ["a", "b"]
     rows = full_grid(labels, 2)
     # A third (a,a) prompt with two other (train-only) examples: choosing it would exclude both.
@@ -175,7 +175,7 @@ def test_prefers_prompts_with_fewer_other_examples():
         assert "excluded" not in got.values()
 
 
-def test_uses_a_shared_prompt_when_size_needs_it_and_excludes_its_siblings():
+def test_uses_a_shared_prompt_when_size_needs_it_and_excludes_its_siblings() -> None:
     labels = ["a", "b"]
     rows = full_grid(labels, 2)
     rows = [r for r in rows if r[0] != "a-a-1"]
@@ -187,7 +187,7 @@ def test_uses_a_shared_prompt_when_size_needs_it_and_excludes_its_siblings():
     assert result.report.excluded == {"prompt_shared_with_assessment": 2}
 
 
-def test_caps_and_unequal_sizes():
+def test_caps_and_unequal_sizes() -> None:
     rows = full_grid(["a", "b"], 6)
     r = build_splits(frame(rows), ["a", "b"], seed=0).report
     assert (r.dev_per_cell, r.test_per_cell, r.capped) == (3, 3, False)
@@ -199,7 +199,7 @@ def test_caps_and_unequal_sizes():
         build_splits(frame(rows), ["a", "b"], dev_size=1, min_size=2)
 
 
-def test_no_prompt_and_missing_prompt_id():
+def test_no_prompt_and_missing_prompt_id() -> None:
     labels = ["a", "b"]
     rows = full_grid(labels, 2)
     # A prompt-condition example without a prompt_id counts as its own prompt.
@@ -212,7 +212,7 @@ def test_no_prompt_and_missing_prompt_id():
     assert result.report.max_total_per_cell == 2
 
 
-def test_multilabel_without_chance_balances_label_sets():
+def test_multilabel_without_chance_balances_label_sets() -> None:
     labels = ["joy", "anger", "fear"]
     rows = []
     for k, gold in enumerate([("joy",), ("anger",), ("anger", "joy"), ("fear", "joy")]):
@@ -232,7 +232,7 @@ def test_multilabel_without_chance_balances_label_sets():
         build_splits(frame(rows), labels, chance=True)
 
 
-def test_single_label_without_chance_balances_classes_only():
+def test_single_label_without_chance_balances_classes_only() -> None:
     labels = ["a", "b"]
     rows = [row(f"a{i}", "a", f"Pa{i}", "a") for i in range(6)] + [row(f"b{i}", "b", f"Pb{i}", "a") for i in range(4)]
     r = build_splits(frame(rows), labels, chance=False, seed=0).report
@@ -240,14 +240,14 @@ def test_single_label_without_chance_balances_classes_only():
     assert r.model_metrics["dev"]["accuracy"] == 0.5  # reported, not controlled
 
 
-def test_row_order_does_not_matter():
+def test_row_order_does_not_matter() -> None:
     rows = full_grid(LABELS, 4) + [row("x", "mixed", "P-positive-neutral-0", "neutral")]
     a = build_splits(frame(rows), LABELS, seed=11).assignment
     b = build_splits(frame(rows[::-1]), LABELS, seed=11).assignment
     assert a.sort_index().equals(b.sort_index())
 
 
-def test_generic_cell_sets_match_bitmask_path(monkeypatch):
+def test_generic_cell_sets_match_bitmask_path(monkeypatch) -> None:
     rows = full_grid(["a", "b"], 3) + [row("s", "a", "P-a-b-0", "a"), row("t", "b", "P-a-b-1", "b")]
     fast = build_splits(frame(rows), ["a", "b"], seed=5).assignment
     monkeypatch.setattr(splits_module, "_BITMASK_MAX_CELLS", 0)
@@ -258,7 +258,7 @@ def test_generic_cell_sets_match_bitmask_path(monkeypatch):
 # --- failure messages ------------------------------------------------------------------------
 
 
-def test_error_names_the_short_cell_and_the_shortfall():
+def test_error_names_the_short_cell_and_the_shortfall() -> None:
     rows = full_grid(LABELS, 25)
     rows = [r for r in rows if not (r[1] == "neutral" and r[5] == "positive" and int(r[0].rsplit("-", 1)[1]) >= 3)]
     with pytest.raises(SplitError) as info:
@@ -270,7 +270,7 @@ def test_error_names_the_short_cell_and_the_shortfall():
     assert isinstance(info.value, ValueError) and info.value.status_code == 422
 
 
-def test_error_for_an_empty_cell_lists_other_short_cells():
+def test_error_for_an_empty_cell_lists_other_short_cells() -> None:
     rows = [r for r in full_grid(["a", "b"], 2) if r[1] != "b"]
     with pytest.raises(
         SplitError,
@@ -281,7 +281,7 @@ def test_error_for_an_empty_cell_lists_other_short_cells():
         build_splits(frame(rows), ["a", "b"])
 
 
-def test_error_when_shared_prompts_make_cells_jointly_infeasible():
+def test_error_when_shared_prompts_make_cells_jointly_infeasible() -> None:
     labels = ["a", "b"]
     rows = [r for r in full_grid(labels, 2) if r[1] != "a"]
     # (a,a) and (a,b) each see two prompts, but the same two: together they need four.
@@ -300,7 +300,7 @@ def test_error_when_shared_prompts_make_cells_jointly_infeasible():
     )
 
 
-def test_error_without_chance_names_the_class():
+def test_error_without_chance_names_the_class() -> None:
     rows = [row(f"a{i}", "a", f"Pa{i}", None) for i in range(6)] + [row("b0", "b", "Pb0", None)]
     with pytest.raises(
         SplitError,
@@ -310,7 +310,7 @@ def test_error_without_chance_names_the_class():
         build_splits(frame(rows), ["a", "b"], chance=False)
 
 
-def test_bad_input_is_rejected():
+def test_bad_input_is_rejected() -> None:
     with pytest.raises(ValueError, match="missing"):
         build_splits(pd.DataFrame({"example_id": [1]}), ["a"])
     rows = full_grid(["a", "b"], 2)
@@ -428,7 +428,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 @SETTINGS
 @given(df=round_data(), seed=st.integers(0, 2**32 - 1), min_votes=st.sampled_from([3, 4]))
-def test_properties_with_chance_and_optimal_size(df, seed, min_votes):
+def test_properties_with_chance_and_optimal_size(df, seed, min_votes) -> None:
     labels = ["a", "b"]
     best, fewest_excluded = brute_force(df, labels, min_votes, chance=True)
     event(f"c={best}")
@@ -446,7 +446,7 @@ def test_properties_with_chance_and_optimal_size(df, seed, min_votes):
 
 @SETTINGS
 @given(df=round_data(labels=("a", "b", "c"), chance=False), seed=st.integers(0, 1000))
-def test_properties_without_chance_and_optimal_size(df, seed):
+def test_properties_without_chance_and_optimal_size(df, seed) -> None:
     labels = ["a", "b", "c"]
     best, fewest_excluded = brute_force(df, labels, 4, chance=False)
     event(f"c={best}")
@@ -462,7 +462,7 @@ def test_properties_without_chance_and_optimal_size(df, seed):
 
 @settings(max_examples=25, deadline=None)
 @given(per_cell=st.integers(3, 6), shared=st.integers(0, 6), seed=st.integers(0, 10**6))
-def test_larger_random_rounds_keep_the_invariants(per_cell, shared, seed):
+def test_larger_random_rounds_keep_the_invariants(per_cell, shared, seed) -> None:
     rng = np.random.default_rng(seed)
     rows = full_grid(LABELS, per_cell)
     # extra examples reusing existing prompts, with arbitrary gold/votes/predictions
@@ -484,7 +484,7 @@ def test_larger_random_rounds_keep_the_invariants(per_cell, shared, seed):
     assert result.report.max_c >= per_cell // 2 >= 1  # the disjoint grid alone gives this
 
 
-def test_determinism_and_seed_sensitivity():
+def test_determinism_and_seed_sensitivity() -> None:
     rows = full_grid(LABELS, 6) + [row(f"s{i}", "positive", f"P-positive-negative-{i}", "negative") for i in range(3)]
     df = frame(rows)
     first = build_splits(df, LABELS, seed=123)
@@ -495,9 +495,9 @@ def test_determinism_and_seed_sensitivity():
     assert {build_splits(df, LABELS, seed=s).report.max_c for s in range(5)} == {3}
 
 
-def test_error_when_nothing_is_eligible():
+def test_error_when_nothing_is_eligible() -> None:
     rows = [("x", ("a",), 2, "P", "prompt", None), ("y", ("b",), 5, None, "no_prompt", None)]
-    with pytest.raises(SplitError, match="no gold class has an eligible example .* at least 4 votes"):
+    with pytest.raises(SplitError, match=r"no gold class has an eligible example .* at least 4 votes"):
         build_splits(frame(rows), ["a", "b"], chance=False)
-    with pytest.raises(SplitError, match="^cell gold=a/predicted=a has 0 eligible"):
+    with pytest.raises(SplitError, match=r"^cell gold=a/predicted=a has 0 eligible"):
         build_splits(pd.DataFrame(columns=COLUMNS), ["a", "b"])

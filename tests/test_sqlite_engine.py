@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 from services.db.engine import make_engine
 
 
-def _engine(tmp_path: Path, **kwargs):  # type: ignore[no-untyped-def]
+def _engine(tmp_path: Path, **kwargs):
     engine = make_engine(f"sqlite:///{tmp_path / 'lock.db'}", busy_timeout_ms=2000, **kwargs)
     with engine.begin() as connection:
         connection.execute(text("CREATE TABLE t (x INTEGER)"))
@@ -44,9 +44,14 @@ def test_concurrent_writers_all_commit(tmp_path: Path) -> None:
 
 def test_lock_is_given_back_on_rollback_and_on_error(tmp_path: Path) -> None:
     engine = _engine(tmp_path)
-    with pytest.raises(ZeroDivisionError), engine.begin() as connection:
-        connection.execute(text("INSERT INTO t VALUES (1)"))
-        1 / 0  # noqa: B018
+
+    def insert_then_fail() -> None:
+        with engine.begin() as connection:
+            connection.execute(text("INSERT INTO t VALUES (1)"))
+            raise RuntimeError("an error inside the transaction")
+
+    with pytest.raises(RuntimeError, match="an error inside the transaction"):
+        insert_then_fail()
     connection = engine.connect()
     connection.execute(text("INSERT INTO t VALUES (2)"))
     connection.close()  # closed with its transaction open: rolled back, lock released

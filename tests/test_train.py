@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,8 +21,11 @@ from modelling.init_model import init_model_dir
 from modelling.metrics import macro_f1
 from modelling.train import (
     EpochRecord,
+    Family,
+    InputFormat,
     TrainConfig,
     TrainingError,
+    TrainResult,
     UpsampledEpochs,
     class_weights_for,
     fresh_classifier,
@@ -112,24 +116,24 @@ def train(
     out: Path,
     cfg: TrainConfig,
     *,
-    family: str = "single_label",
-    input_format: str = "text",
-    **kwargs: object,
-):  # type: ignore[no-untyped-def]
+    family: Family = "single_label",
+    input_format: InputFormat = "text",
+    **kwargs: Any,
+) -> TrainResult:
     return train_model(
         train_sets,
         dev,
         labels=train_sets[0].labels,
-        family=family,  # type: ignore[arg-type]
+        family=family,
         input_format=input_format,
         config=cfg,
         out_dir=out,
-        model_id="toy-model",  # type: ignore[arg-type]
+        model_id="toy-model",
         trained_for_round=2,
         task_name="toy-task",
         progress=False,
         **kwargs,
-    )  # type: ignore[arg-type]
+    )
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -276,7 +280,9 @@ def test_bad_inputs_are_refused_before_training(tiny_base: Path, tmp_path: Path)
 
 
 @pytest.fixture(scope="module")
-def single_label_run(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def single_label_run(
+    tiny_base: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[TrainResult, list[LabelledSet], LabelledSet]:
     """Soft labels, a 3x-upsampled second source with half the loss weight, class weights, dev set."""
     out = tmp_path_factory.mktemp("run") / "model"
     mix = [
@@ -288,8 +294,10 @@ def single_label_run(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory):
     return result, mix, dev
 
 
-def test_a_run_trains_on_the_upsampled_mix_and_keeps_the_best_epoch(single_label_run) -> None:  # type: ignore[no-untyped-def]
-    result, mix, dev = single_label_run
+def test_a_run_trains_on_the_upsampled_mix_and_keeps_the_best_epoch(
+    single_label_run: tuple[TrainResult, list[LabelledSet], LabelledSet],
+) -> None:
+    result, _, dev = single_label_run
     assert [record.epoch for record in result.history] == [1, 2, 3]
     assert all(record.examples == 36 + 3 * 12 for record in result.history)
     assert result.history[-1].train_loss < result.history[0].train_loss
@@ -303,7 +311,9 @@ def test_a_run_trains_on_the_upsampled_mix_and_keeps_the_best_epoch(single_label
     assert latest_checkpoint(result.out_dir) is not None
 
 
-def test_the_model_directory_records_data_hyperparameters_and_training(single_label_run) -> None:  # type: ignore[no-untyped-def]
+def test_the_model_directory_records_data_hyperparameters_and_training(
+    single_label_run: tuple[TrainResult, list[LabelledSet], LabelledSet],
+) -> None:
     result, mix, dev = single_label_run
     metadata = ModelMetadata.load(result.out_dir)
     assert metadata == result.metadata
@@ -332,7 +342,9 @@ def test_the_model_directory_records_data_hyperparameters_and_training(single_la
     assert training["wall_seconds"] > 0 and len(training["history"]) == 3
 
 
-def test_the_model_server_loads_the_output(single_label_run) -> None:  # type: ignore[no-untyped-def]
+def test_the_model_server_loads_the_output(
+    single_label_run: tuple[TrainResult, list[LabelledSet], LabelledSet],
+) -> None:
     result, _, _ = single_label_run
     backend = load_backend(result.out_dir, device="cpu")
     [output] = backend.predict([ClassifyInput("the great lovely place")])
@@ -438,7 +450,7 @@ class FlakyTexts(list):
         super().__init__(texts)
         self.reads, self.fail_after = 0, fail_after
 
-    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+    def __getitem__(self, index):
         self.reads += 1
         if self.reads > self.fail_after:
             raise Interrupted

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from tests.conftest import table_counts
+from tests.conftest import MakeUser, table_counts
 
 
-def test_admin_creates_users_and_tokens_are_stored_hashed(client, app, make_user):  # type: ignore[no-untyped-def]
+def test_admin_creates_users_and_tokens_are_stored_hashed(
+    client: TestClient, app: FastAPI, make_user: MakeUser
+) -> None:
     admin = make_user("ada", "admin")
     response = client.post(
         "/api/v1/users",
@@ -26,7 +30,7 @@ def test_admin_creates_users_and_tokens_are_stored_hashed(client, app, make_user
     assert me["username"] == "wren"
 
 
-def test_password_login_and_wrong_password(client, make_user):  # type: ignore[no-untyped-def]
+def test_password_login_and_wrong_password(client: TestClient, make_user: MakeUser) -> None:
     admin = make_user("ada", "admin")
     client.post(
         "/api/v1/users",
@@ -44,7 +48,7 @@ def test_password_login_and_wrong_password(client, make_user):  # type: ignore[n
     assert unknown.status_code == 401
 
 
-def test_only_admins_manage_users_and_others_tokens(client, app, make_user):  # type: ignore[no-untyped-def]
+def test_only_admins_manage_users_and_others_tokens(client: TestClient, app: FastAPI, make_user: MakeUser) -> None:
     researcher = make_user("rosa", "researcher")
     writer = make_user("wim", "writer")
     before = table_counts(app)
@@ -57,7 +61,7 @@ def test_only_admins_manage_users_and_others_tokens(client, app, make_user):  # 
     assert own.status_code == 201
 
 
-def test_user_input_is_checked(client, app, make_user):  # type: ignore[no-untyped-def]
+def test_user_input_is_checked(client: TestClient, app: FastAPI, make_user: MakeUser) -> None:
     admin = make_user("ada", "admin")
     before = table_counts(app)
     cases = [
@@ -74,6 +78,6 @@ def test_user_input_is_checked(client, app, make_user):  # type: ignore[no-untyp
     assert table_counts(app) == before
 
 
-def test_health_reports_schema(client):  # type: ignore[no-untyped-def]
+def test_health_reports_schema(client: TestClient) -> None:
     response = client.get("/health")
     assert response.status_code == 200 and response.json()["status"] == "ok"

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from services.db.models import Example, TaskWorker, Validation
-from tests.conftest import Actor, example_yaml, open_round, table_counts
+from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts
+from tests.stub_model_server import ThreadedServer
 
 PROMPTS = [f"Prompt number {i} about a small cafe downtown." for i in range(12)]
 
@@ -29,7 +32,7 @@ def write_example(client: Any, writer: Actor, round_id: int, text: str) -> dict[
 
 
 @pytest.fixture
-def dynasent(client, researcher, stub_model):  # type: ignore[no-untyped-def]
+def dynasent(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
     return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
@@ -37,7 +40,9 @@ def label(client: Any, validator: Actor, example_id: int, value: Any) -> Any:
     return client.post(f"/api/v1/examples/{example_id}/validations", json={"label": value}, headers=validator.headers)
 
 
-def test_batch_puts_fooling_examples_first_and_never_own_or_labelled(client, dynasent, make_user, validators):  # type: ignore[no-untyped-def]
+def test_batch_puts_fooling_examples_first_and_never_own_or_labelled(
+    client: TestClient, dynasent: dict[str, Any], make_user: MakeUser, validators: list[Actor]
+) -> None:
     writer = make_user("wendy", "writer", "validator")
     plain = write_example(client, writer, dynasent["id"], "An ordinary sentence about lunch today.")
     fooling = write_example(client, writer, dynasent["id"], "A great and wonderful terrible day there.")
@@ -60,7 +65,9 @@ def test_batch_puts_fooling_examples_first_and_never_own_or_labelled(client, dyn
     assert [item["example_id"] for item in again["data"]] == ids[1:]
 
 
-def test_claims_spread_examples_across_concurrent_validators(client, dynasent, writer, validators, make_user):  # type: ignore[no-untyped-def]
+def test_claims_spread_examples_across_concurrent_validators(
+    client: TestClient, dynasent: dict[str, Any], writer: Actor, validators: list[Actor], make_user: MakeUser
+) -> None:
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
     holders = []
     for validator in validators[:5]:
@@ -72,9 +79,11 @@ def test_claims_spread_examples_across_concurrent_validators(client, dynasent, w
     assert sixth["data"] == []
 
 
-def test_five_labels_validate_an_example_and_the_record_shows_them(client, dynasent, writer, validators, researcher):  # type: ignore[no-untyped-def]
+def test_five_labels_validate_an_example_and_the_record_shows_them(
+    client: TestClient, dynasent: dict[str, Any], writer: Actor, validators: list[Actor], researcher: Actor
+) -> None:
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
-    for validator, value in zip(validators[:5], ["neutral", "neutral", "neutral", "positive", "mixed"]):
+    for validator, value in zip(validators[:5], ["neutral", "neutral", "neutral", "positive", "mixed"], strict=True):
         assert label(client, validator, example["id"], value).status_code == 201
     response = label(client, validators[5], example["id"], "neutral")
     assert response.status_code == 409 and "already has all its labels" in response.json()["error"]["message"]
@@ -91,8 +100,13 @@ def test_five_labels_validate_an_example_and_the_record_shows_them(client, dynas
 
 
 def test_unqualify_excludes_labels_requeues_and_requalify_restores(
-    client, app, dynasent, writer, validators, researcher
-):  # type: ignore[no-untyped-def]
+    client: TestClient,
+    app: FastAPI,
+    dynasent: dict[str, Any],
+    writer: Actor,
+    validators: list[Actor],
+    researcher: Actor,
+) -> None:
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
     for validator in validators[:5]:
         assert label(client, validator, example["id"], "neutral").status_code == 201
@@ -123,7 +137,9 @@ def test_unqualify_excludes_labels_requeues_and_requalify_restores(
         assert row.validation_count == len(counted) == 5 and row.status.value == "validated"
 
 
-def test_agreement_rates_and_automatic_unqualification(client, app, researcher, writer, make_user, stub_model):  # type: ignore[no-untyped-def]
+def test_agreement_rates_and_automatic_unqualification(
+    client: TestClient, app: FastAPI, researcher: Actor, writer: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
     # Batches of 2 and judgement after 2 labels, so the 80% rule triggers quickly.
     yaml_text = example_yaml(
         "dynasent-r2",
@@ -159,7 +175,9 @@ def test_agreement_rates_and_automatic_unqualification(client, app, researcher, 
             assert session.get(Example, example["id"]).validation_count == 4
 
 
-def test_onboarding_quiz_gates_writing_and_holds_back_after_five_failures(client, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
+def test_onboarding_quiz_gates_writing_and_holds_back_after_five_failures(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
     round_ = open_round(client, researcher, example_yaml("dynasent-r2"), stub_model.url, PROMPTS)
     newcomer = make_user("nora", "writer")
     response = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=newcomer.headers)
@@ -195,7 +213,9 @@ def test_onboarding_quiz_gates_writing_and_holds_back_after_five_failures(client
     assert client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=keen.headers).status_code == 201
 
 
-def test_quiz_answers_are_hidden_from_writers(client, researcher, writer, stub_model):  # type: ignore[no-untyped-def]
+def test_quiz_answers_are_hidden_from_writers(
+    client: TestClient, researcher: Actor, writer: Actor, stub_model: ThreadedServer
+) -> None:
     open_round(client, researcher, example_yaml("dynasent-r2"), stub_model.url, PROMPTS)
     as_writer = client.get("/api/v1/tasks/dynasent-r2", headers=writer.headers).json()
     assert all("answer" not in q for q in as_writer["definition"]["onboarding_quiz"]["questions"])
@@ -203,7 +223,9 @@ def test_quiz_answers_are_hidden_from_writers(client, researcher, writer, stub_m
     assert all("answer" in q for q in as_researcher["definition"]["onboarding_quiz"]["questions"])
 
 
-def test_skip_ends_assignment_and_next_prompt_is_new(client, dynasent, writer, app):  # type: ignore[no-untyped-def]
+def test_skip_ends_assignment_and_next_prompt_is_new(
+    client: TestClient, dynasent: dict[str, Any], writer: Actor, app: FastAPI
+) -> None:
     first = client.post(f"/api/v1/rounds/{dynasent['id']}/assignments", json={}, headers=writer.headers).json()
     skipped = client.post(f"/api/v1/assignments/{first['id']}/skip", headers=writer.headers).json()
     assert skipped["status"] == "skipped"
@@ -218,7 +240,9 @@ def test_skip_ends_assignment_and_next_prompt_is_new(client, dynasent, writer, a
     assert table_counts(app) == before
 
 
-def test_unused_first_gives_each_prompt_once_before_reuse(client, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
+def test_unused_first_gives_each_prompt_once_before_reuse(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
     round_ = open_round(
         client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS[:4]
     )
@@ -235,7 +259,9 @@ def test_unused_first_gives_each_prompt_once_before_reuse(client, researcher, ma
     assert stats["prompts"] == {"total": 4, "used": 4} and stats["assignments"]["active"] == 4
 
 
-def test_balanced_targets_and_writer_choice(client, researcher, make_user, stub_model):  # type: ignore[no-untyped-def]
+def test_balanced_targets_and_writer_choice(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
     round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
     targets = []
     for i in range(6):
@@ -253,7 +279,7 @@ def test_balanced_targets_and_writer_choice(client, researcher, make_user, stub_
     assert response.status_code == 422 and "assigns target labels" in response.json()["error"]["message"]
 
 
-def test_no_prompt_condition(client, researcher, writer, stub_model):  # type: ignore[no-untyped-def]
+def test_no_prompt_condition(client: TestClient, researcher: Actor, writer: Actor, stub_model: ThreadedServer) -> None:
     round_ = open_round(
         client,
         researcher,
@@ -285,7 +311,14 @@ def test_no_prompt_condition(client, researcher, writer, stub_model):  # type: i
     assert example["condition"] == "no_prompt"
 
 
-def test_unqualifying_in_a_closed_round_requeues_nothing(client, app, dynasent, writer, validators, researcher):  # type: ignore[no-untyped-def]
+def test_unqualifying_in_a_closed_round_requeues_nothing(
+    client: TestClient,
+    app: FastAPI,
+    dynasent: dict[str, Any],
+    writer: Actor,
+    validators: list[Actor],
+    researcher: Actor,
+) -> None:
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
     for validator in validators[:5]:
         assert label(client, validator, example["id"], "neutral").status_code == 201
@@ -305,7 +338,9 @@ def test_unqualifying_in_a_closed_round_requeues_nothing(client, app, dynasent, 
     assert record["status"] == "validated" and record["validation_count"] == 4
 
 
-def test_reloaded_batch_keeps_fooling_examples_first(client, researcher, make_user, validators, stub_model):  # type: ignore[no-untyped-def]
+def test_reloaded_batch_keeps_fooling_examples_first(
+    client: TestClient, researcher: Actor, make_user: MakeUser, validators: list[Actor], stub_model: ThreadedServer
+) -> None:
     round_ = open_round(
         client,
         researcher,

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
-from tests.conftest import example_yaml, open_round, table_counts
+from tests.conftest import Actor, example_yaml, free_port, open_round, table_counts
+from tests.stub_model_server import ThreadedServer, create_stub_app
 
 PROMPTS = [
     "The soup was fine and the bread was fresh.",
@@ -15,11 +21,13 @@ PROMPTS = [
 
 
 @pytest.fixture
-def dynasent_round(client, researcher, stub_model):  # type: ignore[no-untyped-def]
+def dynasent_round(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
     return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
-def test_writer_fools_model_confirms_and_submits(client, writer, dynasent_round):  # type: ignore[no-untyped-def]
+def test_writer_fools_model_confirms_and_submits(
+    client: TestClient, writer: Actor, dynasent_round: dict[str, Any]
+) -> None:
     response = client.post(f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={}, headers=writer.headers)
     assert response.status_code == 201, response.text
     assignment = response.json()
@@ -76,7 +84,9 @@ def test_writer_fools_model_confirms_and_submits(client, writer, dynasent_round)
     assert again.status_code == 200 and again.json()["id"] == example["id"]
 
 
-def test_model_down_keeps_attempt_and_consumes_no_try(client, writer, dynasent_round, stub_model, app):  # type: ignore[no-untyped-def]
+def test_model_down_keeps_attempt_and_consumes_no_try(
+    client: TestClient, writer: Actor, dynasent_round: dict[str, Any], stub_model: ThreadedServer, app: FastAPI
+) -> None:
     assignment = client.post(
         f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={}, headers=writer.headers
     ).json()
@@ -105,23 +115,22 @@ def test_model_down_keeps_attempt_and_consumes_no_try(client, writer, dynasent_r
     assert table_counts(app)["attempts"] == 1
 
 
-def _assignment(client, writer, round_id, **body):  # type: ignore[no-untyped-def]
+def _assignment(client: TestClient, writer: Actor, round_id, **body):
     response = client.post(f"/api/v1/rounds/{round_id}/assignments", json=body, headers=writer.headers)
     assert response.status_code in (200, 201), response.text
     return response.json()
 
 
 @pytest.fixture(scope="module")
-def stub_sarcasm_model():  # type: ignore[no-untyped-def]
-    from tests.conftest import free_port
-    from tests.stub_model_server import ThreadedServer, create_stub_app
-
+def stub_sarcasm_model() -> Iterator[ThreadedServer]:
     server = ThreadedServer(create_stub_app(["sarcastic", "not_sarcastic"]), free_port()).start()
     yield server
     server.stop()
 
 
-def test_isarcasm_intended_label_must_match_the_target(client, researcher, writer, stub_sarcasm_model, app):  # type: ignore[no-untyped-def]
+def test_isarcasm_intended_label_must_match_the_target(
+    client: TestClient, researcher: Actor, writer: Actor, stub_sarcasm_model: ThreadedServer, app: FastAPI
+) -> None:
     from tests.conftest import table_counts
 
     round_ = open_round(
@@ -164,7 +173,9 @@ def test_isarcasm_intended_label_must_match_the_target(client, researcher, write
     assert response.status_code == 201 and response.json()["extras"] == {"intended_label": "not_sarcastic"}
 
 
-def test_target_span_extra_of_the_wrong_type_is_a_clear_422(client, researcher, writer, stub_model, app):  # type: ignore[no-untyped-def]
+def test_target_span_extra_of_the_wrong_type_is_a_clear_422(
+    client: TestClient, researcher: Actor, writer: Actor, stub_model: ThreadedServer, app: FastAPI
+) -> None:
     from tests.conftest import table_counts
 
     round_ = open_round(client, researcher, example_yaml("mad-tsc", onboarding_quiz=None), stub_model.url, PROMPTS)
@@ -191,7 +202,9 @@ def test_target_span_extra_of_the_wrong_type_is_a_clear_422(client, researcher, 
     assert "towards a target you mark" in assignment["goal"]
 
 
-def test_balanced_round_refuses_a_target_even_when_resuming(client, writer, dynasent_round):  # type: ignore[no-untyped-def]
+def test_balanced_round_refuses_a_target_even_when_resuming(
+    client: TestClient, writer: Actor, dynasent_round: dict[str, Any]
+) -> None:
     _assignment(client, writer, dynasent_round["id"])
     response = client.post(
         f"/api/v1/rounds/{dynasent_round['id']}/assignments", json={"target_label": "positive"}, headers=writer.headers
@@ -199,7 +212,9 @@ def test_balanced_round_refuses_a_target_even_when_resuming(client, writer, dyna
     assert response.status_code == 422 and "assigns target labels" in response.json()["error"]["message"]
 
 
-def test_overdue_assignments_count_as_expired_in_stats(client, app, researcher, writer, dynasent_round):  # type: ignore[no-untyped-def]
+def test_overdue_assignments_count_as_expired_in_stats(
+    client: TestClient, app: FastAPI, researcher: Actor, writer: Actor, dynasent_round: dict[str, Any]
+) -> None:
     import datetime as dt
 
     from services.db.models import Assignment
