@@ -126,10 +126,8 @@ def predict_loaded(
         with torch.inference_mode():
             for rows in to_run:
                 logits = model(**_pad(tokenizer, features, rows, device)).logits.float()
-                if metadata.family == "multi_label":
-                    batch = torch.sigmoid(logits)
-                else:
-                    batch = torch.softmax(logits, dim=-1)
+                multi_label = metadata.family == "multi_label"
+                batch = torch.sigmoid(logits) if multi_label else torch.softmax(logits, dim=-1)
                 probabilities[rows] = batch.cpu().numpy()
     finally:
         model.train(was_training)

@@ -395,10 +395,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     datasheet = report.get("datasheet", {})
     if datasheet:
         out += ["", "## Datasheet", ""]
-        out += [
-            f"- **{key.replace('_', ' ')}**: {json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value}"
-            for key, value in datasheet.items()
-        ]
+        for key, value in datasheet.items():
+            shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
+            out.append(f"- **{key.replace('_', ' ')}**: {shown}")
     return "\n".join(out).rstrip() + "\n"
 
 
