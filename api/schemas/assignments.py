@@ -31,9 +31,11 @@ class AttemptCreate(BaseModel):
     )
 
 
-class AttemptPublic(BaseModel):
+class AttemptFields(BaseModel):
+    """What the writer's attempt answers and an example's full record (api/schemas/examples.py)
+    both say of an attempt."""
+
     id: int
-    assignment_id: int
     text: str
     status: str
     prediction: list[str] | None
@@ -41,7 +43,6 @@ class AttemptPublic(BaseModel):
     model_id: str | None
     model_version: str | None
     latency_ms: float | None
-    input_truncated: bool | None
     edit_distance: float | None
     seconds_since_start: float
     fooled: bool | None
@@ -49,6 +50,11 @@ class AttemptPublic(BaseModel):
     confirmed: bool | None
     judged_label: list[str] | None
     target_span: list[int] | None
+
+
+class AttemptPublic(AttemptFields):
+    assignment_id: int
+    input_truncated: bool | None
     created_at: dt.datetime
 
     @classmethod

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from api.schemas.assignments import AttemptFields
 from services.db.models import Example
 
 
@@ -50,24 +51,9 @@ class RecordPrompt(BaseModel):
     metadata: dict[str, Any]
 
 
-class RecordAttempt(BaseModel):
+class RecordAttempt(AttemptFields):
     """Every attempt of the example's assignment, scored or not."""
 
-    id: int
-    text: str
-    status: str
-    prediction: list[str] | None
-    probabilities: dict[str, float] | None
-    model_id: str | None
-    model_version: str | None
-    latency_ms: float | None
-    edit_distance: float | None
-    seconds_since_start: float
-    fooled: bool | None
-    counts_as_try: bool
-    confirmed: bool | None
-    judged_label: list[str] | None
-    target_span: list[int] | None
     created_at: str = Field(description="ISO 8601 time.")
 
 
