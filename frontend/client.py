@@ -148,8 +148,6 @@ class QuizStatus(TypedDict):
 
 class QuizResult(TypedDict):
     passed: bool
-    correct: int
-    wrong_questions: list[int]  # 1-based
     attempts_used: int
     attempts_left: int
 
@@ -637,7 +635,7 @@ class ApiClient:
         return self._json("GET", f"/tasks/{task}/quiz")
 
     def answer_quiz(self, task: str, answers: list[str]) -> QuizResult:
-        """``{"passed", "correct", "wrong_questions", "attempts_used", "attempts_left"}``."""
+        """``{"passed", "attempts_used", "attempts_left"}``: never which answers were wrong."""
         return self._json("POST", f"/tasks/{task}/quiz/attempts", json_body={"answers": answers})
 
     # --- writer: assignments, attempts, examples ---------------------------------------

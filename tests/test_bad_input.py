@@ -684,6 +684,29 @@ def test_second_label_conflicts_and_identical_retry_replays(
     assert record["validation_count"] == 1 and len(record["validations"]) == 1
 
 
+def test_label_resent_after_its_round_closed_is_answered_as_saved(
+    client: TestClient, app: FastAPI, validators: list[Actor], example: dict[str, Any], dynasent: dict[str, Any]
+) -> None:
+    """The answer to a label was lost and the round closed before the validator resent it: the
+    resend says 200 (saved), as a resent submission does, not 409 (which reads as lost)."""
+    url = f"{API}/examples/{example['id']}/validations"
+    first = client.post(url, json={"label": "neutral"}, headers=validators[0].headers)
+    assert first.status_code == 201, first.text
+    researcher = _researcher_headers(client, app)
+    for status in ("validating", "closed"):
+        moved = client.post(f"{API}/rounds/{dynasent['id']}/status", json={"status": status}, headers=researcher)
+        assert moved.status_code == 200, moved.text
+    with unchanged(app):
+        replay = client.post(url, json={"label": "neutral"}, headers=validators[0].headers)
+        assert replay.status_code == 200, replay.text
+        assert replay.json()["id"] == first.json()["id"]
+    with unchanged(app):  # a different label is still refused: labels cannot be changed
+        assert_error(client.post(url, json={"label": "positive"}, headers=validators[0].headers), 409, "conflict")
+    with unchanged(app):  # and a first label after the close is refused as before
+        response = client.post(url, json={"label": "neutral"}, headers=validators[1].headers)
+        assert_error(response, 409, "conflict", "validation is over")
+
+
 def _researcher_headers(client: Any, app: Any) -> dict[str, str]:
     from services.db.engine import session_scope
     from services.domain import users

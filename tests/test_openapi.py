@@ -251,8 +251,6 @@ def test_quiz_worker_quality_and_inspect_answers(client, app, researcher, make_u
         failed.json(),
         {
             "passed": False,
-            "correct": len(answers) - 1,
-            "wrong_questions": [2],
             "attempts_used": 1,
             "attempts_left": allowed - 1,
         },

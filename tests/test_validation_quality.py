@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 
-from services.db.models import Example, TaskWorker, Validation
+from services.db.models import Example, Task, TaskWorker, Validation
+from services.domain.validating import shown_order
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts
 from tests.stub_model_server import ThreadedServer
 
@@ -40,7 +41,7 @@ def label(client: Any, validator: Actor, example_id: int, value: Any) -> Any:
     return client.post(f"/api/v1/examples/{example_id}/validations", json={"label": value}, headers=validator.headers)
 
 
-def test_batch_puts_fooling_examples_first_and_never_own_or_labelled(
+def test_batch_selects_fooling_examples_first_and_never_own_or_labelled(
     client: TestClient, dynasent: dict[str, Any], make_user: MakeUser, validators: list[Actor]
 ) -> None:
     writer = make_user("wendy", "writer", "validator")
@@ -50,9 +51,9 @@ def test_batch_puts_fooling_examples_first_and_never_own_or_labelled(
     third = write_example(client, other_writer, dynasent["id"], "Another ordinary sentence about dinner.")
     batch = client.get(f"/api/v1/rounds/{dynasent['id']}/validation-batch", headers=validators[0].headers).json()
     ids = [item["example_id"] for item in batch["data"]]
-    fooled_ids = [e["id"] for e in (plain, fooling, third) if e["fooled"]]
-    assert ids[: len(fooled_ids)] == sorted(fooled_ids)
     assert set(ids) == {plain["id"], fooling["id"], third["id"]}
+    me = client.get("/api/v1/me", headers=validators[0].headers).json()["id"]
+    assert ids == sorted(ids, key=lambda example_id: shown_order(me, example_id))
     assert batch["validation_labels"] == ["positive", "negative", "neutral", "mixed"]
     # Validators never see the writer's target or the model's prediction before labelling.
     assert set(batch["data"][0]) == {"example_id", "text", "target_span"}
@@ -175,6 +176,33 @@ def test_agreement_rates_and_automatic_unqualification(
             assert session.get(Example, example["id"]).validation_count == 4
 
 
+def test_quiz_feedback_never_says_which_answers_were_wrong(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    """Told which questions were wrong, a writer flips those answers and passes on the next
+    try without reading the guidelines. Two failed tries, one wrong answer each in different
+    questions, get the same answer but for the attempt counts."""
+    open_round(client, researcher, example_yaml("dynasent-r2"), stub_model.url, PROMPTS)
+    from services.taskdef import example_path, load_task_definition
+
+    questions = load_task_definition(example_path("dynasent-r2")).onboarding_quiz.questions
+    right = [q.answer for q in questions]
+    answers = []
+    for spoiled in (0, len(right) - 1):
+        wrong = list(right)
+        wrong[spoiled] = next(option for option in questions[spoiled].options if option != right[spoiled])
+        answers.append(wrong)
+    writer = make_user("quinn", "writer")
+    results = [
+        client.post("/api/v1/tasks/dynasent-r2/quiz/attempts", json={"answers": a}, headers=writer.headers).json()
+        for a in answers
+    ]
+    assert results == [
+        {"passed": False, "attempts_used": 1, "attempts_left": 4},
+        {"passed": False, "attempts_used": 2, "attempts_left": 3},
+    ]
+
+
 def test_onboarding_quiz_gates_writing_and_holds_back_after_five_failures(
     client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
@@ -205,8 +233,6 @@ def test_onboarding_quiz_gates_writing_and_holds_back_after_five_failures(
     ).json()
     assert result == {
         "passed": True,
-        "correct": len(right),
-        "wrong_questions": [],
         "attempts_used": 1,
         "attempts_left": 4,
     }
@@ -338,8 +364,13 @@ def test_unqualifying_in_a_closed_round_requeues_nothing(
     assert record["status"] == "validated" and record["validation_count"] == 4
 
 
-def test_reloaded_batch_keeps_fooling_examples_first(
-    client: TestClient, researcher: Actor, make_user: MakeUser, validators: list[Actor], stub_model: ThreadedServer
+def test_batch_is_selected_fooling_first_but_position_does_not_tell_who_fooled(
+    client: TestClient,
+    app: FastAPI,
+    researcher: Actor,
+    make_user: MakeUser,
+    validators: list[Actor],
+    stub_model: ThreadedServer,
 ) -> None:
     round_ = open_round(
         client,
@@ -370,6 +401,22 @@ def test_reloaded_batch_keeps_fooling_examples_first(
     fooling = write("negative", "A great and wonderful day there.")
     assert fooling["fooled"] and not plain["fooled"] and plain["id"] < fooling["id"]
     url = f"/api/v1/rounds/{round_['id']}/validation-batch"
-    first = [i["example_id"] for i in client.get(url, headers=validators[0].headers).json()["data"]]
-    again = [i["example_id"] for i in client.get(url, headers=validators[0].headers).json()["data"]]
-    assert first == again == [fooling["id"], plain["id"]]
+    shown = {}
+    for validator in validators[:4]:  # five labels per example: a fifth validator can still hold both
+        first = [i["example_id"] for i in client.get(url, headers=validator.headers).json()["data"]]
+        again = [i["example_id"] for i in client.get(url, headers=validator.headers).json()["data"]]
+        assert first == again and set(first) == {plain["id"], fooling["id"]}  # a reload keeps the order
+        shown[validator.username] = first.index(fooling["id"])
+    # The fooling example comes first for some validators and second for others.
+    assert set(shown.values()) == {0, 1}, shown
+    # With room for one example only, the fooling one is selected.
+    with app.state.sessionmaker() as session:
+        session.execute(
+            update(Task).values(
+                definition={**session.scalars(select(Task)).one().definition, "validation_batch_size": 1}
+            )
+        )
+        session.commit()
+    newcomer = make_user("nia", "validator")
+    batch = client.get(url, headers=newcomer.headers).json()["data"]
+    assert [item["example_id"] for item in batch] == [fooling["id"]]

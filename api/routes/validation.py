@@ -24,8 +24,9 @@ def validation_batch(
     validator: Annotated[User, allowed(RoundPolicy.validate)],
     size: int | None = Query(None, ge=1, le=100),
 ) -> BatchPublic:
-    """Up to 10 examples by others to label: fooling examples first, then the least-validated.
-    Calling again returns the examples you still hold (nothing is lost on reload)."""
+    """Up to 10 examples by others to label, picked fooling examples first, then the
+    least-validated, and shown in an order unrelated to the model (a hash of your id and the
+    example's). Calling again returns the examples you still hold (nothing is lost on reload)."""
     round_ = rounds.get_round(session, round_id)
     authorize(validator, RoundPolicy.validate(round_))
     examples = validating.get_batch(session, validator, round_, size)

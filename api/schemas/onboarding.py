@@ -26,8 +26,10 @@ class QuizPublic(BaseModel):
 
 
 class QuizResultPublic(BaseModel):
+    """Passed or not, and the attempts left. Which answers (or how many) were wrong is never
+    said: a writer told that could flip those answers and pass without reading the guidelines.
+    The number right is kept for researchers (``quiz_attempts.correct``)."""
+
     passed: bool
-    correct: int
-    wrong_questions: list[int] = Field(description="1-based numbers of the questions answered wrongly.")
     attempts_used: int
     attempts_left: int

@@ -116,8 +116,6 @@ def answer_quiz(session: Session, task: Task, user: User, answers: list[str]) ->
     if worker.onboarding_passed:
         return {
             "passed": True,
-            "correct": len(answers),
-            "wrong_questions": [],
             "attempts_used": worker.quiz_attempts,
             "attempts_left": quiz.max_attempts - worker.quiz_attempts,
         }
@@ -146,8 +144,6 @@ def answer_quiz(session: Session, task: Task, user: User, answers: list[str]) ->
     )
     return {
         "passed": passed,
-        "correct": len(answers) - len(wrong),
-        "wrong_questions": wrong,
         "attempts_used": worker.quiz_attempts,
         "attempts_left": max(0, quiz.max_attempts - worker.quiz_attempts),
     }

@@ -2,14 +2,18 @@
 
 Validators get batches of up to ``validation_batch_size`` examples written by others, fooling
 examples first, then the least-validated; never their own, never one they labelled, never one
-that already has its labels. Each label is counted against ``validations_needed`` with a
-conditional UPDATE, so two validators racing for the last slot can never exceed it. A batch
-*claims* its examples for a while so concurrent validators are handed different ones.
+that already has its labels. A batch is *selected* fooling-first but *shown* in an order that
+says nothing about the model (:func:`shown_order`): were fooling examples shown first, an
+example's position would tell the validator that the model got it wrong. Each label is
+counted against ``validations_needed`` with a conditional UPDATE, so two validators racing for
+the last slot can never exceed it. A batch *claims* its examples for a while so concurrent
+validators are handed different ones.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from typing import Any
 
 from sqlalchemy import delete, func, or_, select, update
@@ -95,7 +99,16 @@ def get_batch(session: Session, validator: User, round_: Round, size: int | None
         for example in fresh:
             session.add(ValidationClaim(example_id=example.id, validator_id=validator.id, expires_at=expires))
         held.extend(fresh)
-    return held[:size]
+    batch = held[:size]
+    batch.sort(key=lambda example: shown_order(validator.id, example.id))
+    return batch
+
+
+def shown_order(validator_id: int, example_id: int) -> str:
+    """Where an example stands in a validator's batch: a hash of the two ids, so the order is
+    unrelated to whether the model was fooled, differs between validators, and stays the same
+    when the page is reloaded or an example leaves the batch."""
+    return hashlib.sha256(f"{validator_id}:{example_id}".encode()).hexdigest()
 
 
 def get_example(session: Session, example_id: int) -> Example:
@@ -120,8 +133,7 @@ def submit_validation(
     validation with created=False."""
     example_id = example.id
     round_ = example.round
-    definition = _require_validator(session, validator, round_)
-    label = check_validation_label(definition, raw_label)
+    label = check_validation_label(definition_of(round_.task), raw_label)
     if seconds_taken is not None and not 0 <= seconds_taken <= 86_400:
         raise Invalid("seconds_taken must be between 0 and 86400")
     reason = clean_text(flag_reason, field="flag_reason", max_chars=1000) if flag_reason else None
@@ -131,9 +143,13 @@ def submit_validation(
         select(Validation).where(Validation.example_id == example.id, Validation.validator_id == validator.id)
     )
     if existing is not None:
+        # A label resent (its answer lost on the way) is answered as saved, whatever happened
+        # since: the round may have closed, or the validator been unqualified, after it was
+        # recorded. Otherwise the validator could not tell a saved label from a lost one.
         if existing.label == label and existing.flagged == flagged:
             return existing, False
         raise Conflict(f"you already labelled example {example.id} as {existing.label}; labels cannot be changed")
+    definition = _require_validator(session, validator, round_)
     counted = rows_matched(
         session,
         update(Example)
