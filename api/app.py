@@ -205,6 +205,9 @@ def add_exception_handlers(app: FastAPI) -> None:
 
 def create_app(settings: Settings | None = None, model_client: ModelClient | None = None) -> FastAPI:
     settings = settings or get_settings()
+    if warning := settings.placeholder_secret_warning:
+        # Production and test settings with a placeholder never get here (Settings refuses them).
+        logger.warning("!!! %s !!!", warning)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

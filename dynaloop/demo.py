@@ -14,6 +14,7 @@ Two parts:
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import sys
@@ -228,6 +229,25 @@ def _check_ports(options: DemoOptions, start_model_server: bool, start_ui: bool,
             )
 
 
+SECRET_KEY_FILE = "secret_key"
+
+
+def with_demo_secret(settings: Settings) -> Settings:
+    """The demo's settings with a pseudonym key of its own, unless ``DYNALOOP_SECRET_KEY`` is
+    set: a random key made on the first run and kept (readable by its owner only) in the data
+    directory, so that pseudonyms stay the same across runs and cannot be recomputed by anyone
+    who knows the placeholder."""
+    if settings.placeholder_secret_warning is None:
+        return settings
+    path = settings.data_dir / SECRET_KEY_FILE
+    if not path.is_file():
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # Created with mode 0600 from the start, never readable by others even for a moment.
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+            out.write(secrets.token_urlsafe(32))
+    return settings.model_copy(update={"secret_key": path.read_text().strip()})
+
+
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None:
     """Start the demo and block until Ctrl-C, SIGTERM or SIGHUP; stop every child process
     before returning. Raises :class:`DemoError` when it cannot start or a service dies."""
@@ -312,7 +332,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 ],
                 url=api_url,
                 health_url=f"{api_url}/health",
-                env={"DYNALOOP_DATA_DIR": str(settings.data_dir)},
+                env={"DYNALOOP_DATA_DIR": str(settings.data_dir), "DYNALOOP_SECRET_KEY": settings.secret_key},
             )
             _wait(console, supervisor, api, options.api_start_timeout_s)
             if start_ui:

@@ -84,6 +84,20 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def placeholder_secret_warning(self) -> str | None:
+        """What to say at start-up while the pseudonym key is a placeholder (development only:
+        elsewhere such settings are refused). With a known key anyone recomputes every worker's
+        pseudonym in an export from their user id."""
+        if self.secret_key.strip().lower() not in PLACEHOLDER_SECRETS and len(self.secret_key) >= 16:
+            return None
+        return (
+            "DYNALOOP_SECRET_KEY is a placeholder: the worker pseudonyms in exports can be recomputed "
+            "from user ids by anyone who knows it. Fine on a developer's machine; before real workers "
+            "take part, set it to a long random value (`python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'`) and keep it with the backups (docs/security.md)"
+        )
+
+    @property
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from dynaloop.demo import DEMO_PROMPTS, DEMO_TASK
+from dynaloop.demo import DEMO_PROMPTS, DEMO_TASK, SECRET_KEY_FILE
 from dynaloop.model_zero import ModelZeroSpec, cache_key, ensure_model_zero, model_zero_dir
 from dynaloop.processes import RUNNING_FILE, ServiceError, Supervisor, still_running
 from dynaloop.seed_corpus import DEFAULT_PER_LABEL, SEED_LABELS, seed_corpus
@@ -199,8 +199,13 @@ def test_demo_serves_model_zero_and_stops_every_child(tmp_path: Path, model_cach
 def test_demo_uses_an_external_model_server_when_given_one(tmp_path: Path, stub_model: ThreadedServer) -> None:
     with running_demo(tmp_path / "data", "--model-endpoint", stub_model.url) as demo:
         assert "Model 0" not in demo.output and not (tmp_path / "data" / "models").exists()
-        assert set(demo.service_pids()) == {"API"}
+        pids = demo.service_pids()
+        assert set(pids) == {"API"}
         assert f"{stub_model.url} (external)" in demo.output
+        # The API runs with the demo's own random pseudonym key, not the placeholder.
+        secret = (tmp_path / "data" / SECRET_KEY_FILE).read_text().strip()
+        environment = Path(f"/proc/{pids['API']}/environ").read_bytes().split(b"\0")
+        assert f"DYNALOOP_SECRET_KEY={secret}".encode() in environment
         attempt = _writer_attempt(demo.api_url)
         assert attempt["status"] == "scored" and attempt["model_id"] == "stub-model"
         assert demo.stop(signal.SIGTERM) == 0

@@ -42,12 +42,13 @@ def demo(
     the model server, the API and the Streamlit app as child processes, sets up the DynaSent-style
     task `dynasent-r2` with prompts and users, and prints the addresses and logins. Ctrl-C stops
     everything."""
-    from dynaloop.demo import DemoError, DemoOptions, DemoSetup, run_demo, set_up_demo
+    from dynaloop.demo import DemoError, DemoOptions, DemoSetup, run_demo, set_up_demo, with_demo_secret
     from dynaloop.model_zero import ModelZeroSpec
 
     settings = settings_for()
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})
+    settings = with_demo_secret(settings)
     if serve:
         try:
             spec = ModelZeroSpec(epochs=model_epochs, max_length=model_max_length, per_label=seed_per_label)

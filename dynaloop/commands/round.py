@@ -14,6 +14,7 @@ from dynaloop.commands.common import (
     DatabaseOpt,
     console,
     ensure_schema,
+    err,
     fail,
     problems,
     session_factory,
@@ -93,6 +94,8 @@ def round_export(
     from services.errors import DomainError
 
     settings = settings_for(database_url)
+    if warning := settings.placeholder_secret_warning:
+        err.print(f"[bold red]WARNING:[/bold red] {warning}", soft_wrap=True)
     url = settings.resolved_database_url
     ensure_schema(url)
     options = ExportOptions(format=format, splits=[s.strip() for s in splits.split(",") if s.strip()])

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from dynaloop.commands.common import DatabaseOpt, console, fail, settings_for
+from dynaloop.commands.common import DatabaseOpt, console, err, fail, settings_for
 
 
 def api(
@@ -24,6 +24,8 @@ def api(
     from services.db.migrate import upgrade
 
     settings = settings_for(database_url)
+    if warning := settings.placeholder_secret_warning:
+        err.print(f"[bold red]WARNING:[/bold red] {warning}", soft_wrap=True)
     upgrade(settings.resolved_database_url)
     if database_url:
         # Worker processes read settings from the environment.
