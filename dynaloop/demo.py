@@ -41,7 +41,7 @@ from services.taskdef import example_path
 
 DEMO_TASK = "dynasent-r2"
 DEMO_PROMPTS = Path(__file__).parent / "demo_prompts.jsonl"
-# Demo accounts: (role, username, roles). Their password is "<username>-demo" -- a demo only.
+# Demo accounts: (role, username, roles). Their password is "<username>-demo-only" -- a demo only.
 DEMO_USERS = [
     ("admin", "admin", ["admin", "researcher"]),
     ("researcher", "researcher", ["researcher"]),
@@ -90,7 +90,7 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
             rounds.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
             logins = []
             for role, username, roles in DEMO_USERS:
-                password = f"{username}-demo"
+                password = f"{username}-demo-only"
                 user = session.scalar(select(User).where(User.username == username))
                 if user is None:
                     user = users.create_user(session, None, username, roles, password=password)
@@ -428,6 +428,6 @@ def _print_ready(
         console.print(f"[yellow]{ui_note}[/yellow]; the API is at {api_url}", soft_wrap=True)
     else:
         web = next(service for service in supervisor.services if service.name == "web app")
-        console.print(f"[bold]Open {web.url} and log in as writer / writer-demo.[/bold]", soft_wrap=True)
+        console.print(f"[bold]Open {web.url} and log in as writer / writer-demo-only.[/bold]", soft_wrap=True)
     console.print("dynaloop demo is running; press Ctrl-C to stop.")
     sys.stdout.flush()
