@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -88,11 +89,12 @@ class Settings(BaseSettings):
     )
     login_lockout_max_s: int = Field(900, ge=1, description="The longest lock-out.")
     login_password_workers: int = Field(
-        2,
+        default_factory=lambda: min(8, max(1, (os.cpu_count() or 1) // 4)),
         ge=1,
         le=64,
-        description="Threads that check login passwords (PBKDF2, ~50 ms of CPU each); logins beyond "
-        "them wait their turn, leaving the CPU and the handler threads to other requests.",
+        description="Threads that check login passwords (PBKDF2, ~50 ms of CPU each; default: a quarter "
+        "of the CPU cores, 1 to 8); logins beyond them wait their turn, leaving the CPU and the handler "
+        "threads to other requests (bench/login_flood.py).",
     )
     login_max_waiting: int = Field(
         32, ge=1, description="Logins that may wait for a password thread; more get 429 at once."
