@@ -78,7 +78,18 @@ def seed(url: str, observers: int) -> list[str]:
 
 def start_api(url: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     popen = subprocess.Popen(
-        [sys.executable, "-m", "dynaloop.cli", "api", "--port", str(port), "--database-url", url, "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "dynaloop.cli",
+            "api",
+            "--port",
+            str(port),
+            "--database-url",
+            url,
+            "--log-level",
+            "warning",
+        ],
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
@@ -98,7 +109,9 @@ def start_api(url: str, port: int, env: dict[str, str], log: Path) -> subprocess
     raise RuntimeError(f"the API did not answer /health within 60 s; see {log}")
 
 
-async def observe(base: str, token: str, until: float, pause_s: float, latencies: list[float], errors: list[int]) -> None:
+async def observe(
+    base: str, token: str, until: float, pause_s: float, latencies: list[float], errors: list[int]
+) -> None:
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
         while time.monotonic() < until:
             started = time.perf_counter()

@@ -35,7 +35,6 @@ from services.db.migrate import upgrade
 from services.db.models import Round, RoundStatus, Task, User
 from services.domain import rounds, tasks, users
 from services.errors import DomainError
-from services.security import hash_password
 from services.settings import Settings
 from services.taskdef import example_path
 
@@ -95,7 +94,7 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
                 if user is None:
                     user = users.create_user(session, None, username, roles, password=password)
                 else:
-                    user.password_hash = hash_password(password)
+                    users.set_password(session, None, user, password)
                 _, token = users.issue_token(session, None, user, name="demo", expires_in_days=30)
                 logins.append(DemoLogin(role, username, password, token))
             prompt_count = len(

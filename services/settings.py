@@ -76,7 +76,7 @@ class Settings(BaseSettings):
         5, ge=1, description="Failed logins for one username (within login_failure_window_s) before it is locked."
     )
     login_max_failures_per_address: int = Field(
-        30,
+        100,
         ge=1,
         description="Failed logins from one client address (any usernames) before it is locked; a lab "
         "behind one NAT shares it.",

@@ -216,6 +216,12 @@ def test_the_cli_refuses_a_weak_password(tmp_path: Path) -> None:
         cli, ["user", "create", "bob", "--role", "writer", "--password", PASSWORD, "--database-url", url]
     )
     assert good.exit_code == 0, good.output
+    common = runner.invoke(cli, ["user", "password", "bob", "--password", "qwertyuiop123", "--database-url", url])
+    assert common.exit_code == 1 and "common passwords" in common.output
+    changed = runner.invoke(
+        cli, ["user", "password", "bob", "--password", "a-new-long-password", "--database-url", url]
+    )
+    assert changed.exit_code == 0 and "password of 'bob' set" in changed.output
 
 
 def test_the_common_password_list_ships_with_its_license() -> None:

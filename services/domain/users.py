@@ -62,6 +62,13 @@ def check_password(username: str, password: str) -> None:
         raise Invalid(problem, problems=[f"password: {problem}"])
 
 
+def set_password(session: Session, actor: User | None, user: User, password: str) -> None:
+    """Give ``user`` a new password (it must pass the policy); their tokens stay valid."""
+    check_password(user.username, password)
+    user.password_hash = hash_password(password)
+    audit.record(session, actor, "user.password", "user", user.id)
+
+
 def get_user(session: Session, username: str) -> User:
     user = session.scalar(select(User).where(User.username == username))
     if user is None:
