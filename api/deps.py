@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.state import app_state
 from services.authorization import Policy, authorize
-from services.db.models import User
+from services.db.models import ApiToken, User
 from services.db.transactions import commit_now
 from services.domain.users import authenticate_token
 from services.domain.writing import expire_due_assignments
@@ -82,21 +82,30 @@ SessionmakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 ModelClientDep = Annotated[ModelClient, Depends(get_model_client)]
 
 
-def current_user(
+def current_token(
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> User:
-    """Authentication: whose token is this? (401 without a valid one.)"""
+) -> ApiToken:
+    """Authentication: which valid token is this, of an active user? (401 without one.) Its id
+    keys the per-token rate limit (api/ratelimit.py), however the header was spelled."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("send an API token: `Authorization: Bearer <token>`")
-    user = authenticate_token(session, credentials.credentials)
+    token = authenticate_token(session, credentials.credentials)
     commit_now(
         session,
         "end the token lookup's read: on SQLite it holds the write lock, which must not wait "
         "for the rest of the request (a body still arriving, a free thread, the attempt handler's own "
         "transactions)",
     )
-    return user
+    return token
+
+
+CurrentToken = Annotated[ApiToken, Depends(current_token)]
+
+
+def current_user(token: CurrentToken) -> User:
+    """The user whose token authenticated the request."""
+    return token.user
 
 
 CurrentUser = Annotated[User, Depends(current_user)]

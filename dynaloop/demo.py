@@ -36,13 +36,12 @@ from services.db.migrate import upgrade
 from services.db.models import Round, RoundStatus, Task, User
 from services.domain import rounds, tasks, users
 from services.errors import DomainError
-from services.security import hash_password
 from services.settings import Settings
 from services.taskdef import example_path
 
 DEMO_TASK = "dynasent-r2"
 DEMO_PROMPTS = Path(__file__).parent / "demo_prompts.jsonl"
-# Demo accounts: (role, username, roles). Their password is "<username>-demo" -- a demo only.
+# Demo accounts: (role, username, roles). Their password is "<username>-demo-only" -- a demo only.
 DEMO_USERS = [
     ("admin", "admin", ["admin", "researcher"]),
     ("researcher", "researcher", ["researcher"]),
@@ -91,12 +90,12 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
             rounds.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
             logins = []
             for role, username, roles in DEMO_USERS:
-                password = f"{username}-demo"
+                password = f"{username}-demo-only"
                 user = session.scalar(select(User).where(User.username == username))
                 if user is None:
                     user = users.create_user(session, None, username, roles, password=password)
                 else:
-                    user.password_hash = hash_password(password)
+                    users.set_password(session, None, user, password)
                 _, token = users.issue_token(session, None, user, name="demo", expires_in_days=30)
                 logins.append(DemoLogin(role, username, password, token))
             prompt_count = len(
@@ -448,6 +447,6 @@ def _print_ready(
         console.print(f"[yellow]{ui_note}[/yellow]; the API is at {api_url}", soft_wrap=True)
     else:
         web = next(service for service in supervisor.services if service.name == "web app")
-        console.print(f"[bold]Open {web.url} and log in as writer / writer-demo.[/bold]", soft_wrap=True)
+        console.print(f"[bold]Open {web.url} and log in as writer / writer-demo-only.[/bold]", soft_wrap=True)
     console.print("dynaloop demo is running; press Ctrl-C to stop.")
     sys.stdout.flush()

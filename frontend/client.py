@@ -18,7 +18,7 @@ front end imports nothing from the backend).
 Example::
 
     client = ApiClient("http://127.0.0.1:8000")
-    client.login("writer", "writer-demo")
+    client.login("writer", "writer-demo-only")
     round_ = client.open_rounds()[0]
     assignment = client.start_assignment(round_["id"])
     attempt = client.attempt(assignment["id"], "The host did a great job of making me feel unwanted.")

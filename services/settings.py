@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -68,6 +69,35 @@ class Settings(BaseSettings):
         "memory://",
         description="Where the counters live: `memory://` (one API process) or "
         "`redis://host:6379` so that every API replica shares them.",
+    )
+
+    # Login throttle and password pool (api/ratelimit.py LoginThrottle; counters in rate_limit_storage).
+    login_max_failures_per_user: int = Field(
+        5, ge=1, description="Failed logins for one username (within login_failure_window_s) before it is locked."
+    )
+    login_max_failures_per_address: int = Field(
+        100,
+        ge=1,
+        description="Failed logins from one client address (any usernames) before it is locked; a lab "
+        "behind one NAT shares it.",
+    )
+    login_failure_window_s: int = Field(
+        3600, ge=1, description="Failed logins are counted for this long from the first one."
+    )
+    login_lockout_s: int = Field(
+        30, ge=1, description="The first lock-out; each further failed login doubles it, up to login_lockout_max_s."
+    )
+    login_lockout_max_s: int = Field(900, ge=1, description="The longest lock-out.")
+    login_password_workers: int = Field(
+        default_factory=lambda: min(8, max(1, (os.cpu_count() or 1) // 4)),
+        ge=1,
+        le=64,
+        description="Threads that check login passwords (PBKDF2, ~50 ms of CPU each; default: a quarter "
+        "of the CPU cores, 1 to 8); logins beyond them wait their turn, leaving the CPU and the handler "
+        "threads to other requests (bench/login_flood.py).",
+    )
+    login_max_waiting: int = Field(
+        32, ge=1, description="Logins that may wait for a password thread; more get 429 at once."
     )
 
     @model_validator(mode="after")

@@ -142,7 +142,7 @@ def test_a_service_that_dies_while_starting_shows_its_log(tmp_path: Path) -> Non
 def _writer_attempt(api: str) -> dict[str, object]:
     """Log in as the demo writer, pass the quiz, take an assignment and make one attempt."""
     with httpx.Client(base_url=f"{api}/api/v1", timeout=30) as http:
-        login = http.post("/auth/login", json={"username": "writer", "password": "writer-demo"})
+        login = http.post("/auth/login", json={"username": "writer", "password": "writer-demo-only"})
         assert login.status_code == 200, login.text
         headers = {"Authorization": f"Bearer {login.json()['token']}"}
         quiz = load_task_definition(example_path(DEMO_TASK)).onboarding_quiz
@@ -178,7 +178,7 @@ def test_demo_serves_model_zero_and_stops_every_child(tmp_path: Path, model_cach
             assert httpx.get(url, timeout=10).status_code == 200, url
         info = httpx.get(f"{demo.model_url}/info", timeout=10).json()
         assert info["model_id"] == f"{DEMO_TASK}-model-0"
-        for login in ("writer-demo", "validator1-demo", "researcher-demo", "admin-demo"):
+        for login in ("writer-demo-only", "validator1-demo-only", "researcher-demo-only", "admin-demo-only"):
             assert login in demo.output
 
         attempt = _writer_attempt(demo.api_url)

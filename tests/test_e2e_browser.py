@@ -320,13 +320,13 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     page.screenshot("01-login")
 
     # The researcher's dashboard before anyone has written.
-    page.log_in("researcher", "researcher-demo")
+    page.log_in("researcher", "researcher-demo-only")
     before = _dashboard(page, "02-researcher-before")
     assert _number(before["Attempts"]) == 0 and _number(before["Examples"]) == 0, before
     page.log_out()
 
     # The writer: quiz, then edit the prompt until the model is fooled or the tries run out.
-    page.log_in("writer", "writer-demo")
+    page.log_in("writer", "writer-demo-only")
     page.wait_text("Before you start: a short quiz")
     page.screenshot("03-writer-quiz")
     quiz = load_task_definition(example_path(DEMO_TASK)).onboarding_quiz
@@ -374,7 +374,7 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     page.log_out()
 
     # A validator labels their batch (the writer's sentence).
-    page.log_in("validator1", "validator1-demo")
+    page.log_in("validator1", "validator1-demo-only")
     page.wait_text("Sentence 1 of")
     page.screenshot("07-validator-batch")
     labelled = 0
@@ -398,7 +398,7 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     seeded = api.seed_round(examples=SEEDED_EXAMPLES)
 
     # The researcher sees the round move.
-    page.log_in("researcher", "researcher-demo")
+    page.log_in("researcher", "researcher-demo-only")
     after = page.until(
         lambda: (lambda m: m if _number(m["Validated"]) > 0 else None)(_dashboard(page, "09-researcher")),
         "the dashboard to count the validations",
@@ -428,7 +428,7 @@ class _Api:
 
     def headers(self, username: str) -> dict[str, str]:
         if username not in self.tokens:
-            answer = self.http.post("/auth/login", json={"username": username, "password": f"{username}-demo"})
+            answer = self.http.post("/auth/login", json={"username": username, "password": f"{username}-demo-only"})
             assert answer.status_code == 200, answer.text
             self.tokens[username] = answer.json()["token"]
         return {"Authorization": f"Bearer {self.tokens[username]}"}

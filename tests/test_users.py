@@ -15,7 +15,7 @@ def test_admin_creates_users_and_tokens_are_stored_hashed(
     admin = make_user("ada", "admin")
     response = client.post(
         "/api/v1/users",
-        json={"username": "wren", "roles": ["writer"], "password": "s3cret-pass"},
+        json={"username": "wren", "roles": ["writer"], "password": "s3cret-passphrase"},
         headers=admin.headers,
     )
     assert response.status_code == 201 and response.json()["roles"] == ["writer"]
@@ -25,7 +25,7 @@ def test_admin_creates_users_and_tokens_are_stored_hashed(
         stored = [row[0] for row in connection.execute(text("SELECT token_hash FROM api_tokens"))]
         hashes = [row[0] for row in connection.execute(text("SELECT password_hash FROM users WHERE username='wren'"))]
     assert token["token"] not in stored and all(len(h) == 64 for h in stored)
-    assert hashes[0].startswith("pbkdf2_sha256$") and "s3cret-pass" not in hashes[0]
+    assert hashes[0].startswith("pbkdf2_sha256$") and "s3cret-passphrase" not in hashes[0]
     me = client.get("/api/v1/me", headers={"Authorization": f"Bearer {token['token']}"}).json()
     assert me["username"] == "wren"
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends
 
-from api.ratelimit import rate_limited
+from api.ratelimit import address_rate_limited, token_rate_limited
 from api.routes import (
     assignments,
     auth,
@@ -65,6 +65,10 @@ def api_router() -> APIRouter:
         api.include_router(
             included.router,
             responses=error_responses(*COMMON_ERRORS, *included.extra_errors),
-            dependencies=[Depends(rate_limited)] if included.rate_limited else None,
+            # The address's budget first (unauthenticated requests count too), then, once the
+            # token is authenticated, that token's.
+            dependencies=[Depends(address_rate_limited), Depends(token_rate_limited)]
+            if included.rate_limited
+            else None,
         )
     return api

@@ -12,7 +12,7 @@ class UserCreate(BaseModel):
     username: str = Field(min_length=1, max_length=64)
     roles: list[str] = Field(min_length=1, examples=[["writer", "validator"]])
     display_name: str | None = Field(None, max_length=200)
-    password: str | None = Field(None, min_length=8, max_length=200)
+    password: str | None = Field(None, max_length=200, description="At least 12 characters, not a common password")
 
 
 class UserPublic(BaseModel):

@@ -49,6 +49,27 @@ def user_create(
     print(token)
 
 
+@app.command("password")
+def user_password(
+    username: str,
+    password: Annotated[str, typer.Option(prompt=True, hide_input=True, confirmation_prompt=True)],
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Set a user's login password (at least 12 characters, not a common password)."""
+    from services.db.engine import session_scope
+    from services.domain import users
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            users.set_password(session, None, users.get_user(session, username), password)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    console.print(f"password of {username!r} set.")
+
+
 @app.command("token")
 def user_token(
     username: str, database_url: DatabaseOpt = None, name: str = "cli", expires_in_days: int | None = None

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from services.db.models import ApiToken, Role, User, utcnow
 from services.domain import audit
 from services.errors import Conflict, Invalid, NotFound, Unauthorized
-from services.security import hash_password, hash_token, new_token, verify_password
+from services.security import hash_password, hash_token, new_token, password_problem, verify_password
 
 _USERNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
@@ -37,8 +37,8 @@ def create_user(
 ) -> User:
     if not _USERNAME_RE.match(username):
         raise Invalid(f"username {username!r} is not valid; use 1-64 letters, digits, '_', '.', '@' or '-'")
-    if password is not None and len(password) < 8:
-        raise Invalid("password is shorter than 8 characters; choose a longer one")
+    if password is not None:
+        check_password(username, password)
     if session.scalar(select(User.id).where(User.username == username)) is not None:
         raise Conflict(f"user {username!r} already exists; pick another username")
     user = User(
@@ -53,6 +53,22 @@ def create_user(
     return user
 
 
+def check_password(username: str, password: str) -> None:
+    """The password policy, wherever a password is set (services/security.py
+    ``password_problem``: at least 12 characters, not all whitespace, not the username, not a
+    common password)."""
+    problem = password_problem(password, username)
+    if problem:
+        raise Invalid(problem, problems=[f"password: {problem}"])
+
+
+def set_password(session: Session, actor: User | None, user: User, password: str) -> None:
+    """Give ``user`` a new password (it must pass the policy); their tokens stay valid."""
+    check_password(user.username, password)
+    user.password_hash = hash_password(password)
+    audit.record(session, actor, "user.password", "user", user.id)
+
+
 def get_user(session: Session, username: str) -> User:
     user = session.scalar(select(User).where(User.username == username))
     if user is None:
@@ -61,17 +77,42 @@ def get_user(session: Session, username: str) -> User:
 
 
 def issue_token(
-    session: Session, actor: User | None, user: User, name: str = "api", expires_in_days: int | None = None
+    session: Session,
+    actor: User | None,
+    user: User,
+    name: str = "api",
+    expires_in_days: int | None = None,
+    *,
+    minted_by: ApiToken | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token for ``user``; returns the row and the plain token (shown only once).
-    Who may ask for whose token is ``TokenPolicy.issue``'s to decide."""
+    Who may ask for whose token is ``TokenPolicy.issue``'s to decide. A token created with
+    another (``minted_by``, the token of the API request) never outlives it: asking for a later
+    expiry, or none, is refused (422), not shortened behind the caller's back."""
+    now = utcnow()
+    expires_at = now + dt.timedelta(days=expires_in_days) if expires_in_days else None
+    limit = minted_by.expires_at if minted_by is not None else None
+    if limit is not None and (expires_at is None or expires_at > limit):
+        days_left = (limit - now) // dt.timedelta(days=1)
+        fix = (
+            f"ask for expires_in_days of at most {days_left}"
+            if days_left >= 1
+            else "log in again for a fresh token first"
+        )
+        asked = f"expires in {expires_in_days} days" if expires_in_days else "never expires"
+        problem = (
+            f"the token of this request expires at {limit.isoformat(timespec='seconds')} and a token it creates cannot "
+            f"outlive it, but the new one {asked}; {fix}, or create it with a longer-lived token "
+            "(`dynaloop user token`)"
+        )
+        raise Invalid(problem, problems=[f"expires_in_days: {problem}"])
     plain = new_token()
     token = ApiToken(
         user_id=user.id,
         name=name[:100] or "api",
         token_hash=hash_token(plain),
         prefix=plain[:10],
-        expires_at=utcnow() + dt.timedelta(days=expires_in_days) if expires_in_days else None,
+        expires_at=expires_at,
     )
     session.add(token)
     session.flush()
@@ -99,22 +140,39 @@ def revoke_token(session: Session, actor: User, token: ApiToken) -> ApiToken:
     return token
 
 
-def authenticate_token(session: Session, plain: str) -> User:
+def authenticate_token(session: Session, plain: str) -> ApiToken:
+    """The token ``plain`` stands for, if it is valid and its user active (else Unauthorized)."""
     token = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(plain)))
     now = utcnow()
     if token is None or token.revoked_at is not None:
         raise Unauthorized("the API token is unknown or revoked; log in again or ask an admin")
     if token.expires_at is not None and token.expires_at <= now:
         raise Unauthorized("the API token has expired; create a new one")
-    user = token.user
-    if not user.is_active:
-        raise Unauthorized(f"user {user.username!r} is deactivated")
-    return user
+    if not token.user.is_active:
+        raise Unauthorized(f"user {token.user.username!r} is deactivated")
+    return token
 
 
-def login(session: Session, username: str, password: str) -> tuple[User, str]:
-    user = session.scalar(select(User).where(User.username == username))
-    if user is None or not user.is_active or not verify_password(password, user.password_hash):
-        raise Unauthorized("wrong username or password")
-    _, plain = issue_token(session, user, user, name="login", expires_in_days=7)
-    return user, plain
+# One answer for an unknown username, a wrong password, a user without a password and a
+# deactivated user: the answer must not tell which usernames exist.
+WRONG_LOGIN = "wrong username or password"
+LOGIN_TOKEN_DAYS = 7
+
+
+def login_candidate(session: Session, username: str) -> User | None:
+    """The user a login names, if any (whether they may log in is :func:`password_matches`'s)."""
+    return session.scalar(select(User).where(User.username == username))
+
+
+def password_matches(user: User | None, password: str) -> bool:
+    """Whether ``password`` logs ``user`` in. The same PBKDF2 work whether or not the user
+    exists, has a password or is active (``verify_password`` checks a dummy hash when there is
+    none), so the time of the answer tells nothing either."""
+    matches = verify_password(password, user.password_hash if user is not None else None)
+    return matches and user is not None and user.is_active
+
+
+def open_login_session(session: Session, user: User) -> str:
+    """The plain 7-day token of a successful login."""
+    _, plain = issue_token(session, user, user, name="login", expires_in_days=LOGIN_TOKEN_DAYS)
+    return plain

@@ -1,0 +1,287 @@
+"""Login and tokens as an attacker probes them (issue #12, points 5 and 6): password guessing is
+throttled per username and per address with a growing lock-out, unknown usernames cost the same
+hashing work as real ones, weak passwords are refused, a token cannot mint a longer-lived one,
+and the per-token rate limit cannot be dodged by spelling the `Bearer` scheme differently."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+from typer.testing import CliRunner
+
+from api.app import create_app
+from dynaloop.cli import app as cli
+from services import security
+from services.db.engine import session_scope
+from services.db.models import User
+from services.domain import users
+from services.errors import RateLimited
+from services.settings import Settings
+from tests.conftest import MakeUser, example_yaml, open_round, table_counts, table_snapshot
+
+API = "/api/v1"
+PASSWORD = "plum-orchard-window"
+
+
+def _client(settings: Settings, **options: Any) -> TestClient:
+    return TestClient(create_app(settings.model_copy(update=options)))
+
+
+def _add_user(client: TestClient, username: str, password: str | None = PASSWORD, *, active: bool = True) -> None:
+    with session_scope(client.app.state.sessionmaker) as session:  # type: ignore[attr-defined]
+        user = users.create_user(session, None, username, ["writer"], password=password)
+        user.is_active = active
+
+
+def _login(client: TestClient, username: str, password: str) -> Any:
+    return client.post(f"{API}/auth/login", json={"username": username, "password": password})
+
+
+@pytest.fixture
+def pbkdf2_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The iteration counts of every PBKDF2 computation from now on (a password check each)."""
+    calls: list[int] = []
+    real = hashlib.pbkdf2_hmac
+
+    def counting(name: str, password: bytes, salt: bytes, iterations: int, *args: Any) -> bytes:
+        calls.append(iterations)
+        return real(name, password, salt, iterations, *args)
+
+    monkeypatch.setattr(security.hashlib, "pbkdf2_hmac", counting)
+    return calls
+
+
+# --- throttle ----------------------------------------------------------------------------------
+
+
+def test_forty_wrong_passwords_then_the_right_one_is_throttled_without_checking_it(
+    settings: Settings, pbkdf2_calls: list[int]
+) -> None:
+    with _client(settings) as client:
+        _add_user(client, "wendy")
+        pbkdf2_calls.clear()
+        statuses = [_login(client, "wendy", f"guess-number-{i:02d}").status_code for i in range(40)]
+        assert statuses == [401] * 5 + [429] * 35
+        # Only the first five guesses were checked; locked ones never reach the hash.
+        assert len(pbkdf2_calls) == 5
+        before = table_counts(client.app)
+        right = _login(client, "wendy", PASSWORD)
+        assert right.status_code == 429, right.text
+        assert set(right.json()) == {"error"}
+        error = right.json()["error"]
+        assert error["code"] == "rate_limited" and "failed logins for this username" in error["message"]
+        assert error["details"]["retry_after_s"] == int(right.headers["Retry-After"])
+        assert 1 <= int(right.headers["Retry-After"]) <= 30
+        assert len(pbkdf2_calls) == 5 and table_counts(client.app) == before
+
+
+def test_the_lock_out_doubles_and_a_success_clears_it(settings: Settings) -> None:
+    with _client(
+        settings, login_max_failures_per_user=2, login_lockout_s=1, login_lockout_max_s=2, login_failure_window_s=60
+    ) as client:
+        _add_user(client, "wendy")
+        assert [_login(client, "wendy", "not-the-password").status_code for _ in range(3)] == [401, 401, 429]
+        time.sleep(1.1)
+        assert _login(client, "wendy", "not-the-password").status_code == 401  # the third failure: 2 s
+        locked = _login(client, "wendy", PASSWORD)
+        assert locked.status_code == 429 and locked.headers["Retry-After"] == "2"
+        time.sleep(2.1)
+        assert _login(client, "wendy", "not-the-password").status_code == 401  # capped at 2 s
+        assert _login(client, "wendy", PASSWORD).headers["Retry-After"] == "2"
+        time.sleep(2.1)
+        assert _login(client, "wendy", PASSWORD).status_code == 200
+        # The success cleared the username's failures: the next mistake is the first again.
+        assert [_login(client, "wendy", "not-the-password").status_code for _ in range(2)] == [401, 401]
+
+
+def test_one_address_guessing_many_usernames_is_locked(settings: Settings) -> None:
+    with _client(settings, login_max_failures_per_address=3) as client:
+        _add_user(client, "wendy")
+        statuses = [_login(client, f"user{i}", "some-password-1").status_code for i in range(3)]
+        assert statuses == [401, 401, 401]
+        refused = _login(client, "wendy", PASSWORD)
+        assert refused.status_code == 429 and "failed logins for this address" in refused.json()["error"]["message"]
+
+
+def test_a_login_flood_beyond_the_queue_is_refused_at_once(settings: Settings) -> None:
+    """Logins are checked by ``login_password_workers`` threads; beyond ``login_max_waiting``
+    logins waiting for one, a login is refused at once (429 in the JSON shape)."""
+    with _client(settings, login_password_workers=1, login_max_waiting=2) as client:
+        _add_user(client, "wendy")
+        throttle = client.app.state.rate_limiter.login  # type: ignore[attr-defined]
+
+        async def flood() -> list[str]:
+            results: list[str] = []
+
+            async def one() -> None:
+                try:
+                    await throttle.check_password("x", "192.0.2.1", lambda: time.sleep(0.2) or True)
+                    results.append("checked")
+                except RateLimited:
+                    results.append("refused")
+
+            async with anyio.create_task_group() as group:
+                for _ in range(5):
+                    group.start_soon(one)
+            return results
+
+        started = time.monotonic()
+        results = anyio.run(flood)
+        # One checked at a time, two may wait: three checked, two refused without waiting.
+        assert sorted(results) == ["checked"] * 3 + ["refused"] * 2
+        assert results[:2] == ["refused", "refused"] and time.monotonic() - started >= 0.6
+
+        throttle.pending = 3  # as if one login were being checked and two waiting: the next is refused
+        refused = _login(client, "wendy", PASSWORD)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+        assert (
+            "logins are being checked or waiting" in refused.json()["error"]["message"]
+            and refused.headers["Retry-After"] == "1"
+        )
+        throttle.pending = 0
+        assert _login(client, "wendy", PASSWORD).status_code == 200
+
+
+# --- the same work for every refusal -------------------------------------------------------------
+
+
+def test_unknown_usernames_get_the_same_hashing_work_and_answer(
+    settings: Settings, make_user: MakeUser, pbkdf2_calls: list[int]
+) -> None:
+    with _client(settings) as client:
+        _add_user(client, "wendy")
+        _add_user(client, "ivy", active=False)
+        make_user("tok", "writer")  # a user without a password
+        pbkdf2_calls.clear()
+        for username, password in [
+            ("wendy", "wrong-password-1"),
+            ("nobody", "wrong-password-1"),
+            ("ivy", PASSWORD),  # deactivated, right password
+            ("tok", "wrong-password-1"),
+        ]:
+            before = len(pbkdf2_calls)
+            response = _login(client, username, password)
+            assert response.status_code == 401, (username, response.text)
+            assert response.json()["error"]["message"] == "wrong username or password"
+            assert pbkdf2_calls[before:] == [200_000], username  # one full PBKDF2 check each
+
+
+# --- password policy -----------------------------------------------------------------------------
+
+WEAK = [
+    ("password", "at least 12"),
+    ("12345678", "at least 12"),
+    ("        ", "only whitespace"),
+    (" " * 14, "only whitespace"),
+    ("eleven-char", "11 characters long"),
+    ("qwerty123456", "common passwords"),
+    ("Q1W2E3R4T5Y6", "common passwords"),
+    ("mallory-the-admin", "is the username"),
+]
+
+
+@pytest.mark.parametrize(("password", "reason"), WEAK)
+def test_weak_passwords_are_refused_and_no_user_is_created(
+    client: TestClient, make_user: MakeUser, password: str, reason: str
+) -> None:
+    admin = make_user("ada", "admin")
+    before = table_counts(client.app)
+    username = "mallory-the-admin"
+    response = client.post(
+        f"{API}/users", json={"username": username, "roles": ["writer"], "password": password}, headers=admin.headers
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid" and reason in error["message"] and "password" in error["message"]
+    assert table_counts(client.app) == before
+
+
+def test_the_cli_refuses_a_weak_password(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["db", "upgrade", "--database-url", url]).exit_code == 0
+    weak = runner.invoke(
+        cli, ["user", "create", "bob", "--role", "writer", "--password", "12345678", "--database-url", url]
+    )
+    assert weak.exit_code == 1 and "at least 12" in weak.output
+    good = runner.invoke(
+        cli, ["user", "create", "bob", "--role", "writer", "--password", PASSWORD, "--database-url", url]
+    )
+    assert good.exit_code == 0, good.output
+    common = runner.invoke(cli, ["user", "password", "bob", "--password", "qwertyuiop123", "--database-url", url])
+    assert common.exit_code == 1 and "common passwords" in common.output
+    changed = runner.invoke(
+        cli, ["user", "password", "bob", "--password", "a-new-long-password", "--database-url", url]
+    )
+    assert changed.exit_code == 0 and "password of 'bob' set" in changed.output
+
+
+def test_the_common_password_list_ships_with_its_license() -> None:
+    header = security.COMMON_PASSWORDS_FILE.read_text(encoding="utf-8").splitlines()[:12]
+    assert any("BSD-3-Clause" in line for line in header)
+    assert len(security.common_passwords()) > 19_000 and "password" in security.common_passwords()
+
+
+# --- tokens minted by tokens ---------------------------------------------------------------------
+
+
+def test_a_token_from_a_seven_day_login_cannot_mint_a_longer_one(client: TestClient, make_user: MakeUser) -> None:
+    _add_user(client, "wendy")
+    login = _login(client, "wendy", PASSWORD).json()["token"]
+    headers = {"Authorization": f"Bearer {login}"}
+    tables = ("api_tokens", "audit_log")
+    for body in ({}, {"expires_in_days": 30}, {"expires_in_days": 7}, {"expires_in_days": 3650}):
+        before = table_snapshot(client.app, *tables)
+        response = client.post(f"{API}/users/wendy/tokens", json=body, headers=headers)
+        assert response.status_code == 422, (body, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "invalid" and "cannot outlive it" in error["message"]
+        assert "at most 6" in error["message"]
+        assert table_snapshot(client.app, *tables) == before
+    shorter = client.post(f"{API}/users/wendy/tokens", json={"expires_in_days": 6}, headers=headers)
+    assert shorter.status_code == 201, shorter.text
+    expires = dt.datetime.fromisoformat(shorter.json()["expires_at"].replace("Z", "+00:00"))
+    assert expires <= dt.datetime.now(dt.UTC) + dt.timedelta(days=6, seconds=5)
+    # An admin's login token cannot mint an unlimited token for someone else either.
+    admin = make_user("ada", "admin")
+    with session_scope(client.app.state.sessionmaker) as session:  # type: ignore[attr-defined]
+        session.execute(
+            update(User).where(User.username == "ada").values(password_hash=security.hash_password(PASSWORD))
+        )
+    admin_login = _login(client, "ada", PASSWORD).json()["token"]
+    response = client.post(f"{API}/users/wendy/tokens", json={}, headers={"Authorization": f"Bearer {admin_login}"})
+    assert response.status_code == 422 and "never expires" in response.json()["error"]["message"]
+    # A token without expiry (from the CLI) may mint one without expiry.
+    assert client.post(f"{API}/users/wendy/tokens", json={}, headers=admin.headers).status_code == 201
+
+
+# --- the per-token rate limit ----------------------------------------------------------------------
+
+
+def test_spellings_of_the_bearer_scheme_share_one_budget(
+    settings: Settings, make_user: MakeUser, researcher: Any, stub_model: Any, reset_stubs: None
+) -> None:
+    with _client(settings, rate_limit_per_token="3/minute", rate_limit_per_ip="none") as client:
+        round_ = open_round(
+            client,
+            researcher,
+            example_yaml("dynasent-r2", onboarding_quiz=None),
+            stub_model.url,
+            [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(3)],
+        )
+        validator = make_user("vera", "validator")
+        url = f"{API}/rounds/{round_['id']}/validation-batch"
+        spellings = ["Bearer {}", "bearer {}", "BEARER {}", "Bearer    {}  ", "bEaReR {}"]
+        statuses = [
+            client.get(url, headers={"Authorization": spelling.format(validator.token)}).status_code
+            for spelling in spellings
+        ]
+        assert statuses == [200, 200, 200, 429, 429]
