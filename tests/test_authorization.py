@@ -3,7 +3,9 @@ must never see (another writer's texts, the labels behind a validator's batch, p
 
 The matrix is built from the app itself (its OpenAPI paths and its top-level routes), so a new
 endpoint without an entry in ``ALLOWED`` makes ``test_every_route_has_an_authorization_entry``
-fail until someone decides who may call it.
+fail until someone decides who may call it. Task ownership has a matrix of its own: every
+route that names a task or one of its things, as the task's owner, a member, another group's
+researcher, a writer, a validator, a REST client and an admin (``OWNERSHIP``, checked the same way).
 """
 
 from __future__ import annotations
