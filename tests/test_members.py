@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from services.db.engine import session_scope
 from services.db.models import AuditEntry, TaskMember, TaskRole
 from services.domain import tasks
+from services.errors import Conflict
 from tests.conftest import Actor, MakeUser, example_yaml, table_snapshot
 
 API = "/api/v1"
@@ -255,3 +256,43 @@ def test_one_row_per_researcher_and_task(app: Any, make_user: MakeUser) -> None:
         task_id, rita_id = task.id, rita.id
     with pytest.raises(IntegrityError), session_scope(app.state.sessionmaker) as session:
         session.add(TaskMember(task_id=task_id, user_id=rita_id, role=TaskRole.member))
+
+
+def test_two_owners_removing_each_other_at_once_leave_one_owner(app: Any, make_user: MakeUser) -> None:
+    """The second removal waits for the first (the task's row lock on PostgreSQL, the write
+    lock on SQLite) and then sees that it would remove the last owner."""
+    import threading
+
+    from services.domain import members, users
+
+    make_user("rita", "researcher")
+    make_user("mia", "researcher")
+    factory = app.state.sessionmaker
+    with session_scope(factory) as session:
+        task = tasks.create_task(session, users.get_user(session, "rita"), example_yaml(TASK, onboarding_quiz=None))
+        members.set_member(session, None, task, "mia", TaskRole.owner)
+    first = factory()
+    refused: list[str] = []
+
+    def remove_rita() -> None:
+        try:
+            with session_scope(factory) as session:
+                members.remove_member(session, None, tasks.get_task(session, TASK), "rita")
+        except Conflict as exc:
+            refused.append(exc.message)
+
+    try:
+        members.remove_member(first, None, tasks.get_task(first, TASK), "mia")
+        other = threading.Thread(target=remove_rita)
+        other.start()
+        other.join(0.5)
+        assert other.is_alive(), "the second removal did not wait for the first"
+        first.commit()
+    finally:
+        first.close()
+    other.join(30)
+    assert refused and refused[0].startswith("'rita' is the only owner of task 'dynasent-r2'")
+    with session_scope(factory) as session:
+        assert [(m.user.username, m.role) for m in members.list_members(session, tasks.get_task(session, TASK))] == [
+            ("rita", TaskRole.owner)
+        ]
