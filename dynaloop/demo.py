@@ -33,8 +33,8 @@ from dynaloop.model_zero import ModelZeroSpec, ensure_model_zero
 from dynaloop.processes import Service, ServiceError, Supervisor, connect_host, port_in_use, still_running
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.migrate import upgrade
-from services.db.models import Round, RoundStatus, Task, User
-from services.domain import rounds, tasks, users
+from services.db.models import Round, RoundStatus, Task, TaskRole, User
+from services.domain import members, rounds, tasks, users
 from services.errors import DomainError
 from services.settings import Settings
 from services.taskdef import example_path
@@ -48,6 +48,7 @@ DEMO_USERS = [
     ("writer", "writer", ["writer"]),
     *[("validator", f"validator{i}", ["validator"]) for i in range(1, 6)],
 ]
+DEMO_OWNER = "researcher"  # the demo task's owner
 
 
 @dataclass
@@ -75,19 +76,6 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
     engine = make_engine(url)
     try:
         with session_scope(make_sessionmaker(engine)) as session:
-            task = session.scalar(select(Task).where(Task.name == DEMO_TASK))
-            if task is None:
-                task = tasks.create_task(session, None, example_path(DEMO_TASK).read_text(encoding="utf-8"))
-            round_ = session.scalar(
-                select(Round).where(
-                    Round.task_id == task.id, Round.status.in_([RoundStatus.collecting, RoundStatus.validating])
-                )
-            )
-            if round_ is None:
-                round_ = rounds.create_round(session, None, task, model_endpoints=model_endpoints)
-            elif model_endpoints:
-                rounds.set_model_endpoints(session, None, round_, model_endpoints)
-            rounds.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
             logins = []
             for role, username, roles in DEMO_USERS:
                 password = f"{username}-demo-only"
@@ -98,6 +86,25 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
                     users.set_password(session, None, user, password)
                 _, token = users.issue_token(session, None, user, name="demo", expires_in_days=30)
                 logins.append(DemoLogin(role, username, password, token))
+            # The demo researcher owns the task (also in a database made before task ownership).
+            owner = session.scalar(select(User).where(User.username == DEMO_OWNER))
+            task = session.scalar(select(Task).where(Task.name == DEMO_TASK))
+            if task is None:
+                task = tasks.create_task(
+                    session, None, example_path(DEMO_TASK).read_text(encoding="utf-8"), owner=owner
+                )
+            elif owner is not None and task.member_role(owner) is None:
+                members.set_member(session, None, task, DEMO_OWNER, TaskRole.owner)
+            round_ = session.scalar(
+                select(Round).where(
+                    Round.task_id == task.id, Round.status.in_([RoundStatus.collecting, RoundStatus.validating])
+                )
+            )
+            if round_ is None:
+                round_ = rounds.create_round(session, None, task, model_endpoints=model_endpoints)
+            elif model_endpoints:
+                rounds.set_model_endpoints(session, None, round_, model_endpoints)
+            rounds.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
             prompt_count = len(
                 list(session.scalars(select(rounds.Prompt.id).where(rounds.Prompt.round_id == round_.id)))
             )

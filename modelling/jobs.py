@@ -74,7 +74,7 @@ from services.db.statements import rows_matched
 from services.domain import audit
 from services.domain.rounds import check_endpoints
 from services.domain.tasks import definition_of
-from services.errors import Conflict, DomainError, Invalid, NotFound, validation_problems
+from services.errors import Conflict, DomainError, Invalid, missing_job, validation_problems
 
 if TYPE_CHECKING:
     from modelling.datasets import LabelledSet
@@ -282,7 +282,7 @@ def create_job(
 def get_job(session: Session, job_id: int) -> Job:
     job = session.get(Job, job_id)
     if job is None:
-        raise NotFound(f"there is no job {job_id}")
+        raise missing_job(job_id)
     check_process(session, job)
     return job
 
@@ -528,7 +528,7 @@ def _claim(factory: sessionmaker[Session], job_id: int) -> tuple[JobKind, int, s
     with factory.begin() as session:
         job = session.scalar(select(Job).where(Job.id == job_id).with_for_update())
         if job is None:
-            raise NotFound(f"there is no job {job_id}")
+            raise missing_job(job_id)
         if job.status is not JobStatus.queued:
             raise Conflict(f"job {job_id} is {job.status.value}; a job runs once (start a new one)")
         job.status = JobStatus.running

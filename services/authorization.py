@@ -24,20 +24,29 @@ Not decided here: who a token belongs to (authentication, ``api/deps.py``), and 
 standing on a task (qualified, onboarding quiz passed), which the work itself earns and loses
 and which is checked with it (``services/domain/quality.py``).
 
-**Task ownership** (the next step: a researcher manages only the tasks they created, admins
-all). Every researcher action on a task, its rounds, workers, examples, builds, jobs and models
-goes through :meth:`TaskPolicy.manage`, so the change is that method's rule::
+**Task ownership.** Several research groups share one deployment, so a task belongs to its
+researchers: its *owners* (the creator, and whoever an owner makes one) and *members*
+(``task_members``, :class:`~services.db.models.TaskMember`). Admins act on every task.
 
-    @staticmethod
-    def manage(task: Task | None = None) -> Policy:
-        return _needs(Role.researcher, None if task is None else _created_by_caller(task))
+* :meth:`TaskPolicy.manage`: every researcher action on a task, its rounds, prompts, model,
+  statistics, examples, workers, builds, jobs and models, needs the researcher role and a
+  place on the task (owner or member). :meth:`TaskPolicy.manage_members`: adding, re-roling
+  and removing researchers needs an owner.
+* Another group's task stays hidden: a researcher who is not on it gets the 404 of a missing
+  task, round, example or job, in the same words (``services.errors.missing_task`` and its
+  siblings), so task names, round ids and job ids of other groups do not leak. Where the
+  caller can see the task anyway (they are also a writer, validator or client), the refusal is
+  a 403 that says who can add them.
+* :meth:`TaskPolicy.read` (a task's definition, its rounds, the open rounds): writers and
+  validators read every task, since they work on any task they qualify for (the quiz's answers
+  only where :meth:`TaskPolicy.manage` allows); REST clients read every task, to find the
+  datasets they pull; researchers read the tasks they are on, admins all. A user with none of
+  those roles sees no task.
+* :meth:`DatasetPolicy.read` (a built round's splits and report): REST clients pull every
+  task's datasets (that is what the role is for); researchers only their own tasks'.
 
-with ``_created_by_caller(task)`` refusing unless ``user.has_role(Role.admin) or
-task.created_by_id == user.id`` (a 404 "no task ..." if other researchers' tasks should stay
-hidden, else a 403). :meth:`TaskPolicy.read` and :meth:`DatasetPolicy.read` then decide
-whether other researchers still see those tasks and pull their datasets; the lists of tasks and
-of open rounds already keep only what :meth:`TaskPolicy.read` and :meth:`RoundPolicy.read`
-allow (:func:`allows`), and a task's quiz answers are shown where :meth:`TaskPolicy.manage` allows.
+The rule needs the task's members: ``Task.members`` loads them with the task (one query per
+batch of tasks, so ``GET /tasks`` does not ask once per task).
 """
 
 from __future__ import annotations
@@ -45,8 +54,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.db.models import ApiToken, Assignment, Attempt, Example, Job, Role, Round, Task, User
-from services.errors import Forbidden, NotFound
+from services.db.models import ApiToken, Assignment, Attempt, Example, Job, Role, Round, Task, TaskRole, User
+from services.errors import Forbidden, NotFound, missing_example, missing_job, missing_round, missing_task
 
 Rule = Callable[[User], None]
 """A check of one user against one loaded object; raises Forbidden or NotFound to refuse."""
@@ -128,6 +137,59 @@ def _written_by_someone_else(example: Example) -> Rule:
     return check
 
 
+# Who reads every task's definition and rounds: the crowd works on any task, REST clients pull
+# any task's datasets (an admin passes each of these role checks).
+_SEES_EVERY_TASK = (Role.writer, Role.validator, Role.client)
+
+
+def _sees_every_task(user: User) -> bool:
+    return any(user.has_role(role) for role in _SEES_EVERY_TASK)
+
+
+def _reads_task(task: Task, hidden: Callable[[], NotFound]) -> Rule:
+    """Writers, validators, clients and admins; researchers only on the task (else ``hidden``)."""
+
+    def check(user: User) -> None:
+        if _sees_every_task(user):
+            return
+        if not (user.has_role(Role.researcher) and task.member_role(user) is not None):
+            raise hidden()
+
+    return check
+
+
+def _on_task(
+    task: Task, hidden: Callable[[], NotFound], *, owners_only: bool = False, or_role: Role | None = None
+) -> Rule:
+    """Admins, the task's owners and (unless ``owners_only``) members, and holders of ``or_role``.
+    Anyone else who cannot see the task gets ``hidden`` (the 404 of a missing object)."""
+
+    def check(user: User) -> None:
+        if user.has_role(Role.admin) or (or_role is not None and user.has_role(or_role)):
+            return
+        place = task.member_role(user)
+        if place is TaskRole.owner or (place is TaskRole.member and not owners_only):
+            return
+        if place is None and not _sees_every_task(user):
+            raise hidden()
+        if place is None:
+            raise Forbidden(
+                f"you are not a researcher of task {task.name!r}; one of its owners can add you "
+                f"(PUT /api/v1/tasks/{task.name}/members/{user.username})"
+            )
+        raise Forbidden(f"only the owners of task {task.name!r} add and remove its researchers; you are a member")
+
+    return check
+
+
+def _task_hidden(task: Task) -> Callable[[], NotFound]:
+    return lambda: missing_task(task.name)
+
+
+def _round_hidden(round_: Round) -> Callable[[], NotFound]:
+    return lambda: missing_round(round_.id)
+
+
 # --- users and tokens --------------------------------------------------------------------------
 
 
@@ -161,30 +223,43 @@ class TokenPolicy:
 class TaskPolicy:
     @staticmethod
     def create() -> Policy:
+        """Create a task; its creator becomes its owner."""
         return _needs(Role.researcher)
 
     @staticmethod
     def read(task: Task | None = None) -> Policy:
-        """See a task's definition and rounds (quiz answers only where :meth:`manage` allows)."""
-        return SIGNED_IN
+        """See a task's definition and rounds (quiz answers only where :meth:`manage` allows):
+        writers, validators, clients and admins every task, researchers the tasks they are on."""
+        return Policy(rule=None if task is None else _reads_task(task, _task_hidden(task)))
 
     @staticmethod
     def manage(task: Task | None = None) -> Policy:
         """Everything a researcher does with a task: open and steer its rounds, import
         prompts, watch statistics, judge and (un)qualify its workers, read full example
-        records, build rounds, run jobs, list models. Task ownership changes this rule."""
-        return _needs(Role.researcher)
+        records, build rounds, run jobs, list models, list its researchers. Its owners and
+        members (and admins); other researchers are told there is no such task."""
+        return _needs(Role.researcher, None if task is None else _on_task(task, _task_hidden(task)))
+
+    @staticmethod
+    def manage_members(task: Task | None = None) -> Policy:
+        """Add a researcher to a task, change their role on it, take them off: its owners
+        (and admins); members are refused, other researchers told there is no such task."""
+        return _needs(Role.researcher, None if task is None else _on_task(task, _task_hidden(task), owners_only=True))
 
 
 class RoundPolicy:
     @staticmethod
     def read(round_: Round | None = None) -> Policy:
-        return TaskPolicy.read(round_.task if round_ is not None else None)
+        """A round, like its task (:meth:`TaskPolicy.read`); hidden as a missing round."""
+        return Policy(rule=None if round_ is None else _reads_task(round_.task, _round_hidden(round_)))
 
     @staticmethod
     def manage(round_: Round | None = None) -> Policy:
-        """Change a round (status, model, prompts), watch it, build it: managing its task."""
-        return TaskPolicy.manage(round_.task if round_ is not None else None)
+        """Change a round (status, model, prompts), watch it, build it: managing its task
+        (:meth:`TaskPolicy.manage`); hidden as a missing round."""
+        if round_ is None:
+            return TaskPolicy.manage()
+        return _needs(Role.researcher, _on_task(round_.task, _round_hidden(round_)))
 
     @staticmethod
     def write(round_: Round | None = None) -> Policy:
@@ -232,8 +307,11 @@ class AttemptPolicy:
 class ExamplePolicy:
     @staticmethod
     def read(example: Example | None = None) -> Policy:
-        """The full record of an example (attempts, writer, every label): its task's managers."""
-        return RoundPolicy.manage(example.round if example is not None else None)
+        """The full record of an example (attempts, writer, every label): its task's managers
+        (:meth:`TaskPolicy.manage`); hidden as a missing example."""
+        if example is None:
+            return TaskPolicy.manage()
+        return _needs(Role.researcher, _on_task(example.round.task, lambda: missing_example(example.id)))
 
     @staticmethod
     def validate(example: Example | None = None) -> Policy:
@@ -254,8 +332,10 @@ class BuildPolicy:
 class DatasetPolicy:
     @staticmethod
     def read(task: Task | None = None) -> Policy:
-        """Pull a built round's splits and its report: REST clients and researchers."""
-        return Policy((Role.client, Role.researcher), "reading datasets needs the client or researcher role")
+        """Pull a built round's splits and its report: REST clients every task's, researchers
+        the tasks they are on (others are told there is no such task), admins all."""
+        rule = None if task is None else _on_task(task, _task_hidden(task), or_role=Role.client)
+        return Policy((Role.client, Role.researcher), "reading datasets needs the client or researcher role", rule)
 
 
 class JobPolicy:
@@ -270,7 +350,10 @@ class JobPolicy:
 
     @staticmethod
     def view(job: Job | None = None) -> Policy:
-        return TaskPolicy.manage(job.task if job is not None else None)
+        """A job of a task you manage (:meth:`TaskPolicy.manage`); hidden as a missing job."""
+        if job is None:
+            return TaskPolicy.manage()
+        return _needs(Role.researcher, _on_task(job.task, lambda: missing_job(job.id)))
 
 
 class ModelPolicy:

@@ -28,6 +28,26 @@ class NotFound(DomainError):
     code = "not_found"
 
 
+# The 404s of a missing task, round, example and job. services/authorization.py answers the same
+# words for one the caller may not see (another group's task): nobody learns that it exists.
+
+
+def missing_task(name: str) -> NotFound:
+    return NotFound(f"no task {name!r}; list tasks with GET /api/v1/tasks")
+
+
+def missing_round(round_id: int) -> NotFound:
+    return NotFound(f"no round with id {round_id}")
+
+
+def missing_example(example_id: int) -> NotFound:
+    return NotFound(f"no example {example_id}")
+
+
+def missing_job(job_id: int) -> NotFound:
+    return NotFound(f"there is no job {job_id}")
+
+
 class Conflict(DomainError):
     status_code = 409
     code = "conflict"

@@ -29,7 +29,8 @@ from api.app import create_app
 from frontend.client import ApiClient, ApiError, Round, Task
 from services.db.engine import session_scope
 from services.db.migrate import upgrade
-from services.domain import users
+from services.db.models import TaskRole
+from services.domain import members, tasks, users
 from services.settings import Settings
 from tests.conftest import empty_tables, example_yaml, free_port
 from tests.stub_model_server import NEGATIVE_WORDS, POSITIVE_WORDS, ThreadedServer, create_stub_app
@@ -147,6 +148,7 @@ class LiveApi:
     def __init__(self, app: Any, url: str, stubs: StubModels) -> None:
         self.app, self.url, self.stubs = app, url, stubs
         self.tokens: dict[str, tuple[int, str]] = {}  # username -> (token id, token)
+        self.researchers: list[str] = []  # they own the tasks set up here (task ownership)
         self.quiz_answers: dict[str, list[str]] = {}  # task -> the right answers
         self._clients: dict[str, ApiClient] = {}  # for set-up, one per user
         self._page_clients: list[PageClient] = []
@@ -157,6 +159,8 @@ class LiveApi:
         """A user with a fresh API token (returned)."""
         with session_scope(self.app.state.sessionmaker) as session:
             user = users.create_user(session, None, username, list(roles), password=password)
+            if "researcher" in roles:
+                self.researchers.append(username)
             token, plain = users.issue_token(session, None, user)
             self.tokens[username] = (token.id, plain)
         return plain
@@ -183,10 +187,15 @@ class LiveApi:
             users.revoke_token(session, users.get_user(session, "root"), token)
 
     def task(self, example: str, **overrides: Any) -> Task:
-        """A shipped example task, with top-level YAML keys replaced (None drops one)."""
+        """A shipped example task, with top-level YAML keys replaced (None drops one), created by
+        the admin and owned by the researchers made so far (task ownership)."""
         text = example_yaml(example, **overrides)
         quiz = yaml.safe_load(text).get("onboarding_quiz")
         task = self.admin.create_task(text)
+        with session_scope(self.app.state.sessionmaker) as session:
+            created = tasks.get_task(session, task["name"])
+            for username in self.researchers:
+                members.set_member(session, None, created, username, TaskRole.owner)
         self.quiz_answers[task["name"]] = [q["answer"] for q in quiz["questions"]] if quiz else []
         return task
 

@@ -3,7 +3,9 @@ must never see (another writer's texts, the labels behind a validator's batch, p
 
 The matrix is built from the app itself (its OpenAPI paths and its top-level routes), so a new
 endpoint without an entry in ``ALLOWED`` makes ``test_every_route_has_an_authorization_entry``
-fail until someone decides who may call it.
+fail until someone decides who may call it. Task ownership has a matrix of its own: every
+route that names a task or one of its things, as the task's owner, a member, another group's
+researcher, a writer, a validator, a REST client and an admin (``OWNERSHIP``, checked the same way).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import modelling.jobs
 from services.db.engine import session_scope
 from services.db.models import Base
 from services.domain import users
-from tests.conftest import Actor, example_yaml, free_port, open_round
+from tests.conftest import Actor, example_yaml, free_port, open_round, table_snapshot
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 API = "/api/v1"
@@ -80,6 +82,9 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/jobs/{{job_id}}"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/models"): {R},
     ("GET", f"{API}/rounds/{{round_id}}/plot-data"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/members"): {R},
+    ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): {R},
+    ("DELETE", f"{API}/tasks/{{task_name}}/members/{{username}}"): {R},
 }
 
 TASK = "dynasent-r2"
@@ -174,6 +179,10 @@ def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monke
         model_with_inspect.url,
         [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(10)],
     )
+    # The role matrix's researcher owns the task with root (the ownership matrix below is about
+    # the researchers who do not).
+    response = client.put(f"{API}/tasks/{TASK}/members/the-researcher", json={"role": "owner"}, headers=root.headers)
+    assert response.status_code == 201, response.text
     other = make_user("wendy", "writer")
     example = _write_example(client, other, round_["id"], "A plain remark about the lunch menu today.")
     writer = actors["writer"]
@@ -212,6 +221,39 @@ def _write_example(client: Any, writer: Actor, round_id: int, text_: str) -> dic
     return response.json()
 
 
+def request_bodies(who: str, stub_url: str, attempt_id: int) -> dict[tuple[str, str], dict[str, Any]]:
+    """A valid body for each route that takes one (the one place to change when a body changes;
+    both matrices use it): ``who`` makes names and texts unique, ``stub_url`` is the model in
+    the loop, ``attempt_id`` the attempt a writer submits."""
+    return {
+        ("POST", f"{API}/auth/login"): {"json": {"username": "lou", "password": "correct-horse"}},
+        ("POST", f"{API}/users"): {"json": {"username": f"new-{who}", "roles": ["writer"]}},
+        ("POST", f"{API}/users/{{username}}/tokens"): {"json": {"name": "matrix"}},
+        ("POST", f"{API}/tasks"): {
+            "content": example_yaml("isarcasm", onboarding_quiz=None).encode(),
+            "headers": {"Content-Type": "application/yaml"},
+        },
+        ("POST", f"{API}/tasks/{{task_name}}/rounds"): {"json": {"model_endpoints": [stub_url]}},
+        ("POST", f"{API}/rounds/{{round_id}}/status"): {"json": {"status": "collecting"}},
+        ("PUT", f"{API}/rounds/{{round_id}}/model"): {"json": {"model_endpoints": [stub_url]}},
+        ("POST", f"{API}/rounds/{{round_id}}/prompts"): {
+            "content": json.dumps({"text": f"A new prompt from the {who} about lunch."}).encode(),
+            "headers": {"Content-Type": "application/x-ndjson"},
+        },
+        ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/unqualify"): {"json": {"reason": "matrix"}},
+        ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): {"json": {"role": "member"}},
+        ("POST", f"{API}/tasks/{{task_name}}/quiz/attempts"): {"json": {"answers": []}},
+        ("POST", f"{API}/rounds/{{round_id}}/assignments"): {"json": {}},
+        ("POST", f"{API}/assignments/{{assignment_id}}/attempts"): {"json": {"text": "The lunch was great, really."}},
+        ("POST", f"{API}/attempts/{{attempt_id}}/confirmation"): {"json": {"agrees": True}},
+        ("POST", f"{API}/assignments/{{assignment_id}}/example"): {"json": {"attempt_id": attempt_id}},
+        ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): {"json": {"text": "The lunch was great, really."}},
+        ("POST", f"{API}/examples/{{example_id}}/validations"): {"json": {"label": "neutral"}},
+        ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
+        ("POST", f"{API}/tasks/{{task_name}}/jobs"): {"json": {"kind": "train"}},
+    }
+
+
 def _request(world: World, role: str, method: str, path: str, stub_url: str) -> dict[str, Any]:
     """The URL and a valid body for ``role`` calling ``method path`` on its own things."""
     actor = world.actors[role]
@@ -227,32 +269,7 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
         "token_id": world.spare_tokens.get(role, 1),
     }
     url = path.format(**values)
-    bodies: dict[tuple[str, str], Any] = {
-        ("POST", f"{API}/auth/login"): {"json": {"username": "lou", "password": "correct-horse"}},
-        ("POST", f"{API}/users"): {"json": {"username": f"new-{role}", "roles": ["writer"]}},
-        ("POST", f"{API}/users/{{username}}/tokens"): {"json": {"name": "matrix"}},
-        ("POST", f"{API}/tasks"): {
-            "content": example_yaml("isarcasm", onboarding_quiz=None).encode(),
-            "headers": {"Content-Type": "application/yaml"},
-        },
-        ("POST", f"{API}/tasks/{{task_name}}/rounds"): {"json": {"model_endpoints": [stub_url]}},
-        ("POST", f"{API}/rounds/{{round_id}}/status"): {"json": {"status": "collecting"}},
-        ("PUT", f"{API}/rounds/{{round_id}}/model"): {"json": {"model_endpoints": [stub_url]}},
-        ("POST", f"{API}/rounds/{{round_id}}/prompts"): {
-            "content": json.dumps({"text": f"A new prompt from the {role} about lunch."}).encode(),
-            "headers": {"Content-Type": "application/x-ndjson"},
-        },
-        ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/unqualify"): {"json": {"reason": "matrix"}},
-        ("POST", f"{API}/tasks/{{task_name}}/quiz/attempts"): {"json": {"answers": []}},
-        ("POST", f"{API}/rounds/{{round_id}}/assignments"): {"json": {}},
-        ("POST", f"{API}/assignments/{{assignment_id}}/attempts"): {"json": {"text": "The lunch was great, really."}},
-        ("POST", f"{API}/attempts/{{attempt_id}}/confirmation"): {"json": {"agrees": True}},
-        ("POST", f"{API}/assignments/{{assignment_id}}/example"): {"json": {"attempt_id": world.attempt_id}},
-        ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): {"json": {"text": "The lunch was great, really."}},
-        ("POST", f"{API}/examples/{{example_id}}/validations"): {"json": {"label": "neutral"}},
-        ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
-        ("POST", f"{API}/tasks/{{task_name}}/jobs"): {"json": {"kind": "train"}},
-    }
+    bodies = request_bodies(role, stub_url, world.attempt_id)
     kwargs: dict[str, Any] = dict(bodies.get((method, path), {}))
     headers = dict(kwargs.pop("headers", {}))
     if actor is not None:
@@ -291,6 +308,256 @@ def test_route_role_matrix(client: Any, app: Any, world: World, model_with_inspe
                 body = response.json()
                 assert set(body) == {"error"} and body["error"]["code"] in ("unauthorized", "forbidden"), body
     assert not mismatches, "\n".join(mismatches)
+
+
+# --- task ownership: every task-scoped route x who is (not) on the task --------------------------
+
+OWNER, MEMBER, OTHER = "owner", "member", "other researcher"
+WHO = [OWNER, MEMBER, OTHER, "writer", "validator", "client", "admin"]
+OK, NO, HIDDEN = "ok", "403", "hidden"  # hidden: 404 in the very words of a missing object
+
+
+def _expect(*cells: str) -> dict[str, str]:
+    assert len(cells) == len(WHO)
+    return dict(zip(WHO, cells, strict=True))
+
+
+#                    owner   member  other   writer  valid.  client  admin
+MANAGE = _expect(OK, OK, HIDDEN, NO, NO, NO, OK)
+OWNERS = _expect(OK, NO, HIDDEN, NO, NO, NO, OK)
+READ = _expect(OK, OK, HIDDEN, OK, OK, OK, OK)
+DATASET = _expect(OK, OK, HIDDEN, NO, NO, OK, OK)
+WRITE = _expect(NO, NO, NO, OK, NO, NO, OK)
+OWN_WORK = _expect(NO, NO, NO, OK, NO, NO, HIDDEN)  # a writer's own assignment: even admins are refused
+VALIDATE = _expect(NO, NO, NO, NO, OK, NO, OK)
+
+# Every route that names a task or one of its things in its path. A new one fails
+# test_every_task_scoped_route_is_in_the_ownership_matrix until it is given a row here (and, if
+# it takes a body, an entry in request_bodies).
+TASK_PARAMS = ("task_name", "round_id", "example_id", "job_id", "assignment_id", "attempt_id")
+OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
+    ("GET", f"{API}/tasks/{{task_name}}"): READ,
+    ("GET", f"{API}/tasks/{{task_name}}/rounds"): READ,
+    ("POST", f"{API}/tasks/{{task_name}}/rounds"): MANAGE,
+    ("GET", f"{API}/rounds/{{round_id}}"): READ,
+    ("POST", f"{API}/rounds/{{round_id}}/status"): MANAGE,
+    ("PUT", f"{API}/rounds/{{round_id}}/model"): MANAGE,
+    ("POST", f"{API}/rounds/{{round_id}}/prompts"): MANAGE,
+    ("GET", f"{API}/rounds/{{round_id}}/stats"): MANAGE,
+    ("GET", f"{API}/rounds/{{round_id}}/plot-data"): MANAGE,
+    ("GET", f"{API}/rounds/{{round_id}}/worker-agreement"): MANAGE,
+    ("POST", f"{API}/tasks/{{task_name}}/worker-quality/apply"): MANAGE,
+    ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/unqualify"): MANAGE,
+    ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/requalify"): MANAGE,
+    ("GET", f"{API}/examples/{{example_id}}"): MANAGE,
+    ("POST", f"{API}/rounds/{{round_id}}/build"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/report"): DATASET,
+    ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/dataset"): DATASET,
+    ("POST", f"{API}/tasks/{{task_name}}/jobs"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/jobs"): MANAGE,
+    ("GET", f"{API}/jobs/{{job_id}}"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/models"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/members"): MANAGE,
+    ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): OWNERS,
+    ("DELETE", f"{API}/tasks/{{task_name}}/members/{{username}}"): OWNERS,
+    ("GET", f"{API}/tasks/{{task_name}}/quiz"): WRITE,
+    ("POST", f"{API}/tasks/{{task_name}}/quiz/attempts"): WRITE,
+    ("POST", f"{API}/rounds/{{round_id}}/assignments"): WRITE,
+    ("GET", f"{API}/assignments/{{assignment_id}}"): OWN_WORK,
+    ("POST", f"{API}/assignments/{{assignment_id}}/attempts"): OWN_WORK,
+    ("POST", f"{API}/attempts/{{attempt_id}}/confirmation"): OWN_WORK,
+    ("POST", f"{API}/assignments/{{assignment_id}}/example"): OWN_WORK,
+    ("POST", f"{API}/assignments/{{assignment_id}}/skip"): OWN_WORK,
+    ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): OWN_WORK,
+    ("GET", f"{API}/rounds/{{round_id}}/validation-batch"): VALIDATE,
+    ("POST", f"{API}/examples/{{example_id}}/validations"): VALIDATE,
+}
+# What a missing one is called, per path parameter: the "hidden" answers must be exactly these.
+MISSING = {"task_name": "no-such-task", "round_id": 987654, "example_id": 987653, "job_id": 987652}
+MISSING.update(assignment_id=987651, attempt_id=987650)
+# Tables a refused request may touch: the caller's token records when it was last used.
+BOOKKEEPING = {"api_tokens"}
+
+
+def task_scoped_routes(app: Any) -> set[tuple[str, str]]:
+    return {(method, path) for method, path in app_routes(app) if any(f"{{{p}}}" in path for p in TASK_PARAMS)}
+
+
+def test_every_task_scoped_route_is_in_the_ownership_matrix(app: Any) -> None:
+    routes = task_scoped_routes(app)
+    missing = sorted(routes - set(OWNERSHIP))
+    assert not missing, f"task-scoped routes with no row in OWNERSHIP (decide who may call them): {missing}"
+    assert not sorted(set(OWNERSHIP) - routes), "rows in OWNERSHIP for routes the app does not serve"
+
+
+@dataclass
+class Owned:
+    """Rita's task, built round 1 and collecting round 2; Mia on it as a member; Oscar a
+    researcher of another group (with a task of his own); one actor per other role."""
+
+    actors: dict[str, Actor]
+    values: dict[str, Any]  # path parameters of Rita's things
+    stub_url: str
+
+
+@pytest.fixture
+def owned(
+    client: Any, app: Any, built: Any, make_user: Any, model_with_inspect: ThreadedServer, monkeypatch: Any
+) -> Owned:
+    monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)  # no real training
+    rita = built["researcher"]
+    actors = {OWNER: rita, MEMBER: make_user("mia", "researcher"), OTHER: make_user("oscar", "researcher")}
+    for role in ("writer", "validator", "client", "admin"):
+        actors[role] = make_user(f"the-{role}", role)
+    response = client.put(f"{API}/tasks/{TASK}/members/mia", json={"role": "member"}, headers=rita.headers)
+    assert response.status_code == 201, response.text
+    open_round(client, actors[OTHER], example_yaml("isarcasm", onboarding_quiz=None), None)
+    response = client.post(
+        f"{API}/tasks/{TASK}/rounds", json={"model_endpoints": [model_with_inspect.url]}, headers=rita.headers
+    )
+    assert response.status_code == 201, response.text
+    round_id = response.json()["id"]
+    prompts = "\n".join(json.dumps({"text": f"Round 2 prompt {i} about the lunch menu."}) for i in range(5))
+    response = client.post(
+        f"{API}/rounds/{round_id}/prompts",
+        content=prompts.encode(),
+        headers={**rita.headers, "Content-Type": "application/x-ndjson"},
+    )
+    assert response.status_code == 200, response.text
+    example = _write_example(client, make_user("wendy", "writer"), round_id, "A plain remark on the lunch menu.")
+    writer = actors["writer"]
+    assignment = client.post(f"{API}/rounds/{round_id}/assignments", json={}, headers=writer.headers).json()
+    attempt = client.post(
+        f"{API}/assignments/{assignment['id']}/attempts", json={"text": WRITER_TEXT}, headers=writer.headers
+    )
+    assert attempt.status_code == 201, attempt.text
+    job = client.post(f"{API}/tasks/{TASK}/jobs", json={"kind": "train"}, headers=rita.headers)
+    assert job.status_code == 202, job.text
+    make_user("victim", "validator")  # the worker researchers unqualify and requalify
+    make_user("pat", "researcher")  # the researcher owners add and remove
+    values = {
+        "task_name": TASK,
+        "round_id": round_id,
+        "number": 1,
+        "example_id": example["id"],
+        "job_id": job.json()["id"],
+        "assignment_id": assignment["id"],
+        "attempt_id": attempt.json()["id"],
+    }
+    return Owned(actors, values, model_with_inspect.url)
+
+
+def _call(client: Any, owned: Owned, who: str, method: str, path: str, *, missing: bool = False) -> Any:
+    """``who`` calls ``method path`` on Rita's things (or, with ``missing``, on a missing one)."""
+    values = dict(owned.values)
+    values["username"] = "pat" if "/members/" in path else "victim"
+    if missing:
+        values.update(MISSING)
+    actor = owned.actors[who]
+    attempt_id = MISSING["attempt_id"] if missing else values["attempt_id"]
+    kwargs = dict(request_bodies(who.replace(" ", "-"), owned.stub_url, attempt_id).get((method, path), {}))
+    headers = {**kwargs.pop("headers", {}), **actor.headers}
+    return client.request(method, path.format(**values), headers=headers, **kwargs)
+
+
+def _as_if_missing(owned: Owned, path: str, response: Any) -> Any:
+    """The answer about a missing object, with its name or id replaced by Rita's: what a hidden
+    object must answer."""
+    param = next(p for p in TASK_PARAMS if f"{{{p}}}" in path)
+    return json.loads(response.text.replace(str(MISSING[param]), str(owned.values[param])))
+
+
+def _check(client: Any, owned: Owned, who: str, method: str, path: str, expected: str) -> str | None:
+    response = _call(client, owned, who, method, path)
+    status = response.status_code
+    where = f"{method} {path} as {who}: expected {expected}, got {status} {response.text[:300]}"
+    if status >= 500:
+        return where
+    hidden = _as_if_missing(owned, path, _call(client, owned, who, method, path, missing=True))
+    if expected == NO:
+        return None if status == 403 and response.json()["error"]["code"] == "forbidden" else where
+    if expected == HIDDEN:
+        return None if status == 404 and response.json() == hidden else f"{where}; missing: {hidden}"
+    refused = status in (401, 403) or (status == 404 and response.json() == hidden)
+    return where if refused else None
+
+
+def test_task_ownership_matrix(client: Any, app: Any, owned: Owned) -> None:
+    """Every task-scoped route as the task's owner, a member, another group's researcher, a
+    writer, a validator, a REST client and an admin. The refusals come first and change nothing
+    in the database; then the calls that are allowed are made and must not be refused."""
+    cells = [(method, path, who, OWNERSHIP[(method, path)][who]) for method, path in sorted(OWNERSHIP) for who in WHO]
+    tables = [t.name for t in Base.metadata.sorted_tables if t.name not in BOOKKEEPING]
+    before = table_snapshot(app, *tables)
+    mismatches = [
+        problem
+        for method, path, who, expected in cells
+        if expected != OK and (problem := _check(client, owned, who, method, path, expected))
+    ]
+    assert table_snapshot(app, *tables) == before, "a refused request changed the database"
+    ordered = sorted(
+        (cell for cell in cells if cell[3] == OK), key=lambda c: (_ORDER.get(c[1].rsplit("/", 1)[-1], 0), c[1], c[0])
+    )
+    mismatches += [
+        problem
+        for method, path, who, expected in ordered
+        if (problem := _check(client, owned, who, method, path, expected))
+    ]
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_a_second_researcher_cannot_steer_another_groups_task(
+    client: Any, app: Any, researcher: Actor, make_user: Any, stub_model: Any
+) -> None:
+    """Issue #12, point 4: a second researcher changed the first one's round status and model,
+    imported prompts and unqualified workers. Each is now refused as if the task did not exist,
+    and the database is unchanged."""
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml(TASK, onboarding_quiz=None),
+        stub_model.url,
+        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(5)],
+    )
+    make_user("victim", "validator")
+    oscar = make_user("oscar", "researcher")
+    rid = round_["id"]
+    tables = [t.name for t in Base.metadata.sorted_tables if t.name not in BOOKKEEPING]
+    before = table_snapshot(app, *tables)
+    attacks = [
+        ("POST", f"{API}/rounds/{rid}/status", {"json": {"status": "validating"}}),
+        ("PUT", f"{API}/rounds/{rid}/model", {"json": {"model_endpoints": ["http://127.0.0.1:9"]}}),
+        (
+            "POST",
+            f"{API}/rounds/{rid}/prompts",
+            {"content": b'{"text": "Oscar was here."}', "headers": {"Content-Type": "application/x-ndjson"}},
+        ),
+        ("POST", f"{API}/tasks/{TASK}/workers/victim/unqualify", {"json": {"reason": "mine now"}}),
+        ("POST", f"{API}/tasks/{TASK}/worker-quality/apply", {}),
+        ("PUT", f"{API}/tasks/{TASK}/members/oscar", {"json": {"role": "owner"}}),
+        ("GET", f"{API}/rounds/{rid}/stats", {}),
+    ]
+    for method, url, kwargs in attacks:
+        headers = {**kwargs.get("headers", {}), **oscar.headers}
+        response = client.request(method, url, headers=headers, **{k: v for k, v in kwargs.items() if k != "headers"})
+        assert response.status_code == 404, (method, url, response.text)
+        message = response.json()["error"]["message"]
+        if "/rounds/" in url:
+            assert message == f"no round with id {rid}", message
+        else:
+            assert message == f"no task {TASK!r}; list tasks with GET /api/v1/tasks", message
+    assert table_snapshot(app, *tables) == before
+    # Nor does Oscar see the task or its round in any list; the crowd and Rita still do.
+    assert client.get(f"{API}/tasks", headers=oscar.headers).json() == {"data": [], "count": 0}
+    assert client.get(f"{API}/rounds/open", headers=oscar.headers).json() == {"data": [], "count": 0}
+    for actor in (researcher, make_user("walt", "writer"), make_user("cora", "client")):
+        assert [t["name"] for t in client.get(f"{API}/tasks", headers=actor.headers).json()["data"]] == [TASK]
+        assert [r["id"] for r in client.get(f"{API}/rounds/open", headers=actor.headers).json()["data"]] == [rid]
+    # Once Rita makes him a member, the same request goes through.
+    response = client.put(f"{API}/tasks/{TASK}/members/oscar", json={"role": "member"}, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    response = client.post(f"{API}/rounds/{rid}/status", json={"status": "validating"}, headers=oscar.headers)
+    assert response.status_code == 200 and response.json()["status"] == "validating", response.text
 
 
 # --- writers: nobody else's drafts ----------------------------------------------------------

@@ -28,6 +28,7 @@ from modelling.jobs import JobRunner, create_job, run_job
 from services.db.engine import session_scope
 from services.db.models import AuditEntry, Job, JobKind, JobStatus, ModelVersion, ModelVersionStatus, utcnow
 from services.domain.tasks import create_task, get_task
+from services.domain.users import get_user
 from services.errors import Conflict, Invalid
 from services.settings import Settings
 from tests.built_round import LABELS, BuiltRound
@@ -276,7 +277,8 @@ def test_failures_are_recorded_with_a_clear_message(
 
 def test_a_job_whose_process_is_gone_is_reported_failed(app: FastAPI, client: TestClient, researcher: Actor) -> None:
     with session_scope(app.state.sessionmaker) as session:
-        create_task(session, None, example_yaml("dynasent-r2", onboarding_quiz=None))
+        owner = get_user(session, researcher.username)  # the researcher who watches the jobs owns the task
+        create_task(session, owner, example_yaml("dynasent-r2", onboarding_quiz=None))
     done = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
     )

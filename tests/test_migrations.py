@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from contextlib import ExitStack
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import MetaData, create_engine, inspect, select, text
+from sqlalchemy.orm import Session
 
 from services.db.migrate import current_revision, downgrade, head_revision, upgrade
-from services.db.models import Base
+from services.db.models import Base, Task, TaskRole
+from tests.conftest import BACKENDS, fresh_postgres_database
 
 
 def test_models_match_the_migrations(database_url: str) -> None:
@@ -63,3 +68,59 @@ def test_named_constraints_guard_the_invariants(database_url: str) -> None:
         assert "uq_api_tokens_token_hash" in {c["name"] for c in inspector.get_unique_constraints("api_tokens")}
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_0005_makes_each_tasks_creator_its_owner(backend: str, tmp_path: Path) -> None:
+    """A database at 0004 (before task ownership) with a task created by Rita and one created
+    from the command line (no creator): after the upgrade Rita owns hers, the other has no
+    owner (admins only); the downgrade drops the table and keeps the tasks."""
+    with ExitStack() as stack:
+        if backend == "sqlite":
+            url = f"sqlite:///{tmp_path / 'at-0004.db'}"
+        else:
+            url = stack.enter_context(fresh_postgres_database())
+        upgrade(url, "0004")
+        engine = create_engine(url)
+        stack.callback(engine.dispose)
+        tables = MetaData()
+        tables.reflect(engine, only=["users", "tasks"])
+        users, tasks = tables.tables["users"], tables.tables["tasks"]
+        created = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+        with engine.begin() as connection:
+            for username in ("ada", "rita"):
+                connection.execute(
+                    users.insert().values(username=username, roles=["researcher"], is_active=True, created_at=created)
+                )
+            rita = connection.execute(select(users.c.id).where(users.c.username == "rita")).scalar_one()
+            for name, creator in (("dynasent-r2", rita), ("isarcasm", None)):
+                connection.execute(
+                    tasks.insert().values(
+                        name=name,
+                        title=name,
+                        family="single_label",
+                        definition={},
+                        definition_yaml="",
+                        created_by_id=creator,
+                        created_at=created,
+                    )
+                )
+        upgrade(url)
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT t.name, u.username, m.role, m.added_by_id, m.created_at FROM task_members m "
+                    "JOIN tasks t ON t.id = m.task_id JOIN users u ON u.id = m.user_id ORDER BY m.id"
+                )
+            ).all()
+        assert [tuple(row[:4]) for row in rows] == [("dynasent-r2", "rita", "owner", rita)]
+        when = rows[0][4] if isinstance(rows[0][4], dt.datetime) else dt.datetime.fromisoformat(rows[0][4])
+        assert when.replace(tzinfo=None) == created.replace(tzinfo=None)
+        # The ORM reads the migrated row as it writes its own.
+        with Session(engine) as session:
+            task = session.scalars(select(Task).where(Task.name == "dynasent-r2")).one()
+            assert [(m.user_id, m.role) for m in task.members] == [(rita, TaskRole.owner)]
+        downgrade(url, "0004")
+        assert "task_members" not in inspect(engine).get_table_names()
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT COUNT(*) FROM tasks")).scalar_one() == 2

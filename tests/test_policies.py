@@ -29,15 +29,21 @@ from services.authorization import (
     allows,
     authorize,
 )
-from services.db.models import ApiToken, Assignment, Attempt, Example, Job, Round, Task, User
-from services.errors import Forbidden, NotFound
+from services.db.models import ApiToken, Assignment, Attempt, Example, Job, Round, Task, TaskMember, TaskRole, User
+from services.errors import Forbidden, NotFound, missing_example, missing_job, missing_round, missing_task
 
 
 def user(user_id: int, *roles: str) -> User:
     return User(id=user_id, username=f"user{user_id}", roles=list(roles))
 
 
-TASK = Task(id=1, name="dynasent-r2", created_by_id=10)
+# Rita created the task and owns it; Mia is a member; Oscar is a researcher of another group.
+TASK = Task(
+    id=1,
+    name="dynasent-r2",
+    created_by_id=10,
+    members=[TaskMember(user_id=10, role=TaskRole.owner), TaskMember(user_id=11, role=TaskRole.member)],
+)
 ROUND = Round(id=2, number=1, task=TASK)
 WENDYS_ASSIGNMENT = Assignment(id=5, writer_id=20, round=ROUND)
 WENDYS_ATTEMPT = Attempt(id=7, assignment=WENDYS_ASSIGNMENT)
@@ -48,6 +54,9 @@ WENDY = user(20, "writer", "validator")
 WALT = user(21, "writer")
 VERA = user(30, "validator")
 RITA = user(10, "researcher")
+MIA = user(11, "researcher")
+OSCAR = user(12, "researcher")
+HANK = user(13, "researcher", "writer")  # not on the task, but sees it as a writer
 CORA = user(40, "client")
 ADA = user(50, "admin")
 NOBODY = user(60)
@@ -92,15 +101,24 @@ def test_an_admin_passes_every_role_check() -> None:
         assert refusal(ADA, policy) is None, policy
 
 
-def test_signed_in_is_enough_to_read_tasks_and_rounds() -> None:
-    for who in (WALT, VERA, RITA, CORA, NOBODY):
-        assert allows(who, TaskPolicy.read(TASK)) and allows(who, RoundPolicy.read(ROUND))
-        assert allows(who, UserPolicy.me())
+def test_workers_clients_admins_and_the_tasks_researchers_read_a_task_and_its_rounds() -> None:
+    for who in (WALT, VERA, CORA, ADA, RITA, MIA, HANK):
+        assert allows(who, TaskPolicy.read(TASK)) and allows(who, RoundPolicy.read(ROUND)), who.username
+    assert all(allows(who, UserPolicy.me()) for who in (WALT, OSCAR, NOBODY))
 
 
-def test_clients_and_researchers_read_datasets() -> None:
-    assert allows(CORA, DatasetPolicy.read(TASK)) and allows(RITA, DatasetPolicy.read(TASK))
-    assert not allows(VERA, DatasetPolicy.read(TASK))
+def test_another_groups_task_and_round_read_as_missing() -> None:
+    """Oscar (and a user with no role) learns nothing: the words of a missing task or round."""
+    for who in (OSCAR, NOBODY):
+        assert refusal(who, TaskPolicy.read(TASK)) == (NotFound, missing_task("dynasent-r2").message)
+        assert refusal(who, RoundPolicy.read(ROUND)) == (NotFound, missing_round(2).message)
+
+
+def test_clients_read_every_tasks_datasets_researchers_their_own() -> None:
+    for who in (CORA, RITA, MIA, ADA):
+        assert refusal(who, DatasetPolicy.read(TASK)) is None, who.username
+    assert refusal(OSCAR, DatasetPolicy.read(TASK)) == (NotFound, missing_task("dynasent-r2").message)
+    assert not allows(VERA, DatasetPolicy.read(TASK)) and not allows(HANK, DatasetPolicy.read(TASK))
 
 
 # --- the object half -------------------------------------------------------------------------
@@ -207,31 +225,54 @@ def test_without_its_object_a_policy_is_its_role_half(name: str, action: Callabl
         assert (full.roles, full.needs) == (without.roles, without.needs), name
 
 
-def test_task_ownership_is_a_change_to_task_policy_manage(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every researcher action on a task's things goes through TaskPolicy.manage, as the
-    module docstring promises for the task-ownership change."""
+# Every researcher action on a task's things, and the 404 it answers to another group's researcher.
+MANAGED = [
+    ("TaskPolicy.manage", TaskPolicy.manage(TASK), missing_task("dynasent-r2")),
+    ("RoundPolicy.manage", RoundPolicy.manage(ROUND), missing_round(2)),
+    ("WorkerPolicy.judge", WorkerPolicy.judge(TASK), missing_task("dynasent-r2")),
+    ("BuildPolicy.create", BuildPolicy.create(ROUND), missing_round(2)),
+    ("ExamplePolicy.read", ExamplePolicy.read(WENDYS_EXAMPLE), missing_example(3)),
+    ("JobPolicy.start", JobPolicy.start(TASK), missing_task("dynasent-r2")),
+    ("JobPolicy.list", JobPolicy.list(TASK), missing_task("dynasent-r2")),
+    ("JobPolicy.view", JobPolicy.view(JOB), missing_job(9)),
+    ("ModelPolicy.list", ModelPolicy.list(TASK), missing_task("dynasent-r2")),
+]
 
-    def owner_only(task: Task | None = None) -> Policy:
-        def rule(who: User) -> None:
-            if task is not None and task.created_by_id != who.id and not who.has_role(authorization.Role.admin):
-                raise Forbidden(f"task {task.name!r} is not yours")
 
-        return Policy(TaskPolicy.create().roles, "this needs the researcher role", rule if task else None)
+@pytest.mark.parametrize(("name", "policy", "missing"), MANAGED, ids=[m[0] for m in MANAGED])
+def test_only_the_tasks_owners_members_and_admins_manage_it(name: str, policy: Policy, missing: NotFound) -> None:
+    for who in (RITA, MIA, ADA):
+        assert refusal(who, policy) is None, who.username
+    # Another group's researcher: exactly what a missing object says.
+    assert refusal(OSCAR, policy) == (NotFound, missing.message)
+    # One who sees the task anyway (as a writer) is told who can add them.
+    assert refusal(HANK, policy) == (
+        Forbidden,
+        "you are not a researcher of task 'dynasent-r2'; one of its owners can add you "
+        "(PUT /api/v1/tasks/dynasent-r2/members/user13)",
+    )
+    # Writers, validators and clients lack the role: 403 before the task is looked at.
+    for who in (WALT, VERA, CORA):
+        assert refusal(who, policy) == (Forbidden, f"this needs the researcher role; your roles: {who.roles[0]}")
 
-    monkeypatch.setattr(TaskPolicy, "manage", staticmethod(owner_only))
-    other_researcher = user(11, "researcher")
-    managed = [
-        TaskPolicy.manage(TASK),
-        RoundPolicy.manage(ROUND),
-        WorkerPolicy.judge(TASK),
-        BuildPolicy.create(ROUND),
-        ExamplePolicy.read(WENDYS_EXAMPLE),
-        JobPolicy.start(TASK),
-        JobPolicy.list(TASK),
-        JobPolicy.view(JOB),
-        ModelPolicy.list(TASK),
-    ]
-    for policy in managed:
-        assert refusal(RITA, policy) is None
-        assert refusal(ADA, policy) is None
-        assert refusal(other_researcher, policy) == (Forbidden, "task 'dynasent-r2' is not yours")
+
+def test_only_owners_and_admins_change_who_is_on_a_task() -> None:
+    assert refusal(RITA, TaskPolicy.manage_members(TASK)) is None
+    assert refusal(ADA, TaskPolicy.manage_members(TASK)) is None
+    assert refusal(MIA, TaskPolicy.manage_members(TASK)) == (
+        Forbidden,
+        "only the owners of task 'dynasent-r2' add and remove its researchers; you are a member",
+    )
+    assert refusal(OSCAR, TaskPolicy.manage_members(TASK)) == (NotFound, missing_task("dynasent-r2").message)
+    assert refusal(WALT, TaskPolicy.manage_members(TASK)) == (
+        Forbidden,
+        "this needs the researcher role; your roles: writer",
+    )
+
+
+def test_a_member_without_the_researcher_role_manages_nothing() -> None:
+    """A place on the task is not enough: an owner whose researcher role was taken away is
+    refused by the role half, like any writer."""
+    former = user(10, "writer")  # Rita's id: still an owner row
+    assert refusal(former, TaskPolicy.manage(TASK)) == (Forbidden, "this needs the researcher role; your roles: writer")
+    assert refusal(user(11), TaskPolicy.read(TASK)) == (NotFound, missing_task("dynasent-r2").message)

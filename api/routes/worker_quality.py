@@ -14,7 +14,7 @@ from api.schemas.worker_quality import (
     UnqualifyRequest,
     WorkerAgreementPublic,
 )
-from services.authorization import WorkerPolicy, authorize
+from services.authorization import RoundPolicy, WorkerPolicy, authorize
 from services.db.models import User
 from services.domain import quality, rounds, tasks, users
 
@@ -26,6 +26,7 @@ Judge = Annotated[User, allowed(WorkerPolicy.judge)]
 def worker_agreement(round_id: IdPath, session: SessionDep, researcher: Judge) -> list[WorkerAgreementPublic]:
     """Each validator's rate of agreement with the majority in this round (DynaSent Fig. 6)."""
     round_ = rounds.get_round(session, round_id)
+    authorize(researcher, RoundPolicy.manage(round_))  # another group's round: as a missing one
     authorize(researcher, WorkerPolicy.judge(round_.task))
     return [WorkerAgreementPublic.of(row) for row in quality.validator_agreement(session, round_.task, round_)]
 

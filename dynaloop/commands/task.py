@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.table import Table
@@ -69,9 +69,14 @@ def task_validate(path: Path) -> None:
 def task_create(
     source: Annotated[str, typer.Argument(help="YAML file, or the name of a shipped example")],
     database_url: DatabaseOpt = None,
+    owner: Annotated[
+        str | None,
+        typer.Option(help="The researcher who owns the task (without one, only admins manage it)"),
+    ] = None,
 ) -> None:
     """Create a task in the database from a YAML file or a shipped example."""
     from services.db.engine import session_scope
+    from services.domain import members
     from services.domain.tasks import create_task
     from services.errors import DomainError
 
@@ -79,7 +84,76 @@ def task_create(
     ensure_schema(url)
     try:
         with session_scope(session_factory(url)) as session:
-            task = create_task(session, None, task_yaml(source))
-            console.print(f"created task {task.name!r} ({task.family})")
+            owning = members.researcher_account(session, owner) if owner else None
+            task = create_task(session, None, task_yaml(source), owner=owning)
+            console.print(f"created task {task.name!r} ({task.family})" + (f", owned by {owner!r}" if owner else ""))
     except DomainError as exc:
         raise fail(exc.message) from exc
+    if not owner:
+        err.print(
+            f"task {task.name!r} has no owner: only admins manage it until you add one "
+            f"(dynaloop task add-member {task.name} USERNAME --role owner)",
+            highlight=False,
+            markup=False,
+        )
+
+
+RoleOpt = Annotated[
+    Literal["owner", "member"], typer.Option("--role", help="owner: also decides who else is on the task")
+]
+
+
+@app.command("add-member")
+def task_add_member(task: str, username: str, role: RoleOpt = "member", database_url: DatabaseOpt = None) -> None:
+    """Put a researcher on a task as owner or member (or change their role on it)."""
+    from services.db.engine import session_scope
+    from services.db.models import TaskRole
+    from services.domain import members, tasks
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            _, created = members.set_member(session, None, tasks.get_task(session, task), username, TaskRole(role))
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    console.print(f"{username!r} {'added to' if created else 'is now'} task {task!r} as {role}")
+
+
+@app.command("remove-member")
+def task_remove_member(task: str, username: str, database_url: DatabaseOpt = None) -> None:
+    """Take a researcher off a task (never its last owner)."""
+    from services.db.engine import session_scope
+    from services.domain import members, tasks
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            members.remove_member(session, None, tasks.get_task(session, task), username)
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    console.print(f"{username!r} is no longer on task {task!r}")
+
+
+@app.command("members")
+def task_members(task: str, database_url: DatabaseOpt = None) -> None:
+    """List a task's owners and members."""
+    from services.db.engine import session_scope
+    from services.domain import members, tasks
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    table = Table()
+    for column in ("username", "role", "added"):
+        table.add_column(column, no_wrap=True)
+    try:
+        with session_scope(session_factory(url)) as session:
+            for member in members.list_members(session, tasks.get_task(session, task)):
+                table.add_row(member.user.username, member.role.value, f"{member.created_at:%Y-%m-%d %H:%M}")
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    console.print(table)

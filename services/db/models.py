@@ -74,6 +74,14 @@ class Role(str, enum.Enum):
     client = "client"  # a program that pulls built datasets (REST client)
 
 
+class TaskRole(str, enum.Enum):
+    """A researcher's place on one task (``task_members``): owners also decide who else is
+    on it; members do everything else a researcher does with the task."""
+
+    owner = "owner"
+    member = "member"
+
+
 class RoundStatus(str, enum.Enum):
     collecting = "collecting"
     validating = "validating"
@@ -199,6 +207,37 @@ class Task(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     rounds: Mapped[list[Round]] = relationship(back_populates="task", order_by="Round.number")
+    # Every authorization decision about the task reads its members (services/authorization.py):
+    # loaded with the task, one query per batch of tasks (no query per task in a list).
+    members: Mapped[list[TaskMember]] = relationship(
+        back_populates="task",
+        lazy="selectin",
+        order_by="TaskMember.id",
+        foreign_keys="TaskMember.task_id",
+        cascade="all, delete-orphan",
+    )
+
+    def member_role(self, user: User) -> TaskRole | None:
+        """``user``'s place on this task (owner or member), or None."""
+        return next((member.role for member in self.members if member.user_id == user.id), None)
+
+
+class TaskMember(Base):
+    """A researcher on a task: its owners (the creator, and whoever an owner adds as one) and
+    members. Who may manage the task is decided from these rows (services/authorization.py)."""
+
+    __tablename__ = "task_members"
+    __table_args__ = (UniqueConstraint("task_id", "user_id", name="uq_task_members_task_user"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    role: Mapped[TaskRole] = mapped_column(_enum(TaskRole))
+    added_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    task: Mapped[Task] = relationship(back_populates="members", foreign_keys=[task_id])
+    user: Mapped[User] = relationship(foreign_keys=[user_id])
 
 
 class Round(Base):

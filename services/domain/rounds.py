@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import (
     Assignment,
@@ -32,7 +32,7 @@ from services.db.models import (
     utcnow,
 )
 from services.domain import audit
-from services.errors import Conflict, Invalid, NotFound
+from services.errors import Conflict, Invalid, NotFound, missing_round
 from services.text import clean_text, normalize_text
 
 _FORWARD = {
@@ -104,14 +104,19 @@ def create_round(
 def get_round(session: Session, round_id: int) -> Round:
     round_ = session.get(Round, round_id)
     if round_ is None:
-        raise NotFound(f"no round with id {round_id}")
+        raise missing_round(round_id)
     return round_
 
 
 def open_rounds(session: Session) -> list[Round]:
     return list(
         session.scalars(
-            select(Round).where(Round.status.in_([RoundStatus.collecting, RoundStatus.validating])).order_by(Round.id)
+            select(Round)
+            # Each round is checked against its task's members (RoundPolicy.read): load the
+            # tasks, and with them their members, in one query each rather than one per round.
+            .options(selectinload(Round.task))
+            .where(Round.status.in_([RoundStatus.collecting, RoundStatus.validating]))
+            .order_by(Round.id)
         )
     )
 

@@ -6,12 +6,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.db.models import Task, User
-from services.domain import audit
-from services.errors import Conflict, Invalid, NotFound
+from services.domain import audit, members
+from services.errors import Conflict, Invalid, missing_task
 from services.taskdef import TaskDefinition, TaskDefinitionError, parse_task_definition
 
 
-def create_task(session: Session, actor: User | None, yaml_text: str) -> Task:
+def create_task(session: Session, actor: User | None, yaml_text: str, *, owner: User | None = None) -> Task:
+    """Create a task from its YAML; ``owner`` (default: ``actor``, the researcher who creates
+    it) becomes its first owner. With neither (the CLI without ``--owner``), only admins
+    manage the task until someone is added (``members.set_member``)."""
     try:
         definition = parse_task_definition(yaml_text)
     except TaskDefinitionError as exc:
@@ -29,13 +32,16 @@ def create_task(session: Session, actor: User | None, yaml_text: str) -> Task:
     session.add(task)
     session.flush()
     audit.record(session, actor, "task.create", "task", task.id, name=task.name)
+    owner = owner or actor
+    if owner is not None:
+        members.add_creator(session, actor, task, owner)
     return task
 
 
 def get_task(session: Session, name: str) -> Task:
     task = session.scalar(select(Task).where(Task.name == name))
     if task is None:
-        raise NotFound(f"no task {name!r}; list tasks with GET /api/v1/tasks")
+        raise missing_task(name)
     return task
 
 

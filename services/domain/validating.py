@@ -35,7 +35,7 @@ from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
 from services.domain.quality import apply_agreement_threshold, require_qualified, task_worker
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Invalid, NotFound
+from services.errors import Conflict, Invalid, missing_example
 from services.taskdef import TaskDefinition
 from services.text import clean_text
 
@@ -114,7 +114,7 @@ def shown_order(validator_id: int, example_id: int) -> str:
 def get_example(session: Session, example_id: int) -> Example:
     example = session.get(Example, example_id)
     if example is None:
-        raise NotFound(f"no example {example_id}")
+        raise missing_example(example_id)
     return example
 
 
