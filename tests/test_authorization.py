@@ -79,6 +79,9 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/jobs"): {R},
     ("GET", f"{API}/jobs/{{job_id}}"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/models"): {R},
+    ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/datasets/uploads"): {R},
+    ("DELETE", f"{API}/tasks/{{task_name}}/datasets/uploads/{{dataset_name}}"): {R},
     ("GET", f"{API}/rounds/{{round_id}}/plot-data"): {R},
 }
 
@@ -223,6 +226,7 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
         "attempt_id": world.attempt_id,
         "example_id": world.example_id,
         "job_id": 1,
+        "dataset_name": "matrix",
         "username": actor.username if actor and path.endswith("/tokens") else "victim",
         "token_id": world.spare_tokens.get(role, 1),
     }
@@ -252,6 +256,10 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
         ("POST", f"{API}/examples/{{example_id}}/validations"): {"json": {"label": "neutral"}},
         ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
         ("POST", f"{API}/tasks/{{task_name}}/jobs"): {"json": {"kind": "train"}},
+        ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): {
+            "content": b"text,label\nThe lunch was fine.,neutral\n",
+            "params": {"name": f"matrix-{role}", "format": "csv"},
+        },
     }
     kwargs: dict[str, Any] = dict(bodies.get((method, path), {}))
     headers = dict(kwargs.pop("headers", {}))

@@ -14,7 +14,7 @@ from services.authorization import TaskPolicy, authorize
 from services.db.models import User
 from services.domain import tasks
 
-router = APIRouter(tags=["datasets"])
+router = APIRouter(tags=["dataset uploads"])
 
 Manager = Annotated[User, allowed(TaskPolicy.manage)]
 DatasetName = Annotated[str, Path(min_length=1, max_length=100, pattern=DATASET_NAME_PATTERN)]
