@@ -13,6 +13,9 @@ and its parameters are that use case's options (docs/api.md, "Jobs"):
 * ``train``: :func:`~modelling.usecases.train_and_register` from the base checkpoint on a data
   mix (default: every built round's train split, with the newest built round's dev split for
   early stopping), into ``DATA_DIR/models/TASK-job-ID``;
+  its files are the task's uploaded datasets and files under ``DYNALOOP_DATA_ROOT`` only
+  (:class:`~modelling.datasets.DataFiles`), checked when the job is created and again in its
+  process before anything is read; the params keep the names the researcher gave;
 * ``evaluate``: :func:`~modelling.usecases.evaluate_and_record` on every built round's dev and
   test split (and a mix's sets), into ``DATA_DIR/evaluations/TASK-job-ID``;
 * ``promote``: :func:`~modelling.usecases.promote_model` (hot swap on the model server, then the

@@ -374,3 +374,34 @@ def test_only_a_tasks_managers_upload_list_and_delete(
         assert response.status_code == (401 if who is None else 403), response.text
         assert response.json()["error"]["code"] == ("unauthorized" if who is None else "forbidden")
     assert table_counts(rooted) == before and _stored_files(rooted) == files
+
+
+def test_a_job_process_started_by_the_api_reads_the_upload_and_the_data_root(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor
+) -> None:
+    """The real `dynaloop job run` process gets the API's data root (DYNALOOP_DATA_ROOT in its
+    environment) and checks the sources again: a file under the root and an upload both load."""
+    import time
+
+    assert _upload(api, researcher, _csv()).status_code == 201
+    response = _train(api, researcher, {"train": [{"dataset": "reviews"}, {"file": "sst/train.csv"}]}, **TINY_TRAIN)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    deadline = time.monotonic() + 240
+    while True:
+        body = api.get(f"{API}/jobs/{job_id}", headers=researcher.headers).json()
+        if body["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert body["status"] == "succeeded", body["message"] + "\n" + body["log"]
+    assert "loaded 12 training rows from 2 source(s)" in body["log"]
+    assert body["params"]["mix"]["train"][1]["file"] == "sst/train.csv"
+
+
+def test_a_data_root_holding_the_data_folder_is_refused(tmp_path: Path) -> None:
+    """Every researcher may read the data root; the data folder holds the database and every task's uploads."""
+    with pytest.raises(ValueError, match=r"DYNALOOP_DATA_ROOT .* contains DYNALOOP_DATA_DIR"):
+        Settings(data_dir=tmp_path / "data", data_root=tmp_path)
+    with pytest.raises(ValueError, match="contains DYNALOOP_DATA_DIR"):
+        Settings(data_dir=tmp_path, data_root=tmp_path)
+    assert Settings(data_dir=tmp_path / "data", data_root=tmp_path / "corpora").data_root == tmp_path / "corpora"
