@@ -155,6 +155,8 @@ def store_upload(
     existing = _find(session, task, name)
     if existing is not None:
         if existing.sha256 == sha256 and existing.format == file_format:
+            # Puts the file back should it have gone missing from the data folder.
+            _write(upload_path(uploads_dir, task.name, sha256, file_format), body)
             return Received(existing, created=False)
         raise Conflict(
             f"task {task.name!r} already has a dataset named {name!r} with other content; choose another name, "

@@ -245,9 +245,10 @@ def test_upload_list_train_and_delete(rooted: FastAPI, api: TestClient, task: st
     assert stored.read_bytes() == _csv() and upload["size_bytes"] == len(_csv())
     # The same bytes again: the stored dataset, nothing new.
     before = table_counts(rooted)
+    stored.unlink()  # lost from the data folder: the same upload again puts it back
     again = _upload(api, researcher, _csv())
     assert again.status_code == 200 and again.json() == upload
-    assert table_counts(rooted) == before
+    assert table_counts(rooted) == before and stored.read_bytes() == _csv()
     # The same bytes under another name share the file; JSONL and Parquet arrive too.
     frame = pd.DataFrame(ROWS, columns=["text", "label"])
     parquet = io.BytesIO()
