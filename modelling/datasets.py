@@ -264,6 +264,20 @@ def upload_path(uploads_dir: Path, task_name: str, sha256: str, file_format: str
     return Path(uploads_dir) / task_name / f"{sha256}.{file_format}"
 
 
+def under_root(root: Path | None, relative: Path | str) -> Path | None:
+    """``relative`` (a path relative to ``root``) resolved, ``..`` and symlinks followed, when it
+    exists and still lies under ``root``; None otherwise, whatever the reason (no root, missing,
+    outside), so a caller's refusal cannot tell them apart."""
+    if root is None:
+        return None
+    try:
+        resolved_root = root.resolve(strict=True)
+        path = (resolved_root / relative).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):  # missing, a symlink loop, a NUL
+        return None
+    return path if path.is_relative_to(resolved_root) else None
+
+
 @dataclass(frozen=True)
 class DataFiles:
     """Which files a data mix may read, decided before any is opened.
@@ -319,16 +333,9 @@ class DataFiles:
             if self.root is None
             else "give a path relative to the data root, or upload the file and name it with `dataset`"
         )
-        refused = DataError(f"{where}: {NOT_READABLE}; {hint}")
-        if self.root is None:
-            raise refused
-        try:
-            root = self.root.resolve(strict=True)
-            path = (root / file).resolve(strict=True)
-        except (OSError, RuntimeError, ValueError):  # missing, a symlink loop, a NUL
-            raise refused from None
-        if not path.is_relative_to(root) or not path.is_file() or path.suffix.lower() not in FILE_FORMATS:
-            raise refused
+        path = under_root(self.root, file)
+        if path is None or not path.is_file() or path.suffix.lower() not in FILE_FORMATS:
+            raise DataError(f"{where}: {NOT_READABLE}; {hint}")
         return path
 
 
@@ -338,11 +345,11 @@ def _position(error: Exception) -> str:
     return f" (near {found.group(1)} {found.group(2)})" if found else ""
 
 
-def read_table(path: Path, name: str | None = None, file_format: str | None = None) -> pd.DataFrame:
-    """A CSV, TSV, JSONL or Parquet file (or its bytes) as a frame (labels read as text where the
-    file has text). Errors call it ``name`` and give a position, never its contents."""
+def read_table(path: Path, name: str | None = None) -> pd.DataFrame:
+    """A CSV, TSV, JSONL or Parquet file as a frame (labels read as text where the file has text).
+    Errors call it ``name`` (default: the file's name) and give a position, never its contents."""
     name = name or path.name
-    kind = file_format or FILE_FORMATS.get(path.suffix.lower())
+    kind = FILE_FORMATS.get(path.suffix.lower())
     if kind is None:
         raise DataError(f"{name}: unknown file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}")
     if not path.is_file():

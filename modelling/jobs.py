@@ -48,7 +48,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelling.datasets import DataError, DataFiles, DataMix
+from modelling.datasets import DataError, DataFiles, DataMix, under_root
 from modelling.evaluation_sets import built_round_numbers
 from modelling.usecases import (
     EvaluateOptions,
@@ -182,19 +182,12 @@ def _check_mix(session: Session, task: Task, mix: DataMix, files: DataFiles) -> 
 def base_folder(base: str, data_root: Path | None) -> Path:
     """A train job's ``base`` checkpoint: a folder under the data root, like the mix's files
     (the error never tells whether a path exists)."""
-    refused = Invalid(
-        "params.base: not a folder under the data root; give a path "
-        "relative to the data root (DYNALOOP_DATA_ROOT), or leave base out for the packaged backbone"
-    )
-    if data_root is None:
-        raise refused
-    try:
-        root = data_root.resolve(strict=True)
-        folder = (root / base).resolve(strict=True)
-    except (OSError, RuntimeError, ValueError):
-        raise refused from None
-    if not folder.is_relative_to(root) or not folder.is_dir():
-        raise refused
+    folder = under_root(data_root, base)
+    if folder is None or not folder.is_dir():
+        raise Invalid(
+            "params.base: not a folder under the data root; give a path relative to the data root "
+            "(DYNALOOP_DATA_ROOT), or leave base out for the packaged backbone"
+        )
     return folder
 
 

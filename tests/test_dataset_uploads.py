@@ -145,6 +145,19 @@ def test_an_evaluate_jobs_mix_and_a_train_jobs_base_obey_the_same_rule(
         response = _train(api, researcher, {"train": [{"file": "sst/train.csv"}]}, base=base)
         assert response.status_code == 422, response.text
         assert response.json()["error"]["message"].startswith("params.base: not a folder under the data root")
+    (rooted.state.settings.data_root / "bases" / "small").mkdir(parents=True)
+    with session_scope(rooted.state.sessionmaker) as session:  # a folder under the root is a base
+        job, _ = create_job(
+            session,
+            None,
+            get_task(session, TASK),
+            "train",
+            {"base": "bases/small", "mix": {"train": [{"file": "sst/train.csv"}]}},
+            data_dir=rooted.state.settings.data_dir,
+            data_root=rooted.state.settings.data_root,
+        )
+        assert job.params["base"] == "bases/small"
+        session.rollback()
     response = api.post(
         f"{API}/tasks/{TASK}/jobs",
         json={
