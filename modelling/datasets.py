@@ -9,16 +9,23 @@ optional second segments (the target of a target-dependent task), optional varie
 float matrix ``y`` with one column per model label (a probability distribution for single-label
 tasks, per-label probabilities for multi-label ones).
 
->>> mix = DataMix.model_validate({"train": [{"round": 1, "upsample": 3},
+>>> mix = DataMix.model_validate({"train": [{"round": 1, "upsample": 3}, {"dataset": "reviews"},
 ...     {"file": "sst.csv", "label_map": {"1": "negative", "5": "positive"}}]})
 >>> [source.describe() for source in mix.train]
-['round 1 train', 'sst.csv']
+['round 1 train', 'reviews', 'sst.csv']
+
+Where a file may come from is decided by :class:`DataFiles` before anything is read: a job
+started through the API reads only the task's uploaded datasets (``dataset``, modelling.uploads)
+and files under the configured data root (``file``, relative to ``DYNALOOP_DATA_ROOT``);
+the `dynaloop` command, run by an operator with a shell, reads any path. Errors about a file's
+rows name the row and the column, never the file's text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,17 +34,22 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from round_builder.builds import newest_build
-from services.db.models import BuiltExample, Example, Round, RoundBuild, Task
+from services.db.models import BuiltExample, DatasetUpload, Example, Round, RoundBuild, Task
 from services.domain.tasks import definition_of
 from services.errors import validation_problems
 from services.taskdef import TaskDefinition, TaskFamily
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+#: Names of uploaded datasets (modelling.uploads): letters, digits, dot, dash and underscore.
+DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+#: The one answer for a ``file`` the API may not read, whatever the reason (outside the data
+#: root, missing, a symlink out of it, not a plain file): it never tells whether a path exists.
+NOT_READABLE = "not an uploaded dataset or a file under the data root"
 
 
 class DataError(ValueError):
@@ -45,7 +57,7 @@ class DataError(ValueError):
 
 
 class SourceSpec(BaseModel):
-    """One source of labelled examples: a built round's split or an external file."""
+    """One source of labelled examples: a built round's split, an uploaded dataset or a file."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -53,7 +65,18 @@ class SourceSpec(BaseModel):
     round: int | None = Field(None, ge=1, description="A round of the task, read from its newest build.")
     build_id: int | None = Field(None, description="A specific build instead of the round's newest.")
     split: Literal["train", "dev", "test"] = "train"
-    file: Path | None = Field(None, description="CSV, TSV, JSONL or Parquet with a text and a label column.")
+    dataset: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        pattern=DATASET_NAME_PATTERN,
+        description="An uploaded dataset of the task, by name (GET /tasks/{task}/datasets/uploads).",
+    )
+    file: Path | None = Field(
+        None,
+        description="CSV, TSV, JSONL or Parquet with a text and a label column; through the API a path "
+        "relative to the server's data root (DYNALOOP_DATA_ROOT).",
+    )
     text_column: str = "text"
     label_column: str = "label"
     target_column: str | None = Field(None, description="Second segment (the target) for sentence-pair models.")
@@ -68,6 +91,15 @@ class SourceSpec(BaseModel):
     upsample: int = Field(1, ge=1, le=100, description="Each example appears this many times per epoch.")
     limit: int | None = Field(None, ge=1, description="Keep a seeded random sample of this many rows.")
     seed: int = 0
+    #: Where the file of a ``file`` or ``dataset`` source is, once :class:`DataFiles` allowed it.
+    _path: Path | None = PrivateAttr(None)
+
+    @field_validator("file")
+    @classmethod
+    def _short_path(cls, value: Path | None) -> Path | None:
+        if value is not None and (len(str(value)) > 1000 or "\x00" in str(value)):
+            raise ValueError("a file path has at most 1000 characters and no NUL")
+        return value
 
     @field_validator("label_map", mode="before")
     @classmethod
@@ -79,8 +111,11 @@ class SourceSpec(BaseModel):
 
     @model_validator(mode="after")
     def _one_origin(self) -> SourceSpec:
-        if (self.round is None) == (self.file is None):
-            raise ValueError("give exactly one of `round` (a built round) or `file` (an external file)")
+        if sum(origin is not None for origin in (self.round, self.dataset, self.file)) != 1:
+            raise ValueError(
+                "give exactly one of `round` (a built round), `dataset` (an uploaded dataset) or `file` "
+                "(a file under the data root)"
+            )
         if self.build_id is not None and self.round is None:
             raise ValueError("`build_id` only applies to a `round` source")
         return self
@@ -90,7 +125,16 @@ class SourceSpec(BaseModel):
             return self.name
         if self.round is not None:
             return f"round {self.round} {self.split}"
+        if self.dataset is not None:
+            return self.dataset
         return Path(str(self.file)).name
+
+    @property
+    def path(self) -> Path:
+        """The file to read; only a source that :meth:`DataFiles.resolve` allowed has one."""
+        if self._path is None:
+            raise DataError(f"{self.describe()}: the source's file was not checked against the data root")
+        return self._path
 
 
 class DataMix(BaseModel):
@@ -101,6 +145,14 @@ class DataMix(BaseModel):
     train: list[SourceSpec] = Field(min_length=1)
     dev: SourceSpec | None = Field(None, description="Early stopping and checkpoint choice watch macro-F1 here.")
     evaluate: list[SourceSpec] = Field(default_factory=list)
+
+    def sources(self) -> list[tuple[str, SourceSpec]]:
+        """Every source with its location in the mix (``train.0``, ``dev``, ``evaluate.1``)."""
+        return [
+            *((f"train.{i}", source) for i, source in enumerate(self.train)),
+            *([("dev", self.dev)] if self.dev is not None else []),
+            *((f"evaluate.{i}", source) for i, source in enumerate(self.evaluate)),
+        ]
 
     @classmethod
     def load(cls, path: Path | str) -> DataMix:
@@ -207,21 +259,119 @@ def input_format(definition: TaskDefinition) -> Literal["text", "text_pair"]:
 # ---------------------------------------------------------------------------- files
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """A CSV, TSV, JSONL or Parquet file as a frame (labels read as text where the file has text)."""
+def upload_path(uploads_dir: Path, task_name: str, sha256: str, file_format: str) -> Path:
+    """Where an uploaded dataset's bytes are kept: ``DATA_DIR/uploads/TASK/SHA256.FORMAT``."""
+    return Path(uploads_dir) / task_name / f"{sha256}.{file_format}"
+
+
+def under_root(root: Path | None, relative: Path | str) -> Path | None:
+    """``relative`` (a path relative to ``root``) resolved, ``..`` and symlinks followed, when it
+    exists and still lies under ``root``; None otherwise, whatever the reason (no root, missing,
+    outside), so a caller's refusal cannot tell them apart."""
+    if root is None:
+        return None
+    try:
+        resolved_root = root.resolve(strict=True)
+        path = (resolved_root / relative).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):  # missing, a symlink loop, a NUL
+        return None
+    return path if path.is_relative_to(resolved_root) else None
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """Which files a data mix may read, decided before any is opened.
+
+    ``dataset`` sources are the task's uploads, kept under ``uploads``. ``file`` sources are, with
+    ``any_path`` (the `dynaloop` command, run by an operator with a shell), any path; without it
+    (everything the API starts), a path relative to ``root`` (``DYNALOOP_DATA_ROOT``) that still
+    lies under it once resolved (``..`` and symlinks followed), and nothing when ``root`` is None.
+    """
+
+    uploads: Path
+    root: Path | None = None
+    any_path: bool = False
+
+    @classmethod
+    def of(cls, data_dir: Path, data_root: Path | None = None, *, any_path: bool = False) -> DataFiles:
+        return cls(uploads=Path(data_dir) / "uploads", root=data_root, any_path=any_path)
+
+    def resolve(
+        self, mix: DataMix | None, *, session: Session | None = None, task: Task | None = None, where: str = "mix"
+    ) -> None:
+        """Give every file and dataset source of ``mix`` its :attr:`SourceSpec.path`, or raise
+        :class:`DataError` naming the first source that may not be read (``where.train.0.file``).
+        Dataset sources need the task (and a session to look its uploads up)."""
+        for location, source in mix.sources() if mix is not None else []:
+            if source.dataset is not None:
+                if session is None or task is None:
+                    raise DataError(f"{where}.{location}.dataset: an uploaded dataset needs the task and the database")
+                source._path = self._upload(session, task, source.dataset, f"{where}.{location}.dataset")
+            elif source.file is not None:
+                source._path = self._file(source.file, f"{where}.{location}.file", task)
+
+    def _upload(self, session: Session, task: Task, name: str, where: str) -> Path:
+        upload = session.scalar(
+            select(DatasetUpload).where(DatasetUpload.task_id == task.id, DatasetUpload.name == name)
+        )
+        if upload is None:
+            raise DataError(
+                f"{where}: task {task.name!r} has no uploaded dataset {name!r}; "
+                f"GET /api/v1/tasks/{task.name}/datasets/uploads lists them"
+            )
+        path = upload_path(self.uploads, task.name, upload.sha256, upload.format)
+        if not path.is_file():
+            raise DataError(f"{where}: the file of uploaded dataset {name!r} is missing on the server; upload it again")
+        return path
+
+    def _file(self, file: Path, where: str, task: Task | None) -> Path:
+        if self.any_path:
+            return file.expanduser().resolve()
+        hint = (
+            f"upload it (POST /api/v1/tasks/{task.name if task else '{task}'}/datasets/uploads) and name it "
+            "with `dataset`"
+            if self.root is None
+            else "give a path relative to the data root, or upload the file and name it with `dataset`"
+        )
+        path = under_root(self.root, file)
+        if path is None or not path.is_file() or path.suffix.lower() not in FILE_FORMATS:
+            raise DataError(f"{where}: {NOT_READABLE}; {hint}")
+        return path
+
+
+def _position(error: Exception) -> str:
+    """Where a parser stopped ("line 7"), never what it read there."""
+    found = re.search(r"\b(line|row|column|position)\s+(\d+)", str(error))
+    return f" (near {found.group(1)} {found.group(2)})" if found else ""
+
+
+def read_table(path: Path, name: str | None = None) -> pd.DataFrame:
+    """A CSV, TSV, JSONL or Parquet file as a frame (labels read as text where the file has text).
+    Errors call it ``name`` (default: the file's name) and give a position, never its contents."""
+    name = name or path.name
     kind = FILE_FORMATS.get(path.suffix.lower())
     if kind is None:
-        raise DataError(f"{path}: unknown file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}")
+        raise DataError(f"{name}: unknown file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}")
     if not path.is_file():
-        raise DataError(f"{path} does not exist")
+        raise DataError(f"{name} does not exist")
+    return parse_table(path, name, kind)
+
+
+def parse_table(source: Any, name: str, kind: str) -> pd.DataFrame:
+    """A file (a path or a binary stream) of format ``kind`` (csv, tsv, jsonl, parquet) as a frame."""
     try:
         if kind in ("csv", "tsv"):
-            return pd.read_csv(path, sep="\t" if kind == "tsv" else ",", dtype=str, keep_default_na=False)
+            return pd.read_csv(source, sep="\t" if kind == "tsv" else ",", dtype=str, keep_default_na=False)
         if kind == "jsonl":
-            return pd.read_json(path, lines=True, dtype=False)
-        return pd.read_parquet(path)
-    except Exception as exc:  # pandas raises many types for a broken file
-        raise DataError(f"{path} could not be read as {kind}: {exc}") from exc
+            frame = pd.read_json(source, lines=True, dtype=False)
+            if not isinstance(frame, pd.DataFrame):
+                raise ValueError("not one JSON object per line")
+            return frame
+        return pd.read_parquet(source)
+    except Exception as exc:  # pandas raises many types for a broken file; their text may quote it
+        raise DataError(
+            f"{name} could not be read as {kind}{_position(exc)}; check that it is a valid {kind} file"
+        ) from exc
 
 
 def _label_key(value: Any) -> str:
@@ -231,13 +381,32 @@ def _label_key(value: Any) -> str:
 
 
 def labelled_from_frame(
-    frame: pd.DataFrame, *, labels: Sequence[str], multi_label: bool, spec: SourceSpec, name: str | None = None
+    frame: pd.DataFrame,
+    *,
+    labels: Sequence[str],
+    multi_label: bool,
+    spec: SourceSpec,
+    name: str | None = None,
+    strict: bool = False,
 ) -> LabelledSet:
-    """Map a frame's label column onto ``labels`` with ``spec.label_map``; report unknown values."""
+    """Map a frame's label column onto ``labels`` with ``spec.label_map``.
+
+    A value that is neither a label nor in the map is reported by its row (counted from 1, the
+    header not counted) and column, never by the value itself: the file's text stays out of
+    every message, job log and response. ``strict`` (an upload arriving) also refuses a row
+    without a text or a label instead of dropping it."""
     name = name or spec.describe()
-    for column in [spec.text_column, spec.label_column, spec.target_column, spec.variety_column]:
+    for option, column in [
+        ("text_column", spec.text_column),
+        ("label_column", spec.label_column),
+        ("target_column", spec.target_column),
+        ("variety_column", spec.variety_column),
+    ]:
         if column is not None and column not in frame.columns:
-            raise DataError(f"{name}: no column {column!r}; the columns are {list(frame.columns)}")
+            raise DataError(
+                f"{name}: there is no column `{column}` ({len(frame.columns)} columns); set {option} to "
+                "the name of the file's column"
+            )
     if spec.limit is not None and len(frame) > spec.limit:
         frame = frame.sample(n=spec.limit, random_state=spec.seed)
     index = {label: i for i, label in enumerate(labels)}
@@ -247,20 +416,29 @@ def labelled_from_frame(
     varieties: list[str | None] = []
     ids: list[str] = []
     rows: list[np.ndarray] = []
-    unknown: dict[str, int] = {}
+    unknown: list[int] = []  # row numbers
     dropped = 0
-    for position, record in enumerate(frame.to_dict("records")):
+    for position, (row_index, record) in enumerate(zip(frame.index, frame.to_dict("records"), strict=True)):
+        row = int(row_index) + 1 if isinstance(row_index, (int, np.integer)) else position + 1
         text = record[spec.text_column]
         if not isinstance(text, str) or not text.strip():
+            if strict:
+                raise DataError(f"{name}: row {row}, column `{spec.text_column}`: no text; every row needs one")
             dropped += 1
             continue
         raw = record[spec.label_column]
         vector = np.zeros(len(labels), dtype=np.float32)
+        known = True
         if isinstance(raw, Mapping):  # a distribution {label: p}
             for label, p in raw.items():
                 if label not in index:
-                    unknown[str(label)] = unknown.get(str(label), 0) + 1
+                    known = False
                     continue
+                if isinstance(p, bool) or not isinstance(p, (int, float)) or not np.isfinite(p) or p < 0:
+                    raise DataError(
+                        f"{name}: row {row}, column `{spec.label_column}`: a label distribution's values must "
+                        "be numbers of at least 0"
+                    )
                 vector[index[label]] = float(p)
         else:
             values = (
@@ -275,11 +453,15 @@ def labelled_from_frame(
                     continue
                 for label in [mapped] if isinstance(mapped, str) else mapped:
                     if label not in index:
-                        unknown[key] = unknown.get(key, 0) + 1
+                        known = False
                         continue
                     vector[index[label]] = 1.0
+        if not known:
+            unknown.append(row)
         total = vector.sum()
         if total == 0 and not multi_label:  # multi-label: no label at all is a valid answer
+            if strict and known:
+                raise DataError(f"{name}: row {row}, column `{spec.label_column}`: no label; every row needs one")
             dropped += 1
             continue
         if not multi_label:
@@ -293,10 +475,10 @@ def labelled_from_frame(
         ids.append(str(record.get("id", position)))
         rows.append(vector)
     if unknown:
-        sample = ", ".join(f"{k!r} ({n}×)" for k, n in sorted(unknown.items())[:8])
+        more = f" (and {len(unknown) - 1} more row(s))" if len(unknown) > 1 else ""
         raise DataError(
-            f"{name}: label values not in the task's labels {list(labels)} and not in label_map: "
-            f"{sample}; add them to label_map (map to null to drop them)"
+            f"{name}: row {min(unknown)}, column `{spec.label_column}`: not one of the task's labels "
+            f"{list(labels)} nor in label_map{more}; map such values in label_map (to null to drop them)"
         )
     if not texts:
         raise DataError(f"{name}: no usable rows (every row had an empty text or a dropped label)")
@@ -312,7 +494,10 @@ def labelled_from_frame(
         ids=ids,
         weight=spec.weight,
         upsample=spec.upsample,
-        origin={"file": str(spec.file) if spec.file else None, "dropped_rows": dropped},
+        origin={
+            **({"dataset": spec.dataset} if spec.dataset else {"file": str(spec.file) if spec.file else None}),
+            "dropped_rows": dropped,
+        },
     )
 
 
@@ -425,8 +610,9 @@ def load_source(
         if session is None or task is None:
             raise DataError(f"{spec.describe()}: a round source needs the database and a task")
         return labelled_from_round(session, task, spec)
-    assert spec.file is not None
-    return labelled_from_frame(read_table(spec.file), labels=labels, multi_label=multi_label, spec=spec)
+    return labelled_from_frame(
+        read_table(spec.path, spec.describe()), labels=labels, multi_label=multi_label, spec=spec
+    )
 
 
 def expand(sets: Sequence[LabelledSet], *, seed: int = 0) -> tuple[list[int], list[int]]:

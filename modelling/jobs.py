@@ -13,6 +13,9 @@ and its parameters are that use case's options (docs/api.md, "Jobs"):
 * ``train``: :func:`~modelling.usecases.train_and_register` from the base checkpoint on a data
   mix (default: every built round's train split, with the newest built round's dev split for
   early stopping), into ``DATA_DIR/models/TASK-job-ID``;
+  its files are the task's uploaded datasets and files under ``DYNALOOP_DATA_ROOT`` only
+  (:class:`~modelling.datasets.DataFiles`), checked when the job is created and again in its
+  process before anything is read; the params keep the names the researcher gave;
 * ``evaluate``: :func:`~modelling.usecases.evaluate_and_record` on every built round's dev and
   test split (and a mix's sets), into ``DATA_DIR/evaluations/TASK-job-ID``;
 * ``promote``: :func:`~modelling.usecases.promote_model` (hot swap on the model server, then the
@@ -45,7 +48,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelling.datasets import DataError, DataMix
+from modelling.datasets import DataError, DataFiles, DataMix, under_root
 from modelling.evaluation_sets import built_round_numbers
 from modelling.usecases import (
     EvaluateOptions,
@@ -107,6 +110,7 @@ PROGRESS_INTERVAL_S = 1.0
 #: A queued job whose process never reported a pid after this long did not start.
 START_TIMEOUT = dt.timedelta(minutes=5)
 ADMIN_TOKEN_ENV = "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN"
+DATA_ROOT_ENV = "DYNALOOP_DATA_ROOT"
 MAX_ID = 2**31 - 1  # ids are INTEGER columns (api.deps.MAX_ID)
 OWN_LOGGERS = ("round_builder", "modelling", "model_server", "model_directory", "services", "api", "dynaloop")
 
@@ -162,17 +166,29 @@ def _check_rounds(session: Session, task: Task, numbers: list[int], where: str) 
             raise Invalid(f"{where}: round {number} of {task.name!r} has not been built; build it first")
 
 
-def _check_mix(session: Session, task: Task, mix: DataMix, data_dir: Path) -> DataMix:
-    sources = [*mix.train, *([mix.dev] if mix.dev else []), *mix.evaluate]
-    _check_rounds(session, task, [source.round for source in sources if source.round is not None], "params.mix")
-    for source in sources:
-        if source.file is not None:
-            # Relative file paths are relative to the server's data folder.
-            path = source.file if source.file.is_absolute() else (data_dir / source.file)
-            source.file = path.resolve()
-            if not source.file.is_file():
-                raise Invalid(f"params.mix: {source.describe()}: there is no file {source.file} on the server")
+def _check_mix(session: Session, task: Task, mix: DataMix, files: DataFiles) -> DataMix:
+    """The mix's rounds are built and its files are uploads or under the data root. The params
+    keep the names the researcher gave; the job's process checks them again before it reads."""
+    _check_rounds(
+        session, task, [source.round for _, source in mix.sources() if source.round is not None], "params.mix"
+    )
+    try:
+        files.resolve(mix, session=session, task=task, where="params.mix")
+    except DataError as exc:
+        raise Invalid(str(exc)) from exc
     return mix
+
+
+def base_folder(base: str, data_root: Path | None) -> Path:
+    """A train job's ``base`` checkpoint: a folder under the data root, like the mix's files
+    (the error never tells whether a path exists)."""
+    folder = under_root(data_root, base)
+    if folder is None or not folder.is_dir():
+        raise Invalid(
+            "params.base: not a folder under the data root; give a path relative to the data root "
+            "(DYNALOOP_DATA_ROOT), or leave base out for the packaged backbone"
+        )
+    return folder
 
 
 def _model_of(session: Session, task: Task, model_id: int) -> ModelVersion:
@@ -199,9 +215,14 @@ def create_job(
     params: dict[str, Any] | None,
     *,
     data_dir: Path,
+    data_root: Path | None = None,
     admin_token: str | None = None,
 ) -> tuple[Job, str | None]:
     """Validate ``params`` for ``kind`` and record a queued job.
+
+    A data mix may name the task's uploaded datasets and files under ``data_root``
+    (``DYNALOOP_DATA_ROOT``; None: uploads only); anything else is refused with one message
+    that does not tell whether the file exists.
 
     Returns the job and the model server admin token its process needs (promote jobs: the
     one in ``params``, else ``admin_token`` from the settings), which is never stored. A second
@@ -210,6 +231,7 @@ def create_job(
     kind = JobKind(kind)
     secret: str | None = None
     definition = definition_of(task)
+    files = DataFiles.of(data_dir, data_root)
     if isinstance(parsed, TrainParams):
         # Lock the task row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises) so two
         # concurrent requests cannot both start a training run.
@@ -224,7 +246,7 @@ def create_job(
                     f"it to finish (GET /api/v1/jobs/{other.id})",
                     job_id=other.id,
                 )
-        parsed.mix = _check_mix(session, task, parsed.mix or default_mix(session, task), data_dir)
+        parsed.mix = _check_mix(session, task, parsed.mix or default_mix(session, task), files)
         if isinstance(parsed.class_weights, dict):
             unknown = sorted(set(parsed.class_weights) - set(definition.labels))
             if unknown:
@@ -232,14 +254,14 @@ def create_job(
                     f"params.class_weights: {unknown} are not labels of {task.name!r}; its labels are "
                     f"{list(definition.labels)}"
                 )
-        if parsed.base is not None and not parsed.tiny and not Path(parsed.base).is_dir():
-            raise Invalid(f"params.base: {parsed.base} is not a folder on the server")
         if parsed.base is not None and parsed.tiny:
             raise Invalid("params: give base or tiny, not both")
+        if parsed.base is not None:
+            base_folder(parsed.base, data_root)
     elif isinstance(parsed, EvaluateParams):
         _model_of(session, task, parsed.model_id)
         if parsed.mix is not None:
-            parsed.mix = _check_mix(session, task, parsed.mix, data_dir)
+            parsed.mix = _check_mix(session, task, parsed.mix, files)
         if parsed.rounds is not None:
             _check_rounds(session, task, parsed.rounds, "params.rounds")
         elif not built_round_numbers(session, task) and not parsed.extra_sources():
@@ -359,7 +381,7 @@ def job_log_path(data_dir: Path, job_id: int) -> Path:
 
 
 def spawn_job(
-    job_id: int, *, database_url: str, data_dir: Path, admin_token: str | None = None
+    job_id: int, *, database_url: str, data_dir: Path, data_root: Path | None = None, admin_token: str | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``python -m dynaloop.cli job run JOB_ID`` detached from this process.
 
@@ -373,6 +395,10 @@ def spawn_job(
     env.update(
         DYNALOOP_DATABASE_URL=database_url, DYNALOOP_DATA_DIR=str(Path(data_dir).resolve()), PYTHONUNBUFFERED="1"
     )
+    # The process reads the files the API allowed, from the same data root (DYNALOOP_DATA_ROOT).
+    env.pop(DATA_ROOT_ENV, None)
+    if data_root is not None:
+        env[DATA_ROOT_ENV] = str(Path(data_root).resolve())
     env.pop(ADMIN_TOKEN_ENV, None)
     if admin_token:
         env[ADMIN_TOKEN_ENV] = admin_token
@@ -395,12 +421,15 @@ def start_job(
     *,
     database_url: str,
     data_dir: Path,
+    data_root: Path | None = None,
     admin_token: str | None = None,
     spawn: Callable[..., subprocess.Popen[bytes]] = spawn_job,
 ) -> None:
     """Spawn the job's process and record its pid; a failure to start is recorded on the job."""
     try:
-        popen = spawn(job_id, database_url=database_url, data_dir=data_dir, admin_token=admin_token)
+        popen = spawn(
+            job_id, database_url=database_url, data_dir=data_dir, data_root=data_root, admin_token=admin_token
+        )
     except OSError as exc:
         with factory.begin() as session:
             session.execute(
@@ -521,7 +550,13 @@ class _Context:
     actor_id: int | None
     params: dict[str, Any]
     data_dir: Path
+    data_root: Path | None
     runner: JobRunner
+
+    @property
+    def data_files(self) -> DataFiles:
+        """What the job may read: the params came through the API, so its rule, checked again here."""
+        return DataFiles.of(self.data_dir, self.data_root)
 
 
 def _claim(factory: sessionmaker[Session], job_id: int) -> tuple[JobKind, int, str, int | None, dict[str, Any]]:
@@ -555,15 +590,26 @@ def _failure_message(exc: BaseException) -> str:
     return f"unexpected {type(exc).__name__}: {exc}"
 
 
-def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path, admin_token: str | None = None) -> Job:
+def run_job(
+    factory: sessionmaker[Session],
+    job_id: int,
+    *,
+    data_dir: Path,
+    data_root: Path | None = None,
+    admin_token: str | None = None,
+) -> Job:
     """Run queued job ``job_id`` in this process and return the finished row.
+
+    The job's params came through the API, so they are held to its rule again before any file is
+    read (defence in depth: a row written by other means, a data root changed since): the mix
+    reads the task's uploads and files under ``data_root`` only, ``base`` is a folder under it.
 
     Failures are recorded on the job (status *failed*, a message that says what happened, the
     traceback in the log for unexpected errors), not raised; only a job that does not exist or
     is not queued raises (:class:`NotFound`, :class:`Conflict`)."""
     kind, task_id, task_name, actor_id, params = _claim(factory, job_id)
     runner = JobRunner(factory, job_id, secrets=[admin_token or ""])
-    context = _Context(factory, job_id, kind, task_id, task_name, actor_id, params, Path(data_dir), runner)
+    context = _Context(factory, job_id, kind, task_id, task_name, actor_id, params, Path(data_dir), data_root, runner)
     handler = _LogToJob(runner)
     root, ours = logging.getLogger(), logging.getLogger("modelling")
     saved_level = ours.level
@@ -643,12 +689,15 @@ class _TrainingProgress(TrainingListener):
 
 def _train(context: _Context) -> dict[str, Any]:
     params = TrainParams.model_validate(context.params)
+    if params.base is not None:
+        params.base = str(base_folder(params.base, context.data_root))
     out_dir = context.data_dir / "models" / f"{context.task_name}-job-{context.job_id}"
     trained = train_and_register(
         context.factory,
         context.task_name,
         params,
         out_dir,
+        data_files=context.data_files,
         actor_id=context.actor_id,
         unnamed_model_id=f"{context.task_name}-job-{context.job_id}",
         listener=_TrainingProgress(context.runner, params.epochs),
@@ -703,6 +752,7 @@ def _evaluate(context: _Context) -> dict[str, Any]:
         directory,
         params,
         out_dir,
+        data_files=context.data_files,
         actor_id=context.actor_id,
         listener=_EvaluationProgress(context.runner, unrecorded.name),
     )

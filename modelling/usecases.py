@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelling.datasets import DataMix, SourceSpec
+from modelling.datasets import DataFiles, DataMix, SourceSpec
 from modelling.evaluation_sets import built_round_numbers
 from modelling.registry import RELOAD_TIMEOUT_S, Promotion, promote, record_evaluation, register_model
 from services.db.engine import session_scope
@@ -214,6 +214,7 @@ def train_and_register(
     options: TrainOptions,
     out_dir: Path,
     *,
+    data_files: DataFiles,
     actor_id: int | None = None,
     unnamed_model_id: str | None = None,
     listener: TrainingListener | None = None,
@@ -222,8 +223,10 @@ def train_and_register(
     """Train a fresh classifier for task ``task_name`` on ``options.mix`` (default:
     :func:`default_mix`) into ``out_dir``, then register it as *trained*.
 
-    The model's ``model_id`` is ``options.model_id``, else ``TASK-for-round-N`` when the options
-    name the round it will serve, else ``unnamed_model_id`` (default ``TASK-OUTDIR``)."""
+    The mix's files are read only where ``data_files`` allows (the API's jobs: uploads and the data
+    root; the `dynaloop` command: any path). The model's ``model_id`` is ``options.model_id``,
+    else ``TASK-for-round-N`` when the options name the round it will serve, else
+    ``unnamed_model_id`` (default ``TASK-OUTDIR``)."""
     from accelerate import PartialState
 
     from modelling import train
@@ -234,6 +237,7 @@ def train_and_register(
     with factory() as session:
         task = get_task(session, task_name)
         mix = options.mix or default_mix(session, task)
+        data_files.resolve(mix, session=session, task=task)
         definition = definition_of(task)
         labels = model_labels(definition)
         multi = definition.is_multi_label
@@ -349,12 +353,14 @@ def evaluate_and_record(
     options: EvaluateOptions,
     out_dir: Path,
     *,
+    data_files: DataFiles,
     actor_id: int | None = None,
     listener: EvaluationListener | None = None,
     progress_bar: bool = False,
 ) -> EvaluatedModel:
     """Evaluate the model in ``model_dir`` on the chosen rounds' dev and test splits and the mix's
-    sets (DynaSent Table 5b), write ``evaluation.md``, ``evaluation.json`` and the plots to
+    sets (DynaSent Table 5b; the mix's files read only where ``data_files`` allows), write
+    ``evaluation.md``, ``evaluation.json`` and the plots to
     ``out_dir``, and with ``options.record`` store the results in the registry.
 
     Should the registry refuse the evaluation, the error says that the files are written."""
@@ -368,9 +374,9 @@ def evaluate_and_record(
         raise Invalid(f"model directory {model_dir} does not exist")
     ModelMetadata.load(model_dir)
     with factory() as session:
-        chosen = load_evaluation_sets(
-            session, get_task(session, task_name), rounds=options.rounds, extra=options.extra_sources()
-        )
+        task = get_task(session, task_name)
+        data_files.resolve(options.mix, session=session, task=task)
+        chosen = load_evaluation_sets(session, task, rounds=options.rounds, extra=options.extra_sources())
     for name in chosen.skipped:
         listener.skipped(name)
     if not chosen.sets:

@@ -37,6 +37,13 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(5 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413.")
     max_prompt_import_rows: int = Field(200_000, ge=1, description="Most prompts in one import.")
+    data_root: Path | None = Field(
+        None,
+        description="The one server folder whose files a job's data mix may name, by a path relative to it "
+        "(`file: sst/train.csv`). Unset: jobs read only uploaded datasets (POST "
+        "/tasks/{task}/datasets/uploads). It must not contain data_dir (the database, every task's uploads).",
+    )
+    max_upload_rows: int = Field(1_000_000, ge=1, description="Most rows in one uploaded dataset.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
     model_server_admin_token: SecretStr | None = Field(
         None,
@@ -111,6 +118,19 @@ class Settings(BaseSettings):
                 "DYNALOOP_SECRET_KEY is a placeholder or shorter than 16 characters; set it to a "
                 "long random value (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _data_root_apart_from_data_dir(self) -> Settings:
+        # Every researcher may train on any file under the data root; the data folder holds the
+        # database, every task's uploads and the job logs, which they must not read that way.
+        if self.data_root is not None:
+            root, data_dir = self.data_root.resolve(), self.data_dir.resolve()
+            if data_dir.is_relative_to(root):
+                raise ValueError(
+                    f"DYNALOOP_DATA_ROOT ({root}) contains DYNALOOP_DATA_DIR ({data_dir}); give the data root "
+                    "a folder of its own that holds only the files researchers may train on"
+                )
         return self
 
     @property

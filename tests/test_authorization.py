@@ -81,6 +81,9 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/jobs"): {R},
     ("GET", f"{API}/jobs/{{job_id}}"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/models"): {R},
+    ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/datasets/uploads"): {R},
+    ("DELETE", f"{API}/tasks/{{task_name}}/datasets/uploads/{{dataset_name}}"): {R},
     ("GET", f"{API}/rounds/{{round_id}}/plot-data"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/members"): {R},
     ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): {R},
@@ -251,6 +254,10 @@ def request_bodies(who: str, stub_url: str, attempt_id: int) -> dict[tuple[str, 
         ("POST", f"{API}/examples/{{example_id}}/validations"): {"json": {"label": "neutral"}},
         ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
         ("POST", f"{API}/tasks/{{task_name}}/jobs"): {"json": {"kind": "train"}},
+        ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): {
+            "content": b"text,label\nThe lunch was fine.,neutral\n",
+            "params": {"name": f"matrix-{who}", "format": "csv"},
+        },
     }
 
 
@@ -265,6 +272,7 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
         "attempt_id": world.attempt_id,
         "example_id": world.example_id,
         "job_id": 1,
+        "dataset_name": "matrix",
         "username": actor.username if actor and path.endswith("/tokens") else "victim",
         "token_id": world.spare_tokens.get(role, 1),
     }
@@ -358,6 +366,9 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("GET", f"{API}/jobs/{{job_id}}"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/models"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/members"): MANAGE,
+    ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/datasets/uploads"): MANAGE,
+    ("DELETE", f"{API}/tasks/{{task_name}}/datasets/uploads/{{dataset_name}}"): MANAGE,
     ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): OWNERS,
     ("DELETE", f"{API}/tasks/{{task_name}}/members/{{username}}"): OWNERS,
     ("GET", f"{API}/tasks/{{task_name}}/quiz"): WRITE,
@@ -435,6 +446,13 @@ def owned(
     assert job.status_code == 202, job.text
     make_user("victim", "validator")  # the worker researchers unqualify and requalify
     make_user("pat", "researcher")  # the researcher owners add and remove
+    upload = client.post(
+        f"{API}/tasks/{TASK}/datasets/uploads",
+        content=b"text,label\nThe soup was cold.,negative\n",
+        params={"name": "matrix", "format": "csv"},
+        headers=rita.headers,
+    )
+    assert upload.status_code == 201, upload.text
     values = {
         "task_name": TASK,
         "round_id": round_id,
@@ -443,6 +461,7 @@ def owned(
         "job_id": job.json()["id"],
         "assignment_id": assignment["id"],
         "attempt_id": attempt.json()["id"],
+        "dataset_name": "matrix",
     }
     return Owned(actors, values, model_with_inspect.url)
 

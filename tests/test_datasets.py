@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from modelling.datasets import (
     DataError,
+    DataFiles,
     DataMix,
     LabelledSet,
     SourceSpec,
@@ -60,6 +61,9 @@ def test_files_of_every_format_load_with_star_ratings_binned(tmp_path: Path, suf
             "upsample": 2,
         }
     )
+    with pytest.raises(DataError, match="was not checked against the data root"):
+        load_source(spec, labels=LABELS, multi_label=False)  # nothing reads a file DataFiles did not allow
+    DataFiles.of(tmp_path, any_path=True).resolve(DataMix(train=[spec]))
     labelled = load_source(spec, labels=LABELS, multi_label=False)
     # The blank text is dropped and counted; stars map to classes whatever type the file gave.
     assert labelled.texts == ["Awful.", "Meh.", "Fine I guess.", "Lovely!", "Best ever."]
@@ -70,10 +74,14 @@ def test_files_of_every_format_load_with_star_ratings_binned(tmp_path: Path, suf
     np.testing.assert_allclose(labelled.y.sum(axis=1), 1.0)
 
 
-def test_unknown_label_values_are_reported_with_the_fix() -> None:
+def test_unknown_label_values_are_reported_by_row_and_column_with_the_fix() -> None:
     spec = SourceSpec(file=Path("x.csv"), label_column="stars", label_map={"1": "negative"})
-    with pytest.raises(DataError, match=r"'2' \(1×\).*add them to label_map"):
-        labelled_from_frame(_reviews().head(2), labels=LABELS, multi_label=False, spec=spec)
+    with pytest.raises(DataError) as refused:
+        labelled_from_frame(_reviews().head(4), labels=LABELS, multi_label=False, spec=spec)
+    assert str(refused.value) == (
+        "x.csv: row 2, column `stars`: not one of the task's labels ['positive', 'negative', 'neutral'] nor in "
+        "label_map (and 2 more row(s)); map such values in label_map (to null to drop them)"
+    )
 
 
 def test_label_mapped_to_null_drops_the_row() -> None:
@@ -83,10 +91,99 @@ def test_label_mapped_to_null_drops_the_row() -> None:
     assert labelled.origin["dropped_rows"] == 1
 
 
-def test_missing_column_names_the_columns_there() -> None:
+def test_a_missing_column_is_named_and_the_files_header_is_not_quoted() -> None:
     spec = SourceSpec(file=Path("x.csv"), label_column="rating")
-    with pytest.raises(DataError, match=r"no column 'rating'.*'stars'"):
+    with pytest.raises(DataError) as refused:
         labelled_from_frame(_reviews(), labels=LABELS, multi_label=False, spec=spec)
+    assert (
+        str(refused.value)
+        == "x.csv: there is no column `rating` (3 columns); set label_column to the name of the file's column"
+    )
+    assert "stars" not in str(refused.value)
+
+
+SECRET = "root:x:0:0:hunter2-secret"
+
+
+@pytest.mark.parametrize(
+    ("frame", "spec", "expected"),
+    [
+        (  # a label cell holding a secret
+            pd.DataFrame({"text": ["fine", "also fine"], "label": ["positive", SECRET]}),
+            SourceSpec(file=Path("x.csv")),
+            "x.csv: row 2, column `label`:",
+        ),
+        (  # a distribution with a secret key, then one with a secret value
+            pd.DataFrame({"text": ["a"], "label": [{SECRET: 1.0}]}),
+            SourceSpec(file=Path("x.jsonl")),
+            "x.jsonl: row 1, column `label`:",
+        ),
+        (
+            pd.DataFrame({"text": ["a"], "label": [{"positive": SECRET}]}),
+            SourceSpec(file=Path("x.jsonl")),
+            "x.jsonl: row 1, column `label`: a label distribution's values must be numbers",
+        ),
+        (  # a header that is the secret
+            pd.DataFrame({SECRET: ["a"], "label": ["positive"]}),
+            SourceSpec(file=Path("x.csv")),
+            "x.csv: there is no column `text`",
+        ),
+    ],
+)
+def test_errors_never_quote_the_files_text(frame: pd.DataFrame, spec: SourceSpec, expected: str) -> None:
+    with pytest.raises(DataError) as refused:
+        labelled_from_frame(frame, labels=LABELS, multi_label=False, spec=spec)
+    assert str(refused.value).startswith(expected) and "hunter2" not in str(refused.value)
+
+
+def test_a_broken_file_is_reported_by_position_not_content(tmp_path: Path) -> None:
+    path = tmp_path / "broken.csv"
+    path.write_text(f"text,label\nok,positive\n{SECRET},a,b,c\n", encoding="utf-8")
+    with pytest.raises(DataError) as refused:
+        read_table(path)
+    assert str(refused.value) == "broken.csv could not be read as csv (near line 3); check that it is a valid csv file"
+    path = tmp_path / "broken.jsonl"
+    path.write_text(f'{{"text": "ok"}}\n{SECRET}\n', encoding="utf-8")
+    with pytest.raises(DataError) as refused:
+        read_table(path)
+    assert "hunter2" not in str(refused.value) and str(refused.value).startswith("broken.jsonl could not be read")
+
+
+def test_the_api_reads_only_files_under_the_data_root(tmp_path: Path) -> None:
+    """Outside the root, missing, ``..``, a symlink out of it, a folder: one message, which never
+    says whether the file exists. Inside: the resolved file."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "sub" / "ok.csv").write_text("text,label\na,positive\n", encoding="utf-8")
+    (outside / "secret.csv").write_text("text,label\na,positive\n", encoding="utf-8")
+    (root / "escape.csv").symlink_to(outside / "secret.csv")
+    (root / "folder.csv").mkdir()
+    files = DataFiles.of(tmp_path / "data", root)
+
+    def refusal(file: str, files: DataFiles = files) -> str:
+        with pytest.raises(DataError) as refused:
+            files.resolve(DataMix(train=[SourceSpec(file=Path(file))]))
+        return str(refused.value)
+
+    expected = refusal("sub/missing.csv")
+    assert expected.startswith("mix.train.0.file: not an uploaded dataset or a file under the data root; ")
+    for file in [
+        str(outside / "secret.csv"),
+        "/etc/passwd",
+        "/no/such/file.csv",
+        "../outside/secret.csv",
+        "sub/../../outside/secret.csv",
+        "escape.csv",
+        "folder.csv",
+        "sub/ok.txt",
+    ]:
+        assert refusal(file) == expected, file
+    # Without a data root, no server file at all (the message says to upload it instead).
+    assert "upload it" in refusal("sub/ok.csv", DataFiles.of(tmp_path / "data"))
+    allowed = DataMix(train=[SourceSpec(file=Path("sub/ok.csv")), SourceSpec(file=root / "sub" / "./ok.csv")])
+    files.resolve(allowed)
+    assert [source.path for source in allowed.train] == [(root / "sub" / "ok.csv").resolve()] * 2
 
 
 def test_distributions_multi_label_and_targets() -> None:

@@ -418,8 +418,14 @@ def test_roles_unknown_task_and_bad_input(
         "params.class_weights: ['joy'] are not labels of 'dynasent-r2'",
     )
     refused({"kind": "train", "params": {"mix": {"train": [{"round": 7}]}}}, 422, "has no round 7")
-    refused({"kind": "train", "params": {"mix": {"train": [{"file": "missing.csv"}]}}}, 422, "there is no file")
-    refused({"kind": "train", "params": {"base": "/no/such/folder"}}, 422, "is not a folder on the server")
+    refused(
+        {"kind": "train", "params": {"mix": {"train": [{"file": "missing.csv"}]}}},
+        422,
+        "params.mix.train.0.file: not an uploaded dataset or a file under the data root",
+    )
+    refused(
+        {"kind": "train", "params": {"base": "/no/such/folder"}}, 422, "params.base: not a folder under the data root"
+    )
     refused({"kind": "evaluate", "params": {}}, 422, "params.model_id: is required")
     refused({"kind": "evaluate", "params": {"model_id": 99}}, 422, "task 'dynasent-r2' has no model 99")
     refused({"kind": "promote", "params": {"model_id": 1, "endpoint": "x"}}, 422, "has no model 1")

@@ -13,6 +13,7 @@ from api.routes import (
     assignments,
     auth,
     builds,
+    dataset_uploads,
     datasets,
     examples,
     jobs,
@@ -55,6 +56,7 @@ ROUTERS = (
     Included(examples.router, (429,), rate_limited=True),
     Included(builds.router),
     Included(datasets.router),
+    Included(dataset_uploads.router),
     Included(jobs.router),
     Included(models.router),
 )

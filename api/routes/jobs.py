@@ -31,11 +31,23 @@ def create_job(
     authorize(researcher, JobPolicy.start(task))
     default_token = settings.model_server_admin_token.get_secret_value() if settings.model_server_admin_token else None
     job, secret = job_runs.create_job(
-        session, researcher, task, body.kind, body.params, data_dir=settings.data_dir, admin_token=default_token
+        session,
+        researcher,
+        task,
+        body.kind,
+        body.params,
+        data_dir=settings.data_dir,
+        data_root=settings.data_root,
+        admin_token=default_token,
     )
     commit_now(session, "the job's own process reads the row, and start_job records its pid in transactions of its own")
     job_runs.start_job(
-        factory, job.id, database_url=settings.resolved_database_url, data_dir=settings.data_dir, admin_token=secret
+        factory,
+        job.id,
+        database_url=settings.resolved_database_url,
+        data_dir=settings.data_dir,
+        data_root=settings.data_root,
+        admin_token=secret,
     )
     session.refresh(job)
     return JobPublic.of(job, with_log=True)

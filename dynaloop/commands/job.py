@@ -40,6 +40,7 @@ def job_run(
             session_factory(url),
             job_id,
             data_dir=settings.data_dir,
+            data_root=settings.data_root,
             admin_token=token.get_secret_value() if token else None,
         )
     except DomainError as exc:

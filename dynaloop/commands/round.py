@@ -198,7 +198,14 @@ def round_harvest(
 @app.command("train")
 def round_train(
     task: TaskOpt,
-    mix: Annotated[Path, typer.Option(help="Data mix YAML: train sources (weights, upsampling) and the dev set")],
+    mix: Annotated[
+        Path,
+        typer.Option(
+            help="Data mix YAML: train sources (weights, upsampling) and the dev set. Run from a shell, the "
+            "command reads any file the mix names (relative paths: to the mix file); jobs started through "
+            "the API read only uploaded datasets and files under DYNALOOP_DATA_ROOT"
+        ),
+    ],
     out: Annotated[Path, typer.Option(help="New folder for the model directory")],
     number: Annotated[
         int | None, typer.Option("--round", help="The round this model will serve (the next round to collect)")
@@ -232,7 +239,7 @@ def round_train(
     from pydantic import ValidationError
 
     from dynaloop.commands.progress import PrintedTraining, show_training_log
-    from modelling.datasets import DataError, DataMix
+    from modelling.datasets import DataError, DataFiles, DataMix
     from modelling.train import TrainingError
     from modelling.usecases import TrainOptions, train_and_register
     from services.errors import DomainError
@@ -247,7 +254,8 @@ def round_train(
             every = int(checkpoint_every)
         except ValueError as exc:
             raise fail(f"--checkpoint-every takes a number of steps or 'epoch', not {checkpoint_every!r}") from exc
-    url = settings_for(database_url).resolved_database_url
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
     ensure_schema(url)
     try:
         options = TrainOptions.model_validate(
@@ -277,7 +285,13 @@ def round_train(
     show_training_log()
     try:
         trained = train_and_register(
-            session_factory(url), task, options, out, listener=PrintedTraining(out), progress_bar=True
+            session_factory(url),
+            task,
+            options,
+            out,
+            data_files=DataFiles.of(settings.data_dir, settings.data_root, any_path=True),
+            listener=PrintedTraining(out),
+            progress_bar=True,
         )
     except DomainError as exc:
         raise fail(exc.message) from exc
@@ -310,7 +324,11 @@ def round_evaluate(
     model: Annotated[Path, typer.Option(help="Model directory (with dynaloop_model.json)")],
     out: Annotated[Path, typer.Option(help="Folder for evaluation.md, evaluation.json and plots")],
     mix: Annotated[
-        Path | None, typer.Option(help="Data mix YAML: its dev and evaluate sources are evaluated too")
+        Path | None,
+        typer.Option(
+            help="Data mix YAML: its dev and evaluate sources are evaluated too (any file it names: the API's "
+            "jobs read only uploads and files under DYNALOOP_DATA_ROOT)"
+        ),
     ] = None,
     rounds: Annotated[
         str, typer.Option(help="Built rounds whose dev/test splits to evaluate: all, none, or e.g. 1,2")
@@ -331,7 +349,7 @@ def round_evaluate(
 
     from dynaloop.commands.progress import PrintedEvaluation
     from model_directory import ModelMetadataError
-    from modelling.datasets import DataError, DataMix
+    from modelling.datasets import DataError, DataFiles, DataMix
     from modelling.errors import EvaluationError
     from modelling.usecases import EvaluateOptions, evaluate_and_record
     from services.errors import DomainError
@@ -351,11 +369,19 @@ def round_evaluate(
         raise fail(f"invalid evaluation settings: {problems(exc)}") from exc
     except DataError as exc:
         raise fail(str(exc)) from exc
-    url = settings_for(database_url).resolved_database_url
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
     ensure_schema(url)
     try:
         evaluated = evaluate_and_record(
-            session_factory(url), task, model, options, out, listener=PrintedEvaluation(out), progress_bar=True
+            session_factory(url),
+            task,
+            model,
+            options,
+            out,
+            data_files=DataFiles.of(settings.data_dir, settings.data_root, any_path=True),
+            listener=PrintedEvaluation(out),
+            progress_bar=True,
         )
     except DomainError as exc:
         raise fail(exc.message) from exc

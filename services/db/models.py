@@ -576,3 +576,25 @@ class Job(Base):
 
     task: Mapped[Task] = relationship()
     created_by: Mapped[User | None] = relationship()
+
+
+class DatasetUpload(Base):
+    """A labelled file a task's researcher uploaded (``POST /tasks/{task}/datasets/uploads``),
+    validated on arrival and stored as ``DATA_DIR/uploads/TASK/SHA256.FORMAT``; a job's data mix
+    names it by ``name`` (modelling.uploads)."""
+
+    __tablename__ = "dataset_uploads"
+    __table_args__ = (UniqueConstraint("task_id", "name", name="uq_dataset_uploads_task_name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    format: Mapped[str] = mapped_column(String(10))  # csv, tsv, jsonl or parquet
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    rows: Mapped[int] = mapped_column(Integer)
+    uploaded_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    task: Mapped[Task] = relationship()
+    uploaded_by: Mapped[User | None] = relationship()

@@ -1,0 +1,421 @@
+"""Files come from uploads or one configured data root (issue 12, point 2).
+
+A job's data mix started through the API names an uploaded dataset of its task or a file under
+``DYNALOOP_DATA_ROOT``; anything else (an absolute path, ``..``, a symlink out of the root) is
+refused with one message that never tells whether the file exists, the job's own process checks
+again, and no error quotes a file's text. On SQLite, and on PostgreSQL when
+DYNALOOP_TEST_POSTGRES_URL is set."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from modelling.jobs import create_job, run_job
+from services.db.engine import session_scope
+from services.db.models import Job, JobKind, JobStatus
+from services.domain.tasks import create_task, get_task
+from services.settings import Settings
+from tests.conftest import Actor, MakeUser, example_yaml, table_counts, table_snapshot
+
+pytestmark = pytest.mark.timeout(300)
+
+API = "/api/v1"
+TASK = "dynasent-r2"
+SECRET = "hunter2-THE-SECRET-VALUE"
+REFUSED = "not an uploaded dataset or a file under the data root"
+TINY_TRAIN = {"tiny": True, "epochs": 1, "batch_size": 4, "max_length": 16, "cpu": True, "patience": 0}
+ROWS = [
+    ("The soup was great.", "positive"),
+    ("The service was terrible.", "negative"),
+    ("We ate at noon.", "neutral"),
+    ("Lovely staff and a warm room.", "positive"),
+    ("Cold food, rude waiter.", "negative"),
+    ("The menu has twelve dishes.", "neutral"),
+]
+
+
+def _csv(rows: list[tuple[str, str]] = ROWS) -> bytes:
+    return pd.DataFrame(rows, columns=["text", "label"]).to_csv(index=False).encode("utf-8")
+
+
+@pytest.fixture
+def data_root(settings: Settings, tmp_path: Path) -> Path:
+    """The data root (a folder of its own beside the data folder) with one good file, one with
+    a secret in a label cell, and, outside it, a file a researcher must never read."""
+    root = tmp_path / "data-root"
+    (root / "sst").mkdir(parents=True)
+    (root / "sst" / "train.csv").write_bytes(_csv())
+    (root / "sst" / "secret-label.csv").write_bytes(_csv([*ROWS, ("Fine.", SECRET)]))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "private.csv").write_bytes(_csv([(SECRET, "positive")]))
+    (root / "escape.csv").symlink_to(outside / "private.csv")
+    return root
+
+
+@pytest.fixture
+def rooted(settings: Settings, data_root: Path, reset_stubs: None) -> FastAPI:
+    return create_app(settings.model_copy(update={"data_root": data_root, "max_upload_rows": 50}))
+
+
+@pytest.fixture
+def api(rooted: FastAPI) -> Any:
+    with TestClient(rooted) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def task(rooted: FastAPI) -> str:
+    with session_scope(rooted.state.sessionmaker) as session:
+        create_task(session, None, example_yaml(TASK, onboarding_quiz=None))
+    return TASK
+
+
+def _upload(api: TestClient, who: Actor | None, body: bytes, name: str = "reviews", fmt: str = "csv", **query: Any):  # type: ignore[no-untyped-def]
+    return api.post(
+        f"{API}/tasks/{TASK}/datasets/uploads",
+        params={"name": name, "format": fmt, **query},
+        content=body,
+        headers={**(who.headers if who else {}), "Content-Type": "application/octet-stream"},
+    )
+
+
+def _stored_files(app: FastAPI) -> list[Path]:
+    uploads = app.state.settings.data_dir / "uploads"
+    return sorted(p for p in uploads.rglob("*") if p.is_file()) if uploads.exists() else []
+
+
+def _train(api: TestClient, who: Actor, mix: dict[str, Any], **params: Any):  # type: ignore[no-untyped-def]
+    return api.post(
+        f"{API}/tasks/{TASK}/jobs", json={"kind": "train", "params": {"mix": mix, **params}}, headers=who.headers
+    )
+
+
+# --- naming a server file --------------------------------------------------------------------------
+
+
+def test_a_job_names_no_file_outside_the_data_root_and_never_learns_whether_it_exists(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor, data_root: Path, tmp_path: Path
+) -> None:
+    before, jobs = table_counts(rooted), table_snapshot(rooted, "jobs", "audit_log")
+    messages = set()
+    for file in [
+        "/etc/passwd",  # exists, outside
+        "/etc/no-such-file.csv",  # missing, outside
+        str(tmp_path / "outside" / "private.csv"),  # exists, outside, a supported type
+        str(tmp_path / "outside" / "missing.csv"),
+        "../outside/private.csv",  # `..` out of the root
+        "sst/../../outside/private.csv",
+        "escape.csv",  # a symlink in the root to a file outside it
+        "sst/missing.csv",  # inside the root, but missing
+        "sst",  # a folder
+        str(rooted.state.settings.data_dir / "dynaloop.db"),
+    ]:
+        for mix in ({"train": [{"file": file}]}, {"train": [{"file": "sst/train.csv"}], "evaluate": [{"file": file}]}):
+            response = _train(api, researcher, mix)
+            assert response.status_code == 422, (file, response.text)
+            message = response.json()["error"]["message"]
+            assert REFUSED in message and SECRET not in response.text, message
+            assert file not in message, "the answer does not echo the path"
+            messages.add(message.replace("evaluate.0", "train.0"))
+    assert len(messages) == 1, messages
+    assert table_counts(rooted) == before and table_snapshot(rooted, "jobs", "audit_log") == jobs
+
+
+def test_an_evaluate_jobs_mix_and_a_train_jobs_base_obey_the_same_rule(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor, tmp_path: Path
+) -> None:
+    from modelling.init_model import init_model_dir
+    from modelling.registry import register_model
+
+    init_model_dir(tmp_path / "m", labels=["positive", "negative", "neutral"], tiny=True, model_id="m", seed=0)
+    with session_scope(rooted.state.sessionmaker) as session:
+        model_id = register_model(session, get_task(session, TASK), tmp_path / "m").id
+    before = table_counts(rooted)
+    for base in ["/etc", "/no/such/folder", "..", "sst/../.."]:
+        response = _train(api, researcher, {"train": [{"file": "sst/train.csv"}]}, base=base)
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["message"].startswith("params.base: not a folder under the data root")
+    (rooted.state.settings.data_root / "bases" / "small").mkdir(parents=True)
+    with session_scope(rooted.state.sessionmaker) as session:  # a folder under the root is a base
+        job, _ = create_job(
+            session,
+            None,
+            get_task(session, TASK),
+            "train",
+            {"base": "bases/small", "mix": {"train": [{"file": "sst/train.csv"}]}},
+            data_dir=rooted.state.settings.data_dir,
+            data_root=rooted.state.settings.data_root,
+        )
+        assert job.params["base"] == "bases/small"
+        session.rollback()
+    response = api.post(
+        f"{API}/tasks/{TASK}/jobs",
+        json={
+            "kind": "evaluate",
+            "params": {
+                "model_id": model_id,
+                "mix": {"train": [{"file": "sst/train.csv"}], "dev": {"file": "/etc/passwd"}},
+            },
+        },
+        headers=researcher.headers,
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["message"].startswith(f"params.mix.dev.file: {REFUSED}")
+    assert table_counts(rooted) == before
+
+
+def test_without_a_data_root_no_server_file_at_all(
+    app: FastAPI, client: TestClient, researcher: Actor, tmp_path: Path
+) -> None:
+    """The default: DYNALOOP_DATA_ROOT unset, jobs read uploads only; even a file in the data folder is refused."""
+    with session_scope(app.state.sessionmaker) as session:
+        create_task(session, None, example_yaml(TASK, onboarding_quiz=None))
+    (app.state.settings.data_dir / "mine.csv").write_bytes(_csv())
+    before = table_counts(app)
+    for file in ["mine.csv", str(app.state.settings.data_dir / "mine.csv"), "/etc/passwd"]:
+        response = _train(client, researcher, {"train": [{"file": file}]})
+        assert response.status_code == 422
+        assert REFUSED in response.json()["error"]["message"] and "upload it" in response.json()["error"]["message"]
+    assert table_counts(app) == before
+
+
+def test_the_job_process_checks_the_params_again(rooted: FastAPI, task: str) -> None:
+    """Defence in depth: a job row naming a file outside the root (written around create_job)
+    fails in its own process with the same refusal, having read nothing."""
+    with session_scope(rooted.state.sessionmaker) as session:
+        job = Job(
+            kind=JobKind.train,
+            task_id=get_task(session, TASK).id,
+            status=JobStatus.queued,
+            progress=0.0,
+            message="queued",
+            params={**TINY_TRAIN, "mix": {"train": [{"file": "../outside/private.csv"}]}},
+            log="",
+        )
+        session.add(job)
+        session.flush()
+        job_id = job.id
+    settings = rooted.state.settings
+    done = run_job(rooted.state.sessionmaker, job_id, data_dir=settings.data_dir, data_root=settings.data_root)
+    assert done.status is JobStatus.failed and done.message.startswith(f"mix.train.0.file: {REFUSED}")
+    assert SECRET not in done.log
+
+
+def test_a_bad_label_is_reported_by_row_and_column_never_by_its_text(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Through the job: the file is under the root, so the job starts, and fails on the label.
+    with session_scope(rooted.state.sessionmaker) as session:
+        job, _ = create_job(
+            session,
+            None,
+            get_task(session, TASK),
+            "train",
+            {**TINY_TRAIN, "mix": {"train": [{"file": "sst/secret-label.csv"}]}},
+            data_dir=rooted.state.settings.data_dir,
+            data_root=rooted.state.settings.data_root,
+        )
+        job_id = job.id
+    settings = rooted.state.settings
+    done = run_job(rooted.state.sessionmaker, job_id, data_dir=settings.data_dir, data_root=settings.data_root)
+    assert done.status is JobStatus.failed
+    assert done.message.startswith("secret-label.csv: row 7, column `label`: not one of the task's labels"), (
+        done.message
+    )
+    shown = api.get(f"{API}/jobs/{job_id}", headers=researcher.headers).text
+    assert SECRET not in shown and SECRET not in done.log and SECRET not in caplog.text
+    # Through an upload: refused on arrival, the same way.
+    before, files = table_counts(rooted), _stored_files(rooted)
+    response = _upload(api, researcher, _csv([*ROWS, ("Fine.", SECRET)]))
+    assert response.status_code == 422
+    assert response.json()["error"]["message"].startswith(
+        "reviews: row 7, column `label`: not one of the task's labels"
+    )
+    assert SECRET not in response.text and SECRET not in caplog.text
+    assert table_counts(rooted) == before and _stored_files(rooted) == files
+
+
+# --- uploads --------------------------------------------------------------------------------------
+
+
+def test_upload_list_train_and_delete(rooted: FastAPI, api: TestClient, task: str, researcher: Actor) -> None:
+    response = _upload(api, researcher, _csv())
+    assert response.status_code == 201, response.text
+    upload = response.json()
+    assert (upload["name"], upload["format"], upload["rows"], upload["uploaded_by"]) == ("reviews", "csv", 6, "rita")
+    [stored] = _stored_files(rooted)
+    assert stored == rooted.state.settings.data_dir / "uploads" / TASK / f"{upload['sha256']}.csv"
+    assert stored.read_bytes() == _csv() and upload["size_bytes"] == len(_csv())
+    # The same bytes again: the stored dataset, nothing new.
+    before = table_counts(rooted)
+    stored.unlink()  # lost from the data folder: the same upload again puts it back
+    again = _upload(api, researcher, _csv())
+    assert again.status_code == 200 and again.json() == upload
+    assert table_counts(rooted) == before and stored.read_bytes() == _csv()
+    # The same bytes under another name share the file; JSONL and Parquet arrive too.
+    frame = pd.DataFrame(ROWS, columns=["text", "label"])
+    parquet = io.BytesIO()
+    frame.to_parquet(parquet)
+    assert _upload(api, researcher, _csv(), name="copy").status_code == 201
+    jsonl = frame.to_json(orient="records", lines=True).encode()
+    assert _upload(api, researcher, jsonl, name="reviews.jsonl", fmt="jsonl").status_code == 201
+    assert _upload(api, researcher, parquet.getvalue(), name="reviews-pq", fmt="parquet").status_code == 201
+    assert len(_stored_files(rooted)) == 3
+    listed = api.get(f"{API}/tasks/{TASK}/datasets/uploads", headers=researcher.headers).json()
+    assert [row["name"] for row in listed["data"]] == ["copy", "reviews", "reviews-pq", "reviews.jsonl"]
+
+    # A train job names it (and a file under the root); the stored params keep those names.
+    mix = {"train": [{"dataset": "reviews"}, {"file": "sst/train.csv"}], "dev": {"dataset": "reviews-pq"}}
+    with session_scope(rooted.state.sessionmaker) as session:
+        job, _ = create_job(
+            session,
+            None,
+            get_task(session, TASK),
+            "train",
+            {**TINY_TRAIN, "mix": mix},
+            data_dir=rooted.state.settings.data_dir,
+            data_root=rooted.state.settings.data_root,
+        )
+        job_id = job.id
+        assert job.params["mix"]["train"][0] == {**job.params["mix"]["train"][0], "dataset": "reviews"}
+        assert "/" not in json.dumps(job.params["mix"]["train"][0])
+    settings = rooted.state.settings
+    done = run_job(rooted.state.sessionmaker, job_id, data_dir=settings.data_dir, data_root=settings.data_root)
+    assert done.status is JobStatus.succeeded, done.message + "\n" + done.log
+    assert "loaded 12 training rows from 2 source(s); dev reviews-pq has 6 rows" in done.log
+
+    # Deleting: the file goes when no other name of the task has the same bytes.
+    response = api.delete(f"{API}/tasks/{TASK}/datasets/uploads/reviews", headers=researcher.headers)
+    assert response.status_code == 204, response.text
+    assert stored.exists(), "'copy' has the same bytes"
+    assert api.delete(f"{API}/tasks/{TASK}/datasets/uploads/copy", headers=researcher.headers).status_code == 204
+    assert not stored.exists()
+    assert api.delete(f"{API}/tasks/{TASK}/datasets/uploads/copy", headers=researcher.headers).status_code == 404
+    response = _train(api, researcher, {"train": [{"dataset": "reviews"}]})
+    assert response.status_code == 422
+    assert "task 'dynasent-r2' has no uploaded dataset 'reviews'" in response.json()["error"]["message"]
+
+
+def test_a_dataset_a_queued_job_reads_is_not_deleted(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor
+) -> None:
+    assert _upload(api, researcher, _csv()).status_code == 201
+    with session_scope(rooted.state.sessionmaker) as session:
+        job, _ = create_job(
+            session,
+            None,
+            get_task(session, TASK),
+            "train",
+            {**TINY_TRAIN, "mix": {"train": [{"dataset": "reviews"}]}},
+            data_dir=rooted.state.settings.data_dir,
+        )
+        job_id = job.id
+    before, files = table_counts(rooted), _stored_files(rooted)
+    response = api.delete(f"{API}/tasks/{TASK}/datasets/uploads/reviews", headers=researcher.headers)
+    assert response.status_code == 409 and f"job {job_id}" in response.json()["error"]["message"]
+    assert table_counts(rooted) == before and _stored_files(rooted) == files
+
+
+def test_bad_uploads_are_refused_and_leave_nothing(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor
+) -> None:
+    assert _upload(api, researcher, _csv(), name="taken").status_code == 201
+    before, files = table_counts(rooted), _stored_files(rooted)
+    limit = rooted.state.settings.max_request_bytes
+    many = _csv([(f"Row number {i}.", "neutral") for i in range(51)])
+    one_of_many = pd.DataFrame({"text": ["x"] * 100_000, "label": ["neutral"] * 100_000})
+    bomb = io.BytesIO()
+    one_of_many.to_parquet(bomb)  # a few kB that decode to 100,000 rows
+    assert len(bomb.getvalue()) < limit
+    cases: list[tuple[bytes, dict[str, Any], int, str]] = [
+        (b"x" * (limit + 1), {}, 413, "the request body is larger than"),
+        (b"", {}, 422, "reviews: the file is empty"),
+        (b"text,label\n", {}, 422, "reviews: the file has no rows"),
+        (many, {}, 422, "reviews: 51 rows is more than the 50 an upload may have"),
+        (bomb.getvalue(), {"fmt": "parquet"}, 422, "reviews: 100,000 rows is more than the 50"),
+        (
+            f"text,label\nok,positive\n{SECRET},a,b\n".encode(),
+            {},
+            422,
+            "reviews could not be read as csv (near line 3)",
+        ),
+        (f"{SECRET}\n".encode(), {"fmt": "jsonl"}, 422, "reviews could not be read as jsonl"),
+        (SECRET.encode() * 10, {"fmt": "parquet"}, 422, "reviews could not be read as parquet"),
+        (b"\xff\xfe" + SECRET.encode(), {}, 422, "reviews could not be read as csv"),
+        (_csv([("ok", "positive"), ("  ", "negative")]), {}, 422, "reviews: row 2, column `text`: no text"),
+        (_csv([("ok", "positive"), ("fine", "")]), {}, 422, "reviews: row 2, column `label`: not one of the task's"),
+        (_csv(), {"label_column": "stars"}, 422, "reviews: there is no column `stars` (2 columns)"),
+        (_csv()[:-5] + b"xx\n", {"name": "taken"}, 409, "already has a dataset named 'taken' with other content"),
+        (_csv(), {"fmt": "xlsx"}, 422, "query.format"),
+        (_csv(), {"name": "../../etc/passwd"}, 422, "query.name"),
+        (_csv(), {"name": "x" * 101}, 422, "query.name"),
+    ]
+    for body, options, status, message in cases:
+        query = {k: v for k, v in options.items() if k not in ("fmt", "name")}
+        response = _upload(
+            api, researcher, body, name=options.get("name", "reviews"), fmt=options.get("fmt", "csv"), **query
+        )
+        assert response.status_code == status, (message, response.text)
+        error = response.json()["error"]
+        assert message in error["message"], (message, error)
+        assert SECRET not in response.text
+    assert table_counts(rooted) == before and _stored_files(rooted) == files
+
+
+@pytest.mark.parametrize("role", ["writer", "validator", "client", None])
+def test_only_a_tasks_managers_upload_list_and_delete(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor, make_user: MakeUser, role: str | None
+) -> None:
+    assert _upload(api, researcher, _csv()).status_code == 201
+    who = make_user(f"someone-{role}", role) if role else None
+    before, files = table_counts(rooted), _stored_files(rooted)
+    headers = who.headers if who else {}
+    for response in [
+        _upload(api, who, _csv(), name="mine"),
+        api.get(f"{API}/tasks/{TASK}/datasets/uploads", headers=headers),
+        api.delete(f"{API}/tasks/{TASK}/datasets/uploads/reviews", headers=headers),
+    ]:
+        assert response.status_code == (401 if who is None else 403), response.text
+        assert response.json()["error"]["code"] == ("unauthorized" if who is None else "forbidden")
+    assert table_counts(rooted) == before and _stored_files(rooted) == files
+
+
+def test_a_job_process_started_by_the_api_reads_the_upload_and_the_data_root(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor
+) -> None:
+    """The real `dynaloop job run` process gets the API's data root (DYNALOOP_DATA_ROOT in its
+    environment) and checks the sources again: a file under the root and an upload both load."""
+    import time
+
+    assert _upload(api, researcher, _csv()).status_code == 201
+    response = _train(api, researcher, {"train": [{"dataset": "reviews"}, {"file": "sst/train.csv"}]}, **TINY_TRAIN)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    deadline = time.monotonic() + 240
+    while True:
+        body = api.get(f"{API}/jobs/{job_id}", headers=researcher.headers).json()
+        if body["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert body["status"] == "succeeded", body["message"] + "\n" + body["log"]
+    assert "loaded 12 training rows from 2 source(s)" in body["log"]
+    assert body["params"]["mix"]["train"][1]["file"] == "sst/train.csv"
+
+
+def test_a_data_root_holding_the_data_folder_is_refused(tmp_path: Path) -> None:
+    """Every researcher may read the data root; the data folder holds the database and every task's uploads."""
+    with pytest.raises(ValueError, match=r"DYNALOOP_DATA_ROOT .* contains DYNALOOP_DATA_DIR"):
+        Settings(data_dir=tmp_path / "data", data_root=tmp_path)
+    with pytest.raises(ValueError, match="contains DYNALOOP_DATA_DIR"):
+        Settings(data_dir=tmp_path, data_root=tmp_path)
+    assert Settings(data_dir=tmp_path / "data", data_root=tmp_path / "corpora").data_root == tmp_path / "corpora"
