@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.errors import PROBLEM_WORDING, validation_problems
+from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES, YamlInputError, load_yaml
 
 EXAMPLES_DIR = Path(__file__).parent / "task_examples"
 
@@ -356,14 +357,25 @@ def _explain(error: Mapping[str, Any]) -> str:
     return message
 
 
-def parse_task_definition(text: str, source: str = "task definition") -> TaskDefinition:
-    """Parse and validate task YAML text; raise :class:`TaskDefinitionError` with field-level fixes."""
+def parse_task_definition(
+    text: str,
+    source: str = "task definition",
+    *,
+    max_depth: int = DEFAULT_MAX_INPUT_DEPTH,
+    max_nodes: int = DEFAULT_MAX_YAML_NODES,
+) -> TaskDefinition:
+    """Parse and validate task YAML text; raise :class:`TaskDefinitionError` with field-level fixes.
+
+    The YAML is read by :func:`services.structured_input.load_yaml`: at most ``max_depth``
+    levels and ``max_nodes`` values, no aliases, no key given twice."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, max_depth=max_depth, max_nodes=max_nodes)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise TaskDefinitionError([f"YAML syntax error{where}: {getattr(exc, 'problem', exc)}"], source) from exc
+        # The loader's own refusals (depth, size, aliases, duplicate keys) are not syntax errors.
+        kind = "YAML" if isinstance(exc, YamlInputError) else "YAML syntax error"
+        raise TaskDefinitionError([f"{kind}{where}: {getattr(exc, 'problem', exc)}"], source) from exc
     if not isinstance(data, dict):
         raise TaskDefinitionError(
             ["the file must be a YAML mapping with name, title, family and labels at the top"], source

@@ -33,6 +33,7 @@ from services.db.models import (
 )
 from services.domain import audit
 from services.errors import Conflict, Invalid, NotFound
+from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, TooDeep, check_json_depth
 from services.text import clean_text, normalize_text
 
 _FORWARD = {
@@ -170,10 +171,16 @@ class PromptImportReport:
     errors: list[str] = field(default_factory=list)
 
 
-def _rows_from_jsonl(text: str) -> list[tuple[int, dict[str, Any] | str]]:
+def _rows_from_jsonl(text: str, max_depth: int) -> list[tuple[int, dict[str, Any] | str]]:
     rows: list[tuple[int, dict[str, Any] | str]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
+            continue
+        try:
+            # Before json.loads, which recurses once per level (RecursionError past ~1000).
+            check_json_depth(line, max_depth, what=f"line {number}")
+        except TooDeep as exc:
+            rows.append((number, exc.message))
             continue
         try:
             value = json.loads(line)
@@ -207,13 +214,15 @@ def _rows_from_csv(text: str) -> list[tuple[int, dict[str, Any] | str]]:
     return rows
 
 
-def parse_prompt_file(content: bytes, file_format: str, max_rows: int) -> list[tuple[int, dict[str, Any] | str]]:
+def parse_prompt_file(
+    content: bytes, file_format: str, max_rows: int, max_depth: int = DEFAULT_MAX_INPUT_DEPTH
+) -> list[tuple[int, dict[str, Any] | str]]:
     try:
         text = content.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise Invalid(f"the prompt file is not UTF-8 (bad byte at offset {exc.start}); save it as UTF-8") from exc
     if file_format == "jsonl":
-        rows = _rows_from_jsonl(text)
+        rows = _rows_from_jsonl(text, max_depth)
     elif file_format == "csv":
         rows = _rows_from_csv(text)
     else:
@@ -226,14 +235,21 @@ def parse_prompt_file(content: bytes, file_format: str, max_rows: int) -> list[t
 
 
 def import_prompts(
-    session: Session, actor: User | None, round_: Round, content: bytes, file_format: str, *, max_rows: int = 200_000
+    session: Session,
+    actor: User | None,
+    round_: Round,
+    content: bytes,
+    file_format: str,
+    *,
+    max_rows: int = 200_000,
+    max_depth: int = DEFAULT_MAX_INPUT_DEPTH,
 ) -> PromptImportReport:
     """Add prompts to a round's prompt set. All rows are checked first: one bad row and
     nothing is written (the report lists up to 50 problems with their line numbers).
     Prompts already in the round, or repeated in the file, are skipped and counted."""
     if round_.status in (RoundStatus.closed, RoundStatus.built):
         raise Conflict(f"round {round_.number} is {round_.status.value}; prompts can no longer be added")
-    rows = parse_prompt_file(content, file_format, max_rows)
+    rows = parse_prompt_file(content, file_format, max_rows, max_depth)
     report = PromptImportReport(rows=len(rows))
     candidates: list[Prompt] = []
     seen: set[str] = set()

@@ -8,12 +8,20 @@ from sqlalchemy.orm import Session
 from services.db.models import Task, User
 from services.domain import audit
 from services.errors import Conflict, Invalid, NotFound
+from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
 from services.taskdef import TaskDefinition, TaskDefinitionError, parse_task_definition
 
 
-def create_task(session: Session, actor: User | None, yaml_text: str) -> Task:
+def create_task(
+    session: Session,
+    actor: User | None,
+    yaml_text: str,
+    *,
+    max_depth: int = DEFAULT_MAX_INPUT_DEPTH,
+    max_nodes: int = DEFAULT_MAX_YAML_NODES,
+) -> Task:
     try:
-        definition = parse_task_definition(yaml_text)
+        definition = parse_task_definition(yaml_text, max_depth=max_depth, max_nodes=max_nodes)
     except TaskDefinitionError as exc:
         raise Invalid(str(exc), problems=exc.problems) from exc
     if session.scalar(select(Task.id).where(Task.name == definition.name)) is not None:
