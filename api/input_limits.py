@@ -46,7 +46,9 @@ class JsonDepthLimit:
         if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        content_type = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"content-type"), None)
+        content_type = next(
+            (value.decode("latin-1") for name, value in scope["headers"] if name == b"content-type"), None
+        )
         if not parsed_as_json(content_type):
             await self.app(scope, receive, send)
             return
@@ -66,7 +68,13 @@ class JsonDepthLimit:
         except TooDeep as exc:
             response = JSONResponse(
                 status_code=422,
-                content={"error": {"code": exc.code, "message": exc.message, "details": {**exc.details, "problems": [exc.message]}}},
+                content={
+                    "error": {
+                        "code": exc.code,
+                        "message": exc.message,
+                        "details": {**exc.details, "problems": [exc.message]},
+                    }
+                },
             )
             await response(scope, receive, send)
             return

@@ -137,9 +137,7 @@ class BoundedSafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml(
-    text: str, *, max_depth: int = DEFAULT_MAX_INPUT_DEPTH, max_nodes: int = DEFAULT_MAX_YAML_NODES
-) -> Any:
+def load_yaml(text: str, *, max_depth: int = DEFAULT_MAX_INPUT_DEPTH, max_nodes: int = DEFAULT_MAX_YAML_NODES) -> Any:
     """``yaml.safe_load`` with the bounds of :class:`BoundedSafeLoader` (raises ``yaml.YAMLError``)."""
     loader = BoundedSafeLoader(text, max_depth=max_depth, max_nodes=max_nodes)
     try:

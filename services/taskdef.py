@@ -30,8 +30,9 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from services.errors import PROBLEM_WORDING, validation_problems
+from services.errors import PROBLEM_WORDING, Invalid, validation_problems
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES, YamlInputError, load_yaml
+from services.text import check_text
 
 EXAMPLES_DIR = Path(__file__).parent / "task_examples"
 
@@ -128,11 +129,35 @@ class AgreementSettings(_Strict):
     )
 
 
+def _policy(value: str, multiline: bool) -> str:
+    # The text policy of services/text.py, without trimming: Markdown keeps its last newline.
+    try:
+        return check_text(value, field="the text", multiline=multiline, trim=False)
+    except Invalid as exc:
+        raise ValueError(exc.message) from exc
+
+
+def _free_text(value: str | None) -> str | None:
+    return _policy(value, multiline=True) if value is not None else None
+
+
+def _line(value: str | None) -> str | None:
+    return _policy(value, multiline=False) if value is not None else None
+
+
+def _lines(values: list[str]) -> list[str]:
+    return [_policy(value, multiline=False) for value in values]
+
+
 class QuizQuestion(_Strict):
     text: str = Field(min_length=1)
     options: list[str] = Field(min_length=2)
     answer: str
     explanation: str | None = None
+
+    _text_policy = field_validator("text", "explanation")(_free_text)
+    _options_policy = field_validator("options")(_lines)
+    _answer_policy = field_validator("answer")(_line)
 
     @model_validator(mode="after")
     def _answer_is_option(self) -> QuizQuestion:
@@ -185,6 +210,9 @@ class TaskDefinition(_Strict):
     onboarding_quiz: OnboardingQuiz | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    _text_policy = field_validator("description", "instructions", "validator_instructions")(_free_text)
+    _line_policy = field_validator("title", "domain", "licence")(_line)
 
     @field_validator("name")
     @classmethod

@@ -34,7 +34,7 @@ from services.db.models import (
 from services.domain import audit
 from services.errors import Conflict, Invalid, NotFound
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, TooDeep, check_json_depth
-from services.text import clean_text, normalize_text
+from services.text import check_text, clean_text, normalize_text
 
 _FORWARD = {
     RoundStatus.collecting: {RoundStatus.validating, RoundStatus.closed},
@@ -43,6 +43,7 @@ _FORWARD = {
     RoundStatus.built: set(),
 }
 PROMPT_MAX_CHARS = 5000
+ROUND_NOTES_MAX_CHARS = 5000
 
 
 def check_endpoints(endpoints: list[str]) -> list[str]:
@@ -93,7 +94,7 @@ def create_round(
         prompt_strategy=prompt_strategy,
         no_prompt_fraction=no_prompt_fraction,
         target_label_mode=target_label_mode,
-        notes=notes,
+        notes=clean_text(notes, field="notes", max_chars=ROUND_NOTES_MAX_CHARS) if notes else None,
         opened_at=utcnow(),
     )
     session.add(round_)
@@ -234,6 +235,31 @@ def parse_prompt_file(
     return rows
 
 
+def _checked_metadata(meta: dict[str, Any], line: int) -> dict[str, Any]:
+    """``meta`` with every string in it (keys and values, at any depth) under the text policy
+    (services/text.py); raises :class:`Invalid` naming the line and key. Walks without recursion."""
+    checked: dict[str, Any] = {}
+    stack: list[tuple[dict[str, Any] | list[Any], dict[str, Any] | list[Any], str]] = [(meta, checked, "")]
+    while stack:
+        source, target, path = stack.pop()
+        entries = list(source.items()) if isinstance(source, dict) else list(enumerate(source))
+        for key, value in entries:
+            if isinstance(key, str):
+                key = check_text(key, field=f"line {line}: a key of {path or 'the row'}", multiline=False)
+            where = (f"{path}.{key}" if path else key) if isinstance(key, str) else f"{path}[{key}]"
+            if isinstance(value, str):
+                value = check_text(value, field=f"line {line}: {where}")
+            elif isinstance(value, (dict, list)):
+                copy: dict[str, Any] | list[Any] = {} if isinstance(value, dict) else [None] * len(value)
+                stack.append((value, copy, where))
+                value = copy
+            if isinstance(target, dict):
+                target[str(key)] = value
+            else:
+                target[int(key)] = value
+    return checked
+
+
 def import_prompts(
     session: Session,
     actor: User | None,
@@ -273,14 +299,25 @@ def import_prompts(
         seen.add(digest)
         external_id = row.get("id", row.get("external_id"))
         source = row.get("source")
-        meta = {k: v for k, v in row.items() if k not in {"text", "id", "external_id", "source"}}
+        try:
+            # Metadata is shown to writers beside the prompt: the same text policy applies.
+            meta = _checked_metadata(
+                {k: v for k, v in row.items() if k not in {"text", "id", "external_id", "source"}}, number
+            )
+            source = check_text(str(source), field=f"line {number}: source", multiline=False) if source else None
+            external_id = (
+                check_text(str(external_id), field=f"line {number}: id", multiline=False) if external_id else None
+            )
+        except Invalid as exc:
+            report.errors.append(exc.message)
+            continue
         candidates.append(
             Prompt(
                 round_id=round_.id,
                 text=text,
                 text_hash=digest,
-                source=str(source)[:200] if source not in (None, "") else None,
-                external_id=str(external_id)[:200] if external_id not in (None, "") else None,
+                source=source[:200] if source else None,
+                external_id=external_id[:200] if external_id else None,
                 meta=meta,
             )
         )
