@@ -18,6 +18,8 @@ import httpx
 import pytest
 import yaml
 from fastapi import FastAPI
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.structured_input import json_depth, load_yaml
 from services.taskdef import TaskDefinitionError, example_paths, parse_task_definition
@@ -255,3 +257,29 @@ def test_every_shipped_task_example_loads_within_the_bounds() -> None:
 )
 def test_json_depth_counts_brackets_outside_strings(text: str, depth: int) -> None:
     assert json_depth(text) == depth
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet=st.sampled_from('ab[]{}"\\ :,\u00e9\u1230')),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=40,
+)
+
+
+def depth_of(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (recursive: only for the small values generated here)."""
+    if isinstance(value, list):
+        return 1 + max((depth_of(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((depth_of(v) for v in value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(JSON_VALUES, st.booleans())
+def test_json_depth_agrees_with_the_parsed_value(value: Any, ascii_only: bool) -> None:
+    """Strings full of brackets, quotes and backslashes, non-ASCII text: the scan of the raw
+    text finds the depth of the value json.loads builds."""
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    assert json_depth(text) == depth_of(value)
+    assert json_depth(text.encode()) == depth_of(value)
