@@ -104,7 +104,9 @@ class BoundedSafeLoader(yaml.SafeLoader):
                 f"({YAML_NODES_SETTING}), shorten it",
                 event.start_mark,
             )
-        self._depth += 1
+        # Levels are mappings and lists, as in JSON: a scalar adds none.
+        collection = self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent)
+        self._depth += collection
         try:
             if self._depth > self.max_depth:
                 raise YamlInputError(
@@ -114,7 +116,7 @@ class BoundedSafeLoader(yaml.SafeLoader):
                 )
             return super().compose_node(parent, index)
         finally:
-            self._depth -= 1
+            self._depth -= collection
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         # YAML itself says keys are unique; PyYAML keeps the last value of a repeated key,

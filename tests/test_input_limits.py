@@ -283,3 +283,44 @@ def test_json_depth_agrees_with_the_parsed_value(value: Any, ascii_only: bool) -
     text = json.dumps(value, ensure_ascii=ascii_only)
     assert json_depth(text) == depth_of(value)
     assert json_depth(text.encode()) == depth_of(value)
+
+
+def test_yaml_at_the_limits_loads() -> None:
+    assert load_yaml("a: " + nested_json(LIMIT - 1, "x")) == {"a": json.loads(nested_json(LIMIT - 1, '"x"'))}
+    assert len(load_yaml("[" + ", ".join(["x"] * 9_999) + "]")) == 9_999
+    assert load_yaml("a: &anchor 1\nb: 2\n") == {"a": 1, "b": 2}  # an anchor without an alias is harmless
+
+
+def test_the_limits_come_from_the_settings(settings: Any, researcher: Actor, stub_model: ThreadedServer) -> None:
+    """DYNALOOP_MAX_INPUT_DEPTH and DYNALOOP_MAX_YAML_NODES reach the middleware and both parsers."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    strict = create_app(settings.model_copy(update={"max_input_depth": 4, "max_yaml_nodes": 100}))
+    with TestClient(strict) as client:
+        response = client.post(
+            f"{API}/users", json={"username": "x", "roles": [[[[["writer"]]]]]}, headers=researcher.headers
+        )
+        assert_error(response, 422, "invalid", "nested 6 levels deep", "the limit is 4")
+        response = client.post(
+            f"{API}/tasks",
+            content=example_yaml("dynasent-r2", onboarding_quiz=None, domain=[[[["x"]]]]).encode(),
+            headers={**researcher.headers, "Content-Type": "application/yaml"},
+        )
+        assert_error(response, 422, "invalid", "nested more than 4 levels", "the limit is 4")
+        response = client.post(
+            f"{API}/tasks",
+            content=example_yaml("dynasent-r2", onboarding_quiz=None, labels=[f"l{i}" for i in range(120)]).encode(),
+            headers={**researcher.headers, "Content-Type": "application/yaml"},
+        )
+        assert_error(response, 422, "invalid", "more than 100 values", "DYNALOOP_MAX_YAML_NODES")
+        round_ = open_round(
+            client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS
+        )
+        response = client.post(
+            f"{API}/rounds/{round_['id']}/prompts",
+            content=b'{"text": "A fine prompt sentence.", "m": [[[[1]]]]}',
+            headers={**researcher.headers, "Content-Type": "application/x-ndjson"},
+        )
+        assert_error(response, 422, "invalid", "line 1 is nested 5 levels deep", "the limit is 4")
