@@ -125,10 +125,16 @@ def check_text(value: str, *, field: str = "text", multiline: bool = True, trim:
             "send the text encoded as UTF-8",
             field=field,
         ) from exc
+    if value.isascii() and value.isprintable():
+        # No control or format character in it: nothing to refuse or strip (a prompt file's
+        # common case, so imports of many rows stay fast).
+        return value.strip() if trim else value
+    invisible = False
     for position, char in enumerate(value):
         if multiline and char in _ALLOWED_CONTROL:
             continue
         category = unicodedata.category(char)
+        invisible = invisible or category == "Cf" or _is_variation_selector(char)
         if category == "Cc" or category in ("Zl", "Zp"):
             kind, why = "a control character", ""
             if not multiline and char in _ALLOWED_CONTROL:
@@ -143,8 +149,9 @@ def check_text(value: str, *, field: str = "text", multiline: bool = True, trim:
                 field=field,
             )
     text = unicodedata.normalize("NFC", value.replace("\r\n", "\n").replace("\r", "\n"))
-    # NFC again: a stripped character may have kept a combining mark from its base letter.
-    text = unicodedata.normalize("NFC", _strip_invisible(text))
+    if invisible:
+        # NFC again: a stripped character may have kept a combining mark from its base letter.
+        text = unicodedata.normalize("NFC", _strip_invisible(text))
     return text.strip() if trim else text
 
 
