@@ -16,6 +16,7 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlche
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.input_limits import JsonDepthLimit
 from api.ratelimit import RateLimiter
 from api.routes import api_router
 from api.schemas.errors import ErrorResponse
@@ -256,5 +257,7 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
             )
         return HealthPublic(status="ok", schema=str(revision))
 
+    # Added first, so it runs inside BodySizeLimit: the body it reads is already bounded.
+    app.add_middleware(JsonDepthLimit, max_depth=settings.max_input_depth)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     return app

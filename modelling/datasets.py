@@ -42,6 +42,7 @@ from round_builder.builds import newest_build
 from services.db.models import BuiltExample, DatasetUpload, Example, Round, RoundBuild, Task
 from services.domain.tasks import definition_of
 from services.errors import validation_problems
+from services.structured_input import load_yaml
 from services.taskdef import TaskDefinition, TaskFamily
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -158,7 +159,8 @@ class DataMix(BaseModel):
     def load(cls, path: Path | str) -> DataMix:
         path = Path(path)
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+            # The bounded loader of task YAML: no aliases, no duplicate keys, bounded depth.
+            raw = load_yaml(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
             raise DataError(f"cannot read the data mix {path}: {exc}") from exc
         try:

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
+
 PLACEHOLDER_SECRETS = {"", "change-me", "changeme", "secret", "dev-secret-change-me"}
 DEFAULT_SECRET = "dev-secret-change-me"
 
@@ -105,6 +107,17 @@ class Settings(BaseSettings):
     )
     login_max_waiting: int = Field(
         32, ge=1, description="Logins that may wait for a password thread; more get 429 at once."
+    )
+    # --- input bounds (docs/api.md "Input limits"; services/structured_input.py, services/text.py)
+    max_input_depth: int = Field(
+        DEFAULT_MAX_INPUT_DEPTH,
+        ge=2,
+        le=200,
+        description="Deepest nesting of arrays/objects (JSON bodies, NDJSON prompt lines) or of "
+        "mappings/lists (task YAML); deeper input is refused with 422.",
+    )
+    max_yaml_nodes: int = Field(
+        DEFAULT_MAX_YAML_NODES, ge=100, description="Most values (scalars, lists, mappings) in one task YAML."
     )
 
     @model_validator(mode="after")

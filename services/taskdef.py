@@ -30,7 +30,9 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from services.errors import PROBLEM_WORDING, validation_problems
+from services.errors import PROBLEM_WORDING, Invalid, validation_problems
+from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES, YamlInputError, load_yaml
+from services.text import check_text
 
 EXAMPLES_DIR = Path(__file__).parent / "task_examples"
 
@@ -127,11 +129,35 @@ class AgreementSettings(_Strict):
     )
 
 
+def _policy(value: str, multiline: bool) -> str:
+    # The text policy of services/text.py, without trimming: Markdown keeps its last newline.
+    try:
+        return check_text(value, field="the text", multiline=multiline, trim=False)
+    except Invalid as exc:
+        raise ValueError(exc.message) from exc
+
+
+def _free_text(value: str | None) -> str | None:
+    return _policy(value, multiline=True) if value is not None else None
+
+
+def _line(value: str | None) -> str | None:
+    return _policy(value, multiline=False) if value is not None else None
+
+
+def _lines(values: list[str]) -> list[str]:
+    return [_policy(value, multiline=False) for value in values]
+
+
 class QuizQuestion(_Strict):
     text: str = Field(min_length=1)
     options: list[str] = Field(min_length=2)
     answer: str
     explanation: str | None = None
+
+    _text_policy = field_validator("text", "explanation")(_free_text)
+    _options_policy = field_validator("options")(_lines)
+    _answer_policy = field_validator("answer")(_line)
 
     @model_validator(mode="after")
     def _answer_is_option(self) -> QuizQuestion:
@@ -184,6 +210,9 @@ class TaskDefinition(_Strict):
     onboarding_quiz: OnboardingQuiz | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    _text_policy = field_validator("description", "instructions", "validator_instructions")(_free_text)
+    _line_policy = field_validator("title", "domain", "licence")(_line)
 
     @field_validator("name")
     @classmethod
@@ -356,14 +385,25 @@ def _explain(error: Mapping[str, Any]) -> str:
     return message
 
 
-def parse_task_definition(text: str, source: str = "task definition") -> TaskDefinition:
-    """Parse and validate task YAML text; raise :class:`TaskDefinitionError` with field-level fixes."""
+def parse_task_definition(
+    text: str,
+    source: str = "task definition",
+    *,
+    max_depth: int = DEFAULT_MAX_INPUT_DEPTH,
+    max_nodes: int = DEFAULT_MAX_YAML_NODES,
+) -> TaskDefinition:
+    """Parse and validate task YAML text; raise :class:`TaskDefinitionError` with field-level fixes.
+
+    The YAML is read by :func:`services.structured_input.load_yaml`: at most ``max_depth``
+    levels and ``max_nodes`` values, no aliases, no key given twice."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, max_depth=max_depth, max_nodes=max_nodes)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise TaskDefinitionError([f"YAML syntax error{where}: {getattr(exc, 'problem', exc)}"], source) from exc
+        # The loader's own refusals (depth, size, aliases, duplicate keys) are not syntax errors.
+        kind = "YAML" if isinstance(exc, YamlInputError) else "YAML syntax error"
+        raise TaskDefinitionError([f"{kind}{where}: {getattr(exc, 'problem', exc)}"], source) from exc
     if not isinstance(data, dict):
         raise TaskDefinitionError(
             ["the file must be a YAML mapping with name, title, family and labels at the top"], source

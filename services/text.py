@@ -1,4 +1,28 @@
-"""Normalisation and checks for text that people type (sentences, explanations, prompts)."""
+"""The text policy: how text that people send is checked and normalised, the same wherever it
+enters (sentences, extras, prompts, flag reasons, notes, task titles and instructions, display
+names, token names). docs/design.md "Text policy" gives the reasons; in short:
+
+=====================================================  ======================================
+characters                                             what happens
+=====================================================  ======================================
+control characters (Cc), U+2028/U+2029, lone           refused (newline, tab and CR allowed
+surrogates                                             in free text, never in names)
+bidi embeddings, overrides and isolates                refused: they reorder what is shown,
+(U+202A-U+202E, U+2066-U+2069)                         so readers and the model see
+                                                       different sentences
+implicit direction marks LRM, RLM, ALM                 kept: Arabic, Hebrew and Persian text
+(U+200E, U+200F, U+061C)                               needs them around numbers and Latin
+zero width joiner / non-joiner (U+200D, U+200C)        kept inside a word or emoji sequence;
+                                                       stripped where they join nothing
+other invisible format characters (Cf with bidi        stripped: invisible, no meaning in
+class BN: U+200B, U+2060, U+FEFF, U+00AD, U+2061-4..)  any script
+emoji tag sequences (U+1F3F4 + tags + U+E007F)         kept; other tag characters stripped
+a variation selector right after another one           stripped
+=====================================================  ======================================
+
+Refused text gets a 422 that names the character and its position; stripping happens
+silently and the stored (and returned) text is what the model and every reader see.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +36,123 @@ from services.errors import Invalid
 # Carriage returns are allowed too: browsers submit textarea line breaks as CRLF, and
 # normalize_text turns CR and CRLF into LF before anything is stored.
 _ALLOWED_CONTROL = {"\n", "\t", "\r"}
+# unicodedata.bidirectional() of the explicit embedding, override and isolate controls.
+_BIDI_CONTROLS = {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}
+_JOINERS = {"\u200c", "\u200d"}  # zero width non-joiner, zero width joiner
+# Mongolian vowel separator: invisible, but it selects the shape of the next Mongolian letter.
+_SHAPING = {"\u180e"}
+_BLACK_FLAG = "\U0001f3f4"  # the base of the emoji tag sequences (flags of England, Scotland, Wales)
+_CANCEL_TAG = "\U000e007f"
+_MAX_TAG_SPEC = 8  # subdivision codes such as "gbsct" have at most 6 letters
+# Characters that may not be in a name although the policy accepts them in free text.
+_NAME_REFUSED = {"<": "less-than sign", ">": "greater-than sign"}
 
 
 def _visible(char: str) -> bool:
     """Whether ``char`` shows on screen: not white space, not a format character (Cf)."""
     return not char.isspace() and unicodedata.category(char) != "Cf"
+
+
+def _invisible_format(char: str) -> bool:
+    """A format character that shows nothing and orders nothing (Cf with bidi class BN:
+    zero width space, word joiner, BOM, soft hyphen, joiners, tags, invisible operators...)."""
+    return unicodedata.category(char) == "Cf" and unicodedata.bidirectional(char) == "BN"
+
+
+def _is_tag(char: str) -> bool:
+    return "\U000e0020" <= char <= "\U000e007e"
+
+
+def _is_variation_selector(char: str) -> bool:
+    return "\ufe00" <= char <= "\ufe0f" or "\U000e0100" <= char <= "\U000e01ef"
+
+
+def _char_name(char: str) -> str:
+    return f"U+{ord(char):04X}" + (f" {unicodedata.name(char)}" if unicodedata.name(char, "") else "")
+
+
+def _emoji_tag_sequence_end(text: str, start: int) -> int:
+    """The end of the tag characters of an emoji tag sequence that begins after
+    ``text[start]`` (a black flag), or ``start + 1`` when none follows."""
+    end = start + 1
+    while end < len(text) and _is_tag(text[end]) and end - start <= _MAX_TAG_SPEC:
+        end += 1
+    if end > start + 1 and end < len(text) and text[end] == _CANCEL_TAG:
+        return end + 1
+    return start + 1
+
+
+def _strip_invisible(text: str) -> str:
+    """Drop the invisible format characters the policy strips (see the module docstring)."""
+    out: list[str] = []
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char == _BLACK_FLAG:
+            end = _emoji_tag_sequence_end(text, index)
+            out.append(text[index:end])
+            index = end
+            continue
+        following = text[index + 1] if index + 1 < len(text) else ""
+        if _invisible_format(char):
+            if char in _SHAPING:
+                out.append(char)
+            elif char in _JOINERS:
+                before = out[-1][-1] if out else ""
+                # Inside a word or emoji sequence: visible on both sides. Between two ASCII
+                # characters a joiner changes nothing (no script written in ASCII joins).
+                joins = before and _visible(before) and following and _visible(following)
+                if joins and not (before.isascii() and following.isascii()):
+                    out.append(char)
+        elif _is_variation_selector(char) and out and _is_variation_selector(out[-1][-1]):
+            pass
+        else:
+            out.append(char)
+        index += 1
+    return "".join(out)
+
+
+def check_text(value: str, *, field: str = "text", multiline: bool = True, trim: bool = True) -> str:
+    """Apply the text policy to ``value``: refuse what must be refused (with :class:`Invalid`
+    naming the character and its position), then NFC-normalise, turn CRLF and CR into LF,
+    strip the invisible format characters and (``trim``) surrounding white space.
+    ``multiline`` allows newline, tab and CR."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Invalid(
+            f"{field} is not valid UTF-8 (it contains a lone surrogate at position {exc.start}); "
+            "send the text encoded as UTF-8",
+            field=field,
+        ) from exc
+    if value.isascii() and value.isprintable():
+        # No control or format character in it: nothing to refuse or strip (a prompt file's
+        # common case, so imports of many rows stay fast).
+        return value.strip() if trim else value
+    invisible = False
+    for position, char in enumerate(value):
+        if multiline and char in _ALLOWED_CONTROL:
+            continue
+        category = unicodedata.category(char)
+        invisible = invisible or category == "Cf" or _is_variation_selector(char)
+        if category == "Cc" or category in ("Zl", "Zp"):
+            kind, why = "a control character", ""
+            if not multiline and char in _ALLOWED_CONTROL:
+                kind, why = "a line break or tab", f"{field} is one line; "
+            raise Invalid(
+                f"{field} contains {kind} (U+{ord(char):04X}) at position {position}; {why}remove it", field=field
+            )
+        if category == "Cf" and unicodedata.bidirectional(char) in _BIDI_CONTROLS:
+            raise Invalid(
+                f"{field} contains a bidirectional control character ({_char_name(char)}) at position "
+                f"{position}; it changes the order in which the text is shown, remove it",
+                field=field,
+            )
+    text = unicodedata.normalize("NFC", value.replace("\r\n", "\n").replace("\r", "\n"))
+    if invisible:
+        # NFC again: a stripped character may have kept a combining mark from its base letter.
+        text = unicodedata.normalize("NFC", _strip_invisible(text))
+    return text.strip() if trim else text
 
 
 def normalize_text(value: str) -> str:
@@ -36,29 +172,10 @@ def clean_text(
     max_chars: int = 1000,
     min_words: int = 1,
 ) -> str:
-    """Return ``value`` normalised, or raise :class:`Invalid` with a message that says what to fix."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise Invalid(
-            f"{field} is not valid UTF-8 (it contains a lone surrogate at position {exc.start}); "
-            "send the text encoded as UTF-8",
-            field=field,
-        ) from exc
-    for position, char in enumerate(value):
-        if char in _ALLOWED_CONTROL:
-            continue
-        category = unicodedata.category(char)
-        if category == "Cc" or char in ("\u2028", "\u2029") or category == "Cs":
-            raise Invalid(
-                f"{field} contains a control character (U+{ord(char):04X}) at position {position}; remove it",
-                field=field,
-            )
-    text = normalize_text(value)
-    if not any(_visible(char) for char in text):
-        # Zero-width spaces, joiners, bidi marks, soft hyphens: none of them shows.
-        invisible = " (it has only invisible characters, such as U+200B zero width space)" if text else ""
-        raise Invalid(f"{field} is empty{invisible}; write some text", field=field)
+    """Return free text (a sentence, an explanation, a prompt, a note) under the text policy,
+    or raise :class:`Invalid` with a message that says what to fix."""
+    text = check_text(value, field=field, multiline=True)
+    _require_visible(value, text, field)
     if len(text) < min_chars:
         raise Invalid(f"{field} has {len(text)} characters; it needs at least {min_chars}", field=field)
     if len(text) > max_chars:
@@ -68,6 +185,31 @@ def clean_text(
     if words < min_words:
         raise Invalid(f"{field} has {words} word(s); it needs at least {min_words}", field=field)
     return text
+
+
+def clean_name(value: str, *, field: str, max_chars: int = 100) -> str:
+    """Return a one-line name (a display name, a token name) under the text policy, or raise
+    :class:`Invalid`. Names are printable text on one line; ``<`` and ``>`` are refused too, so
+    that a name is never markup wherever a client shows it."""
+    text = check_text(value, field=field, multiline=False)
+    for position, char in enumerate(value):
+        if char in _NAME_REFUSED:
+            raise Invalid(
+                f"{field} contains a {_NAME_REFUSED[char]} ({char}) at position {position}; names cannot "
+                "contain < or >, remove it",
+                field=field,
+            )
+    _require_visible(value, text, field)
+    if len(text) > max_chars:
+        raise Invalid(f"{field} has {len(text)} characters; the limit is {max_chars}, shorten it", field=field)
+    return text
+
+
+def _require_visible(value: str, text: str, field: str) -> None:
+    if not any(_visible(char) for char in text):
+        # Zero-width spaces, joiners, bidi marks, soft hyphens: none of them shows.
+        invisible = " (it has only invisible characters, such as U+200B zero width space)" if value.strip() else ""
+        raise Invalid(f"{field} is empty{invisible}; write some text", field=field)
 
 
 def normalized_edit_distance(prompt: str, text: str) -> float:

@@ -23,6 +23,7 @@ from modelling.jobs import create_job, run_job
 from services.db.engine import session_scope
 from services.db.models import Job, JobKind, JobStatus
 from services.domain.tasks import create_task, get_task
+from services.domain.users import get_user
 from services.settings import Settings
 from tests.conftest import Actor, MakeUser, example_yaml, table_counts, table_snapshot
 
@@ -74,9 +75,12 @@ def api(rooted: FastAPI) -> Any:
 
 
 @pytest.fixture
-def task(rooted: FastAPI) -> str:
+def task(rooted: FastAPI, researcher: Actor) -> str:
+    """The task, owned by the ``researcher`` fixture."""
     with session_scope(rooted.state.sessionmaker) as session:
-        create_task(session, None, example_yaml(TASK, onboarding_quiz=None))
+        create_task(
+            session, None, example_yaml(TASK, onboarding_quiz=None), owner=get_user(session, researcher.username)
+        )
     return TASK
 
 
@@ -179,7 +183,9 @@ def test_without_a_data_root_no_server_file_at_all(
 ) -> None:
     """The default: DYNALOOP_DATA_ROOT unset, jobs read uploads only; even a file in the data folder is refused."""
     with session_scope(app.state.sessionmaker) as session:
-        create_task(session, None, example_yaml(TASK, onboarding_quiz=None))
+        create_task(
+            session, None, example_yaml(TASK, onboarding_quiz=None), owner=get_user(session, researcher.username)
+        )
     (app.state.settings.data_dir / "mine.csv").write_bytes(_csv())
     before = table_counts(app)
     for file in ["mine.csv", str(app.state.settings.data_dir / "mine.csv"), "/etc/passwd"]:

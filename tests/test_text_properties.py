@@ -1,10 +1,12 @@
-"""Property tests for the normalisation of text people type (services/text.py).
+"""Property tests for the text policy (services/text.py, docs/design.md "Text policy").
 
 ``normalize_text`` NFC-normalises, turns CRLF and CR into LF and trims; ``clean_text`` refuses
-control characters, lone surrogates, empty and over- or under-long text with
-:class:`services.errors.Invalid` (the API's 422), and otherwise returns ``normalize_text`` of
-its input. Whatever Unicode comes in (right-to-left text with bidi controls, Ge'ez, emoji
-sequences, combining marks, odd white space), nothing but ``Invalid`` may come out.
+control characters, bidi embeddings/overrides/isolates, lone surrogates, empty and over- or
+under-long text with :class:`services.errors.Invalid` (the API's 422), strips invisible
+format characters (zero width space, word joiner, BOM, soft hyphen, joiners that join
+nothing) and otherwise returns ``normalize_text`` of its input. Whatever Unicode comes in
+(right-to-left text, Ge'ez, emoji sequences, combining marks, odd white space), nothing but
+``Invalid`` may come out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ REFUSED_CONTROL = (
     + ["\u2028", "\u2029"]
 )
 
+# Explicit bidi formatting: embeddings, overrides, isolates and their terminators.
+REFUSED_BIDI = [chr(c) for c in range(0x202A, 0x202F)] + [chr(c) for c in range(0x2066, 0x206A)]
+# Invisible format characters the policy strips wherever they are.
+STRIPPED = ["\u200b", "\u2060", "\ufeff", "\u00ad", "\u2061", "\u206a", "\U000e0041"]
+
 # Pieces of real text in several scripts, and the characters that make text hard.
 RTL = ["שלום עולם", "مرحبا بالعالم", "\u200f", "\u200e", "\u202b", "\u202c", "\u2067", "\u2069", "ـ"]
 GEEZ = ["ሰላም", "ዓለም", "የአውቶቡሱ ዋጋ እንደገና ጨመረ።", "\u1361", "\u1362", "ፈ", "\u135d"]  # ፡ ። and a combining mark
@@ -44,9 +51,12 @@ HARD_TEXT = st.lists(st.one_of(st.sampled_from(PIECES), st.sampled_from(REFUSED_
 )
 TEXT = st.one_of(st.text(ANY_CHAR, max_size=60), HARD_TEXT)
 # Text without any control character clean_text refuses (so it can only fail on length or words).
-CLEAN_CHAR = ANY_CHAR.filter(lambda c: c not in REFUSED_CONTROL)
+CLEAN_CHAR = ANY_CHAR.filter(lambda c: c not in REFUSED_CONTROL and c not in REFUSED_BIDI)
 CLEAN_TEXT = st.one_of(
-    st.text(CLEAN_CHAR, max_size=60), st.lists(st.one_of(st.sampled_from(PIECES), CLEAN_CHAR), max_size=40).map("".join)
+    st.text(CLEAN_CHAR, max_size=60),
+    st.lists(st.one_of(st.sampled_from([p for p in PIECES if p not in REFUSED_BIDI]), CLEAN_CHAR), max_size=40).map(
+        "".join
+    ),
 )
 LIMITS = st.tuples(st.integers(0, 20), st.integers(0, 80), st.integers(0, 6))
 
@@ -94,7 +104,9 @@ def test_clean_text_returns_the_normalised_text_or_raises_invalid(
         assert exc.status_code == 422 and exc.code == "invalid"  # noqa: PT017
         assert exc.message.startswith(field) and exc.details == {"field": field}  # noqa: PT017
         return
-    assert cleaned == normalize_text(value)
+    if not any(unicodedata.category(c) == "Cf" or "\ufe00" <= c <= "\ufe0f" for c in value):
+        assert cleaned == normalize_text(value)
+    assert not any(c in REFUSED_BIDI or c in STRIPPED for c in cleaned)
     assert cleaned and not any(c in REFUSED_CONTROL or c == "\r" for c in cleaned)
     assert not any(unicodedata.category(c) == "Cs" for c in cleaned)
     assert min_chars <= len(cleaned) <= max_chars
@@ -176,8 +188,6 @@ INVISIBLE = [
     "\u00ad",
     "\u200e",
     "\u200f",
-    "\u2066",
-    "\u2069",
     "\u180e",
 ]
 
@@ -189,3 +199,43 @@ def test_text_with_nothing_visible_is_refused_as_empty(value: str) -> None:
     is as empty as one of spaces, whatever its length."""
     with pytest.raises(Invalid, match="text is empty"):
         clean_text(value, min_chars=1, max_chars=1000, min_words=1)
+
+
+@PROFILE
+@given(CLEAN_TEXT, st.sampled_from(REFUSED_BIDI), CLEAN_TEXT)
+def test_a_bidi_control_is_refused_with_its_code_point_and_position(before: str, control: str, after: str) -> None:
+    """Embeddings, overrides and isolates reorder what is shown (U+202E shows "txet" for
+    "text"): the sentence a validator reads would not be the one the model scored."""
+    with pytest.raises(Invalid) as refused:
+        clean_text(before + control + after, field="text", max_chars=10_000)
+    position = len(before)
+    assert f"bidirectional control character (U+{ord(control):04X} " in refused.value.message
+    assert f"at position {position};" in refused.value.message
+
+
+REAL_PIECES = ["שלום עולם", "مرحبا بالعالم", "ሰላም", "የአውቶቡሱ ዋጋ እንደገና ጨመረ።", "the soup", "👍🏽", "🇪🇹", "e\u0301"]
+
+
+@PROFILE
+@given(
+    st.lists(st.tuples(st.sampled_from(REAL_PIECES), st.lists(st.sampled_from(STRIPPED), max_size=3)), min_size=1),
+    st.sampled_from([" ", "\n"]),
+)
+def test_invisible_characters_are_stripped_and_nothing_else_changes(
+    pieces: list[tuple[str, list[str]]], separator: str
+) -> None:
+    """Zero width spaces, word joiners, BOMs, soft hyphens, stray tag characters anywhere in
+    real text: the stored text is the text without them, as it looks on screen."""
+    with_invisible = separator.join(piece + "".join(invisible) for piece, invisible in pieces)
+    without = separator.join(piece for piece, _ in pieces)
+    assert clean_text(with_invisible, max_chars=10_000) == normalize_text(without)
+
+
+@PROFILE
+@given(TEXT)
+def test_the_policy_is_idempotent(value: str) -> None:
+    try:
+        cleaned = clean_text(value, max_chars=10_000)
+    except Invalid:
+        return
+    assert clean_text(cleaned, max_chars=10_000) == cleaned

@@ -124,7 +124,13 @@ def import_prompts(
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
     report = rounds.import_prompts(
-        session, researcher, round_, content, file_format, max_rows=settings.max_prompt_import_rows
+        session,
+        researcher,
+        round_,
+        content,
+        file_format,
+        max_rows=settings.max_prompt_import_rows,
+        max_depth=settings.max_input_depth,
     )
     return PromptImportPublic(
         rows=report.rows,

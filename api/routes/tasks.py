@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Request, status
 from pydantic import ValidationError
 
-from api.deps import RawBody, SessionDep, allowed
+from api.deps import RawBody, SessionDep, SettingsDep, allowed
 from api.schemas.tasks import TaskCreate, TaskPublic, TasksPublic
 from services.authorization import TaskPolicy, allows, authorize
 from services.db.models import User
@@ -29,7 +29,11 @@ _YAML_BODY = {
 
 @router.post("/tasks", response_model=TaskPublic, status_code=status.HTTP_201_CREATED, openapi_extra=_YAML_BODY)
 def create_task(
-    request: Request, session: SessionDep, researcher: Annotated[User, allowed(TaskPolicy.create)], raw: RawBody
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    researcher: Annotated[User, allowed(TaskPolicy.create)],
+    raw: RawBody,
 ) -> TaskPublic:
     """Create a task from its YAML file (raw `application/yaml`, or JSON `{"definition_yaml": ...}`)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
@@ -43,7 +47,9 @@ def create_task(
             yaml_text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise Invalid("the task YAML is not UTF-8; save it as UTF-8") from exc
-    task = tasks.create_task(session, researcher, yaml_text)
+    task = tasks.create_task(
+        session, researcher, yaml_text, max_depth=settings.max_input_depth, max_nodes=settings.max_yaml_nodes
+    )
     return TaskPublic.of(task, with_answers=True)
 
 

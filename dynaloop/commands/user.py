@@ -13,7 +13,9 @@ app = typer.Typer(help="Users and API tokens.", no_args_is_help=True)
 PasswordOpt = Annotated[str | None, typer.Option(help="Also allow password login")]
 
 
-def _create_user(url: str, username: str, roles: list[str], password: str | None) -> str:
+def _create_user(
+    url: str, username: str, roles: list[str], password: str | None, display_name: str | None = None
+) -> str:
     from services.db.engine import session_scope
     from services.domain import users
     from services.errors import DomainError
@@ -21,7 +23,7 @@ def _create_user(url: str, username: str, roles: list[str], password: str | None
     ensure_schema(url)
     try:
         with session_scope(session_factory(url)) as session:
-            user = users.create_user(session, None, username, roles, password=password)
+            user = users.create_user(session, None, username, roles, password=password, display_name=display_name)
             _, token = users.issue_token(session, None, user, name="cli")
     except DomainError as exc:
         raise fail(exc.message) from exc
@@ -42,9 +44,12 @@ def user_create(
     role: Annotated[list[str], typer.Option("--role", help="writer, validator, researcher, admin")],
     database_url: DatabaseOpt = None,
     password: PasswordOpt = None,
+    display_name: Annotated[
+        str | None, typer.Option(help="Name shown in the web app: one line of text, no < or >")
+    ] = None,
 ) -> None:
     """Create a user with the given roles and print their API token once."""
-    token = _create_user(settings_for(database_url).resolved_database_url, username, role, password)
+    token = _create_user(settings_for(database_url).resolved_database_url, username, role, password, display_name)
     console.print(f"user {username!r} created with roles {role}. API token (shown once):")
     print(token)
 

@@ -34,6 +34,7 @@ from services.domain.labels import agreement_with, gold_label
 from services.domain.tasks import definition_of
 from services.errors import Conflict, Forbidden, Invalid, NotFound
 from services.taskdef import TaskDefinition
+from services.text import clean_text
 
 
 def task_worker(session: Session, task: Task, user: User) -> TaskWorker:
@@ -213,11 +214,12 @@ def validator_agreement(
 def unqualify(session: Session, actor: User | None, task: Task, user: User, reason: str) -> int:
     """Unqualify ``user`` on ``task``: their labels stop counting and their examples are
     re-queued. Returns how many labels were excluded."""
+    reason = clean_text(reason, field="reason", max_chars=500)
     worker = task_worker(session, task, user)
     if not worker.qualified:
         return 0
     worker.qualified = False
-    worker.unqualified_reason = reason[:500]
+    worker.unqualified_reason = reason
     excluded = 0
     validations = session.scalars(
         select(Validation)

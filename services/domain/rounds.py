@@ -33,7 +33,8 @@ from services.db.models import (
 )
 from services.domain import audit
 from services.errors import Conflict, Invalid, NotFound, missing_round
-from services.text import clean_text, normalize_text
+from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, TooDeep, check_json_depth
+from services.text import check_text, clean_text, normalize_text
 
 _FORWARD = {
     RoundStatus.collecting: {RoundStatus.validating, RoundStatus.closed},
@@ -42,6 +43,7 @@ _FORWARD = {
     RoundStatus.built: set(),
 }
 PROMPT_MAX_CHARS = 5000
+ROUND_NOTES_MAX_CHARS = 5000
 
 
 def check_endpoints(endpoints: list[str]) -> list[str]:
@@ -92,7 +94,7 @@ def create_round(
         prompt_strategy=prompt_strategy,
         no_prompt_fraction=no_prompt_fraction,
         target_label_mode=target_label_mode,
-        notes=notes,
+        notes=clean_text(notes, field="notes", max_chars=ROUND_NOTES_MAX_CHARS) if notes else None,
         opened_at=utcnow(),
     )
     session.add(round_)
@@ -175,10 +177,16 @@ class PromptImportReport:
     errors: list[str] = field(default_factory=list)
 
 
-def _rows_from_jsonl(text: str) -> list[tuple[int, dict[str, Any] | str]]:
+def _rows_from_jsonl(text: str, max_depth: int) -> list[tuple[int, dict[str, Any] | str]]:
     rows: list[tuple[int, dict[str, Any] | str]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
+            continue
+        try:
+            # Before json.loads, which recurses once per level (RecursionError past ~1000).
+            check_json_depth(line, max_depth, what=f"line {number}")
+        except TooDeep as exc:
+            rows.append((number, exc.message))
             continue
         try:
             value = json.loads(line)
@@ -212,13 +220,15 @@ def _rows_from_csv(text: str) -> list[tuple[int, dict[str, Any] | str]]:
     return rows
 
 
-def parse_prompt_file(content: bytes, file_format: str, max_rows: int) -> list[tuple[int, dict[str, Any] | str]]:
+def parse_prompt_file(
+    content: bytes, file_format: str, max_rows: int, max_depth: int = DEFAULT_MAX_INPUT_DEPTH
+) -> list[tuple[int, dict[str, Any] | str]]:
     try:
         text = content.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise Invalid(f"the prompt file is not UTF-8 (bad byte at offset {exc.start}); save it as UTF-8") from exc
     if file_format == "jsonl":
-        rows = _rows_from_jsonl(text)
+        rows = _rows_from_jsonl(text, max_depth)
     elif file_format == "csv":
         rows = _rows_from_csv(text)
     else:
@@ -230,15 +240,47 @@ def parse_prompt_file(content: bytes, file_format: str, max_rows: int) -> list[t
     return rows
 
 
+def _checked_metadata(meta: dict[str, Any], line: int) -> dict[str, Any]:
+    """``meta`` with every string in it (keys and values, at any depth) under the text policy
+    (services/text.py); raises :class:`Invalid` naming the line and key. Walks without recursion."""
+    checked: dict[str, Any] = {}
+    stack: list[tuple[dict[str, Any] | list[Any], dict[str, Any] | list[Any], str]] = [(meta, checked, "")]
+    while stack:
+        source, target, path = stack.pop()
+        entries = list(source.items()) if isinstance(source, dict) else list(enumerate(source))
+        for key, value in entries:
+            if isinstance(key, str):
+                key = check_text(key, field=f"line {line}: a key of {path or 'the row'}", multiline=False)
+            where = (f"{path}.{key}" if path else key) if isinstance(key, str) else f"{path}[{key}]"
+            if isinstance(value, str):
+                value = check_text(value, field=f"line {line}: {where}")
+            elif isinstance(value, (dict, list)):
+                copy: dict[str, Any] | list[Any] = {} if isinstance(value, dict) else [None] * len(value)
+                stack.append((value, copy, where))
+                value = copy
+            if isinstance(target, dict):
+                target[str(key)] = value
+            else:
+                target[int(key)] = value
+    return checked
+
+
 def import_prompts(
-    session: Session, actor: User | None, round_: Round, content: bytes, file_format: str, *, max_rows: int = 200_000
+    session: Session,
+    actor: User | None,
+    round_: Round,
+    content: bytes,
+    file_format: str,
+    *,
+    max_rows: int = 200_000,
+    max_depth: int = DEFAULT_MAX_INPUT_DEPTH,
 ) -> PromptImportReport:
     """Add prompts to a round's prompt set. All rows are checked first: one bad row and
     nothing is written (the report lists up to 50 problems with their line numbers).
     Prompts already in the round, or repeated in the file, are skipped and counted."""
     if round_.status in (RoundStatus.closed, RoundStatus.built):
         raise Conflict(f"round {round_.number} is {round_.status.value}; prompts can no longer be added")
-    rows = parse_prompt_file(content, file_format, max_rows)
+    rows = parse_prompt_file(content, file_format, max_rows, max_depth)
     report = PromptImportReport(rows=len(rows))
     candidates: list[Prompt] = []
     seen: set[str] = set()
@@ -262,14 +304,25 @@ def import_prompts(
         seen.add(digest)
         external_id = row.get("id", row.get("external_id"))
         source = row.get("source")
-        meta = {k: v for k, v in row.items() if k not in {"text", "id", "external_id", "source"}}
+        try:
+            # Metadata is shown to writers beside the prompt: the same text policy applies.
+            meta = _checked_metadata(
+                {k: v for k, v in row.items() if k not in {"text", "id", "external_id", "source"}}, number
+            )
+            source = check_text(str(source), field=f"line {number}: source", multiline=False) if source else None
+            external_id = (
+                check_text(str(external_id), field=f"line {number}: id", multiline=False) if external_id else None
+            )
+        except Invalid as exc:
+            report.errors.append(exc.message)
+            continue
         candidates.append(
             Prompt(
                 round_id=round_.id,
                 text=text,
                 text_hash=digest,
-                source=str(source)[:200] if source not in (None, "") else None,
-                external_id=str(external_id)[:200] if external_id not in (None, "") else None,
+                source=source[:200] if source else None,
+                external_id=external_id[:200] if external_id else None,
                 meta=meta,
             )
         )

@@ -8,15 +8,24 @@ from sqlalchemy.orm import Session
 from services.db.models import Task, User
 from services.domain import audit, members
 from services.errors import Conflict, Invalid, missing_task
+from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
 from services.taskdef import TaskDefinition, TaskDefinitionError, parse_task_definition
 
 
-def create_task(session: Session, actor: User | None, yaml_text: str, *, owner: User | None = None) -> Task:
+def create_task(
+    session: Session,
+    actor: User | None,
+    yaml_text: str,
+    *,
+    owner: User | None = None,
+    max_depth: int = DEFAULT_MAX_INPUT_DEPTH,
+    max_nodes: int = DEFAULT_MAX_YAML_NODES,
+) -> Task:
     """Create a task from its YAML; ``owner`` (default: ``actor``, the researcher who creates
     it) becomes its first owner. With neither (the CLI without ``--owner``), only admins
     manage the task until someone is added (``members.set_member``)."""
     try:
-        definition = parse_task_definition(yaml_text)
+        definition = parse_task_definition(yaml_text, max_depth=max_depth, max_nodes=max_nodes)
     except TaskDefinitionError as exc:
         raise Invalid(str(exc), problems=exc.problems) from exc
     if session.scalar(select(Task.id).where(Task.name == definition.name)) is not None:

@@ -12,7 +12,10 @@ from services.db.models import ApiToken, Role, User, utcnow
 from services.domain import audit
 from services.errors import Conflict, Invalid, NotFound, Unauthorized
 from services.security import hash_password, hash_token, new_token, password_problem, verify_password
+from services.text import clean_name
 
+DISPLAY_NAME_MAX_CHARS = 200
+TOKEN_NAME_MAX_CHARS = 100
 _USERNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
@@ -44,7 +47,9 @@ def create_user(
     user = User(
         username=username,
         roles=_check_roles(roles),
-        display_name=display_name,
+        display_name=clean_name(display_name, field="display_name", max_chars=DISPLAY_NAME_MAX_CHARS)
+        if display_name is not None
+        else None,
         password_hash=hash_password(password) if password else None,
     )
     session.add(user)
@@ -109,7 +114,7 @@ def issue_token(
     plain = new_token()
     token = ApiToken(
         user_id=user.id,
-        name=name[:100] or "api",
+        name=clean_name(name, field="name", max_chars=TOKEN_NAME_MAX_CHARS),
         token_hash=hash_token(plain),
         prefix=plain[:10],
         expires_at=expires_at,
