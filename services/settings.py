@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDER_SECRETS = {"", "change-me", "changeme", "secret", "dev-secret-change-me"}
@@ -37,11 +37,6 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(5 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413.")
     max_prompt_import_rows: int = Field(200_000, ge=1, description="Most prompts in one import.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
-    model_server_admin_token: SecretStr | None = Field(
-        None,
-        description="The model servers' admin token (`dynaloop model-server --admin-token`); promote "
-        "jobs started through the API use it unless the request gives one.",
-    )
 
     worker_threads: int = Field(
         128,

@@ -16,6 +16,7 @@ from api.routes import (
     datasets,
     examples,
     jobs,
+    model_servers,
     models,
     onboarding,
     rounds,
@@ -55,6 +56,7 @@ ROUTERS = (
     Included(datasets.router),
     Included(jobs.router),
     Included(models.router),
+    Included(model_servers.router),
 )
 
 
