@@ -21,7 +21,7 @@ import modelling.jobs
 from services.db.engine import session_scope
 from services.db.models import Base
 from services.domain import users
-from tests.conftest import Actor, example_yaml, free_port, open_round
+from tests.conftest import Actor, example_yaml, free_port, open_round, register_model_server
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 API = "/api/v1"
@@ -80,6 +80,11 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/jobs/{{job_id}}"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/models"): {R},
     ("GET", f"{API}/rounds/{{round_id}}/plot-data"): {R},
+    ("POST", f"{API}/model-servers"): set(),
+    ("GET", f"{API}/model-servers"): {R},
+    ("GET", f"{API}/model-servers/{{name}}"): {R},
+    ("PATCH", f"{API}/model-servers/{{name}}"): set(),
+    ("DELETE", f"{API}/model-servers/{{name}}"): set(),
 }
 
 TASK = "dynasent-r2"
@@ -144,6 +149,7 @@ class World:
     attempt_id: int  # its scored attempt
     example_id: int  # an example by another writer, for validators to label
     spare_tokens: dict[str, int] = field(default_factory=dict)  # per role, a token it may revoke
+    server: str = ""  # the registered model server of the round
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +200,8 @@ def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monke
             )
             assert response.status_code == 201, response.text
             spare[role] = response.json()["id"]
-    return World(actors, round_["id"], assignment["id"], attempt.json()["id"], example["id"], spare)
+    server = register_model_server(client.app, model_with_inspect.url)
+    return World(actors, round_["id"], assignment["id"], attempt.json()["id"], example["id"], spare, server)
 
 
 def _write_example(client: Any, writer: Actor, round_id: int, text_: str) -> dict[str, Any]:
@@ -225,6 +232,7 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
         "job_id": 1,
         "username": actor.username if actor and path.endswith("/tokens") else "victim",
         "token_id": world.spare_tokens.get(role, 1),
+        "name": world.server,
     }
     url = path.format(**values)
     bodies: dict[tuple[str, str], Any] = {
@@ -235,9 +243,11 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
             "content": example_yaml("isarcasm", onboarding_quiz=None).encode(),
             "headers": {"Content-Type": "application/yaml"},
         },
-        ("POST", f"{API}/tasks/{{task_name}}/rounds"): {"json": {"model_endpoints": [stub_url]}},
+        ("POST", f"{API}/tasks/{{task_name}}/rounds"): {"json": {"model_servers": [world.server]}},
         ("POST", f"{API}/rounds/{{round_id}}/status"): {"json": {"status": "collecting"}},
-        ("PUT", f"{API}/rounds/{{round_id}}/model"): {"json": {"model_endpoints": [stub_url]}},
+        ("PUT", f"{API}/rounds/{{round_id}}/model"): {"json": {"model_servers": [world.server]}},
+        ("POST", f"{API}/model-servers"): {"json": {"name": f"m-{role}", "url": "http://127.0.0.1:9"}},
+        ("PATCH", f"{API}/model-servers/{{name}}"): {"json": {"description": f"seen by {role}"}},
         ("POST", f"{API}/rounds/{{round_id}}/prompts"): {
             "content": json.dumps({"text": f"A new prompt from the {role} about lunch."}).encode(),
             "headers": {"Content-Type": "application/x-ndjson"},
