@@ -15,20 +15,31 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
-from sqlalchemy import select
+from sqlalchemy import create_engine, inspect, select, text
 
 from api.app import create_app
 from services.db.engine import session_scope
+from services.db.migrate import downgrade, upgrade
 from services.db.models import AuditEntry, Base, ModelVersion, ModelVersionStatus
 from services.domain.tasks import get_task
 from services.settings import Settings
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts, table_snapshot
+from tests.conftest import (
+    BACKENDS,
+    Actor,
+    MakeUser,
+    example_yaml,
+    fresh_postgres_database,
+    open_round,
+    table_counts,
+    table_snapshot,
+)
 from tests.stub_model_server import ThreadedServer
 
 API = "/api/v1"
@@ -373,3 +384,69 @@ def test_an_admin_may_register_any_host_and_a_server_in_use_stays(
     assert client.delete(f"{API}/model-servers/local", headers=admin.headers).status_code == 200
     shown = client.get(f"{API}/rounds/{round_['id']}", headers=researcher.headers).json()
     assert shown["model_servers"] == ["local"]
+
+
+# --- migration 0006: rounds' URLs become registered servers -------------------------------------
+
+
+@pytest.fixture(params=BACKENDS)
+def fresh_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'm.db'}"
+        return
+    with fresh_postgres_database() as url:
+        yield url
+
+
+def test_migration_registers_the_urls_rounds_used(fresh_database: str) -> None:
+    url = fresh_database
+    upgrade(url, "0005")
+    engine = create_engine(url)
+    urls = [
+        ["http://127.0.0.1:8001", "http://model.internal:8001/"],
+        ["http://127.0.0.1:8001"],
+        [],
+        ["https://127.0.0.1:8001/v1"],  # the same host and port: a name of its own
+    ]
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO tasks (id, name, title, family, definition, definition_yaml, created_at) "
+                    "VALUES (1, 't', 'T', 'single_label', '{}', '', CURRENT_TIMESTAMP)"
+                )
+            )
+            for number, endpoints in enumerate(urls, start=1):
+                connection.execute(
+                    text(
+                        "INSERT INTO rounds (id, task_id, number, status, model_endpoints, prompt_strategy, "
+                        "no_prompt_fraction, target_label_mode, created_at) VALUES (:n, 1, :n, 'closed', :e, "
+                        "'unused_first', 0, 'balanced', CURRENT_TIMESTAMP)"
+                    ),
+                    {"n": number, "e": json.dumps(endpoints)},
+                )
+        upgrade(url, "0006")
+        with engine.connect() as connection:
+            servers = dict(connection.execute(text("SELECT name, url FROM model_servers ORDER BY id")).all())
+            tokens = connection.execute(text("SELECT admin_token FROM model_servers")).scalars().all()
+            in_loop = [
+                json.loads(value) if isinstance(value, str) else value
+                for value in connection.execute(text("SELECT model_servers FROM rounds ORDER BY id")).scalars()
+            ]
+        assert servers == {
+            "127-0-0-1-8001": "http://127.0.0.1:8001",
+            "model-internal-8001": "http://model.internal:8001",
+            "127-0-0-1-8001-2": "https://127.0.0.1:8001/v1",
+        }
+        assert tokens == [None, None, None]
+        assert in_loop == [["127-0-0-1-8001", "model-internal-8001"], ["127-0-0-1-8001"], [], ["127-0-0-1-8001-2"]]
+        downgrade(url, "0005")
+        with engine.connect() as connection:
+            back = [
+                json.loads(value) if isinstance(value, str) else value
+                for value in connection.execute(text("SELECT model_endpoints FROM rounds ORDER BY id")).scalars()
+            ]
+            assert "model_servers" not in inspect(connection).get_table_names()
+        assert back == [[u.rstrip("/") for u in endpoints] for endpoints in urls]
+    finally:
+        engine.dispose()
