@@ -179,6 +179,8 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
             return httpx.Response(200, content=b'{"text": "a"}\n')
         if request.url.path.endswith("/worker-agreement") or request.url.path.endswith("/apply"):
             return httpx.Response(200, json=[])
+        if request.url.path.endswith("/model-servers"):
+            return httpx.Response(200, json={"data": [], "count": 0})
         return httpx.Response(200, json={"ok": True, "token": "dl_x"})
 
     client = ApiClient("http://api", "dl_token", transport=httpx.MockTransport(answer))
