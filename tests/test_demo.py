@@ -200,7 +200,7 @@ def test_demo_uses_an_external_model_server_when_given_one(tmp_path: Path, stub_
     with running_demo(tmp_path / "data", "--model-endpoint", stub_model.url) as demo:
         assert "Model 0" not in demo.output and not (tmp_path / "data" / "models").exists()
         assert set(demo.service_pids()) == {"API"}
-        assert f"{stub_model.url} (external)" in demo.output
+        assert f"({stub_model.url}) (external, registered)" in demo.output
         attempt = _writer_attempt(demo.api_url)
         assert attempt["status"] == "scored" and attempt["model_id"] == "stub-model"
         assert demo.stop(signal.SIGTERM) == 0

@@ -450,3 +450,24 @@ def test_migration_registers_the_urls_rounds_used(fresh_database: str) -> None:
         assert back == [[u.rstrip("/") for u in endpoints] for endpoints in urls]
     finally:
         engine.dispose()
+
+
+def test_names_and_descriptions_no_database_can_hold_are_refused_not_crashed(
+    client: TestClient, app: FastAPI, admin: Actor, researcher: Actor, dynasent: dict[str, Any]
+) -> None:
+    """NUL and other control characters (PostgreSQL refuses NUL in text) give 4xx, never 500."""
+    with unchanged(app):
+        for method, path, body, status in (
+            ("GET", f"{API}/model-servers/a%00b", None, 404),
+            ("PATCH", f"{API}/model-servers/a%00b", {"description": "x"}, 404),
+            ("POST", f"{API}/model-servers", {"name": "m", "url": "http://a:1", "description": "a\x00b"}, 422),
+            ("PUT", f"{API}/rounds/{dynasent['id']}/model", {"model_servers": ["a\x00b"]}, 422),
+            (
+                "POST",
+                f"{API}/tasks/dynasent-r2/jobs",
+                {"kind": "promote", "params": {"model_id": 1, "server": "\x00"}},
+                422,
+            ),
+        ):
+            response = client.request(method, path, json=body, headers=admin.headers)
+            assert response.status_code == status, response.text

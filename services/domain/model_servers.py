@@ -90,8 +90,12 @@ def _check_token(token: str | None) -> str | None:
 
 
 def _check_description(description: str | None) -> str | None:
-    if description is not None and len(description) > DESCRIPTION_MAX:
+    if description is None:
+        return None
+    if len(description) > DESCRIPTION_MAX:
         raise Invalid(f"the description is {len(description)} characters long; at most {DESCRIPTION_MAX}")
+    if any((ord(c) < 0x20 and c not in "\n\t") or ord(c) == 0x7F for c in description):
+        raise Invalid("the description contains control characters; remove them")
     return description
 
 
@@ -112,12 +116,19 @@ def list_servers(session: Session) -> list[ModelServer]:
     return list(session.scalars(select(ModelServer).order_by(ModelServer.name)))
 
 
+def _is_name(name: object) -> bool:
+    return isinstance(name, str) and NAME_PATTERN.fullmatch(name) is not None
+
+
 def find_server(session: Session, name: str) -> ModelServer | None:
+    # Not a slug: not registered (and never sent to the database: PostgreSQL refuses NUL).
+    if not _is_name(name):
+        return None
     return session.scalar(select(ModelServer).where(ModelServer.name == name))
 
 
 def get_server(session: Session, name: str) -> ModelServer:
-    server = find_server(session, name) if isinstance(name, str) and len(name) <= NAME_MAX else None
+    server = find_server(session, name)
     if server is None:
         raise NotFound(f"no model server named {str(name)[:80]!r} is registered; GET /api/v1/model-servers lists them")
     return server
@@ -215,7 +226,10 @@ def check_names(session: Session, names: list[str], *, field: str = "model_serve
     cleaned = [name.strip() if isinstance(name, str) else name for name in names]
     if len(set(cleaned)) != len(cleaned):
         raise Invalid(f"{field} lists the same server twice; list each once")
-    known = set(session.scalars(select(ModelServer.name).where(ModelServer.name.in_(cleaned)))) if cleaned else set()
+    candidates = [name for name in cleaned if _is_name(name)]
+    known = (
+        set(session.scalars(select(ModelServer.name).where(ModelServer.name.in_(candidates)))) if candidates else set()
+    )
     unknown = [str(name)[:80] for name in cleaned if name not in known]
     if unknown:
         registered = ", ".join([s.name for s in list_servers(session)][:50])
