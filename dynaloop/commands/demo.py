@@ -73,7 +73,11 @@ def demo(
     console.print(f"[bold]dynaloop demo[/bold] — database {redact(setup.database_url)}")
     console.print(
         f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), "
-        f"{setup.prompts} prompts; model in the loop: {', '.join(setup.model_servers) or 'none yet'}"
+        f"{setup.prompts} prompts; model in the loop: "
+        + (
+            ", ".join(f"{n} ({u})" for n, u in zip(setup.model_servers, setup.model_endpoints, strict=True))
+            or "none yet"
+        )
     )
     table = Table("role", "username", "password")
     for login in setup.logins:
