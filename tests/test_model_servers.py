@@ -143,6 +143,8 @@ def test_a_researchers_promote_job_never_sends_the_admin_token_to_a_server_of_th
     deployment has that token (in the settings the API had, and registered with its model
     server); the researcher's server must get no request at all, whatever the job's params say.
     The registered server, and only it, gets the token."""
+    # The token as the API's setting (DYNALOOP_MODEL_SERVER_ADMIN_TOKEN) used to hold it; the
+    # registry replaced that setting, so this only keeps a deployment's old configuration.
     deployment = settings.model_copy(update={"model_server_admin_token": SecretStr(ADMIN_TOKEN)})
     app = create_app(deployment)
     with TestClient(app) as client, recording_server() as attacker, recording_server() as registered:
