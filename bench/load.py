@@ -135,7 +135,7 @@ def seed_database(
 
     from services.db.engine import make_engine, make_sessionmaker, session_scope
     from services.db.migrate import upgrade
-    from services.domain import rounds, tasks, users
+    from services.domain import model_servers, rounds, tasks, users
     from services.taskdef import example_path
 
     upgrade(url)
@@ -145,7 +145,8 @@ def seed_database(
     try:
         with session_scope(make_sessionmaker(engine)) as session:
             task = tasks.create_task(session, None, yaml.safe_dump(definition, allow_unicode=True))
-            round_ = rounds.create_round(session, None, task, model_endpoints=[model_url])
+            model_servers.register(session, None, "bench-model", model_url)
+            round_ = rounds.create_round(session, None, task, model_servers=["bench-model"])
             lines = "\n".join(
                 json.dumps({"text": f"Prompt {i}: the cafe on the corner serves a decent lunch."})
                 for i in range(prompts)

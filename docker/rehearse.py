@@ -366,7 +366,7 @@ def main() -> int:
                     "model-tiny",
                     "--endpoint",
                     f"http://127.0.0.1:{PORTS[name]}",
-                    "--keep-round-endpoints",
+                    "--keep-round-servers",
                     "--force",
                 ],
                 env=env,
@@ -374,13 +374,23 @@ def main() -> int:
                 text=True,
             )
             said = (result.stdout + result.stderr).strip().splitlines()
-            stack.check(f"`dynaloop model promote --endpoint` {name}", result.returncode == 0, said[0] if said else "")
+            stack.check(
+                f"`dynaloop model promote --endpoint` {name} (registers the replica's URL)",
+                result.returncode == 0,
+                said[-1] if said else "",
+            )
         served = [
             httpx.get(f"http://127.0.0.1:{PORTS[name]}/info").json()["model_id"] for name in ("model-1", "model-2")
         ]
         stack.check("both replicas serve the promoted model", served == ["model-tiny"] * 2, str(served))
-        endpoints = httpx.get(f"{api}/api/v1/rounds/{round_id}", headers=auth("researcher")).json()["model_endpoints"]
-        stack.check("--keep-round-endpoints left the round on the balancer", endpoints == [model], str(endpoints))
+        in_loop = httpx.get(f"{api}/api/v1/rounds/{round_id}", headers=auth("researcher")).json()["model_servers"]
+        registered = httpx.get(f"{api}/api/v1/model-servers", headers=auth("researcher")).json()["data"]
+        urls = {server["name"]: server["url"] for server in registered}
+        stack.check(
+            "--keep-round-servers left the round on the balancer (registered by `dynaloop demo --model-endpoint`)",
+            [urls.get(name) for name in in_loop] == [model],
+            str(in_loop),
+        )
 
         # Fail-over.
         stack.stop("api-1")

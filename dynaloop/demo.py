@@ -28,13 +28,14 @@ from types import FrameType
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from dynaloop.model_zero import ModelZeroSpec, ensure_model_zero
 from dynaloop.processes import Service, ServiceError, Supervisor, connect_host, port_in_use, still_running
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.migrate import upgrade
 from services.db.models import Round, RoundStatus, Task, TaskRole, User
-from services.domain import members, rounds, tasks, users
+from services.domain import members, model_servers, rounds, tasks, users
 from services.errors import DomainError
 from services.settings import Settings
 from services.taskdef import example_path
@@ -66,11 +67,42 @@ class DemoSetup:
     round_id: int
     round_number: int
     prompts: int
-    model_endpoints: list[str]
+    model_servers: list[str]  # registered names, in the round's loop
+    model_endpoints: list[str]  # their URLs (printed for the operator)
     logins: list[DemoLogin] = field(default_factory=list)
 
 
-def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
+#: The name the demo registers its own model server (Model 0) under.
+DEMO_SERVER = "model-0"
+
+
+def register_demo_servers(session: Session, urls: list[str], admin_token: str | None) -> list[str]:
+    """Register the demo's model servers and return their names. With ``admin_token``, ``urls``
+    is the demo's own server: it is (re-)registered as ``model-0`` with this start's token and
+    port. Otherwise each URL (`--model-endpoint`) is registered under a name from its host and
+    port, or found registered already. The operator who starts the demo is its admin."""
+    if admin_token is not None:
+        existing = model_servers.find_server(session, DEMO_SERVER)
+        if existing is None:
+            model_servers.register(
+                session, None, DEMO_SERVER, urls[0], admin_token=admin_token, description="the demo's Model 0"
+            )
+        else:
+            model_servers.update(session, None, existing, url=urls[0], admin_token=admin_token)
+        return [DEMO_SERVER]
+    names = []
+    for url in urls:
+        found = model_servers.find_by_url(session, url)
+        if found is None:
+            taken = [s.name for s in model_servers.list_servers(session)]
+            found = model_servers.register(
+                session, None, model_servers.name_for_url(model_servers.check_url(url), taken), url
+            )
+        names.append(found.name)
+    return names
+
+
+def set_up_demo(settings: Settings, model_endpoints: list[str], admin_token: str | None = None) -> DemoSetup:
     url = settings.resolved_database_url
     upgrade(url)
     engine = make_engine(url)
@@ -100,16 +132,25 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
                     Round.task_id == task.id, Round.status.in_([RoundStatus.collecting, RoundStatus.validating])
                 )
             )
+            servers = register_demo_servers(session, model_endpoints, admin_token) if model_endpoints else []
             if round_ is None:
-                round_ = rounds.create_round(session, None, task, model_endpoints=model_endpoints)
-            elif model_endpoints:
-                rounds.set_model_endpoints(session, None, round_, model_endpoints)
+                round_ = rounds.create_round(session, None, task, model_servers=servers)
+            elif servers:
+                rounds.set_model_servers(session, None, round_, servers)
             rounds.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
             prompt_count = len(
                 list(session.scalars(select(rounds.Prompt.id).where(rounds.Prompt.round_id == round_.id)))
             )
+            in_loop = model_servers.addresses(session, list(round_.model_servers))
             return DemoSetup(
-                url, task.name, round_.id, round_.number, prompt_count, list(round_.model_endpoints), logins
+                url,
+                task.name,
+                round_.id,
+                round_.number,
+                prompt_count,
+                [s.name for s in in_loop],
+                [s.url for s in in_loop],
+                logins,
             )
     finally:
         engine.dispose()
@@ -118,9 +159,10 @@ def set_up_demo(settings: Settings, model_endpoints: list[str]) -> DemoSetup:
 # --- Model 0 in the registry ---------------------------------------------------------------
 
 
-def put_model_in_loop(settings: Settings, directory: Path, endpoint: str, admin_token: str) -> str:
-    """Register the model in ``directory`` for the demo task and promote it at ``endpoint``
-    (the running model server), which also points the open round at it. Returns its name.
+def put_model_in_loop(settings: Settings, directory: Path, server: str) -> str:
+    """Register the model in ``directory`` for the demo task and promote it on the registered
+    model server ``server`` (running; its URL and admin token are in the registry of model
+    servers), which also puts it in the open round's loop. Returns the model's name.
 
     Model 0 has no evaluation to show (there is no round data yet), so it is promoted with
     ``force``. Starting the demo again finds it promoted there already and changes nothing:
@@ -135,9 +177,10 @@ def put_model_in_loop(settings: Settings, directory: Path, endpoint: str, admin_
             task = tasks.get_task(session, DEMO_TASK)
             model = register_model(session, task, directory)
             name = model.name
+            endpoint = model_servers.get_server(session, server).url
             already = model.status is ModelVersionStatus.promoted and model.endpoint == endpoint
         if not already:
-            promote(factory, DEMO_TASK, name, endpoint=endpoint, admin_token=admin_token, force=True)
+            promote(factory, DEMO_TASK, name, server=server, force=True)
         return name
     finally:
         engine.dispose()
@@ -272,7 +315,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
 
     with _stop_on_signals():
         try:
-            setup = set_up_demo(settings, model_endpoints=endpoints)
+            setup = set_up_demo(
+                settings, model_endpoints=endpoints, admin_token=admin_token if start_model_server else None
+            )
             console.print(f"[bold]dynaloop demo[/bold] — database {_redacted(setup.database_url)}", soft_wrap=True)
             console.print(
                 f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), {setup.prompts} prompts",
@@ -321,7 +366,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                     env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": admin_token},
                 )
                 _wait(console, supervisor, server, options.model_start_timeout_s)
-                model_name = put_model_in_loop(settings, model.directory, model_url, admin_token)
+                model_name = put_model_in_loop(settings, model.directory, setup.model_servers[0])
             api = supervisor.start(
                 "API",
                 [
@@ -445,9 +490,14 @@ def _print_ready(
             highlight=False,
         )
     if model_name:
-        console.print(f"model in the loop: {model_name} at {', '.join(setup.model_endpoints)}", soft_wrap=True)
+        console.print(
+            f"model in the loop: {model_name} on model server {setup.model_servers[0]} at "
+            f"{', '.join(setup.model_endpoints)}",
+            soft_wrap=True,
+        )
     else:
-        console.print(f"model in the loop: {', '.join(setup.model_endpoints)} (external)", soft_wrap=True)
+        shown = ", ".join(f"{n} ({u})" for n, u in zip(setup.model_servers, setup.model_endpoints, strict=True))
+        console.print(f"model in the loop: {shown} (external, registered)", soft_wrap=True)
     if admin_token:
         print(f"model server admin token (for `dynaloop model promote`): {admin_token}")
     if ui_note:

@@ -122,7 +122,7 @@ class Round(TypedDict):
     task: str
     number: int
     status: str  # collecting, validating, closed, built
-    model_endpoints: list[str]
+    model_servers: list[str] | None  # registered server names; None unless you manage the task
     prompt_strategy: str
     no_prompt_fraction: float
     target_label_mode: str  # balanced, writer_choice
@@ -356,6 +356,18 @@ class Job(TypedDict):
     finished_at: str | None
 
 
+class ModelServer(TypedDict):
+    """A model server an admin registered (its admin token is never shown)."""
+
+    name: str
+    url: str
+    description: str | None
+    has_admin_token: bool
+    created_by: str | None
+    created_at: str
+    updated_at: str
+
+
 class Model(TypedDict):
     id: int
     name: str
@@ -432,13 +444,14 @@ class Api(Protocol):
         self,
         task: str,
         *,
-        model_endpoints: list[str] | None = None,
+        model_servers: list[str] | None = None,
         prompt_strategy: str | None = None,
         no_prompt_fraction: float | None = None,
         target_label_mode: str | None = None,
         notes: str | None = None,
     ) -> Round: ...
-    def set_model(self, round_id: int, model_endpoints: list[str]) -> Round: ...
+    def set_model(self, round_id: int, model_servers: list[str]) -> Round: ...
+    def model_servers(self) -> list[ModelServer]: ...
     def import_prompts(
         self, round_id: int, content: bytes, filename: str = "prompts.jsonl", *, format: str | None = None
     ) -> PromptImport: ...
@@ -736,15 +749,16 @@ class ApiClient:
         self,
         task: str,
         *,
-        model_endpoints: list[str] | None = None,
+        model_servers: list[str] | None = None,
         prompt_strategy: str | None = None,
         no_prompt_fraction: float | None = None,
         target_label_mode: str | None = None,
         notes: str | None = None,
     ) -> Round:
-        """Open the task's next round (fields left out take the API's defaults)."""
+        """Open the task's next round (fields left out take the API's defaults); ``model_servers``
+        names registered model servers (:meth:`model_servers`)."""
         body = {
-            "model_endpoints": model_endpoints,
+            "model_servers": model_servers,
             "prompt_strategy": prompt_strategy,
             "no_prompt_fraction": no_prompt_fraction,
             "target_label_mode": target_label_mode,
@@ -752,8 +766,13 @@ class ApiClient:
         }
         return self._json("POST", f"/tasks/{task}/rounds", json_body={k: v for k, v in body.items() if v is not None})
 
-    def set_model(self, round_id: int, model_endpoints: list[str]) -> Round:
-        return self._json("PUT", f"/rounds/{round_id}/model", json_body={"model_endpoints": model_endpoints})
+    def set_model(self, round_id: int, model_servers: list[str]) -> Round:
+        """Put registered model servers (by name) in the round's loop."""
+        return self._json("PUT", f"/rounds/{round_id}/model", json_body={"model_servers": model_servers})
+
+    def model_servers(self) -> list[ModelServer]:
+        """The model servers an admin registered, to choose from (researchers)."""
+        return self._data("/model-servers")
 
     def import_prompts(
         self, round_id: int, content: bytes, filename: str = "prompts.jsonl", *, format: str | None = None

@@ -18,9 +18,10 @@ and its parameters are that use case's options (docs/api.md, "Jobs"):
   process before anything is read; the params keep the names the researcher gave;
 * ``evaluate``: :func:`~modelling.usecases.evaluate_and_record` on every built round's dev and
   test split (and a mix's sets), into ``DATA_DIR/evaluations/TASK-job-ID``;
-* ``promote``: :func:`~modelling.usecases.promote_model` (hot swap on the model server, then the
-  registry). The model server's admin token comes from the settings or the request and is
-  handed to the process in its environment: it is never stored in the row or its log.
+* ``promote``: :func:`~modelling.usecases.promote_model` (hot swap on a registered model server,
+  then the registry). The job names the server; its process reads the server's URL and admin
+  token from the registry of model servers that admins keep, so a request can neither choose
+  where the token goes nor see it, and the token is never in the job's row, log or environment.
 
 A job never hangs as *running*: every failure is recorded with a message that says what
 happened, and a job whose process is gone (killed, out of memory, machine restarted) is
@@ -75,7 +76,7 @@ from services.db.models import (
 )
 from services.db.statements import rows_matched
 from services.domain import audit
-from services.domain.rounds import check_endpoints
+from services.domain.model_servers import find_server
 from services.domain.tasks import definition_of
 from services.errors import Conflict, DomainError, Invalid, missing_job, validation_problems
 
@@ -109,6 +110,7 @@ LOG_LIMIT = 20_000
 PROGRESS_INTERVAL_S = 1.0
 #: A queued job whose process never reported a pid after this long did not start.
 START_TIMEOUT = dt.timedelta(minutes=5)
+# Never passed on to a job's process: a promote job takes its server's token from the registry.
 ADMIN_TOKEN_ENV = "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN"
 DATA_ROOT_ENV = "DYNALOOP_DATA_ROOT"
 MAX_ID = 2**31 - 1  # ids are INTEGER columns (api.deps.MAX_ID)
@@ -216,20 +218,15 @@ def create_job(
     *,
     data_dir: Path,
     data_root: Path | None = None,
-    admin_token: str | None = None,
-) -> tuple[Job, str | None]:
+) -> Job:
     """Validate ``params`` for ``kind`` and record a queued job.
 
     A data mix may name the task's uploaded datasets and files under ``data_root``
     (``DYNALOOP_DATA_ROOT``; None: uploads only); anything else is refused with one message
-    that does not tell whether the file exists.
-
-    Returns the job and the model server admin token its process needs (promote jobs: the
-    one in ``params``, else ``admin_token`` from the settings), which is never stored. A second
-    train job for a task while one is queued or running is a :class:`Conflict`."""
+    that does not tell whether the file exists. A second train job for a task while one is
+    queued or running is a :class:`Conflict`."""
     parsed = parse_params(kind, params)
     kind = JobKind(kind)
-    secret: str | None = None
     definition = definition_of(task)
     files = DataFiles.of(data_dir, data_root)
     if isinstance(parsed, TrainParams):
@@ -273,18 +270,23 @@ def create_job(
             )
     elif isinstance(parsed, PromoteParams):
         model = _model_of(session, task, parsed.model_id)
-        parsed.endpoint = check_endpoints([parsed.endpoint])[0]
+        server = find_server(session, parsed.server)
+        if server is None:
+            raise Invalid(
+                f"params.server: {parsed.server[:80]!r} is not a registered model server; GET "
+                "/api/v1/model-servers lists them (an admin registers new ones)"
+            )
+        if not server.admin_token:
+            raise Invalid(
+                f"params.server: model server {server.name!r} is registered without an admin token, so no "
+                "model can be promoted to it; ask an admin to set one"
+            )
         if model.status is ModelVersionStatus.trained and not parsed.force:
             raise Conflict(
                 f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the "
                 "loop; run an evaluate job first, or set force to promote it anyway"
             )
-        secret = parsed.admin_token.get_secret_value() if parsed.admin_token else admin_token
-        if not secret:
-            raise Invalid(
-                f"params.admin_token: give the model server's admin token, or start the API with {ADMIN_TOKEN_ENV} set"
-            )
-    stored = parsed.model_dump(mode="json", exclude={"admin_token"}, exclude_none=True)
+    stored = parsed.model_dump(mode="json", exclude_none=True)
     job = Job(
         kind=kind,
         task_id=task.id,
@@ -298,7 +300,7 @@ def create_job(
     session.add(job)
     session.flush()
     audit.record(session, actor, f"job.{kind.value}", "job", job.id, task=task.name, params=stored)
-    return job, secret
+    return job
 
 
 def get_job(session: Session, job_id: int) -> Job:
@@ -381,12 +383,13 @@ def job_log_path(data_dir: Path, job_id: int) -> Path:
 
 
 def spawn_job(
-    job_id: int, *, database_url: str, data_dir: Path, data_root: Path | None = None, admin_token: str | None = None
+    job_id: int, *, database_url: str, data_dir: Path, data_root: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``python -m dynaloop.cli job run JOB_ID`` detached from this process.
 
-    The database URL (which may hold a password) and the admin token travel in the child's
-    environment, never on its command line (``ps`` shows that to every user). Its output goes
+    The database URL (which may hold a password) travels in the child's environment, never on
+    its command line (``ps`` shows that to every user); a model server admin token in this
+    process's environment is not passed on. Its output goes
     to ``DATA_DIR/jobs/job-ID.log``. A thread waits for the child so it never lingers as a
     zombie that would look alive."""
     log_path = job_log_path(data_dir, job_id)
@@ -400,8 +403,6 @@ def spawn_job(
     if data_root is not None:
         env[DATA_ROOT_ENV] = str(Path(data_root).resolve())
     env.pop(ADMIN_TOKEN_ENV, None)
-    if admin_token:
-        env[ADMIN_TOKEN_ENV] = admin_token
     with log_path.open("ab") as out:
         popen = subprocess.Popen(
             [sys.executable, "-m", "dynaloop.cli", "job", "run", str(job_id)],
@@ -422,14 +423,11 @@ def start_job(
     database_url: str,
     data_dir: Path,
     data_root: Path | None = None,
-    admin_token: str | None = None,
     spawn: Callable[..., subprocess.Popen[bytes]] = spawn_job,
 ) -> None:
     """Spawn the job's process and record its pid; a failure to start is recorded on the job."""
     try:
-        popen = spawn(
-            job_id, database_url=database_url, data_dir=data_dir, data_root=data_root, admin_token=admin_token
-        )
+        popen = spawn(job_id, database_url=database_url, data_dir=data_dir, data_root=data_root)
     except OSError as exc:
         with factory.begin() as session:
             session.execute(
@@ -590,14 +588,7 @@ def _failure_message(exc: BaseException) -> str:
     return f"unexpected {type(exc).__name__}: {exc}"
 
 
-def run_job(
-    factory: sessionmaker[Session],
-    job_id: int,
-    *,
-    data_dir: Path,
-    data_root: Path | None = None,
-    admin_token: str | None = None,
-) -> Job:
+def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path, data_root: Path | None = None) -> Job:
     """Run queued job ``job_id`` in this process and return the finished row.
 
     The job's params came through the API, so they are held to its rule again before any file is
@@ -608,7 +599,7 @@ def run_job(
     traceback in the log for unexpected errors), not raised; only a job that does not exist or
     is not queued raises (:class:`NotFound`, :class:`Conflict`)."""
     kind, task_id, task_name, actor_id, params = _claim(factory, job_id)
-    runner = JobRunner(factory, job_id, secrets=[admin_token or ""])
+    runner = JobRunner(factory, job_id)
     context = _Context(factory, job_id, kind, task_id, task_name, actor_id, params, Path(data_dir), data_root, runner)
     handler = _LogToJob(runner)
     root, ours = logging.getLogger(), logging.getLogger("modelling")
@@ -623,7 +614,7 @@ def run_job(
         elif kind is JobKind.evaluate:
             result = _evaluate(context)
         else:
-            result = _promote(context, admin_token)
+            result = _promote(context)
         runner.finish(JobStatus.succeeded, result.pop("message"), result)
     except BaseException as exc:
         message = _failure_message(exc)
@@ -778,19 +769,17 @@ def _evaluate(context: _Context) -> dict[str, Any]:
     }
 
 
-def _promote(context: _Context, admin_token: str | None) -> dict[str, Any]:
+def _promote(context: _Context) -> dict[str, Any]:
     params = PromoteParams.model_validate(context.params)
-    token = admin_token or os.environ.get(ADMIN_TOKEN_ENV)
-    if not token:
-        raise Invalid(f"the job has no model server admin token; the API passes it in {ADMIN_TOKEN_ENV}")
-    context.runner.secrets.append(token)
-    context.runner.progress(0.1, f"asking {params.endpoint} to load model {params.model_id}", force=True)
-    promotion = promote_model(
-        context.factory, context.task_name, params.model_id, params, admin_token=token, actor_id=context.actor_id
-    )
+    with context.factory() as session:
+        server = find_server(session, params.server)
+        if server is not None and server.admin_token:
+            context.runner.secrets.append(server.admin_token)  # never in the log, whatever happens
+    context.runner.progress(0.1, f"asking model server {params.server} to load model {params.model_id}", force=True)
+    promotion = promote_model(context.factory, context.task_name, params.model_id, params, actor_id=context.actor_id)
     summary = RegisteredModel.of(promotion.model)
     retired = [m.name for m in promotion.retired]
-    message = f"promoted {summary.name}: {promotion.endpoint} now serves it"
+    message = f"promoted {summary.name}: model server {promotion.server} ({promotion.endpoint}) now serves it"
     if retired:
         message += f"; retired {', '.join(retired)}"
     if promotion.rounds_updated:
@@ -798,6 +787,7 @@ def _promote(context: _Context, admin_token: str | None) -> dict[str, Any]:
     return {
         "message": message,
         "model": summary.to_dict(),
+        "server": promotion.server,
         "endpoint": promotion.endpoint,
         "retired": retired,
         "rounds_updated": promotion.rounds_updated,

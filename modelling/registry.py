@@ -10,9 +10,11 @@ Round 2):
   *evaluated*;
 * :func:`promote` hot-swaps the running model server to the directory (``POST
   /admin/reload``), checks ``GET /info`` reports the new ``model_id``/``version``, and only
-  then marks it *promoted*, retires the model promoted before it and points the task's open
-  rounds at the endpoint. Any failure leaves the database as it was, with a message that says
-  what happened;
+  then marks it *promoted*, retires the model promoted before it and puts the server in the
+  task's open rounds' loop. The server is one an admin registered
+  (:mod:`services.domain.model_servers`): its URL and admin token come from that registry, so
+  the token only ever goes to the URL registered with it. Any failure leaves the database as it
+  was, with a message that says what happened;
 * :func:`retire` takes a model out of use in the registry.
 
 Attempts record the ``model_id`` and ``model_version`` the model server answered with; they
@@ -25,8 +27,7 @@ Example::
     >>> with session_scope(factory) as session:  # doctest: +SKIP
     ...     model = register_model(session, task, Path("models/r1"))
     ...     record_evaluation(session, task, Path("models/r1"), {"round-1 test": {"macro_f1": 0.81}})
-    >>> promote(factory, "dynasent-r2", "model-1@1", endpoint="http://127.0.0.1:8001",
-    ...         admin_token=token)  # doctest: +SKIP
+    >>> promote(factory, "dynasent-r2", "model-1@1", server="model-0")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from services.db.models import (
     utcnow,
 )
 from services.domain import audit
-from services.domain.rounds import check_endpoints
+from services.domain.model_servers import get_server
 from services.domain.tasks import definition_of, get_task
 from services.errors import Conflict, DomainError, Invalid, NotFound
 from services.taskdef import TaskDefinition, TaskFamily
@@ -95,9 +96,10 @@ class Promotion:
     """What :func:`promote` did."""
 
     model: ModelVersion
-    endpoint: str
+    server: str  # the registered model server's name
+    endpoint: str  # its URL
     retired: list[ModelVersion] = field(default_factory=list)
-    rounds_updated: list[int] = field(default_factory=list)  # round numbers now pointing at endpoint
+    rounds_updated: list[int] = field(default_factory=list)  # round numbers now with the server in their loop
     server_info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -321,11 +323,23 @@ class _Plan:
     model_id: str
     version: str
     directory: str
+    server: str
     endpoint: str
+    admin_token: str = field(repr=False)
     previous_directory: str | None  # the model promoted at this endpoint before, for a rollback
 
 
-def _plan(session: Session, task: Task, reference: str | int, endpoint: str, force: bool) -> _Plan:
+def _plan(
+    session: Session, task: Task, reference: str | int, server_name: str, admin_token: str | None, force: bool
+) -> _Plan:
+    server = get_server(session, server_name)
+    token = admin_token or server.admin_token
+    if not token:
+        raise Invalid(
+            f"model server {server.name!r} is registered without an admin token, so no model can be promoted "
+            f"to it; an admin sets one (PATCH /api/v1/model-servers/{server.name} with admin_token)"
+        )
+    endpoint = server.url
     model = find_model(session, task, reference)
     if model.status is ModelVersionStatus.trained and not force:
         raise Conflict(
@@ -349,7 +363,9 @@ def _plan(session: Session, task: Task, reference: str | int, endpoint: str, for
         model.model_id,
         model.version,
         model.directory,
+        server.name,
         endpoint,
+        token,
         previous.directory if previous is not None else None,
     )
 
@@ -411,8 +427,8 @@ def reload_model_server(
             continue
         if response.status_code == 401:
             raise PromotionError(
-                f"the model server at {endpoint} refused the admin token (HTTP 401); give the "
-                "token it was started with (--admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN)"
+                f"the model server at {endpoint} refused the admin token (HTTP 401); register the "
+                "token it was started with (PATCH /api/v1/model-servers/{name} with admin_token)"
             )
         if response.status_code == 403:
             raise PromotionError(f"the model server at {endpoint} does not allow reloads (HTTP 403): {message}")
@@ -478,18 +494,18 @@ def _record(session: Session, plan: _Plan, actor: User | None, update_open_round
         for round_ in session.scalars(
             select(Round).where(Round.task_id == plan.task_id, Round.status.in_(_OPEN_ROUNDS)).order_by(Round.number)
         ):
-            if plan.endpoint not in (round_.model_endpoints or []):
+            if plan.server not in (round_.model_servers or []):
                 audit.record(
                     session,
                     actor,
                     "round.model",
                     "round",
                     round_.id,
-                    endpoints=[plan.endpoint],
-                    previous=list(round_.model_endpoints or []),
+                    servers=[plan.server],
+                    previous=list(round_.model_servers or []),
                     reason=f"promoted {plan.name}",
                 )
-                round_.model_endpoints = [plan.endpoint]
+                round_.model_servers = [plan.server]
                 rounds_updated.append(round_.number)
     audit.record(
         session,
@@ -499,11 +515,14 @@ def _record(session: Session, plan: _Plan, actor: User | None, update_open_round
         model.id,
         task=plan.task_name,
         name=model.name,
+        server=plan.server,
         endpoint=plan.endpoint,
         retired=[m.name for m in retired],
     )
     session.flush()
-    return Promotion(model=model, endpoint=plan.endpoint, retired=retired, rounds_updated=rounds_updated)
+    return Promotion(
+        model=model, server=plan.server, endpoint=plan.endpoint, retired=retired, rounds_updated=rounds_updated
+    )
 
 
 def promote(
@@ -511,8 +530,8 @@ def promote(
     task_name: str,
     reference: str | int,
     *,
-    endpoint: str,
-    admin_token: str,
+    server: str,
+    admin_token: str | None = None,
     http: httpx.Client | None = None,
     force: bool = False,
     actor_id: int | None = None,
@@ -520,33 +539,36 @@ def promote(
     update_open_rounds: bool = True,
     timeout_s: float = RELOAD_TIMEOUT_S,
 ) -> Promotion:
-    """Put model ``reference`` of task ``task_name`` in the loop at ``endpoint``.
+    """Put model ``reference`` of task ``task_name`` in the loop on the registered model server
+    named ``server``.
 
-    Three steps, each in its own transaction or none, so no database lock is held while the
-    model server loads the weights (on SQLite a transaction holds the write lock):
+    The server's URL and admin token come from the registry (``model_servers``); ``admin_token``
+    overrides the registered token and is for an operator at the server's shell only (`dynaloop
+    model promote`), never for a request. Three steps, each in its own transaction or none, so no
+    database lock is held while the model server loads the weights (on SQLite a transaction
+    holds the write lock):
 
-    1. read and check: the model exists and was evaluated (or ``force``);
+    1. read and check: the server is registered with an admin token, the model exists and was
+       evaluated (or ``force``);
     2. ``POST {endpoint}/admin/reload`` with the model directory, then ``GET /info`` must report
        its ``model_id`` and ``version``;
-    3. record: the model is *promoted* (``promoted_at``, ``endpoint``), the one promoted before
-       is *retired*, and the task's open rounds whose model endpoints do not include
-       ``endpoint`` are pointed at it (``update_open_rounds``).
+    3. record: the model is *promoted* (``promoted_at``, ``endpoint``: the server's URL), the
+       one promoted before is *retired*, and the task's open rounds whose loop does not include
+       the server get it as their only server (``update_open_rounds``).
 
     On any failure the registry is unchanged and :class:`PromotionError` (or another domain
     error) says what happened. Should recording fail after the server switched, the model
     promoted before at that endpoint is reloaded.
     """
-    if not admin_token:
-        raise Invalid("give the model server's admin token (--admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN)")
-    endpoint = check_endpoints([endpoint])[0]
     with factory.begin() as session:
         task = get_task(session, task_name)
-        plan = _plan(session, task, reference, endpoint, force)
+        plan = _plan(session, task, reference, server, admin_token, force)
+    endpoint = plan.endpoint
     own_http = http is None
     client = http or httpx.Client()
     try:
         answer = reload_model_server(
-            client, endpoint, plan.directory, admin_token, backend=backend, timeout_s=timeout_s
+            client, endpoint, plan.directory, plan.admin_token, backend=backend, timeout_s=timeout_s
         )
         info = _verify(client, plan)
         try:
@@ -554,7 +576,7 @@ def promote(
                 actor = session.get(User, actor_id) if actor_id is not None else None
                 result = _record(session, plan, actor, update_open_rounds)
         except (DomainError, SQLAlchemyError) as exc:
-            restored = _restore(client, plan, admin_token, backend, timeout_s)
+            restored = _restore(client, plan, backend, timeout_s)
             reason = (
                 exc.message if isinstance(exc, DomainError) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
             )
@@ -570,12 +592,12 @@ def promote(
     return result
 
 
-def _restore(http: httpx.Client, plan: _Plan, admin_token: str, backend: str | None, timeout_s: float) -> str:
+def _restore(http: httpx.Client, plan: _Plan, backend: str | None, timeout_s: float) -> str:
     if plan.previous_directory is None:
         return "no model was promoted there before, so it keeps serving the new one"
     try:
         reload_model_server(
-            http, plan.endpoint, plan.previous_directory, admin_token, backend=backend, timeout_s=timeout_s
+            http, plan.endpoint, plan.previous_directory, plan.admin_token, backend=backend, timeout_s=timeout_s
         )
     except PromotionError as exc:
         return f"reloading the previous model failed too ({exc.message})"

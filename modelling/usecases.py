@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
 from modelling.datasets import DataFiles, DataMix, SourceSpec
@@ -420,14 +420,14 @@ class PromoteOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint: str = Field(
-        min_length=1, max_length=500, description="The running model server, e.g. http://127.0.0.1:8001."
+    server: str = Field(
+        min_length=1,
+        max_length=63,
+        description="The registered model server to load the model (GET /api/v1/model-servers), e.g. model-0. "
+        "Its URL and admin token come from the registry.",
     )
     force: bool = Field(False, description="Promote a model that was never evaluated.")
-    admin_token: SecretStr | None = Field(
-        None, description="The model server's admin token; default: DYNALOOP_MODEL_SERVER_ADMIN_TOKEN. Never stored."
-    )
-    keep_round_endpoints: bool = Field(False, description="Do not point the task's open rounds at the endpoint.")
+    keep_round_servers: bool = Field(False, description="Do not put the server in the task's open rounds' loop.")
     backend: str | None = Field(
         None, min_length=1, max_length=100, description="Model server backend for the new model; default: the same."
     )
@@ -443,21 +443,22 @@ def promote_model(
     options: PromoteOptions,
     *,
     actor_id: int | None = None,
-    admin_token: str | None = None,
+    operator_admin_token: str | None = None,
 ) -> Promotion:
     """Put model ``reference`` (registry id, ``model_id@version`` or ``model_id``) of task
-    ``task_name`` in the loop at ``options.endpoint``: :func:`modelling.registry.promote`. The
-    admin token is ``options.admin_token``, else ``admin_token``."""
-    token = options.admin_token.get_secret_value() if options.admin_token else admin_token
+    ``task_name`` in the loop on the registered server ``options.server``:
+    :func:`modelling.registry.promote`. The admin token is the one registered with the server;
+    ``operator_admin_token`` (`dynaloop model promote --admin-token`, an operator at the
+    server's shell) overrides it. No request or job can give one."""
     return promote(
         factory,
         task_name,
         reference,
-        endpoint=options.endpoint,
-        admin_token=token or "",
+        server=options.server,
+        admin_token=operator_admin_token,
         force=options.force,
         actor_id=actor_id,
         backend=options.backend,
-        update_open_rounds=not options.keep_round_endpoints,
+        update_open_rounds=not options.keep_round_servers,
         timeout_s=options.timeout_s,
     )

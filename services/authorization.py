@@ -361,3 +361,20 @@ class ModelPolicy:
     def list(task: Task | None = None) -> Policy:
         """The task's model registry."""
         return TaskPolicy.manage(task)
+
+
+# --- the registry of model servers -------------------------------------------------------------
+
+
+class ModelServerPolicy:
+    @staticmethod
+    def manage() -> Policy:
+        """Register, change and remove model servers: where the API and its jobs may send
+        requests and admin tokens. Only admins."""
+        return _needs(Role.admin)
+
+    @staticmethod
+    def list() -> Policy:
+        """See the registered servers (names, URLs; never their admin tokens), to choose one
+        for a round or a promotion: researchers (and admins)."""
+        return _needs(Role.researcher)

@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
@@ -47,11 +47,6 @@ class Settings(BaseSettings):
     )
     max_upload_rows: int = Field(1_000_000, ge=1, description="Most rows in one uploaded dataset.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
-    model_server_admin_token: SecretStr | None = Field(
-        None,
-        description="The model servers' admin token (`dynaloop model-server --admin-token`); promote "
-        "jobs started through the API use it unless the request gives one.",
-    )
 
     worker_threads: int = Field(
         128,

@@ -284,6 +284,22 @@ def example_yaml(name: str, **overrides: Any) -> str:
     return yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
 
 
+def register_model_server(app: Any, url: str, *, admin_token: str | None = None) -> str:
+    """Register ``url`` as a model server, as an admin would (``POST /model-servers``), and
+    return its name; a URL registered already keeps its name."""
+    from services.domain import model_servers
+
+    with session_scope(app.state.sessionmaker) as session:
+        found = model_servers.find_by_url(session, url)
+        if found is None:
+            taken = [server.name for server in model_servers.list_servers(session)]
+            name = model_servers.name_for_url(model_servers.check_url(url), taken)
+            found = model_servers.register(session, None, name, url, admin_token=admin_token)
+        elif admin_token is not None:
+            model_servers.update(session, None, found, admin_token=admin_token)
+        return found.name
+
+
 def open_round(
     client: TestClient | httpx.Client,
     researcher: Actor,
@@ -292,7 +308,11 @@ def open_round(
     prompts: list[str] | None = None,
     **round_options: Any,
 ) -> dict[str, Any]:
-    """Create a task from YAML, open round 1 with the model endpoint, import prompts."""
+    """Create a task from YAML, open round 1 with the model server ``endpoint`` (a URL, which is
+    registered first, as an admin would; or the name of a registered server), import prompts."""
+    if endpoint is not None and "://" in endpoint:
+        assert isinstance(client, TestClient), "register the server first (register_model_server) and pass its name"
+        endpoint = register_model_server(client.app, endpoint)
     response = client.post(
         "/api/v1/tasks",
         content=yaml_text.encode("utf-8"),
@@ -300,7 +320,7 @@ def open_round(
     )
     assert response.status_code == 201, response.text
     task = response.json()["name"]
-    body = {"model_endpoints": [endpoint] if endpoint else [], **round_options}
+    body = {"model_servers": [endpoint] if endpoint else [], **round_options}
     response = client.post(f"/api/v1/tasks/{task}/rounds", json=body, headers=researcher.headers)
     assert response.status_code == 201, response.text
     round_ = response.json()

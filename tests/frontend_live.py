@@ -32,7 +32,7 @@ from services.db.migrate import upgrade
 from services.db.models import TaskRole
 from services.domain import members, tasks, users
 from services.settings import Settings
-from tests.conftest import empty_tables, example_yaml, free_port
+from tests.conftest import empty_tables, example_yaml, free_port, register_model_server
 from tests.stub_model_server import NEGATIVE_WORDS, POSITIVE_WORDS, ThreadedServer, create_stub_app
 
 APP_FILE = Path(__file__).resolve().parents[1] / "frontend" / "app.py"
@@ -186,6 +186,10 @@ class LiveApi:
             token = users.get_token(session, self.tokens[username][0])
             users.revoke_token(session, users.get_user(session, "root"), token)
 
+    def model_server(self, url: str) -> str:
+        """Register ``url`` as a model server (as an admin does) and return its name."""
+        return register_model_server(self.app, url)
+
     def task(self, example: str, **overrides: Any) -> Task:
         """A shipped example task, with top-level YAML keys replaced (None drops one), created by
         the admin and owned by the researchers made so far (task ownership)."""
@@ -213,7 +217,7 @@ class LiveApi:
         endpoint = self.stubs.url(definition["labels"], definition["family"] == "multi_label")
         round_ = self.admin.open_round(
             task,
-            model_endpoints=[endpoint],
+            model_servers=[self.model_server(endpoint)],
             target_label_mode=target_label_mode,
             no_prompt_fraction=0.0 if prompts else 1.0,
         )

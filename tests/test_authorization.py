@@ -23,7 +23,7 @@ import modelling.jobs
 from services.db.engine import session_scope
 from services.db.models import Base
 from services.domain import users
-from tests.conftest import Actor, example_yaml, free_port, open_round, table_snapshot
+from tests.conftest import Actor, example_yaml, free_port, open_round, register_model_server, table_snapshot
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 API = "/api/v1"
@@ -88,6 +88,11 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/members"): {R},
     ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): {R},
     ("DELETE", f"{API}/tasks/{{task_name}}/members/{{username}}"): {R},
+    ("POST", f"{API}/model-servers"): set(),
+    ("GET", f"{API}/model-servers"): {R},
+    ("GET", f"{API}/model-servers/{{name}}"): {R},
+    ("PATCH", f"{API}/model-servers/{{name}}"): set(),
+    ("DELETE", f"{API}/model-servers/{{name}}"): set(),
 }
 
 TASK = "dynasent-r2"
@@ -152,6 +157,7 @@ class World:
     attempt_id: int  # its scored attempt
     example_id: int  # an example by another writer, for validators to label
     spare_tokens: dict[str, int] = field(default_factory=dict)  # per role, a token it may revoke
+    server: str = ""  # the registered model server of the round
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +212,8 @@ def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monke
             )
             assert response.status_code == 201, response.text
             spare[role] = response.json()["id"]
-    return World(actors, round_["id"], assignment["id"], attempt.json()["id"], example["id"], spare)
+    server = register_model_server(client.app, model_with_inspect.url)
+    return World(actors, round_["id"], assignment["id"], attempt.json()["id"], example["id"], spare, server)
 
 
 def _write_example(client: Any, writer: Actor, round_id: int, text_: str) -> dict[str, Any]:
@@ -224,10 +231,10 @@ def _write_example(client: Any, writer: Actor, round_id: int, text_: str) -> dic
     return response.json()
 
 
-def request_bodies(who: str, stub_url: str, attempt_id: int) -> dict[tuple[str, str], dict[str, Any]]:
+def request_bodies(who: str, server: str, attempt_id: int) -> dict[tuple[str, str], dict[str, Any]]:
     """A valid body for each route that takes one (the one place to change when a body changes;
-    both matrices use it): ``who`` makes names and texts unique, ``stub_url`` is the model in
-    the loop, ``attempt_id`` the attempt a writer submits."""
+    both matrices use it): ``who`` makes names and texts unique, ``server`` is the registered
+    model server in the loop, ``attempt_id`` the attempt a writer submits."""
     return {
         ("POST", f"{API}/auth/login"): {"json": {"username": "lou", "password": "correct-horse"}},
         ("POST", f"{API}/users"): {"json": {"username": f"new-{who}", "roles": ["writer"]}},
@@ -236,9 +243,11 @@ def request_bodies(who: str, stub_url: str, attempt_id: int) -> dict[tuple[str, 
             "content": example_yaml("isarcasm", onboarding_quiz=None).encode(),
             "headers": {"Content-Type": "application/yaml"},
         },
-        ("POST", f"{API}/tasks/{{task_name}}/rounds"): {"json": {"model_endpoints": [stub_url]}},
+        ("POST", f"{API}/tasks/{{task_name}}/rounds"): {"json": {"model_servers": [server]}},
         ("POST", f"{API}/rounds/{{round_id}}/status"): {"json": {"status": "collecting"}},
-        ("PUT", f"{API}/rounds/{{round_id}}/model"): {"json": {"model_endpoints": [stub_url]}},
+        ("PUT", f"{API}/rounds/{{round_id}}/model"): {"json": {"model_servers": [server]}},
+        ("POST", f"{API}/model-servers"): {"json": {"name": f"m-{who}", "url": "http://127.0.0.1:9"}},
+        ("PATCH", f"{API}/model-servers/{{name}}"): {"json": {"description": f"seen by {who}"}},
         ("POST", f"{API}/rounds/{{round_id}}/prompts"): {
             "content": json.dumps({"text": f"A new prompt from the {who} about lunch."}).encode(),
             "headers": {"Content-Type": "application/x-ndjson"},
@@ -261,7 +270,7 @@ def request_bodies(who: str, stub_url: str, attempt_id: int) -> dict[tuple[str, 
     }
 
 
-def _request(world: World, role: str, method: str, path: str, stub_url: str) -> dict[str, Any]:
+def _request(world: World, role: str, method: str, path: str) -> dict[str, Any]:
     """The URL and a valid body for ``role`` calling ``method path`` on its own things."""
     actor = world.actors[role]
     values = {
@@ -275,9 +284,10 @@ def _request(world: World, role: str, method: str, path: str, stub_url: str) -> 
         "dataset_name": "matrix",
         "username": actor.username if actor and path.endswith("/tokens") else "victim",
         "token_id": world.spare_tokens.get(role, 1),
+        "name": world.server,
     }
     url = path.format(**values)
-    bodies = request_bodies(role, stub_url, world.attempt_id)
+    bodies = request_bodies(role, world.server, world.attempt_id)
     kwargs: dict[str, Any] = dict(bodies.get((method, path), {}))
     headers = dict(kwargs.pop("headers", {}))
     if actor is not None:
@@ -307,7 +317,7 @@ def test_route_role_matrix(client: Any, app: Any, world: World, model_with_inspe
     for method, path in routes:
         for role in ROLES:
             expected = _expected(ALLOWED[(method, path)], role)
-            response = client.request(**_request(world, role, method, path, model_with_inspect.url))
+            response = client.request(**_request(world, role, method, path))
             status = response.status_code
             ok = (status not in (401, 403)) if expected == "allowed" else (status == int(expected))
             if status >= 500 or not ok:
@@ -408,7 +418,7 @@ class Owned:
 
     actors: dict[str, Actor]
     values: dict[str, Any]  # path parameters of Rita's things
-    stub_url: str
+    server: str  # the registered model server of Rita's round 2
 
 
 @pytest.fixture
@@ -423,9 +433,8 @@ def owned(
     response = client.put(f"{API}/tasks/{TASK}/members/mia", json={"role": "member"}, headers=rita.headers)
     assert response.status_code == 201, response.text
     open_round(client, actors[OTHER], example_yaml("isarcasm", onboarding_quiz=None), None)
-    response = client.post(
-        f"{API}/tasks/{TASK}/rounds", json={"model_endpoints": [model_with_inspect.url]}, headers=rita.headers
-    )
+    server = register_model_server(app, model_with_inspect.url)
+    response = client.post(f"{API}/tasks/{TASK}/rounds", json={"model_servers": [server]}, headers=rita.headers)
     assert response.status_code == 201, response.text
     round_id = response.json()["id"]
     prompts = "\n".join(json.dumps({"text": f"Round 2 prompt {i} about the lunch menu."}) for i in range(5))
@@ -463,7 +472,7 @@ def owned(
         "attempt_id": attempt.json()["id"],
         "dataset_name": "matrix",
     }
-    return Owned(actors, values, model_with_inspect.url)
+    return Owned(actors, values, server)
 
 
 def _call(client: Any, owned: Owned, who: str, method: str, path: str, *, missing: bool = False) -> Any:
@@ -474,7 +483,7 @@ def _call(client: Any, owned: Owned, who: str, method: str, path: str, *, missin
         values.update(MISSING)
     actor = owned.actors[who]
     attempt_id = MISSING["attempt_id"] if missing else values["attempt_id"]
-    kwargs = dict(request_bodies(who.replace(" ", "-"), owned.stub_url, attempt_id).get((method, path), {}))
+    kwargs = dict(request_bodies(who.replace(" ", "-"), owned.server, attempt_id).get((method, path), {}))
     headers = {**kwargs.pop("headers", {}), **actor.headers}
     return client.request(method, path.format(**values), headers=headers, **kwargs)
 
@@ -541,11 +550,16 @@ def test_a_second_researcher_cannot_steer_another_groups_task(
     make_user("victim", "validator")
     oscar = make_user("oscar", "researcher")
     rid = round_["id"]
+    elsewhere = register_model_server(app, "http://127.0.0.1:9")  # a registered server Oscar would switch to
     tables = [t.name for t in Base.metadata.sorted_tables if t.name not in BOOKKEEPING]
     before = table_snapshot(app, *tables)
     attacks = [
         ("POST", f"{API}/rounds/{rid}/status", {"json": {"status": "validating"}}),
-        ("PUT", f"{API}/rounds/{rid}/model", {"json": {"model_endpoints": ["http://127.0.0.1:9"]}}),
+        (
+            "PUT",
+            f"{API}/rounds/{rid}/model",
+            {"json": {"model_servers": [elsewhere]}},
+        ),
         (
             "POST",
             f"{API}/rounds/{rid}/prompts",

@@ -884,7 +884,7 @@ def _role_guarded(
         (
             "PUT",
             f"{API}/rounds/{round_id}/model",
-            {"model_endpoints": ["http://127.0.0.1:1"]},
+            {"model_servers": ["model-0"]},
             "researcher",
             ["writer", "validator"],
         ),
@@ -1268,18 +1268,28 @@ def test_round_without_a_model_is_a_retryable_503(
     assert all(rows_after[name] == rows[name] for name in ALL_TABLES if name != "attempts")
 
 
-def test_invalid_model_endpoint_is_refused(
+def test_invalid_model_server_is_refused(
     client: TestClient, app: FastAPI, researcher: Actor, dynasent: dict[str, Any]
 ) -> None:
-    for endpoints, fragments in [
-        (["ftp://model"], ["not an http(s) URL"]),
-        (["http://a:1", "http://a:1/"], ["same URL twice"]),
+    [registered] = dynasent["model_servers"]
+    for servers, fragments in [
+        (["ftp://model"], ["'ftp://model' is not a registered model server", f"registered: {registered}"]),
+        (["no-such-server", registered], ["'no-such-server' is not a registered model server"]),
+        ([registered, registered], ["same server twice"]),
+        (["x" * 5000], ["is not a registered model server"]),
+        ([f"s{i}" for i in range(21)], ["at most 20"]),
     ]:
         with unchanged(app):
             response = client.put(
-                f"{API}/rounds/{dynasent['id']}/model", json={"model_endpoints": endpoints}, headers=researcher.headers
+                f"{API}/rounds/{dynasent['id']}/model", json={"model_servers": servers}, headers=researcher.headers
             )
-            assert_error(response, 422, "invalid", *fragments)
+            assert response.status_code == 422, response.text
+            assert all(fragment in response.text for fragment in fragments), response.text
+    with unchanged(app):
+        response = client.put(
+            f"{API}/rounds/{dynasent['id']}/model", json={"model_endpoints": ["http://a:1"]}, headers=researcher.headers
+        )
+        assert_error(response, 422, "invalid", "model_endpoints: is not a known field")
 
 
 # --- round state ---------------------------------------------------------------------------
@@ -1400,7 +1410,7 @@ def test_illegal_round_transitions_conflict(
         assert response.status_code == 200
     with unchanged(app):
         response = client.put(
-            f"{API}/rounds/{rid}/model", json={"model_endpoints": ["http://127.0.0.1:9"]}, headers=researcher.headers
+            f"{API}/rounds/{rid}/model", json={"model_servers": ["model-0"]}, headers=researcher.headers
         )
         assert_error(response, 409, "conflict", "closed", "can no longer change")
     with unchanged(app):

@@ -23,7 +23,16 @@ from fastapi import FastAPI
 from sqlalchemy import func, select
 
 from services.db.models import Assignment, Attempt, Example, Prompt, Round, Task, Validation
-from tests.conftest import Actor, MakeUser, example_yaml, free_port, open_round, table_counts, table_snapshot
+from tests.conftest import (
+    Actor,
+    MakeUser,
+    example_yaml,
+    free_port,
+    open_round,
+    register_model_server,
+    table_counts,
+    table_snapshot,
+)
 from tests.stub_model_server import ThreadedServer
 
 API = "/api/v1"
@@ -118,8 +127,9 @@ def write_example(http: httpx.Client, actor: Actor, round_id: int, text: str = N
 
 
 @pytest.fixture
-def dynasent(http: httpx.Client, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
-    return open_round(http, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
+def dynasent(http: httpx.Client, app: FastAPI, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
+    yaml_text = example_yaml("dynasent-r2", onboarding_quiz=None)
+    return open_round(http, researcher, yaml_text, register_model_server(app, stub_model.url), PROMPTS)
 
 
 # --- (a) validators racing for the last labels ---------------------------------------------
@@ -283,7 +293,7 @@ def test_two_writers_race_for_the_last_unused_prompt(
         http,
         researcher,
         example_yaml("dynasent-r2", onboarding_quiz=None),
-        stub_model.url,
+        register_model_server(app, stub_model.url),
         PROMPTS[:2],
         prompt_strategy="unused_first",
     )
@@ -316,7 +326,7 @@ def test_eight_writers_race_for_eight_unused_prompts(
         http,
         researcher,
         example_yaml("dynasent-r2", onboarding_quiz=None),
-        stub_model.url,
+        register_model_server(app, stub_model.url),
         prompts,
         prompt_strategy="unused_first",
     )
@@ -386,6 +396,7 @@ def test_concurrent_setup_requests_create_each_thing_once(
     http: httpx.Client, app: FastAPI, researcher: Actor, stub_model: ThreadedServer
 ) -> None:
     yaml_text = example_yaml("dynasent-r2", onboarding_quiz=None).encode("utf-8")
+    server_name = register_model_server(app, stub_model.url)
     responses = fire(
         6,
         lambda i: http.post(
@@ -398,7 +409,7 @@ def test_concurrent_setup_requests_create_each_thing_once(
     responses = fire(
         6,
         lambda i: http.post(
-            f"{API}/tasks/dynasent-r2/rounds", json={"model_endpoints": [stub_model.url]}, headers=researcher.headers
+            f"{API}/tasks/dynasent-r2/rounds", json={"model_servers": [server_name]}, headers=researcher.headers
         ),
     )
     assert_no_server_errors(responses)

@@ -151,7 +151,7 @@ def test_an_evaluate_jobs_mix_and_a_train_jobs_base_obey_the_same_rule(
         assert response.json()["error"]["message"].startswith("params.base: not a folder under the data root")
     (rooted.state.settings.data_root / "bases" / "small").mkdir(parents=True)
     with session_scope(rooted.state.sessionmaker) as session:  # a folder under the root is a base
-        job, _ = create_job(
+        job = create_job(
             session,
             None,
             get_task(session, TASK),
@@ -222,7 +222,7 @@ def test_a_bad_label_is_reported_by_row_and_column_never_by_its_text(
 ) -> None:
     # Through the job: the file is under the root, so the job starts, and fails on the label.
     with session_scope(rooted.state.sessionmaker) as session:
-        job, _ = create_job(
+        job = create_job(
             session,
             None,
             get_task(session, TASK),
@@ -283,7 +283,7 @@ def test_upload_list_train_and_delete(rooted: FastAPI, api: TestClient, task: st
     # A train job names it (and a file under the root); the stored params keep those names.
     mix = {"train": [{"dataset": "reviews"}, {"file": "sst/train.csv"}], "dev": {"dataset": "reviews-pq"}}
     with session_scope(rooted.state.sessionmaker) as session:
-        job, _ = create_job(
+        job = create_job(
             session,
             None,
             get_task(session, TASK),
@@ -317,7 +317,7 @@ def test_a_dataset_a_queued_job_reads_is_not_deleted(
 ) -> None:
     assert _upload(api, researcher, _csv()).status_code == 201
     with session_scope(rooted.state.sessionmaker) as session:
-        job, _ = create_job(
+        job = create_job(
             session,
             None,
             get_task(session, TASK),

@@ -201,7 +201,7 @@ def test_demo_uses_an_external_model_server_when_given_one(tmp_path: Path, stub_
         assert "Model 0" not in demo.output and not (tmp_path / "data" / "models").exists()
         pids = demo.service_pids()
         assert set(pids) == {"API"}
-        assert f"{stub_model.url} (external)" in demo.output
+        assert f"({stub_model.url}) (external, registered)" in demo.output
         # The API runs with the demo's own random pseudonym key, not the placeholder.
         secret = (tmp_path / "data" / SECRET_KEY_FILE).read_text().strip()
         environment = Path(f"/proc/{pids['API']}/environ").read_bytes().split(b"\0")

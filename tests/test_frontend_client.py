@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 from frontend.client import ApiClient, ApiError, api_root, idempotency_key
 from services.db.engine import session_scope
 from services.domain import users
-from tests.conftest import Actor, MakeUser, example_yaml, free_port
+from tests.conftest import Actor, MakeUser, example_yaml, free_port, register_model_server
 from tests.frontend_live import (
     APP_FILE,
     LiveApi,
@@ -51,7 +51,7 @@ def test_writer_and_validator_flow_through_the_real_api(
     research = ApiClient(api_url, researcher.token)
     task = research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
     assert task["name"] == "dynasent-r2" and task["family"] == "single_label"
-    round_ = research.open_round("dynasent-r2", model_endpoints=[stub_model.url])
+    round_ = research.open_round("dynasent-r2", model_servers=[register_model_server(app, stub_model.url)])
     lines = "\n".join(json.dumps({"id": f"p{i}", "text": p, "stars": 3}) for i, p in enumerate(PROMPTS))
     report = research.import_prompts(round_["id"], lines.encode("utf-8"), "prompts.jsonl")
     assert report["imported"] == 2
@@ -128,7 +128,7 @@ def test_error_mapping_401_404_409_and_503_with_retry_after(
     assert (missing.value.status, missing.value.code) == (404, "not_found")
 
     research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
-    round_ = research.open_round("dynasent-r2", model_endpoints=[stub_model.url])
+    round_ = research.open_round("dynasent-r2", model_servers=[register_model_server(app, stub_model.url)])
     research.import_prompts(round_["id"], "\n".join(json.dumps({"text": p}) for p in PROMPTS).encode(), "p.jsonl")
     with pytest.raises(ApiError) as conflict:
         research.open_round("dynasent-r2")
@@ -179,6 +179,8 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
             return httpx.Response(200, content=b'{"text": "a"}\n')
         if request.url.path.endswith("/worker-agreement") or request.url.path.endswith("/apply"):
             return httpx.Response(200, json=[])
+        if request.url.path.endswith("/model-servers"):
+            return httpx.Response(200, json={"data": [], "count": 0})
         return httpx.Response(200, json={"ok": True, "token": "dl_x"})
 
     client = ApiClient("http://api", "dl_token", transport=httpx.MockTransport(answer))
@@ -208,9 +210,10 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
     assert client.report("dynasent-r2", 1, format="markdown") == "# Round 1\n"
     assert client.download_dataset("dynasent-r2", 1, split="dev", format="csv") == b'{"text": "a"}\n'
     client.import_prompts(5, b"id,text\n1,x\n", "p.csv")
-    client.set_model(5, ["http://m:8001"])
-    client.open_round("dynasent-r2", model_endpoints=["http://m:8001"])
+    client.set_model(5, ["model-0"])
+    client.open_round("dynasent-r2", model_servers=["model-0"])
     client.worker_agreement(5)
+    client.model_servers()
     calls = [(r.method, r.url.path, dict(r.url.params)) for r in seen]
     assert calls[0][:2] == ("POST", "/api/v1/rounds/5/build")
     assert calls[1] == ("GET", "/api/v1/tasks/dynasent-r2/rounds/1/report", {"format": "markdown"})
@@ -218,7 +221,9 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
     assert calls[3] == ("POST", "/api/v1/rounds/5/prompts", {"format": "csv"})
     assert seen[3].headers["Content-Type"] == "text/csv"
     assert calls[4][:2] == ("PUT", "/api/v1/rounds/5/model")
-    assert json.loads(seen[5].content) == {"model_endpoints": ["http://m:8001"]}
+    assert json.loads(seen[4].content) == {"model_servers": ["model-0"]}
+    assert json.loads(seen[5].content) == {"model_servers": ["model-0"]}
+    assert calls[7] == ("GET", "/api/v1/model-servers", {})
 
 
 # --- the app: login and role-based navigation -----------------------------------------

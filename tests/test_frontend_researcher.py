@@ -31,6 +31,7 @@ from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelVersion, ModelVersionStatus, Prompt, Task, utcnow
 from services.taskdef import example_path
 from tests.built_round import KEYWORD, LABELS, BuiltRound
+from tests.conftest import register_model_server
 from tests.frontend_live import (
     LiveApi,
     PageClient,
@@ -263,16 +264,22 @@ def test_rounds_page_shows_invalid_yaml_errors(rita: PageClient) -> None:
 
 
 def test_rounds_page_opens_moves_and_sets_the_model(live: LiveApi, rita: PageClient) -> None:
+    servers = [live.model_server("http://127.0.0.1:8001"), live.model_server("http://127.0.0.1:8002")]
     at = ok(page(rita, "researcher_rounds"))
     assert said(at, "info", "no round yet")
-    at.text_area(key="researcher_open_endpoints").input("http://127.0.0.1:8001\n\nhttp://127.0.0.1:8002")
+    # The researcher picks among the servers an admin registered; no URL can be typed in.
+    assert at.multiselect(key="researcher_open_servers").options == [
+        "127-0-0-1-8001 (http://127.0.0.1:8001)",
+        "127-0-0-1-8002 (http://127.0.0.1:8002)",
+    ]
+    at.multiselect(key="researcher_open_servers").set_value(servers)
     at.selectbox(key="researcher_open_mode").set_value("writer_choice")
     at = ok(at.button(key="researcher_open_submit").click().run())
     sent = rita.requests("POST", f"/tasks/{TASK}/rounds")[-1].body
-    assert sent["model_endpoints"] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert sent["model_servers"] == servers
     assert sent["target_label_mode"] == "writer_choice"
     opened = live.admin.rounds(TASK)[0]
-    assert (opened["model_endpoints"], opened["target_label_mode"]) == (sent["model_endpoints"], "writer_choice")
+    assert (opened["model_servers"], opened["target_label_mode"]) == (servers, "writer_choice")
     assert said(at, "success", "Opened round 1")
     assert at.dataframe[0].value["status"].tolist() == ["collecting"]
     # collecting -> validating -> closed
@@ -291,20 +298,25 @@ def test_rounds_page_opens_moves_and_sets_the_model(live: LiveApi, rita: PageCli
 
 
 def test_rounds_page_sets_the_model_in_the_loop_and_shows_the_registry(live: LiveApi, rita: PageClient) -> None:
-    round_ = live.round(TASK, ["a prompt"])  # model endpoint: the stub model
-    endpoint = round_["model_endpoints"][0]
+    round_ = live.round(TASK, ["a prompt"])  # model server: the stub model, registered
+    [name] = round_["model_servers"]
+    endpoint = {s["name"]: s["url"] for s in live.admin.model_servers()}[name]
+    others = [live.model_server("http://127.0.0.1:9001"), live.model_server("http://127.0.0.1:9002")]
     registered_model(live, "dynasent-r2-for-round-2", "3f9a", macro_f1={"round 1 test": 0.71}, promoted_to=endpoint)
     at = ok(page(rita, "researcher_rounds"))
-    assert endpoint in [c.value for c in at.code]
+    assert f"{name} ({endpoint})" in [c.value for c in at.code]
     values = dataframe_values(at)
     assert "dynasent-r2-for-round-2@3f9a" in values and "round 1 test 71.0" in values
-    at.text_area(key=f"researcher_model_endpoints_{round_['id']}").input("ftp://nowhere")
+    chooser = at.multiselect(key=f"researcher_model_servers_{round_['id']}")
+    assert chooser.value == [name] and len(chooser.options) == 3
+    rita.fail_next("set_model", ApiError(422, "invalid", "model_servers: 'gone' is not a registered model server"))
+    at = ok(chooser.set_value(others).run())
     at = ok(at.button(key=f"researcher_model_save_{round_['id']}").click().run())
-    assert said(at, "error", "is not an http(s) URL")
-    at.text_area(key=f"researcher_model_endpoints_{round_['id']}").input("http://127.0.0.1:9001\nhttp://127.0.0.1:9002")
+    assert said(at, "error", "is not a registered model server")
+    at.multiselect(key=f"researcher_model_servers_{round_['id']}").set_value(others)
     at = ok(at.button(key=f"researcher_model_save_{round_['id']}").click().run())
-    assert live.admin.rounds(TASK)[0]["model_endpoints"] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
-    assert said(at, "success", "now uses 2 model endpoint(s)")
+    assert live.admin.rounds(TASK)[0]["model_servers"] == others
+    assert said(at, "success", "now uses 2 model server(s)")
 
 
 def test_rounds_page_imports_prompts_and_escapes_them(live: LiveApi, rita: PageClient) -> None:
@@ -425,6 +437,7 @@ def run_until_idle(at: AppTest, runs: int = 6) -> AppTest:
 
 def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
     round_ = labelled_round(live, status="closed")
+    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token")
     at = ok(page(rita, "researcher_models"))
     assert said(at, "caption", "Build a round first")
     at = ok(at.button(key="researcher_models_build").click().run())
@@ -473,20 +486,17 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     assert said(at, "success", "evaluated dynasent-r2-for-round-2@v1")
     assert [m["status"] for m in live.admin.models(TASK)] == ["evaluated"]
 
-    at.text_input(key="researcher_promote_endpoint").input("http://127.0.0.1:8001")
-    at.text_input(key="researcher_promote_token").input("s3cret-token")
+    # Only registered servers with an admin token are offered; the page never asks for a token or a URL.
+    assert at.selectbox(key="researcher_promote_server").options == [f"{server} (http://127.0.0.1:8001)"]
+    assert not [t for t in at.text_input if t.key and "promote" in t.key]
+    at.selectbox(key="researcher_promote_server").set_value(server)
     at = ok(at.button(key="researcher_promote_submit").click().run())
     params = rita.requests("POST", JOBS)[-1].body["params"]
-    assert params == {
-        "model_id": model.id,
-        "endpoint": "http://127.0.0.1:8001",
-        "force": False,
-        "admin_token": "s3cret-token",
-    }
+    assert params == {"model_id": model.id, "server": server, "force": False}
     promote = followed_job(at)
     assert promote is not None
-    assert "s3cret-token" not in json.dumps(live.admin.job(promote))  # the API never stores it
-    jobs.succeed(promote, f"promoted {model.name}: http://127.0.0.1:8001 now serves it")
+    assert "s3cret-token" not in json.dumps(live.admin.job(promote))  # the token stays in the registry
+    jobs.succeed(promote, f"promoted {model.name}: model server {server} (http://127.0.0.1:8001) now serves it")
     at = run_until_idle(at)
     assert said(at, "success", "promoted dynasent-r2-for-round-2@v1")
     table = next(frame.value for frame in at.dataframe if "kind" in frame.value.columns)
@@ -502,6 +512,7 @@ def registered_model_evaluation(live: LiveApi, model: ModelVersion, macro_f1: di
 
 def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
     labelled_round(live, status="built")
+    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token")
     at = ok(page(rita, "researcher_models"))
     at = ok(at.button(key="researcher_train_submit").click().run())
     failed = followed_job(at)
@@ -519,7 +530,7 @@ def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita:
     # Promoting a model that was never evaluated: refused by the API, with its reason.
     registered_model(live, "m", "1")
     at = ok(at.run())
-    at.text_input(key="researcher_promote_endpoint").input("http://127.0.0.1:8001")
+    at.selectbox(key="researcher_promote_server").set_value(server)
     at = ok(at.button(key="researcher_promote_submit").click().run())
     assert said(at, "error", "was never evaluated")
     rita.fail_next("models", ApiError(403, "forbidden", "this needs the researcher role; your roles: writer"))

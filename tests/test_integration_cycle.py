@@ -320,11 +320,21 @@ def create_task(d: Deployment, yaml_text: str) -> dict[str, Any]:
 
 
 def open_round(d: Deployment, task: str, endpoint: str, **options: Any) -> dict[str, Any]:
+    # The model server is registered by an admin (rita is one) and named in the round.
+    server = call(
+        d.api, "POST", "/model-servers", d.researcher, 201, json_body={"name": f"{task}-model", "url": endpoint}
+    )
+    assert server["url"] == endpoint and server["has_admin_token"] is False
     round_ = call(
-        d.api, "POST", f"/tasks/{task}/rounds", d.researcher, 201, json_body={"model_endpoints": [endpoint], **options}
+        d.api,
+        "POST",
+        f"/tasks/{task}/rounds",
+        d.researcher,
+        201,
+        json_body={"model_servers": [server["name"]], **options},
     )
     assert round_["number"] == 1 and round_["status"] == "collecting"
-    assert round_["model_endpoints"] == [endpoint]
+    assert round_["model_servers"] == [server["name"]]
     return round_
 
 

@@ -32,7 +32,15 @@ from services.domain.users import get_user
 from services.errors import Conflict, Invalid
 from services.settings import Settings
 from tests.built_round import LABELS, BuiltRound
-from tests.conftest import Actor, MakeUser, example_yaml, free_port, model_server_process, table_counts
+from tests.conftest import (
+    Actor,
+    MakeUser,
+    example_yaml,
+    free_port,
+    model_server_process,
+    register_model_server,
+    table_counts,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -48,24 +56,14 @@ TINY_TRAIN = {
 }
 
 
-def _create(
-    app: Any, kind: str, params: dict[str, Any], *, task: str = "dynasent-r2", admin_token: str | None = None
-) -> int:
+def _create(app: Any, kind: str, params: dict[str, Any], *, task: str = "dynasent-r2") -> int:
     with session_scope(app.state.sessionmaker) as session:
-        job, _ = create_job(
-            session,
-            None,
-            get_task(session, task),
-            kind,
-            params,
-            data_dir=app.state.settings.data_dir,
-            admin_token=admin_token,
-        )
+        job = create_job(session, None, get_task(session, task), kind, params, data_dir=app.state.settings.data_dir)
         return job.id
 
 
-def _run(app: Any, job_id: int, admin_token: str | None = None) -> Job:
-    return run_job(app.state.sessionmaker, job_id, data_dir=app.state.settings.data_dir, admin_token=admin_token)
+def _run(app: Any, job_id: int) -> Job:
+    return run_job(app.state.sessionmaker, job_id, data_dir=app.state.settings.data_dir)
 
 
 @pytest.fixture
@@ -135,12 +133,11 @@ def test_train_evaluate_promote_in_process(
         assert registered.status is ModelVersionStatus.evaluated
         assert set(registered.evaluation["macro_f1"]) == {"round 1 dev", "round 1 test"}
 
-    promote_id = _create(
-        app, "promote", {"model_id": model["id"], "endpoint": model_server + "/", "admin_token": TOKEN}
-    )
-    promotion = _run(app, promote_id, admin_token=TOKEN)
+    server = register_model_server(app, model_server + "/", admin_token=TOKEN)
+    promote_id = _create(app, "promote", {"model_id": model["id"], "server": server})
+    promotion = _run(app, promote_id)
     assert promotion.status is JobStatus.succeeded, promotion.message + "\n" + promotion.log
-    assert promotion.result["endpoint"] == model_server
+    assert (promotion.result["server"], promotion.result["endpoint"]) == (server, model_server)
     info = httpx.get(f"{model_server}/info", timeout=5).json()
     assert (info["model_id"], info["version"]) == (model["model_id"], model["version"])
     with session_scope(app.state.sessionmaker) as session:
@@ -264,7 +261,8 @@ def test_failures_are_recorded_with_a_clear_message(
         model_id = model.id
     down = f"http://127.0.0.1:{free_port()}"
     job = _run(
-        app, _create(app, "promote", {"model_id": model_id, "endpoint": down, "admin_token": TOKEN}), admin_token=TOKEN
+        app,
+        _create(app, "promote", {"model_id": model_id, "server": register_model_server(app, down, admin_token=TOKEN)}),
     )
     assert job.status is JobStatus.failed
     assert job.message.startswith(f"the model server at {down} is down or unreachable")
@@ -428,7 +426,7 @@ def test_roles_unknown_task_and_bad_input(
     )
     refused({"kind": "evaluate", "params": {}}, 422, "params.model_id: is required")
     refused({"kind": "evaluate", "params": {"model_id": 99}}, 422, "task 'dynasent-r2' has no model 99")
-    refused({"kind": "promote", "params": {"model_id": 1, "endpoint": "x"}}, 422, "has no model 1")
+    refused({"kind": "promote", "params": {"model_id": 1, "server": "x"}}, 422, "has no model 1")
     assert table_counts(app) == before, "a refused request records nothing"
     assert client.get("/api/v1/jobs/12345", headers=researcher.headers).status_code == 404
     assert client.get("/api/v1/tasks/nope/models", headers=researcher.headers).status_code == 404
@@ -441,20 +439,24 @@ def test_promote_needs_an_evaluated_model_and_a_token(app: FastAPI, built: Built
     init_model_dir(tmp_path / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
     with session_scope(app.state.sessionmaker) as session:
         model_id = register_model(session, get_task(session, "dynasent-r2"), tmp_path / "m").id
-    params = {"model_id": model_id, "endpoint": "http://127.0.0.1:9"}
+    tokenless = register_model_server(app, "http://127.0.0.1:9")
+    params = {"model_id": model_id, "server": register_model_server(app, "http://127.0.0.1:10", admin_token=TOKEN)}
     with pytest.raises(Conflict, match=r"was never evaluated.*set force"):
         _create(app, "promote", params)
-    with pytest.raises(Invalid, match="admin_token: give the model server's admin token"):
-        _create(app, "promote", {**params, "force": True})
-    with pytest.raises(Invalid, match="is not an http"):
-        _create(app, "promote", {**params, "endpoint": "ftp://x", "force": True}, admin_token=TOKEN)
-    job_id = _create(app, "promote", {**params, "force": True}, admin_token="from-settings")
+    with pytest.raises(Invalid, match="registered without an admin token"):
+        _create(app, "promote", {**params, "server": tokenless, "force": True})
+    with pytest.raises(Invalid, match="'nowhere' is not a registered model server"):
+        _create(app, "promote", {**params, "server": "nowhere", "force": True})
+    for smuggled in ({"endpoint": "http://evil.example"}, {"admin_token": "mine"}):
+        with pytest.raises(Invalid, match="is not a known field"):
+            _create(app, "promote", {**params, **smuggled, "force": True})
+    job_id = _create(app, "promote", {**params, "force": True})
     with session_scope(app.state.sessionmaker) as session:
-        # The token is never stored; the promotion options of `dynaloop model promote` are, with their defaults.
+        # No token and no URL: the server's name and the options of `dynaloop model promote`, with their defaults.
         assert session.get(Job, job_id).params == {
             **params,
             "force": True,
-            "keep_round_endpoints": False,
+            "keep_round_servers": False,
             "timeout_s": 300.0,
         }
         assert session.scalar(select(func.count()).select_from(Job)) == 1

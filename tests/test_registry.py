@@ -44,6 +44,7 @@ from tests.conftest import (
     free_port,
     model_server_process,
     open_round,
+    register_model_server,
     table_snapshot,
 )
 
@@ -187,30 +188,26 @@ def test_promotion_failures_say_why_and_change_nothing(
     factory = app.state.sessionmaker
     _registered(app, task, models.a, evaluated=False)
     _registered(app, task, models.unloadable)
+    server = register_model_server(app, model_server.url, admin_token=TOKEN)
+    down = register_model_server(app, f"http://127.0.0.1:{free_port()}", admin_token=TOKEN)
+    tokenless = register_model_server(app, f"http://127.0.0.1:{free_port()}")
     before = _tables(app)
     cases = [
+        (dict(reference=f"{MODEL_ID}@0", server=server), Conflict, "never evaluated.*--force"),
+        (dict(reference=f"{MODEL_ID}@broken", server=down), PromotionError, "is down or unreachable"),
         (
-            dict(reference=f"{MODEL_ID}@0", endpoint=model_server.url, admin_token=TOKEN),
-            Conflict,
-            "never evaluated.*--force",
-        ),
-        (
-            dict(reference=f"{MODEL_ID}@broken", endpoint=f"http://127.0.0.1:{free_port()}", admin_token=TOKEN),
-            PromotionError,
-            "is down or unreachable",
-        ),
-        (
-            dict(reference=f"{MODEL_ID}@broken", endpoint=model_server.url, admin_token="wrong"),
+            dict(reference=f"{MODEL_ID}@broken", server=server, admin_token="wrong"),
             PromotionError,
             "refused the admin token \\(HTTP 401\\)",
         ),
         (
-            dict(reference=f"{MODEL_ID}@broken", endpoint=model_server.url, admin_token=TOKEN),
+            dict(reference=f"{MODEL_ID}@broken", server=server),
             PromotionError,
             "could not load .*unloadable \\(HTTP 422\\)",
         ),
-        (dict(reference="nope", endpoint=model_server.url, admin_token=TOKEN), NotFound, "has no model 'nope'"),
-        (dict(reference=f"{MODEL_ID}@broken", endpoint="ftp://x", admin_token=TOKEN), Invalid, "not an http"),
+        (dict(reference="nope", server=server), NotFound, "has no model 'nope'"),
+        (dict(reference=f"{MODEL_ID}@broken", server="nowhere"), NotFound, "no model server named 'nowhere'"),
+        (dict(reference=f"{MODEL_ID}@broken", server=tokenless), Invalid, "registered without an admin token"),
     ]
     for kwargs, error, message in cases:
         reference = kwargs.pop("reference")
@@ -225,7 +222,8 @@ def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(
 ) -> None:
     factory = app.state.sessionmaker
     _registered(app, task, models.a, models.b)
-    promote(factory, task, f"{MODEL_ID}@0", endpoint=model_server.url, admin_token=TOKEN)
+    server = register_model_server(app, model_server.url, admin_token=TOKEN)
+    promote(factory, task, f"{MODEL_ID}@0", server=server)
     before = _tables(app)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -233,7 +231,7 @@ def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(
 
     monkeypatch.setattr(registry, "_record", broken)
     with pytest.raises(PromotionError, match=r"could not record it.*previous model .* was reloaded"):
-        promote(factory, task, f"{MODEL_ID}@1", endpoint=model_server.url, admin_token=TOKEN)
+        promote(factory, task, f"{MODEL_ID}@1", server=server)
     assert _tables(app) == before
     assert model_server.info()["version"] == "0"
 
@@ -263,14 +261,15 @@ def test_attempts_record_the_promoted_version(
         [f"Prompt {i}: the soup was fine." for i in range(4)],
     )
     _registered(app, "dynasent-r2", models.a)
-    first = promote(factory, "dynasent-r2", f"{MODEL_ID}@0", endpoint=model_server.url, admin_token=TOKEN)
+    server = register_model_server(app, model_server.url, admin_token=TOKEN)
+    first = promote(factory, "dynasent-r2", f"{MODEL_ID}@0", server=server)
     assert first.retired == [] and first.rounds_updated == []  # the round already uses this server
     before = _attempt(client, writer, round_["id"], "The soup was cold and the bread was stale.")
     assert (before["model_id"], before["model_version"]) == (MODEL_ID, "0")
 
     with _session(app) as session:  # Model 1 is trained, registered and evaluated
         record_evaluation(session, get_task(session, "dynasent-r2"), models.b, {"round 1 dev": {"macro_f1": 0.7}})
-    second = promote(factory, "dynasent-r2", f"{MODEL_ID}@1", endpoint=model_server.url, admin_token=TOKEN)
+    second = promote(factory, "dynasent-r2", f"{MODEL_ID}@1", server=server)
     assert [m.name for m in second.retired] == [f"{MODEL_ID}@0"]
     assert second.server_info["version"] == "1" and model_server.info()["version"] == "1"
     after = _attempt(client, writer, round_["id"], "The soup was hot and the bread was fresh.")
@@ -299,17 +298,16 @@ def test_attempts_record_the_promoted_version(
         assert actions.count("model.promote") == 2
 
 
-def test_promotion_points_open_rounds_at_the_endpoint(
+def test_promotion_puts_the_server_in_open_rounds_loop(
     app: FastAPI, client: TestClient, researcher: Actor, models: Models, model_server: ModelServerProcess
 ) -> None:
     round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), None)
     _registered(app, "dynasent-r2", models.a)
-    result = promote(
-        app.state.sessionmaker, "dynasent-r2", MODEL_ID, endpoint=model_server.url + "/", admin_token=TOKEN
-    )
-    assert result.rounds_updated == [1] and result.endpoint == model_server.url
+    server = register_model_server(app, model_server.url + "/", admin_token=TOKEN)
+    result = promote(app.state.sessionmaker, "dynasent-r2", MODEL_ID, server=server)
+    assert result.rounds_updated == [1] and (result.server, result.endpoint) == (server, model_server.url)
     shown = client.get(f"/api/v1/rounds/{round_['id']}", headers=researcher.headers).json()
-    assert shown["model_endpoints"] == [model_server.url]
+    assert shown["model_servers"] == [server]
 
 
 # --- CLI ---------------------------------------------------------------------------------
@@ -396,3 +394,26 @@ def test_cli_register_list_promote_retire(
     assert result.exit_code == 0 and "still serves it" in result.output
     result = run("model", "retire", "--task", "no-such-task", "--version", "x")
     assert result.exit_code == 1 and "no task 'no-such-task'" in result.output
+    # `--endpoint URL` registered the URL (an operator at the shell is an admin); `--server` names it.
+    port = model_server.url.rsplit(":", 1)[1]
+    result = run("model", "servers", "list")
+    assert result.exit_code == 0 and f"127-0-0-1-{port}" in result.output and TOKEN not in result.output
+    result = run("model", "promote", "--task", task, "--version", f"{MODEL_ID}@1", "--server", f"127-0-0-1-{port}")
+    assert result.exit_code == 0 and f"model server 127-0-0-1-{port}" in result.output, result.output
+    result = run("model", "promote", "--task", task, "--version", f"{MODEL_ID}@1")
+    assert result.exit_code == 1 and "--server NAME" in result.output
+    result = run(
+        "model",
+        "servers",
+        "register",
+        "spare",
+        "http://127.0.0.1:9/",
+        "--admin-token-env",
+        "SPARE_TOKEN",
+        env={"SPARE_TOKEN": "spare-secret-token"},
+    )
+    assert result.exit_code == 0 and "with its admin token" in result.output and "spare-secret" not in result.output
+    result = run("model", "servers", "register", "bad", "http://user:pw@127.0.0.1:9")
+    assert result.exit_code == 1 and "credentials" in result.output
+    result = run("model", "servers", "remove", "spare")
+    assert result.exit_code == 0 and "removed model server spare" in result.output

@@ -42,7 +42,7 @@ from services.db.models import ApiToken
 from services.domain import users
 from services.settings import Settings
 from services.taskdef import example_path
-from tests.conftest import example_yaml, free_port, open_round
+from tests.conftest import example_yaml, free_port, open_round, register_model_server
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 TASK = "dynasent-r2"
@@ -291,6 +291,7 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
             "username": ["walt", "val1"],
             "token_id": [spare_id],
             "job_id": [1],
+            "name": [register_model_server(app, model_url)],  # the round's registered model server
         }
     )
     return tokens, token_ids, ids

@@ -254,7 +254,7 @@ def test_flag_reason_notes_and_unqualify_reason_follow_the_policy(
     with unchanged(app):
         response = client.post(
             f"{API}/tasks/second-task/rounds",
-            json={"model_endpoints": [], "notes": f"round {RLO}one"},
+            json={"model_servers": [], "notes": f"round {RLO}one"},
             headers=researcher.headers,
         )
         assert_error(response, 422, "invalid", "notes", "U+202E")

@@ -18,6 +18,7 @@ from api.routes import (
     examples,
     jobs,
     members,
+    model_servers,
     models,
     onboarding,
     rounds,
@@ -59,6 +60,7 @@ ROUTERS = (
     Included(dataset_uploads.router),
     Included(jobs.router),
     Included(models.router),
+    Included(model_servers.router),
 )
 
 

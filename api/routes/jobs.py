@@ -29,16 +29,8 @@ def create_job(
     """Start a train, evaluate or promote job in its own process; poll GET /jobs/{id} for progress."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, JobPolicy.start(task))
-    default_token = settings.model_server_admin_token.get_secret_value() if settings.model_server_admin_token else None
-    job, secret = job_runs.create_job(
-        session,
-        researcher,
-        task,
-        body.kind,
-        body.params,
-        data_dir=settings.data_dir,
-        data_root=settings.data_root,
-        admin_token=default_token,
+    job = job_runs.create_job(
+        session, researcher, task, body.kind, body.params, data_dir=settings.data_dir, data_root=settings.data_root
     )
     commit_now(session, "the job's own process reads the row, and start_job records its pid in transactions of its own")
     job_runs.start_job(
@@ -47,7 +39,6 @@ def create_job(
         database_url=settings.resolved_database_url,
         data_dir=settings.data_dir,
         data_root=settings.data_root,
-        admin_token=secret,
     )
     session.refresh(job)
     return JobPublic.of(job, with_log=True)

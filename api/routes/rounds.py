@@ -20,7 +20,7 @@ from api.schemas.rounds import (
 )
 from round_builder.dashboard import DEFAULT_LIMIT, round_plot_data
 from services.authorization import RoundPolicy, TaskPolicy, allows, authorize
-from services.db.models import User
+from services.db.models import Round, User
 from services.domain import rounds, tasks
 from services.errors import Invalid
 
@@ -41,11 +41,17 @@ _PROMPT_BODY = {
 }
 
 
+def _public(user: User, round_: Round) -> RoundPublic:
+    """The round as ``user`` may see it: which model servers are in its loop only for those who
+    manage its task (admins, the task's researchers), never for writers and validators."""
+    return RoundPublic.of(round_, show_model=allows(user, RoundPolicy.manage(round_)))
+
+
 @router.get("/tasks/{task_name}/rounds", response_model=RoundsPublic)
 def list_rounds(task_name: str, session: SessionDep, user: Annotated[User, allowed(TaskPolicy.read)]) -> RoundsPublic:
     task = tasks.get_task(session, task_name)
     authorize(user, TaskPolicy.read(task))
-    rows = [RoundPublic.of(r) for r in task.rounds]
+    rows = [_public(user, r) for r in task.rounds]
     return RoundsPublic(data=rows, count=len(rows))
 
 
@@ -60,19 +66,19 @@ def create_round(
         session,
         researcher,
         task,
-        model_endpoints=body.model_endpoints,
+        model_servers=body.model_servers,
         prompt_strategy=body.prompt_strategy,
         no_prompt_fraction=body.no_prompt_fraction,
         target_label_mode=body.target_label_mode,
         notes=body.notes,
     )
-    return RoundPublic.of(round_)
+    return _public(researcher, round_)
 
 
 @router.get("/rounds/open", response_model=RoundsPublic)
 def open_rounds(session: SessionDep, user: Reader) -> RoundsPublic:
     """Rounds that are collecting (writers) or validating (validators)."""
-    rows = [RoundPublic.of(r) for r in rounds.open_rounds(session) if allows(user, RoundPolicy.read(r))]
+    rows = [_public(user, r) for r in rounds.open_rounds(session) if allows(user, RoundPolicy.read(r))]
     return RoundsPublic(data=rows, count=len(rows))
 
 
@@ -80,7 +86,7 @@ def open_rounds(session: SessionDep, user: Reader) -> RoundsPublic:
 def get_round(round_id: IdPath, session: SessionDep, user: Reader) -> RoundPublic:
     round_ = rounds.get_round(session, round_id)
     authorize(user, RoundPolicy.read(round_))
-    return RoundPublic.of(round_)
+    return _public(user, round_)
 
 
 @router.post("/rounds/{round_id}/status", response_model=RoundPublic)
@@ -90,15 +96,16 @@ def set_round_status(
     """Move a round forward: collecting -> validating -> closed."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
-    return RoundPublic.of(rounds.set_status(session, researcher, round_, body.status))
+    return _public(researcher, rounds.set_status(session, researcher, round_, body.status))
 
 
 @router.put("/rounds/{round_id}/model", response_model=RoundPublic)
 def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDep, researcher: Manager) -> RoundPublic:
-    """Set the model server(s) in the loop; with several, one is picked per attempt."""
+    """Put registered model servers (by name) in the loop; with several, one is picked per attempt.
+    A name that is not registered is refused (422) and nothing changes."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
-    return RoundPublic.of(rounds.set_model_endpoints(session, researcher, round_, body.model_endpoints))
+    return _public(researcher, rounds.set_model_servers(session, researcher, round_, body.model_servers))
 
 
 @router.post("/rounds/{round_id}/prompts", response_model=PromptImportPublic, openapi_extra=_PROMPT_BODY)

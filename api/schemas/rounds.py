@@ -8,11 +8,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.worker_quality import WorkerAgreementPublic
 from services.db.models import PromptStrategy, Round, RoundStatus, TargetLabelMode
+from services.domain.model_servers import MAX_PER_ROUND
 
 
 class RoundCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model_endpoints: list[str] = Field(default_factory=list, max_length=20, examples=[["http://127.0.0.1:8001"]])
+    model_servers: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_PER_ROUND,
+        examples=[["model-0"]],
+        description="Names of registered model servers (GET /model-servers); one is picked per attempt.",
+    )
     prompt_strategy: PromptStrategy = PromptStrategy.unused_first
     no_prompt_fraction: float = Field(0.0, ge=0.0, le=1.0)
     target_label_mode: TargetLabelMode = TargetLabelMode.balanced
@@ -26,7 +32,9 @@ class RoundStatusUpdate(BaseModel):
 
 class RoundModelUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model_endpoints: list[str] = Field(max_length=20)
+    model_servers: list[str] = Field(
+        max_length=MAX_PER_ROUND, description="Names of registered model servers (GET /model-servers)."
+    )
 
 
 class RoundPublic(BaseModel):
@@ -34,7 +42,10 @@ class RoundPublic(BaseModel):
     task: str
     number: int
     status: RoundStatus
-    model_endpoints: list[str]
+    model_servers: list[str] | None = Field(
+        description="The registered model servers in the loop; null for those who do not manage the task "
+        "(writers and validators never see which servers, or where)."
+    )
     prompt_strategy: PromptStrategy
     no_prompt_fraction: float
     target_label_mode: TargetLabelMode
@@ -43,13 +54,14 @@ class RoundPublic(BaseModel):
     closed_at: dt.datetime | None
 
     @classmethod
-    def of(cls, round_: Round) -> RoundPublic:
+    def of(cls, round_: Round, *, show_model: bool) -> RoundPublic:
+        """``show_model``: the caller manages the round's task (``RoundPolicy.manage``)."""
         return cls(
             id=round_.id,
             task=round_.task.name,
             number=round_.number,
             status=round_.status,
-            model_endpoints=list(round_.model_endpoints),
+            model_servers=list(round_.model_servers) if show_model else None,
             prompt_strategy=round_.prompt_strategy,
             no_prompt_fraction=round_.no_prompt_fraction,
             target_label_mode=round_.target_label_mode,

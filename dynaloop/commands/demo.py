@@ -29,7 +29,8 @@ def demo(
         list[str] | None,
         typer.Option(
             help="Use this model server (e.g. http://127.0.0.1:8001) instead of training Model 0 and starting one; "
-            "repeat for an ensemble"
+            "repeat for an ensemble. Each URL is registered as a model server (named after its host and port) "
+            "and the round names it"
         ),
     ] = None,
     serve: Annotated[
@@ -73,7 +74,11 @@ def demo(
     console.print(f"[bold]dynaloop demo[/bold] — database {redact(setup.database_url)}")
     console.print(
         f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), "
-        f"{setup.prompts} prompts; model in the loop: {', '.join(setup.model_endpoints) or 'none yet'}"
+        f"{setup.prompts} prompts; model in the loop: "
+        + (
+            ", ".join(f"{n} ({u})" for n, u in zip(setup.model_servers, setup.model_endpoints, strict=True))
+            or "none yet"
+        )
     )
     table = Table("role", "username", "password")
     for login in setup.logins:

@@ -19,7 +19,8 @@ def job_run(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Run a queued job in this process, writing its progress to the database (the API starts
-    this command for every job; the model server admin token comes from the environment)."""
+    this command for every job; a promote job reads its model server's URL and admin token from
+    the registry of model servers)."""
     import signal
 
     from modelling.jobs import run_job
@@ -34,15 +35,8 @@ def job_run(
         raise SystemExit(f"stopped by signal {signum}")  # recorded on the job as interrupted
 
     signal.signal(signal.SIGTERM, _stop)
-    token = settings.model_server_admin_token
     try:
-        job = run_job(
-            session_factory(url),
-            job_id,
-            data_dir=settings.data_dir,
-            data_root=settings.data_root,
-            admin_token=token.get_secret_value() if token else None,
-        )
+        job = run_job(session_factory(url), job_id, data_dir=settings.data_dir, data_root=settings.data_root)
     except DomainError as exc:
         raise fail(exc.message) from exc
     console.print(

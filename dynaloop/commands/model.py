@@ -19,11 +19,13 @@ from dynaloop.commands.common import (
     settings_for,
     task_yaml,
 )
+from dynaloop.commands.model_servers import app as servers_app
 
 if TYPE_CHECKING:
     from services.db.models import ModelVersion
 
 app = typer.Typer(help="Classifier directories for the model server.", no_args_is_help=True)
+app.add_typer(servers_app, name="servers")
 
 
 @app.command("init")
@@ -168,48 +170,75 @@ def model_register(
 def model_promote(
     task: TaskOpt,
     version: Annotated[str, typer.Option("--version", help="Registry id, name (model_id@version) or model_id")],
-    endpoint: Annotated[str, typer.Option(help="The running model server, e.g. http://127.0.0.1:8001")],
+    server: Annotated[
+        str | None, typer.Option(help="A registered model server (`dynaloop model servers list`), e.g. model-0")
+    ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead of --server: the running model server's URL, e.g. http://127.0.0.1:8001. You run "
+            "this on the API's machine, so you are an admin: a URL that is not registered yet is registered "
+            "(named after its host and port) with --admin-token"
+        ),
+    ] = None,
     admin_token: Annotated[
-        str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", help="The model server's admin token")
+        str | None,
+        typer.Option(
+            envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN",
+            help="The model server's admin token; default: the one registered with the server",
+        ),
     ] = None,
     force: Annotated[bool, typer.Option(help="Promote a model that was never evaluated")] = False,
-    keep_round_endpoints: Annotated[
-        bool, typer.Option(help="Do not point the task's open rounds at --endpoint")
+    keep_round_servers: Annotated[
+        bool, typer.Option(help="Do not put the server in the task's open rounds' loop")
     ] = False,
     backend: Annotated[str | None, typer.Option(help="Model server backend for the new model; default: same")] = None,
     timeout_s: Annotated[float, typer.Option(help="How long the server may take to load the model")] = 300.0,
     database_url: DatabaseOpt = None,
 ) -> None:
-    """Hot-swap the model server to a registered model, then mark it promoted (the previous one retired)."""
-    from pydantic import SecretStr, ValidationError
+    """Hot-swap a model server to a registered model, then mark it promoted (the previous one retired)."""
+    from pydantic import ValidationError
 
     from modelling.usecases import PromoteOptions, promote_model
+    from services.db.engine import session_scope
+    from services.domain import model_servers
     from services.errors import DomainError
 
-    if not admin_token:
-        raise fail("give the model server's admin token: --admin-token or DYNALOOP_MODEL_SERVER_ADMIN_TOKEN")
+    if (server is None) == (endpoint is None):
+        raise fail("give the model server: --server NAME (registered) or --endpoint URL")
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    factory = session_factory(url)
+    if endpoint is not None:
+        try:
+            with session_scope(factory) as session:
+                found = model_servers.find_by_url(session, endpoint)
+                if found is None:
+                    taken = [s.name for s in model_servers.list_servers(session)]
+                    name = model_servers.name_for_url(model_servers.check_url(endpoint), taken)
+                    found = model_servers.register(session, None, name, endpoint, admin_token=admin_token)
+                    console.print(f"registered model server {found.name} at {found.url}", soft_wrap=True)
+                server = found.name
+        except DomainError as exc:
+            raise fail(exc.message) from exc
+    assert server is not None
     try:
         options = PromoteOptions(
-            endpoint=endpoint,
-            force=force,
-            admin_token=SecretStr(admin_token),
-            keep_round_endpoints=keep_round_endpoints,
-            backend=backend,
-            timeout_s=timeout_s,
+            server=server, force=force, keep_round_servers=keep_round_servers, backend=backend, timeout_s=timeout_s
         )
     except ValidationError as exc:
         raise fail(f"invalid promotion settings: {problems(exc)}") from exc
-    url = settings_for(database_url).resolved_database_url
-    ensure_schema(url)
     try:
-        result = promote_model(session_factory(url), task, version, options)
+        result = promote_model(factory, task, version, options, operator_admin_token=admin_token)
     except DomainError as exc:
         raise fail(exc.message) from exc
-    console.print(f"promoted {result.model.name}: {result.endpoint} now serves it", soft_wrap=True)
+    console.print(
+        f"promoted {result.model.name}: model server {result.server} ({result.endpoint}) now serves it", soft_wrap=True
+    )
     for old in result.retired:
         console.print(f"retired {old.name}")
     if result.rounds_updated:
-        console.print(f"round(s) {', '.join(map(str, result.rounds_updated))} now use {result.endpoint}")
+        console.print(f"round(s) {', '.join(map(str, result.rounds_updated))} now use model server {result.server}")
 
 
 @app.command("retire")

@@ -245,20 +245,25 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
         if st.button("Evaluate", key="researcher_models_evaluate", disabled=busy):
             start(client, task["name"], "evaluate", {"model_id": model["id"]})
     with right:
-        endpoints = sorted(
-            {e for r in rounds for e in (r.get("model_endpoints") or [])}
-            | {served for m in models if (served := m.get("endpoint"))}
-        )
-        with st.form("researcher_models_promote_form"):
-            endpoint = st.text_input(
-                "Model server to promote it to",
-                value=endpoints[0] if endpoints else "",
-                key="researcher_promote_endpoint",
+        try:
+            servers = {s["name"]: s for s in client.model_servers() if s["has_admin_token"]}
+        except ApiError as error:
+            state.show_api_error(error)
+            return
+        in_loop = [name for r in rounds for name in (r.get("model_servers") or []) if name in servers]
+        names = sorted(servers, key=lambda name: (name not in in_loop, name))
+        if not names:
+            st.caption(
+                "No model server is registered with an admin token, so none can load a model: an admin registers "
+                "one (`dynaloop model servers register NAME URL --admin-token-env VAR`)."
             )
-            token = st.text_input(
-                "Model server admin token (leave empty to use the API's)",
-                type="password",
-                key="researcher_promote_token",
+            return
+        with st.form("researcher_models_promote_form"):
+            server = st.selectbox(
+                "Model server to promote it to (registered by an admin)",
+                names,
+                key="researcher_promote_server",
+                format_func=lambda name: f"{name} ({servers[name]['url']})",
             )
             force = st.checkbox(
                 "Promote even though it was never evaluated",
@@ -266,14 +271,8 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
                 disabled=model["status"] != "trained",
             )
             submitted = st.form_submit_button("Promote", disabled=busy, key="researcher_promote_submit")
-        if submitted:
-            endpoint = (endpoint or "").strip()
-            if not endpoint:
-                st.warning("Give the model server's URL, e.g. http://127.0.0.1:8001.")
-                return
-            params: dict[str, Any] = {"model_id": model["id"], "endpoint": endpoint, "force": bool(force)}
-            if token:
-                params["admin_token"] = token
+        if submitted and server:
+            params: dict[str, Any] = {"model_id": model["id"], "server": server, "force": bool(force)}
             start(client, task["name"], "promote", params)
 
 

@@ -1,6 +1,7 @@
 """Tasks and rounds (researcher): create a task from its YAML, open the next round, move a
 round on (collecting -> validating -> closed), import prompts (JSONL or CSV, with the import
-report), and set the model in the loop, with what the registry knows about it.
+report), and put registered model servers in the loop (chosen by name among those an admin
+registered), with what the model registry knows about the model they serve.
 
 Everything goes through the REST API (``frontend.client``); text that people typed (task
 titles, prompts, notes) is shown with ``st.text``, in dataframes, or escaped.
@@ -17,7 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from frontend import render, state
-from frontend.client import Api, ApiError, Round, Task
+from frontend.client import Api, ApiError, ModelServer, Round, Task
 from frontend.researcher import SELECT_TASK_KEY, choose_task
 
 NEXT_STATUS = {
@@ -78,7 +79,7 @@ def rounds_table(rounds: list[Round]) -> None:
                 "round": r["number"],
                 "id": r["id"],
                 "status": r["status"],
-                "model endpoints": ", ".join(r.get("model_endpoints") or []) or "none",
+                "model servers": ", ".join(r.get("model_servers") or []) or "none",
                 "prompt strategy": r.get("prompt_strategy"),
                 "no-prompt share": r.get("no_prompt_fraction"),
                 "target labels": r.get("target_label_mode"),
@@ -91,20 +92,34 @@ def rounds_table(rounds: list[Round]) -> None:
     st.dataframe(frame, hide_index=True, key="researcher_rounds_table")
 
 
-def _endpoints(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if line.strip()]
+def registered_servers(client: Api) -> list[ModelServer]:
+    """The model servers an admin registered (the only ones a round can use)."""
+    try:
+        return client.model_servers()
+    except ApiError as error:
+        state.show_api_error(error)
+        return []
 
 
-def open_round_form(client: Api, task: Task, rounds: list[Round]) -> None:
+def _server_label(servers: dict[str, ModelServer]) -> Any:
+    return lambda name: f"{name} ({servers[name]['url']})" if name in servers else name
+
+
+def open_round_form(client: Api, task: Task, rounds: list[Round], servers: list[ModelServer]) -> None:
     still_open = [r for r in rounds if r["status"] in ("collecting", "validating")]
     with st.expander("Open the next round", expanded=not rounds):
         if still_open:
             st.info(f"Round {still_open[0]['number']} is still {still_open[0]['status']}; close it first.")
             return
+        if not servers:
+            st.caption("No model server is registered yet: an admin registers them (`dynaloop model servers register`)")
+        by_name = {s["name"]: s for s in servers}
         with st.form("researcher_open_round_form"):
-            endpoints = st.text_area(
-                "Model server(s) in the loop, one URL per line (e.g. http://127.0.0.1:8001)",
-                key="researcher_open_endpoints",
+            chosen = st.multiselect(
+                "Model server(s) in the loop (registered by an admin; several: one is picked per attempt)",
+                list(by_name),
+                key="researcher_open_servers",
+                format_func=_server_label(by_name),
             )
             strategy = st.selectbox(
                 "Prompt order",
@@ -128,7 +143,7 @@ def open_round_form(client: Api, task: Task, rounds: list[Round]) -> None:
         try:
             round_ = client.open_round(
                 task["name"],
-                model_endpoints=_endpoints(endpoints),
+                model_servers=list(chosen),
                 prompt_strategy=strategy,
                 no_prompt_fraction=float(no_prompt),
                 target_label_mode=mode,
@@ -237,11 +252,13 @@ def import_prompts_form(client: Api, round_: Round) -> None:
     cols[3].metric("Already in the round", report["already_present"])
 
 
-def model_in_the_loop(client: Api, task: Task, round_: Round) -> None:
+def model_in_the_loop(client: Api, task: Task, round_: Round, servers: list[ModelServer]) -> None:
     st.subheader("Model in the loop")
-    endpoints = list(round_.get("model_endpoints") or [])
-    if endpoints:
-        st.code("\n".join(endpoints), language=None)
+    by_name = {s["name"]: s for s in servers}
+    in_loop = list(round_.get("model_servers") or [])
+    endpoints = [by_name[name]["url"] for name in in_loop if name in by_name]
+    if in_loop:
+        st.code("\n".join(map(_server_label(by_name), in_loop)), language=None)
     else:
         st.warning("No model server is in the loop: writers get a 503 until you set one.")
     try:
@@ -279,26 +296,28 @@ def model_in_the_loop(client: Api, task: Task, round_: Round) -> None:
         )
     elif endpoints:
         st.caption(
-            "No registered model is promoted to these endpoints (promote one on the Models and datasets page "
+            "No registered model is promoted to these servers (promote one on the Models and datasets page "
             "to see its details here)."
         )
     if round_["status"] not in ("collecting", "validating"):
         return
     with st.form(f"researcher_model_form_{round_['id']}"):
-        new = st.text_area(
-            "Model server URLs, one per line (several: one is picked per attempt)",
-            value="\n".join(endpoints),
-            key=f"researcher_model_endpoints_{round_['id']}",
+        new = st.multiselect(
+            "Model servers (registered by an admin; several: one is picked per attempt)",
+            sorted(set(by_name) | set(in_loop)),
+            default=in_loop,
+            key=f"researcher_model_servers_{round_['id']}",
+            format_func=_server_label(by_name),
         )
         saved = st.form_submit_button("Set the model in the loop", key=f"researcher_model_save_{round_['id']}")
     if not saved:
         return
     try:
-        client.set_model(round_["id"], _endpoints(new))
+        client.set_model(round_["id"], list(new))
     except ApiError as error:
         state.show_api_error(error)
         return
-    state.flash("success", f"Round {round_['number']} now uses {len(_endpoints(new))} model endpoint(s).")
+    state.flash("success", f"Round {round_['number']} now uses {len(new)} model server(s).")
     st.rerun()
 
 
@@ -318,7 +337,8 @@ def main() -> None:
         state.show_api_error(error)
         return
     rounds_table(rounds)
-    open_round_form(client, task, rounds)
+    servers = registered_servers(client)
+    open_round_form(client, task, rounds, servers)
     if not rounds:
         return
     by_number = {r["number"]: r for r in rounds}
@@ -337,7 +357,7 @@ def main() -> None:
     status_controls(client, round_)
     if round_["status"] in ("collecting", "validating"):
         import_prompts_form(client, round_)
-    model_in_the_loop(client, task, round_)
+    model_in_the_loop(client, task, round_, servers)
 
 
 main()

@@ -240,6 +240,25 @@ class TaskMember(Base):
     user: Mapped[User] = relationship(foreign_keys=[user_id])
 
 
+class ModelServer(Base):
+    """A model server an admin registered: the only URLs the API and its jobs call. Rounds and
+    promotions name it; its admin token (``POST /admin/reload``) is sent only to its ``url`` and
+    is never returned by the API."""
+
+    __tablename__ = "model_servers"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    url: Mapped[str] = mapped_column(String(500))
+    admin_token: Mapped[str | None] = mapped_column(String(500))
+    description: Mapped[str | None] = mapped_column(Text)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    created_by: Mapped[User | None] = relationship()
+
+
 class Round(Base):
     """One round of collection: collecting -> validating -> closed -> built."""
 
@@ -253,7 +272,8 @@ class Round(Base):
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
     number: Mapped[int] = mapped_column(Integer)
     status: Mapped[RoundStatus] = mapped_column(_enum(RoundStatus), default=RoundStatus.collecting)
-    model_endpoints: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Names of registered model servers (ModelServer.name), resolved to URLs at call time.
+    model_servers: Mapped[list[Any]] = mapped_column(JSON, default=list)
     prompt_strategy: Mapped[PromptStrategy] = mapped_column(_enum(PromptStrategy), default=PromptStrategy.unused_first)
     no_prompt_fraction: Mapped[float] = mapped_column(Float, default=0.0)
     target_label_mode: Mapped[TargetLabelMode] = mapped_column(_enum(TargetLabelMode), default=TargetLabelMode.balanced)
@@ -361,7 +381,7 @@ class Attempt(Base):
     probabilities: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     model_id: Mapped[str | None] = mapped_column(String(200))
     model_version: Mapped[str | None] = mapped_column(String(200))
-    model_endpoint: Mapped[str | None] = mapped_column(String(500))
+    model_endpoint: Mapped[str | None] = mapped_column(String(500))  # URL that answered; never shown to writers
     model_error: Mapped[str | None] = mapped_column(Text)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     input_truncated: Mapped[bool | None] = mapped_column(Boolean)

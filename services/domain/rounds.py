@@ -32,6 +32,7 @@ from services.db.models import (
     utcnow,
 )
 from services.domain import audit
+from services.domain.model_servers import check_names
 from services.errors import Conflict, Invalid, NotFound, missing_round
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, TooDeep, check_json_depth
 from services.text import check_text, clean_text, normalize_text
@@ -46,24 +47,12 @@ PROMPT_MAX_CHARS = 5000
 ROUND_NOTES_MAX_CHARS = 5000
 
 
-def check_endpoints(endpoints: list[str]) -> list[str]:
-    cleaned = []
-    for endpoint in endpoints:
-        endpoint = endpoint.strip().rstrip("/")
-        if not endpoint.startswith(("http://", "https://")) or len(endpoint) > 500:
-            raise Invalid(f"model endpoint {endpoint!r} is not an http(s) URL; give e.g. http://127.0.0.1:8001")
-        cleaned.append(endpoint)
-    if len(set(cleaned)) != len(cleaned):
-        raise Invalid("model endpoints list the same URL twice; list each once")
-    return cleaned
-
-
 def create_round(
     session: Session,
     actor: User | None,
     task: Task,
     *,
-    model_endpoints: list[str],
+    model_servers: list[str],
     prompt_strategy: PromptStrategy = PromptStrategy.unused_first,
     no_prompt_fraction: float = 0.0,
     target_label_mode: TargetLabelMode = TargetLabelMode.balanced,
@@ -71,6 +60,7 @@ def create_round(
 ) -> Round:
     if not 0.0 <= no_prompt_fraction <= 1.0:
         raise Invalid(f"no_prompt_fraction must be between 0 and 1, got {no_prompt_fraction}")
+    names = check_names(session, model_servers)
     # Lock the task row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises) so two
     # concurrent requests cannot both find no open round and open rounds 1 and 2.
     session.execute(select(Task.id).where(Task.id == task.id).with_for_update())
@@ -90,7 +80,7 @@ def create_round(
         task_id=task.id,
         number=number,
         status=RoundStatus.collecting,
-        model_endpoints=check_endpoints(model_endpoints),
+        model_servers=names,
         prompt_strategy=prompt_strategy,
         no_prompt_fraction=no_prompt_fraction,
         target_label_mode=target_label_mode,
@@ -156,11 +146,12 @@ def set_status(session: Session, actor: User | None, round_: Round, status: Roun
     return round_
 
 
-def set_model_endpoints(session: Session, actor: User | None, round_: Round, endpoints: list[str]) -> Round:
+def set_model_servers(session: Session, actor: User | None, round_: Round, names: list[str]) -> Round:
+    """Put registered model servers (by name) in the round's loop; one is picked per attempt."""
     if round_.status in (RoundStatus.closed, RoundStatus.built):
         raise Conflict(f"round {round_.number} is {round_.status.value}; its model can no longer change")
-    round_.model_endpoints = check_endpoints(endpoints)
-    audit.record(session, actor, "round.model", "round", round_.id, endpoints=round_.model_endpoints)
+    round_.model_servers = check_names(session, names)
+    audit.record(session, actor, "round.model", "round", round_.id, servers=round_.model_servers)
     return round_
 
 

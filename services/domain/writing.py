@@ -11,6 +11,7 @@ and consumes no try.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ from services.db.models import (
 )
 from services.db.statements import rows_matched
 from services.db.transactions import commit_now
+from services.domain import model_servers
 from services.domain.labels import check_target_label, is_fooled
+from services.domain.model_servers import ServerAddress
 from services.domain.quality import require_onboarded, require_qualified, task_worker
 from services.domain.tasks import definition_of
 from services.errors import Conflict, Gone, Invalid, ModelUnavailable, NotFound
@@ -48,6 +51,7 @@ from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
 from services.text import clean_text, normalized_edit_distance
 
 _rng = random.SystemRandom()
+logger = logging.getLogger(__name__)
 
 
 # --- assignments -----------------------------------------------------------------------
@@ -309,11 +313,13 @@ def prepare_attempt(
     return attempt, True
 
 
-def call_model(client: ModelClient, round_: Round, attempt: Attempt) -> ModelAnswer:
-    """Ask one of the round's models (picked per attempt, docs/design.md "Domain model", Round) about the text."""
-    if not round_.model_endpoints:
+def call_model(client: ModelClient, servers: list[ServerAddress], attempt: Attempt) -> ModelAnswer:
+    """Ask one of the round's registered model servers (picked per attempt, docs/design.md
+    "Domain model", Round) about the text. ``servers``: :func:`model_servers.addresses` of the
+    round's ``model_servers``, read in the attempt's first transaction."""
+    if not servers:
         return NoPrediction("no model is in the loop for this round; a researcher must set one")
-    endpoint = _rng.choice(round_.model_endpoints)
+    endpoint = _rng.choice(servers).url
     target = None
     if attempt.target_span is not None:
         start, end = attempt.target_span
@@ -404,12 +410,12 @@ def make_attempt(
         if writer is None:
             raise NotFound(f"no user {writer_id}")
         attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
-        round_ = attempt.assignment.round
-        round_.task  # load before the transaction ends  # noqa: B018
+        # Names resolve to URLs here, from the registry an admin keeps: nothing else is called.
+        servers = model_servers.addresses(session, list(attempt.assignment.round.model_servers or []))
     if not needs_model:
         return attempt, True
     # No transaction is open while the model thinks (SQLite would hold its write lock).
-    prediction = call_model(client, round_, attempt)
+    prediction = call_model(client, servers, attempt)
     session = factory()
     try:
         result = record_prediction(session, attempt.id, prediction, retry_after_s)
@@ -606,14 +612,14 @@ class Inspection:
     tokens: list[TokenScore]
 
 
-def _token_scores(tokens: list[dict[str, object]], endpoint: str) -> list[TokenScore]:
+def _token_scores(tokens: list[dict[str, object]]) -> list[TokenScore]:
     scores = []
     for item in tokens:
         token, score = (item.get("token"), item.get("score")) if isinstance(item, dict) else (None, None)
         if not isinstance(token, str) or isinstance(score, bool) or not isinstance(score, int | float):
             raise ModelUnavailable(
-                f"token attributions are unavailable (the model server at {endpoint} "
-                "answered /inspect with tokens that are not token-score pairs)",
+                "token attributions are unavailable (the model server answered /inspect with tokens "
+                "that are not token-score pairs)",
                 retry_after_s=5,
             )
         scores.append(TokenScore(token, float(score)))
@@ -637,13 +643,17 @@ def inspect_text(
     chosen = label or assignment.target_label[0]
     if chosen not in definition.labels:
         raise Invalid(f"label {chosen!r} is not a label of task {definition.name!r}; use one of {definition.labels}")
-    endpoints = list(assignment.round.model_endpoints)
-    if not endpoints:
+    servers = model_servers.addresses(session, list(assignment.round.model_servers or []))
+    if not servers:
         raise ModelUnavailable("no model is in the loop for this round", retry_after_s=5)
     target = text[span[0] : span[1]] if span else None
     commit_now(session, "nothing is written; release SQLite's write lock while the model server works")
     try:
-        tokens = client.inspect(endpoints[0], text, chosen, target)
+        tokens = client.inspect(servers[0].url, text, chosen, target)
     except ModelServerError as exc:
-        raise ModelUnavailable(f"token attributions are unavailable ({exc})", retry_after_s=5) from exc
-    return Inspection(chosen, _token_scores(tokens, endpoints[0]))
+        # The detail names the server's URL and may quote its answer: logged, not shown to writers.
+        logger.warning("inspect on model server %s failed: %s", servers[0].name, exc)
+        raise ModelUnavailable(
+            "token attributions are unavailable right now (the model server did not answer /inspect)", retry_after_s=5
+        ) from exc
+    return Inspection(chosen, _token_scores(tokens))
