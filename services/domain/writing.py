@@ -11,8 +11,10 @@ and consumes no try.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import random
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,15 +41,17 @@ from services.db.models import (
 )
 from services.db.statements import rows_matched
 from services.db.transactions import commit_now
+from services.domain.in_flight import AttemptsInFlight
 from services.domain.labels import check_target_label, is_fooled
 from services.domain.quality import require_onboarded, require_qualified, task_worker
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Gone, Invalid, ModelUnavailable, NotFound
-from services.model_client import ModelAnswer, ModelClient, ModelServerError, NoPrediction
+from services.errors import Conflict, Gone, Invalid, ModelBusy, ModelUnavailable, NotFound
+from services.model_client import ModelAnswer, ModelClient, ModelServerError, ModelSlotsBusy, NoPrediction
 from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
 from services.text import clean_text, normalized_edit_distance
 
 _rng = random.SystemRandom()
+logger = logging.getLogger(__name__)
 
 
 # --- assignments -----------------------------------------------------------------------
@@ -312,7 +316,7 @@ def prepare_attempt(
 def call_model(client: ModelClient, round_: Round, attempt: Attempt) -> ModelAnswer:
     """Ask one of the round's models (picked per attempt, docs/design.md "Domain model", Round) about the text."""
     if not round_.model_endpoints:
-        return NoPrediction("no model is in the loop for this round; a researcher must set one")
+        return NoPrediction("no model is in the loop for this round; a researcher must set one", for_writer=True)
     endpoint = _rng.choice(round_.model_endpoints)
     target = None
     if attempt.target_span is not None:
@@ -320,8 +324,21 @@ def call_model(client: ModelClient, round_: Round, attempt: Attempt) -> ModelAns
         target = attempt.text[start:end]
     try:
         return client.predict(endpoint, attempt.text, target)
+    except ModelSlotsBusy as exc:
+        return NoPrediction(str(exc), busy=True)
     except ModelServerError as exc:
+        # A short reason, never the server's body (ModelServerError): the body is only logged.
         return NoPrediction(str(exc))
+
+
+def _not_answering(retry_after_s: int) -> str:
+    """What a writer is told when the model gave no usable answer: the same words whatever
+    the model server said (its answer goes to the log and, as a short reason, to
+    ``Attempt.model_error``)."""
+    return (
+        "the model is not answering right now; your text is saved and no try was used. "
+        f"Retry in {retry_after_s} s with the same Idempotency-Key"
+    )
 
 
 def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer, retry_after_s: int) -> Attempt:
@@ -337,22 +354,29 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
     definition = definition_of(assignment.round.task)
     if isinstance(prediction, NoPrediction):
         attempt.status = AttemptStatus.model_unavailable
-        attempt.model_error = prediction.error[:1000]
+        attempt.model_error = prediction.error[:500]
         session.flush()
-        raise ModelUnavailable(
-            f"the model is unavailable ({prediction.error}); your text is saved and no try was used. "
-            f"Retry in {retry_after_s} s with the same Idempotency-Key",
-            attempt_id=attempt.id,
-            retry_after_s=retry_after_s,
-        )
+        if prediction.busy:
+            raise ModelBusy(
+                "the model is busy with other writers' checks right now; your text is saved and no try was "
+                f"used. Retry in {retry_after_s} s with the same Idempotency-Key",
+                attempt_id=attempt.id,
+                retry_after_s=retry_after_s,
+            )
+        if prediction.for_writer:
+            message = f"{prediction.error}; your text is saved and no try was used"
+        else:
+            message = _not_answering(retry_after_s)
+        raise ModelUnavailable(message, attempt_id=attempt.id, retry_after_s=retry_after_s)
     unknown = [label for label in prediction.labels if label not in definition.labels]
     if unknown:
         attempt.status = AttemptStatus.model_unavailable
-        attempt.model_error = f"model predicted labels {unknown} that the task does not have"
+        # The labels came from the model server: kept (bounded) for researchers, not shown to writers.
+        attempt.model_error = f"the model predicted labels the task does not have: {unknown!r:.300}"
         session.flush()
         raise ModelUnavailable(
-            f"the model in the loop predicts labels {unknown} that task {definition.name!r} does not "
-            "have; a researcher must fix the model in the loop. Your text is saved and no try was used",
+            f"the model in the loop gives answers that task {definition.name!r} cannot use; a researcher must "
+            "fix the model in the loop. Your text is saved and no try was used",
             attempt_id=attempt.id,
             retry_after_s=retry_after_s,
         )
@@ -395,35 +419,41 @@ def make_attempt(
     target_span: list[int] | None,
     idempotency_key: str | None,
     retry_after_s: int,
+    in_flight: AttemptsInFlight,
 ) -> tuple[Attempt, bool]:
     """The whole attempt: record pending, call the model outside any transaction, record the result.
 
-    Returns (attempt, replayed)."""
-    with factory.begin() as session:
-        writer = session.get(User, writer_id)
-        if writer is None:
-            raise NotFound(f"no user {writer_id}")
-        attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
-        round_ = attempt.assignment.round
-        round_.task  # load before the transaction ends  # noqa: B018
-    if not needs_model:
-        return attempt, True
-    # No transaction is open while the model thinks (SQLite would hold its write lock).
-    prediction = call_model(client, round_, attempt)
-    session = factory()
-    try:
-        result = record_prediction(session, attempt.id, prediction, retry_after_s)
-        session.commit()
-        return result, False
-    except (ModelUnavailable, Conflict):
-        # The attempt's new status (unavailable, or scored without a try) is kept.
-        session.commit()
-        raise
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
+    The assignment's one in-flight slot (``in_flight``) is claimed in the first transaction,
+    after the policy check: a second attempt while one is with the model is refused (429)
+    and saves nothing. Returns (attempt, replayed)."""
+    with ExitStack() as claimed:
+        with factory.begin() as session:
+            writer = session.get(User, writer_id)
+            if writer is None:
+                raise NotFound(f"no user {writer_id}")
+            attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
+            round_ = attempt.assignment.round
+            round_.task  # load before the transaction ends  # noqa: B018
+            if needs_model:
+                claimed.enter_context(in_flight.claim(writer_id, assignment_id))
+        if not needs_model:
+            return attempt, True
+        # No transaction is open while the model thinks (SQLite would hold its write lock).
+        prediction = call_model(client, round_, attempt)
+        session = factory()
+        try:
+            result = record_prediction(session, attempt.id, prediction, retry_after_s)
+            session.commit()
+            return result, False
+        except (ModelUnavailable, Conflict):
+            # The attempt's new status (unavailable, or scored without a try) is kept.
+            session.commit()
+            raise
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
 
 
 def get_attempt(session: Session, attempt_id: int) -> Attempt:
@@ -611,9 +641,10 @@ def _token_scores(tokens: list[dict[str, object]], endpoint: str) -> list[TokenS
     for item in tokens:
         token, score = (item.get("token"), item.get("score")) if isinstance(item, dict) else (None, None)
         if not isinstance(token, str) or isinstance(score, bool) or not isinstance(score, int | float):
+            logger.warning("model server %s answered /inspect with tokens that are not token-score pairs", endpoint)
             raise ModelUnavailable(
-                f"token attributions are unavailable (the model server at {endpoint} "
-                "answered /inspect with tokens that are not token-score pairs)",
+                "token attributions are unavailable right now (the model's answer could not be used); "
+                "nothing was counted, retry in 5 s",
                 retry_after_s=5,
             )
         scores.append(TokenScore(token, float(score)))
@@ -644,6 +675,15 @@ def inspect_text(
     commit_now(session, "nothing is written; release SQLite's write lock while the model server works")
     try:
         tokens = client.inspect(endpoints[0], text, chosen, target)
+    except ModelSlotsBusy as exc:
+        raise ModelBusy(
+            "the model is busy with other writers' checks right now; nothing was counted, retry in 5 s",
+            retry_after_s=5,
+        ) from exc
     except ModelServerError as exc:
-        raise ModelUnavailable(f"token attributions are unavailable ({exc})", retry_after_s=5) from exc
+        # A short reason that quotes nothing of the server's answer (services/model_client.py).
+        raise ModelUnavailable(
+            f"token attributions are unavailable right now ({exc}); nothing was counted, retry in 5 s",
+            retry_after_s=5,
+        ) from exc
     return Inspection(chosen, _token_scores(tokens, endpoints[0]))
