@@ -276,7 +276,7 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         max_model_requests=settings.max_concurrent_model_requests,
         model_requests_per_token=settings.model_requests_per_writer,
         model_routes=[
-            (API_PREFIX + route.path, route.methods)
+            (API_PREFIX + route.path, route.methods or set())
             for route in assignments.router.routes
             if isinstance(route, APIRoute) and route.endpoint in assignments.MODEL_BOUND_ENDPOINTS
         ],
