@@ -643,8 +643,8 @@ def _token_scores(tokens: list[dict[str, object]], endpoint: str) -> list[TokenS
         if not isinstance(token, str) or isinstance(score, bool) or not isinstance(score, int | float):
             logger.warning("model server %s answered /inspect with tokens that are not token-score pairs", endpoint)
             raise ModelUnavailable(
-                "token attributions are unavailable right now (the model's answer could not be used); "
-                "nothing was counted, retry in 5 s",
+                "token attributions are unavailable right now (the model server answered with tokens that "
+                "are not token-score pairs); nothing was counted, retry in 5 s",
                 retry_after_s=5,
             )
         scores.append(TokenScore(token, float(score)))
