@@ -27,8 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import platform
+import random
 import shutil
 import signal
 import sys
@@ -125,6 +127,7 @@ async def timed(http: httpx.AsyncClient, tally: Tally, method: str, path: str, *
 
 async def bystander(http: httpx.AsyncClient, token: str, paths: list[str], tally: Tally, stop: float) -> None:
     headers = {"Authorization": f"Bearer {token}"}
+    await asyncio.sleep(random.uniform(0, BYSTANDER_PAUSE_S))  # people do not click in step
     i = 0
     while time.monotonic() < stop:
         await timed(http, tally, "GET", paths[i % len(paths)], headers=headers)
@@ -149,6 +152,24 @@ async def start_assignment(http: httpx.AsyncClient, token: str, round_id: int) -
     return int(response.json()["id"])
 
 
+async def flood_loop(url: str, flood: int, flood_tokens: list[tuple[str, int]], seconds: float) -> Tally:
+    tally = Tally()
+    limits = httpx.Limits(max_connections=flood + 8, max_keepalive_connections=flood + 8)
+    stop = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        await asyncio.gather(
+            *(flooder(http, *flood_tokens[i % len(flood_tokens)], tally=tally, stop=stop) for i in range(flood))
+        )
+    return tally
+
+
+def flood_process(url: str, flood: int, flood_tokens: list[tuple[str, int]], seconds: float, out: Any) -> None:
+    """The flooding client, in a process of its own (its event loop must not delay the
+    bystanders' clients); sends its tally back through ``out``."""
+    tally = asyncio.run(flood_loop(url, flood, flood_tokens, seconds))
+    out.put(tally.summary())
+
+
 async def scenario(
     stack: Stack,
     name: str,
@@ -157,32 +178,35 @@ async def scenario(
     flood_tokens: list[tuple[str, int]],
     bystander_paths: list[tuple[str, list[str]]],
 ) -> dict[str, Any]:
-    bystanders, flooded = Tally(), Tally()
+    bystanders = Tally()
     stopped = name == "model-stopped"
     limits = httpx.Limits(max_connections=len(bystander_paths) + 8, max_keepalive_connections=len(bystander_paths) + 8)
-    flood_limits = httpx.Limits(max_connections=flood + 8, max_keepalive_connections=flood + 8)
-    async with (
-        httpx.AsyncClient(base_url=stack.api.url, timeout=60, limits=limits) as http,
-        httpx.AsyncClient(base_url=stack.api.url, timeout=60, limits=flood_limits) as flood_http,
-    ):
-        if stopped:
-            assert stack.model.popen is not None
-            os.killpg(stack.model.popen.pid, signal.SIGSTOP)
-        stop = time.monotonic() + seconds
-        jobs = [bystander(http, token, paths, bystanders, stop) for token, paths in bystander_paths]
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    flooding = None
+    if stopped:
+        assert stack.model.popen is not None
+        os.killpg(stack.model.popen.pid, signal.SIGSTOP)
+    try:
         if flood_tokens:
-            jobs += [
-                flooder(flood_http, *flood_tokens[i % len(flood_tokens)], tally=flooded, stop=stop)
-                for i in range(flood)
-            ]
-        try:
-            await asyncio.gather(*jobs)
-        finally:
-            if stopped:
-                os.killpg(stack.model.popen.pid, signal.SIGCONT)  # type: ignore[union-attr]
-    result = {"scenario": name, "bystanders": bystanders.summary()}
-    if flood_tokens:
-        result["flood"] = flooded.summary()
+            # The flood starts first and ends last: the bystanders are measured inside it.
+            flooding = context.Process(
+                target=flood_process, args=(stack.api.url, flood, flood_tokens, seconds + 4, results)
+            )
+            flooding.start()
+            await asyncio.sleep(2)
+        async with httpx.AsyncClient(base_url=stack.api.url, timeout=60, limits=limits) as http:
+            stop = time.monotonic() + seconds
+            await asyncio.gather(*(bystander(http, token, paths, bystanders, stop) for token, paths in bystander_paths))
+        result: dict[str, Any] = {"scenario": name, "bystanders": bystanders.summary()}
+        if flooding is not None:
+            result["flood"] = await asyncio.to_thread(results.get, True, seconds + 120)
+            flooding.join(timeout=30)
+    finally:
+        if flooding is not None and flooding.is_alive():
+            flooding.kill()
+        if stopped:
+            os.killpg(stack.model.popen.pid, signal.SIGCONT)  # type: ignore[union-attr]
     return result
 
 
@@ -198,6 +222,10 @@ async def run(stack: Stack, seconds: float, flood: int) -> list[dict[str, Any]]:
         for token in stack.validator_tokens:
             paths.append((token, [f"{API}/me", f"{API}/rounds/{stack.round_id}/validation-batch"]))
         floods = [(token, await start_assignment(http, token, stack.round_id)) for token in flood_writers]
+        warm_up = Tally()
+        for token, token_paths in paths:  # not measured: first connections, first queries
+            for path in token_paths:
+                await timed(http, warm_up, "GET", path, headers={"Authorization": f"Bearer {token}"})
     results = []
     for name, flood_tokens in [
         ("baseline", []),
@@ -220,7 +248,10 @@ def print_result(result: dict[str, Any]) -> None:
     )
     if "flood" in result:
         f = result["flood"]
-        line += f"\n{'':>22}flood: {f['requests']} answers, slowest {f['max_ms']} ms, non-JSON {f['not_json']}, "
+        line += (
+            f"\n{'':>22}flood: {f['requests']} answers, p50 {f['p50_ms']} ms p99 {f['p99_ms']} ms "
+            f"max {f['max_ms']} ms, non-JSON {f['not_json']}, "
+        )
         line += f"{f['statuses']}"
     print(line, flush=True)
 
