@@ -90,11 +90,12 @@ class Settings(BaseSettings):
         description="How long a model call waits for a free slot before the writer gets 503 `model_busy`.",
     )
     max_concurrent_model_requests: int = Field(
-        32,
+        16,
         ge=1,
         description="Attempt and inspect requests in flight at once per API process; more get 503 "
         "`model_busy` at once, before any database work. Below max_concurrent_requests, so other "
-        "requests always find room.",
+        "requests always find room; at most model_max_concurrency, so that while the model hangs "
+        "the requests let in wait in its slots instead of going through the database again and again.",
     )
     model_requests_per_writer: int = Field(
         2,
