@@ -11,18 +11,21 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from sqlalchemy import text
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.input_limits import JsonDepthLimit
+from api.overload import OverloadGuard
 from api.ratelimit import RateLimiter
-from api.routes import api_router
+from api.routes import api_router, assignments
 from api.schemas.errors import ErrorResponse
 from api.schemas.health import HealthPublic
 from api.state import AppState
 from services.db.engine import make_engine, make_sessionmaker
+from services.domain.in_flight import AttemptsInFlight
 from services.errors import (
     REQUEST_PROBLEM_WORDING,
     DomainError,
@@ -118,7 +121,7 @@ def add_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(request: Request, exc: DomainError) -> JSONResponse:
         headers = None
-        if isinstance(exc, (ModelUnavailable, RateLimited)):
+        if isinstance(exc, (ModelUnavailable, RateLimited)):  # ModelBusy, TooManyInFlight too
             headers = {"Retry-After": str(exc.details.get("retry_after_s", 5))}
         elif isinstance(exc, Unauthorized):
             headers = {"WWW-Authenticate": "Bearer"}
@@ -204,6 +207,17 @@ def add_exception_handlers(app: FastAPI) -> None:
         )
 
 
+def model_client_for(settings: Settings) -> ModelClient:
+    """The model-call bulkhead of one API process (docs/reliability.md "Model calls")."""
+    return ModelClient(
+        timeout_s=settings.model_timeout_s,
+        retries=settings.model_retries,
+        deadline_s=settings.model_deadline_s,
+        max_concurrency=settings.model_max_concurrency,
+        queue_wait_s=settings.model_queue_wait_s,
+    )
+
+
 def create_app(settings: Settings | None = None, model_client: ModelClient | None = None) -> FastAPI:
     settings = settings or get_settings()
     if warning := settings.placeholder_secret_warning:
@@ -233,8 +247,9 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         settings=settings,
         engine=engine,
         sessionmaker=make_sessionmaker(engine),
-        model_client=model_client or ModelClient(timeout_s=settings.model_timeout_s, retries=settings.model_retries),
+        model_client=model_client or model_client_for(settings),
         rate_limiter=RateLimiter(settings),
+        attempts_in_flight=AttemptsInFlight(per_writer=settings.model_requests_per_writer),
     )
     app.state = state
     add_exception_handlers(app)
@@ -260,4 +275,16 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
     # Added first, so it runs inside BodySizeLimit: the body it reads is already bounded.
     app.add_middleware(JsonDepthLimit, max_depth=settings.max_input_depth)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    # Outermost: requests beyond the limits are answered before anything else runs.
+    app.add_middleware(
+        OverloadGuard,
+        max_requests=settings.max_concurrent_requests,
+        max_model_requests=settings.max_concurrent_model_requests,
+        model_requests_per_token=settings.model_requests_per_writer,
+        model_routes=[
+            (API_PREFIX + route.path, route.methods or set())
+            for route in assignments.router.routes
+            if isinstance(route, APIRoute) and route.endpoint in assignments.MODEL_BOUND_ENDPOINTS
+        ],
+    )
     return app

@@ -15,6 +15,7 @@ from api.state import app_state
 from services.authorization import Policy, authorize
 from services.db.models import ApiToken, User
 from services.db.transactions import commit_now
+from services.domain.in_flight import AttemptsInFlight
 from services.domain.users import authenticate_token
 from services.domain.writing import expire_due_assignments
 from services.errors import Unauthorized
@@ -34,6 +35,10 @@ def get_sessionmaker(request: Request) -> sessionmaker[Session]:
 
 def get_model_client(request: Request) -> ModelClient:
     return app_state(request).model_client
+
+
+def get_attempts_in_flight(request: Request) -> AttemptsInFlight:
+    return app_state(request).attempts_in_flight
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
@@ -80,6 +85,7 @@ IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SessionmakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 ModelClientDep = Annotated[ModelClient, Depends(get_model_client)]
+AttemptsInFlightDep = Annotated[AttemptsInFlight, Depends(get_attempts_in_flight)]
 
 
 def current_token(

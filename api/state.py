@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import State
 from starlette.requests import HTTPConnection
 
+from services.domain.in_flight import AttemptsInFlight
 from services.model_client import ModelClient
 from services.settings import Settings
 
@@ -28,6 +29,7 @@ class AppState(State):
     sessionmaker: orm.sessionmaker[Session]
     model_client: ModelClient
     rate_limiter: RateLimiter
+    attempts_in_flight: AttemptsInFlight
 
     def __init__(
         self,
@@ -37,6 +39,7 @@ class AppState(State):
         sessionmaker: orm.sessionmaker[Session],
         model_client: ModelClient,
         rate_limiter: RateLimiter,
+        attempts_in_flight: AttemptsInFlight,
     ) -> None:
         super().__init__(
             {
@@ -45,6 +48,7 @@ class AppState(State):
                 "sessionmaker": sessionmaker,
                 "model_client": model_client,
                 "rate_limiter": rate_limiter,
+                "attempts_in_flight": attempts_in_flight,
             }
         )
 

@@ -82,6 +82,20 @@ class ModelUnavailable(DomainError):
     code = "model_unavailable"
 
 
+class ModelBusy(ModelUnavailable):
+    """Every model-call slot of the API stayed taken (services/model_client.py): the model was
+    not asked; the client should retry after ``retry_after_s``."""
+
+    code = "model_busy"
+
+
+class TooManyInFlight(RateLimited):
+    """The writer already has a model check running on this assignment (or their most at
+    once); nothing was saved, the client should retry after ``retry_after_s``."""
+
+    code = "too_many_in_flight"
+
+
 # --- pydantic validation errors as problems ---------------------------------------------------
 
 # How a problem names the common kinds of pydantic error; other kinds keep pydantic's message.

@@ -17,8 +17,12 @@ predicted set (one element for single-label models, any subset for multi-label o
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -28,7 +32,15 @@ logger = logging.getLogger(__name__)
 
 
 class ModelServerError(Exception):
-    """The model server could not be reached, timed out, or answered with an error or bad body."""
+    """The model server could not be reached, timed out, or answered with an error or bad body.
+
+    The message is a short reason meant for researchers' records (``Attempt.model_error``):
+    it never quotes what the server sent (that goes to the log only) and never names the
+    server's URL."""
+
+
+class ModelSlotsBusy(ModelServerError):
+    """Every model-call slot of this process stayed taken for the whole queue wait."""
 
 
 class _ModelInfo(BaseModel):
@@ -64,17 +76,33 @@ class ModelPrediction:
 @dataclass(frozen=True)
 class NoPrediction:
     """Why the model gave no prediction: none is in the loop, or its server is unreachable,
-    timed out, or answered with an error or a body that breaks the contract."""
+    timed out, or answered with an error or a body that breaks the contract (``error``, a
+    short reason for researchers' records); ``busy``: it was not asked, every model-call slot
+    was taken; ``for_writer``: ``error`` is the backend's own advice (no model is in the loop),
+    fit to show the writer as it is."""
 
     error: str
+    busy: bool = False
+    for_writer: bool = False
 
 
 # The model's answer to one attempt.
 ModelAnswer = ModelPrediction | NoPrediction
 
 
+# The most of a model server's answer that is read; a larger body breaks the contract.
+MAX_ANSWER_BYTES = 1024 * 1024
+# What of an error body goes to the log (never to a writer).
+LOGGED_BODY_CHARS = 300
+
+
 class ModelClient:
-    """Calls model servers over HTTP with a timeout and a bounded number of retries."""
+    """Calls model servers over HTTP, as a bulkhead: at most ``max_concurrency`` calls at once
+    (a call waits at most ``queue_wait_s`` for a free slot, else :class:`ModelSlotsBusy`), and each
+    call, retries and the wait included, ends within ``deadline_s``.
+
+    Each try waits at most the smaller of ``timeout_s`` and what is left of the deadline; a
+    retry (connection error, timeout, 5xx, 429) starts only while time is left."""
 
     def __init__(
         self,
@@ -82,66 +110,131 @@ class ModelClient:
         timeout_s: float = 10.0,
         retries: int = 2,
         backoff_s: float = 0.05,
+        deadline_s: float = 5.0,
+        max_concurrency: int = 16,
+        queue_wait_s: float = 0.5,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.deadline_s = deadline_s
+        self.max_concurrency = max_concurrency
+        self.queue_wait_s = min(queue_wait_s, deadline_s)
+        self._slots = threading.BoundedSemaphore(max_concurrency)
         self._http = httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)),
             transport=transport,
-            limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
         )
 
     def close(self) -> None:
         self._http.close()
 
+    @contextmanager
+    def _slot(self, deadline: float) -> Iterator[None]:
+        """One of the ``max_concurrency`` model-call slots, for the duration of one call."""
+        if not self._slots.acquire(timeout=max(0.0, min(self.queue_wait_s, deadline - time.monotonic()))):
+            raise ModelSlotsBusy(f"all {self.max_concurrency} model-call slots stayed busy for {self.queue_wait_s:g} s")
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    def _timeout(self, deadline: float) -> httpx.Timeout | None:
+        """The timeout of one try: what is left of the deadline, at most ``timeout_s``; None
+        when too little is left to start one."""
+        left = min(self.timeout_s, deadline - time.monotonic())
+        if left < 0.01:
+            return None
+        return httpx.Timeout(left, connect=min(left, 2.0))
+
+    def _post(self, url: str, payload: Mapping[str, object], deadline: float) -> tuple[int, bytes] | None:
+        """One POST: (status, body read up to MAX_ANSWER_BYTES), or None when no time is left.
+        The body is read in chunks and dropped as soon as the deadline passes."""
+        timeout = self._timeout(deadline)
+        if timeout is None:
+            return None
+        with self._http.stream("POST", url, json=payload, timeout=timeout) as response:
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise ModelServerError(f"the model server's answer is larger than {MAX_ANSWER_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout("the deadline passed while the answer arrived")
+            return response.status_code, bytes(body)
+
+    @staticmethod
+    def _log_refusal(endpoint: str, path: str, status: int, body: bytes) -> None:
+        excerpt = body[: LOGGED_BODY_CHARS * 4].decode("utf-8", "replace")[:LOGGED_BODY_CHARS]
+        logger.warning("model server %s%s answered HTTP %d: %r", endpoint, path, status, excerpt)
+
     def predict(self, endpoint: str, text: str, target: str | None = None) -> ModelPrediction:
+        deadline = time.monotonic() + self.deadline_s
+        with self._slot(deadline):
+            return self._predict(endpoint, text, target, deadline)
+
+    def _predict(self, endpoint: str, text: str, target: str | None, deadline: float) -> ModelPrediction:
         payload = {"texts": [text], "targets": [target] if target is not None else None}
         url = endpoint.rstrip("/") + "/predict"
-        last_error = "no attempt made"
+        last_error = f"no time was left of the {self.deadline_s:g} s deadline"
         for attempt in range(self.retries + 1):
             started = time.perf_counter()
             try:
-                response = self._http.post(url, json=payload)
+                answer = self._post(url, payload, deadline)
             except httpx.TimeoutException:
-                last_error = f"model server at {endpoint} timed out"
+                last_error = "the model server timed out"
             except httpx.TransportError as exc:
-                last_error = f"model server at {endpoint} is unreachable ({type(exc).__name__})"
+                last_error = f"the model server is unreachable ({type(exc).__name__})"
             else:
+                if answer is None:
+                    break
+                status, body = answer
                 latency_ms = (time.perf_counter() - started) * 1000
-                if response.status_code >= 500 or response.status_code == 429:
-                    last_error = f"model server at {endpoint} answered HTTP {response.status_code}"
-                elif response.status_code != 200:
+                if status == 200:
+                    return self._parse(endpoint, body, latency_ms)
+                self._log_refusal(endpoint, "/predict", status, body)
+                if status < 500 and status != 429:
                     # A 4xx will not get better by retrying.
-                    raise ModelServerError(
-                        f"model server at {endpoint} refused the request "
-                        f"(HTTP {response.status_code}): {response.text[:300]}"
-                    )
-                else:
-                    return self._parse(endpoint, response, latency_ms)
-            logger.warning("predict try %d/%d failed: %s", attempt + 1, self.retries + 1, last_error)
+                    raise ModelServerError(f"the model server refused the request (HTTP {status})")
+                last_error = f"the model server answered HTTP {status}"
+            logger.warning("predict try %d/%d at %s failed: %s", attempt + 1, self.retries + 1, endpoint, last_error)
             if attempt < self.retries:
-                time.sleep(self.backoff_s * (2**attempt))
+                pause = self.backoff_s * (2**attempt)
+                if time.monotonic() + pause >= deadline:
+                    break
+                time.sleep(pause)
         raise ModelServerError(last_error)
 
     def inspect(self, endpoint: str, text: str, label: str, target: str | None = None) -> list[dict[str, object]]:
         """Token attributions for ``label`` from ``POST {endpoint}/inspect`` (one try: it is
-        an optional aid for writers, not part of the attempt)."""
+        an optional aid for writers, not part of the attempt), in a model-call slot and
+        within the deadline like :meth:`predict`."""
+        deadline = time.monotonic() + self.deadline_s
+        with self._slot(deadline):
+            try:
+                answer = self._post(
+                    endpoint.rstrip("/") + "/inspect", {"text": text, "label": label, "target": target}, deadline
+                )
+            except httpx.TimeoutException as exc:
+                raise ModelServerError("the model server timed out") from exc
+            except httpx.HTTPError as exc:
+                raise ModelServerError(f"the model server is unreachable ({type(exc).__name__})") from exc
+        if answer is None:
+            raise ModelServerError(f"no time was left of the {self.deadline_s:g} s deadline")
+        status, body = answer
+        if status in (404, 501):
+            raise ModelServerError("the model server does not offer token attributions")
+        if status != 200:
+            self._log_refusal(endpoint, "/inspect", status, body)
+            raise ModelServerError(f"the model server answered HTTP {status}")
         try:
-            response = self._http.post(
-                endpoint.rstrip("/") + "/inspect", json={"text": text, "label": label, "target": target}
-            )
-        except httpx.HTTPError as exc:
-            raise ModelServerError(f"model server at {endpoint} is unreachable ({type(exc).__name__})") from exc
-        if response.status_code in (404, 501):
-            raise ModelServerError(f"the model server at {endpoint} does not offer token attributions")
-        if response.status_code != 200:
-            raise ModelServerError(
-                f"model server at {endpoint} answered HTTP {response.status_code}: {response.text[:300]}"
-            )
-        tokens = response.json().get("tokens")
+            tokens = json.loads(body).get("tokens")
+        except (ValueError, AttributeError):
+            tokens = None
         if not isinstance(tokens, list):
-            raise ModelServerError(f"model server at {endpoint} answered /inspect without `tokens`")
+            raise ModelServerError("the model server answered /inspect without a list of `tokens`")
         return tokens
 
     def info(self, endpoint: str) -> dict[str, object]:
@@ -150,23 +243,26 @@ class ModelClient:
             response.raise_for_status()
             body = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise ModelServerError(f"model server at {endpoint} gave no info: {exc}") from exc
+            logger.warning("model server %s/info: %s", endpoint, exc)
+            raise ModelServerError(f"the model server gave no info ({type(exc).__name__})") from exc
         if not isinstance(body, dict):
-            raise ModelServerError(f"model server at {endpoint} answered /info with a non-object")
+            raise ModelServerError("the model server answered /info with a non-object")
         return body
 
     @staticmethod
-    def _parse(endpoint: str, response: httpx.Response, latency_ms: float) -> ModelPrediction:
+    def _parse(endpoint: str, content: bytes, latency_ms: float) -> ModelPrediction:
         try:
-            body = _PredictResponse.model_validate_json(response.content)
+            body = _PredictResponse.model_validate_json(content)
         except ValidationError as exc:
-            raise ModelServerError(
-                f"model server at {endpoint} answered with a body that breaks the contract: {exc.errors()[0]['msg']}"
-            ) from exc
-        if len(body.predictions) != 1:
-            raise ModelServerError(
-                f"model server at {endpoint} returned {len(body.predictions)} predictions for 1 text"
+            # Where and what kind, never the offending value: it came from the server.
+            first = exc.errors(include_input=False, include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the body"
+            logger.warning(
+                "model server %s/predict broke the contract: %s", endpoint, exc.errors(include_url=False)[:3]
             )
+            raise ModelServerError(f"the model server's answer breaks the contract ({where}: {first['type']})") from exc
+        if len(body.predictions) != 1:
+            raise ModelServerError(f"the model server returned {len(body.predictions)} predictions for 1 text")
         prediction = body.predictions[0]
         return ModelPrediction(
             labels=prediction.labels,

@@ -57,7 +57,9 @@ class Settings(BaseSettings):
         "request holding the lock needs a free one to finish.",
     )
     max_concurrent_requests: int = Field(
-        100, ge=1, description="`dynaloop api` answers 503 to connections beyond this many at once."
+        100,
+        ge=1,
+        description="Requests in flight at once per API process; more get 503 `overloaded` (JSON) at once.",
     )
     rate_limit_per_token: str = Field(
         "120/minute",
@@ -114,6 +116,48 @@ class Settings(BaseSettings):
     max_yaml_nodes: int = Field(
         DEFAULT_MAX_YAML_NODES, ge=100, description="Most values (scalars, lists, mappings) in one task YAML."
     )
+
+    # --- bulkheads: model calls cannot stall the rest (docs/reliability.md "Model calls") ---
+    model_deadline_s: float = Field(
+        5.0,
+        gt=0,
+        le=120,
+        description="Most seconds one attempt's (or inspect's) model call may take, the wait for a "
+        "model-call slot and every retry included; then the writer gets 503 `model_unavailable`.",
+    )
+    model_max_concurrency: int = Field(
+        16, ge=1, le=1024, description="Model calls at once per API process (the model-call slots)."
+    )
+    model_queue_wait_s: float = Field(
+        0.5,
+        ge=0,
+        le=30,
+        description="How long a model call waits for a free slot before the writer gets 503 `model_busy`.",
+    )
+    max_concurrent_model_requests: int = Field(
+        16,
+        ge=1,
+        description="Attempt and inspect requests in flight at once per API process; more get 503 "
+        "`model_busy` at once, before any database work. Below max_concurrent_requests, so other "
+        "requests always find room; at most model_max_concurrency, so that while the model hangs "
+        "the requests let in wait in its slots instead of going through the database again and again.",
+    )
+    model_requests_per_writer: int = Field(
+        2,
+        ge=1,
+        le=100,
+        description="Attempt and inspect requests one writer (one API token) may have in flight at "
+        "once; more get 429 `too_many_in_flight`. One attempt per assignment in any case.",
+    )
+
+    @model_validator(mode="after")
+    def _model_requests_leave_room(self) -> Settings:
+        if self.max_concurrent_model_requests >= self.max_concurrent_requests:
+            raise ValueError(
+                "DYNALOOP_MAX_CONCURRENT_MODEL_REQUESTS must be below DYNALOOP_MAX_CONCURRENT_REQUESTS, "
+                "or attempts waiting for the model could take every place (docs/reliability.md)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _no_placeholder_secret_in_production(self) -> Settings:

@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
 POSITIVE_WORDS = {"great", "love", "loved", "best", "wonderful", "excellent", "amazing", "delicious"}
@@ -27,8 +28,10 @@ class PredictRequest(BaseModel):
 
 
 class ModeRequest(BaseModel):
-    mode: str  # normal | fail | slow | garbage | alien
+    mode: str  # normal | fail | slow | garbage | alien | error
     delay_s: float = 0.0
+    status: int = 500  # mode `error`: answer this status ...
+    body: str = ""  # ... with this text
 
 
 def classify(text: str, labels: list[str], multi_label: bool) -> list[str]:
@@ -50,7 +53,7 @@ def classify(text: str, labels: list[str], multi_label: bool) -> list[str]:
 
 def create_stub_app(labels: list[str], multi_label: bool = False, model_id: str = "stub-model") -> FastAPI:
     app = FastAPI()
-    state: dict[str, Any] = {"mode": "normal", "delay_s": 0.0, "calls": 0, "targets": []}
+    state: dict[str, Any] = {"mode": "normal", "delay_s": 0.0, "calls": 0, "targets": [], "status": 500, "body": ""}
     lock = threading.Lock()
     app.state.stub = state
 
@@ -63,12 +66,20 @@ def create_stub_app(labels: list[str], multi_label: bool = False, model_id: str 
             "family": "multi_label" if multi_label else "single_label",
         }
 
-    @app.post("/predict")
-    def predict(body: PredictRequest) -> dict[str, Any]:
+    def error_answer() -> PlainTextResponse | None:
+        """Mode `error`: the status and text set with /admin/mode (a model server's own error page)."""
+        if state["mode"] != "error":
+            return None
+        return PlainTextResponse(state["body"], status_code=state["status"])
+
+    @app.post("/predict", response_model=None)
+    def predict(body: PredictRequest) -> dict[str, Any] | PlainTextResponse:
         with lock:
             state["calls"] += 1
             state["targets"].append(body.targets)
             mode, delay = state["mode"], state["delay_s"]
+        if (error := error_answer()) is not None:
+            return error
         if mode == "fail":
             raise HTTPException(500, "stub model failure")
         if mode == "slow":
@@ -92,6 +103,7 @@ def create_stub_app(labels: list[str], multi_label: bool = False, model_id: str 
     def set_mode(body: ModeRequest) -> dict[str, Any]:
         with lock:
             state["mode"], state["delay_s"] = body.mode, body.delay_s
+            state["status"], state["body"] = body.status, body.body
         return {"mode": body.mode}
 
     @app.get("/admin/calls")

@@ -8,7 +8,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Response, status
 
-from api.deps import IdPath, ModelClientDep, SessionDep, SessionmakerDep, SettingsDep, allowed_writer
+from api.deps import (
+    AttemptsInFlightDep,
+    IdPath,
+    ModelClientDep,
+    SessionDep,
+    SessionmakerDep,
+    SettingsDep,
+    allowed_writer,
+)
 from api.schemas.assignments import (
     AssignmentPublic,
     AssignmentRequest,
@@ -72,7 +80,16 @@ def get_assignment(assignment_id: IdPath, session: SessionDep, writer: Assignmen
     status_code=status.HTTP_201_CREATED,
     responses={
         200: {"model": AttemptPublic, "description": _REPLAYED},
-        503: {"model": ErrorResponse, "description": "Model unavailable: text saved, no try used; retry."},
+        429: {
+            "model": ErrorResponse,
+            "description": "`too_many_in_flight`: another attempt of this assignment (or too many of yours) is "
+            "still with the model; nothing saved, retry after `Retry-After`.",
+        },
+        503: {
+            "model": ErrorResponse,
+            "description": "`model_unavailable` (text saved, no try used) or `model_busy` (every model slot "
+            "taken); retry after `Retry-After`.",
+        },
     },
 )
 def create_attempt(
@@ -83,6 +100,7 @@ def create_attempt(
     factory: SessionmakerDep,
     client: ModelClientDep,
     settings: SettingsDep,
+    in_flight: AttemptsInFlightDep,
     idempotency_key: IdempotencyKey = None,
 ) -> AttemptPublic:
     """Check a text with the model in the loop. Uses one try unless the model is unavailable.
@@ -90,7 +108,15 @@ def create_attempt(
     The attempt runs in transactions of its own, around the model call (services.domain.writing),
     and asks ``AssignmentPolicy.use`` in the first of them."""
     attempt, replayed = writing.make_attempt(
-        factory, client, writer.id, assignment_id, body.text, body.target_span, idempotency_key, settings.retry_after_s
+        factory,
+        client,
+        writer.id,
+        assignment_id,
+        body.text,
+        body.target_span,
+        idempotency_key,
+        settings.retry_after_s,
+        in_flight,
     )
     if replayed:
         response.status_code = status.HTTP_200_OK
@@ -148,7 +174,10 @@ def skip_assignment(assignment_id: IdPath, session: SessionDep, writer: Assignme
     "/assignments/{assignment_id}/inspect",
     response_model=InspectionPublic,
     responses={
-        503: {"model": ErrorResponse, "description": "The model server is down or offers no token attributions."}
+        503: {
+            "model": ErrorResponse,
+            "description": "The model server is down, busy (`model_busy`) or offers no token attributions.",
+        }
     },
 )
 def inspect_draft(
@@ -160,3 +189,8 @@ def inspect_draft(
     authorize(writer, AssignmentPolicy.use(assignment))
     inspection = writing.inspect_text(session, client, assignment, body.text, body.label, body.target_span)
     return InspectionPublic.of(inspection)
+
+
+# The endpoints that call the model server: api/overload.py gives them their own, smaller
+# share of the requests in flight.
+MODEL_BOUND_ENDPOINTS = (create_attempt, inspect_draft)

@@ -26,8 +26,9 @@ _ERROR_DESCRIPTIONS = {
     413: "The request body is over the size limit.",
     422: "Bad input: `details.problems` lists each problem with what to fix.",
     429: "Too many requests from this token or address; see `Retry-After`.",
-    503: "The database (or, where the operation uses it, the model server) is unavailable; nothing was "
-    "saved, retry after `Retry-After` seconds.",
+    503: "The database (or, where the operation uses it, the model server) is unavailable or busy, or the "
+    "server is answering its most requests at once (`overloaded`); nothing was saved, retry after "
+    "`Retry-After` seconds.",
 }
 
 

@@ -34,13 +34,15 @@ def api(
         os.environ["DYNALOOP_DATABASE_URL"] = database_url
     if settings.max_concurrent_requests >= settings.worker_threads:
         raise fail("DYNALOOP_MAX_CONCURRENT_REQUESTS must be below DYNALOOP_WORKER_THREADS (see docs/deploy.md)")
+    # No `limit_concurrency`: uvicorn would answer a plain-text 503 and count idle keep-alive
+    # connections too. The app counts requests in flight itself and answers beyond
+    # DYNALOOP_MAX_CONCURRENT_REQUESTS in the JSON error shape (api/overload.py).
     uvicorn.run(
         "api.app:create_app",
         factory=True,
         host=host,
         port=port,
         workers=workers,
-        limit_concurrency=settings.max_concurrent_requests,
         log_level=log_level,
     )
 

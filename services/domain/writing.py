@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import random
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +42,13 @@ from services.db.models import (
 from services.db.statements import rows_matched
 from services.db.transactions import commit_now
 from services.domain import model_servers
+from services.domain.in_flight import AttemptsInFlight
 from services.domain.labels import check_target_label, is_fooled
 from services.domain.model_servers import ServerAddress
 from services.domain.quality import require_onboarded, require_qualified, task_worker
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Gone, Invalid, ModelUnavailable, NotFound
-from services.model_client import ModelAnswer, ModelClient, ModelServerError, NoPrediction
+from services.errors import Conflict, Gone, Invalid, ModelBusy, ModelUnavailable, NotFound
+from services.model_client import ModelAnswer, ModelClient, ModelServerError, ModelSlotsBusy, NoPrediction
 from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
 from services.text import clean_text, normalized_edit_distance
 
@@ -318,7 +320,7 @@ def call_model(client: ModelClient, servers: list[ServerAddress], attempt: Attem
     "Domain model", Round) about the text. ``servers``: :func:`model_servers.addresses` of the
     round's ``model_servers``, read in the attempt's first transaction."""
     if not servers:
-        return NoPrediction("no model is in the loop for this round; a researcher must set one")
+        return NoPrediction("no model is in the loop for this round; a researcher must set one", for_writer=True)
     endpoint = _rng.choice(servers).url
     target = None
     if attempt.target_span is not None:
@@ -326,8 +328,21 @@ def call_model(client: ModelClient, servers: list[ServerAddress], attempt: Attem
         target = attempt.text[start:end]
     try:
         return client.predict(endpoint, attempt.text, target)
+    except ModelSlotsBusy as exc:
+        return NoPrediction(str(exc), busy=True)
     except ModelServerError as exc:
+        # A short reason, never the server's body (ModelServerError): the body is only logged.
         return NoPrediction(str(exc))
+
+
+def _not_answering(retry_after_s: int) -> str:
+    """What a writer is told when the model gave no usable answer: the same words whatever
+    the model server said (its answer goes to the log and, as a short reason, to
+    ``Attempt.model_error``)."""
+    return (
+        "the model is not answering right now; your text is saved and no try was used. "
+        f"Retry in {retry_after_s} s with the same Idempotency-Key"
+    )
 
 
 def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer, retry_after_s: int) -> Attempt:
@@ -343,22 +358,29 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
     definition = definition_of(assignment.round.task)
     if isinstance(prediction, NoPrediction):
         attempt.status = AttemptStatus.model_unavailable
-        attempt.model_error = prediction.error[:1000]
+        attempt.model_error = prediction.error[:500]
         session.flush()
-        raise ModelUnavailable(
-            f"the model is unavailable ({prediction.error}); your text is saved and no try was used. "
-            f"Retry in {retry_after_s} s with the same Idempotency-Key",
-            attempt_id=attempt.id,
-            retry_after_s=retry_after_s,
-        )
+        if prediction.busy:
+            raise ModelBusy(
+                "the model is busy with other writers' checks right now; your text is saved and no try was "
+                f"used. Retry in {retry_after_s} s with the same Idempotency-Key",
+                attempt_id=attempt.id,
+                retry_after_s=retry_after_s,
+            )
+        if prediction.for_writer:
+            message = f"{prediction.error}; your text is saved and no try was used"
+        else:
+            message = _not_answering(retry_after_s)
+        raise ModelUnavailable(message, attempt_id=attempt.id, retry_after_s=retry_after_s)
     unknown = [label for label in prediction.labels if label not in definition.labels]
     if unknown:
         attempt.status = AttemptStatus.model_unavailable
-        attempt.model_error = f"model predicted labels {unknown} that the task does not have"
+        # The labels came from the model server: kept (bounded) for researchers, not shown to writers.
+        attempt.model_error = f"the model predicted labels the task does not have: {unknown!r:.300}"
         session.flush()
         raise ModelUnavailable(
-            f"the model in the loop predicts labels {unknown} that task {definition.name!r} does not "
-            "have; a researcher must fix the model in the loop. Your text is saved and no try was used",
+            f"the model in the loop gives answers that task {definition.name!r} cannot use; a researcher must "
+            "fix the model in the loop. Your text is saved and no try was used",
             attempt_id=attempt.id,
             retry_after_s=retry_after_s,
         )
@@ -401,35 +423,41 @@ def make_attempt(
     target_span: list[int] | None,
     idempotency_key: str | None,
     retry_after_s: int,
+    in_flight: AttemptsInFlight,
 ) -> tuple[Attempt, bool]:
     """The whole attempt: record pending, call the model outside any transaction, record the result.
 
-    Returns (attempt, replayed)."""
-    with factory.begin() as session:
-        writer = session.get(User, writer_id)
-        if writer is None:
-            raise NotFound(f"no user {writer_id}")
-        attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
-        # Names resolve to URLs here, from the registry an admin keeps: nothing else is called.
-        servers = model_servers.addresses(session, list(attempt.assignment.round.model_servers or []))
-    if not needs_model:
-        return attempt, True
-    # No transaction is open while the model thinks (SQLite would hold its write lock).
-    prediction = call_model(client, servers, attempt)
-    session = factory()
-    try:
-        result = record_prediction(session, attempt.id, prediction, retry_after_s)
-        session.commit()
-        return result, False
-    except (ModelUnavailable, Conflict):
-        # The attempt's new status (unavailable, or scored without a try) is kept.
-        session.commit()
-        raise
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
+    The assignment's one in-flight slot (``in_flight``) is claimed in the first transaction,
+    after the policy check: a second attempt while one is with the model is refused (429)
+    and saves nothing. Returns (attempt, replayed)."""
+    with ExitStack() as claimed:
+        with factory.begin() as session:
+            writer = session.get(User, writer_id)
+            if writer is None:
+                raise NotFound(f"no user {writer_id}")
+            attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
+            # Names resolve to URLs here, from the registry an admin keeps: nothing else is called.
+            servers = model_servers.addresses(session, list(attempt.assignment.round.model_servers or []))
+            if needs_model:
+                claimed.enter_context(in_flight.claim(writer_id, assignment_id))
+        if not needs_model:
+            return attempt, True
+        # No transaction is open while the model thinks (SQLite would hold its write lock).
+        prediction = call_model(client, servers, attempt)
+        session = factory()
+        try:
+            result = record_prediction(session, attempt.id, prediction, retry_after_s)
+            session.commit()
+            return result, False
+        except (ModelUnavailable, Conflict):
+            # The attempt's new status (unavailable, or scored without a try) is kept.
+            session.commit()
+            raise
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
 
 
 def get_attempt(session: Session, attempt_id: int) -> Attempt:
@@ -612,14 +640,15 @@ class Inspection:
     tokens: list[TokenScore]
 
 
-def _token_scores(tokens: list[dict[str, object]]) -> list[TokenScore]:
+def _token_scores(tokens: list[dict[str, object]], server: str) -> list[TokenScore]:
     scores = []
     for item in tokens:
         token, score = (item.get("token"), item.get("score")) if isinstance(item, dict) else (None, None)
         if not isinstance(token, str) or isinstance(score, bool) or not isinstance(score, int | float):
+            logger.warning("model server %s answered /inspect with tokens that are not token-score pairs", server)
             raise ModelUnavailable(
-                "token attributions are unavailable (the model server answered /inspect with tokens "
-                "that are not token-score pairs)",
+                "token attributions are unavailable right now (the model server answered with tokens that "
+                "are not token-score pairs); nothing was counted, retry in 5 s",
                 retry_after_s=5,
             )
         scores.append(TokenScore(token, float(score)))
@@ -650,10 +679,15 @@ def inspect_text(
     commit_now(session, "nothing is written; release SQLite's write lock while the model server works")
     try:
         tokens = client.inspect(servers[0].url, text, chosen, target)
-    except ModelServerError as exc:
-        # The detail names the server's URL and may quote its answer: logged, not shown to writers.
-        logger.warning("inspect on model server %s failed: %s", servers[0].name, exc)
-        raise ModelUnavailable(
-            "token attributions are unavailable right now (the model server did not answer /inspect)", retry_after_s=5
+    except ModelSlotsBusy as exc:
+        raise ModelBusy(
+            "the model is busy with other writers' checks right now; nothing was counted, retry in 5 s",
+            retry_after_s=5,
         ) from exc
-    return Inspection(chosen, _token_scores(tokens))
+    except ModelServerError as exc:
+        # A short reason that quotes nothing of the server's answer (services/model_client.py).
+        raise ModelUnavailable(
+            f"token attributions are unavailable right now ({exc}); nothing was counted, retry in 5 s",
+            retry_after_s=5,
+        ) from exc
+    return Inspection(chosen, _token_scores(tokens, servers[0].name))
