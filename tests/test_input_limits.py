@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from services.structured_input import json_depth, load_yaml
 from services.taskdef import TaskDefinitionError, example_paths, parse_task_definition
-from tests.conftest import Actor, example_yaml, free_port, open_round
+from tests.conftest import Actor, example_yaml, free_port, open_round, register_model_server
 from tests.stub_model_server import ThreadedServer
 from tests.test_bad_input import PROMPTS, assert_error, unchanged
 
@@ -58,8 +58,9 @@ def http(server: ThreadedServer) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture
-def dynasent(http: httpx.Client, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
-    return open_round(http, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
+def dynasent(http: httpx.Client, app: Any, researcher: Actor, stub_model: ThreadedServer) -> dict[str, Any]:
+    server = register_model_server(app, stub_model.url)  # as an admin would
+    return open_round(http, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), server, PROMPTS)
 
 
 def still_answers(http: httpx.Client, actor: Actor) -> None:
