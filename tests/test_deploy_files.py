@@ -48,6 +48,9 @@ SECRETS = ("POSTGRES_PASSWORD", "DYNALOOP_SECRET_KEY", "DYNALOOP_MODEL_SERVER_AD
 READ_ELSEWHERE = {
     "DYNALOOP_API_URL": ROOT / "frontend" / "state.py",
     "DYNALOOP_VLLM_GPU_MEMORY": ROOT / "model_server" / "backends" / "vllm_backend.py",
+    # Not read by the API process: in its containers for the operator's commands there
+    # (`dynaloop model servers register ... --admin-token-env`, `dynaloop model promote`).
+    "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": ROOT / "dynaloop" / "commands" / "model.py",
 }
 DUMMY_SECRETS = {name: f"test-only-{name.lower()}-0123456789" for name in SECRETS}
 
