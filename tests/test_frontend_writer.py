@@ -255,7 +255,8 @@ def test_onboarding_quiz_fail_then_pass(live: LiveApi) -> None:
     wrong = list(answers)
     wrong[1] = "True" if answers[1] == "False" else "False"
     answer_quiz(at, wrong)
-    assert "Not yet: 7 answers right; question(s) 2 were wrong. 4 attempt(s) left." in texts(at.error)
+    # Which answer was wrong is never said (it would let the writer flip it and pass).
+    assert "Not yet: at least one answer is wrong. Read the guidelines again; 4 attempt(s) left." in texts(at.error)
     assert any("Attempts left: **4**" in m for m in texts(at.markdown))
     answer_quiz(at, answers)
     assert "You passed the quiz. Here is your first prompt." in texts(at.success)

@@ -19,6 +19,7 @@ from services.authorization import (
     ExamplePolicy,
     JobPolicy,
     ModelPolicy,
+    ModelServerPolicy,
     OnboardingPolicy,
     Policy,
     RoundPolicy,
@@ -169,6 +170,7 @@ POLICY_CLASSES = [
     ExamplePolicy,
     JobPolicy,
     ModelPolicy,
+    ModelServerPolicy,
     OnboardingPolicy,
     RoundPolicy,
     TaskPolicy,
@@ -276,3 +278,22 @@ def test_a_member_without_the_researcher_role_manages_nothing() -> None:
     former = user(10, "writer")  # Rita's id: still an owner row
     assert refusal(former, TaskPolicy.manage(TASK)) == (Forbidden, "this needs the researcher role; your roles: writer")
     assert refusal(user(11), TaskPolicy.read(TASK)) == (NotFound, missing_task("dynasent-r2").message)
+
+
+def test_only_admins_say_where_the_api_sends_requests() -> None:
+    """Model servers: admins register them (the only addresses the API and its jobs call, and
+    where admin tokens go); researchers may see them to choose one; crowdworkers and clients
+    may do neither."""
+    assert refusal(ADA, ModelServerPolicy.manage()) is None
+    for who in (RITA, WALT, VERA, CORA, NOBODY):
+        assert refusal(who, ModelServerPolicy.manage()) == (
+            Forbidden,
+            f"this needs the admin role; your roles: {', '.join(who.roles) or 'none'}",
+        )
+    for who in (RITA, ADA):
+        assert refusal(who, ModelServerPolicy.list()) is None
+    for who in (WALT, VERA, CORA):
+        assert refusal(who, ModelServerPolicy.list()) == (
+            Forbidden,
+            f"this needs the researcher role; your roles: {who.roles[0]}",
+        )
