@@ -71,48 +71,46 @@ class ModelServerProcess:
         return httpx.get(f"{self.url}/info", timeout=5).json()
 
 
+@pytest.fixture
+def app_server(app: FastAPI) -> Iterator[ThreadedServer]:
+    """The app of the `app` fixture served by uvicorn on a real port (real HTTP, real sockets)."""
+    running = ThreadedServer(app, free_port()).start()
+    yield running
+    running.stop()
+    app.state.model_client.close()
+    app.state.engine.dispose()
+
+
 @contextmanager
-def model_server_process(model_dir: Path, log: Path, admin_token: str) -> Iterator[ModelServerProcess]:
-    """A real `dynaloop model-server` process for ``model_dir`` with reloads enabled; stopped
-    (its whole process group) on exit. Fails the test with the server's log if it cannot start."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
-    env.update(DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=admin_token, PYTHONUNBUFFERED="1")
+def dynaloop_process(
+    args: list[str], env: dict[str, str], log: Path, url: str, *, start_timeout_s: float = 90
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``dynaloop ARGS`` as a real process in a session of its own, its output in ``log``; yields
+    the process once ``{url}/health`` answers 200, and stops its whole process group on exit.
+    Fails the test with the log's tail if it exits or does not answer in ``start_timeout_s``."""
     with log.open("wb") as out:
         popen = subprocess.Popen(
-            [
-                *dynaloop_command(),
-                "model-server",
-                "--model",
-                str(model_dir),
-                "--port",
-                str(port),
-                "--device",
-                "cpu",
-                "--log-level",
-                "warning",
-            ],
+            [*dynaloop_command(), *args],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    server = ModelServerProcess(f"http://127.0.0.1:{port}", popen, log)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + start_timeout_s
         while True:
             if popen.poll() is not None:
-                pytest.fail(f"the model server exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
+                pytest.fail(f"`dynaloop {args[0]}` exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"the model server did not start:\n{log.read_text()[-3000:]}")
+                pytest.fail(f"`dynaloop {args[0]}` did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.1)
-        yield server
+        yield popen
     finally:
         if popen.poll() is None:
             os.killpg(popen.pid, signal.SIGTERM)
@@ -121,6 +119,19 @@ def model_server_process(model_dir: Path, log: Path, admin_token: str) -> Iterat
             except subprocess.TimeoutExpired:
                 os.killpg(popen.pid, signal.SIGKILL)
                 popen.wait(timeout=5)
+
+
+@contextmanager
+def model_server_process(model_dir: Path, log: Path, admin_token: str) -> Iterator[ModelServerProcess]:
+    """A real `dynaloop model-server` process for ``model_dir`` with reloads enabled; stopped
+    (its whole process group) on exit. Fails the test with the server's log if it cannot start."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
+    env.update(DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=admin_token, PYTHONUNBUFFERED="1")
+    url = f"http://127.0.0.1:{port}"
+    args = ["model-server", "--model", str(model_dir), "--port", str(port), "--device", "cpu", "--log-level", "warning"]
+    with dynaloop_process(args, env, log, url) as popen:
+        yield ModelServerProcess(url, popen, log)
 
 
 @contextmanager

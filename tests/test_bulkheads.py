@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,7 +34,7 @@ from services.settings import Settings
 from tests.conftest import (
     Actor,
     MakeUser,
-    dynaloop_command,
+    dynaloop_process,
     example_yaml,
     free_port,
     open_round,
@@ -406,39 +404,10 @@ def api_process(settings: Settings, tmp_path: Path) -> Iterator[str]:
         DYNALOOP_RATE_LIMIT_PER_IP="none",
         PYTHONUNBUFFERED="1",
     )
-    log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        popen = subprocess.Popen(
-            [*dynaloop_command(), "api", "--port", str(port), "--log-level", "warning"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if popen.poll() is not None:
-                pytest.fail(f"dynaloop api exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"dynaloop api did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+    args = ["api", "--port", str(port), "--log-level", "warning"]
+    with dynaloop_process(args, env, tmp_path / "api.log", url, start_timeout_s=60):
         yield url
-    finally:
-        if popen.poll() is None:
-            os.killpg(popen.pid, signal.SIGTERM)
-            try:
-                popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(popen.pid, signal.SIGKILL)
-                popen.wait(timeout=5)
 
 
 def test_dynaloop_api_keeps_answering_while_attempts_hang(

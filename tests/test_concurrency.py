@@ -27,7 +27,6 @@ from tests.conftest import (
     Actor,
     MakeUser,
     example_yaml,
-    free_port,
     open_round,
     register_model_server,
     table_counts,
@@ -45,19 +44,9 @@ PROMPTS = [
 
 
 @pytest.fixture
-def server(app: Any) -> Iterator[ThreadedServer]:
-    """The app of the `app` fixture (create_app(settings)) served by uvicorn on a real port."""
-    running = ThreadedServer(app, free_port()).start()
-    yield running
-    running.stop()
-    app.state.model_client.close()
-    app.state.engine.dispose()
-
-
-@pytest.fixture
-def http(server: ThreadedServer) -> Iterator[httpx.Client]:
+def http(app_server: ThreadedServer) -> Iterator[httpx.Client]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    with httpx.Client(base_url=server.url, timeout=60.0, limits=limits) as client:
+    with httpx.Client(base_url=app_server.url, timeout=60.0, limits=limits) as client:
         yield client
 
 

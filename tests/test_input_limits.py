@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from services.structured_input import json_depth, load_yaml
 from services.taskdef import TaskDefinitionError, example_paths, parse_task_definition
-from tests.conftest import Actor, example_yaml, free_port, open_round, register_model_server
+from tests.conftest import Actor, example_yaml, open_round, register_model_server
 from tests.stub_model_server import ThreadedServer
 from tests.test_bad_input import PROMPTS, assert_error, unchanged
 
@@ -41,19 +41,10 @@ def nested_objects(depth: int) -> str:
 
 
 @pytest.fixture
-def server(app: FastAPI) -> Iterator[ThreadedServer]:
-    running = ThreadedServer(app, free_port()).start()
-    yield running
-    running.stop()
-    app.state.model_client.close()
-    app.state.engine.dispose()
-
-
-@pytest.fixture
-def http(server: ThreadedServer) -> Iterator[httpx.Client]:
+def http(app_server: ThreadedServer) -> Iterator[httpx.Client]:
     # One connection: a dropped connection would show as an error on the next request.
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    with httpx.Client(base_url=server.url, timeout=30.0, limits=limits) as client:
+    with httpx.Client(base_url=app_server.url, timeout=30.0, limits=limits) as client:
         yield client
 
 

@@ -3,6 +3,8 @@ options, settings, the session factory, the schema check and error output."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -65,6 +67,23 @@ def ensure_schema(url: str) -> None:
 
     if current_revision(url) != head_revision():
         raise fail("the database schema is not up to date; run `dynaloop db upgrade` first")
+
+
+@contextmanager
+def domain_session(database_url: str | None = None) -> Iterator[Session]:
+    """A unit of work on the database of ``--database-url`` (its schema up to date), committed
+    when the block ends; a domain error (a missing task, a refused password...) becomes the
+    command's error message and exit code 1, with nothing saved."""
+    from services.db.engine import session_scope
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_scope(session_factory(url)) as session:
+            yield session
+    except DomainError as exc:
+        raise fail(exc.message) from exc
 
 
 def redact(url: str) -> str:

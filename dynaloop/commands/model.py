@@ -12,6 +12,7 @@ from dynaloop.commands.common import (
     DatabaseOpt,
     TaskOpt,
     console,
+    domain_session,
     ensure_schema,
     fail,
     problems,
@@ -140,9 +141,7 @@ def model_register(
     import json
 
     from modelling.registry import record_evaluation, register_model
-    from services.db.engine import session_scope
     from services.domain.tasks import get_task
-    from services.errors import DomainError
 
     metrics = None
     if evaluation is not None:
@@ -152,17 +151,12 @@ def model_register(
             raise fail(f"no evaluation file {evaluation}") from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise fail(f"{evaluation} is not a JSON file: {exc}") from exc
-    url = settings_for(database_url).resolved_database_url
-    ensure_schema(url)
-    try:
-        with session_scope(session_factory(url)) as session:
-            task_row = get_task(session, task)
-            model = register_model(session, task_row, directory)
-            if metrics is not None:
-                model = record_evaluation(session, task_row, directory, metrics)
-            summary = f"{model.name} (id {model.id}) is {model.status.value}"
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        task_row = get_task(session, task)
+        model = register_model(session, task_row, directory)
+        if metrics is not None:
+            model = record_evaluation(session, task_row, directory, metrics)
+        summary = f"{model.name} (id {model.id}) is {model.status.value}"
     console.print(f"registered {summary}", soft_wrap=True)
 
 
@@ -249,18 +243,11 @@ def model_retire(
 ) -> None:
     """Mark a model version retired (a model server keeps serving it until another is promoted)."""
     from modelling.registry import retire
-    from services.db.engine import session_scope
     from services.domain.tasks import get_task
-    from services.errors import DomainError
 
-    url = settings_for(database_url).resolved_database_url
-    ensure_schema(url)
-    try:
-        with session_scope(session_factory(url)) as session:
-            model = retire(session, get_task(session, task), version)
-            name, endpoint = model.name, model.endpoint
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        model = retire(session, get_task(session, task), version)
+        name, endpoint = model.name, model.endpoint
     console.print(
         f"retired {name}" + (f"; {endpoint} still serves it until another model is promoted there" if endpoint else ""),
         soft_wrap=True,

@@ -12,7 +12,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dynaloop.commands.common import DatabaseOpt, console, ensure_schema, fail, session_factory, settings_for
+from dynaloop.commands.common import (
+    DatabaseOpt,
+    console,
+    domain_session,
+    ensure_schema,
+    fail,
+    session_factory,
+    settings_for,
+)
 
 app = typer.Typer(
     help="The model servers the API may call (register, list, remove); rounds and promotions name them.",
@@ -37,31 +45,24 @@ def servers_register(
 ) -> None:
     """Register a model server (any http(s) host, local ones included: which hosts the API may
     call is the admin's decision)."""
-    from services.db.engine import session_scope
     from services.domain import model_servers
-    from services.errors import DomainError
 
     token = None
     if admin_token_env is not None:
         token = os.environ.get(admin_token_env)
         if not token:
             raise fail(f"the environment variable {admin_token_env} is not set or empty")
-    url_db = settings_for(database_url).resolved_database_url
-    ensure_schema(url_db)
-    try:
-        with session_scope(session_factory(url_db)) as session:
-            existing = model_servers.find_server(session, name)
-            if existing is not None and update:
-                changes: dict[str, object] = {"admin_token": token} if token is not None else {}
-                if description is not None:
-                    changes["description"] = description
-                model_servers.update(session, None, existing, url=url, **changes)
-                verb = "updated"
-            else:
-                model_servers.register(session, None, name, url, admin_token=token, description=description)
-                verb = "registered"
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        existing = model_servers.find_server(session, name)
+        if existing is not None and update:
+            changes: dict[str, object] = {"admin_token": token} if token is not None else {}
+            if description is not None:
+                changes["description"] = description
+            model_servers.update(session, None, existing, url=url, **changes)
+            verb = "updated"
+        else:
+            model_servers.register(session, None, name, url, admin_token=token, description=description)
+            verb = "registered"
     console.print(
         f"{verb} model server {name} at {url.strip().rstrip('/')}"
         + (" with its admin token" if token else " (no admin token: models cannot be promoted to it)"),
@@ -88,15 +89,8 @@ def servers_list(database_url: DatabaseOpt = None) -> None:
 @app.command("remove")
 def servers_remove(name: str, database_url: DatabaseOpt = None) -> None:
     """Remove a model server (refused while an open round has it in its loop)."""
-    from services.db.engine import session_scope
     from services.domain import model_servers
-    from services.errors import DomainError
 
-    url_db = settings_for(database_url).resolved_database_url
-    ensure_schema(url_db)
-    try:
-        with session_scope(session_factory(url_db)) as session:
-            model_servers.remove(session, None, model_servers.get_server(session, name))
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        model_servers.remove(session, None, model_servers.get_server(session, name))
     console.print(f"removed model server {name}")

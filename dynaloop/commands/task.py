@@ -12,6 +12,7 @@ from rich.table import Table
 from dynaloop.commands.common import (
     DatabaseOpt,
     console,
+    domain_session,
     ensure_schema,
     err,
     fail,
@@ -75,20 +76,13 @@ def task_create(
     ] = None,
 ) -> None:
     """Create a task in the database from a YAML file or a shipped example."""
-    from services.db.engine import session_scope
     from services.domain import members
     from services.domain.tasks import create_task
-    from services.errors import DomainError
 
-    url = settings_for(database_url).resolved_database_url
-    ensure_schema(url)
-    try:
-        with session_scope(session_factory(url)) as session:
-            owning = members.researcher_account(session, owner) if owner else None
-            task = create_task(session, None, task_yaml(source), owner=owning)
-            console.print(f"created task {task.name!r} ({task.family})" + (f", owned by {owner!r}" if owner else ""))
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        owning = members.researcher_account(session, owner) if owner else None
+        task = create_task(session, None, task_yaml(source), owner=owning)
+        console.print(f"created task {task.name!r} ({task.family})" + (f", owned by {owner!r}" if owner else ""))
     if not owner:
         err.print(
             f"task {task.name!r} has no owner: only admins manage it until you add one "
@@ -106,35 +100,21 @@ RoleOpt = Annotated[
 @app.command("add-member")
 def task_add_member(task: str, username: str, role: RoleOpt = "member", database_url: DatabaseOpt = None) -> None:
     """Put a researcher on a task as owner or member (or change their role on it)."""
-    from services.db.engine import session_scope
     from services.db.models import TaskRole
     from services.domain import members, tasks
-    from services.errors import DomainError
 
-    url = settings_for(database_url).resolved_database_url
-    ensure_schema(url)
-    try:
-        with session_scope(session_factory(url)) as session:
-            _, created = members.set_member(session, None, tasks.get_task(session, task), username, TaskRole(role))
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        _, created = members.set_member(session, None, tasks.get_task(session, task), username, TaskRole(role))
     console.print(f"{username!r} {'added to' if created else 'is now'} task {task!r} as {role}")
 
 
 @app.command("remove-member")
 def task_remove_member(task: str, username: str, database_url: DatabaseOpt = None) -> None:
     """Take a researcher off a task (never its last owner)."""
-    from services.db.engine import session_scope
     from services.domain import members, tasks
-    from services.errors import DomainError
 
-    url = settings_for(database_url).resolved_database_url
-    ensure_schema(url)
-    try:
-        with session_scope(session_factory(url)) as session:
-            members.remove_member(session, None, tasks.get_task(session, task), username)
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        members.remove_member(session, None, tasks.get_task(session, task), username)
     console.print(f"{username!r} is no longer on task {task!r}")
 
 

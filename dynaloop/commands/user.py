@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-from dynaloop.commands.common import DatabaseOpt, console, ensure_schema, fail, session_factory, settings_for
+from dynaloop.commands.common import (
+    DatabaseOpt,
+    console,
+    domain_session,
+    ensure_schema,
+    fail,
+    session_factory,
+    settings_for,
+)
 
 app = typer.Typer(help="Users and API tokens.", no_args_is_help=True)
 
@@ -61,17 +69,10 @@ def user_password(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Set a user's login password (at least 12 characters, not a common password)."""
-    from services.db.engine import session_scope
     from services.domain import users
-    from services.errors import DomainError
 
-    url = settings_for(database_url).resolved_database_url
-    ensure_schema(url)
-    try:
-        with session_scope(session_factory(url)) as session:
-            users.set_password(session, None, users.get_user(session, username), password)
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        users.set_password(session, None, users.get_user(session, username), password)
     console.print(f"password of {username!r} set.")
 
 
@@ -80,15 +81,8 @@ def user_token(
     username: str, database_url: DatabaseOpt = None, name: str = "cli", expires_in_days: int | None = None
 ) -> None:
     """Issue a new API token for an existing user and print it once."""
-    from services.db.engine import session_scope
     from services.domain import users
-    from services.errors import DomainError
 
-    url = settings_for(database_url).resolved_database_url
-    ensure_schema(url)
-    try:
-        with session_scope(session_factory(url)) as session:
-            _, token = users.issue_token(session, None, users.get_user(session, username), name, expires_in_days)
-    except DomainError as exc:
-        raise fail(exc.message) from exc
+    with domain_session(database_url) as session:
+        _, token = users.issue_token(session, None, users.get_user(session, username), name, expires_in_days)
     print(token)
