@@ -9,7 +9,6 @@ so the same worker keeps one pseudonym across rounds without revealing their acc
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import hmac
 import io
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,57 +26,62 @@ from round_builder.builds import newest_build
 from services.db.models import BuiltExample, Example, Prompt, Round, RoundBuild
 from services.domain.tasks import definition_of
 from services.errors import Invalid, NotFound
+from services.taskdef import TaskDefinition, WriterFieldName
 
 FORMATS = {"jsonl": "application/x-ndjson", "csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
 SPLITS = ("train", "dev", "test", "excluded", "all")
 CHUNK_ROWS = 2000
 
-FIELDS = [
-    "example_id",
-    "round",
-    "split",
-    "text",
-    "gold_label",
-    "gold_votes",
-    "distributional_label",
-    "model_based_label",
-    "responses",
-    "model_prediction",
-    "model_id",
-    "fooled",
-    "target_label",
-    "condition",
-    "prompt_id",
-    "prompt_text",
-    "language",
-    "writer",
-    "extras",
-    "flags",
-]
+_TARGET_SPAN = pa.struct([("start", pa.int64()), ("end", pa.int64()), ("text", pa.string())])
 
-_COLUMN_TYPES: list[tuple[str, pa.DataType]] = [
-    ("example_id", pa.int64()),
-    ("round", pa.int32()),
-    ("split", pa.string()),
-    ("text", pa.string()),
-    ("gold_label", pa.list_(pa.string())),
-    ("gold_votes", pa.int32()),
-    ("distributional_label", pa.map_(pa.string(), pa.float64())),
-    ("model_based_label", pa.list_(pa.string())),
-    ("responses", pa.list_(pa.struct([("worker", pa.string()), ("label", pa.list_(pa.string()))]))),
-    ("model_prediction", pa.list_(pa.string())),
-    ("model_id", pa.string()),
-    ("fooled", pa.bool_()),
-    ("target_label", pa.list_(pa.string())),
-    ("condition", pa.string()),
-    ("prompt_id", pa.int64()),
-    ("prompt_text", pa.string()),
-    ("language", pa.string()),
-    ("writer", pa.string()),
-    ("extras", pa.string()),
-    ("flags", pa.list_(pa.string())),
-]
-_SCHEMA = pa.schema(_COLUMN_TYPES)
+
+def schema_for(definition: TaskDefinition) -> pa.Schema:
+    """The one declared schema of a task's exports, shared by every format.
+
+    Parquet carries it as is; JSONL rows are its values as JSON objects (a struct is an object
+    with every field present, null where empty); CSV writes each nested column (lists and
+    structs) as a JSON string of the same value (:func:`csv_schema`). ``distributional_label`` is
+    a struct with one float per task label (the task's ``labels``, in order), and ``extras`` a
+    struct with one field per writer field of the task (``target_span`` as start/end/text, the
+    others text); a task without writer fields has no ``extras`` column (Parquet cannot store a
+    struct without fields). Every type here has a Hugging Face ``datasets`` feature (no maps).
+    """
+    extras = [
+        (spec.name.value, _TARGET_SPAN if spec.name is WriterFieldName.target_span else pa.string())
+        for spec in definition.writer_fields
+    ]
+    columns: list[tuple[str, pa.DataType]] = [
+        ("example_id", pa.int64()),
+        ("round", pa.int32()),
+        ("split", pa.string()),
+        ("text", pa.string()),
+        ("gold_label", pa.list_(pa.string())),
+        ("gold_votes", pa.int32()),
+        ("distributional_label", pa.struct([(label, pa.float64()) for label in definition.labels])),
+        ("model_based_label", pa.list_(pa.string())),
+        ("responses", pa.list_(pa.struct([("worker", pa.string()), ("label", pa.list_(pa.string()))]))),
+        ("model_prediction", pa.list_(pa.string())),
+        ("model_id", pa.string()),
+        ("fooled", pa.bool_()),
+        ("target_label", pa.list_(pa.string())),
+        ("condition", pa.string()),
+        ("prompt_id", pa.int64()),
+        ("prompt_text", pa.string()),
+        ("language", pa.string()),
+        ("writer", pa.string()),
+        *([("extras", pa.struct(extras))] if extras else []),
+        ("flags", pa.list_(pa.string())),
+    ]
+    return pa.schema(columns)
+
+
+def _nested(data_type: pa.DataType) -> bool:
+    return pa.types.is_struct(data_type) or pa.types.is_list(data_type)
+
+
+def csv_schema(schema: pa.Schema) -> pa.Schema:
+    """The CSV form of an export schema: each nested column is a JSON string of its value."""
+    return pa.schema([(f.name, pa.string() if _nested(f.type) else f.type) for f in schema])
 
 
 def pseudonym(secret: str, user_id: int) -> str:
@@ -106,19 +111,39 @@ def etag(build: RoundBuild, split: str, file_format: str) -> str:
     return f'"{digest[:32]}"'
 
 
+def export_schema(factory: sessionmaker[Session], build_id: int) -> pa.Schema:
+    """The declared schema (:func:`schema_for`) of a build's task."""
+    with factory() as session:
+        return schema_for(definition_of(_round_of(session, build_id).task))
+
+
+def _round_of(session: Session, build_id: int) -> Round:
+    build = session.get(RoundBuild, build_id)
+    if build is None:
+        raise NotFound(f"build {build_id} disappeared")
+    round_ = session.get(Round, build.round_id)
+    if round_ is None:
+        raise NotFound(f"round {build.round_id} disappeared")
+    return round_
+
+
+def _declared(value: dict[str, Any] | None, fields: list[str]) -> dict[str, Any] | None:
+    """A stored mapping as the declared struct: every declared field present (null when absent)."""
+    if value is None:
+        return None
+    return {name: value.get(name) for name in fields}
+
+
 def iter_rows(factory: sessionmaker[Session], build_id: int, split: str, secret: str) -> Iterator[list[dict[str, Any]]]:
     """Chunks of export rows, by example id (keyset pagination: one short transaction per
-    chunk, so a long download never holds a database lock)."""
+    chunk, so a long download never holds a database lock). ``distributional_label`` and
+    ``extras`` come as the declared structs of :func:`schema_for`."""
     after = 0
     while True:
         with factory() as session:
-            build = session.get(RoundBuild, build_id)
-            if build is None:
-                raise NotFound(f"build {build_id} disappeared")
-            round_ = session.get(Round, build.round_id)
-            if round_ is None:
-                raise NotFound(f"round {build.round_id} disappeared")
-            language = definition_of(round_.task).language
+            round_ = _round_of(session, build_id)
+            definition = definition_of(round_.task)
+            writer_fields = [spec.name.value for spec in definition.writer_fields]
             query = (
                 select(BuiltExample, Example, Prompt.text)
                 .join(Example, BuiltExample.example_id == Example.id)
@@ -134,64 +159,74 @@ def iter_rows(factory: sessionmaker[Session], build_id: int, split: str, secret:
                 return
             chunk = []
             for built, example, prompt_text in rows:
-                chunk.append(
-                    {
-                        "example_id": example.id,
-                        "round": round_.number,
-                        "split": built.split,
-                        "text": example.text,
-                        "gold_label": built.gold_label,
-                        "gold_votes": built.gold_votes,
-                        "distributional_label": built.distributional_label,
-                        "model_based_label": built.model_based_label,
-                        "responses": [
-                            {"worker": pseudonym(secret, worker), "label": label}
-                            for worker, label in built.response_labels
-                        ],
-                        "model_prediction": example.model_prediction,
-                        "model_id": example.model_id,
-                        "fooled": example.fooled,
-                        "target_label": example.target_label,
-                        "condition": example.condition.value,
-                        "prompt_id": example.prompt_id,
-                        "prompt_text": prompt_text,
-                        "language": language,
-                        # Harvested examples have no writer.
-                        "writer": pseudonym(secret, example.writer_id) if example.writer_id is not None else None,
-                        "extras": example.extras,
-                        "flags": built.flags,
-                    }
-                )
+                row: dict[str, Any] = {
+                    "example_id": example.id,
+                    "round": round_.number,
+                    "split": built.split,
+                    "text": example.text,
+                    "gold_label": built.gold_label,
+                    "gold_votes": built.gold_votes,
+                    "distributional_label": _declared(built.distributional_label, list(definition.labels)),
+                    "model_based_label": built.model_based_label,
+                    "responses": [
+                        {"worker": pseudonym(secret, worker), "label": label} for worker, label in built.response_labels
+                    ],
+                    "model_prediction": example.model_prediction,
+                    "model_id": example.model_id,
+                    "fooled": example.fooled,
+                    "target_label": example.target_label,
+                    "condition": example.condition.value,
+                    "prompt_id": example.prompt_id,
+                    "prompt_text": prompt_text,
+                    "language": definition.language,
+                    # Harvested examples have no writer.
+                    "writer": pseudonym(secret, example.writer_id) if example.writer_id is not None else None,
+                }
+                if writer_fields:
+                    row["extras"] = _declared(example.extras or {}, writer_fields)
+                row["flags"] = built.flags
+                chunk.append(row)
             after = rows[-1][0].example_id
         yield chunk
 
 
 def stream(factory: sessionmaker[Session], build_id: int, split: str, file_format: str, secret: str) -> Iterator[bytes]:
-    chunks = iter_rows(factory, build_id, split, secret)
+    """The export as bytes, one part per chunk of rows, every format through the task's declared
+    schema (:func:`schema_for`): a row that does not fit it fails here, not in a reader."""
+    schema = export_schema(factory, build_id)
+    tables = (pa.Table.from_pylist(chunk, schema=schema) for chunk in iter_rows(factory, build_id, split, secret))
     if file_format == "jsonl":
-        for chunk in chunks:
-            yield "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in chunk).encode("utf-8")
+        for table in tables:
+            yield "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in table.to_pylist()).encode("utf-8")
     elif file_format == "csv":
-        yield from _csv(chunks)
+        yield from _csv(schema, tables)
     else:
-        yield from _parquet(chunks)
+        yield from _parquet(schema, tables)
 
 
-def _csv(chunks: Iterator[list[dict[str, Any]]]) -> Iterator[bytes]:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=FIELDS)
-    writer.writeheader()
-    for chunk in chunks:
-        for row in chunk:
-            # Nested values as JSON inside the cell: one row per example, still machine-readable.
-            writer.writerow(
-                {k: json.dumps(v, ensure_ascii=False) if isinstance(v, list | dict) else v for k, v in row.items()}
-            )
-        yield buffer.getvalue().encode("utf-8")
-        buffer.seek(0)
-        buffer.truncate()
-    if buffer.tell():
-        yield buffer.getvalue().encode("utf-8")
+def _csv(schema: pa.Schema, tables: Iterator[pa.Table]) -> Iterator[bytes]:
+    """CSV through pyarrow's writer (RFC 4180 quoting, ``true``/``false``, an empty cell for
+    null), each nested column as a JSON string: one row per example, still machine-readable."""
+    target = csv_schema(schema)
+    nested = {f.name for f in schema if _nested(f.type)}
+    sink = io.BytesIO()
+    with pa_csv.CSVWriter(sink, target) as writer:
+        for table in tables:
+            columns = [
+                pa.array(
+                    [None if value is None else json.dumps(value, ensure_ascii=False) for value in column.to_pylist()],
+                    pa.string(),
+                )
+                if name in nested
+                else column
+                for name, column in zip(table.column_names, table.columns, strict=True)
+            ]
+            writer.write_table(pa.Table.from_arrays(columns, schema=target))
+            yield sink.getvalue()
+            sink.seek(0)
+            sink.truncate()
+    if sink.tell():
+        yield sink.getvalue()
 
 
 class _Sink(io.RawIOBase):
@@ -219,15 +254,12 @@ class _Sink(io.RawIOBase):
         return data
 
 
-def _parquet(chunks: Iterator[list[dict[str, Any]]]) -> Iterator[bytes]:
+def _parquet(schema: pa.Schema, tables: Iterator[pa.Table]) -> Iterator[bytes]:
     sink = _Sink()
     # pyarrow wraps any object with a ``write`` method in a PythonFile; its stubs only name IO and NativeFile.
-    writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _SCHEMA, compression="zstd")
-    for chunk in chunks:
-        for row in chunk:
-            row["extras"] = json.dumps(row["extras"], ensure_ascii=False)
-            row["distributional_label"] = list((row["distributional_label"] or {}).items()) or None
-        writer.write_table(pa.Table.from_pylist(chunk, schema=_SCHEMA))
+    writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema, compression="zstd")
+    for table in tables:
+        writer.write_table(table)
         yield sink.drain()
     writer.close()
     yield sink.drain()

@@ -4,7 +4,8 @@ command (``dynaloop/commands/round.py``) and the API (docs/round_builder.md):
 * :func:`build`: aggregate a closed round's labels, measure agreement and human F1, make the
   chance-level splits and record the build (:func:`round_builder.build.build_round`);
 * :func:`export_files`: write the newest build's splits to files, one per split;
-* :func:`dataset_download`: what the API needs to stream one split of the newest build.
+* :func:`dataset_download`: what the API needs to stream one split of the newest build;
+* :func:`dataset_card_text`: the Hugging Face dataset card of an export.
 
 Each takes one options schema (:class:`BuildOptions`, :class:`ExportOptions`) and returns a
 typed result. Errors are raised as :class:`~services.errors.DomainError`.
@@ -20,10 +21,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session, sessionmaker
 
-from round_builder import export
+from round_builder import dataset_card, export
 from round_builder.build import BuildConfig, build_round
-from services.db.models import Round, Task, User
+from services.db.models import Round, RoundBuild, Task, User
 from services.domain import rounds, tasks
+from services.errors import NotFound
 
 __all__ = [
     "BuildOptions",
@@ -32,6 +34,7 @@ __all__ = [
     "ExportOptions",
     "ExportedFile",
     "build",
+    "dataset_card_text",
     "dataset_download",
     "default_build_dir",
     "export_files",
@@ -120,8 +123,10 @@ def export_files(
     on_file: Callable[[ExportedFile], None] | None = None,
 ) -> list[ExportedFile]:
     """Write each of ``options.splits`` of the round's newest build to
-    ``out_dir/TASK-rN-SPLIT.FORMAT``; ``on_file`` hears of each file when it is written. Worker ids
-    are pseudonymised with ``secret`` (the deployment's secret key)."""
+    ``out_dir/TASK-rN-SPLIT.FORMAT`` and, beside them, its Hugging Face dataset card
+    (``README.md``, :mod:`round_builder.dataset_card`; its split is ``card``); ``on_file`` hears
+    of each file when it is written. Worker ids are pseudonymised with ``secret`` (the
+    deployment's secret key)."""
     for split in options.splits:
         export.check_request(split, options.format)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -131,11 +136,21 @@ def export_files(
         ).id
     written = []
     for split in options.splits:
-        path = out_dir / f"{task_name}-r{number}-{split}.{options.format}"
+        path = out_dir / dataset_card.file_name(task_name, number, split, options.format)
         size = export.write_file(factory, build_id, split, options.format, secret, path)
         written.append(ExportedFile(split=split, path=path, size=size))
         if on_file is not None:
             on_file(written[-1])
+    with factory() as session:
+        build = session.get(RoundBuild, build_id)
+        if build is None:
+            raise NotFound(f"build {build_id} disappeared during the export")
+        card = dataset_card.card_for_build(session, build, options.format, options.splits).encode("utf-8")
+    path = out_dir / dataset_card.CARD_NAME
+    path.write_bytes(card)
+    written.append(ExportedFile(split="card", path=path, size=len(card)))
+    if on_file is not None:
+        on_file(written[-1])
     return written
 
 
@@ -161,6 +176,16 @@ def dataset_download(session: Session, task: Task, number: int, split: str, file
         split=split,
         format=file_format,
         etag=export.etag(built, split, file_format),
-        filename=f"{task.name}-r{number}-{split}.{file_format}",
+        filename=dataset_card.file_name(task.name, number, split, file_format),
         media_type=export.FORMATS[file_format],
     )
+
+
+def dataset_card_text(session: Session, task: Task, number: int, file_format: str, splits: list[str]) -> str:
+    """The Hugging Face dataset card of the newest build of round ``number`` of ``task`` (whose
+    reader the caller has authorized) for the files of ``splits`` in ``file_format``: what
+    `dynaloop round export` writes as README.md beside them."""
+    for split in splits:
+        export.check_request(split, file_format)
+    built = export.current_build(session, rounds.get_round_by_number(session, task, number))
+    return dataset_card.card_for_build(session, built, file_format, splits)

@@ -1,4 +1,5 @@
-"""A built round's splits, streamed as JSONL, CSV or Parquet (REST clients and researchers)."""
+"""A built round's splits, streamed as JSONL, CSV or Parquet (REST clients and researchers), and
+their Hugging Face dataset card."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import IdPath, SessionDep, SessionmakerDep, SettingsDep, allowed
 from round_builder import export
-from round_builder.usecases import dataset_download
+from round_builder.usecases import dataset_card_text, dataset_download
 from services.authorization import DatasetPolicy, authorize
 from services.db.models import User
 from services.domain import tasks
+from services.errors import Invalid
 
 router = APIRouter(tags=["datasets"])
 
@@ -55,3 +57,30 @@ def dataset(
         media_type=download.media_type,
         headers=headers,
     )
+
+
+@router.get(
+    "/tasks/{task_name}/rounds/{number}/dataset/card",
+    response_class=Response,
+    responses={200: {"content": {"text/markdown": {}}, "description": "The dataset card (README.md)."}},
+)
+def dataset_card(
+    task_name: str,
+    number: IdPath,
+    session: SessionDep,
+    reader: Annotated[User, allowed(DatasetPolicy.read)],
+    format: str = Query("parquet", description="jsonl, csv or parquet: the format of the files it describes"),
+    splits: str = Query(
+        "train,dev,test", max_length=100, description="Comma-separated splits it lists (train, dev, test, excluded)"
+    ),
+) -> Response:
+    """The Hugging Face dataset card of the newest build's export (what `dynaloop round export`
+    writes as README.md beside the files), with its YAML metadata header: licence, language,
+    the split files and their declared features."""
+    names = [split.strip() for split in splits.split(",") if split.strip()]
+    if not names or len(names) > len(export.SPLITS):
+        raise Invalid(f"splits: list 1 to {len(export.SPLITS)} of {', '.join(export.SPLITS)}")
+    task = tasks.get_task(session, task_name)
+    authorize(reader, DatasetPolicy.read(task))
+    text = dataset_card_text(session, task, number, format, names)
+    return Response(text, media_type="text/markdown; charset=utf-8")

@@ -89,7 +89,7 @@ def round_export(
     splits: Annotated[str, typer.Option(help="Comma-separated splits")] = "train,dev,test",
     database_url: DatabaseOpt = None,
 ) -> None:
-    """Write the newest build's splits to files (one per split)."""
+    """Write the newest build's splits to files (one per split) and their dataset card (README.md)."""
     from round_builder.usecases import ExportedFile, ExportOptions, export_files
     from services.errors import DomainError
 
@@ -101,7 +101,7 @@ def round_export(
     options = ExportOptions(format=format, splits=[s.strip() for s in splits.split(",") if s.strip()])
 
     def wrote(file: ExportedFile) -> None:
-        console.print(f"wrote {file.path} ({file.size:,} bytes)")
+        console.print(f"wrote {file.path} ({file.size:,} bytes)", soft_wrap=True)
 
     try:
         export_files(session_factory(url), task, number, out, options, secret=settings.secret_key, on_file=wrote)

@@ -1,0 +1,209 @@
+"""A Hugging Face dataset card (``README.md`` with its YAML metadata header) for a round's export,
+written beside the exported files by `dynaloop round export` and served by
+``GET /api/v1/tasks/{task}/rounds/{n}/dataset/card`` (docs/round_builder.md, "Export").
+
+The header names the licence, language, task category, one ``configs`` entry whose
+``data_files`` list the exported split files, and ``dataset_info`` with the declared features
+(:func:`round_builder.export.schema_for`) and each split's row count, so
+``datasets.load_dataset(FOLDER)`` loads the folder with the declared types. The body restates
+the build's datasheet field by field, as the build's report holds it, and adds only counts read
+from the build itself: the card makes no claim of its own about the data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import yaml
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from round_builder import export
+from services.db.models import BuiltExample, Round, RoundBuild
+from services.domain.tasks import definition_of
+from services.taskdef import TaskDefinition
+
+CARD_NAME = "README.md"
+
+#: Split names on the Hub: ``dev`` is ``validation`` there; ``all`` is a reserved name in
+#: ``datasets`` (every split together) and so is never a configured split.
+HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test", "excluded": "excluded"}
+
+# Licence identifiers the Hub's metadata accepts, for the licences tasks write in prose.
+_HUB_LICENCES = {
+    "apache-2.0",
+    "cc-by-2.0",
+    "cc-by-3.0",
+    "cc-by-4.0",
+    "cc-by-nc-2.0",
+    "cc-by-nc-3.0",
+    "cc-by-nc-4.0",
+    "cc-by-nc-nd-3.0",
+    "cc-by-nc-nd-4.0",
+    "cc-by-nc-sa-3.0",
+    "cc-by-nc-sa-4.0",
+    "cc-by-nd-4.0",
+    "cc-by-sa-3.0",
+    "cc-by-sa-4.0",
+    "cc0-1.0",
+    "mit",
+    "odc-by",
+    "odbl",
+    "pddl",
+}
+
+_DTYPES = {
+    pa.int32(): "int32",
+    pa.int64(): "int64",
+    pa.float64(): "float64",
+    pa.string(): "string",
+    pa.bool_(): "bool",
+}
+
+
+def feature_yaml(data_type: pa.DataType) -> dict[str, Any]:
+    """One column's feature in the card's ``dataset_info`` notation.
+
+    ``datasets`` has this conversion (``Features._to_yaml_list``), but it is a test dependency
+    only, not one of the service's; tests/test_export_datasets.py checks that this gives exactly
+    what ``datasets`` gives for every export schema."""
+    if pa.types.is_struct(data_type):
+        return {"struct": _fields_yaml(data_type)}
+    if pa.types.is_list(data_type):
+        inner = feature_yaml(data_type.value_type)
+        return {"list": inner.get("dtype", inner.get("struct", inner))}
+    if data_type in _DTYPES:
+        return {"dtype": _DTYPES[data_type]}
+    raise TypeError(f"no dataset card feature for arrow type {data_type}")
+
+
+def _fields_yaml(fields: Any) -> list[dict[str, Any]]:
+    return [{"name": field.name, **feature_yaml(field.type)} for field in fields]
+
+
+def hub_licence(licence: str | None) -> dict[str, str]:
+    """The card's ``license`` (and ``license_name`` when the Hub has no identifier for it)."""
+    if not licence:
+        return {"license": "unknown"}
+    identifier = "-".join(licence.lower().split())
+    if identifier == "cc0":
+        identifier = "cc0-1.0"
+    if identifier in _HUB_LICENCES:
+        return {"license": identifier}
+    return {"license": "other", "license_name": licence}
+
+
+def split_counts(session: Session, build_id: int) -> dict[str, int]:
+    """Examples per split of a build, as stored."""
+    rows = session.execute(
+        select(BuiltExample.split, func.count()).where(BuiltExample.build_id == build_id).group_by(BuiltExample.split)
+    ).all()
+    return {str(split): int(count) for split, count in rows}
+
+
+def file_name(task_name: str, number: int, split: str, file_format: str) -> str:
+    """An exported split's file name (the same from the CLI and the API)."""
+    return f"{task_name}-r{number}-{split}.{file_format}"
+
+
+def render(
+    definition: TaskDefinition,
+    round_number: int,
+    build_id: int,
+    report: Mapping[str, Any],
+    counts: Mapping[str, int],
+    file_format: str,
+    splits: Sequence[str],
+) -> str:
+    """The card's text for the files of ``splits`` in ``file_format``."""
+    schema = export.schema_for(definition)
+    configured = [split for split in splits if split in HUB_SPLITS]
+    files = {split: file_name(definition.name, round_number, split, file_format) for split in configured}
+    loader = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}[file_format]
+    header: dict[str, Any] = {
+        **hub_licence(definition.licence),
+        "language": [definition.language.split("-")[0].lower()],
+        "task_categories": ["text-classification"],
+        "pretty_name": definition.title,
+        "configs": [
+            {
+                "config_name": "default",
+                "data_files": [{"split": HUB_SPLITS[split], "path": files[split]} for split in configured],
+            }
+        ],
+        "dataset_info": {
+            "features": _fields_yaml(schema if file_format != "csv" else export.csv_schema(schema)),
+            "splits": [{"name": HUB_SPLITS[split], "num_examples": counts.get(split, 0)} for split in configured],
+        },
+    }
+    data_files = ", ".join(f'"{HUB_SPLITS[split]}": "{files[split]}"' for split in configured)
+    lines = [
+        "---",
+        yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000).rstrip("\n"),
+        "---",
+        "",
+        f"# {definition.title}: round {round_number}",
+        "",
+        f"Exported by dynaloop from build {build_id} of round {round_number} of task `{definition.name}` "
+        f"(family `{definition.family.value}`, labels {', '.join(f'`{label}`' for label in definition.labels)}).",
+        "",
+        "## Files",
+        "",
+        "| split | file | examples |",
+        "|---|---|---|",
+        *(f"| {HUB_SPLITS[split]} | `{files[split]}` | {counts.get(split, 0)} |" for split in configured),
+        "",
+        "## Loading",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        "",
+        f"rounds = load_dataset({loader!r}, data_files={{{data_files}}})",
+        "```",
+        "",
+        "or `load_dataset(FOLDER)` on the folder of this card, which also applies the features above.",
+    ]
+    if file_format == "csv":
+        lines += [
+            "",
+            "In the CSV files each nested column (lists and structs: "
+            + ", ".join(f"`{f.name}`" for f in schema if export._nested(f.type))
+            + ") is a JSON string of its value, and an empty cell is null; `json.loads` a cell to get the "
+            "value the Parquet and JSONL files hold.",
+        ]
+    lines += [
+        "",
+        "## Columns",
+        "",
+        "| column | type |",
+        "|---|---|",
+        *(f"| `{field.name}` | `{field.type}` |" for field in schema),
+        "",
+        "`distributional_label` has one share per label; `responses` lists every counted validation with a "
+        "pseudonymous worker id; `extras` (when the task has writer fields) holds the writer's fields.",
+    ]
+    datasheet = report.get("datasheet") or {}
+    if datasheet:
+        lines += ["", "## Datasheet", "", "As the build's report states it:", ""]
+        for key, value in datasheet.items():
+            shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
+            lines.append(f"- **{key.replace('_', ' ')}**: {shown}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def card_for_build(session: Session, build: RoundBuild, file_format: str, splits: Sequence[str]) -> str:
+    """The card of ``build``'s export in ``file_format`` for ``splits``."""
+    round_ = session.get(Round, build.round_id)
+    assert round_ is not None  # a build's round is never deleted while it has builds
+    return render(
+        definition_of(round_.task),
+        round_.number,
+        build.id,
+        build.report or {},
+        split_counts(session, build.id),
+        file_format,
+        splits,
+    )

@@ -1,0 +1,299 @@
+"""Exports that load everywhere: every export format of a built round (from `dynaloop round
+export` and from the API's download) loads with Hugging Face ``datasets.load_dataset`` offline,
+with the one declared schema of round_builder/export.py, and its values round-trip (labels,
+distributional labels, writer fields, Ge'ez and Devanagari text with zero-width joiners byte
+for byte); the dataset card written beside the files loads the folder; the README's loading
+snippet runs as written."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from round_builder import dataset_card, export
+from services.taskdef import load_task_definition
+from tests.built_round import LABELS, BuiltRound, write_and_label
+from tests.conftest import Actor, MakeUser, example_yaml, open_round
+from tests.stub_model_server import ThreadedServer
+
+README = Path(__file__).parent.parent / "README.md"
+FORMATS = ("parquet", "jsonl", "csv")
+LOADER = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}
+# Devanagari with a zero-width joiner inside a conjunct (half form of क्ष), Ge'ez with one too.
+DEVANAGARI = "क्\u200dषेत्र"
+GEEZ = "ሰላም\u200dለዓለም"
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No hub access while loading, and a cache of the test's own."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    return cache
+
+
+def load(file_format: str, files: dict[str, Path], cache: Path, features: datasets.Features) -> datasets.DatasetDict:
+    loaded = datasets.load_dataset(
+        LOADER[file_format],
+        data_files={split: str(path) for split, path in files.items()},
+        features=features,
+        cache_dir=str(cache),
+    )
+    assert isinstance(loaded, datasets.DatasetDict)
+    return loaded
+
+
+def features_of(file_format: str, task: str) -> datasets.Features:
+    """The features the docs tell a user to pass: the declared schema (CSV: nested as JSON strings)."""
+    schema = export.schema_for(load_task_definition(Path("services/task_examples") / f"{task}.yaml"))
+    return datasets.Features.from_arrow_schema(export.csv_schema(schema) if file_format == "csv" else schema)
+
+
+def decoded(file_format: str, row: dict[str, Any], task: str) -> dict[str, Any]:
+    """A loaded row as the Parquet/JSONL value: CSV's nested columns are JSON strings."""
+    if file_format != "csv":
+        return row
+    schema = export.schema_for(load_task_definition(Path("services/task_examples") / f"{task}.yaml"))
+    nested = {f.name for f in schema if pa_nested(f.type)}
+    return {key: json.loads(value) if key in nested and value is not None else value for key, value in row.items()}
+
+
+def pa_nested(data_type: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_struct(data_type) or pa.types.is_list(data_type))
+
+
+def cli_export(database_url: str, task: str, out: Path, file_format: str, splits: str = "train,dev,test") -> None:
+    """`dynaloop round export`, keyed like the test app (tests/conftest.py ``settings``)."""
+    from dynaloop.cli import app as cli
+
+    result = CliRunner(env={"DYNALOOP_SECRET_KEY": "test-suite-secret-key-0123456789"}).invoke(
+        cli,
+        [
+            "round",
+            "export",
+            "--task",
+            task,
+            "--round",
+            "1",
+            "--out",
+            str(out),
+            "--format",
+            file_format,
+            "--splits",
+            splits,
+            "--database-url",
+            database_url,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "README.md" in result.output
+
+
+@pytest.fixture
+def scripts_round(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> list[tuple[str, str, list[str]]]:
+    """A MAD-TSC round (a writer field: the target span) of texts in Devanagari and Ge'ez with
+    zero-width joiners, built without the chance rule; returns (text, gold, labels) per example."""
+    prompts = [f"Prompt {i}: the minister visited the city." for i in range(12)]
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("mad-tsc", onboarding_quiz=None),
+        stub_model.url,
+        prompts,
+        target_label_mode="writer_choice",
+    )
+    writer = make_user("tess", "writer")
+    validators = [make_user(f"tv{i}", "validator") for i in range(3)]
+    plan: list[tuple[str, str, list[int] | None, list[str]]] = []
+    written = []
+    for i, (label, weak) in enumerate(
+        (("positive", "weakly_positive"), ("negative", "weakly_negative"), ("neutral", "neutral"))
+    ):
+        for copy, script in enumerate((DEVANAGARI, GEEZ)):
+            text = f"The minister met the mayor {i}{copy} and wrote {script} on the old town hall."
+            labels = [label, weak, label] if copy == 0 else [label, label, label]
+            plan.append((label, text, [4, 12], labels))
+            written.append((text, label, labels))
+    write_and_label(client, writer, validators, round_["id"], plan)
+    client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+    response = client.post(
+        f"/api/v1/rounds/{round_['id']}/build",
+        json={"chance": False, "dev_test_min_votes": 3},
+        headers=researcher.headers,
+    )
+    assert response.status_code == 201, response.text
+    return written
+
+
+def test_every_format_loads_with_datasets_and_round_trips(
+    scripts_round: list[tuple[str, str, list[str]]],
+    client: TestClient,
+    researcher: Actor,
+    database_url: str,
+    offline: Path,
+    tmp_path: Path,
+) -> None:
+    """CLI and API exports of each format: declared features, the same values in every format,
+    the written text byte for byte, gold and distributional labels and the writer's span."""
+    loaded_rows: dict[str, list[dict[str, Any]]] = {}
+    for file_format in FORMATS:
+        out = tmp_path / f"cli-{file_format}"
+        cli_export(database_url, "mad-tsc", out, file_format, "all")
+        api_file = tmp_path / f"api-mad-tsc-r1-all.{file_format}"
+        response = client.get(
+            "/api/v1/tasks/mad-tsc/rounds/1/dataset",
+            params={"split": "all", "format": file_format},
+            headers=researcher.headers,
+        )
+        assert response.status_code == 200, response.text
+        api_file.write_bytes(response.content)
+        cli_file = out / f"mad-tsc-r1-all.{file_format}"
+        assert cli_file.read_bytes() == response.content, "the CLI and the API write the same file"
+        features = features_of(file_format, "mad-tsc")
+        data = load(file_format, {"train": cli_file, "test": api_file}, offline, features)
+        assert data["train"].features == features
+        rows = [decoded(file_format, row, "mad-tsc") for row in data["train"]]
+        assert [decoded(file_format, row, "mad-tsc") for row in data["test"]] == rows
+        loaded_rows[file_format] = rows
+        if file_format != "csv":
+            # Parquet carries its schema; JSON Lines infers the same without being told.
+            plain = datasets.load_dataset(
+                LOADER[file_format], data_files=str(cli_file), cache_dir=str(offline / "plain")
+            )["train"]
+            assert [decoded(file_format, row, "mad-tsc") for row in plain] == rows
+    assert loaded_rows["parquet"] == loaded_rows["jsonl"] == loaded_rows["csv"]
+    by_text = {row["text"]: row for row in loaded_rows["parquet"]}
+    assert len(by_text) == len(scripts_round) == 6
+    for text, gold, labels in scripts_round:
+        row = by_text[text]  # the exact text: a normalised or joiner-stripped text would miss
+        assert row["text"].encode("utf-8") == text.encode("utf-8")
+        assert ("\u200d" in row["text"]) and (DEVANAGARI in text or GEEZ in text)
+        assert row["gold_label"] == [gold]
+        # Every 5-point label collapses to the written class (weakly_x -> x): a share of 1.
+        assert row["distributional_label"] == {label: (1.0 if label == gold else 0.0) for label in LABELS}
+        assert sorted(r["label"][0] for r in row["responses"]) == sorted(labels)
+        assert row["extras"] == {"target_span": {"start": 4, "end": 12, "text": "minister"}}
+        assert row["language"] == "en" and row["round"] == 1
+
+
+def test_readme_snippet_loads_the_cli_export(built: BuiltRound, database_url: str, tmp_path: Path) -> None:
+    """The README's loading code, exactly as written, in a fresh offline Python process on the
+    files `dynaloop round export` writes where the README writes them."""
+    readme = README.read_text(encoding="utf-8")
+    section = readme[readme.index("## Building and exporting a round") :]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S)
+    assert snippet is not None
+    assert "dynaloop round export --task dynasent-r2 --round 1 --out data/r1 --format parquet" in section
+    cli_export(database_url, "dynasent-r2", tmp_path / "data" / "r1", "parquet")
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "PYTHONIOENCODING": "utf-8",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", snippet.group(1)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "sentence about lunch" in result.stdout or "remark on the menu" in result.stdout
+    assert "'positive':" in result.stdout and "'neutral':" in result.stdout, "the distributional label printed"
+
+
+@pytest.mark.parametrize("file_format", FORMATS)
+def test_dataset_card_loads_the_folder(
+    built: BuiltRound, database_url: str, client: TestClient, offline: Path, tmp_path: Path, file_format: str
+) -> None:
+    """README.md beside the files: Hub metadata from the task, features equal to what
+    ``datasets`` derives from the declared schema, split counts equal to the build's, the
+    build's datasheet restated; ``load_dataset(FOLDER)`` reads it; the API serves the same card."""
+    out = tmp_path / "r1"
+    cli_export(database_url, "dynasent-r2", out, file_format)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    header = yaml.safe_load(card.split("---\n")[1])
+    assert header["license"] == "cc-by-4.0" and header["language"] == ["en"]
+    assert header["task_categories"] == ["text-classification"]
+    assert header["configs"] == [
+        {
+            "config_name": "default",
+            "data_files": [
+                {"split": hub, "path": f"dynasent-r2-r1-{split}.{file_format}"}
+                for split, hub in (("train", "train"), ("dev", "validation"), ("test", "test"))
+            ],
+        }
+    ]
+    counts = built["build"]["report"]["counts"]["total"]
+    assert header["dataset_info"]["splits"] == [
+        {"name": "train", "num_examples": counts["train"]},
+        {"name": "validation", "num_examples": counts["dev"]},
+        {"name": "test", "num_examples": counts["test"]},
+    ]
+    features = features_of(file_format, "dynasent-r2")
+    assert header["dataset_info"]["features"] == features._to_yaml_list()
+    # The datasheet, field by field as the report has it: the card adds no claim of its own.
+    for key, value in built["build"]["report"]["datasheet"].items():
+        shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
+        assert f"- **{key.replace('_', ' ')}**: {shown}" in card
+    if file_format == "csv":
+        assert "is a JSON string of its value" in card
+    folder = datasets.load_dataset(str(out), cache_dir=str(offline))
+    assert isinstance(folder, datasets.DatasetDict)
+    assert {name: len(split) for name, split in folder.items()} == {
+        "train": counts["train"],
+        "validation": counts["dev"],
+        "test": counts["test"],
+    }
+    assert folder["validation"].features == features
+    assert {row["split"] for row in folder["validation"]} == {"dev"}
+    served = client.get(
+        "/api/v1/tasks/dynasent-r2/rounds/1/dataset/card",
+        params={"format": file_format},
+        headers=built["researcher"].headers,
+    )
+    assert served.status_code == 200 and served.headers["content-type"].startswith("text/markdown")
+    assert served.text == card
+
+
+def test_dataset_card_route_refusals(built: BuiltRound, client: TestClient, make_user: MakeUser) -> None:
+    url = "/api/v1/tasks/dynasent-r2/rounds/1/dataset/card"
+    reader = make_user("robot", "client")
+    assert client.get(url, headers=reader.headers).status_code == 200
+    denied = client.get(url, headers=built["writer"].headers)
+    assert denied.status_code == 403
+    for params, message in (
+        ({"format": "xml"}, "unknown format 'xml'"),
+        ({"splits": "train,validation"}, "unknown split 'validation'"),
+        ({"splits": ","}, "splits: list 1 to"),
+        ({"splits": "x" * 101}, ""),
+    ):
+        refused = client.get(url, params=params, headers=reader.headers)
+        assert refused.status_code == 422 and message in refused.text, (params, refused.text)
+    missing = client.get("/api/v1/tasks/dynasent-r2/rounds/2/dataset/card", headers=reader.headers)
+    assert missing.status_code == 404
+
+
+def test_card_features_match_datasets_for_every_example_task() -> None:
+    """round_builder.dataset_card.feature_yaml writes what ``datasets`` itself writes."""
+    for path in sorted(Path("services/task_examples").glob("*.yaml")):
+        schema = export.schema_for(load_task_definition(path))
+        for declared in (schema, export.csv_schema(schema)):
+            ours = [{"name": f.name, **dataset_card.feature_yaml(f.type)} for f in declared]
+            assert ours == datasets.Features.from_arrow_schema(declared)._to_yaml_list(), path.name
