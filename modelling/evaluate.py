@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from modelling.datasets import LabelledSet
 from modelling.errors import EvaluationError
 from modelling.inference import LoadedClassifier, predict_loaded
-from modelling.metrics import SetMetrics, compute_metrics, json_safe, metrics_by_variety
+from modelling.metrics import SetMetrics, compute_metrics, json_safe, metrics_by_variety, predicted_labels
 
 
 @dataclass
@@ -42,6 +43,10 @@ class Evaluation:
     sets: list[SetMetrics]
     positive_label: str | None = None
     evaluated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
+    #: Each set's probabilities (rows of the set, columns in its label order), in the order of
+    #: ``sets``: what :meth:`predictions` reads.
+    probabilities: list[np.ndarray] = field(default_factory=list, repr=False)
+    evaluated_sets: list[LabelledSet] = field(default_factory=list, repr=False)
 
     def __getitem__(self, name: str) -> SetMetrics:
         for metrics in self.sets:
@@ -82,6 +87,36 @@ class Evaluation:
         ]
         return pd.DataFrame(rows)
 
+    def predictions(self) -> pa.Table:
+        """One row per example of every set: the set, the example's id, text (and target), its
+        gold labels, the labels predicted (argmax, or ``>= threshold`` for multi-label, as the
+        metrics count them), whether they match, and the probability of each label."""
+        if len(self.evaluated_sets) != len(self.sets):
+            raise EvaluationError("this evaluation holds no per-example predictions")
+        schema = prediction_schema(self.labels)
+        columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        for labelled, probabilities in zip(self.evaluated_sets, self.probabilities, strict=True):
+            gold = labelled.hard()
+            predicted = predicted_labels(probabilities, multi_label=self.multi_label, threshold=self.threshold)
+            for row in range(len(labelled)):
+                if self.multi_label:
+                    gold_labels = [label for label, on in zip(labelled.labels, gold[row], strict=True) if on]
+                    predicted_set = [label for label, on in zip(labelled.labels, predicted[row], strict=True) if on]
+                else:
+                    gold_labels = [labelled.labels[int(gold[row])]]
+                    predicted_set = [labelled.labels[int(predicted[row])]]
+                columns["set"].append(labelled.name)
+                columns["example_id"].append(labelled.ids[row])
+                columns["text"].append(labelled.texts[row])
+                columns["target"].append(labelled.targets[row] if labelled.targets is not None else None)
+                columns["gold"].append(gold_labels)
+                columns["predicted"].append(predicted_set)
+                columns["correct"].append(sorted(gold_labels) == sorted(predicted_set))
+                columns["scores"].append(
+                    {label: float(probabilities[row, labelled.labels.index(label)]) for label in self.labels}
+                )
+        return pa.Table.from_pydict(columns, schema=schema)
+
     def to_dict(self) -> dict[str, Any]:
         return json_safe(
             {
@@ -98,6 +133,24 @@ class Evaluation:
                 "sets": [m.to_dict() for m in self.sets],
             }
         )
+
+
+def prediction_schema(labels: Sequence[str]) -> pa.Schema:
+    """The columns of predictions.parquet (:meth:`Evaluation.predictions`); ``scores`` has one
+    probability per label, in the task's label order (a struct, so Hugging Face ``datasets``
+    loads it)."""
+    return pa.schema(
+        [
+            ("set", pa.string()),
+            ("example_id", pa.string()),
+            ("text", pa.string()),
+            ("target", pa.string()),
+            ("gold", pa.list_(pa.string())),
+            ("predicted", pa.list_(pa.string())),
+            ("correct", pa.bool_()),
+            ("scores", pa.struct([(label, pa.float64()) for label in labels])),
+        ]
+    )
 
 
 def align_columns(probabilities: np.ndarray, model_labels: Sequence[str], set_labels: Sequence[str]) -> np.ndarray:
@@ -151,6 +204,8 @@ def evaluate_probabilities(
         threshold=threshold,
         sets=results,
         positive_label=next((m.positive_label for m in results if m.positive_label), None),
+        probabilities=[np.asarray(probs) for probs in probabilities],
+        evaluated_sets=list(sets),
     )
 
 

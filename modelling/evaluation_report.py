@@ -1,5 +1,6 @@
 """The evaluation's files: evaluation.md (the DynaSent Table 5b layout, per variety, the
-cross-variety matrix), evaluation.json and PNG plots (confusion matrices, BESSTIE Fig. 5)."""
+cross-variety matrix), evaluation.json, predictions.parquet (per example) and PNG plots
+(confusion matrices, BESSTIE Fig. 5)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 from sklearn.metrics import ConfusionMatrixDisplay
 
@@ -101,12 +103,16 @@ def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatri
         "",
     ]
     if evaluation.multi_label:
-        lines += [f"Multi-label: a label is predicted when its probability is at least {evaluation.threshold}.", ""]
+        lines += [
+            f"Multi-label: a label is predicted when its probability is at least {evaluation.threshold}. "
+            "Jaccard: the mean over examples of |gold ∩ predicted| / |gold ∪ predicted| (1 when both are empty).",
+            "",
+        ]
     if evaluation.positive_label:
         lines += [f"Positive class: `{evaluation.positive_label}`.", ""]
     header = ["Set", "n", *labels, "Macro-F1"]
     if evaluation.multi_label:
-        header.append("Micro-F1")
+        header += ["Micro-F1", "Jaccard"]
     if evaluation.positive_label:
         header.append(f"F1 {evaluation.positive_label}")
     header += ["Human F1", "Solved"]
@@ -114,7 +120,7 @@ def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatri
     for m in evaluation.sets:
         row = [m.name, str(m.rows), *[_percent(m.f1[label]) for label in labels], _percent(m.macro_f1)]
         if evaluation.multi_label:
-            row.append(_percent(m.micro_f1))
+            row += [_percent(m.micro_f1), _percent(m.jaccard)]
         if evaluation.positive_label:
             row.append(_percent(m.positive_f1))
         row += [_percent(m.human_f1), "–" if m.solved is None else ("yes" if m.solved else "no")]
@@ -162,11 +168,16 @@ def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatri
     return "\n".join(lines)
 
 
+#: Per-example predictions, beside evaluation.json (modelling.evaluate.prediction_schema).
+PREDICTIONS = "predictions.parquet"
+
+
 def write_evaluation(
     evaluation: Evaluation, out_dir: Path | str, *, cross_variety: CrossVarietyMatrix | None = None
 ) -> list[Path]:
-    """Write evaluation.md, evaluation.json, one confusion-matrix PNG per set and, when given,
-    cross-variety.png into ``out_dir``; returns the paths written."""
+    """Write evaluation.md, evaluation.json, predictions.parquet (one row per example of every
+    set), one confusion-matrix PNG per set and, when given, cross-variety.png into ``out_dir``;
+    returns the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -186,6 +197,10 @@ def write_evaluation(
     )
     (out_dir / "evaluation.md").write_text(markdown, encoding="utf-8")
     data = {**evaluation.to_dict(), "confusion_images": images}
+    if evaluation.evaluated_sets:
+        pq.write_table(evaluation.predictions(), out_dir / PREDICTIONS, compression="zstd")
+        data["predictions_file"] = PREDICTIONS
+        written.append(out_dir / PREDICTIONS)
     if cross_variety is not None:
         data["cross_variety"] = cross_variety.to_dict()
     (out_dir / "evaluation.json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, jaccard_score
@@ -289,6 +290,7 @@ def test_write_evaluation_files(tmp_path: Path) -> None:
         "cross-variety.png",
         "evaluation.json",
         "evaluation.md",
+        "predictions.parquet",
     ]
     for path in written:
         if path.suffix == ".png":
@@ -310,8 +312,69 @@ def test_write_evaluation_files(tmp_path: Path) -> None:
     paths = write_evaluation(multi, tmp_path / "multi")
     assert_png(tmp_path / "multi" / "confusion-emotions.png")
     assert "Micro-F1" in (tmp_path / "multi" / "evaluation.md").read_text(encoding="utf-8")
-    assert len(paths) == 3
+    assert len(paths) == 4
     assert_png(plot_cross_variety(matrix, tmp_path / "alone.png"))
+
+
+def test_per_example_predictions_beside_evaluation_json(tmp_path: Path) -> None:
+    """predictions.parquet: every example of every set with its id, text, gold, the labels
+    predicted as the metrics count them, and each label's probability."""
+    probabilities = one_hot_probabilities([0, 1, 1, 2], 3)
+    dev = labelled("round 1 dev", SENTIMENT, [0, 1, 2, 2])
+    dev.texts[1] = "ሰላም\u200dለዓለም क्\u200dष"
+    single = evaluate_probabilities([dev], [probabilities])
+    write_evaluation(single, tmp_path / "single")
+    data = json.loads((tmp_path / "single" / "evaluation.json").read_text(encoding="utf-8"))
+    assert data["predictions_file"] == "predictions.parquet"
+    rows = pq.read_table(tmp_path / "single" / "predictions.parquet").to_pylist()
+    assert [r["example_id"] for r in rows] == ["0", "1", "2", "3"] and {r["set"] for r in rows} == {"round 1 dev"}
+    assert rows[1]["text"] == "ሰላም\u200dለዓለም क्\u200dष"
+    assert [r["gold"] for r in rows] == [["positive"], ["negative"], ["neutral"], ["neutral"]]
+    assert [r["predicted"] for r in rows] == [["positive"], ["negative"], ["negative"], ["neutral"]]
+    assert [r["correct"] for r in rows] == [True, True, False, True]
+    assert rows[2]["scores"] == pytest.approx({"positive": 0.2, "negative": 0.6, "neutral": 0.2})
+    # The rows agree with the set's metrics: accuracy is the share marked correct.
+    assert single.sets[0].accuracy == pytest.approx(sum(r["correct"] for r in rows) / len(rows))
+
+    multi = evaluate_probabilities(
+        [multi_labelled([[1, 0, 0], [0, 1, 1], [0, 0, 0]])],
+        [np.array([[0.9, 0.1, 0.2], [0.2, 0.8, 0.3], [0.1, 0.2, 0.3]])],
+    )
+    write_evaluation(multi, tmp_path / "multi")
+    rows = pq.read_table(tmp_path / "multi" / "predictions.parquet").to_pylist()
+    assert [r["gold"] for r in rows] == [["anger"], ["joy", "neutral"], []]
+    assert [r["predicted"] for r in rows] == [["anger"], ["joy"], []]
+    assert [r["correct"] for r in rows] == [True, False, True]
+    markdown = (tmp_path / "multi" / "evaluation.md").read_text(encoding="utf-8")
+    # Jaccard: (1 + 1/2 + 1) / 3, as evaluation.json has it.
+    assert multi.sets[0].jaccard == pytest.approx(5 / 6)
+    assert "| Macro-F1 | Micro-F1 | Jaccard |" in markdown and "| 83.3 |" in markdown
+
+
+def test_evaluation_table_is_not_clipped_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`round evaluate`'s table at COLUMNS=80 with eight labels: every set name, label and
+    figure in full (rich would cut them to "…" to fit)."""
+    import io
+
+    from rich.console import Console
+
+    from dynaloop.commands import progress
+
+    monkeypatch.setenv("COLUMNS", "80")
+    out = io.StringIO()
+    monkeypatch.setattr(progress, "console", Console(file=out))
+    assert progress.console.width == 80
+    labels = ["anger", "disgust", "fear", "joy", "sadness", "surprise", "neutral", "trust"]
+    emotions = LabelledSet(
+        "round 12 test of the amharic emotions", labels, True, [f"t{i}" for i in range(8)], np.eye(8)[range(8)]
+    )
+    evaluation = evaluate_probabilities([emotions], [np.full((8, 8), 0.6)])
+    progress.PrintedEvaluation(Path("out")).written(evaluation, [])
+    printed = out.getvalue()
+    assert "…" not in printed
+    for word in ["round 12 test of the amharic emotions", *labels, "macro-F1", "micro-F1", "Jaccard", "22.2", "12.5"]:
+        assert word in printed, word
+    assert max(len(line) for line in printed.splitlines()) > 80, "wider than the terminal, not squeezed into it"
 
 
 # ---------------------------------------------------------------------------- prediction with a tiny model

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from dynaloop.commands.common import console, err
@@ -66,18 +68,55 @@ class PrintedEvaluation(EvaluationListener):
         err.print(f"[yellow]skipped {name}: it has no labelled examples[/yellow]")
 
     def written(self, evaluation: Evaluation, files: Sequence[Path]) -> None:
-        table = Table(title=f"{evaluation.model_id}: F1 (%)")
-        table.add_column("set", no_wrap=True)
-        for column in ["n", *evaluation.labels, "macro-F1", "human F1", "solved"]:
-            table.add_column(column, justify="right")
-        for metrics in evaluation.sets:
-            table.add_row(
-                metrics.name,
-                str(metrics.rows),
-                *[f"{100 * metrics.f1[label]:.1f}" for label in evaluation.labels],
-                f"{100 * metrics.macro_f1:.1f}",
-                "–" if metrics.human_f1 is None else f"{100 * metrics.human_f1:.1f}",
-                "–" if metrics.solved is None else ("yes" if metrics.solved else "no"),
+        table = evaluation_table(evaluation)
+        needed = Measurement.get(console, console.options.update(width=10_000), table).maximum
+        # Rich squeezes a table into the console's width (80 columns when it cannot tell) and
+        # cuts set names, labels and numbers to "…"; a table wider than that is printed in full
+        # by a console as wide as the table, on the same output, and the terminal wraps it.
+        wide = (
+            console
+            if needed <= console.width
+            else Console(
+                file=console.file,
+                width=needed,
+                force_terminal=console.is_terminal,
+                no_color=console.no_color,
             )
-        console.print(table)
+        )
+        wide.print(table)
         console.print(f"wrote {len(files)} files to {self.out}", soft_wrap=True)
+
+
+def evaluation_table(evaluation: Evaluation) -> Table:
+    """The evaluation as evaluation.md's first table: F1 per class in percent, macro-F1, micro-F1
+    and Jaccard (multi-label) or the positive class's F1 (binary), the human estimate, solved."""
+    columns = ["n", *evaluation.labels, "macro-F1"]
+    if evaluation.multi_label:
+        columns += ["micro-F1", "Jaccard"]
+    if evaluation.positive_label:
+        columns.append(f"F1 {evaluation.positive_label}")
+    columns += ["human F1", "solved"]
+    table = Table(title=f"{evaluation.model_id}: F1 (%)")
+    table.add_column("set", no_wrap=True)
+    for column in columns:
+        table.add_column(column, justify="right", no_wrap=True)
+    for metrics in evaluation.sets:
+        extra = []
+        if evaluation.multi_label:
+            extra += [_percent(metrics.micro_f1), _percent(metrics.jaccard)]
+        if evaluation.positive_label:
+            extra.append(_percent(metrics.positive_f1))
+        table.add_row(
+            metrics.name,
+            str(metrics.rows),
+            *[_percent(metrics.f1[label]) for label in evaluation.labels],
+            _percent(metrics.macro_f1),
+            *extra,
+            _percent(metrics.human_f1),
+            "–" if metrics.solved is None else ("yes" if metrics.solved else "no"),
+        )
+    return table
+
+
+def _percent(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}"
