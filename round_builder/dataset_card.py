@@ -29,7 +29,8 @@ from services.taskdef import TaskDefinition
 CARD_NAME = "README.md"
 
 #: Split names on the Hub: ``dev`` is ``validation`` there; ``all`` is a reserved name in
-#: ``datasets`` (every split together) and so is never a configured split.
+#: ``datasets`` (every split together) and so is never a configured split, nor is a split of no
+#: rows (``datasets`` cannot load one).
 HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test", "excluded": "excluded"}
 
 # Licence identifiers the Hub's metadata accepts, for the licences tasks write in prose.
@@ -120,8 +121,10 @@ def render(
 ) -> str:
     """The card's text for the files of ``splits`` in ``file_format``."""
     schema = export.schema_for(definition)
-    configured = [split for split in splits if split in HUB_SPLITS]
-    files = {split: file_name(definition.name, round_number, split, file_format) for split in configured}
+    rows = {split: sum(counts.values()) if split == "all" else counts.get(split, 0) for split in splits}
+    # ``datasets`` refuses a configured split without rows, and ``all`` is no split name there.
+    configured = [split for split in splits if split in HUB_SPLITS and rows[split] > 0]
+    files = {split: file_name(definition.name, round_number, split, file_format) for split in splits}
     loader = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}[file_format]
     header: dict[str, Any] = {
         **hub_licence(definition.licence),
@@ -154,7 +157,18 @@ def render(
         "",
         "| split | file | examples |",
         "|---|---|---|",
-        *(f"| {HUB_SPLITS[split]} | `{files[split]}` | {counts.get(split, 0)} |" for split in configured),
+        *(f"| {HUB_SPLITS.get(split, split)} | `{files[split]}` | {rows[split]} |" for split in splits),
+        *(
+            [
+                "",
+                "Not in the configs above: "
+                + ", ".join(f"`{files[split]}`" for split in splits if split not in configured)
+                + " (`all` is every split together, which `datasets` reserves as a name; a split without "
+                "rows cannot be loaded by `datasets`).",
+            ]
+            if len(configured) < len(splits)
+            else []
+        ),
         "",
         "## Loading",
         "",
@@ -169,10 +183,10 @@ def render(
     if file_format == "csv":
         lines += [
             "",
-            "In the CSV files each nested column (lists and structs: "
-            + ", ".join(f"`{f.name}`" for f in schema if export._nested(f.type))
-            + ") is a JSON string of its value, and an empty cell is null; `json.loads` a cell to get the "
-            "value the Parquet and JSONL files hold.",
+            "In the CSV files the columns "
+            + ", ".join(f"`{f.name}`" for f in schema if export.json_in_csv(f))
+            + " (lists, structs, and numbers or booleans that may be null) hold the JSON text of their value, "
+            "and an empty cell is null; `json.loads` such a cell to get the value the Parquet and JSONL files hold.",
         ]
     lines += [
         "",

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -40,7 +40,8 @@ def schema_for(definition: TaskDefinition) -> pa.Schema:
 
     Parquet carries it as is; JSONL rows are its values as JSON objects (a struct is an object
     with every field present, null where empty); CSV writes each nested column (lists and
-    structs) as a JSON string of the same value (:func:`csv_schema`). ``distributional_label`` is
+    structs) and each nullable number or boolean as the JSON text of the same value
+    (:func:`csv_schema`). ``distributional_label`` is
     a struct with one float per task label (the task's ``labels``, in order), and ``extras`` a
     struct with one field per writer field of the task (``target_span`` as start/end/text, the
     others text); a task without writer fields has no ``extras`` column (Parquet cannot store a
@@ -50,6 +51,8 @@ def schema_for(definition: TaskDefinition) -> pa.Schema:
         (spec.name.value, _TARGET_SPAN if spec.name is WriterFieldName.target_span else pa.string())
         for spec in definition.writer_fields
     ]
+    # Never null: the example's id, round, split, text, condition, language, responses and flags.
+    required = {"example_id", "round", "split", "text", "responses", "condition", "language", "flags"}
     columns: list[tuple[str, pa.DataType]] = [
         ("example_id", pa.int64()),
         ("round", pa.int32()),
@@ -72,16 +75,22 @@ def schema_for(definition: TaskDefinition) -> pa.Schema:
         *([("extras", pa.struct(extras))] if extras else []),
         ("flags", pa.list_(pa.string())),
     ]
-    return pa.schema(columns)
+    return pa.schema([pa.field(name, data_type, nullable=name not in required) for name, data_type in columns])
 
 
-def _nested(data_type: pa.DataType) -> bool:
-    return pa.types.is_struct(data_type) or pa.types.is_list(data_type)
+def json_in_csv(field: pa.Field) -> bool:
+    """Whether CSV writes ``field`` as the JSON text of its value: lists and structs, and the
+    nullable numbers and booleans (``gold_votes``, ``fooled``, ``prompt_id``), which a CSV reader
+    that types columns (pandas, so ``datasets``' csv loader) cannot hold with an empty cell."""
+    if pa.types.is_struct(field.type) or pa.types.is_list(field.type):
+        return True
+    return field.nullable and not pa.types.is_string(field.type)
 
 
 def csv_schema(schema: pa.Schema) -> pa.Schema:
-    """The CSV form of an export schema: each nested column is a JSON string of its value."""
-    return pa.schema([(f.name, pa.string() if _nested(f.type) else f.type) for f in schema])
+    """The CSV form of an export schema: the columns of :func:`json_in_csv` are strings holding
+    the JSON text of the value (an empty cell for null); the others keep their type."""
+    return pa.schema([pa.field(f.name, pa.string(), nullable=f.nullable) if json_in_csv(f) else f for f in schema])
 
 
 def pseudonym(secret: str, user_id: int) -> str:
@@ -195,20 +204,25 @@ def stream(factory: sessionmaker[Session], build_id: int, split: str, file_forma
     schema (:func:`schema_for`): a row that does not fit it fails here, not in a reader."""
     schema = export_schema(factory, build_id)
     tables = (pa.Table.from_pylist(chunk, schema=schema) for chunk in iter_rows(factory, build_id, split, secret))
+    yield from encode(schema, tables, file_format)
+
+
+def encode(schema: pa.Schema, tables: Iterable[pa.Table], file_format: str) -> Iterator[bytes]:
+    """Tables of ``schema`` as the bytes of one file in ``file_format``, a part per table."""
     if file_format == "jsonl":
         for table in tables:
             yield "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in table.to_pylist()).encode("utf-8")
     elif file_format == "csv":
-        yield from _csv(schema, tables)
+        yield from _csv(schema, iter(tables))
     else:
-        yield from _parquet(schema, tables)
+        yield from _parquet(schema, iter(tables))
 
 
 def _csv(schema: pa.Schema, tables: Iterator[pa.Table]) -> Iterator[bytes]:
-    """CSV through pyarrow's writer (RFC 4180 quoting, ``true``/``false``, an empty cell for
-    null), each nested column as a JSON string: one row per example, still machine-readable."""
+    """CSV through pyarrow's writer (RFC 4180 quoting, an empty cell for null), the columns of
+    :func:`json_in_csv` as JSON text: one row per example, still machine-readable."""
     target = csv_schema(schema)
-    nested = {f.name for f in schema if _nested(f.type)}
+    nested = {f.name for f in schema if json_in_csv(f)}
     sink = io.BytesIO()
     with pa_csv.CSVWriter(sink, target) as writer:
         for table in tables:

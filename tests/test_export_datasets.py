@@ -7,6 +7,7 @@ snippet runs as written."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -16,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from round_builder import dataset_card, export
-from services.taskdef import load_task_definition
+from services.taskdef import example_path, example_paths, load_task_definition
 from tests.built_round import LABELS, BuiltRound, write_and_label
 from tests.conftest import Actor, MakeUser, example_yaml, open_round
 from tests.stub_model_server import ThreadedServer
@@ -59,7 +62,7 @@ def load(file_format: str, files: dict[str, Path], cache: Path, features: datase
 
 def features_of(file_format: str, task: str) -> datasets.Features:
     """The features the docs tell a user to pass: the declared schema (CSV: nested as JSON strings)."""
-    schema = export.schema_for(load_task_definition(Path("services/task_examples") / f"{task}.yaml"))
+    schema = export.schema_for(load_task_definition(example_path(task)))
     return datasets.Features.from_arrow_schema(export.csv_schema(schema) if file_format == "csv" else schema)
 
 
@@ -67,15 +70,9 @@ def decoded(file_format: str, row: dict[str, Any], task: str) -> dict[str, Any]:
     """A loaded row as the Parquet/JSONL value: CSV's nested columns are JSON strings."""
     if file_format != "csv":
         return row
-    schema = export.schema_for(load_task_definition(Path("services/task_examples") / f"{task}.yaml"))
-    nested = {f.name for f in schema if pa_nested(f.type)}
+    schema = export.schema_for(load_task_definition(example_path(task)))
+    nested = {f.name for f in schema if export.json_in_csv(f)}
     return {key: json.loads(value) if key in nested and value is not None else value for key, value in row.items()}
-
-
-def pa_nested(data_type: Any) -> bool:
-    import pyarrow as pa
-
-    return bool(pa.types.is_struct(data_type) or pa.types.is_list(data_type))
 
 
 def cli_export(database_url: str, task: str, out: Path, file_format: str, splits: str = "train,dev,test") -> None:
@@ -253,7 +250,7 @@ def test_dataset_card_loads_the_folder(
         shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
         assert f"- **{key.replace('_', ' ')}**: {shown}" in card
     if file_format == "csv":
-        assert "is a JSON string of its value" in card
+        assert "hold the JSON text of their value" in card and "`prompt_id`" in card
     folder = datasets.load_dataset(str(out), cache_dir=str(offline))
     assert isinstance(folder, datasets.DatasetDict)
     assert {name: len(split) for name, split in folder.items()} == {
@@ -292,8 +289,91 @@ def test_dataset_card_route_refusals(built: BuiltRound, client: TestClient, make
 
 def test_card_features_match_datasets_for_every_example_task() -> None:
     """round_builder.dataset_card.feature_yaml writes what ``datasets`` itself writes."""
-    for path in sorted(Path("services/task_examples").glob("*.yaml")):
+    for path in example_paths():
         schema = export.schema_for(load_task_definition(path))
         for declared in (schema, export.csv_schema(schema)):
             ours = [{"name": f.name, **dataset_card.feature_yaml(f.type)} for f in declared]
             assert ours == datasets.Features.from_arrow_schema(declared)._to_yaml_list(), path.name
+
+
+def _filled_row(definition: Any, schema: Any) -> dict[str, Any]:
+    labels = list(definition.labels)
+    extras = {
+        spec.name.value: {"start": 0, "end": 3, "text": "ሰላም"} if spec.name.value == "target_span" else f"{GEEZ} 1"
+        for spec in definition.writer_fields
+    }
+    row: dict[str, Any] = {
+        "example_id": 2**40,
+        "round": 3,
+        "split": "dev",
+        "text": f'"{DEVANAGARI}", {GEEZ}\nline two, with a comma',
+        "gold_label": labels[:2] if definition.is_multi_label else labels[:1],
+        "gold_votes": 4,
+        "distributional_label": {label: round(1 / len(labels), 4) for label in labels},
+        "model_based_label": labels[:1],
+        "responses": [{"worker": "w0123456789ab", "label": labels[:1]}],
+        "model_prediction": labels[-1:],
+        "model_id": "model-0",
+        "fooled": False,
+        "target_label": labels[:1],
+        "condition": "prompt",
+        "prompt_id": 7,
+        "prompt_text": "a prompt",
+        "language": definition.language,
+        "writer": "w0123456789ab",
+        "flags": ["train_only"],
+    }
+    if "extras" in schema.names:
+        row["extras"] = extras
+    return row
+
+
+@pytest.mark.parametrize("file_format", FORMATS)
+def test_every_task_schema_round_trips_through_datasets(offline: Path, tmp_path: Path, file_format: str) -> None:
+    """For each example task (every family): a row with every field set and one with every
+    nullable field null, written by the export's encoder, load with ``datasets`` (CSV with the
+    documented features) to the same values; an empty split loads as an empty split."""
+    for path in example_paths():
+        definition = load_task_definition(path)
+        schema = export.schema_for(definition)
+        filled = _filled_row(definition, schema)
+        empty = {f.name: (filled[f.name] if not f.nullable else None) for f in schema}
+        empty["example_id"] = 1
+        rows = [empty, filled]
+        out = tmp_path / f"{definition.name}.{file_format}"
+        out.write_bytes(b"".join(export.encode(schema, [pa.Table.from_pylist(rows, schema=schema)], file_format)))
+        features = datasets.Features.from_arrow_schema(export.csv_schema(schema) if file_format == "csv" else schema)
+        data = load(file_format, {"train": out}, offline / definition.name, features)
+        assert data["train"].features == features
+        assert [decoded(file_format, row, definition.name) for row in data["train"]] == rows, path.name
+        # An empty split is a file of no rows (``datasets`` refuses to load a split of no rows,
+        # so the dataset card leaves such a split out of its configs).
+        nothing = b"".join(export.encode(schema, [], file_format))
+        if file_format == "parquet":
+            empty_table = pq.read_table(io.BytesIO(nothing))
+            assert empty_table.num_rows == 0 and empty_table.schema.equals(schema)
+        elif file_format == "csv":
+            assert nothing.decode("utf-8").splitlines() == [",".join(f'"{name}"' for name in schema.names)]
+        else:
+            assert nothing == b""
+
+
+def test_dataset_card_leaves_out_what_datasets_cannot_load(
+    built: BuiltRound, database_url: str, offline: Path, tmp_path: Path
+) -> None:
+    """`all` (a reserved split name in ``datasets``) and a split without rows are written and
+    listed, but not configured, so the folder still loads."""
+    counts = built["build"]["report"]["counts"]["total"]
+    out = tmp_path / "r1"
+    cli_export(database_url, "dynasent-r2", out, "jsonl", "train,dev,test,excluded,all")
+    assert (out / "dynasent-r2-r1-excluded.jsonl").read_bytes() == b"", "the fixture's round excludes nothing"
+    card = (out / "README.md").read_text(encoding="utf-8")
+    header = yaml.safe_load(card.split("---\n")[1])
+    assert [f["split"] for f in header["configs"][0]["data_files"]] == ["train", "validation", "test"]
+    total = counts["train"] + counts["dev"] + counts["test"]
+    assert f"| all | `dynasent-r2-r1-all.jsonl` | {total} |" in card
+    assert "| excluded | `dynasent-r2-r1-excluded.jsonl` | 0 |" in card
+    assert "Not in the configs above: `dynasent-r2-r1-excluded.jsonl`, `dynasent-r2-r1-all.jsonl`" in card
+    folder = datasets.load_dataset(str(out), cache_dir=str(offline))
+    assert isinstance(folder, datasets.DatasetDict) and sorted(folder) == ["test", "train", "validation"]
+    assert len(folder["train"]) == counts["train"]
