@@ -97,6 +97,14 @@ def hub_licence(licence: str | None) -> dict[str, str]:
     return {"license": "other", "license_name": licence}
 
 
+def size_category(examples: int) -> str:
+    """The Hub's ``size_categories`` value for a number of examples."""
+    for bound, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
+        if examples < bound:
+            return name
+    return "1M<n<10M" if examples < 10_000_000 else "n>10M"
+
+
 def split_counts(session: Session, build_id: int) -> dict[str, int]:
     """Examples per split of a build, as stored."""
     rows = session.execute(
@@ -130,6 +138,8 @@ def render(
         **hub_licence(definition.licence),
         "language": [definition.language.split("-")[0].lower()],
         "task_categories": ["text-classification"],
+        "task_ids": ["multi-label-classification" if definition.is_multi_label else "multi-class-classification"],
+        "size_categories": [size_category(sum(rows[split] for split in configured))],
         "pretty_name": definition.title,
         "configs": [
             {

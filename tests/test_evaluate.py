@@ -498,6 +498,15 @@ def test_round_evaluate_command(built, client, settings, models, tmp_path: Path)
     assert sets["round 1 dev"]["human_f1"] == pytest.approx(report["human_f1"]["dev"]["macro avg"]["f1"])
     assert sets["round 1 dev"]["solved"] is (sets["round 1 dev"]["macro_f1"] >= sets["round 1 dev"]["human_f1"])
     assert sets["sst-3 test"]["solved"] is None
+    # Per-example predictions: every row of every set; a round split's rows are its examples.
+    assert data["predictions_file"] == "predictions.parquet"
+    predictions = pq.read_table(out / "predictions.parquet").to_pylist()
+    assert len(predictions) == 9 + 9 + 4 and [p["set"] for p in predictions].count("round 1 dev") == 9
+    written = {str(example["id"]): example["text"] for example, _ in built["plan"]}
+    for row in predictions:
+        if row["set"].startswith("round 1"):
+            assert written[row["example_id"]] == row["text"]
+        assert row["predicted"][0] in SENTIMENT and sum(row["scores"].values()) == pytest.approx(1, abs=1e-4)
     assert_png(out / "confusion-round-1-test.png")
     assert "round 1 test" in result.output and "macro-F1" in result.output
     assert "registry: model-0@0 is evaluated" in flat(result.output)

@@ -377,3 +377,74 @@ def test_dataset_card_leaves_out_what_datasets_cannot_load(
     folder = datasets.load_dataset(str(out), cache_dir=str(offline))
     assert isinstance(folder, datasets.DatasetDict) and sorted(folder) == ["test", "train", "validation"]
     assert len(folder["train"]) == counts["train"]
+
+
+def test_multi_label_round_in_geez_loads_in_every_format(
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_multi_label_model: ThreadedServer,
+    offline: Path,
+    tmp_path: Path,
+) -> None:
+    """An EthioEmo-style round (Amharic, label sets) through the API download: gold label sets,
+    per-label shares and Ge'ez text with a zero-width joiner, the same in every format; the
+    card names the language and the multi-label task."""
+    prompts = [f"Prompt {i}: ስለ ምግቡ አስተያየት" for i in range(16)]
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("ethioemo-amharic", onboarding_quiz=None),
+        stub_multi_label_model.url,
+        prompts,
+        target_label_mode="writer_choice",
+    )
+    writer = make_user("amara", "writer")
+    validators = [make_user(f"ev{i}", "validator") for i in range(3)]
+    plan: list[tuple[Any, str, list[int] | None, list[Any]]] = []
+    for i in range(4):
+        plan.append((["joy"], f"ደስታ {i} በዓል {GEEZ}", None, [["joy"], ["joy"], ["joy", "surprise"]]))
+        plan.append((["anger"], f"ቁጣ {i} በዓል {GEEZ}", None, [["anger", "disgust"], ["anger", "disgust"], ["anger"]]))
+        plan.append((["sadness"], f"ሀዘን {i} በዓል {GEEZ}", None, [["sadness"], ["sadness"], ["sadness"]]))
+    write_and_label(client, writer, validators, round_["id"], plan)
+    client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={"seed": 1}, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    expected = {
+        "ደስታ": (["joy"], {"joy": 1.0, "surprise": 0.3333}),
+        "ቁጣ": (["anger", "disgust"], {"anger": 1.0, "disgust": 0.6667}),
+        "ሀዘን": (["sadness"], {"sadness": 1.0}),
+    }
+    labels = ["anger", "disgust", "fear", "joy", "sadness", "surprise", "neutral"]
+    loaded = {}
+    for file_format in FORMATS:
+        download = client.get(
+            "/api/v1/tasks/ethioemo-amharic/rounds/1/dataset",
+            params={"split": "all", "format": file_format},
+            headers=researcher.headers,
+        )
+        assert download.status_code == 200, download.text
+        path = tmp_path / f"ethioemo-amharic-r1-all.{file_format}"
+        path.write_bytes(download.content)
+        features = features_of(file_format, "ethioemo-amharic")
+        data = load(file_format, {"train": path}, offline / file_format, features)
+        assert data["train"].features == features
+        loaded[file_format] = [decoded(file_format, row, "ethioemo-amharic") for row in data["train"]]
+    assert loaded["parquet"] == loaded["jsonl"] == loaded["csv"]
+    rows = loaded["parquet"]
+    assert sorted(row["text"] for row in rows) == sorted(text for _, text, _, _ in plan)
+    for row in rows:
+        assert row["text"].encode("utf-8").endswith(GEEZ.encode("utf-8"))
+        gold, shares = expected[row["text"].split(" ")[0]]
+        assert sorted(row["gold_label"]) == gold
+        assert list(row["distributional_label"]) == labels
+        assert row["distributional_label"] == pytest.approx({label: shares.get(label, 0.0) for label in labels})
+        assert row["language"] == "am" and len(row["responses"]) == 3
+    card = client.get(
+        "/api/v1/tasks/ethioemo-amharic/rounds/1/dataset/card",
+        params={"format": "jsonl", "splits": "all"},
+        headers=researcher.headers,
+    )
+    header = yaml.safe_load(card.text.split("---\n")[1])
+    assert header["language"] == ["am"] and header["task_ids"] == ["multi-label-classification"]
+    assert header["configs"][0]["data_files"] == [], "`all` alone: nothing the Hub can configure"
