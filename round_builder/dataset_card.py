@@ -152,7 +152,12 @@ def render(
             "splits": [{"name": HUB_SPLITS[split], "num_examples": counts.get(split, 0)} for split in configured],
         },
     }
-    data_files = ", ".join(f'"{HUB_SPLITS[split]}": "{files[split]}"' for split in configured)
+    # The splits the configs name, or (none to name) the first file as it is.
+    data_files = (
+        "{" + ", ".join(f'"{HUB_SPLITS[split]}": "{files[split]}"' for split in configured) + "}"
+        if configured
+        else f'"{files[splits[0]]}"'
+    )
     lines = [
         "---",
         yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000).rstrip("\n"),
@@ -172,9 +177,18 @@ def render(
             [
                 "",
                 "Not in the configs above: "
-                + ", ".join(f"`{files[split]}`" for split in splits if split not in configured)
-                + " (`all` is every split together, which `datasets` reserves as a name; a split without "
-                "rows cannot be loaded by `datasets`).",
+                + "; ".join(
+                    f"`{files[split]}` ("
+                    + (
+                        "every split together: `all` is a split name `datasets` reserves"
+                        if split == "all"
+                        else "no rows: `datasets` cannot load an empty split"
+                    )
+                    + ")"
+                    for split in splits
+                    if split not in configured
+                )
+                + ".",
             ]
             if len(configured) < len(splits)
             else []
@@ -185,7 +199,7 @@ def render(
         "```python",
         "from datasets import load_dataset",
         "",
-        f"rounds = load_dataset({loader!r}, data_files={{{data_files}}})",
+        f"rounds = load_dataset({loader!r}, data_files={data_files})",
         "```",
         "",
         "or `load_dataset(FOLDER)` on the folder of this card, which also applies the features above.",
@@ -196,7 +210,9 @@ def render(
             "In the CSV files the columns "
             + ", ".join(f"`{f.name}`" for f in schema if export.json_in_csv(f))
             + " (lists, structs, and numbers or booleans that may be null) hold the JSON text of their value, "
-            "and an empty cell is null; `json.loads` such a cell to get the value the Parquet and JSONL files hold.",
+            "and an empty cell is null; `json.loads` such a cell to get the value the Parquet and JSONL files hold. "
+            "Load the folder, or pass the features above as `features=`: without them pandas guesses each "
+            "column's type.",
         ]
     lines += [
         "",

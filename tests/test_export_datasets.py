@@ -373,7 +373,10 @@ def test_dataset_card_leaves_out_what_datasets_cannot_load(
     total = counts["train"] + counts["dev"] + counts["test"]
     assert f"| all | `dynasent-r2-r1-all.jsonl` | {total} |" in card
     assert "| excluded | `dynasent-r2-r1-excluded.jsonl` | 0 |" in card
-    assert "Not in the configs above: `dynasent-r2-r1-excluded.jsonl`, `dynasent-r2-r1-all.jsonl`" in card
+    assert (
+        "Not in the configs above: `dynasent-r2-r1-excluded.jsonl` (no rows: `datasets` cannot load an empty "
+        "split); `dynasent-r2-r1-all.jsonl` (every split together: `all` is a split name `datasets` reserves)."
+    ) in card
     folder = datasets.load_dataset(str(out), cache_dir=str(offline))
     assert isinstance(folder, datasets.DatasetDict) and sorted(folder) == ["test", "train", "validation"]
     assert len(folder["train"]) == counts["train"]
@@ -448,3 +451,27 @@ def test_multi_label_round_in_geez_loads_in_every_format(
     header = yaml.safe_load(card.text.split("---\n")[1])
     assert header["language"] == ["am"] and header["task_ids"] == ["multi-label-classification"]
     assert header["configs"][0]["data_files"] == [], "`all` alone: nothing the Hub can configure"
+
+
+def test_a_download_streams_in_chunks_and_still_loads(
+    built: BuiltRound, client: TestClient, monkeypatch: pytest.MonkeyPatch, offline: Path, tmp_path: Path
+) -> None:
+    """Keyset chunks of 4 rows: the 21-row Parquet download is six row groups (one per chunk,
+    never the whole split at once), the JSONL and CSV files have their rows once each, and every
+    format loads with ``datasets`` as one table."""
+    monkeypatch.setattr(export, "CHUNK_ROWS", 4)
+    url = "/api/v1/tasks/dynasent-r2/rounds/1/dataset"
+    headers = built["researcher"].headers
+    ids = None
+    for file_format in FORMATS:
+        response = client.get(url, params={"split": "all", "format": file_format}, headers=headers)
+        assert response.status_code == 200
+        path = tmp_path / f"all.{file_format}"
+        path.write_bytes(response.content)
+        if file_format == "parquet":
+            assert pq.ParquetFile(path).metadata.num_row_groups == 6
+        data = load(file_format, {"train": path}, offline / file_format, features_of(file_format, "dynasent-r2"))
+        loaded_ids = [row["example_id"] for row in data["train"]]
+        assert len(loaded_ids) == 21 and loaded_ids == sorted(set(loaded_ids))
+        assert ids is None or loaded_ids == ids
+        ids = loaded_ids
