@@ -322,7 +322,7 @@ def _round_numbers(value: str) -> list[int] | None:
 def round_evaluate(
     task: TaskOpt,
     model: Annotated[Path, typer.Option(help="Model directory (with dynaloop_model.json)")],
-    out: Annotated[Path, typer.Option(help="Folder for evaluation.md, evaluation.json and plots")],
+    out: Annotated[Path, typer.Option(help="Folder for evaluation.md, evaluation.json, predictions.parquet and plots")],
     mix: Annotated[
         Path | None,
         typer.Option(
