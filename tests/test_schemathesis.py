@@ -335,6 +335,10 @@ BUILT_ROUND_READS = [
         "/api/v1/tasks/{task_name}/rounds/{number}/dataset",
         {"split": ["train", "dev", "test", "excluded", "all"], "format": ["jsonl", "csv", "parquet"]},
     ),
+    (
+        "/api/v1/tasks/{task_name}/rounds/{number}/dataset/card",
+        {"format": ["jsonl", "csv", "parquet"], "splits": ["train,dev,test", "all", "excluded,train"]},
+    ),
     ("/api/v1/tasks/{task_name}/rounds/{number}/report", {"format": ["json", "markdown"]}),
     ("/api/v1/rounds/{round_id}/plot-data", {"limit": [1, 5, 500_000]}),
     ("/api/v1/tasks/{task_name}/models", {}),
