@@ -3,8 +3,11 @@ so a million rows never sit in memory at once.
 
 Each row: the text, its split, gold and distributional labels, every counted response with a
 pseudonymous worker id, the model's prediction, the prompt, the condition, language and the
-writer's extra fields. Worker ids are pseudonymised with an HMAC of the deployment's secret,
-so the same worker keeps one pseudonym across rounds without revealing their account.
+writer's extra fields. Every format is written through one declared pyarrow schema per task
+(:func:`schema_for`; CSV's form of it: :func:`csv_schema`), so each loads with Hugging Face
+``datasets`` to the same values (docs/round_builder.md, "Export"). Worker ids are pseudonymised
+with an HMAC of the deployment's secret, so the same worker keeps one pseudonym across rounds
+without revealing their account.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ command (``dynaloop/commands/round.py``) and the API (docs/round_builder.md):
 
 * :func:`build`: aggregate a closed round's labels, measure agreement and human F1, make the
   chance-level splits and record the build (:func:`round_builder.build.build_round`);
-* :func:`export_files`: write the newest build's splits to files, one per split;
+* :func:`export_files`: write the newest build's splits to files, one per split, and their
+  Hugging Face dataset card;
 * :func:`dataset_download`: what the API needs to stream one split of the newest build;
 * :func:`dataset_card_text`: the Hugging Face dataset card of an export.
 
