@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from round_builder import aggregation, agreement, human, splits
+from round_builder import aggregation, agreement, human, multilabel_report, splits
 from round_builder.report import (
     Agreement,
     ClassScores,
@@ -99,6 +99,7 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         workers=workers,
         intended_vs_perceived=_intended_vs_perceived(outcome),
         datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1),
+        multi_label=multilabel_report.multilabel_section(outcome) if definition.is_multi_label else None,
     )
     return report, plot
 
@@ -122,7 +123,10 @@ def _counts(outcome: BuildOutcome) -> Counts:
         if name == "Total":
             total = counted
         else:
-            counted.dist_train = dist_train.get(name, counted.train)
+            # Multi-label: per label, the examples whose gold holds it (an example counts once
+            # per gold label), so the distributional column is the train column.
+            multi = outcome.data.definition.is_multi_label
+            counted.dist_train = counted.train if multi else dist_train.get(name, counted.train)
             rows[name] = counted
     total.dist_train = len(outcome.ids["train"])
     excluded = Counter(
@@ -160,7 +164,12 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
     if responses.empty:
         return None
     if definition.is_multi_label:
-        ml = agreement.multilabel_agreement(responses, labels=definition.labels)
+        # First pass, first k responses each: re-annotated examples would otherwise have 2k.
+        ml, _ = multilabel_report.multilabel_agreement_summary(
+            responses, outcome.data.passes, labels=definition.labels, k=definition.validations_per_example
+        )
+        if ml is None:
+            return None
         return MultiLabelAgreementSummary(
             mean_fleiss_kappa=_finite(ml.mean_fleiss),
             mean_randolph_kappa=_finite(ml.mean_randolph),
@@ -387,8 +396,13 @@ def _datasheet(
         validations=len(outcome.data.responses),
         validations_per_example=definition.validations_per_example,
         gold_rule=f"{definition.agreement.gold_min_votes} of {definition.validations_per_example}",
-        dev_test_rule=f"gold with at least {outcome.result.report.min_votes} votes; prompt condition; unique prompts; "
-        + ("the round's model at chance" if outcome.chance else "balanced over gold classes"),
+        dev_test_rule=(
+            f"every gold label with at least {outcome.result.report.min_votes} votes; one example per prompt; "
+            "stratified per label (iterative stratification); examples without gold excluded"
+            if definition.is_multi_label and not outcome.chance
+            else f"gold with at least {outcome.result.report.min_votes} votes; prompt condition; unique prompts; "
+            + ("the round's model at chance" if outcome.chance else "balanced over gold classes")
+        ),
         agreement=report_agreement,
         human_f1_macro={split: scores.f1 if scores is not None else None for split, scores in macro.items()},
         model_f1_macro={split: assessment.model_macro_f1 for split, assessment in split_summary.assessment.items()},
