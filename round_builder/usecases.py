@@ -24,6 +24,7 @@ from round_builder import export
 from round_builder.build import BuildConfig, build_round
 from services.db.models import Round, Task, User
 from services.domain import rounds, tasks
+from services.errors import DomainError, Invalid
 
 __all__ = [
     "BuildOptions",
@@ -84,8 +85,19 @@ def build(
     session: Session, actor: User | None, round_: Round, options: BuildOptions, *, out_dir: Path | None = None
 ) -> BuiltRound:
     """Build ``round_`` (closed, or built before) in the caller's transaction; with ``out_dir``
-    the report and its plots are written there too."""
-    built = build_round(session, actor, round_, options.config(), out_dir=out_dir)
+    the report and its plots are written there too.
+
+    A build never ends in a traceback: a statistic or split that cannot be computed and is not
+    already a domain error (e.g. a library's ValueError on a degenerate round) becomes a
+    one-line :class:`~services.errors.Invalid` (422 in the API, an error line in the CLI)
+    naming what failed; the caller's transaction is rolled back with it."""
+    try:
+        built = build_round(session, actor, round_, options.config(), out_dir=out_dir)
+    except DomainError:
+        raise
+    except (ValueError, ZeroDivisionError, FloatingPointError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise Invalid(f"round {round_.number} cannot be built: {message}") from exc
     return BuiltRound(
         build_id=built.id, task=round_.task.name, round=round_.number, report=built.report, out_dir=out_dir
     )

@@ -24,7 +24,7 @@ from modelling.metrics import compute_metrics
 from round_builder import agreement
 from round_builder.multilabel_report import first_pass_responses, last_pass_responses, multilabel_agreement_summary
 from round_builder.multilabel_splits import build_multilabel_splits
-from services.db.models import Example, ExampleStatus, Validation
+from services.db.models import Example, ExampleStatus, Round, RoundBuild, RoundStatus, Validation
 from services.domain.labels import check_validation_label, exclusive_gold, gold_label, last_pass
 from services.errors import Invalid
 from services.settings import Settings
@@ -149,6 +149,21 @@ def test_reannotated_multilabel_round_builds_with_rare_sets_and_an_honest_report
     assert rows[UNRESOLVED]["split"] == "excluded" and rows[UNRESOLVED]["gold_label"] is None
     assert report["counts"]["excluded"] == {"no_gold_after_reannotation": 1}
     assert all(r["gold_label"] for r in rows.values() if r["split"] in ("train", "dev", "test"))
+    # The live estimate (re-queueing) and the builder agree on every example's gold.
+    definition = _definition()
+    engine = create_engine(settings.database_url)
+    try:
+        with Session(engine) as session:
+            for example in session.scalars(select(Example)):
+                counted = session.execute(
+                    select(Validation.annotation_pass, Validation.label)
+                    .where(Validation.example_id == example.id, Validation.counted.is_(True))
+                    .order_by(Validation.id)
+                ).all()
+                live = gold_label(definition, last_pass([p for p, _ in counted], [lab for _, lab in counted]))
+                assert live == rows[example.text]["gold_label"], example.text
+    finally:
+        engine.dispose()
 
     # Splits: every label with examples is in train; dev/test gold is strong enough; per-label
     # counts in the report are the dataset's.
@@ -405,3 +420,36 @@ def test_multilabel_splits_are_deterministic_and_keep_every_label_in_train() -> 
             expected = sum(label in g for g in frame.set_index("example_id").loc[ids, "gold"])
             assert counts.loc[label, name] == expected
     assert one.report.model_metrics["dev"]["n"] == (split == "dev").sum()
+
+
+def test_a_failing_statistic_is_a_one_line_4xx_and_changes_nothing(
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_multi_label_model: ThreadedServer,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    round_ = _open(client, researcher, stub_multi_label_model)
+    writer = make_user("amara", "writer")
+    validators = [make_user(f"ev{i}", "validator") for i in range(3)]
+    write_and_label(client, writer, validators, round_["id"], [(t, x, None, labels) for t, x, labels in PLAN[:8]])
+    client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+
+    def broken(outcome: Any) -> Any:
+        raise ValueError("examples have between 3 and 6 responses;\n Fleiss-type kappas need the same number")
+
+    monkeypatch.setattr("round_builder.report_assembly.multilabel_report.multilabel_section", broken)
+    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={}, headers=researcher.headers)
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert "\n" not in message and message.startswith("round 1 cannot be built: examples have between 3 and 6")
+    engine = create_engine(settings.database_url)
+    try:
+        with Session(engine) as session:
+            assert session.scalar(select(func.count()).select_from(RoundBuild)) == 0
+            assert session.scalar(select(Round.status)) is RoundStatus.closed
+    finally:
+        engine.dispose()
+    monkeypatch.undo()
+    assert client.post(f"/api/v1/rounds/{round_['id']}/build", json={}, headers=researcher.headers).status_code == 201
