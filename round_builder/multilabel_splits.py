@@ -59,10 +59,10 @@ def model_scores(gold: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
     macro average) and exact-set accuracy of label-set predictions (binary matrices)."""
     present = (gold.sum(axis=0) + predicted.sum(axis=0)) > 0
     if not present.any():
-        return {"n": float(len(gold)), "micro_f1": float("nan"), "macro_f1": float("nan"), "accuracy": float("nan")}
+        return {"n": len(gold), "micro_f1": float("nan"), "macro_f1": float("nan"), "accuracy": float("nan")}
     g, p = gold[:, present], predicted[:, present]
     return {
-        "n": float(len(gold)),
+        "n": len(gold),
         "micro_f1": float(f1_score(g, p, average="micro", zero_division=0)),
         "macro_f1": float(f1_score(g, p, average="macro", zero_division=0)),
         "accuracy": float(accuracy_score(g, p)),

@@ -365,7 +365,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         ]
         total = counts.get("total", {})
         rows.append(["**total**", *(total.get(column) for column in ("dist_train", "train", "dev", "test"))])
-        out.append(_table(["label", "Dist train", "Majority train", "Dev", "Test"], rows))
+        # Multi-label rows are per label: an example counts once for each of its gold labels.
+        train = "Train (per gold label)" if report.get("family") == "multi_label" else "Majority train"
+        out.append(_table(["label", "Dist train", train, "Dev", "Test"], rows))
         if counts.get("excluded"):
             out += ["", "Excluded: " + ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) + "."]
     splits = report.get("splits", {})

@@ -33,6 +33,7 @@ from round_builder.report import (
     HumanF1,
     IntendedVsPerceived,
     MultiLabelAgreementSummary,
+    MultiLabelSection,
     PlotData,
     RoundReport,
     SingleLabelAgreement,
@@ -80,6 +81,7 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
     fooling = _fooling(outcome)
     conditions, plot = _conditions(outcome.data, config.seed)
     workers, rates = _workers(outcome)
+    multi_label = multilabel_report.multilabel_section(outcome) if definition.is_multi_label else None
     if rates is not None:
         plot.worker_agreement = [float(r) for r in rates["agreement_rate"].dropna()]
         plot.confusion = _model_vs_majority(outcome)
@@ -98,8 +100,8 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         conditions=conditions,
         workers=workers,
         intended_vs_perceived=_intended_vs_perceived(outcome),
-        datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1),
-        multi_label=multilabel_report.multilabel_section(outcome) if definition.is_multi_label else None,
+        datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1, multi_label),
+        multi_label=multi_label,
     )
     return report, plot
 
@@ -378,10 +380,17 @@ def _intended_vs_perceived(outcome: BuildOutcome) -> IntendedVsPerceived | None:
 
 
 def _datasheet(
-    outcome: BuildOutcome, split_summary: SplitsSummary, report_agreement: Agreement | None, human_f1: HumanF1
+    outcome: BuildOutcome,
+    split_summary: SplitsSummary,
+    report_agreement: Agreement | None,
+    human_f1: HumanF1,
+    multi_label: MultiLabelSection | None = None,
 ) -> Datasheet:
     definition, round_ = outcome.data.definition, outcome.round_
     macro = {split: table.get(human.MACRO) for split, table in human_f1.items()}
+    human_macro = {split: scores.f1 if scores is not None else None for split, scores in macro.items()}
+    if multi_label is not None:  # per-label macro-F1 of the synthetic annotators (multilabel_report)
+        human_macro = {split: scores.get("macro_f1") for split, scores in multi_label.human_f1.items()}
     return Datasheet(
         title=definition.title,
         task=definition.name,
@@ -404,7 +413,7 @@ def _datasheet(
             + ("the round's model at chance" if outcome.chance else "balanced over gold classes")
         ),
         agreement=report_agreement,
-        human_f1_macro={split: scores.f1 if scores is not None else None for split, scores in macro.items()},
+        human_f1_macro=human_macro,
         model_f1_macro={split: assessment.model_macro_f1 for split, assessment in split_summary.assessment.items()},
     )
 

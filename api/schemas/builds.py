@@ -135,7 +135,7 @@ class MultiLabelSection(BaseModel):
         "(prevalence, fleiss, randolph, alpha)."
     )
     human_f1: dict[str, MultiLabelHuman] = Field(description="Split -> synthetic annotators' F1 (DynaSent §3.5).")
-    model: dict[str, dict[str, float | None]] = Field(description="Split -> n, micro_f1, macro_f1, accuracy.")
+    model: dict[str, dict[str, int | float | None]] = Field(description="Split -> n, micro_f1, macro_f1, accuracy.")
     notes: list[str]
 
 
