@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import krippendorff
@@ -453,3 +454,40 @@ def test_a_failing_statistic_is_a_one_line_4xx_and_changes_nothing(
         engine.dispose()
     monkeypatch.undo()
     assert client.post(f"/api/v1/rounds/{round_['id']}/build", json={}, headers=researcher.headers).status_code == 201
+
+
+def test_a_trained_multi_label_model_keeps_neutral_exclusive(tmp_path: Path) -> None:
+    from model_server.backends import ClassifyInput, load_backend
+    from modelling.init_model import init_model_dir
+    from modelling.train import TrainConfig, TrainingError, train_model
+
+    labels = ["anger", "joy", "neutral"]
+    base = tmp_path / "base"
+    init_model_dir(base, labels=labels, family="multi_label", tiny=True, exclusive_labels=["neutral"])
+    assert ModelMetadata.load(base).exclusive_labels == ["neutral"]
+    texts = [f"I am {word} today {i}" for i in range(8) for word in ("furious", "happy", "here")]
+    y = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1]] * 8, dtype=np.float32)
+    emotions = LabelledSet("emotions", labels, True, texts, y)
+    cfg = TrainConfig(base=base, epochs=1, batch_size=8, learning_rate=5e-3, max_length=32, cpu=True)
+
+    def run(out: str, exclusive: list[str]) -> Any:
+        return train_model(
+            [emotions],
+            emotions,
+            labels=labels,
+            family="multi_label",
+            input_format="text",
+            config=cfg,
+            out_dir=tmp_path / out,
+            model_id="toy",
+            exclusive_labels=exclusive,
+            progress=False,
+        )
+
+    with pytest.raises(TrainingError, match="not among the labels"):
+        run("bad", ["none"])
+    result = run("out", ["neutral"])
+    assert ModelMetadata.load(result.out_dir).exclusive_labels == ["neutral"]
+    backend = load_backend(result.out_dir, device="cpu")
+    for output in backend.predict([ClassifyInput(text) for text in texts[:6]]):
+        assert output.labels and ("neutral" not in output.labels or output.labels == ["neutral"])
