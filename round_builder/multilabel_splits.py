@@ -170,7 +170,9 @@ def build_multilabel_splits(
         index=pd.Index(labels, name="label"),
     )
     predicted = _binary([p if isinstance(p, tuple | list) else () for p in frame["model_prediction"]], labels)
-    has_prediction = np.array([isinstance(p, tuple | list) and len(p) > 0 for p in frame["model_prediction"]])
+    has_prediction = np.array(
+        [isinstance(p, tuple | list) and len(p) > 0 for p in frame["model_prediction"]], dtype=bool
+    )
     metrics = {}
     for name in ("dev", "test"):
         rows = (split == name) & has_prediction

@@ -12,12 +12,14 @@ typed result. Errors are raised as :class:`~services.errors.DomainError`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from round_builder import export
@@ -25,6 +27,8 @@ from round_builder.build import BuildConfig, build_round
 from services.db.models import Round, Task, User
 from services.domain import rounds, tasks
 from services.errors import DomainError, Invalid
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BuildOptions",
@@ -90,12 +94,14 @@ def build(
     A build never ends in a traceback: a statistic or split that cannot be computed and is not
     already a domain error (e.g. a library's ValueError on a degenerate round) becomes a
     one-line :class:`~services.errors.Invalid` (422 in the API, an error line in the CLI)
-    naming what failed; the caller's transaction is rolled back with it."""
+    naming what failed, and is logged with its traceback (it is a bug to report); the
+    caller's transaction is rolled back with it. Database errors stay what they are."""
     try:
         built = build_round(session, actor, round_, options.config(), out_dir=out_dir)
-    except DomainError:
+    except (DomainError, SQLAlchemyError):
         raise
-    except (ValueError, ZeroDivisionError, FloatingPointError) as exc:
+    except Exception as exc:
+        logger.exception("building round %s failed", round_.id)
         message = " ".join(str(exc).split()) or type(exc).__name__
         raise Invalid(f"round {round_.number} cannot be built: {message}") from exc
     return BuiltRound(

@@ -491,3 +491,18 @@ def test_a_trained_multi_label_model_keeps_neutral_exclusive(tmp_path: Path) -> 
     backend = load_backend(result.out_dir, device="cpu")
     for output in backend.predict([ClassifyInput(text) for text in texts[:6]]):
         assert output.labels and ("neutral" not in output.labels or output.labels == ["neutral"])
+
+
+def test_a_multi_label_round_without_labels_builds_with_everything_excluded(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_multi_label_model: ThreadedServer
+) -> None:
+    round_ = _open(client, researcher, stub_multi_label_model)
+    writer = make_user("amara", "writer")
+    write_and_label(client, writer, [], round_["id"], [(t, x, None, []) for t, x, _ in PLAN[:3]])
+    client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+    response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={}, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    report = response.json()["report"]
+    assert report["counts"]["total"] == {"dist_train": 0, "train": 0, "dev": 0, "test": 0}
+    assert report["counts"]["excluded"] == {"no_counted_labels": 3}
+    assert report["multi_label"]["human_f1"] == {} and report["multi_label"]["agreement"]["n_examples"] == 0
