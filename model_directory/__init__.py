@@ -7,6 +7,7 @@ round builder writes it for retrained models and ``dynaloop model init`` for Mod
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,10 @@ class ModelMetadata(BaseModel):
         "text", description="text_pair: (sentence, target) as in MAD-TSC's SPC scheme."
     )
     threshold: float = Field(0.5, gt=0, lt=1, description="multi_label: a label is predicted above this.")
+    exclusive_labels: list[str] = Field(
+        default_factory=list,
+        description="multi_label: labels never predicted with others (the task's exclusive_labels, e.g. neutral).",
+    )
     max_length: int = Field(256, ge=8, le=8192, description="Longer inputs are truncated (and say so).")
     base_model: str = Field("", description="Where the weights started (a path or a hub name).")
     trained_for_round: int | None = None
@@ -39,6 +44,9 @@ class ModelMetadata(BaseModel):
     def _unique_labels(self) -> ModelMetadata:
         if len(set(self.labels)) != len(self.labels):
             raise ValueError(f"labels {self.labels} repeat a name; list each label once")
+        unknown = [label for label in self.exclusive_labels if label not in self.labels]
+        if unknown:
+            raise ValueError(f"exclusive_labels {unknown} are not among labels {self.labels}")
         return self
 
     @classmethod
@@ -61,3 +69,32 @@ class ModelMetadata(BaseModel):
 
     def public(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def multi_label_choice(
+    scores: Sequence[float], *, threshold: float, exclusive: Sequence[int] = (), at_least_one: bool = True
+) -> list[int]:
+    """The label positions a multi-label model predicts from one row of probabilities.
+
+    Every label at or above ``threshold``, with the exclusive labels (``exclusive``: their
+    positions; EthioEmo's neutral, "none of the emotions") kept exclusive: when an exclusive
+    label has the highest score and passes the threshold, it alone; otherwise the
+    non-exclusive labels that pass (an exclusive label that also passes is dropped); when none
+    passes, the most probable exclusive label (nothing was detected: "no emotion"). A task
+    without exclusive labels and nothing above the threshold gets the most probable label
+    when ``at_least_one`` (the model server: a writer needs a prediction to fool), else none
+    (evaluation scores the empty set). The model server, evaluation and the round builder's
+    model checks share this rule.
+    """
+    if not len(scores):
+        return []
+    best = max(range(len(scores)), key=lambda j: scores[j])
+    passing = [j for j, score in enumerate(scores) if score >= threshold]
+    if best in exclusive and best in passing:
+        return [best]
+    others = [j for j in passing if j not in exclusive]
+    if others:
+        return others
+    if exclusive:
+        return [max(exclusive, key=lambda j: scores[j])]
+    return [best] if at_least_one else []

@@ -170,6 +170,7 @@ def evaluate_probabilities(
     human_f1: Mapping[str, float] | None = None,
     threshold: float = 0.5,
     positive_label: str | None = None,
+    exclusive_labels: Sequence[str] = (),
     model_id: str = "",
     model_version: str = "",
     model_dir: str = "",
@@ -187,8 +188,12 @@ def evaluate_probabilities(
     human_f1 = dict(human_f1 or {})
     results = []
     for labelled, probs in zip(sets, probabilities, strict=True):
-        metrics = compute_metrics(labelled, probs, threshold=threshold, positive_label=positive_label)
-        metrics.by_variety = metrics_by_variety(labelled, probs, threshold=threshold, positive_label=positive_label)
+        metrics = compute_metrics(
+            labelled, probs, threshold=threshold, positive_label=positive_label, exclusive_labels=exclusive_labels
+        )
+        metrics.by_variety = metrics_by_variety(
+            labelled, probs, threshold=threshold, positive_label=positive_label, exclusive_labels=exclusive_labels
+        )
         estimate = human_f1.get(labelled.name)
         if estimate is not None and math.isfinite(estimate):
             metrics.human_f1 = float(estimate)
@@ -257,6 +262,7 @@ def evaluate_model(
         human_f1=human_f1,
         threshold=metadata.threshold,
         positive_label=positive_label,
+        exclusive_labels=metadata.exclusive_labels,
         model_id=metadata.model_id,
         model_version=metadata.version,
         model_dir=str(model_dir),

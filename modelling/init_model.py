@@ -41,8 +41,10 @@ def init_model_dir(
     task: str | None = None,
     max_length: int = 128,
     overwrite: bool = False,
+    exclusive_labels: list[str] | None = None,
 ) -> ModelMetadata:
-    """Write a sequence-classification directory for ``labels`` with a fresh (untrained) head."""
+    """Write a sequence-classification directory for ``labels`` with a fresh (untrained) head
+    (multi-label: ``exclusive_labels``, e.g. neutral, are never predicted with others)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -91,6 +93,7 @@ def init_model_dir(
         base_model="tiny-random-bert" if tiny else str(base_dir),
         task=task,
         trained_for_round=None,
+        exclusive_labels=list(exclusive_labels or []) if family == "multi_label" else [],
     )
     metadata.save(out)
     return metadata

@@ -24,6 +24,7 @@ from sklearn.metrics import (
     multilabel_confusion_matrix,
 )
 
+from model_directory import multi_label_choice
 from modelling.datasets import LabelledSet
 from modelling.errors import EvaluationError
 
@@ -94,15 +95,33 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def predicted_labels(probabilities: np.ndarray, *, multi_label: bool, threshold: float = 0.5) -> np.ndarray:
-    """Argmax indices (single-label) or a 0/1 matrix of probabilities ``>= threshold`` (multi-label)."""
+def predicted_labels(
+    probabilities: np.ndarray, *, multi_label: bool, threshold: float = 0.5, exclusive: Sequence[int] = ()
+) -> np.ndarray:
+    """Argmax indices (single-label) or a 0/1 matrix of probabilities ``>= threshold`` (multi-label),
+    the columns ``exclusive`` (e.g. neutral) never predicted with others
+    (model_directory.multi_label_choice, the model server's rule; nothing passing predicts
+    the exclusive label, else the empty set)."""
     if multi_label:
-        return (probabilities >= threshold).astype(int)
+        predicted = (probabilities >= threshold).astype(int)
+        if exclusive:
+            for row, scores in enumerate(probabilities):
+                chosen = multi_label_choice(
+                    scores.tolist(), threshold=threshold, exclusive=exclusive, at_least_one=False
+                )
+                predicted[row] = 0
+                predicted[row, chosen] = 1
+        return predicted
     return probabilities.argmax(axis=1)
 
 
 def compute_metrics(
-    labelled: LabelledSet, probabilities: np.ndarray, *, threshold: float = 0.5, positive_label: str | None = None
+    labelled: LabelledSet,
+    probabilities: np.ndarray,
+    *,
+    threshold: float = 0.5,
+    positive_label: str | None = None,
+    exclusive_labels: Sequence[str] = (),
 ) -> SetMetrics:
     """Score ``probabilities`` (rows of ``labelled``, columns in ``labelled.labels`` order) against
     the set's gold labels (:meth:`LabelledSet.hard`) with scikit-learn.
@@ -128,7 +147,10 @@ def compute_metrics(
     if len(labelled) == 0:
         raise EvaluationError(f"{labelled.name} has no rows to evaluate")
     gold = labelled.hard()
-    predicted = predicted_labels(probabilities, multi_label=labelled.multi_label, threshold=threshold)
+    exclusive = [labels.index(label) for label in exclusive_labels if label in labels]
+    predicted = predicted_labels(
+        probabilities, multi_label=labelled.multi_label, threshold=threshold, exclusive=exclusive
+    )
     indices = list(range(len(labels)))
     report = classification_report(
         gold,
@@ -176,7 +198,12 @@ UNSPECIFIED_VARIETY = "unspecified"
 
 
 def metrics_by_variety(
-    labelled: LabelledSet, probabilities: np.ndarray, *, threshold: float = 0.5, positive_label: str | None = None
+    labelled: LabelledSet,
+    probabilities: np.ndarray,
+    *,
+    threshold: float = 0.5,
+    positive_label: str | None = None,
+    exclusive_labels: Sequence[str] = (),
 ) -> dict[str, SetMetrics]:
     """:func:`compute_metrics` on each variety's rows (BESSTIE reports macro-F1 per variety);
     rows without a variety form ``unspecified``. Empty when the set records no varieties."""
@@ -191,20 +218,26 @@ def metrics_by_variety(
             probabilities[rows],
             threshold=threshold,
             positive_label=positive_label,
+            exclusive_labels=exclusive_labels,
         )
         for variety, rows in sorted(groups.items())
     }
 
 
 def macro_f1(
-    y: np.ndarray, scores: np.ndarray, *, family: Literal["single_label", "multi_label"], threshold: float = 0.5
+    y: np.ndarray,
+    scores: np.ndarray,
+    *,
+    family: Literal["single_label", "multi_label"],
+    threshold: float = 0.5,
+    exclusive: Sequence[int] = (),
 ) -> float:
     """Macro-F1 of ``scores`` (probabilities, or logits for single-label models) against soft or
     hard ``y``: over every class of the argmax (single-label) or over labels at ``threshold``
     (multi-label; gold labels at 0.5). The trainer's early stopping watches it."""
     multi_label = family == "multi_label"
     gold = (y >= 0.5).astype(int) if multi_label else y.argmax(axis=1)
-    predicted = predicted_labels(scores, multi_label=multi_label, threshold=threshold)
+    predicted = predicted_labels(scores, multi_label=multi_label, threshold=threshold, exclusive=exclusive)
     return float(
         f1_score(
             gold, predicted, labels=None if multi_label else list(range(y.shape[1])), average="macro", zero_division=0

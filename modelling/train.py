@@ -489,6 +489,7 @@ def train_model(
     model_id: str,
     trained_for_round: int | None = None,
     task_name: str | None = None,
+    exclusive_labels: Sequence[str] = (),
     progress: bool = True,
     on_epoch_end: Callable[[EpochRecord], None] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
@@ -496,8 +497,10 @@ def train_model(
     """Train a classifier from the base checkpoint on ``train_sets``; write it to ``out_dir``.
 
     ``dev`` drives early stopping and the choice of the saved epoch (macro-F1); without it the
-    last epoch is saved. ``on_epoch_end`` is called on every process after each epoch's
-    checkpoint (an exception raised there interrupts the run, which ``resume`` continues).
+    last epoch is saved. ``exclusive_labels`` (multi-label: the task's, e.g. neutral) are never
+    predicted with others, in the dev macro-F1 and by the saved model. ``on_epoch_end`` is
+    called on every process after each epoch's checkpoint (an exception raised there
+    interrupts the run, which ``resume`` continues).
     ``on_progress(step, total_steps)`` is called on the main process after every optimizer
     step (a job's progress bar); ``total_steps`` spans all planned epochs.
     """
@@ -512,6 +515,10 @@ def train_model(
     if not config.resume and out_dir.exists() and any(out_dir.iterdir()):
         raise TrainingError(f"{out_dir} is not empty; choose a new folder, or resume the run that is in it")
     class_weights = class_weights_for(train_sets, labels, config.class_weights, family=family)
+    unknown_exclusive = [label for label in exclusive_labels if label not in labels]
+    if unknown_exclusive:
+        raise TrainingError(f"exclusive_labels {unknown_exclusive} are not among the labels {labels}")
+    exclusive = [labels.index(label) for label in exclusive_labels] if family == "multi_label" else []
 
     accelerator = Accelerator(
         cpu=config.cpu,
@@ -661,7 +668,7 @@ def train_model(
         loss_sum, examples = totals.tolist()
         dev_f1 = None
         if dev is not None and dev_loader is not None:
-            dev_f1 = _dev_macro_f1(accelerator, model, dev_loader, dev, family)
+            dev_f1 = _dev_macro_f1(accelerator, model, dev_loader, dev, family, exclusive)
         record = EpochRecord(
             epoch=epoch,
             train_loss=loss_sum / max(examples, 1.0),
@@ -730,6 +737,7 @@ def train_model(
         base_model=str(base),
         trained_for_round=trained_for_round,
         task=task_name,
+        exclusive_labels=[labels[j] for j in exclusive],
         data={
             "train": [labelled.summary() for labelled in train_sets],
             "dev": dev.summary() if dev is not None else None,
@@ -766,7 +774,12 @@ def train_model(
 
 @torch.no_grad()
 def _dev_macro_f1(
-    accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader, dev: LabelledSet, family: Family
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    loader: DataLoader,
+    dev: LabelledSet,
+    family: Family,
+    exclusive: Sequence[int] = (),
 ) -> float:
     model.eval()
     chunks = []
@@ -776,7 +789,7 @@ def _dev_macro_f1(
         scores = torch.sigmoid(logits) if family == "multi_label" else logits
         chunks.append(accelerator.gather_for_metrics(scores).cpu())
     model.train()
-    return macro_f1(dev.y, torch.cat(chunks).numpy(), family=family)
+    return macro_f1(dev.y, torch.cat(chunks).numpy(), family=family, exclusive=exclusive)
 
 
 def _info(accelerator: Accelerator, message: str, *args: object) -> None:

@@ -271,6 +271,7 @@ def train_and_register(
             model_id=model_id,
             trained_for_round=options.round,
             task_name=task_name,
+            exclusive_labels=definition.exclusive_labels if multi else (),
             progress=progress_bar,
             on_epoch_end=listener.epoch_ended,
             on_progress=listener.step,

@@ -18,7 +18,7 @@ import pandas as pd
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from round_builder import aggregation, agreement, splits
+from round_builder import aggregation, agreement, multilabel_report, multilabel_splits, splits
 from round_builder.report import write_report
 from round_builder.report_assembly import BuildOutcome, assemble_report
 from round_builder.table import responses_frame
@@ -38,8 +38,9 @@ from services.db.models import (
     utcnow,
 )
 from services.domain import audit
+from services.domain.labels import exclusive_gold
 from services.domain.tasks import definition_of
-from services.errors import Conflict
+from services.errors import Conflict, Invalid
 from services.taskdef import TaskDefinition, TaskFamily
 
 # EM iterations for Dawid-Skene: crowd-kit's 100 take ~40 s on a million labels on one core;
@@ -64,6 +65,9 @@ class RoundData:
     attempts: pd.DataFrame  # one row per scored attempt
     prompts: dict[int, str]
     prompt_sources: list[str]
+    # Multi-label: each response's annotation pass (Validation.annotation_pass), aligned with
+    # ``responses``; gold uses each example's last pass, agreement the first (pass 0).
+    passes: np.ndarray | None = None
 
 
 def counted_responses(session: Session, round_: Round, *, multi_label: bool) -> pd.DataFrame:
@@ -97,6 +101,7 @@ def load_round(session: Session, round_: Round) -> RoundData:
             Attempt.edit_distance,
             Attempt.confirmed,
             Example.origin,
+            Example.requeue_count,
         )
         # Outer join: harvested examples (DynaSent §3.2) have no attempt.
         .outerjoin(Attempt, Example.attempt_id == Attempt.id)
@@ -105,7 +110,22 @@ def load_round(session: Session, round_: Round) -> RoundData:
     ).all()
     examples = pd.DataFrame.from_records(
         [
-            (r[0], r[1], r[2], r[3].value, r[4], r[5], r[6], bool(r[7]), r[8].value, r[9], r[10], r[11], r[12].value)
+            (
+                r[0],
+                r[1],
+                r[2],
+                r[3].value,
+                r[4],
+                r[5],
+                r[6],
+                bool(r[7]),
+                r[8].value,
+                r[9],
+                r[10],
+                r[11],
+                r[12].value,
+                int(r[13] or 0),
+            )
             for r in rows
         ],
         columns=[
@@ -122,9 +142,23 @@ def load_round(session: Session, round_: Round) -> RoundData:
             "edit_distance",
             "confirmed",
             "origin",
+            "requeue_count",
         ],
     )
     responses = counted_responses(session, round_, multi_label=multi)
+    passes = (
+        np.asarray(
+            session.scalars(
+                select(Validation.annotation_pass)
+                .join(Example, Validation.example_id == Example.id)
+                .where(Example.round_id == round_.id, Validation.counted.is_(True))
+                .order_by(Validation.id)
+            ).all(),
+            dtype=np.int64,
+        )
+        if multi
+        else None
+    )
     attempts = pd.DataFrame.from_records(
         session.execute(
             select(Attempt.id, Attempt.fooled, Attempt.confirmed, Assignment.condition)
@@ -141,7 +175,40 @@ def load_round(session: Session, round_: Round) -> RoundData:
         )
         if s
     )
-    return RoundData(definition, examples, responses, attempts, prompts, sources)
+    return RoundData(definition, examples, responses, attempts, prompts, sources, passes)
+
+
+def _multilabel_gold(data: RoundData) -> pd.DataFrame:
+    """EthioEmo §3.3 gold: per label >= gold_min_votes of the last pass's responses, the
+    task's exclusive label (neutral) never together with others (labels.exclusive_gold).
+    Excluded with a reason: dropped after re-annotation (no_gold_after_reannotation), waiting
+    for new validators that never came (awaiting_reannotation), and no gold (no_gold)."""
+    definition = data.definition
+    need = definition.agreement.gold_min_votes
+    frame = aggregation.multilabel_gold(
+        multilabel_report.last_pass_responses(data.responses, data.passes), labels=definition.labels, min_votes=need
+    )
+    votes = frame[[f"votes_{label}" for label in definition.labels]]
+    gold_sets: list[tuple[str, ...] | None] = []
+    gold_votes: list[int] = []
+    for value, row in zip(frame["label"], votes.to_numpy(), strict=True):
+        kept = exclusive_gold(definition, list(value)) if isinstance(value, tuple) else None
+        gold_sets.append(tuple(kept) if kept else None)
+        # The gold set's weakest label decides whether it is strong enough for dev/test.
+        gold_votes.append(min(int(row[definition.labels.index(label)]) for label in kept) if kept else 0)
+    frame = frame.assign(gold=pd.Series(gold_sets, index=frame.index, dtype=object), gold_votes=gold_votes)
+    examples = data.examples.set_index("example_id")
+    frame = frame.reindex(examples.index)
+    status = examples["status"].to_numpy()
+    has_gold = frame["gold"].notna().to_numpy()
+    reason = np.array([None if kept else "no_gold" for kept in has_gold], dtype=object)
+    reason[(status == ExampleStatus.validating.value) & (examples["requeue_count"].to_numpy() > 0)] = (
+        "awaiting_reannotation"
+    )
+    reason[status == ExampleStatus.dropped.value] = "no_gold_after_reannotation"
+    frame["reason"] = reason
+    frame["kept"] = [r is None for r in reason]
+    return frame
 
 
 def _gold(data: RoundData) -> pd.DataFrame:
@@ -158,15 +225,7 @@ def _gold(data: RoundData) -> pd.DataFrame:
         )
         frame = frame.rename(columns={"label": "gold", "votes": "gold_votes"})
     elif definition.is_multi_label:
-        frame = aggregation.multilabel_gold(
-            responses, labels=definition.labels, min_votes=definition.agreement.gold_min_votes
-        )
-        # The gold set's weakest label decides whether it is strong enough for dev/test.
-        votes = frame[[f"votes_{label}" for label in definition.labels]].to_numpy(dtype=float)
-        in_gold = votes >= definition.agreement.gold_min_votes
-        weakest = np.where(in_gold, votes, np.inf).min(axis=1)
-        gold_votes = np.where(np.isfinite(weakest), weakest, 0).astype(int)
-        frame = frame.assign(gold=frame["label"], gold_votes=gold_votes, kept=True, reason=None)
+        frame = _multilabel_gold(data)
     else:
         frame = aggregation.majority_labels(
             responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
@@ -184,7 +243,9 @@ def _distributional(data: RoundData) -> dict[int, dict[str, float]]:
         return {}
     if definition.is_multi_label:
         # Share of validators who chose each label (EthioEmo's labels are not exclusive).
-        frame = aggregation.multilabel_gold(data.responses, labels=definition.labels, min_votes=1)
+        frame = aggregation.multilabel_gold(
+            multilabel_report.last_pass_responses(data.responses, data.passes), labels=definition.labels, min_votes=1
+        )
         shares = frame[[f"votes_{label}" for label in definition.labels]].div(frame["n_responses"], axis=0).round(4)
         shares.columns = list(definition.labels)
         return _label_shares(shares)
@@ -265,15 +326,24 @@ def build_round(
     dropped = (data.examples["status"].to_numpy() == ExampleStatus.dropped.value) | ~gold["kept"].to_numpy()
     split_input = _split_input(data, gold)
     eligible = split_input.loc[~dropped]
-    result = splits.build_splits(
-        eligible,
-        labels,
-        min_votes=min_votes,
-        seed=config.seed,
-        dev_size=config.max_per_cell,
-        test_size=config.max_per_cell,
-        chance=chance,
-    )
+    if multi and not chance:
+        # Per-label iterative stratification; examples without gold never reach it (excluded).
+        try:
+            result = multilabel_splits.build_multilabel_splits(
+                eligible, labels, min_votes=min_votes, seed=config.seed, max_per_label=config.max_per_cell
+            )
+        except ValueError as exc:
+            raise Invalid(str(exc)) from exc
+    else:
+        result = splits.build_splits(
+            eligible,
+            labels,
+            min_votes=min_votes,
+            seed=config.seed,
+            dev_size=config.max_per_cell,
+            test_size=config.max_per_cell,
+            chance=chance,
+        )
     assignment = {int(e): str(split) for e, split in zip(result.assignment.index, result.assignment, strict=True)}
     flags = result.flags
     distributional = _distributional(data)

@@ -119,6 +119,31 @@ Agreement = SingleLabelAgreement | MultiLabelAgreementSummary
 
 
 @dataclass
+class MultiLabelSection:
+    """A multi-label round (EthioEmo's protocol; round_builder.multilabel_report): its gold
+    rule, re-annotation outcome, per-label counts per split, per-label agreement of the first
+    pass, the human estimate and the model on dev and test. No chance-level claim is made."""
+
+    gold_rule: str
+    exclusive_labels: list[str]
+    # label -> split (train, dev, test) -> examples whose gold holds the label
+    label_counts: dict[str, dict[str, int]]
+    # examples: re-queued for new validators, resolved by them, dropped, still waiting
+    reannotation: dict[str, int]
+    # First pass, k responses per example: n_raters, n_examples, mean_jaccard and per label
+    # prevalence, fleiss, randolph, krippendorff alpha.
+    agreement: dict[str, Any]
+    # split -> micro_f1, macro_f1, per_label (label -> f1), n_examples, n_annotators
+    human_f1: dict[str, dict[str, Any]]
+    # split -> n, micro_f1, macro_f1, accuracy (exact set) of the round's model
+    model: dict[str, dict[str, float | None]]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class ClassScores:
     """Precision, recall and F1 of one class (or ``macro avg``), fractions in [0, 1]."""
 
@@ -267,6 +292,7 @@ class RoundReport:
     workers: Workers
     intended_vs_perceived: IntendedVsPerceived | None  # intended-sarcasm tasks (iSarcasm)
     datasheet: Datasheet
+    multi_label: MultiLabelSection | None = None  # multi-label tasks only
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -288,7 +314,7 @@ class RoundReport:
             "workers": self.workers.to_dict(),
             "intended_vs_perceived": self.intended_vs_perceived.to_dict() if self.intended_vs_perceived else None,
             "datasheet": self.datasheet.to_dict(),
-        }
+        } | ({"multi_label": self.multi_label.to_dict()} if self.multi_label is not None else {})
 
 
 def _agreement_dict(agreement: Agreement | None) -> dict[str, Any]:
@@ -339,11 +365,15 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         ]
         total = counts.get("total", {})
         rows.append(["**total**", *(total.get(column) for column in ("dist_train", "train", "dev", "test"))])
-        out.append(_table(["label", "Dist train", "Majority train", "Dev", "Test"], rows))
+        # Multi-label rows are per label: an example counts once for each of its gold labels.
+        train = "Train (per gold label)" if report.get("family") == "multi_label" else "Majority train"
+        out.append(_table(["label", "Dist train", train, "Dev", "Test"], rows))
         if counts.get("excluded"):
             out += ["", "Excluded: " + ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) + "."]
     splits = report.get("splits", {})
-    if splits:
+    if report.get("multi_label"):
+        out += _multilabel_markdown(report["multi_label"])
+    elif splits:
         out += ["", "## Model at chance on dev and test", ""]
         out.append(
             _table(
@@ -399,6 +429,59 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
             out.append(f"- **{key.replace('_', ' ')}**: {shown}")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _multilabel_markdown(section: Mapping[str, Any]) -> list[str]:
+    """The multi-label section: gold rule, re-annotation, per-label counts, agreement, human
+    and model F1 on dev and test (no chance-level claim: multi-label splits make none)."""
+    out = ["", "## Multi-label round (per-label gold, EthioEmo §3.3)", "", f"Gold rule: {section['gold_rule']}."]
+    if section.get("exclusive_labels"):
+        out.append(f"Exclusive labels (never gold or predicted with others): {', '.join(section['exclusive_labels'])}.")
+    re = section.get("reannotation", {})
+    out += ["", "Re-annotation: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in re.items()) + "."]
+    counts = section.get("label_counts", {})
+    out += [
+        "",
+        "### Examples per label and split",
+        "",
+        _table(["label", "train", "dev", "test"], [[k, v["train"], v["dev"], v["test"]] for k, v in counts.items()]),
+    ]
+    agreement = section.get("agreement", {})
+    if agreement.get("per_label"):
+        out += [
+            "",
+            f"### Agreement per label (first pass, {agreement.get('n_raters')} responses each, "
+            f"{agreement.get('n_examples')} examples)",
+            "",
+            _table(
+                ["label", "prevalence", "Fleiss kappa", "Randolph kappa", "Krippendorff alpha"],
+                [
+                    [k, v["prevalence"], v["fleiss"], v["randolph"], v["alpha"]]
+                    for k, v in agreement["per_label"].items()
+                ],
+            ),
+            "",
+            f"Mean pairwise Jaccard of label sets: {_fmt(agreement.get('mean_jaccard'))}.",
+        ]
+    human = section.get("human_f1", {})
+    model = section.get("model", {})
+    if human or model:
+        out += ["", "### Human estimate and model on dev and test", ""]
+        rows = []
+        for split in ("dev", "test"):
+            h, m = human.get(split, {}), model.get(split, {})
+            rows.append([split, h.get("micro_f1"), h.get("macro_f1"), m.get("micro_f1"), m.get("macro_f1"), m.get("n")])
+        out.append(
+            _table(["split", "human micro-F1", "human macro-F1", "model micro-F1", "model macro-F1", "model n"], rows)
+        )
+        for split, h in human.items():
+            if h.get("per_label"):
+                out += [
+                    "",
+                    f"Human F1 per label on {split}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in h["per_label"].items()),
+                ]
+    out += [f"\nNote: {note}" for note in section.get("notes", [])]
+    return out
 
 
 def write_plots(data: PlotData, out_dir: Path) -> list[Path]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from round_builder import aggregation, agreement, human, splits
+from round_builder import aggregation, agreement, human, multilabel_report, splits
 from round_builder.report import (
     Agreement,
     ClassScores,
@@ -33,6 +33,7 @@ from round_builder.report import (
     HumanF1,
     IntendedVsPerceived,
     MultiLabelAgreementSummary,
+    MultiLabelSection,
     PlotData,
     RoundReport,
     SingleLabelAgreement,
@@ -80,6 +81,7 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
     fooling = _fooling(outcome)
     conditions, plot = _conditions(outcome.data, config.seed)
     workers, rates = _workers(outcome)
+    multi_label = multilabel_report.multilabel_section(outcome) if definition.is_multi_label else None
     if rates is not None:
         plot.worker_agreement = [float(r) for r in rates["agreement_rate"].dropna()]
         plot.confusion = _model_vs_majority(outcome)
@@ -98,7 +100,8 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         conditions=conditions,
         workers=workers,
         intended_vs_perceived=_intended_vs_perceived(outcome),
-        datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1),
+        datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1, multi_label),
+        multi_label=multi_label,
     )
     return report, plot
 
@@ -122,7 +125,10 @@ def _counts(outcome: BuildOutcome) -> Counts:
         if name == "Total":
             total = counted
         else:
-            counted.dist_train = dist_train.get(name, counted.train)
+            # Multi-label: per label, the examples whose gold holds it (an example counts once
+            # per gold label), so the distributional column is the train column.
+            multi = outcome.data.definition.is_multi_label
+            counted.dist_train = counted.train if multi else dist_train.get(name, counted.train)
             rows[name] = counted
     total.dist_train = len(outcome.ids["train"])
     excluded = Counter(
@@ -160,7 +166,12 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
     if responses.empty:
         return None
     if definition.is_multi_label:
-        ml = agreement.multilabel_agreement(responses, labels=definition.labels)
+        # First pass, first k responses each: re-annotated examples would otherwise have 2k.
+        ml, _ = multilabel_report.multilabel_agreement_summary(
+            responses, outcome.data.passes, labels=definition.labels, k=definition.validations_per_example
+        )
+        if ml is None:
+            return None
         return MultiLabelAgreementSummary(
             mean_fleiss_kappa=_finite(ml.mean_fleiss),
             mean_randolph_kappa=_finite(ml.mean_randolph),
@@ -369,10 +380,17 @@ def _intended_vs_perceived(outcome: BuildOutcome) -> IntendedVsPerceived | None:
 
 
 def _datasheet(
-    outcome: BuildOutcome, split_summary: SplitsSummary, report_agreement: Agreement | None, human_f1: HumanF1
+    outcome: BuildOutcome,
+    split_summary: SplitsSummary,
+    report_agreement: Agreement | None,
+    human_f1: HumanF1,
+    multi_label: MultiLabelSection | None = None,
 ) -> Datasheet:
     definition, round_ = outcome.data.definition, outcome.round_
     macro = {split: table.get(human.MACRO) for split, table in human_f1.items()}
+    human_macro = {split: scores.f1 if scores is not None else None for split, scores in macro.items()}
+    if multi_label is not None:  # per-label macro-F1 of the synthetic annotators (multilabel_report)
+        human_macro = {split: scores.get("macro_f1") for split, scores in multi_label.human_f1.items()}
     return Datasheet(
         title=definition.title,
         task=definition.name,
@@ -387,10 +405,15 @@ def _datasheet(
         validations=len(outcome.data.responses),
         validations_per_example=definition.validations_per_example,
         gold_rule=f"{definition.agreement.gold_min_votes} of {definition.validations_per_example}",
-        dev_test_rule=f"gold with at least {outcome.result.report.min_votes} votes; prompt condition; unique prompts; "
-        + ("the round's model at chance" if outcome.chance else "balanced over gold classes"),
+        dev_test_rule=(
+            f"every gold label with at least {outcome.result.report.min_votes} votes; one example per prompt; "
+            "stratified per label (iterative stratification); examples without gold excluded"
+            if definition.is_multi_label and not outcome.chance
+            else f"gold with at least {outcome.result.report.min_votes} votes; prompt condition; unique prompts; "
+            + ("the round's model at chance" if outcome.chance else "balanced over gold classes")
+        ),
         agreement=report_agreement,
-        human_f1_macro={split: scores.f1 if scores is not None else None for split, scores in macro.items()},
+        human_f1_macro=human_macro,
         model_f1_macro={split: assessment.model_macro_f1 for split, assessment in split_summary.assessment.items()},
     )
 

@@ -14,19 +14,23 @@ typed result. Errors are raised as :class:`~services.errors.DomainError`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from round_builder import dataset_card, export
 from round_builder.build import BuildConfig, build_round
 from services.db.models import Round, RoundBuild, Task, User
 from services.domain import rounds, tasks
-from services.errors import NotFound
+from services.errors import DomainError, Invalid, NotFound
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BuildOptions",
@@ -88,8 +92,21 @@ def build(
     session: Session, actor: User | None, round_: Round, options: BuildOptions, *, out_dir: Path | None = None
 ) -> BuiltRound:
     """Build ``round_`` (closed, or built before) in the caller's transaction; with ``out_dir``
-    the report and its plots are written there too."""
-    built = build_round(session, actor, round_, options.config(), out_dir=out_dir)
+    the report and its plots are written there too.
+
+    A build never ends in a traceback: a statistic or split that cannot be computed and is not
+    already a domain error (e.g. a library's ValueError on a degenerate round) becomes a
+    one-line :class:`~services.errors.Invalid` (422 in the API, an error line in the CLI)
+    naming what failed, and is logged with its traceback (it is a bug to report); the
+    caller's transaction is rolled back with it. Database errors stay what they are."""
+    try:
+        built = build_round(session, actor, round_, options.config(), out_dir=out_dir)
+    except (DomainError, SQLAlchemyError):
+        raise
+    except Exception as exc:
+        logger.exception("building round %s failed", round_.id)
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise Invalid(f"round {round_.number} cannot be built: {message}") from exc
     return BuiltRound(
         build_id=built.id, task=round_.task.name, round=round_.number, report=built.report, out_dir=out_dir
     )

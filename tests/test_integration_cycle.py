@@ -560,6 +560,8 @@ def test_dynasent_cycle(deployment: Deployment) -> None:
         "validated": 1,
         "dropped": 0,
         "by_target_label": {target: 1},
+        "awaiting_reannotation": 0,
+        "awaiting_reannotation_no_new_validator": 0,
     }
     assert stats["validations"] == {"given": 5, "counted": 5, "needed": 5, "coverage": 1.0}
     assert stats["prompts"] == {"total": 3, "used": 1}
@@ -693,6 +695,8 @@ def test_ethioemo_multi_label_cycle(deployment: Deployment) -> None:
         "validated": 1,
         "dropped": 1,
         "by_target_label": {"anger+disgust": 1, "sadness": 1},
+        "awaiting_reannotation": 0,
+        "awaiting_reannotation_no_new_validator": 0,
     }
     assert stats["validations"] == {"given": 9, "counted": 9, "needed": 9, "coverage": 1.0}
     assert stats["prompts"] == {"total": 2, "used": 2}

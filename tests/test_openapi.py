@@ -130,6 +130,8 @@ def test_a_built_rounds_answers_are_the_domains(built, client, app) -> None:
         "validated",
         "dropped",
         "by_target_label",
+        "awaiting_reannotation",
+        "awaiting_reannotation_no_new_validator",
     ]
 
 

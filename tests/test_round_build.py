@@ -124,7 +124,7 @@ def test_building_an_open_round_is_refused(client: TestClient, researcher: Actor
     assert missing.status_code == 404 and "has not been built yet" in missing.json()["error"]["message"]
 
 
-def test_multi_label_round_builds_with_label_set_classes(
+def test_multi_label_round_builds_with_per_label_stratification(
     client: TestClient, researcher: Actor, make_user: MakeUser, stub_multi_label_model: ThreadedServer
 ) -> None:
     prompts = [f"Prompt {i}: ስለ ምግቡ አስተያየት" for i in range(12)]
@@ -149,8 +149,11 @@ def test_multi_label_round_builds_with_label_set_classes(
     assert response.status_code == 201, response.text
     report = response.json()["report"]
     assert report["splits"]["chance"] is False
-    assert report["counts"]["total"]["dev"] == 2 and report["counts"]["total"]["test"] == 2
+    # Four examples with gold: one each for dev and test (round_builder.multilabel_splits).
+    assert report["counts"]["total"]["dev"] == 1 and report["counts"]["total"]["test"] == 1
     assert report["agreement"]["mean_jaccard"] is not None
+    # The disagreement is re-queued, but the round's three validators have all labelled it.
+    assert report["counts"]["excluded"] == {"awaiting_reannotation": 1}
     rows = [
         json.loads(line)
         for line in client.get(
@@ -162,6 +165,7 @@ def test_multi_label_round_builds_with_label_set_classes(
     assert by_text["a joy filled day 0 ደስታ"]["distributional_label"]["joy"] == 1.0
     assert by_text["a joy filled day 0 ደስታ"]["distributional_label"]["surprise"] == pytest.approx(1 / 3, abs=1e-3)
     assert by_text["a fear filled day ፍርሃት"]["gold_label"] is None
+    assert by_text["a fear filled day ፍርሃት"]["split"] == "excluded"
     assert_report_unchanged(report, "ethioemo-amharic")
 
 

@@ -111,6 +111,34 @@ class IntendedVsPerceived(BaseModel):
     n_without_perceived: int
 
 
+class MultiLabelHuman(BaseModel):
+    micro_f1: float | None
+    macro_f1: float | None
+    per_label: dict[str, float | None]
+    n_examples: int
+    n_annotators: int
+
+
+class MultiLabelSection(BaseModel):
+    """A multi-label round (EthioEmo §3.3; docs/round_builder.md "Multi-label rounds")."""
+
+    gold_rule: str
+    exclusive_labels: list[str] = Field(description="Labels never gold or predicted with others (neutral).")
+    label_counts: dict[str, dict[str, int]] = Field(
+        description="Label -> train/dev/test -> examples whose gold holds it."
+    )
+    reannotation: dict[str, int] = Field(
+        description="requeued, resolved_by_new_validators, dropped_after_reannotation, awaiting_reannotation."
+    )
+    agreement: dict[str, object] = Field(
+        description="First pass, k responses per example: n_raters, n_examples, mean_jaccard, per_label "
+        "(prevalence, fleiss, randolph, alpha)."
+    )
+    human_f1: dict[str, MultiLabelHuman] = Field(description="Split -> synthetic annotators' F1 (DynaSent §3.5).")
+    model: dict[str, dict[str, int | float | None]] = Field(description="Split -> n, micro_f1, macro_f1, accuracy.")
+    notes: list[str]
+
+
 class Collected(BaseModel):
     opened: str | None
     closed: str | None
@@ -158,6 +186,7 @@ class RoundReport(BaseModel):
     workers: ReportWorkers
     intended_vs_perceived: IntendedVsPerceived | None
     datasheet: Datasheet
+    multi_label: MultiLabelSection | None = Field(None, description="Multi-label tasks only; absent otherwise.")
     files: list[str] | None = Field(
         None,
         description="Files written with the report (builds run with an "

@@ -119,6 +119,14 @@ class ExampleCounts(BaseModel):
     validated: int
     dropped: int
     by_target_label: dict[str, int] = Field(description="Target label ('+'-joined sets) -> examples.")
+    awaiting_reannotation: int = Field(
+        0, description="Re-queued for new validators after no gold (counted in validating too)."
+    )
+    awaiting_reannotation_no_new_validator: int = Field(
+        0,
+        description="Of those, examples every validator of the round has labelled already: they wait for new "
+        "validators; a build excludes them as awaiting_reannotation.",
+    )
 
 
 class ValidationCounts(BaseModel):

@@ -48,6 +48,7 @@ def model_init(
     family: Literal["single_label", "multi_label"] = "multi_label" if multi_label else "single_label"
     input_format: Literal["text", "text_pair"] = "text_pair" if pair else "text"
     task_name = None
+    exclusive: list[str] = []
     if task is not None:
         from services.taskdef import TaskDefinitionError, TaskFamily, parse_task_definition
 
@@ -59,6 +60,7 @@ def model_init(
         family = "multi_label" if definition.is_multi_label else "single_label"
         input_format = "text_pair" if definition.family is TaskFamily.target_dependent else "text"
         task_name = definition.name
+        exclusive = list(definition.exclusive_labels)
     elif labels:
         label_list = [label.strip() for label in labels.split(",") if label.strip()]
     else:
@@ -74,6 +76,7 @@ def model_init(
             tiny=tiny,
             seed=seed,
             task=task_name,
+            exclusive_labels=exclusive,
             overwrite=overwrite,
         )
     except (FileExistsError, FileNotFoundError, OSError, ValueError) as exc:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from model_directory import ModelMetadata
+from model_directory import ModelMetadata, multi_label_choice
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,17 @@ class Backend(Protocol):
 def decide(metadata: ModelMetadata, scores: Sequence[float], truncated: bool) -> ClassifyOutput:
     """Turn one row of probabilities into the contract's output.
 
-    Multi-label: every label above the threshold; when none is, the most probable one (an
-    empty prediction would leave a writer with nothing to fool).
+    Multi-label: every label above the threshold, the model's exclusive labels (neutral) never
+    with others; when none is above it, the most probable exclusive label, or the most
+    probable label (an empty prediction would leave a writer with nothing to fool); see
+    model_directory.multi_label_choice.
     """
     probabilities = {label: float(p) for label, p in zip(metadata.labels, scores, strict=True)}
     best = max(probabilities, key=probabilities.__getitem__)
     if metadata.family == "multi_label":
-        chosen = [label for label in metadata.labels if probabilities[label] >= metadata.threshold]
-        return ClassifyOutput(chosen or [best], probabilities, truncated)
+        exclusive = [metadata.labels.index(label) for label in metadata.exclusive_labels]
+        chosen = multi_label_choice(list(probabilities.values()), threshold=metadata.threshold, exclusive=exclusive)
+        return ClassifyOutput([metadata.labels[j] for j in chosen], probabilities, truncated)
     return ClassifyOutput([best], probabilities, truncated)
 
 

@@ -459,6 +459,10 @@ class Validation(Base):
     flag_reason: Mapped[str | None] = mapped_column(Text)
     seconds_taken: Mapped[float | None] = mapped_column(Float)
     counted: Mapped[bool] = mapped_column(Boolean, default=True)
+    # 0: the example's first set of labels; 1: its re-annotation by new validators after the
+    # first set gave no gold (EthioEmo's re-queue, agreement.requeue_disagreements). Gold is
+    # decided on the labels of the example's last pass only (services.domain.labels.gold_of_passes).
+    annotation_pass: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 

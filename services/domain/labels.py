@@ -24,9 +24,17 @@ def _as_list(value: str | Sequence[str] | None, what: str) -> list[str]:
 
 
 def check_label_set(
-    definition: TaskDefinition, value: str | Sequence[str] | None, *, allowed: list[str], what: str
+    definition: TaskDefinition,
+    value: str | Sequence[str] | None,
+    *,
+    allowed: list[str],
+    what: str,
+    empty_is_exclusive: bool = False,
 ) -> list[str]:
-    """Validate a label (or label set for multi-label tasks) against ``allowed``."""
+    """Validate a label (or label set for multi-label tasks) against ``allowed``.
+
+    ``empty_is_exclusive`` (a validator's label): an empty set is the task's one exclusive
+    label (EthioEmo's neutral, "no emotion"); a writer's target must name its labels."""
     labels = _as_list(value, what)
     unknown = [label for label in labels if label not in allowed]
     if unknown:
@@ -37,7 +45,19 @@ def check_label_set(
         )
     if definition.is_multi_label:
         if not labels:
-            raise Invalid(f"{what} is empty; choose at least one of {allowed}")
+            # An empty set means "none of the labels": the task's one exclusive label (EthioEmo's
+            # neutral) when it has exactly one offered here; otherwise it is ambiguous.
+            no_label = [label for label in definition.exclusive_labels if label in allowed]
+            if empty_is_exclusive and len(no_label) == 1:
+                return no_label
+            raise Invalid(
+                f"{what} is empty; choose at least one of {allowed}"
+                + (
+                    " (this task has no exclusive no-emotion label an empty set could mean)"
+                    if empty_is_exclusive and not no_label
+                    else ""
+                )
+            )
         if len(set(labels)) != len(labels):
             raise Invalid(f"{what} lists a label twice; list each label once")
         exclusive = [label for label in labels if label in definition.exclusive_labels]
@@ -55,7 +75,7 @@ def check_target_label(definition: TaskDefinition, value: str | Sequence[str] | 
 
 def check_validation_label(definition: TaskDefinition, value: str | Sequence[str] | None) -> list[str]:
     allowed = definition.effective_validation_labels
-    return check_label_set(definition, value, allowed=allowed, what="label")
+    return check_label_set(definition, value, allowed=allowed, what="label", empty_is_exclusive=True)
 
 
 def is_fooled(definition: TaskDefinition, target: list[str], predicted: list[str]) -> bool:
@@ -90,8 +110,7 @@ def gold_label(definition: TaskDefinition, responses: Sequence[list[str]]) -> li
     need = definition.agreement.gold_min_votes
     if definition.is_multi_label:
         votes = Counter(label for response in responses for label in set(response))
-        gold = [label for label in definition.labels if votes[label] >= need]
-        return gold or None
+        return exclusive_gold(definition, [label for label in definition.labels if votes[label] >= need])
     collapsed: list[str] = []
     for response in responses:
         mapped = collapse(definition, response)
@@ -104,6 +123,35 @@ def gold_label(definition: TaskDefinition, responses: Sequence[list[str]]) -> li
     if count >= need and (not rest or rest[0][1] < count):
         return [label]
     return None
+
+
+def exclusive_gold(definition: TaskDefinition, gold: Sequence[str]) -> list[str] | None:
+    """A multi-label gold set with the task's exclusive labels kept exclusive.
+
+    An exclusive label (EthioEmo's neutral: "none of the six") is never gold together with
+    other labels: when other labels also reach ``gold_min_votes`` they win and the exclusive
+    label is dropped (a validator who saw no emotion is outvoted on each emotion others saw).
+    Two exclusive labels that both reach it contradict each other: no gold. Empty: None.
+    """
+    exclusive = [label for label in gold if label in definition.exclusive_labels]
+    others = [label for label in gold if label not in definition.exclusive_labels]
+    if others:
+        return others
+    return exclusive if len(exclusive) == 1 else None
+
+
+def last_pass(passes: Sequence[int], responses: Sequence[list[str]]) -> list[list[str]]:
+    """The responses of the example's last annotation pass (``Validation.annotation_pass``).
+
+    EthioEmo §3.3: disagreements are re-annotated by new validators and gold is decided on the
+    new labels alone, so the first pass's labels no longer count towards gold once an example
+    has a second pass. The live estimate (:func:`gold_label` via
+    services.domain.example_status) and the round builder both use this selection.
+    """
+    if not passes:
+        return []
+    last = max(passes)
+    return [response for p, response in zip(passes, responses, strict=True) if p == last]
 
 
 def agreement_with(definition: TaskDefinition, response: list[str], gold: list[str]) -> float:

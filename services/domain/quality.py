@@ -30,7 +30,7 @@ from services.db.models import (
 from services.db.statements import rows_matched
 from services.domain import audit
 from services.domain.example_status import finalize_example
-from services.domain.labels import agreement_with, gold_label
+from services.domain.labels import agreement_with, gold_label, last_pass
 from services.domain.tasks import definition_of
 from services.errors import Conflict, Forbidden, Invalid, NotFound
 from services.taskdef import TaskDefinition
@@ -165,13 +165,21 @@ def validator_agreement(
 ) -> list[ValidatorAgreement]:
     """Each validator's rate of agreement with the majority (DynaSent Fig. 6).
 
-    The majority of an example comes from its counted labels; every label a validator gave
-    (counted or not) is compared with it. Examples without a majority are not judged. With
+    The majority of an example comes from its counted labels of its last annotation pass (a
+    re-annotated example's gold is its new validators', as in the builder:
+    services.domain.labels.last_pass); every label a validator gave (counted or not) is
+    compared with it. Examples without a majority are not judged. With
     ``only_user_id`` only the examples that validator labelled are read.
     """
     definition = definition_of(task)
     query = (
-        select(Validation.example_id, Validation.validator_id, Validation.label, Validation.counted)
+        select(
+            Validation.example_id,
+            Validation.validator_id,
+            Validation.label,
+            Validation.counted,
+            Validation.annotation_pass,
+        )
         .join(Example, Validation.example_id == Example.id)
         .join(Round, Example.round_id == Round.id)
         .where(Round.task_id == task.id)
@@ -181,14 +189,17 @@ def validator_agreement(
     if only_user_id is not None:
         labelled = select(Validation.example_id).where(Validation.validator_id == only_user_id)
         query = query.where(Validation.example_id.in_(labelled))
-    by_example: dict[int, list[tuple[int, list[str], bool]]] = defaultdict(list)
-    for example_id, validator_id, label, counted in session.execute(query):
-        by_example[example_id].append((validator_id, label, counted))
+    by_example: dict[int, list[tuple[int, list[str], bool, int]]] = defaultdict(list)
+    for example_id, validator_id, label, counted, annotation_pass in session.execute(query):
+        by_example[example_id].append((validator_id, label, counted, annotation_pass))
     totals: dict[int, list[float]] = defaultdict(list)
     label_counts: dict[int, int] = defaultdict(int)
     for responses in by_example.values():
-        gold = gold_label(definition, [label for _, label, counted in responses if counted])
-        for validator_id, label, _ in responses:
+        counted_responses = [(p, label) for _, label, counted, p in responses if counted]
+        gold = gold_label(
+            definition, last_pass([p for p, _ in counted_responses], [label for _, label in counted_responses])
+        )
+        for validator_id, label, _, _ in responses:
             label_counts[validator_id] += 1
             if gold is not None:
                 totals[validator_id].append(agreement_with(definition, label, gold))

@@ -335,6 +335,38 @@ def import_prompts(
     return report
 
 
+def _awaiting_reannotation(session: Session, round_id: int) -> tuple[int, int]:
+    """Examples re-queued for new validators (EthioEmo's re-annotation of disagreements) that
+    still wait for their labels, and how many of them every validator who has labelled in
+    this round has already labelled (with exactly as many validators as labels per example
+    nobody new exists: they wait until new validators join, and a build excludes them as
+    ``awaiting_reannotation``; docs/round_builder.md "Multi-label rounds")."""
+    waiting = dict(
+        session.execute(
+            select(Example.id, Example.writer_id).where(
+                Example.round_id == round_id,
+                Example.status == ExampleStatus.validating,
+                Example.requeue_count > 0,
+            )
+        ).all()
+    )
+    if not waiting:
+        return 0, 0
+    labelled: dict[int, set[int]] = {}
+    validators: set[int] = set()
+    for example_id, validator_id in session.execute(
+        select(Validation.example_id, Validation.validator_id).join(Example).where(Example.round_id == round_id)
+    ):
+        validators.add(validator_id)
+        labelled.setdefault(example_id, set()).add(validator_id)
+    without_new = sum(
+        1
+        for example_id, writer_id in waiting.items()
+        if not (validators - {writer_id} - labelled.get(example_id, set()))
+    )
+    return len(waiting), without_new
+
+
 def round_stats(session: Session, round_: Round) -> dict[str, Any]:
     """Live statistics a researcher watches while a round runs."""
     rid = round_.id
@@ -408,6 +440,7 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
             select(Example.origin, func.count()).where(Example.round_id == rid).group_by(Example.origin)
         ).all()
     )
+    awaiting, without_new = _awaiting_reannotation(session, rid)
     return {
         "round": round_.number,
         "status": round_.status.value,
@@ -430,6 +463,8 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
             "no_prompt": sum(row[3] for row in example_rows if row[2].value == "no_prompt"),
             **{s.value: sum(row[3] for row in example_rows if row[0] is s) for s in ExampleStatus},
             "by_target_label": dict(targets),
+            "awaiting_reannotation": awaiting,
+            "awaiting_reannotation_no_new_validator": without_new,
         },
         "validations": {
             "given": validations_total,

@@ -171,6 +171,8 @@ def submit_validation(
         flag_reason=reason,
         seconds_taken=seconds_taken,
         counted=True,
+        # The pass it belongs to: 0, or 1 once the example was re-queued for new validators.
+        annotation_pass=example.requeue_count,
         idempotency_key=idempotency_key,
     )
     session.add(validation)
