@@ -42,6 +42,8 @@ class Evaluation:
     threshold: float
     sets: list[SetMetrics]
     positive_label: str | None = None
+    #: Labels never predicted with others (EthioEmo's neutral; model_directory.multi_label_choice).
+    exclusive_labels: list[str] = field(default_factory=list)
     evaluated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
     #: Each set's probabilities (rows of the set, columns in its label order), in the order of
     #: ``sets``: what :meth:`predictions` reads.
@@ -97,7 +99,10 @@ class Evaluation:
         columns: dict[str, list[Any]] = {name: [] for name in schema.names}
         for labelled, probabilities in zip(self.evaluated_sets, self.probabilities, strict=True):
             gold = labelled.hard()
-            predicted = predicted_labels(probabilities, multi_label=self.multi_label, threshold=self.threshold)
+            exclusive = [labelled.labels.index(label) for label in self.exclusive_labels if label in labelled.labels]
+            predicted = predicted_labels(
+                probabilities, multi_label=self.multi_label, threshold=self.threshold, exclusive=exclusive
+            )
             for row in range(len(labelled)):
                 if self.multi_label:
                     gold_labels = [label for label, on in zip(labelled.labels, gold[row], strict=True) if on]
@@ -209,6 +214,7 @@ def evaluate_probabilities(
         threshold=threshold,
         sets=results,
         positive_label=next((m.positive_label for m in results if m.positive_label), None),
+        exclusive_labels=list(exclusive_labels),
         probabilities=[np.asarray(probs) for probs in probabilities],
         evaluated_sets=list(sets),
     )

@@ -350,6 +350,18 @@ def test_per_example_predictions_beside_evaluation_json(tmp_path: Path) -> None:
     assert multi.sets[0].jaccard == pytest.approx(5 / 6)
     assert "| Macro-F1 | Micro-F1 | Jaccard |" in markdown and "| 83.3 |" in markdown
 
+    # With neutral exclusive (the model's exclusive_labels), the rows follow the metrics' rule:
+    # neutral is dropped when an emotion passes, and predicted alone when nothing passes.
+    exclusive = evaluate_probabilities(
+        [multi_labelled([[1, 0, 0], [0, 1, 1], [0, 0, 0]])],
+        [np.array([[0.9, 0.1, 0.7], [0.2, 0.8, 0.3], [0.1, 0.2, 0.3]])],
+        exclusive_labels=["neutral"],
+    )
+    write_evaluation(exclusive, tmp_path / "exclusive")
+    rows = pq.read_table(tmp_path / "exclusive" / "predictions.parquet").to_pylist()
+    assert [r["predicted"] for r in rows] == [["anger"], ["joy"], ["neutral"]]
+    assert exclusive.sets[0].accuracy == pytest.approx(sum(r["correct"] for r in rows) / len(rows))
+
 
 def test_evaluation_table_is_not_clipped_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     """`round evaluate`'s table at COLUMNS=80 with eight labels: every set name, label and
