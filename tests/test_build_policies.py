@@ -1,0 +1,177 @@
+"""Build policies (docs/round_builder.md, "Build policies"): a small round that strict cannot
+build is refused with what is short and the relaxations' previews, builds relaxed, and its
+report states only what its numbers show; the class-balance guard; no-prompt examples in dev/test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sklearn.metrics import accuracy_score, f1_score
+
+from round_builder import splits
+from round_builder.report import render_markdown
+from tests.built_round import KEYWORD, write_and_label
+from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_snapshot
+from tests.stub_model_server import ThreadedServer
+
+# Gold label -> the model's prediction for each of its examples (the stub predicts by keyword):
+# four examples per class, so the relaxed policy's guard lets one to dev and one to test.
+SMALL = {
+    "positive": ["positive", "positive", "positive", "neutral"],
+    "negative": ["negative", "negative", "neutral", "negative"],
+    "neutral": ["neutral", "neutral", "neutral", "positive"],
+}
+TABLES = ("round_builds", "built_examples", "rounds", "audit_log")
+
+
+def _small_round(client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer) -> int:
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        [f"Prompt {i}: the cafe serves lunch." for i in range(20)],
+        target_label_mode="writer_choice",
+    )
+    writer = make_user("wendy", "writer")
+    validators = [make_user(f"pv{i}", "validator") for i in range(5)]
+    plan = []
+    for gold, predictions in SMALL.items():
+        for i, predicted in enumerate(predictions):
+            other = "mixed"
+            votes = [gold] * 5 if i % 2 else [gold, gold, gold, gold, other]
+            plan.append((gold, f"Note {gold} {i}: a {KEYWORD[predicted]} lunch.", None, votes))
+    write_and_label(client, writer, validators, round_["id"], plan)
+    assert (
+        client.post(
+            f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers
+        ).status_code
+        == 200
+    )
+    return int(round_["id"])
+
+
+def test_small_round_strict_refused_with_relaxations_then_relaxed_report_is_honest(
+    app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    round_id = _small_round(client, researcher, make_user, stub_model)
+    before = table_snapshot(app, *TABLES)
+    refused = client.post(f"/api/v1/rounds/{round_id}/build", json={"seed": 1}, headers=researcher.headers)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["message"].startswith("the strict policy cannot be met: cell gold=positive/predicted=negative")
+    assert "\n" not in error["message"]
+    short = {s["cell"]: s for s in error["details"]["short"]}
+    assert short["gold=positive/predicted=negative"] == {
+        "cell": "gold=positive/predicted=negative",
+        "available": 0,
+        "needed": 2,
+        "short_by": 2,
+    }
+    relaxations = {r["name"]: r for r in error["details"]["relaxations"]}
+    relaxed = relaxations["relaxed"]
+    assert relaxed["feasible"] and relaxed["settings"] == {"policy": "relaxed", "chance": False}
+    assert relaxed["counts"] == {"train": 6, "dev": 3, "test": 3, "excluded": 0}
+    assert relaxed["classes"] == {c: {"train": 2, "dev": 1, "test": 1} for c in SMALL}
+    assert "relaxed (policy=relaxed, chance=false): dev 3 (1 per class), test 3" in error["message"]
+    assert table_snapshot(app, *TABLES) == before
+
+    # The preview endpoint says the same and records nothing.
+    preview = client.post(f"/api/v1/rounds/{round_id}/build/preview", json={}, headers=researcher.headers)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["requested"]["feasible"] is False
+    assert {r["name"]: r for r in preview.json()["relaxations"]}["relaxed"] == relaxed
+    assert table_snapshot(app, *TABLES) == before
+
+    built = client.post(
+        f"/api/v1/rounds/{round_id}/build", json={"seed": 1, **relaxed["settings"]}, headers=researcher.headers
+    )
+    assert built.status_code == 201, built.text
+    report = built.json()["report"]
+    s = report["splits"]
+    assert s["policy"]["name"] == "relaxed" and s["policy"]["chance"] is False
+    assert s["policy"]["max_dev_test_share"] == 0.5
+    # The report's numbers are the build's: cells as they are, metrics recomputed from them.
+    for name in ("dev", "test"):
+        y_true = [c["gold"] for c in s["cells"] for _ in range(c[name])]
+        y_pred = [c["predicted"] for c in s["cells"] for _ in range(c[name])]
+        assert len(y_true) == s["assessment"][name]["examples"] == 3
+        labels = ["positive", "negative", "neutral"]
+        assert s["assessment"][name]["model_macro_f1"] == pytest.approx(
+            f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0), abs=1e-4
+        )
+        assert s["assessment"][name]["model_accuracy"] == pytest.approx(accuracy_score(y_true, y_pred), abs=1e-4)
+        assert s["independence"][name]["n"] == 3
+    counts = report["agreement_counts"]
+    assert counts["at_least"][">=4 of 5"] == 12 and counts["at_least"][">=5 of 5"] == 6
+    assert counts["by_votes"] == {"5 of 5": 6, "4 of 5": 6}
+    assert {c: v["train_all"] for c, v in s["balance"]["classes"].items()} == dict.fromkeys(SMALL, 2)
+
+    markdown = render_markdown(report)
+    assert "## Dev and test: relaxed policy — model not held at chance" in markdown
+    assert "model at chance" not in markdown.lower().replace("not held at chance", "")
+    assert "examples per (gold, predicted) cell in each of dev and test" not in markdown
+    assert "| >=4 of 5 | 12 |" in markdown
+    for cell in s["cells"]:
+        assert f"| {cell['gold']} | {cell['predicted']} | {cell['dev']} | {cell['test']} |" in markdown
+    assert "the model not held at chance" in report["datasheet"]["dev_test_rule"]
+    assert report["datasheet"]["build_policy"].startswith("Dev and test: relaxed policy")
+
+
+def test_build_settings_are_validated_without_touching_the_database(
+    app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    round_id = _small_round(client, researcher, make_user, stub_model)
+    before = table_snapshot(app, *TABLES)
+    for body in (
+        {"max_per_cell": 0},
+        {"policy": "strict", "chance": False},
+        {"policy": "lenient"},
+        {"dev_test_min_votes": 9},
+        {"max_per_cell": 1, "min_per_cell": 2},
+        {"max_dev_test_share": 0},
+    ):
+        response = client.post(f"/api/v1/rounds/{round_id}/build", json=body, headers=researcher.headers)
+        assert response.status_code == 422, (body, response.text)
+        assert set(response.json()) == {"error"}
+    assert table_snapshot(app, *TABLES) == before
+
+
+def _frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=splits.COLUMNS)
+
+
+def test_balance_guard_keeps_half_of_each_class_in_train() -> None:
+    # A one-sided round: 40 of class a, 8 of class b, all eligible; without the guard dev+test
+    # would take all 8 of b.
+    rows = [(f"a{i}", "a", 5, f"pa{i}", "prompt", "a") for i in range(40)]
+    rows += [(f"b{i}", "b", 5, f"pb{i}", "prompt", "b") for i in range(8)]
+    unguarded = splits.build_splits(_frame(rows), ["a", "b"], chance=False)
+    assert unguarded.report.balance["classes"]["b"]["train_all"] == 0
+    assert any("train has no example of b" in note for note in unguarded.report.notes)
+    guarded = splits.build_splits(_frame(rows), ["a", "b"], chance=False, max_dev_test_share=0.5)
+    classes = guarded.report.balance["classes"]
+    assert classes["b"] == {"eligible": 8, "train": 4, "dev": 2, "test": 2, "train_all": 4}
+    assert classes["a"]["dev"] == 2 and classes["a"]["test"] == 2
+    with pytest.raises(splits.SplitError, match="class-balance guard") as raised:
+        splits.build_splits(_frame(rows[:43]), ["a", "b"], chance=False, max_dev_test_share=0.5)
+    assert raised.value.details["short"][0] == {"cell": "b", "available": 3, "needed": 4, "short_by": 1}
+
+
+def test_no_prompt_examples_stand_alone_in_dev_and_test() -> None:
+    rows = [(f"e{g}{i}", g, 5, None, "no_prompt", g) for g in "ab" for i in range(6)]
+    with pytest.raises(splits.SplitError, match="distinct prompts"):
+        splits.build_splits(_frame(rows), ["a", "b"], chance=False)
+    result = splits.build_splits(_frame(rows), ["a", "b"], chance=False, no_prompt_eligible=True)
+    assert result.assignment.value_counts().to_dict() == {"dev": 6, "test": 6, "train": 0, "excluded": 0}
+    assert result.flags["no_prompt"].all() and not result.flags["prompt_shared_with_assessment"].any()
+    # Mixed: prompt examples keep the distinct-prompt rule; no-prompt ones stand alone.
+    mixed = rows + [(f"p{i}", "a", 5, "shared", "prompt", "a") for i in range(3)]
+    result = splits.build_splits(_frame(mixed), ["a", "b"], chance=False, no_prompt_eligible=True)
+    shared = result.assignment.loc[[f"p{i}" for i in range(3)]]
+    assert int(np.isin(shared.to_numpy(), ["dev", "test"]).sum()) <= 1
