@@ -175,3 +175,129 @@ def test_no_prompt_examples_stand_alone_in_dev_and_test() -> None:
     result = splits.build_splits(_frame(mixed), ["a", "b"], chance=False, no_prompt_eligible=True)
     shared = result.assignment.loc[[f"p{i}" for i in range(3)]]
     assert int(np.isin(shared.to_numpy(), ["dev", "test"]).sum()) <= 1
+
+
+def _closed_round(
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    plan: list[tuple[str, str, list[str]]],
+    **round_options: Any,
+) -> int:
+    """A dynasent-r2 round with ``plan``'s (target, text, five labels), closed."""
+    prompts = [] if round_options.get("no_prompt_fraction") == 1.0 else [f"Prompt {i}: lunch." for i in range(20)]
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        prompts,
+        target_label_mode="writer_choice",
+        **round_options,
+    )
+    writer = make_user("nora", "writer")
+    validators = [make_user(f"nv{i}", "validator") for i in range(5)]
+    write_and_label(client, writer, validators, round_["id"], [(t, text, None, votes) for t, text, votes in plan])
+    response = client.post(
+        f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers
+    )
+    assert response.status_code == 200, response.text
+    return int(round_["id"])
+
+
+def test_no_prompt_round_builds_with_each_example_on_its_own(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    plan = [
+        (gold, f"Post {gold} {i}: a {KEYWORD[predicted]} lunch.", [gold] * 5)
+        for gold, predictions in SMALL.items()
+        for i, predicted in enumerate(predictions)
+    ]
+    round_id = _closed_round(client, researcher, make_user, stub_model, plan, no_prompt_fraction=1.0)
+    response = client.post(f"/api/v1/rounds/{round_id}/build", json={"policy": "relaxed"}, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    report = response.json()["report"]
+    assert report["conditions"]["no_prompt"]["examples"] == 12 and "prompt" not in report["conditions"]
+    policy = report["splits"]["policy"]
+    assert policy["no_prompt_in_dev_test"] is True and policy["chance"] is False
+    assert report["counts"]["total"] == {"dist_train": 6, "train": 6, "dev": 3, "test": 3}
+    assert "each no-prompt example on its own" in report["datasheet"]["dev_test_rule"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [("empty", 409), ("one_class", 422), ("no_majority", 422)],
+)
+def test_odd_rounds_are_refused_in_one_line_and_change_nothing(
+    app: FastAPI,
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    kind: str,
+    status: int,
+) -> None:
+    plans: dict[str, list[tuple[str, str, list[str]]]] = {
+        "empty": [],
+        "one_class": [("positive", f"Note {i}: a great lunch.", ["positive"] * 5) for i in range(6)],
+        "no_majority": [
+            ("neutral", f"Note {i}: a plain lunch.", ["positive", "negative", "neutral", "mixed", "positive"][::-1])
+            for i in range(6)
+        ],
+    }
+    round_id = _closed_round(client, researcher, make_user, stub_model, plans[kind])
+    before = table_snapshot(app, *TABLES)
+    for body in ({}, {"policy": "relaxed"}, {"chance": False, "max_dev_test_share": 1.0}):
+        for path in ("build", "build/preview"):
+            response = client.post(f"/api/v1/rounds/{round_id}/{path}", json=body, headers=researcher.headers)
+            if path == "build/preview" and kind != "empty":
+                assert response.status_code == 200, response.text
+                assert not any(r["feasible"] for r in [response.json()["requested"], *response.json()["relaxations"]])
+                continue
+            assert response.status_code == status, (kind, body, response.text)
+            message = response.json()["error"]["message"]
+            assert message and "\n" not in message and "Traceback" not in message
+    assert table_snapshot(app, *TABLES) == before
+
+
+def test_intended_vs_perceived_table_names_its_axes() -> None:
+    import json
+    from pathlib import Path
+
+    report = json.loads((Path(__file__).parent / "data" / "round_reports" / "isarcasm.json").read_text("utf-8"))
+    markdown = render_markdown(report)
+    assert "| intended ↓ / perceived → | sarcastic | not_sarcastic |" in markdown
+    confusion = report["intended_vs_perceived"]["confusion"]
+    for intended in ("sarcastic", "not_sarcastic"):
+        row = f"| {intended} | " + " | ".join(str(confusion[p][intended]) for p in confusion) + " |"
+        assert row in markdown
+
+
+def test_cli_build_refuses_bad_settings_and_prints_the_relaxations(
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    database_url: str,
+    tmp_path: Any,
+) -> None:
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    _small_round(client, researcher, make_user, stub_model)
+    runner = CliRunner()
+    base = ["round", "build", "--task", "dynasent-r2", "--round", "1", "--database-url", database_url]
+    result = runner.invoke(cli, [*base, "--max-per-cell", "0", "--out", str(tmp_path / "a")])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit)
+    assert "invalid build settings" in result.output and "max_per_cell" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(cli, [*base, "--out", str(tmp_path / "b")])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit)
+    assert "the strict policy cannot be met: cell gold=positive/predicted=negative" in result.output
+    assert "relaxed (--policy relaxed --no-chance): dev 3 (1 per class), test 3, train 6" in result.output
+    result = runner.invoke(cli, [*base, "--policy", "relaxed", "--no-chance", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    markdown = (tmp_path / "c" / "report.md").read_text(encoding="utf-8")
+    assert "## Dev and test: relaxed policy — model not held at chance" in markdown

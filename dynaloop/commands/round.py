@@ -101,6 +101,7 @@ def round_build(
     )
     for name, values in report["splits"]["assessment"].items():
         console.print(f"  model macro-F1 on {name}: {values['model_macro_f1']}")
+    console.print(f"  {report['datasheet'].get('build_policy', '')}", soft_wrap=True)
 
 
 @app.command("export")
