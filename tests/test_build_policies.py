@@ -112,6 +112,7 @@ def test_small_round_strict_refused_with_relaxations_then_relaxed_report_is_hone
     assert counts["by_votes"] == {"5 of 5": 6, "4 of 5": 6}
     assert {c: v["train_all"] for c, v in s["balance"]["classes"].items()} == dict.fromkeys(SMALL, 2)
 
+    assert_markdown_matches(report)
     markdown = render_markdown(report)
     assert "## Dev and test: relaxed policy — model not held at chance" in markdown
     assert "model at chance" not in markdown.lower().replace("not held at chance", "")
@@ -301,3 +302,45 @@ def test_cli_build_refuses_bad_settings_and_prints_the_relaxations(
     assert result.exit_code == 0, result.output
     markdown = (tmp_path / "c" / "report.md").read_text(encoding="utf-8")
     assert "## Dev and test: relaxed policy — model not held at chance" in markdown
+
+
+def assert_markdown_matches(report: dict[str, Any]) -> None:
+    """Each statement report.md makes about dev and test is what report.json's numbers show."""
+    markdown = render_markdown(report)
+    s = report["splits"]
+    at_chance_claimed = "model at chance (" in markdown
+    assert at_chance_claimed == bool(s["chance"] and s["at_chance"])
+    if at_chance_claimed:
+        k = len(report["counts"]["labels"])
+        for name in ("dev", "test"):
+            assert s["assessment"][name]["model_macro_f1"] == pytest.approx(1 / k, abs=1e-4)
+            assert s["assessment"][name]["model_accuracy"] == pytest.approx(1 / k, abs=1e-4)
+    if "examples per (gold, predicted) cell in each of dev and test" in markdown:
+        assert s["cells"] and all(c["dev"] == c["test"] == s["cell_count"] for c in s["cells"])
+    heading = f"## Dev and test: {'model at chance' if at_chance_claimed else ''}"
+    assert heading in markdown or "not held at chance" in markdown or "not at chance" in markdown
+    assert f"Policy: **{s['policy']['name']}**" in markdown
+    for name, a in s["assessment"].items():
+        row = f"| {name} | {a['examples']:,} | "
+        assert row in markdown
+    for name in ("dev", "test"):
+        assert sum(c[name] for c in s["cells"]) == s["assessment"][name]["examples"]
+        assert report["counts"]["total"][name] == s["assessment"][name]["examples"]
+    for key, value in (report.get("agreement_counts") or {}).get("at_least", {}).items():
+        assert f"| {key} | {value:,} |" in markdown
+    for cls, counts in s["balance"].get("classes", {}).items():
+        assert counts["dev"] + counts["test"] <= counts["eligible"]
+        share = s["balance"].get("max_dev_test_share")
+        if share is not None:
+            assert counts["dev"] + counts["test"] <= share * counts["eligible"] + 1e-9
+        if counts["train_all"] == 0:
+            assert any(cls in note and "train has no example" in note for note in s["notes"])
+
+
+@pytest.mark.parametrize("name", ["dynasent-r2", "ethioemo-amharic", "isarcasm", "mad-tsc"])
+def test_stored_reports_markdown_matches_their_numbers(name: str) -> None:
+    import json
+    from pathlib import Path
+
+    report = json.loads((Path(__file__).parent / "data" / "round_reports" / f"{name}.json").read_text("utf-8"))
+    assert_markdown_matches(report)
