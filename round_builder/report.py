@@ -444,7 +444,11 @@ def splits_markdown(splits: Mapping[str, Any]) -> list[str]:
     out = [f"## {splits_heading(splits)}", ""]
     policy = splits.get("policy", {})
     if policy:
-        settings = ", ".join(f"{k} {_fmt(v)}" for k, v in policy.items() if k != "name")
+        settings = ", ".join(
+            f"{k.replace('_', ' ')} {str(v).lower() if isinstance(v, bool) or v is None else v}"
+            for k, v in policy.items()
+            if k != "name"
+        )
         out += [f"Policy: **{policy.get('name')}** ({settings}).", ""]
     out.append(
         _table(
@@ -513,7 +517,7 @@ def agreement_counts_markdown(counts: Mapping[str, Any]) -> list[str]:
     out = ["## Agreement on gold (votes for the gold label out of the responses)", ""]
     rows = [[k, v] for k, v in counts.get("at_least", {}).items()]
     rows += [[k, v] for k, v in counts.get("by_votes", {}).items()]
-    rows += [["no gold (no majority)", counts.get("no_gold")]]
+    rows += [["no gold label", counts.get("no_gold")]]
     out.append(_table(["examples with", "count"], rows))
     other = counts.get("examples_with_other_response_counts")
     if other:
