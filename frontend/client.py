@@ -459,6 +459,7 @@ class Api(Protocol):
     def round_stats(self, round_id: int) -> RoundStats: ...
     def plot_data(self, round_id: int, limit: int | None = None) -> PlotData: ...
     def build_round(self, round_id: int, **options: Any) -> Build: ...
+    def preview_build(self, round_id: int, **options: Any) -> JSON: ...
     def report(self, task: str, number: int, format: str = "json") -> JSON | str: ...
     def download_dataset(self, task: str, number: int, split: str = "train", format: str = "jsonl") -> bytes: ...
     def start_job(self, task: str, kind: str, params: dict[str, Any] | None = None) -> Job: ...
@@ -810,8 +811,14 @@ class ApiClient:
 
     def build_round(self, round_id: int, **options: Any) -> Build:
         """Aggregate, compute agreement and build the splits of a closed round (options as
-        ``BuildOptions``: seed, dev_test_min_votes, chance, max_per_cell, model_based)."""
+        ``BuildOptions``: seed, policy, dev_test_min_votes, chance, max_per_cell, min_per_cell,
+        no_prompt_in_dev_test, max_dev_test_share, model_based). A refused build's
+        :class:`ApiError` carries ``details.short`` and ``details.relaxations``."""
         return self._json("POST", f"/rounds/{round_id}/build", json_body=options)
+
+    def preview_build(self, round_id: int, **options: Any) -> JSON:
+        """What these options and each relaxation would give the round; records nothing."""
+        return self._json("POST", f"/rounds/{round_id}/build/preview", json_body=options)
 
     def report(self, task: str, number: int, format: str = "json") -> JSON | str:
         """The newest build's report: a dict, or the Markdown text with ``format="markdown"``."""

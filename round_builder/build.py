@@ -52,9 +52,88 @@ DAWID_SKENE_ITERATIONS = 30
 class BuildConfig:
     seed: int = 0
     dev_test_min_votes: int | None = None  # default: the task's agreement.dev_test_min_votes
-    chance: bool | None = None  # default: True for single-label families, False for multi-label
+    chance: bool | None = None  # default: the policy's (strict: the family's; relaxed: no)
     max_per_cell: int | None = None
     model_based: str | None = "dawid_skene"  # dawid_skene | mace | None
+    # Build policy (docs/round_builder.md, "Build policies"): strict | relaxed; None: strict
+    # unless a setting given relaxes it.
+    policy: str | None = None
+    min_per_cell: int | None = None  # least per cell/class of each of dev and test (default 1)
+    no_prompt_in_dev_test: bool | None = None  # default: yes only when the round has no prompt examples
+    max_dev_test_share: float | None = None  # the class-balance guard; default: relaxed 0.5, strict none
+
+
+POLICIES = ("strict", "relaxed")
+# The class-balance guard's default under the relaxed policy: dev+test take at most half of
+# each class's eligible examples (docs/round_builder.md, "Class balance guard").
+RELAXED_MAX_DEV_TEST_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A build's effective policy: every setting the splits ran with, defaults resolved."""
+
+    name: str  # strict | relaxed
+    chance: bool
+    dev_test_min_votes: int
+    responses: int  # the task's validations per example: the votes are "out of" this
+    max_per_cell: int | None
+    min_per_cell: int
+    no_prompt_in_dev_test: bool
+    max_dev_test_share: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def resolve_policy(config: BuildConfig, definition: TaskDefinition, examples: pd.DataFrame) -> Policy:
+    """The effective policy of ``config`` for a task and its round's examples. ``strict`` is
+    the task's rules (the round's model at chance for single-label families, the task's
+    dev/test vote threshold); any setting that loosens them makes the build ``relaxed``, and
+    asking for ``strict`` together with such a setting is refused."""
+    task_min_votes = definition.agreement.dev_test_min_votes
+    family_chance = not definition.is_multi_label
+    if config.policy is not None and config.policy not in POLICIES:
+        raise Invalid(f"policy must be one of {', '.join(POLICIES)}, not {config.policy!r}")
+    loosened = []
+    if config.chance is False and family_chance:
+        loosened.append("chance=false")
+    if config.dev_test_min_votes is not None and config.dev_test_min_votes < task_min_votes:
+        loosened.append(f"dev_test_min_votes={config.dev_test_min_votes} (the task's: {task_min_votes})")
+    if config.policy == "strict" and loosened:
+        raise Invalid(
+            f"the strict policy keeps the task's dev/test rules; {' and '.join(loosened)} relax them: "
+            'ask for "policy": "relaxed" instead'
+        )
+    name = config.policy or ("relaxed" if loosened else "strict")
+    if config.chance is not None and config.chance and definition.is_multi_label:
+        raise Invalid("a multi-label task's dev and test cannot hold the model at chance; leave chance unset")
+    chance = config.chance if config.chance is not None else (family_chance and name == "strict")
+    min_votes = config.dev_test_min_votes or task_min_votes
+    if min_votes > definition.validations_per_example:
+        raise Invalid(
+            f"dev_test_min_votes={min_votes} is more than the task's {definition.validations_per_example} "
+            "validations per example"
+        )
+    min_per_cell = config.min_per_cell or 1
+    if config.max_per_cell is not None and config.max_per_cell < min_per_cell:
+        raise Invalid(f"max_per_cell={config.max_per_cell} is below min_per_cell={min_per_cell}")
+    no_prompt = config.no_prompt_in_dev_test
+    if no_prompt is None:
+        no_prompt = bool(len(examples)) and bool((examples["condition"] == "no_prompt").all())
+    share = config.max_dev_test_share
+    if share is None and name == "relaxed":
+        share = RELAXED_MAX_DEV_TEST_SHARE
+    return Policy(
+        name=name,
+        chance=bool(chance),
+        dev_test_min_votes=int(min_votes),
+        responses=definition.validations_per_example,
+        max_per_cell=config.max_per_cell,
+        min_per_cell=min_per_cell,
+        no_prompt_in_dev_test=no_prompt,
+        max_dev_test_share=share,
+    )
 
 
 @dataclass
@@ -297,10 +376,19 @@ def _split_input(data: RoundData, gold: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def build_round(
-    session: Session, actor: User | None, round_: Round, config: BuildConfig, out_dir: Path | None = None
-) -> RoundBuild:
-    """Build ``round_`` (it must be closed, or built before) and record the build."""
+@dataclass
+class Prepared:
+    """A round read and aggregated, ready to split: what a build and a preview share."""
+
+    data: RoundData
+    gold: pd.DataFrame
+    dropped: np.ndarray
+    split_input: pd.DataFrame
+    eligible: pd.DataFrame
+
+
+def prepare(session: Session, round_: Round) -> Prepared:
+    """Read ``round_`` (closed or built), aggregate its labels; refuse one with no examples."""
     if round_.status not in (RoundStatus.closed, RoundStatus.built):
         raise Conflict(
             f"round {round_.number} is {round_.status.value}; close it before building "
@@ -310,10 +398,7 @@ def build_round(
     definition = data.definition
     if data.examples.empty:
         raise Conflict(f"round {round_.number} has no examples to build")
-    labels = list(definition.labels)
     multi = definition.is_multi_label
-    min_votes = config.dev_test_min_votes or definition.agreement.dev_test_min_votes
-    chance = (not multi) if config.chance is None else config.chance
 
     # Keep only the top-ranked validators' labels where an example has more than enough.
     if not data.responses.empty and not multi:
@@ -325,25 +410,61 @@ def build_round(
     gold = _gold(data)
     dropped = (data.examples["status"].to_numpy() == ExampleStatus.dropped.value) | ~gold["kept"].to_numpy()
     split_input = _split_input(data, gold)
-    eligible = split_input.loc[~dropped]
-    if multi and not chance:
+    return Prepared(data, gold, dropped, split_input, split_input.loc[~dropped])
+
+
+def make_splits(prepared: Prepared, policy: Policy, seed: int) -> splits.SplitResult:
+    """The dev/test/train assignment of the eligible examples under ``policy``."""
+    definition = prepared.data.definition
+    if definition.is_multi_label:
         # Per-label iterative stratification; examples without gold never reach it (excluded).
         try:
-            result = multilabel_splits.build_multilabel_splits(
-                eligible, labels, min_votes=min_votes, seed=config.seed, max_per_label=config.max_per_cell
+            return multilabel_splits.build_multilabel_splits(
+                prepared.eligible,
+                list(definition.labels),
+                min_votes=policy.dev_test_min_votes,
+                seed=seed,
+                max_per_label=policy.max_per_cell,
             )
         except ValueError as exc:
             raise Invalid(str(exc)) from exc
-    else:
-        result = splits.build_splits(
-            eligible,
-            labels,
-            min_votes=min_votes,
-            seed=config.seed,
-            dev_size=config.max_per_cell,
-            test_size=config.max_per_cell,
-            chance=chance,
-        )
+    return splits.build_splits(
+        prepared.eligible,
+        list(prepared.data.definition.labels),
+        min_votes=policy.dev_test_min_votes,
+        seed=seed,
+        dev_size=policy.max_per_cell,
+        test_size=policy.max_per_cell,
+        min_size=policy.min_per_cell,
+        chance=policy.chance,
+        no_prompt_eligible=policy.no_prompt_in_dev_test,
+        max_dev_test_share=policy.max_dev_test_share,
+    )
+
+
+def build_round(
+    session: Session, actor: User | None, round_: Round, config: BuildConfig, out_dir: Path | None = None
+) -> RoundBuild:
+    """Build ``round_`` (it must be closed, or built before) and record the build. A policy the
+    round cannot meet is refused with what is short and the relaxations' previews."""
+    from round_builder.preview import relaxations_for
+
+    prepared = prepare(session, round_)
+    data, gold, dropped, split_input = prepared.data, prepared.gold, prepared.dropped, prepared.split_input
+    policy = resolve_policy(config, data.definition, data.examples)
+    chance = policy.chance
+    try:
+        result = make_splits(prepared, policy, config.seed)
+    except splits.SplitError as exc:
+        options = relaxations_for(prepared, config, policy)
+        offered = "; ".join(o.summary() for o in options if o.feasible)
+        raise splits.SplitError(
+            f"the {policy.name} policy cannot be met: {exc.message}"
+            + (f". Relaxations that build: {offered}" if offered else ". No relaxation builds this round."),
+            **exc.details,
+            policy=policy.to_dict(),
+            relaxations=[o.to_dict() for o in options],
+        ) from None
     assignment = {int(e): str(split) for e, split in zip(result.assignment.index, result.assignment, strict=True)}
     flags = result.flags
     distributional = _distributional(data)
@@ -358,7 +479,7 @@ def build_round(
     build = RoundBuild(
         round_id=round_.id,
         seed=config.seed,
-        config=dict(config.__dict__),
+        config={**config.__dict__, "effective": policy.to_dict()},
         created_by_id=actor.id if actor else None,
         report={},
     )
@@ -401,7 +522,7 @@ def build_round(
         session.execute(insert(BuiltExample), rows[start : start + 5000])
 
     assembled, plot = assemble_report(
-        BuildOutcome(round_, data, config, gold, split_input, result, assignment, dropped, chance)
+        BuildOutcome(round_, data, config, gold, split_input, result, assignment, dropped, chance, policy)
     )
     report = assembled.to_dict()
     build.report = report

@@ -73,6 +73,29 @@ class SplitsSummary:
     chance_macro_f1: float | None
     at_chance: bool | None
     notes: list[str]
+    # The build's effective policy (round_builder.build.Policy): name and every setting.
+    policy: dict[str, Any] = field(default_factory=dict)
+    # Per (gold, predicted) pair (single-label) or gold class: examples in dev and in test.
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    # Per split (dev, test): a test of independence between the model's prediction and gold.
+    independence: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The class-balance guard's share and, per class, eligible examples and their splits.
+    balance: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AgreementCounts:
+    """How many examples had at least k of their responses agree on the gold label."""
+
+    responses: int  # the task's validations per example ("k of n")
+    examples_with_responses: int
+    examples_with_other_response_counts: int  # examples with more or fewer than ``responses``
+    by_votes: dict[str, int]  # "5 of 5" -> examples whose gold label had exactly that many votes
+    at_least: dict[str, int]  # ">=4 of 5" -> examples with at least that many votes for gold
+    no_gold: int  # examples with responses but no gold label (no majority)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -250,6 +273,8 @@ class Datasheet:
     agreement: Agreement | None
     human_f1_macro: dict[str, float | None]
     model_f1_macro: dict[str, float | None]
+    build_policy: str = ""  # what the build's policy is and what its numbers show
+    agreement_counts: dict[str, int] = field(default_factory=dict)  # ">=k of n" -> examples
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -270,6 +295,8 @@ class Datasheet:
             "agreement": _agreement_dict(self.agreement),
             "human_f1_macro": self.human_f1_macro,
             "model_f1_macro": self.model_f1_macro,
+            "build_policy": self.build_policy,
+            "agreement_counts": self.agreement_counts,
         }
 
 
@@ -292,6 +319,7 @@ class RoundReport:
     workers: Workers
     intended_vs_perceived: IntendedVsPerceived | None  # intended-sarcasm tasks (iSarcasm)
     datasheet: Datasheet
+    agreement_counts: AgreementCounts | None = None  # None: no counted labels
     multi_label: MultiLabelSection | None = None  # multi-label tasks only
 
     def to_dict(self) -> dict[str, Any]:
@@ -314,6 +342,7 @@ class RoundReport:
             "workers": self.workers.to_dict(),
             "intended_vs_perceived": self.intended_vs_perceived.to_dict() if self.intended_vs_perceived else None,
             "datasheet": self.datasheet.to_dict(),
+            "agreement_counts": self.agreement_counts.to_dict() if self.agreement_counts else None,
         } | ({"multi_label": self.multi_label.to_dict()} if self.multi_label is not None else {})
 
 
@@ -374,22 +403,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if report.get("multi_label"):
         out += _multilabel_markdown(report["multi_label"])
     elif splits:
-        out += ["", "## Model at chance on dev and test", ""]
-        out.append(
-            _table(
-                ["split", "examples", "model macro-F1", "model accuracy"],
-                [
-                    [name, s.get("examples"), s.get("model_macro_f1"), s.get("model_accuracy")]
-                    for name, s in splits.get("assessment", {}).items()
-                ],
-            )
-        )
-        if splits.get("cell_count") is not None:
-            out += [
-                "",
-                f"{splits['cell_count']} examples per (gold, predicted) cell in each of dev and test "
-                f"(upper bound {splits.get('cell_bound')}).",
-            ]
+        out += ["", *splits_markdown(splits)]
+    agreement_counts = report.get("agreement_counts")
+    if agreement_counts:
+        out += ["", *agreement_counts_markdown(agreement_counts)]
     agreement = report.get("agreement", {})
     if agreement:
         out += ["", "## Agreement", ""]
@@ -421,7 +438,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         ]
     extra = report.get("intended_vs_perceived")
     if extra:
-        out += ["", "## Intended vs perceived (iSarcasm)", "", "```json", json.dumps(extra, indent=2), "```"]
+        out += ["", *intended_vs_perceived_markdown(extra)]
     datasheet = report.get("datasheet", {})
     if datasheet:
         out += ["", "## Datasheet", ""]
@@ -481,6 +498,131 @@ def _multilabel_markdown(section: Mapping[str, Any]) -> list[str]:
                     f"Human F1 per label on {split}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in h["per_label"].items()),
                 ]
     out += [f"\nNote: {note}" for note in section.get("notes", [])]
+    return out
+
+
+def splits_heading(splits: Mapping[str, Any]) -> str:
+    """The dev/test section's heading: what the build is, by its own numbers."""
+    policy = splits.get("policy", {}).get("name")
+    named = f"{policy} policy" if policy else "policy not recorded"
+    if splits.get("chance") and splits.get("at_chance"):
+        return f"Dev and test: model at chance ({named})"
+    if splits.get("chance"):
+        return f"Dev and test: {named} — chance constraint asked for, but the model is not at chance"
+    return f"Dev and test: {named} — model not held at chance"
+
+
+def equal_cells(splits: Mapping[str, Any]) -> bool:
+    """Whether every (gold, predicted) cell holds ``cell_count`` examples in dev and in test."""
+    cells = splits.get("cells", [])
+    return (
+        bool(splits.get("chance"))
+        and bool(cells)
+        and all(c.get("dev") == splits.get("cell_count") and c.get("test") == splits.get("cell_count") for c in cells)
+    )
+
+
+def splits_markdown(splits: Mapping[str, Any]) -> list[str]:
+    """The dev/test section: heading, the policy's settings and the measured facts."""
+    out = [f"## {splits_heading(splits)}", ""]
+    policy = splits.get("policy", {})
+    if policy:
+        settings = ", ".join(
+            f"{k.replace('_', ' ')} {str(v).lower() if isinstance(v, bool) or v is None else v}"
+            for k, v in policy.items()
+            if k != "name"
+        )
+        out += [f"Policy: **{policy.get('name')}** ({settings}).", ""]
+    out.append(
+        _table(
+            ["split", "examples", "model macro-F1", "model accuracy"],
+            [
+                [name, s.get("examples"), s.get("model_macro_f1"), s.get("model_accuracy")]
+                for name, s in splits.get("assessment", {}).items()
+            ],
+        )
+    )
+    if equal_cells(splits):
+        out += [
+            "",
+            f"{splits['cell_count']} examples per (gold, predicted) cell in each of dev and test "
+            f"(upper bound {splits.get('cell_bound')}).",
+        ]
+    cells = splits.get("cells", [])
+    if cells:
+        single = "predicted" in cells[0]
+        header = ["gold ↓", "predicted →", "dev", "test"] if single else ["gold class", "dev", "test"]
+        rows = [
+            [c["gold"], c["predicted"], c["dev"], c["test"]] if single else [c["gold"], c["dev"], c["test"]]
+            for c in cells
+        ]
+        out += [
+            "",
+            "Examples per " + ("(gold, predicted) cell:" if single else "gold class:"),
+            "",
+            _table(header, rows),
+        ]
+    independence = splits.get("independence", {})
+    if independence:
+        out += ["", "Independence of the model's prediction and gold (a small p: they are not independent):", ""]
+        rows = [
+            [name, t.get("test"), t.get("n"), t.get("statistic"), t.get("p_value"), t.get("note") or ""]
+            for name, t in independence.items()
+        ]
+        out.append(_table(["split", "test", "n", "statistic", "p", "note"], rows))
+    balance = splits.get("balance", {})
+    if balance.get("classes"):
+        share = balance.get("max_dev_test_share")
+        out += [
+            "",
+            "Class balance: "
+            + (
+                f"dev+test take at most {share:g} of each class's eligible examples."
+                if share is not None
+                else "no class-balance guard in this policy."
+            ),
+            "",
+            _table(
+                ["class", "eligible", "train (all of the class)", "dev", "test"],
+                [
+                    [k, v.get("eligible"), v.get("train_all"), v.get("dev"), v.get("test")]
+                    for k, v in balance["classes"].items()
+                ],
+            ),
+        ]
+    notes = splits.get("notes", [])
+    if notes:
+        out += ["", *(f"- note: {note}" for note in notes)]
+    return out
+
+
+def agreement_counts_markdown(counts: Mapping[str, Any]) -> list[str]:
+    out = ["## Agreement on gold (votes for the gold label out of the responses)", ""]
+    rows = [[k, v] for k, v in counts.get("at_least", {}).items()]
+    rows += [[k, v] for k, v in counts.get("by_votes", {}).items()]
+    rows += [["no gold label", counts.get("no_gold")]]
+    out.append(_table(["examples with", "count"], rows))
+    other = counts.get("examples_with_other_response_counts")
+    if other:
+        out += ["", f"{other} examples had a number of responses other than {counts.get('responses')}."]
+    return out
+
+
+def intended_vs_perceived_markdown(extra: Mapping[str, Any]) -> list[str]:
+    """iSarcasm Table 5 with its axes named: intended labels down, perceived labels across."""
+    confusion = extra.get("confusion", {})
+    perceived = list(confusion)
+    intended = list(dict.fromkeys(k for column in confusion.values() for k in column))
+    out = ["## Intended vs perceived (iSarcasm)", ""]
+    if perceived:
+        rows = [[label, *(confusion[p].get(label, 0) for p in perceived)] for label in intended]
+        out += [_table(["intended ↓ / perceived →", *perceived], rows), ""]
+    out.append(
+        _table(
+            ["", "value"],
+            [[k, extra.get(k)] for k in ("precision", "recall", "f1", "n_examples", "n_without_perceived")],
+        )
+    )
     return out
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 from round_builder import aggregation, agreement, human, multilabel_report, splits
 from round_builder.report import (
     Agreement,
+    AgreementCounts,
     ClassScores,
     CollectionPeriod,
     ConditionSummary,
@@ -47,7 +48,7 @@ from services.taskdef import TaskFamily
 from services.text import normalized_edit_distance
 
 if TYPE_CHECKING:
-    from round_builder.build import BuildConfig, RoundData
+    from round_builder.build import BuildConfig, Policy, RoundData
 
 
 @dataclass
@@ -63,6 +64,7 @@ class BuildOutcome:
     assignment: dict[int, str]  # eligible example -> train, dev or test
     dropped: np.ndarray  # per example of split_input: excluded from every split
     chance: bool
+    policy: Policy
     ids: dict[str, list[int]] = field(init=False)  # train, dev, test -> example ids
     gold_of: dict[int, Any] = field(init=False)  # example -> gold label (str, tuple or None)
 
@@ -101,6 +103,7 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         workers=workers,
         intended_vs_perceived=_intended_vs_perceived(outcome),
         datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1, multi_label),
+        agreement_counts=_agreement_counts(outcome),
         multi_label=multi_label,
     )
     return report, plot
@@ -156,6 +159,113 @@ def _split_summary(outcome: BuildOutcome) -> SplitsSummary:
         chance_macro_f1=_finite(split_report.chance_macro_f1),
         at_chance=split_report.at_chance,
         notes=list(split_report.notes),
+        policy=outcome.policy.to_dict(),
+        cells=_cells(outcome),
+        independence=_independence(outcome),
+        balance=dict(split_report.balance),
+    )
+
+
+def _cells(outcome: BuildOutcome) -> list[dict[str, Any]]:
+    """Dev and test examples per (gold, predicted) pair of task labels (single-label) or per
+    gold class (multi-label), as they are."""
+    labels = list(outcome.data.definition.labels)
+    frame = outcome.split_input.assign(split=outcome.split_input["example_id"].map(outcome.assignment))
+    if outcome.data.definition.is_multi_label:
+        counts: Counter[tuple[str, str]] = Counter(
+            ("+".join(g) if isinstance(g, tuple) else str(g), s)
+            for g, s in zip(frame["gold"], frame["split"], strict=True)
+            if s in ("dev", "test")
+        )
+        classes = sorted({g for g, _ in counts})
+        return [{"gold": g, "dev": counts[(g, "dev")], "test": counts[(g, "test")]} for g in classes]
+    pairs: Counter[tuple[Any, Any, str]] = Counter(
+        zip(frame["gold"], frame["model_prediction"], frame["split"], strict=True)
+    )
+    return [
+        {"gold": g, "predicted": p, "dev": pairs[(g, p, "dev")], "test": pairs[(g, p, "test")]}
+        for g in labels
+        for p in labels
+    ]
+
+
+# Below this many expected examples in a cell the chi-squared approximation is not trusted
+# (the usual rule of thumb), and the report says so.
+_MIN_EXPECTED = 5
+
+
+def _independence(outcome: BuildOutcome) -> dict[str, dict[str, Any]]:
+    """Per split: is the model's prediction independent of gold? Fisher's exact test on a 2×2
+    table, else scipy's chi-squared test of independence; not applicable (and said so) when
+    the table has fewer than two gold classes or two predicted labels present."""
+    from scipy.stats import chi2_contingency, fisher_exact
+
+    if outcome.data.definition.is_multi_label:
+        return {}
+    labels = list(outcome.data.definition.labels)
+    out: dict[str, dict[str, Any]] = {}
+    for name in ("dev", "test"):
+        ids = set(outcome.ids[name])
+        rows = outcome.split_input[outcome.split_input["example_id"].isin(ids)]
+        table = pd.crosstab(
+            pd.Categorical(rows["gold"], categories=labels), pd.Categorical(rows["model_prediction"], categories=labels)
+        ).to_numpy()
+        table = table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0]
+        n = int(table.sum())
+        if n == 0:
+            continue
+        if min(table.shape) < 2:
+            out[name] = {
+                "test": None,
+                "n": n,
+                "statistic": None,
+                "p_value": None,
+                "dof": None,
+                "note": "not applicable: fewer than two gold classes or two predicted labels present",
+            }
+        elif table.shape == (2, 2):
+            odds, p_value = fisher_exact(table)
+            out[name] = {
+                "test": "fisher_exact",
+                "n": n,
+                "statistic": _finite(float(odds)) if np.isfinite(odds) else None,
+                "p_value": _finite(float(p_value)),
+                "dof": 1,
+                "note": "statistic: the odds ratio" + ("" if np.isfinite(odds) else " (infinite)"),
+            }
+        else:
+            result = chi2_contingency(table, correction=False)
+            small = bool((result.expected_freq < _MIN_EXPECTED).any())
+            out[name] = {
+                "test": "chi2_contingency",
+                "n": n,
+                "statistic": _finite(float(result.statistic)),
+                "p_value": _finite(float(result.pvalue)),
+                "dof": int(result.dof),
+                "note": f"expected counts below {_MIN_EXPECTED}: the chi-squared approximation is unreliable"
+                if small
+                else None,
+            }
+    return out
+
+
+def _agreement_counts(outcome: BuildOutcome) -> AgreementCounts | None:
+    """Examples by the votes their gold label got, out of the task's responses per example."""
+    gold = outcome.gold
+    with_responses = gold[gold["n_responses"].fillna(0) > 0]
+    if with_responses.empty:
+        return None
+    n = outcome.data.definition.validations_per_example
+    has_gold = with_responses["gold"].map(lambda g: isinstance(g, str | tuple))
+    votes = with_responses.loc[has_gold, "gold_votes"].fillna(0).astype(int)
+    top = max(n, int(votes.max()) if len(votes) else 0)
+    return AgreementCounts(
+        responses=n,
+        examples_with_responses=len(with_responses),
+        examples_with_other_response_counts=int((with_responses["n_responses"] != n).sum()),
+        by_votes={f"{k} of {n}": int((votes == k).sum()) for k in range(top, 0, -1) if (votes == k).any()},
+        at_least={f">={k} of {n}": int((votes >= k).sum()) for k in range(top, 0, -1)},
+        no_gold=int((~has_gold).sum()),
     )
 
 
@@ -405,17 +515,54 @@ def _datasheet(
         validations=len(outcome.data.responses),
         validations_per_example=definition.validations_per_example,
         gold_rule=f"{definition.agreement.gold_min_votes} of {definition.validations_per_example}",
-        dev_test_rule=(
-            f"every gold label with at least {outcome.result.report.min_votes} votes; one example per prompt; "
-            "stratified per label (iterative stratification); examples without gold excluded"
-            if definition.is_multi_label and not outcome.chance
-            else f"gold with at least {outcome.result.report.min_votes} votes; prompt condition; unique prompts; "
-            + ("the round's model at chance" if outcome.chance else "balanced over gold classes")
-        ),
+        dev_test_rule=_dev_test_rule(outcome, split_summary),
+        build_policy=_build_policy(split_summary),
+        agreement_counts=(lambda c: dict(c.at_least) if c else {})(_agreement_counts(outcome)),
         agreement=report_agreement,
         human_f1_macro=human_macro,
         model_f1_macro={split: assessment.model_macro_f1 for split, assessment in split_summary.assessment.items()},
     )
+
+
+def _dev_test_rule(outcome: BuildOutcome, split_summary: SplitsSummary) -> str:
+    policy = outcome.policy
+    if outcome.data.definition.is_multi_label:
+        return (
+            f"every gold label with at least {policy.dev_test_min_votes} votes; one example per prompt; "
+            "stratified per label (iterative stratification); examples without gold excluded"
+        )
+    where = (
+        "prompt and no-prompt examples, each no-prompt example on its own"
+        if policy.no_prompt_in_dev_test
+        else "prompt condition; unique prompts"
+    )
+    if policy.chance and split_summary.at_chance:
+        balance = "the round's model at chance (equal (gold, predicted) cells)"
+    elif policy.chance:
+        balance = "equal (gold, predicted) cells asked for; the model's numbers on dev/test are not at chance"
+    else:
+        balance = "balanced over gold classes; the model not held at chance"
+    guard = (
+        f"; at most {policy.max_dev_test_share:g} of each class's eligible examples in dev+test"
+        if policy.max_dev_test_share is not None
+        else ""
+    )
+    return f"gold with at least {policy.dev_test_min_votes} of {policy.responses} votes; {where}; {balance}{guard}"
+
+
+def _build_policy(split_summary: SplitsSummary) -> str:
+    from round_builder.report import splits_heading
+
+    assessment = split_summary.assessment
+    measured = "; ".join(
+        f"model on {name}: macro-F1 {_fmt_or_none(a.model_macro_f1)}, accuracy {_fmt_or_none(a.model_accuracy)}"
+        for name, a in assessment.items()
+    )
+    return f"{splits_heading(split_summary.to_dict())}. {measured}."
+
+
+def _fmt_or_none(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.4f}"
 
 
 def _iso(value: dt.datetime | None) -> str | None:

@@ -135,6 +135,8 @@ class SplitReport:
     eligible_in_train: int
     no_prompt_in_train: int
     notes: list[str] = field(default_factory=list)
+    # Per class: eligible examples and how many went to train, dev and test; the guard's share.
+    balance: dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-serialisable form (for the build record and the datasheet)."""
@@ -170,6 +172,7 @@ class SplitReport:
             "eligible_in_train": self.eligible_in_train,
             "no_prompt_in_train": self.no_prompt_in_train,
             "notes": list(self.notes),
+            "balance": self.balance,
         }
 
     def to_markdown(self) -> str:
@@ -231,6 +234,8 @@ def build_splits(
     min_size: int = 1,
     chance: bool = True,
     classes: Sequence[object] | None = None,
+    no_prompt_eligible: bool = False,
+    max_dev_test_share: float | None = None,
 ) -> SplitResult:
     """Assign every example to train, dev, test or excluded (see the module docstring).
 
@@ -244,6 +249,11 @@ def build_splits(
     is a class and only class balance is required. ``classes`` then restricts which classes
     dev/test balance over (default: string gold → the task labels; tuple gold → every set
     seen among examples otherwise eligible); examples of other classes stay in train.
+
+    ``no_prompt_eligible`` lets no-prompt examples reach dev/test, each standing alone (a prompt
+    of its own, so the distinct-prompt rule cannot bind them); by default they stay in train.
+    ``max_dev_test_share`` is the class-balance guard: dev+test take at most this share (rounded
+    down) of each class's eligible examples, so train keeps the rest of every class.
     """
     labels = _check_arguments(examples, labels, min_votes, dev_size, test_size, min_size)
     K = len(labels)
@@ -262,6 +272,8 @@ def build_splits(
     if bad:
         raise ValueError(f"condition must be one of {CONDITIONS}; got {sorted(map(str, bad))[:5]}")
     is_prompt = condition.lookup(np.array([v == "prompt" for v in condition.values], dtype=bool), False)
+    # The pool dev/test draws on: prompt examples, and no-prompt ones where allowed (each alone).
+    in_pool = is_prompt | no_prompt_eligible
 
     gold = _Column.of(frame["gold"])
     prediction = _Column.of(frame["model_prediction"])
@@ -269,11 +281,11 @@ def build_splits(
     votes = pd.to_numeric(frame["gold_votes"], errors="coerce").fillna(0).to_numpy()
     enough_votes = votes >= min_votes
 
-    gc = _GoldClasses.build(gold, labels, chance, classes, enough_votes & is_prompt)
+    gc = _GoldClasses.build(gold, labels, chance, classes, enough_votes & in_pool)
     pred_label = prediction.lookup(_label_index(prediction.values, labels), -1)
 
     reason = np.full(n, -1, dtype=np.int8)  # index into INELIGIBLE_REASONS, -1: eligible
-    checks = [~is_prompt, gold_na, ~gc.in_labels, ~gc.assessed, ~enough_votes]
+    checks = [~in_pool, gold_na, ~gc.in_labels, ~gc.assessed, ~enough_votes]
     if chance:
         checks += [pred_na, pred_label < 0]
     for i in reversed(range(len(checks))):  # the first reason that applies wins
@@ -296,13 +308,15 @@ def build_splits(
             min_size=min_size,
         )
 
-    # Prompts: the prompt condition's prompt_id; a missing one is a prompt of its own.
+    # Prompts: the prompt condition's prompt_id; a missing one (and a no-prompt example in the
+    # pool) is a prompt of its own.
     prompt_code = np.full(n, -1, dtype=np.int64)
-    codes, uniques = pd.factorize(frame["prompt_id"].to_numpy()[is_prompt], use_na_sentinel=True)
+    pool_prompts = pd.Series(frame["prompt_id"].to_numpy(), dtype=object).where(is_prompt, None).to_numpy()
+    codes, uniques = pd.factorize(pool_prompts[in_pool], use_na_sentinel=True)
     missing = codes < 0
     codes = codes.astype(np.int64)
     codes[missing] = len(uniques) + np.arange(missing.sum())
-    prompt_code[is_prompt] = codes
+    prompt_code[in_pool] = codes
     n_prompts = len(uniques) + int(missing.sum())
     prompt_size = np.bincount(codes, minlength=n_prompts)
 
@@ -317,11 +331,31 @@ def build_splits(
     graph = _PromptGraph(pair_prompt, pair_cell, prompt_size, n_cells)
     bound_total = int(min(available.min(), graph.n_eligible_prompts // n_cells))
     need = 2 * min_size
+    short = [
+        {"cell": cell_names[j], "available": int(available[j]), "needed": need, "short_by": int(need - available[j])}
+        for j in np.argsort(available, kind="stable")
+        if available[j] < need
+    ]
     if bound_total < need or not graph.feasible(need):
         raise SplitError(
-            graph.diagnose(need, min_size, available, cell_names, chance), constraint="dev_test_size", min_size=min_size
+            graph.diagnose(need, min_size, available, cell_names, chance),
+            constraint="dev_test_size",
+            min_size=min_size,
+            unit="cell" if chance else "class",
+            short=short,
         )
+    # The class-balance guard: per class, dev+test hold (chance: K cells of) the per-cell total.
+    class_eligible = np.bincount(gc.class_code[eligible], minlength=len(gc.keys))
+    guard = _BalanceGuard.of(max_dev_test_share, class_eligible, gc.names, K if chance else 1)
+    if guard is not None and guard.total < bound_total:
+        if guard.total < need:
+            raise SplitError(
+                guard.message(need), constraint="balance_guard", min_size=min_size, short=guard.short(need)
+            )
+        bound_total = guard.total
     max_total = graph.largest_feasible(need, bound_total)
+    if guard is not None:
+        guard = guard.used(max_total)
 
     if dev_size is None and test_size is None:
         d = t = max_total // 2
@@ -356,7 +390,7 @@ def build_splits(
     used_prompt[chosen_prompt] = True
     assessed_row = np.zeros(n, dtype=bool)
     assessed_row[chosen_rows] = True
-    shared = is_prompt & used_prompt[np.maximum(prompt_code, 0)] & ~assessed_row
+    shared = in_pool & used_prompt[np.maximum(prompt_code, 0)] & ~assessed_row
     split[shared] = _EXCLUDED
 
     inverse = np.empty(n, dtype=np.int64)
@@ -397,6 +431,8 @@ def build_splits(
             max_total=max_total,
             bound_total=bound_total,
             capped=capped,
+            guard=guard,
+            class_eligible=class_eligible,
         )
     )
     return SplitResult(assignment=assignment, flags=flags, report=report)
@@ -779,6 +815,50 @@ class _ReportInput:
     max_total: int
     bound_total: int
     capped: bool
+    guard: _BalanceGuard | None
+    class_eligible: np.ndarray
+
+
+@dataclass(frozen=True)
+class _BalanceGuard:
+    """At most ``share`` of each class's eligible examples go to dev+test (docs/round_builder.md,
+    "Class balance guard"): ``total`` is the largest per-cell dev+test total that allows."""
+
+    share: float
+    class_eligible: np.ndarray
+    names: list[str]
+    cells_per_class: int
+    total: int
+
+    @classmethod
+    def of(cls, share: float | None, class_eligible: np.ndarray, names: list[str], cells: int) -> _BalanceGuard | None:
+        if share is None:
+            return None
+        if not 0 < share <= 1:
+            raise ValueError(f"max_dev_test_share must be in (0, 1], got {share}")
+        allowed = np.floor(class_eligible * share + 1e-9).astype(np.int64) // cells
+        return cls(share, class_eligible, names, cells, int(allowed.min()) if len(allowed) else 0)
+
+    def used(self, total: int) -> _BalanceGuard:
+        return _BalanceGuard(self.share, self.class_eligible, self.names, self.cells_per_class, total)
+
+    def short(self, need: int) -> list[dict[str, object]]:
+        out = []
+        for j in np.argsort(self.class_eligible, kind="stable"):
+            have = int(self.class_eligible[j])
+            wanted = math.ceil(need * self.cells_per_class / self.share)
+            if have < wanted:
+                out.append({"cell": self.names[j], "available": have, "needed": wanted, "short_by": wanted - have})
+        return out
+
+    def message(self, need: int) -> str:
+        short = self.short(need)
+        listed = ", ".join(f"{s['cell']} ({s['available']} of {s['needed']})" for s in short[:6])
+        return (
+            f"the class-balance guard lets dev+test take at most {self.share:g} of each class's eligible "
+            f"examples; dev and test need {need * self.cells_per_class} of a class, so a class needs "
+            f"{short[0]['needed'] if short else '?'} eligible examples: short are {listed}"
+        )
 
 
 def _display_codes(column: _Column, display: list[str], missing: str) -> tuple[np.ndarray, list[str]]:
@@ -878,6 +958,23 @@ def _report(r: _ReportInput) -> SplitReport:
             "dev and test hold; capping dev/test (dev_size/test_size) keeps more of them for train"
         )
     eligible = r.reason < 0
+    balance_classes: dict[str, dict[str, int]] = {}
+    for j, name in enumerate(gc.names):
+        of_class = eligible & (gc.class_code == j)
+        balance_classes[name] = {
+            "eligible": int(r.class_eligible[j]),
+            "train": int((of_class & (split == _TRAIN)).sum()),
+            "dev": int((of_class & (split == _DEV)).sum()),
+            "test": int((of_class & (split == _TEST)).sum()),
+            "train_all": int(((gc.class_code == j) & (split == _TRAIN)).sum()),
+        }
+    balance: dict[str, object] = {
+        "max_dev_test_share": r.guard.share if r.guard is not None else None,
+        "classes": balance_classes,
+    }
+    empty = [name for name, c in balance_classes.items() if c["train_all"] == 0]
+    if empty:
+        notes.append(f"train has no example of {', '.join(empty)}")
     return SplitReport(
         labels=list(labels),
         classes=list(gc.names),
@@ -903,6 +1000,7 @@ def _report(r: _ReportInput) -> SplitReport:
         eligible_in_train=int((eligible & (split == _TRAIN)).sum()),
         no_prompt_in_train=int((~r.is_prompt & (split == _TRAIN)).sum()),
         notes=notes,
+        balance=balance,
     )
 
 

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "BuildOptions",
+    "BuildPreview",
     "BuiltRound",
     "DatasetDownload",
     "ExportOptions",
@@ -43,23 +44,48 @@ __all__ = [
     "dataset_download",
     "default_build_dir",
     "export_files",
+    "preview_build",
 ]
 
 
 class BuildOptions(BaseModel):
-    """What `dynaloop round build` and ``POST /rounds/{id}/build`` take."""
+    """What `dynaloop round build` and ``POST /rounds/{id}/build`` take (docs/round_builder.md,
+    "Build policies")."""
 
     model_config = ConfigDict(extra="forbid")
 
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    dev_test_min_votes: int | None = Field(None, ge=1, description="Default: the task's agreement setting.")
+    policy: Literal["strict", "relaxed"] | None = Field(
+        None,
+        description="strict: the task's dev/test rules (model at chance for single-label families); "
+        "relaxed: no chance constraint unless asked, the class-balance guard. Default: strict, or "
+        "relaxed when a setting below loosens the task's rules.",
+    )
+    dev_test_min_votes: int | None = Field(
+        None, ge=1, le=100, description="Default: the task's agreement setting; lower is relaxed."
+    )
     chance: bool | None = Field(
         None,
         description="Require the round's model at chance on dev/test "
-        "(default: yes for single-label families, no for multi-label).",
+        "(default: strict yes for single-label families; relaxed and multi-label no). false is relaxed.",
     )
     max_per_cell: int | None = Field(
-        None, ge=1, description="Cap dev and test at this many per (gold, predicted) cell."
+        None, ge=1, le=1_000_000, description="Cap dev and test at this many per (gold, predicted) cell or class."
+    )
+    min_per_cell: int | None = Field(
+        None, ge=1, le=1_000_000, description="Least per cell or class in each of dev and test (default 1)."
+    )
+    no_prompt_in_dev_test: bool | None = Field(
+        None,
+        description="Let no-prompt examples into dev/test, each on its own "
+        "(default: only when the round has no prompt examples).",
+    )
+    max_dev_test_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Class-balance guard: dev+test take at most this share of each class's eligible "
+        "examples (default: relaxed 0.5, strict none).",
     )
     model_based: Literal["dawid_skene", "mace"] | None = Field("dawid_skene", description="dawid_skene, mace or null.")
 
@@ -70,7 +96,43 @@ class BuildOptions(BaseModel):
             chance=self.chance,
             max_per_cell=self.max_per_cell,
             model_based=self.model_based,
+            policy=self.policy,
+            min_per_cell=self.min_per_cell,
+            no_prompt_in_dev_test=self.no_prompt_in_dev_test,
+            max_dev_test_share=self.max_dev_test_share,
         )
+
+
+@dataclass(frozen=True)
+class BuildPreview:
+    """What the requested options and each other policy would give the round; nothing recorded."""
+
+    task: str
+    round: int
+    requested: dict[str, Any]  # PolicyPreview.to_dict() of the options as given
+    relaxations: list[dict[str, Any]]  # the other policies, each a PolicyPreview.to_dict()
+
+
+def preview_build(session: Session, round_: Round, options: BuildOptions) -> BuildPreview:
+    """Preview ``options`` and the other policies on ``round_`` (closed, or built before)
+    without recording a build."""
+    from round_builder.build import prepare, resolve_policy
+    from round_builder.preview import preview, relaxations_for
+    from services.errors import Invalid
+
+    prepared = prepare(session, round_)
+    config = options.config()
+    requested = preview(prepared, "requested", config, options.model_dump(exclude_defaults=True))
+    try:
+        policy = resolve_policy(config, prepared.data.definition, prepared.data.examples)
+    except Invalid:
+        policy = None
+    return BuildPreview(
+        task=round_.task.name,
+        round=round_.number,
+        requested=requested.to_dict(),
+        relaxations=[p.to_dict() for p in relaxations_for(prepared, config, policy)],
+    )
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("POST", f"{API}/examples/{{example_id}}/validations"): {V},
     ("GET", f"{API}/examples/{{example_id}}"): {R},
     ("POST", f"{API}/rounds/{{round_id}}/build"): {R},
+    ("POST", f"{API}/rounds/{{round_id}}/build/preview"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/report"): {R, C},
     ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/dataset"): {R, C},
     ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/dataset/card"): {R, C},
@@ -263,6 +264,7 @@ def request_bodies(who: str, server: str, attempt_id: int) -> dict[tuple[str, st
         ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): {"json": {"text": "The lunch was great, really."}},
         ("POST", f"{API}/examples/{{example_id}}/validations"): {"json": {"label": "neutral"}},
         ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
+        ("POST", f"{API}/rounds/{{round_id}}/build/preview"): {"json": {}},
         ("POST", f"{API}/tasks/{{task_name}}/jobs"): {"json": {"kind": "train"}},
         ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): {
             "content": b"text,label\nThe lunch was fine.,neutral\n",
@@ -370,6 +372,7 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("POST", f"{API}/tasks/{{task_name}}/workers/{{username}}/requalify"): MANAGE,
     ("GET", f"{API}/examples/{{example_id}}"): MANAGE,
     ("POST", f"{API}/rounds/{{round_id}}/build"): MANAGE,
+    ("POST", f"{API}/rounds/{{round_id}}/build/preview"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/report"): DATASET,
     ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/dataset"): DATASET,
     ("GET", f"{API}/tasks/{{task_name}}/rounds/{{number}}/dataset/card"): DATASET,

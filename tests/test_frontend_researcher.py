@@ -710,3 +710,37 @@ def test_researcher_pages_against_the_real_api(app: FastAPI, built: BuiltRound) 
         assert client.job(job["id"])["status"] == "succeeded"
     finally:
         server.stop()
+
+
+def test_models_page_offers_the_relaxations_of_a_refused_build(live: LiveApi, rita: PageClient) -> None:
+    """A small round strict cannot build: the page shows what is short and each relaxation's
+    counts, and builds the one the researcher picks."""
+    round_ = live.round(TASK, [f"Prompt {i}: lunch." for i in range(20)], target_label_mode="writer_choice")
+    validators = [f"pv{i}" for i in range(5)]
+    for name in validators:
+        live.user(name, "validator")
+    small = {
+        "positive": ["positive", "positive", "positive", "neutral"],
+        "negative": ["negative", "negative", "neutral", "negative"],
+        "neutral": ["neutral", "neutral", "neutral", "positive"],
+    }
+    for gold, predictions in small.items():
+        for i, predicted in enumerate(predictions):
+            example_id = live.example(round_, f"Note {gold} {i}: a {KEYWORD[predicted]} lunch.", target=gold)
+            for name in validators:
+                live.api(name).validate(example_id, gold)
+    live.admin.set_round_status(round_["id"], "closed")
+    at = ok(page(rita, "researcher_models"))
+    at = ok(at.button(key="researcher_models_build").click().run())
+    assert said(at, "error", "the strict policy cannot be met: cell gold=positive/predicted=negative")
+    assert "gold=positive/predicted=negative" in dataframe_values(at)
+    assert live.admin.rounds(TASK)[0]["status"] == "closed"
+    at.radio(key="researcher_models_build_relaxation").set_value("relaxed")
+    at = ok(at.button(key="researcher_models_build_relaxed").click().run())
+    assert rita.requests("POST", f"/rounds/{round_['id']}/build")[-1].body == {
+        "seed": 0,
+        "policy": "relaxed",
+        "chance": False,
+    }
+    assert said(at, "success", "Built round 1 (build 1): train 6, dev 3, test 3; relaxed policy.")
+    assert live.admin.rounds(TASK)[0]["status"] == "built"

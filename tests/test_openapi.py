@@ -221,7 +221,9 @@ def test_intended_sarcasm_report_is_the_stored_one(client, researcher, make_user
                 )
         client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
         built_now = client.post(
-            f"{API}/rounds/{round_['id']}/build", json={"chance": False}, headers=researcher.headers
+            f"{API}/rounds/{round_['id']}/build",
+            json={"chance": False, "max_dev_test_share": 1.0},
+            headers=researcher.headers,
         )
         assert built_now.status_code == 201, built_now.text
         assert built_now.json()["report"]["intended_vs_perceived"]["n_examples"] == len(plan)

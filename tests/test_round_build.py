@@ -195,7 +195,9 @@ def test_target_dependent_round_builds_with_consolidation(
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     response = client.post(
         f"/api/v1/rounds/{round_['id']}/build",
-        json={"chance": False, "dev_test_min_votes": 3},
+        # Two examples per class: the relaxed policy's class-balance guard (half to dev+test)
+        # would refuse them, so this build lets dev+test take every eligible example.
+        json={"chance": False, "dev_test_min_votes": 3, "max_dev_test_share": 1.0},
         headers=researcher.headers,
     )
     assert response.status_code == 201, response.text

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response, status
 
 from api.deps import IdPath, SessionDep, allowed
-from api.schemas.builds import BuildPublic, RoundReportPublic
+from api.schemas.builds import BuildPreviewPublic, BuildPublic, RoundReportPublic
 from round_builder import export
 from round_builder.report import render_markdown
-from round_builder.usecases import BuildOptions, build
+from round_builder.usecases import BuildOptions, build, preview_build
 from services.authorization import BuildPolicy, DatasetPolicy, authorize
 from services.db.models import User
 from services.domain import rounds, tasks
@@ -41,6 +41,25 @@ def build_round(
     built = build(session, researcher, round_, body)
     return BuildPublic.model_validate(
         {"build_id": built.build_id, "round": built.round, "task": built.task, "report": built.report}
+    )
+
+
+@router.post("/rounds/{round_id}/build/preview", response_model=BuildPreviewPublic)
+def preview_round_build(
+    round_id: IdPath, body: BuildOptions, session: SessionDep, researcher: Annotated[User, allowed(BuildPolicy.create)]
+) -> BuildPreviewPublic:
+    """What these build options and each other policy (strict, relaxed, fewer votes) would give
+    the round: dev/test per cell or class, train size, or what is short. Records nothing."""
+    round_ = rounds.get_round(session, round_id)
+    authorize(researcher, BuildPolicy.create(round_))
+    previewed = preview_build(session, round_, body)
+    return BuildPreviewPublic.model_validate(
+        {
+            "task": previewed.task,
+            "round": previewed.round,
+            "requested": previewed.requested,
+            "relaxations": previewed.relaxations,
+        }
     )
 
 

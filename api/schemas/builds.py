@@ -4,17 +4,60 @@ measures that do not apply to a task's family are left out rather than null."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 
 class BuildSettings(BaseModel):
-    """The settings the build ran with, as requested (null: the default)."""
+    """The settings the build ran with, as requested (null: the default); the effective ones
+    are the report's ``splits.policy``."""
 
     seed: int
     dev_test_min_votes: int | None
     chance: bool | None
     max_per_cell: int | None
     model_based: str | None
+    policy: str | None = None
+    min_per_cell: int | None = None
+    no_prompt_in_dev_test: bool | None = None
+    max_dev_test_share: float | None = None
+
+
+class EffectivePolicy(BaseModel):
+    """A build's policy with every default resolved (docs/round_builder.md, "Build policies")."""
+
+    name: str = Field(description="strict or relaxed.")
+    chance: bool
+    dev_test_min_votes: int
+    responses: int = Field(description="The task's validations per example (votes are out of this).")
+    max_per_cell: int | None
+    min_per_cell: int
+    no_prompt_in_dev_test: bool
+    max_dev_test_share: float | None
+
+
+class PolicyPreview(BaseModel):
+    """What one policy would give the round (round_builder.preview)."""
+
+    name: str
+    settings: dict[str, Any] = Field(description="The build options to send for this policy.")
+    policy: EffectivePolicy | None
+    feasible: bool
+    message: str | None = Field(description="Why it cannot build, when it cannot.")
+    short: list[dict[str, Any]] = Field(description="Cells or classes short of examples: available, needed, short_by.")
+    unit: str | None = Field(description="cell or class.")
+    dev_per_cell: int | None
+    test_per_cell: int | None
+    counts: dict[str, int] = Field(description="train, dev, test, excluded.")
+    classes: dict[str, dict[str, int]] = Field(description="Class -> train, dev, test.")
+
+
+class BuildPreviewPublic(BaseModel):
+    task: str
+    round: int
+    requested: PolicyPreview
+    relaxations: list[PolicyPreview]
 
 
 class CountRow(BaseModel):
@@ -47,6 +90,28 @@ class ReportSplits(BaseModel):
     chance_macro_f1: float | None
     at_chance: bool | None
     notes: list[str]
+    policy: EffectivePolicy | None = None
+    cells: list[dict[str, Any]] = Field(
+        default_factory=list, description="Per (gold, predicted) cell or gold class: dev and test examples."
+    )
+    independence: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="dev/test -> test of independence of prediction and gold: test, n, statistic, p_value, dof, note.",
+    )
+    balance: dict[str, Any] = Field(
+        default_factory=dict, description="The class-balance guard's share; per class eligible/train/dev/test."
+    )
+
+
+class AgreementCounts(BaseModel):
+    """Examples by the votes their gold label got, out of the task's responses per example."""
+
+    responses: int
+    examples_with_responses: int
+    examples_with_other_response_counts: int
+    by_votes: dict[str, int]
+    at_least: dict[str, int]
+    no_gold: int
 
 
 class ReportAgreement(BaseModel):
@@ -164,6 +229,8 @@ class Datasheet(BaseModel):
     agreement: ReportAgreement
     human_f1_macro: dict[str, float | None]
     model_f1_macro: dict[str, float | None]
+    build_policy: str | None = None
+    agreement_counts: dict[str, int] | None = None
 
 
 class RoundReport(BaseModel):
@@ -186,6 +253,7 @@ class RoundReport(BaseModel):
     workers: ReportWorkers
     intended_vs_perceived: IntendedVsPerceived | None
     datasheet: Datasheet
+    agreement_counts: AgreementCounts | None = None
     multi_label: MultiLabelSection | None = Field(None, description="Multi-label tasks only; absent otherwise.")
     files: list[str] | None = Field(
         None,

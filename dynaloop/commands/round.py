@@ -37,6 +37,10 @@ def round_build(
     chance: Annotated[bool | None, typer.Option(help="Require the model at chance on dev/test")] = None,
     max_per_cell: int | None = None,
     model_based: str = "dawid_skene",
+    policy: Annotated[str | None, typer.Option(help="strict or relaxed (docs/round_builder.md)")] = None,
+    min_per_cell: int | None = None,
+    no_prompt_in_dev_test: Annotated[bool | None, typer.Option(help="No-prompt examples in dev/test")] = None,
+    max_dev_test_share: Annotated[float | None, typer.Option(help="Class-balance guard share")] = None,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report."""
@@ -58,6 +62,10 @@ def round_build(
                 "chance": chance,
                 "max_per_cell": max_per_cell,
                 "model_based": None if model_based in ("", "none") else model_based,
+                "policy": policy,
+                "min_per_cell": min_per_cell,
+                "no_prompt_in_dev_test": no_prompt_in_dev_test,
+                "max_dev_test_share": max_dev_test_share,
             }
         )
     except ValidationError as exc:
@@ -68,6 +76,21 @@ def round_build(
             round_ = rounds.get_round_by_number(session, tasks.get_task(session, task), number)
             built = build(session, None, round_, options, out_dir=folder)
     except DomainError as exc:
+        # The relaxations' previews, one a line, then the one-line error.
+        for option in exc.details.get("relaxations", []):
+            if option.get("feasible"):
+                flags = " ".join(
+                    f"--{k.replace('_', '-')} {str(v).lower()}"
+                    if not isinstance(v, bool)
+                    else (f"--{k.replace('_', '-')}" if v else f"--no-{k.replace('_', '-')}")
+                    for k, v in option["settings"].items()
+                )
+                counts = option["counts"]
+                err.print(
+                    f"  {option['name']} ({flags}): dev {counts['dev']} ({option['dev_per_cell']} per "
+                    f"{option['unit']}), test {counts['test']}, train {counts['train']}",
+                    soft_wrap=True,
+                )
         raise fail(exc.message) from exc
     report = built.report
     total = report["counts"]["total"]
@@ -78,6 +101,7 @@ def round_build(
     )
     for name, values in report["splits"]["assessment"].items():
         console.print(f"  model macro-F1 on {name}: {values['model_macro_f1']}")
+    console.print(f"  {report['datasheet'].get('build_policy', '')}", soft_wrap=True)
 
 
 @app.command("export")

@@ -121,21 +121,75 @@ def build_section(client: Api, task: Task) -> None:
         "Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="researcher_models_build_seed"
     )
     label = "Rebuild" if round_["status"] == "built" else "Build"
-    if not st.button(f"{label} round {round_['number']}", type="primary", key="researcher_models_build"):
-        return
+    refused_key = f"researcher_models_build_refused_{round_['id']}"
+    if st.button(f"{label} round {round_['number']}", type="primary", key="researcher_models_build"):
+        _build(client, round_, {"seed": int(seed)}, refused_key)
+    refused = st.session_state.get(refused_key)
+    if refused:
+        relaxation_choice(client, round_, int(seed), refused, refused_key)
+
+
+def _build(client: Api, round_: Round, options: dict[str, Any], refused_key: str) -> None:
+    """Build with ``options``; a refusal with relaxations is kept so the page can offer them."""
     try:
         with st.spinner("Aggregating labels, computing agreement and building the splits ..."):
-            built = client.build_round(round_["id"], seed=int(seed))
+            built = client.build_round(round_["id"], **options)
     except ApiError as error:
-        state.show_api_error(error)
+        if error.details.get("relaxations") is not None:
+            st.session_state[refused_key] = {"message": error.message, "details": error.details}
+        else:
+            state.show_api_error(error)
         return
-    total = (built.get("report") or {}).get("counts", {}).get("total", {})
+    st.session_state.pop(refused_key, None)
+    report = built.get("report") or {}
+    total = report.get("counts", {}).get("total", {})
+    policy = (report.get("splits", {}).get("policy") or {}).get("name", "strict")
     state.flash(
         "success",
         f"Built round {built.get('round', round_['number'])} (build {built.get('build_id')}): "
-        f"train {total.get('train', 0):,}, dev {total.get('dev', 0):,}, test {total.get('test', 0):,}.",
+        f"train {total.get('train', 0):,}, dev {total.get('dev', 0):,}, test {total.get('test', 0):,}; "
+        f"{policy} policy.",
     )
     st.rerun()
+
+
+def relaxation_choice(client: Api, round_: Round, seed: int, refused: dict[str, Any], refused_key: str) -> None:
+    """What is short, each relaxation's counts, and a build with the one the researcher picks."""
+    details = refused["details"]
+    render.alert("error", refused["message"])
+    short = details.get("short") or []
+    if short:
+        st.caption("Short of examples for dev and test:")
+        st.dataframe(pd.DataFrame(short), hide_index=True)
+    options = [r for r in details.get("relaxations", []) if r.get("feasible")]
+    if not options:
+        st.caption("No relaxation builds this round: collect more examples or labels.")
+        return
+    st.caption(
+        "Relaxations that build this round (docs/round_builder.md, Build policies). A relaxed build's "
+        "report says it is relaxed and shows the model's measured numbers on dev and test."
+    )
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "relaxation": r["name"],
+                    "dev": r["counts"]["dev"],
+                    "test": r["counts"]["test"],
+                    "train": r["counts"]["train"],
+                    "per": f"{r['dev_per_cell']} per {r['unit']}",
+                    **{f"train {c}": v["train"] for c, v in r.get("classes", {}).items()},
+                }
+                for r in options
+            ]
+        ),
+        hide_index=True,
+    )
+    names = [r["name"] for r in options]
+    chosen = st.radio("Build with", names, key="researcher_models_build_relaxation")
+    settings = next(r["settings"] for r in options if r["name"] == chosen)
+    if st.button(f"Build round {round_['number']}: {chosen}", key="researcher_models_build_relaxed"):
+        _build(client, round_, {"seed": seed, **settings}, refused_key)
 
 
 # --- train -------------------------------------------------------------------------------

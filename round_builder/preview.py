@@ -1,0 +1,138 @@
+"""What each build policy would give a round, without recording anything (docs/round_builder.md,
+"Build policies"): the requested settings, strict, and the relaxations a researcher may choose,
+each with its dev/test sizes per cell or class, its train size, or why it cannot be met.
+
+A build that cannot meet its policy names these in its error; ``dynaloop round build-preview``
+and ``POST /api/v1/rounds/{id}/build/preview`` show them before building.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from round_builder import splits
+from round_builder.build import (
+    RELAXED_MAX_DEV_TEST_SHARE,
+    BuildConfig,
+    Policy,
+    Prepared,
+    make_splits,
+    resolve_policy,
+)
+from services.errors import Invalid
+
+
+@dataclass(frozen=True)
+class PolicyPreview:
+    """One policy's outcome on a round: its counts when it builds, the shortfall when not."""
+
+    name: str  # "requested", "strict", "relaxed", "relaxed, 3 of 5 votes", ...
+    settings: dict[str, Any]  # the build options to send to get it
+    policy: dict[str, Any] | None  # the effective policy (None: the settings are invalid)
+    feasible: bool
+    message: str | None = None  # why not, when not
+    short: list[dict[str, Any]] = field(default_factory=list)
+    unit: str | None = None  # cell | class
+    dev_per_cell: int | None = None
+    test_per_cell: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # train, dev, test, excluded
+    classes: dict[str, dict[str, int]] = field(default_factory=dict)  # class -> train/dev/test
+
+    def summary(self) -> str:
+        if not self.feasible:
+            return f"{self.name}: cannot build ({self.message})"
+        return (
+            f"{self.name} ({_settings_text(self.settings)}): dev {self.counts['dev']} "
+            f"({self.dev_per_cell} per {self.unit}), test {self.counts['test']} "
+            f"({self.test_per_cell} per {self.unit}), train {self.counts['train']}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()) or "defaults"
+
+
+def preview(prepared: Prepared, name: str, config: BuildConfig, settings: dict[str, Any]) -> PolicyPreview:
+    """The outcome of ``config`` on the prepared round."""
+    try:
+        policy = resolve_policy(config, prepared.data.definition, prepared.data.examples)
+    except Invalid as exc:
+        return PolicyPreview(name, settings, None, False, exc.message)
+    try:
+        result = make_splits(prepared, policy, config.seed)
+    except splits.SplitError as exc:
+        return PolicyPreview(name, settings, policy.to_dict(), False, exc.message, list(exc.details.get("short", [])))
+    counts = result.assignment.value_counts(sort=False)
+    balance = result.report.balance.get("classes", {})
+    assert isinstance(balance, dict)
+    return PolicyPreview(
+        name,
+        settings,
+        policy.to_dict(),
+        True,
+        unit=result.report.unit,
+        dev_per_cell=result.report.dev_per_cell,
+        test_per_cell=result.report.test_per_cell,
+        counts={
+            "train": int(counts.get("train", 0)),
+            "dev": int(counts.get("dev", 0)),
+            "test": int(counts.get("test", 0)),
+            "excluded": int(counts.get("excluded", 0)) + int(prepared.dropped.sum()),
+        },
+        classes={
+            str(c): {"train": int(v["train_all"]), "dev": int(v["dev"]), "test": int(v["test"])}
+            for c, v in balance.items()
+        },
+    )
+
+
+def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -> list[tuple[str, dict[str, Any]]]:
+    """The policies worth showing for a round: strict, relaxed (no chance constraint, the
+    class-balance guard), relaxed with the votes lowered step by step to the task's gold rule,
+    and strict's chance constraint with lowered votes."""
+    definition = prepared.data.definition
+    task_votes = definition.agreement.dev_test_min_votes
+    lowest = max(definition.agreement.gold_min_votes, definition.validations_per_example // 2 + 1)
+    out: list[tuple[str, dict[str, Any]]] = [("strict", {"policy": "strict"})]
+    relaxed: dict[str, Any] = {"policy": "relaxed"}
+    if not definition.is_multi_label:
+        relaxed["chance"] = False
+    out.append(("relaxed", relaxed))
+    n = definition.validations_per_example
+    for votes in range(task_votes - 1, lowest - 1, -1):
+        out.append((f"relaxed, {votes} of {n} votes", {**relaxed, "dev_test_min_votes": votes}))
+        if not definition.is_multi_label:
+            out.append(
+                (
+                    f"model at chance, {votes} of {n} votes",
+                    {"policy": "relaxed", "chance": True, "dev_test_min_votes": votes},
+                )
+            )
+    if policy is not None and policy.min_per_cell > 1:
+        out.append(("relaxed, 1 per cell", {**relaxed, "min_per_cell": 1}))
+    return out
+
+
+def relaxations_for(prepared: Prepared, config: BuildConfig, policy: Policy | None) -> list[PolicyPreview]:
+    """Previews of the candidate policies other than ``policy`` itself (same seed and caps)."""
+    keep = {"seed": config.seed, "model_based": config.model_based, "max_per_cell": config.max_per_cell}
+    previews = []
+    for name, settings in candidates(prepared, config, policy):
+        candidate = BuildConfig(**{**keep, **settings})
+        if policy is not None:
+            try:
+                effective = resolve_policy(candidate, prepared.data.definition, prepared.data.examples)
+            except Invalid:
+                continue
+            if effective == policy:
+                continue
+        previews.append(preview(prepared, name, candidate, settings))
+    return previews
+
+
+__all__ = ["RELAXED_MAX_DEV_TEST_SHARE", "PolicyPreview", "candidates", "preview", "relaxations_for"]

@@ -1,0 +1,346 @@
+"""Build policies (docs/round_builder.md, "Build policies"): a small round that strict cannot
+build is refused with what is short and the relaxations' previews, builds relaxed, and its
+report states only what its numbers show; the class-balance guard; no-prompt examples in dev/test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sklearn.metrics import accuracy_score, f1_score
+
+from round_builder import splits
+from round_builder.report import render_markdown
+from tests.built_round import KEYWORD, write_and_label
+from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_snapshot
+from tests.stub_model_server import ThreadedServer
+
+# Gold label -> the model's prediction for each of its examples (the stub predicts by keyword):
+# four examples per class, so the relaxed policy's guard lets one to dev and one to test.
+SMALL = {
+    "positive": ["positive", "positive", "positive", "neutral"],
+    "negative": ["negative", "negative", "neutral", "negative"],
+    "neutral": ["neutral", "neutral", "neutral", "positive"],
+}
+TABLES = ("round_builds", "built_examples", "rounds", "audit_log")
+
+
+def _small_round(client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer) -> int:
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        [f"Prompt {i}: the cafe serves lunch." for i in range(20)],
+        target_label_mode="writer_choice",
+    )
+    writer = make_user("wendy", "writer")
+    validators = [make_user(f"pv{i}", "validator") for i in range(5)]
+    plan = []
+    for gold, predictions in SMALL.items():
+        for i, predicted in enumerate(predictions):
+            other = "mixed"
+            votes = [gold] * 5 if i % 2 else [gold, gold, gold, gold, other]
+            plan.append((gold, f"Note {gold} {i}: a {KEYWORD[predicted]} lunch.", None, votes))
+    write_and_label(client, writer, validators, round_["id"], plan)
+    assert (
+        client.post(
+            f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers
+        ).status_code
+        == 200
+    )
+    return int(round_["id"])
+
+
+def test_small_round_strict_refused_with_relaxations_then_relaxed_report_is_honest(
+    app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    round_id = _small_round(client, researcher, make_user, stub_model)
+    before = table_snapshot(app, *TABLES)
+    refused = client.post(f"/api/v1/rounds/{round_id}/build", json={"seed": 1}, headers=researcher.headers)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["message"].startswith("the strict policy cannot be met: cell gold=positive/predicted=negative")
+    assert "\n" not in error["message"]
+    short = {s["cell"]: s for s in error["details"]["short"]}
+    assert short["gold=positive/predicted=negative"] == {
+        "cell": "gold=positive/predicted=negative",
+        "available": 0,
+        "needed": 2,
+        "short_by": 2,
+    }
+    relaxations = {r["name"]: r for r in error["details"]["relaxations"]}
+    relaxed = relaxations["relaxed"]
+    assert relaxed["feasible"] and relaxed["settings"] == {"policy": "relaxed", "chance": False}
+    assert relaxed["counts"] == {"train": 6, "dev": 3, "test": 3, "excluded": 0}
+    assert relaxed["classes"] == {c: {"train": 2, "dev": 1, "test": 1} for c in SMALL}
+    assert "relaxed (policy=relaxed, chance=false): dev 3 (1 per class), test 3" in error["message"]
+    assert table_snapshot(app, *TABLES) == before
+
+    # The preview endpoint says the same and records nothing.
+    preview = client.post(f"/api/v1/rounds/{round_id}/build/preview", json={}, headers=researcher.headers)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["requested"]["feasible"] is False
+    assert {r["name"]: r for r in preview.json()["relaxations"]}["relaxed"] == relaxed
+    assert table_snapshot(app, *TABLES) == before
+
+    built = client.post(
+        f"/api/v1/rounds/{round_id}/build", json={"seed": 1, **relaxed["settings"]}, headers=researcher.headers
+    )
+    assert built.status_code == 201, built.text
+    report = built.json()["report"]
+    s = report["splits"]
+    assert s["policy"]["name"] == "relaxed" and s["policy"]["chance"] is False
+    assert s["policy"]["max_dev_test_share"] == 0.5
+    # The report's numbers are the build's: cells as they are, metrics recomputed from them.
+    for name in ("dev", "test"):
+        y_true = [c["gold"] for c in s["cells"] for _ in range(c[name])]
+        y_pred = [c["predicted"] for c in s["cells"] for _ in range(c[name])]
+        assert len(y_true) == s["assessment"][name]["examples"] == 3
+        labels = ["positive", "negative", "neutral"]
+        assert s["assessment"][name]["model_macro_f1"] == pytest.approx(
+            f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0), abs=1e-4
+        )
+        assert s["assessment"][name]["model_accuracy"] == pytest.approx(accuracy_score(y_true, y_pred), abs=1e-4)
+        assert s["independence"][name]["n"] == 3
+    counts = report["agreement_counts"]
+    assert counts["at_least"][">=4 of 5"] == 12 and counts["at_least"][">=5 of 5"] == 6
+    assert counts["by_votes"] == {"5 of 5": 6, "4 of 5": 6}
+    assert {c: v["train_all"] for c, v in s["balance"]["classes"].items()} == dict.fromkeys(SMALL, 2)
+
+    assert_markdown_matches(report)
+    markdown = render_markdown(report)
+    assert "## Dev and test: relaxed policy — model not held at chance" in markdown
+    assert "model at chance" not in markdown.lower().replace("not held at chance", "")
+    assert "examples per (gold, predicted) cell in each of dev and test" not in markdown
+    assert "| >=4 of 5 | 12 |" in markdown
+    for cell in s["cells"]:
+        assert f"| {cell['gold']} | {cell['predicted']} | {cell['dev']} | {cell['test']} |" in markdown
+    assert "the model not held at chance" in report["datasheet"]["dev_test_rule"]
+    assert report["datasheet"]["build_policy"].startswith("Dev and test: relaxed policy")
+
+
+def test_build_settings_are_validated_without_touching_the_database(
+    app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    round_id = _small_round(client, researcher, make_user, stub_model)
+    before = table_snapshot(app, *TABLES)
+    for body in (
+        {"max_per_cell": 0},
+        {"policy": "strict", "chance": False},
+        {"policy": "lenient"},
+        {"dev_test_min_votes": 9},
+        {"max_per_cell": 1, "min_per_cell": 2},
+        {"max_dev_test_share": 0},
+    ):
+        response = client.post(f"/api/v1/rounds/{round_id}/build", json=body, headers=researcher.headers)
+        assert response.status_code == 422, (body, response.text)
+        assert set(response.json()) == {"error"}
+    assert table_snapshot(app, *TABLES) == before
+
+
+def _frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=splits.COLUMNS)
+
+
+def test_balance_guard_keeps_half_of_each_class_in_train() -> None:
+    # A one-sided round: 40 of class a, 8 of class b, all eligible; without the guard dev+test
+    # would take all 8 of b.
+    rows = [(f"a{i}", "a", 5, f"pa{i}", "prompt", "a") for i in range(40)]
+    rows += [(f"b{i}", "b", 5, f"pb{i}", "prompt", "b") for i in range(8)]
+    unguarded = splits.build_splits(_frame(rows), ["a", "b"], chance=False)
+    assert unguarded.report.balance["classes"]["b"]["train_all"] == 0
+    assert any("train has no example of b" in note for note in unguarded.report.notes)
+    guarded = splits.build_splits(_frame(rows), ["a", "b"], chance=False, max_dev_test_share=0.5)
+    classes = guarded.report.balance["classes"]
+    assert classes["b"] == {"eligible": 8, "train": 4, "dev": 2, "test": 2, "train_all": 4}
+    assert classes["a"]["dev"] == 2 and classes["a"]["test"] == 2
+    with pytest.raises(splits.SplitError, match="class-balance guard") as raised:
+        splits.build_splits(_frame(rows[:43]), ["a", "b"], chance=False, max_dev_test_share=0.5)
+    assert raised.value.details["short"][0] == {"cell": "b", "available": 3, "needed": 4, "short_by": 1}
+
+
+def test_no_prompt_examples_stand_alone_in_dev_and_test() -> None:
+    rows = [(f"e{g}{i}", g, 5, None, "no_prompt", g) for g in "ab" for i in range(6)]
+    with pytest.raises(splits.SplitError, match="distinct prompts"):
+        splits.build_splits(_frame(rows), ["a", "b"], chance=False)
+    result = splits.build_splits(_frame(rows), ["a", "b"], chance=False, no_prompt_eligible=True)
+    assert result.assignment.value_counts().to_dict() == {"dev": 6, "test": 6, "train": 0, "excluded": 0}
+    assert result.flags["no_prompt"].all() and not result.flags["prompt_shared_with_assessment"].any()
+    # Mixed: prompt examples keep the distinct-prompt rule; no-prompt ones stand alone.
+    mixed = rows + [(f"p{i}", "a", 5, "shared", "prompt", "a") for i in range(3)]
+    result = splits.build_splits(_frame(mixed), ["a", "b"], chance=False, no_prompt_eligible=True)
+    shared = result.assignment.loc[[f"p{i}" for i in range(3)]]
+    assert int(np.isin(shared.to_numpy(), ["dev", "test"]).sum()) <= 1
+
+
+def _closed_round(
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    plan: list[tuple[str, str, list[str]]],
+    **round_options: Any,
+) -> int:
+    """A dynasent-r2 round with ``plan``'s (target, text, five labels), closed."""
+    prompts = [] if round_options.get("no_prompt_fraction") == 1.0 else [f"Prompt {i}: lunch." for i in range(20)]
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None),
+        stub_model.url,
+        prompts,
+        target_label_mode="writer_choice",
+        **round_options,
+    )
+    writer = make_user("nora", "writer")
+    validators = [make_user(f"nv{i}", "validator") for i in range(5)]
+    write_and_label(client, writer, validators, round_["id"], [(t, text, None, votes) for t, text, votes in plan])
+    response = client.post(
+        f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers
+    )
+    assert response.status_code == 200, response.text
+    return int(round_["id"])
+
+
+def test_no_prompt_round_builds_with_each_example_on_its_own(
+    client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    plan = [
+        (gold, f"Post {gold} {i}: a {KEYWORD[predicted]} lunch.", [gold] * 5)
+        for gold, predictions in SMALL.items()
+        for i, predicted in enumerate(predictions)
+    ]
+    round_id = _closed_round(client, researcher, make_user, stub_model, plan, no_prompt_fraction=1.0)
+    response = client.post(f"/api/v1/rounds/{round_id}/build", json={"policy": "relaxed"}, headers=researcher.headers)
+    assert response.status_code == 201, response.text
+    report = response.json()["report"]
+    assert report["conditions"]["no_prompt"]["examples"] == 12 and "prompt" not in report["conditions"]
+    policy = report["splits"]["policy"]
+    assert policy["no_prompt_in_dev_test"] is True and policy["chance"] is False
+    assert report["counts"]["total"] == {"dist_train": 6, "train": 6, "dev": 3, "test": 3}
+    assert "each no-prompt example on its own" in report["datasheet"]["dev_test_rule"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [("empty", 409), ("one_class", 422), ("no_majority", 422)],
+)
+def test_odd_rounds_are_refused_in_one_line_and_change_nothing(
+    app: FastAPI,
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    kind: str,
+    status: int,
+) -> None:
+    plans: dict[str, list[tuple[str, str, list[str]]]] = {
+        "empty": [],
+        "one_class": [("positive", f"Note {i}: a great lunch.", ["positive"] * 5) for i in range(6)],
+        "no_majority": [
+            ("neutral", f"Note {i}: a plain lunch.", ["positive", "negative", "neutral", "mixed", "positive"][::-1])
+            for i in range(6)
+        ],
+    }
+    round_id = _closed_round(client, researcher, make_user, stub_model, plans[kind])
+    before = table_snapshot(app, *TABLES)
+    for body in ({}, {"policy": "relaxed"}, {"chance": False, "max_dev_test_share": 1.0}):
+        for path in ("build", "build/preview"):
+            response = client.post(f"/api/v1/rounds/{round_id}/{path}", json=body, headers=researcher.headers)
+            if path == "build/preview" and kind != "empty":
+                assert response.status_code == 200, response.text
+                assert not any(r["feasible"] for r in [response.json()["requested"], *response.json()["relaxations"]])
+                continue
+            assert response.status_code == status, (kind, body, response.text)
+            message = response.json()["error"]["message"]
+            assert message and "\n" not in message and "Traceback" not in message
+    assert table_snapshot(app, *TABLES) == before
+
+
+def test_intended_vs_perceived_table_names_its_axes() -> None:
+    import json
+    from pathlib import Path
+
+    report = json.loads((Path(__file__).parent / "data" / "round_reports" / "isarcasm.json").read_text("utf-8"))
+    markdown = render_markdown(report)
+    assert "| intended ↓ / perceived → | sarcastic | not_sarcastic |" in markdown
+    confusion = report["intended_vs_perceived"]["confusion"]
+    for intended in ("sarcastic", "not_sarcastic"):
+        row = f"| {intended} | " + " | ".join(str(confusion[p][intended]) for p in confusion) + " |"
+        assert row in markdown
+
+
+def test_cli_build_refuses_bad_settings_and_prints_the_relaxations(
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    database_url: str,
+    tmp_path: Any,
+) -> None:
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    _small_round(client, researcher, make_user, stub_model)
+    runner = CliRunner()
+    base = ["round", "build", "--task", "dynasent-r2", "--round", "1", "--database-url", database_url]
+    result = runner.invoke(cli, [*base, "--max-per-cell", "0", "--out", str(tmp_path / "a")])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit)
+    assert "invalid build settings" in result.output and "max_per_cell" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(cli, [*base, "--out", str(tmp_path / "b")])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit)
+    assert "the strict policy cannot be met: cell gold=positive/predicted=negative" in result.output
+    assert "relaxed (--policy relaxed --no-chance): dev 3 (1 per class), test 3, train 6" in result.output
+    result = runner.invoke(cli, [*base, "--policy", "relaxed", "--no-chance", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    markdown = (tmp_path / "c" / "report.md").read_text(encoding="utf-8")
+    assert "## Dev and test: relaxed policy — model not held at chance" in markdown
+
+
+def assert_markdown_matches(report: dict[str, Any]) -> None:
+    """Each statement report.md makes about dev and test is what report.json's numbers show."""
+    markdown = render_markdown(report)
+    s = report["splits"]
+    at_chance_claimed = "model at chance (" in markdown
+    assert at_chance_claimed == bool(s["chance"] and s["at_chance"])
+    if at_chance_claimed:
+        k = len(report["counts"]["labels"])
+        for name in ("dev", "test"):
+            assert s["assessment"][name]["model_macro_f1"] == pytest.approx(1 / k, abs=1e-4)
+            assert s["assessment"][name]["model_accuracy"] == pytest.approx(1 / k, abs=1e-4)
+    if "examples per (gold, predicted) cell in each of dev and test" in markdown:
+        assert s["cells"] and all(c["dev"] == c["test"] == s["cell_count"] for c in s["cells"])
+    heading = f"## Dev and test: {'model at chance' if at_chance_claimed else ''}"
+    assert heading in markdown or "not held at chance" in markdown or "not at chance" in markdown
+    assert f"Policy: **{s['policy']['name']}**" in markdown
+    for name, a in s["assessment"].items():
+        row = f"| {name} | {a['examples']:,} | "
+        assert row in markdown
+    for name in ("dev", "test"):
+        assert sum(c[name] for c in s["cells"]) == s["assessment"][name]["examples"]
+        assert report["counts"]["total"][name] == s["assessment"][name]["examples"]
+    for key, value in (report.get("agreement_counts") or {}).get("at_least", {}).items():
+        assert f"| {key} | {value:,} |" in markdown
+    for cls, counts in s["balance"].get("classes", {}).items():
+        assert counts["dev"] + counts["test"] <= counts["eligible"]
+        share = s["balance"].get("max_dev_test_share")
+        if share is not None:
+            assert counts["dev"] + counts["test"] <= share * counts["eligible"] + 1e-9
+        if counts["train_all"] == 0:
+            assert any(cls in note and "train has no example" in note for note in s["notes"])
+
+
+@pytest.mark.parametrize("name", ["dynasent-r2", "ethioemo-amharic", "isarcasm", "mad-tsc"])
+def test_stored_reports_markdown_matches_their_numbers(name: str) -> None:
+    import json
+    from pathlib import Path
+
+    report = json.loads((Path(__file__).parent / "data" / "round_reports" / f"{name}.json").read_text("utf-8"))
+    assert_markdown_matches(report)
