@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ def _comparable(report: dict[str, Any]) -> str:
 
 
 def assert_report_unchanged(report: dict[str, Any], name: str) -> None:
+    if os.environ.get("DYNALOOP_UPDATE_REPORT_SNAPSHOTS"):  # deliberate report changes: review the diff
+        (REPORTS / f"{name}.json").write_text(_comparable(report) + "\n", encoding="utf-8")
     expected = (REPORTS / f"{name}.json").read_text(encoding="utf-8").rstrip("\n")
     assert _comparable(report) == expected
 
