@@ -131,6 +131,12 @@ class ImportOptions(BaseModel):
     split_column: str | None = Field(
         None, min_length=1, max_length=200, description="labelled: the dataset's own split (train, dev or test)."
     )
+    label_map: dict[str, str | list[str]] = Field(
+        default_factory=dict,
+        max_length=1000,
+        description='A file\'s label value -> the task\'s label(s), e.g. {"0": "not_irony", "1": "irony"}; '
+        "values are compared as text, so 1 and '1' are the same key.",
+    )
     source: str | None = Field(None, max_length=200, description="What the data is, for the report (e.g. a citation).")
 
     @field_validator("file")
@@ -289,7 +295,14 @@ def _text(value: Any, row: int, column: str) -> str:
 
 
 def _labels(
-    definition: TaskDefinition, value: Any, row: int, column: str, *, allowed: list[str], separator: str | None
+    definition: TaskDefinition,
+    value: Any,
+    row: int,
+    column: str,
+    *,
+    allowed: list[str],
+    separator: str | None,
+    label_map: dict[str, str | list[str]],
 ) -> list[str]:
     where = _where(row, column)
     if hasattr(value, "tolist") and not isinstance(value, str):  # numpy arrays from Parquet
@@ -304,6 +317,13 @@ def _labels(
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         items = [str(value).strip()]
+    if label_map:
+        mapped: list[Any] = []
+        for item in items:
+            key = str(int(item)) if isinstance(item, float) and item.is_integer() else str(item).strip()
+            target = label_map.get(key, item)
+            mapped.extend(target if isinstance(target, list) else [target])
+        items = mapped
     if not all(isinstance(item, str) for item in items):
         raise Invalid(f"{where}: labels must be text")
     try:
@@ -494,6 +514,7 @@ def _labelled(
             options.label_column,
             allowed=list(definition.labels),
             separator=options.label_separator,
+            label_map=options.label_map,
         )
         extras = _extras(definition, frame, row, text, options)
         key = _key(text, extras)
@@ -584,6 +605,7 @@ def _responses(
             options.label_column,
             allowed=allowed,
             separator=options.label_separator,
+            label_map=options.label_map,
         )
         seconds = None
         raw_seconds: Any = frame.at[row, options.seconds_column] if options.seconds_column else None

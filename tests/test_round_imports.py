@@ -211,6 +211,21 @@ def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_sp
     assert "the rest count as 1 vote" in source["statement"]
 
 
+def test_numeric_labels_are_mapped_with_the_label_map(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "besstie-en-in-sarcasm")
+    _write(data_root / "numbers.parquet", [{"text": f"Tweet {i}.", "label": i % 2} for i in range(6)])
+    unmapped = _import(api, researcher, task, 1, kind="labelled", file="numbers.parquet")
+    assert unmapped.status_code == 422 and "row 1, column 'label'" in unmapped.text
+    mapping = {"0": "not_sarcastic", "1": "sarcastic"}
+    response = _import(api, researcher, task, 1, kind="labelled", file="numbers.parquet", label_map=mapping)
+    assert response.status_code == 201, response.text
+    with session_scope(rooted.state.sessionmaker) as session:
+        gold = Counter(e.source_metadata["gold"][0] for e in session.scalars(select(Example)))
+    assert gold == {"not_sarcastic": 3, "sarcastic": 3}
+
+
 def test_a_saved_datasets_directory_imports_with_its_split_names(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:

@@ -217,12 +217,17 @@ def round_import(
     votes_column: Annotated[str | None, typer.Option(help="labelled: votes for the gold in the dataset")] = None,
     responses_column: Annotated[str | None, typer.Option(help="labelled: annotators per row in the dataset")] = None,
     split_column: Annotated[str | None, typer.Option(help="labelled: the dataset's own split")] = None,
+    label_map: Annotated[
+        str | None, typer.Option(help='JSON: file label -> task label(s), e.g. \'{"0": "not_irony"}\'')
+    ] = None,
     source: Annotated[str | None, typer.Option(help="What the data is, for the report (e.g. a citation)")] = None,
     max_rows: int = 1_000_000,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Import a labelled dataset or earlier crowd responses as a round, in one transaction
     (docs/round_builder.md "Imports"); the round is closed, ready for `dynaloop round build`."""
+    import json
+
     from pydantic import ValidationError
 
     from modelling.round_imports import ImportOptions, import_round
@@ -234,9 +239,14 @@ def round_import(
     url = settings.resolved_database_url
     ensure_schema(url)
     try:
+        mapping = json.loads(label_map) if label_map else {}
+    except json.JSONDecodeError as exc:
+        raise fail(f"--label-map is not JSON: {exc.msg}") from exc
+    try:
         options = ImportOptions.model_validate(
             {
                 "kind": kind,
+                "label_map": mapping,
                 "file": file,
                 "dataset": dataset,
                 "text_column": text_column,
