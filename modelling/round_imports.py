@@ -474,7 +474,10 @@ def _example(round_: Round, definition: TaskDefinition, text: str, extras: dict,
         extras=extras,
         status=ExampleStatus.validated,
         validation_count=0,
-        validations_needed=definition.validations_per_example,
+        # What it was labelled with, not what the task asks of a new example: none for a labelled
+        # row (its gold is imported), the imported responses' count for a crowd one (set below),
+        # so the database's invariants (services/domain/invariants.py) hold for imported examples.
+        validations_needed=0,
         requeue_count=0,
     )
 
@@ -636,7 +639,7 @@ def _responses(
     for key, item in items.items():
         metadata = {**origin, "row": item["row"] + 1, **({"id": key[1][:200]} if key[0] == "id" else {})}
         example = _example(round_, definition, item["text"], item["extras"], metadata)
-        example.validation_count = len(item["labels"])
+        example.validation_count = example.validations_needed = len(item["labels"])
         examples.append(example)
     session.add_all(examples)
     session.flush()

@@ -28,6 +28,7 @@ from dynaloop.cli import app as cli
 from modelling import round_imports
 from services.db.engine import session_scope
 from services.db.models import BuiltExample, Example, ExampleOrigin, User, Validation
+from services.domain.invariants import check_database
 from services.domain.tasks import create_task
 from services.domain.users import get_user
 from services.settings import Settings
@@ -158,6 +159,7 @@ def test_a_labelled_dataset_of_each_family_imports_as_a_round_and_builds_with_it
             assert all(text == "Smith" and start > 0 for start, text in spans)  # the second mention
         if family == "intended_sarcasm":
             assert all(e.extras["intended_label"] == e.source_metadata["gold"][0] for e in examples)
+        assert check_database(session).ok, check_database(session).to_dict()
 
     report = _build(api, researcher, imported["round_id"])
     source = report["datasheet"]["gold_source"]
@@ -292,6 +294,7 @@ def test_crowd_responses_build_with_gold_and_agreement_matching_an_independent_c
         assert all(not a.is_active and a.password_hash is None for a in accounts)
         assert not any("PLATFORM" in (a.username + (a.display_name or "")) for a in accounts)
         assert session.scalar(select(Validation).limit(1)) is not None
+        assert check_database(session).ok, check_database(session).to_dict()
     for password in ("", "x" * 12):
         login = api.post(f"{API}/auth/login", json={"username": accounts[0].username, "password": password})
         assert login.status_code in (401, 422), login.text
