@@ -415,6 +415,12 @@ def build_round(
     source = gold_source(data, gold)
     if source is not None:
         report["datasheet"]["gold_source"] = source
+        if source["imported_gold"]:
+            sheet = report["datasheet"]
+            sheet["gold_rule"] = (
+                f"{sheet['gold_rule']} for gold computed here; {source['imported_gold']} gold label(s) "
+                "taken from the imported dataset"
+            )
     build.report = report
     round_.status = RoundStatus.built
     round_.built_at = utcnow()

@@ -167,6 +167,7 @@ def test_a_labelled_dataset_of_each_family_imports_as_a_round_and_builds_with_it
     assert source["from_responses"] == 0
     assert source["imports"][0]["source"] == "a test dataset" and source["imports"][0]["kind"] == "labelled"
     assert "taken from the imported dataset as is, not from validation" in source["statement"]
+    assert report["datasheet"]["gold_rule"].endswith("40 gold label(s) taken from the imported dataset")
     total = report["counts"]["total"]
     assert total["train"] + total["dev"] + total["test"] == 40
     assert total["dev"] > 0 and total["test"] > 0
