@@ -189,7 +189,10 @@ def _locate(
             raise Invalid(f"file: {options.file} does not exist", field="file")
         return path
     found = under_root(data_root, options.file)
-    if found is None or not (found.is_dir() or found.suffix.lower() in FILE_FORMATS):
+    # A `datasets` directory is read file by file by `datasets`: a symlink inside it could lead
+    # out of the root, so a directory with any symlink is refused like a path outside it.
+    escapes = found is not None and found.is_dir() and any(p.is_symlink() for p in found.rglob("*"))
+    if found is None or escapes or not (found.is_dir() or found.suffix.lower() in FILE_FORMATS):
         raise Invalid(
             f"file: {NOT_READABLE}; give a path relative to the data root, or upload the file and name it "
             "with `dataset`",

@@ -214,6 +214,18 @@ def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_sp
     assert "the rest count as 1 vote" in source["statement"]
 
 
+def test_a_datasets_directory_with_a_symlink_out_of_the_root_is_refused(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, tmp_path: Path
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    (data_root / "hf").mkdir()
+    (data_root / "hf" / "data.arrow").symlink_to(tmp_path / "outside" / "private.csv")
+    before = table_counts(rooted)
+    response = _import(api, researcher, task, 1, kind="labelled", file="hf")
+    assert response.status_code == 422 and "not an uploaded dataset or a file under the data root" in response.text
+    assert table_counts(rooted) == before
+
+
 def test_numeric_labels_are_mapped_with_the_label_map(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
