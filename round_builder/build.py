@@ -181,6 +181,7 @@ def load_round(session: Session, round_: Round) -> RoundData:
             Attempt.confirmed,
             Example.origin,
             Example.requeue_count,
+            Example.source_metadata,
         )
         # Outer join: harvested examples (DynaSent §3.2) have no attempt.
         .outerjoin(Attempt, Example.attempt_id == Attempt.id)
@@ -204,6 +205,7 @@ def load_round(session: Session, round_: Round) -> RoundData:
                 r[11],
                 r[12].value,
                 int(r[13] or 0),
+                r[13],
             )
             for r in rows
         ],
@@ -222,6 +224,7 @@ def load_round(session: Session, round_: Round) -> RoundData:
             "confirmed",
             "origin",
             "requeue_count",
+            "source_metadata",
         ],
     )
     responses = counted_responses(session, round_, multi_label=multi)
@@ -313,7 +316,68 @@ def _gold(data: RoundData) -> pd.DataFrame:
     frame = frame.reindex(index)
     frame["kept"] = frame["kept"].fillna(False).astype(bool) if "kept" in frame else False
     frame.loc[frame["n_responses"].isna(), "reason"] = "no_counted_labels"
+    # Imported gold (modelling/round_imports.py, docs/round_builder.md "Imports"): a labelled
+    # dataset's own label, taken as is for an example nobody labelled here, with the dataset's
+    # vote counts where it had them (else 1 vote: the dataset's label); the datasheet says so.
+    imported: dict[int, dict[str, Any]] = {
+        int(e): meta
+        for e, meta in zip(data.examples["example_id"], data.examples["source_metadata"], strict=True)
+        if isinstance(meta, dict) and meta.get("gold")
+    }
+    answered = set(frame.index[frame["n_responses"].notna()])
+    fill = [e for e in imported if e not in answered]
+    if fill:
+        values = [tuple(imported[e]["gold"]) if definition.is_multi_label else imported[e]["gold"][0] for e in fill]
+        frame["gold"] = frame["gold"].astype(object)
+        frame.loc[fill, "gold"] = pd.Series(values, index=fill, dtype=object)
+        frame.loc[fill, "gold_votes"] = [imported[e].get("gold_votes") or 1 for e in fill]
+        frame.loc[fill, "n_responses"] = [imported[e].get("responses") or 1 for e in fill]
+        frame.loc[fill, "kept"] = True
+        frame.loc[fill, "reason"] = None
     return frame
+
+
+def gold_source(data: RoundData, gold: pd.DataFrame) -> dict[str, Any] | None:
+    """Where the build's gold labels came from, when any came from an import (None otherwise)."""
+    metas = dict(zip(data.examples["example_id"].astype(int), data.examples["source_metadata"], strict=True))
+    imports = {
+        (meta["import"]["kind"], meta["import"]["name"], meta["import"]["sha256"], meta["import"].get("source"))
+        for meta in metas.values()
+        if isinstance(meta, dict) and isinstance(meta.get("import"), dict)
+    }
+    if not imports:
+        return None
+    has_gold = gold["gold"].map(lambda g: isinstance(g, str | tuple))
+    answered = set(data.responses["example_id"].astype(int)) if not data.responses.empty else set()
+    from_import = sum(
+        1
+        for e, meta in metas.items()
+        if isinstance(meta, dict) and meta.get("gold") and e not in answered and bool(has_gold.get(e, False))
+    )
+    with_votes = sum(
+        1 for meta in metas.values() if isinstance(meta, dict) and meta.get("gold") and meta.get("gold_votes")
+    )
+    kept_splits = sum(1 for meta in metas.values() if isinstance(meta, dict) and meta.get("split"))
+    return {
+        "imported_gold": from_import,
+        "imported_gold_with_votes": with_votes,
+        "imported_with_original_split": kept_splits,
+        "from_responses": int(has_gold.sum()) - from_import,
+        "imports": [
+            {"kind": kind, "name": name, "sha256": sha256, **({"source": source} if source else {})}
+            for kind, name, sha256, source in sorted(imports, key=str)
+        ],
+        "statement": (
+            f"{from_import} gold label(s) were taken from the imported dataset as is, not from validation "
+            "in dynaloop; "
+            + (
+                f"{with_votes} carry the dataset's own vote counts, the rest count as 1 vote"
+                if from_import
+                else "every gold label was computed here from the imported responses"
+            )
+            + "."
+        ),
+    }
 
 
 def _distributional(data: RoundData) -> dict[int, dict[str, float]]:
@@ -525,6 +589,15 @@ def build_round(
         BuildOutcome(round_, data, config, gold, split_input, result, assignment, dropped, chance, policy)
     )
     report = assembled.to_dict()
+    source = gold_source(data, gold)
+    if source is not None:
+        report["datasheet"]["gold_source"] = source
+        if source["imported_gold"]:
+            sheet = report["datasheet"]
+            sheet["gold_rule"] = (
+                f"{sheet['gold_rule']} for gold computed here; {source['imported_gold']} gold label(s) "
+                "taken from the imported dataset"
+            )
     build.report = report
     round_.status = RoundStatus.built
     round_.built_at = utcnow()

@@ -86,6 +86,7 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/datasets/uploads"): {R},
     ("DELETE", f"{API}/tasks/{{task_name}}/datasets/uploads/{{dataset_name}}"): {R},
+    ("POST", f"{API}/tasks/{{task_name}}/rounds/{{number}}/imports"): {R},
     ("GET", f"{API}/rounds/{{round_id}}/plot-data"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/members"): {R},
     ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): {R},
@@ -270,6 +271,9 @@ def request_bodies(who: str, server: str, attempt_id: int) -> dict[tuple[str, st
             "content": b"text,label\nThe lunch was fine.,neutral\n",
             "params": {"name": f"matrix-{who}", "format": "csv"},
         },
+        ("POST", f"{API}/tasks/{{task_name}}/rounds/{{number}}/imports"): {
+            "json": {"kind": "labelled", "dataset": "matrix"}
+        },
     }
 
 
@@ -384,6 +388,7 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/datasets/uploads"): MANAGE,
     ("DELETE", f"{API}/tasks/{{task_name}}/datasets/uploads/{{dataset_name}}"): MANAGE,
+    ("POST", f"{API}/tasks/{{task_name}}/rounds/{{number}}/imports"): MANAGE,
     ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): OWNERS,
     ("DELETE", f"{API}/tasks/{{task_name}}/members/{{username}}"): OWNERS,
     ("GET", f"{API}/tasks/{{task_name}}/quiz"): WRITE,

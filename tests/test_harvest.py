@@ -249,7 +249,10 @@ def test_harvested_examples_are_validated_and_built_into_chance_level_splits(
         seen[label] += 1
 
     stats = client.get(f"/api/v1/rounds/{round_['id']}/stats", headers=researcher.headers).json()
-    assert stats["examples_by_origin"] == {"written": 0, "harvested": 48} and stats["examples"]["validating"] == 48
+    assert (
+        stats["examples_by_origin"] == {"written": 0, "harvested": 48, "imported": 0}
+        and stats["examples"]["validating"] == 48
+    )
     for validator in validators[:5]:
         while True:
             batch = client.get(f"/api/v1/rounds/{round_['id']}/validation-batch", headers=validator.headers).json()

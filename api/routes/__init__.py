@@ -21,6 +21,7 @@ from api.routes import (
     model_servers,
     models,
     onboarding,
+    round_imports,
     rounds,
     tasks,
     tokens,
@@ -48,6 +49,8 @@ ROUTERS = (
     Included(tasks.router),
     Included(members.router),
     Included(rounds.router),
+    # One request imports a whole file: the bulk path, not under the crowd's per-token limits.
+    Included(round_imports.router),
     Included(worker_quality.router),
     Included(onboarding.router),
     Included(assignments.router, (410, 429), rate_limited=True),

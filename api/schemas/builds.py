@@ -209,6 +209,25 @@ class Collected(BaseModel):
     closed: str | None
 
 
+class ImportedFile(BaseModel):
+    kind: str = Field(description="labelled or responses.")
+    name: str
+    sha256: str
+    source: str | None = None
+
+
+class GoldSource(BaseModel):
+    """Where a round's gold labels came from when it has imported examples (docs/round_builder.md
+    "Imports"): taken from an imported dataset as is, or computed here from imported responses."""
+
+    imported_gold: int
+    imported_gold_with_votes: int
+    imported_with_original_split: int
+    from_responses: int
+    imports: list[ImportedFile]
+    statement: str
+
+
 class Datasheet(BaseModel):
     """What a dataset user needs to know (Gebru et al., 2021)."""
 
@@ -231,6 +250,9 @@ class Datasheet(BaseModel):
     model_f1_macro: dict[str, float | None]
     build_policy: str | None = None
     agreement_counts: dict[str, int] | None = None
+    gold_source: GoldSource | None = Field(
+        None, description="Only for rounds with imported examples: where the gold labels came from."
+    )
 
 
 class RoundReport(BaseModel):

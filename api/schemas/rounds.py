@@ -144,6 +144,7 @@ class PromptCounts(BaseModel):
 class OriginCounts(BaseModel):
     written: int
     harvested: int
+    imported: int = Field(description="Imported from a labelled dataset or crowd responses (docs/round_builder.md).")
 
 
 class RoundStats(BaseModel):

@@ -216,6 +216,104 @@ def round_harvest(
     )
 
 
+# --- import ---------------------------------------------------------------------------------
+
+
+@app.command("import")
+def round_import(
+    task: TaskOpt,
+    number: Annotated[int, typer.Option("--round", help="Round number: the task's next round, or an empty one")],
+    kind: Annotated[str, typer.Option(help="labelled (examples with gold) or responses (example, worker, label)")],
+    file: Annotated[
+        Path | None,
+        typer.Option(help="CSV, TSV, JSONL, Parquet, or a directory written by datasets' save_to_disk"),
+    ] = None,
+    dataset: Annotated[str | None, typer.Option(help="An uploaded dataset of the task instead of a file")] = None,
+    text_column: str = "text",
+    label_column: str = "label",
+    label_separator: Annotated[str | None, typer.Option(help="Multi-label CSV/TSV: labels joined by this")] = None,
+    id_column: Annotated[str | None, typer.Option(help="The example's id (responses: groups rows)")] = None,
+    worker_column: str = "worker",
+    seconds_column: str | None = None,
+    target_start_column: str = "target_start",
+    target_end_column: str = "target_end",
+    target_column: Annotated[str | None, typer.Option(help="The target's text, checked at its offsets")] = None,
+    votes_column: Annotated[str | None, typer.Option(help="labelled: votes for the gold in the dataset")] = None,
+    responses_column: Annotated[str | None, typer.Option(help="labelled: annotators per row in the dataset")] = None,
+    split_column: Annotated[str | None, typer.Option(help="labelled: the dataset's own split")] = None,
+    label_map: Annotated[
+        str | None, typer.Option(help='JSON: file label -> task label(s), e.g. \'{"0": "not_irony"}\'')
+    ] = None,
+    source: Annotated[str | None, typer.Option(help="What the data is, for the report (e.g. a citation)")] = None,
+    max_rows: int = 1_000_000,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Import a labelled dataset or earlier crowd responses as a round, in one transaction
+    (docs/round_builder.md "Imports"); the round is closed, ready for `dynaloop round build`."""
+    import json
+
+    from pydantic import ValidationError
+
+    from modelling.round_imports import ImportOptions, import_round
+    from services.db.engine import session_scope
+    from services.domain import tasks
+    from services.errors import DomainError
+
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
+    ensure_schema(url)
+    try:
+        mapping = json.loads(label_map) if label_map else {}
+    except json.JSONDecodeError as exc:
+        raise fail(f"--label-map is not JSON: {exc.msg}") from exc
+    try:
+        options = ImportOptions.model_validate(
+            {
+                "kind": kind,
+                "label_map": mapping,
+                "file": file,
+                "dataset": dataset,
+                "text_column": text_column,
+                "label_column": label_column,
+                "label_separator": label_separator,
+                "id_column": id_column,
+                "worker_column": worker_column,
+                "seconds_column": seconds_column,
+                "target_start_column": target_start_column,
+                "target_end_column": target_end_column,
+                "target_column": target_column,
+                "votes_column": votes_column,
+                "responses_column": responses_column,
+                "split_column": split_column,
+                "source": source,
+            }
+        )
+    except ValidationError as exc:
+        raise fail(f"invalid import settings: {problems(exc)}") from exc
+    try:
+        with session_scope(session_factory(url)) as session:
+            imported = import_round(
+                session,
+                None,
+                tasks.get_task(session, task),
+                number,
+                options,
+                secret=settings.secret_key,
+                data_dir=settings.data_dir,
+                data_root=settings.data_root,
+                any_path=True,  # an operator with a shell reads any path
+                max_rows=max_rows,
+            )
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    console.print(
+        f"imported {imported.examples:,} examples"
+        + (f" and {imported.validations:,} responses of {imported.workers:,} workers" if imported.validations else "")
+        + f" into {imported.task} round {imported.round} (closed; build it with `dynaloop round build`)",
+        soft_wrap=True,
+    )
+
+
 # --- train ----------------------------------------------------------------------------------
 
 

@@ -134,6 +134,8 @@ class ModelVersionStatus(str, enum.Enum):
 class ExampleOrigin(str, enum.Enum):
     written = "written"  # submitted by a writer through an assignment
     harvested = "harvested"  # sampled from a natural corpus (DynaSent §3.2); no writer
+    # brought in from a labelled dataset or earlier crowd responses (docs/round_builder.md "Imports"); no writer
+    imported = "imported"
 
 
 def _enum(enum_cls: type[enum.Enum], length: int = 20) -> Any:
@@ -405,11 +407,11 @@ class Example(Base):
     __table_args__ = (
         Index("ix_examples_round_queue", "round_id", "status", "validation_count"),
         CheckConstraint("validation_count >= 0", name="validation_count_nonnegative"),
-        CheckConstraint("origin IN ('written', 'harvested')", name="origin_values"),
-        # A written example always has its writer, assignment and attempt; only harvested
-        # ones may lack them.
+        CheckConstraint("origin IN ('written', 'harvested', 'imported')", name="origin_values"),
+        # A written example always has its writer, assignment and attempt; harvested and
+        # imported ones lack them.
         CheckConstraint(
-            "origin = 'harvested' OR (writer_id IS NOT NULL AND assignment_id IS NOT NULL AND attempt_id IS NOT NULL)",
+            "origin <> 'written' OR (writer_id IS NOT NULL AND assignment_id IS NOT NULL AND attempt_id IS NOT NULL)",
             name="written_has_writer",
         ),
     )
@@ -424,6 +426,8 @@ class Example(Base):
         _enum(ExampleOrigin), default=ExampleOrigin.written, server_default=ExampleOrigin.written.value
     )
     # Harvested examples: corpus, document id, rating, sentence index, sampling pool, model version.
+    # Imported examples: the import (file, sha256, row) and, from a labelled dataset, the imported
+    # gold ("gold", "gold_votes", "responses", "split"; docs/round_builder.md "Imports").
     source_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     condition: Mapped[Condition] = mapped_column(_enum(Condition))
     text: Mapped[str] = mapped_column(Text)

@@ -1,0 +1,63 @@
+"""Imports of what researchers already have as a round: a labelled dataset or earlier crowd
+responses (modelling.round_imports, docs/round_builder.md "Imports"). One request imports the
+whole file; this router is not under the crowd's per-token rate limits (the bulk path)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, status
+from pydantic import BaseModel
+
+from api.deps import IdPath, SessionDep, SettingsDep, allowed
+from modelling.round_imports import ImportOptions, import_round
+from services.authorization import TaskPolicy, authorize
+from services.db.models import User
+from services.domain import tasks
+
+router = APIRouter(tags=["round imports"])
+
+
+class RoundImportPublic(BaseModel):
+    """What an import wrote: the round (closed, ready to build) and its counts."""
+
+    task: str
+    round: int
+    round_id: int
+    kind: str
+    examples: int
+    validations: int
+    workers: int
+    sha256: str
+
+
+@router.post(
+    "/tasks/{task_name}/rounds/{number}/imports", response_model=RoundImportPublic, status_code=status.HTTP_201_CREATED
+)
+def import_into_round(
+    task_name: str,
+    number: IdPath,
+    body: ImportOptions,
+    session: SessionDep,
+    settings: SettingsDep,
+    researcher: Annotated[User, allowed(TaskPolicy.manage)],
+) -> RoundImportPublic:
+    """Import an uploaded dataset of the task, or a file under the data root, as round ``number``
+    (the task's next round, or an empty one): a labelled dataset as validated examples with their
+    imported gold, or crowd responses as examples and validations. All rows or none; the round is
+    closed, ready to build."""
+    task = tasks.get_task(session, task_name)
+    authorize(researcher, TaskPolicy.manage(task))
+    imported = import_round(
+        session,
+        researcher,
+        task,
+        number,
+        body,
+        secret=settings.secret_key,
+        data_dir=settings.data_dir,
+        data_root=settings.data_root,
+        any_path=False,
+        max_rows=settings.max_upload_rows,
+    )
+    return RoundImportPublic(**imported.__dict__)

@@ -1,0 +1,728 @@
+"""Imports of what researchers already have, as a round (docs/round_builder.md "Imports").
+
+One use case, :func:`import_round`, called alike by `dynaloop round import` and
+``POST /api/v1/tasks/{task}/rounds/{n}/imports``. Two kinds of file:
+
+* ``labelled``: a labelled dataset (one row per example: text, gold label or label set, and
+  what the task's family needs: a target with character offsets, an intended label and a
+  rephrase). Each row becomes a validated example of ``origin = imported`` whose *imported
+  gold* (and, where the file has them, its vote counts and original split) is recorded in
+  ``source_metadata``; the build takes that gold as is and says so in its report.
+* ``responses``: earlier crowd responses, one row per (example, worker, label[, seconds]).
+  Each example becomes an imported example and each response a counted validation by a
+  pseudonymous validator account, so the ordinary builder computes gold, agreement and splits
+  from them exactly as for responses collected here.
+
+Everything is checked before anything is written, and the whole import is one transaction:
+a bad row is one error naming the row (counted from 1, the header not counted) and the column,
+never the row's text, and the database is left as it was.
+
+Files are read through the rules of :mod:`modelling.datasets`: the `dynaloop` command reads any
+path; the API only a task's uploaded dataset or a path under ``DYNALOOP_DATA_ROOT``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from modelling.datasets import (
+    DATASET_NAME_PATTERN,
+    FILE_FORMATS,
+    NOT_READABLE,
+    DataError,
+    parse_table,
+    under_root,
+    upload_path,
+)
+from services.db.models import (
+    Condition,
+    DatasetUpload,
+    Example,
+    ExampleOrigin,
+    ExampleStatus,
+    Role,
+    Round,
+    RoundStatus,
+    Task,
+    User,
+    Validation,
+    utcnow,
+)
+from services.domain import audit, rounds
+from services.domain.labels import check_label_set
+from services.domain.tasks import definition_of
+from services.errors import Conflict, Invalid
+from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
+from services.text import clean_text
+
+__all__ = ["MAX_IMPORT_BYTES", "MAX_TEXT_CHARS", "ImportOptions", "ImportedRound", "import_round", "worker_username"]
+
+#: The largest file (or `datasets` directory) one import reads.
+MAX_IMPORT_BYTES = 256 * 1024 * 1024
+#: The longest text of one imported example. Imported texts were not written here, so the task's
+#: writer limits (length, words) do not apply; the text policy (services/text.py) does.
+MAX_TEXT_CHARS = 5000
+#: The most distinct workers one responses import may bring in (each becomes an account).
+MAX_WORKERS = 100_000
+SPLITS = ("train", "dev", "test")
+
+
+class ImportOptions(BaseModel):
+    """What `dynaloop round import` and ``POST /tasks/{task}/rounds/{n}/imports`` take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["labelled", "responses"] = Field(
+        description="labelled: one row per example with its gold; responses: one row per (example, worker, label)."
+    )
+    dataset: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        pattern=DATASET_NAME_PATTERN,
+        description="An uploaded dataset of the task, by name (GET /tasks/{task}/datasets/uploads).",
+    )
+    file: Path | None = Field(
+        None,
+        description="CSV, TSV, JSONL, Parquet, or a directory written by `datasets`' save_to_disk; through "
+        "the API a path relative to the server's data root (DYNALOOP_DATA_ROOT).",
+    )
+    text_column: str = Field("text", min_length=1, max_length=200)
+    label_column: str = Field("label", min_length=1, max_length=200)
+    label_separator: str | None = Field(
+        None, min_length=1, max_length=10, description="Multi-label CSV/TSV: labels joined by this, e.g. ','."
+    )
+    id_column: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="The example's id in the file (responses: rows with the "
+        "same id are one example; without it, rows with the same text are).",
+    )
+    worker_column: str = Field("worker", min_length=1, max_length=200, description="responses: the worker's id.")
+    seconds_column: str | None = Field(
+        None, min_length=1, max_length=200, description="responses: seconds the worker took (optional)."
+    )
+    target_start_column: str = Field("target_start", min_length=1, max_length=200)
+    target_end_column: str = Field("target_end", min_length=1, max_length=200)
+    target_column: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="Target-dependent tasks: the target's text; checked against the text at the offsets.",
+    )
+    votes_column: str | None = Field(
+        None, min_length=1, max_length=200, description="labelled: how many of the original annotators chose the gold."
+    )
+    responses_column: str | None = Field(
+        None, min_length=1, max_length=200, description="labelled: how many original annotators labelled the row."
+    )
+    split_column: str | None = Field(
+        None, min_length=1, max_length=200, description="labelled: the dataset's own split (train, dev or test)."
+    )
+    label_map: dict[str, str | list[str]] = Field(
+        default_factory=dict,
+        max_length=1000,
+        description='A file\'s label value -> the task\'s label(s), e.g. {"0": "not_irony", "1": "irony"}; '
+        "values are compared as text, so 1 and '1' are the same key.",
+    )
+    source: str | None = Field(None, max_length=200, description="What the data is, for the report (e.g. a citation).")
+
+    @field_validator("file")
+    @classmethod
+    def _short_path(cls, value: Path | None) -> Path | None:
+        if value is not None and (len(str(value)) > 1000 or "\x00" in str(value)):
+            raise ValueError("a file path has at most 1000 characters and no NUL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> ImportOptions:
+        if (self.dataset is None) == (self.file is None):
+            raise ValueError("give exactly one of `dataset` (an uploaded dataset) or `file`")
+        return self
+
+
+@dataclass(frozen=True)
+class ImportedRound:
+    task: str
+    round: int
+    round_id: int
+    kind: str
+    examples: int
+    validations: int
+    workers: int
+    sha256: str
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _locate(
+    session: Session, task: Task, options: ImportOptions, *, data_dir: Path, data_root: Path | None, any_path: bool
+) -> Path:
+    """The file or directory to read, decided before anything is opened."""
+    if options.dataset is not None:
+        upload = session.scalar(
+            select(DatasetUpload).where(DatasetUpload.task_id == task.id, DatasetUpload.name == options.dataset)
+        )
+        if upload is None:
+            raise Invalid(f"dataset: task {task.name!r} has no uploaded dataset {options.dataset!r}", field="dataset")
+        path = upload_path(Path(data_dir) / "uploads", task.name, upload.sha256, upload.format)
+        if not path.is_file():
+            raise Invalid(f"dataset: the file of uploaded dataset {options.dataset!r} is missing; upload it again")
+        return path
+    assert options.file is not None
+    if any_path:
+        path = options.file.expanduser().resolve()
+        if not path.exists():
+            raise Invalid(f"file: {options.file} does not exist", field="file")
+        return path
+    found = under_root(data_root, options.file)
+    # A `datasets` directory is read file by file by `datasets`: a symlink inside it could lead
+    # out of the root, so a directory with any symlink is refused like a path outside it.
+    escapes = found is not None and found.is_dir() and any(p.is_symlink() for p in found.rglob("*"))
+    if found is None or escapes or not (found.is_dir() or found.suffix.lower() in FILE_FORMATS):
+        raise Invalid(
+            f"file: {NOT_READABLE}; give a path relative to the data root, or upload the file and name it "
+            "with `dataset`",
+            field="file",
+        )
+    return found
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode())
+        with file.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read(path: Path, options: ImportOptions, max_rows: int) -> pd.DataFrame:
+    name = options.dataset or path.name
+    size = _size(path)
+    if size > MAX_IMPORT_BYTES:
+        raise Invalid(f"{name} has {size} bytes; one import reads at most {MAX_IMPORT_BYTES}")
+    if path.is_dir():
+        frame = _read_saved_dataset(path, name, options)
+    else:
+        kind = FILE_FORMATS.get(path.suffix.lower())
+        if kind is None:
+            raise Invalid(f"{name}: unknown file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}")
+        try:
+            frame = parse_table(path, name, kind)
+        except DataError as exc:
+            raise Invalid(str(exc)) from exc
+    if frame.empty:
+        raise Invalid(f"{name} has no rows")
+    if len(frame) > max_rows:
+        raise Invalid(f"{name} has {len(frame)} rows; one import takes at most {max_rows}")
+    return frame.reset_index(drop=True)
+
+
+def _read_saved_dataset(path: Path, name: str, options: ImportOptions) -> pd.DataFrame:
+    """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``; a
+    DatasetDict's split names become the rows' original split."""
+    try:
+        import datasets  # type: ignore[import-untyped]
+    except ImportError as exc:  # pragma: no cover - the test extra installs it
+        raise Invalid(f"{name} is a directory; reading a `datasets` directory needs the `datasets` package") from exc
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as exc:  # datasets raises many types for a directory it cannot read
+        raise Invalid(f"{name} could not be read as a `datasets` directory (save_to_disk)") from exc
+    if isinstance(loaded, datasets.DatasetDict):
+        column = options.split_column or "split"
+        frames = []
+        for split, part in loaded.items():
+            frame = part.to_pandas()
+            assert isinstance(frame, pd.DataFrame)
+            frames.append(frame.assign(**{column: split}))
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    frame = loaded.to_pandas()
+    assert isinstance(frame, pd.DataFrame)
+    return frame
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def _where(row: int, column: str) -> str:
+    return f"row {row + 1}, column {column!r}"
+
+
+def _missing(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    return isinstance(value, str) and not value.strip()
+
+
+def _require_columns(frame: pd.DataFrame, columns: Sequence[str | None]) -> None:
+    absent = [c for c in columns if c is not None and c not in frame.columns]
+    if absent:
+        raise Invalid(f"the file has no column {absent[0]!r}; its columns are {sorted(map(str, frame.columns))[:30]}")
+
+
+def _text(value: Any, row: int, column: str) -> str:
+    if _missing(value):
+        raise Invalid(f"{_where(row, column)}: the text is empty")
+    if not isinstance(value, str):
+        raise Invalid(f"{_where(row, column)}: the text must be a string")
+    try:
+        return clean_text(value, field=_where(row, column), max_chars=MAX_TEXT_CHARS)
+    except Invalid as exc:
+        raise Invalid(str(exc)) from exc
+
+
+def _labels(
+    definition: TaskDefinition,
+    value: Any,
+    row: int,
+    column: str,
+    *,
+    allowed: list[str],
+    separator: str | None,
+    label_map: dict[str, str | list[str]],
+) -> list[str]:
+    where = _where(row, column)
+    if hasattr(value, "tolist") and not isinstance(value, str):  # numpy arrays from Parquet
+        value = value.tolist()
+    if isinstance(value, list):
+        items = value
+    elif _missing(value):
+        raise Invalid(f"{where}: the label is empty")
+    elif definition.is_multi_label and separator is not None and isinstance(value, str):
+        items = [part.strip() for part in value.split(separator) if part.strip()]
+    else:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        items = [str(value).strip()]
+    if label_map:
+        mapped: list[Any] = []
+        for item in items:
+            key = str(int(item)) if isinstance(item, float) and item.is_integer() else str(item).strip()
+            target = label_map.get(key, item)
+            mapped.extend(target if isinstance(target, list) else [target])
+        items = mapped
+    if not all(isinstance(item, str) for item in items):
+        raise Invalid(f"{where}: labels must be text")
+    try:
+        return check_label_set(definition, items, allowed=allowed, what=where)
+    except Invalid as exc:
+        # check_label_set names the unknown label; it is one of the file's label values, not its text.
+        raise Invalid(str(exc)) from exc
+
+
+def _count(value: Any, row: int, column: str, *, least: int) -> int | None:
+    if _missing(value):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not number.is_integer() or number < least or number > 10_000:
+        raise Invalid(f"{_where(row, column)}: must be a whole number from {least} to 10000")
+    return int(number)
+
+
+def _span(frame: pd.DataFrame, row: int, text: str, options: ImportOptions) -> dict[str, Any]:
+    """A target's character offsets, checked against the text (and the target's own text when the
+    file has it: a text may contain its target twice, so the offsets decide which)."""
+    offsets = []
+    for column in (options.target_start_column, options.target_end_column):
+        offset = _count(frame.at[row, column], row, column, least=0)
+        if offset is None:
+            raise Invalid(f"{_where(row, column)}: a target-dependent task needs the target's offsets")
+        offsets.append(offset)
+    start, end = offsets
+    if not 0 <= start < end <= len(text):
+        raise Invalid(
+            f"{_where(row, options.target_start_column)}: target offsets [{start}, {end}] are outside the text "
+            f"(0..{len(text)})"
+        )
+    if not text[start:end].strip():
+        raise Invalid(f"{_where(row, options.target_start_column)}: target offsets [{start}, {end}] cover only space")
+    if options.target_column is not None:
+        target = frame.at[row, options.target_column]
+        if not isinstance(target, str) or text[start:end] != target.strip():
+            raise Invalid(
+                f"{_where(row, options.target_column)}: the text at offsets [{start}, {end}] is not the target; "
+                "check the offsets (counted in characters from 0, end exclusive)"
+            )
+    return {"start": start, "end": end, "text": text[start:end]}
+
+
+def _extras(definition: TaskDefinition, frame: pd.DataFrame, row: int, text: str, options: ImportOptions) -> dict:
+    """The writer fields the file has (an intended label, a rephrase, ...), checked as when a writer
+    submits them; fields the file lacks are left out, whether the task requires them of writers or
+    not (an imported example was not written here)."""
+    extras: dict[str, Any] = {}
+    for spec in definition.writer_fields:
+        name = spec.name.value
+        if name == WriterFieldName.target_span.value:
+            extras[name] = _span(frame, row, text, options)
+            continue
+        if name not in frame.columns or _missing(frame.at[row, name]):
+            continue
+        value = frame.at[row, name]
+        choices = definition.field_choices(spec)
+        if choices is not None:
+            value = str(value).strip()
+            if value not in choices:
+                raise Invalid(f"{_where(row, name)}: not one of {choices}")
+            extras[name] = value
+        elif not isinstance(value, str):
+            raise Invalid(f"{_where(row, name)}: must be text")
+        else:
+            extras[name] = clean_text(value, field=_where(row, name), max_chars=spec.max_chars)
+    return extras
+
+
+def _key(text: str, extras: dict[str, Any]) -> tuple[Any, ...]:
+    span = extras.get(WriterFieldName.target_span.value)
+    return (text, span["start"], span["end"]) if span else (text,)
+
+
+# --------------------------------------------------------------------------- the round
+
+
+def _empty_round(session: Session, actor: User | None, task: Task, number: int) -> Round:
+    """Round ``number`` of ``task``: a new one when it is the next number, else an existing round
+    that has no examples yet (an import never mixes with collected examples)."""
+    round_ = session.scalar(select(Round).where(Round.task_id == task.id, Round.number == number))
+    if round_ is None:
+        following = (session.scalar(select(func.max(Round.number)).where(Round.task_id == task.id)) or 0) + 1
+        if number != following:
+            raise Invalid(f"task {task.name!r} has no round {number}; import into round {following} (the next one)")
+        return rounds.create_round(session, actor, task, model_servers=[], notes="imported")
+    if round_.status in (RoundStatus.closed, RoundStatus.built):
+        raise Conflict(f"round {number} is {round_.status.value}; import into a new round")
+    if session.scalar(select(func.count()).select_from(Example).where(Example.round_id == round_.id)):
+        raise Conflict(f"round {number} already has examples; import into a new round")
+    return round_
+
+
+def worker_username(secret: str, worker: str) -> str:
+    """The pseudonymous account of an external worker: an HMAC of the platform's worker id with
+    the deployment's secret, so the id itself is never stored and the same worker maps to the same
+    account in every import of one deployment."""
+    digest = hmac.new(secret.encode(), f"imported-worker:{worker}".encode(), hashlib.sha256).hexdigest()
+    return f"imported-{digest[:20]}"
+
+
+def _workers(session: Session, secret: str, ids: list[str]) -> dict[str, int]:
+    names = {worker: worker_username(secret, worker) for worker in ids}
+    existing: dict[str, int] = {}
+    wanted = sorted(set(names.values()))
+    for start in range(0, len(wanted), 1000):
+        existing.update(
+            session.execute(select(User.username, User.id).where(User.username.in_(wanted[start : start + 1000]))).all()
+        )
+    new = [name for name in wanted if name not in existing]
+    # Accounts that cannot log in: no password and inactive; they exist so that validations and
+    # the builder's per-worker statistics have a validator to point at.
+    users = [
+        User(
+            username=name,
+            display_name="imported worker",
+            roles=[Role.validator.value],
+            password_hash=None,
+            is_active=False,
+        )
+        for name in new
+    ]
+    session.add_all(users)
+    session.flush()
+    existing.update({user.username: user.id for user in users})
+    return {worker: existing[name] for worker, name in names.items()}
+
+
+def _example(round_: Round, definition: TaskDefinition, text: str, extras: dict, metadata: dict) -> Example:
+    return Example(
+        round_id=round_.id,
+        origin=ExampleOrigin.imported,
+        source_metadata=metadata,
+        # As for harvested sentences: the prompt condition lets an imported example reach dev/test;
+        # with no prompt id each example stands alone.
+        condition=Condition.prompt,
+        prompt_id=None,
+        text=text,
+        target_label=[],  # nobody wrote it for a label here
+        model_prediction=None,
+        model_id=None,
+        fooled=False,
+        extras=extras,
+        status=ExampleStatus.validated,
+        validation_count=0,
+        # What it was labelled with, not what the task asks of a new example: none for a labelled
+        # row (its gold is imported), the imported responses' count for a crowd one (set below),
+        # so the database's invariants (services/domain/invariants.py) hold for imported examples.
+        validations_needed=0,
+        requeue_count=0,
+    )
+
+
+def _labelled(
+    session: Session,
+    round_: Round,
+    definition: TaskDefinition,
+    frame: pd.DataFrame,
+    options: ImportOptions,
+    origin: dict,
+) -> int:
+    _require_columns(
+        frame,
+        [
+            options.text_column,
+            options.label_column,
+            options.votes_column,
+            options.responses_column,
+            options.split_column,
+            options.target_column,
+            *(
+                [options.target_start_column, options.target_end_column]
+                if definition.family is TaskFamily.target_dependent
+                else []
+            ),
+        ],
+    )
+    seen: dict[tuple[Any, ...], int] = {}
+    examples = []
+    for row in range(len(frame)):
+        text = _text(frame.at[row, options.text_column], row, options.text_column)
+        gold = _labels(
+            definition,
+            frame.at[row, options.label_column],
+            row,
+            options.label_column,
+            allowed=list(definition.labels),
+            separator=options.label_separator,
+            label_map=options.label_map,
+        )
+        extras = _extras(definition, frame, row, text, options)
+        key = _key(text, extras)
+        if key in seen:
+            raise Invalid(
+                f"row {row + 1} repeats row {seen[key] + 1} (the same text{' and target' if len(key) > 1 else ''})"
+            )
+        seen[key] = row
+        votes = (
+            _count(frame.at[row, options.votes_column], row, options.votes_column, least=1)
+            if options.votes_column
+            else None
+        )
+        answered = (
+            _count(frame.at[row, options.responses_column], row, options.responses_column, least=1)
+            if options.responses_column
+            else None
+        )
+        if votes is not None and answered is not None and votes > answered:
+            raise Invalid(f"{_where(row, options.votes_column or '')}: more votes for the gold than responses")
+        split = None
+        if options.split_column and not _missing(frame.at[row, options.split_column]):
+            split = str(frame.at[row, options.split_column]).strip().lower()
+            split = {"validation": "dev", "valid": "dev", "val": "dev"}.get(split, split)
+            if split not in SPLITS:
+                raise Invalid(f"{_where(row, options.split_column)}: not one of {list(SPLITS)} (or validation)")
+        identifier = frame.at[row, options.id_column] if options.id_column else None
+        metadata = {
+            **origin,
+            "row": row + 1,
+            "gold": gold,
+            "gold_votes": votes,
+            "responses": answered,
+            "split": split,
+            **({"id": str(identifier)[:200]} if not _missing(identifier) else {}),
+        }
+        examples.append(_example(round_, definition, text, extras, metadata))
+    session.add_all(examples)
+    session.flush()
+    return len(examples)
+
+
+def _responses(
+    session: Session,
+    round_: Round,
+    definition: TaskDefinition,
+    frame: pd.DataFrame,
+    options: ImportOptions,
+    origin: dict,
+    secret: str,
+) -> tuple[int, int, int]:
+    _require_columns(
+        frame,
+        [
+            options.text_column,
+            options.label_column,
+            options.worker_column,
+            options.id_column,
+            options.seconds_column,
+            options.target_column,
+            *(
+                [options.target_start_column, options.target_end_column]
+                if definition.family is TaskFamily.target_dependent
+                else []
+            ),
+        ],
+    )
+    items: dict[Any, dict[str, Any]] = {}
+    allowed = definition.effective_validation_labels
+    for row in range(len(frame)):
+        text = _text(frame.at[row, options.text_column], row, options.text_column)
+        extras = _extras(definition, frame, row, text, options)
+        if options.id_column:
+            raw_id = frame.at[row, options.id_column]
+            if _missing(raw_id):
+                raise Invalid(f"{_where(row, options.id_column)}: the example id is empty")
+            key: Any = ("id", str(raw_id).strip())
+        else:
+            key = _key(text, extras)
+        worker = frame.at[row, options.worker_column]
+        if _missing(worker):
+            raise Invalid(f"{_where(row, options.worker_column)}: the worker id is empty")
+        worker = str(int(worker) if isinstance(worker, float) and worker.is_integer() else worker).strip()[:200]
+        label = _labels(
+            definition,
+            frame.at[row, options.label_column],
+            row,
+            options.label_column,
+            allowed=allowed,
+            separator=options.label_separator,
+            label_map=options.label_map,
+        )
+        seconds = None
+        raw_seconds: Any = frame.at[row, options.seconds_column] if options.seconds_column else None
+        if options.seconds_column and not _missing(raw_seconds):
+            try:
+                seconds = float(raw_seconds)
+            except (TypeError, ValueError):
+                seconds = math.nan
+            if not 0 <= seconds <= 86_400:
+                raise Invalid(f"{_where(row, options.seconds_column)}: seconds must be a number from 0 to 86400")
+        item = items.setdefault(key, {"row": row, "text": text, "extras": extras, "labels": {}})
+        if item["text"] != text or item["extras"] != extras:
+            what = "text" if item["text"] != text else "target"
+            raise Invalid(
+                f"row {row + 1} gives example {key[1] if key[0] == 'id' else ''} a different {what} "
+                f"than row {item['row'] + 1}".replace("example  ", "example ")
+            )
+        if worker in item["labels"]:
+            raise Invalid(
+                f"row {row + 1}: the same worker labelled this example already in row {item['labels'][worker][2] + 1}"
+            )
+        item["labels"][worker] = (label, seconds, row)
+    workers = sorted({worker for item in items.values() for worker in item["labels"]})
+    if len(workers) > MAX_WORKERS:
+        raise Invalid(f"the file has {len(workers)} workers; one import takes at most {MAX_WORKERS}")
+    accounts = _workers(session, secret, workers)
+    examples = []
+    for key, item in items.items():
+        metadata = {**origin, "row": item["row"] + 1, **({"id": key[1][:200]} if key[0] == "id" else {})}
+        example = _example(round_, definition, item["text"], item["extras"], metadata)
+        example.validation_count = example.validations_needed = len(item["labels"])
+        examples.append(example)
+    session.add_all(examples)
+    session.flush()
+    created = utcnow()
+    validations = [
+        Validation(
+            example_id=example.id,
+            validator_id=accounts[worker],
+            label=label,
+            seconds_taken=seconds,
+            counted=True,
+            created_at=created,
+        )
+        for example, item in zip(examples, items.values(), strict=True)
+        for worker, (label, seconds, _row) in item["labels"].items()
+    ]
+    session.add_all(validations)
+    session.flush()
+    return len(examples), len(validations), len(workers)
+
+
+def import_round(
+    session: Session,
+    actor: User | None,
+    task: Task,
+    number: int,
+    options: ImportOptions,
+    *,
+    secret: str,
+    data_dir: Path,
+    data_root: Path | None,
+    any_path: bool,
+    max_rows: int,
+) -> ImportedRound:
+    """Import ``options``' file as round ``number`` of ``task`` in the caller's transaction, and
+    close the round so it can be built. Nothing is written unless every row is valid."""
+    definition = definition_of(task)
+    path = _locate(session, task, options, data_dir=data_dir, data_root=data_root, any_path=any_path)
+    frame = _read(path, options, max_rows)
+    if path.is_dir() and options.split_column is None and "split" in frame.columns:
+        options = options.model_copy(update={"split_column": "split"})  # a DatasetDict's split names
+    sha256 = _digest(path)
+    round_ = _empty_round(session, actor, task, number)
+    origin = {
+        "import": {
+            "kind": options.kind,
+            "name": options.dataset or path.name,
+            "sha256": sha256,
+            **({"source": clean_text(options.source, field="source", max_chars=200)} if options.source else {}),
+        }
+    }
+    if options.kind == "labelled":
+        count, validations, workers = _labelled(session, round_, definition, frame, options, origin), 0, 0
+    else:
+        count, validations, workers = _responses(session, round_, definition, frame, options, origin, secret)
+    now = utcnow()
+    round_.status = RoundStatus.closed
+    round_.validating_at = round_.validating_at or now
+    round_.closed_at = now
+    audit.record(
+        session,
+        actor,
+        "round.import",
+        "round",
+        round_.id,
+        task=task.name,
+        number=round_.number,
+        kind=options.kind,
+        sha256=sha256,
+        examples=count,
+        validations=validations,
+    )
+    session.flush()
+    return ImportedRound(
+        task=task.name,
+        round=round_.number,
+        round_id=round_.id,
+        kind=options.kind,
+        examples=count,
+        validations=validations,
+        workers=workers,
+        sha256=sha256,
+    )

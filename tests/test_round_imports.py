@@ -1,0 +1,471 @@
+"""Imports of what researchers already have (issue 17, point 3; docs/round_builder.md "Imports").
+
+A labelled dataset per task family becomes a round of validated examples whose gold is the
+dataset's own, and builds, with a report that says so; earlier crowd responses become examples
+and validations by pseudonymous accounts, and the build's gold and agreement match an
+independent computation on the same responses; every bad file is one clear 4xx naming the row
+and column, and the database is unchanged after it. On SQLite, and on PostgreSQL when
+DYNALOOP_TEST_POSTGRES_URL is set."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from statsmodels.stats.inter_rater import fleiss_kappa
+from typer.testing import CliRunner
+
+from api.app import create_app
+from dynaloop.cli import app as cli
+from modelling import round_imports
+from services.db.engine import session_scope
+from services.db.models import BuiltExample, Example, ExampleOrigin, User, Validation
+from services.domain.invariants import check_database
+from services.domain.tasks import create_task
+from services.domain.users import get_user
+from services.settings import Settings
+from tests.conftest import Actor, MakeUser, example_yaml, table_counts
+
+pytestmark = pytest.mark.timeout(300)
+
+API = "/api/v1"
+MAX_ROWS = 400
+FAMILIES = {
+    "single_label": "dynasent-r2",
+    "binary_variety": "besstie-en-in-sarcasm",
+    "intended_sarcasm": "isarcasm",
+    "target_dependent": "mad-tsc",
+    "multi_label": "ethioemo-amharic",
+}
+
+
+@pytest.fixture
+def data_root(tmp_path: Path) -> Path:
+    root = tmp_path / "data-root"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _write(outside / "private.csv", [{"text": "a private sentence", "label": "positive"}])
+    (root / "escape.csv").symlink_to(outside / "private.csv")
+    return root
+
+
+@pytest.fixture
+def rooted(settings: Settings, data_root: Path) -> FastAPI:
+    return create_app(settings.model_copy(update={"data_root": data_root, "max_upload_rows": MAX_ROWS}))
+
+
+@pytest.fixture
+def api(rooted: FastAPI) -> Any:
+    with TestClient(rooted) as test_client:
+        yield test_client
+
+
+def _task(app: FastAPI, researcher: Actor, name: str) -> str:
+    with session_scope(app.state.sessionmaker) as session:
+        create_task(
+            session, None, example_yaml(name, onboarding_quiz=None), owner=get_user(session, researcher.username)
+        )
+    return name
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
+    frame = pd.DataFrame(rows)
+    if path.suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif path.suffix == ".parquet":
+        frame.to_parquet(path, index=False)
+    else:
+        path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def _import(api: TestClient, who: Actor | None, task: str, number: int, **body: Any):  # type: ignore[no-untyped-def]
+    return api.post(f"{API}/tasks/{task}/rounds/{number}/imports", json=body, headers=who.headers if who else {})
+
+
+def _build(api: TestClient, who: Actor, round_id: int, **options: Any) -> dict[str, Any]:
+    response = api.post(f"{API}/rounds/{round_id}/build", json={"chance": False, **options}, headers=who.headers)
+    assert response.status_code == 201, response.text
+    return response.json()["report"]
+
+
+# --- a labelled dataset per family --------------------------------------------------------------
+
+
+def _labelled_rows(family: str) -> list[dict[str, Any]]:
+    """Forty rows, balanced over the family's gold classes, with the dataset's vote counts."""
+    rows: list[dict[str, Any]] = []
+    for i in range(40):
+        row: dict[str, Any] = {"votes": 3, "responses": 3}
+        if family == "single_label":
+            row.update(text=f"Review number {i} of the corner cafe.", label=["positive", "negative", "neutral"][i % 3])
+            row.update(votes=5, responses=5)
+        elif family == "binary_variety":
+            row.update(text=f"Oh great, another Monday number {i}.", label=["sarcastic", "not_sarcastic"][i % 2])
+        elif family == "intended_sarcasm":
+            label = ["sarcastic", "not_sarcastic"][i % 2]
+            row.update(text=f"I just love queueing for hour {i}.", label=label, intended_label=label)
+            if label == "sarcastic":
+                row["rephrase"] = f"I hate queueing for hour {i}."
+        elif family == "target_dependent":
+            # The target occurs twice; the offsets pick the second mention.
+            text = f"Smith met Jones, and Smith said the plan {i} was sound."
+            start = text.index("Smith", 1)
+            row.update(
+                text=text,
+                label=["negative", "neutral", "positive"][i % 3],
+                target="Smith",
+                target_start=start,
+                target_end=start + 5,
+            )
+        else:
+            row.update(text=f"ዛሬ ደስ ብሎኛል {i}", label=[["joy"], ["anger", "sadness"], ["neutral"]][i % 3])
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_labelled_dataset_of_each_family_imports_as_a_round_and_builds_with_its_gold_said_to_be_imported(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, family: str
+) -> None:
+    task = _task(rooted, researcher, FAMILIES[family])
+    rows = _labelled_rows(family)
+    suffix = ".parquet" if family in ("multi_label", "target_dependent") else ".jsonl"
+    _write(data_root / f"{family}{suffix}", rows)
+    extra = {"target_column": "target"} if family == "target_dependent" else {}
+    response = _import(
+        api, researcher, task, 1, kind="labelled", file=f"{family}{suffix}", votes_column="votes",
+        responses_column="responses", source="a test dataset", **extra,
+    )  # fmt: skip
+    assert response.status_code == 201, response.text
+    imported = response.json()
+    assert imported["examples"] == 40 and imported["validations"] == 0 and imported["round"] == 1
+
+    with session_scope(rooted.state.sessionmaker) as session:
+        examples = session.scalars(select(Example).where(Example.round_id == imported["round_id"])).all()
+        assert {e.origin for e in examples} == {ExampleOrigin.imported}
+        assert all(e.writer_id is None and e.validation_count == 0 for e in examples)
+        if family == "target_dependent":
+            spans = {(e.extras["target_span"]["start"], e.extras["target_span"]["text"]) for e in examples}
+            assert all(text == "Smith" and start > 0 for start, text in spans)  # the second mention
+        if family == "intended_sarcasm":
+            assert all(e.extras["intended_label"] == e.source_metadata["gold"][0] for e in examples)
+        assert check_database(session).ok, check_database(session).to_dict()
+
+    report = _build(api, researcher, imported["round_id"])
+    source = report["datasheet"]["gold_source"]
+    assert source["imported_gold"] == 40 and source["imported_gold_with_votes"] == 40
+    assert source["from_responses"] == 0
+    assert source["imports"][0]["source"] == "a test dataset" and source["imports"][0]["kind"] == "labelled"
+    assert "taken from the imported dataset as is, not from validation" in source["statement"]
+    assert report["datasheet"]["gold_rule"].endswith("40 gold label(s) taken from the imported dataset")
+    total = report["counts"]["total"]
+    assert total["train"] + total["dev"] + total["test"] == 40
+    assert total["dev"] > 0 and total["test"] > 0
+
+    with session_scope(rooted.state.sessionmaker) as session:
+        built = {
+            b.example_id: b
+            for b in session.scalars(
+                select(BuiltExample).where(BuiltExample.build_id == report_build_id(api, researcher, task))
+            )
+        }
+        for example in session.scalars(select(Example).where(Example.round_id == imported["round_id"])):
+            assert built[example.id].gold_label == example.source_metadata["gold"]
+            assert built[example.id].split in ("train", "dev", "test")
+    markdown = api.get(f"{API}/tasks/{task}/rounds/1/report", params={"format": "markdown"}, headers=researcher.headers)
+    assert "not from validation in dynaloop" in markdown.text
+
+
+def report_build_id(api: TestClient, who: Actor, task: str) -> int:
+    response = api.get(f"{API}/tasks/{task}/rounds/1/report", headers=who.headers)
+    assert response.status_code == 200, response.text
+    return int(response.json()["build_id"])
+
+
+def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_splits_are_recorded(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    rows = [
+        {"text": f"Sentence {i} about lunch.", "label": ["positive", "negative", "neutral"][i % 3], "split": s}
+        for i, s in enumerate(["train"] * 24 + ["validation"] * 6 + ["test"] * 6)
+    ]
+    _write(data_root / "plain.csv", rows)
+    response = _import(api, researcher, task, 1, kind="labelled", file="plain.csv", split_column="split")
+    assert response.status_code == 201, response.text
+    with session_scope(rooted.state.sessionmaker) as session:
+        splits = Counter(e.source_metadata["split"] for e in session.scalars(select(Example)))
+    assert splits == {"train": 24, "dev": 6, "test": 6}
+    # One vote each: below the task's dev/test rule (4 votes) unless the build is told otherwise.
+    report = _build(api, researcher, response.json()["round_id"], dev_test_min_votes=1)
+    source = report["datasheet"]["gold_source"]
+    assert source["imported_gold"] == 36 and source["imported_gold_with_votes"] == 0
+    assert source["imported_with_original_split"] == 36
+    assert "the rest count as 1 vote" in source["statement"]
+
+
+def test_a_datasets_directory_with_a_symlink_out_of_the_root_is_refused(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, tmp_path: Path
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    (data_root / "hf").mkdir()
+    (data_root / "hf" / "data.arrow").symlink_to(tmp_path / "outside" / "private.csv")
+    before = table_counts(rooted)
+    response = _import(api, researcher, task, 1, kind="labelled", file="hf")
+    assert response.status_code == 422 and "not an uploaded dataset or a file under the data root" in response.text
+    assert table_counts(rooted) == before
+
+
+def test_numeric_labels_are_mapped_with_the_label_map(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "besstie-en-in-sarcasm")
+    _write(data_root / "numbers.parquet", [{"text": f"Tweet {i}.", "label": i % 2} for i in range(6)])
+    unmapped = _import(api, researcher, task, 1, kind="labelled", file="numbers.parquet")
+    assert unmapped.status_code == 422 and "row 1, column 'label'" in unmapped.text
+    mapping = {"0": "not_sarcastic", "1": "sarcastic"}
+    response = _import(api, researcher, task, 1, kind="labelled", file="numbers.parquet", label_map=mapping)
+    assert response.status_code == 201, response.text
+    with session_scope(rooted.state.sessionmaker) as session:
+        gold = Counter(e.source_metadata["gold"][0] for e in session.scalars(select(Example)))
+    assert gold == {"not_sarcastic": 3, "sarcastic": 3}
+
+
+def test_a_saved_datasets_directory_imports_with_its_split_names(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    task = _task(rooted, researcher, "besstie-en-in-sarcasm")
+    parts = {
+        split: datasets.Dataset.from_list(
+            [{"text": f"{split} tweet {i}", "label": ["sarcastic", "not_sarcastic"][i % 2]} for i in range(n)]
+        )
+        for split, n in (("train", 10), ("validation", 4))
+    }
+    datasets.DatasetDict(parts).save_to_disk(str(data_root / "hf"))
+    response = _import(api, researcher, task, 1, kind="labelled", file="hf")
+    assert response.status_code == 201, response.text
+    with session_scope(rooted.state.sessionmaker) as session:
+        splits = Counter(e.source_metadata["split"] for e in session.scalars(select(Example)))
+    assert splits == {"train": 10, "dev": 4}
+
+
+# --- crowd responses ------------------------------------------------------------------------------
+
+
+def _responses(seed: int = 7) -> list[dict[str, Any]]:
+    """Sixty examples, five of twelve workers each, labels drawn around a true label."""
+    rng = np.random.default_rng(seed)
+    labels = ["positive", "negative", "neutral", "mixed"]
+    rows = []
+    for item in range(60):
+        true = item % 3
+        for worker in rng.choice(12, size=5, replace=False):
+            label = labels[true] if rng.random() < 0.8 else labels[int(rng.integers(4))]
+            text = f"Example {item} of the old responses."
+            seconds = float(rng.integers(3, 40))
+            rows.append(
+                {
+                    "item": f"x{item}",
+                    "text": text,
+                    "worker": f"PLATFORM-{worker:03d}",
+                    "label": label,
+                    "seconds": seconds,
+                }
+            )
+    return rows
+
+
+def test_crowd_responses_build_with_gold_and_agreement_matching_an_independent_computation(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    rows = _responses()
+    _write(data_root / "responses.csv", rows)
+    response = _import(
+        api, researcher, task, 1, kind="responses", file="responses.csv", id_column="item", seconds_column="seconds"
+    )
+    assert response.status_code == 201, response.text
+    assert response.json() | {"round_id": 0, "sha256": ""} == {
+        "task": task, "round": 1, "round_id": 0, "kind": "responses", "examples": 60, "validations": 300,
+        "workers": 12, "sha256": "",
+    }  # fmt: skip
+
+    with session_scope(rooted.state.sessionmaker) as session:
+        accounts = session.scalars(select(User).where(User.username.like("imported-%"))).all()
+        assert len(accounts) == 12
+        assert all(not a.is_active and a.password_hash is None for a in accounts)
+        assert not any("PLATFORM" in (a.username + (a.display_name or "")) for a in accounts)
+        assert session.scalar(select(Validation).limit(1)) is not None
+        assert check_database(session).ok, check_database(session).to_dict()
+    for password in ("", "x" * 12):
+        login = api.post(f"{API}/auth/login", json={"username": accounts[0].username, "password": password})
+        assert login.status_code in (401, 422), login.text
+
+    report = _build(api, researcher, response.json()["round_id"], dev_test_min_votes=3, model_based=None)
+    assert report["datasheet"]["gold_source"]["from_responses"] > 0
+    assert report["datasheet"]["gold_source"]["imported_gold"] == 0
+
+    # Independently: gold is the label with at least 3 of 5 votes (the task's rule), collapsed
+    # nothing; Fleiss' kappa over the five responses (statsmodels).
+    frame = pd.DataFrame(rows)
+    expected: dict[str, str | None] = {}
+    table = []
+    for item, group in frame.groupby("item"):
+        counts = Counter(group["label"])
+        label, votes = counts.most_common(1)[0]
+        expected[str(item)] = label if votes >= 3 else None
+        table.append([counts.get(name, 0) for name in ["positive", "negative", "neutral", "mixed"]])
+    with session_scope(rooted.state.sessionmaker) as session:
+        ids = {e.id: e.source_metadata["id"] for e in session.scalars(select(Example))}
+        built = {ids[b.example_id]: b for b in session.scalars(select(BuiltExample))}
+    for item, gold in expected.items():
+        assert (built[item].gold_label or [None])[0] == (gold if gold != "mixed" else None) or (
+            gold == "mixed" and built[item].split == "excluded"
+        ), item
+        assert built[item].responses == 5
+    kappa = fleiss_kappa(np.array(table))
+    found = report["agreement"]
+    fleiss = next(v for k, v in found.items() if "fleiss" in k.lower() and isinstance(v, float))
+    assert fleiss == pytest.approx(kappa, abs=1e-3)
+
+
+def test_the_cli_imports_a_file_from_any_path(settings: Settings, tmp_path: Path, make_user: MakeUser) -> None:
+    researcher = make_user("ruth", "researcher")
+    app = create_app(settings)
+    _task(app, researcher, "dynasent-r2")
+    file = _write(tmp_path / "anywhere.jsonl", [{"text": f"Line {i}.", "label": "positive"} for i in range(3)])
+    env = {"DYNALOOP_DATABASE_URL": settings.database_url or "", "DYNALOOP_SECRET_KEY": settings.secret_key}
+    result = CliRunner().invoke(
+        cli, ["round", "import", "--task", "dynasent-r2", "--round", "1", "--kind", "labelled", "--file", str(file)],
+        env=env, catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "imported 3 examples" in result.output
+    bad = _write(tmp_path / "bad.jsonl", [{"text": "Line.", "label": "glad"}])
+    result = CliRunner().invoke(
+        cli, ["round", "import", "--task", "dynasent-r2", "--round", "2", "--kind", "labelled", "--file", str(bad)],
+        env=env, catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code != 0 and "row 1, column 'label'" in result.output
+
+
+# --- bad input: one clear error, nothing written ----------------------------------------------------
+
+
+GOOD = {"text": "A fine sentence.", "label": "positive"}
+BAD_FILES: dict[str, tuple[str, list[dict[str, Any]] | str, dict[str, Any], str]] = {
+    "empty": ("empty.jsonl", "", {}, "has no rows"),
+    "no rows": ("header.csv", "text,label\n", {}, "has no rows"),
+    "too many rows": ("many.csv", [GOOD | {"text": f"Row {i}."} for i in range(MAX_ROWS + 1)], {}, "at most 400"),
+    "malformed": ("broken.jsonl", '{"text": "ok", "label": "positive"}\n{"text": ', {}, "could not be read"),
+    "unknown label": ("labels.csv", [GOOD, GOOD | {"text": "Another.", "label": "glad"}], {}, "row 2, column 'label'"),
+    "duplicate rows": ("dupes.csv", [GOOD, GOOD], {}, "row 2 repeats row 1"),
+    "missing column": ("cols.csv", [{"sentence": "x", "label": "positive"}], {}, "no column 'text'"),
+    "huge text": ("long.csv", [GOOD | {"text": "word " * 1200}], {}, "row 1, column 'text'"),
+    "control character": ("ctl.jsonl", [GOOD | {"text": "bad \x07 bell"}], {}, "row 1, column 'text'"),
+    "same worker twice": (
+        "twice.csv",
+        [GOOD | {"worker": "w1"}, GOOD | {"worker": "w1", "label": "negative"}],
+        {"kind": "responses"},
+        "the same worker labelled this example already in row 1",
+    ),
+    "bad votes": ("votes.csv", [GOOD | {"votes": "many"}], {"votes_column": "votes"}, "row 1, column 'votes'"),
+    "outside the root": ("../outside/private.csv", [], {}, "not an uploaded dataset or a file under the data root"),
+    "symlink out": ("escape.csv", [], {}, "not an uploaded dataset or a file under the data root"),
+    "absolute path": ("/etc/passwd", [], {}, "not an uploaded dataset or a file under the data root"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_bad_file_is_one_clear_error_and_the_database_is_unchanged(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    name, content, options, message = BAD_FILES[case]
+    if content or content == "":
+        path = data_root / name
+        if isinstance(content, str):
+            path.write_text(content, encoding="utf-8")
+        else:
+            _write(path, content)
+    before = table_counts(rooted)
+    response = _import(api, researcher, task, 1, **({"kind": "labelled", "file": name} | options))
+    assert response.status_code in (400, 409, 422), response.text
+    assert message in response.text
+    assert "private sentence" not in response.text and "word word" not in response.text
+    assert table_counts(rooted) == before
+
+
+BAD_OFFSETS = {
+    "outside the text": ({"target_start": 3, "target_end": 500}, "outside the text"),
+    "not the target": ({"target_start": 0, "target_end": 5, "target": "Jones"}, "is not the target"),
+    "missing": ({"target_start": None, "target_end": 4}, "needs the target's offsets"),
+    "reversed": ({"target_start": 9, "target_end": 4}, "outside the text"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OFFSETS))
+def test_bad_target_offsets_are_refused_and_nothing_is_written(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str
+) -> None:
+    task = _task(rooted, researcher, "mad-tsc")
+    good = {"text": "Smith met Jones.", "label": "neutral", "target": "Smith", "target_start": 0, "target_end": 5}
+    change, message = BAD_OFFSETS[case]
+    _write(data_root / "targets.jsonl", [good | {"text": "Smith met Jones again."}, good | change])
+    before = table_counts(rooted)
+    response = _import(api, researcher, task, 1, kind="labelled", file="targets.jsonl", target_column="target")
+    assert response.status_code == 422, response.text
+    assert "row 2" in response.text and message in response.text
+    assert table_counts(rooted) == before
+
+
+def test_only_the_tasks_researchers_may_import(
+    api: TestClient, rooted: FastAPI, researcher: Actor, make_user: MakeUser, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    _write(data_root / "ok.csv", [GOOD])
+    others = [None, make_user("other", "researcher"), make_user("val", "validator"), make_user("wri", "writer")]
+    before = table_counts(rooted)
+    for who in others:
+        response = _import(api, who, task, 1, kind="labelled", file="ok.csv")
+        # Another researcher does not learn that the task exists (404); crowdworkers are refused.
+        assert response.status_code in (401, 403, 404), response.text
+    assert table_counts(rooted) == before
+    assert _import(api, researcher, task, 1, kind="labelled", file="ok.csv").status_code == 201
+
+
+def test_a_round_with_examples_or_a_skipped_number_is_refused(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    _write(data_root / "ok.csv", [GOOD])
+    assert _import(api, researcher, task, 1, kind="labelled", file="ok.csv").status_code == 201
+    before = table_counts(rooted)
+    again = _import(api, researcher, task, 1, kind="labelled", file="ok.csv")
+    assert again.status_code == 409 and "import into a new round" in again.text
+    skipped = _import(api, researcher, task, 5, kind="labelled", file="ok.csv")
+    assert skipped.status_code == 422 and "round 2" in skipped.text
+    assert table_counts(rooted) == before
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    _write(data_root / "big.csv", [GOOD | {"text": f"Row {i}."} for i in range(50)])
+    monkeypatch.setattr(round_imports, "MAX_IMPORT_BYTES", 100)
+    before = table_counts(rooted)
+    response = _import(api, researcher, task, 1, kind="labelled", file="big.csv")
+    assert response.status_code == 422 and "at most 100" in response.text
+    assert table_counts(rooted) == before
