@@ -56,6 +56,25 @@ class PrintedTraining(TrainingListener):
             + f", {result.examples_per_second:.1f} examples/s; wrote {self.out}",
             soft_wrap=True,
         )
+        per_class = result.best_dev_f1_per_class
+        if per_class:
+            collapsed = [label for label, f1 in per_class.items() if f1 == 0]
+            console.print(
+                "dev F1 per class (best epoch): " + ", ".join(f"{label} {f1:.4f}" for label, f1 in per_class.items()),
+                soft_wrap=True,
+                highlight=False,
+                markup=False,
+            )
+            if collapsed:
+                err.print(
+                    f"warning: dev F1 is 0 for {', '.join(collapsed)}: the model never gets "
+                    f"{'this class' if len(collapsed) == 1 else 'these classes'} right (try --class-weights balanced)",
+                    soft_wrap=True,
+                    highlight=False,
+                    markup=False,
+                )
+        if result.unknown_token_warning:
+            err.print(f"warning: {result.unknown_token_warning}", soft_wrap=True, highlight=False, markup=False)
 
 
 class PrintedEvaluation(EvaluationListener):
@@ -80,4 +99,6 @@ class PrintedEvaluation(EvaluationListener):
                 "–" if metrics.solved is None else ("yes" if metrics.solved else "no"),
             )
         console.print(table)
+        for warning in evaluation.warnings:
+            err.print(f"warning: {warning}", soft_wrap=True, highlight=False, markup=False)
         console.print(f"wrote {len(files)} files to {self.out}", soft_wrap=True)
