@@ -317,3 +317,40 @@ def test_round_evaluate_reports_the_yamls_positive_class_and_the_warning(tmp_pat
     assert data["positive_label"] == "ham" and data["sets"][0]["positive_label"] == "ham"
     assert data["sets"][0]["positive_f1"] == data["sets"][0]["f1"]["ham"]
     assert data["warnings"] and "[UNK]" in data["warnings"][0]
+
+
+# ---------------------------------------------------------------------------- training defaults
+
+
+def test_round_train_uses_the_tasks_class_weights_and_prints_per_class_dev_f1(tmp_path: Path) -> None:
+    """BESSTIE's YAML asks for its paper's class-weighted loss: `round train` uses it unless told
+    otherwise, records it, and prints each class's dev F1 (a class at 0 is called out)."""
+    from dynaloop.cli import app as cli
+
+    runner = CliRunner()
+    url = f"sqlite:///{tmp_path / 'train.db'}"
+    assert runner.invoke(cli, ["db", "upgrade", "--database-url", url]).exit_code == 0
+    assert runner.invoke(cli, ["task", "create", "besstie-en-in-sarcasm", "--database-url", url]).exit_code == 0
+    posts = ["yeah right great plan", "the metro is late again", "oh wonderful more rain", "lunch was fine"]
+    rows = [f"{post} {i},{['sarcastic', 'not_sarcastic', 'not_sarcastic'][i % 3]}" for i, post in enumerate(posts * 3)]
+    (tmp_path / "posts.csv").write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    (tmp_path / "mix.yaml").write_text(
+        "train:\n  - file: posts.csv\n    label_column: label\ndev:\n  file: posts.csv\n  label_column: label\n",
+        encoding="utf-8",
+    )
+    args = ["round", "train", "--task", "besstie-en-in-sarcasm", "--mix", str(tmp_path / "mix.yaml"), "--tiny"]
+    args += ["--cpu", "--epochs", "1", "--batch-size", "8", "--learning-rate", "1e-9", "--database-url", url]
+    default = runner.invoke(cli, [*args, "--out", str(tmp_path / "default")])
+    assert default.exit_code == 0, default.output
+    metadata = ModelMetadata.load(tmp_path / "default").model_extra or {}
+    assert metadata["hyperparameters"]["class_weights"] == "balanced"
+    per_class = metadata["training"]["best_dev_f1_per_class"]
+    assert set(per_class) == {"sarcastic", "not_sarcastic"}
+    printed = " ".join(default.output.split())
+    assert "dev F1 per class (best epoch): " + ", ".join(f"{k} {v:.4f}" for k, v in per_class.items()) in printed
+    collapsed = [label for label, f1 in per_class.items() if f1 == 0]
+    assert ("dev F1 is 0 for" in printed) is bool(collapsed)
+
+    plain = runner.invoke(cli, [*args, "--out", str(tmp_path / "plain"), "--class-weights", "none"])
+    assert plain.exit_code == 0, plain.output
+    assert (ModelMetadata.load(tmp_path / "plain").model_extra or {})["hyperparameters"]["class_weights"] == "none"
