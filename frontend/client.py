@@ -106,6 +106,8 @@ class TaskDefinition(TypedDict):
     instructions: str
     validator_instructions: str
     onboarding_quiz: OnboardingQuiz | None
+    positive_label: str | None  # two-label tasks: the class whose F1 evaluation reports
+    training: dict[str, Any]  # training defaults, e.g. {"class_weights": "balanced"}
 
 
 class Task(TypedDict):
@@ -115,6 +117,7 @@ class Task(TypedDict):
     family: str
     definition: TaskDefinition
     created_at: str
+    warnings: list[str]  # on creation only, e.g. the tokenizer coverage warning
 
 
 class Round(TypedDict):

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE, token_coverage
 from modelling.datasets import LabelledSet
 from modelling.errors import EvaluationError
 from modelling.inference import LoadedClassifier, predict_loaded
@@ -44,6 +45,9 @@ class Evaluation:
     positive_label: str | None = None
     #: Labels never predicted with others (EthioEmo's neutral; model_directory.multi_label_choice).
     exclusive_labels: list[str] = field(default_factory=list)
+    # The backbone tokenizer's unknown-token share on the sets' texts; a warning above the limit.
+    tokenizer_coverage: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
     evaluated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
     #: Each set's probabilities (rows of the set, columns in its label order), in the order of
     #: ``sets``: what :meth:`predictions` reads.
@@ -132,6 +136,8 @@ class Evaluation:
                 "multi_label": self.multi_label,
                 "threshold": self.threshold,
                 "positive_label": self.positive_label,
+                "tokenizer_coverage": self.tokenizer_coverage,
+                "warnings": self.warnings,
                 "evaluated_at": self.evaluated_at,
                 "macro_f1": {m.name: m.macro_f1 for m in self.sets},
                 "solved": self.solved,
@@ -254,6 +260,7 @@ def evaluate_model(
     batch_size: int = 64,
     device: str | None = None,
     progress: bool = False,
+    max_unknown_token_share: float = DEFAULT_MAX_UNKNOWN_TOKEN_SHARE,
 ) -> Evaluation:
     """Predict every set with the model in ``model_dir`` and score it (:func:`compute_metrics`,
     per variety too). ``human_f1`` maps set names (``round 1 dev``) to the round's human
@@ -262,7 +269,7 @@ def evaluate_model(
     classifier = LoadedClassifier.load(model_dir, device=device)
     probabilities = [_predict_set(classifier, labelled, batch_size=batch_size, progress=progress) for labelled in sets]
     metadata = classifier.metadata
-    return evaluate_probabilities(
+    evaluation = evaluate_probabilities(
         sets,
         probabilities,
         human_f1=human_f1,
@@ -273,6 +280,11 @@ def evaluate_model(
         model_version=metadata.version,
         model_dir=str(model_dir),
     )
+    coverage = token_coverage(classifier.tokenizer, (text for labelled in sets for text in labelled.texts))
+    evaluation.tokenizer_coverage = coverage.to_dict()
+    if coverage.exceeds(max_unknown_token_share):
+        evaluation.warnings.append(coverage.message("the evaluated sets"))
+    return evaluation
 
 
 # ---------------------------------------------------------------------------- cross-variety (BESSTIE Fig. 5)

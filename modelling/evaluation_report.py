@@ -102,6 +102,8 @@ def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatri
         f"{about[0].upper()}{about[1:]}. F1 scores in percent.",
         "",
     ]
+    for warning in evaluation.warnings:
+        lines += [f"**Warning:** {warning}", ""]
     if evaluation.multi_label:
         lines += [
             f"Multi-label: a label is predicted when its probability is at least {evaluation.threshold}. "

@@ -705,8 +705,11 @@ def _train(context: _Context) -> dict[str, Any]:
         "epochs_run": result.epochs_run,
         "best_epoch": result.best_epoch,
         "best_dev_macro_f1": best,
+        "best_dev_f1_per_class": result.best_dev_f1_per_class,
         "stopped_early": result.stopped_early,
         "examples_per_second": round(result.examples_per_second, 2),
+        "tokenizer_coverage": None if result.tokenizer_coverage is None else result.tokenizer_coverage.to_dict(),
+        "unknown_token_warning": result.unknown_token_warning,
     }
 
 

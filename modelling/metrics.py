@@ -33,18 +33,26 @@ POSITIVE_CLASS_NAMES = ("positive", "sarcastic", "sarcasm", "yes", "true", "1")
 
 
 def default_positive_label(labels: Sequence[str]) -> str:
-    """The positive class of a binary task: the label named like one (``positive``,
-    ``sarcastic``, ...; see :data:`POSITIVE_CLASS_NAMES`), else ``labels[1]`` (scikit-learn's
-    ``pos_label=1`` for labels ordered [negative, positive]).
+    """The positive class of a binary task whose YAML names none (``positive_label``): the label
+    named like one (``positive``, ``sarcastic``, ...; see :data:`POSITIVE_CLASS_NAMES`), else the
+    label whose negation the other is (``irony`` beside ``non_irony`` / ``not_irony``), else
+    ``labels[1]`` (scikit-learn's ``pos_label=1`` for labels ordered [negative, positive]).
 
     >>> default_positive_label(["sarcastic", "not_sarcastic"])
     'sarcastic'
+    >>> default_positive_label(["irony", "non_irony"]), default_positive_label(["non_irony", "irony"])
+    ('irony', 'irony')
     >>> default_positive_label(["ham", "spam"])
     'spam'
     """
     for name in POSITIVE_CLASS_NAMES:
         for label in labels:
             if label.lower() == name:
+                return label
+    if len(labels) == 2:
+        for label, other in (labels, labels[::-1]):
+            lowered = other.lower()
+            if any(lowered in (f"{p}{label.lower()}", f"{p}_{label.lower()}") for p in ("non", "not", "no")):
                 return label
     return labels[1]
 
@@ -243,3 +251,28 @@ def macro_f1(
             gold, predicted, labels=None if multi_label else list(range(y.shape[1])), average="macro", zero_division=0
         )
     )
+
+
+def per_class_f1(
+    y: np.ndarray,
+    scores: np.ndarray,
+    labels: Sequence[str],
+    *,
+    family: Literal["single_label", "multi_label"],
+    threshold: float = 0.5,
+    exclusive: Sequence[int] = (),
+) -> dict[str, float]:
+    """Each class's (single-label) or label's (multi-label) F1, as :func:`macro_f1` decides gold
+    and predictions: a class the model never predicts shows as 0 (``round train`` prints it).
+
+    >>> per_class_f1(np.eye(2)[[0, 1, 1]], np.array([[.9, .1], [.8, .2], [.3, .7]]), ["neg", "pos"],
+    ...              family="single_label")
+    {'neg': 0.6667, 'pos': 0.6667}
+    """
+    multi_label = family == "multi_label"
+    gold = (y >= 0.5).astype(int) if multi_label else y.argmax(axis=1)
+    predicted = predicted_labels(scores, multi_label=multi_label, threshold=threshold, exclusive=exclusive)
+    values = f1_score(
+        gold, predicted, labels=None if multi_label else list(range(y.shape[1])), average=None, zero_division=0
+    )
+    return {label: round(float(value), 4) for label, value in zip(labels, values, strict=True)}

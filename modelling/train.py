@@ -59,8 +59,9 @@ from transformers import (
 )
 
 from model_directory import METADATA_FILE, ModelMetadata
+from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE, TokenCoverage, token_coverage
 from modelling.datasets import LabelledSet, expand
-from modelling.metrics import macro_f1
+from modelling.metrics import macro_f1, per_class_f1
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,16 @@ class TrainConfig(BaseModel):
         "epoch", description="Save a resumable checkpoint every N optimizer steps, or at each epoch's end only."
     )
     resume: bool = Field(False, description="Continue from the newest checkpoint in out_dir/checkpoints.")
+    max_unknown_token_share: float = Field(
+        DEFAULT_MAX_UNKNOWN_TOKEN_SHARE,
+        ge=0,
+        le=1,
+        description="Refuse to train when more than this share of the mix's tokens are the backbone "
+        "tokenizer's unknown token (DYNALOOP_MAX_UNKNOWN_TOKEN_SHARE).",
+    )
+    allow_unknown_tokens: bool = Field(
+        False, description="Train even above max_unknown_token_share (the share is still recorded and logged)."
+    )
 
     @field_validator("checkpoint_every")
     @classmethod
@@ -122,7 +133,7 @@ class TrainConfig(BaseModel):
 
     def recorded(self) -> dict[str, object]:
         """The hyperparameters as written to the model's metadata."""
-        values = self.model_dump(mode="json", exclude={"resume"})
+        values = self.model_dump(mode="json", exclude={"resume", "allow_unknown_tokens"})
         values["base"] = str(self.resolved_base())
         return values
 
@@ -135,6 +146,8 @@ class EpochRecord:
     examples: int
     seconds: float
     examples_per_second: float
+    # F1 of each class (label) on dev: a class the model never predicts shows as 0 at once.
+    dev_f1_per_class: dict[str, float] | None = None
 
 
 @dataclass
@@ -148,16 +161,29 @@ class TrainResult:
     resumed_from_step: int | None
     examples_per_second: float
     wall_seconds: float
+    tokenizer_coverage: TokenCoverage | None = None
+    unknown_token_warning: str | None = None  # set when the coverage is above the limit (allowed)
 
     @property
     def epochs_run(self) -> int:
         return len(self.history)
+
+    @property
+    def best_dev_f1_per_class(self) -> dict[str, float] | None:
+        """Per-class dev F1 of the epoch whose weights were kept."""
+        for record in self.history:
+            if record.epoch == self.best_epoch:
+                return record.dev_f1_per_class
+        return None
 
     def metrics(self) -> dict[str, object]:
         return {
             "epochs_run": self.epochs_run,
             "best_epoch": self.best_epoch,
             "best_dev_macro_f1": self.best_dev_macro_f1,
+            "best_dev_f1_per_class": self.best_dev_f1_per_class,
+            "tokenizer_coverage": None if self.tokenizer_coverage is None else self.tokenizer_coverage.to_dict(),
+            "unknown_token_warning": self.unknown_token_warning,
             "stopped_early": self.stopped_early,
             "resumed_from_step": self.resumed_from_step,
             "examples_per_second": round(self.examples_per_second, 2),
@@ -461,7 +487,16 @@ def _fingerprint(
         "dev": dev.sha256() if dev is not None else None,
         "config": config.model_dump(
             mode="json",
-            exclude={"epochs", "early_stopping_patience", "resume", "checkpoint_every", "cpu", "mixed_precision"},
+            exclude={
+                "epochs",
+                "early_stopping_patience",
+                "resume",
+                "checkpoint_every",
+                "cpu",
+                "mixed_precision",
+                "allow_unknown_tokens",
+                "max_unknown_token_share",
+            },
         ),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -519,6 +554,11 @@ def train_model(
     if unknown_exclusive:
         raise TrainingError(f"exclusive_labels {unknown_exclusive} are not among the labels {labels}")
     exclusive = [labels.index(label) for label in exclusive_labels] if family == "multi_label" else []
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TrainingError(f"cannot load the tokenizer of {base}: {exc}") from exc
+    coverage = check_tokenizer_coverage(tokenizer, train_sets, dev, config)
 
     accelerator = Accelerator(
         cpu=config.cpu,
@@ -536,7 +576,8 @@ def train_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = out_dir / CHECKPOINTS_DIR
 
-    tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    if coverage.exceeds(config.max_unknown_token_share):
+        _warn(accelerator, "%s (training anyway: allow_unknown_tokens)", coverage.message("the training mix"))
     max_length = min(config.max_length, getattr(tokenizer, "model_max_length", None) or config.max_length)
     model = fresh_classifier(base, labels, family)
     collate = Collate(tokenizer, max_length, input_format)
@@ -666,9 +707,9 @@ def train_model(
             torch.tensor([state.loss_sum, state.loss_examples], device=accelerator.device), "sum"
         )
         loss_sum, examples = totals.tolist()
-        dev_f1 = None
+        dev_f1 = dev_per_class = None
         if dev is not None and dev_loader is not None:
-            dev_f1 = _dev_macro_f1(accelerator, model, dev_loader, dev, family, exclusive)
+            dev_f1, dev_per_class = _dev_scores(accelerator, model, dev_loader, dev, family, exclusive)
         record = EpochRecord(
             epoch=epoch,
             train_loss=loss_sum / max(examples, 1.0),
@@ -676,6 +717,7 @@ def train_model(
             examples=int(examples),
             seconds=round(state.epoch_seconds, 3),
             examples_per_second=examples / max(state.epoch_seconds, 1e-9),
+            dev_f1_per_class=dev_per_class,
         )
         improved = dev_f1 is not None and (state.best_dev_macro_f1 is None or dev_f1 > state.best_dev_macro_f1)
         if improved:
@@ -726,6 +768,10 @@ def train_model(
         "resumed_from_step": resumed_from,
         "examples_per_second": examples_per_second,
         "wall_seconds": wall_seconds,
+        "best_dev_f1_per_class": next(
+            (record.dev_f1_per_class for record in history if record.epoch == state.best_epoch), None
+        ),
+        "tokenizer_coverage": coverage.to_dict(),
     }
     metadata = ModelMetadata(
         model_id=model_id,
@@ -769,18 +815,44 @@ def train_model(
         resumed_from_step=resumed_from,
         examples_per_second=examples_per_second,
         wall_seconds=wall_seconds,
+        tokenizer_coverage=coverage,
+        unknown_token_warning=(
+            coverage.message("the training mix") if coverage.exceeds(config.max_unknown_token_share) else None
+        ),
     )
 
 
+def check_tokenizer_coverage(
+    tokenizer: PreTrainedTokenizerBase,
+    train_sets: Sequence[LabelledSet],
+    dev: LabelledSet | None,
+    config: TrainConfig,
+) -> TokenCoverage:
+    """The share of the mix's tokens (train and dev texts) that ``tokenizer`` maps to its unknown
+    token; a :class:`TrainingError` above ``config.max_unknown_token_share`` unless
+    ``config.allow_unknown_tokens`` (docs/training.md, "Tokenizer coverage")."""
+    texts = (text for labelled in [*train_sets, *([dev] if dev is not None else [])] for text in labelled.texts)
+    coverage = token_coverage(tokenizer, texts)
+    if coverage.exceeds(config.max_unknown_token_share) and not config.allow_unknown_tokens:
+        raise TrainingError(
+            f"{coverage.message('the training mix')} Refusing to train above "
+            f"{config.max_unknown_token_share:.0%} (DYNALOOP_MAX_UNKNOWN_TOKEN_SHARE); to train anyway pass "
+            "--allow-unknown-tokens (`allow_unknown_tokens: true` in a train job's params)."
+        )
+    return coverage
+
+
 @torch.no_grad()
-def _dev_macro_f1(
+def _dev_scores(
     accelerator: Accelerator,
     model: torch.nn.Module,
     loader: DataLoader,
     dev: LabelledSet,
     family: Family,
     exclusive: Sequence[int] = (),
-) -> float:
+) -> tuple[float, dict[str, float]]:
+    """Dev macro-F1 (early stopping watches it) and each class's F1, the exclusive labels
+    (EthioEmo's neutral) never predicted with others."""
     model.eval()
     chunks = []
     for batch in loader:
@@ -789,12 +861,21 @@ def _dev_macro_f1(
         scores = torch.sigmoid(logits) if family == "multi_label" else logits
         chunks.append(accelerator.gather_for_metrics(scores).cpu())
     model.train()
-    return macro_f1(dev.y, torch.cat(chunks).numpy(), family=family, exclusive=exclusive)
+    scores = torch.cat(chunks).numpy()
+    return (
+        macro_f1(dev.y, scores, family=family, exclusive=exclusive),
+        per_class_f1(dev.y, scores, dev.labels, family=family, exclusive=exclusive),
+    )
 
 
 def _info(accelerator: Accelerator, message: str, *args: object) -> None:
     if accelerator.is_main_process:
         logger.info(message, *args)
+
+
+def _warn(accelerator: Accelerator, message: str, *args: object) -> None:
+    if accelerator.is_main_process:
+        logger.warning(message, *args)
 
 
 def _versions() -> dict[str, str]:

@@ -39,6 +39,7 @@ from services.db.engine import session_scope
 from services.db.models import ModelVersion, Task, User
 from services.domain.tasks import definition_of, get_task
 from services.errors import DomainError, Invalid
+from services.settings import get_settings
 
 if TYPE_CHECKING:
     from modelling.datasets import LabelledSet
@@ -125,7 +126,16 @@ class TrainOptions(BaseModel):
     learning_rate: float = Field(2e-5, gt=0, le=1)
     max_length: int = Field(128, ge=8, le=8192)
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    class_weights: Literal["none", "balanced"] | dict[str, float] = "none"
+    class_weights: Literal["none", "balanced"] | dict[str, float] | None = Field(
+        None,
+        description="none, balanced (from the mix's label mass) or {label: weight}; default: the task "
+        "YAML's `training.class_weights` (none when it has none).",
+    )
+    allow_unknown_tokens: bool = Field(
+        False,
+        description="Train even when more than DYNALOOP_MAX_UNKNOWN_TOKEN_SHARE of the mix's tokens are the "
+        'backbone tokenizer\'s unknown token (docs/training.md, "Tokenizer coverage").',
+    )
     patience: int = Field(2, ge=0, le=1000, description="Epochs without a better dev macro-F1; 0: never stop early.")
     gradient_accumulation_steps: int = Field(1, ge=1, le=4096, description="Batches per optimizer step.")
     checkpoint_every: int | Literal["epoch"] = Field(
@@ -163,8 +173,16 @@ class TrainOptions(BaseModel):
             raise ValueError("checkpoint_every must be a positive number of steps or 'epoch'")
         return value
 
-    def train_config(self, base: Path | None) -> TrainConfig:
-        """The trainer's hyperparameters, with ``base`` (the tiny base of ``tiny`` runs) as the backbone."""
+    def train_config(
+        self,
+        base: Path | None,
+        *,
+        task_class_weights: Literal["none", "balanced"] | dict[str, float] = "none",
+        max_unknown_token_share: float | None = None,
+    ) -> TrainConfig:
+        """The trainer's hyperparameters, with ``base`` (the tiny base of ``tiny`` runs) as the backbone,
+        the task's class weights where the options name none, and the settings' unknown-token limit."""
+        from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE
         from modelling.train import TrainConfig
 
         return TrainConfig(
@@ -174,12 +192,16 @@ class TrainOptions(BaseModel):
             learning_rate=self.learning_rate,
             max_length=self.max_length,
             seed=self.seed,
-            class_weights=self.class_weights,
+            class_weights=self.class_weights if self.class_weights is not None else task_class_weights,
             early_stopping_patience=self.patience or None,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             cpu=self.cpu,
             checkpoint_every=self.checkpoint_every,
             resume=self.resume,
+            allow_unknown_tokens=self.allow_unknown_tokens,
+            max_unknown_token_share=(
+                DEFAULT_MAX_UNKNOWN_TOKEN_SHARE if max_unknown_token_share is None else max_unknown_token_share
+            ),
         )
 
 
@@ -266,7 +288,11 @@ def train_and_register(
             labels=labels,
             family=family,
             input_format=pair_input,
-            config=options.train_config(base),
+            config=options.train_config(
+                base,
+                task_class_weights=definition.training.class_weights,
+                max_unknown_token_share=get_settings().max_unknown_token_share,
+            ),
             out_dir=out_dir,
             model_id=model_id,
             trained_for_round=options.round,
@@ -303,8 +329,9 @@ class EvaluateOptions(BaseModel):
         None,
         min_length=1,
         max_length=200,
-        description="Binary tasks: the class whose F1 is reported "
-        "(default: positive/sarcastic, else the second label).",
+        description="Binary tasks: the class whose F1 is reported (default: the task YAML's "
+        "`positive_label`, else a label named positive/sarcastic/..., else the one whose not_/non_ form "
+        "is the other, else the second label).",
     )
     batch_size: int = Field(64, ge=1, le=4096)
     device: str | None = Field(
@@ -378,6 +405,7 @@ def evaluate_and_record(
         task = get_task(session, task_name)
         data_files.resolve(options.mix, session=session, task=task)
         chosen = load_evaluation_sets(session, task, rounds=options.rounds, extra=options.extra_sources())
+        definition = definition_of(task)
     for name in chosen.skipped:
         listener.skipped(name)
     if not chosen.sets:
@@ -390,10 +418,11 @@ def evaluate_and_record(
         model_dir,
         chosen.sets,
         human_f1=chosen.human_f1,
-        positive_label=options.positive_label,
+        positive_label=options.positive_label or definition.positive_label,
         batch_size=options.batch_size,
         device=options.device,
         progress=progress_bar,
+        max_unknown_token_share=get_settings().max_unknown_token_share,
     )
     files = write_evaluation(evaluation, out_dir)
     listener.written(evaluation, files)

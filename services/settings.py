@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
 
 PLACEHOLDER_SECRETS = {"", "change-me", "changeme", "secret", "dev-secret-change-me"}
@@ -44,6 +45,14 @@ class Settings(BaseSettings):
         description="The one server folder whose files a job's data mix may name, by a path relative to it "
         "(`file: sst/train.csv`). Unset: jobs read only uploaded datasets (POST "
         "/tasks/{task}/datasets/uploads). It must not contain data_dir (the database, every task's uploads).",
+    )
+    max_unknown_token_share: float = Field(
+        DEFAULT_MAX_UNKNOWN_TOKEN_SHARE,
+        ge=0,
+        le=1,
+        description="Task creation, evaluation and the model server warn, and `round train` refuses (without "
+        "--allow-unknown-tokens / `allow_unknown_tokens`), when more than this share of the task's tokens "
+        "are the backbone tokenizer's unknown token (e.g. [UNK] for MiniLM on Ge'ez script).",
     )
     max_upload_rows: int = Field(1_000_000, ge=1, description="Most rows in one uploaded dataset.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)

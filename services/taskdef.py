@@ -25,7 +25,7 @@ import enum
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -104,6 +104,16 @@ class WriterField(_Strict):
         None,
         description="Only required when the writer's intended label is this value "
         "(iSarcasm asks for an explanation and a rephrase of sarcastic texts only).",
+    )
+
+
+class TrainingDefaults(_Strict):
+    """How `round train` trains this task's models when its options do not say (docs/training.md)."""
+
+    class_weights: Literal["none", "balanced"] | dict[str, float] = Field(
+        "none",
+        description="Per-class loss weights: none, balanced (inverse to the mix's label mass; BESSTIE §5's "
+        "class-weighted cross-entropy) or {label: weight}.",
     )
 
 
@@ -208,6 +218,13 @@ class TaskDefinition(_Strict):
     instructions: str = Field("", description="Writer instructions, markdown.")
     validator_instructions: str = Field("", description="Validator instructions, markdown.")
     onboarding_quiz: OnboardingQuiz | None = None
+    positive_label: str | None = Field(
+        None,
+        description="Two-label tasks: the class whose F1 evaluation reports as the positive class "
+        "(e.g. `irony`, `sarcastic`). Default: a label named positive/sarcastic/..., else the label that "
+        "is not the other's not_/non_ form, else the second label.",
+    )
+    training: TrainingDefaults = TrainingDefaults()
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -326,6 +343,21 @@ class TaskDefinition(_Strict):
             )
         if len(field_names) != len(self.writer_fields):
             raise ValueError("writer_fields lists a field more than once; list each field once")
+        if self.positive_label is not None:
+            if family is TaskFamily.multi_label or len(self.labels) != 2:
+                raise ValueError(
+                    f"positive_label applies to tasks with exactly two labels; {self.name!r} has "
+                    f"{len(self.labels)}{' (multi-label)' if family is TaskFamily.multi_label else ''}: remove it"
+                )
+            if self.positive_label not in self.labels:
+                raise ValueError(f"positive_label {self.positive_label!r} is not one of labels {self.labels}")
+        weights = self.training.class_weights
+        if isinstance(weights, dict):
+            unknown = sorted(set(weights) - set(self.labels))
+            if unknown:
+                raise ValueError(f"training.class_weights names {unknown}, which are not in labels {self.labels}")
+            if any(not w > 0 for w in weights.values()):
+                raise ValueError("training.class_weights must all be positive")
         return self
 
     @property

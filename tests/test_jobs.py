@@ -114,6 +114,9 @@ def test_train_evaluate_promote_in_process(
     assert "epoch 1/2: train loss" in job.log and "epoch 2/2" in job.log
     model = job.result["model"]
     assert model["status"] == "trained" and model["name"].startswith("dynasent-r2-for-round-2@")
+    # Each class's dev F1 (a collapsed class shows as 0) and the mix's tokenizer coverage.
+    assert list(job.result["best_dev_f1_per_class"]) == ["positive", "negative", "neutral"]
+    assert job.result["tokenizer_coverage"]["unknown_tokens"] == 0 and job.result["unknown_token_warning"] is None
     assert Path(job.result["out_dir"]).joinpath("dynaloop_model.json").is_file()
     with session_scope(app.state.sessionmaker) as session:
         registered = session.get(ModelVersion, model["id"])

@@ -50,7 +50,10 @@ def create_task(
     task = tasks.create_task(
         session, researcher, yaml_text, max_depth=settings.max_input_depth, max_nodes=settings.max_yaml_nodes
     )
-    return TaskPublic.of(task, with_answers=True)
+    warnings = tasks.tokenizer_coverage_warnings(
+        tasks.definition_of(task), max_unknown_token_share=settings.max_unknown_token_share
+    )
+    return TaskPublic.of(task, with_answers=True).model_copy(update={"warnings": warnings})
 
 
 @router.get("/tasks", response_model=TasksPublic)

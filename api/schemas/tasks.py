@@ -23,6 +23,11 @@ class TaskPublic(BaseModel):
     family: str
     definition: dict[str, Any]
     created_at: dt.datetime
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="On creation only: what the task should know before collecting, e.g. that the default "
+        "backbone's tokenizer maps most of its text to [UNK].",
+    )
 
     @classmethod
     def of(cls, task: Task, *, with_answers: bool = False) -> TaskPublic:

@@ -58,6 +58,25 @@ class PrintedTraining(TrainingListener):
             + f", {result.examples_per_second:.1f} examples/s; wrote {self.out}",
             soft_wrap=True,
         )
+        per_class = result.best_dev_f1_per_class
+        if per_class:
+            collapsed = [label for label, f1 in per_class.items() if f1 == 0]
+            console.print(
+                "dev F1 per class (best epoch): " + ", ".join(f"{label} {f1:.4f}" for label, f1 in per_class.items()),
+                soft_wrap=True,
+                highlight=False,
+                markup=False,
+            )
+            if collapsed:
+                err.print(
+                    f"warning: dev F1 is 0 for {', '.join(collapsed)}: the model never gets "
+                    f"{'this class' if len(collapsed) == 1 else 'these classes'} right (try --class-weights balanced)",
+                    soft_wrap=True,
+                    highlight=False,
+                    markup=False,
+                )
+        if result.unknown_token_warning:
+            err.print(f"warning: {result.unknown_token_warning}", soft_wrap=True, highlight=False, markup=False)
 
 
 class PrintedEvaluation(EvaluationListener):
@@ -84,6 +103,8 @@ class PrintedEvaluation(EvaluationListener):
             )
         )
         wide.print(table)
+        for warning in evaluation.warnings:
+            err.print(f"warning: {warning}", soft_wrap=True, highlight=False, markup=False)
         console.print(f"wrote {len(files)} files to {self.out}", soft_wrap=True)
 
 

@@ -341,7 +341,19 @@ def round_train(
     learning_rate: float = 2e-5,
     max_length: int = 128,
     seed: int = 0,
-    class_weights: Annotated[str, typer.Option(help="none or balanced (from the mix's label mass)")] = "none",
+    class_weights: Annotated[
+        str | None,
+        typer.Option(
+            help="none or balanced (from the mix's label mass); default: the task YAML's training.class_weights"
+        ),
+    ] = None,
+    allow_unknown_tokens: Annotated[
+        bool,
+        typer.Option(
+            help="Train even when more than DYNALOOP_MAX_UNKNOWN_TOKEN_SHARE of the mix's tokens are the "
+            "backbone tokenizer's unknown token (e.g. MiniLM on Ge'ez script)"
+        ),
+    ] = False,
     patience: Annotated[
         int, typer.Option(help="Early stopping: epochs without a better dev macro-F1 (0: never stop early)")
     ] = 2,
@@ -366,7 +378,7 @@ def round_train(
     from modelling.usecases import TrainOptions, train_and_register
     from services.errors import DomainError
 
-    if class_weights not in ("none", "balanced"):
+    if class_weights not in (None, "none", "balanced"):
         raise fail(f"--class-weights takes none or balanced, not {class_weights!r}")
     if tiny and base is not None:
         raise fail("give --base or --tiny, not both")
@@ -391,6 +403,7 @@ def round_train(
                 "max_length": max_length,
                 "seed": seed,
                 "class_weights": class_weights,
+                "allow_unknown_tokens": allow_unknown_tokens,
                 "patience": patience,
                 "gradient_accumulation_steps": gradient_accumulation_steps,
                 "checkpoint_every": every,

@@ -77,12 +77,17 @@ def task_create(
 ) -> None:
     """Create a task in the database from a YAML file or a shipped example."""
     from services.domain import members
-    from services.domain.tasks import create_task
+    from services.domain.tasks import create_task, definition_of, tokenizer_coverage_warnings
 
     with domain_session(database_url) as session:
         owning = members.researcher_account(session, owner) if owner else None
         task = create_task(session, None, task_yaml(source), owner=owning)
         console.print(f"created task {task.name!r} ({task.family})" + (f", owned by {owner!r}" if owner else ""))
+        warnings = tokenizer_coverage_warnings(
+            definition_of(task), max_unknown_token_share=settings_for(database_url).max_unknown_token_share
+        )
+    for warning in warnings:
+        err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     if not owner:
         err.print(
             f"task {task.name!r} has no owner: only admins manage it until you add one "

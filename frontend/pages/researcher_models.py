@@ -231,7 +231,15 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
             key="researcher_train_patience",
             help="Epochs without a better dev macro-F1 before stopping; 0: never",
         )
-        weights = cols[3].selectbox("Class weights", ["none", "balanced"], key="researcher_train_weights")
+        # The task YAML's default (training.class_weights: BESSTIE's is balanced), preselected.
+        task_weights = task["definition"].get("training", {}).get("class_weights", "none")
+        weights = cols[3].selectbox(
+            "Class weights",
+            ["none", "balanced"],
+            index=1 if task_weights == "balanced" else 0,
+            key="researcher_train_weights",
+            help="Default: the task's `training.class_weights`",
+        )
         submitted = st.form_submit_button("Train", type="primary", disabled=busy, key="researcher_train_submit")
     if submitted:
         start(

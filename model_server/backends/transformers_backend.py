@@ -5,6 +5,7 @@ CPU or GPU: softmax for single-label heads, sigmoid with a threshold for multi-l
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from model_directory import ModelMetadata, ModelMetadataError
+from model_directory.tokenizer_coverage import TokenCoverage, count_unknown, max_unknown_token_share_from_env
 from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
 
 logger = logging.getLogger(__name__)
@@ -21,6 +23,8 @@ logger = logging.getLogger(__name__)
 # on 2 CPU cores with MiniLM-L6 (~0.15 ms a token, ~10 ms fixed per pass); any value from 32 to
 # 128 gave about the same throughput on tweets (+15-25% over padding a batch of 32 to its longest).
 SPLIT_COST_TOKENS = 96
+# The unknown-token warning is logged at most this often (a busy server would repeat it per request).
+UNKNOWN_TOKEN_WARNING_INTERVAL_S = 300.0
 
 
 def split_by_length(
@@ -66,6 +70,40 @@ class TransformersBackend:
             )
         self.model.to(self.device).eval()
         self.max_length = min(metadata.max_length, getattr(self.tokenizer, "model_max_length", 10**6) or 10**6)
+        self.max_unknown_token_share = max_unknown_token_share_from_env()
+        unknown = getattr(self.tokenizer, "unk_token_id", None)
+        self._unknown_id: int | None = unknown
+        self._special_ids = frozenset(getattr(self.tokenizer, "all_special_ids", ())) - {unknown}
+        self._last_unknown_warning = -float("inf")
+        self.requests_over_unknown_limit = 0  # requests whose texts were above the share (since load)
+
+    def unknown_tokens(self, input_ids: Sequence[Sequence[int]]) -> TokenCoverage:
+        """The unknown-token share of tokenized inputs, special tokens left out (docs/models.md)."""
+        return count_unknown(
+            ([token for token in row if token not in self._special_ids] for row in input_ids),
+            self._unknown_id,
+            str(getattr(self.tokenizer, "unk_token", None)),
+        )
+
+    def _check_unknown_tokens(self, input_ids: Sequence[Sequence[int]]) -> None:
+        """Log a warning when a request's texts are mostly the tokenizer's unknown token (the
+        model cannot read their script), at most every UNKNOWN_TOKEN_WARNING_INTERVAL_S."""
+        if self._unknown_id is None:
+            return  # byte-level BPE: every string is covered
+        coverage = self.unknown_tokens(input_ids)
+        if not coverage.exceeds(self.max_unknown_token_share):
+            return
+        self.requests_over_unknown_limit += 1
+        now = time.monotonic()
+        if now - self._last_unknown_warning >= UNKNOWN_TOKEN_WARNING_INTERVAL_S:
+            self._last_unknown_warning = now
+            logger.warning(
+                "model %s: %s (%d request(s) over the %.0f%% limit since load)",
+                self.metadata.model_id,
+                coverage.message("a request's texts"),
+                self.requests_over_unknown_limit,
+                100 * self.max_unknown_token_share,
+            )
 
     def close(self) -> None:
         del self.model
@@ -126,6 +164,7 @@ class TransformersBackend:
         # Tokenize once, unpadded; sort by token count; run length-homogeneous micro-batches
         # (each padded only to its own longest) and restore the order after.
         features, truncated = self._tokenize(inputs)
+        self._check_unknown_tokens(features["input_ids"])
         lengths = [len(ids) for ids in features["input_ids"]]
         order = sorted(range(len(inputs)), key=lengths.__getitem__)
         results: list[ClassifyOutput | None] = [None] * len(inputs)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+import re
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -10,6 +15,11 @@ from services.domain import audit, members
 from services.errors import Conflict, Invalid, missing_task
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
 from services.taskdef import TaskDefinition, TaskDefinitionError, parse_task_definition
+
+logger = logging.getLogger(__name__)
+
+# Words with a letter outside Basic Latin / Latin-1 / Latin Extended (Ge'ez, Arabic, Devanagari, ...).
+_NON_LATIN_WORD = re.compile(r"\S*[^\x00-\u024f\s]\S*")
 
 
 def create_task(
@@ -60,3 +70,52 @@ def list_tasks(session: Session) -> list[Task]:
 
 def definition_of(task: Task) -> TaskDefinition:
     return TaskDefinition.model_validate(task.definition)
+
+
+def task_texts(definition: TaskDefinition) -> list[str]:
+    """The texts a task's YAML carries: title, description, writer and validator instructions
+    (with their examples), the onboarding quiz's questions, options and explanations."""
+    texts = [definition.title, definition.description, definition.instructions, definition.validator_instructions]
+    if definition.onboarding_quiz is not None:
+        for question in definition.onboarding_quiz.questions:
+            texts += [question.text, *question.options, question.explanation or ""]
+    return [text for text in texts if text and text.strip()]
+
+
+def _language_texts(definition: TaskDefinition) -> list[str]:
+    """The YAML's texts in the task's own script: for a task not in English, its words outside the
+    Latin script when it has any (its English glosses would hide an unreadable script); else all."""
+    texts = task_texts(definition)
+    if definition.language.split("-")[0].lower() == "en":
+        return texts
+    words = [" ".join(_NON_LATIN_WORD.findall(text)) for text in texts]
+    words = [text for text in words if text]
+    return words or texts
+
+
+@functools.lru_cache(maxsize=1)
+def _default_tokenizer() -> Any:
+    from model_directory.tokenizer_coverage import default_backbone, load_tokenizer
+
+    return load_tokenizer(default_backbone())
+
+
+def tokenizer_coverage_warnings(definition: TaskDefinition, *, max_unknown_token_share: float) -> list[str]:
+    """Task creation's check (docs/training.md, "Tokenizer coverage"): the share of the task
+    YAML's own-language text that the default backbone's tokenizer (the packaged MiniLM) maps to
+    its unknown token. A warning above ``max_unknown_token_share``; a note when the YAML has no
+    text to check or the backbone cannot be loaded; nothing when the text is covered."""
+    from model_directory.tokenizer_coverage import token_coverage
+
+    texts = _language_texts(definition)
+    if not texts:
+        return ["tokenizer coverage not checked: the task YAML has no instructions, examples or quiz text"]
+    try:
+        tokenizer = _default_tokenizer()
+    except (ImportError, OSError, ValueError) as exc:
+        logger.warning("tokenizer coverage not checked: %s", exc)
+        return [f"tokenizer coverage not checked: the default backbone's tokenizer cannot be loaded ({exc})"]
+    coverage = token_coverage(tokenizer, texts)
+    if coverage.exceeds(max_unknown_token_share):
+        return [coverage.message(f"the task YAML's {definition.language} text (with the default MiniLM backbone)")]
+    return []
