@@ -205,7 +205,7 @@ def load_round(session: Session, round_: Round) -> RoundData:
                 r[11],
                 r[12].value,
                 int(r[13] or 0),
-                r[13],
+                r[14],
             )
             for r in rows
         ],

@@ -140,15 +140,14 @@ def multilabel_section(outcome: BuildOutcome) -> MultiLabelSection:
         )
         if isinstance(g, tuple) and not dropped
     }
-    human = {
-        name: _round_floats(
-            multilabel_human_f1(
-                gold_responses, gold, labels=labels, examples=outcome.ids[name], seed=outcome.config.seed
-            )
+    human = {}
+    for name in ("dev", "test"):
+        # No responses on a split (e.g. imported gold): no human estimate there, not an empty one.
+        estimate = multilabel_human_f1(
+            gold_responses, gold, labels=labels, examples=outcome.ids[name], seed=outcome.config.seed
         )
-        for name in ("dev", "test")
-        if outcome.ids[name]
-    }
+        if estimate:
+            human[name] = _round_floats(estimate)
     counts = outcome.result.report.counts_by_gold.to_dict("index")
     label_counts = {
         label: {s: int(counts.get(label, {}).get(s, 0)) for s in ("train", "dev", "test")} for label in labels

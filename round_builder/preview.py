@@ -91,6 +91,14 @@ def preview(prepared: Prepared, name: str, config: BuildConfig, settings: dict[s
     )
 
 
+def _imported_gold_without_votes(prepared: Prepared) -> bool:
+    """Whether some example's gold is a labelled dataset's own label without vote counts."""
+    metadata = prepared.data.examples.get("source_metadata")
+    if metadata is None:
+        return False
+    return any(isinstance(m, dict) and m.get("gold") and not m.get("gold_votes") for m in metadata)
+
+
 def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -> list[tuple[str, dict[str, Any]]]:
     """The policies worth showing for a round: strict, relaxed (no chance constraint, the
     class-balance guard), relaxed with the votes lowered step by step to the task's gold rule,
@@ -113,6 +121,10 @@ def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -
                     {"policy": "relaxed", "chance": True, "dev_test_min_votes": votes},
                 )
             )
+    if lowest > 1 and _imported_gold_without_votes(prepared):
+        # A labelled dataset's own gold counts as 1 vote (docs/round_builder.md, "Imports"):
+        # only a threshold of 1 lets it reach dev and test.
+        out.append((f"relaxed, imported gold (1 of {n} votes)", {**relaxed, "dev_test_min_votes": 1}))
     if policy is not None and policy.min_per_cell > 1:
         out.append(("relaxed, 1 per cell", {**relaxed, "min_per_cell": 1}))
     return out

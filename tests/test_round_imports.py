@@ -207,7 +207,25 @@ def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_sp
         splits = Counter(e.source_metadata["split"] for e in session.scalars(select(Example)))
     assert splits == {"train": 24, "dev": 6, "test": 6}
     # One vote each: below the task's dev/test rule (4 votes) unless the build is told otherwise.
-    report = _build(api, researcher, response.json()["round_id"], dev_test_min_votes=1)
+    # A default build is refused, and the relaxations it offers include the one that builds.
+    round_id = response.json()["round_id"]
+    before = table_counts(rooted)
+    refused = api.post(f"{API}/rounds/{round_id}/build", json={}, headers=researcher.headers)
+    assert refused.status_code == 422, refused.text
+    offered = {r["name"]: r for r in refused.json()["error"]["details"]["relaxations"]}
+    imported = offered["relaxed, imported gold (1 of 5 votes)"]
+    assert imported["feasible"] and imported["settings"] == {
+        "policy": "relaxed",
+        "chance": False,
+        "dev_test_min_votes": 1,
+    }
+    assert not offered["relaxed"]["feasible"]
+    assert table_counts(rooted) == before
+    report = _build(api, researcher, round_id, **imported["settings"])
+    assert report["splits"]["policy"]["dev_test_min_votes"] == 1
+    assert {k: v for k, v in report["counts"]["total"].items() if k != "dist_train"} == {
+        k: imported["counts"][k] for k in ("train", "dev", "test")
+    }
     source = report["datasheet"]["gold_source"]
     assert source["imported_gold"] == 36 and source["imported_gold_with_votes"] == 0
     assert source["imported_with_original_split"] == 36
