@@ -187,19 +187,23 @@ def submit_validation(
     session.refresh(example)
     if example.validation_count >= example.validations_needed:
         finalize_example(session, example, definition)
-    # "After each batch window" (DynaSent App. B): judge this validator every full batch.
+    # "After each batch window" (DynaSent App. B): judge this validator every full batch of
+    # labels in this round, on this round's labels. Counting and judging over the whole task
+    # read every label of every earlier round again each batch, so labelling slowed as the
+    # database grew (docs/benchmarks.md, "Labelling"); the researcher's
+    # ``worker-quality/apply`` still judges the whole task. Both queries start from the
+    # validator's labels of this round (index ix_validations_validator_example, migration 0010).
     given = (
         session.scalar(
             select(func.count())
             .select_from(Validation)
-            .join(Example)
-            .join(Round)
-            .where(Validation.validator_id == validator.id, Round.task_id == round_.task_id)
+            .join(Example, Validation.example_id == Example.id)
+            .where(Validation.validator_id == validator.id, Example.round_id == round_.id)
         )
         or 0
     )
     if given % definition.validation_batch_size == 0:
-        apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id)
+        apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id, round_=round_)
     return validation, True
 
 
