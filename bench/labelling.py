@@ -18,7 +18,8 @@ Usage:
     python bench/labelling.py [--examples 400] [--validators 8] [--database sqlite|postgresql://...]
         [--profile] [--json bench/results/labelling.json]
 
-``--profile`` prints pyinstrument's profile of round 2's labels.
+``--profile`` prints pyinstrument's profile of the label path (``validating.submit_validation``) in a
+third round of database B, after the timed rounds.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from api.app import create_app  # noqa: E402
 from services.db.engine import session_scope  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
 from services.db.models import Condition, Example, ExampleOrigin, ExampleStatus, Round  # noqa: E402
-from services.domain import users  # noqa: E402
+from services.domain import users, validating  # noqa: E402
 from services.settings import Settings  # noqa: E402
 from services.taskdef import example_path  # noqa: E402
 
@@ -253,7 +254,7 @@ def run(urls: tuple[str, str], n_examples: int, n_first: int, n_validators: int,
         if profile:
             from pyinstrument import Profiler
 
-            profiler = Profiler()
+            profiler = Profiler(async_mode="disabled")
         peer: list[tuple[float, int]] = []
         measured: list[tuple[float, int]] = []
         for round_1_label, round_2_label in zip_longest(alone.labels(only), grown.labels(second)):
@@ -266,12 +267,25 @@ def run(urls: tuple[str, str], n_examples: int, n_first: int, n_validators: int,
         print(f"database A, round 1 alone (interleaved): {results['a_round_1_alone']}")
         print(f"database B, round 2 (interleaved): {results['b_round_2_after_built_round_1']}")
         if profiler is not None:
-            # Profiled apart from the timed labels: a third round in database B, labelled in process.
+            # Profiled apart from the timed labels: a third round in database B. The request
+            # handlers run in the server's worker threads, so the domain call is profiled there.
+            grown.close_and_build(second)
             third = grown.open_round(n_examples // 4, offset=n_first + n_examples)
-            profiler.start()
-            for _ in grown.labels(third):
-                pass
-            profiler.stop()
+            original = validating.submit_validation
+
+            def profiled(*args: Any, **kwargs: Any) -> Any:
+                profiler.start()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    profiler.stop()
+
+            validating.submit_validation = profiled
+            try:
+                for _ in grown.labels(third):
+                    pass
+            finally:
+                validating.submit_validation = original
             print(profiler.output_text(unicode=True, color=False))
     a, b = results["a_round_1_alone"], results["b_round_2_after_built_round_1"]
     results["ratio_round2_over_round1"] = {
