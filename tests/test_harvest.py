@@ -465,6 +465,22 @@ def test_cli_harvest_with_the_real_model(
     with session_scope(app.state.sessionmaker) as session:
         predictions = [e.model_prediction for e in session.scalars(select(Example))]
     assert len(predictions) == 12 and all(p is not None and p[0] in LABELS for p in predictions)
+    assert "19 of 19 rows were cut into more than one sentence" in result.output  # the note names the option
+    assert "--no-split-sentences" in result.output
+    # --no-split-sentences: each review is one example, kept whole.
+    columns = ["--text-column", "body", "--rating-column", "stars", "--id-column", "review_id"]
+    result = runner.invoke(
+        cli,
+        [*base, "--corpus", str(corpus), "--n", "3", *columns, "--no-split-sentences"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "19 texts, 19 sentences" in result.output and "wrote 3 examples" in result.output
+    assert "rows were cut" not in result.output
+    with session_scope(app.state.sessionmaker) as session:
+        whole = [e.text for e in session.scalars(select(Example)) if e.text.count(".") == 3]
+    # three whole reviews (three sentences each, the line break made a space); the 12 before are single sentences
+    assert len(whole) == 3 and all("\n" not in text and ". The " in text for text in whole), whole
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"body": "Nice place here.", "stars": "five"}) + "\n", encoding="utf-8")
     result = runner.invoke(
