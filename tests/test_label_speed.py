@@ -19,6 +19,7 @@ from services.db.engine import session_scope
 from services.db.models import Condition, Example, ExampleOrigin, ExampleStatus, Task, Validation
 from services.domain import quality
 from services.domain.tasks import definition_of
+from services.domain.validating import labels_in_round
 from tests.conftest import Actor, MakeUser, example_yaml, open_round
 
 pytestmark = pytest.mark.timeout(300)
@@ -128,12 +129,7 @@ def test_a_label_in_round_2_does_the_work_of_a_label_in_round_1(
 def test_the_per_round_label_count_reads_the_validator_index(app: FastAPI) -> None:
     """The count behind "every full batch" starts from the validator's labels (migration 0010's
     index), not from a scan of every validation."""
-    count = (
-        select(func.count())
-        .select_from(Validation)
-        .join(Example, Validation.example_id == Example.id)
-        .where(Validation.validator_id == 1, Example.round_id == 2)
-    )
+    count = labels_in_round(1, 2)
     engine = app.state.engine
     sql = str(count.compile(engine, compile_kwargs={"literal_binds": True}))
     with engine.connect() as connection:
