@@ -81,6 +81,14 @@ class SourceSpec(BaseModel):
     text_column: str = "text"
     label_column: str = "label"
     target_column: str | None = Field(None, description="Second segment (the target) for sentence-pair models.")
+    target_start_column: str | None = Field(
+        None,
+        description="Column of the target's first character offset in the text (0-based); with "
+        "target_end_column. The offsets say WHICH occurrence is the target when the text contains it twice.",
+    )
+    target_end_column: str | None = Field(
+        None, description="Column of the offset one past the target's last character (Python slicing: text[start:end])."
+    )
     variety_column: str | None = Field(None, description="Variety or language of each row (BESSTIE).")
     label_map: dict[str, str | list[str] | None] = Field(
         default_factory=dict,
@@ -119,6 +127,10 @@ class SourceSpec(BaseModel):
             )
         if self.build_id is not None and self.round is None:
             raise ValueError("`build_id` only applies to a `round` source")
+        if (self.target_start_column is None) != (self.target_end_column is None):
+            raise ValueError("give both `target_start_column` and `target_end_column`, or neither")
+        if self.target_start_column is not None and self.round is not None:
+            raise ValueError("a `round` source takes its targets' offsets from the round; offset columns are for files")
         return self
 
     def describe(self) -> str:
@@ -183,6 +195,9 @@ class LabelledSet:
     texts: list[str]
     y: np.ndarray  # (n, len(labels)) float32
     targets: list[str] | None = None
+    # (start, end) of each target in its text (text[start:end] == target), where the source gave
+    # offsets (a file's offset columns, a round's marked spans); None where it gave only the text.
+    target_spans: list[tuple[int, int]] | None = None
     varieties: list[str | None] | None = None
     ids: list[str] = field(default_factory=list)
     weight: float = 1.0
@@ -195,6 +210,8 @@ class LabelledSet:
             raise ValueError(f"{self.name}: y has shape {self.y.shape}, expected {(n, len(self.labels))}")
         if self.targets is not None and len(self.targets) != n:
             raise ValueError(f"{self.name}: {len(self.targets)} targets for {n} texts")
+        if self.target_spans is not None and (self.targets is None or len(self.target_spans) != n):
+            raise ValueError(f"{self.name}: target spans need one target per text")
         if not self.ids:
             self.ids = [str(i) for i in range(n)]
 
@@ -216,6 +233,8 @@ class LabelledSet:
             digest.update(b"\x1f")
             if self.targets is not None:
                 digest.update(self.targets[i].encode("utf-8"))
+            if self.target_spans is not None:
+                digest.update(b"\x1f%d:%d" % self.target_spans[i])
             digest.update(b"\x1e")
         digest.update(np.ascontiguousarray(self.y.round(6), dtype=np.float32).tobytes())
         return digest.hexdigest()
@@ -229,6 +248,7 @@ class LabelledSet:
             texts=[self.texts[i] for i in rows],
             y=self.y[rows],
             targets=None if self.targets is None else [self.targets[i] for i in rows],
+            target_spans=None if self.target_spans is None else [self.target_spans[i] for i in rows],
             varieties=None if self.varieties is None else [self.varieties[i] for i in rows],
             ids=[self.ids[i] for i in rows],
             weight=self.weight,
@@ -382,6 +402,51 @@ def _label_key(value: Any) -> str:
     return str(value).strip()
 
 
+def _offset(value: Any) -> int | None:
+    """An offset as an int: ints, and floats that are whole numbers (a CSV column with a gap
+    reads as float); anything else (text, booleans, NaN, fractions) is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and np.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def target_from_offsets(
+    text: str, start: Any, end: Any, target: str | None = None, *, where: str
+) -> tuple[str, int, int]:
+    """The target ``text[start:end]`` and its offsets, checked: whole-number offsets with
+    ``0 <= start < end <= len(text)``, not only white space, and, where the row also gives the
+    target's text, exactly that text. Offsets count characters (Python string indices, as the
+    API's ``target_span``), not bytes. ``where`` names the row in the error (e.g. ``"mix.csv:
+    row 3"``); the message never quotes the row's text.
+
+    Used by the mix loader for files with offset columns; an importer of labelled datasets can
+    call it for each row the same way."""
+    first, last = _offset(start), _offset(end)
+    if first is None or last is None:
+        raise DataError(
+            f"{where}: the target's offsets must be whole numbers (start and end); got a missing or other value"
+        )
+    if not 0 <= first < last <= len(text):
+        raise DataError(
+            f"{where}: target offsets [{first}, {last}] are outside the text (0..{len(text)}) or empty; "
+            "give 0-based character offsets with start < end (end one past the target's last character)"
+        )
+    found = text[first:last]
+    if not found.strip():
+        raise DataError(f"{where}: target offsets [{first}, {last}] cover only white space")
+    if target is not None and found != target:
+        raise DataError(
+            f"{where}: the text at offsets [{first}, {last}] ({last - first} characters) is not the row's target "
+            f"({len(target)} characters); the offsets must point at the target's own characters"
+            + (f" (it occurs {text.count(target)} time(s) in the text)" if target else "")
+        )
+    return found, first, last
+
+
 def labelled_from_frame(
     frame: pd.DataFrame,
     *,
@@ -402,6 +467,8 @@ def labelled_from_frame(
         ("text_column", spec.text_column),
         ("label_column", spec.label_column),
         ("target_column", spec.target_column),
+        ("target_start_column", spec.target_start_column),
+        ("target_end_column", spec.target_end_column),
         ("variety_column", spec.variety_column),
     ]:
         if column is not None and column not in frame.columns:
@@ -415,6 +482,8 @@ def labelled_from_frame(
     mapping = {_label_key(k): v for k, v in spec.label_map.items()}
     texts: list[str] = []
     targets: list[str] = []
+    spans: list[tuple[int, int]] = []
+    has_targets = spec.target_column is not None or spec.target_start_column is not None
     varieties: list[str | None] = []
     ids: list[str] = []
     rows: list[np.ndarray] = []
@@ -468,9 +537,20 @@ def labelled_from_frame(
             continue
         if not multi_label:
             vector = vector / total
-        texts.append(text)
-        if spec.target_column is not None:
+        if spec.target_start_column is not None and spec.target_end_column is not None:
+            given = None if spec.target_column is None else str(record[spec.target_column])
+            target, start, end = target_from_offsets(
+                text,
+                record[spec.target_start_column],
+                record[spec.target_end_column],
+                given,
+                where=f"{name}: row {row}, columns `{spec.target_start_column}`/`{spec.target_end_column}`",
+            )
+            targets.append(target)
+            spans.append((start, end))
+        elif spec.target_column is not None:
             targets.append(str(record[spec.target_column]))
+        texts.append(text)
         if spec.variety_column is not None:
             value = record[spec.variety_column]
             varieties.append(None if value is None or value == "" else str(value))
@@ -491,7 +571,8 @@ def labelled_from_frame(
         multi_label=multi_label,
         texts=texts,
         y=y,
-        targets=targets if spec.target_column is not None else None,
+        targets=targets if has_targets else None,
+        target_spans=spans if spec.target_start_column is not None else None,
         varieties=varieties if spec.variety_column is not None else None,
         ids=ids,
         weight=spec.weight,
@@ -546,6 +627,7 @@ def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> Label
     ).all()
     texts: list[str] = []
     targets: list[str] = []
+    spans: list[tuple[int, int] | None] = []
     varieties: list[str | None] = []
     ids: list[str] = []
     vectors: list[np.ndarray] = []
@@ -573,6 +655,8 @@ def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> Label
                 skipped += 1
                 continue
             targets.append(target)
+            start, end = span.get("start"), span.get("end")
+            spans.append((start, end) if isinstance(start, int) and isinstance(end, int) else None)
         texts.append(text)
         varieties.append(extras.get("variety"))
         ids.append(str(example_id))
@@ -584,6 +668,8 @@ def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> Label
     if not keep:
         raise DataError(f"{spec.describe()} of {task.name!r} (build {build.id}) has no labelled examples")
     y = np.stack([vectors[i] for i in keep])
+    # A round's spans where every kept example has one (examples written before spans were stored have none).
+    full_spans = [span for span in (spans[i] for i in keep) if span is not None] if spans else []
     has_variety = any(v is not None for v in varieties)
     return LabelledSet(
         name=spec.describe(),
@@ -592,6 +678,7 @@ def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> Label
         texts=[texts[i] for i in keep],
         y=y,
         targets=[targets[i] for i in keep] if definition.family is TaskFamily.target_dependent else None,
+        target_spans=full_spans if len(full_spans) == len(keep) and targets else None,
         varieties=[varieties[i] for i in keep] if has_variety else None,
         ids=[ids[i] for i in keep],
         weight=spec.weight,

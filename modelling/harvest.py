@@ -200,9 +200,15 @@ def corpus_sentences(
     max_chars: int = 1000,
     min_words: int = 1,
     exclude_hashes: frozenset[str] | set[str] = frozenset(),
+    split: bool = True,
 ) -> tuple[pd.DataFrame, dict[str, int]]:
     """Every usable sentence once: ``document_id, sentence_index, text, rating, text_hash``
-    (the first occurrence of a repeated sentence is kept), and counts of what was left out."""
+    (the first occurrence of a repeated sentence is kept), and counts of what was left out.
+
+    With ``split`` each text is a document cut into sentences (:func:`split_sentences`); the
+    count ``split_rows`` says how many texts became more than one sentence. Without it each row
+    is one sentence, kept whole (whitespace runs and line breaks become one space): a file that
+    is already one sentence or example per row must not be cut again."""
     rows: list[tuple[str, int, str, float, str]] = []
     skipped = {
         "too_short": 0,
@@ -214,8 +220,15 @@ def corpus_sentences(
     }
     seen: set[str] = set()
     total = 0
+    split_rows = 0
     for document_id, text, rating in corpus[["document_id", "text", "rating"]].itertuples(index=False):
-        for index, sentence in enumerate(split_sentences(text, language)):
+        if split:
+            parts = split_sentences(text, language)
+            split_rows += len(parts) > 1
+        else:
+            whole = " ".join(normalize_text(text).split())
+            parts = [whole] if whole else []
+        for index, sentence in enumerate(parts):
             total += 1
             if len(sentence) < min_chars:
                 skipped["too_short"] += 1
@@ -236,7 +249,7 @@ def corpus_sentences(
                 else:
                     rows.append((str(document_id), index, sentence, float(rating), digest))
     frame = pd.DataFrame.from_records(rows, columns=["document_id", "sentence_index", "text", "rating", "text_hash"])
-    return frame, {"sentences": total, **skipped}
+    return frame, {"sentences": total, "split_rows": split_rows, **skipped}
 
 
 # --- sampling --------------------------------------------------------------------------
@@ -354,6 +367,8 @@ class HarvestReport:
     written: int
     already_present: int
     notes: list[str]
+    split_sentences: bool = True  # documents cut into sentences, or one sentence per row kept whole
+    split_rows: int = 0  # rows cut into more than one sentence (0 without splitting)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -377,10 +392,21 @@ def _model_predictor(model_dir: Path, batch_size: int) -> Predictor:
 
 
 def _check_task(definition: TaskDefinition, positive_label: str, negative_label: str) -> None:
-    if definition.is_multi_label or definition.family is TaskFamily.target_dependent:
+    # Harvesting draws its pools from a rating that disagrees with ONE predicted label of a plain
+    # sentence. A multi-label model predicts a set (no "predicted positive" to disagree with a
+    # 1-star rating) and a target-dependent model needs a target span in each sentence, which a
+    # rated corpus does not give: both are refused, and the message names the way that fits.
+    if definition.is_multi_label:
         raise HarvestError(
-            f"task {definition.name!r} is {definition.family.value}; harvesting (DynaSent §3.2) needs a "
-            "single-label task whose model reads plain sentences"
+            f"task {definition.name!r} is {definition.family.value}: harvesting (DynaSent §3.2) draws sentences "
+            "whose rating disagrees with the model's one predicted label, and a multi-label model predicts a "
+            "set; use a single-label task, or bring labelled texts in with `dynaloop round import`"
+        )
+    if definition.family is TaskFamily.target_dependent:
+        raise HarvestError(
+            f"task {definition.name!r} is {definition.family.value}: its examples need a target span, which "
+            "a rated corpus does not give; harvest into a single-label task, or bring texts with their "
+            "targets in with `dynaloop round import`"
         )
     for option, label in (("--positive-label", positive_label), ("--negative-label", negative_label)):
         if label not in definition.labels:
@@ -428,11 +454,14 @@ def harvest(
     predictor: Predictor | None = None,
     actor_id: int | None = None,
     corpus_name: str | None = None,
+    split_sentences: bool = True,
 ) -> HarvestReport:
     """Harvest ``n`` sentences from ``corpus_path`` into round ``round_number`` of the task
     (see the module docstring). ``predictor`` replaces the model's forward pass (tests); the
     model directory still names the labels and the model id recorded on every sentence.
-    ``min_chars``/``max_chars`` default to the task's writer constraints."""
+    ``min_chars``/``max_chars`` default to the task's writer constraints. ``split_sentences``:
+    the corpus holds documents to cut into sentences (DynaSent's reviews; the default), or, when
+    false, one sentence or example per row, kept whole."""
     if mode not in ("examples", "prompts"):
         raise HarvestError(f"unknown harvest mode {mode!r}; use examples or prompts")
     corpus_path, model_dir = Path(corpus_path), Path(model_dir)
@@ -465,7 +494,9 @@ def harvest(
         max_chars=max_chars,
         min_words=constraints.min_words,
         exclude_hashes=exclude,
+        split=split_sentences,
     )
+    split_rows = skipped.pop("split_rows")
     if sentences.empty:
         raise HarvestError(
             f"none of the {skipped['sentences']} sentences of {corpus_name} is usable "
@@ -550,7 +581,14 @@ def harvest(
             written=written,
             already_present=present,
             notes=draw.notes,
+            split_sentences=split_sentences,
+            split_rows=split_rows,
         )
+        if split_sentences and split_rows:
+            report.notes.append(
+                f"{split_rows} of {len(corpus)} rows were cut into more than one sentence; if the file "
+                "holds one sentence or example per row, harvest with --no-split-sentences"
+            )
         audit.record(
             session,
             actor,

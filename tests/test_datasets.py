@@ -286,3 +286,55 @@ def test_round_splits_carry_soft_train_labels_and_gold_dev_labels(built, app) ->
         with pytest.raises(DataError, match="no round 9"):
             load_source(SourceSpec(round=9), labels=LABELS, multi_label=False, session=session, task=task)
     json.dumps(train.summary())  # summaries go into model metadata as JSON
+
+
+def test_target_offsets_pick_the_occurrence_and_are_checked_against_the_target() -> None:
+    """Issue 17: a text that contains its target twice (23 SemEval-2014 test rows do) is only
+    unambiguous with offsets; offsets that do not point at the target fail naming the row."""
+    text = "The pasta was cold but the pasta sauce was great."
+    second = text.index("pasta", 10)
+    frame = pd.DataFrame(
+        {
+            "text": [text, "Service was slow."],
+            "label": ["positive", "negative"],
+            "aspect": ["pasta", "Service"],
+            "from": [second, 0],
+            "to": [second + 5, 7],
+        }
+    )
+    spec = SourceSpec(file=Path("sem.csv"), target_column="aspect", target_start_column="from", target_end_column="to")
+    loaded = labelled_from_frame(frame, labels=LABELS, multi_label=False, spec=spec)
+    assert loaded.targets == ["pasta", "Service"]
+    assert loaded.target_spans == [(second, second + 5), (0, 7)]
+    assert loaded.subset([1]).target_spans == [(0, 7)]
+    # The same text and target at the first occurrence is different training data.
+    first = frame.assign(**{"from": [4, 0], "to": [9, 7]})
+    assert labelled_from_frame(first, labels=LABELS, multi_label=False, spec=spec).sha256() != loaded.sha256()
+    # Offsets alone: the target's text is read from them (floats from a CSV column with a gap are fine).
+    offsets_only = SourceSpec(file=Path("sem.csv"), target_start_column="from", target_end_column="to")
+    derived = labelled_from_frame(
+        frame.drop(columns="aspect").astype({"from": float}), labels=LABELS, multi_label=False, spec=offsets_only
+    )
+    assert derived.targets == ["pasta", "Service"] and derived.target_spans == loaded.target_spans
+    # Offsets that miss the target, leave the text, are empty, or are not whole numbers: the row is named.
+    bad = [
+        ({"from": [second + 1, 0], "to": [second + 6, 7]}, r"row 1, .*is not the row's target.*occurs 2 time"),
+        ({"from": [0, 0], "to": [len(text) + 1, 7]}, rf"row 1, .*outside the text \(0\.\.{len(text)}\)"),
+        ({"from": [second, 3], "to": [second + 5, 3]}, r"row 2, .*outside the text"),
+        ({"from": [second, 7], "to": [second + 5, 8]}, r"row 2, .*cover only white space"),
+        ({"from": [second, "zero"], "to": [second + 5, 7]}, r"row 2, .*whole numbers"),
+        ({"from": [4.5, 0], "to": [9, 7]}, r"row 1, .*whole numbers"),
+    ]
+    for columns, message in bad:
+        with pytest.raises(DataError, match=message) as error:
+            labelled_from_frame(frame.assign(**columns), labels=LABELS, multi_label=False, spec=spec)
+        assert "pasta" not in str(error.value) and "sem.csv" in str(error.value)
+    with pytest.raises(ValueError, match="both `target_start_column` and `target_end_column`"):
+        SourceSpec(file=Path("sem.csv"), target_start_column="from")
+    with pytest.raises(DataError, match="no column `start`"):
+        labelled_from_frame(
+            frame,
+            labels=LABELS,
+            multi_label=False,
+            spec=SourceSpec(file=Path("sem.csv"), target_start_column="start", target_end_column="to"),
+        )

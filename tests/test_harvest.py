@@ -376,8 +376,55 @@ def test_bad_harvests_fail_clearly_and_write_nothing(
         headers={**researcher.headers, "Content-Type": "application/yaml"},
     )
     client.post(f"/api/v1/tasks/{response.json()['name']}/rounds", json={}, headers=researcher.headers)
-    with pytest.raises(HarvestError, match="is multi_label; harvesting"):
+    with pytest.raises(HarvestError, match=r"is multi_label: harvesting.*predicts a set.*dynaloop round import"):
         harvest(factory, response.json()["name"], 1, corpus, model_dir, 10, predictor=fake_predictor)
+    response = client.post(
+        "/api/v1/tasks",
+        content=example_yaml("mad-tsc", onboarding_quiz=None).encode(),
+        headers={**researcher.headers, "Content-Type": "application/yaml"},
+    )
+    assert response.status_code == 201, response.text
+    client.post(f"/api/v1/tasks/{response.json()['name']}/rounds", json={}, headers=researcher.headers)
+    before = table_counts(app)
+    with pytest.raises(HarvestError, match="is target_dependent: its examples need a target span"):
+        harvest(factory, response.json()["name"], 1, corpus, model_dir, 10, predictor=fake_predictor)
+    assert table_counts(app) == before
+
+
+def test_a_sentence_level_file_is_not_split_again(
+    app: FastAPI, client: TestClient, researcher: Actor, model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 17: rows that are already one example each (DynaSent's own rows, some of them two
+    sentences long) stay one example each with --no-split-sentences; the default (documents)
+    cuts them and the report says how many rows were cut."""
+    _open(client, researcher)
+    rows = [
+        {"id": "a", "rating": 1, "text": "The great soup was fine. But the awful wait ruined it."},
+        {"id": "b", "rating": 5, "text": "Dr. Lee's awful-looking cake tasted great!"},
+        {"id": "c", "rating": 3, "text": "Plain lunch.\nNothing to add, really."},
+        {"id": "d", "rating": 1, "text": "The plain room was quiet and clean."},
+    ]
+    corpus = tmp_path / "sentences.jsonl"
+    corpus.write_text("\n".join(json.dumps(row) for row in rows) + "\n", encoding="utf-8")
+    factory = app.state.sessionmaker
+    options: dict[str, Any] = {"id_column": "id", "predictor": fake_predictor, "min_chars": 5}
+    whole = harvest(factory, "dynasent-r2", 1, corpus, model_dir, 10, split_sentences=False, **options)
+    assert (whole.documents, whole.sentences, whole.written) == (4, 4, 4)
+    assert whole.split_sentences is False and whole.split_rows == 0
+    assert not any("--no-split-sentences" in note for note in whole.notes)
+    with session_scope(factory) as session:
+        examples = session.scalars(select(Example).order_by(Example.id)).all()
+        by_document = {e.source_metadata["document_id"]: e for e in examples}
+        assert sorted(by_document) == ["a", "b", "c", "d"] and len(examples) == 4
+        assert by_document["a"].text == rows[0]["text"]
+        assert by_document["c"].text == "Plain lunch. Nothing to add, really."  # the line break is a space
+        assert {e.source_metadata["sentence_index"] for e in examples} == {0}
+    # The same file as documents: rows a and c become two sentences each (b stays whole: pysbd
+    # knows "Dr."), and the report says so.
+    cut = harvest(factory, "dynasent-r2", 1, corpus, model_dir, 10, **options)
+    assert cut.split_sentences is True and cut.split_rows == 2
+    assert cut.sentences == 6 and cut.skipped["already_in_round"] == 2  # b and d were harvested whole already
+    assert any("2 of 4 rows were cut" in note and "--no-split-sentences" in note for note in cut.notes)
 
 
 def test_cli_harvest_with_the_real_model(
@@ -421,6 +468,22 @@ def test_cli_harvest_with_the_real_model(
     with session_scope(app.state.sessionmaker) as session:
         predictions = [e.model_prediction for e in session.scalars(select(Example))]
     assert len(predictions) == 12 and all(p is not None and p[0] in LABELS for p in predictions)
+    assert "19 of 19 rows were cut into more than one sentence" in result.output  # the note names the option
+    assert "--no-split-sentences" in result.output
+    # --no-split-sentences: each review is one example, kept whole.
+    columns = ["--text-column", "body", "--rating-column", "stars", "--id-column", "review_id"]
+    result = runner.invoke(
+        cli,
+        [*base, "--corpus", str(corpus), "--n", "3", *columns, "--no-split-sentences"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "19 texts, 19 sentences" in result.output and "wrote 3 examples" in result.output
+    assert "rows were cut" not in result.output
+    with session_scope(app.state.sessionmaker) as session:
+        whole = [e.text for e in session.scalars(select(Example)) if e.text.count(".") == 3]
+    # three whole reviews (three sentences each, the line break made a space); the 12 before are single sentences
+    assert len(whole) == 3 and all("\n" not in text and ". The " in text for text in whole), whole
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"body": "Nice place here.", "stars": "five"}) + "\n", encoding="utf-8")
     result = runner.invoke(

@@ -154,6 +154,14 @@ def round_harvest(
     min_chars: Annotated[int | None, typer.Option(help="Shortest sentence; default: the task's min_chars")] = None,
     max_chars: Annotated[int | None, typer.Option(help="Longest sentence; default: the task's max_chars")] = None,
     batch_size: int = 64,
+    split_sentences: Annotated[
+        bool,
+        typer.Option(
+            "--split-sentences/--no-split-sentences",
+            help="Cut each text into sentences (a corpus of documents, e.g. reviews; the default), or "
+            "keep each row whole (a file that is already one sentence or example per row)",
+        ),
+    ] = True,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Harvest corpus sentences the model likely gets wrong (DynaSent §3.2): half from low-rated
@@ -191,6 +199,7 @@ def round_harvest(
             min_chars=min_chars,
             max_chars=max_chars,
             batch_size=batch_size,
+            split_sentences=split_sentences,
         )
     except DomainError as exc:
         raise fail(exc.message) from exc

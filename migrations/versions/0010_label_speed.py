@@ -1,4 +1,4 @@
-"""label speed (placeholder: filled in by the work on issue 17, removed if unused)
+"""label speed: a validator's labels by example, read by the label path (issue 17)
 
 Revision ID: 0010
 Revises: 0009
@@ -7,6 +7,8 @@ Create Date: 2026-11-24 12:00:00.000000
 """
 
 from collections.abc import Sequence
+
+from alembic import op
 
 # revision identifiers, used by Alembic.
 revision: str = "0010"
@@ -17,7 +19,9 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     """Upgrade schema."""
+    op.create_index("ix_validations_validator_example", "validations", ["validator_id", "example_id"])
 
 
 def downgrade() -> None:
     """Downgrade schema."""
+    op.drop_index("ix_validations_validator_example", table_name="validations")

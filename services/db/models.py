@@ -453,7 +453,12 @@ class Validation(Base):
     """One validator's label(s) for one example. ``counted`` is false for unqualified validators."""
 
     __tablename__ = "validations"
-    __table_args__ = (UniqueConstraint("example_id", "validator_id", name="uq_validations_example_validator"),)
+    __table_args__ = (
+        UniqueConstraint("example_id", "validator_id", name="uq_validations_example_validator"),
+        # A validator's labels with their examples, from the index alone: the label path's
+        # per-round count and batch-window judging (migration 0010).
+        Index("ix_validations_validator_example", "validator_id", "example_id"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     example_id: Mapped[int] = mapped_column(ForeignKey("examples.id"), index=True)

@@ -188,6 +188,8 @@ def validator_agreement(
         query = query.where(Example.round_id == round_.id)
     if only_user_id is not None:
         labelled = select(Validation.example_id).where(Validation.validator_id == only_user_id)
+        if round_ is not None:
+            labelled = labelled.join(Example, Validation.example_id == Example.id).where(Example.round_id == round_.id)
         query = query.where(Validation.example_id.in_(labelled))
     by_example: dict[int, list[tuple[int, list[str], bool, int]]] = defaultdict(list)
     for example_id, validator_id, label, counted, annotation_pass in session.execute(query):
@@ -203,7 +205,12 @@ def validator_agreement(
             label_counts[validator_id] += 1
             if gold is not None:
                 totals[validator_id].append(agreement_with(definition, label, gold))
-    workers = {w.user_id: w for w in session.scalars(select(TaskWorker).where(TaskWorker.task_id == task.id))}
+    workers = {
+        w.user_id: w
+        for w in session.scalars(
+            select(TaskWorker).where(TaskWorker.task_id == task.id, TaskWorker.user_id.in_(list(label_counts)))
+        )
+    }
     users = {u.id: u for u in session.scalars(select(User).where(User.id.in_(list(label_counts))))}
     result = []
     for validator_id, count in sorted(label_counts.items()):
@@ -287,22 +294,31 @@ def requalify(session: Session, actor: User | None, task: Task, user: User) -> i
 
 
 def apply_agreement_threshold(
-    session: Session, actor: User | None, task: Task, only_user_id: int | None = None
+    session: Session,
+    actor: User | None,
+    task: Task,
+    only_user_id: int | None = None,
+    round_: Round | None = None,
 ) -> list[ValidatorAgreement]:
     """Unqualify validators who disagree with the majority more often than the task allows
-    (and have enough judged labels). Returns the validators unqualified now."""
+    (and have enough judged labels). Returns the validators unqualified now.
+
+    With ``round_`` (the check after each batch window) only that round's labels are judged and
+    the validator's stored task-wide agreement rate is left as it is; without it the whole task
+    is judged and every judged validator's stored rate is updated."""
     definition = definition_of(task)
     settings = definition.agreement
     unqualified = []
-    for row in validator_agreement(session, task, only_user_id=only_user_id):
+    for row in validator_agreement(session, task, round_=round_, only_user_id=only_user_id):
         if only_user_id is not None and row.user_id != only_user_id:
             continue
         user = session.get(User, row.user_id)
         if user is None:
             raise NotFound(f"no user {row.user_id}")
         worker = task_worker(session, task, user)
-        worker.agreement_rate = row.agreement_rate
-        worker.agreement_labels = row.judged
+        if round_ is None:
+            worker.agreement_rate = row.agreement_rate
+            worker.agreement_labels = row.judged
         if (
             row.qualified
             and row.agreement_rate is not None

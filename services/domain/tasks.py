@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 from typing import Any
@@ -69,7 +70,15 @@ def list_tasks(session: Session) -> list[Task]:
 
 
 def definition_of(task: Task) -> TaskDefinition:
-    return TaskDefinition.model_validate(task.definition)
+    """The task's definition, validated. Parsed once per distinct stored definition: validating
+    it checks every free-text field and cost ~5 ms, twice per label (docs/benchmarks.md,
+    "Labelling"). TaskDefinition is frozen, so one instance can be shared."""
+    return _parsed_definition(json.dumps(task.definition, sort_keys=True, ensure_ascii=False))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_definition(definition_json: str) -> TaskDefinition:
+    return TaskDefinition.model_validate(json.loads(definition_json))
 
 
 def task_texts(definition: TaskDefinition) -> list[str]:

@@ -16,7 +16,7 @@ import datetime as dt
 import hashlib
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import Select, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -189,20 +189,30 @@ def submit_validation(
     session.refresh(example)
     if example.validation_count >= example.validations_needed:
         finalize_example(session, example, definition)
-    # "After each batch window" (DynaSent App. B): judge this validator every full batch.
-    given = (
-        session.scalar(
-            select(func.count())
-            .select_from(Validation)
-            .join(Example)
-            .join(Round)
-            .where(Validation.validator_id == validator.id, Round.task_id == round_.task_id)
-        )
-        or 0
-    )
+    # "After each batch window" (DynaSent App. B): judge this validator every full batch of
+    # labels in this round, on this round's labels. Counting and judging over the whole task
+    # read every label of every earlier round again each batch, so labelling slowed as the
+    # database grew (docs/benchmarks.md, "Labelling"); the researcher's
+    # ``worker-quality/apply`` still judges the whole task.
+    given = session.scalar(labels_in_round(validator.id, round_.id)) or 0
     if given % definition.validation_batch_size == 0:
-        apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id)
+        apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id, round_=round_)
     return validation, True
+
+
+def labels_in_round(validator_id: int, round_id: int) -> Select[int]:
+    """How many labels the validator gave in the round. It starts from the validator's labels
+    (index ix_validations_validator_example, migration 0010) and looks up each one's round by
+    primary key: written as a join, PostgreSQL planned it from the round's examples instead,
+    which cost more the larger the round (docs/benchmarks.md, "Labelling")."""
+    example_round = (
+        select(Example.round_id).where(Example.id == Validation.example_id).correlate(Validation).scalar_subquery()
+    )
+    return (
+        select(func.count())
+        .select_from(Validation)
+        .where(Validation.validator_id == validator_id, example_round == round_id)
+    )
 
 
 def example_record(session: Session, example: Example) -> dict[str, Any]:
