@@ -133,7 +133,8 @@ def scripts_round(
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     response = client.post(
         f"/api/v1/rounds/{round_['id']}/build",
-        json={"chance": False, "dev_test_min_votes": 3},
+        # Two examples per class: without the class-balance guard, so that dev and test have rows.
+        json={"chance": False, "dev_test_min_votes": 3, "max_dev_test_share": 1.0},
         headers=researcher.headers,
     )
     assert response.status_code == 201, response.text
