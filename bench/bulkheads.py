@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.load import Stack, start_stack  # noqa: E402
+from bench.machine import cpu_model  # noqa: E402
 
 API = "/api/v1"
 BYSTANDER_WRITERS = 10
@@ -57,22 +58,6 @@ FLOOD_WRITERS = 50
 TEXT = "Honestly the cafe on the corner serves a decent lunch."
 # Pause of a bystander between two requests: 20 people clicking about 5 times a second.
 BYSTANDER_PAUSE_S = 0.2
-
-
-def cpu_model() -> dict[str, Any]:
-    """The CPU's model name and the flags that matter for model serving, from /proc/cpuinfo."""
-    name, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
-    return {"model": name, "cpus": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
 
 
 @dataclass

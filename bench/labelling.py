@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -49,6 +48,7 @@ from sqlalchemy import create_engine, event, make_url, text  # noqa: E402
 from sqlalchemy.engine import Engine  # noqa: E402
 
 from api.app import create_app  # noqa: E402
+from bench.machine import cpu_model  # noqa: E402
 from services.db.engine import session_scope  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
 from services.db.models import Condition, Example, ExampleOrigin, ExampleStatus, Round  # noqa: E402
@@ -59,22 +59,6 @@ from services.taskdef import example_path  # noqa: E402
 API = "/api/v1"
 LABELS = ["positive", "negative", "neutral"]
 TASK = "dynasent-r2"
-
-
-def cpu_model() -> dict[str, Any]:
-    """The CPU's model name and flags, from /proc/cpuinfo (as bench/bulkheads.py)."""
-    name, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
-    return {"model": name, "cpus": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
 
 
 class StatementCounter:
