@@ -273,6 +273,10 @@ class ExampleStats(TypedDict):
     validating: int
     validated: int
     dropped: int
+    # Multi-label re-annotation (docs/round_builder.md, "Multi-label rounds"): re-queued examples
+    # still waiting, and those no validator of the round can take (all labelled them already).
+    awaiting_reannotation: int
+    awaiting_reannotation_no_new_validator: int
     by_target_label: dict[str, int]
 
 

@@ -423,6 +423,24 @@ def test_dashboard_with_an_empty_round_and_api_errors(live: LiveApi, rita: PageC
     assert not at.metric
 
 
+def test_dashboard_says_when_no_new_validator_can_reannotate(live: LiveApi, rita: PageClient) -> None:
+    """Multi-label re-annotation needs validators who have not labelled the example: when the
+    round's stats say none is left, the researcher is told what to do before closing it."""
+    round_ = labelled_round(live)
+    real = rita.round_stats(round_["id"])
+    assert real["examples"]["awaiting_reannotation_no_new_validator"] == 0
+    at = ok(page(rita, "researcher_dashboard"))
+    assert not said(at, "warning", "wait for re-annotation")
+    stuck = {
+        **real,
+        "examples": {**real["examples"], "awaiting_reannotation": 3, "awaiting_reannotation_no_new_validator": 2},
+    }
+    rita.round_stats = lambda round_id: stuck  # type: ignore[method-assign]
+    at = ok(at.run())
+    assert said(at, "warning", "2 example(s) wait for re-annotation by new validators")
+    assert_no_raw_markup(at)
+
+
 # --- models and datasets ------------------------------------------------------------------------
 
 

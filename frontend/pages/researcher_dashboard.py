@@ -62,6 +62,13 @@ def metrics(stats: RoundStats) -> None:
     model_down = attempts.get("model_unavailable", 0)
     if model_down:
         st.warning(f"{model_down:,} attempt(s) found the model unavailable (the writers were asked to retry).")
+    stuck = examples.get("awaiting_reannotation_no_new_validator", 0)
+    if stuck:
+        st.warning(
+            f"{stuck:,} example(s) wait for re-annotation by new validators, but every validator of this round "
+            "has labelled them already: add validators to the task before closing the round, or a build "
+            "excludes them (awaiting_reannotation)."
+        )
 
 
 def charts(data: PlotData, round_id: int) -> None:
