@@ -240,6 +240,14 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
             key="researcher_train_weights",
             help="Default: the task's `training.class_weights`",
         )
+        allow_unknown = st.checkbox(
+            "Train even if the backbone's tokenizer cannot read the task's script",
+            False,
+            key="researcher_train_allow_unknown",
+            help="Training is refused when more than DYNALOOP_MAX_UNKNOWN_TOKEN_SHARE of the text's tokens "
+            "become the unknown token (docs/training.md, 'Tokenizer coverage'); a multilingual "
+            "checkpoint is the better fix.",
+        )
         submitted = st.form_submit_button("Train", type="primary", disabled=busy, key="researcher_train_submit")
     if submitted:
         start(
@@ -255,6 +263,7 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
                 "seed": int(seed),
                 "patience": int(patience),
                 "class_weights": weights,
+                "allow_unknown_tokens": bool(allow_unknown),
             },
         )
 
