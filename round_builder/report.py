@@ -400,10 +400,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         if counts.get("excluded"):
             out += ["", "Excluded: " + ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) + "."]
     splits = report.get("splits", {})
+    if splits:
+        out += ["", *splits_markdown(splits)]
     if report.get("multi_label"):
         out += _multilabel_markdown(report["multi_label"])
-    elif splits:
-        out += ["", *splits_markdown(splits)]
     agreement_counts = report.get("agreement_counts")
     if agreement_counts:
         out += ["", *agreement_counts_markdown(agreement_counts)]

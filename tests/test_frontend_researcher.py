@@ -7,6 +7,8 @@ process; the test writes what that process would write to the job's row (:class:
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -567,8 +569,8 @@ def test_models_page_downloads_the_dataset_and_the_report(live: LiveApi, rita: P
     sent = rita.requests("GET", f"/tasks/{TASK}/rounds/1/dataset")[-1]
     assert sent.params == {"split": "dev", "format": "csv"}
     ready = at.session_state["researcher_models_download"]
-    lines = ready["data"].decode("utf-8").splitlines()
-    assert ready["name"] == f"{TASK}-r1-dev.csv" and "text" in lines[0].split(",") and len(lines) == 10
+    rows = list(csv.reader(io.StringIO(ready["data"].decode("utf-8"))))
+    assert ready["name"] == f"{TASK}-r1-dev.csv" and "text" in rows[0] and len(rows) == 10
     assert len(at.get("download_button")) == 1
     at.radio(key="researcher_download_what").set_value("report")
     at = ok(at.button(key="researcher_download_fetch").click().run())
