@@ -53,6 +53,18 @@ DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 NOT_READABLE = "not an uploaded dataset or a file under the data root"
 
 
+def uploaded_dataset_field() -> Any:
+    """The ``dataset`` field of a request that reads an uploaded dataset of the task by name
+    (a training mix's source, a round import)."""
+    return Field(
+        None,
+        min_length=1,
+        max_length=100,
+        pattern=DATASET_NAME_PATTERN,
+        description="An uploaded dataset of the task, by name (GET /tasks/{task}/datasets/uploads).",
+    )
+
+
 class DataError(ValueError):
     """A data source that cannot be read as declared; the message names the source and the fix."""
 
@@ -66,13 +78,7 @@ class SourceSpec(BaseModel):
     round: int | None = Field(None, ge=1, description="A round of the task, read from its newest build.")
     build_id: int | None = Field(None, description="A specific build instead of the round's newest.")
     split: Literal["train", "dev", "test"] = "train"
-    dataset: str | None = Field(
-        None,
-        min_length=1,
-        max_length=100,
-        pattern=DATASET_NAME_PATTERN,
-        description="An uploaded dataset of the task, by name (GET /tasks/{task}/datasets/uploads).",
-    )
+    dataset: str | None = uploaded_dataset_field()
     file: Path | None = Field(
         None,
         description="CSV, TSV, JSONL or Parquet with a text and a label column; through the API a path "

@@ -37,13 +37,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from modelling.datasets import (
-    DATASET_NAME_PATTERN,
     FILE_FORMATS,
     NOT_READABLE,
     DataError,
     parse_table,
     under_root,
     upload_path,
+    uploaded_dataset_field,
 )
 from services.db.models import (
     Condition,
@@ -86,13 +86,7 @@ class ImportOptions(BaseModel):
     kind: Literal["labelled", "responses"] = Field(
         description="labelled: one row per example with its gold; responses: one row per (example, worker, label)."
     )
-    dataset: str | None = Field(
-        None,
-        min_length=1,
-        max_length=100,
-        pattern=DATASET_NAME_PATTERN,
-        description="An uploaded dataset of the task, by name (GET /tasks/{task}/datasets/uploads).",
-    )
+    dataset: str | None = uploaded_dataset_field()
     file: Path | None = Field(
         None,
         description="CSV, TSV, JSONL, Parquet, or a directory written by `datasets`' save_to_disk; through "
