@@ -39,7 +39,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -447,6 +448,47 @@ def start_job(
 # --- running ----------------------------------------------------------------------------
 
 
+class StopRequest:
+    """SIGTERM in a job process: stop the job, but never in the middle of a database call.
+
+    A signal handler that raises runs between two bytecodes of whatever the process is doing; if
+    that is a write to the job's row, the connection is left mid-statement and the cleanup then
+    fails with a driver error ("connection in transaction status ACTIVE" on PostgreSQL), which
+    would hide the interruption. So the job's own writes run inside :meth:`deferred`: a signal
+    that arrives there is remembered and raised as :class:`SystemExit` when the write is done.
+    Anywhere else (training, evaluating) it is raised at once. Once a stop was asked for, the
+    job's failure message says so whatever exception the stop turned into."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._depth = 0
+        self._raised = False
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.signum = signum
+        if self._depth == 0:
+            self._raise()
+
+    def _raise(self) -> None:
+        if not self._raised:
+            self._raised = True
+            raise SystemExit(f"stopped by signal {self.signum}")
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if self._depth == 0 and self.signum is not None:
+            self._raise()
+
+
+STOP = StopRequest()
+"""The job process's stop request (`dynaloop job run` routes SIGTERM to :meth:`StopRequest.handle`)."""
+
+
 class JobRunner:
     """Writes a running job's progress, message and log tail, each in a short transaction
     (throttled to one write per :data:`PROGRESS_INTERVAL_S` unless forced)."""
@@ -496,7 +538,7 @@ class JobRunner:
         if not force and now - self._last_write < PROGRESS_INTERVAL_S:
             return
         self._last_write = now
-        with self.factory.begin() as session:
+        with STOP.deferred(), self.factory.begin() as session:
             session.execute(
                 update(Job)
                 .where(Job.id == self.job_id, Job.status == JobStatus.running)
@@ -517,7 +559,7 @@ class JobRunner:
             values["progress"] = 1.0
         else:
             values["progress"] = round(self._progress, 4)
-        with self.factory.begin() as session:
+        with STOP.deferred(), self.factory.begin() as session:
             session.execute(update(Job).where(Job.id == self.job_id).values(**values))
 
 
@@ -577,14 +619,15 @@ def _failure_message(exc: BaseException) -> str:
     from modelling.errors import EvaluationError
     from modelling.train import TrainingError
 
+    if isinstance(exc, KeyboardInterrupt | SystemExit) or STOP.signum is not None:
+        # after a stop, whatever the stop turned into (a driver error mid-statement) is the stop
+        return "the job was interrupted (its process was stopped); start it again"
     if isinstance(exc, DomainError):
         return exc.message
     if isinstance(exc, DataError | TrainingError | EvaluationError | ModelMetadataError):
         return str(exc)
     if isinstance(exc, ValidationError):
         return "; ".join(validation_problems(exc.errors(), "params"))
-    if isinstance(exc, KeyboardInterrupt | SystemExit):
-        return "the job was interrupted (its process was stopped); start it again"
     return f"unexpected {type(exc).__name__}: {exc}"
 
 
@@ -625,7 +668,7 @@ def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path, data
         except Exception:  # the database is gone too: the next read sees the dead process
             logger.exception("could not record the failure of job %s", job_id)
         logger.error("job %s failed: %s", job_id, runner.redact(message))
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
+        if isinstance(exc, KeyboardInterrupt | SystemExit) or STOP.signum is not None:
             raise
     finally:
         root.removeHandler(handler)

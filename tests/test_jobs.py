@@ -552,3 +552,44 @@ def test_cli_job_run_runs_a_job_once(app: FastAPI, settings: Settings) -> None:
     assert result.exit_code == 1 and "is succeeded; a job runs once" in result.output
     result = CliRunner().invoke(cli, ["job", "run", "999", "--database-url", url])
     assert result.exit_code == 1 and "there is no job 999" in result.output
+
+
+def _a_write_with_a_stop_signal_inside(stop: jobs.StopRequest, steps: list[str]) -> None:
+    with stop.deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+        steps.append("the write went on after the signal")
+        with stop.deferred():  # nested writes: raised when the outermost ends
+            steps.append("nested write")
+        steps.append("outer write finished")
+
+
+def _a_stop_signal_outside_a_write() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)  # the handler runs at the next bytecode, outside any write
+
+
+def test_a_stop_signal_during_a_job_write_waits_for_the_write_to_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that lands inside the job's own database write is raised after it, not in the
+    middle (where it left a PostgreSQL connection mid-statement and hid the stop behind a driver
+    error); outside a write it is raised at once, and only once."""
+    stop = jobs.StopRequest()
+    monkeypatch.setattr(jobs, "STOP", stop)
+    previous = signal.signal(signal.SIGTERM, stop.handle)
+    steps: list[str] = []
+    try:
+        with pytest.raises(SystemExit, match="stopped by signal"):
+            _a_write_with_a_stop_signal_inside(stop, steps)
+        assert steps == ["the write went on after the signal", "nested write", "outer write finished"]
+        with stop.deferred():  # the failure is then recorded: the stop is not raised a second time
+            steps.append("failure recorded")
+        assert steps[-1] == "failure recorded"
+        assert jobs._failure_message(RuntimeError("driver error")).startswith("the job was interrupted")
+
+        fresh = jobs.StopRequest()
+        monkeypatch.setattr(jobs, "STOP", fresh)
+        assert jobs._failure_message(RuntimeError("x")) == "unexpected RuntimeError: x"  # no stop asked for
+        signal.signal(signal.SIGTERM, fresh.handle)
+        with pytest.raises(SystemExit):
+            _a_stop_signal_outside_a_write()
+    finally:
+        signal.signal(signal.SIGTERM, previous)

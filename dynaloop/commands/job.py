@@ -23,7 +23,7 @@ def job_run(
     the registry of model servers)."""
     import signal
 
-    from modelling.jobs import run_job
+    from modelling.jobs import STOP, run_job
     from services.db.models import JobStatus
     from services.errors import DomainError
 
@@ -31,10 +31,7 @@ def job_run(
     url = settings.resolved_database_url
     ensure_schema(url)
 
-    def _stop(signum: int, frame: object) -> None:
-        raise SystemExit(f"stopped by signal {signum}")  # recorded on the job as interrupted
-
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, STOP.handle)  # recorded on the job as interrupted
     try:
         job = run_job(session_factory(url), job_id, data_dir=settings.data_dir, data_root=settings.data_root)
     except DomainError as exc:
