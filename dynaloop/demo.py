@@ -48,6 +48,7 @@ DEMO_USERS = [
     ("researcher", "researcher", ["researcher"]),
     ("writer", "writer", ["writer"]),
     *[("validator", f"validator{i}", ["validator"]) for i in range(1, 6)],
+    ("client", "client", ["client"]),  # a REST client: pulls built datasets, writes nothing
 ]
 DEMO_OWNER = "researcher"  # the demo task's owner
 
@@ -251,8 +252,8 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def web_app_path() -> Path:
-    """The Streamlit entry point, ``frontend/app.py``, next to this package."""
-    return Path(__file__).resolve().parent.parent / "frontend" / "app.py"
+    """The web app's server, ``frontend/server.py`` (an ``st.App`` around ``frontend/app.py``), next to this package."""
+    return Path(__file__).resolve().parent.parent / "frontend" / "server.py"
 
 
 def _check_ports(options: DemoOptions, start_model_server: bool, start_ui: bool, log_dir: Path) -> None:
@@ -465,6 +466,15 @@ def _redacted(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def dataset_curl(api_url: str, task: str, round_number: int, token: str) -> str:
+    """A one-line curl command that downloads the train split of a built round as JSONL."""
+    return (
+        f'curl -fsS -H "Authorization: Bearer {token}" '
+        f'"{api_url}/api/v1/tasks/{task}/rounds/{round_number}/dataset?split=train&format=jsonl" '
+        f"-o {task}-r{round_number}-train.jsonl"
+    )
+
+
 def _print_ready(
     console: Console,
     setup: DemoSetup,
@@ -498,8 +508,18 @@ def _print_ready(
     else:
         shown = ", ".join(f"{n} ({u})" for n, u in zip(setup.model_servers, setup.model_endpoints, strict=True))
         console.print(f"model in the loop: {shown} (external, registered)", soft_wrap=True)
+    client = next((login for login in setup.logins if login.role == "client"), None)
+    if client is not None:
+        # Plain print: the command must stay on one line to be copied.
+        print(
+            f"export a built round (client token; round {setup.round_number} once it is built): "
+            f"{dataset_curl(api_url, setup.task, setup.round_number, client.token)}"
+        )
     if admin_token:
-        print(f"model server admin token (for `dynaloop model promote`): {admin_token}")
+        print(
+            "model server admin token (registered with the API, so the web app and API jobs promote without it; "
+            f"for an operator's `dynaloop model promote --admin-token`): {admin_token}"
+        )
     if ui_note:
         console.print(f"[yellow]{ui_note}[/yellow]; the API is at {api_url}", soft_wrap=True)
     else:

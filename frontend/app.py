@@ -1,9 +1,11 @@
-"""The Streamlit entry point: ``dynaloop ui``, or ``streamlit run frontend/app.py``.
+"""The Streamlit script of the web app (served by ``frontend/server.py``: ``dynaloop ui``).
 
-Signed out, the only page is the login page. Signed in, the navigation holds the pages of
-the user's roles: writers get Write, validators Validate, researchers the researcher pages,
-and admins everything (an admin passes every role check in the API too). The API's address
-comes from ``$DYNALOOP_API_URL`` (default http://127.0.0.1:8000).
+The browser's session cookie (set by the server's ``/login`` page, frontend/web.py) signs the
+user in, once the API has said whose token it holds (``state.restore_session``). Signed in,
+the navigation holds the pages of the user's roles: writers get Write, validators Validate,
+researchers the researcher pages, and admins everything (an admin passes every role check in
+the API too). Signed out, every page says so and links to ``/login?next=<that page>``. The
+API's address comes from ``$DYNALOOP_API_URL`` (default http://127.0.0.1:8000).
 """
 
 from __future__ import annotations
@@ -18,22 +20,29 @@ if str(_FRONTEND.parent) not in sys.path:  # `streamlit run frontend/app.py` fro
 import streamlit as st  # noqa: E402
 from streamlit.navigation.page import StreamlitPage  # noqa: E402
 
-from frontend import state  # noqa: E402
+from frontend import render, state  # noqa: E402
+from frontend.web import PAGE_ROLES  # noqa: E402
 
 PAGES = _FRONTEND / "pages"
 # (file, title, url path, roles that see it); researcher pages appear once their files
-# exist. Every url path differs from its file's name on purpose: Streamlit treats a `pages/`
-# folder next to the entry point as an old-style multipage app, and a url path equal to a
-# file name there would make it run that file directly, skipping this script (its login
-# check and navigation) on a fresh server or in AppTest.
-ROLE_PAGES: dict[str, list[tuple[str, str, str, tuple[str, ...]]]] = {
-    "Write": [("writer.py", "Write", "write", ("writer",))],
-    "Validate": [("validator.py", "Validate", "validate", ("validator",))],
+# exist. Titles and roles come from frontend/web.py PAGE_ROLES, which the server's page gate
+# uses to answer a deep link to a page of another role. Every url path differs from its
+# file's name on purpose: Streamlit treats a `pages/` folder next to the entry point as an
+# old-style multipage app, and a url path equal to a file name there would make it run that
+# file directly, skipping this script (its login check and navigation) on a fresh server or
+# in AppTest.
+_FILES: dict[str, list[tuple[str, str]]] = {
+    "Write": [("writer.py", "write")],
+    "Validate": [("validator.py", "validate")],
     "Research": [
-        ("researcher_rounds.py", "Tasks and rounds", "rounds", ("researcher",)),
-        ("researcher_dashboard.py", "Dashboard", "dashboard", ("researcher",)),
-        ("researcher_models.py", "Models and datasets", "models", ("researcher",)),
+        ("researcher_rounds.py", "rounds"),
+        ("researcher_dashboard.py", "dashboard"),
+        ("researcher_models.py", "models"),
     ],
+}
+ROLE_PAGES: dict[str, list[tuple[str, str, str, tuple[str, ...]]]] = {
+    section: [(file, PAGE_ROLES[url].title, url, PAGE_ROLES[url].roles) for file, url in files]
+    for section, files in _FILES.items()
 }
 
 
@@ -56,21 +65,46 @@ def navigation_pages() -> dict[str, list[StreamlitPage]]:
     return sections
 
 
+def logout_form() -> str:
+    """The Log out button: a form that POSTs to the server's ``/logout`` (frontend/web.py),
+    which revokes the login's token and clears the session cookie."""
+    action = render.escape(f"{state.base_path()}/logout")
+    return (
+        f'<form method="post" action="{action}" style="margin: 0.5rem 0;">'
+        '<button type="submit" style="padding: 0.3rem 0.8rem; border-radius: 0.5rem; border: 1px solid #ccc; '
+        'background: white; cursor: pointer;">Log out</button></form>'
+    )
+
+
 def sidebar() -> None:
     user = state.current_user()
     name = (user.get("display_name") or user.get("username")) if user else None
     with st.sidebar:
         st.text(f"Signed in as {name or '?'}")
         st.caption(", ".join(state.roles()))
-        if st.button("Log out", key="app_logout"):
-            state.logout()
-            st.rerun()
+        render.show_html(logout_form())
+
+
+def _signed_out(url_path: str) -> StreamlitPage:
+    def signed_out() -> None:
+        st.title("dynaloop")
+        problem = st.session_state.get(state.SESSION_PROBLEM_KEY)
+        if problem:
+            render.alert("warning", f"You are signed out: {problem}")
+        else:
+            st.info("You are signed out.")
+        link = render.escape(state.login_link(url_path))
+        render.show_html(f'<p style="font-size: 1.1rem;"><a href="{link}" target="_self">Log in</a></p>')
+
+    return st.Page(signed_out, title="Log in", url_path=url_path or "signed-out", default=not url_path)
 
 
 def main() -> None:
     st.set_page_config(page_title="dynaloop", layout="wide")
+    state.restore_session()
     if not state.is_logged_in():
-        page = st.navigation([st.Page(PAGES / "login.py", title="Log in", url_path="sign-in")], position="hidden")
+        # Every page's address answers, so a deep link keeps its place through the login.
+        page = st.navigation([_signed_out(""), *(_signed_out(url) for url in PAGE_ROLES)], position="hidden")
         page.run()
         return
     sections = navigation_pages() or {"": [st.Page(_no_pages, title="Welcome", url_path="welcome")]}

@@ -55,6 +55,16 @@ class Login(TypedDict):
     user: User
 
 
+class TokenInfo(TypedDict):
+    """``GET /me/token``: the token of the request (never its plain value)."""
+
+    id: int
+    name: str
+    prefix: str
+    token: str | None
+    expires_at: str | None
+
+
 class TextConstraints(TypedDict):
     min_chars: int
     max_chars: int
@@ -106,6 +116,7 @@ class TaskDefinition(TypedDict):
     instructions: str
     validator_instructions: str
     onboarding_quiz: OnboardingQuiz | None
+    label_names: dict[str, str]  # display names as written in the YAML (Task.label_names has them all)
     positive_label: str | None  # two-label tasks: the class whose F1 evaluation reports
     training: dict[str, Any]  # training defaults, e.g. {"class_weights": "balanced"}
 
@@ -116,6 +127,7 @@ class Task(TypedDict):
     title: str
     family: str
     definition: TaskDefinition
+    label_names: dict[str, str]  # every label (validation labels too) -> the name people see
     created_at: str
     warnings: list[str]  # on creation only, e.g. the tokenizer coverage warning
 
@@ -189,7 +201,8 @@ class Assignment(TypedDict):
     condition: str  # prompt, no_prompt
     prompt: Prompt | None
     target_label: list[str]
-    goal: str  # the writer's goal in words (plain text)
+    label_names: dict[str, str]  # each task label -> the name people see
+    goal: str  # the writer's goal in words (plain text, with display names)
     tries_used: int
     tries_allowed: int
     status: str  # active, submitted, skipped, expired
@@ -238,6 +251,7 @@ class ValidationBatch(TypedDict):
     round_id: int
     task: str
     validation_labels: list[str]
+    label_names: dict[str, str]  # each validation label -> the name validators see
     multi_label: bool
     data: list[BatchItem]
     count: int
@@ -629,6 +643,14 @@ class ApiClient:
 
     def me(self) -> User:
         return self._json("GET", "/me")
+
+    def my_token(self) -> TokenInfo:
+        """``GET /me/token``: this client's token's id, name and expiry."""
+        return self._json("GET", "/me/token")
+
+    def revoke_token(self, token_id: int) -> None:
+        """``DELETE /tokens/{id}``: the token stops working at once."""
+        self._request("DELETE", f"/tokens/{int(token_id)}")
 
     # --- tasks and rounds -------------------------------------------------------------
 

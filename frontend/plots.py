@@ -37,6 +37,10 @@ EXAMPLE_COLUMNS = [
 ]
 AGREEMENT_COLUMNS = ["username", "labels", "judged", "agreement_rate", "qualified"]
 CONDITIONS = ["prompt", "no_prompt"]
+# Axes and legends that count things (examples, validators, words, characters) show whole
+# numbers only: no tick at 0.5 examples.
+COUNT_AXIS = alt.Axis(tickMinStep=1, format="d")
+COUNT_LEGEND = alt.Legend(tickMinStep=1, format="d")
 
 
 def examples_frame(plot_data: Mapping[str, Any]) -> pd.DataFrame:
@@ -65,7 +69,7 @@ def edit_distance_chart(plot_data: Mapping[str, Any]) -> alt.Chart | None:
         .mark_bar(opacity=0.75)
         .encode(
             x=alt.X("edit_distance:Q", bin=alt.Bin(extent=[0, 1], step=0.05), title="normalised edit distance"),
-            y=alt.Y("count():Q", stack=None, title="examples"),
+            y=alt.Y("count():Q", stack=None, title="examples", axis=COUNT_AXIS),
             color=alt.Color("condition:N", sort=CONDITIONS, title="condition"),
             tooltip=[alt.Tooltip("condition:N"), alt.Tooltip("count():Q", title="examples")],
         )
@@ -82,8 +86,9 @@ def length_chart(plot_data: Mapping[str, Any], unit: Literal["words", "chars"] =
         alt.Chart(frame[[unit, "condition"]], title=f"Length in {title}")
         .mark_bar(opacity=0.75)
         .encode(
-            x=alt.X(f"{unit}:Q", bin=alt.Bin(maxbins=30), title=title),
-            y=alt.Y("count():Q", stack=None, title="examples"),
+            # Lengths are whole numbers: bins at least one word (or character) wide.
+            x=alt.X(f"{unit}:Q", bin=alt.Bin(maxbins=30, minstep=1), title=title, axis=COUNT_AXIS),
+            y=alt.Y("count():Q", stack=None, title="examples", axis=COUNT_AXIS),
             color=alt.Color("condition:N", sort=CONDITIONS, title="condition"),
             tooltip=[alt.Tooltip("condition:N"), alt.Tooltip("count():Q", title="examples")],
         )
@@ -101,7 +106,7 @@ def worker_agreement_chart(plot_data: Mapping[str, Any]) -> alt.Chart | None:
         .mark_bar()
         .encode(
             x=alt.X("agreement_rate:Q", bin=alt.Bin(extent=[0, 1], step=0.05), title="agreement rate"),
-            y=alt.Y("count():Q", title="validators"),
+            y=alt.Y("count():Q", title="validators", axis=COUNT_AXIS),
             color=alt.Color(
                 "status:N",
                 sort=["qualified", "unqualified"],
@@ -145,7 +150,7 @@ def confusion_chart(
         y=alt.Y("gold:N", sort=list(order), title=gold_title),
     )
     cells = base.mark_rect().encode(
-        color=alt.Color("count:Q", scale=alt.Scale(scheme="blues"), title="examples"),
+        color=alt.Color("count:Q", scale=alt.Scale(scheme="blues"), title="examples", legend=COUNT_LEGEND),
         tooltip=[
             alt.Tooltip("gold:N", title=gold_title),
             alt.Tooltip("predicted:N", title="predicted"),

@@ -69,13 +69,16 @@ def show_text(text: str, *, lang: str | None = None) -> None:
     show_html(text_html(text, lang=lang))
 
 
-def label_name(label: str) -> str:
-    """``weakly_negative`` -> ``weakly negative`` (labels are lower-case identifiers)."""
+def label_name(label: str, names: Mapping[str, str] | None = None) -> str:
+    """What people see for ``label``: its display name from the task (``names``, the API's
+    ``label_names``), else ``weakly_negative`` -> ``weakly negative``."""
+    if names and label in names:
+        return names[label]
     return label.replace("_", " ")
 
 
-def labels_text(labels: Sequence[str], joiner: str = " + ") -> str:
-    return joiner.join(label_name(label) for label in labels)
+def labels_text(labels: Sequence[str], joiner: str = " + ", names: Mapping[str, str] | None = None) -> str:
+    return joiner.join(label_name(label, names) for label in labels)
 
 
 # --- text the server will store ------------------------------------------------------

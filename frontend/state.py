@@ -9,6 +9,9 @@ Keys in ``st.session_state`` that more than one page relies on:
 ``token``, ``user``, ``roles``
     The signed-in user's API token, their ``/me`` record and its roles; set by
     :func:`login`, removed by :func:`logout`.
+``session_problem``
+    Why the browser's session cookie (``frontend/web.py``) did not sign the user in: the
+    API's message for an expired or revoked token, or for an API that did not answer.
 ``flash``
     A ``(kind, markdown)`` pair a page shows once at its top after a rerun (see :func:`flash`).
 
@@ -22,7 +25,7 @@ from typing import Literal
 
 import streamlit as st
 
-from frontend import render
+from frontend import render, web
 from frontend.client import Api, ApiClient, ApiError, Task, User, api_root
 
 API_URL_ENV = "DYNALOOP_API_URL"
@@ -33,6 +36,8 @@ TOKEN_KEY = "token"
 USER_KEY = "user"
 ROLES_KEY = "roles"
 FLASH_KEY = "flash"
+SESSION_PROBLEM_KEY = "session_problem"
+_COOKIE_TRIED_KEY = "_session_cookie_tried"
 _BUILT_CLIENT_KEY = "_api_client"
 _TASK_CACHE_KEY = "_task_definitions"
 
@@ -70,8 +75,53 @@ def login(token: str, user: User) -> None:
     get_client().token = token
 
 
+def session_cookie() -> web.Session | None:
+    """The session the browser's cookie holds (set by ``/login``), if any. The cookie proves
+    nothing by itself: :func:`restore_session` asks the API who the token belongs to."""
+    try:
+        cookies = st.context.cookies
+    except Exception:  # no browser behind this run (a bare script run)
+        return None
+    return web.parse_session(cookies.get(web.COOKIE_NAME))
+
+
+def restore_session() -> None:
+    """Sign in with the browser's session cookie: once per Streamlit session (and after a
+    :func:`logout`), ``GET /me`` with its token. A refused token (expired, revoked) or an API
+    that does not answer leaves the user signed out, with the reason in ``session_problem``."""
+    if is_logged_in():
+        return
+    session = session_cookie()
+    if session is None or st.session_state.get(_COOKIE_TRIED_KEY) == session.token:
+        return
+    st.session_state[_COOKIE_TRIED_KEY] = session.token
+    client = get_client()
+    client.token = session.token
+    try:
+        user = client.me()
+    except ApiError as error:
+        client.token = None
+        st.session_state[SESSION_PROBLEM_KEY] = error.message
+        return
+    st.session_state.pop(SESSION_PROBLEM_KEY, None)
+    login(session.token, user)
+
+
+def base_path() -> str:
+    """The app's base path (``server.baseUrlPath``): ``""`` or ``"/dl"``."""
+    return web.base_path(st.get_option("server.baseUrlPath"))
+
+
+def login_link(page: str = "") -> str:
+    """``/login?next=/<page>``: where a signed-out user logs in to come back to ``page``."""
+    base = base_path()
+    return web.login_url(base, web.safe_next(f"{base}/{page}", base))
+
+
 def logout() -> None:
-    """Forget the user and everything the pages kept for them (the injected client stays)."""
+    """Forget the user and everything the pages kept for them (the injected client stays).
+    The browser's cookie is ``POST /logout``'s to clear (frontend/web.py); a later run tries it
+    again once (:func:`restore_session`)."""
     built = st.session_state.get(_BUILT_CLIENT_KEY)
     if built is not None:
         built.close()
@@ -132,6 +182,8 @@ def show_api_error(error: ApiError) -> None:
         render.alert("error", error.message)
         if st.button("Log in again", key="state_relogin"):
             logout()
+            st.session_state[_COOKIE_TRIED_KEY] = (session_cookie() or web.Session("token", "")).token
+            st.session_state[SESSION_PROBLEM_KEY] = error.message
             st.rerun()
     elif error.status in (0, 503):
         render.alert("warning", error.message)

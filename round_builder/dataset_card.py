@@ -118,6 +118,16 @@ def file_name(task_name: str, number: int, split: str, file_format: str) -> str:
     return f"{task_name}-r{number}-{split}.{file_format}"
 
 
+def _labels_for_people(definition: TaskDefinition) -> str:
+    """The task's labels as the data has them, each with the name annotators saw when it differs,
+    e.g. ```neutral` (shown as "No sentiment")``."""
+    shown = []
+    for label in definition.labels:
+        name = definition.label_name(label)
+        shown.append(f"`{label}`" + (f" (shown as {json.dumps(name, ensure_ascii=False)})" if name != label else ""))
+    return ", ".join(shown)
+
+
 def render(
     definition: TaskDefinition,
     round_number: int,
@@ -166,7 +176,7 @@ def render(
         f"# {definition.title}: round {round_number}",
         "",
         f"Exported by dynaloop from build {build_id} of round {round_number} of task `{definition.name}` "
-        f"(family `{definition.family.value}`, labels {', '.join(f'`{label}`' for label in definition.labels)}).",
+        f"(family `{definition.family.value}`, labels {_labels_for_people(definition)}).",
         "",
         "## Files",
         "",

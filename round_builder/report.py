@@ -321,6 +321,9 @@ class RoundReport:
     datasheet: Datasheet
     agreement_counts: AgreementCounts | None = None  # None: no counted labels
     multi_label: MultiLabelSection | None = None  # multi-label tasks only
+    # What people saw for each label (the task's label_names), for the markdown; None: the task
+    # names none. The report's data keeps the labels themselves.
+    label_names: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -343,7 +346,10 @@ class RoundReport:
             "intended_vs_perceived": self.intended_vs_perceived.to_dict() if self.intended_vs_perceived else None,
             "datasheet": self.datasheet.to_dict(),
             "agreement_counts": self.agreement_counts.to_dict() if self.agreement_counts else None,
-        } | ({"multi_label": self.multi_label.to_dict()} if self.multi_label is not None else {})
+        } | (
+            ({"multi_label": self.multi_label.to_dict()} if self.multi_label is not None else {})
+            | ({"label_names": dict(self.label_names)} if self.label_names else {})
+        )
 
 
 def _agreement_dict(agreement: Agreement | None) -> dict[str, Any]:
@@ -378,9 +384,19 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _label_cell(label: Any, names: Mapping[str, str]) -> Any:
+    """A label for people: its display name with the label itself, e.g. ``No sentiment (`neutral`)``."""
+    shown = names.get(str(label))
+    if shown is None or shown == label:
+        return label
+    cell = shown.replace("|", "\\|")  # a display name is researcher text: keep the table's columns
+    return f"{cell} (`{label}`)"
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as markdown, for people."""
     out: list[str] = [f"# Round {report['round']} of {report['task']}", ""]
+    names: Mapping[str, str] = report.get("label_names") or {}
     out.append(
         f"Built {report.get('built_at', '')} with seed {report.get('seed')}; family "
         f"`{report.get('family')}`. Plots, where written, are next to this file."
@@ -389,7 +405,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if counts:
         out += ["", "## Counts (DynaSent Table 4/7 layout)", ""]
         rows = [
-            [name, *(row.get(column) for column in ("dist_train", "train", "dev", "test"))]
+            [_label_cell(name, names), *(row.get(column) for column in ("dist_train", "train", "dev", "test"))]
             for name, row in counts["rows"].items()
         ]
         total = counts.get("total", {})
@@ -418,7 +434,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if human:
         out += ["", "## Human performance estimate (DynaSent §3.5, Table 6/9 layout)", ""]
         for split_name, table in human.items():
-            rows = [[label, v.get("precision"), v.get("recall"), v.get("f1")] for label, v in table.items()]
+            rows = [
+                [_label_cell(label, names), v.get("precision"), v.get("recall"), v.get("f1")]
+                for label, v in table.items()
+            ]
             out += [f"### {split_name}", "", _table(["label", "precision", "recall", "F1"], rows), ""]
     fooling = report.get("fooling", {})
     if fooling:

@@ -105,6 +105,7 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1, multi_label),
         agreement_counts=_agreement_counts(outcome),
         multi_label=multi_label,
+        label_names=definition.display_names if definition.label_names else None,
     )
     return report, plot
 

@@ -17,8 +17,10 @@ predicted set (one element for single-label models, any subset for multi-label o
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -96,6 +98,14 @@ MAX_ANSWER_BYTES = 1024 * 1024
 LOGGED_BODY_CHARS = 300
 
 
+@functools.cache
+def _default_ssl_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR``), built
+    once per process: loading the CA bundle costs about 60 ms, and every app (and every test's app)
+    builds a model client. One context may wrap many connections, across threads."""
+    return httpx.create_ssl_context()
+
+
 class ModelClient:
     """Calls model servers over HTTP, as a bulkhead: at most ``max_concurrency`` calls at once
     (a call waits at most ``queue_wait_s`` for a free slot, else :class:`ModelSlotsBusy`), and each
@@ -126,6 +136,7 @@ class ModelClient:
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)),
             transport=transport,
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            verify=_default_ssl_context(),
         )
 
     def close(self) -> None:

@@ -28,16 +28,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.errors import PROBLEM_WORDING, Invalid, validation_problems
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES, YamlInputError, load_yaml
-from services.text import check_text
+from services.text import check_text, clean_name
 
 EXAMPLES_DIR = Path(__file__).parent / "task_examples"
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
 _LABEL_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+MAX_LABEL_NAME_CHARS = 60  # a display name fits on a button
 # BCP-47 in the shape the seeds use: language, optional script, region or variant subtags.
 _BCP47_RE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z]{4})?(-([A-Za-z]{2}|[0-9]{3}))?(-[A-Za-z0-9]{5,8})*$")
 
@@ -159,6 +160,14 @@ def _lines(values: list[str]) -> list[str]:
     return [_policy(value, multiline=False) for value in values]
 
 
+def _display_name(value: str) -> str:
+    # A label's display name is a name (services/text.py: one line, no < or >) that fits on a button.
+    try:
+        return clean_name(value, field="the display name", max_chars=MAX_LABEL_NAME_CHARS)
+    except Invalid as exc:
+        raise ValueError(exc.message) from exc
+
+
 class QuizQuestion(_Strict):
     text: str = Field(min_length=1)
     options: list[str] = Field(min_length=2)
@@ -195,6 +204,11 @@ class TaskDefinition(_Strict):
         None,
         description="Labels validators choose from; defaults to `labels`. May add e.g. "
         "`mixed`, `discard` or `unknown`.",
+    )
+    label_names: dict[str, Annotated[str, AfterValidator(_display_name)]] = Field(
+        default_factory=dict,
+        description="What people see for a label: {label: display name}, e.g. {neutral: No sentiment}. "
+        "Labels not listed are shown as written. The API accepts and stores only the labels themselves.",
     )
     label_collapse: dict[str, str] | None = Field(
         None,
@@ -315,6 +329,7 @@ class TaskDefinition(_Strict):
             missing = [label for label in self.labels if label not in vlabels]
             if missing:
                 raise ValueError(f"validation_labels must include every label; add {missing} to validation_labels")
+        self._check_label_names(vlabels)
         if self.unknown_label is not None and self.unknown_label not in vlabels:
             raise ValueError(
                 f"unknown_label {self.unknown_label!r} is not a validation label; add it to validation_labels"
@@ -359,6 +374,42 @@ class TaskDefinition(_Strict):
             if any(not w > 0 for w in weights.values()):
                 raise ValueError("training.class_weights must all be positive")
         return self
+
+    def _check_label_names(self, vlabels: list[str]) -> None:
+        every = self.all_labels
+        unknown = [label for label in self.label_names if label not in every]
+        if unknown:
+            raise ValueError(f"label_names names {unknown}, which are not labels of the task; use labels from {every}")
+        seen: dict[str, str] = {}
+        for label in every:
+            name = self.label_name(label)
+            key = name.casefold()
+            if key in seen:
+                raise ValueError(
+                    f"labels {seen[key]!r} and {label!r} would both be shown as {name!r}; give each label its own "
+                    "display name in label_names"
+                )
+            seen[key] = label
+            other = next((o for o in every if o != label and o.casefold() == key), None)
+            if other is not None:
+                raise ValueError(
+                    f"label {label!r} has the display name {name!r}, which is the label {other!r}; a label's "
+                    "display name may not be another label"
+                )
+
+    @property
+    def all_labels(self) -> list[str]:
+        """The task's labels, then the validation labels that are not task labels."""
+        return list(self.labels) + [label for label in self.effective_validation_labels if label not in self.labels]
+
+    def label_name(self, label: str) -> str:
+        """What people see for ``label`` (its display name; the label itself when it has none)."""
+        return self.label_names.get(label, label)
+
+    @property
+    def display_names(self) -> dict[str, str]:
+        """Every label of the task (validation labels included) with its display name."""
+        return {label: self.label_name(label) for label in self.all_labels}
 
     @property
     def effective_validation_labels(self) -> list[str]:

@@ -43,6 +43,7 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", "/redoc"): PUBLIC,
     ("POST", f"{API}/auth/login"): PUBLIC,
     ("GET", f"{API}/me"): ANY,
+    ("GET", f"{API}/me/token"): ANY,
     ("GET", f"{API}/users"): set(),
     ("POST", f"{API}/users"): set(),
     ("POST", f"{API}/users/{{username}}/tokens"): ANY,  # for yourself; for others admins only
@@ -659,7 +660,8 @@ def test_a_writer_cannot_read_the_dataset_or_the_report(built, client: Any, make
 
 # --- validators: the text only, never the answers ----------------------------------------------
 
-BATCH_KEYS = {"round_id", "task", "validation_labels", "multi_label", "data", "count"}
+# label_names: the display names of the task's labels (the same for every validator; no example's answer)
+BATCH_KEYS = {"round_id", "task", "validation_labels", "label_names", "multi_label", "data", "count"}
 ITEM_KEYS = {"example_id", "text", "target_span"}
 
 

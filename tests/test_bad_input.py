@@ -3,7 +3,9 @@
 
 Every rejected request is checked twice: the error body (status, ``error.code`` and a
 message that says what to fix) and the database (every table's row count and full contents
-are the same before and after: nothing half-written).
+are the same before and after: nothing half-written). Requests refused before anything is
+written run on SQLite only (``sqlite_only``, tests/conftest.py); the refusals that reach the
+database, and every feature's accepted path, run on PostgreSQL too.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from services.db.models import ApiToken, Assignment, Attempt, Base, Round, Task
-from tests.conftest import Actor, MakeUser, example_yaml, free_port, open_round, table_counts, table_snapshot
+from tests.conftest import (
+    Actor,
+    MakeUser,
+    example_yaml,
+    free_port,
+    open_round,
+    sqlite_only,
+    table_counts,
+    table_snapshot,
+)
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 API = "/api/v1"
@@ -181,6 +192,7 @@ TEXT_CASES = [
 
 
 @pytest.mark.parametrize(("text", "fragments"), TEXT_CASES)
+@sqlite_only  # refused before any write; PostgreSQL: test_target_span_on_a_single_label_task
 def test_attempt_text_is_checked(
     client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any], text, fragments
 ) -> None:
@@ -211,6 +223,7 @@ RAW_BODY_CASES = [
 
 
 @pytest.mark.parametrize(("body", "fragments"), RAW_BODY_CASES)
+@sqlite_only  # refused before any write; PostgreSQL: test_target_span_on_a_single_label_task
 def test_attempt_body_is_checked(
     client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any], body, fragments
 ) -> None:
@@ -234,6 +247,7 @@ def _chunks(total: int, size: int = 16 * 1024) -> Iterator[bytes]:
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@sqlite_only  # refused before the route; PostgreSQL: test_target_span_on_a_single_label_task
 def test_body_over_the_size_limit_is_refused(
     client: TestClient,
     app: FastAPI,
@@ -263,6 +277,7 @@ def test_body_over_the_size_limit_is_refused(
         assert_error(response, 422, "invalid", "text", "at most 100000 characters")
 
 
+@sqlite_only  # refused before the route; PostgreSQL: test_target_span_on_a_single_label_task
 def test_body_limit_uses_bytes_not_characters(
     client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any]
 ) -> None:
@@ -388,6 +403,7 @@ def choice_round(client: TestClient, researcher: Actor, stub_model: ThreadedServ
         (None, ["choose the target label", "send target_label"]),
     ],
 )
+@sqlite_only  # refused before any write; PostgreSQL: test_target_label_in_a_balanced_round_is_refused
 def test_unknown_target_label(
     client: TestClient, app: FastAPI, writer: Actor, choice_round: dict[str, Any], label, fragments
 ) -> None:
@@ -417,6 +433,7 @@ def test_target_label_in_a_balanced_round_is_refused(
         ("", 422, ["not a label"]),
     ],
 )
+@sqlite_only  # refused before any write; PostgreSQL: test_other_text_fields_are_checked
 def test_unknown_validation_label(
     client: TestClient, app: FastAPI, validators: list[Actor], example: dict[str, Any], label, status, fragments
 ) -> None:
@@ -522,6 +539,7 @@ def mad_round(client: TestClient, researcher: Actor, stub_model: ThreadedServer)
         ([1, 2, 3], ["two integers"]),
     ],
 )
+@sqlite_only  # refused before any write; PostgreSQL: test_target_span_mismatch_on_submit
 def test_target_span_on_a_target_dependent_task(
     client: TestClient, app: FastAPI, writer: Actor, mad_round: dict[str, Any], span, fragments
 ) -> None:
@@ -612,6 +630,7 @@ def sarcasm_round(client: TestClient, researcher: Actor, sarcasm_model: Threaded
         ({"intended_label": "not_sarcastic", "target_span": [0, 3]}, ["['target_span']", "not part of task"]),
     ],
 )
+@sqlite_only  # refused before any write; PostgreSQL: test_isarcasm_complete_extras_are_accepted
 def test_isarcasm_writer_fields(
     client: TestClient, app: FastAPI, writer: Actor, sarcasm_round: dict[str, Any], extras, fragments
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -166,6 +167,42 @@ def _writer_attempt(api: str) -> dict[str, object]:
         return attempt.json()
 
 
+def demo_token(output: str, username: str) -> str:
+    """The API token the demo printed for ``username`` (its `  USERNAME  TOKEN` line)."""
+    found = re.search(rf"^  {re.escape(username)}\s+(\S+)$", output, re.MULTILINE)
+    assert found, output
+    return found.group(1)
+
+
+def _check_client_token(output: str, api: str) -> None:
+    """The printed `client` token reads tasks and datasets (round 1 is not built yet: the API
+    says so, not that the token is refused) and is refused everything else."""
+    token = demo_token(output, "client")
+    curl = re.search(r"^export a built round .*: (curl .*)$", output, re.MULTILINE)
+    assert curl, output
+    dataset = f"{api}/api/v1/tasks/{DEMO_TASK}/rounds/1/dataset?split=train&format=jsonl"
+    assert f'-H "Authorization: Bearer {token}" "{dataset}"' in curl.group(1)
+    with httpx.Client(base_url=f"{api}/api/v1", timeout=30, headers={"Authorization": f"Bearer {token}"}) as http:
+        me = http.get("/me")
+        assert me.status_code == 200 and me.json()["roles"] == ["client"], me.text
+        assert http.get(f"/tasks/{DEMO_TASK}").status_code == 200
+        answer = http.get(dataset)
+        assert answer.status_code == 404 and "has not been built yet" in answer.text, answer.text
+        round_id = next(r["id"] for r in http.get("/rounds/open").json()["data"] if r["task"] == DEMO_TASK)
+        refused = {
+            "take an assignment": http.post(f"/rounds/{round_id}/assignments", json={}),
+            "build a round": http.post(f"/rounds/{round_id}/build", json={}),
+            "start a job": http.post(f"/tasks/{DEMO_TASK}/jobs", json={"kind": "evaluate", "params": {}}),
+            "list users": http.get("/users"),
+            "list model servers": http.get("/model-servers"),
+        }
+        assert {what: answer.status_code for what, answer in refused.items()} == dict.fromkeys(refused, 403), {
+            what: answer.text for what, answer in refused.items()
+        }
+    anonymous = httpx.get(dataset, timeout=30)
+    assert anonymous.status_code == 401, anonymous.text
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
 def test_demo_serves_model_zero_and_stops_every_child(tmp_path: Path, model_cache: Path, signum: int) -> None:
@@ -178,8 +215,15 @@ def test_demo_serves_model_zero_and_stops_every_child(tmp_path: Path, model_cach
             assert httpx.get(url, timeout=10).status_code == 200, url
         info = httpx.get(f"{demo.model_url}/info", timeout=10).json()
         assert info["model_id"] == f"{DEMO_TASK}-model-0"
-        for login in ("writer-demo-only", "validator1-demo-only", "researcher-demo-only", "admin-demo-only"):
+        for login in (
+            "writer-demo-only",
+            "validator1-demo-only",
+            "researcher-demo-only",
+            "admin-demo-only",
+            "client-demo-only",
+        ):
             assert login in demo.output
+        _check_client_token(demo.output, demo.api_url)
 
         attempt = _writer_attempt(demo.api_url)
 

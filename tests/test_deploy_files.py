@@ -239,15 +239,15 @@ def test_api_cmd_is_uvicorn_with_proxy_headers_and_real_options() -> None:
 
 def test_frontend_cmd_matches_dynaloop_ui() -> None:
     cmd = cmd_of("frontend")
-    assert cmd[:3] == ["streamlit", "run", "frontend/app.py"]
-    assert (ROOT / "frontend" / "app.py").is_file()
+    assert cmd[:3] == ["streamlit", "run", "frontend/server.py"]
+    assert (ROOT / "frontend" / "server.py").is_file()
     expected = ui_command("0.0.0.0", 8501)
     assert cmd[3:] == expected[expected.index("--server.port") :]
 
 
 def test_frontend_image_holds_what_the_web_app_imports() -> None:
-    """The frontend image installs only streamlit and httpx (streamlit brings pandas and
-    altair); a new import in frontend/ must be added there too."""
+    """The frontend image installs only streamlit and httpx (streamlit brings pandas, altair,
+    and starlette and anyio for its ASGI server); a new import in frontend/ must be added there too."""
     imported: set[str] = set()
     for path in (ROOT / "frontend").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -256,7 +256,7 @@ def test_frontend_image_holds_what_the_web_app_imports() -> None:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 imported.add(node.module.split(".")[0])
     third_party = {name for name in imported if name not in sys.stdlib_module_names} - {"frontend"}
-    assert third_party <= {"streamlit", "httpx", "pandas", "altair", "numpy"}, third_party
+    assert third_party <= {"streamlit", "httpx", "pandas", "altair", "numpy", "starlette", "anyio"}, third_party
     builder = " ".join(ins.value for ins in dockerfile(DOCKERFILES["frontend"]) if ins.keyword == "RUN")
     assert "{'streamlit', 'httpx'}" in builder
 

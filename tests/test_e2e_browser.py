@@ -323,6 +323,7 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     page.log_in("researcher", "researcher-demo-only")
     before = _dashboard(page, "02-researcher-before")
     assert _number(before["Attempts"]) == 0 and _number(before["Examples"]) == 0, before
+    _session_steps(page, demo)
     page.log_out()
 
     # The writer: quiz, then edit the prompt until the model is fooled or the tries run out.
@@ -337,9 +338,7 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     page.wait_text("Your goal:")
     page.field("Your sentence")
     page.idle()
-    goal = re.search(r"Your goal: Write a (\w+) sentence", page.text())  # the API's goal sentence
-    assert goal, page.text()
-    target = goal.group(1)
+    target = _goal_target(page)  # from the API's goal sentence
     prompt_text = page.field("Your sentence").get_attribute("value")
     assert prompt_text, "the editor starts with the prompt"
     page.screenshot("04-writer-prompt")
@@ -371,15 +370,17 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     page.wait_text("Submitted!")
     page.idle()
     page.screenshot("06-writer-submitted")
+    _writer_answers_no(page)
     page.log_out()
 
     # A validator labels their batch (the writer's sentence).
     page.log_in("validator1", "validator1-demo-only")
     page.wait_text("Sentence 1 of")
     page.screenshot("07-validator-batch")
+    _validator_words_steps(page)
     labelled = 0
     while page.driver.find_elements(page.by.XPATH, "//*[@role='radiogroup'][@aria-label='Label']"):
-        page.choose("Label", target)
+        page.choose("Label", LABEL_NAMES[target])
         page.click("Save label")
         labelled += 1
 
@@ -413,6 +414,246 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     assert stats["examples"]["submitted"] == 1 + SEEDED_EXAMPLES, stats
     assert stats["validations"]["given"] == labelled + seeded["validations"], stats
     assert stats["attempts"]["fooled"] >= (1 if fooled else 0) + seeded["fooled"], stats
+    _promote_steps(page, demo)
+
+
+JOB_WAIT_S = 300.0  # a train, evaluate or promote job: its own process, which loads torch first
+
+
+def _metric_labels_in_full(page: Page) -> None:
+    """No dashboard metric label is cut short ("Confirmation r…") at 1280x900."""
+    cut = page.driver.execute_script(
+        "return Array.from(document.querySelectorAll(\"[data-testid='stMetricLabel'], "
+        "[data-testid='stMetricLabel'] *\")).filter(e => e.scrollWidth > e.clientWidth + 1)"
+        ".map(e => e.textContent.trim());"
+    )
+    assert not cut, f"metric labels cut short: {cut}"
+
+
+def _selectbox_text(page: Page, label: str) -> str:
+    """What the select box labelled ``label`` shows: its text and its inputs' values (the chosen
+    option is the value of a search input in some Streamlit versions, text in others)."""
+    boxes = page.driver.find_elements(page.by.CSS_SELECTOR, "[data-testid='stSelectbox']")
+    box = next(b for b in boxes if b.text.strip().splitlines()[:1] == [label])
+    values = [str(i.get_attribute("value") or "") for i in box.find_elements(page.by.TAG_NAME, "input")]
+    return " ".join([str(box.text), *values])
+
+
+def _job_done(page: Page, success: str) -> None:
+    outcome = page.wait_text(success, "the job's log is in the list", timeout_s=JOB_WAIT_S)
+    assert outcome == success, page.text()
+    page.idle()
+
+
+def _promote_steps(page: Page, demo: RunningDemo) -> None:
+    """The researcher (signed in) trains the next model, evaluates and promotes it on the demo's
+    model server in "Models and datasets" without typing any token (the demo registered the
+    server with its admin token); the model server then serves it and the page says promoted.
+    The round is closed and built through the API first (training needs a built round), and the
+    demo's `client` token downloads the built dataset."""
+    _metric_labels_in_full(page)  # the dashboard is open
+    api = _Api(demo.api_url)
+    for status in ("validating", "closed"):
+        api.post(f"/rounds/{api.round_id}/status", "researcher", {"status": status})
+    # A round of 13 examples is too small for the strict policy and the offered relaxations (2-3
+    # eligible examples of a class): relaxed, 3 of 5 votes, and no class-balance guard.
+    relaxed = {"policy": "relaxed", "chance": False, "dev_test_min_votes": 3, "max_dev_test_share": 1.0}
+    api.post(f"/rounds/{api.round_id}/build", "researcher", {"seed": 0, **relaxed})
+
+    client_token = re.search(r"^  client\s+(\S+)$", demo.output, re.MULTILINE)
+    assert client_token, demo.output
+    export = httpx.get(
+        f"{demo.api_url}/api/v1/tasks/{DEMO_TASK}/rounds/1/dataset",
+        params={"split": "all", "format": "jsonl"},
+        headers={"Authorization": f"Bearer {client_token.group(1)}"},
+        timeout=60,
+    )
+    assert export.status_code == 200 and export.text.count("\n") >= 1, export.text[:500]
+
+    page.open_page("Models and datasets")
+    page.wait_text("Train the next model")
+    for label, value in (("Epochs", "1"), ("Max tokens", "16")):
+        page.type_into(label, value)
+    page.click("Train")
+    _job_done(page, "trained and registered")
+    models = api.get(f"/tasks/{DEMO_TASK}/models", "researcher")["data"]
+    new = models[-1]
+    assert new["status"] == "trained" and new["name"] != models[0]["name"], models
+    page.until(lambda: new["name"] in _selectbox_text(page, "Model"), "the new model in the picker")
+    page.wait_text("Status: trained")
+    page.click("Evaluate")
+    _job_done(page, "evaluated")
+    page.wait_text("Status: evaluated")
+    # No field anywhere on the page asks for a token or a URL.
+    fields = page.driver.find_elements(page.by.CSS_SELECTOR, "input[type='text'], input[type='password'], textarea")
+    labels = [str(f.get_attribute("aria-label") or "") for f in fields]
+    assert not [label for label in labels if "token" in label.lower() or "url" in label.lower()], labels
+    page.scroll_to_text("Model server to promote it to")
+    page.screenshot("11-researcher-evaluated")
+    page.click("Promote")
+    _job_done(page, "now serves it")
+    page.wait_text("Status: promoted, served by the model server at")
+    picker = _selectbox_text(page, "Model")
+    assert new["name"] in picker and "(evaluated)" not in picker + page.text(), picker
+    page.scroll_to_text("Status: promoted")
+    page.screenshot("12-researcher-promoted")
+
+    info = httpx.get(f"{demo.model_url}/info", timeout=30).json()
+    promoted = next(m for m in api.get(f"/tasks/{DEMO_TASK}/models", "researcher")["data"] if m["id"] == new["id"])
+    assert promoted["status"] == "promoted", promoted
+    assert (info["model_id"], info["version"]) == (promoted["model_id"], promoted["version"]), info
+    # The model server's admin token never reaches the researcher: not in the page, not in the API's answers.
+    admin_token = re.search(r"model server admin token .*: (\S+)$", demo.output, re.MULTILINE)
+    assert admin_token, demo.output
+    jobs = api.get(f"/tasks/{DEMO_TASK}/jobs", "researcher")["data"]
+    answers = [api.http.get("/model-servers", headers=api.headers("researcher")).text, page.text()]
+    answers += [api.http.get(f"/jobs/{job['id']}", headers=api.headers("researcher")).text for job in jobs]
+    assert not [answer for answer in answers if admin_token.group(1) in answer]
+
+
+# --- one vocabulary (issue #18, point 3) ------------------------------------------------------
+
+LABEL_NAMES = load_task_definition(example_path(DEMO_TASK)).display_names  # label -> what people see
+LABELS_BY_NAME = {name: label for label, name in LABEL_NAMES.items()}
+
+
+def _goal_target(page: Page) -> str:
+    """The label of the writer's goal, read from the goal sentence the page shows (display names)."""
+    goal = re.search(r"Your goal: Write a sentence a person would label (.+?) that fools", page.text())
+    assert goal and goal.group(1) in LABELS_BY_NAME, page.text()
+    return LABELS_BY_NAME[goal.group(1)]
+
+
+def _writer_answers_no(page: Page) -> None:
+    """On a next prompt, the writer fools the model and answers "No, I judge it otherwise": the page
+    then shows the writer's judgement, not the green "You fooled the model!" banner. Nothing is
+    submitted (the round's counts below stay as they were); the assignment stays open."""
+    tries_allowed = load_task_definition(example_path(DEMO_TASK)).tries_per_assignment
+    for _prompt in range(3):  # a prompt whose tries all fail to fool the model is switched
+        page.wait_text("Your goal:")
+        page.field("Your sentence")
+        page.idle()
+        if _prompt == 0:
+            _writer_page_above_the_fold(page)
+        target = _goal_target(page)
+        outcome = ""
+        for attempt in range(1, tries_allowed + 1):
+            candidates = ATTEMPTS[target]
+            text = candidates[(attempt - 1) % len(candidates)]
+            page.type_into("Your sentence", text if attempt <= len(candidates) else f"{text[:-1]}, truly.")
+            page.click("Check with the model")
+            page.wait_text(f"Tries: {attempt} / {tries_allowed}")
+            outcome = page.wait_text("You fooled the model!", "Not fooled yet", "You have used all")
+            page.idle()
+            if outcome != "Not fooled yet":
+                break
+        if outcome == "You fooled the model!":
+            break
+        page.click("Switch to next prompt")
+        page.wait_text("Switched to the next prompt.")
+    else:
+        raise AssertionError("Model 0 was not fooled on three prompts; the 'No' confirmation was not reached")
+    others = [label for label in ("positive", "negative", "neutral") if label != target]
+    no_button = f"No, I judge this sentence to be {' or '.join(LABEL_NAMES[label] for label in others)}."
+    yes_button = f"Yes, I confirm that I judge this sentence to be {LABEL_NAMES[target]}."
+    assert page.button(yes_button) and page.button(no_button)  # the buttons speak in display names
+    page.click(no_button)
+    judgement = page.wait_text("You judged this sentence")
+    page.idle()
+    assert judgement and "You fooled the model!" not in page.text(), page.text()
+    assert f"You judged this sentence not {LABEL_NAMES[target]}." in page.text(), page.text()
+    assert "did not fool the model" in page.text()
+    page.scroll_to_text("You judged this sentence")
+    page.screenshot("06b-writer-answered-no")
+
+
+def _writer_page_above_the_fold(page: Page) -> None:
+    """Scrolled to the top, a laptop's window (1280x900) shows one heading, the goal, the prompt,
+    the editor and the Check button; the instructions come below them."""
+    page.driver.execute_script(
+        "for (const e of document.querySelectorAll('*')) { if (e.scrollTop) e.scrollTop = 0; } window.scrollTo(0, 0);"
+    )
+    time.sleep(0.3)
+    bottom = page.driver.execute_script("return window.innerHeight;")
+    xpaths = {
+        "the goal": "//p[starts-with(normalize-space(), 'Your goal:')]",
+        "the prompt": "//p[starts-with(normalize-space(), 'Inspirational prompt')]",
+        "the editor": "//textarea[@aria-label='Your sentence']",
+        "the Check button": "//button[normalize-space()='Check with the model']",
+    }
+    for what, xpath in xpaths.items():
+        elements = page.driver.find_elements(page.by.XPATH, xpath)
+        assert elements, f"{what} is not on the page"
+        rect = page.driver.execute_script(
+            "const r = arguments[0].getBoundingClientRect(); return [r.top, r.bottom];", elements[-1]
+        )
+        assert rect[0] >= 0 and rect[1] <= bottom, f"{what} is not above the fold: {rect} of {bottom}"
+    headings = [e.text for e in page.driver.find_elements(page.by.CSS_SELECTOR, "h1, h2, h3") if e.is_displayed()]
+    assert headings.count("Write") == 1 and "Find examples that fool the model" not in headings, headings
+    page.screenshot("05b-writer-top")
+
+
+def _validator_words_steps(page: Page) -> None:
+    """The validator's radio options and instructions use the same words (the task's display
+    names) and the instructions give the size of the batch actually served."""
+    served = re.search(r"Sentence 1 of (\d+)", page.text())
+    assert served, page.text()
+    size = int(served.group(1))
+    definition = load_task_definition(example_path(DEMO_TASK))
+    names = [LABEL_NAMES[label] for label in definition.effective_validation_labels]
+    options = [
+        element.text.strip()
+        for element in page.driver.find_elements(
+            page.by.XPATH, "(//*[@role='radiogroup'][@aria-label='Label'])[1]//label[@data-testid='stRadioOption']"
+        )
+    ]
+    assert options == names, options
+    words = page.text()
+    sentences = "sentence" if size == 1 else "sentences"
+    assert f"This batch has {size} {sentences} written by other people." in words, words
+    assert f"choose one label: {', '.join(names[:-1])} or {names[-1]}, then press Save label." in words, words
+    if size != definition.validation_batch_size:
+        assert f"{definition.validation_batch_size} sentences" not in words
+
+
+def _session_steps(page: Page, demo: RunningDemo) -> None:
+    """Issue #18, point 2, with the researcher signed in: a reload and a deep link keep the
+    session (an httpOnly cookie that the page's scripts cannot read); a page of another role
+    says so; logging out revokes the login's token; a signed-out deep link leads through the
+    login page back to that page."""
+    browser = page.driver
+    cookie = browser.get_cookie("dynaloop_session")
+    assert cookie is not None and cookie["httpOnly"] and cookie.get("sameSite") == "Lax", cookie
+    assert browser.execute_script("return document.cookie").find("dynaloop_session") == -1
+
+    browser.refresh()
+    page.wait_text("Signed in as researcher")
+    page.idle()
+    browser.get(f"{demo.ui_url}/dashboard")
+    page.wait_text("Validation coverage")
+    page.wait_text("Signed in as researcher")
+    page.idle()
+    page.screenshot("02a-deep-link-dashboard")
+
+    browser.get(f"{demo.ui_url}/write")
+    page.wait_text("needs the writer role")
+    page.screenshot("02b-page-of-another-role")
+
+    browser.get(f"{demo.ui_url}/dashboard")
+    page.wait_text("Signed in as researcher")
+    page.idle()
+    page.log_out()
+    assert browser.get_cookie("dynaloop_session") is None
+    token = cookie["value"].split(".", 1)[1]
+    me = httpx.get(f"{demo.api_url}/api/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert me.status_code == 401, me.text  # logging out revoked the login's token
+
+    browser.get(f"{demo.ui_url}/dashboard")
+    page.field("Username")
+    assert "/login?next=/dashboard" in browser.current_url, browser.current_url
+    page.log_in("researcher", "researcher-demo-only")
+    page.wait_text("Validation coverage")
+    assert browser.current_url.rstrip("/").endswith("/dashboard"), browser.current_url
 
 
 SEEDED_EXAMPLES = 12

@@ -13,6 +13,7 @@ import pytest
 from fastapi import FastAPI
 from streamlit.testing.v1 import AppTest
 
+from frontend import state, web
 from frontend.client import ApiClient, ApiError, api_root, idempotency_key
 from services.db.engine import session_scope
 from services.domain import users
@@ -20,7 +21,9 @@ from tests.conftest import Actor, MakeUser, example_yaml, free_port, register_mo
 from tests.frontend_live import (
     APP_FILE,
     LiveApi,
+    html_of,
     signed_in_app,
+    texts,
 )
 from tests.stub_model_server import ThreadedServer
 
@@ -236,46 +239,65 @@ def with_round(live: LiveApi) -> LiveApi:
     return live
 
 
-def test_login_with_password_shows_the_pages_of_the_roles(with_round: LiveApi) -> None:
+def _with_cookie(monkeypatch: pytest.MonkeyPatch, session: web.Session | None) -> None:
+    """What ``st.context.cookies`` would hold in a browser (AppTest cannot seed cookies)."""
+    monkeypatch.setattr(state, "session_cookie", lambda: session)
+
+
+def test_the_session_cookie_signs_in_with_the_pages_of_the_roles(
+    with_round: LiveApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with_round.user("wanda", "writer", "validator", password="wanda-secret-1")
+    token = ApiClient(with_round.url).login("wanda", "wanda-secret-1")["token"]
+    _with_cookie(monkeypatch, web.Session("login", token))
+    client = with_round.client()
+    at = AppTest.from_file(str(APP_FILE), default_timeout=30)
+    at.session_state["client"] = client
+    at.run()
+    assert not at.exception
+    assert at.session_state["roles"] == ["writer", "validator"]
+    assert [t.value for t in at.title] == ["Write"]  # the first page of the roles
+    assert "Signed in as wanda" in [t.value for t in at.sidebar.text]
+    assert '<form method="post" action="/logout"' in html_of(at)  # Log out: the server's POST /logout
+    assert at.session_state["token"] == token and client.token == token
+    at.switch_page("pages/validator.py").run()
+    assert [t.value for t in at.title] == ["Validate"]
+    assert len(client.requests("GET", "/me")) == 1  # asked once per session, not on every rerun
+
+
+def test_signed_out_every_page_links_to_the_login_page_with_its_address(
+    with_round: LiveApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_cookie(monkeypatch, None)
+    at = AppTest.from_file(str(APP_FILE), default_timeout=30)
+    at.session_state["client"] = with_round.client()
+    at.run()
+    assert [t.value for t in at.title] == ["dynaloop"] and "You are signed out." in texts(at.info)
+    assert 'href="/login?next=/"' in html_of(at)
+    assert "token" not in at.session_state
+
+
+def test_a_forged_or_revoked_cookie_leaves_the_user_signed_out(
+    with_round: LiveApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_cookie(monkeypatch, web.Session("login", "dl_forged-token-never-issued"))
     client = with_round.client()
     at = AppTest.from_file(str(APP_FILE), default_timeout=30)
     at.session_state["client"] = client
     at.run()
     assert [t.value for t in at.title] == ["dynaloop"]
-    at.text_input(key="login_username").set_value("wanda")
-    at.text_input(key="login_password").set_value("wrong-password")
-    at.button(key="login_submit").click().run()
-    assert [e.value for e in at.error] == ["wrong username or password"]
-    assert "token" not in at.session_state
-
-    at.text_input(key="login_password").set_value("wanda-secret-1")
-    at.button(key="login_submit").click().run()
-    assert not at.exception
-    assert at.session_state["roles"] == ["writer", "validator"]
-    assert [t.value for t in at.title] == ["Write"]  # the first page of the roles
-    assert "Signed in as wanda" in [t.value for t in at.sidebar.text]
-    token = at.session_state["token"]
-    assert client.token == token and ApiClient(with_round.url, token).me()["username"] == "wanda"
-    at.switch_page("pages/validator.py").run()
-    assert [t.value for t in at.title] == ["Validate"]
-
-    at.button(key="app_logout").click().run()
-    assert [t.value for t in at.title] == ["dynaloop"]
+    assert any("You are signed out" in w and "unknown or revoked" in w for w in texts(at.warning))
     assert "token" not in at.session_state and client.token is None
-    assert at.session_state["client"] is client
+    at.run()
+    assert len(client.requests("GET", "/me")) == 1  # the refused cookie is not retried on every rerun
 
 
-def test_login_with_an_api_token(with_round: LiveApi) -> None:
+def test_a_pasted_api_token_in_the_cookie_signs_in(with_round: LiveApi, monkeypatch: pytest.MonkeyPatch) -> None:
     token = with_round.user("vera", "validator")
+    _with_cookie(monkeypatch, web.Session("token", token))
     at = AppTest.from_file(str(APP_FILE), default_timeout=30)
     at.session_state["client"] = with_round.client()
     at.run()
-    at.text_input(key="login_api_token").set_value("dl_bogus")
-    at.button(key="login_token_submit").click().run()
-    assert "unknown or revoked" in at.error[0].value
-    at.text_input(key="login_api_token").set_value(token)
-    at.button(key="login_token_submit").click().run()
     assert [t.value for t in at.title] == ["Validate"]
     with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/writer\.py'"):
         at.switch_page("pages/writer.py")  # not a page of a validator
@@ -313,6 +335,8 @@ def test_expired_token_offers_to_log_in_again(with_round: LiveApi) -> None:
     assert "unknown or revoked" in at.error[0].value
     at.button(key="state_relogin").click().run()
     assert [t.value for t in at.title] == ["dynaloop"]
+    assert any("unknown or revoked" in w for w in texts(at.warning))
+    assert "token" not in at.session_state
 
 
 def test_dynaloop_ui_runs_streamlit_with_the_api_url(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -332,7 +356,7 @@ def test_dynaloop_ui_runs_streamlit_with_the_api_url(monkeypatch: pytest.MonkeyP
     result = CliRunner().invoke(cli, ["ui", "--port", "8600", "--host", "0.0.0.0", "--api-url", "http://api:9000"])
     assert result.exit_code == 0, result.output
     command = started["command"]
-    assert command[1:4] == ["-m", "streamlit", "run"] and command[4] == str(APP_FILE)
+    assert command[1:4] == ["-m", "streamlit", "run"] and command[4] == str(APP_FILE.parent / "server.py")
     assert command[5:] == [
         "--server.port",
         "8600",

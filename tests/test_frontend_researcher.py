@@ -394,6 +394,11 @@ def test_dashboard_shows_metrics_and_plots(live: LiveApi, rita: PageClient) -> N
         "Validated": "21",
         "Validation coverage": "100.0%",
     }
+    # Rows of three metrics, each label in full (six in a row cut "Confirmation rate" short at 1280 pixels).
+    holding = [column for column in at.columns if column.metric]
+    assert [[m.label for m in column.metric] for column in holding] == [[label] for label in metrics]
+    assert [round(column.weight, 3) for column in holding] == [0.333] * 6  # each a third of the width
+    assert max(len(label) for label in metrics) <= 20
     assert said(at, "warning", "1 attempt(s) found the model unavailable")
     charts = at.get("vega_lite_chart")
     assert len(charts) == 4, [type(e).__name__ for e in at.main]
@@ -496,6 +501,7 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     assert said(at, "success", "trained and registered dynasent-r2-for-round-2@v1"), texts(at)
     assert not at.get("progress")
     assert "dynasent-r2-for-round-2@v1" in dataframe_values(at)
+    assert at.selectbox(key="researcher_models_model").value == model.id  # the model just trained is chosen
 
     at = ok(at.button(key="researcher_models_evaluate").click().run())
     assert rita.requests("POST", JOBS)[-1].body == {"kind": "evaluate", "params": {"model_id": model.id}}
@@ -506,6 +512,10 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     at = run_until_idle(at)
     assert said(at, "success", "evaluated dynasent-r2-for-round-2@v1")
     assert [m["status"] for m in live.admin.models(TASK)] == ["evaluated"]
+    # The picker's labels are the names only: the browser keeps the chosen label as the widget's
+    # value, so a status in it would stay "(evaluated)" after the promotion. The status is a line of its own.
+    assert at.selectbox(key="researcher_models_model").options == [model.name]
+    assert said(at, "markdown", "Status: **evaluated**, not promoted"), texts(at)
 
     # Only registered servers with an admin token are offered; the page never asks for a token or a URL.
     assert at.selectbox(key="researcher_promote_server").options == [f"{server} (http://127.0.0.1:8001)"]
@@ -517,11 +527,24 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     promote = followed_job(at)
     assert promote is not None
     assert "s3cret-token" not in json.dumps(live.admin.job(promote))  # the token stays in the registry
+    recorded_promotion(live, model, "http://127.0.0.1:8001")
     jobs.succeed(promote, f"promoted {model.name}: model server {server} (http://127.0.0.1:8001) now serves it")
     at = run_until_idle(at)
     assert said(at, "success", "promoted dynasent-r2-for-round-2@v1")
+    assert [m["status"] for m in live.admin.models(TASK)] == ["promoted"]
+    assert at.selectbox(key="researcher_models_model").value == model.id
+    assert said(at, "markdown", "Status: **promoted**, served by the model server at http://127.0.0.1:8001")
+    assert not said(at, "markdown", "evaluated"), texts(at)
     table = next(frame.value for frame in at.dataframe if "kind" in frame.value.columns)
     assert table["kind"].tolist() == ["promote", "evaluate", "train"] and set(table["status"]) == {"succeeded"}
+
+
+def recorded_promotion(live: LiveApi, model: ModelVersion, endpoint: str) -> None:
+    """What a promote job records once the model server has switched (modelling.registry.promote)."""
+    with session_scope(live.app.state.sessionmaker) as session:
+        row = session.get(ModelVersion, model.id)
+        assert row is not None
+        row.status, row.endpoint, row.promoted_at = ModelVersionStatus.promoted, endpoint, utcnow()
 
 
 def registered_model_evaluation(live: LiveApi, model: ModelVersion, macro_f1: dict[str, float]) -> None:
@@ -668,6 +691,43 @@ def test_plots_on_a_fixture() -> None:
         "model_accuracy": 0.25,
         "mean_edit_distance": pytest.approx(sum(0.05 * (i % 19) for i in range(20) if i % 5 != 4) / 16, abs=1e-3),
     }
+
+
+COUNTED_FIELDS = {"count", "words", "chars"}  # a count of examples or validators, a length
+
+
+def count_channels(spec: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Every position or colour channel of a Vega-Lite spec (layers included) whose values count things."""
+    found = []
+    for layer in [spec, *spec.get("layer", [])]:
+        for channel, encoding in (layer.get("encoding") or {}).items():
+            counts = isinstance(encoding, dict) and (
+                encoding.get("aggregate") == "count" or encoding.get("field") in COUNTED_FIELDS
+            )
+            if channel in ("x", "y", "color") and counts:
+                found.append((channel, encoding))
+    return found
+
+
+def test_count_axes_show_whole_numbers() -> None:
+    data = plot_fixture()
+    charts = {
+        "edit distance": plots.edit_distance_chart(data),
+        "length in words": plots.length_chart(data, "words"),
+        "length in characters": plots.length_chart(data, "chars"),
+        "validators' agreement": plots.worker_agreement_chart(data),
+        "confusion (majority)": plots.confusion_chart(data),
+        "confusion (target)": plots.confusion_chart(data, "target"),
+    }
+    for name, chart in charts.items():
+        channels = count_channels(drawn(chart))
+        assert channels, f"{name}: no count axis found"
+        for channel, encoding in channels:
+            guide = encoding.get("legend" if channel == "color" else "axis") or {}
+            # Ticks (and legend labels) one apart at least, printed as integers: never "0.5 examples".
+            assert guide.get("tickMinStep") == 1 and guide.get("format") == "d", (name, channel, encoding)
+            if "bin" in encoding and encoding.get("field") in ("words", "chars"):
+                assert encoding["bin"].get("minstep") == 1, (name, encoding)  # no half-word bins
 
 
 def test_plots_without_data() -> None:

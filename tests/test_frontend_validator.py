@@ -4,6 +4,8 @@ with the target highlighted), flags, progress that survives a reload, and escapi
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -34,6 +36,12 @@ def validator_app(live: LiveApi, client: PageClient | None = None) -> AppTest:
     at = signed_in_app(live, "vera", page="pages/validator.py", client=client)
     assert not at.exception, at.exception
     return at
+
+
+def instructions_of(at: AppTest) -> str:
+    """The text of the page's Instructions expander, as a reader sees it."""
+    expander = next(e for e in at.expander if e.label == "Instructions")
+    return "\n".join(texts(expander.markdown))
 
 
 def save(at: AppTest, example_id: int, label: str | list[str], *, flag: bool = False, reason: str = "") -> AppTest:
@@ -79,12 +87,13 @@ def test_batch_is_labelled_card_by_card(dynasent: tuple[LiveApi, list[int]]) -> 
         "Sentence 3 of 3",
     ]
     radio = at.radio(key=f"validator_label_{ids[0]}")
-    assert radio.options == ["positive", "negative", "neutral", "mixed"] and radio.value is None
+    # The options show the task's display names (label_names) and send the labels.
+    assert radio.options == ["Positive", "Negative", "No sentiment", "Mixed sentiment"] and radio.value is None
 
     save(at, ids[0], "neutral")
     assert not at.exception, at.exception
     assert [p.text for p in at.progress] == ["1 of 3 labelled"]
-    assert "Saved: **neutral**" in texts(at.success)
+    assert "Saved: **No sentiment**" in texts(at.success)
     assert not [r for r in at.radio if r.key == f"validator_label_{ids[0]}"]  # the card is done
     sent = client.requests("POST", VALIDATIONS)[0]
     assert sent.path == f"/examples/{ids[0]}/validations"
@@ -142,7 +151,7 @@ def test_flag_with_reason(dynasent: tuple[LiveApi, list[int]]) -> None:
     assert [(v["validator"], v["label"], v["flagged"], v["flag_reason"]) for v in stored] == [
         ("vera", ["mixed"], True, "Reads like an advert")
     ]
-    assert "Saved: **mixed** (flagged)" in texts(at.success)
+    assert "Saved: **Mixed sentiment** (flagged)" in texts(at.success)
 
 
 def test_reload_keeps_progress(dynasent: tuple[LiveApi, list[int]]) -> None:
@@ -169,14 +178,23 @@ def test_multi_label_cards(live: LiveApi) -> None:
     at = validator_app(live, client)
     assert 'lang="am"' in html_of(at) and 'dir="auto"' in html_of(at)
     pills = at.pills(key=f"validator_label_{example}")
-    assert pills.options == ["anger", "disgust", "fear", "joy", "sadness", "surprise", "neutral"]
+    assert [re.sub(r"\\(.)", r"\1", option) for option in pills.options] == [  # shown as written
+        "Anger (ቁጣ)",
+        "Disgust (መጸየፍ)",
+        "Fear (ፍርሃት)",
+        "Joy (ደስታ)",
+        "Sadness (ሀዘን)",
+        "Surprise (መገረም)",
+        "No emotion",
+    ]
+    assert "(**No emotion** only on its own)" in instructions_of(at)
     save(at, example, ["neutral", "anger"])
-    assert "neutral cannot be combined with other labels; choose it alone." in texts(at.warning)
+    assert "No emotion cannot be combined with other labels; choose it alone." in texts(at.warning)
     assert not client.requests("POST", VALIDATIONS)
     save(at, example, ["disgust", "anger"])
     assert client.requests("POST", VALIDATIONS)[0].body["label"] == ["disgust", "anger"]
     assert live.labels_of(example) == {"vera": ["anger", "disgust"]}
-    assert "Saved: **anger, disgust**" in texts(at.success)
+    assert "Saved: **Anger (ቁጣ), Disgust (መጸየፍ)**" in texts(at.success)
 
 
 def test_target_dependent_five_point_scale_and_unknown(live: LiveApi) -> None:
@@ -188,11 +206,11 @@ def test_target_dependent_five_point_scale_and_unknown(live: LiveApi) -> None:
     assert ">Pedro Sánchez</mark> once again" in html_of(at)
     assert "Rate the sentiment towards the highlighted target only." in texts(at.caption)
     radio = at.radio(key=f"validator_label_{first}")
-    assert radio.options == ["negative", "weakly negative", "neutral", "weakly positive", "positive", "unknown"]
+    assert radio.options == ["Negative", "Weakly negative", "Neutral", "Weakly positive", "Positive", "Unknown"]
     save(at, first, "weakly_negative")
     save(at, second, "unknown")
     assert [live.labels_of(i)["vera"] for i in (first, second)] == [["weakly_negative"], ["unknown"]]
-    assert "Saved: **weakly negative**" in texts(at.success)
+    assert "Saved: **Weakly negative**" in texts(at.success)
 
 
 def test_right_to_left_text_gets_auto_direction(live: LiveApi) -> None:
@@ -219,3 +237,41 @@ def test_validator_only_sees_rounds_that_take_labels(live: LiveApi) -> None:
     live.round("dynasent-r2", status="closed")
     at = validator_app(live)
     assert "No round needs labels right now. Please check back later." in texts(at.info)
+
+
+def test_instructions_name_the_batch_served_and_the_buttons_words(dynasent: tuple[LiveApi, list[int]]) -> None:
+    live, ids = dynasent
+    at = validator_app(live)
+    words = instructions_of(at)
+    radio = at.radio(key=f"validator_label_{ids[0]}")
+    # The batch served has 3 sentences (the task's batch size is 10): the instructions say 3.
+    assert "This batch has **3 sentences**" in words and "10 sentences" not in words
+    assert [c for c in texts(at.caption) if c.startswith("Sentence ")][-1] == "Sentence 3 of 3"
+    # The labels in the instructions are the radio's options, in the same order and words.
+    listed = "choose one label: " + ", ".join(f"**{o}**" for o in radio.options[:-1]) + f" or **{radio.options[-1]}**"
+    assert listed in words, words
+    assert "**No sentiment**" in words and "neutral" not in words.split("The sentences come from")[0]
+    # The button named is the button on every card; the task's own text (what labels mean) follows.
+    assert "press **Save label**" in words and at.button(key=f"validator_save_{ids[0]}").label == "Save label"
+    assert "**No sentiment**: The sentence **does not convey anything**" in words
+
+
+def test_instructions_follow_the_tasks_batch_size(live: LiveApi) -> None:
+    round_ = round_of(live, "dynasent-r2", validation_batch_size=2)
+    for text in SENTENCES:
+        live.example(round_, text)
+    at = validator_app(live)
+    assert [p.text for p in at.progress] == ["0 of 2 labelled"]
+    assert "This batch has **2 sentences**" in instructions_of(at)
+
+
+def test_display_names_are_shown_literally(live: LiveApi) -> None:
+    # A display name is researcher text: Markdown in it is shown as typed on the options.
+    round_ = round_of(
+        live, "dynasent-r2", label_names={"neutral": "*No* [sentiment](http://x)", "mixed": "Mixed sentiment"}
+    )
+    example = live.example(round_, SENTENCES[0])
+    at = validator_app(live)
+    radio = at.radio(key=f"validator_label_{example}")
+    assert radio.options[2] == r"\*No\* \[sentiment\]\(http\:\/\/x\)"
+    assert "**\\*No\\* \\[sentiment" in at.expander[0].markdown[0].value

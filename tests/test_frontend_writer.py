@@ -28,6 +28,7 @@ from tests.frontend_live import (
 from tests.stub_model_server import classify
 
 LABELS = ["positive", "negative", "neutral"]
+NAMES = {"positive": "Positive", "negative": "Negative", "neutral": "No sentiment"}  # dynasent-r2's label_names
 SOUP = "The soup was fine and the bread was fresh."
 SUNDAY = "We went there on a Sunday afternoon."
 ATTEMPTS = r"/assignments/\d+/attempts"
@@ -73,8 +74,8 @@ def check(at: AppTest, text: str) -> AppTest:
 
 
 def goal_line(assignment: Assignment) -> str:
-    """The API's goal sentence as the page shows it: the target label emphasised."""
-    target = " + ".join(assignment["target_label"])
+    """The API's goal sentence as the page shows it: the target's display name emphasised."""
+    target = " + ".join(assignment["label_names"][label] for label in assignment["target_label"])
     return "**Your goal:** " + assignment["goal"].replace(target, f"***{target}***", 1)
 
 
@@ -101,8 +102,10 @@ def test_happy_path_check_fooled_confirm_submit(dynasent: LiveApi) -> None:
     at, client = writer_app(dynasent)
     assignment = held(at)
     aid, target = assignment["id"], assignment["target_label"][0]
-    others = [label for label in LABELS if label != target]
-    assert assignment["goal"].startswith(f"Write a {target} sentence")  # the API's own sentence ...
+    others = [NAMES[label] for label in LABELS if label != target]
+    assert assignment["label_names"] == NAMES
+    # The API's own sentence, in display names ...
+    assert assignment["goal"].startswith(f"Write a sentence a person would label {NAMES[target]} that fools")
     assert goal_line(assignment) in texts(at.markdown)  # ... is what the page shows
     prompt = assignment["prompt"]
     assert prompt is not None and prompt["text"] in (SOUP, SUNDAY)
@@ -114,11 +117,11 @@ def test_happy_path_check_fooled_confirm_submit(dynasent: LiveApi) -> None:
     predicted = classify(text, LABELS, False)[0]
     check(at, text)
     assert not at.exception, at.exception
-    assert f"Model prediction: **{predicted}**" in texts(at.markdown)
-    assert [p.text for p in at.progress] == [f"{label}: {90 if label == predicted else 5}%" for label in LABELS]
+    assert f"Model prediction: **{NAMES[predicted]}**" in texts(at.markdown)
+    assert [p.text for p in at.progress] == [f"{NAMES[label]}: {90 if label == predicted else 5}%" for label in LABELS]
     assert "<del" in html_of(at) and "<ins" in html_of(at)  # the diff against the prompt
     assert texts(at.success) == [
-        f"You fooled the model! It predicted **{predicted}**, but a person would say this sentence is **{target}**."
+        f"You fooled the model! It predicted **{NAMES[predicted]}**; your goal is **{NAMES[target]}**."
     ]
     assert "Tries: **1 / 10**" in texts(at.markdown)
     assert not [b for b in at.button if b.key == f"writer_submit_{aid}"]  # no submit before confirming
@@ -136,9 +139,12 @@ def test_happy_path_check_fooled_confirm_submit(dynasent: LiveApi) -> None:
         at.button(key=f"writer_confirm_no_{attempt_id}").label
         == f"No, I judge this sentence to be {' or '.join(others)}."
     )
+    assert at.button(key=f"writer_confirm_yes_{attempt_id}").label == (
+        f"Yes, I confirm that I judge this sentence to be {NAMES[target]}."
+    )
     at.button(key=f"writer_confirm_yes_{attempt_id}").click().run()
     assert state(dynasent, aid)["attempts"][0]["confirmed"] is True
-    assert f"You confirmed that you judge this sentence to be **{target}**." in texts(at.info)
+    assert f"You confirmed that you judge this sentence to be **{NAMES[target]}**." in texts(at.info)
 
     at.button(key=f"writer_submit_{aid}").click().run()
     assert not at.exception, at.exception
@@ -161,11 +167,32 @@ def test_confirming_no_with_the_judged_label(dynasent: LiveApi) -> None:
     attempt_id = state(dynasent, aid)["attempts"][0]["id"]
     judged = next(label for label in LABELS if label != target)
     at.selectbox(key=f"writer_judged_{attempt_id}").set_value(judged)
+    assert at.selectbox(key=f"writer_judged_{attempt_id}").options == [
+        NAMES[label] for label in LABELS if label != target
+    ]
+    assert "You fooled the model!" in texts(at.success)[0]
     at.button(key=f"writer_confirm_no_{attempt_id}").click().run()
     stored = state(dynasent, aid)["attempts"][0]
     assert (stored["confirmed"], stored["judged_label"]) == (False, [judged])
-    assert f"You said you judge this sentence otherwise ({judged})." in texts(at.info)
+    # The page follows the answer: the writer's judgement, no "You fooled the model!" any more.
+    assert not any("fooled the model!" in message for message in texts(at.success)), texts(at.success)
+    (judgement,) = texts(at.info)
+    assert judgement.startswith(f"You judged this sentence **{NAMES[judged]}**, not **{NAMES[target]}**.")
+    assert "did not fool the model" in judgement
+    assert not [b for b in at.button if b.key.startswith("writer_confirm_")]
     assert at.button(key=f"writer_submit_{aid}")  # a "no" can still be submitted
+    at.run()  # a rerun (or reload) draws the same judgement from the API's answer
+    assert texts(at.info) == [judgement] and not texts(at.success)
+
+
+def test_confirming_no_without_a_label(dynasent: LiveApi) -> None:
+    at, _ = writer_app(dynasent)
+    aid, target = held(at)["id"], held(at)["target_label"][0]
+    check(at, fooling(target))
+    attempt_id = state(dynasent, aid)["attempts"][0]["id"]
+    at.button(key=f"writer_confirm_no_{attempt_id}").click().run()
+    assert texts(at.info)[0].startswith(f"You judged this sentence not **{NAMES[target]}**.")
+    assert not texts(at.success)
 
 
 def test_not_fooled_until_the_tries_run_out(live: LiveApi) -> None:
@@ -174,7 +201,7 @@ def test_not_fooled_until_the_tries_run_out(live: LiveApi) -> None:
     at, client = writer_app(live)
     aid, target = held(at)["id"], held(at)["target_label"][0]
     check(at, honest(target, 0))  # the model is right
-    assert f"Model prediction: **{target}**" in texts(at.markdown)
+    assert f"Model prediction: **{NAMES[target]}**" in texts(at.markdown)
     assert any(i.startswith("Not fooled yet") and "(1 tries left)" in i for i in texts(at.info))
     assert not [b for b in at.button if b.key == f"writer_submit_{aid}"]
     check(at, honest(target, 1))
@@ -204,7 +231,7 @@ def test_model_unavailable_keeps_the_text_and_uses_no_try(dynasent: LiveApi) -> 
 
     dynasent.stubs.mode("normal")
     at.button(key=f"writer_check_{aid}").click().run()
-    assert f"Model prediction: **{classify(fooling(target), LABELS, False)[0]}**" in texts(at.markdown)
+    assert f"Model prediction: **{NAMES[classify(fooling(target), LABELS, False)[0]]}**" in texts(at.markdown)
     keys = {sent.key for sent in client.requests("POST", ATTEMPTS)}
     now = state(dynasent, aid)
     assert len(keys) == 1 and len(now["attempts"]) == 1  # the retry scored the saved attempt
@@ -296,8 +323,8 @@ def test_intended_sarcasm_fields(live: LiveApi) -> None:
     aid = held(at)["id"]
     assert "No prompt this time: write your sentence from scratch." in texts(at.info)
     assert (
-        "**Your goal:** Write a ***sarcastic*** sentence that fools the model into predicting not_sarcastic."
-        in texts(at.markdown)
+        "**Your goal:** Write a sentence a person would label ***Sarcastic*** that fools the model into predicting "
+        "Not sarcastic." in texts(at.markdown)
     )
     check(at, "Oh wonderful, another Monday meeting that could have been an email. Living the dream.")
     attempt_id = state(live, aid)["attempts"][-1]["id"]
@@ -360,7 +387,7 @@ def test_target_span_picker(live: LiveApi) -> None:
     check(at, "Pedro Sa\u0301nchez once again announced a housing plan that nobody in Madrid asked for.")
     sent = client.requests("POST", ATTEMPTS)[0].body
     assert sent["target_span"] == [0, 13] and sent["text"].startswith("Pedro Sánchez")
-    assert "Model prediction: **neutral**" in texts(at.markdown)
+    assert "Model prediction: **Neutral**" in texts(at.markdown)
     assert state(live, aid)["attempts"][0]["target_span"] == [0, 13]  # the API took the span
 
 
@@ -400,7 +427,7 @@ def test_hostile_text_is_shown_literally_on_the_writer_page(live: LiveApi) -> No
     page_html = html_of(at)
     assert HOSTILE_ESCAPED in page_html and "&lt;i&gt;x&lt;/i&gt;" in page_html
     assert "<script>" not in page_html and "<img" not in page_html
-    assert "Model prediction: **positive**" in texts(at.markdown)
+    assert "Model prediction: **Positive**" in texts(at.markdown)
     assert "alert(" not in markdown_of(at)
 
 
@@ -475,3 +502,28 @@ def test_the_goal_is_the_apis_sentence_escaped_with_the_target_emphasised() -> N
     # Text from the API is never Markdown or HTML; a phrase that is not there changes nothing.
     assert render.emphasize_markdown("<b>**x**</b> [a](b)", "positive") == r"\<b\>\*\*x\*\*\<\/b\> \[a\]\(b\)"
     assert render.emphasize_markdown("a *b* c", "*b*") == r"a ***\*b\**** c"
+
+
+def test_instructions_come_from_the_task_and_sit_below_the_editor(live: LiveApi) -> None:
+    live.task("dynasent-r2", onboarding_quiz=None, tries_per_assignment=3)
+    live.round("dynasent-r2", [SOUP])
+    at, _ = writer_app(live)
+    aid = held(at)["id"]
+    assert [t.value for t in at.title] == ["Write"] and not at.subheader  # one heading
+    expander = next(e for e in at.expander if e.label == "Instructions")
+    words = "\n".join(texts(expander.markdown))
+    # The numbers and labels are the task's; the steps are the page's, in its order.
+    assert "one of your **3 tries** for this prompt" in words and "10 tries" not in words
+    assert "The labels are **Positive**, **Negative** and **No sentiment**." in words
+    steps = [words.index(f"**{button}**") for button in ("Check with the model", "Yes, I confirm ...", "Submit")]
+    assert steps == sorted(steps), words
+    assert "hit the **Submit** button" not in words  # the old "submit, then confirm" order is gone
+    assert "Tries: **0 / 3**" in texts(at.markdown)
+    for button in ("Check with the model", "Inspect", "Switch to next prompt"):
+        assert button in words and any(b.label == button for b in at.button)
+    # The task's own text follows as an extra paragraph.
+    assert "The **inspirational prompt** is a sentence from a restaurant or business review." in words
+    # Goal, prompt and editor come before the instructions on the page.
+    order = [type(node).__name__ for node in at.main]
+    assert order.index("TextArea") < order.index("Expander"), order
+    assert at.text_area(key=f"writer_text_{aid}").label == "Your sentence"

@@ -25,7 +25,7 @@ from services.db.models import User
 from services.domain import users
 from services.errors import RateLimited
 from services.settings import Settings
-from tests.conftest import MakeUser, example_yaml, open_round, table_counts, table_snapshot
+from tests.conftest import MakeUser, example_yaml, open_round, sqlite_only, table_counts, table_snapshot
 
 API = "/api/v1"
 PASSWORD = "plum-orchard-window"
@@ -189,6 +189,7 @@ WEAK = [
 
 
 @pytest.mark.parametrize(("password", "reason"), WEAK)
+@sqlite_only  # refused before any write; PostgreSQL: the login tests above
 def test_weak_passwords_are_refused_and_no_user_is_created(
     client: TestClient, make_user: MakeUser, password: str, reason: str
 ) -> None:
@@ -285,3 +286,28 @@ def test_spellings_of_the_bearer_scheme_share_one_budget(
             for spelling in spellings
         ]
         assert statuses == [200, 200, 200, 429, 429]
+
+
+def test_me_token_tells_the_token_of_the_request_and_a_revoked_one_is_refused(settings: Settings) -> None:
+    """``GET /me/token``: the id and expiry of the login's own token (never the plain token), so
+    the web app can keep its cookie no longer than the token and revoke it on logout."""
+    with _client(settings) as client:
+        _add_user(client, "wendy")
+        _add_user(client, "walt")
+        before = dt.datetime.now(dt.UTC)
+        token = _login(client, "wendy", PASSWORD).json()["token"]
+        other = _login(client, "walt", PASSWORD).json()["token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        mine = client.get(f"{API}/me/token", headers=headers)
+        assert mine.status_code == 200, mine.text
+        body = mine.json()
+        assert body["token"] is None and body["name"] == "login" and token.startswith(body["prefix"])
+        expires = dt.datetime.fromisoformat(body["expires_at"])
+        expires = expires if expires.tzinfo else expires.replace(tzinfo=dt.UTC)
+        assert dt.timedelta(days=6, hours=23) < expires - before <= dt.timedelta(days=7, minutes=1)
+        # Another user's token id cannot be revoked with this token; the own one can.
+        theirs = client.get(f"{API}/me/token", headers={"Authorization": f"Bearer {other}"}).json()["id"]
+        assert client.delete(f"{API}/tokens/{theirs}", headers=headers).status_code in (403, 404)
+        assert client.delete(f"{API}/tokens/{body['id']}", headers=headers).status_code == 200
+        assert client.get(f"{API}/me/token", headers=headers).status_code == 401
+        assert client.get(f"{API}/me/token").status_code == 401

@@ -37,6 +37,7 @@ from tests.conftest import (
     example_yaml,
     fresh_postgres_database,
     open_round,
+    sqlite_only,
     table_counts,
     table_snapshot,
 )
@@ -363,6 +364,7 @@ def test_the_admin_token_never_leaves_the_server(client: TestClient, app: FastAP
         ({"name": "m", "url": "http://127.0.0.1:8001", "password": "x"}, "is not a known field"),
     ],
 )
+@sqlite_only  # refused before any write; PostgreSQL: test_only_admins_register_change_and_remove_servers
 def test_registration_refuses_what_no_model_server_url_needs(
     client: TestClient, app: FastAPI, admin: Actor, body: dict[str, Any], fragment: str
 ) -> None:

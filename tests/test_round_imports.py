@@ -5,7 +5,9 @@ dataset's own, and builds, with a report that says so; earlier crowd responses b
 and validations by pseudonymous accounts, and the build's gold and agreement match an
 independent computation on the same responses; every bad file is one clear 4xx naming the row
 and column, and the database is unchanged after it. On SQLite, and on PostgreSQL when
-DYNALOOP_TEST_POSTGRES_URL is set."""
+DYNALOOP_TEST_POSTGRES_URL is set; the checks of paths and file contents that reach no behaviour
+of the database's own are ``sqlite_only`` (tests/conftest.py), each naming the PostgreSQL case
+of its feature."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from services.domain.invariants import check_database
 from services.domain.tasks import create_task
 from services.domain.users import get_user
 from services.settings import Settings
-from tests.conftest import Actor, MakeUser, example_yaml, table_counts
+from tests.conftest import Actor, MakeUser, example_yaml, sqlite_only, table_counts
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -133,8 +135,23 @@ def _labelled_rows(family: str) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+# Both databases: the families whose rows store nested JSON (a label set; a target span).
+@pytest.mark.parametrize("family", ["multi_label", "target_dependent"])
 def test_a_labelled_dataset_of_each_family_imports_as_a_round_and_builds_with_its_gold_said_to_be_imported(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, family: str
+) -> None:
+    _import_and_build_a_labelled_dataset(api, rooted, researcher, data_root, family)
+
+
+@pytest.mark.parametrize("family", ["binary_variety", "intended_sarcasm", "single_label"])
+@sqlite_only  # rows that differ from the families above only in parsing; PostgreSQL: the test above
+def test_a_labelled_dataset_of_a_flat_family_imports_as_a_round_and_builds_with_its_gold_said_to_be_imported(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, family: str
+) -> None:
+    _import_and_build_a_labelled_dataset(api, rooted, researcher, data_root, family)
+
+
+def _import_and_build_a_labelled_dataset(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, family: str
 ) -> None:
     task = _task(rooted, researcher, FAMILIES[family])
@@ -232,6 +249,7 @@ def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_sp
     assert "the rest count as 1 vote" in source["statement"]
 
 
+@sqlite_only  # a path check before any write; PostgreSQL: test_a_bad_row_is_one_clear_error_...
 def test_a_datasets_directory_with_a_symlink_out_of_the_root_is_refused(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, tmp_path: Path
 ) -> None:
@@ -244,6 +262,7 @@ def test_a_datasets_directory_with_a_symlink_out_of_the_root_is_refused(
     assert table_counts(rooted) == before
 
 
+@sqlite_only  # parsing; PostgreSQL: test_a_labelled_dataset_of_each_family_imports_...
 def test_numeric_labels_are_mapped_with_the_label_map(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -259,6 +278,7 @@ def test_numeric_labels_are_mapped_with_the_label_map(
     assert gold == {"not_sarcastic": 3, "sarcastic": 3}
 
 
+@sqlite_only  # a file format; PostgreSQL: test_imported_gold_without_vote_counts_... (splits recorded)
 def test_a_saved_datasets_directory_imports_with_its_split_names(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -405,10 +425,27 @@ BAD_FILES: dict[str, tuple[str, list[dict[str, Any]] | str, dict[str, Any], str]
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_FILES))
+# Both databases: a bad row of each kind of import (labelled, responses), refused after the
+# round was written in the request's transaction, which must then roll back.
+ROLLED_BACK = ["same worker twice", "unknown label"]
+
+
+@pytest.mark.parametrize("case", ROLLED_BACK)
+def test_a_bad_row_is_one_clear_error_and_the_database_is_unchanged(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str
+) -> None:
+    _refuse_a_bad_file(api, rooted, researcher, data_root, case)
+
+
+@pytest.mark.parametrize("case", sorted(set(BAD_FILES) - set(ROLLED_BACK)))
+@sqlite_only  # the same transaction as a bad row; PostgreSQL: test_a_bad_row_is_one_clear_error_...
 def test_a_bad_file_is_one_clear_error_and_the_database_is_unchanged(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str
 ) -> None:
+    _refuse_a_bad_file(api, rooted, researcher, data_root, case)
+
+
+def _refuse_a_bad_file(api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str) -> None:
     task = _task(rooted, researcher, "dynasent-r2")
     name, content, options, message = BAD_FILES[case]
     if content or content == "":
@@ -434,6 +471,7 @@ BAD_OFFSETS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_OFFSETS))
+@sqlite_only  # parsing; PostgreSQL: test_a_bad_row_is_one_clear_error_...
 def test_bad_target_offsets_are_refused_and_nothing_is_written(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str
 ) -> None:
@@ -477,6 +515,7 @@ def test_a_round_with_examples_or_a_skipped_number_is_refused(
     assert table_counts(rooted) == before
 
 
+@sqlite_only  # refused before any write; PostgreSQL: test_a_bad_row_is_one_clear_error_...
 def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

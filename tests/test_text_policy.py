@@ -18,7 +18,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from services.db.models import ApiToken, Prompt, User
-from tests.conftest import Actor, MakeUser, example_yaml, open_round
+from tests.conftest import Actor, MakeUser, example_yaml, open_round, sqlite_only
 from tests.stub_model_server import ThreadedServer
 from tests.test_bad_input import (
     PROMPTS,
@@ -77,6 +77,7 @@ NAME_ATTACKS = [
 
 
 @pytest.mark.parametrize(("name", "fragments"), NAME_ATTACKS)
+@sqlite_only  # refused before any write; PostgreSQL: test_real_names_are_kept_as_typed
 def test_display_name_attacks_are_refused(
     client: TestClient, app: FastAPI, make_user: MakeUser, name: str, fragments: list[str]
 ) -> None:
@@ -93,6 +94,7 @@ def test_display_name_attacks_are_refused(
 
 
 @pytest.mark.parametrize(("name", "fragments"), NAME_ATTACKS)
+@sqlite_only  # refused before any write; PostgreSQL: test_real_names_are_kept_as_typed
 def test_token_name_attacks_are_refused(
     client: TestClient, app: FastAPI, make_user: MakeUser, name: str, fragments: list[str]
 ) -> None:

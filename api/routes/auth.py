@@ -7,10 +7,11 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Request
 
-from api.deps import SessionDep, allowed
+from api.deps import CurrentToken, SessionDep, allowed
 from api.ratelimit import client_address
 from api.schemas.auth import LoginRequest, LoginResponse
 from api.schemas.errors import error_responses
+from api.schemas.tokens import TokenPublic
 from api.schemas.users import UserPublic
 from api.state import app_state
 from services.authorization import UserPolicy
@@ -52,3 +53,10 @@ async def login(body: LoginRequest, request: Request, session: SessionDep) -> Lo
 @router.get("/me", response_model=UserPublic)
 def me(user: Annotated[User, allowed(UserPolicy.me)]) -> UserPublic:
     return UserPublic.of(user)
+
+
+@router.get("/me/token", response_model=TokenPublic)
+def my_token(user: Annotated[User, allowed(UserPolicy.me)], token: CurrentToken) -> TokenPublic:
+    """The token of this request: its id (to revoke it with ``DELETE /tokens/{id}``, as the web
+    app's logout does), name, prefix and expiry. The plain token is never shown again."""
+    return TokenPublic.of(token)

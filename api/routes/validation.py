@@ -36,6 +36,7 @@ def validation_batch(
         round_id=round_.id,
         task=round_.task.name,
         validation_labels=definition.effective_validation_labels,
+        label_names={label: definition.label_name(label) for label in definition.effective_validation_labels},
         multi_label=definition.is_multi_label,
         data=items,
         count=len(items),

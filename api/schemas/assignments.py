@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.common import Label
 from services.db.models import Assignment, Attempt
+from services.domain.tasks import definition_of
 from services.domain.writing import Inspection
 
 
@@ -88,7 +89,11 @@ class AssignmentPublic(BaseModel):
     condition: str
     prompt: PromptPublic | None
     target_label: list[str]
-    goal: str
+    label_names: dict[str, str] = Field(
+        description="Each task label (target, predictions, judged labels) with the name writers see; "
+        "requests take the label, not the name."
+    )
+    goal: str = Field(description="The goal in words, with the labels' display names.")
     tries_used: int
     tries_allowed: int
     status: str
@@ -99,6 +104,7 @@ class AssignmentPublic(BaseModel):
     @classmethod
     def of(cls, assignment: Assignment, goal: str) -> AssignmentPublic:
         prompt = assignment.prompt
+        definition = definition_of(assignment.round.task)
         return cls(
             id=assignment.id,
             round_id=assignment.round_id,
@@ -106,6 +112,7 @@ class AssignmentPublic(BaseModel):
             condition=assignment.condition.value,
             prompt=PromptPublic(id=prompt.id, text=prompt.text, metadata=prompt.meta) if prompt else None,
             target_label=assignment.target_label,
+            label_names={label: definition.label_name(label) for label in definition.labels},
             goal=goal,
             tries_used=assignment.tries_used,
             tries_allowed=assignment.tries_allowed,

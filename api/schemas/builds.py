@@ -277,6 +277,11 @@ class RoundReport(BaseModel):
     datasheet: Datasheet
     agreement_counts: AgreementCounts | None = None
     multi_label: MultiLabelSection | None = Field(None, description="Multi-label tasks only; absent otherwise.")
+    label_names: dict[str, str] | None = Field(
+        None,
+        description="Each label with the name annotators saw (the task's `label_names`), for people reading the "
+        "report; the report's other fields use the labels themselves. Absent when the task names none.",
+    )
     files: list[str] | None = Field(
         None,
         description="Files written with the report (builds run with an "

@@ -22,6 +22,10 @@ class TaskPublic(BaseModel):
     title: str
     family: str
     definition: dict[str, Any]
+    label_names: dict[str, str] = Field(
+        description="Every label of the task (validation labels included) with the name people see for it "
+        "(the definition's `label_names`, else the label itself). Requests take the labels, never these names."
+    )
     created_at: dt.datetime
     warnings: list[str] = Field(
         default_factory=list,
@@ -54,6 +58,7 @@ class TaskPublic(BaseModel):
             title=task.title,
             family=task.family,
             definition=definition,
+            label_names=parsed.display_names,
             created_at=task.created_at,
         )
 

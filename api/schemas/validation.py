@@ -23,6 +23,9 @@ class BatchPublic(BaseModel):
     round_id: int
     task: str
     validation_labels: list[str]
+    label_names: dict[str, str] = Field(
+        description="Each validation label with the name validators see; send the label, not the name."
+    )
     multi_label: bool
     data: list[BatchItem]
     count: int

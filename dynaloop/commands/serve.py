@@ -48,8 +48,9 @@ def api(
 
 
 def web_app_file() -> Path:
-    """The Streamlit entry point ``frontend/app.py`` (source checkout or installed package)."""
-    source = Path(__file__).resolve().parents[2] / "frontend" / "app.py"
+    """The web app's server ``frontend/server.py`` (source checkout or installed package): Streamlit
+    runs its ``st.App``, the script ``frontend/app.py`` behind the login pages of ``frontend/web.py``."""
+    source = Path(__file__).resolve().parents[2] / "frontend" / "server.py"
     if source.is_file():
         return source
     import importlib.util
@@ -57,7 +58,7 @@ def web_app_file() -> Path:
     spec = importlib.util.find_spec("frontend")
     if spec is None or spec.origin is None:
         raise fail("the web app (package `frontend`) is not installed; reinstall dynaloop")
-    return Path(spec.origin).parent / "app.py"
+    return Path(spec.origin).parent / "server.py"
 
 
 def ui_command(host: str, port: int) -> list[str]:

@@ -24,41 +24,56 @@ LENGTH_UNITS: list[Literal["words", "chars"]] = ["words", "chars"]
 GOLD_STANDARDS: list[Literal["majority", "target"]] = ["majority", "target"]
 
 
-def metrics(stats: RoundStats) -> None:
+# Six metrics in one row left each about 110 pixels at 1280 pixels wide, and cut "Confirmation
+# rate" and "Validation coverage" short; in rows of three every label reads in full.
+METRICS_PER_ROW = 3
+
+
+def metric_cells(stats: RoundStats) -> list[tuple[str, str, str]]:
+    """(label, value, help) of each metric, in reading order."""
     attempts = stats.get("attempts") or {}
     confirmations = stats.get("confirmations") or {}
     examples = stats.get("examples") or {}
     validations = stats.get("validations") or {}
-    row = st.columns(6)
-    row[0].metric(
-        "Attempts", f"{attempts.get('scored', 0):,}", help="Scored attempts (model_unavailable ones are not counted)"
-    )
-    row[1].metric(
-        "Fooling rate",
-        percent(attempts.get("fooling_rate")),
-        help=f"{attempts.get('fooled', 0):,} of the scored attempts fooled the model",
-    )
-    row[2].metric(
-        "Confirmation rate",
-        percent(confirmations.get("rate")),
-        help=f"Writers said yes to {confirmations.get('yes', 0):,} and no to {confirmations.get('no', 0):,} "
-        "of their fooling attempts",
-    )
-    row[3].metric(
-        "Examples",
-        f"{examples.get('submitted', 0):,}",
-        help=f"{examples.get('fooled', 0):,} fooled the model; {examples.get('no_prompt', 0):,} without a prompt",
-    )
-    row[4].metric(
-        "Validated",
-        f"{examples.get('validated', 0):,}",
-        help=f"{examples.get('validating', 0):,} still need labels; {examples.get('dropped', 0):,} dropped",
-    )
-    row[5].metric(
-        "Validation coverage",
-        percent(validations.get("coverage")),
-        help=f"{validations.get('counted', 0):,} of {validations.get('needed', 0):,} labels needed",
-    )
+    return [
+        ("Attempts", f"{attempts.get('scored', 0):,}", "Scored attempts (model_unavailable ones are not counted)"),
+        (
+            "Fooling rate",
+            percent(attempts.get("fooling_rate")),
+            f"{attempts.get('fooled', 0):,} of the scored attempts fooled the model",
+        ),
+        (
+            "Confirmation rate",
+            percent(confirmations.get("rate")),
+            f"Writers said yes to {confirmations.get('yes', 0):,} and no to {confirmations.get('no', 0):,} "
+            "of their fooling attempts",
+        ),
+        (
+            "Examples",
+            f"{examples.get('submitted', 0):,}",
+            f"{examples.get('fooled', 0):,} fooled the model; {examples.get('no_prompt', 0):,} without a prompt",
+        ),
+        (
+            "Validated",
+            f"{examples.get('validated', 0):,}",
+            f"{examples.get('validating', 0):,} still need labels; {examples.get('dropped', 0):,} dropped",
+        ),
+        (
+            "Validation coverage",
+            percent(validations.get("coverage")),
+            f"{validations.get('counted', 0):,} of {validations.get('needed', 0):,} labels needed",
+        ),
+    ]
+
+
+def metrics(stats: RoundStats) -> None:
+    attempts = stats.get("attempts") or {}
+    examples = stats.get("examples") or {}
+    cells = metric_cells(stats)
+    for first in range(0, len(cells), METRICS_PER_ROW):
+        row = st.columns(METRICS_PER_ROW)
+        for column, (label, value, help_text) in zip(row, cells[first : first + METRICS_PER_ROW], strict=False):
+            column.metric(label, value, help=help_text)
     model_down = attempts.get("model_unavailable", 0)
     if model_down:
         st.warning(f"{model_down:,} attempt(s) found the model unavailable (the writers were asked to retry).")

@@ -15,10 +15,11 @@ import pandas as pd
 import streamlit as st
 
 from frontend import render, state
-from frontend.client import Api, ApiError, Job, Round, Task
+from frontend.client import Api, ApiError, Job, Model, Round, Task
 from frontend.researcher import choose_round, choose_task
 
 ACTIVE_JOB_KEY = "researcher_models_job"  # {task: job id} of the job this page follows
+MODEL_KEY = "researcher_models_model"  # the model picker of the registry
 DOWNLOAD_KEY = "researcher_models_download"  # the fetched file: {"name", "data", "mime"}
 POLL_SECONDS = 2.0
 SPLITS = ["train", "dev", "test", "excluded", "all"]
@@ -58,6 +59,11 @@ def follow_job(client: Api, task: str) -> None:
     st.session_state[ACTIVE_JOB_KEY].pop(task, None)
     if job["status"] == "succeeded":
         state.flash("success", _job_text(job))
+        trained = (job.get("result") or {}).get("model") if job["kind"] == "train" else None
+        if isinstance(trained, dict) and isinstance(trained.get("id"), int):
+            # The model just trained is the one to evaluate next: the picker shows it. (The
+            # picker is not drawn in this run, so its value may still be set.)
+            st.session_state[MODEL_KEY] = trained["id"]
     else:
         state.flash("error", _job_text(job) + "  \n(the job's log is in the list of jobs below)")
     st.rerun()  # the whole page: the registry and the job list changed
@@ -271,6 +277,19 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
 # --- registry: evaluate, promote ---------------------------------------------------------------
 
 
+def model_status_text(model: Model) -> str:
+    """The chosen model's status in one line (Markdown, user text escaped)."""
+    status = model["status"]
+    text = f"Status: **{status}**"
+    if status == "promoted" and model.get("endpoint"):
+        text += f", served by the model server at {render.escape_markdown(str(model['endpoint']))}"
+    elif status == "trained":
+        text += ", not evaluated yet"
+    elif status == "evaluated":
+        text += ", not promoted"
+    return text
+
+
 def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> None:
     st.subheader("Model registry")
     try:
@@ -302,14 +321,19 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
         key="researcher_models_registry",
     )
     by_id = {m["id"]: m for m in models}
+    # The options are labelled with what never changes (the name). The browser keeps the label
+    # of the chosen option as the widget's value, so a label with the status in it went on
+    # saying "(evaluated)" after the model was promoted; the status is shown below instead,
+    # read afresh on every run.
     chosen = st.selectbox(
         "Model",
         list(by_id),
         index=len(by_id) - 1,
-        key="researcher_models_model",
-        format_func=lambda i: f"{by_id[i]['name']} ({by_id[i]['status']})",
+        key=MODEL_KEY,
+        format_func=lambda i: by_id[i]["name"],
     )
     model = by_id[chosen]
+    st.markdown(model_status_text(model))
     left, right = st.columns(2)
     with left:
         st.caption("Evaluate on every built round's dev and test split (DynaSent Table 5b).")

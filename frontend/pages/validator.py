@@ -1,5 +1,7 @@
 """The validator's page (DynaSent App. B, Fig. 4): the instructions, then a batch of up to
-10 sentences written by others, one card each, labelled with the task's validation labels.
+the task's ``validation_batch_size`` sentences written by others, one card each, labelled with
+the task's validation labels. The options show the labels' display names and send the labels;
+the instructions (frontend/instructions.py) name the batch's own size and the same display names.
 
 Each card is sent to the API as soon as the validator saves it, with an idempotency key of
 its own, so nothing is lost: a reload asks the API for the batch again, and the API returns
@@ -17,7 +19,7 @@ from typing import Any, TypedDict
 
 import streamlit as st
 
-from frontend import render, state
+from frontend import instructions, render, state
 from frontend.client import Api, ApiError, BatchItem, Label, Round, TaskDefinition
 
 BATCH_KEY = "validator_batch"
@@ -35,6 +37,7 @@ class HeldBatch(TypedDict):
 
     round_id: int
     labels: list[str]
+    names: dict[str, str]  # label -> display name
     multi_label: bool
     items: list[BatchItem]
     done: dict[int, SavedCard]
@@ -75,6 +78,7 @@ def current_batch(client: Api, round_id: int) -> HeldBatch | None:
     batch: HeldBatch = {
         "round_id": round_id,
         "labels": answer["validation_labels"],
+        "names": answer.get("label_names") or {},
         "multi_label": answer["multi_label"],
         "items": answer["data"],
         "done": {},
@@ -111,6 +115,12 @@ def _save(client: Api, batch: HeldBatch, example_id: int, label: Label, flagged:
 def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition: TaskDefinition) -> None:
     example_id = item["example_id"]
     labels = batch["labels"]
+    names = batch["names"]
+
+    def shown(label: str) -> str:
+        # Radio and pill options are Markdown: the display name is shown as written.
+        return render.escape_markdown(render.label_name(label, names))
+
     lang = definition.get("language")
     with st.container(border=True):
         st.caption(f"Sentence {index} of {len(batch['items'])}")
@@ -122,7 +132,8 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
                 render.alert("info", note)
             else:
                 flag = " (flagged)" if done["flagged"] else ""
-                st.success(f"Saved: **{render.labels_text(done['label'], ', ')}**{flag}")
+                saved_text = render.escape_markdown(render.labels_text(done["label"], ", ", names))
+                st.success(f"Saved: **{saved_text}**{flag}")
             return
         st.session_state.setdefault(SHOWN_AT_KEY, {}).setdefault(example_id, time.time())
         with st.form(f"validator_form_{example_id}", border=False):
@@ -131,7 +142,7 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
                     "Choose every label that applies",
                     labels,
                     selection_mode="multi",
-                    format_func=render.label_name,
+                    format_func=shown,
                     key=f"validator_label_{example_id}",
                 )
             else:
@@ -140,7 +151,7 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
                     labels,
                     index=None,
                     horizontal=True,
-                    format_func=render.label_name,
+                    format_func=shown,
                     key=f"validator_label_{example_id}",
                 )
             flagged = st.checkbox(
@@ -150,7 +161,7 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
             reason = st.text_input(
                 "Reason for the flag (optional)", max_chars=1000, key=f"validator_reason_{example_id}"
             )
-            saved = st.form_submit_button("Save label", type="primary", key=f"validator_save_{example_id}")
+            saved = st.form_submit_button(instructions.SAVE_LABEL, type="primary", key=f"validator_save_{example_id}")
         if not saved:
             return
         reason = (reason or "").strip()
@@ -159,7 +170,7 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
         if not chosen:
             st.warning("Choose a label first.")
         elif exclusive and len(chosen) > 1:
-            st.warning(f"{render.label_name(exclusive[0])} cannot be combined with other labels; choose it alone.")
+            st.warning(f"{shown(exclusive[0])} cannot be combined with other labels; choose it alone.")
         elif reason and not flagged:
             st.warning("Tick the flag box to send a reason, or clear the reason.")
         else:
@@ -180,12 +191,26 @@ def main() -> None:
         return
     definition = task["definition"]
     st.caption(task["title"])
-    with st.expander("Instructions", expanded=BATCH_KEY not in st.session_state):
-        st.markdown(definition.get("validator_instructions") or "Label each sentence.")
+    first_visit = BATCH_KEY not in st.session_state
     batch = current_batch(client, round_["id"])
     if batch is None:
         return
     items = batch["items"]
+    with st.expander("Instructions", expanded=first_visit):
+        steps = (
+            instructions.validator_steps(
+                batch["labels"],
+                batch["names"],
+                len(items),
+                multi_label=batch["multi_label"],
+                exclusive=definition.get("exclusive_labels") or [],
+            )
+            if items
+            else ""
+        )
+        st.markdown(
+            instructions.with_task_text(steps, definition.get("validator_instructions")) or "Label each sentence."
+        )
     if not items:
         st.info(
             "Nothing to label in this round right now: every sentence has its labels or is held by other "

@@ -38,9 +38,17 @@ def check_label_set(
     labels = _as_list(value, what)
     unknown = [label for label in labels if label not in allowed]
     if unknown:
+        # A display name (label_names) sent instead of its label: say which label it names.
+        by_name = {definition.label_name(label).casefold(): label for label in allowed}
+        meant = [
+            f"{name!r} is what people see for {by_name[name.casefold()]!r}"
+            for name in unknown
+            if name.casefold() in by_name
+        ]
+        hint = f" ({'; '.join(meant)}: send the label, not its display name)" if meant else ""
         raise Invalid(
             f"{what} {unknown if len(unknown) > 1 else repr(unknown[0])} is not a label of task "
-            f"{definition.name}; use one of {allowed}",
+            f"{definition.name}; use one of {allowed}{hint}",
             allowed=allowed,
         )
     if definition.is_multi_label:

@@ -189,8 +189,9 @@ def get_assignment(session: Session, assignment_id: int) -> Assignment:
 def goal_of(assignment: Assignment) -> str:
     """The writer's goal in words, as on DynaSent's interface (App. C, Fig. 7)."""
     definition = definition_of(assignment.round.task)
-    target = " + ".join(assignment.target_label)
-    others = [label for label in definition.labels if label not in assignment.target_label]
+    # People read display names (label_names); the API's label fields keep the labels themselves.
+    target = " + ".join(definition.label_name(label) for label in assignment.target_label)
+    others = [definition.label_name(label) for label in definition.labels if label not in assignment.target_label]
     where = "" if assignment.condition is Condition.no_prompt else " Edit the prompt to get there."
     if definition.is_multi_label:
         return f"Write a sentence expressing exactly {target} that the model labels differently.{where}"
@@ -199,7 +200,10 @@ def goal_of(assignment: Assignment) -> str:
             f"Write a sentence that is {target} towards a target you mark in it, so that the model "
             f"predicts {' or '.join(others)} for that target.{where}"
         )
-    return f"Write a {target} sentence that fools the model into predicting {' or '.join(others)}.{where}"
+    return (
+        f"Write a sentence a person would label {target} that fools the model into predicting "
+        f"{' or '.join(others)}.{where}"
+    )
 
 
 def _require_active(assignment: Assignment, now: dt.datetime) -> None:

@@ -1,0 +1,30 @@
+"""The web app's server: ``dynaloop ui``, or ``streamlit run frontend/server.py``.
+
+Streamlit runs this as an ASGI app (``st.App``): the Streamlit script ``frontend/app.py``,
+plus the login and logout pages and the session gate of ``frontend/web.py`` in front of every
+page load. The API's address comes from ``$DYNALOOP_API_URL`` (default http://127.0.0.1:8000).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_FRONTEND = Path(__file__).resolve().parent
+if str(_FRONTEND.parent) not in sys.path:  # `streamlit run frontend/server.py` from a source checkout
+    sys.path.insert(0, str(_FRONTEND.parent))
+
+import streamlit as st  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
+from streamlit import config  # noqa: E402
+
+from frontend import web  # noqa: E402
+from frontend.state import api_url  # noqa: E402
+
+_web = web.WebSession(web.Backend(api_url()), web.base_path(config.get_option("server.baseUrlPath")))
+
+app = st.App(
+    _FRONTEND / "app.py",
+    routes=_web.routes(),
+    middleware=[Middleware(web.SessionGate, web=_web)],
+)

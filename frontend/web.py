@@ -1,0 +1,494 @@
+"""The web app's HTTP side: the login and logout pages, the session cookie, and the gate in
+front of every page (``frontend/server.py`` mounts them on Streamlit's own server).
+
+A browser signs in at ``/login`` (a password, or an API token pasted instead). The API's
+token is kept in one cookie, ``dynaloop_session``: httpOnly (page scripts cannot read it),
+``SameSite=Lax``, ``Secure`` over HTTPS, on the app's base path, and it lives exactly as long
+as the API token (``GET /me/token`` tells its expiry). The Streamlit script reads the cookie
+(``st.context.cookies``) and asks the API who it belongs to (``frontend/state.py``); the
+cookie is never trusted beyond what the API says. ``POST /logout`` revokes a login's token in
+the API and clears the cookie.
+
+Every page load (a GET of an app page such as ``/dashboard``) passes the gate
+(:class:`SessionGate`): without a cookie, or with one the API no longer accepts, the browser is
+sent to ``/login?next=/dashboard`` and lands on ``/dashboard`` after logging in; a page of a
+role the user lacks gets a page saying so. Streamlit's own routes (``/_stcore/``, ``/static/``,
+``/media/``, ``/component/``) and files (a last path segment with a dot) pass untouched.
+
+Requests are bounded (a form body of at most :data:`MAX_FORM_BYTES`, fields no longer than
+the API accepts), a POST must come from the app's own origin (``Origin`` or ``Referer``), the
+``next`` address must be a path of this app, and every piece of user text on a page is escaped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+from urllib.parse import parse_qs, quote, urlsplit
+
+from anyio import to_thread
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from frontend.client import ApiClient, ApiError
+
+COOKIE_NAME = "dynaloop_session"
+MAX_FORM_BYTES = 8 * 1024
+MAX_USERNAME = 64  # api/schemas/auth.py LoginRequest
+MAX_PASSWORD = 200
+MAX_TOKEN = 256
+MAX_NEXT = 2000
+# A cookie for a token without an expiry lives this long; a login's token has one (7 days).
+NO_EXPIRY_MAX_AGE_S = 30 * 24 * 3600
+API_TIMEOUT_S = 15.0
+# The routes Streamlit serves itself (streamlit/web/server/starlette/starlette_app.py
+# _RESERVED_ROUTE_PREFIXES, plus static file serving); a page load never starts with them.
+STREAMLIT_PREFIXES = ("/_stcore/", "/static/", "/media/", "/component/", "/app/static/")
+_TOKEN_RE = re.compile(rf"[A-Za-z0-9_\-]{{1,{MAX_TOKEN}}}")
+
+SessionKind = Literal["login", "token"]
+
+
+class PageRoles(NamedTuple):
+    title: str
+    roles: tuple[str, ...]
+
+
+# The app's pages by url path (frontend/app.py ROLE_PAGES builds its navigation from the same
+# table), so the gate can say which role a deep link needs.
+PAGE_ROLES: dict[str, PageRoles] = {
+    "write": PageRoles("Write", ("writer",)),
+    "validate": PageRoles("Validate", ("validator",)),
+    "rounds": PageRoles("Tasks and rounds", ("researcher",)),
+    "dashboard": PageRoles("Dashboard", ("researcher",)),
+    "models": PageRoles("Models and datasets", ("researcher",)),
+}
+
+
+class Session(NamedTuple):
+    """What the cookie holds: the API token, and whether a password login made it (then logout
+    revokes it) or the user pasted it (then it is theirs to keep; logout only forgets it)."""
+
+    kind: SessionKind
+    token: str
+
+    def cookie_value(self) -> str:
+        return f"{self.kind}.{self.token}"
+
+
+def parse_session(value: object) -> Session | None:
+    """The session in a cookie value, or None for a missing or malformed one."""
+    if not isinstance(value, str) or not value or len(value) > MAX_TOKEN + 8:
+        return None
+    kind, _, token = value.partition(".")
+    if kind not in ("login", "token") or not _TOKEN_RE.fullmatch(token):
+        return None
+    return Session(kind, token)  # type: ignore[arg-type]
+
+
+def base_path(configured: str | None) -> str:
+    """Streamlit's ``server.baseUrlPath`` as a path prefix: ``""`` or ``"/dl"``."""
+    stripped = (configured or "").strip("/")
+    return f"/{stripped}" if stripped else ""
+
+
+def safe_next(value: str | None, base: str) -> str:
+    """``value`` if it is a path of this app (``/dashboard?x=1``), else the app's start page.
+
+    Refused: other hosts (``//evil``, ``https://evil``, ``/\\evil``), backslashes, control
+    characters and spaces, paths outside the base path, the login and logout pages, and
+    anything longer than :data:`MAX_NEXT`."""
+    home = f"{base}/"
+    if not value or len(value) > MAX_NEXT or not value.startswith("/") or value.startswith("//"):
+        return home
+    if "\\" in value or any(ord(c) < 33 or ord(c) == 127 for c in value):
+        return home
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/"):
+        return home
+    if base and parts.path != base and not parts.path.startswith(f"{base}/"):
+        return home
+    if parts.path.rstrip("/") in (f"{base}/login", f"{base}/logout"):
+        return home
+    return value
+
+
+def login_url(base: str, next_path: str) -> str:
+    return f"{base}/login?next={quote(next_path, safe='/')}"
+
+
+# --- pages --------------------------------------------------------------------------------
+
+_STYLE = """
+body { font-family: "Source Sans Pro", system-ui, sans-serif; margin: 0; background: #fff; color: #31333f; }
+main { max-width: 26rem; margin: 4rem auto; padding: 0 1rem; }
+h1 { font-size: 2.2rem; margin-bottom: .25rem; }
+label { display: block; margin: .9rem 0 .3rem; font-size: .9rem; }
+input { width: 100%; box-sizing: border-box; padding: .55rem; font-size: 1rem; border: 1px solid #ccc;
+        border-radius: .4rem; background: #f0f2f6; }
+button { margin-top: 1rem; padding: .5rem 1rem; font-size: 1rem; border-radius: .4rem; border: 1px solid #ff4b4b;
+         background: #ff4b4b; color: #fff; cursor: pointer; }
+details { margin-top: 2rem; } summary { cursor: pointer; }
+details button { background: #fff; color: #31333f; border-color: #ccc; }
+.error { background: #ffe5e5; color: #7d1a1a; padding: .7rem; border-radius: .4rem; margin: 1rem 0; }
+.notice { background: #e8f4ff; color: #0c4a7a; padding: .7rem; border-radius: .4rem; margin: 1rem 0; }
+.muted { font-size: .8rem; color: #666; margin-top: 2rem; }
+"""
+
+
+def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
+    markup = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+        f"<body><main>{body}</main></body></html>"
+    )
+    response = HTMLResponse(markup, status_code=status)
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"
+    response.headers["Referrer-Policy"] = "same-origin"
+    return response
+
+
+def login_page(
+    base: str,
+    next_path: str,
+    api_url: str,
+    *,
+    error: str | None = None,
+    notice: str | None = None,
+    username: str = "",
+    status: int = 200,
+) -> HTMLResponse:
+    e = html.escape
+    action = e(f"{base}/login")
+    hidden_next = f'<input type="hidden" name="next" value="{e(next_path)}">'
+    body = (
+        "<h1>dynaloop</h1>"
+        "<p>Adversarial data collection: write sentences that fool the model, or label what others wrote.</p>"
+        + (f'<div class="notice" role="status">{e(notice)}</div>' if notice else "")
+        + (f'<div class="error" role="alert">{e(error)}</div>' if error else "")
+        + f'<form method="post" action="{action}">{hidden_next}'
+        '<input type="hidden" name="kind" value="password">'
+        '<label for="username">Username</label>'
+        f'<input id="username" name="username" aria-label="Username" autocomplete="username" required '
+        f'maxlength="{MAX_USERNAME}" value="{e(username)}" autofocus>'
+        '<label for="password">Password</label>'
+        f'<input id="password" name="password" type="password" aria-label="Password" '
+        f'autocomplete="current-password" required maxlength="{MAX_PASSWORD}">'
+        '<button type="submit">Log in</button></form>'
+        "<details><summary>Use an API token instead</summary>"
+        "<p>Tokens come from <code>dynaloop user token NAME</code> or from an admin; they start with "
+        "<code>dl_</code>. Logging out forgets a pasted token in this browser but does not revoke it.</p>"
+        f'<form method="post" action="{action}">{hidden_next}'
+        '<input type="hidden" name="kind" value="token">'
+        '<label for="api_token">API token</label>'
+        f'<input id="api_token" name="token" type="password" aria-label="API token" required '
+        f'maxlength="{MAX_TOKEN}" autocomplete="off">'
+        '<button type="submit">Use this token</button></form></details>'
+        f'<p class="muted">API: {e(api_url)}</p>'
+    )
+    return _page("Log in - dynaloop", body, status)
+
+
+def message_page(title: str, message: str, link: str, link_text: str, status: int) -> HTMLResponse:
+    e = html.escape
+    body = (
+        f'<h1>{e(title)}</h1><div class="error" role="alert">{e(message)}</div>'
+        f'<p><a href="{e(link)}">{e(link_text)}</a></p>'
+    )
+    return _page(f"{title} - dynaloop", body, status)
+
+
+# --- the API, from a worker thread (frontend/client.py is synchronous) ---------------------
+
+
+class SignedIn(NamedTuple):
+    session: Session
+    max_age_s: int
+
+
+def _expiry_seconds(expires_at: str | None, now: dt.datetime) -> int:
+    if expires_at is None:
+        return NO_EXPIRY_MAX_AGE_S
+    expires = dt.datetime.fromisoformat(expires_at)
+    if expires.tzinfo is None:  # the API writes UTC
+        expires = expires.replace(tzinfo=dt.UTC)
+    return int((expires - now).total_seconds())
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The API as the HTTP routes use it; ``transport`` lets tests route it in process."""
+
+    api_url: str
+    transport: Any = None
+
+    def _client(self, token: str | None = None) -> ApiClient:
+        return ApiClient(self.api_url, token, timeout=API_TIMEOUT_S, transport=self.transport)
+
+    def _sign_in(self, kind: SessionKind, username: str, secret: str) -> SignedIn:
+        with self._client() as client:
+            if kind == "login":
+                client.login(username, secret)
+            else:
+                client.token = secret
+            assert client.token is not None
+            info = client.my_token()
+            max_age = min(_expiry_seconds(info["expires_at"], dt.datetime.now(dt.UTC)), NO_EXPIRY_MAX_AGE_S)
+            if max_age <= 0:
+                raise ApiError(401, "unauthorized", "this token has expired")
+            return SignedIn(Session(kind, client.token), max_age)
+
+    async def sign_in(self, kind: SessionKind, username: str, secret: str) -> SignedIn:
+        return await to_thread.run_sync(self._sign_in, kind, username, secret)
+
+    def _roles(self, token: str) -> list[str]:
+        with self._client(token) as client:
+            return list(client.me().get("roles") or [])
+
+    async def roles(self, token: str) -> list[str]:
+        return await to_thread.run_sync(self._roles, token)
+
+    def _revoke(self, token: str) -> None:
+        with self._client(token) as client:
+            client.revoke_token(client.my_token()["id"])
+
+    async def revoke(self, token: str) -> None:
+        return await to_thread.run_sync(self._revoke, token)
+
+
+# --- requests -----------------------------------------------------------------------------
+
+
+class FormError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """A urlencoded form of at most :data:`MAX_FORM_BYTES` (read no further), one value a field."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/x-www-form-urlencoded":
+        raise FormError(415, "send the form as application/x-www-form-urlencoded")
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_FORM_BYTES):
+        raise FormError(413, f"the form is larger than {MAX_FORM_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > MAX_FORM_BYTES:
+            raise FormError(413, f"the form is larger than {MAX_FORM_BYTES} bytes")
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=10)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FormError(400, "the form could not be read") from exc
+    return {name: values[0] for name, values in fields.items() if values}
+
+
+def same_origin(request: Request) -> bool:
+    """Did the browser send this POST from a page of this app? ``Origin`` (or, without it,
+    ``Referer``) must name this host; neither header, or ``Origin: null``, is refused."""
+    source = request.headers.get("origin") or request.headers.get("referer")
+    host = request.headers.get("host")
+    if not source or not host or source == "null":
+        return False
+    return urlsplit(source).netloc.lower() == host.lower()
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto", "").lower() == "https"
+
+
+def set_session_cookie(response: Response, request: Request, base: str, signed_in: SignedIn) -> None:
+    response.set_cookie(
+        COOKIE_NAME,
+        signed_in.session.cookie_value(),
+        max_age=signed_in.max_age_s,
+        path=base or "/",
+        secure=_secure(request),
+        httponly=True,
+        samesite="lax",
+    )
+
+
+def clear_session_cookie(response: Response, request: Request, base: str) -> None:
+    response.delete_cookie(COOKIE_NAME, path=base or "/", secure=_secure(request), httponly=True, samesite="lax")
+
+
+def _api_down_status(error: ApiError) -> int:
+    return 503 if error.status in (0, 502, 503, 504) else 502
+
+
+class WebSession:
+    """The ``/login`` and ``/logout`` routes and the page gate of one app at ``base``."""
+
+    def __init__(self, backend: Backend, base: str = "") -> None:
+        self.backend = backend
+        self.base = base
+
+    def routes(self) -> list[Route]:
+        return [
+            Route(f"{self.base}/login", self.login, methods=["GET", "POST"]),
+            Route(f"{self.base}/logout", self.logout, methods=["POST"]),
+        ]
+
+    async def login(self, request: Request) -> Response:
+        base = self.base
+        if request.method == "GET":
+            notice = "You are logged out." if request.query_params.get("logged_out") == "1" else None
+            if request.query_params.get("ended") == "1":
+                notice = "Your session has ended; log in again."
+            return login_page(
+                base, safe_next(request.query_params.get("next"), base), self.backend.api_url, notice=notice
+            )
+        try:
+            if not same_origin(request):
+                raise FormError(403, "log in from this app's own login page")
+            form = await read_form(request)
+        except FormError as error:
+            return login_page(base, f"{base}/", self.backend.api_url, error=error.message, status=error.status)
+        next_path = safe_next(form.get("next"), base)
+        kind = form.get("kind")
+        username = form.get("username", "").strip()
+        if kind == "password":
+            secret = form.get("password", "")
+            if not username or not secret:
+                problem = "Enter your username and password."
+            elif len(username) > MAX_USERNAME or len(secret) > MAX_PASSWORD:
+                problem = f"A username has at most {MAX_USERNAME} characters and a password at most {MAX_PASSWORD}."
+            else:
+                problem = None
+        elif kind == "token":
+            username = ""
+            secret = form.get("token", "").strip()
+            problem = None if _TOKEN_RE.fullmatch(secret) else "Paste your API token (it starts with dl_)."
+        else:
+            secret, problem = "", "Choose how to log in."
+        if problem:
+            return login_page(base, next_path, self.backend.api_url, error=problem, username=username, status=400)
+        try:
+            signed_in = await self.backend.sign_in("login" if kind == "password" else "token", username, secret)
+        except ApiError as error:
+            status = error.status if error.status in (401, 403, 422, 429) else _api_down_status(error)
+            response = login_page(
+                base, next_path, self.backend.api_url, error=error.message, username=username, status=status
+            )
+            if error.status == 429 and error.retry_after is not None:
+                response.headers["Retry-After"] = str(int(error.retry_after))
+            return response
+        redirect = RedirectResponse(next_path, status_code=303)
+        set_session_cookie(redirect, request, base, signed_in)
+        return redirect
+
+    async def logout(self, request: Request) -> Response:
+        base = self.base
+        if not same_origin(request):
+            return message_page(
+                "Not logged out", "Log out from the app's own Log out button.", f"{base}/", "Back to the app", 403
+            )
+        session = parse_session(request.cookies.get(COOKIE_NAME))
+        problem = None
+        if session is not None and session.kind == "login":
+            try:
+                await self.backend.revoke(session.token)
+            except ApiError as error:
+                if error.status != 401:  # 401: already expired or revoked
+                    problem = error.message
+        if problem is not None:
+            response: Response = message_page(
+                "Logged out of this browser",
+                f"The API could not revoke the login's token ({problem}); it stops working when it expires.",
+                f"{base}/login",
+                "Log in",
+                503,
+            )
+        else:
+            response = RedirectResponse(f"{base}/login?logged_out=1", status_code=303)
+        clear_session_cookie(response, request, base)
+        return response
+
+    # --- the gate -------------------------------------------------------------------------
+
+    def page_name(self, path: str) -> str | None:
+        """The app page a GET of ``path`` loads (``""`` for the start page), or None for
+        Streamlit's own routes, files and the login and logout pages."""
+        if self.base:
+            if path == self.base:
+                return ""
+            if not path.startswith(f"{self.base}/"):
+                return None
+            path = path[len(self.base) :]
+        if path.startswith(STREAMLIT_PREFIXES) or path.rstrip("/") in ("/login", "/logout"):
+            return None
+        last = path.rstrip("/").rsplit("/", 1)[-1]
+        if "." in last:
+            return None
+        return path.strip("/")
+
+    async def gate(self, request: Request) -> Response | None:
+        """None to let the page load; otherwise the answer instead of it."""
+        page = self.page_name(request.url.path)
+        if page is None:
+            return None
+        wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        session = parse_session(request.cookies.get(COOKIE_NAME))
+        if session is None:
+            return RedirectResponse(login_url(self.base, safe_next(wanted, self.base)), status_code=303)
+        try:
+            roles = await self.backend.roles(session.token)
+        except ApiError as error:
+            if error.status == 401:
+                response = RedirectResponse(
+                    login_url(self.base, safe_next(wanted, self.base)) + "&ended=1", status_code=303
+                )
+                clear_session_cookie(response, request, self.base)
+                return response
+            return message_page(
+                "The API is not answering",
+                error.message,
+                wanted if safe_next(wanted, self.base) == wanted else f"{self.base}/",
+                "Try again",
+                _api_down_status(error),
+            )
+        needed = PAGE_ROLES.get(page)
+        if needed is not None and "admin" not in roles and not set(needed.roles) & set(roles):
+            return message_page(
+                f"{needed.title}: not for your roles",
+                f"The {needed.title} page needs the {' or '.join(needed.roles)} role; "
+                f"your roles: {', '.join(roles) or 'none'}. Ask an admin for the role.",
+                f"{self.base}/",
+                "Go to your pages",
+                403,
+            )
+        return None
+
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class SessionGate:
+    """ASGI middleware: every GET or HEAD of an app page passes :meth:`WebSession.gate` first."""
+
+    def __init__(self, app: ASGIApp, web: WebSession) -> None:
+        self.app = app
+        self.web = web
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
+            answer = await self.web.gate(Request(scope, receive))
+            if answer is not None:
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
