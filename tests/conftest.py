@@ -385,3 +385,11 @@ def table_snapshot(app: Any, *tables: str) -> dict[str, list[tuple[Any, ...]]]:
             name: [tuple(row) for row in connection.execute(text(f'SELECT * FROM "{name}" ORDER BY id'))]
             for name in tables
         }
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``--numprocesses=auto`` (pyproject.toml): one worker per core, at most four. Each worker is
+    its own pytest session with its own SQLite file and its own PostgreSQL database (the
+    ``database_url`` fixture), stub model servers and free ports, so workers share nothing but
+    the machine; more than four would only compete for the cores that training tests need."""
+    return max(1, min(os.cpu_count() or 1, 4))
