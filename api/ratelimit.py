@@ -9,11 +9,21 @@ token's budget is keyed by the id of the token that authenticated the request (h
 ``Authorization`` header was spelled), never by the token itself. The client address is the
 socket peer; behind nginx run uvicorn with ``--proxy-headers`` and ``--forwarded-allow-ips`` so
 that it is the worker's address, not the balancer's.
+
+The web app calls the API from its own server for every browser, so without more every web-app
+user would share one address: one person's hundred wrong passwords would lock every web login,
+and a busy round would exhaust the per-address budget. The web app therefore names the browser's
+address in ``X-Dynaloop-Client-Address`` and proves it is the web app with the key both share
+(``DYNALOOP_WEB_APP_KEY``, in ``X-Dynaloop-Web-App-Key``); without the right key the header is
+the client's own claim and is ignored (:func:`client_address`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import ipaddress
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -36,8 +46,34 @@ def _parse(value: str) -> list[RateLimitItem]:
     return list(parse_many(value))
 
 
+logger = logging.getLogger(__name__)
+
+CLIENT_ADDRESS_HEADER = "X-Dynaloop-Client-Address"
+WEB_APP_KEY_HEADER = "X-Dynaloop-Web-App-Key"
+
+
 def client_address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+    """The address a request counts against: the socket peer, or the browser's address that the
+    web app names in ``X-Dynaloop-Client-Address`` when the request carries the web app's key."""
+    peer = request.client.host if request.client else "unknown"
+    named = request.headers.get(CLIENT_ADDRESS_HEADER)
+    if named is None:
+        return peer
+    expected = app_state(request).settings.web_app_key
+    given = request.headers.get(WEB_APP_KEY_HEADER, "")
+    if expected is None or not hmac.compare_digest(given.encode(), expected.encode()):
+        if given:
+            logger.warning(
+                "a request from %s carried a wrong %s (or the API has no DYNALOOP_WEB_APP_KEY): counted "
+                "against its own address; the web app and the API must share the same key",
+                peer,
+                WEB_APP_KEY_HEADER,
+            )
+        return peer
+    try:
+        return str(ipaddress.ip_address(named.strip()))
+    except ValueError:
+        return peer
 
 
 class RateLimiter:

@@ -313,6 +313,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
     endpoints = options.model_endpoints or [model_url]
     supervisor = Supervisor(settings.data_dir / "logs")
     admin_token = secrets.token_urlsafe(24)
+    # The web app names each browser's address to the API with this key (api/ratelimit.py).
+    web_app_key = settings.web_app_key or secrets.token_urlsafe(32)
 
     with _stop_on_signals():
         try:
@@ -384,7 +386,11 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 ],
                 url=api_url,
                 health_url=f"{api_url}/health",
-                env={"DYNALOOP_DATA_DIR": str(settings.data_dir), "DYNALOOP_SECRET_KEY": settings.secret_key},
+                env={
+                    "DYNALOOP_DATA_DIR": str(settings.data_dir),
+                    "DYNALOOP_SECRET_KEY": settings.secret_key,
+                    "DYNALOOP_WEB_APP_KEY": web_app_key,
+                },
             )
             _wait(console, supervisor, api, options.api_start_timeout_s)
             if start_ui:
@@ -411,7 +417,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                     ],
                     url=ui_url,
                     health_url=f"{ui_url}/_stcore/health",
-                    env={"DYNALOOP_API_URL": api_url},
+                    env={"DYNALOOP_API_URL": api_url, "DYNALOOP_WEB_APP_KEY": web_app_key},
                 )
                 _wait(console, supervisor, web, options.ui_start_timeout_s)
             _print_ready(

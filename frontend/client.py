@@ -33,6 +33,11 @@ from typing import Any, Protocol, TypedDict
 import httpx
 
 API_PREFIX = "/api/v1"
+# The web app names the browser's address to the API with the key both share (api/ratelimit.py),
+# so that each browser, not the web app as a whole, has its rate limit and login-failure count.
+WEB_APP_KEY_ENV = "DYNALOOP_WEB_APP_KEY"
+CLIENT_ADDRESS_HEADER = "X-Dynaloop-Client-Address"
+WEB_APP_KEY_HEADER = "X-Dynaloop-Web-App-Key"
 # An attempt waits for the model server (10 s timeout, 2 retries with backoff, by default).
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -573,10 +578,17 @@ class ApiClient:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
+        on_behalf_of: str | None = None,
+        web_app_key: str | None = None,
     ) -> None:
+        """``on_behalf_of``: the browser's address, sent with ``web_app_key`` (only both together)
+        by the web app, whose API address an admin configured; never give the key to a client
+        whose ``base_url`` a user chose."""
         self.base_url = api_root(base_url)
         self.token = token
         self.timeout = timeout
+        self.on_behalf_of = on_behalf_of if web_app_key else None
+        self.web_app_key = web_app_key if on_behalf_of else None
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -606,6 +618,9 @@ class ApiClient:
             headers["Authorization"] = f"Bearer {self.token}"
         if key is not None:
             headers["Idempotency-Key"] = key
+        if self.on_behalf_of and self.web_app_key:
+            headers[CLIENT_ADDRESS_HEADER] = self.on_behalf_of
+            headers[WEB_APP_KEY_HEADER] = self.web_app_key
         if content_type is not None:
             headers["Content-Type"] = content_type
         params = {k: v for k, v in (params or {}).items() if v is not None}

@@ -2,11 +2,13 @@
 
 Streamlit runs this as an ASGI app (``st.App``): the Streamlit script ``frontend/app.py``,
 plus the login and logout pages and the session gate of ``frontend/web.py`` in front of every
-page load. The API's address comes from ``$DYNALOOP_API_URL`` (default http://127.0.0.1:8000).
+page load. The API's address comes from ``$DYNALOOP_API_URL`` (default http://127.0.0.1:8000);
+``$DYNALOOP_WEB_APP_KEY``, the API's own, lets it name each browser's address to the API.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,9 +21,13 @@ from starlette.middleware import Middleware  # noqa: E402
 from streamlit import config  # noqa: E402
 
 from frontend import web  # noqa: E402
+from frontend.client import WEB_APP_KEY_ENV  # noqa: E402
 from frontend.state import api_url  # noqa: E402
 
-_web = web.WebSession(web.Backend(api_url()), web.base_path(config.get_option("server.baseUrlPath")))
+_web = web.WebSession(
+    web.Backend(api_url(), web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None),
+    web.base_path(config.get_option("server.baseUrlPath")),
+)
 
 app = st.App(
     _FRONTEND / "app.py",

@@ -26,7 +26,7 @@ from typing import Literal
 import streamlit as st
 
 from frontend import render, web
-from frontend.client import Api, ApiClient, ApiError, Task, User, api_root
+from frontend.client import WEB_APP_KEY_ENV, Api, ApiClient, ApiError, Task, User, api_root
 
 API_URL_ENV = "DYNALOOP_API_URL"
 DEFAULT_API_URL = "http://127.0.0.1:8000"
@@ -62,7 +62,11 @@ def get_client() -> Api:
     if built is None or built.base_url != api_root(api_url()) or (token and built.token != token):
         if built is not None:
             built.close()
-        built = ApiClient(api_url(), token)
+        # The browser's address (None on this machine's own loopback) with the key the API
+        # shares: each browser has its own rate limit there (api/ratelimit.py).
+        built = ApiClient(
+            api_url(), token, on_behalf_of=st.context.ip_address, web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None
+        )
         st.session_state[_BUILT_CLIENT_KEY] = built
     return built
 

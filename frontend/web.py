@@ -225,16 +225,28 @@ def _expiry_seconds(expires_at: str | None, now: dt.datetime) -> int:
 
 @dataclass(frozen=True)
 class Backend:
-    """The API as the HTTP routes use it; ``transport`` lets tests route it in process."""
+    """The API as the HTTP routes use it; ``transport`` lets tests route it in process.
+
+    ``web_app_key`` (``$DYNALOOP_WEB_APP_KEY``, the same as the API's) goes with the browser's
+    address on every call, so the API counts failed logins and rate limits per browser, not
+    for the web app as a whole (api/ratelimit.py); ``api_url`` is the admin's, never a user's."""
 
     api_url: str
     transport: Any = None
+    web_app_key: str | None = None
 
-    def _client(self, token: str | None = None) -> ApiClient:
-        return ApiClient(self.api_url, token, timeout=API_TIMEOUT_S, transport=self.transport)
+    def _client(self, token: str | None, browser: str | None) -> ApiClient:
+        return ApiClient(
+            self.api_url,
+            token,
+            timeout=API_TIMEOUT_S,
+            transport=self.transport,
+            on_behalf_of=browser,
+            web_app_key=self.web_app_key,
+        )
 
-    def _sign_in(self, kind: SessionKind, username: str, secret: str) -> SignedIn:
-        with self._client() as client:
+    def _sign_in(self, kind: SessionKind, username: str, secret: str, browser: str | None) -> SignedIn:
+        with self._client(None, browser) as client:
             if kind == "login":
                 client.login(username, secret)
             else:
@@ -246,22 +258,28 @@ class Backend:
                 raise ApiError(401, "unauthorized", "this token has expired")
             return SignedIn(Session(kind, client.token), max_age)
 
-    async def sign_in(self, kind: SessionKind, username: str, secret: str) -> SignedIn:
-        return await to_thread.run_sync(self._sign_in, kind, username, secret)
+    async def sign_in(self, kind: SessionKind, username: str, secret: str, browser: str | None) -> SignedIn:
+        return await to_thread.run_sync(self._sign_in, kind, username, secret, browser)
 
-    def _roles(self, token: str) -> list[str]:
-        with self._client(token) as client:
+    def _roles(self, token: str, browser: str | None) -> list[str]:
+        with self._client(token, browser) as client:
             return list(client.me().get("roles") or [])
 
-    async def roles(self, token: str) -> list[str]:
-        return await to_thread.run_sync(self._roles, token)
+    async def roles(self, token: str, browser: str | None) -> list[str]:
+        return await to_thread.run_sync(self._roles, token, browser)
 
-    def _revoke(self, token: str) -> None:
-        with self._client(token) as client:
+    def _revoke(self, token: str, browser: str | None) -> None:
+        with self._client(token, browser) as client:
             client.revoke_token(client.my_token()["id"])
 
-    async def revoke(self, token: str) -> None:
-        return await to_thread.run_sync(self._revoke, token)
+    async def revoke(self, token: str, browser: str | None) -> None:
+        return await to_thread.run_sync(self._revoke, token, browser)
+
+
+def browser_address(request: Request) -> str | None:
+    """The browser's address as this server sees it (behind a proxy, what the server's
+    ``--forwarded-allow-ips`` lets the proxy say)."""
+    return request.client.host if request.client else None
 
 
 # --- requests -----------------------------------------------------------------------------
@@ -376,7 +394,9 @@ class WebSession:
         if problem:
             return login_page(base, next_path, self.backend.api_url, error=problem, username=username, status=400)
         try:
-            signed_in = await self.backend.sign_in("login" if kind == "password" else "token", username, secret)
+            signed_in = await self.backend.sign_in(
+                "login" if kind == "password" else "token", username, secret, browser_address(request)
+            )
         except ApiError as error:
             status = error.status if error.status in (401, 403, 422, 429) else _api_down_status(error)
             response = login_page(
@@ -399,7 +419,7 @@ class WebSession:
         problem = None
         if session is not None and session.kind == "login":
             try:
-                await self.backend.revoke(session.token)
+                await self.backend.revoke(session.token, browser_address(request))
             except ApiError as error:
                 if error.status != 401:  # 401: already expired or revoked
                     problem = error.message
@@ -444,7 +464,7 @@ class WebSession:
         if session is None:
             return RedirectResponse(login_url(self.base, safe_next(wanted, self.base)), status_code=303)
         try:
-            roles = await self.backend.roles(session.token)
+            roles = await self.backend.roles(session.token, browser_address(request))
         except ApiError as error:
             if error.status == 401:
                 response = RedirectResponse(

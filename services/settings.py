@@ -80,6 +80,13 @@ class Settings(BaseSettings):
         description="Most writer and validator requests per client address (a lab behind one "
         "NAT shares it); `none` turns the limit off.",
     )
+    web_app_key: str | None = Field(
+        None,
+        description="A secret shared with the web app (the same DYNALOOP_WEB_APP_KEY in its environment): "
+        "requests that carry it count against the browser's address the web app names, not the web "
+        "app's own address, in the per-address rate limit and login throttle. Unset: every web-app "
+        "user shares the web app's address.",
+    )
     rate_limit_storage: str = Field(
         "memory://",
         description="Where the counters live: `memory://` (one API process) or "
@@ -178,6 +185,17 @@ class Settings(BaseSettings):
             raise ValueError(
                 "DYNALOOP_SECRET_KEY is a placeholder or shorter than 16 characters; set it to a "
                 "long random value (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _web_app_key_long_enough(self) -> Settings:
+        # Whoever knows it chooses the address their requests count against (a fresh rate-limit
+        # budget, a fresh login-failure count per request), so it must not be guessable.
+        if self.web_app_key is not None and len(self.web_app_key.strip()) < 16:
+            raise ValueError(
+                "DYNALOOP_WEB_APP_KEY is shorter than 16 characters; set it to a long random value "
+                "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'`) or leave it unset"
             )
         return self
 

@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+# pytest-xdist's workers start with COLUMNS=80, and a rich Console made while COLUMNS is set keeps
+# that width for good: the CLI's module-level consoles would then ignore the COLUMNS a test gives
+# CliRunner, and wrap its tables and messages at 80 columns in a worker but not in a plain run.
+os.environ.pop("COLUMNS", None)
+
 import httpx
 import pytest
 from fastapi import FastAPI

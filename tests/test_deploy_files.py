@@ -43,7 +43,7 @@ MODEL_REPLICAS = ("model-1", "model-2")
 GPU_REPLICAS = ("vllm-1", "vllm-2")
 ONE_SHOT = ("migrate", "model-init")
 PUBLISHED = ("nginx", "frontend")
-SECRETS = ("POSTGRES_PASSWORD", "DYNALOOP_SECRET_KEY", "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN")
+SECRETS = ("POSTGRES_PASSWORD", "DYNALOOP_SECRET_KEY", "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", "DYNALOOP_WEB_APP_KEY")
 # DYNALOOP_* variables that are not Settings fields, and the file that reads each one.
 READ_ELSEWHERE = {
     "DYNALOOP_API_URL": ROOT / "frontend" / "state.py",
@@ -398,7 +398,7 @@ def test_secrets_are_required_variables_never_values() -> None:
     # Nothing that looks like a secret has a literal value anywhere in the file.
     for name, service in services().items():
         for key, value in env_of(service).items():
-            if re.search(r"PASSWORD|SECRET|ADMIN_TOKEN", key):
+            if re.search(r"PASSWORD|SECRET|ADMIN_TOKEN|_KEY$", key):
                 assert value.startswith("${") and ":?" in value, f"{name}: {key} has a literal value"
     assert "POSTGRES_PASSWORD=" not in text and "SECRET_KEY=" not in text
     env_example = dict(
@@ -445,6 +445,8 @@ def test_only_nginx_and_the_frontend_publish_ports() -> None:
     assert services()["nginx"]["ports"][1].startswith("${MODEL_BIND:-127.0.0.1}:")
     assert [port.rsplit(":", 1)[1] for port in services()["frontend"]["ports"]] == ["8501"]
     assert env_of(services()["frontend"])["DYNALOOP_API_URL"] == "http://nginx:8000"
+    # The web app names each browser's address with the API's own key (api/ratelimit.py).
+    assert env_of(services()["frontend"])["DYNALOOP_WEB_APP_KEY"] == env_of(services()["api-1"])["DYNALOOP_WEB_APP_KEY"]
 
 
 def test_model_replicas_share_the_data_volume_and_the_admin_token() -> None:

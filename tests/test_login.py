@@ -111,6 +111,61 @@ def test_one_address_guessing_many_usernames_is_locked(settings: Settings) -> No
         assert refused.status_code == 429 and "failed logins for this address" in refused.json()["error"]["message"]
 
 
+WEB_APP_KEY = "web-app-key-for-the-tests-0123456789"
+
+
+def _login_from(client: TestClient, username: str, address: str, key: str | None = WEB_APP_KEY) -> Any:
+    """A login the web app relays for a browser at ``address`` (``key``: the key it sends)."""
+    headers = {"X-Dynaloop-Client-Address": address}
+    if key is not None:
+        headers["X-Dynaloop-Web-App-Key"] = key
+    return client.post(f"{API}/auth/login", json={"username": username, "password": "some-password-1"}, headers=headers)
+
+
+def test_the_web_app_names_each_browsers_address_and_one_browser_cannot_lock_the_others(settings: Settings) -> None:
+    """Every web-app login reaches the API from the web app's own address; with the shared key the
+    web app names the browser's, so one browser's wrong passwords lock that browser only."""
+    with _client(settings, login_max_failures_per_address=3, web_app_key=WEB_APP_KEY) as client:
+        _add_user(client, "wendy")
+        assert [_login_from(client, f"user{i}", "203.0.113.7").status_code for i in range(3)] == [401] * 3
+        assert _login_from(client, "user9", "203.0.113.7").status_code == 429
+        assert _login_from(client, "user9", "2001:db8::7").status_code == 401  # another browser: not locked
+        other = client.post(
+            f"{API}/auth/login",
+            json={"username": "wendy", "password": PASSWORD},
+            headers={"X-Dynaloop-Client-Address": "198.51.100.2", "X-Dynaloop-Web-App-Key": WEB_APP_KEY},
+        )
+        assert other.status_code == 200, other.text
+        assert _login(client, "wendy", PASSWORD).status_code == 200  # the web app's own address: not locked
+
+
+@pytest.mark.parametrize(
+    ("api_key", "sent_key", "address"),
+    [
+        (WEB_APP_KEY, None, "203.0.113.{i}"),  # no key: the header is the client's own claim
+        (WEB_APP_KEY, "a-guess-at-the-web-app-key-0000", "203.0.113.{i}"),  # a wrong key
+        (WEB_APP_KEY, WEB_APP_KEY[:-1], "203.0.113.{i}"),  # a prefix of the key
+        (None, WEB_APP_KEY, "203.0.113.{i}"),  # the API has no key: nobody may name an address
+        (WEB_APP_KEY, WEB_APP_KEY, "not-an-address-{i}"),  # the right key, but no address
+    ],
+)
+@sqlite_only  # the address is read before any query
+def test_a_forged_client_address_gets_no_fresh_login_budget(
+    settings: Settings, api_key: str | None, sent_key: str | None, address: str
+) -> None:
+    """An attacker who names a new address on every guess still counts against their own."""
+    with _client(settings, login_max_failures_per_address=3, web_app_key=api_key) as client:
+        _add_user(client, "wendy")
+        statuses = [_login_from(client, f"user{i}", address.format(i=i), sent_key).status_code for i in range(4)]
+        assert statuses == [401, 401, 401, 429]
+        assert _login(client, "wendy", PASSWORD).status_code == 429  # their own address is the one locked
+
+
+def test_a_short_web_app_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="DYNALOOP_WEB_APP_KEY is shorter than 16"):
+        Settings(web_app_key="short")
+
+
 def test_a_login_flood_beyond_the_queue_is_refused_at_once(settings: Settings) -> None:
     """Logins are checked by ``login_password_workers`` threads; beyond ``login_max_waiting``
     logins waiting for one, a login is refused at once (429 in the JSON shape)."""

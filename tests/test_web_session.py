@@ -20,11 +20,12 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from api.app import create_app
 from frontend import web
 from frontend.client import ApiClient, ApiError
 from services.db.engine import session_scope
 from services.domain import users
-from tests.conftest import free_port
+from tests.conftest import free_port, sqlite_only
 from tests.frontend_live import HOSTILE
 from tests.stub_model_server import ThreadedServer
 
@@ -45,10 +46,10 @@ def _user(app: Any, username: str, *roles: str) -> None:
         users.create_user(session, None, username, list(roles), password=PASSWORD)
 
 
-def _web_app(api_url: str, base: str = "") -> Starlette:
+def _web_app(api_url: str, base: str = "", web_app_key: str | None = None) -> Starlette:
     """The routes and gate as ``frontend/server.py`` mounts them; any other path stands for a
     Streamlit page or file."""
-    session = web.WebSession(web.Backend(api_url), base)
+    session = web.WebSession(web.Backend(api_url, web_app_key=web_app_key), base)
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
@@ -310,6 +311,36 @@ def test_oversized_or_malformed_forms_are_refused_before_the_api(app: Any, brows
     long_name = _log_in(browser, "r" * (web.MAX_USERNAME + 1))
     assert long_name.status_code == 400 and "at most 64 characters" in long_name.text
     assert browser.get("/dashboard").status_code == 303
+
+
+@pytest.mark.parametrize("shared_key", [True, False], ids=["with-the-web-app-key", "without"])
+@sqlite_only  # the throttle's counters are not in the database
+def test_one_browsers_wrong_passwords_lock_that_browser_only(settings: Any, shared_key: bool) -> None:
+    """Every login reaches the API from the web app's address; with the key the API shares, the
+    web app names the browser's, so a hundred wrong passwords from one browser (here three) do
+    not lock every other browser out of the web app. Without it they do, as the API is told."""
+    key = "web-app-key-for-the-tests-0123456789"
+    api = create_app(settings.model_copy(update={"login_max_failures_per_address": 3, "web_app_key": key}))
+    _user(api, "wendy", "researcher")
+    server = ThreadedServer(api, free_port()).start()
+    try:
+        app = _web_app(server.url, web_app_key=key if shared_key else None)
+        with (
+            TestClient(app, base_url=ORIGIN, follow_redirects=False, client=("203.0.113.7", 50000)) as attacker,
+            TestClient(app, base_url=ORIGIN, follow_redirects=False, client=("198.51.100.2", 50000)) as worker,
+        ):
+            assert [_log_in(attacker, f"user{i}", "wrong-password-1").status_code for i in range(3)] == [401] * 3
+            locked = _log_in(attacker, "wendy")
+            assert locked.status_code == 429 and "failed logins for this address" in locked.text
+            assert "Retry-After" in locked.headers
+            answer = _log_in(worker, "wendy")
+            if shared_key:
+                assert answer.status_code == 303 and answer.headers["location"] == "/dashboard"
+                assert web.COOKIE_NAME in _set_cookie(answer)
+            else:
+                assert answer.status_code == 429 and web.COOKIE_NAME not in _set_cookie(answer)
+    finally:
+        server.stop()
 
 
 def test_the_api_being_down_gets_a_clear_page(app: Any) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -46,8 +47,9 @@ def settings_for(database_url: str | None = None) -> Settings:
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``message`` as an error; raise the returned exit."""
-    err.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    """Print ``message`` as an error, on one line however wide the terminal (a log or a pipe
+    reads it whole; a terminal wraps it itself); raise the returned exit."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(code)
 
 
