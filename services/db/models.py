@@ -631,3 +631,139 @@ class DatasetUpload(Base):
 
     task: Mapped[Task] = relationship()
     uploaded_by: Mapped[User | None] = relationship()
+
+
+# --- crowd platforms: study links, study sessions, the pay ledger (docs/crowdsourcing.md) -------
+
+
+class Platform(str, enum.Enum):
+    prolific = "prolific"
+    mturk = "mturk"
+    generic = "generic"
+
+
+class StudyRole(str, enum.Enum):
+    writer = "writer"
+    validator = "validator"
+
+
+class StudySessionStatus(str, enum.Enum):
+    active = "active"  # working (or not yet through onboarding)
+    completed = "completed"  # met the link's quota: the platform's completion
+    screened_out = "screened_out"  # failed onboarding or unqualified: the screened-out completion
+    stopped = "stopped"  # the worker stopped before the quota (a partial completion)
+
+
+class StudyLink(Base):
+    """A link a researcher posts on a crowd platform for one round and one role. Workers open
+    ``/study/{slug}`` with the platform's parameters; ``slug`` is random and unguessable."""
+
+    __tablename__ = "study_links"
+    __table_args__ = (
+        CheckConstraint("quota >= 1", name="quota_positive"),
+        CheckConstraint("max_workers IS NULL OR max_workers >= 1", name="max_workers_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    slug: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    role: Mapped[StudyRole] = mapped_column(_enum(StudyRole))
+    platform: Mapped[Platform] = mapped_column(_enum(Platform))
+    # Examples per writer, or validation batches per validator, in one session.
+    quota: Mapped[int] = mapped_column(Integer)
+    max_workers: Mapped[int | None] = mapped_column(Integer)
+    # generic platform: the query parameter that carries the worker's id.
+    id_parameter: Mapped[str | None] = mapped_column(String(64))
+    completion_code: Mapped[str] = mapped_column(String(64))
+    screened_out_code: Mapped[str | None] = mapped_column(String(64))
+    opens_at: Mapped[dt.datetime | None]
+    closes_at: Mapped[dt.datetime | None]
+    closed_at: Mapped[dt.datetime | None]  # closed by hand before closes_at
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    task: Mapped[Task] = relationship()
+    round: Mapped[Round] = relationship()
+
+
+class PlatformAccount(Base):
+    """The one dynaloop user behind a crowd platform's worker id. The id itself is stored only as
+    a keyed hash (HMAC with DYNALOOP_SECRET_KEY): one platform id never gets two users."""
+
+    __tablename__ = "platform_accounts"
+    __table_args__ = (UniqueConstraint("platform", "id_hash", name="uq_platform_accounts_platform_id_hash"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    platform: Mapped[Platform] = mapped_column(_enum(Platform))
+    id_hash: Mapped[str] = mapped_column(String(64))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    user: Mapped[User] = relationship()
+
+
+class StudySession(Base):
+    """One worker's visit through one study link: at most one per link and platform id,
+    resumed when the link is opened again."""
+
+    __tablename__ = "study_sessions"
+    __table_args__ = (
+        UniqueConstraint("link_id", "user_id", name="uq_study_sessions_link_user"),
+        Index("ix_study_sessions_link_status", "link_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    link_id: Mapped[int] = mapped_column(ForeignKey("study_links.id"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    status: Mapped[StudySessionStatus] = mapped_column(
+        _enum(StudySessionStatus), default=StudySessionStatus.active
+    )
+    # Kept in the clear only where paying needs them: the platform's worker id (Prolific's
+    # participant id, MTurk's worker id), its study or HIT id, and its session or assignment id.
+    platform_worker_id: Mapped[str | None] = mapped_column(String(128))
+    platform_study_id: Mapped[str | None] = mapped_column(String(128))
+    platform_session_id: Mapped[str | None] = mapped_column(String(128))
+    submit_to: Mapped[str | None] = mapped_column(String(200))  # MTurk's turkSubmitTo (an allowed host)
+    units_done: Mapped[int] = mapped_column(Integer, default=0)  # examples or batches toward the quota
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[dt.datetime | None]
+
+    link: Mapped[StudyLink] = relationship()
+    user: Mapped[User] = relationship()
+
+
+class LedgerKind(str, enum.Enum):
+    base_pay = "base_pay"  # a completed session
+    writer_bonus = "writer_bonus"  # an example that fooled the model and was validated as intended
+    validator_bonus = "validator_bonus"  # a validation batch that agreed with the majority
+    correction = "correction"  # a later row that changes an earlier one (never edited in place)
+
+
+class LedgerEntry(Base):
+    """What a worker earned, in minor units of the task's currency. Append-only: a correction
+    is a new row pointing at the one it corrects. ``event_key`` names the rewarded event
+    (``session:12``, ``example:345``, ``batch:7:3``), unique per task and kind, so computing the
+    ledger again never pays an event twice."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (
+        UniqueConstraint("task_id", "kind", "event_key", name="uq_ledger_entries_task_kind_event"),
+        Index("ix_ledger_entries_task_user", "task_id", "user_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
+    round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    session_id: Mapped[int | None] = mapped_column(ForeignKey("study_sessions.id"), index=True)
+    kind: Mapped[LedgerKind] = mapped_column(_enum(LedgerKind))
+    event_key: Mapped[str] = mapped_column(String(128))
+    amount_minor: Mapped[int] = mapped_column(Integer)  # negative only in a correction
+    currency: Mapped[str] = mapped_column(String(3))
+    reason: Mapped[str] = mapped_column(Text)
+    corrects_id: Mapped[int | None] = mapped_column(ForeignKey("ledger_entries.id"))
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
