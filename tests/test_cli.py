@@ -93,3 +93,28 @@ def test_demo_setup_is_idempotent(tmp_path: Path) -> None:
 def test_production_refuses_placeholder_secret() -> None:
     result = runner.invoke(cli, ["db", "current"], env={"DYNALOOP_ENVIRONMENT": "production"})
     assert result.exit_code == 2 and "DYNALOOP_SECRET_KEY" in result.output
+
+
+def test_a_token_is_listed_and_revoked_from_the_cli(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert run("db", "upgrade", "--database-url", url).exit_code == 0
+    token = run("user", "create-admin", "boss", "--database-url", url).output.strip().splitlines()[-1]
+    lost = run("user", "token", "boss", "--name", "laptop", "--database-url", url).output.strip()
+    settings = Settings(database_url=url, environment="test", secret_key="a-real-secret-for-this-test")
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {lost}"}).status_code == 200
+        listed = run("user", "tokens", "boss", "--database-url", url, env={"COLUMNS": "200"})
+        assert listed.exit_code == 0 and "laptop" in listed.output and lost not in listed.output
+        laptop_id = next(line.split()[1] for line in listed.output.splitlines() if "laptop" in line)
+        revoked = run("user", "revoke-token", laptop_id, "--database-url", url)
+        assert revoked.exit_code == 0 and "is revoked" in revoked.output
+        assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {lost}"}).status_code == 401
+        assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    again = run("user", "revoke-token", laptop_id, "--database-url", url)
+    assert again.exit_code == 0  # revoking twice changes nothing
+    listed = run("user", "tokens", "boss", "--database-url", url, env={"COLUMNS": "200"})
+    assert "revoked" in next(line for line in listed.output.splitlines() if "laptop" in line)
+    missing = run("user", "revoke-token", "9999", "--database-url", url)
+    assert missing.exit_code == 1 and "no token 9999" in missing.output
+    nobody = run("user", "tokens", "nobody", "--database-url", url)
+    assert nobody.exit_code == 1

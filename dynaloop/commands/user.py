@@ -86,3 +86,47 @@ def user_token(
     with domain_session(database_url) as session:
         _, token = users.issue_token(session, None, users.get_user(session, username), name, expires_in_days)
     print(token)
+
+
+@app.command("tokens")
+def user_tokens(username: str, database_url: DatabaseOpt = None) -> None:
+    """List a user's API tokens (id, name, prefix, dates); the tokens themselves are never stored."""
+    from rich.table import Table
+
+    from services.db.models import utcnow
+    from services.domain import users
+
+    with domain_session(database_url) as session:
+        tokens = users.tokens_of(session, users.get_user(session, username))
+        now = utcnow()
+        table = Table("id", "name", "starts with", "created", "expires", "last used", "state")
+        for token in tokens:
+            if token.revoked_at is not None:
+                state = f"revoked {token.revoked_at:%Y-%m-%d %H:%M}"
+            elif token.expires_at is not None and token.expires_at <= now:
+                state = "expired"
+            else:
+                state = "active"
+            table.add_row(
+                str(token.id),
+                token.name,
+                token.prefix,
+                f"{token.created_at:%Y-%m-%d %H:%M}",
+                f"{token.expires_at:%Y-%m-%d %H:%M}" if token.expires_at else "never",
+                f"{token.last_used_at:%Y-%m-%d %H:%M}" if token.last_used_at else "never",
+                state,
+            )
+    console.print(table if tokens else f"{username!r} has no tokens.")
+
+
+@app.command("revoke-token")
+def user_revoke_token(
+    token_id: Annotated[int, typer.Argument(help="The token's id (`dynaloop user tokens USERNAME`)")],
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Revoke an API token at once (a lost token, a worker who left); revoking it again changes nothing."""
+    from services.domain import users
+
+    with domain_session(database_url) as session:
+        token = users.revoke_token(session, None, users.get_token(session, token_id))
+        console.print(f"token {token.id} ({token.name!r} of user {token.user.username!r}) is revoked.")

@@ -134,6 +134,11 @@ def get_token(session: Session, token_id: int) -> ApiToken:
     return token
 
 
+def tokens_of(session: Session, user: User) -> list[ApiToken]:
+    """Every token of ``user``, revoked and expired ones too, oldest first."""
+    return list(session.scalars(select(ApiToken).where(ApiToken.user_id == user.id).order_by(ApiToken.id)))
+
+
 def list_users(session: Session) -> list[User]:
     return list(session.scalars(select(User).order_by(User.id)))
 
