@@ -143,7 +143,7 @@ def list_users(session: Session) -> list[User]:
     return list(session.scalars(select(User).order_by(User.id)))
 
 
-def revoke_token(session: Session, actor: User, token: ApiToken) -> ApiToken:
+def revoke_token(session: Session, actor: User | None, token: ApiToken) -> ApiToken:
     if token.revoked_at is None:
         token.revoked_at = utcnow()
         audit.record(session, actor, "token.revoke", "token", token.id)
