@@ -454,7 +454,7 @@ def ledger_totals(session: Session, task: Task) -> LedgerTotals:
         sums[entry.user_id][_kind_of(entry, originals)] += entry.amount_minor
         if entry.kind is LedgerKind.correction:
             corrections[entry.user_id] += entry.amount_minor
-    names = dict(session.execute(select(User.id, User.username).where(User.id.in_(list(sums)))).tuples().all())
+    names = dict(session.execute(select(User.id, User.username).where(User.id.in_(list(sums)))).all())
     workers = [
         WorkerTotals(
             user_id=user_id,
