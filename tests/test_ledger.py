@@ -658,3 +658,41 @@ def test_a_build_stands_when_the_ledger_fails(
     assert "ledger exploded" in response.json()["ledger"]["error"]
     assert "computing the ledger" in caplog.text
     assert table_snapshot(app, "ledger_entries") == before
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def test_the_ledger_command_computes_shows_exports_and_corrects(app: Any, hand: HandRound, settings: Any) -> None:
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    runner = CliRunner()
+    url = ["--database-url", settings.database_url]
+
+    def run(*args: str) -> Any:
+        return runner.invoke(cli, ["ledger", *args, *url], catch_exceptions=False)
+
+    computed = run("compute", "--task", TASK, "--round", "1")
+    assert computed.exit_code == 0, computed.output
+    assert "0 rows added" in computed.stdout and "7 events were paid already" in computed.stdout
+    exported = run("export", "--task", TASK, "--platform", "prolific")
+    assert exported.exit_code == 0, exported.output
+    # wanda 10 (E1), wes 10 (E4): no corrections here.
+    assert exported.stdout == "PID_WANDA,0.10\nPID_WES,0.10\n"
+    assert "v1, v2, v4" in exported.stderr
+    assert run("export", "--task", TASK, "--platform", "generic").exit_code == 1
+    entry_id = _entry_id(app, f"example:{hand.examples['E4']}")
+    before = table_snapshot(app, "ledger_entries")
+    wrong_task = run("correct", str(entry_id), "--amount", "5", "--reason", "x", "--task", "no-such-task")
+    assert wrong_task.exit_code == 1
+    assert run("correct", str(entry_id), "--amount", "0", "--reason", "x", "--task", TASK).exit_code == 1
+    assert table_snapshot(app, "ledger_entries") == before
+    corrected = run("correct", str(entry_id), "--amount", "5", "--reason", "late appeal", "--task", TASK)
+    assert corrected.exit_code == 0, corrected.output
+    shown = run("show", "--task", TASK, "--user-id", str(hand.users["wes"]))
+    assert shown.exit_code == 0, shown.output
+    assert f"correction:{entry_id}:1" in shown.stdout and shown.stdout.rstrip().endswith("total\t\t\t15")
+    totals = run("show", "--task", TASK)
+    assert totals.stdout.rstrip().endswith("total\t\t\t\t\t\t335")  # 330 + 5
