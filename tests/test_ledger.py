@@ -696,3 +696,46 @@ def test_the_ledger_command_computes_shows_exports_and_corrects(app: Any, hand: 
     assert f"correction:{entry_id}:1" in shown.stdout and shown.stdout.rstrip().endswith("total\t\t\t15")
     totals = run("show", "--task", TASK)
     assert totals.stdout.rstrip().endswith("total\t\t\t\t\t\t335")  # 330 + 5
+
+
+@pytest.mark.parametrize("body", [{"round_id": -1}, {"round_id": 2**40}, {"round_id": "1; drop"}, {"everything": True}])
+def test_a_bad_compute_request_is_refused_and_changes_nothing(
+    client: TestClient, app: Any, hand: HandRound, body: dict[str, Any]
+) -> None:
+    counts = table_counts(app)
+    response = client.post(f"{API}/tasks/{TASK}/ledger/compute", json=body, headers=hand.researcher.headers)
+    assert response.status_code == 422, response.text
+    assert table_counts(app) == counts
+    huge = client.get(f"{API}/tasks/{TASK}/ledger/workers/{2**40}", headers=hand.researcher.headers)
+    assert huge.status_code == 422
+    nobody = client.get(f"{API}/tasks/{TASK}/ledger/workers/987654", headers=hand.researcher.headers)
+    assert nobody.status_code == 404
+
+
+def test_concurrent_corrections_each_get_their_own_number(app: Any, hand: HandRound) -> None:
+    """Two researchers correcting one row at once: two rows, numbered 1 and 2, the row untouched."""
+    entry_id = _entry_id(app, f"session:{hand.sessions['v1']}")
+    before = table_snapshot(app, "ledger_entries")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def correct(amount: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            with session_scope(app.state.sessionmaker) as session:
+                ledger.add_correction(session, None, ledger.get_entry(session, entry_id), amount, "double submit")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=correct, args=(amount,)) for amount in (-10, -20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    after = table_snapshot(app, "ledger_entries")["ledger_entries"]
+    assert after[: len(before["ledger_entries"])] == before["ledger_entries"]
+    with session_scope(app.state.sessionmaker) as session:
+        rows = session.scalars(select(LedgerEntry).where(LedgerEntry.corrects_id == entry_id)).all()
+        assert sorted(r.event_key for r in rows) == [f"correction:{entry_id}:1", f"correction:{entry_id}:2"]
+        assert sorted(r.amount_minor for r in rows) == [-20, -10]
