@@ -1,7 +1,7 @@
 """`dynaloop`: the one command that fronts the API, the database and the tasks.
 
 This module only assembles the command groups; each lives in its own module of
-``dynaloop/commands/`` (``db``, ``task``, ``prompts``, ``user``, ``model``, ``round``, ``job``;
+``dynaloop/commands/`` (``db``, ``task``, ``prompts``, ``user``, ``model``, ``round``, ``job``, ``ledger``;
 ``serve`` holds `api`, `ui` and `model-server`, ``check`` and ``demo`` one command each), and
 each command calls a use case or a domain function of ``services``, ``round_builder`` or
 ``modelling``. This package is the composition root: it may import every part of the project.
@@ -19,6 +19,7 @@ import typer
 from dynaloop.commands import check, demo, serve
 from dynaloop.commands.db import app as db_app
 from dynaloop.commands.job import app as job_app
+from dynaloop.commands.ledger import app as ledger_app
 from dynaloop.commands.model import app as model_app
 from dynaloop.commands.prompts import app as prompts_app
 from dynaloop.commands.round import app as round_app
@@ -45,6 +46,7 @@ app.command("api")(serve.api)
 app.command("ui")(serve.ui)
 app.command("demo")(demo.demo)
 app.add_typer(job_app, name="job")
+app.add_typer(ledger_app, name="ledger")
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from round_builder import dataset_card, export
 from round_builder.build import BuildConfig, build_round
 from services.db.models import Round, RoundBuild, Task, User
-from services.domain import rounds, tasks
+from services.domain import ledger, rounds, tasks
 from services.errors import DomainError, Invalid, NotFound
 
 logger = logging.getLogger(__name__)
@@ -143,6 +143,9 @@ class BuiltRound:
     report: dict[str, Any]
     #: The folder with report.md, report.json and the plots; None when none was asked for.
     out_dir: Path | None
+    #: The pay ledger computed after the build (services.domain.ledger.summary), or
+    #: ``{"error": ...}`` when computing it failed; None when the task has no pay policy.
+    ledger: dict[str, Any] | None = None
 
 
 def default_build_dir(data_dir: Path, task_name: str, number: int, seed: int) -> Path:
@@ -170,8 +173,32 @@ def build(
         message = " ".join(str(exc).split()) or type(exc).__name__
         raise Invalid(f"round {round_.number} cannot be built: {message}") from exc
     return BuiltRound(
-        build_id=built.id, task=round_.task.name, round=round_.number, report=built.report, out_dir=out_dir
+        build_id=built.id,
+        task=round_.task.name,
+        round=round_.number,
+        report=built.report,
+        out_dir=out_dir,
+        ledger=_ledger_after_build(session, actor, round_),
     )
+
+
+def _ledger_after_build(session: Session, actor: User | None, round_: Round) -> dict[str, Any] | None:
+    """Compute the round's pay ledger (services.domain.ledger) when the task has a pay policy.
+    The build stands whatever happens here: a failure is logged with its traceback, rolled back
+    alone (a savepoint) and reported in the build's answer; `POST /tasks/{task}/ledger/compute`
+    or `dynaloop ledger compute` computes it again."""
+    if ledger.pay_policy(round_.task) is None:
+        return None
+    try:
+        with session.begin_nested():
+            return ledger.summary(ledger.compute_ledger(session, actor, round_.task, round_))
+    except Exception as exc:
+        logger.exception("computing the ledger of round %s after its build failed", round_.id)
+        message = " ".join(str(exc).split())[:300] or type(exc).__name__
+        return {
+            "error": f"the ledger was not computed: {message}; "
+            "compute it again with POST /tasks/{task}/ledger/compute"
+        }
 
 
 class ExportOptions(BaseModel):

@@ -54,8 +54,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.db.models import ApiToken, Assignment, Attempt, Example, Job, Role, Round, Task, TaskRole, User
-from services.errors import Forbidden, NotFound, missing_example, missing_job, missing_round, missing_task
+from services.db.models import (
+    ApiToken,
+    Assignment,
+    Attempt,
+    Example,
+    Job,
+    LedgerEntry,
+    Role,
+    Round,
+    Task,
+    TaskRole,
+    User,
+)
+from services.errors import (
+    Forbidden,
+    NotFound,
+    missing_example,
+    missing_job,
+    missing_ledger_entry,
+    missing_round,
+    missing_task,
+)
 
 Rule = Callable[[User], None]
 """A check of one user against one loaded object; raises Forbidden or NotFound to refuse."""
@@ -287,6 +307,16 @@ class WorkerPolicy:
 
 
 # --- the writer's and the validator's work -----------------------------------------------------
+
+
+class LedgerPolicy:
+    @staticmethod
+    def correct(entry: LedgerEntry | None = None) -> Policy:
+        """Add a correction to a ledger row: managing the row's task (:meth:`TaskPolicy.manage`);
+        another group's row is reported as missing, with the words of a missing row."""
+        if entry is None:
+            return TaskPolicy.manage()
+        return _needs(Role.researcher, _on_task(entry.task, lambda: missing_ledger_entry(entry.id)))
 
 
 class AssignmentPolicy:

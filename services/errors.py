@@ -48,6 +48,13 @@ def missing_job(job_id: int) -> NotFound:
     return NotFound(f"there is no job {job_id}")
 
 
+def missing_ledger_entry(entry_id: int) -> NotFound:
+    return NotFound(
+        f"no ledger entry {entry_id}; "
+        "a worker's entries are listed by GET /api/v1/tasks/{task}/ledger/workers/{user_id}"
+    )
+
+
 class Conflict(DomainError):
     status_code = 409
     code = "conflict"

@@ -140,6 +140,56 @@ class AgreementSettings(_Strict):
     )
 
 
+# ISO 4217 alphabetic codes are three upper-case letters; the digits after the decimal point
+# of the major unit (the "minor unit" column of ISO 4217) for the codes whose minor unit is not 2.
+_CURRENCY_RE = re.compile(r"^[A-Z]{3}$")
+CURRENCY_MINOR_DIGITS = {"BHD": 3, "CLP": 0, "ISK": 0, "JOD": 3, "JPY": 0, "KRW": 0, "KWD": 3, "OMR": 3, "TND": 3}
+MAX_PAY_MINOR = 1_000_000  # one amount of the pay policy, in minor units (10,000.00 in a 2-digit currency)
+
+
+def currency_digits(currency: str) -> int:
+    """Digits of the minor unit of ``currency`` (2 unless listed in CURRENCY_MINOR_DIGITS)."""
+    return CURRENCY_MINOR_DIGITS.get(currency, 2)
+
+
+_Amount = Annotated[int, Field(ge=0, le=MAX_PAY_MINOR, strict=True)]
+
+
+class BasePay(_Strict):
+    writer: _Amount = Field(0, description="Minor units paid for each completed writer session.")
+    validator: _Amount = Field(0, description="Minor units paid for each completed validator session.")
+
+
+class ValidatorBonus(_Strict):
+    per_batch: _Amount = Field(description="Minor units per whole validation batch that agrees with the majority.")
+    min_agreement: float = Field(
+        gt=0,
+        le=1,
+        description="Share of a batch's labels that must equal the example's majority label (0 < x <= 1).",
+    )
+
+
+class PayPolicy(_Strict):
+    """What workers are paid (docs/round_builder.md, "Pay and the ledger"); amounts are integers
+    in minor units of ``currency`` (pence for GBP, cents for USD)."""
+
+    currency: str = Field(description="ISO 4217 code in capitals, e.g. GBP or USD.")
+    base_pay: BasePay = BasePay()
+    writer_bonus_per_example: _Amount = Field(
+        0, description="Per example that fooled the model and whose majority label is the writer's target."
+    )
+    validator_bonus: ValidatorBonus | None = None
+
+    @field_validator("currency")
+    @classmethod
+    def _currency_code(cls, value: str) -> str:
+        if not _CURRENCY_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not an ISO 4217 currency code; write three capital letters, e.g. GBP or USD"
+            )
+        return value
+
+
 def _policy(value: str, multiline: bool) -> str:
     # The text policy of services/text.py, without trimming: Markdown keeps its last newline.
     try:
@@ -239,6 +289,9 @@ class TaskDefinition(_Strict):
         "is not the other's not_/non_ form, else the second label.",
     )
     training: TrainingDefaults = TrainingDefaults()
+    pay: PayPolicy | None = Field(
+        None, description="Base pay and bonuses for crowdworkers (the ledger); absent: no pay policy."
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -92,6 +92,12 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/members"): {R},
     ("PUT", f"{API}/tasks/{{task_name}}/members/{{username}}"): {R},
     ("DELETE", f"{API}/tasks/{{task_name}}/members/{{username}}"): {R},
+    ("POST", f"{API}/tasks/{{task_name}}/ledger/compute"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/ledger"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/ledger/workers/{{user_id}}"): {R},
+    ("POST", f"{API}/ledger/{{entry_id}}/corrections"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): {R},
     ("POST", f"{API}/model-servers"): set(),
     ("GET", f"{API}/model-servers"): {R},
     ("GET", f"{API}/model-servers/{{name}}"): {R},
@@ -266,6 +272,9 @@ def request_bodies(who: str, server: str, attempt_id: int) -> dict[tuple[str, st
         ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): {"json": {"text": "The lunch was great, really."}},
         ("POST", f"{API}/examples/{{example_id}}/validations"): {"json": {"label": "neutral"}},
         ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
+        ("POST", f"{API}/tasks/{{task_name}}/ledger/compute"): {"json": {}},
+        ("POST", f"{API}/ledger/{{entry_id}}/corrections"): {"json": {"amount_minor": 5, "reason": "matrix"}},
+        ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): {"params": {"platform": "prolific"}},
         ("POST", f"{API}/rounds/{{round_id}}/build/preview"): {"json": {}},
         ("POST", f"{API}/tasks/{{task_name}}/jobs"): {"json": {"kind": "train"}},
         ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): {
@@ -290,6 +299,8 @@ def _request(world: World, role: str, method: str, path: str) -> dict[str, Any]:
         "example_id": world.example_id,
         "job_id": 1,
         "dataset_name": "matrix",
+        "user_id": 1,
+        "entry_id": 1,
         "username": actor.username if actor and path.endswith("/tokens") else "victim",
         "token_id": world.spare_tokens.get(role, 1),
         "name": world.server,
@@ -403,6 +414,11 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): OWN_WORK,
     ("GET", f"{API}/rounds/{{round_id}}/validation-batch"): VALIDATE,
     ("POST", f"{API}/examples/{{example_id}}/validations"): VALIDATE,
+    ("POST", f"{API}/tasks/{{task_name}}/ledger/compute"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/ledger"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/ledger/workers/{{user_id}}"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): MANAGE,
 }
 # What a missing one is called, per path parameter: the "hidden" answers must be exactly these.
 MISSING = {"task_name": "no-such-task", "round_id": 987654, "example_id": 987653, "job_id": 987652}
@@ -482,6 +498,7 @@ def owned(
         "assignment_id": assignment["id"],
         "attempt_id": attempt.json()["id"],
         "dataset_name": "matrix",
+        "user_id": 1,  # a ledger statement: the task has no pay policy, so nobody has one
     }
     return Owned(actors, values, server)
 

@@ -17,6 +17,7 @@ from api.routes import (
     datasets,
     examples,
     jobs,
+    ledger,
     members,
     model_servers,
     models,
@@ -62,6 +63,7 @@ ROUTERS = (
     Included(datasets.router),
     Included(dataset_uploads.router),
     Included(jobs.router),
+    Included(ledger.router),
     Included(models.router),
     Included(model_servers.router),
 )

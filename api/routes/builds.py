@@ -39,9 +39,15 @@ def build_round(
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, BuildPolicy.create(round_))
     built = build(session, researcher, round_, body)
-    return BuildPublic.model_validate(
-        {"build_id": built.build_id, "round": built.round, "task": built.task, "report": built.report}
-    )
+    answer: dict[str, Any] = {
+        "build_id": built.build_id,
+        "round": built.round,
+        "task": built.task,
+        "report": built.report,
+    }
+    if built.ledger is not None:
+        answer["ledger"] = built.ledger
+    return BuildPublic.model_validate(answer)
 
 
 @router.post("/rounds/{round_id}/build/preview", response_model=BuildPreviewPublic)

@@ -289,11 +289,24 @@ class RoundReport(BaseModel):
     )
 
 
+class BuildLedger(BaseModel):
+    """The pay ledger computed after the build (docs/round_builder.md, "Pay and the ledger")."""
+
+    currency: str | None = None
+    entries_added: int | None = None
+    amount_added_minor: int | None = None
+    already_paid: int | None = None
+    error: str | None = Field(None, description="Why the ledger was not computed; the build stands.")
+
+
 class BuildPublic(BaseModel):
     build_id: int
     round: int = Field(description="The round's number in its task.")
     task: str
     report: RoundReport
+    ledger: BuildLedger | None = Field(
+        None, description="Present when the task has a pay policy: what computing its ledger added."
+    )
 
 
 class _BuildId(BaseModel):

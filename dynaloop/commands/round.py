@@ -102,6 +102,15 @@ def round_build(
     for name, values in report["splits"]["assessment"].items():
         console.print(f"  model macro-F1 on {name}: {values['model_macro_f1']}")
     console.print(f"  {report['datasheet'].get('build_policy', '')}", soft_wrap=True)
+    if built.ledger is not None:
+        if built.ledger.get("error"):
+            err.print(f"[yellow]warning:[/yellow] {built.ledger['error']}", soft_wrap=True, highlight=False)
+        else:
+            console.print(
+                f"  ledger: {built.ledger['entries_added']} rows added "
+                f"({built.ledger['amount_added_minor']} minor units {built.ledger['currency']})",
+                soft_wrap=True,
+            )
 
 
 @app.command("export")
