@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from services.db.engine import session_scope
 from services.db.models import (
@@ -28,6 +28,7 @@ from services.db.models import (
     StudySessionStatus,
     Task,
     User,
+    Validation,
 )
 from services.domain import ledger, tasks
 from services.taskdef import TaskDefinitionError, parse_task_definition
@@ -739,3 +740,25 @@ def test_concurrent_corrections_each_get_their_own_number(app: Any, hand: HandRo
         rows = session.scalars(select(LedgerEntry).where(LedgerEntry.corrects_id == entry_id)).all()
         assert sorted(r.event_key for r in rows) == [f"correction:{entry_id}:1", f"correction:{entry_id}:2"]
         assert sorted(r.amount_minor for r in rows) == [-20, -10]
+
+
+def test_a_batch_with_a_label_that_no_longer_counts_earns_nothing_and_batches_keep_their_numbers(
+    client: TestClient, app: Any, hand: HandRound
+) -> None:
+    """Batches are cut from every validation, counted or not: when a validator's labels stop
+    counting (an unqualified validator), no other batch takes over its numbers."""
+    u, r = hand.users, hand.round_id
+    with session_scope(app.state.sessionmaker) as session:
+        first = session.scalars(
+            select(Validation).where(Validation.validator_id == u["v4"]).order_by(Validation.created_at, Validation.id)
+        ).first()
+        assert first is not None
+        first.counted = False
+    response = client.post(f"{API}/tasks/{TASK}/ledger/compute", json={}, headers=hand.researcher.headers)
+    assert response.status_code == 200 and response.json()["entries_added"] == 0  # batch 0 was paid already
+    with session_scope(app.state.sessionmaker) as session:
+        session.execute(delete(LedgerEntry))  # a ledger computed afresh (the test's own shortcut)
+    response = client.post(f"{API}/tasks/{TASK}/ledger/compute", json={}, headers=hand.researcher.headers)
+    assert response.status_code == 200, response.text
+    # v4's batch 0 now holds a label that does not count: unpaid. v1's and v2's keep their keys.
+    assert _rows(app) == _expected(hand) - {("validator_bonus", f"batch:{r}:{u['v4']}:0", u["v4"], None, 20)}

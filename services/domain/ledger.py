@@ -15,11 +15,14 @@ The rules (docs/round_builder.md, "Pay and the ledger"):
   newest build's gold label where the round has been built (and the example is in that build);
   otherwise the gold label of the example's counted validations (services.domain.labels). No
   majority, no bonus.
-* **Validator bonus** (``batch:<round id>:<validator id>:<index>``): a validator's counted
+* **Validator bonus** (``batch:<round id>:<validator id>:<index>``): all of a validator's
   validations in the round, in the order they were given, are cut into batches of the task's
-  ``validation_batch_size``; each *whole* batch in which the share of labels equal to their
-  example's majority label is at least ``min_agreement`` earns ``per_batch``. A label on an
-  example without a majority does not agree.
+  ``validation_batch_size``; each *whole* batch whose labels are all counted and in which the
+  share of labels equal to their example's majority label is at least ``min_agreement`` earns
+  ``per_batch``. A label on an example without a majority does not agree. Batches are cut from
+  every validation, counted or not (validations are never deleted), so that a validator
+  unqualified later keeps the same batch numbers: a batch paid once keeps its key and is never
+  paid again under another.
 
 Amounts are integers in minor units of the policy's currency; no floating point touches money.
 """
@@ -263,20 +266,28 @@ def _round_candidates(
     bonus = policy.validator_bonus
     if bonus is not None and bonus.per_batch > 0:
         size = definition.validation_batch_size
-        by_validator: dict[int, list[tuple[int, list[str], dt.datetime]]] = defaultdict(list)
-        for validator_id, example_id, label, created_at in session.execute(
-            select(Validation.validator_id, Validation.example_id, Validation.label, Validation.created_at)
+        by_validator: dict[int, list[tuple[int, list[str], dt.datetime, bool]]] = defaultdict(list)
+        for validator_id, example_id, label, created_at, counted in session.execute(
+            select(
+                Validation.validator_id,
+                Validation.example_id,
+                Validation.label,
+                Validation.created_at,
+                Validation.counted,
+            )
             .join(Example, Example.id == Validation.example_id)
-            .where(Example.round_id == round_.id, Validation.counted.is_(True))
+            .where(Example.round_id == round_.id)
             .order_by(Validation.created_at, Validation.id)
         ):
-            by_validator[validator_id].append((example_id, list(label), created_at))
+            by_validator[validator_id].append((example_id, list(label), created_at, bool(counted)))
         for validator_id in sorted(by_validator):
             labels = by_validator[validator_id]
             for index in range(len(labels) // size):
                 batch = labels[index * size : (index + 1) * size]
+                if not all(counted for *_, counted in batch):
+                    continue  # a label that does not count (an unqualified validator's) earns nothing
                 agreeing = 0
-                for example_id, label, _ in batch:
+                for example_id, label, _, _ in batch:
                     gold = majority.get(example_id)
                     if gold is not None and agreement_with(definition, label, gold) == 1.0:
                         agreeing += 1
