@@ -469,3 +469,57 @@ def test_the_cli_creates_lists_and_closes_links(
     assert bad.exit_code == 1 and "id_parameter" in bad.output
     assert run("close", "987654").exit_code == 1
     assert table_counts(app) == before
+
+
+def test_opening_links_is_limited_per_address_and_a_refusal_writes_nothing(
+    settings: Any, researcher: Actor, stub_model: Any, reset_stubs: Any
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    limited = settings.model_copy(update={"rate_limit_per_token": "none", "rate_limit_per_ip": "3/minute"})
+    with TestClient(create_app(limited)) as client:
+        round_ = open_round(client, researcher, example_yaml(TASK, onboarding_quiz=None), stub_model.url, PROMPTS)
+        link = make_link(client, researcher, round_["id"], platform="generic", id_parameter="worker")
+        codes = [open_link(client, link, {"worker": f"flood-{i}"}).status_code for i in range(3)]
+        assert codes == [201, 201, 201]
+        before = table_counts(client.app)
+        refused = open_link(client, link, {"worker": "flood-9"})
+        assert refused.status_code == 429 and error_code(refused) == "rate_limited"
+        assert refused.headers["Retry-After"]
+        assert table_counts(client.app) == before
+
+
+def test_a_validator_session_counts_whole_batches(
+    client: Any, app: Any, researcher: Actor, make_user: MakeUser, stub_model: Any
+) -> None:
+    yaml_text = example_yaml(TASK, onboarding_quiz=None, validation_batch_size=3)
+    round_ = open_round(client, researcher, yaml_text, stub_model.url, PROMPTS)
+    writers = [make_user(f"writer{i}", "writer") for i in range(3)]
+    texts = ["A plain remark about the lunch menu today.", "We went there on a Sunday afternoon with friends."]
+    for writer in writers:
+        for text in texts:
+            _write_example(client, writer.headers, round_["id"], f"{text} ({writer.username})")
+    link = make_link(
+        client, researcher, round_["id"], role="validator", platform="generic", id_parameter="worker", quota=1
+    )
+    started = open_link(client, link, {"worker": "val-1"}).json()
+    token = bearer(started["token"])
+    batch_size = 3
+    labelled = 0
+    while labelled < batch_size:
+        batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=token).json()
+        examples = batch["data"]
+        assert examples, batch
+        for example in examples:
+            if labelled == batch_size:
+                break
+            response = client.post(
+                f"{API}/examples/{example['example_id']}/validations", json={"label": "neutral"}, headers=token
+            )
+            assert response.status_code == 201, response.text
+            labelled += 1
+            row = client.get(f"{API}/me/study-sessions", headers=token).json()["data"][0]
+            assert row["units_done"] == (1 if labelled == batch_size else 0)
+    assert row["status"] == "completed" and row["completion"]["code"] == link["completion_code"]
