@@ -252,7 +252,7 @@ def test_the_same_platform_id_resumes_its_one_session(
         assert len(accounts) == 1 and PROLIFIC["PROLIFIC_PID"] not in accounts[0].id_hash
         study = session.scalars(select(StudySession)).one()
         assert study.platform_worker_id == PROLIFIC["PROLIFIC_PID"]  # kept for paying
-        assert study.platform_session_id == "sess-0001"
+        assert study.platform_session_id == "sess-0002"  # the platform's newest, for the completion
     # A validator link of the same task: the same worker, with the validator role added.
     validators = make_link(client, researcher, round_["id"], role="validator")
     response = open_link(client, validators, PROLIFIC)
@@ -407,6 +407,14 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
     link = make_link(client, researcher, round_["id"], platform="mturk", completion_code="TURKDONE")
     started = open_link(client, link, {**MTURK, "turkSubmitTo": "https://www.mturk.com/"}).json()
     token = bearer(started["token"])
+    # The worker returns the HIT and accepts it again: a new assignment. A forged turkSubmitTo on
+    # the way changes nothing; the real one moves the session to the new assignment.
+    before = table_counts(app)
+    again = {**MTURK, "assignmentId": "3NEWASSIGNMENT", "turkSubmitTo": "https://attacker.example/"}
+    assert open_link(client, link, again).status_code == 422
+    assert table_counts(app) == before
+    resumed = open_link(client, link, {**again, "turkSubmitTo": "https://www.mturk.com"})
+    assert resumed.status_code == 200 and resumed.json()["session"]["id"] == started["session"]["id"]
     done = client.post(
         f"{API}/study-sessions/{started['session']['id']}/finish", json={"reason": "stop"}, headers=token
     )
@@ -417,7 +425,7 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
         "redirect_url": None,
         "form": {
             "action": "https://www.mturk.com/mturk/externalSubmit",
-            "fields": {"assignmentId": MTURK["assignmentId"], "completion_code": "TURKDONE"},
+            "fields": {"assignmentId": "3NEWASSIGNMENT", "completion_code": "TURKDONE"},
         },
         "message": done.json()["message"],
     }
