@@ -531,3 +531,18 @@ def test_a_validator_session_counts_whole_batches(
             row = client.get(f"{API}/me/study-sessions", headers=token).json()["data"][0]
             assert row["units_done"] == (1 if labelled == batch_size else 0)
     assert row["status"] == "completed" and row["completion"]["code"] == link["completion_code"]
+
+
+def test_a_full_link_never_takes_more_workers_than_its_cap_under_concurrent_first_opens(
+    app: Any, app_server: Any, researcher: Actor, stub_model: Any
+) -> None:
+    with httpx.Client(base_url=app_server.url, timeout=60) as http:
+        round_ = open_round(http, researcher, example_yaml(TASK, onboarding_quiz=None), None, PROMPTS)
+        link = make_link(http, researcher, round_["id"], platform="generic", id_parameter="worker", max_workers=2)
+        responses = fire(8, lambda i: open_link(http, link, {"worker": f"crowd-{i}"}))
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [201, 201] + [409] * 6, [r.text for r in responses]
+    assert {error_code(r) for r in responses if r.status_code == 409} == {"study_link_full"}
+    with session_scope(app.state.sessionmaker) as session:
+        assert len(list(session.scalars(select(StudySession)))) == 2
+        assert len(list(session.scalars(select(PlatformAccount)))) == 2  # the refused ones left nothing
