@@ -234,8 +234,12 @@ def test_the_same_platform_id_resumes_its_one_session(
     link = make_link(client, researcher, round_["id"])
     first = open_link(client, link, PROLIFIC)
     assert first.status_code == 201, first.text
+    # Someone who knows the worker's Prolific id, but not the submission's session id, is refused.
     before = table_counts(app)
-    again = open_link(client, link, {**PROLIFIC, "SESSION_ID": "sess-0002"})
+    hijack = open_link(client, link, {**PROLIFIC, "SESSION_ID": "sess-0002"})
+    assert hijack.status_code == 409 and "another prolific submission" in hijack.json()["error"]["message"]
+    assert "token" not in hijack.text and table_counts(app) == before
+    again = open_link(client, link, PROLIFIC)
     assert again.status_code == 200, again.text
     assert again.json()["session"]["id"] == first.json()["session"]["id"]
     after = table_counts(app)
@@ -252,7 +256,7 @@ def test_the_same_platform_id_resumes_its_one_session(
         assert len(accounts) == 1 and PROLIFIC["PROLIFIC_PID"] not in accounts[0].id_hash
         study = session.scalars(select(StudySession)).one()
         assert study.platform_worker_id == PROLIFIC["PROLIFIC_PID"]  # kept for paying
-        assert study.platform_session_id == "sess-0002"  # the platform's newest, for the completion
+        assert study.platform_session_id == PROLIFIC["SESSION_ID"]  # the submission that started it
     # A validator link of the same task: the same worker, with the validator role added.
     validators = make_link(client, researcher, round_["id"], role="validator")
     response = open_link(client, validators, PROLIFIC)
@@ -407,13 +411,15 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
     link = make_link(client, researcher, round_["id"], platform="mturk", completion_code="TURKDONE")
     started = open_link(client, link, {**MTURK, "turkSubmitTo": "https://www.mturk.com/"}).json()
     token = bearer(started["token"])
-    # The worker returns the HIT and accepts it again: a new assignment. A forged turkSubmitTo on
-    # the way changes nothing; the real one moves the session to the new assignment.
+    # A forged turkSubmitTo is refused; another assignment (someone who knows the worker id, or
+    # the worker after returning the HIT) cannot take the session over; the same one resumes it.
     before = table_counts(app)
     again = {**MTURK, "assignmentId": "3NEWASSIGNMENT", "turkSubmitTo": "https://attacker.example/"}
     assert open_link(client, link, again).status_code == 422
+    other = open_link(client, link, {**again, "turkSubmitTo": "https://www.mturk.com"})
+    assert other.status_code == 409 and "assignmentId differs" in other.json()["error"]["message"]
     assert table_counts(app) == before
-    resumed = open_link(client, link, {**again, "turkSubmitTo": "https://www.mturk.com"})
+    resumed = open_link(client, link, {**MTURK, "turkSubmitTo": "https://www.mturk.com"})
     assert resumed.status_code == 200 and resumed.json()["session"]["id"] == started["session"]["id"]
     done = client.post(
         f"{API}/study-sessions/{started['session']['id']}/finish", json={"reason": "stop"}, headers=token
@@ -425,7 +431,7 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
         "redirect_url": None,
         "form": {
             "action": "https://www.mturk.com/mturk/externalSubmit",
-            "fields": {"assignmentId": "3NEWASSIGNMENT", "completion_code": "TURKDONE"},
+            "fields": {"assignmentId": MTURK["assignmentId"], "completion_code": "TURKDONE"},
         },
         "message": done.json()["message"],
     }

@@ -386,13 +386,18 @@ def _find_session(session: Session, link: StudyLink, user: User) -> StudySession
 def _session_for(session: Session, link: StudyLink, user: User, ids: PlatformIds) -> tuple[StudySession, bool]:
     study = _find_session(session, link, user)
     if study is not None:
+        if link.platform is not Platform.generic and study.platform_session_id != ids.session_id:
+            # A platform's worker ids are not secret (a researcher sees them, workers quote them on
+            # forums); its session or assignment id is known only to the worker's own submission.
+            # The session stays with the submission that started it, so knowing a worker's id is
+            # not enough to take their session over. The price: an MTurk worker who returned the
+            # HIT and accepted it again (a new assignment) cannot resume, and asks the researcher.
+            name = PLATFORM_PARAMS[link.platform][2]
+            raise Conflict(
+                f"this worker already has a session on this study link, started from another {link.platform.value} "
+                f"submission ({name} differs); open the link from that submission, or contact the researcher"
+            )
         study.last_seen_at = utcnow()
-        if study.status is StudySessionStatus.active:
-            # The platform's newest ids: an MTurk worker who returned the HIT and accepted it again
-            # has a new assignment, and the completion must name that one.
-            study.platform_study_id = ids.study_id
-            study.platform_session_id = ids.session_id
-            study.submit_to = ids.submit_to
         return study, False
     if link.max_workers is not None:
         # On PostgreSQL the link's row lock makes concurrent first opens count one after another.
