@@ -717,9 +717,7 @@ class StudySession(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     link_id: Mapped[int] = mapped_column(ForeignKey("study_links.id"))
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
-    status: Mapped[StudySessionStatus] = mapped_column(
-        _enum(StudySessionStatus), default=StudySessionStatus.active
-    )
+    status: Mapped[StudySessionStatus] = mapped_column(_enum(StudySessionStatus), default=StudySessionStatus.active)
     # Kept in the clear only where paying needs them: the platform's worker id (Prolific's
     # participant id, MTurk's worker id), its study or HIT id, and its session or assignment id.
     platform_worker_id: Mapped[str | None] = mapped_column(String(128))
