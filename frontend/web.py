@@ -79,6 +79,7 @@ PAGE_ROLES: dict[str, PageRoles] = {
     "rounds": PageRoles("Tasks and rounds", ("researcher",)),
     "dashboard": PageRoles("Dashboard", ("researcher",)),
     "models": PageRoles("Models and datasets", ("researcher",)),
+    "crowd": PageRoles("Crowd", ("researcher",)),
 }
 
 
