@@ -54,7 +54,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.db.models import ApiToken, Assignment, Attempt, Example, Job, Role, Round, Task, TaskRole, User
+from services.db.models import (
+    ApiToken,
+    Assignment,
+    Attempt,
+    Example,
+    Job,
+    Role,
+    Round,
+    StudyLink,
+    StudySession,
+    Task,
+    TaskRole,
+    User,
+)
 from services.errors import Forbidden, NotFound, missing_example, missing_job, missing_round, missing_task
 
 Rule = Callable[[User], None]
@@ -378,3 +391,31 @@ class ModelServerPolicy:
         """See the registered servers (names, URLs; never their admin tokens), to choose one
         for a round or a promotion: researchers (and admins)."""
         return _needs(Role.researcher)
+
+
+# --- crowd platforms: study links and the workers' sessions -------------------------------------
+
+
+def _own_study_session(study: StudySession) -> Rule:
+    def check(user: User) -> None:
+        if study.user_id != user.id:
+            raise NotFound(f"no study session {study.id} of yours")
+
+    return check
+
+
+class StudyLinkPolicy:
+    @staticmethod
+    def manage(link: StudyLink | None = None) -> Policy:
+        """Create, list, close study links and see their sessions: managing the link's task
+        (:meth:`TaskPolicy.manage`); another group's link is hidden as a missing one."""
+        if link is None:
+            return TaskPolicy.manage()
+        return _needs(Role.researcher, _on_task(link.task, lambda: NotFound(f"no study link {link.id}")))
+
+
+class StudySessionPolicy:
+    @staticmethod
+    def own(study: StudySession | None = None) -> Policy:
+        """See and finish a study session: only its worker; anyone else's is reported as missing."""
+        return Policy(rule=None if study is None else _own_study_session(study))

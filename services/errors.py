@@ -142,3 +142,15 @@ def validation_problems(
         message = wording.get(kind) or (explain(error) if explain else None) or str(error.get("msg", "invalid"))
         problems.append(f"{location}: {message}" if location else message)
     return problems
+
+
+class StudyLinkClosed(Conflict):
+    """A study link that is closed, not yet open, or on a round that no longer takes this work."""
+
+    code = "study_link_closed"
+
+
+class StudyLinkFull(Conflict):
+    """A study link whose cap on workers is reached."""
+
+    code = "study_link_full"

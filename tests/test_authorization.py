@@ -97,6 +97,14 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/model-servers/{{name}}"): {R},
     ("PATCH", f"{API}/model-servers/{{name}}"): set(),
     ("DELETE", f"{API}/model-servers/{{name}}"): set(),
+    ("POST", f"{API}/tasks/{{task_name}}/study-links"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/study-links"): {R},
+    ("GET", f"{API}/study-links/{{link_id}}"): {R},
+    ("POST", f"{API}/study-links/{{link_id}}/close"): {R},
+    ("GET", f"{API}/study-links/{{link_id}}/sessions"): {R},
+    ("POST", f"{API}/study/{{slug}}/sessions"): PUBLIC,
+    ("GET", f"{API}/me/study-sessions"): ANY,
+    ("POST", f"{API}/study-sessions/{{session_id}}/finish"): ANY,  # your own session (others': 404)
 }
 
 TASK = "dynasent-r2"
@@ -134,6 +142,11 @@ def _dependency_calls(dependant: Any) -> Iterator[Any]:
         yield from _dependency_calls(dependency)
 
 
+# The /api/v1 operations that take no token: login, and a worker arriving from a crowd platform
+# with the platform's parameters (services/domain/study.py checks them).
+PUBLIC_OPERATIONS = (f"{API}/auth/login", f"{API}/study/{{slug}}/sessions")
+
+
 def test_every_route_asks_the_authorization_module(app: Any) -> None:
     """Every /api/v1 operation but login gets its caller from ``api.deps.allowed`` (or
     ``allowed_writer``), which asks services/authorization.py; no route decides by itself."""
@@ -145,7 +158,7 @@ def test_every_route_asks_the_authorization_module(app: Any) -> None:
         for route in app.routes
         if isinstance(route, APIRoute)
         and route.path.startswith(API)
-        and route.path != f"{API}/auth/login"
+        and route.path not in PUBLIC_OPERATIONS
         and not asking & {getattr(call, "__qualname__", "") for call in _dependency_calls(route.dependant)}
     )
     assert not unasked, f"routes that do not ask services/authorization.py: {unasked}"
@@ -235,10 +248,10 @@ def _write_example(client: Any, writer: Actor, round_id: int, text_: str) -> dic
     return response.json()
 
 
-def request_bodies(who: str, server: str, attempt_id: int) -> dict[tuple[str, str], dict[str, Any]]:
+def request_bodies(who: str, server: str, attempt_id: int, round_id: int = 1) -> dict[tuple[str, str], dict[str, Any]]:
     """A valid body for each route that takes one (the one place to change when a body changes;
     both matrices use it): ``who`` makes names and texts unique, ``server`` is the registered
-    model server in the loop, ``attempt_id`` the attempt a writer submits."""
+    model server in the loop, ``attempt_id`` the attempt a writer submits, ``round_id`` the round of a study link."""
     return {
         ("POST", f"{API}/auth/login"): {"json": {"username": "lou", "password": "correct-horse"}},
         ("POST", f"{API}/users"): {"json": {"username": f"new-{who}", "roles": ["writer"]}},
@@ -275,6 +288,17 @@ def request_bodies(who: str, server: str, attempt_id: int) -> dict[tuple[str, st
         ("POST", f"{API}/tasks/{{task_name}}/rounds/{{number}}/imports"): {
             "json": {"kind": "labelled", "dataset": "matrix"}
         },
+        ("POST", f"{API}/tasks/{{task_name}}/study-links"): {
+            "json": {
+                "name": f"link of {who}",
+                "round_id": round_id,
+                "role": "writer",
+                "platform": "prolific",
+                "quota": 2,
+            }
+        },
+        ("POST", f"{API}/study/{{slug}}/sessions"): {"json": {"params": {}}},
+        ("POST", f"{API}/study-sessions/{{session_id}}/finish"): {"json": {"reason": "stop"}},
     }
 
 
@@ -293,9 +317,12 @@ def _request(world: World, role: str, method: str, path: str) -> dict[str, Any]:
         "username": actor.username if actor and path.endswith("/tokens") else "victim",
         "token_id": world.spare_tokens.get(role, 1),
         "name": world.server,
+        "link_id": 1,
+        "slug": "no-such-link",
+        "session_id": 1,
     }
     url = path.format(**values)
-    bodies = request_bodies(role, world.server, world.attempt_id)
+    bodies = request_bodies(role, world.server, world.attempt_id, world.round_id)
     kwargs: dict[str, Any] = dict(bodies.get((method, path), {}))
     headers = dict(kwargs.pop("headers", {}))
     if actor is not None:
@@ -403,6 +430,8 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): OWN_WORK,
     ("GET", f"{API}/rounds/{{round_id}}/validation-batch"): VALIDATE,
     ("POST", f"{API}/examples/{{example_id}}/validations"): VALIDATE,
+    ("POST", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
 }
 # What a missing one is called, per path parameter: the "hidden" answers must be exactly these.
 MISSING = {"task_name": "no-such-task", "round_id": 987654, "example_id": 987653, "job_id": 987652}
@@ -494,7 +523,8 @@ def _call(client: Any, owned: Owned, who: str, method: str, path: str, *, missin
         values.update(MISSING)
     actor = owned.actors[who]
     attempt_id = MISSING["attempt_id"] if missing else values["attempt_id"]
-    kwargs = dict(request_bodies(who.replace(" ", "-"), owned.server, attempt_id).get((method, path), {}))
+    bodies = request_bodies(who.replace(" ", "-"), owned.server, attempt_id, values["round_id"])
+    kwargs = dict(bodies.get((method, path), {}))
     headers = {**kwargs.pop("headers", {}), **actor.headers}
     return client.request(method, path.format(**values), headers=headers, **kwargs)
 

@@ -23,6 +23,7 @@ from api.routes import (
     onboarding,
     round_imports,
     rounds,
+    study,
     tasks,
     tokens,
     users,
@@ -40,6 +41,8 @@ class Included:
     router: APIRouter
     extra_errors: tuple[int, ...] = ()
     rate_limited: bool = False
+    # Without a token (a worker arriving from a crowd platform): the address's budget only.
+    address_limited: bool = False
 
 
 ROUTERS = (
@@ -64,6 +67,9 @@ ROUTERS = (
     Included(jobs.router),
     Included(models.router),
     Included(model_servers.router),
+    Included(study.router),
+    Included(study.public_router, (429,), address_limited=True),
+    Included(study.worker_router, (429,), rate_limited=True),
 )
 
 
@@ -78,6 +84,8 @@ def api_router() -> APIRouter:
             # token is authenticated, that token's.
             dependencies=[Depends(address_rate_limited), Depends(token_rate_limited)]
             if included.rate_limited
+            else [Depends(address_rate_limited)]
+            if included.address_limited
             else None,
         )
     return api

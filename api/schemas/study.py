@@ -1,0 +1,212 @@
+"""Study links, study sessions and the platform's completion (services/domain/study.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from services.db.models import Platform, StudyLink, StudyRole, StudySession, StudySessionStatus
+from services.domain import study as study_domain
+
+Code = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class StudyLinkCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200, description="What the researcher calls the link.")
+    round_id: int = Field(ge=1, le=2**31 - 1, description="The round of the task the workers work in.")
+    role: StudyRole
+    platform: Platform
+    quota: int = Field(ge=1, le=10_000, description="Examples per writer, or validation batches per validator.")
+    max_workers: int | None = Field(None, ge=1, le=1_000_000, description="Most sessions the link starts.")
+    id_parameter: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")] | None = (
+        Field(None, description="generic only (required there): the query parameter with the worker's id.")
+    )
+    opens_at: dt.datetime | None = Field(None, description="With a time zone; none: open now.")
+    closes_at: dt.datetime | None = Field(None, description="With a time zone; none: until closed by hand.")
+    completion_code: Code | None = Field(None, description="None: 8 random letters and digits.")
+    screened_out_code: Code | None = Field(None, description="The platform's code for workers screened out.")
+
+
+class StudyLinkPublic(BaseModel):
+    id: int
+    slug: str
+    name: str
+    task: str
+    round_id: int
+    role: StudyRole
+    platform: Platform
+    quota: int
+    max_workers: int | None
+    id_parameter: str | None
+    completion_code: str
+    screened_out_code: str | None
+    opens_at: dt.datetime | None
+    closes_at: dt.datetime | None
+    closed_at: dt.datetime | None
+    created_at: dt.datetime
+    path: str = Field(description="Where workers open the link in the web app: /study/<slug>.")
+    query_template: str = Field(description="The query the platform appends to the web app's URL + path.")
+    is_open: bool
+
+    @classmethod
+    def of(cls, link: StudyLink) -> StudyLinkPublic:
+        return cls(
+            id=link.id,
+            slug=link.slug,
+            name=link.name,
+            task=link.task.name,
+            round_id=link.round_id,
+            role=link.role,
+            platform=link.platform,
+            quota=link.quota,
+            max_workers=link.max_workers,
+            id_parameter=link.id_parameter,
+            completion_code=link.completion_code,
+            screened_out_code=link.screened_out_code,
+            opens_at=link.opens_at,
+            closes_at=link.closes_at,
+            closed_at=link.closed_at,
+            created_at=link.created_at,
+            path=f"/study/{link.slug}",
+            query_template=study_domain.query_template(link),
+            is_open=study_domain.closed_reason(link) is None,
+        )
+
+
+class StudyLinksPublic(BaseModel):
+    data: list[StudyLinkPublic]
+    count: int
+
+
+class LinkSessionPublic(BaseModel):
+    """A session as the researcher sees it."""
+
+    id: int
+    user_id: int
+    username: str
+    status: StudySessionStatus
+    units_done: int
+    started_at: dt.datetime
+    last_seen_at: dt.datetime
+    ended_at: dt.datetime | None
+    platform_worker_id: str | None
+
+    @classmethod
+    def of(cls, study: StudySession) -> LinkSessionPublic:
+        return cls(
+            id=study.id,
+            user_id=study.user_id,
+            username=study.user.username,
+            status=study.status,
+            units_done=study.units_done,
+            started_at=study.started_at,
+            last_seen_at=study.last_seen_at,
+            ended_at=study.ended_at,
+            platform_worker_id=study.platform_worker_id,
+        )
+
+
+class LinkSessionsPublic(BaseModel):
+    data: list[LinkSessionPublic]
+    count: int
+
+
+class CompletionForm(BaseModel):
+    action: str
+    fields: dict[str, str]
+
+
+class Completion(BaseModel):
+    status: StudySessionStatus
+    code: str | None
+    redirect_url: str | None = Field(description="Prolific: where to send the worker.")
+    form: CompletionForm | None = Field(description="MTurk: the form the worker's browser posts back.")
+    message: str
+
+    @classmethod
+    def of(cls, completion: dict[str, Any]) -> Completion:
+        return cls.model_validate(completion)
+
+
+class StudySessionPublic(BaseModel):
+    """A session as its worker sees it."""
+
+    id: int
+    link_id: int
+    task: str
+    round_id: int
+    role: StudyRole
+    platform: Platform
+    quota: int
+    units_done: int
+    status: StudySessionStatus
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    completion: Completion | None
+
+    @classmethod
+    def of(cls, study: StudySession) -> StudySessionPublic:
+        link = study.link
+        completion = study_domain.completion_of(study)
+        return cls(
+            id=study.id,
+            link_id=link.id,
+            task=link.task.name,
+            round_id=link.round_id,
+            role=link.role,
+            platform=link.platform,
+            quota=link.quota,
+            units_done=study.units_done,
+            status=study.status,
+            started_at=study.started_at,
+            ended_at=study.ended_at,
+            completion=None if completion is None else Completion.of(completion),
+        )
+
+
+class StudySessionsPublic(BaseModel):
+    data: list[StudySessionPublic]
+    count: int
+
+
+class StudyStart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    params: dict[
+        Annotated[str, StringConstraints(min_length=1, max_length=64)],
+        Annotated[str, StringConstraints(max_length=study_domain.MAX_PARAM_CHARS)],
+    ] = Field(
+        default_factory=dict,
+        max_length=study_domain.MAX_PARAMS,
+        description="The query parameters the platform appended to the link (at most 20, values of at most 200 "
+        "characters).",
+    )
+
+
+class StudyLinkSummary(BaseModel):
+    name: str
+    role: StudyRole
+    platform: Platform
+    quota: int
+
+
+class StudyTaskSummary(BaseModel):
+    name: str
+    title: str
+    description: str
+
+
+class StudyStarted(BaseModel):
+    preview: bool
+    link: StudyLinkSummary
+    task: StudyTaskSummary
+    token: str | None = Field(None, description="A 24-hour API token for the worker (not in a preview).")
+    expires_at: dt.datetime | None = None
+    session: StudySessionPublic | None = None
+
+
+class StudyFinish(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: Literal["quota", "stop"]
