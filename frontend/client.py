@@ -458,6 +458,7 @@ class Completion(TypedDict):
     code: str | None
     redirect_url: str | None
     form: CompletionForm | None
+    message: str  # for the worker, e.g. "thank you: your work is recorded"
 
 
 class StudySession(TypedDict):
@@ -499,7 +500,7 @@ class StudyStart(TypedDict, total=False):
     token: str
     expires_at: str | None
     session: StudySession
-    task: dict[str, Any]  # name, description
+    task: dict[str, Any]  # name, title, description
     link: dict[str, Any]  # name, role, platform, quota
 
 

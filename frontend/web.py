@@ -245,7 +245,7 @@ def study_preview_page(preview: StudyStart) -> HTMLResponse:
     role = str(link.get("role") or "")
     unit = "examples to write" if role == "writer" else "batches of examples to label"
     body = (
-        f"<h1>{e(str(task.get('name') or 'A dynaloop study'))}</h1>"
+        f"<h1>{e(str(task.get('title') or task.get('name') or 'A dynaloop study'))}</h1>"
         f"<p>{e(str(task.get('description') or ''))}</p>"
         f"<p>Your part: <strong>{e(role or 'worker')}</strong>, {e(str(link.get('quota') or '?'))} {unit}.</p>"
         '<div class="notice" role="status">This is a preview. Accept the HIT to start.</div>'
@@ -275,6 +275,10 @@ def completion_page(completion: Completion, base: str) -> Response:
         if screened_out
         else "<p>Your study session has ended. Thank you!</p>"
     )
+    message = completion.get("message")
+    if isinstance(message, str) and message:
+        intro += f'<div class="notice" role="status">{e(message[:500])}</div>'
+
     redirect_url = completion.get("redirect_url")
     if redirect_url is not None:
         target = _plain_url(redirect_url, (PROLIFIC_COMPLETION_PREFIX,))
@@ -710,8 +714,9 @@ class WebSession:
                 sessions = await self.backend.study_sessions(session.token, browser)
                 wanted = request.query_params.get("session")
                 choices = [s for s in sessions if wanted is None or str(s.get("id")) == wanted]
-                current = next((s for s in choices if s.get("status") == "active"), None) or (
-                    choices[0] if choices else None
+                newest = sorted(choices, key=lambda s: str(s.get("started_at") or ""), reverse=True)
+                current = next((s for s in newest if s.get("status") == "active"), None) or (
+                    newest[0] if newest else None
                 )
                 if current is None:
                     return message_page(

@@ -22,10 +22,14 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from frontend import web
+from tests.conftest import Actor, example_yaml, free_port, open_round, table_counts
+from tests.stub_model_server import ThreadedServer
+from tests.test_study_links import PROMPTS, _write_example, make_link
 
 ORIGIN = "http://testserver"
 SAME = {"Origin": ORIGIN}
 SLUG = "Yq3x_k9-Lm2pQ7"
+STUDY_TASK = "dynasent-r2"
 PROLIFIC = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "s1", "SESSION_ID": "x1"}
 
 
@@ -424,3 +428,112 @@ def test_under_a_base_path_the_study_routes_and_cookie_follow_it(api: FakeApi) -
         assert response.status_code == 303 and response.headers["location"] == "/dl/write"
         assert _cookie(response)[web.COOKIE_NAME]["path"] == "/dl"
         assert 'action="/dl/study/finish"' in browser.get("/dl/study/finish").text
+
+
+# --- against the real API (issue #13's study endpoints, served over HTTP) ----------------------
+
+
+@pytest.fixture
+def api_url(app: Any) -> Iterator[str]:
+    server = ThreadedServer(app, free_port()).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def real_round(client: Any, researcher: Actor, stub_model: Any) -> dict[str, Any]:
+    return open_round(client, researcher, example_yaml(STUDY_TASK, onboarding_quiz=None), stub_model.url, PROMPTS)
+
+
+@pytest.fixture
+def real_browser(api_url: str) -> Iterator[TestClient]:
+    session = web.WebSession(web.Backend(api_url), "")
+
+    async def streamlit(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(f"streamlit {request.url.path}")
+
+    app = Starlette(
+        routes=[*session.routes(), Route("/{path:path}", streamlit, methods=["GET", "HEAD", "POST"])],
+        middleware=[Middleware(web.SessionGate, web=session)],
+    )
+    with TestClient(app, base_url=ORIGIN, follow_redirects=False) as browser:
+        yield browser
+
+
+def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redirect(
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+) -> None:
+    link = make_link(client, researcher, real_round["id"], completion_code="C0MPLETE")
+    params = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "60aa11bb22cc", "SESSION_ID": "sess-0001"}
+    started = real_browser.get(link["path"], params=params)
+    assert started.status_code == 303 and started.headers["location"] == "/write"
+    kind, token = _cookie(started)[web.COOKIE_NAME].value.split(".", 1)
+    assert kind == "login" and abs(int(_cookie(started)[web.COOKIE_NAME]["max-age"]) - 24 * 3600) < 120
+    assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).json()["roles"] == ["writer"]
+    assert real_browser.get("/write").text == "streamlit /write"  # the gate lets the worker's page load
+
+    confirm = real_browser.get("/study/finish")
+    assert confirm.status_code == 200 and "0 of 2 examples for this study" in confirm.text
+    for text in ("A plain remark about the lunch menu today.", "We went there on a Sunday afternoon with friends."):
+        _write_example(client, {"Authorization": f"Bearer {token}"}, real_round["id"], text)
+    # The quota met: the Finish page hands the worker straight to Prolific, and so does the form.
+    expected = "https://app.prolific.com/submissions/complete?cc=C0MPLETE"
+    assert real_browser.get("/study/finish").headers["location"] == expected
+    session_id = client.get("/api/v1/me/study-sessions", headers={"Authorization": f"Bearer {token}"}).json()["data"]
+    done = real_browser.post(
+        "/study/finish", data={"session_id": str(session_id[0]["id"]), "reason": "quota"}, headers=SAME
+    )
+    assert done.status_code == 303 and done.headers["location"] == expected
+    # Re-opening the link resumes the same, completed session (no second worker or session).
+    again = real_browser.get(link["path"], params=params)
+    assert again.status_code == 303 and again.headers["location"] == "/study/finish"
+    sessions = client.get(f"/api/v1/study-links/{link['id']}/sessions", headers=researcher.headers).json()
+    assert sessions["count"] == 1 and sessions["data"][0]["status"] == "completed"
+
+
+def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+) -> None:
+    link = make_link(client, researcher, real_round["id"], platform="mturk", completion_code="TURKDONE")
+    before = table_counts(app)
+    preview = real_browser.get(
+        link["path"], params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": "3HITHITHIT0001"}
+    )
+    assert preview.status_code == 200 and "Accept the HIT to start" in preview.text
+    assert web.COOKIE_NAME not in preview.headers.get("set-cookie", "") and table_counts(app) == before
+
+    accepted = real_browser.get(
+        link["path"],
+        params={
+            "workerId": "A1B2C3D4E5F6G7",
+            "assignmentId": "3ABCDEFGHIJKLMNOP",
+            "hitId": "3HITHITHIT0001",
+            "turkSubmitTo": "https://workersandbox.mturk.com",
+        },
+    )
+    assert accepted.status_code == 303 and accepted.headers["location"] == "/write"
+    confirm = real_browser.get("/study/finish")
+    assert 'name="reason" value="stop"' in confirm.text
+    session_id = confirm.text.split('name="session_id" value="', 1)[1].split('"', 1)[0]
+    done = real_browser.post("/study/finish", data={"session_id": session_id, "reason": "stop"}, headers=SAME)
+    assert done.status_code == 200
+    assert '<form method="post" action="https://workersandbox.mturk.com/mturk/externalSubmit">' in done.text
+    assert '<input type="hidden" name="assignmentId" value="3ABCDEFGHIJKLMNOP">' in done.text
+    assert '<input type="hidden" name="completion_code" value="TURKDONE">' in done.text
+
+
+def test_the_real_apis_refusals_reach_the_worker(
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+) -> None:
+    link = make_link(client, researcher, real_round["id"])
+    before = table_counts(app)
+    unknown = real_browser.get("/study/" + "x" * 32, params={"PROLIFIC_PID": "abc", "STUDY_ID": "s", "SESSION_ID": "t"})
+    assert unknown.status_code == 404
+    missing = real_browser.get(link["path"], params={"STUDY_ID": "s"})
+    assert missing.status_code == 422 and web.COOKIE_NAME not in missing.headers.get("set-cookie", "")
+    assert table_counts(app) == before
+    assert client.post(f"/api/v1/study-links/{link['id']}/close", headers=researcher.headers).status_code == 200
+    before = table_counts(app)
+    closed = real_browser.get(link["path"], params={"PROLIFIC_PID": "abc", "STUDY_ID": "s", "SESSION_ID": "t"})
+    assert closed.status_code == 409 and web.COOKIE_NAME not in closed.headers.get("set-cookie", "")
+    assert table_counts(app) == before
