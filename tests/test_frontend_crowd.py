@@ -29,7 +29,7 @@ class CrowdClient(PageClient):
         super().__init__(*args, **kwargs)
         self.study_sessions: list[dict[str, Any]] = []
         self.links: list[dict[str, Any]] = []
-        self.report: dict[str, Any] = {"task": TASK, "currency": "GBP", "links": []}
+        self.report: dict[str, Any] = {"task": TASK, "currency": "GBP", "data": [], "count": 0}
         self.link_sessions: dict[int, list[dict[str, Any]]] = {}
         self.crowd_calls: list[tuple[str, Any]] = []
 
@@ -211,18 +211,32 @@ def test_the_crowd_page_needs_the_researcher_role(rita: CrowdClient) -> None:
 
 def test_links_their_addresses_report_and_close(rita: CrowdClient) -> None:
     rita.links = [_link(1, name=HOSTILE), _link(2, name="Validators", role="validator", platform="generic")]
-    rita.report = {
+    rita.report = {  # GET /tasks/{task}/crowd-report
         "task": TASK,
         "currency": "GBP",
-        "links": [
+        "data": [
             {
                 "link_id": 1,
-                "sessions": {"started": 10, "completed": 6, "screened_out": 1, "stopped": 1, "abandoned": 2},
+                "name": HOSTILE,
+                "round_id": 1,
+                "role": "writer",
+                "platform": "prolific",
+                "sessions": {
+                    "started": 10,
+                    "active": 0,
+                    "completed": 6,
+                    "screened_out": 1,
+                    "stopped": 1,
+                    "abandoned": 2,
+                },
                 "median_minutes": 12.5,
-                "ledger": {"base_pay": 900, "writer_bonus": 130, "total": 1030},
-                "effective_hourly_pay": 1090,
+                "base_pay": 900,
+                "bonuses": 130,
+                "corrections": -20,
+                "effective_hourly_minor": 1090,
             }
         ],
+        "count": 1,
     }
     rita.link_sessions = {1: [{"id": 5, "username": "prolific-0a1b2c3d4e5f", "status": "completed", "units_done": 3}]}
     at = crowd_page(rita)
@@ -236,8 +250,9 @@ def test_links_their_addresses_report_and_close(rita: CrowdClient) -> None:
     assert any("public address" in t for t in texts(at.warning))
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Started"] == "10" and metrics["Abandoned"] == "2" and metrics["Screened out"] == "1"
-    assert metrics["Median minutes"] == "12.5" and metrics["Ledger total"] == "GBP 10.30"
-    assert any("Effective hourly pay: GBP 10.90/h" in c.value for c in at.caption)
+    assert metrics["Median minutes"] == "12.5" and metrics["Base pay"] == "GBP 9.00"
+    assert metrics["Bonuses"] == "GBP 1.30" and metrics["Effective hourly pay"] == "GBP 10.90/h"
+    assert any("Corrections in the ledger: GBP -0.20" in c.value for c in at.caption)
     # The hostile name is shown literally (escaped Markdown), never as markup.
     assert all("<script>" not in m.value for m in at.markdown)
     assert at.dataframe[0].value["username"].tolist() == ["prolific-0a1b2c3d4e5f"]

@@ -3,8 +3,8 @@
 Per task: a form that makes a study link for a round and a role (``POST /tasks/{task}/study-links``),
 the links with the full address to give the platform (this app's address, the link's ``path`` and
 its ``query_template``) and a Close button, the crowd report per link (sessions by status,
-abandoned ones, the median session in minutes, the ledger's totals and the effective hourly pay,
-``GET /tasks/{task}/crowd-report``), each link's sessions, a button that computes the ledger, and
+abandoned ones, the median session in minutes, base pay and bonuses from the ledger and the
+effective hourly pay, ``GET /tasks/{task}/crowd-report``), each link's sessions, a button that computes the ledger, and
 the bonus files Prolific and MTurk take in bulk (``GET /tasks/{task}/ledger/bonuses.csv``).
 Amounts are integers in the currency's minor units; the page formats them, never with floats.
 """
@@ -136,13 +136,9 @@ def _count(row: dict[str, Any], status: str) -> int:
     return int(row.get(status) or 0)
 
 
-def _ledger_total(row: dict[str, Any]) -> int | None:
-    ledger = row.get("ledger") or row.get("ledger_totals")
-    if isinstance(ledger, dict):
-        if "total" in ledger:
-            return int(ledger["total"])
-        return sum(int(v) for v in ledger.values() if isinstance(v, int))
-    return None
+def _minor(row: dict[str, Any], key: str) -> int | None:
+    value = row.get(key)
+    return int(value) if isinstance(value, int) else None
 
 
 def link_card(client: Api, link: StudyLink, row: dict[str, Any] | None, currency: str | None, base_url: str) -> None:
@@ -154,18 +150,24 @@ def link_card(client: Api, link: StudyLink, row: dict[str, Any] | None, currency
         )
         st.code(full_link(base_url, link), language=None)
         if row is not None:
-            cols = st.columns(len(STATUSES) + 2)
+            cols = st.columns(len(STATUSES) + 1)
             for col, status in zip(cols, STATUSES, strict=False):
                 col.metric(status.replace("_", " ").capitalize(), f"{_count(row, status):,}")
             median = row.get("median_minutes")
-            cols[-2].metric("Median minutes", "–" if median is None else f"{float(median):.1f}")
-            cols[-1].metric("Ledger total", money(_ledger_total(row), currency))
-            hourly = row.get("effective_hourly_pay")
-            st.caption(
-                f"Effective hourly pay: {money(hourly, currency)}/h"
-                if hourly is not None
-                else "Effective hourly pay: not computable yet (no finished session, or no pay policy)."
+            cols[-1].metric("Median minutes", "–" if median is None else f"{float(median):.1f}")
+            pay = st.columns(3)
+            pay[0].metric("Base pay", money(_minor(row, "base_pay"), currency))
+            pay[1].metric("Bonuses", money(_minor(row, "bonuses"), currency))
+            hourly = _minor(row, "effective_hourly_minor")
+            pay[2].metric(
+                "Effective hourly pay",
+                "–" if hourly is None else f"{money(hourly, currency)}/h",
+                help="The median over completed sessions of (base pay + the worker's bonuses in the round) per "
+                "hour of the session; – until a session is completed.",
             )
+            corrections = _minor(row, "corrections")
+            if corrections:
+                st.caption(f"Corrections in the ledger: {money(corrections, currency)} (counted in the amounts above).")
         if not link.get("closed_at") and st.button("Close", key=f"researcher_crowd_close_{link['id']}"):
             try:
                 client.close_study_link(link["id"])
