@@ -2,7 +2,7 @@
 
 This module only assembles the command groups; each lives in its own module of
 ``dynaloop/commands/`` (``db``, ``task``, ``prompts``, ``user``, ``model``, ``round``, ``job``;
-``serve`` holds `api`, `ui` and `model-server`, ``check`` and ``demo`` one command each), and
+``study``; ``serve`` holds `api`, `ui` and `model-server`, ``check`` and ``demo`` one command each), and
 each command calls a use case or a domain function of ``services``, ``round_builder`` or
 ``modelling``. This package is the composition root: it may import every part of the project.
 
@@ -23,6 +23,7 @@ from dynaloop.commands.model import app as model_app
 from dynaloop.commands.prompts import app as prompts_app
 from dynaloop.commands.round import app as round_app
 from dynaloop.commands.serve import ui_command, web_app_file
+from dynaloop.commands.study import app as study_app
 from dynaloop.commands.task import app as task_app
 from dynaloop.commands.user import app as user_app
 
@@ -45,6 +46,7 @@ app.command("api")(serve.api)
 app.command("ui")(serve.ui)
 app.command("demo")(demo.demo)
 app.add_typer(job_app, name="job")
+app.add_typer(study_app, name="study")
 
 
 def main() -> None:  # pragma: no cover - console entry point

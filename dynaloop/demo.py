@@ -34,8 +34,8 @@ from dynaloop.model_zero import ModelZeroSpec, ensure_model_zero
 from dynaloop.processes import Service, ServiceError, Supervisor, connect_host, port_in_use, still_running
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.migrate import upgrade
-from services.db.models import Round, RoundStatus, Task, TaskRole, User
-from services.domain import members, model_servers, rounds, tasks, users
+from services.db.models import Platform, Round, RoundStatus, StudyLink, StudyRole, Task, TaskRole, User
+from services.domain import members, model_servers, rounds, study, tasks, users
 from services.errors import DomainError
 from services.settings import Settings
 from services.taskdef import example_path
@@ -51,6 +51,9 @@ DEMO_USERS = [
     ("client", "client", ["client"]),  # a REST client: pulls built datasets, writes nothing
 ]
 DEMO_OWNER = "researcher"  # the demo task's owner
+# The demo's study links (generic platform, the worker's id in `?worker=`): (name, role, quota).
+DEMO_STUDY_LINKS = [("demo writers", StudyRole.writer, 3), ("demo validators", StudyRole.validator, 1)]
+DEMO_ID_PARAMETER = "worker"
 
 
 @dataclass
@@ -59,6 +62,17 @@ class DemoLogin:
     username: str
     password: str
     token: str
+
+
+@dataclass
+class DemoStudyLink:
+    name: str
+    role: str
+    slug: str
+
+    def url(self, web_url: str, worker: str = "demo-1") -> str:
+        """The link as a crowdworker opens it, with an example worker id."""
+        return f"{web_url.rstrip('/')}/study/{self.slug}?{DEMO_ID_PARAMETER}={worker}"
 
 
 @dataclass
@@ -71,6 +85,7 @@ class DemoSetup:
     model_servers: list[str]  # registered names, in the round's loop
     model_endpoints: list[str]  # their URLs (printed for the operator)
     logins: list[DemoLogin] = field(default_factory=list)
+    study_links: list[DemoStudyLink] = field(default_factory=list)
 
 
 #: The name the demo registers its own model server (Model 0) under.
@@ -143,6 +158,7 @@ def set_up_demo(settings: Settings, model_endpoints: list[str], admin_token: str
                 list(session.scalars(select(rounds.Prompt.id).where(rounds.Prompt.round_id == round_.id)))
             )
             in_loop = model_servers.addresses(session, list(round_.model_servers))
+            links = demo_study_links(session, task, round_)
             return DemoSetup(
                 url,
                 task.name,
@@ -152,9 +168,45 @@ def set_up_demo(settings: Settings, model_endpoints: list[str], admin_token: str
                 [s.name for s in in_loop],
                 [s.url for s in in_loop],
                 logins,
+                [DemoStudyLink(link.name, link.role.value, link.slug) for link in links],
             )
     finally:
         engine.dispose()
+
+
+def demo_study_links(session: Session, task: Task, round_: Round) -> list[StudyLink]:
+    """A writer and a validator study link on the demo round (found again on a later run)."""
+    existing = {
+        (link.name, link.role): link
+        for link in study.list_links(session, task)
+        if link.round_id == round_.id and link.closed_at is None
+    }
+    links = []
+    for name, role, quota in DEMO_STUDY_LINKS:
+        link = existing.get((name, role))
+        if link is None:
+            link = study.create_link(
+                session,
+                None,
+                task,
+                name=name,
+                round_id=round_.id,
+                role=role,
+                platform=Platform.generic,
+                quota=quota,
+                id_parameter=DEMO_ID_PARAMETER,
+            )
+        links.append(link)
+    return links
+
+
+def print_study_links(console: Console, setup: DemoSetup, web_url: str) -> None:
+    console.print(
+        f"study links (a crowdworker's first visit; any `{DEMO_ID_PARAMETER}=` id is a new worker, no password):"
+    )
+    for link in setup.study_links:
+        # Plain print: the URL must stay on one line to be copied.
+        print(f"  {link.role:<12} {link.url(web_url)}")
 
 
 # --- Model 0 in the registry ---------------------------------------------------------------
@@ -427,6 +479,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 api_url,
                 model_name,
                 admin_token if start_model_server else None,
+                ui_url,
                 ui_note=None
                 if start_ui
                 else (
@@ -488,6 +541,7 @@ def _print_ready(
     api_url: str,
     model_name: str | None,
     admin_token: str | None,
+    ui_url: str,
     ui_note: str | None,
 ) -> None:
     table = Table("role", "username", "password", title="Logins (web app and POST /api/v1/auth/login)")
@@ -498,6 +552,7 @@ def _print_ready(
     for login in setup.logins:
         # Plain print: a token must never be folded by the terminal width.
         print(f"  {login.username:<12} {login.token}")
+    print_study_links(console, setup, ui_url)
     for service in supervisor.services:
         address = f"{service.url}/api/v1  (docs: {service.url}/docs)" if service.name == "API" else service.url
         console.print(

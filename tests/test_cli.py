@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -87,6 +88,11 @@ def test_demo_setup_is_idempotent(tmp_path: Path) -> None:
     assert "40 prompts" in first.output and "validator5" in first.output
     second = run("demo", "--no-serve", "--data-dir", str(tmp_path), "--model-endpoint", "http://127.0.0.1:9")
     assert second.exit_code == 0 and "40 prompts" in second.output
+    # A writer and a validator study link, printed with an example worker id; the same ones again.
+    shown = r"^  (writer|validator) +(http://127\.0\.0\.1:8501/study/\S+\?worker=demo-1)$"
+    links = re.findall(shown, first.output, re.M)
+    assert [role for role, _ in links] == ["writer", "validator"], first.output
+    assert all(url in second.output for _, url in links)
     assert "http://127.0.0.1:9" in second.output
 
 

@@ -174,6 +174,19 @@ def demo_token(output: str, username: str) -> str:
     return found.group(1)
 
 
+def _check_study_links(output: str, api: str) -> None:
+    """The demo's writer and validator study links open as new crowdworkers through the API."""
+    links = dict(re.findall(r"^  (writer|validator) +http://\S+/study/([A-Za-z0-9_-]+)\?worker=demo-1$", output, re.M))
+    assert set(links) == {"writer", "validator"}, output
+    for role, slug in links.items():
+        response = httpx.post(f"{api}/api/v1/study/{slug}/sessions", json={"params": {"worker": "demo-1"}}, timeout=30)
+        assert response.status_code == 201, response.text
+        started = response.json()
+        assert started["session"]["role"] == role and started["session"]["status"] == "active"
+        me = httpx.get(f"{api}/api/v1/me", headers={"Authorization": f"Bearer {started['token']}"}, timeout=30)
+        assert role in me.json()["roles"]
+
+
 def _check_client_token(output: str, api: str) -> None:
     """The printed `client` token reads tasks and datasets (round 1 is not built yet: the API
     says so, not that the token is refused) and is refused everything else."""
@@ -252,6 +265,7 @@ def test_demo_uses_an_external_model_server_when_given_one(tmp_path: Path, stub_
         assert f"DYNALOOP_SECRET_KEY={secret}".encode() in environment
         attempt = _writer_attempt(demo.api_url)
         assert attempt["status"] == "scored" and attempt["model_id"] == "stub-model"
+        _check_study_links(demo.output, demo.api_url)
         assert demo.stop(signal.SIGTERM) == 0
 
 

@@ -430,3 +430,42 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
         headers=bearer(started["token"]),
     ).json()
     assert done["code"] == generic["completion_code"] and done["redirect_url"] is None and done["form"] is None
+
+
+def test_the_cli_creates_lists_and_closes_links(
+    client: Any, app: Any, settings: Any, researcher: Actor, round_: dict[str, Any]
+) -> None:
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    runner = CliRunner()
+    url = settings.database_url
+
+    def run(*args: str) -> Any:
+        return runner.invoke(cli, ["study", "link", *args, "--database-url", url], catch_exceptions=False)
+
+    created = run(
+        "create", "--task", TASK, "--name", "cli pilot", "--round", "1", "--role", "writer",
+        "--platform", "generic", "--id-parameter", "worker", "--quota", "3", "--web-url", "https://crowd.example.org/",
+    )  # fmt: skip
+    assert created.exit_code == 0, created.output
+    printed = created.output.strip().splitlines()[-1]
+    assert printed.startswith("https://crowd.example.org/study/") and printed.endswith("?worker=<worker id>")
+    slug = printed.removeprefix("https://crowd.example.org/study/").split("?")[0]
+    assert open_link(client, {"slug": slug}, {"worker": "cli-1"}).status_code == 201
+    listed = run("list", "--task", TASK)
+    assert listed.exit_code == 0 and slug in listed.output and "cli pilot" in listed.output
+    link_id = client.get(f"{API}/tasks/{TASK}/study-links", headers=researcher.headers).json()["data"][0]["id"]
+    assert run("close", str(link_id)).exit_code == 0
+    response = open_link(client, {"slug": slug}, {"worker": "cli-1"})
+    assert response.status_code == 409 and error_code(response) == "study_link_closed"
+    before = table_counts(app)
+    bad = run("create", "--task", TASK, "--name", "x", "--round", "1", "--role", "boss", "--platform", "generic",
+              "--quota", "1")  # fmt: skip
+    assert bad.exit_code == 1 and "writer or validator" in bad.output
+    bad = run("create", "--task", TASK, "--name", "x", "--round", "1", "--role", "writer", "--platform", "generic",
+              "--quota", "1")  # fmt: skip
+    assert bad.exit_code == 1 and "id_parameter" in bad.output
+    assert run("close", "987654").exit_code == 1
+    assert table_counts(app) == before

@@ -43,7 +43,15 @@ def demo(
     the model server, the API and the Streamlit app as child processes, sets up the DynaSent-style
     task `dynasent-r2` with prompts and users, and prints the addresses and logins. Ctrl-C stops
     everything."""
-    from dynaloop.demo import DemoError, DemoOptions, DemoSetup, run_demo, set_up_demo, with_demo_secret
+    from dynaloop.demo import (
+        DemoError,
+        DemoOptions,
+        DemoSetup,
+        print_study_links,
+        run_demo,
+        set_up_demo,
+        with_demo_secret,
+    )
     from dynaloop.model_zero import ModelZeroSpec
 
     settings = settings_for()
@@ -88,4 +96,5 @@ def demo(
     for login in setup.logins:
         # Plain print: a token must never be folded by the terminal width.
         print(f"  {login.username:<12} {login.token}")
+    print_study_links(console, setup, f"http://127.0.0.1:{ui_port}")
     console.print("set up only (--no-serve); `dynaloop demo` starts the model server, the API and the web app")
