@@ -15,6 +15,11 @@ sent to ``/login?next=/dashboard`` and lands on ``/dashboard`` after logging in;
 role the user lacks gets a page saying so. Streamlit's own routes (``/_stcore/``, ``/static/``,
 ``/media/``, ``/component/``) and files (a last path segment with a dot) pass untouched.
 
+Crowdworkers arrive through a study link instead (``/study/{slug}`` with their platform's
+parameters): the API starts or resumes their study session and gives a token, which goes into
+the same cookie; ``/study/finish`` ends the session and hands them back to the platform, to
+Prolific's or MTurk's own addresses only (docs/frontend.md, "Study links").
+
 Requests are bounded (a form body of at most :data:`MAX_FORM_BYTES`, fields no longer than
 the API accepts), a POST must come from the app's own origin (``Origin`` or ``Referer``), the
 ``next`` address must be a path of this app, and every piece of user text on a page is escaped.
@@ -754,7 +759,7 @@ class WebSession:
             path = path[len(self.base) :]
         if path.startswith(STREAMLIT_PREFIXES) or path.rstrip("/") in ("/login", "/logout"):
             return None
-        if path.rstrip("/") == "/study" or path.startswith("/study/"):  # the study routes check for themselves
+        if path.startswith("/study/"):  # the study routes (WebSession.routes) check for themselves
             return None
         last = path.rstrip("/").rsplit("/", 1)[-1]
         if "." in last:

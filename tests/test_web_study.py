@@ -322,6 +322,9 @@ def test_finish_without_a_cookie_goes_to_login(api: FakeApi, browser: TestClient
     assert response.status_code == 303 and response.headers["location"] == "/login?next=/study/finish"
     posted = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
     assert posted.status_code == 303 and posted.headers["location"].startswith("/login?next=")
+    # Only the study routes pass the gate: /study itself is a page load like any other.
+    assert browser.get("/study").headers["location"] == "/login?next=/study"
+    assert browser.get(f"/study/{SLUG}/more").status_code == 404
     assert api.calls == []
 
 
