@@ -60,7 +60,15 @@ class CrowdClient(PageClient):
 
     def compute_ledger(self, task: str, round_id: int | None = None) -> Any:
         self.crowd_calls.append(("compute_ledger", task))
-        return {"added": 3}
+        return {
+            "task": task,
+            "currency": "GBP",
+            "rounds": [1],
+            "entries_added": 3,
+            "amount_added_minor": 450,
+            "already_paid": 2,
+            "added": [],
+        }
 
     def bonuses_csv(self, task: str, platform: str) -> bytes:
         self.crowd_calls.append(("bonuses_csv", platform))
@@ -312,6 +320,7 @@ def test_compute_the_ledger_and_download_the_bonus_files(rita: CrowdClient) -> N
     at = crowd_page(rita)
     at.button(key="researcher_crowd_compute").click().run()
     assert ("compute_ledger", TASK) in rita.crowd_calls
+    assert "Ledger computed: 3 new row(s), GBP 4.50; 2 event(s) paid already." in texts(at.success)
     at.button(key="researcher_crowd_bonus_fetch").click().run()
     assert [c for c in rita.crowd_calls if c[0] == "bonuses_csv"] == [
         ("bonuses_csv", "prolific"),

@@ -202,11 +202,13 @@ def ledger_controls(client: Api, task: Task) -> None:
     cols = st.columns(2)
     if cols[0].button("Compute the ledger", key="researcher_crowd_compute"):
         try:
-            client.compute_ledger(task["name"])
+            computed = client.compute_ledger(task["name"])
         except ApiError as error:
             state.show_api_error(error)
         else:
-            state.flash("success", "Ledger computed: rows already there were kept, new ones added.")
+            added, already = int(computed.get("entries_added") or 0), int(computed.get("already_paid") or 0)
+            amount = money(int(computed.get("amount_added_minor") or 0), computed.get("currency"))
+            state.flash("success", f"Ledger computed: {added} new row(s), {amount}; {already} event(s) paid already.")
             st.session_state.pop(BONUS_KEY, None)
             st.rerun()
     if cols[1].button("Prepare the bonus files", key="researcher_crowd_bonus_fetch"):
