@@ -351,7 +351,7 @@ def finish_page(base: str, session: StudySession) -> HTMLResponse:
         f'<input type="hidden" name="session_id" value="{int(session["id"])}">'
         f'<input type="hidden" name="reason" value="{reason}">'
         '<button type="submit">Finish and get your completion code</button></form>'
-        f'<p><a href="{e(f"{base}/write" if session.get("role") == "writer" else f"{base}/validate")}">'
+        f'<p><a href="{e(f"{base}/" if session.get("role") == "writer" else f"{base}/validate")}">'
         "Back to the task</a></p>"
     )
     # The answer to the form may redirect to Prolific's completion page (form-action covers it).
@@ -684,17 +684,25 @@ class WebSession:
         if session.get("status", "active") != "active":
             target = f"{base}/study/finish"
         else:
-            target = (
-                f"{base}/write"
-                if session.get("role", (started.get("link") or {}).get("role")) == "writer"
-                else f"{base}/validate"
-            )
+            role = session.get("role", (started.get("link") or {}).get("role"))
+            target = await self._study_page(token, "write" if role == "writer" else "validate", request)
         response = RedirectResponse(target, status_code=303)
         response.headers["Cache-Control"] = "no-store"
         response.headers["Referrer-Policy"] = "no-referrer"
         if max_age > 0:
             set_session_cookie(response, request, base, SignedIn(Session("login", token), max_age))
         return response
+
+    async def _study_page(self, token: str, page: str, request: Request) -> str:
+        """Where the worker's page is: Streamlit runs the navigation's first page (frontend/app.py:
+        Write for writers, Validate for validators without the writer role) at the app's start
+        address, and answers that page's own url path with a "Page not found" dialog."""
+        try:
+            roles = await self.backend.roles(token, browser_address(request))
+        except ApiError:
+            roles = []
+        first = "write" if {"writer", "admin"} & set(roles) else "validate" if "validator" in roles else None
+        return f"{self.base}/" if page == first else f"{self.base}/{page}"
 
     async def study_finish(self, request: Request) -> Response:
         """``GET /study/finish``: confirm; ``POST /study/finish`` (from this app's own page): end

@@ -48,6 +48,7 @@ class FakeApi:
     status: str = "active"
     completion: dict[str, Any] | None = None  # what finishing answers (None: the platform's own)
     link_error: tuple[int, str, str] | None = None
+    other_roles: list[str] = field(default_factory=list)  # the worker's roles besides the link's
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     tokens: dict[str, int] = field(default_factory=dict)  # token -> session id
 
@@ -126,7 +127,9 @@ class FakeApi:
         if auth not in self.tokens:
             return _error(401, "unauthorized", "log in first")
         if request.method == "GET" and path == "/me":
-            return httpx.Response(200, json={"id": 5, "username": "prolific-0a1b2c3d4e5f", "roles": [self.role]})
+            return httpx.Response(
+                200, json={"id": 5, "username": "prolific-0a1b2c3d4e5f", "roles": [self.role, *self.other_roles]}
+            )
         if request.method == "GET" and path == "/me/study-sessions":
             return httpx.Response(200, json={"data": [self.session(self.tokens[auth])], "count": 1})
         if request.method == "POST" and path.startswith("/study-sessions/") and path.endswith("/finish"):
@@ -342,7 +345,8 @@ def test_a_prolific_link_signs_the_worker_in_and_finishing_redirects_to_prolific
     api: FakeApi, browser: TestClient
 ) -> None:
     response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
-    assert response.status_code == 303 and response.headers["location"] == "/write"
+    # The Write page is a writer's start page (Streamlit runs the navigation's first page at "/").
+    assert response.status_code == 303 and response.headers["location"] == "/"
     # The platform's parameters went to the API as they came.
     assert api.calls[0] == ("POST", f"/study/{SLUG}/sessions", {"params": PROLIFIC})
     morsel = _cookie(response)[web.COOKIE_NAME]
@@ -371,8 +375,11 @@ def test_a_prolific_link_signs_the_worker_in_and_finishing_redirects_to_prolific
 def test_a_validator_link_goes_to_the_validate_page(api: FakeApi, browser: TestClient) -> None:
     api.role = "validator"
     response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
-    assert response.status_code == 303 and response.headers["location"] == "/validate"
+    assert response.status_code == 303 and response.headers["location"] == "/"  # Validate is their start page
     assert "0 of 3 batches" in browser.get("/study/finish").text
+    api.other_roles = ["writer"]  # a worker who came through a writer link too starts on Write
+    response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    assert response.status_code == 303 and response.headers["location"] == "/validate"
 
 
 def test_an_mturk_preview_is_read_only(api: FakeApi, browser: TestClient) -> None:
@@ -394,7 +401,7 @@ def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, brow
         "hitId": "H1",
         "turkSubmitTo": "https://workersandbox.mturk.com",
     }
-    assert browser.get(f"/study/{SLUG}", params=params).headers["location"] == "/write"
+    assert browser.get(f"/study/{SLUG}", params=params).headers["location"] == "/"
     done = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
     assert done.status_code == 200
     assert '<form method="post" action="https://workersandbox.mturk.com/mturk/externalSubmit">' in done.text
@@ -428,7 +435,7 @@ def test_a_screened_out_worker_sees_the_message_and_the_code(api: FakeApi, brows
 def test_under_a_base_path_the_study_routes_and_cookie_follow_it(api: FakeApi) -> None:
     with TestClient(_web_app(api, "/dl"), base_url=ORIGIN, follow_redirects=False) as browser:
         response = browser.get(f"/dl/study/{SLUG}", params=PROLIFIC)
-        assert response.status_code == 303 and response.headers["location"] == "/dl/write"
+        assert response.status_code == 303 and response.headers["location"] == "/dl/"
         assert _cookie(response)[web.COOKIE_NAME]["path"] == "/dl"
         assert 'action="/dl/study/finish"' in browser.get("/dl/study/finish").text
 
@@ -469,7 +476,7 @@ def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redir
     link = make_link(client, researcher, real_round["id"], completion_code="C0MPLETE")
     params = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "60aa11bb22cc", "SESSION_ID": "sess-0001"}
     started = real_browser.get(link["path"], params=params)
-    assert started.status_code == 303 and started.headers["location"] == "/write"
+    assert started.status_code == 303 and started.headers["location"] == "/"
     kind, token = _cookie(started)[web.COOKIE_NAME].value.split(".", 1)
     assert kind == "login" and abs(int(_cookie(started)[web.COOKIE_NAME]["max-age"]) - 24 * 3600) < 120
     assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).json()["roles"] == ["writer"]
@@ -514,7 +521,7 @@ def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
             "turkSubmitTo": "https://workersandbox.mturk.com",
         },
     )
-    assert accepted.status_code == 303 and accepted.headers["location"] == "/write"
+    assert accepted.status_code == 303 and accepted.headers["location"] == "/"
     confirm = real_browser.get("/study/finish")
     assert 'name="reason" value="stop"' in confirm.text
     session_id = confirm.text.split('name="session_id" value="', 1)[1].split('"', 1)[0]
