@@ -415,6 +415,7 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     assert stats["validations"]["given"] == labelled + seeded["validations"], stats
     assert stats["attempts"]["fooled"] >= (1 if fooled else 0) + seeded["fooled"], stats
     _study_link_steps(page, demo)
+    _mturk_study_steps(page, demo)
     _promote_steps(page, demo)
 
 
@@ -710,6 +711,38 @@ def _study_link_steps(page: Page, demo: RunningDemo) -> None:
     page.until(lambda: browser.current_url.startswith(completion), f"the browser to go to {completion}")
     browser.get(demo.ui_url)
     page.wait_text("Signed in as prolific-")
+    page.idle()
+    page.log_out()
+    page.log_in("researcher", "researcher-demo-only")
+
+
+def _mturk_study_steps(page: Page, demo: RunningDemo) -> None:
+    """Issue #13: an MTurk-style link, previewed (read-only, no session), then accepted; the
+    worker stops early and gets the form that posts back to MTurk's sandbox (not submitted: no
+    internet here). Ends with the researcher signed in again."""
+    api = _Api(demo.api_url)
+    body = {"name": "browser mturk", "round_id": api.round_id, "role": "writer", "platform": "mturk", "quota": 2}
+    link = api.post(f"/tasks/{DEMO_TASK}/study-links", "researcher", {**body, "completion_code": "TURK0001"})
+    browser = page.driver
+    url = f"{demo.ui_url}{link['path']}?hitId=3HIT0001&assignmentId="
+    browser.get(f"{url}ASSIGNMENT_ID_NOT_AVAILABLE")
+    page.wait_text("Accept the HIT to start")
+    assert not browser.find_elements(page.by.TAG_NAME, "form")
+    page.screenshot("12-mturk-preview")
+    browser.get(f"{url}3ASSIGN0001&workerId=A1B2C3D4E5F6G7&turkSubmitTo=https://workersandbox.mturk.com")
+    page.wait_text("0 of 2 examples for this study")
+    page.idle()
+    browser.find_element(page.by.LINK_TEXT, "Finish and get your completion code").click()
+    page.wait_text("You have not reached the quota yet")
+    page.click("Finish and get your completion code")
+    page.wait_text("Submit the HIT to Mechanical Turk")
+    form = browser.find_element(page.by.TAG_NAME, "form")
+    assert form.get_attribute("action") == "https://workersandbox.mturk.com/mturk/externalSubmit"
+    fields = {e.get_attribute("name"): e.get_attribute("value") for e in form.find_elements(page.by.TAG_NAME, "input")}
+    assert fields == {"assignmentId": "3ASSIGN0001", "completion_code": "TURK0001"}, fields
+    page.screenshot("13-mturk-submit")
+    browser.get(demo.ui_url)
+    page.wait_text("Signed in as mturk-")
     page.idle()
     page.log_out()
     page.log_in("researcher", "researcher-demo-only")
