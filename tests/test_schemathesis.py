@@ -133,6 +133,7 @@ WORDS = [
 SENTENCE = st.lists(st.sampled_from(WORDS), min_size=3, max_size=14).map(" ".join)
 HOSTILE_SENTENCE = st.tuples(SENTENCE, st.text(max_size=40), SENTENCE).map(" ".join)
 VALIDATION_LABELS = ["positive", "negative", "neutral", "mixed"]
+STUDY_PARAMS = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "study-1", "SESSION_ID": "session-1"}
 
 
 @schema.hook("flatmap_body")
@@ -149,6 +150,10 @@ def _plausible_bodies_mostly(context: Any, body: Any) -> Any:
     if "label" in body:
         replacements["label"] = st.one_of(
             st.sampled_from(VALIDATION_LABELS), st.lists(st.sampled_from(VALIDATION_LABELS), max_size=3)
+        )
+    if "params" in body:
+        replacements["params"] = st.one_of(
+            st.just(STUDY_PARAMS), st.dictionaries(st.sampled_from([*STUDY_PARAMS, "x"]), st.text(max_size=20))
         )
     if "answers" in body:
         replacements["answers"] = st.lists(st.sampled_from(["True", "False"]), min_size=8, max_size=8)
@@ -283,8 +288,20 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
         f"/api/v1/examples/{ids['example_id'][0]}/validations", json={"label": "mixed"}, headers=h["val1"]
     )
     assert response.status_code == 201, response.text
+    # A study link and one worker's session on it (the public route opens it again, resumes it).
+    link = client.post(
+        f"/api/v1/tasks/{TASK}/study-links",
+        json={"name": "seeded", "round_id": round_["id"], "role": "writer", "platform": "prolific", "quota": 2},
+        headers=h["root"],
+    )
+    assert link.status_code == 201, link.text
+    started = client.post(f"/api/v1/study/{link.json()['slug']}/sessions", json={"params": STUDY_PARAMS})
+    assert started.status_code == 201, started.text
     ids.update(
         {
+            "link_id": [link.json()["id"]],
+            "slug": [link.json()["slug"]],
+            "session_id": [started.json()["session"]["id"]],
             "round_id": [round_["id"]],
             "task_name": [TASK],
             "number": [round_["number"]],

@@ -252,7 +252,7 @@ def test_the_same_platform_id_resumes_its_one_session(
         assert len(accounts) == 1 and PROLIFIC["PROLIFIC_PID"] not in accounts[0].id_hash
         study = session.scalars(select(StudySession)).one()
         assert study.platform_worker_id == PROLIFIC["PROLIFIC_PID"]  # kept for paying
-        assert study.platform_session_id == "sess-0001"
+        assert study.platform_session_id == "sess-0002"  # the platform's newest, for the completion
     # A validator link of the same task: the same worker, with the validator role added.
     validators = make_link(client, researcher, round_["id"], role="validator")
     response = open_link(client, validators, PROLIFIC)
@@ -407,6 +407,14 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
     link = make_link(client, researcher, round_["id"], platform="mturk", completion_code="TURKDONE")
     started = open_link(client, link, {**MTURK, "turkSubmitTo": "https://www.mturk.com/"}).json()
     token = bearer(started["token"])
+    # The worker returns the HIT and accepts it again: a new assignment. A forged turkSubmitTo on
+    # the way changes nothing; the real one moves the session to the new assignment.
+    before = table_counts(app)
+    again = {**MTURK, "assignmentId": "3NEWASSIGNMENT", "turkSubmitTo": "https://attacker.example/"}
+    assert open_link(client, link, again).status_code == 422
+    assert table_counts(app) == before
+    resumed = open_link(client, link, {**again, "turkSubmitTo": "https://www.mturk.com"})
+    assert resumed.status_code == 200 and resumed.json()["session"]["id"] == started["session"]["id"]
     done = client.post(
         f"{API}/study-sessions/{started['session']['id']}/finish", json={"reason": "stop"}, headers=token
     )
@@ -417,7 +425,7 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
         "redirect_url": None,
         "form": {
             "action": "https://www.mturk.com/mturk/externalSubmit",
-            "fields": {"assignmentId": MTURK["assignmentId"], "completion_code": "TURKDONE"},
+            "fields": {"assignmentId": "3NEWASSIGNMENT", "completion_code": "TURKDONE"},
         },
         "message": done.json()["message"],
     }
@@ -469,3 +477,72 @@ def test_the_cli_creates_lists_and_closes_links(
     assert bad.exit_code == 1 and "id_parameter" in bad.output
     assert run("close", "987654").exit_code == 1
     assert table_counts(app) == before
+
+
+def test_opening_links_is_limited_per_address_and_a_refusal_writes_nothing(
+    settings: Any, researcher: Actor, stub_model: Any, reset_stubs: Any
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    limited = settings.model_copy(update={"rate_limit_per_token": "none", "rate_limit_per_ip": "3/minute"})
+    with TestClient(create_app(limited)) as client:
+        round_ = open_round(client, researcher, example_yaml(TASK, onboarding_quiz=None), stub_model.url, PROMPTS)
+        link = make_link(client, researcher, round_["id"], platform="generic", id_parameter="worker")
+        codes = [open_link(client, link, {"worker": f"flood-{i}"}).status_code for i in range(3)]
+        assert codes == [201, 201, 201]
+        before = table_counts(client.app)
+        refused = open_link(client, link, {"worker": "flood-9"})
+        assert refused.status_code == 429 and error_code(refused) == "rate_limited"
+        assert refused.headers["Retry-After"]
+        assert table_counts(client.app) == before
+
+
+def test_a_validator_session_counts_whole_batches(
+    client: Any, app: Any, researcher: Actor, make_user: MakeUser, stub_model: Any
+) -> None:
+    yaml_text = example_yaml(TASK, onboarding_quiz=None, validation_batch_size=3)
+    round_ = open_round(client, researcher, yaml_text, stub_model.url, PROMPTS)
+    writers = [make_user(f"writer{i}", "writer") for i in range(3)]
+    texts = ["A plain remark about the lunch menu today.", "We went there on a Sunday afternoon with friends."]
+    for writer in writers:
+        for text in texts:
+            _write_example(client, writer.headers, round_["id"], f"{text} ({writer.username})")
+    link = make_link(
+        client, researcher, round_["id"], role="validator", platform="generic", id_parameter="worker", quota=1
+    )
+    started = open_link(client, link, {"worker": "val-1"}).json()
+    token = bearer(started["token"])
+    batch_size = 3
+    labelled = 0
+    while labelled < batch_size:
+        batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=token).json()
+        examples = batch["data"]
+        assert examples, batch
+        for example in examples:
+            if labelled == batch_size:
+                break
+            response = client.post(
+                f"{API}/examples/{example['example_id']}/validations", json={"label": "neutral"}, headers=token
+            )
+            assert response.status_code == 201, response.text
+            labelled += 1
+            row = client.get(f"{API}/me/study-sessions", headers=token).json()["data"][0]
+            assert row["units_done"] == (1 if labelled == batch_size else 0)
+    assert row["status"] == "completed" and row["completion"]["code"] == link["completion_code"]
+
+
+def test_a_full_link_never_takes_more_workers_than_its_cap_under_concurrent_first_opens(
+    app: Any, app_server: Any, researcher: Actor, stub_model: Any
+) -> None:
+    with httpx.Client(base_url=app_server.url, timeout=60) as http:
+        round_ = open_round(http, researcher, example_yaml(TASK, onboarding_quiz=None), None, PROMPTS)
+        link = make_link(http, researcher, round_["id"], platform="generic", id_parameter="worker", max_workers=2)
+        responses = fire(8, lambda i: open_link(http, link, {"worker": f"crowd-{i}"}))
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [201, 201] + [409] * 6, [r.text for r in responses]
+    assert {error_code(r) for r in responses if r.status_code == 409} == {"study_link_full"}
+    with session_scope(app.state.sessionmaker) as session:
+        assert len(list(session.scalars(select(StudySession)))) == 2
+        assert len(list(session.scalars(select(PlatformAccount)))) == 2  # the refused ones left nothing

@@ -387,6 +387,12 @@ def _session_for(session: Session, link: StudyLink, user: User, ids: PlatformIds
     study = _find_session(session, link, user)
     if study is not None:
         study.last_seen_at = utcnow()
+        if study.status is StudySessionStatus.active:
+            # The platform's newest ids: an MTurk worker who returned the HIT and accepted it again
+            # has a new assignment, and the completion must name that one.
+            study.platform_study_id = ids.study_id
+            study.platform_session_id = ids.session_id
+            study.submit_to = ids.submit_to
         return study, False
     if link.max_workers is not None:
         # On PostgreSQL the link's row lock makes concurrent first opens count one after another.
