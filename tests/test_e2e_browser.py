@@ -700,7 +700,7 @@ def _study_link_steps(page: Page, demo: RunningDemo) -> None:
     page.wait_text("1 of 1 examples for this study")
     page.wait_text("reached this study's quota")
     page.idle()
-    page.screenshot("11-study-quota-met")
+    page.screenshot("10a-study-quota-met")
     cookie = browser.get_cookie("dynaloop_session")
     assert cookie is not None and cookie["httpOnly"], cookie
     finish = httpx.get(
@@ -728,7 +728,7 @@ def _mturk_study_steps(page: Page, demo: RunningDemo) -> None:
     browser.get(f"{url}ASSIGNMENT_ID_NOT_AVAILABLE")
     page.wait_text("Accept the HIT to start")
     assert not browser.find_elements(page.by.TAG_NAME, "form")
-    page.screenshot("12-mturk-preview")
+    page.screenshot("10b-mturk-preview")
     browser.get(f"{url}3ASSIGN0001&workerId=A1B2C3D4E5F6G7&turkSubmitTo=https://workersandbox.mturk.com")
     page.wait_text("0 of 2 examples for this study")
     page.idle()
@@ -740,7 +740,7 @@ def _mturk_study_steps(page: Page, demo: RunningDemo) -> None:
     assert form.get_attribute("action") == "https://workersandbox.mturk.com/mturk/externalSubmit"
     fields = {e.get_attribute("name"): e.get_attribute("value") for e in form.find_elements(page.by.TAG_NAME, "input")}
     assert fields == {"assignmentId": "3ASSIGN0001", "completion_code": "TURK0001"}, fields
-    page.screenshot("13-mturk-submit")
+    page.screenshot("10c-mturk-submit")
     browser.get(demo.ui_url)
     page.wait_text("Signed in as mturk-")
     page.idle()
