@@ -38,6 +38,7 @@ _FILES: dict[str, list[tuple[str, str]]] = {
         ("researcher_rounds.py", "rounds"),
         ("researcher_dashboard.py", "dashboard"),
         ("researcher_models.py", "models"),
+        ("researcher_crowd.py", "crowd"),
     ],
 }
 ROLE_PAGES: dict[str, list[tuple[str, str, str, tuple[str, ...]]]] = {

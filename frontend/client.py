@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any, Protocol, TypedDict
+from urllib.parse import quote
 
 import httpx
 
@@ -416,6 +417,93 @@ class Model(TypedDict):
     retired_at: str | None
 
 
+# --- crowd platforms: study links, study sessions, the ledger -----------------------------
+
+
+class StudyLink(TypedDict):
+    """A study link a researcher made for a round and a role (``path`` + ``query_template``,
+    after the web app's own address, is what the platform's study points at)."""
+
+    id: int
+    slug: str
+    name: str
+    task: str
+    round_id: int
+    role: str  # writer, validator
+    platform: str  # prolific, mturk, generic
+    quota: int
+    max_workers: int | None
+    id_parameter: str | None
+    completion_code: str | None
+    screened_out_code: str | None
+    opens_at: str | None
+    closes_at: str | None
+    closed_at: str | None
+    created_at: str
+    path: str
+    query_template: str
+    is_open: bool
+
+
+class CompletionForm(TypedDict):
+    action: str
+    fields: dict[str, str]
+
+
+class Completion(TypedDict):
+    """How a study session ends on its platform: a redirect (Prolific), a form post back
+    (MTurk), or a code (generic); ``code`` and the rest are None where there is none."""
+
+    status: str  # completed, screened_out, stopped
+    code: str | None
+    redirect_url: str | None
+    form: CompletionForm | None
+    message: str  # for the worker, e.g. "thank you: your work is recorded"
+
+
+class StudySession(TypedDict):
+    """A worker's own study session (``GET /me/study-sessions``)."""
+
+    id: int
+    link_id: int
+    task: str
+    round_id: int
+    role: str
+    platform: str
+    quota: int
+    units_done: int
+    status: str  # active, completed, screened_out, stopped
+    started_at: str
+    ended_at: str | None
+    completion: Completion | None
+
+
+class LinkSession(TypedDict):
+    """A study session as the link's researcher sees it."""
+
+    id: int
+    user_id: int
+    username: str
+    status: str
+    units_done: int
+    started_at: str
+    last_seen_at: str | None
+    ended_at: str | None
+    platform_worker_id: str | None
+
+
+class StudyStart(TypedDict, total=False):
+    """``POST /study/{slug}/sessions``: a preview (MTurk before accepting: ``link`` and ``task``
+    only), or a started or resumed session with the worker's token."""
+
+    preview: bool
+    token: str
+    expires_at: str | None
+    session: StudySession
+    task: dict[str, Any]  # name, title, description
+    link: dict[str, Any]  # name, role, platform, quota
+
+
 class Api(Protocol):
     """What the pages need of an API client: the methods they call, with the JSON they get
     back. :class:`ApiClient` is the implementation; every method raises :class:`ApiError`."""
@@ -494,6 +582,33 @@ class Api(Protocol):
         self, task: str, *, kind: str | None = None, status: str | None = None, limit: int | None = None
     ) -> list[Job]: ...
     def models(self, task: str) -> list[Model]: ...
+
+    def start_study_session(self, slug: str, params: dict[str, str]) -> StudyStart: ...
+    def my_study_sessions(self) -> list[StudySession]: ...
+    def finish_study_session(self, session_id: int, reason: str) -> Completion: ...
+    def study_links(self, task: str) -> list[StudyLink]: ...
+    def create_study_link(
+        self,
+        task: str,
+        *,
+        name: str,
+        round_id: int,
+        role: str,
+        platform: str,
+        quota: int,
+        max_workers: int | None = None,
+        id_parameter: str | None = None,
+        opens_at: str | None = None,
+        closes_at: str | None = None,
+        completion_code: str | None = None,
+        screened_out_code: str | None = None,
+    ) -> StudyLink: ...
+    def close_study_link(self, link_id: int) -> StudyLink: ...
+    def study_link_sessions(self, link_id: int) -> list[LinkSession]: ...
+    def crowd_report(self, task: str) -> JSON: ...
+    def ledger(self, task: str) -> JSON: ...
+    def compute_ledger(self, task: str, round_id: int | None = None) -> JSON: ...
+    def bonuses_csv(self, task: str, platform: str) -> bytes: ...
 
 
 class ApiError(Exception):
@@ -898,3 +1013,83 @@ class ApiClient:
     def plot_data(self, round_id: int, limit: int | None = None) -> PlotData:
         """Per example edit distance, lengths, target / prediction / majority; worker agreement."""
         return self._json("GET", f"/rounds/{round_id}/plot-data", params={"limit": limit})
+
+    # --- crowd platforms: study links and sessions ------------------------------------
+
+    def start_study_session(self, slug: str, params: dict[str, str]) -> StudyStart:
+        """``POST /study/{slug}/sessions`` (public): the platform's query parameters start or
+        resume the worker's study session, or (MTurk before accepting) give a preview."""
+        return self._json("POST", f"/study/{quote(slug, safe='')}/sessions", json_body={"params": dict(params)})
+
+    def my_study_sessions(self) -> list[StudySession]:
+        """The signed-in worker's study sessions (units done recomputed on read)."""
+        return self._data("/me/study-sessions")
+
+    def finish_study_session(self, session_id: int, reason: str) -> Completion:
+        """End one's own study session (``reason``: quota or stop); asking again answers the same."""
+        return self._json("POST", f"/study-sessions/{int(session_id)}/finish", json_body={"reason": reason})
+
+    def study_links(self, task: str) -> list[StudyLink]:
+        return self._data(f"/tasks/{task}/study-links")
+
+    def study_link(self, link_id: int) -> StudyLink:
+        return self._json("GET", f"/study-links/{int(link_id)}")
+
+    def create_study_link(
+        self,
+        task: str,
+        *,
+        name: str,
+        round_id: int,
+        role: str,
+        platform: str,
+        quota: int,
+        max_workers: int | None = None,
+        id_parameter: str | None = None,
+        opens_at: str | None = None,
+        closes_at: str | None = None,
+        completion_code: str | None = None,
+        screened_out_code: str | None = None,
+    ) -> StudyLink:
+        """A study link for a round and a role (datetimes as ISO 8601 strings; None: the API's default)."""
+        body: JSON = {
+            "name": name,
+            "round_id": round_id,
+            "role": role,
+            "platform": platform,
+            "quota": quota,
+            "max_workers": max_workers,
+            "id_parameter": id_parameter,
+            "opens_at": opens_at,
+            "closes_at": closes_at,
+            "completion_code": completion_code,
+            "screened_out_code": screened_out_code,
+        }
+        return self._json("POST", f"/tasks/{task}/study-links", json_body=body)
+
+    def close_study_link(self, link_id: int) -> StudyLink:
+        """No new sessions start from the link; started ones go on."""
+        return self._json("POST", f"/study-links/{int(link_id)}/close")
+
+    def study_link_sessions(self, link_id: int) -> list[LinkSession]:
+        return self._data(f"/study-links/{int(link_id)}/sessions")
+
+    # --- crowd platforms: the ledger ----------------------------------------------------
+
+    def crowd_report(self, task: str) -> JSON:
+        """Per study link: sessions by status, abandoned, median minutes, ledger totals and
+        effective hourly pay (minor units per hour, None when not computable)."""
+        return self._json("GET", f"/tasks/{task}/crowd-report")
+
+    def ledger(self, task: str) -> JSON:
+        """The task's ledger totals per worker and kind."""
+        return self._json("GET", f"/tasks/{task}/ledger")
+
+    def compute_ledger(self, task: str, round_id: int | None = None) -> JSON:
+        """Compute the ledger's rows for the task (one round, or all); rows already there stay."""
+        body: JSON = {} if round_id is None else {"round_id": round_id}
+        return self._json("POST", f"/tasks/{task}/ledger/compute", json_body=body)
+
+    def bonuses_csv(self, task: str, platform: str) -> bytes:
+        """The bonus file the platform takes in bulk (``prolific`` or ``mturk``), as CSV bytes."""
+        return self._request("GET", f"/tasks/{task}/ledger/bonuses.csv", params={"platform": platform}).content

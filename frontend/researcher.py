@@ -59,3 +59,13 @@ def choose_round(client: Api, task: Task, key: str, statuses: tuple[str, ...] | 
 
 def percent(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def money(minor: int | None, currency: str | None) -> str:
+    """An amount in minor units as people read it: ``150`` GBP -> ``"GBP 1.50"`` (two decimals,
+    integer arithmetic only); ``"–"`` for None."""
+    if minor is None:
+        return "–"
+    sign = "-" if minor < 0 else ""
+    units, cents = divmod(abs(int(minor)), 100)
+    return f"{currency or ''} {sign}{units:,}.{cents:02d}".strip()

@@ -15,6 +15,11 @@ sent to ``/login?next=/dashboard`` and lands on ``/dashboard`` after logging in;
 role the user lacks gets a page saying so. Streamlit's own routes (``/_stcore/``, ``/static/``,
 ``/media/``, ``/component/``) and files (a last path segment with a dot) pass untouched.
 
+Crowdworkers arrive through a study link instead (``/study/{slug}`` with their platform's
+parameters): the API starts or resumes their study session and gives a token, which goes into
+the same cookie; ``/study/finish`` ends the session and hands them back to the platform, to
+Prolific's or MTurk's own addresses only (docs/frontend.md, "Study links").
+
 Requests are bounded (a form body of at most :data:`MAX_FORM_BYTES`, fields no longer than
 the API accepts), a POST must come from the app's own origin (``Origin`` or ``Referer``), the
 ``next`` address must be a path of this app, and every piece of user text on a page is escaped.
@@ -35,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from frontend.client import ApiClient, ApiError
+from frontend.client import ApiClient, ApiError, Completion, StudySession, StudyStart
 
 COOKIE_NAME = "dynaloop_session"
 MAX_FORM_BYTES = 8 * 1024
@@ -50,6 +55,18 @@ API_TIMEOUT_S = 15.0
 # _RESERVED_ROUTE_PREFIXES, plus static file serving); a page load never starts with them.
 STREAMLIT_PREFIXES = ("/_stcore/", "/static/", "/media/", "/component/", "/app/static/")
 _TOKEN_RE = re.compile(rf"[A-Za-z0-9_\-]{{1,{MAX_TOKEN}}}")
+# Study links (docs/frontend.md, "Study links"): the slug as the API makes it (StudyLink.slug,
+# at most 64 characters) and the platform's query parameters as the API takes them.
+_SLUG_RE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+MAX_STUDY_PARAMS = 20
+MAX_STUDY_PARAM_NAME = 64
+MAX_STUDY_PARAM_VALUE = 200
+MAX_STUDY_QUERY = 8 * 1024
+MAX_COMPLETION_FIELDS = 20
+# Where a completion may send the worker: Prolific's completion page, and MTurk's external
+# submit on its two hosts. Anything else the API says is refused, not followed.
+PROLIFIC_COMPLETION_PREFIX = "https://app.prolific.com/"
+MTURK_SUBMIT_PREFIXES = ("https://www.mturk.com/", "https://workersandbox.mturk.com/")
 
 SessionKind = Literal["login", "token"]
 
@@ -67,6 +84,7 @@ PAGE_ROLES: dict[str, PageRoles] = {
     "rounds": PageRoles("Tasks and rounds", ("researcher",)),
     "dashboard": PageRoles("Dashboard", ("researcher",)),
     "models": PageRoles("Models and datasets", ("researcher",)),
+    "crowd": PageRoles("Crowd", ("researcher",)),
 }
 
 
@@ -141,7 +159,10 @@ details button { background: #fff; color: #31333f; border-color: #ccc; }
 """
 
 
-def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
+DEFAULT_CSP = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"
+
+
+def _page(title: str, body: str, status: int = 200, csp: str = DEFAULT_CSP) -> HTMLResponse:
     markup = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -151,7 +172,7 @@ def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
     response = HTMLResponse(markup, status_code=status)
     response.headers["Cache-Control"] = "no-store"
     response.headers["X-Frame-Options"] = "DENY"
-    response.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'"
+    response.headers["Content-Security-Policy"] = csp
     response.headers["Referrer-Policy"] = "same-origin"
     return response
 
@@ -204,6 +225,158 @@ def message_page(title: str, message: str, link: str, link_text: str, status: in
         f'<p><a href="{e(link)}">{e(link_text)}</a></p>'
     )
     return _page(f"{title} - dynaloop", body, status)
+
+
+# --- study links: what a crowdworker meets --------------------------------------------------
+
+
+def _plain_url(value: object, prefixes: tuple[str, ...]) -> str | None:
+    """``value`` if it is an address under one of ``prefixes`` with nothing odd in it, else None."""
+    if not isinstance(value, str) or len(value) > MAX_NEXT or not value.startswith(prefixes):
+        return None
+    if any(ord(c) < 33 or ord(c) == 127 or c in "\\<>\"'" for c in value):
+        return None
+    parts = urlsplit(value)
+    if parts.scheme != "https" or parts.username is not None or parts.password is not None:
+        return None
+    return value
+
+
+def study_preview_page(preview: StudyStart) -> HTMLResponse:
+    """MTurk's preview (the worker has not accepted the HIT): the task, read-only."""
+    e = html.escape
+    task = preview.get("task") or {}
+    link = preview.get("link") or {}
+    role = str(link.get("role") or "")
+    unit = "examples to write" if role == "writer" else "batches of examples to label"
+    body = (
+        f"<h1>{e(str(task.get('title') or task.get('name') or 'A dynaloop study'))}</h1>"
+        f"<p>{e(str(task.get('description') or ''))}</p>"
+        f"<p>Your part: <strong>{e(role or 'worker')}</strong>, {e(str(link.get('quota') or '?'))} {unit}.</p>"
+        '<div class="notice" role="status">This is a preview. Accept the HIT to start.</div>'
+    )
+    return _page("Preview - dynaloop", body)
+
+
+def _code_block(code: str) -> str:
+    e = html.escape
+    return (
+        '<p style="font-size: 2rem; font-family: monospace; letter-spacing: .1rem; user-select: all;" '
+        f'aria-label="Completion code">{e(code)}</p>'
+        "<p>Copy this code (select it and copy) into the study's page on your platform.</p>"
+    )
+
+
+def completion_page(completion: Completion, base: str) -> Response:
+    """The end of a study session on its platform: a redirect to Prolific, a form that posts back
+    to MTurk, or the code to copy; an address outside the platforms' own is refused."""
+    e = html.escape
+    status = completion.get("status")
+    code = completion.get("code")
+    screened_out = status == "screened_out"
+    title = "Thank you" if not screened_out else "This study is not for you this time"
+    intro = (
+        "<p>You did not qualify for this study. Thank you for your time.</p>"
+        if screened_out
+        else "<p>Your study session has ended. Thank you!</p>"
+    )
+    message = completion.get("message")
+    if isinstance(message, str) and message:
+        intro += f'<div class="notice" role="status">{e(message[:500])}</div>'
+
+    redirect_url = completion.get("redirect_url")
+    if redirect_url is not None:
+        target = _plain_url(redirect_url, (PROLIFIC_COMPLETION_PREFIX,))
+        if target is not None:
+            response = RedirectResponse(target, status_code=303)
+            response.headers["Cache-Control"] = "no-store"
+            response.headers["Referrer-Policy"] = "no-referrer"
+            return response
+        # Not Prolific's address: the code (if any) is still the worker's, the address is not followed.
+    form = completion.get("form")
+    if form is not None:
+        action = _plain_url(form.get("action"), MTURK_SUBMIT_PREFIXES)
+        fields = form.get("fields")
+        if action is None or not isinstance(fields, dict) or len(fields) > MAX_COMPLETION_FIELDS:
+            return message_page(
+                "Completion refused",
+                "The completion form points somewhere other than Mechanical Turk; it was not shown. "
+                "Tell the study's researcher.",
+                f"{base}/",
+                "Go to the app",
+                502,
+            )
+        hidden = "".join(
+            f'<input type="hidden" name="{e(str(name))}" value="{e(str(value))}">' for name, value in fields.items()
+        )
+        body = (
+            f"<h1>{e(title)}</h1>{intro}"
+            "<p>Submit the HIT to Mechanical Turk to get paid.</p>"
+            f'<form method="post" action="{e(action)}">{hidden}<button type="submit">Submit the HIT</button></form>'
+            + (_code_block(code) if code else "")
+        )
+        origin = "{0.scheme}://{0.netloc}".format(urlsplit(action))
+        csp = f"default-src 'none'; style-src 'unsafe-inline'; form-action {origin}"
+        return _page("Submit the HIT - dynaloop", body, csp=csp)
+    if code:
+        return _page(f"{title} - dynaloop", f"<h1>{e(title)}</h1>{intro}{_code_block(code)}")
+    if screened_out:
+        return _page(
+            f"{title} - dynaloop", f"<h1>{e(title)}</h1>{intro}<p>You may return the study on your platform.</p>"
+        )
+    return _page(
+        f"{title} - dynaloop",
+        f"<h1>{e(title)}</h1>{intro}<p>This study has no completion code; tell the study's researcher.</p>",
+    )
+
+
+def finish_page(base: str, session: StudySession) -> HTMLResponse:
+    """Confirm before ending a study session: the quota met, or stopping early."""
+    e = html.escape
+    done, quota = int(session.get("units_done") or 0), int(session.get("quota") or 0)
+    unit = "examples" if session.get("role") == "writer" else "batches"
+    met = session.get("status") != "active" or done >= quota
+    reason = "quota" if met else "stop"
+    progress = f"{done} of {quota} {unit} for this study"
+    warning = (
+        ""
+        if met
+        else '<div class="error" role="alert">You have not reached the quota yet. Finishing now ends your study '
+        "session; you cannot go on with it afterwards.</div>"
+    )
+    body = (
+        "<h1>Finish the study</h1>"
+        f'<p role="status">{e(progress)}.</p>{warning}'
+        f'<form method="post" action="{e(f"{base}/study/finish")}">'
+        f'<input type="hidden" name="session_id" value="{int(session["id"])}">'
+        f'<input type="hidden" name="reason" value="{reason}">'
+        '<button type="submit">Finish and get your completion code</button></form>'
+        f'<p><a href="{e(f"{base}/" if session.get("role") == "writer" else f"{base}/validate")}">'
+        "Back to the task</a></p>"
+    )
+    # The answer to the form may redirect to Prolific's completion page (form-action covers it).
+    csp = f"default-src 'none'; style-src 'unsafe-inline'; form-action 'self' {PROLIFIC_COMPLETION_PREFIX.rstrip('/')}"
+    return _page("Finish the study - dynaloop", body, csp=csp)
+
+
+def _study_params(request: Request) -> dict[str, str] | str:
+    """The platform's query parameters, or what is wrong with them."""
+    if len(request.url.query) > MAX_STUDY_QUERY:
+        return f"The link's address is longer than {MAX_STUDY_QUERY} characters."
+    items = request.query_params.multi_items()
+    if len(items) > MAX_STUDY_PARAMS:
+        return f"The link has more than {MAX_STUDY_PARAMS} parameters."
+    params: dict[str, str] = {}
+    for name, value in items:
+        if not name or len(name) > MAX_STUDY_PARAM_NAME or len(value) > MAX_STUDY_PARAM_VALUE:
+            return (
+                f"A parameter's name has at most {MAX_STUDY_PARAM_NAME} characters and its value at most "
+                f"{MAX_STUDY_PARAM_VALUE}."
+            )
+        if name in params:
+            return f"The parameter {name} appears twice."
+        params[name] = value
+    return params
 
 
 # --- the API, from a worker thread (frontend/client.py is synchronous) ---------------------
@@ -274,6 +447,28 @@ class Backend:
 
     async def revoke(self, token: str, browser: str | None) -> None:
         return await to_thread.run_sync(self._revoke, token, browser)
+
+    def _start_study(self, slug: str, params: dict[str, str], browser: str | None) -> StudyStart:
+        with self._client(None, browser) as client:
+            return client.start_study_session(slug, params)
+
+    async def start_study(self, slug: str, params: dict[str, str], browser: str | None) -> StudyStart:
+        """``POST /study/{slug}/sessions`` without a token (the link is public)."""
+        return await to_thread.run_sync(self._start_study, slug, params, browser)
+
+    def _study_sessions(self, token: str, browser: str | None) -> list[StudySession]:
+        with self._client(token, browser) as client:
+            return client.my_study_sessions()
+
+    async def study_sessions(self, token: str, browser: str | None) -> list[StudySession]:
+        return await to_thread.run_sync(self._study_sessions, token, browser)
+
+    def _finish_study(self, token: str, session_id: int, reason: str, browser: str | None) -> Completion:
+        with self._client(token, browser) as client:
+            return client.finish_study_session(session_id, reason)
+
+    async def finish_study(self, token: str, session_id: int, reason: str, browser: str | None) -> Completion:
+        return await to_thread.run_sync(self._finish_study, token, session_id, reason, browser)
 
 
 def browser_address(request: Request) -> str | None:
@@ -357,6 +552,9 @@ class WebSession:
         return [
             Route(f"{self.base}/login", self.login, methods=["GET", "POST"]),
             Route(f"{self.base}/logout", self.logout, methods=["POST"]),
+            Route(f"{self.base}/study/finish", self.study_finish, methods=["GET", "POST"]),
+            Route(f"{self.base}/study/{{slug}}", self.study_start, methods=["GET"]),
+            Route(f"{self.base}/study/{{rest:path}}", self.study_unknown, methods=["GET", "POST"]),
         ]
 
     async def login(self, request: Request) -> Response:
@@ -436,6 +634,126 @@ class WebSession:
         clear_session_cookie(response, request, base)
         return response
 
+    # --- study links ----------------------------------------------------------------------
+
+    def _study_api_error(self, error: ApiError, retry_link: str) -> Response:
+        if error.status in (404, 409, 410, 422, 429):
+            titles = {404: "No such study", 409: "This study is not taking workers", 429: "Too many requests"}
+            response = message_page(
+                titles.get(error.status, "This study link does not work"),
+                error.message,
+                retry_link,
+                "Try again",
+                error.status,
+            )
+            if error.status == 429 and error.retry_after is not None:
+                response.headers["Retry-After"] = str(int(error.retry_after))
+            return response
+        return message_page("The API is not answering", error.message, retry_link, "Try again", _api_down_status(error))
+
+    async def study_unknown(self, request: Request) -> Response:
+        """Any other address under ``/study/``: no study has it."""
+        return message_page(
+            "No such study", "This study link is not one of this app's.", f"{self.base}/", "Go to the app", 404
+        )
+
+    async def study_start(self, request: Request) -> Response:
+        """``GET /study/{slug}?<the platform's parameters>``: a preview, or the worker signed in
+        and sent to the task (the page takes them through the quiz first)."""
+        base = self.base
+        slug = request.path_params["slug"]
+        if not _SLUG_RE.fullmatch(slug):
+            return message_page(
+                "No such study", "This study link is not one of this app's.", f"{base}/", "Go to the app", 404
+            )
+        params = _study_params(request)
+        if isinstance(params, str):
+            return message_page("This study link does not work", params, f"{base}/", "Go to the app", 422)
+        retry = f"{base}/study/{slug}" + (f"?{request.url.query}" if request.url.query else "")
+        try:
+            started = await self.backend.start_study(slug, params, browser_address(request))
+        except ApiError as error:
+            return self._study_api_error(error, retry)
+        if started.get("preview"):
+            return study_preview_page(started)
+        token = started.get("token")
+        if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
+            return message_page("The API is not answering", "The API gave no token.", retry, "Try again", 502)
+        max_age = min(_expiry_seconds(started.get("expires_at"), dt.datetime.now(dt.UTC)), NO_EXPIRY_MAX_AGE_S)
+        session: dict[str, Any] = dict(started.get("session") or {})
+        if session.get("status", "active") != "active":
+            target = f"{base}/study/finish"
+        else:
+            role = session.get("role", (started.get("link") or {}).get("role"))
+            target = await self._study_page(token, "write" if role == "writer" else "validate", request)
+        response = RedirectResponse(target, status_code=303)
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        if max_age > 0:
+            set_session_cookie(response, request, base, SignedIn(Session("login", token), max_age))
+        return response
+
+    async def _study_page(self, token: str, page: str, request: Request) -> str:
+        """Where the worker's page is: Streamlit runs the navigation's first page (frontend/app.py:
+        Write for writers, Validate for validators without the writer role) at the app's start
+        address, and answers that page's own url path with a "Page not found" dialog."""
+        try:
+            roles = await self.backend.roles(token, browser_address(request))
+        except ApiError:
+            roles = []
+        first = "write" if {"writer", "admin"} & set(roles) else "validate" if "validator" in roles else None
+        return f"{self.base}/" if page == first else f"{self.base}/{page}"
+
+    async def study_finish(self, request: Request) -> Response:
+        """``GET /study/finish``: confirm; ``POST /study/finish`` (from this app's own page): end
+        the study session and hand the worker to the platform's completion."""
+        base = self.base
+        here = f"{base}/study/finish"
+        if request.method == "POST":
+            if not same_origin(request):
+                return message_page(
+                    "Not finished", "Finish from the app's own Finish page.", here, "Go to the Finish page", 403
+                )
+            try:
+                form = await read_form(request)
+            except FormError as error:
+                return message_page("Not finished", error.message, here, "Go to the Finish page", error.status)
+        session = parse_session(request.cookies.get(COOKIE_NAME))
+        if session is None:
+            return RedirectResponse(login_url(base, here), status_code=303)
+        browser = browser_address(request)
+        try:
+            if request.method == "GET":
+                sessions = await self.backend.study_sessions(session.token, browser)
+                wanted = request.query_params.get("session")
+                choices = [s for s in sessions if wanted is None or str(s.get("id")) == wanted]
+                newest = sorted(choices, key=lambda s: str(s.get("started_at") or ""), reverse=True)
+                current = next((s for s in newest if s.get("status") == "active"), None) or (
+                    newest[0] if newest else None
+                )
+                if current is None:
+                    return message_page(
+                        "No study session", "You have no study session to finish.", f"{base}/", "Go to the app", 404
+                    )
+                if current.get("status") != "active" and current.get("completion"):
+                    return completion_page(current["completion"], base)  # type: ignore[arg-type]
+                return finish_page(base, current)
+            session_id, reason = form.get("session_id", ""), form.get("reason", "")
+            if not session_id.isdigit() or len(session_id) > 18 or reason not in ("quota", "stop"):
+                return message_page(
+                    "Not finished", "Finish from the Finish page's button.", here, "Go to the Finish page", 400
+                )
+            completion = await self.backend.finish_study(session.token, int(session_id), reason, browser)
+        except ApiError as error:
+            if error.status == 401:
+                response = RedirectResponse(login_url(base, here) + "&ended=1", status_code=303)
+                clear_session_cookie(response, request, base)
+                return response
+            if error.status in (403, 404, 409, 422):
+                return message_page("Not finished", error.message, here, "Go to the Finish page", error.status)
+            return message_page("The API is not answering", error.message, here, "Try again", _api_down_status(error))
+        return completion_page(completion, base)
+
     # --- the gate -------------------------------------------------------------------------
 
     def page_name(self, path: str) -> str | None:
@@ -448,6 +766,8 @@ class WebSession:
                 return None
             path = path[len(self.base) :]
         if path.startswith(STREAMLIT_PREFIXES) or path.rstrip("/") in ("/login", "/logout"):
+            return None
+        if path.startswith("/study/"):  # the study routes (WebSession.routes) check for themselves
             return None
         last = path.rstrip("/").rsplit("/", 1)[-1]
         if "." in last:

@@ -414,6 +414,8 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     assert stats["examples"]["submitted"] == 1 + SEEDED_EXAMPLES, stats
     assert stats["validations"]["given"] == labelled + seeded["validations"], stats
     assert stats["attempts"]["fooled"] >= (1 if fooled else 0) + seeded["fooled"], stats
+    _study_link_steps(page, demo)
+    _mturk_study_steps(page, demo)
     _promote_steps(page, demo)
 
 
@@ -654,6 +656,96 @@ def _session_steps(page: Page, demo: RunningDemo) -> None:
     page.log_in("researcher", "researcher-demo-only")
     page.wait_text("Validation coverage")
     assert browser.current_url.rstrip("/").endswith("/dashboard"), browser.current_url
+
+
+def _study_link_steps(page: Page, demo: RunningDemo) -> None:
+    """Issue #13: a new worker opens a Prolific-style study link (made by the researcher through
+    the API), is signed in without a password, passes the quiz, writes to the quota (one example)
+    and is sent to Prolific's completion page (no internet here: the 303's Location and the
+    address the browser goes to are checked, not the page it would load). Ends with the
+    researcher signed in again."""
+    api = _Api(demo.api_url)
+    body = {"name": "browser", "round_id": api.round_id, "role": "writer", "platform": "prolific", "quota": 1}
+    link = api.post(f"/tasks/{DEMO_TASK}/study-links", "researcher", {**body, "completion_code": "BROWSER1"})
+    completion = "https://app.prolific.com/submissions/complete?cc=BROWSER1"
+    browser = page.driver
+    browser.get(f"{demo.ui_url}{link['path']}?PROLIFIC_PID=5f1a2b3c4d5e6f7a8b9c0d1e&STUDY_ID=60aa11&SESSION_ID=b1")
+    page.wait_text("Before you start: a short quiz")
+    page.wait_text("0 of 1 examples for this study")
+    quiz = load_task_definition(example_path(DEMO_TASK)).onboarding_quiz
+    assert quiz is not None
+    for number, question in enumerate(quiz.questions, start=1):
+        page.choose(f"{number}. ", question.answer, prefix=True)
+    page.click("Submit answers")
+    page.wait_text("Your goal:")
+    page.field("Your sentence")
+    page.idle()
+    target = _goal_target(page)
+    for attempt in range(1, 11):  # as the writer above: until fooled, or the 10 tries are used
+        text = ATTEMPTS[target][(attempt - 1) % len(ATTEMPTS[target])]
+        page.type_into("Your sentence", text if attempt <= len(ATTEMPTS[target]) else f"{text[:-1]}, truly.")
+        page.click("Check with the model")
+        page.wait_text(f"Tries: {attempt} / 10")
+        outcome = page.wait_text("You fooled the model!", "Not fooled yet", "You have used all")
+        page.idle()
+        if outcome == "You fooled the model!":
+            page.click("Yes, I confirm that I judge this sentence to be", prefix=True)
+            page.wait_text("You confirmed that you judge this sentence")
+            break
+        if outcome == "You have used all":
+            break
+    page.idle()
+    page.click("Submit")
+    page.wait_text("Submitted!")
+    page.wait_text("1 of 1 examples for this study")
+    page.wait_text("reached this study's quota")
+    page.idle()
+    page.screenshot("10a-study-quota-met")
+    cookie = browser.get_cookie("dynaloop_session")
+    assert cookie is not None and cookie["httpOnly"], cookie
+    finish = httpx.get(
+        f"{demo.ui_url}/study/finish", cookies={"dynaloop_session": cookie["value"]}, follow_redirects=False, timeout=30
+    )
+    assert finish.status_code == 303 and finish.headers["location"] == completion, (finish.status_code, finish.text)
+    browser.find_element(page.by.LINK_TEXT, "Finish and get your completion code").click()
+    page.until(lambda: browser.current_url.startswith(completion), f"the browser to go to {completion}")
+    browser.get(demo.ui_url)
+    page.wait_text("Signed in as prolific-")
+    page.idle()
+    page.log_out()
+    page.log_in("researcher", "researcher-demo-only")
+
+
+def _mturk_study_steps(page: Page, demo: RunningDemo) -> None:
+    """Issue #13: an MTurk-style link, previewed (read-only, no session), then accepted; the
+    worker stops early and gets the form that posts back to MTurk's sandbox (not submitted: no
+    internet here). Ends with the researcher signed in again."""
+    api = _Api(demo.api_url)
+    body = {"name": "browser mturk", "round_id": api.round_id, "role": "writer", "platform": "mturk", "quota": 2}
+    link = api.post(f"/tasks/{DEMO_TASK}/study-links", "researcher", {**body, "completion_code": "TURK0001"})
+    browser = page.driver
+    url = f"{demo.ui_url}{link['path']}?hitId=3HIT0001&assignmentId="
+    browser.get(f"{url}ASSIGNMENT_ID_NOT_AVAILABLE")
+    page.wait_text("Accept the HIT to start")
+    assert not browser.find_elements(page.by.TAG_NAME, "form")
+    page.screenshot("10b-mturk-preview")
+    browser.get(f"{url}3ASSIGN0001&workerId=A1B2C3D4E5F6G7&turkSubmitTo=https://workersandbox.mturk.com")
+    page.wait_text("0 of 2 examples for this study")
+    page.idle()
+    browser.find_element(page.by.LINK_TEXT, "Finish and get your completion code").click()
+    page.wait_text("You have not reached the quota yet")
+    page.click("Finish and get your completion code")
+    page.wait_text("Submit the HIT to Mechanical Turk")
+    form = browser.find_element(page.by.TAG_NAME, "form")
+    assert form.get_attribute("action") == "https://workersandbox.mturk.com/mturk/externalSubmit"
+    fields = {e.get_attribute("name"): e.get_attribute("value") for e in form.find_elements(page.by.TAG_NAME, "input")}
+    assert fields == {"assignmentId": "3ASSIGN0001", "completion_code": "TURK0001"}, fields
+    page.screenshot("10c-mturk-submit")
+    browser.get(demo.ui_url)
+    page.wait_text("Signed in as mturk-")
+    page.idle()
+    page.log_out()
+    page.log_in("researcher", "researcher-demo-only")
 
 
 SEEDED_EXAMPLES = 12

@@ -229,6 +229,82 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
     assert calls[7] == ("GET", "/api/v1/model-servers", {})
 
 
+def test_study_link_and_ledger_calls_hit_the_contracts_paths() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        path = request.url.path
+        if path.endswith("/bonuses.csv"):
+            return httpx.Response(200, content=b"participant_id,amount\nabc,1.20\n")
+        if request.method == "GET" and path.endswith(("/study-links", "/sessions")):
+            return httpx.Response(200, json={"data": [{"id": 1}], "count": 1})
+        if path.endswith("/me/study-sessions"):
+            return httpx.Response(200, json={"data": [{"id": 11, "units_done": 2}], "count": 1})
+        if path.endswith("/finish"):
+            return httpx.Response(200, json={"status": "completed", "code": "C", "redirect_url": None, "form": None})
+        if path == "/api/v1/study/bad/sessions":
+            return httpx.Response(409, json={"error": {"code": "study_link_full", "message": "full", "details": {}}})
+        return httpx.Response(200, json={"ok": True})
+
+    public = ApiClient("http://api", transport=httpx.MockTransport(answer))
+    assert public.start_study_session("Ab_9-x", {"PROLIFIC_PID": "p1", "STUDY_ID": "s"}) == {"ok": True}
+    assert "Authorization" not in seen[-1].headers  # the link is public: no token
+    assert json.loads(seen[-1].content) == {"params": {"PROLIFIC_PID": "p1", "STUDY_ID": "s"}}
+    with pytest.raises(ApiError) as full:
+        public.start_study_session("bad", {})
+    assert (full.value.status, full.value.code, full.value.message) == (409, "study_link_full", "full")
+    # A slug with a slash or a dot cannot reach another path.
+    public.start_study_session("../../tasks", {})
+    assert seen[-1].url.raw_path == b"/api/v1/study/..%2F..%2Ftasks/sessions"
+
+    seen.clear()
+    client = ApiClient("http://api", "dl_token", transport=httpx.MockTransport(answer))
+    assert client.my_study_sessions() == [{"id": 11, "units_done": 2}]
+    assert client.finish_study_session(11, "quota")["code"] == "C"
+    assert client.study_links("dynasent-r2") == [{"id": 1}]
+    client.create_study_link(
+        "dynasent-r2", name="Pilot", round_id=3, role="writer", platform="generic", quota=5, id_parameter="worker"
+    )
+    client.close_study_link(4)
+    assert client.study_link_sessions(4) == [{"id": 1}]
+    client.crowd_report("dynasent-r2")
+    client.ledger("dynasent-r2")
+    client.compute_ledger("dynasent-r2")
+    client.compute_ledger("dynasent-r2", round_id=3)
+    assert client.bonuses_csv("dynasent-r2", "prolific") == b"participant_id,amount\nabc,1.20\n"
+    calls = [(r.method, r.url.path, dict(r.url.params)) for r in seen]
+    assert calls == [
+        ("GET", "/api/v1/me/study-sessions", {}),
+        ("POST", "/api/v1/study-sessions/11/finish", {}),
+        ("GET", "/api/v1/tasks/dynasent-r2/study-links", {}),
+        ("POST", "/api/v1/tasks/dynasent-r2/study-links", {}),
+        ("POST", "/api/v1/study-links/4/close", {}),
+        ("GET", "/api/v1/study-links/4/sessions", {}),
+        ("GET", "/api/v1/tasks/dynasent-r2/crowd-report", {}),
+        ("GET", "/api/v1/tasks/dynasent-r2/ledger", {}),
+        ("POST", "/api/v1/tasks/dynasent-r2/ledger/compute", {}),
+        ("POST", "/api/v1/tasks/dynasent-r2/ledger/compute", {}),
+        ("GET", "/api/v1/tasks/dynasent-r2/ledger/bonuses.csv", {"platform": "prolific"}),
+    ]
+    assert all(r.headers["Authorization"] == "Bearer dl_token" for r in seen)
+    assert json.loads(seen[1].content) == {"reason": "quota"}
+    assert json.loads(seen[3].content) == {
+        "name": "Pilot",
+        "round_id": 3,
+        "role": "writer",
+        "platform": "generic",
+        "quota": 5,
+        "max_workers": None,
+        "id_parameter": "worker",
+        "opens_at": None,
+        "closes_at": None,
+        "completion_code": None,
+        "screened_out_code": None,
+    }
+    assert json.loads(seen[8].content) == {} and json.loads(seen[9].content) == {"round_id": 3}
+
+
 # --- the app: login and role-based navigation -----------------------------------------
 
 

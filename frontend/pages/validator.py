@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 
 import streamlit as st
 
-from frontend import instructions, render, state
+from frontend import instructions, render, state, study
 from frontend.client import Api, ApiError, BatchItem, Label, Round, TaskDefinition
 
 BATCH_KEY = "validator_batch"
@@ -43,7 +43,8 @@ class HeldBatch(TypedDict):
     done: dict[int, SavedCard]
 
 
-def choose_round(client: Api) -> Round | None:
+def choose_round(client: Api, study_round: int | None = None) -> Round | None:
+    """The round to work in: the study session's round when the user came from a study link."""
     try:
         rounds = [r for r in client.open_rounds() if r["status"] in ("collecting", "validating")]
     except ApiError as error:
@@ -52,6 +53,8 @@ def choose_round(client: Api) -> Round | None:
     if not rounds:
         st.info("No round needs labels right now. Please check back later.")
         return None
+    if study_round is not None and any(r["id"] == study_round for r in rounds):
+        rounds = [r for r in rounds if r["id"] == study_round]
     if len(rounds) == 1:
         return rounds[0]
     by_id = {r["id"]: r for r in rounds}
@@ -181,7 +184,8 @@ def main() -> None:
     client = state.require_role("validator")
     st.title("Validate")
     state.show_flash()
-    round_ = choose_round(client)
+    session = study.show_progress(client, "validator")
+    round_ = choose_round(client, session["round_id"] if session else None)
     if round_ is None:
         return
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import streamlit as st
 
-from frontend import instructions, render, state
+from frontend import instructions, render, state, study
 from frontend.client import Api, ApiError, Assignment, Attempt, Label, QuizResult, Round, Task, TaskDefinition
 
 ASSIGNMENT_KEY = "writer_assignment"
@@ -59,7 +59,8 @@ def writer_instructions(task: Task, tries: int, prompt: bool | None = None) -> s
     return instructions.with_task_text(steps, definition.get("instructions"))
 
 
-def choose_round(client: Api) -> Round | None:
+def choose_round(client: Api, study_round: int | None = None) -> Round | None:
+    """The round to work in: the study session's round when the user came from a study link."""
     try:
         rounds = [r for r in client.open_rounds() if r["status"] == "collecting"]
     except ApiError as error:
@@ -68,6 +69,8 @@ def choose_round(client: Api) -> Round | None:
     if not rounds:
         st.info("No round is collecting sentences right now. Please check back later.")
         return None
+    if study_round is not None and any(r["id"] == study_round for r in rounds):
+        rounds = [r for r in rounds if r["id"] == study_round]
     if len(rounds) == 1:
         return rounds[0]
     by_id = {r["id"]: r for r in rounds}
@@ -578,7 +581,8 @@ def main() -> None:
     client = state.require_role("writer")
     st.title("Write")
     state.show_flash()
-    round_ = choose_round(client)
+    session = study.show_progress(client, "writer")
+    round_ = choose_round(client, session["round_id"] if session else None)
     if round_ is None:
         return
     try:

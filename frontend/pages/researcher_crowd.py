@@ -1,0 +1,277 @@
+"""Crowd (researcher): study links for a crowd platform and what came of them.
+
+Per task: a form that makes a study link for a round and a role (``POST /tasks/{task}/study-links``),
+the links with the full address to give the platform (this app's address, the link's ``path`` and
+its ``query_template``) and a Close button, the crowd report per link (sessions by status,
+abandoned ones, the median session in minutes, base pay and bonuses from the ledger and the
+effective hourly pay, ``GET /tasks/{task}/crowd-report``), each link's sessions, a button that computes the ledger, and
+the bonus files Prolific and MTurk take in bulk (``GET /tasks/{task}/ledger/bonuses.csv``).
+Amounts are integers in the currency's minor units; the page formats them, never with floats.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+from urllib.parse import urlsplit
+
+import pandas as pd
+import streamlit as st
+
+from frontend import render, state
+from frontend.client import Api, ApiError, Round, StudyLink, Task
+from frontend.researcher import choose_task, money
+
+PLATFORMS = ["prolific", "mturk", "generic"]
+ROLES = ["writer", "validator"]
+BONUS_PLATFORMS = ["prolific", "mturk"]
+STATUSES = ["started", "completed", "screened_out", "stopped", "abandoned"]
+BONUS_KEY = "researcher_crowd_bonus_files"  # {(task, platform): bytes}
+APP_URL_KEY = "researcher_crowd_app_url"
+
+
+def app_address() -> str:
+    """This app's address as the browser reached it (scheme, host and base path), for the links."""
+    url = st.context.url or ""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+    return origin + state.base_path()
+
+
+def full_link(base_url: str, link: StudyLink) -> str:
+    return f"{base_url.rstrip('/')}{link['path']}{link.get('query_template') or ''}"
+
+
+def _iso(day: dt.date | None) -> str | None:
+    return None if day is None else dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC).isoformat()
+
+
+def create_link_form(client: Api, task: Task, rounds: list[Round]) -> None:
+    open_rounds = [r for r in rounds if r["status"] in ("collecting", "validating")]
+    with st.expander("New study link", expanded=False):
+        if not open_rounds:
+            st.caption("Open a round on the Tasks and rounds page first.")
+            return
+        by_id = {r["id"]: r for r in open_rounds}
+        with st.form("researcher_crowd_new_link"):
+            name = st.text_input("Name", max_chars=200, key="researcher_crowd_name", placeholder="Pilot, 20 writers")
+            cols = st.columns(3)
+            round_id = cols[0].selectbox(
+                "Round",
+                list(by_id),
+                key="researcher_crowd_round",
+                format_func=lambda rid: f"round {by_id[rid]['number']} ({by_id[rid]['status']})",
+            )
+            role = cols[1].selectbox("Role", ROLES, key="researcher_crowd_role")
+            platform = cols[2].selectbox("Platform", PLATFORMS, key="researcher_crowd_platform")
+            cols = st.columns(3)
+            quota = cols[0].number_input(
+                "Quota (examples per writer, batches per validator)",
+                min_value=1,
+                max_value=1000,
+                value=5,
+                key="researcher_crowd_quota",
+            )
+            max_workers = cols[1].number_input(
+                "Most workers (0: no cap)", min_value=0, max_value=100_000, value=0, key="researcher_crowd_max"
+            )
+            id_parameter = cols[2].text_input(
+                "Id parameter (generic only)", max_chars=64, key="researcher_crowd_id_param", placeholder="worker_id"
+            )
+            dates = st.columns(2)
+            opens = dates[0].date_input("Opens on (UTC, optional)", value=None, key="researcher_crowd_opens")
+            closes = dates[1].date_input("Closes on (UTC, optional)", value=None, key="researcher_crowd_closes")
+            codes = st.columns(2)
+            completion_code = codes[0].text_input(
+                "Completion code (empty: the API makes one)", max_chars=64, key="researcher_crowd_code"
+            )
+            screened_code = codes[1].text_input(
+                "Screened-out code (optional)", max_chars=64, key="researcher_crowd_screened"
+            )
+            submitted = st.form_submit_button("Create the study link", type="primary", key="researcher_crowd_create")
+        if not submitted:
+            return
+        if not name.strip():
+            st.warning("Give the link a name.")
+            return
+        if platform == "generic" and not id_parameter.strip():
+            st.warning("A generic link needs the name of the parameter that carries the worker's id.")
+            return
+        try:
+            link = client.create_study_link(
+                task["name"],
+                name=name.strip(),
+                round_id=int(round_id),
+                role=str(role),
+                platform=str(platform),
+                quota=int(quota),
+                max_workers=int(max_workers) or None,
+                id_parameter=(id_parameter.strip() or None) if platform == "generic" else None,
+                opens_at=_iso(opens if isinstance(opens, dt.date) else None),
+                closes_at=_iso(closes if isinstance(closes, dt.date) else None),
+                completion_code=completion_code.strip() or None,
+                screened_out_code=screened_code.strip() or None,
+            )
+        except ApiError as error:
+            state.show_api_error(error)
+            return
+        state.flash("success", f"Study link {link['name']} created.")
+        st.rerun()
+
+
+def _report_rows(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The crowd report's rows by study link id."""
+    rows = report.get("links") or report.get("data") or []
+    found: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        if isinstance(row, dict) and isinstance(row.get("link_id", row.get("id")), int):
+            found[int(row.get("link_id", row.get("id")))] = row  # type: ignore[arg-type]
+    return found
+
+
+def _count(row: dict[str, Any], status: str) -> int:
+    sessions = row.get("sessions")
+    if isinstance(sessions, dict) and status in sessions:
+        return int(sessions[status] or 0)
+    return int(row.get(status) or 0)
+
+
+def _minor(row: dict[str, Any], key: str) -> int | None:
+    value = row.get(key)
+    return int(value) if isinstance(value, int) else None
+
+
+def link_card(client: Api, link: StudyLink, row: dict[str, Any] | None, currency: str | None, base_url: str) -> None:
+    state_text = "open" if link.get("is_open") else ("closed" if link.get("closed_at") else "not open")
+    with st.container(border=True):
+        st.markdown(
+            f"**{render.escape_markdown(link['name'])}** · {link['role']} · {link['platform']} · "
+            f"quota {link['quota']} · {state_text}"
+        )
+        st.code(full_link(base_url, link), language=None)
+        if row is not None:
+            cols = st.columns(len(STATUSES) + 1)
+            for col, status in zip(cols, STATUSES, strict=False):
+                col.metric(status.replace("_", " ").capitalize(), f"{_count(row, status):,}")
+            median = row.get("median_minutes")
+            cols[-1].metric("Median minutes", "–" if median is None else f"{float(median):.1f}")
+            pay = st.columns(3)
+            pay[0].metric("Base pay", money(_minor(row, "base_pay"), currency))
+            pay[1].metric("Bonuses", money(_minor(row, "bonuses"), currency))
+            hourly = _minor(row, "effective_hourly_minor")
+            pay[2].metric(
+                "Effective hourly pay",
+                "–" if hourly is None else f"{money(hourly, currency)}/h",
+                help="The median over completed sessions of (base pay + the worker's bonuses in the round) per "
+                "hour of the session; – until a session is completed.",
+            )
+            corrections = _minor(row, "corrections")
+            if corrections:
+                st.caption(f"Corrections in the ledger: {money(corrections, currency)} (counted in the amounts above).")
+        if not link.get("closed_at") and st.button("Close", key=f"researcher_crowd_close_{link['id']}"):
+            try:
+                client.close_study_link(link["id"])
+            except ApiError as error:
+                state.show_api_error(error)
+                return
+            state.flash("success", f"Study link {link['name']} closed: no new sessions start from it.")
+            st.rerun()
+
+
+def sessions_table(client: Api, links: list[StudyLink]) -> None:
+    by_id = {link["id"]: link for link in links}
+    chosen = st.selectbox(
+        "Sessions of the link",
+        list(by_id),
+        key="researcher_crowd_sessions_link",
+        format_func=lambda lid: f"{by_id[lid]['name']} ({by_id[lid]['platform']}, {by_id[lid]['role']})",
+    )
+    try:
+        sessions = client.study_link_sessions(int(chosen))
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    if not sessions:
+        st.caption("No session yet.")
+        return
+    st.dataframe(pd.DataFrame(sessions), hide_index=True)
+
+
+def ledger_controls(client: Api, task: Task) -> None:
+    st.subheader("Ledger and bonuses")
+    cols = st.columns(2)
+    if cols[0].button("Compute the ledger", key="researcher_crowd_compute"):
+        try:
+            computed = client.compute_ledger(task["name"])
+        except ApiError as error:
+            state.show_api_error(error)
+        else:
+            added, already = int(computed.get("entries_added") or 0), int(computed.get("already_paid") or 0)
+            amount = money(int(computed.get("amount_added_minor") or 0), computed.get("currency"))
+            state.flash("success", f"Ledger computed: {added} new row(s), {amount}; {already} event(s) paid already.")
+            st.session_state.pop(BONUS_KEY, None)
+            st.rerun()
+    if cols[1].button("Prepare the bonus files", key="researcher_crowd_bonus_fetch"):
+        files: dict[str, bytes] = {}
+        try:
+            for platform in BONUS_PLATFORMS:
+                files[platform] = client.bonuses_csv(task["name"], platform)
+        except ApiError as error:
+            state.show_api_error(error)
+        else:
+            st.session_state[BONUS_KEY] = {"task": task["name"], "files": files}
+    ready = st.session_state.get(BONUS_KEY)
+    if ready and ready["task"] == task["name"]:
+        for platform, data in ready["files"].items():
+            st.download_button(
+                f"Download the {'Prolific' if platform == 'prolific' else 'MTurk'} bonus CSV ({len(data):,} bytes)",
+                data=data,
+                file_name=f"{task['name']}-{platform}-bonuses.csv",
+                mime="text/csv",
+                key=f"researcher_crowd_download_{platform}",
+                icon=":material/download:",
+            )
+
+
+def main() -> None:
+    client = state.require_role("researcher")
+    st.title("Crowd")
+    state.show_flash()
+    task = choose_task(client, "researcher_crowd_task")
+    if task is None:
+        st.info("No task yet: create one on the Tasks and rounds page.")
+        return
+    try:
+        rounds = client.rounds(task["name"])
+        links = client.study_links(task["name"])
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    create_link_form(client, task, rounds)
+    base_url = st.text_input(
+        "This app's address as workers reach it",
+        value=st.session_state.get(APP_URL_KEY) or app_address(),
+        max_chars=300,
+        key="researcher_crowd_base_url",
+        help="The study links below start with it; give the platform the full link.",
+    )
+    st.session_state[APP_URL_KEY] = base_url
+    if not base_url.startswith(("https://", "http://")):
+        st.warning("Type this app's public address above (https://...): the platform needs full links.")
+    if not links:
+        st.info("No study link for this task yet.")
+    else:
+        try:
+            report = client.crowd_report(task["name"])
+        except ApiError as error:
+            state.show_api_error(error)
+            report = {}
+        rows = _report_rows(report)
+        currency = report.get("currency")
+        for link in links:
+            link_card(client, link, rows.get(link["id"]), currency, base_url)
+        sessions_table(client, links)
+    ledger_controls(client, task)
+
+
+main()

@@ -1,0 +1,331 @@
+"""Crowd platforms in the Streamlit app (AppTest, tests/frontend_live.py): the study progress and
+the way to the completion on the Write and Validate pages, and the researcher's Crowd page
+(frontend/pages/researcher_crowd.py). Tasks, rounds and users are the real API's; the study link
+and ledger endpoints are answered by :class:`CrowdClient` as the shared contract of issue #13
+describes them (tests/test_web_study.py does the same for the server-rendered routes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from frontend.client import ApiError
+from frontend.researcher import money
+from tests.frontend_live import HOSTILE, LiveApi, PageClient, html_of, signed_in_app, texts
+
+PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"
+TASK = "dynasent-r2"
+SOUP = "The soup was fine and the bread was fresh."
+
+
+class CrowdClient(PageClient):
+    """The real client for everything but the study and ledger endpoints, which it answers in
+    memory (and records, in ``crowd_calls``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.study_sessions: list[dict[str, Any]] = []
+        self.links: list[dict[str, Any]] = []
+        self.report: dict[str, Any] = {"task": TASK, "currency": "GBP", "data": [], "count": 0}
+        self.link_sessions: dict[int, list[dict[str, Any]]] = {}
+        self.crowd_calls: list[tuple[str, Any]] = []
+
+    def my_study_sessions(self) -> list[Any]:
+        self.crowd_calls.append(("my_study_sessions", None))
+        return list(self.study_sessions)
+
+    def study_links(self, task: str) -> list[Any]:
+        return [link for link in self.links if link["task"] == task]
+
+    def create_study_link(self, task: str, **fields: Any) -> Any:
+        self.crowd_calls.append(("create_study_link", {"task": task, **fields}))
+        link = _link(len(self.links) + 1, task=task, **fields)
+        self.links.append(link)
+        return link
+
+    def close_study_link(self, link_id: int) -> Any:
+        self.crowd_calls.append(("close_study_link", link_id))
+        link = next(link for link in self.links if link["id"] == link_id)
+        link.update(closed_at="2026-11-24T12:00:00", is_open=False)
+        return link
+
+    def study_link_sessions(self, link_id: int) -> list[Any]:
+        return self.link_sessions.get(link_id, [])
+
+    def crowd_report(self, task: str) -> Any:
+        return self.report
+
+    def compute_ledger(self, task: str, round_id: int | None = None) -> Any:
+        self.crowd_calls.append(("compute_ledger", task))
+        return {
+            "task": task,
+            "currency": "GBP",
+            "rounds": [1],
+            "entries_added": 3,
+            "amount_added_minor": 450,
+            "already_paid": 2,
+            "added": [],
+        }
+
+    def bonuses_csv(self, task: str, platform: str) -> bytes:
+        self.crowd_calls.append(("bonuses_csv", platform))
+        return {"prolific": b"participant_id,amount\n5f1a,1.20\n", "mturk": b"WorkerId,AssignmentId,Amount,Reason\n"}[
+            platform
+        ]
+
+
+def _link(link_id: int, **fields: Any) -> dict[str, Any]:
+    link: dict[str, Any] = {
+        "id": link_id,
+        "slug": f"slug{link_id}Ab_-",
+        "name": "Pilot",
+        "task": TASK,
+        "round_id": 1,
+        "role": "writer",
+        "platform": "prolific",
+        "quota": 3,
+        "max_workers": None,
+        "id_parameter": None,
+        "completion_code": "C0DE",
+        "screened_out_code": None,
+        "opens_at": None,
+        "closes_at": None,
+        "closed_at": None,
+        "created_at": "2026-11-24T10:00:00",
+        "is_open": True,
+    }
+    link.update(fields)
+    link["path"] = f"/study/{link['slug']}"
+    link["query_template"] = (
+        "?PROLIFIC_PID={{%PROLIFIC_PID%}}&STUDY_ID={{%STUDY_ID%}}&SESSION_ID={{%SESSION_ID%}}"
+        if link["platform"] == "prolific"
+        else ""
+    )
+    return link
+
+
+def _session(role: str, units_done: int, status: str = "active", quota: int = 3) -> dict[str, Any]:
+    return {
+        "id": 11,
+        "link_id": 1,
+        "task": TASK,
+        "round_id": 1,
+        "role": role,
+        "platform": "prolific",
+        "quota": quota,
+        "units_done": units_done,
+        "status": status,
+        "started_at": "2026-11-24T10:00:00",
+        "ended_at": None,
+        "completion": None,
+    }
+
+
+def _crowd_client(live: LiveApi, username: str) -> CrowdClient:
+    client = CrowdClient(live.url, live.tokens[username][1], timeout=30)
+    live._page_clients.append(client)
+    return client
+
+
+@pytest.fixture
+def dynasent(live: LiveApi) -> LiveApi:
+    live.task(TASK, onboarding_quiz=None)
+    live.round(TASK, [SOUP])
+    return live
+
+
+# --- the worker's pages ---------------------------------------------------------------------
+
+
+def test_a_study_writer_sees_progress_and_the_way_to_finish(dynasent: LiveApi) -> None:
+    dynasent.user("walt", "writer")
+    client = _crowd_client(dynasent, "walt")
+    client.study_sessions = [_session("writer", 2)]
+    at = signed_in_app(dynasent, "walt", client=client)
+    assert not at.exception, at.exception
+    assert at.progress[0].text == "2 of 3 examples for this study"
+    assert 'href="/study/finish"' in html_of(at) and "Finish and get your completion code" in html_of(at)
+    assert not texts(at.success)
+    assert at.session_state["writer_assignment"]["round_id"] == 1  # writing goes on below
+
+    client.study_sessions = [_session("writer", 3, "completed")]
+    at.run()
+    assert at.progress[0].text == "3 of 3 examples for this study"
+    assert any("reached this study's quota" in t for t in texts(at.success))
+
+
+def test_without_a_study_session_the_page_is_as_before(dynasent: LiveApi) -> None:
+    dynasent.user("walt", "writer")
+    client = _crowd_client(dynasent, "walt")
+    client.study_sessions = [_session("validator", 1)]  # another role's session is not this page's
+    at = signed_in_app(dynasent, "walt", client=client)
+    assert not at.exception and not at.progress and "/study/finish" not in html_of(at)
+    # An API that does not know study sessions (404) shows nothing either; another error says so.
+    client.fail_next("my_study_sessions", ApiError(404, "not_found", "no route"))
+    at.run()
+    assert not at.exception and not at.warning
+    client.fail_next("my_study_sessions", ApiError(503, "unavailable", "the database is busy"))
+    at.run()
+    assert any("the database is busy" in t for t in texts(at.warning))
+
+
+def test_a_study_validator_sees_batches_towards_the_quota(dynasent: LiveApi) -> None:
+    dynasent.user("vera", "validator")
+    client = _crowd_client(dynasent, "vera")
+    client.study_sessions = [_session("validator", 1, quota=2)]
+    at = signed_in_app(dynasent, "vera", page="pages/validator.py", client=client)
+    assert not at.exception, at.exception
+    assert at.progress[0].text == "1 of 2 batches for this study"
+    assert 'href="/study/finish"' in html_of(at)
+
+
+# --- the researcher's Crowd page --------------------------------------------------------------
+
+
+def crowd_page(client: PageClient, roles: tuple[str, ...] = ("researcher",)) -> AppTest:
+    at = AppTest.from_file(str(PAGES / "researcher_crowd.py"), default_timeout=60)
+    at.session_state["client"] = client
+    at.session_state["token"] = client.token
+    at.session_state["user"] = {"username": "rita", "roles": list(roles)}
+    at.session_state["roles"] = list(roles)
+    return at.run()
+
+
+@pytest.fixture
+def rita(live: LiveApi) -> CrowdClient:
+    """A researcher who owns DynaSent's task (made before the task: task ownership)."""
+    live.user("rita", "researcher")
+    live.task(TASK, onboarding_quiz=None)
+    live.round(TASK, [SOUP])
+    return _crowd_client(live, "rita")
+
+
+def test_money_is_formatted_from_minor_units() -> None:
+    assert money(150, "GBP") == "GBP 1.50"
+    assert money(-5, "USD") == "USD -0.05"
+    assert money(123456789, "GBP") == "GBP 1,234,567.89"
+    assert money(None, "GBP") == "–"
+
+
+def test_the_crowd_page_needs_the_researcher_role(rita: CrowdClient) -> None:
+    at = crowd_page(rita, roles=("writer",))
+    assert not at.exception
+    assert texts(at.error) == ["This page needs the researcher role; your roles: writer."]
+    assert not at.code and not rita.crowd_calls
+
+
+def test_links_their_addresses_report_and_close(rita: CrowdClient) -> None:
+    rita.links = [_link(1, name=HOSTILE), _link(2, name="Validators", role="validator", platform="generic")]
+    rita.report = {  # GET /tasks/{task}/crowd-report
+        "task": TASK,
+        "currency": "GBP",
+        "data": [
+            {
+                "link_id": 1,
+                "name": HOSTILE,
+                "round_id": 1,
+                "role": "writer",
+                "platform": "prolific",
+                "sessions": {
+                    "started": 10,
+                    "active": 0,
+                    "completed": 6,
+                    "screened_out": 1,
+                    "stopped": 1,
+                    "abandoned": 2,
+                },
+                "median_minutes": 12.5,
+                "base_pay": 900,
+                "bonuses": 130,
+                "corrections": -20,
+                "effective_hourly_minor": 1090,
+            }
+        ],
+        "count": 1,
+    }
+    rita.link_sessions = {1: [{"id": 5, "username": "prolific-0a1b2c3d4e5f", "status": "completed", "units_done": 3}]}
+    at = crowd_page(rita)
+    assert not at.exception, at.exception
+    codes = [c.value for c in at.code]
+    # AppTest has no browser address (st.context.url): the links start with the path until it is given.
+    assert codes == [
+        "/study/slug1Ab_-?PROLIFIC_PID={{%PROLIFIC_PID%}}&STUDY_ID={{%STUDY_ID%}}&SESSION_ID={{%SESSION_ID%}}",
+        "/study/slug2Ab_-",
+    ]
+    assert any("public address" in t for t in texts(at.warning))
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Started"] == "10" and metrics["Abandoned"] == "2" and metrics["Screened out"] == "1"
+    assert metrics["Median minutes"] == "12.5" and metrics["Base pay"] == "GBP 9.00"
+    assert metrics["Bonuses"] == "GBP 1.30" and metrics["Effective hourly pay"] == "GBP 10.90/h"
+    assert any("Corrections in the ledger: GBP -0.20" in c.value for c in at.caption)
+    # The hostile name is shown literally (escaped Markdown), never as markup.
+    assert all("<script>" not in m.value for m in at.markdown)
+    assert at.dataframe[0].value["username"].tolist() == ["prolific-0a1b2c3d4e5f"]
+
+    at.text_input(key="researcher_crowd_base_url").set_value("https://dl.example.org").run()
+    assert "https://dl.example.org/study/slug2Ab_-" in [c.value for c in at.code]
+    assert not any("public address" in t for t in texts(at.warning))
+
+    at.button(key="researcher_crowd_close_2").click().run()
+    assert ("close_study_link", 2) in rita.crowd_calls
+    assert "researcher_crowd_close_2" not in [b.key for b in at.button]
+
+
+def test_creating_a_link_sends_the_form_and_a_generic_link_needs_its_id_parameter(rita: CrowdClient) -> None:
+    at = crowd_page(rita)
+    at.text_input(key="researcher_crowd_name").set_value("Generic pilot")
+    at.selectbox(key="researcher_crowd_platform").set_value("generic")
+    at.number_input(key="researcher_crowd_quota").set_value(4)
+    at.button(key="researcher_crowd_create").click().run()
+    assert any("id" in t and "parameter" in t for t in texts(at.warning))
+    assert not [c for c in rita.crowd_calls if c[0] == "create_study_link"]
+
+    at.text_input(key="researcher_crowd_id_param").set_value("worker_id")
+    at.number_input(key="researcher_crowd_max").set_value(20)
+    at.button(key="researcher_crowd_create").click().run()
+    assert not at.exception, at.exception
+    created = [c[1] for c in rita.crowd_calls if c[0] == "create_study_link"]
+    round_id = rita.rounds(TASK)[0]["id"]
+    assert created == [
+        {
+            "task": TASK,
+            "name": "Generic pilot",
+            "round_id": round_id,
+            "role": "writer",
+            "platform": "generic",
+            "quota": 4,
+            "max_workers": 20,
+            "id_parameter": "worker_id",
+            "opens_at": None,
+            "closes_at": None,
+            "completion_code": None,
+            "screened_out_code": None,
+        }
+    ]
+    assert any("Generic pilot" in t for t in texts(at.success))
+
+
+def test_an_api_refusal_of_a_link_is_shown(rita: CrowdClient) -> None:
+    at = crowd_page(rita)
+    rita.fail_next("create_study_link", ApiError(422, "invalid", "quota must be at most 100"))
+    at.text_input(key="researcher_crowd_name").set_value("Too big")
+    at.button(key="researcher_crowd_create").click().run()
+    assert any("quota must be at most 100" in t for t in texts(at.error))
+
+
+def test_compute_the_ledger_and_download_the_bonus_files(rita: CrowdClient) -> None:
+    at = crowd_page(rita)
+    at.button(key="researcher_crowd_compute").click().run()
+    assert ("compute_ledger", TASK) in rita.crowd_calls
+    assert "Ledger computed: 3 new row(s), GBP 4.50; 2 event(s) paid already." in texts(at.success)
+    at.button(key="researcher_crowd_bonus_fetch").click().run()
+    assert [c for c in rita.crowd_calls if c[0] == "bonuses_csv"] == [
+        ("bonuses_csv", "prolific"),
+        ("bonuses_csv", "mturk"),
+    ]
+    labels = [b.label for b in at.get("download_button")]
+    assert any("Prolific bonus CSV" in label for label in labels)
+    assert any("MTurk bonus CSV" in label for label in labels)

@@ -1,0 +1,549 @@
+"""The web app's study link routes (frontend/web.py ``/study/{slug}`` and ``/study/finish``) as a
+crowdworker and an attacker meet them, against a fake of the API's study endpoints (the shared
+contract of issue #13) reached through ``Backend(transport=...)``; a compromised API's off-site
+completion addresses are refused, not followed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from frontend import web
+from tests.conftest import Actor, example_yaml, free_port, open_round, table_counts
+from tests.stub_model_server import ThreadedServer
+from tests.test_study_links import PROMPTS, _write_example, make_link
+
+ORIGIN = "http://testserver"
+SAME = {"Origin": ORIGIN}
+SLUG = "Yq3x_k9-Lm2pQ7"
+STUDY_TASK = "dynasent-r2"
+PROLIFIC = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "s1", "SESSION_ID": "x1"}
+
+
+def _error(status: int, code: str, message: str) -> httpx.Response:
+    return httpx.Response(status, json={"error": {"code": code, "message": message, "details": {}}})
+
+
+@dataclass
+class FakeApi:
+    """The study endpoints of the contract, in memory: one link per slug, sessions by token."""
+
+    platform: str = "prolific"
+    role: str = "writer"
+    quota: int = 3
+    units_done: int = 0
+    status: str = "active"
+    completion: dict[str, Any] | None = None  # what finishing answers (None: the platform's own)
+    link_error: tuple[int, str, str] | None = None
+    other_roles: list[str] = field(default_factory=list)  # the worker's roles besides the link's
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=dict)  # token -> session id
+
+    def session(self, session_id: int) -> dict[str, Any]:
+        return {
+            "id": session_id,
+            "link_id": 7,
+            "task": "dynasent-r2",
+            "round_id": 1,
+            "role": self.role,
+            "platform": self.platform,
+            "quota": self.quota,
+            "units_done": self.units_done,
+            "status": self.status,
+            "started_at": "2026-11-24T10:00:00",
+            "ended_at": None,
+            "completion": None,
+        }
+
+    def finished(self) -> dict[str, Any]:
+        if self.completion is not None:
+            return self.completion
+        if self.platform == "prolific":
+            return {
+                "status": "completed",
+                "code": "C0DE42",
+                "redirect_url": "https://app.prolific.com/submissions/complete?cc=C0DE42",
+                "form": None,
+            }
+        if self.platform == "mturk":
+            return {
+                "status": "completed",
+                "code": "C0DE42",
+                "redirect_url": None,
+                "form": {
+                    "action": "https://workersandbox.mturk.com/mturk/externalSubmit",
+                    "fields": {"assignmentId": "A1B2", "completion_code": "C0DE42"},
+                },
+            }
+        return {"status": "completed", "code": "C0DE42", "redirect_url": None, "form": None}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path.removeprefix("/api/v1")
+        body = json.loads(request.content) if request.content else None
+        self.calls.append((request.method, path, body))
+        auth = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if request.method == "POST" and path.startswith("/study/") and path.endswith("/sessions"):
+            if path != f"/study/{SLUG}/sessions":
+                return _error(404, "not_found", "no such study link")
+            if self.link_error is not None:
+                return _error(*self.link_error)
+            params = body["params"]
+            if params.get("assignmentId") == "ASSIGNMENT_ID_NOT_AVAILABLE":
+                return httpx.Response(
+                    200,
+                    json={
+                        "preview": True,
+                        "link": {"name": "Pilot", "role": self.role, "platform": "mturk", "quota": self.quota},
+                        "task": {"name": "dynasent-r2", "description": "Write <b>reviews</b> that fool the model."},
+                    },
+                )
+            token = f"dl_worker{len(self.tokens) + 1}"
+            self.tokens[token] = 11
+            expires = dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(hours=24)
+            return httpx.Response(
+                201,
+                json={
+                    "preview": False,
+                    "token": token,
+                    "expires_at": expires.isoformat(),
+                    "session": self.session(11),
+                    "task": {"name": "dynasent-r2", "description": "d"},
+                    "link": {"name": "Pilot", "role": self.role, "platform": self.platform, "quota": self.quota},
+                },
+            )
+        if auth not in self.tokens:
+            return _error(401, "unauthorized", "log in first")
+        if request.method == "GET" and path == "/me":
+            return httpx.Response(
+                200, json={"id": 5, "username": "prolific-0a1b2c3d4e5f", "roles": [self.role, *self.other_roles]}
+            )
+        if request.method == "GET" and path == "/me/study-sessions":
+            return httpx.Response(200, json={"data": [self.session(self.tokens[auth])], "count": 1})
+        if request.method == "POST" and path.startswith("/study-sessions/") and path.endswith("/finish"):
+            if path != f"/study-sessions/{self.tokens[auth]}/finish":
+                return _error(404, "not_found", "no such study session")
+            return httpx.Response(200, json=self.finished())
+        return _error(404, "not_found", f"no route {path}")
+
+
+def _web_app(api: FakeApi, base: str = "") -> Starlette:
+    session = web.WebSession(web.Backend("http://api", transport=httpx.MockTransport(api)), base)
+
+    async def streamlit(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(f"streamlit {request.url.path}")
+
+    return Starlette(
+        routes=[*session.routes(), Route("/{path:path}", streamlit, methods=["GET", "HEAD", "POST"])],
+        middleware=[Middleware(web.SessionGate, web=session)],
+    )
+
+
+@pytest.fixture
+def api() -> FakeApi:
+    return FakeApi()
+
+
+@pytest.fixture
+def browser(api: FakeApi) -> Iterator[TestClient]:
+    with TestClient(_web_app(api), base_url=ORIGIN, follow_redirects=False) as client:
+        yield client
+
+
+def _cookie(response: httpx.Response) -> SimpleCookie:
+    cookie = SimpleCookie()
+    for header in response.headers.get_list("set-cookie"):
+        cookie.load(header)
+    return cookie
+
+
+def _api_calls(api: FakeApi, method: str, prefix: str) -> list[Any]:
+    return [c for c in api.calls if c[0] == method and c[1].startswith(prefix)]
+
+
+# --- the attacker first -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/study/" + "a" * 65,  # longer than a slug
+        "/study/a%20b",  # a space
+        "/study/..%2F..%2Fme",  # a path in disguise
+        "/study/%3Cscript%3E",
+        "/study/a.b",
+    ],
+)
+def test_a_forged_slug_is_refused_before_the_api(api: FakeApi, browser: TestClient, path: str) -> None:
+    response = browser.get(path, params=PROLIFIC)
+    assert response.status_code == 404
+    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+    assert "<script>" not in response.text
+    assert api.calls == []
+
+
+def test_an_unknown_slug_gets_the_apis_404_and_no_cookie(api: FakeApi, browser: TestClient) -> None:
+    response = browser.get("/study/unknownSlug1", params=PROLIFIC)
+    assert response.status_code == 404 and "no such study link" in response.text
+    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {f"p{i}": "x" for i in range(21)},  # too many parameters
+        {"PROLIFIC_PID": "a" * 201},  # a value too long
+        {"P" * 65: "x"},  # a name too long
+    ],
+)
+def test_oversized_parameters_are_refused_before_the_api(
+    api: FakeApi, browser: TestClient, params: dict[str, str]
+) -> None:
+    response = browser.get(f"/study/{SLUG}", params=params)
+    assert response.status_code == 422
+    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+    assert api.calls == []
+
+
+def test_a_repeated_parameter_or_an_endless_address_is_refused(api: FakeApi, browser: TestClient) -> None:
+    twice = browser.get(f"/study/{SLUG}?PROLIFIC_PID=a&PROLIFIC_PID=b&STUDY_ID=s")
+    assert twice.status_code == 422 and "twice" in twice.text
+    huge = browser.get(f"/study/{SLUG}?" + "&".join(f"k{i}={'v' * 190}" for i in range(50)))
+    assert huge.status_code == 422
+    assert api.calls == []
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        ((409, "study_link_closed", "This study link is closed."), 409),
+        ((409, "study_link_full", "This study has all the workers it needs."), 409),
+        ((422, "bad_params", "PROLIFIC_PID is missing: open the study from Prolific."), 422),
+    ],
+)
+def test_the_apis_refusal_is_shown_with_its_status_and_no_cookie(
+    api: FakeApi, browser: TestClient, error: tuple[int, str, str], status: int
+) -> None:
+    api.link_error = error
+    response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    assert response.status_code == status and error[2] in response.text
+    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+
+
+@pytest.mark.parametrize(
+    "redirect_url",
+    [
+        "https://evil.example/submissions/complete?cc=C0DE42",
+        "https://app.prolific.com.evil.example/x",
+        "http://app.prolific.com/submissions/complete?cc=C0DE42",  # not HTTPS
+        "https://app.prolific.com/x\r\nSet-Cookie: a=b",
+        "javascript:alert(1)//https://app.prolific.com/",
+    ],
+)
+def test_an_off_site_redirect_from_a_compromised_api_is_not_followed(
+    api: FakeApi, browser: TestClient, redirect_url: str
+) -> None:
+    api.completion = {"status": "completed", "code": "C0DE42", "redirect_url": redirect_url, "form": None}
+    browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    response = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
+    assert response.status_code == 200 and "location" not in response.headers
+    assert "C0DE42" in response.text  # the worker still gets the code
+    assert "evil" not in response.text and "javascript:" not in response.text
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        "https://evil.example/mturk/externalSubmit",
+        "https://www.mturk.com.evil.example/mturk/externalSubmit",
+        "http://www.mturk.com/mturk/externalSubmit",
+        'https://www.mturk.com/"><script>alert(1)</script>',
+    ],
+)
+def test_an_off_site_form_action_from_a_compromised_api_is_refused(
+    api: FakeApi, browser: TestClient, action: str
+) -> None:
+    api.platform = "mturk"
+    api.completion = {
+        "status": "completed",
+        "code": "C0DE42",
+        "redirect_url": None,
+        "form": {"action": action, "fields": {"assignmentId": "A1"}},
+    }
+    browser.get(f"/study/{SLUG}", params={"workerId": "W1", "assignmentId": "A1", "hitId": "H1"})
+    response = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
+    assert response.status_code == 502
+    assert "<form" not in response.text and "evil" not in response.text and "<script>" not in response.text
+
+
+@pytest.mark.parametrize("headers", [{}, {"Origin": "https://evil.example"}, {"Origin": "null"}])
+def test_a_cross_site_finish_is_refused(api: FakeApi, browser: TestClient, headers: dict[str, str]) -> None:
+    browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    response = browser.post("/study/finish", data={"session_id": "11", "reason": "stop"}, headers=headers)
+    assert response.status_code == 403
+    assert _api_calls(api, "POST", "/study-sessions/") == []
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"session_id": "11", "reason": "paid"},
+        {"session_id": "eleven", "reason": "quota"},
+        {"session_id": "9" * 30, "reason": "quota"},
+        {"reason": "quota"},
+    ],
+)
+def test_a_malformed_finish_form_is_refused_before_the_api(
+    api: FakeApi, browser: TestClient, form: dict[str, str]
+) -> None:
+    browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    response = browser.post("/study/finish", data=form, headers=SAME)
+    assert response.status_code == 400
+    assert _api_calls(api, "POST", "/study-sessions/") == []
+
+
+def test_another_workers_session_gets_the_apis_404(api: FakeApi, browser: TestClient) -> None:
+    browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    response = browser.post("/study/finish", data={"session_id": "12", "reason": "quota"}, headers=SAME)
+    assert response.status_code == 404 and "no such study session" in response.text
+
+
+def test_finish_without_a_cookie_goes_to_login(api: FakeApi, browser: TestClient) -> None:
+    response = browser.get("/study/finish")
+    assert response.status_code == 303 and response.headers["location"] == "/login?next=/study/finish"
+    posted = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
+    assert posted.status_code == 303 and posted.headers["location"].startswith("/login?next=")
+    # Only the study routes pass the gate: /study itself is a page load like any other.
+    assert browser.get("/study").headers["location"] == "/login?next=/study"
+    assert browser.get(f"/study/{SLUG}/more").status_code == 404
+    assert api.calls == []
+
+
+def test_a_revoked_token_ends_the_session_at_finish(api: FakeApi, browser: TestClient) -> None:
+    browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    api.tokens.clear()
+    response = browser.get("/study/finish")
+    assert response.status_code == 303 and response.headers["location"] == "/login?next=/study/finish&ended=1"
+
+
+# --- as a worker meets it -------------------------------------------------------------------
+
+
+def test_a_prolific_link_signs_the_worker_in_and_finishing_redirects_to_prolific(
+    api: FakeApi, browser: TestClient
+) -> None:
+    response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    # The Write page is a writer's start page (Streamlit runs the navigation's first page at "/").
+    assert response.status_code == 303 and response.headers["location"] == "/"
+    # The platform's parameters went to the API as they came.
+    assert api.calls[0] == ("POST", f"/study/{SLUG}/sessions", {"params": PROLIFIC})
+    morsel = _cookie(response)[web.COOKIE_NAME]
+    assert morsel.value == "login.dl_worker1" and morsel["httponly"] and morsel["samesite"].lower() == "lax"
+    assert abs(int(morsel["max-age"]) - 24 * 3600) < 120  # as long as the token: 24 hours
+
+    # The study routes pass the gate; the Streamlit page itself is behind it (the cookie lets it load).
+    assert browser.get("/write").text == "streamlit /write"
+
+    confirm = browser.get("/study/finish")
+    assert confirm.status_code == 200 and "0 of 3 examples for this study" in confirm.text
+    assert 'name="reason" value="stop"' in confirm.text and "not reached the quota" in confirm.text
+    assert "Finish and get your completion code" in confirm.text
+    assert "https://app.prolific.com" in confirm.headers["content-security-policy"]
+
+    api.units_done = 3
+    confirm = browser.get("/study/finish")
+    assert 'name="reason" value="quota"' in confirm.text and "not reached" not in confirm.text
+
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
+    assert done.status_code == 303
+    assert done.headers["location"] == "https://app.prolific.com/submissions/complete?cc=C0DE42"
+    assert _api_calls(api, "POST", "/study-sessions/") == [("POST", "/study-sessions/11/finish", {"reason": "quota"})]
+
+
+def test_a_validator_link_goes_to_the_validate_page(api: FakeApi, browser: TestClient) -> None:
+    api.role = "validator"
+    response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    assert response.status_code == 303 and response.headers["location"] == "/"  # Validate is their start page
+    assert "0 of 3 batches" in browser.get("/study/finish").text
+    api.other_roles = ["writer"]  # a worker who came through a writer link too starts on Write
+    response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    assert response.status_code == 303 and response.headers["location"] == "/validate"
+
+
+def test_an_mturk_preview_is_read_only(api: FakeApi, browser: TestClient) -> None:
+    response = browser.get(
+        f"/study/{SLUG}", params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": "H1", "workerId": ""}
+    )
+    assert response.status_code == 200
+    assert "Accept the HIT to start" in response.text and "dynasent-r2" in response.text
+    assert "&lt;b&gt;reviews&lt;/b&gt;" in response.text  # the description is escaped
+    assert "<form" not in response.text
+    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+
+
+def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, browser: TestClient) -> None:
+    api.platform = "mturk"
+    params = {
+        "workerId": "W1",
+        "assignmentId": "A1B2",
+        "hitId": "H1",
+        "turkSubmitTo": "https://workersandbox.mturk.com",
+    }
+    assert browser.get(f"/study/{SLUG}", params=params).headers["location"] == "/"
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
+    assert done.status_code == 200
+    assert '<form method="post" action="https://workersandbox.mturk.com/mturk/externalSubmit">' in done.text
+    assert '<input type="hidden" name="assignmentId" value="A1B2">' in done.text
+    assert '<input type="hidden" name="completion_code" value="C0DE42">' in done.text
+    assert "Submit the HIT" in done.text
+    csp = done.headers["content-security-policy"]
+    assert "form-action https://workersandbox.mturk.com" in csp and "script-src" not in csp
+
+
+def test_a_generic_worker_gets_the_code_to_copy(api: FakeApi, browser: TestClient) -> None:
+    api.platform = "generic"
+    browser.get(f"/study/{SLUG}", params={"worker": "w-123"})
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "stop"}, headers=SAME)
+    assert done.status_code == 200 and "C0DE42" in done.text and "Copy this code" in done.text
+
+
+def test_a_screened_out_worker_sees_the_message_and_the_code(api: FakeApi, browser: TestClient) -> None:
+    api.platform = "generic"
+    api.status = "screened_out"
+    api.completion = {"status": "screened_out", "code": "SCR33N", "redirect_url": None, "form": None}
+    started = browser.get(f"/study/{SLUG}", params={"worker": "w-123"})
+    assert started.status_code == 303 and started.headers["location"] == "/study/finish"
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "stop"}, headers=SAME)
+    assert "did not qualify" in done.text and "SCR33N" in done.text
+    api.completion = {"status": "screened_out", "code": None, "redirect_url": None, "form": None}
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "stop"}, headers=SAME)
+    assert "did not qualify" in done.text and "Completion code" not in done.text
+
+
+def test_under_a_base_path_the_study_routes_and_cookie_follow_it(api: FakeApi) -> None:
+    with TestClient(_web_app(api, "/dl"), base_url=ORIGIN, follow_redirects=False) as browser:
+        response = browser.get(f"/dl/study/{SLUG}", params=PROLIFIC)
+        assert response.status_code == 303 and response.headers["location"] == "/dl/"
+        assert _cookie(response)[web.COOKIE_NAME]["path"] == "/dl"
+        assert 'action="/dl/study/finish"' in browser.get("/dl/study/finish").text
+
+
+# --- against the real API (issue #13's study endpoints, served over HTTP) ----------------------
+
+
+@pytest.fixture
+def api_url(app: Any) -> Iterator[str]:
+    server = ThreadedServer(app, free_port()).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def real_round(client: Any, researcher: Actor, stub_model: Any) -> dict[str, Any]:
+    return open_round(client, researcher, example_yaml(STUDY_TASK, onboarding_quiz=None), stub_model.url, PROMPTS)
+
+
+@pytest.fixture
+def real_browser(api_url: str) -> Iterator[TestClient]:
+    session = web.WebSession(web.Backend(api_url), "")
+
+    async def streamlit(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(f"streamlit {request.url.path}")
+
+    app = Starlette(
+        routes=[*session.routes(), Route("/{path:path}", streamlit, methods=["GET", "HEAD", "POST"])],
+        middleware=[Middleware(web.SessionGate, web=session)],
+    )
+    with TestClient(app, base_url=ORIGIN, follow_redirects=False) as browser:
+        yield browser
+
+
+def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redirect(
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+) -> None:
+    link = make_link(client, researcher, real_round["id"], completion_code="C0MPLETE")
+    params = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "60aa11bb22cc", "SESSION_ID": "sess-0001"}
+    started = real_browser.get(link["path"], params=params)
+    assert started.status_code == 303 and started.headers["location"] == "/"
+    kind, token = _cookie(started)[web.COOKIE_NAME].value.split(".", 1)
+    assert kind == "login" and abs(int(_cookie(started)[web.COOKIE_NAME]["max-age"]) - 24 * 3600) < 120
+    assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).json()["roles"] == ["writer"]
+    assert real_browser.get("/write").text == "streamlit /write"  # the gate lets the worker's page load
+
+    confirm = real_browser.get("/study/finish")
+    assert confirm.status_code == 200 and "0 of 2 examples for this study" in confirm.text
+    for text in ("A plain remark about the lunch menu today.", "We went there on a Sunday afternoon with friends."):
+        _write_example(client, {"Authorization": f"Bearer {token}"}, real_round["id"], text)
+    # The quota met: the Finish page hands the worker straight to Prolific, and so does the form.
+    expected = "https://app.prolific.com/submissions/complete?cc=C0MPLETE"
+    assert real_browser.get("/study/finish").headers["location"] == expected
+    session_id = client.get("/api/v1/me/study-sessions", headers={"Authorization": f"Bearer {token}"}).json()["data"]
+    done = real_browser.post(
+        "/study/finish", data={"session_id": str(session_id[0]["id"]), "reason": "quota"}, headers=SAME
+    )
+    assert done.status_code == 303 and done.headers["location"] == expected
+    # Re-opening the link resumes the same, completed session (no second worker or session).
+    again = real_browser.get(link["path"], params=params)
+    assert again.status_code == 303 and again.headers["location"] == "/study/finish"
+    sessions = client.get(f"/api/v1/study-links/{link['id']}/sessions", headers=researcher.headers).json()
+    assert sessions["count"] == 1 and sessions["data"][0]["status"] == "completed"
+
+
+def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+) -> None:
+    link = make_link(client, researcher, real_round["id"], platform="mturk", completion_code="TURKDONE")
+    before = table_counts(app)
+    preview = real_browser.get(
+        link["path"], params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": "3HITHITHIT0001"}
+    )
+    assert preview.status_code == 200 and "Accept the HIT to start" in preview.text
+    assert web.COOKIE_NAME not in preview.headers.get("set-cookie", "") and table_counts(app) == before
+
+    accepted = real_browser.get(
+        link["path"],
+        params={
+            "workerId": "A1B2C3D4E5F6G7",
+            "assignmentId": "3ABCDEFGHIJKLMNOP",
+            "hitId": "3HITHITHIT0001",
+            "turkSubmitTo": "https://workersandbox.mturk.com",
+        },
+    )
+    assert accepted.status_code == 303 and accepted.headers["location"] == "/"
+    confirm = real_browser.get("/study/finish")
+    assert 'name="reason" value="stop"' in confirm.text
+    session_id = confirm.text.split('name="session_id" value="', 1)[1].split('"', 1)[0]
+    done = real_browser.post("/study/finish", data={"session_id": session_id, "reason": "stop"}, headers=SAME)
+    assert done.status_code == 200
+    assert '<form method="post" action="https://workersandbox.mturk.com/mturk/externalSubmit">' in done.text
+    assert '<input type="hidden" name="assignmentId" value="3ABCDEFGHIJKLMNOP">' in done.text
+    assert '<input type="hidden" name="completion_code" value="TURKDONE">' in done.text
+
+
+def test_the_real_apis_refusals_reach_the_worker(
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+) -> None:
+    link = make_link(client, researcher, real_round["id"])
+    before = table_counts(app)
+    unknown = real_browser.get("/study/" + "x" * 32, params={"PROLIFIC_PID": "abc", "STUDY_ID": "s", "SESSION_ID": "t"})
+    assert unknown.status_code == 404
+    missing = real_browser.get(link["path"], params={"STUDY_ID": "s"})
+    assert missing.status_code == 422 and web.COOKIE_NAME not in missing.headers.get("set-cookie", "")
+    assert table_counts(app) == before
+    assert client.post(f"/api/v1/study-links/{link['id']}/close", headers=researcher.headers).status_code == 200
+    before = table_counts(app)
+    closed = real_browser.get(link["path"], params={"PROLIFIC_PID": "abc", "STUDY_ID": "s", "SESSION_ID": "t"})
+    assert closed.status_code == 409 and web.COOKIE_NAME not in closed.headers.get("set-cookie", "")
+    assert table_counts(app) == before
