@@ -329,3 +329,30 @@ def test_compute_the_ledger_and_download_the_bonus_files(rita: CrowdClient) -> N
     labels = [b.label for b in at.get("download_button")]
     assert any("Prolific bonus CSV" in label for label in labels)
     assert any("MTurk bonus CSV" in label for label in labels)
+
+
+def test_the_crowd_page_against_the_real_study_and_ledger_api(live: LiveApi) -> None:
+    """The page with the real client end to end: a link made through the page's API, a worker who
+    opened it, the report, the ledger computed and the bonus files fetched, no error anywhere."""
+    live.user("rita", "researcher")
+    live.task(TASK, onboarding_quiz=None, pay={"currency": "GBP", "base_pay": {"writer": 150, "validator": 100}})
+    round_ = live.round(TASK, [SOUP])
+    rita = PageClient(live.url, live.tokens["rita"][1], timeout=30)
+    live._page_clients.append(rita)
+    link = rita.create_study_link(
+        TASK, name="R1 writers", round_id=round_["id"], role="writer", platform="prolific", quota=2
+    )
+    opened = rita.start_study_session(link["slug"], {"PROLIFIC_PID": "5f1a2b3c", "STUDY_ID": "s1", "SESSION_ID": "x1"})
+    assert opened["preview"] is False
+    at = crowd_page(rita)
+    assert not at.exception and not at.error, texts(at.error)
+    assert any(code.value.startswith(f"/study/{link['slug']}?PROLIFIC_PID=") for code in at.code)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Started"] == "1" and metrics["Base pay"] == "GBP 0.00", metrics
+    at.button(key="researcher_crowd_compute").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert any(text.startswith("Ledger computed: 0 new row(s)") for text in texts(at.success)), texts(at.success)
+    at.button(key="researcher_crowd_bonus_fetch").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    labels = [b.label for b in at.get("download_button")]
+    assert any("Prolific bonus CSV" in label for label in labels)
