@@ -200,12 +200,17 @@ class Batcher(Generic[In, Out]):
                 continue
             if self.linger_gap_s > 0 and len(batch) < expect:
                 linger(self._queue, batch, min(expect, self.max_batch_size), self.linger_gap_s, expect_until)
-            self._process(batch)
-            # Those just answered will likely be back, and whoever queued meanwhile is waiting.
-            expect = len(batch) + self._queue.qsize()
+            # Those just answered will likely be back, and whoever queued during the forward pass
+            # is waiting. The queue is counted before the callers are answered: a caller who comes
+            # straight back is one of ``len(batch)``, not also one more queued (counted after, a
+            # lone caller quick enough to return first made the worker linger for a second one).
+            queued = self._process(batch)
+            expect = len(batch) + queued
             expect_until = time.monotonic() + self.linger_max_s
 
-    def _process(self, batch: list[Pending[In]]) -> None:
+    def _process(self, batch: list[Pending[In]]) -> int:
+        """Run ``batch`` and answer its callers; returns how many requests were queued when the
+        forward pass ended, before any caller was answered."""
         now = time.monotonic()
         live = []
         for pending in batch:
@@ -221,7 +226,7 @@ class Batcher(Generic[In, Out]):
                 self.stats.on_queue_wait(now - pending.enqueued_at)
             live.append(pending)
         if not live:
-            return
+            return self._queue.qsize()
         if self.stats.on_batch:
             self.stats.on_batch(len(live))
         try:
@@ -229,9 +234,12 @@ class Batcher(Generic[In, Out]):
             if len(results) != len(live):
                 raise RuntimeError(f"forward returned {len(results)} results for {len(live)} inputs")
         except Exception as exc:  # answer every caller of the failed batch
+            queued = self._queue.qsize()
             logger.exception("batch of %d failed", len(live))
             for pending in live:
                 pending.resolve(error=exc)
-            return
+            return queued
+        queued = self._queue.qsize()
         for pending, result in zip(live, results, strict=True):
             pending.resolve(result)
+        return queued

@@ -18,11 +18,14 @@ from services.authorization import (
     DatasetPolicy,
     ExamplePolicy,
     JobPolicy,
+    LedgerPolicy,
     ModelPolicy,
     ModelServerPolicy,
     OnboardingPolicy,
     Policy,
     RoundPolicy,
+    StudyLinkPolicy,
+    StudySessionPolicy,
     TaskPolicy,
     TokenPolicy,
     UserPolicy,
@@ -30,8 +33,30 @@ from services.authorization import (
     allows,
     authorize,
 )
-from services.db.models import ApiToken, Assignment, Attempt, Example, Job, Round, Task, TaskMember, TaskRole, User
-from services.errors import Forbidden, NotFound, missing_example, missing_job, missing_round, missing_task
+from services.db.models import (
+    ApiToken,
+    Assignment,
+    Attempt,
+    Example,
+    Job,
+    LedgerEntry,
+    Round,
+    StudyLink,
+    StudySession,
+    Task,
+    TaskMember,
+    TaskRole,
+    User,
+)
+from services.errors import (
+    Forbidden,
+    NotFound,
+    missing_example,
+    missing_job,
+    missing_ledger_entry,
+    missing_round,
+    missing_task,
+)
 
 
 def user(user_id: int, *roles: str) -> User:
@@ -51,6 +76,9 @@ WENDYS_ATTEMPT = Attempt(id=7, assignment=WENDYS_ASSIGNMENT)
 WENDYS_EXAMPLE = Example(id=3, writer_id=20, round=ROUND)
 HARVESTED_EXAMPLE = Example(id=4, writer_id=None, round=ROUND)
 JOB = Job(id=9, task=TASK)
+LINK = StudyLink(id=6, task=TASK, round=ROUND)
+ENTRY = LedgerEntry(id=8, task=TASK)
+WENDYS_STUDY = StudySession(id=12, link=LINK, user_id=20)
 WENDY = user(20, "writer", "validator")
 WALT = user(21, "writer")
 VERA = user(30, "validator")
@@ -169,10 +197,13 @@ POLICY_CLASSES = [
     DatasetPolicy,
     ExamplePolicy,
     JobPolicy,
+    LedgerPolicy,
     ModelPolicy,
     ModelServerPolicy,
     OnboardingPolicy,
     RoundPolicy,
+    StudyLinkPolicy,
+    StudySessionPolicy,
     TaskPolicy,
     TokenPolicy,
     UserPolicy,
@@ -187,6 +218,9 @@ SAMPLES: dict[str, Any] = {
     "Job": JOB,
     "User": WENDY,
     "ApiToken": ApiToken(id=1, user_id=20),
+    "StudyLink": LINK,
+    "StudySession": WENDYS_STUDY,
+    "LedgerEntry": ENTRY,
 }
 
 
@@ -238,7 +272,20 @@ MANAGED = [
     ("JobPolicy.list", JobPolicy.list(TASK), missing_task("dynasent-r2")),
     ("JobPolicy.view", JobPolicy.view(JOB), missing_job(9)),
     ("ModelPolicy.list", ModelPolicy.list(TASK), missing_task("dynasent-r2")),
+    ("StudyLinkPolicy.manage", StudyLinkPolicy.manage(LINK), NotFound("no study link 6")),
+    ("LedgerPolicy.correct", LedgerPolicy.correct(ENTRY), missing_ledger_entry(8)),
 ]
+
+
+def test_a_study_session_is_its_workers_alone() -> None:
+    """Whatever their roles (a worker from a platform has only the link's), the worker sees and
+    finishes their own session; anyone else, an admin or the task's researcher included, is
+    told it does not exist."""
+    assert refusal(WENDY, StudySessionPolicy.own(WENDYS_STUDY)) is None
+    assert refusal(user(20), StudySessionPolicy.own(WENDYS_STUDY)) is None  # no roles left: still theirs
+    for who in (WALT, VERA, RITA, ADA, NOBODY):
+        found = refusal(who, StudySessionPolicy.own(WENDYS_STUDY))
+        assert found is not None and found[0] is NotFound and "12" in found[1], who.username
 
 
 @pytest.mark.parametrize(("name", "policy", "missing"), MANAGED, ids=[m[0] for m in MANAGED])
