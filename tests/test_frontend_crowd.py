@@ -157,6 +157,18 @@ def test_a_study_writer_sees_progress_and_the_way_to_finish(dynasent: LiveApi) -
     assert any("reached this study's quota" in t for t in texts(at.success))
 
 
+def test_a_screened_out_worker_is_shown_the_way_back_to_the_platform(dynasent: LiveApi) -> None:
+    """A worker whose quiz failed for good is screened out: no progress, but the link to the
+    study's (screened-out) completion, or they would be stranded on the page."""
+    dynasent.user("walt", "writer")
+    client = _crowd_client(dynasent, "walt")
+    client.study_sessions = [_session("writer", 0, "screened_out")]
+    at = signed_in_app(dynasent, "walt", client=client)
+    assert not at.exception, at.exception
+    assert not at.progress and any("This study has ended for you" in t for t in texts(at.warning))
+    assert 'href="/study/finish"' in html_of(at)
+
+
 def test_without_a_study_session_the_page_is_as_before(dynasent: LiveApi) -> None:
     dynasent.user("walt", "writer")
     client = _crowd_client(dynasent, "walt")
