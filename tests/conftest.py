@@ -254,8 +254,12 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def app(settings: Settings, reset_stubs: None) -> FastAPI:
-    return create_app(settings)
+def app(settings: Settings, reset_stubs: None) -> Iterator[FastAPI]:
+    app = create_app(settings)
+    yield app
+    # Close the app's pooled connections now, not whenever its engine is collected: the test
+    # workers run side by side, and PostgreSQL takes 100 connections in all.
+    app.state.engine.dispose()
 
 
 @pytest.fixture
