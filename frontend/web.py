@@ -387,6 +387,12 @@ class SignedIn(NamedTuple):
     max_age_s: int
 
 
+def cookie_max_age(expires_at: str | None) -> int:
+    """The session cookie's Max-Age for a token expiring at ``expires_at`` (ISO 8601, the API's),
+    at most :data:`NO_EXPIRY_MAX_AGE_S`; 0 or less for a token that has expired."""
+    return min(_expiry_seconds(expires_at, dt.datetime.now(dt.UTC)), NO_EXPIRY_MAX_AGE_S)
+
+
 def _expiry_seconds(expires_at: str | None, now: dt.datetime) -> int:
     if expires_at is None:
         return NO_EXPIRY_MAX_AGE_S
@@ -426,7 +432,7 @@ class Backend:
                 client.token = secret
             assert client.token is not None
             info = client.my_token()
-            max_age = min(_expiry_seconds(info["expires_at"], dt.datetime.now(dt.UTC)), NO_EXPIRY_MAX_AGE_S)
+            max_age = cookie_max_age(info["expires_at"])
             if max_age <= 0:
                 raise ApiError(401, "unauthorized", "this token has expired")
             return SignedIn(Session(kind, client.token), max_age)
@@ -679,7 +685,7 @@ class WebSession:
         token = started.get("token")
         if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
             return message_page("The API is not answering", "The API gave no token.", retry, "Try again", 502)
-        max_age = min(_expiry_seconds(started.get("expires_at"), dt.datetime.now(dt.UTC)), NO_EXPIRY_MAX_AGE_S)
+        max_age = cookie_max_age(started.get("expires_at"))
         session: dict[str, Any] = dict(started.get("session") or {})
         if session.get("status", "active") != "active":
             target = f"{base}/study/finish"

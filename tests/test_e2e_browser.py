@@ -313,6 +313,40 @@ def test_writer_validator_and_researcher_in_a_browser(browser: Any, demo: Runnin
         raise
 
 
+def _pass_the_quiz(page: Page) -> str:
+    """Answer the task's onboarding quiz right; returns the goal's target label (from the API's
+    goal sentence) once the writing page shows."""
+    quiz = load_task_definition(example_path(DEMO_TASK)).onboarding_quiz
+    assert quiz is not None
+    for number, question in enumerate(quiz.questions, start=1):
+        page.choose(f"{number}. ", question.answer, prefix=True)
+    page.click("Submit answers")
+    page.wait_text("Your goal:")
+    page.field("Your sentence")
+    page.idle()
+    return _goal_target(page)
+
+
+def _write_until_fooled(page: Page, target: str, tries_allowed: int = 10) -> bool:
+    """Check sentences written for ``target`` with the model until it is fooled (True) or the
+    tries run out (False)."""
+    for attempt in range(1, tries_allowed + 1):
+        candidates = ATTEMPTS[target]
+        text = candidates[(attempt - 1) % len(candidates)]
+        if attempt > len(candidates):
+            text = f"{text[:-1]}, really."
+        page.type_into("Your sentence", text)
+        page.click("Check with the model")
+        page.wait_text(f"Tries: {attempt} / {tries_allowed}")
+        outcome = page.wait_text("You fooled the model!", "Not fooled yet", "You have used all")
+        page.idle()
+        if outcome == "You fooled the model!":
+            return True
+        if outcome == "You have used all":
+            return False
+    return False
+
+
 def _golden_path(page: Page, demo: RunningDemo) -> None:
     browser = page.driver
     browser.get(demo.ui_url)
@@ -330,36 +364,12 @@ def _golden_path(page: Page, demo: RunningDemo) -> None:
     page.log_in("writer", "writer-demo-only")
     page.wait_text("Before you start: a short quiz")
     page.screenshot("03-writer-quiz")
-    quiz = load_task_definition(example_path(DEMO_TASK)).onboarding_quiz
-    assert quiz is not None
-    for number, question in enumerate(quiz.questions, start=1):
-        page.choose(f"{number}. ", question.answer, prefix=True)
-    page.click("Submit answers")
-    page.wait_text("Your goal:")
-    page.field("Your sentence")
-    page.idle()
-    target = _goal_target(page)  # from the API's goal sentence
+    target = _pass_the_quiz(page)
     prompt_text = page.field("Your sentence").get_attribute("value")
     assert prompt_text, "the editor starts with the prompt"
     page.screenshot("04-writer-prompt")
 
-    fooled = False
-    tries_allowed = 10
-    for attempt in range(1, tries_allowed + 1):
-        candidates = ATTEMPTS[target]
-        text = candidates[(attempt - 1) % len(candidates)]
-        if attempt > len(candidates):
-            text = f"{text[:-1]}, really."
-        page.type_into("Your sentence", text)
-        page.click("Check with the model")
-        page.wait_text(f"Tries: {attempt} / {tries_allowed}")
-        outcome = page.wait_text("You fooled the model!", "Not fooled yet", "You have used all")
-        page.idle()
-        if outcome == "You fooled the model!":
-            fooled = True
-            break
-        if outcome == "You have used all":
-            break
+    fooled = _write_until_fooled(page, target)
     # Goal, prompt, edited sentence and the model's answer in one picture (the README's).
     page.scroll_to_text("Your goal", block="start")
     page.screenshot("05-writer")
@@ -672,28 +682,10 @@ def _study_link_steps(page: Page, demo: RunningDemo) -> None:
     browser.get(f"{demo.ui_url}{link['path']}?PROLIFIC_PID=5f1a2b3c4d5e6f7a8b9c0d1e&STUDY_ID=60aa11&SESSION_ID=b1")
     page.wait_text("Before you start: a short quiz")
     page.wait_text("0 of 1 examples for this study")
-    quiz = load_task_definition(example_path(DEMO_TASK)).onboarding_quiz
-    assert quiz is not None
-    for number, question in enumerate(quiz.questions, start=1):
-        page.choose(f"{number}. ", question.answer, prefix=True)
-    page.click("Submit answers")
-    page.wait_text("Your goal:")
-    page.field("Your sentence")
-    page.idle()
-    target = _goal_target(page)
-    for attempt in range(1, 11):  # as the writer above: until fooled, or the 10 tries are used
-        text = ATTEMPTS[target][(attempt - 1) % len(ATTEMPTS[target])]
-        page.type_into("Your sentence", text if attempt <= len(ATTEMPTS[target]) else f"{text[:-1]}, truly.")
-        page.click("Check with the model")
-        page.wait_text(f"Tries: {attempt} / 10")
-        outcome = page.wait_text("You fooled the model!", "Not fooled yet", "You have used all")
-        page.idle()
-        if outcome == "You fooled the model!":
-            page.click("Yes, I confirm that I judge this sentence to be", prefix=True)
-            page.wait_text("You confirmed that you judge this sentence")
-            break
-        if outcome == "You have used all":
-            break
+    target = _pass_the_quiz(page)
+    if _write_until_fooled(page, target):
+        page.click("Yes, I confirm that I judge this sentence to be", prefix=True)
+        page.wait_text("You confirmed that you judge this sentence")
     page.idle()
     page.click("Submit")
     page.wait_text("Submitted!")

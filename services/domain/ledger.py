@@ -51,7 +51,6 @@ from services.db.models import (
     LedgerKind,
     Platform,
     Round,
-    RoundBuild,
     StudyLink,
     StudyRole,
     StudySession,
@@ -63,6 +62,7 @@ from services.db.models import (
 )
 from services.domain import audit
 from services.domain.labels import agreement_with, gold_label, last_pass
+from services.domain.rounds import newest_build
 from services.domain.tasks import definition_of
 from services.errors import Invalid, NotFound, missing_ledger_entry
 from services.taskdef import MAX_PAY_MINOR, PayPolicy, TaskDefinition, currency_digits
@@ -183,13 +183,11 @@ def majority_labels(session: Session, definition: TaskDefinition, round_: Round)
     """Each example of the round with its majority label: the newest build's gold label where the
     round is built and the example in that build, else the gold label of its counted validations
     (services.domain.labels.gold_label on the last annotation pass); None where there is none."""
-    build_id = session.scalar(
-        select(RoundBuild.id).where(RoundBuild.round_id == round_.id).order_by(RoundBuild.id.desc()).limit(1)
-    )
+    build = newest_build(session, round_)
     built: dict[int, list[str] | None] = {}
-    if build_id is not None:
+    if build is not None:
         for example_id, gold in session.execute(
-            select(BuiltExample.example_id, BuiltExample.gold_label).where(BuiltExample.build_id == build_id)
+            select(BuiltExample.example_id, BuiltExample.gold_label).where(BuiltExample.build_id == build.id)
         ):
             built[example_id] = list(gold) if gold else None
     passes: dict[int, list[int]] = defaultdict(list)

@@ -24,6 +24,7 @@ from services.db.models import (
     Prompt,
     PromptStrategy,
     Round,
+    RoundBuild,
     RoundStatus,
     TargetLabelMode,
     Task,
@@ -110,6 +111,14 @@ def open_rounds(session: Session) -> list[Round]:
             .where(Round.status.in_([RoundStatus.collecting, RoundStatus.validating]))
             .order_by(Round.id)
         )
+    )
+
+
+def newest_build(session: Session, round_: Round) -> RoundBuild | None:
+    """The round's most recent build, or None while it has never been built (the one exported,
+    trained on, evaluated on and paid by: rebuilding adds a build, never changes one)."""
+    return session.scalar(
+        select(RoundBuild).where(RoundBuild.round_id == round_.id).order_by(RoundBuild.id.desc()).limit(1)
     )
 
 
