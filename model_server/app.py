@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +38,7 @@ class ServerConfig:
     model_dir: Path
     backend: str = "transformers"
     device: str | None = None
+    precision: str = "auto"  # fp32, bf16, int8 or auto (model_directory.runtime)
     max_batch_size: int = 32
     max_wait_ms: float = 0.0
     # Under load, keep collecting returning callers (see model_server.batching.linger); 0 turns it off.
@@ -66,6 +67,7 @@ class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model_dir: str = Field(min_length=1)
     backend: str | None = None
+    precision: Literal["fp32", "bf16", "int8", "auto"] | None = None  # default: the server's current one
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -109,6 +111,7 @@ class ModelHost:
         self.metrics = metrics
         self.backend: Backend | None = None
         self.backend_kind = config.backend
+        self.precision = config.precision
         self.load_error: str | None = None
         self._reload_lock = threading.Lock()
         self.batcher: Batcher[ClassifyInput, tuple[ClassifyOutput, Backend]] = Batcher(
@@ -132,19 +135,22 @@ class ModelHost:
         # Holding the reload lock: a reload asked for during start-up waits its turn (409).
         with self._reload_lock:
             try:
-                self.backend = load_backend(self.config.model_dir, self.config.backend, self.config.device)
+                self.backend = load_backend(
+                    self.config.model_dir, self.config.backend, self.config.device, self.config.precision
+                )
                 logger.info("model %s loaded from %s", self.backend.metadata.model_id, self.config.model_dir)
             except Exception as exc:
                 self.load_error = f"{type(exc).__name__}: {exc}"
                 logger.exception("could not load %s", self.config.model_dir)
 
-    def reload(self, model_dir: str, backend_kind: str | None) -> Backend:
+    def reload(self, model_dir: str, backend_kind: str | None, precision: str | None = None) -> Backend:
         if not self._reload_lock.acquire(blocking=False):
             raise RuntimeError("busy")
         try:
             kind = backend_kind or self.backend_kind
-            new = load_backend(model_dir, kind, self.config.device)
-            old, self.backend, self.backend_kind = self.backend, new, kind
+            precision = precision or self.precision
+            new = load_backend(model_dir, kind, self.config.device, precision)
+            old, self.backend, self.backend_kind, self.precision = self.backend, new, kind, precision
             self.config.model_dir = Path(model_dir)
             self.load_error = None
             if old is not None:
@@ -156,7 +162,12 @@ class ModelHost:
 
 
 def describe(backend: Backend, kind: str) -> dict[str, Any]:
-    return {**backend.metadata.public(), "backend": kind, "device": backend.device}
+    return {
+        **backend.metadata.public(),
+        "backend": kind,
+        "device": backend.device,
+        "precision": backend.precision_info(),
+    }
 
 
 def create_model_app(config: ServerConfig) -> FastAPI:
@@ -239,13 +250,14 @@ def create_model_app(config: ServerConfig) -> FastAPI:
         metrics.latency.observe(time.perf_counter() - started)
         return JSONResponse(
             {
-                "model": {"id": served_by.model_id, "version": served_by.version},
+                "model": {"id": served_by.model_id, "version": served_by.version, "precision": host.precision},
                 "predictions": [
                     {
                         "label": output.labels[0],
                         "labels": output.labels,
                         "probabilities": output.probabilities,
                         "truncated": output.truncated,
+                        "precision": output.precision,
                     }
                     for output, _ in results
                 ],
@@ -302,7 +314,7 @@ def create_model_app(config: ServerConfig) -> FastAPI:
                 {"WWW-Authenticate": "Bearer"},
             )
         try:
-            new = await asyncio.to_thread(host.reload, body.model_dir, body.backend)
+            new = await asyncio.to_thread(host.reload, body.model_dir, body.backend, body.precision)
         except RuntimeError as exc:
             if str(exc) == "busy":
                 return _error(409, "busy", "another reload is in progress; wait for it to finish")

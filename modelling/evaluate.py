@@ -27,7 +27,7 @@ import pyarrow as pa
 from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE, token_coverage
 from modelling.datasets import LabelledSet
 from modelling.errors import EvaluationError
-from modelling.inference import LoadedClassifier, predict_loaded
+from modelling.inference import LoadedClassifier
 from modelling.metrics import SetMetrics, compute_metrics, json_safe, metrics_by_variety, predicted_labels
 
 
@@ -47,6 +47,8 @@ class Evaluation:
     exclusive_labels: list[str] = field(default_factory=list)
     # The backbone tokenizer's unknown-token share on the sets' texts; a warning above the limit.
     tokenizer_coverage: dict[str, Any] | None = None
+    #: What the forward passes ran at (model_directory.runtime.PrecisionPlan.describe); None: not recorded.
+    precision: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     evaluated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
     #: Each set's probabilities (rows of the set, columns in its label order), in the order of
@@ -137,6 +139,7 @@ class Evaluation:
                 "threshold": self.threshold,
                 "positive_label": self.positive_label,
                 "tokenizer_coverage": self.tokenizer_coverage,
+                "precision": self.precision,
                 "warnings": self.warnings,
                 "evaluated_at": self.evaluated_at,
                 "macro_f1": {m.name: m.macro_f1 for m in self.sets},
@@ -239,15 +242,7 @@ def _predict_set(classifier: LoadedClassifier, labelled: LabelledSet, *, batch_s
                 "give the file source a target_column"
             )
         targets = labelled.targets
-    probabilities = predict_loaded(
-        classifier.model,
-        classifier.tokenizer,
-        metadata,
-        labelled.texts,
-        targets,
-        batch_size=batch_size,
-        progress=progress,
-    )
+    probabilities = classifier.predict(labelled.texts, targets, batch_size=batch_size, progress=progress)
     return align_columns(probabilities, metadata.labels, labelled.labels)
 
 
@@ -261,12 +256,14 @@ def evaluate_model(
     device: str | None = None,
     progress: bool = False,
     max_unknown_token_share: float = DEFAULT_MAX_UNKNOWN_TOKEN_SHARE,
+    precision: str = "fp32",
 ) -> Evaluation:
     """Predict every set with the model in ``model_dir`` and score it (:func:`compute_metrics`,
     per variety too). ``human_f1`` maps set names (``round 1 dev``) to the round's human
     macro-F1 estimate; those sets get ``solved = macro_f1 >= human_f1``. Multi-label sets are
-    thresholded at the model's ``threshold``."""
-    classifier = LoadedClassifier.load(model_dir, device=device)
+    thresholded at the model's ``threshold``. ``precision``: fp32, bf16, int8 or auto
+    (model_directory.runtime); the evaluation records what it ran at."""
+    classifier = LoadedClassifier.load(model_dir, device=device, precision=precision, batch_size=batch_size)
     probabilities = [_predict_set(classifier, labelled, batch_size=batch_size, progress=progress) for labelled in sets]
     metadata = classifier.metadata
     evaluation = evaluate_probabilities(
@@ -280,6 +277,7 @@ def evaluate_model(
         model_version=metadata.version,
         model_dir=str(model_dir),
     )
+    evaluation.precision = classifier.precision.describe()
     coverage = token_coverage(classifier.tokenizer, (text for labelled in sets for text in labelled.texts))
     evaluation.tokenizer_coverage = coverage.to_dict()
     if coverage.exceeds(max_unknown_token_share):

@@ -8,6 +8,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -89,12 +90,21 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def precision_summary(precision: dict[str, Any]) -> str:
+    """``fp32``, or for auto the precision of each batch size (``auto: 1→int8, 64→bf16``)."""
+    used = precision.get("by_batch_size") or {}
+    if precision.get("mode") == "auto" and used:
+        return "auto: " + ", ".join(f"{size}→{chosen}" for size, chosen in used.items())
+    return str(precision.get("mode"))
+
+
 def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatrix | None = None) -> str:
     """evaluation.md: the Table 5b-style table (F1 in percent, one decimal, as in the paper),
     the per-variety breakdown and, when given, the cross-variety matrix."""
     labels = evaluation.labels
     origin = [f"model directory `{evaluation.model_dir}`"] if evaluation.model_dir else []
     origin += [f"version {evaluation.model_version}"] if evaluation.model_version else []
+    origin += [f"precision {precision_summary(evaluation.precision)}"] if evaluation.precision else []
     about = ", ".join([*origin, f"evaluated {evaluation.evaluated_at}"])
     lines = [
         f"# Evaluation of {evaluation.model_id or evaluation.model_dir or 'a model'}",

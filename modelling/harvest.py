@@ -360,6 +360,7 @@ class HarvestReport:
     corpus: str
     model_id: str
     model_version: str
+    precision: str  # what the harvesting model ran at (fp32, bf16, int8, auto)
     documents: int
     sentences: int
     skipped: dict[str, int]
@@ -374,19 +375,17 @@ class HarvestReport:
         return dict(self.__dict__)
 
 
-def _model_predictor(model_dir: Path, batch_size: int) -> Predictor:
-    """Load the model once; predict with modelling.inference."""
-    from modelling.inference import LoadedClassifier, predict_loaded
+def _model_predictor(model_dir: Path, batch_size: int, precision: str = "fp32") -> Predictor:
+    """Load the model once, at ``precision``; predict with modelling.inference."""
+    from modelling.inference import LoadedClassifier
 
     try:
-        classifier = LoadedClassifier.load(model_dir)
+        classifier = LoadedClassifier.load(model_dir, precision=precision, batch_size=batch_size)
     except (ValueError, OSError) as exc:  # EvaluationError and ModelMetadataError are ValueErrors
         raise HarvestError(f"cannot load the harvesting model from {model_dir}: {exc}") from exc
 
     def predict(texts: Sequence[str]) -> np.ndarray:
-        return predict_loaded(
-            classifier.model, classifier.tokenizer, classifier.metadata, list(texts), None, batch_size=batch_size
-        )
+        return classifier.predict(list(texts), batch_size=batch_size)
 
     return predict
 
@@ -451,6 +450,7 @@ def harvest(
     min_chars: int | None = None,
     max_chars: int | None = None,
     batch_size: int = 64,
+    precision: str = "fp32",
     predictor: Predictor | None = None,
     actor_id: int | None = None,
     corpus_name: str | None = None,
@@ -503,7 +503,7 @@ def harvest(
             f"(left out: { {k: v for k, v in skipped.items() if v and k != 'sentences'} }); "
             "check --min-chars/--max-chars and the text column"
         )
-    predict = predictor or _model_predictor(model_dir, batch_size)
+    predict = predictor or _model_predictor(model_dir, batch_size, precision)
     labels = list(metadata.labels)
     texts = sentences["text"].tolist()
     ratings = sentences["rating"].to_numpy(dtype=float)
@@ -561,9 +561,9 @@ def harvest(
         round_ = round_domain.get_round(session, round_.id)
         _check_writable(round_, mode)
         if mode == "examples":
-            written, present = _write_examples(session, round_, definition, records, metadata)
+            written, present = _write_examples(session, round_, definition, records, metadata, precision)
         else:
-            written, present = _write_prompts(session, actor, round_, records, metadata)
+            written, present = _write_prompts(session, actor, round_, records, metadata, precision)
         report = HarvestReport(
             task=task_name,
             round=round_number,
@@ -571,6 +571,7 @@ def harvest(
             corpus=corpus_name,
             model_id=metadata.model_id,
             model_version=metadata.version,
+            precision=precision,
             documents=len(corpus),
             sentences=skipped["sentences"],
             skipped={k: v for k, v in skipped.items() if k != "sentences"},
@@ -612,7 +613,12 @@ def _check_writable(round_: Round, mode: str) -> None:
 
 
 def _write_examples(
-    session: Session, round_: Round, definition: TaskDefinition, records: list[dict[str, Any]], metadata: ModelMetadata
+    session: Session,
+    round_: Round,
+    definition: TaskDefinition,
+    records: list[dict[str, Any]],
+    metadata: ModelMetadata,
+    precision: str,
 ) -> tuple[int, int]:
     present = _round_hashes(session, round_, "examples")  # again: the round may have grown meanwhile
     new = [r for r in records if r["text_hash"] not in present]
@@ -626,6 +632,7 @@ def _write_examples(
                     "pool": r["pool"],
                     "model_id": metadata.model_id,
                     "model_version": metadata.version,
+                    "model_precision": precision,
                     "model_probabilities": r["probabilities"],
                 },
                 # The prompt condition lets a harvested sentence reach dev/test (DynaSent's Round 1
@@ -651,7 +658,12 @@ def _write_examples(
 
 
 def _write_prompts(
-    session: Session, actor: User | None, round_: Round, records: list[dict[str, Any]], metadata: ModelMetadata
+    session: Session,
+    actor: User | None,
+    round_: Round,
+    records: list[dict[str, Any]],
+    metadata: ModelMetadata,
+    precision: str,
 ) -> tuple[int, int]:
     lines = []
     for r in records:
@@ -669,6 +681,7 @@ def _write_prompts(
                     "model_prediction": r["prediction"],
                     "model_id": metadata.model_id,
                     "model_version": metadata.version,
+                    "model_precision": precision,
                 },
                 ensure_ascii=False,
             )

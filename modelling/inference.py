@@ -17,19 +17,24 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from model_directory import ModelMetadata, ModelMetadataError
+from model_directory.runtime import PrecisionCheck, PrecisionPlan, PrecisionUnavailable, pad_rows, plan_precision
 from modelling.errors import EvaluationError
 
 
 @dataclass
 class LoadedClassifier:
-    """A model directory in memory: the network, its tokenizer and its ``dynaloop_model.json``."""
+    """A model directory in memory: the network, its tokenizer, its ``dynaloop_model.json`` and
+    the forward pass at the precision it was loaded for (model_directory.runtime)."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     metadata: ModelMetadata
+    precision: PrecisionPlan
 
     @classmethod
-    def load(cls, model_dir: Path | str, *, device: str | None = None) -> LoadedClassifier:
+    def load(
+        cls, model_dir: Path | str, *, device: str | None = None, precision: str = "fp32", batch_size: int = 64
+    ) -> LoadedClassifier:
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise EvaluationError(f"model directory {model_dir} does not exist")
@@ -46,28 +51,38 @@ class LoadedClassifier:
             )
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model.to(device).eval()
-        return cls(model=model, tokenizer=tokenizer, metadata=metadata)
+        try:
+            plan = plan_precision(
+                model,
+                tokenizer,
+                precision,
+                directory=model_dir,
+                max_batch_size=batch_size,
+                check=PrecisionCheck.load(model_dir),
+            )
+        except PrecisionUnavailable as exc:
+            raise EvaluationError(f"cannot predict at {precision}: {exc}") from exc
+        return cls(model=model, tokenizer=tokenizer, metadata=metadata, precision=plan)
 
-
-def _pad(
-    tokenizer: PreTrainedTokenizerBase, features: dict[str, list[list[int]]], rows: Sequence[int], device: torch.device
-) -> dict[str, torch.Tensor]:
-    """The ``rows`` of unpadded token features as tensors padded to their own longest row."""
-    length = max(len(features["input_ids"][i]) for i in rows)
-    pad_values = {
-        "input_ids": tokenizer.pad_token_id or 0,
-        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0),
-    }
-    left = getattr(tokenizer, "padding_side", "right") == "left"
-    tensors = {}
-    for key, values in features.items():
-        pad = pad_values.get(key, 0)  # attention_mask (and anything else): 0
-        padded = [
-            [pad] * (length - len(values[i])) + values[i] if left else values[i] + [pad] * (length - len(values[i]))
-            for i in rows
-        ]
-        tensors[key] = torch.tensor(padded, dtype=torch.long, device=device)
-    return tensors
+    def predict(
+        self,
+        texts: Sequence[str],
+        targets: Sequence[str] | None = None,
+        *,
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """:func:`predict_loaded` with this classifier at its precision."""
+        return predict_loaded(
+            self.model,
+            self.tokenizer,
+            self.metadata,
+            texts,
+            targets,
+            batch_size=batch_size,
+            progress=progress,
+            precision=self.precision,
+        )
 
 
 def predict_loaded(
@@ -79,8 +94,10 @@ def predict_loaded(
     *,
     batch_size: int = 64,
     progress: bool = False,
+    precision: PrecisionPlan | None = None,
 ) -> np.ndarray:
-    """Probabilities ``(len(texts), len(metadata.labels))`` from a model already in memory.
+    """Probabilities ``(len(texts), len(metadata.labels))`` from a model already in memory, at
+    ``precision`` (default: fp32).
 
     Softmax for ``single_label`` models, sigmoid for ``multi_label`` ones. ``targets`` are the
     second segments of sentence-pair (``text_pair``) models; they are never truncated, only the
@@ -125,7 +142,8 @@ def predict_loaded(
     try:
         with torch.inference_mode():
             for rows in to_run:
-                logits = model(**_pad(tokenizer, features, rows, device)).logits.float()
+                tensors = pad_rows(tokenizer, features, rows, device)
+                logits = precision.forward(tensors)[0] if precision is not None else model(**tensors).logits.float()
                 multi_label = metadata.family == "multi_label"
                 batch = torch.sigmoid(logits) if multi_label else torch.softmax(logits, dim=-1)
                 probabilities[rows] = batch.cpu().numpy()
@@ -142,20 +160,14 @@ def predict_probabilities(
     batch_size: int = 64,
     device: str | None = None,
     progress: bool = False,
+    precision: str = "fp32",
 ) -> np.ndarray:
-    """Load ``model_dir`` and predict: probabilities ``(len(texts), n_labels)`` in the order of
-    the labels in its ``dynaloop_model.json`` (see :func:`predict_loaded`).
+    """Load ``model_dir`` and predict at ``precision`` (fp32, bf16, int8 or auto): probabilities
+    ``(len(texts), n_labels)`` in the order of the labels in its ``dynaloop_model.json`` (see
+    :func:`predict_loaded`).
 
     >>> predict_probabilities("models/r1", ["I loved it", "meh"]).shape  # doctest: +SKIP
     (2, 3)
     """
-    classifier = LoadedClassifier.load(model_dir, device=device)
-    return predict_loaded(
-        classifier.model,
-        classifier.tokenizer,
-        classifier.metadata,
-        texts,
-        targets,
-        batch_size=batch_size,
-        progress=progress,
-    )
+    classifier = LoadedClassifier.load(model_dir, device=device, precision=precision, batch_size=batch_size)
+    return classifier.predict(texts, targets, batch_size=batch_size, progress=progress)

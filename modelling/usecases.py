@@ -23,6 +23,7 @@ which validates a job's options here, never loads them.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -42,9 +43,12 @@ from services.errors import DomainError, Invalid
 from services.settings import get_settings
 
 if TYPE_CHECKING:
+    from model_directory.runtime import PrecisionCheck
     from modelling.datasets import LabelledSet
     from modelling.evaluate import Evaluation
     from modelling.train import EpochRecord, TrainConfig, TrainResult
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "EvaluateOptions",
@@ -157,6 +161,11 @@ class TrainOptions(BaseModel):
         description="Default: TASK-for-round-N, or a name from the output folder.",
     )
     cpu: bool = Field(False, description="Train on the CPU even when a GPU is present.")
+    check_precision: bool = Field(
+        True,
+        description="After training, score the dev set at bf16 and int8 against fp32 and record it in the model "
+        "directory (dynaloop_precision.json): the model server's --precision auto uses only what it admits.",
+    )
     tiny: bool = Field(False, description="Tests only: a tiny random BERT replaces the base.")
 
     @field_validator("class_weights")
@@ -228,6 +237,8 @@ class TrainedModel:
     #: The registry row; None on the other processes of a distributed run (`accelerate launch`),
     #: where only the main process registers.
     model: RegisteredModel | None
+    #: What bf16 and int8 did on the dev set (modelling.precision_check); None: not checked.
+    precision_check: PrecisionCheck | None = None
 
 
 def train_and_register(
@@ -305,10 +316,27 @@ def train_and_register(
     if not PartialState().is_main_process:  # `accelerate launch`: one process registers the model
         return TrainedModel(out_dir=out_dir, training=result, model=None)
     listener.trained(result)
+    check = _check_precision_on_dev(out_dir, dev) if options.check_precision else None
     with session_scope(factory) as session:
         model = register_model(session, get_task(session, task_name), out_dir, actor=_actor(session, actor_id))
         registered = RegisteredModel.of(model)
-    return TrainedModel(out_dir=out_dir, training=result, model=registered)
+    return TrainedModel(out_dir=out_dir, training=result, model=registered, precision_check=check)
+
+
+def _check_precision_on_dev(out_dir: Path, dev: LabelledSet | None) -> PrecisionCheck | None:
+    """The precision check on the dev set, recorded in ``out_dir``; None without a dev set. A check
+    that fails is logged and leaves the model as trained (auto then serves it at fp32)."""
+    from modelling.precision_check import CheckTexts, check_precisions
+
+    if dev is None or not len(dev):
+        return None
+    try:
+        check = check_precisions(out_dir, CheckTexts.of_labelled(dev))
+    except Exception:  # the check is advice for serving; the trained model stands without it
+        logger.exception("the precision check of %s on %s failed; auto will serve it at fp32", out_dir, dev.name)
+        return None
+    check.save(out_dir)
+    return check
 
 
 # --- evaluate and record -------------------------------------------------------------------
@@ -341,6 +369,11 @@ class EvaluateOptions(BaseModel):
         description="cpu, cuda, cuda:1, ...; default: cuda when present.",
     )
     record: bool = Field(True, description="Store the results in the model registry (trained -> evaluated).")
+    precision: Literal["fp32", "bf16", "int8", "auto"] = Field(
+        "fp32",
+        description='What the forward passes run at (docs/models.md, "Precision"); the evaluation records it. '
+        "fp32 scores the weights as trained.",
+    )
 
     def extra_sources(self) -> list[SourceSpec]:
         """The mix's dev and evaluate sources, evaluated after the rounds' splits."""
@@ -423,6 +456,7 @@ def evaluate_and_record(
         device=options.device,
         progress=progress_bar,
         max_unknown_token_share=get_settings().max_unknown_token_share,
+        precision=options.precision,
     )
     files = write_evaluation(evaluation, out_dir)
     listener.written(evaluation, files)

@@ -45,9 +45,14 @@ class ModelSlotsBusy(ModelServerError):
     """Every model-call slot of this process stayed taken for the whole queue wait."""
 
 
+# What a model server may say a forward pass ran at (fp32, bf16, int8, a vLLM dtype such as bfloat16).
+_PRECISION = Field(None, max_length=40, pattern=r"^[A-Za-z0-9_.-]+$")
+
+
 class _ModelInfo(BaseModel):
     id: str
     version: str = ""
+    precision: str | None = _PRECISION
 
 
 class _Prediction(BaseModel):
@@ -55,6 +60,7 @@ class _Prediction(BaseModel):
     labels: list[str]
     probabilities: dict[str, float] = Field(default_factory=dict)
     truncated: bool = False
+    precision: str | None = _PRECISION
 
 
 class _PredictResponse(BaseModel):
@@ -73,6 +79,7 @@ class ModelPrediction:
     endpoint: str  # the model server that answered
     latency_ms: float
     truncated: bool  # the text was longer than the model reads
+    precision: str | None = None  # what the forward pass ran at (fp32, bf16, int8), where the server says
 
 
 @dataclass(frozen=True)
@@ -283,4 +290,5 @@ class ModelClient:
             endpoint=endpoint,
             latency_ms=latency_ms,
             truncated=prediction.truncated,
+            precision=prediction.precision or body.model.precision,
         )

@@ -28,7 +28,7 @@ class PredictRequest(BaseModel):
 
 
 class ModeRequest(BaseModel):
-    mode: str  # normal | fail | slow | garbage | alien | error
+    mode: str  # normal | fail | slow | garbage | alien | error | precision (a hostile `precision` string)
     delay_s: float = 0.0
     status: int = 500  # mode `error`: answer this status ...
     body: str = ""  # ... with this text
@@ -97,6 +97,11 @@ def create_stub_app(labels: list[str], multi_label: bool = False, model_id: str 
             predictions.append(
                 {"label": predicted[0], "labels": predicted, "probabilities": probabilities, "truncated": False}
             )
+        if mode == "precision":
+            return {
+                "model": {"id": model_id, "version": "1", "precision": "<img src=x onerror=alert(1)>"},
+                "predictions": predictions,
+            }
         return {"model": {"id": model_id, "version": "1"}, "predictions": predictions}
 
     @app.post("/admin/mode")

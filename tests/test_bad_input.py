@@ -1192,6 +1192,7 @@ FAULTS = [
     pytest.param("slow", 3.0, "timed out", id="slow"),
     pytest.param("garbage", 0.0, "breaks the contract", id="garbage"),
     pytest.param("alien", 0.0, "alien_label", id="alien-labels"),
+    pytest.param("precision", 0.0, "breaks the contract (model.precision", id="hostile-precision"),
 ]
 
 

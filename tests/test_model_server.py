@@ -259,7 +259,8 @@ def test_predict_info_and_metrics(server: ThreadedServer) -> None:
     response = httpx.post(f"{server.url}/predict", json={"texts": ["I loved it", "It was bad", "ሰላም ለዓለም"]})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["model"] == {"id": "tiny-a", "version": "0"}
+    assert body["model"] == {"id": "tiny-a", "version": "0", "precision": "auto"}
+    assert {prediction["precision"] for prediction in body["predictions"]} == {"fp32"}  # auto, with no check: fp32
     assert len(body["predictions"]) == 3
     for prediction in body["predictions"]:
         assert set(prediction["probabilities"]) == set(LABELS)

@@ -43,6 +43,7 @@ class AttemptFields(BaseModel):
     probabilities: dict[str, float] | None
     model_id: str | None
     model_version: str | None
+    model_precision: str | None = Field(None, description="What the model's forward pass ran at: fp32, bf16 or int8.")
     latency_ms: float | None
     edit_distance: float | None
     seconds_since_start: float
@@ -69,6 +70,7 @@ class AttemptPublic(AttemptFields):
             probabilities=attempt.probabilities,
             model_id=attempt.model_id,
             model_version=attempt.model_version,
+            model_precision=attempt.model_precision,
             latency_ms=attempt.latency_ms,
             input_truncated=attempt.input_truncated,
             edit_distance=attempt.edit_distance,

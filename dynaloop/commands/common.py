@@ -13,6 +13,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from model_directory.runtime import PRECISION_CHOICES
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
@@ -30,6 +32,23 @@ DatabaseOpt = Annotated[
     ),
 ]
 TaskOpt = Annotated[str, typer.Option("--task", help="Task name")]
+
+
+def _precision_choice(value: str) -> str:
+    if value not in PRECISION_CHOICES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(PRECISION_CHOICES)}")
+    return value
+
+
+PrecisionOpt = Annotated[
+    str,
+    typer.Option(
+        callback=_precision_choice,
+        help="What the model's forward passes run at: fp32; bf16 (CPUs with AVX512-BF16/AMX, GPUs); int8 (CPU, "
+        "ONNX Runtime); auto: per batch size the fastest precision the model's precision check admits "
+        "(docs/models.md, Precision)",
+    ),
+]
 
 
 def settings_for(database_url: str | None = None) -> Settings:

@@ -255,3 +255,67 @@ def model_retire(
         f"retired {name}" + (f"; {endpoint} still serves it until another model is promoted there" if endpoint else ""),
         soft_wrap=True,
     )
+
+
+@app.command("check-precision")
+def model_check_precision(
+    model: Annotated[Path, typer.Option("--model", help="Model directory (with dynaloop_model.json)")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data",
+            help="Real text of the task: a .txt file (one text per line) or a CSV, TSV, JSONL or Parquet file with a "
+            "text column (and, optionally, gold labels: macro-F1 is reported too)",
+        ),
+    ],
+    text_column: str = "text",
+    label_column: Annotated[str, typer.Option(help="Gold labels (multi-label: joined with |); optional")] = "label",
+    target_column: Annotated[str | None, typer.Option(help="Targets, for sentence-pair models")] = None,
+    max_texts: Annotated[int, typer.Option(help="Check at most this many texts (a seeded sample)")] = 2000,
+    batch_size: int = 64,
+    record: Annotated[
+        bool,
+        typer.Option(
+            help="Write the result to the model directory (dynaloop_precision.json), where --precision auto reads it"
+        ),
+    ] = True,
+) -> None:
+    """Score real text at fp32, bf16 and int8: agreement with fp32, probability change and macro-F1.
+    auto never uses a precision that changed more than 1% of the predictions (docs/models.md)."""
+    from model_directory import ModelMetadataError
+    from modelling.datasets import DataError
+    from modelling.errors import EvaluationError
+    from modelling.precision_check import check_precisions, read_check_texts
+
+    if not model.is_dir():
+        raise fail(f"{model} is not a folder with dynaloop_model.json")
+    try:
+        texts = read_check_texts(
+            data,
+            text_column=text_column,
+            label_column=label_column,
+            target_column=target_column,
+            max_texts=max_texts,
+        )
+        check = check_precisions(model, texts, batch_size=batch_size)
+    except (DataError, EvaluationError, ModelMetadataError, UnicodeDecodeError) as exc:
+        raise fail(str(exc)) from exc
+    table = Table("precision", "agreement with fp32", "changed", "max |Δp|", "macro-F1", "Δ points", "texts/s", "auto")
+    for precision, result in check.results.items():
+        table.add_row(
+            precision,
+            f"{100 * result.agreement:.2f}%",
+            f"{result.changed:,}",
+            f"{result.max_probability_difference:.4f}",
+            "–" if result.macro_f1 is None else f"{100 * result.macro_f1:.1f}",
+            "–" if result.macro_f1_vs_fp32_points is None else f"{result.macro_f1_vs_fp32_points:+.2f}",
+            "–" if result.sentences_per_second is None else f"{result.sentences_per_second:.0f}",
+            "may use" if check.admits(precision) is None else "refused",
+        )
+    console.print(f"{check.texts:,} texts of {check.data}; CPU: {check.cpu}", soft_wrap=True, highlight=False)
+    console.print(table)
+    for precision, reason in check.unavailable.items():
+        console.print(f"{precision}: not checked ({reason})", soft_wrap=True, highlight=False)
+    if record:
+        path = check.save(model)
+        console.print(f"written to {path}", soft_wrap=True, highlight=False)

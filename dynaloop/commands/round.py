@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dynaloop.commands.common import (
     DatabaseOpt,
+    PrecisionOpt,
     console,
     ensure_schema,
     err,
@@ -163,6 +164,7 @@ def round_harvest(
     min_chars: Annotated[int | None, typer.Option(help="Shortest sentence; default: the task's min_chars")] = None,
     max_chars: Annotated[int | None, typer.Option(help="Longest sentence; default: the task's max_chars")] = None,
     batch_size: int = 64,
+    precision: PrecisionOpt = "fp32",
     split_sentences: Annotated[
         bool,
         typer.Option(
@@ -208,6 +210,7 @@ def round_harvest(
             min_chars=min_chars,
             max_chars=max_chars,
             batch_size=batch_size,
+            precision=precision,
             split_sentences=split_sentences,
         )
     except DomainError as exc:
@@ -219,7 +222,7 @@ def round_harvest(
         table.add_row(pool, f"{counts['available']:,}", f"{counts['wanted']:,}", f"{counts['selected']:,}")
     console.print(
         f"{report.corpus}: {report.documents:,} texts, {report.sentences:,} sentences; model "
-        f"{report.model_id} version {report.model_version}",
+        f"{report.model_id} version {report.model_version} at {report.precision}",
         soft_wrap=True,
     )
     console.print(table)
@@ -385,6 +388,13 @@ def round_train(
         str | None, typer.Option(help="Name in dynaloop_model.json; default from task and round")
     ] = None,
     tiny: Annotated[bool, typer.Option(help="Tests: a tiny random BERT as the base, not --base")] = False,
+    check_precision: Annotated[
+        bool,
+        typer.Option(
+            help="Score the dev set at bf16 and int8 against fp32 afterwards and record it in the model directory "
+            "(the model server's --precision auto uses only what it admits)"
+        ),
+    ] = True,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Retrain from scratch on the mix: base checkpoint, fresh head, all rounds' data (DynaSent §5.3)."""
@@ -429,6 +439,7 @@ def round_train(
                 "cpu": cpu,
                 "model_id": model_id,
                 "tiny": tiny,
+                "check_precision": check_precision,
             }
         )
     except ValidationError as exc:
@@ -452,6 +463,21 @@ def round_train(
         raise fail(f"invalid training settings: {problems(exc)}") from exc
     except (DataError, TrainingError, OSError) as exc:
         raise fail(str(exc)) from exc
+    if trained.precision_check is not None:
+        check = trained.precision_check
+        console.print(
+            f"precision check on {check.data} ({check.texts:,} texts): "
+            + "; ".join(
+                f"{precision} agrees with fp32 on {100 * result.agreement:.2f}%"
+                + ("" if check.admits(precision) is None else " (auto refuses it)")
+                for precision, result in check.results.items()
+                if precision != "fp32"
+            )
+            + "".join(f"; {precision} not checked: {why}" for precision, why in check.unavailable.items()),
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
     if trained.model is not None:  # only the main process of `accelerate launch` registers the model
         console.print(f"registered model version {trained.model.id} ({trained.model.status})")
 
@@ -494,6 +520,7 @@ def round_evaluate(
     ] = None,
     batch_size: int = 64,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ...; default: cuda if present")] = None,
+    precision: PrecisionOpt = "fp32",
     record: Annotated[bool, typer.Option(help="Store the results in the model registry (trained -> evaluated)")] = True,
     database_url: DatabaseOpt = None,
 ) -> None:
@@ -515,6 +542,7 @@ def round_evaluate(
                 "positive_label": positive_label,
                 "batch_size": batch_size,
                 "device": device,
+                "precision": precision,
                 "record": record,
             }
         )

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from dynaloop.commands.common import DatabaseOpt, console, err, fail, settings_for
+from dynaloop.commands.common import DatabaseOpt, PrecisionOpt, console, err, fail, settings_for
 
 
 def api(
@@ -107,6 +107,7 @@ def model_server(
     port: int = 8001,
     backend: Annotated[str, typer.Option(help="transformers, vllm-classify or vllm-generate")] = "transformers",
     device: Annotated[str | None, typer.Option(help="cpu or cuda; default: cuda when available")] = None,
+    precision: PrecisionOpt = "auto",
     max_batch_size: int = 32,
     max_wait_ms: Annotated[float, typer.Option(help="Wait this long for a batch to fill (0: greedy)")] = 0.0,
     linger_gap_ms: Annotated[
@@ -133,6 +134,7 @@ def model_server(
         model_dir=model,
         backend=backend,
         device=device,
+        precision=precision,
         max_batch_size=max_batch_size,
         max_wait_ms=max_wait_ms,
         linger_gap_ms=linger_gap_ms,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from model_directory import ModelMetadata
+from model_directory.runtime import PRECISION_CHOICES
 from model_server.backends.base import Backend, ClassifyInput, ClassifyOutput
 
 __all__ = ["Backend", "ClassifyInput", "ClassifyOutput", "load_backend"]
@@ -12,13 +13,20 @@ __all__ = ["Backend", "ClassifyInput", "ClassifyOutput", "load_backend"]
 BACKENDS = ("transformers", "vllm-classify", "vllm-generate")
 
 
-def load_backend(directory: Path | str, kind: str = "transformers", device: str | None = None) -> Backend:
-    """Load a model directory with the named backend; raises with a message on any problem."""
+def load_backend(
+    directory: Path | str, kind: str = "transformers", device: str | None = None, precision: str = "fp32"
+) -> Backend:
+    """Load a model directory with the named backend at ``precision`` (fp32, bf16, int8 or auto;
+    model_directory.runtime); raises with a message on any problem."""
     metadata = ModelMetadata.load(directory)
+    if precision not in PRECISION_CHOICES:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISION_CHOICES)}")
     if kind == "transformers":
         from model_server.backends.transformers_backend import TransformersBackend
 
-        return TransformersBackend(Path(directory), metadata, device=device)
+        return TransformersBackend(Path(directory), metadata, device=device, precision=precision)
+    if precision not in ("fp32", "auto"):
+        raise ValueError(f"--precision {precision} is for the transformers backend; vLLM picks its own dtype")
     if kind == "vllm-classify":
         from model_server.backends.vllm_backend import VllmClassifierBackend
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from model_directory import ModelMetadata, multi_label_choice
 
@@ -21,6 +21,7 @@ class ClassifyOutput:
     labels: list[str]  # the predicted label (single-label) or label set (multi-label)
     probabilities: dict[str, float]
     truncated: bool
+    precision: str | None = None  # what the forward pass ran at (fp32, bf16, int8); None: the backend's own
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class Backend(Protocol):
     metadata: ModelMetadata
     device: str
 
+    def precision_info(self) -> dict[str, Any]:
+        """What /info says of the precision: the mode asked for and what the backend chose."""
+        ...
+
     def predict(self, inputs: Sequence[ClassifyInput]) -> list[ClassifyOutput]: ...
 
     def inspect(self, item: ClassifyInput, label: str) -> list[TokenAttribution]: ...
@@ -40,7 +45,9 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def decide(metadata: ModelMetadata, scores: Sequence[float], truncated: bool) -> ClassifyOutput:
+def decide(
+    metadata: ModelMetadata, scores: Sequence[float], truncated: bool, precision: str | None = None
+) -> ClassifyOutput:
     """Turn one row of probabilities into the contract's output.
 
     Multi-label: every label above the threshold, the model's exclusive labels (neutral) never
@@ -53,8 +60,8 @@ def decide(metadata: ModelMetadata, scores: Sequence[float], truncated: bool) ->
     if metadata.family == "multi_label":
         exclusive = [metadata.labels.index(label) for label in metadata.exclusive_labels]
         chosen = multi_label_choice(list(probabilities.values()), threshold=metadata.threshold, exclusive=exclusive)
-        return ClassifyOutput([metadata.labels[j] for j in chosen], probabilities, truncated)
-    return ClassifyOutput([best], probabilities, truncated)
+        return ClassifyOutput([metadata.labels[j] for j in chosen], probabilities, truncated, precision)
+    return ClassifyOutput([best], probabilities, truncated, precision)
 
 
 def softmax(values: Sequence[float]) -> list[float]:

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from model_directory import ModelMetadata, ModelMetadataError
+from model_directory.runtime import PrecisionCheck, pad_rows, plan_precision
 from model_directory.tokenizer_coverage import TokenCoverage, count_unknown, max_unknown_token_share_from_env
 from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
 
@@ -52,7 +53,13 @@ def split_by_length(
 
 class TransformersBackend:
     def __init__(
-        self, directory: Path, metadata: ModelMetadata, *, device: str | None = None, micro_batch_size: int = 64
+        self,
+        directory: Path,
+        metadata: ModelMetadata,
+        *,
+        device: str | None = None,
+        micro_batch_size: int = 64,
+        precision: str = "fp32",
     ) -> None:
         self.directory = directory
         self.metadata = metadata
@@ -69,6 +76,15 @@ class TransformersBackend:
                 f"dynaloop_model.json lists {len(metadata.labels)} labels; they must match"
             )
         self.model.to(self.device).eval()
+        # The forward pass at the asked precision; auto times the admitted ones here (docs/models.md).
+        self.precision = plan_precision(
+            self.model,
+            self.tokenizer,
+            precision,
+            directory=directory,
+            max_batch_size=micro_batch_size,
+            check=PrecisionCheck.load(directory),
+        )
         self.max_length = min(metadata.max_length, getattr(self.tokenizer, "model_max_length", 10**6) or 10**6)
         self.max_unknown_token_share = max_unknown_token_share_from_env()
         unknown = getattr(self.tokenizer, "unk_token_id", None)
@@ -137,25 +153,8 @@ class TransformersBackend:
         encoded, truncated = self._tokenize(inputs, padding=True, return_tensors="pt")
         return {k: v.to(self.device) for k, v in encoded.items()}, truncated
 
-    def _pad(self, features: dict[str, list[list[int]]], rows: Sequence[int]) -> dict[str, torch.Tensor]:
-        """The ``rows`` of unpadded ``features`` as padded tensors (padded to their longest)."""
-        length = max(len(features["input_ids"][i]) for i in rows)
-        pad_values = {
-            "input_ids": self.tokenizer.pad_token_id or 0,
-            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0),
-        }
-        left = getattr(self.tokenizer, "padding_side", "right") == "left"
-        tensors = {}
-        for key, values in features.items():
-            pad = pad_values.get(key, 0)  # attention_mask and anything else: 0
-            padded = [
-                ([pad] * (length - len(values[i])) + values[i])
-                if left
-                else (values[i] + [pad] * (length - len(values[i])))
-                for i in rows
-            ]
-            tensors[key] = torch.tensor(padded, dtype=torch.long, device=self.device)
-        return tensors
+    def precision_info(self) -> dict[str, Any]:
+        return self.precision.describe()
 
     @torch.inference_mode()
     def predict(self, inputs: Sequence[ClassifyInput]) -> list[ClassifyOutput]:
@@ -170,13 +169,13 @@ class TransformersBackend:
         results: list[ClassifyOutput | None] = [None] * len(inputs)
         for start, end in split_by_length([lengths[i] for i in order], self.micro_batch_size):
             rows = order[start:end]
-            logits = self.model(**self._pad(features, rows)).logits.float()
+            logits, precision = self.precision.forward(pad_rows(self.tokenizer, features, rows, self.device))
             if self.metadata.family == "multi_label":
                 probabilities = torch.sigmoid(logits)
             else:
                 probabilities = torch.softmax(logits, dim=-1)
             for row, index in enumerate(rows):
-                results[index] = decide(self.metadata, probabilities[row].tolist(), truncated[index])
+                results[index] = decide(self.metadata, probabilities[row].tolist(), truncated[index], precision)
         return [r for r in results if r is not None]
 
     def inspect(self, item: ClassifyInput, label: str, n_steps: int = 32) -> list[TokenAttribution]:

@@ -51,6 +51,12 @@ def _gpu_memory() -> float:
     return float(os.environ.get("DYNALOOP_VLLM_GPU_MEMORY", "0.5"))
 
 
+def _vllm_precision(llm: Any) -> dict[str, Any]:
+    """vLLM serves at the dtype it picked for the weights (its ``dtype="auto"``); /info says which."""
+    dtype = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "dtype", None)
+    return {"mode": "vllm", "dtype": str(dtype) if dtype is not None else "unknown", "notes": []}
+
+
 class VllmClassifierBackend:
     device = "cuda"
 
@@ -68,6 +74,9 @@ class VllmClassifierBackend:
 
     def close(self) -> None:
         del self.llm
+
+    def precision_info(self) -> dict[str, Any]:
+        return _vllm_precision(self.llm)
 
     def predict(self, inputs: Sequence[ClassifyInput]) -> list[ClassifyOutput]:
         prompts, truncated = [], []
@@ -115,6 +124,9 @@ class VllmLabelGenerationBackend:
 
     def close(self) -> None:
         del self.llm
+
+    def precision_info(self) -> dict[str, Any]:
+        return _vllm_precision(self.llm)
 
     def _prompt(self, item: ClassifyInput) -> str:
         target_line = f"Target: {item.target}\n" if item.target else ""

@@ -383,6 +383,8 @@ class Attempt(Base):
     probabilities: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     model_id: Mapped[str | None] = mapped_column(String(200))
     model_version: Mapped[str | None] = mapped_column(String(200))
+    # What the forward pass ran at (fp32, bf16, int8), as the model server said; None: it did not say.
+    model_precision: Mapped[str | None] = mapped_column(String(40))
     model_endpoint: Mapped[str | None] = mapped_column(String(500))  # URL that answered; never shown to writers
     model_error: Mapped[str | None] = mapped_column(Text)
     latency_ms: Mapped[float | None] = mapped_column(Float)

@@ -260,6 +260,7 @@ def example_record(session: Session, example: Example) -> dict[str, Any]:
                 "probabilities": a.probabilities,
                 "model_id": a.model_id,
                 "model_version": a.model_version,
+                "model_precision": a.model_precision,
                 "latency_ms": a.latency_ms,
                 "edit_distance": a.edit_distance,
                 "seconds_since_start": a.seconds_since_start,

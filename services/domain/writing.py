@@ -403,6 +403,7 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
     attempt.probabilities = dict(prediction.probabilities)
     attempt.model_id = prediction.model_id
     attempt.model_version = prediction.model_version
+    attempt.model_precision = prediction.precision
     attempt.model_endpoint = prediction.endpoint
     attempt.latency_ms = prediction.latency_ms
     attempt.input_truncated = prediction.truncated
