@@ -604,10 +604,11 @@ def _timed_loop(seconds: float, step: Any) -> tuple[list[float], dict[str, float
 class RawBench:
     """``TransformersBackend.predict`` in this process, no HTTP: the limit the servers are held to."""
 
-    def __init__(self, model_dir: Path, sentences: Sequence[str]) -> None:
+    def __init__(self, model_dir: Path, sentences: Sequence[str], precision: str = "fp32") -> None:
         from model_server.backends import ClassifyInput, load_backend
 
-        self.backend = load_backend(model_dir, "transformers", "cpu")
+        self.precision = precision
+        self.backend = load_backend(model_dir, "transformers", "cpu", precision)
         self.inputs = [ClassifyInput(s) for s in sentences]
         for i in range(5):  # warm up both shapes
             self.backend.predict(self.inputs[i : i + 1])
@@ -648,7 +649,8 @@ class RawBench:
             "attempts_disturbance": tries,
         }
         print(
-            f"  raw in-process, one sentence      {1000 / result['p50_ms']:7.1f} seq/s  p50 {result['p50_ms']:7.1f} ms"
+            f"  raw in-process {self.precision}, one sentence {1000 / result['p50_ms']:7.1f} seq/s  "
+            f"p50 {result['p50_ms']:7.1f} ms"
             f"  (n={len(times)}, other+steal {disturbance(cpu):.2f})",
             flush=True,
         )
@@ -672,7 +674,7 @@ class RawBench:
             "attempts_disturbance": tries,
         }
         print(
-            f"  raw in-process, batches of {RAW_BATCH}     {result['seq_per_s']:7.1f} seq/s  "
+            f"  raw in-process {self.precision}, batches of {RAW_BATCH} {result['seq_per_s']:7.1f} seq/s  "
             f"{result['ms_per_batch_p50']:.0f} ms a batch  (other+steal {disturbance(cpu):.2f})",
             flush=True,
         )
@@ -781,8 +783,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ("server wait30ms", ["--max-wait-ms", "30"]),
             ]
         )
+        # fp32 throughout (the model server's default is auto): bench/precision.py measures the others.
         servers = [Server(NAIVE, ["--max-batch-size", "1"]), Server(DEFAULT, [])]
         servers += [Server(name, extra) for name, extra in variants]
+        for server in servers:
+            server.args += ["--precision", "fp32"]
         by_name = {s.name: s for s in servers}
         print(f"starting {len(servers)} model servers ...", flush=True)
         rounds: list[dict[str, Any]] = []
