@@ -465,6 +465,8 @@ def test_model_replicas_share_the_data_volume_and_the_admin_token() -> None:
         "--model",
         "${MODEL_DIR:-/data/models/model-0}",
     ]
+    command = services()["model-1"]["command"]
+    assert command[command.index("--precision") + 1] == "${MODEL_PRECISION:-auto}"
 
 
 def test_gpu_profile_runs_vllm_replicas_on_nvidia_gpus() -> None:
