@@ -250,6 +250,8 @@ class Int8Model:
             options.intra_op_num_threads = max(1, threads)
             options.log_severity_level = 3  # errors only: the quantizer's graph is fine, its warnings are noise
             self.session = onnxruntime.InferenceSession(str(quantized), options, providers=["CPUExecutionProvider"])
+            # The graph's own inputs: the exporter drops an input the model never reads.
+            self.input_names = [each.name for each in self.session.get_inputs()]
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
