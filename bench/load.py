@@ -41,12 +41,15 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import create_engine, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
+
+from bench.machine import cpu_model  # noqa: E402
 
 LOAD_TASK = "dynasent-r2"
 EDITS = ["really", "honestly", "not", "barely", "totally", "kind of", "never", "so", "quite", "hardly"]
@@ -97,6 +100,75 @@ class Process:
     @property
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) of the process and its children so far; None once it is gone."""
+        if not self.alive or self.popen is None:
+            return None
+        try:
+            return process_tree_cpu(psutil.Process(self.popen.pid))
+        except psutil.Error:
+            return None
+
+
+def process_tree_cpu(process: psutil.Process) -> float:
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            times = member.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def own_cpu() -> float:
+    """CPU time of this process alone (the API and the model server are its children)."""
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
+@dataclass
+class CpuShare:
+    """Who used the CPUs during the run: the load generator (this process), the API, the model
+    server, and everything else on the machine (other people's work shares these cores)."""
+
+    started: float = 0.0
+    client: float = 0.0
+    api: float = 0.0
+    model: float = 0.0
+    machine: float = 0.0
+    loadavg: list[float] = field(default_factory=list)
+
+    @staticmethod
+    def machine_busy() -> float:
+        times = psutil.cpu_times()
+        return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
+
+    def begin(self, stack: Stack) -> None:
+        self.started = time.monotonic()
+        self.client = own_cpu()
+        self.api = stack.api.cpu_seconds() or 0.0
+        self.model = stack.model.cpu_seconds() or 0.0
+        self.machine = self.machine_busy()
+
+    def end(self, stack: Stack) -> dict[str, Any]:
+        wall = time.monotonic() - self.started
+        used = {
+            "client": own_cpu() - self.client,
+            "api": (stack.api.cpu_seconds() or 0.0) - self.api,
+            "model_server": (stack.model.cpu_seconds() or 0.0) - self.model,
+        }
+        used["rest_of_machine"] = max(0.0, self.machine_busy() - self.machine - sum(used.values()))
+        cpus = os.cpu_count() or 1
+        return {
+            "wall_s": round(wall, 1),
+            "cpus": cpus,
+            "cpu_s": {name: round(value, 1) for name, value in used.items()},
+            # Share of the machine's total CPU time (wall x cpus) each used.
+            "share_of_machine": {name: round(value / (wall * cpus), 3) for name, value in used.items()},
+            "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+        }
 
 
 @dataclass
@@ -498,11 +570,17 @@ def main() -> None:
             f"{args.writers} writers, {args.validators} validators, {args.seconds:.0f} s"
         )
         started = time.monotonic()
+        loadavg_before = os.getloadavg()[0]
+        cpu = CpuShare()
+        cpu.begin(stack)
         tally = asyncio.run(drive(stack, args.seconds, args.max_examples, args.seed, think_s=args.think_ms / 1000))
         elapsed = time.monotonic() - started
+        cpu_used = cpu.end(stack)
+        cpu_used["loadavg_1m_before"] = round(loadavg_before, 2)
     finally:
         stack.stop()
     result = verdict(stack, tally, elapsed)
+    result["cpu"] = cpu_used
     result.update(
         {
             "command": "python bench/load.py " + " ".join(sys.argv[1:]),
@@ -512,7 +590,7 @@ def main() -> None:
             "model": args.model,
             "think_ms": args.think_ms,
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "machine": {**cpu_model(), "python": platform.python_version()},
         }
     )
     attempts = result["endpoints"].get("POST /attempts", {})
@@ -534,6 +612,11 @@ def main() -> None:
     print(
         f"accepted {result['accepted']}, stored {result['stored']}, nothing lost: {result['nothing_lost']}, "
         f"500s: {result['server_errors_500']}, invariants ok: {result['invariants']['ok']}"
+    )
+    print(
+        f"CPU seconds in {cpu_used['wall_s']} s on {cpu_used['cpus']} CPUs: {cpu_used['cpu_s']} "
+        f"(share of the machine {cpu_used['share_of_machine']}); load average {cpu_used['loadavg_1m_before']} "
+        f"before, {cpu_used['loadavg_1m_at_end']} at the end"
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

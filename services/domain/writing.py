@@ -613,6 +613,19 @@ def submit_example(
     return example, True
 
 
+def _due(writer_id: int, now: dt.datetime) -> tuple[Any, ...]:
+    return (
+        Assignment.writer_id == writer_id,
+        Assignment.status == AssignmentStatus.active,
+        Assignment.expires_at <= now,
+    )
+
+
+def has_due_assignments(session: Session, writer_id: int) -> bool:
+    """Whether the writer has an active assignment whose time ran out (a read)."""
+    return session.scalar(select(Assignment.id).where(*_due(writer_id, utcnow())).limit(1)) is not None
+
+
 def expire_due_assignments(session: Session, writer_id: int) -> int:
     """Mark the writer's assignments whose time ran out as expired (its own transaction, so
     the change survives an error the request may raise afterwards)."""
@@ -620,11 +633,7 @@ def expire_due_assignments(session: Session, writer_id: int) -> int:
     return rows_matched(
         session,
         update(Assignment)
-        .where(
-            Assignment.writer_id == writer_id,
-            Assignment.status == AssignmentStatus.active,
-            Assignment.expires_at <= now,
-        )
+        .where(*_due(writer_id, now))
         .values(status=AssignmentStatus.expired, finished_at=now)
         .execution_options(synchronize_session=False),
     )
