@@ -85,7 +85,7 @@ def _pick_target(
     return [_rng.choice([label for label, n in counts.items() if n == fewest])]
 
 
-def assignments_per_target(round_id: int) -> Select[tuple[str, int]]:
+def assignments_per_target(round_id: int) -> Select[str, int]:
     """The round's assignments counted per target label (as the stored JSON text), in SQL. The
     balanced pick read every assignment of the round instead, inside the transaction that holds
     SQLite's write lock: 2.4 ms at 800 assignments, and growing with the round
