@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 # A connection execution option: this transaction only reads. On SQLite it begins deferred (a
 # WAL reader, beside the one writer) instead of queueing for the write lock; a statement other
-# than a SELECT in it is refused. See services.db.transactions.read_only.
+# than a SELECT in it is refused. See services.db.transactions.begin_read_only.
 READ_ONLY = "dynaloop_read_only"
 
 
@@ -101,7 +101,7 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
 
     @event.listens_for(engine, "before_cursor_execute")
     def _only_reads(connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        # A write in a deferred transaction would take SQLite's write lock behind the queue's
+        # A write in a deferred transaction would take SQLite's write lock behind the lock's
         # back (and fail if another writer committed since the read began): refuse it.
         if connection.info.get(READ_ONLY) and statement.lstrip()[:6].upper() != "SELECT":
             raise RuntimeError(f"a read-only transaction may only SELECT, not {statement[:40]!r}")
