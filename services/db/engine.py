@@ -101,8 +101,8 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
 
     @event.listens_for(engine, "before_cursor_execute")
     def _only_reads(connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        # A write in a deferred transaction would take SQLite's write lock behind the lock's
-        # back (and fail if another writer committed since the read began): refuse it.
+        # A write in a deferred transaction would take SQLite's write lock without queueing on
+        # write_lock (and fail if another writer committed since the read began): refuse it.
         if connection.info.get(READ_ONLY) and statement.lstrip()[:6].upper() != "SELECT":
             raise RuntimeError(f"a read-only transaction may only SELECT, not {statement[:40]!r}")
 
