@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -230,6 +231,12 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         # max_concurrent_requests, which `dynaloop api` enforces): a request holding SQLite's
         # write lock always finds a thread to finish on while others wait for the lock.
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
+        if settings.freeze_gc_at_startup:
+            # What exists now lives as long as the process: collect once, then keep the cyclic
+            # collector's full passes off it (they paused every request for up to 0.2 s under
+            # bench/load.py's crowd; docs/benchmarks.md, "Load and faults").
+            gc.collect()
+            gc.freeze()
         yield
         state.model_client.close()
         state.engine.dispose()

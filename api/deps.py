@@ -10,14 +10,15 @@ from anyio import CapacityLimiter, to_thread
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from api.state import app_state
 from services.authorization import Policy, authorize
 from services.db.models import ApiToken, User
-from services.db.transactions import commit_now
+from services.db.transactions import begin_read_only, commit_now
 from services.domain.in_flight import AttemptsInFlight
 from services.domain.users import authenticate_token
-from services.domain.writing import expire_due_assignments
+from services.domain.writing import expire_due_assignments, has_due_assignments
 from services.errors import Unauthorized
 from services.model_client import ModelClient
 from services.settings import Settings
@@ -25,19 +26,26 @@ from services.settings import Settings
 _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer dl_...`")
 
 
-def get_settings(request: Request) -> Settings:
+# Dependencies that only read the app's state, or objects already loaded, are `async def`:
+# FastAPI runs every plain `def` dependency in its worker-thread pool, a round trip between the
+# event loop and a thread (each waiting for the GIL) per dependency. POST /attempts made eleven
+# of them per request, and under 50 writers and 20 validators those round trips were most of the
+# requests' time (docs/benchmarks.md, "Load and faults").
+
+
+async def get_settings(request: Request) -> Settings:
     return app_state(request).settings
 
 
-def get_sessionmaker(request: Request) -> sessionmaker[Session]:
+async def get_sessionmaker(request: Request) -> sessionmaker[Session]:
     return app_state(request).sessionmaker
 
 
-def get_model_client(request: Request) -> ModelClient:
+async def get_model_client(request: Request) -> ModelClient:
     return app_state(request).model_client
 
 
-def get_attempts_in_flight(request: Request) -> AttemptsInFlight:
+async def get_attempts_in_flight(request: Request) -> AttemptsInFlight:
     return app_state(request).attempts_in_flight
 
 
@@ -96,21 +104,20 @@ def current_token(
     keys the per-token rate limit (api/ratelimit.py), however the header was spelled."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("send an API token: `Authorization: Bearer <token>`")
+    # A reader: on SQLite the lookup does not queue for the write lock behind other requests'
+    # transactions (docs/benchmarks.md, "Load and faults").
+    begin_read_only(session)
     token = authenticate_token(session, credentials.credentials)
-    commit_now(
-        session,
-        "end the token lookup's read: on SQLite it holds the write lock, which must not wait "
-        "for the rest of the request (a body still arriving, a free thread, the attempt handler's own "
-        "transactions)",
-    )
+    commit_now(session, "end the token lookup's read before the rest of the request")
     return token
 
 
 CurrentToken = Annotated[ApiToken, Depends(current_token)]
 
 
-def current_user(token: CurrentToken) -> User:
-    """The user whose token authenticated the request."""
+async def current_user(token: CurrentToken) -> User:
+    """The user whose token authenticated the request (loaded by the token lookup, which read
+    ``is_active``: nothing is read from the database here, on the event loop)."""
     return token.user
 
 
@@ -125,8 +132,13 @@ def allowed(action: Callable[[], Policy]) -> Any:
     so a caller without the role gets 403 whatever they sent; the route then authorizes the
     loaded object with the same method (``authorize(user, RoundPolicy.manage(round_))``)."""
 
-    def check(user: CurrentUser) -> User:
-        authorize(user, action())
+    async def check(user: CurrentUser) -> User:
+        policy = action()
+        if policy.rule is None:
+            # Roles only: the user's roles column, loaded with the user; no database work.
+            authorize(user, policy)
+        else:
+            await run_in_threadpool(authorize, user, policy)
         return user
 
     return Depends(check)
@@ -137,10 +149,16 @@ def allowed_writer(action: Callable[[], Policy]) -> Any:
     expired first, in a transaction of their own."""
 
     def writer(session: SessionDep, user: Annotated[User, allowed(action)]) -> User:
-        expire_due_assignments(session, user.id)
-        # Never a rollback here: it would expire `user`, and reloading it would open a new
-        # transaction that (on SQLite) holds the write lock for the rest of the request.
-        commit_now(session, "the expiry must survive a 410 (or any error) later in the request")
+        # Most requests find nothing due: ask a reader first, so that on SQLite they do not
+        # queue for the write lock for nothing (docs/benchmarks.md, "Load and faults").
+        begin_read_only(session)
+        due = has_due_assignments(session, user.id)
+        commit_now(session, "end the read; the expiry, if any, is a write transaction of its own")
+        if due:
+            expire_due_assignments(session, user.id)
+            # Never a rollback here: it would expire `user`, and reloading it would open a new
+            # transaction that (on SQLite) holds the write lock for the rest of the request.
+            commit_now(session, "the expiry must survive a 410 (or any error) later in the request")
         return user
 
     return Depends(writer)

@@ -33,6 +33,7 @@ from fastapi import Request
 from limits import RateLimitItem, parse_many
 from limits.storage import Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
+from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentToken
 from api.state import app_state
@@ -108,16 +109,22 @@ class RateLimiter:
         self._hit(self.per_token, f"token:{token_id}", "token")
 
 
-def address_rate_limited(request: Request) -> None:
+async def address_rate_limited(request: Request) -> None:
     """FastAPI dependency for the writer and validator routers: the client address's budget,
-    counted before authentication (requests without a valid token count too)."""
-    app_state(request).rate_limiter.check_address(request)
+    counted before authentication (requests without a valid token count too). Counted in a
+    worker thread (the storage may be Redis); with no limit set, nothing is counted and no
+    thread is asked (see api/deps.py on the cost of a round trip to the thread pool)."""
+    limiter = app_state(request).rate_limiter
+    if limiter.per_ip:
+        await run_in_threadpool(limiter.check_address, request)
 
 
-def token_rate_limited(request: Request, token: CurrentToken) -> None:
+async def token_rate_limited(request: Request, token: CurrentToken) -> None:
     """FastAPI dependency for the writer and validator routers, after ``address_rate_limited``:
     the budget of the token that authenticated the request (401 without one)."""
-    app_state(request).rate_limiter.check_token(token.id)
+    limiter = app_state(request).rate_limiter
+    if limiter.per_token:
+        await run_in_threadpool(limiter.check_token, token.id)
 
 
 class LoginThrottle:

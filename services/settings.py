@@ -65,6 +65,14 @@ class Settings(BaseSettings):
         "max_concurrent_requests: on SQLite a request may wait for the write lock in one of them, and the "
         "request holding the lock needs a free one to finish.",
     )
+    freeze_gc_at_startup: bool = Field(
+        False,
+        description="Move everything the API process holds once it has started (modules, the app, its "
+        "routes and schemas) out of reach of Python's cyclic garbage collector (gc.freeze). Each full "
+        "collection otherwise walked ~370,000 objects and stopped every request for up to 0.2 s under "
+        'load (docs/benchmarks.md, "Load and faults"). `dynaloop api` turns it on; off for apps '
+        "built in-process (tests), which would keep every frozen app alive.",
+    )
     max_concurrent_requests: int = Field(
         100,
         ge=1,

@@ -19,18 +19,21 @@ def api(
     log_level: str = "info",
 ) -> None:
     """Run the REST API (migrates the database to the newest schema first)."""
+    import os
+
     import uvicorn
 
     from services.db.migrate import upgrade
 
+    # A long-running server process: its start-up objects are frozen out of the garbage
+    # collector's full passes (services/settings.py, freeze_gc_at_startup) unless set otherwise.
+    os.environ.setdefault("DYNALOOP_FREEZE_GC_AT_STARTUP", "true")
     settings = settings_for(database_url)
     if warning := settings.placeholder_secret_warning:
         err.print(f"[bold red]WARNING:[/bold red] {warning}", soft_wrap=True)
     upgrade(settings.resolved_database_url)
     if database_url:
         # Worker processes read settings from the environment.
-        import os
-
         os.environ["DYNALOOP_DATABASE_URL"] = database_url
     if settings.max_concurrent_requests >= settings.worker_threads:
         raise fail("DYNALOOP_MAX_CONCURRENT_REQUESTS must be below DYNALOOP_WORKER_THREADS (see docs/deploy.md)")

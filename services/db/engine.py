@@ -14,6 +14,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+# A connection execution option: this transaction only reads. On SQLite it begins deferred (a
+# WAL reader, beside the one writer) instead of queueing for the write lock; a statement other
+# than a SELECT in it is refused. See services.db.transactions.begin_read_only.
+READ_ONLY = "dynaloop_read_only"
+
 
 def ensure_sqlite_folder(url: str) -> None:
     """Make the folder of a SQLite file URL, so a fresh machine needs no manual step."""
@@ -52,7 +57,10 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
     # threads the unlucky ones sleep for seconds while others keep winning the lock (measured:
     # p99 3.1 s against 0.16 s with this lock, bench/load.py and docs/benchmarks.md). A plain
     # Lock, not an RLock: a request's transaction may begin in one worker thread and commit in
-    # another. Other processes on the same file still meet SQLite's own lock.
+    # another. Not a first-come-first-served queue either: handing the lock to the oldest waiter
+    # made each hand-over wait for that thread to get the GIL, and POST /attempts' median under
+    # bench/load.py went from 46 to 84 ms (docs/benchmarks.md, "Load and faults"). Other
+    # processes on the same file still meet SQLite's own lock.
     write_lock = threading.Lock()
     timeout_s = busy_timeout_ms / 1000
 
@@ -69,6 +77,11 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
+        if connection.get_execution_options().get(READ_ONLY):
+            # A reader: WAL lets it run beside the writer, on the last committed state.
+            connection.exec_driver_sql("BEGIN")
+            connection.info[READ_ONLY] = True
+            return
         # BEGIN IMMEDIATE takes the write lock up front, so two transactions that read and
         # then write (e.g. two validators racing for an example's last slot) queue on the
         # lock instead of failing with "database is locked" on lock upgrade.
@@ -86,7 +99,15 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
             _release(connection)
             raise
 
+    @event.listens_for(engine, "before_cursor_execute")
+    def _only_reads(connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        # A write in a deferred transaction would take SQLite's write lock without queueing on
+        # write_lock (and fail if another writer committed since the read began): refuse it.
+        if connection.info.get(READ_ONLY) and statement.lstrip()[:6].upper() != "SELECT":
+            raise RuntimeError(f"a read-only transaction may only SELECT, not {statement[:40]!r}")
+
     def _release(connection: Any) -> None:
+        connection.info.pop(READ_ONLY, None)
         if connection.info.pop("dynaloop_write_lock", False):
             write_lock.release()
 

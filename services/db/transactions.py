@@ -20,6 +20,8 @@ import logging
 
 from sqlalchemy.orm import Session
 
+from services.db.engine import READ_ONLY
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,3 +32,13 @@ def commit_now(session: Session, why: str) -> None:
     off), and its next statement begins a new transaction in the same unit of work."""
     logger.debug("early commit: %s", why)
     session.commit()
+
+
+def begin_read_only(session: Session) -> None:
+    """Begin ``session``'s next transaction as a reader, for a step that only reads and then
+    commits (:func:`commit_now`). On SQLite it does not queue for the one write lock: a WAL
+    reader runs beside the writer, on the last committed state, and any statement but a SELECT
+    in it fails. On PostgreSQL it is an ordinary transaction."""
+    if session.in_transaction():
+        raise RuntimeError("begin_read_only: the session's transaction has already begun")
+    session.connection(execution_options={READ_ONLY: True})
