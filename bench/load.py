@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,6 +245,8 @@ def start_stack(
     model_kind: str = "tiny",
     prompts: int | None = None,
     api_env: dict[str, str] | None = None,
+    model_dir: Path | None = None,
+    precision: str = "auto",
 ) -> Stack:
     workdir.mkdir(parents=True, exist_ok=True)
     url = database_url or f"sqlite:///{workdir / 'load.db'}"
@@ -262,9 +264,10 @@ def start_stack(
             health_path="/info",
         )
     else:
-        model_dir = workdir / "model"
-        if not model_dir.exists():
-            make_model(model_dir, model_kind)
+        if model_dir is None:  # else a model directory of the caller's (its precision check applies)
+            model_dir = workdir / "model"
+            if not model_dir.exists():
+                make_model(model_dir, model_kind)
         model = Process(
             "model server",
             [
@@ -276,6 +279,8 @@ def start_stack(
                 str(model_dir),
                 "--port",
                 str(model_port),
+                "--precision",
+                precision,
                 "--log-level",
                 "warning",
             ],
@@ -494,6 +499,11 @@ def verdict(stack: Stack, tally: Tally, seconds: float, warmup_s: float = 10.0) 
             stored_examples = set(session.scalars(select(Example.id)))
             stored_validations = set(session.scalars(select(Validation.id)))
             stored_attempts = set(session.scalars(select(Attempt.id)))
+            # The model call of each scored attempt as the API timed it (the model server's queue,
+            # forward pass and HTTP), and what the forward pass ran at.
+            model_calls = session.execute(
+                select(Attempt.latency_ms, Attempt.model_precision).where(Attempt.latency_ms.is_not(None))
+            ).all()
     finally:
         engine.dispose()
     endpoints = {}
@@ -521,6 +531,13 @@ def verdict(stack: Stack, tally: Tally, seconds: float, warmup_s: float = 10.0) 
         "attempts": sorted(tally.attempts_accepted - stored_attempts)[:20],
     }
     server_errors = sum(n for s in tally.statuses.values() for code, n in s.items() if code == "500")
+    call_ms = np.asarray([row.latency_ms for row in model_calls], dtype=float)
+    model_call = {
+        "attempts": len(call_ms),
+        "p50_ms": round(float(np.percentile(call_ms, 50)), 1) if len(call_ms) else None,
+        "p99_ms": round(float(np.percentile(call_ms, 99)), 1) if len(call_ms) else None,
+        "precisions": dict(Counter(row.model_precision or "unknown" for row in model_calls)),
+    }
     return {
         "seconds": seconds,
         "warmup_s": warmup_s,
@@ -540,6 +557,7 @@ def verdict(stack: Stack, tally: Tally, seconds: float, warmup_s: float = 10.0) 
         "server_errors_500": server_errors,
         "retries": tally.retries,
         "gave_up": tally.gave_up,
+        "model_call": model_call,
         "invariants": report.to_dict(),
     }
 
@@ -561,6 +579,10 @@ def main() -> None:
         default="minilm",
         help="stub: the tests' keyword model (docs/design.md's p99 < 50 ms target is with a stub)",
     )
+    parser.add_argument("--model-dir", type=Path, default=None, help="serve this model directory (not minilm/tiny)")
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16", "int8", "auto"], default="auto", help="the model server's --precision"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--think-ms",
@@ -580,7 +602,13 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="dynaloop-load-"))
     url = fresh_postgres(args.postgres_url) if args.database == "postgresql" else None
     stack = start_stack(
-        workdir, writers=args.writers, validators=args.validators, database_url=url, model_kind=args.model
+        workdir,
+        writers=args.writers,
+        validators=args.validators,
+        database_url=url,
+        model_kind=args.model,
+        model_dir=args.model_dir,
+        precision=args.precision,
     )
     try:
         print(
@@ -606,6 +634,8 @@ def main() -> None:
             "writers": args.writers,
             "validators": args.validators,
             "model": args.model,
+            "model_dir": None if args.model_dir is None else str(args.model_dir),
+            "precision": args.precision,
             "think_ms": args.think_ms,
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": {**cpu_model(), "python": platform.python_version()},
@@ -613,7 +643,7 @@ def main() -> None:
     )
     attempts = result["endpoints"].get("POST /attempts", {})
     assignments = result["endpoints"].get("POST /assignments", {})
-    if attempts.get("p99_ms") is not None:
+    if attempts.get("p99_ms") is not None and args.model == "stub":
         # docs/design.md "Performance targets" and issue 14: p99 of POST /attempts < 50 ms and of getting an
         # assignment < 100 ms under 50 writers and 20 validators on SQLite, stub model.
         result["ratios"] = {"attempts_p99_over_50ms": round(attempts["p99_ms"] / 50.0, 3)}
@@ -626,6 +656,18 @@ def main() -> None:
         print(
             f"targets (50 writers, 20 validators, SQLite, stub model): POST /attempts p99 < 50 ms, "
             f"POST /assignments p99 < 100 ms; measured / target: {result['ratios']}"
+        )
+    call = result["model_call"]
+    if args.model != "stub" and call["p99_ms"] is not None and attempts.get("p99_ms") is not None:
+        # Issue 14: with the real model, POST /attempts p99 below the model call's own p99 plus 20 ms.
+        result["ratios"] = {
+            **result.get("ratios", {}),
+            "attempts_p99_minus_model_call_p99_ms": round(attempts["p99_ms"] - call["p99_ms"], 1),
+        }
+        print(
+            f"model call (as the API timed it): p50 {call['p50_ms']} ms, p99 {call['p99_ms']} ms, precisions "
+            f"{call['precisions']}; POST /attempts p99 - model call p99 = "
+            f"{result['ratios']['attempts_p99_minus_model_call_p99_ms']} ms (target < 20 ms)"
         )
     print(f"steady: requests sent after the first {args.warmup_s:g} s")
     print("| endpoint | requests | per s | p50 ms | p99 ms | steady p50 ms | steady p99 ms | statuses |")

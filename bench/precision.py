@@ -156,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     sentences = split["test_texts"]
     bodies = [json.dumps({"texts": [s]}).encode() for s in sentences]
 
-    def phase(name: str, clients: int) -> Any:
+    def phase(name: str, clients: int, kind: str = "httpx") -> Any:
         return ms.run_phase(
-            by_name[name], bodies, clients, warmup[clients], window[clients], max_per_client[clients], "httpx"
+            by_name[name], bodies, clients, warmup[clients], window[clients], max_per_client[clients], kind
         )
 
     fidelity: dict[str, Any] = {}
@@ -213,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             for p in available:
                 once.append(phase(p, clients))
         once.append(phase(NAIVE, 1))
+        # bench/model_server.py's minimal asyncio-socket client (~0.02 cores against httpx's ~0.2 at
+        # these rates): how much of the gap to the raw forward is the load generator's own CPU.
+        for p in available:
+            once.append(phase(p, 32, "socket"))
 
     def ratio(entry: dict[str, Any], p: str) -> dict[str, float]:
         server32 = entry["server32"][p].seq_per_s
