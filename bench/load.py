@@ -247,6 +247,7 @@ def start_stack(
     api_env: dict[str, str] | None = None,
     model_dir: Path | None = None,
     precision: str = "auto",
+    api_workers: int = 1,
 ) -> Stack:
     workdir.mkdir(parents=True, exist_ok=True)
     url = database_url or f"sqlite:///{workdir / 'load.db'}"
@@ -293,7 +294,10 @@ def start_stack(
     )
     api = Process(
         "API",
-        [python, "-m", "dynaloop.cli", "api", "--port", str(api_port), "--database-url", url, "--log-level", "warning"],
+        [
+            *[python, "-m", "dynaloop.cli", "api", "--port", str(api_port), "--database-url", url],
+            *["--log-level", "warning", "--workers", str(api_workers)],
+        ],
         f"http://127.0.0.1:{api_port}",
         {
             **base_env,
@@ -579,6 +583,9 @@ def main() -> None:
         default="minilm",
         help="stub: the tests' keyword model (docs/design.md's p99 < 50 ms target is with a stub)",
     )
+    parser.add_argument(
+        "--api-workers", type=int, default=1, help="dynaloop api --workers (PostgreSQL: several processes)"
+    )
     parser.add_argument("--model-dir", type=Path, default=None, help="serve this model directory (not minilm/tiny)")
     parser.add_argument(
         "--precision", choices=["fp32", "bf16", "int8", "auto"], default="auto", help="the model server's --precision"
@@ -609,6 +616,7 @@ def main() -> None:
         model_kind=args.model,
         model_dir=args.model_dir,
         precision=args.precision,
+        api_workers=args.api_workers,
     )
     try:
         print(
@@ -636,6 +644,7 @@ def main() -> None:
             "model": args.model,
             "model_dir": None if args.model_dir is None else str(args.model_dir),
             "precision": args.precision,
+            "api_workers": args.api_workers,
             "think_ms": args.think_ms,
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": {**cpu_model(), "python": platform.python_version()},
