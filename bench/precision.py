@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{p.server}@{p.clients}: {p.seq_per_s:.1f} seq/s p50 {p.p50_ms:.1f} p99 {p.p99_ms:.1f}" for p in once
         )
     )
-    result = {
+    report = {
         "benchmark": "precision",
         "command": "python bench/precision.py --model DIR"
         + (" --quick" if args.quick else "")
@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         "total_seconds": round(time.perf_counter() - started, 1),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json} after {result['total_seconds']:.0f} s")
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json} after {report['total_seconds']:.0f} s")
     return 0
 
 

@@ -69,6 +69,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def serve_model(config: Any) -> ThreadedServer:
+    """A real model server (``model_server.app``, a ``ServerConfig``) on a free port in a thread,
+    returned once its /health answers 200 (its model is loaded)."""
+    from model_server.app import create_model_app
+
+    server = ThreadedServer(create_model_app(config), free_port())
+    server.config.lifespan = "on"
+    server.start()
+    deadline = time.monotonic() + 60
+    while (health := httpx.get(f"{server.url}/health")).status_code != 200:
+        assert time.monotonic() < deadline, f"the model never became ready: {health.text}"
+        time.sleep(0.05)
+    return server
+
+
 def dynaloop_command() -> list[str]:
     """How to run the `dynaloop` console command of this environment as a subprocess."""
     script = Path(sys.executable).with_name("dynaloop")

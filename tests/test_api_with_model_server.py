@@ -3,7 +3,6 @@ scored by the served model, target spans reach a sentence-pair model, Inspect is
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,21 +10,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from model_server.app import ServerConfig, create_model_app
+from model_server.app import ServerConfig
 from modelling.init_model import init_model_dir
-from tests.conftest import Actor, example_yaml, free_port, open_round
+from tests.conftest import Actor, example_yaml, open_round, serve_model
 from tests.stub_model_server import ThreadedServer
 
 
 def _serve(model_dir: Path) -> ThreadedServer:
-    server = ThreadedServer(create_model_app(ServerConfig(model_dir=model_dir)), free_port())
-    server.config.lifespan = "on"
-    server.start()
-    deadline = time.monotonic() + 60
-    while httpx.get(f"{server.url}/health").status_code != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    return server
+    return serve_model(ServerConfig(model_dir=model_dir))
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from model_directory import ModelMetadata
 from model_server.app import ServerConfig, create_model_app
 from model_server.batching import Batcher, DeadlineExceeded, ServerStopping, collect
 from modelling.init_model import init_model_dir
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_model
 from tests.stub_model_server import ThreadedServer
 
 LABELS = ["positive", "negative", "neutral"]
@@ -235,20 +235,9 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
-def _serve(config: ServerConfig) -> ThreadedServer:
-    server = ThreadedServer(create_model_app(config), free_port())
-    server.config.lifespan = "on"
-    server.start()
-    deadline = time.monotonic() + 60
-    while httpx.get(f"{server.url}/health").status_code != 200:
-        assert time.monotonic() < deadline, "model never became ready"
-        time.sleep(0.05)
-    return server
-
-
 @pytest.fixture
 def server(model_dirs: dict[str, Path]) -> Any:
-    running = _serve(ServerConfig(model_dir=model_dirs["tiny"], admin_token="admin-secret-123"))
+    running = serve_model(ServerConfig(model_dir=model_dirs["tiny"], admin_token="admin-secret-123"))
     yield running
     running.stop()
 
@@ -335,7 +324,7 @@ def test_bad_input_gets_clear_422s(server: ThreadedServer) -> None:
 
 
 def test_long_input_is_truncated_and_says_so(model_dirs: dict[str, Path]) -> None:
-    running = _serve(ServerConfig(model_dir=model_dirs["multi"]))
+    running = serve_model(ServerConfig(model_dir=model_dirs["multi"]))
     try:
         body = httpx.post(f"{running.url}/predict", json={"texts": ["joy " * 40, "short"]}).json()
     finally:
@@ -348,7 +337,7 @@ def test_long_input_is_truncated_and_says_so(model_dirs: dict[str, Path]) -> Non
 
 
 def test_sentence_pair_model_needs_targets(model_dirs: dict[str, Path]) -> None:
-    running = _serve(ServerConfig(model_dir=model_dirs["pair"]))
+    running = serve_model(ServerConfig(model_dir=model_dirs["pair"]))
     try:
         missing = httpx.post(f"{running.url}/predict", json={"texts": ["Merkel spoke in Paris."]})
         assert missing.status_code == 422 and "(text, target) pairs" in missing.json()["error"]["message"]
@@ -427,7 +416,7 @@ def test_failed_reload_leaves_the_old_model_serving(
 
 
 def test_reload_is_disabled_without_an_admin_token(model_dirs: dict[str, Path]) -> None:
-    running = _serve(ServerConfig(model_dir=model_dirs["tiny"]))
+    running = serve_model(ServerConfig(model_dir=model_dirs["tiny"]))
     try:
         response = httpx.post(
             f"{running.url}/admin/reload",
@@ -460,7 +449,7 @@ def test_health_is_not_ready_until_the_model_loads_and_says_why_it_failed(tmp_pa
 
 
 def test_overloaded_server_answers_503_not_a_hang(model_dirs: dict[str, Path]) -> None:
-    running = _serve(ServerConfig(model_dir=model_dirs["tiny"], request_timeout_s=0.3, max_batch_size=1))
+    running = serve_model(ServerConfig(model_dir=model_dirs["tiny"], request_timeout_s=0.3, max_batch_size=1))
     host = running.config.app.state.host
     original = host.backend.predict
 

@@ -6,7 +6,6 @@ bench/precision.py measure speed and fidelity on MiniLM and real tweets."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,14 @@ from model_directory.runtime import (
     PrecisionResult,
     PrecisionUnavailable,
 )
-from model_server.app import ServerConfig, create_model_app
+from model_server.app import ServerConfig
 from model_server.backends import ClassifyInput, load_backend
 from modelling.errors import EvaluationError
 from modelling.inference import LoadedClassifier, predict_probabilities
 from modelling.init_model import init_model_dir
 from modelling.precision_check import CheckTexts, check_precisions, read_check_texts
 from services.db.models import Attempt
-from tests.conftest import Actor, example_yaml, free_port, open_round, table_counts
+from tests.conftest import Actor, example_yaml, open_round, serve_model, table_counts
 from tests.stub_model_server import ThreadedServer
 
 LABELS = ["positive", "negative", "neutral"]
@@ -335,20 +334,9 @@ def test_training_records_the_check_on_its_dev_set(tmp_path: Path) -> None:
 # --- the model server and the attempt ---------------------------------------------------------
 
 
-def _serve(config: ServerConfig) -> ThreadedServer:
-    server = ThreadedServer(create_model_app(config), free_port())
-    server.config.lifespan = "on"
-    server.start()
-    deadline = time.monotonic() + 60
-    while httpx.get(f"{server.url}/health").status_code != 200:
-        assert time.monotonic() < deadline, httpx.get(f"{server.url}/health").text
-        time.sleep(0.05)
-    return server
-
-
 @pytest.fixture(scope="module")
 def int8_server(model_dir: Path) -> Any:
-    server = _serve(ServerConfig(model_dir=model_dir, precision="int8", admin_token="admin-secret-123"))
+    server = serve_model(ServerConfig(model_dir=model_dir, precision="int8", admin_token="admin-secret-123"))
     yield server
     server.stop()
 
@@ -389,7 +377,7 @@ def test_a_reload_may_change_the_precision_and_refuses_an_unknown_one(
 def test_an_attempt_records_the_precision_it_was_scored_at(
     client: TestClient, app: Any, researcher: Actor, writer: Actor, model_dir: Path
 ) -> None:
-    server = _serve(ServerConfig(model_dir=model_dir, precision="int8"))
+    server = serve_model(ServerConfig(model_dir=model_dir, precision="int8"))
     try:
         round_ = open_round(
             client,
