@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -580,12 +582,22 @@ class JobStatus(str, enum.Enum):
     running = "running"
     succeeded = "succeeded"
     failed = "failed"
+    cancelled = "cancelled"
+
+
+class JobQueue(str, enum.Enum):
+    """Which workers may take a job (`dynaloop worker --queue`): any machine, or one with a GPU."""
+
+    cpu = "cpu"
+    gpu = "gpu"
 
 
 class Job(Base):
-    """Long researcher work (train, evaluate, promote) run by `dynaloop job run` in its own
-    process, never inside the API (modelling.jobs). ``pid`` and ``host`` say where it runs, so a
-    job whose process is gone is reported failed instead of hanging as *running*."""
+    """Long researcher work (train, evaluate, promote), queued for a worker of its ``queue``
+    (`dynaloop worker`, modelling.worker), which runs it in a process of its own (`dynaloop job
+    run`), never inside the API (modelling.jobs). The worker writes ``heartbeat_at`` while the job
+    is its; a job whose worker stopped reporting is reported failed instead of hanging as
+    *running*. ``cancel_requested_at`` asks the worker to stop it."""
 
     __tablename__ = "jobs"
     __table_args__ = (
@@ -608,9 +620,84 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None]
     pid: Mapped[int | None] = mapped_column(Integer)
     host: Mapped[str | None] = mapped_column(String(255))
+    queue: Mapped[JobQueue] = mapped_column(_enum(JobQueue), default=JobQueue.cpu)
+    worker: Mapped[str | None] = mapped_column(String(255))  # JobWorker.name of the worker that took it
+    heartbeat_at: Mapped[dt.datetime | None]
+    cancel_requested_at: Mapped[dt.datetime | None]
+    cancel_requested_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
 
     task: Mapped[Task] = relationship()
-    created_by: Mapped[User | None] = relationship()
+    created_by: Mapped[User | None] = relationship(foreign_keys=[created_by_id])
+
+
+class JobWorker(Base):
+    """A `dynaloop worker` process: which queue it takes, where it runs, when it last reported
+    (so a job can say that no worker of its queue is running)."""
+
+    __tablename__ = "job_workers"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    queue: Mapped[JobQueue] = mapped_column(_enum(JobQueue))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[int | None] = mapped_column(Integer)  # the job it runs now
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    stopped_at: Mapped[dt.datetime | None]
+
+
+# The task queue's own tables (huey's SQL storage, modelling.queue): the messages that carry a
+# job's id to a worker. Declared here so that Alembic creates them, on SQLite and PostgreSQL.
+
+
+class QueueMessage(Base):
+    __tablename__ = "queue_messages"
+    __table_args__ = (Index("ix_queue_messages_queue_priority_id", "queue", "priority", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    queue: Mapped[str] = mapped_column(String(255))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    priority: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class QueueSchedule(Base):
+    __tablename__ = "queue_schedule"
+    __table_args__ = (Index("ix_queue_schedule_queue_timestamp", "queue", "timestamp"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    queue: Mapped[str] = mapped_column(String(255))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    timestamp: Mapped[int] = mapped_column(BigInteger)
+
+
+class QueueResult(Base):
+    __tablename__ = "queue_results"
+
+    queue: Mapped[str] = mapped_column(String(255), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ModelReplica(Base):
+    """A model-server replica that follows its task's promoted model (`dynaloop model-server
+    --follow-task`): what it serves now and when it last reported (modelling.replicas)."""
+
+    __tablename__ = "model_replicas"
+    __table_args__ = (UniqueConstraint("task_id", "name", name="uq_model_replicas_task_name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    url: Mapped[str | None] = mapped_column(String(500))
+    model_version_id: Mapped[int | None] = mapped_column(ForeignKey("model_versions.id"))
+    model_id: Mapped[str | None] = mapped_column(String(200))
+    version: Mapped[str | None] = mapped_column(String(200))
+    precision: Mapped[str | None] = mapped_column(String(40))
+    state: Mapped[str] = mapped_column(String(20), default="starting")  # starting, loading, serving, failed
+    message: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class DatasetUpload(Base):
