@@ -1,13 +1,14 @@
 """`dynaloop`: the one command that fronts the API, the database and the tasks.
 
 This module only assembles the command groups; each lives in its own module of
-``dynaloop/commands/`` (``db``, ``task``, ``prompts``, ``user``, ``model``, ``round``, ``job``, ``ledger``;
-``study``; ``serve`` holds `api`, `ui` and `model-server`, ``check`` and ``demo`` one command each), and
+``dynaloop/commands/`` (``db``, ``task``, ``prompts``, ``user``, ``model``, ``round``, ``job`` (and
+`worker`), ``ledger``; ``study``; ``serve`` holds `api`, `ui` and `model-server`, ``check`` and
+``demo`` one command each), and
 each command calls a use case or a domain function of ``services``, ``round_builder`` or
 ``modelling``. This package is the composition root: it may import every part of the project.
 
-``python -m dynaloop.cli`` runs the same command (the jobs runner starts ``python -m dynaloop.cli
-job run ID``; ``accelerate launch -m dynaloop.cli round train ...`` trains on several GPUs).
+``python -m dynaloop.cli`` runs the same command (a worker starts ``python -m dynaloop.cli
+job run ID`` for each job; ``accelerate launch -m dynaloop.cli round train ...`` trains on several GPUs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import typer
 from dynaloop.commands import check, demo, serve
 from dynaloop.commands.db import app as db_app
 from dynaloop.commands.job import app as job_app
+from dynaloop.commands.job import worker as worker_command
 from dynaloop.commands.ledger import app as ledger_app
 from dynaloop.commands.model import app as model_app
 from dynaloop.commands.prompts import app as prompts_app
@@ -47,6 +49,7 @@ app.command("api")(serve.api)
 app.command("ui")(serve.ui)
 app.command("demo")(demo.demo)
 app.add_typer(job_app, name="job")
+app.command("worker")(worker_command)
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(study_app, name="study")
 

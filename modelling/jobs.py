@@ -1,11 +1,14 @@
-"""Jobs: retraining, evaluation and promotion started through the API, run in their own process.
+"""Jobs: retraining, evaluation and promotion started through the API, run by workers.
 
 Training a model takes minutes to hours and must never run inside an API process (it would
-hold a worker, and a restart would lose it). The API therefore records a :class:`Job` row
-(:func:`create_job`, which validates the parameters) and starts ``python -m dynaloop.cli job
-run ID`` as a detached process (:func:`spawn_job`); that process calls :func:`run_job`, which
-does the work and writes its progress, message and the tail of its log to the row in short
-transactions, so a researcher's page can poll ``GET /api/v1/jobs/{id}``.
+hold a worker, a restart would lose it, and it would compete with crowdworkers for the API's
+CPU). The API therefore records a :class:`Job` row (:func:`create_job`, which validates the
+parameters) together with a message on the job's queue (:mod:`modelling.queue`: ``cpu`` or
+``gpu``). A `dynaloop worker` of that queue (:mod:`modelling.worker`), on this machine or
+another one, takes the message, runs ``python -m dynaloop.cli job run ID`` as a process of its
+own and watches it; that process calls :func:`run_job`, which does the work and writes its
+progress, message and the tail of its log to the row in short transactions, so a researcher's
+page can poll ``GET /api/v1/jobs/{id}``.
 
 Each kind runs the use case that `dynaloop` runs for the same step (:mod:`modelling.usecases`),
 and its parameters are that use case's options (docs/api.md, "Jobs"):
@@ -24,8 +27,10 @@ and its parameters are that use case's options (docs/api.md, "Jobs"):
   where the token goes nor see it, and the token is never in the job's row, log or environment.
 
 A job never hangs as *running*: every failure is recorded with a message that says what
-happened, and a job whose process is gone (killed, out of memory, machine restarted) is
-marked failed when it is next read (:func:`check_process`).
+happened; the worker that took a job writes a heartbeat on its row, and a job whose worker
+stopped reporting (killed, out of memory, machine lost) is marked failed when it is next read
+(:func:`check_liveness`). :func:`cancel_job` cancels a queued job at once and asks the worker
+of a running one to stop it.
 """
 
 from __future__ import annotations
@@ -34,12 +39,10 @@ import datetime as dt
 import logging
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +55,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from modelling.datasets import DataError, DataFiles, DataMix, under_root
 from modelling.evaluation_sets import built_round_numbers
+from modelling.queue import enqueue
 from modelling.usecases import (
     EvaluateOptions,
     EvaluationListener,
@@ -67,7 +71,9 @@ from modelling.usecases import (
 from services.db.models import (
     Job,
     JobKind,
+    JobQueue,
     JobStatus,
+    JobWorker,
     ModelVersion,
     ModelVersionStatus,
     Round,
@@ -93,15 +99,15 @@ __all__ = [
     "JobRunner",
     "PromoteParams",
     "TrainParams",
-    "check_process",
+    "cancel_job",
+    "check_liveness",
     "create_job",
     "default_mix",
     "get_job",
     "list_jobs",
+    "live_workers",
     "parse_params",
     "run_job",
-    "spawn_job",
-    "start_job",
 ]
 
 ACTIVE = (JobStatus.queued, JobStatus.running)
@@ -109,8 +115,11 @@ ACTIVE = (JobStatus.queued, JobStatus.running)
 LOG_LIMIT = 20_000
 #: Progress is written at most this often (plus at every milestone).
 PROGRESS_INTERVAL_S = 1.0
-#: A queued job whose process never reported a pid after this long did not start.
-START_TIMEOUT = dt.timedelta(minutes=5)
+#: A worker writes its heartbeat (and its job's) this often (modelling.worker) ...
+HEARTBEAT_INTERVAL = dt.timedelta(seconds=5)
+#: ... and a job or worker whose heartbeat is older than this is gone: a worker blocked this long
+#: in one database write would be one too.
+HEARTBEAT_STALE = dt.timedelta(seconds=60)
 # Never passed on to a job's process: a promote job takes its server's token from the registry.
 ADMIN_TOKEN_ENV = "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN"
 DATA_ROOT_ENV = "DYNALOOP_DATA_ROOT"
@@ -219,8 +228,12 @@ def create_job(
     *,
     data_dir: Path,
     data_root: Path | None = None,
+    queue: JobQueue | str | None = None,
+    cpu_fallback: bool = False,
 ) -> Job:
-    """Validate ``params`` for ``kind`` and record a queued job.
+    """Validate ``params`` for ``kind`` and record a queued job with its queue's message (both
+    written in ``session``'s transaction): see :func:`choose_queue` for ``queue`` and
+    ``cpu_fallback``.
 
     A data mix may name the task's uploaded datasets and files under ``data_root``
     (``DYNALOOP_DATA_ROOT``; None: uploads only); anything else is refused with one message
@@ -237,7 +250,7 @@ def create_job(
         for other in session.scalars(
             select(Job).where(Job.task_id == task.id, Job.kind == JobKind.train, Job.status.in_(ACTIVE))
         ):
-            check_process(session, other)
+            check_liveness(session, other)
             if other.status in ACTIVE:
                 raise Conflict(
                     f"train job {other.id} of task {task.name!r} is still {other.status.value}; wait for "
@@ -287,28 +300,58 @@ def create_job(
                 f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the "
                 "loop; run an evaluate job first, or set force to promote it anyway"
             )
+    chosen, note = choose_queue(session, task, kind, queue, cpu_fallback)
     stored = parsed.model_dump(mode="json", exclude_none=True)
     job = Job(
         kind=kind,
         task_id=task.id,
         status=JobStatus.queued,
+        queue=chosen,
         progress=0.0,
-        message="queued",
+        message=f"queued for a {chosen.value} worker" + (f" ({note})" if note else ""),
         params=stored,
         log="",
         created_by_id=actor.id if actor else None,
     )
     session.add(job)
     session.flush()
-    audit.record(session, actor, f"job.{kind.value}", "job", job.id, task=task.name, params=stored)
+    enqueue(session, chosen, job.id)
+    audit.record(session, actor, f"job.{kind.value}", "job", job.id, task=task.name, params=stored, queue=chosen.value)
     return job
+
+
+def choose_queue(
+    session: Session, task: Task, kind: JobKind, requested: JobQueue | str | None, cpu_fallback: bool
+) -> tuple[JobQueue, str | None]:
+    """The queue a new job waits in, and a note on why when it is not the one asked for.
+
+    A train job goes where the request says, else where the task's definition says
+    (``training.accelerator``); an evaluate job where the request says, else to the CPU workers;
+    a promote job always to the CPU workers (it loads no model). A job for the GPU workers waits
+    for one, however long; only with ``cpu_fallback`` does it go to the CPU workers instead,
+    when no GPU worker is running at the time it is created."""
+    if requested is not None:
+        try:
+            requested = JobQueue(requested)
+        except ValueError as exc:
+            raise Invalid(f"queue {str(requested)[:20]!r} is not a queue; use cpu or gpu") from exc
+    if kind is JobKind.promote:
+        if requested is JobQueue.gpu:
+            raise Invalid("queue: a promote job loads no model here, so it runs on a cpu worker; leave queue out")
+        return JobQueue.cpu, None
+    if requested is None:
+        accelerator = definition_of(task).training.accelerator if kind is JobKind.train else "cpu"
+        requested = JobQueue(accelerator)
+    if requested is JobQueue.gpu and cpu_fallback and not live_workers(session, JobQueue.gpu):
+        return JobQueue.cpu, "no gpu worker is running, and cpu_fallback was asked for"
+    return requested, None
 
 
 def get_job(session: Session, job_id: int) -> Job:
     job = session.get(Job, job_id)
     if job is None:
         raise missing_job(job_id)
-    check_process(session, job)
+    check_liveness(session, job)
     return job
 
 
@@ -323,7 +366,7 @@ def list_jobs(
         query = query.where(Job.status == status)
     found = list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
     for job in found:
-        check_process(session, job)
+        check_liveness(session, job)
     if status is not None:
         found = [job for job in found if job.status is status]
     return found
@@ -340,33 +383,42 @@ def _process_alive(pid: int) -> bool:
         return True
 
 
-def check_process(session: Session, job: Job) -> bool:
-    """Mark a queued or running job failed when its process is gone; True when it did so.
+def check_liveness(session: Session, job: Job) -> bool:
+    """Mark a job failed when the worker that took it stopped reporting; True when it did so.
 
-    Only a process on this machine can be checked (``host``); a job on another machine is left
-    to its own host's API to judge. The update is conditional, so a job that finished at the
-    same moment keeps its result."""
+    A queued job that no worker took yet stays queued however long it waits (a GPU worker may
+    be started tomorrow; :func:`waiting_message` says what it waits for). A job that a worker
+    took carries that worker's heartbeat; older than :data:`HEARTBEAT_STALE`, the worker and
+    the job's process are gone (killed, out of memory, machine lost). The update is conditional
+    on the heartbeat read, so a job that finished or reported at the same moment keeps its state.
+    Rows from before the queue (no worker, a pid) are judged by their process, on its machine."""
     if job.status not in ACTIVE:
         return False
-    if job.pid is None:
-        if utcnow() - job.created_at < START_TIMEOUT:
+    if job.worker is not None:
+        if job.heartbeat_at is not None and utcnow() - job.heartbeat_at < HEARTBEAT_STALE:
             return False
-        message = (
-            f"the job's process never started (no process picked it up within "
-            f"{int(START_TIMEOUT.total_seconds() // 60)} minutes); start it again"
+        seen = (
+            "never reported"
+            if job.heartbeat_at is None
+            else f"last reported at {job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
         )
-    elif job.host != socket.gethostname() or _process_alive(job.pid):
-        return False
-    else:
+        message = (
+            f"worker {job.worker}, which was running this job, {seen} and is gone (stopped, killed, out of memory, "
+            "or its machine was lost); see the job's log and start it again"
+        )
+        unchanged = Job.heartbeat_at.is_(None) if job.heartbeat_at is None else Job.heartbeat_at == job.heartbeat_at
+    elif job.pid is not None and job.host == socket.gethostname() and not _process_alive(job.pid):
         message = (
             f"the job's process (pid {job.pid}) ended without reporting a result: it was killed, ran out of "
             "memory, or the machine restarted; see the job's log and start it again"
         )
-    same_process = Job.pid.is_(None) if job.pid is None else Job.pid == job.pid
+        unchanged = Job.pid == job.pid
+    else:
+        return False
     changed = rows_matched(
         session,
         update(Job)
-        .where(Job.id == job.id, Job.status.in_(ACTIVE), same_process)
+        .where(Job.id == job.id, Job.status.in_(ACTIVE), unchanged)
         .values(status=JobStatus.failed, message=message, finished_at=utcnow())
         .execution_options(synchronize_session=False),
     )
@@ -376,73 +428,81 @@ def check_process(session: Session, job: Job) -> bool:
     return bool(changed)
 
 
-# --- starting the process ------------------------------------------------------------------
+def live_workers(session: Session, queue: JobQueue) -> list[JobWorker]:
+    """The workers of ``queue`` that reported within :data:`HEARTBEAT_STALE`."""
+    return list(
+        session.scalars(
+            select(JobWorker)
+            .where(
+                JobWorker.queue == queue,
+                JobWorker.stopped_at.is_(None),
+                JobWorker.heartbeat_at > utcnow() - HEARTBEAT_STALE,
+            )
+            .order_by(JobWorker.name)
+        )
+    )
+
+
+def waiting_message(session: Session, job: Job) -> str | None:
+    """What a queued job that no worker took yet waits for; None for any other job."""
+    if job.status is not JobStatus.queued or job.worker is not None:
+        return None
+    workers = live_workers(session, job.queue)
+    if not workers:
+        return (
+            f"queued: waiting for a {job.queue.value} worker; none is running (an operator starts one with "
+            f"`dynaloop worker --queue {job.queue.value}`)"
+        )
+    busy = sum(1 for worker in workers if worker.job_id is not None)
+    return f"queued: waiting for one of {len(workers)} {job.queue.value} worker(s) ({busy} busy with other jobs)"
 
 
 def job_log_path(data_dir: Path, job_id: int) -> Path:
+    """Where the worker writes the output of job ``job_id``'s process (on the worker's machine)."""
     return Path(data_dir) / "jobs" / f"job-{job_id}.log"
 
 
-def spawn_job(
-    job_id: int, *, database_url: str, data_dir: Path, data_root: Path | None = None
-) -> subprocess.Popen[bytes]:
-    """Start ``python -m dynaloop.cli job run JOB_ID`` detached from this process.
+# --- cancelling ----------------------------------------------------------------------------
 
-    The database URL (which may hold a password) travels in the child's environment, never on
-    its command line (``ps`` shows that to every user); a model server admin token in this
-    process's environment is not passed on. Its output goes
-    to ``DATA_DIR/jobs/job-ID.log``. A thread waits for the child so it never lingers as a
-    zombie that would look alive."""
-    log_path = job_log_path(data_dir, job_id)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.update(
-        DYNALOOP_DATABASE_URL=database_url, DYNALOOP_DATA_DIR=str(Path(data_dir).resolve()), PYTHONUNBUFFERED="1"
+
+def cancel_job(session: Session, actor: User | None, job: Job) -> Job:
+    """Cancel ``job``: a queued job that no worker took is cancelled at once; otherwise the
+    request is recorded and the job's worker stops its process (SIGTERM, then SIGKILL) within a
+    few seconds, and the job ends *cancelled*. Asking twice is harmless; a finished job is a
+    :class:`Conflict`."""
+    check_liveness(session, job)
+    if job.status not in ACTIVE:
+        raise Conflict(f"job {job.id} is already {job.status.value}; only a queued or running job can be cancelled")
+    who = actor.username if actor is not None else "an operator"
+    now = utcnow()
+    taken = rows_matched(
+        session,
+        update(Job)
+        .where(Job.id == job.id, Job.status == JobStatus.queued, Job.worker.is_(None))
+        .values(
+            status=JobStatus.cancelled,
+            message=f"cancelled by {who} before a worker took it",
+            finished_at=now,
+            cancel_requested_at=now,
+            cancel_requested_by_id=actor.id if actor else None,
+        )
+        .execution_options(synchronize_session=False),
     )
-    # The process reads the files the API allowed, from the same data root (DYNALOOP_DATA_ROOT).
-    env.pop(DATA_ROOT_ENV, None)
-    if data_root is not None:
-        env[DATA_ROOT_ENV] = str(Path(data_root).resolve())
-    env.pop(ADMIN_TOKEN_ENV, None)
-    with log_path.open("ab") as out:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "dynaloop.cli", "job", "run", str(job_id)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    threading.Thread(target=popen.wait, name=f"dynaloop-job-{job_id}-reaper", daemon=True).start()
-    return popen
-
-
-def start_job(
-    factory: sessionmaker[Session],
-    job_id: int,
-    *,
-    database_url: str,
-    data_dir: Path,
-    data_root: Path | None = None,
-    spawn: Callable[..., subprocess.Popen[bytes]] = spawn_job,
-) -> None:
-    """Spawn the job's process and record its pid; a failure to start is recorded on the job."""
-    try:
-        popen = spawn(job_id, database_url=database_url, data_dir=data_dir, data_root=data_root)
-    except OSError as exc:
-        with factory.begin() as session:
-            session.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.status == JobStatus.queued)
-                .values(
-                    status=JobStatus.failed, message=f"could not start the job's process: {exc}", finished_at=utcnow()
-                )
+    if not taken:
+        rows_matched(
+            session,
+            update(Job)
+            .where(Job.id == job.id, Job.status.in_(ACTIVE), Job.cancel_requested_at.is_(None))
+            .values(
+                cancel_requested_at=now,
+                cancel_requested_by_id=actor.id if actor else None,
+                message=f"cancelling: {who} asked {job.worker or 'its worker'} to stop it",
             )
-        return
-    with factory.begin() as session:
-        session.execute(
-            update(Job).where(Job.id == job_id, Job.pid.is_(None)).values(pid=popen.pid, host=socket.gethostname())
+            .execution_options(synchronize_session=False),
         )
+    session.refresh(job)
+    audit.record(session, actor, "job.cancel", "job", job.id, task=job.task.name, status=job.status.value)
+    return job
 
 
 # --- running ----------------------------------------------------------------------------
@@ -606,12 +666,30 @@ def _claim(factory: sessionmaker[Session], job_id: int) -> tuple[JobKind, int, s
             raise missing_job(job_id)
         if job.status is not JobStatus.queued:
             raise Conflict(f"job {job_id} is {job.status.value}; a job runs once (start a new one)")
-        job.status = JobStatus.running
-        job.started_at = utcnow()
-        job.pid = os.getpid()
-        job.host = socket.gethostname()
-        job.message = "starting"
-        return job.kind, job.task_id, job.task.name, job.created_by_id, dict(job.params or {})
+        cancelled = job.cancel_requested_at is not None
+        if cancelled:
+            job.status, job.finished_at = JobStatus.cancelled, utcnow()
+            job.message = "cancelled before its process started"
+        else:
+            job.status = JobStatus.running
+            job.started_at = utcnow()
+            job.pid = os.getpid()
+            job.host = socket.gethostname()
+            job.message = "starting"
+            claimed = job.kind, job.task_id, job.task.name, job.created_by_id, dict(job.params or {})
+    if cancelled:
+        raise Conflict(f"job {job_id} was cancelled before it started")
+    return claimed
+
+
+def _cancel_request(factory: sessionmaker[Session], job_id: int) -> str | None:
+    """The message of a job whose stop was a cancel request; None when nobody asked to cancel it."""
+    with STOP.deferred(), factory() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.cancel_requested_at is None:
+            return None
+        by = session.get(User, job.cancel_requested_by_id) if job.cancel_requested_by_id else None
+        return f"cancelled by {by.username if by else 'an operator'} while it ran"
 
 
 def _failure_message(exc: BaseException) -> str:
@@ -661,10 +739,15 @@ def run_job(factory: sessionmaker[Session], job_id: int, *, data_dir: Path, data
         runner.finish(JobStatus.succeeded, result.pop("message"), result)
     except BaseException as exc:
         message = _failure_message(exc)
+        status = JobStatus.failed
         if not isinstance(exc, DomainError | DataError | ValidationError | KeyboardInterrupt | SystemExit):
             runner.log(traceback.format_exc())
         try:
-            runner.finish(JobStatus.failed, message)
+            if STOP.signum is not None:
+                cancelled = _cancel_request(factory, job_id)
+                if cancelled is not None:
+                    status, message = JobStatus.cancelled, cancelled
+            runner.finish(status, message)
         except Exception:  # the database is gone too: the next read sees the dead process
             logger.exception("could not record the failure of job %s", job_id)
         logger.error("job %s failed: %s", job_id, runner.redact(message))

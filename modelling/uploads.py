@@ -31,7 +31,7 @@ from modelling.datasets import (
     parse_table,
     upload_path,
 )
-from modelling.jobs import check_process
+from modelling.jobs import check_liveness
 from services.db.models import DatasetUpload, Job, JobStatus, Task, User
 from services.domain import audit
 from services.domain.tasks import definition_of
@@ -231,7 +231,7 @@ def delete_upload(session: Session, actor: User | None, task: Task, name: str, *
         select(Job).where(Job.task_id == task.id, Job.status.in_((JobStatus.queued, JobStatus.running)))
     )
     for job in active:
-        if _named_in(job.params or {}, name) and not check_process(session, job):
+        if _named_in(job.params or {}, name) and not check_liveness(session, job):
             raise Conflict(
                 f"job {job.id} ({job.kind.value}, {job.status.value}) reads dataset {name!r}; delete it when "
                 f"the job has finished (GET /api/v1/jobs/{job.id})",

@@ -387,6 +387,11 @@ class JobPolicy:
             return TaskPolicy.manage()
         return _needs(Role.researcher, _on_task(job.task, lambda: missing_job(job.id)))
 
+    @staticmethod
+    def cancel(job: Job | None = None) -> Policy:
+        """Whoever may see a job may cancel it (the task's researchers and admins)."""
+        return JobPolicy.view(job)
+
 
 class ModelPolicy:
     @staticmethod

@@ -116,6 +116,11 @@ class TrainingDefaults(_Strict):
         description="Per-class loss weights: none, balanced (inverse to the mix's label mass; BESSTIE §5's "
         "class-weighted cross-entropy) or {label: weight}.",
     )
+    accelerator: Literal["cpu", "gpu"] = Field(
+        "cpu",
+        description="Where a train job started through the API runs unless its request says: cpu (any "
+        "`dynaloop worker`) or gpu (only a `dynaloop worker --queue gpu`, on a machine with a GPU).",
+    )
 
 
 class AgreementSettings(_Strict):

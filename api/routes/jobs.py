@@ -1,4 +1,4 @@
-"""Jobs: train, evaluate and promote, each in a process of its own (modelling.jobs)."""
+"""Jobs: train, evaluate and promote, queued for workers that run each in a process of its own (modelling.jobs)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
-from api.deps import IdPath, SessionDep, SessionmakerDep, SettingsDep, allowed
+from api.deps import IdPath, SessionDep, SettingsDep, allowed
 from api.schemas.jobs import JobCreate, JobPublic, JobsPublic
 from modelling import jobs as job_runs
 from services.authorization import JobPolicy, authorize
 from services.db.models import JobKind, JobStatus, User
-from services.db.transactions import commit_now
 from services.domain import tasks
 
 router = APIRouter(tags=["jobs"])
@@ -22,25 +21,36 @@ def create_job(
     task_name: str,
     body: JobCreate,
     session: SessionDep,
-    factory: SessionmakerDep,
     settings: SettingsDep,
     researcher: Annotated[User, allowed(JobPolicy.start)],
 ) -> JobPublic:
-    """Start a train, evaluate or promote job in its own process; poll GET /jobs/{id} for progress."""
+    """Queue a train, evaluate or promote job for a worker of its queue (cpu or gpu); poll
+    GET /jobs/{id} for progress."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, JobPolicy.start(task))
     job = job_runs.create_job(
-        session, researcher, task, body.kind, body.params, data_dir=settings.data_dir, data_root=settings.data_root
-    )
-    commit_now(session, "the job's own process reads the row, and start_job records its pid in transactions of its own")
-    job_runs.start_job(
-        factory,
-        job.id,
-        database_url=settings.resolved_database_url,
+        session,
+        researcher,
+        task,
+        body.kind,
+        body.params,
         data_dir=settings.data_dir,
         data_root=settings.data_root,
+        queue=body.queue,
+        cpu_fallback=body.cpu_fallback,
     )
-    session.refresh(job)
+    return JobPublic.of(job, with_log=True, waiting=job_runs.waiting_message(session, job))
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(
+    job_id: IdPath, session: SessionDep, researcher: Annotated[User, allowed(JobPolicy.cancel)]
+) -> JobPublic:
+    """Cancel a job: a queued one at once, a running one within seconds (its worker stops its
+    process); 409 when it already ended."""
+    job = job_runs.get_job(session, job_id)
+    authorize(researcher, JobPolicy.cancel(job))
+    job = job_runs.cancel_job(session, researcher, job)
     return JobPublic.of(job, with_log=True)
 
 
@@ -49,7 +59,7 @@ def get_job(job_id: IdPath, session: SessionDep, researcher: Annotated[User, all
     """A job's status, progress (0-1), message, result and the newest lines of its log."""
     job = job_runs.get_job(session, job_id)
     authorize(researcher, JobPolicy.view(job))
-    return JobPublic.of(job, with_log=True)
+    return JobPublic.of(job, with_log=True, waiting=job_runs.waiting_message(session, job))
 
 
 @router.get("/tasks/{task_name}/jobs", response_model=JobsPublic)
@@ -65,4 +75,6 @@ def list_jobs(
     task = tasks.get_task(session, task_name)
     authorize(researcher, JobPolicy.list(task))
     found = job_runs.list_jobs(session, task, kind=kind, status=job_status, limit=limit)
-    return JobsPublic(data=[JobPublic.of(job) for job in found], count=len(found))
+    return JobsPublic(
+        data=[JobPublic.of(job, waiting=job_runs.waiting_message(session, job)) for job in found], count=len(found)
+    )

@@ -1,7 +1,10 @@
-"""`dynaloop job`: run a job that the API queued (modelling.jobs)."""
+"""`dynaloop job run` (what a worker runs for each job) and `dynaloop worker` (modelling.worker)."""
 
 from __future__ import annotations
 
+import os
+import signal
+from enum import Enum
 from typing import Annotated
 
 import typer
@@ -9,8 +12,28 @@ import typer
 from dynaloop.commands.common import DatabaseOpt, console, ensure_schema, fail, session_factory, settings_for
 
 app = typer.Typer(
-    help="Jobs (train, evaluate, promote) that the API starts in their own process.", no_args_is_help=True
+    help="Jobs (train, evaluate, promote) that workers run, each in its own process.", no_args_is_help=True
 )
+
+
+def _die_with_worker() -> None:
+    """Started by a worker (modelling.worker): stop like a SIGTERM when the worker dies, so a
+    job never runs on unwatched. Linux's PR_SET_PDEATHSIG; elsewhere the worker's heartbeat
+    still tells the researcher."""
+    from modelling.worker import WORKER_PID_ENV
+
+    worker_pid = os.environ.get(WORKER_PID_ENV, "")
+    if not worker_pid.isdigit():
+        return
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(worker_pid):  # the worker died before the call above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @app.command("run")
@@ -18,11 +41,9 @@ def job_run(
     job_id: Annotated[int, typer.Argument(help="The job's id (POST /api/v1/tasks/{task}/jobs)")],
     database_url: DatabaseOpt = None,
 ) -> None:
-    """Run a queued job in this process, writing its progress to the database (the API starts
-    this command for every job; a promote job reads its model server's URL and admin token from
-    the registry of model servers)."""
-    import signal
-
+    """Run a queued job in this process, writing its progress to the database (a `dynaloop
+    worker` starts this command for every job it takes; a promote job reads its model server's
+    URL and admin token from the registry of model servers)."""
     from modelling.jobs import STOP, run_job
     from services.db.models import JobStatus
     from services.errors import DomainError
@@ -31,7 +52,8 @@ def job_run(
     url = settings.resolved_database_url
     ensure_schema(url)
 
-    signal.signal(signal.SIGTERM, STOP.handle)  # recorded on the job as interrupted
+    signal.signal(signal.SIGTERM, STOP.handle)  # recorded on the job as interrupted, or cancelled
+    _die_with_worker()
     try:
         job = run_job(session_factory(url), job_id, data_dir=settings.data_dir, data_root=settings.data_root)
     except DomainError as exc:
@@ -44,3 +66,58 @@ def job_run(
     )
     if job.status is not JobStatus.succeeded:
         raise typer.Exit(1)
+
+
+class QueueChoice(str, Enum):
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+def worker(
+    queue: Annotated[
+        QueueChoice, typer.Option("--queue", help="cpu: any job that needs no GPU; gpu: jobs that asked for one.")
+    ] = QueueChoice.cpu,
+    name: Annotated[
+        str | None, typer.Option("--name", help="How jobs and GET /jobs name this worker; default HOST-QUEUE-PID.")
+    ] = None,
+    skip_gpu_check: Annotated[
+        bool,
+        typer.Option(
+            "--skip-gpu-check",
+            help="Take gpu jobs on a machine without a CUDA GPU (to rehearse the wiring; training then runs on CPU).",
+        ),
+    ] = False,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Take jobs from one queue (in the application's database) and run each in a process of its
+    own, writing a heartbeat; SIGINT waits for the running job, SIGTERM stops it (docs/deploy.md)."""
+    from modelling.worker import Worker, WorkerSettings
+    from services.db.models import JobQueue
+    from services.errors import DomainError
+
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
+    ensure_schema(url)
+    chosen = JobQueue(queue.value)
+    if chosen is JobQueue.gpu and not skip_gpu_check:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail(
+                "no CUDA GPU is visible on this machine, so it cannot take gpu jobs; run `dynaloop worker --queue cpu` "
+                "here, or a gpu worker where a GPU is"
+            )
+    try:
+        runner = Worker(
+            WorkerSettings(
+                queue=chosen,
+                database_url=url,
+                data_dir=settings.data_dir,
+                data_root=settings.data_root,
+                name=name or "",
+            ),
+            session_factory(url),
+        )
+        runner.run()
+    except DomainError as exc:
+        raise fail(exc.message) from exc
