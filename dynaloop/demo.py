@@ -445,6 +445,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 },
             )
             _wait(console, supervisor, api, options.api_start_timeout_s)
+            _start_worker(console, supervisor, python, setup.database_url, settings, options.api_start_timeout_s)
             if start_ui:
                 web = supervisor.start(
                     "web app",
@@ -510,6 +511,40 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
     console.print("dynaloop demo stopped; every service it started is down")
 
 
+#: The demo's job worker (`dynaloop worker --name`): retraining and evaluation started from the web app.
+DEMO_WORKER = "demo-cpu"
+
+
+def _start_worker(
+    console: Console, supervisor: Supervisor, python: str, database_url: str, settings: Settings, timeout_s: float
+) -> Service:
+    """A CPU worker for the jobs the researcher starts (modelling.worker), on the demo's SQLite
+    database: the embedded default needs no other server. Ready once it has registered."""
+    from modelling.jobs import live_workers
+    from services.db.models import JobQueue
+
+    worker = supervisor.start(
+        "job worker",
+        [python, "-m", "dynaloop", "worker", "--queue", "cpu", "--name", DEMO_WORKER, "--database-url", database_url],
+        url="",
+        health_url="",
+        env={"DYNALOOP_DATA_DIR": str(settings.data_dir)},
+    )
+    factory = make_sessionmaker(make_engine(database_url))
+
+    def registered() -> bool:
+        with factory() as session:
+            return any(w.name == DEMO_WORKER and w.pid == worker.pid for w in live_workers(session, JobQueue.cpu))
+
+    console.print("starting the job worker (queue cpu) …", soft_wrap=True)
+    started = time.perf_counter()
+    supervisor.wait_ready(worker, registered, timeout_s, "register in the database")
+    console.print(
+        f"  ready in {time.perf_counter() - started:.1f} s (pid {worker.pid}, log {worker.log_path})", soft_wrap=True
+    )
+    return worker
+
+
 def _wait(console: Console, supervisor: Supervisor, service: Service, timeout_s: float) -> None:
     console.print(f"starting the {service.name} at {service.url} …", soft_wrap=True)
     started = time.perf_counter()
@@ -555,6 +590,8 @@ def _print_ready(
     print_study_links(console, setup, ui_url)
     for service in supervisor.services:
         address = f"{service.url}/api/v1  (docs: {service.url}/docs)" if service.name == "API" else service.url
+        if not service.url:
+            address = "(no address: it takes jobs from the database)"
         console.print(
             f"{service.name:<13} {address}  [dim](pid {service.pid}, log {service.log_path})[/dim]",
             soft_wrap=True,

@@ -19,7 +19,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,27 +126,35 @@ class Supervisor:
     def wait_healthy(self, service: Service, timeout_s: float) -> None:
         """Return once ``GET health_url`` answers 200; raise :class:`ServiceError` if the
         process exits first or ``timeout_s`` passes."""
-        deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=2.0) as http:
-            while True:
-                code = service.process.poll()
-                if code is not None:
-                    raise ServiceError(
-                        f"the {service.name} exited with status {code} while starting; "
-                        f"its log ({service.log_path}) ends with:\n{log_tail(service.log_path)}"
-                    )
+
+            def healthy() -> bool:
                 try:
-                    if http.get(service.health_url).status_code == 200:
-                        return
+                    return http.get(service.health_url).status_code == 200
                 except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise ServiceError(
-                        f"the {service.name} did not answer {service.health_url} within "
-                        f"{timeout_s:.0f} s; its log ({service.log_path}) ends with:\n"
-                        f"{log_tail(service.log_path)}"
-                    )
-                time.sleep(0.25)
+                    return False
+
+            self.wait_ready(service, healthy, timeout_s, f"answer {service.health_url}")
+
+    def wait_ready(self, service: Service, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Return once ``ready()``; raise :class:`ServiceError` if the process exits first or
+        ``timeout_s`` passes (``what``: what it did not do, for the message)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = service.process.poll()
+            if code is not None:
+                raise ServiceError(
+                    f"the {service.name} exited with status {code} while starting; "
+                    f"its log ({service.log_path}) ends with:\n{log_tail(service.log_path)}"
+                )
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise ServiceError(
+                    f"the {service.name} did not {what} within {timeout_s:.0f} s; its log ({service.log_path}) "
+                    f"ends with:\n{log_tail(service.log_path)}"
+                )
+            time.sleep(0.25)
 
     def exited(self) -> Service | None:
         """The first service that is no longer running, if any."""

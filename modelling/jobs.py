@@ -38,6 +38,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -123,6 +124,8 @@ HEARTBEAT_STALE = dt.timedelta(seconds=60)
 # Never passed on to a job's process: a promote job takes its server's token from the registry.
 ADMIN_TOKEN_ENV = "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN"
 DATA_ROOT_ENV = "DYNALOOP_DATA_ROOT"
+#: The worker that started a job's process names itself here (modelling.worker).
+WORKER_NAME_ENV = "DYNALOOP_JOB_WORKER_NAME"
 MAX_ID = 2**31 - 1  # ids are INTEGER columns (api.deps.MAX_ID)
 OWN_LOGGERS = ("round_builder", "modelling", "model_server", "model_directory", "services", "api", "dynaloop")
 
@@ -372,7 +375,8 @@ def list_jobs(
     return found
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine runs (a zombie does not)."""
     if pid == os.getpid():
         return True
     try:
@@ -407,7 +411,7 @@ def check_liveness(session: Session, job: Job) -> bool:
             "or its machine was lost); see the job's log and start it again"
         )
         unchanged = Job.heartbeat_at.is_(None) if job.heartbeat_at is None else Job.heartbeat_at == job.heartbeat_at
-    elif job.pid is not None and job.host == socket.gethostname() and not _process_alive(job.pid):
+    elif job.pid is not None and job.host == socket.gethostname() and not process_alive(job.pid):
         message = (
             f"the job's process (pid {job.pid}) ended without reporting a result: it was killed, ran out of "
             "memory, or the machine restarted; see the job's log and start it again"
@@ -450,11 +454,11 @@ def waiting_message(session: Session, job: Job) -> str | None:
     workers = live_workers(session, job.queue)
     if not workers:
         return (
-            f"queued: waiting for a {job.queue.value} worker; none is running (an operator starts one with "
+            f"{job.message}; no {job.queue.value} worker is running (an operator starts one with "
             f"`dynaloop worker --queue {job.queue.value}`)"
         )
     busy = sum(1 for worker in workers if worker.job_id is not None)
-    return f"queued: waiting for one of {len(workers)} {job.queue.value} worker(s) ({busy} busy with other jobs)"
+    return f"{job.message}; {len(workers)} {job.queue.value} worker(s) running, {busy} busy with other jobs"
 
 
 def job_log_path(data_dir: Path, job_id: int) -> Path:
@@ -697,6 +701,9 @@ def _failure_message(exc: BaseException) -> str:
     from modelling.errors import EvaluationError
     from modelling.train import TrainingError
 
+    if STOP.signum == signal.SIGHUP:  # `dynaloop job run` gets it when its worker dies
+        worker = os.environ.get(WORKER_NAME_ENV) or "its worker"
+        return f"the job was interrupted: {worker}, the worker that ran it, stopped or died; start it again"
     if isinstance(exc, KeyboardInterrupt | SystemExit) or STOP.signum is not None:
         # after a stop, whatever the stop turned into (a driver error mid-statement) is the stop
         return "the job was interrupted (its process was stopped); start it again"

@@ -41,7 +41,16 @@ from typing import IO
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelling.jobs import ACTIVE, ADMIN_TOKEN_ENV, DATA_ROOT_ENV, HEARTBEAT_INTERVAL, HEARTBEAT_STALE, job_log_path
+from modelling.jobs import (
+    ACTIVE,
+    ADMIN_TOKEN_ENV,
+    DATA_ROOT_ENV,
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_STALE,
+    WORKER_NAME_ENV,
+    job_log_path,
+    process_alive,
+)
 from modelling.queue import job_queue
 from services.db.models import Job, JobQueue, JobStatus, JobWorker, utcnow
 from services.db.statements import rows_matched
@@ -110,7 +119,10 @@ class Worker:
                     )
                 )
                 return
-            if row.stopped_at is None and now - row.heartbeat_at < HEARTBEAT_STALE:
+            same_machine = row.host == socket.gethostname()
+            # A worker restarted under its name (a container's hostname and pid stay the same) is no rival.
+            gone = same_machine and (row.pid == os.getpid() or not process_alive(row.pid))
+            if row.stopped_at is None and now - row.heartbeat_at < HEARTBEAT_STALE and not gone:
                 raise Conflict(
                     f"a worker named {self.name!r} is running on {row.host} (pid {row.pid}); give this one another "
                     "--name"
@@ -172,6 +184,7 @@ class Worker:
             PYTHONUNBUFFERED="1",
         )
         env[WORKER_PID_ENV] = str(os.getpid())
+        env[WORKER_NAME_ENV] = self.name
         env.pop(DATA_ROOT_ENV, None)
         if self.settings.data_root is not None:
             env[DATA_ROOT_ENV] = str(Path(self.settings.data_root).resolve())

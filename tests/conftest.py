@@ -26,7 +26,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
 from api.app import create_app
@@ -164,6 +164,43 @@ def model_server_process(model_dir: Path, log: Path, admin_token: str) -> Iterat
     args = ["model-server", "--model", str(model_dir), "--port", str(port), "--device", "cpu", "--log-level", "warning"]
     with dynaloop_process(args, env, log, url) as popen:
         yield ModelServerProcess(url, popen, log)
+
+
+@contextmanager
+def worker_process(app: FastAPI, queue: str, name: str, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A real `dynaloop worker` on the app's database; yields once it has registered; its
+    process group is stopped on exit (a test that killed it already is fine)."""
+    settings = app.state.settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
+    env.update(DYNALOOP_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1")
+    args = ["worker", "--queue", queue, "--name", name, "--database-url", settings.resolved_database_url, *extra]
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [*dynaloop_command(), *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not _registered(app, name, popen.pid):
+            if popen.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"worker {name} did not register:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield popen
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGTERM)
+            try:
+                popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait(timeout=5)
+
+
+def _registered(app: FastAPI, name: str, pid: int) -> bool:
+    from services.db.models import JobWorker
+
+    with app.state.sessionmaker() as session:
+        row = session.scalar(select(JobWorker).where(JobWorker.name == name))
+        return row is not None and row.pid == pid and row.stopped_at is None
 
 
 @contextmanager

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from sqlalchemy import String, Text, text
 
-import modelling.jobs
 from services.db.engine import session_scope
 from services.db.models import Base
 from services.domain import users
@@ -199,7 +198,6 @@ def model_with_inspect() -> Iterator[ThreadedServer]:
 
 @pytest.fixture
 def world(client: Any, make_user: Any, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch) -> World:
-    monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)  # no real training
     actors: dict[str, Actor | None] = {"anonymous": None}
     for role in ROLES[1:]:
         actors[role] = make_user(f"the-{role}", role)
@@ -481,7 +479,6 @@ class Owned:
 def owned(
     client: Any, app: Any, built: Any, make_user: Any, model_with_inspect: ThreadedServer, monkeypatch: Any
 ) -> Owned:
-    monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)  # no real training
     rita = built["researcher"]
     actors = {OWNER: rita, MEMBER: make_user("mia", "researcher"), OTHER: make_user("oscar", "researcher")}
     for role in ("writer", "validator", "client", "admin"):

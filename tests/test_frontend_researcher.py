@@ -24,7 +24,6 @@ from fastapi import FastAPI
 from sqlalchemy import select
 from streamlit.testing.v1 import AppTest
 
-import modelling.jobs
 from frontend import plots
 from frontend.client import ApiError, Round
 from model_directory import ModelMetadata
@@ -178,8 +177,9 @@ def registered_model(
 
 
 class JobProcess:
-    """Writes to a job's row what its `dynaloop job run` process would (modelling.jobs.run_job):
-    running with progress and a message, then succeeded with a result, or failed."""
+    """Writes to a job's row what its worker and its `dynaloop job run` process would
+    (modelling.worker, modelling.jobs.run_job): running with progress and a message, then
+    succeeded with a result, or failed."""
 
     def __init__(self, live: LiveApi) -> None:
         self.live = live
@@ -195,6 +195,8 @@ class JobProcess:
                     os.getpid(),
                     socket.gethostname(),
                 )
+                job.worker = "page-test-worker"
+            job.heartbeat_at = utcnow()
             message = values.get("message")
             if message:
                 job.log = f"{job.log or ''}\n{message}".strip()
@@ -214,8 +216,8 @@ class JobProcess:
 
 
 @pytest.fixture
-def jobs(live: LiveApi, monkeypatch: pytest.MonkeyPatch) -> JobProcess:
-    monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)  # no process: JobProcess
+def jobs(live: LiveApi) -> JobProcess:
+    """No worker runs in these tests: JobProcess plays its part."""
     return JobProcess(live)
 
 
@@ -746,13 +748,14 @@ def test_plots_without_data() -> None:
 # --- the real client against the real API ------------------------------------------------------
 
 
-def test_researcher_pages_against_the_real_api(app: FastAPI, built: BuiltRound) -> None:
-    """The pages with the real ApiClient, the API served over HTTP, a built round and a real
-    `dynaloop job run` process: plot data, downloads, a train job followed to the end."""
+def test_researcher_pages_against_the_real_api(app: FastAPI, built: BuiltRound, tmp_path: Path) -> None:
+    """The pages with the real ApiClient, the API served over HTTP, a built round, a real
+    `dynaloop worker` and its `dynaloop job run` process: plot data, downloads, a train job
+    followed to the end."""
     import time
 
     from frontend.client import ApiClient
-    from tests.conftest import free_port
+    from tests.conftest import free_port, worker_process
     from tests.stub_model_server import ThreadedServer
     from tests.test_jobs import TINY_TRAIN
 
@@ -780,12 +783,13 @@ def test_researcher_pages_against_the_real_api(app: FastAPI, built: BuiltRound) 
         at = ok(at.button(key="researcher_download_fetch").click().run())
         assert len(at.session_state["researcher_models_download"]["data"].splitlines()) == 9
 
-        job = client.start_job(TASK, "train", TINY_TRAIN)
-        at.session_state["researcher_models_job"] = {TASK: job["id"]}
-        deadline = time.monotonic() + 300
-        while at.session_state["researcher_models_job"].get(TASK) and time.monotonic() < deadline:
-            time.sleep(0.5)
-            at = ok(at.run())
+        with worker_process(app, "cpu", "page-worker", tmp_path / "worker.log"):
+            job = client.start_job(TASK, "train", TINY_TRAIN)
+            at.session_state["researcher_models_job"] = {TASK: job["id"]}
+            deadline = time.monotonic() + 300
+            while at.session_state["researcher_models_job"].get(TASK) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                at = ok(at.run())
         assert said(at, "success", "trained and registered dynasent-r2-for-round-2@"), texts(at)
         assert [m["status"] for m in client.models(TASK)] == ["trained"]
         assert client.job(job["id"])["status"] == "succeeded"

@@ -1,6 +1,7 @@
 """Jobs (modelling/jobs.py): train, evaluate and promote run outside the API with progress, on a
 real database (SQLite; PostgreSQL too when DYNALOOP_TEST_POSTGRES_URL is set), a built round,
-a tiny model, a real `dynaloop model-server` process and a real `dynaloop job run` process."""
+a tiny model, a real `dynaloop model-server` process, a real `dynaloop worker` and its `dynaloop job
+run` processes (more of the queue and the workers in tests/test_workers.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from tests.conftest import (
     model_server_process,
     register_model_server,
     table_counts,
+    worker_process,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -330,43 +332,41 @@ def test_a_job_whose_process_is_gone_is_reported_failed(app: FastAPI, client: Te
     assert {j["id"]: j["status"] for j in listed["data"]} == {ids[0]: "failed", ids[1]: "running", ids[2]: "running"}
 
 
-# --- the API: a real `dynaloop job run` process -------------------------------------------------
+# --- the API: a real worker and its `dynaloop job run` process ----------------------------------
 
 
-def test_post_starts_a_process_that_finishes(app: FastAPI, client: TestClient, built: BuiltRound) -> None:
+def test_post_queues_a_job_that_a_worker_runs_to_the_end(
+    app: FastAPI, client: TestClient, built: BuiltRound, tmp_path: Path
+) -> None:
     researcher = built["researcher"]
     response = client.post(
         "/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": TINY_TRAIN}, headers=researcher.headers
     )
     assert response.status_code == 202, response.text
     job = response.json()
-    assert job["status"] in ("queued", "running") and job["kind"] == "train" and job["created_by"] == "rita"
-    with session_scope(app.state.sessionmaker) as session:
-        row = session.get(Job, job["id"])
-        assert row.pid is not None and row.host == socket.gethostname()
-        pid = row.pid
-    # A second train job for the task while this one runs: 409, and nothing is recorded.
+    assert job["status"] == "queued" and job["kind"] == "train" and job["created_by"] == "rita"
+    # A second train job for the task while this one waits: 409, and nothing is recorded.
+    before = table_counts(app)
     again = client.post(
         "/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": TINY_TRAIN}, headers=researcher.headers
     )
     assert again.status_code == 409 and f"train job {job['id']}" in again.json()["error"]["message"]
+    assert table_counts(app) == before
     seen: list[float] = []
-    deadline = time.monotonic() + 300
-    while True:
-        body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
-        seen.append(body["progress"])
-        if body["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    with worker_process(app, "cpu", "jobs-worker", tmp_path / "worker.log"):
+        deadline = time.monotonic() + 300
+        while True:
+            body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
+            seen.append(body["progress"])
+            if body["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     log_file = jobs.job_log_path(app.state.settings.data_dir, job["id"])
     assert body["status"] == "succeeded", body["message"] + "\n" + body["log"] + "\n" + log_file.read_text()
-    assert body["progress"] == 1.0 and seen == sorted(seen)
+    assert body["progress"] == 1.0 and seen == sorted(seen) and body["worker"] == "jobs-worker"
     assert body["message"].startswith("trained and registered dynasent-r2-for-round-2@")
     assert "epoch 2/2" in body["log"] and f"job {job['id']} (train) succeeded" in log_file.read_text()
-    # The process is gone and reaped; the finished job stays succeeded when read again.
-    deadline = time.monotonic() + 10
-    while jobs._process_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # The finished job stays succeeded when read again, its worker gone.
     assert client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()["status"] == "succeeded"
 
     listed = client.get("/api/v1/tasks/dynasent-r2/jobs?kind=train", headers=researcher.headers).json()
@@ -500,29 +500,34 @@ def test_plot_data_for_the_dashboard(client: TestClient, built: BuiltRound) -> N
     assert thinned["truncated"] and len(thinned["examples"]) == 5 and thinned["total_examples"] == 21
 
 
-def test_a_stopped_job_process_records_the_interruption(app: FastAPI, client: TestClient, built: BuiltRound) -> None:
+def test_a_stopped_job_process_records_the_interruption(
+    app: FastAPI, client: TestClient, built: BuiltRound, tmp_path: Path
+) -> None:
     researcher = built["researcher"]
     params = {**TINY_TRAIN, "epochs": 1000, "patience": 0}
     job = client.post(
         "/api/v1/tasks/dynasent-r2/jobs", json={"kind": "train", "params": params}, headers=researcher.headers
     ).json()
-    with session_scope(app.state.sessionmaker) as session:
-        pid = session.get(Job, job["id"]).pid
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
-            if (body["status"] == "running" and body["progress"] > 0.03) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert body["status"] == "running", body
-        os.kill(pid, signal.SIGTERM)
-        while body["status"] == "running" and time.monotonic() < deadline:
-            time.sleep(0.2)
-            body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
-    finally:
-        if jobs._process_alive(pid):  # never leave a 1000-epoch run behind
-            os.kill(pid, signal.SIGKILL)
+    pid: int | None = None
+    with worker_process(app, "cpu", "stop-worker", tmp_path / "worker.log"):
+        try:
+            deadline = time.monotonic() + 240
+            while True:
+                body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
+                if (body["status"] == "running" and body["progress"] > 0.03) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert body["status"] == "running", body
+            with session_scope(app.state.sessionmaker) as session:
+                pid = session.get(Job, job["id"]).pid  # type: ignore[union-attr]
+            assert pid is not None
+            os.kill(pid, signal.SIGTERM)  # the job's own process, not its worker
+            while body["status"] == "running" and time.monotonic() < deadline:
+                time.sleep(0.2)
+                body = client.get(f"/api/v1/jobs/{job['id']}", headers=researcher.headers).json()
+        finally:
+            if pid is not None and jobs.process_alive(pid):  # never leave a 1000-epoch run behind
+                os.kill(pid, signal.SIGKILL)
     assert body["status"] == "failed" and body["finished_at"] is not None
     assert body["message"] == "the job was interrupted (its process was stopped); start it again"
     assert 0.03 < body["progress"] < 1

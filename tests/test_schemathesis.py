@@ -35,7 +35,6 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
-import modelling.jobs
 from api.app import create_app
 from services.db.engine import session_scope
 from services.db.models import ApiToken
@@ -316,8 +315,6 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
 
 @pytest.fixture
 def seeded(settings: Settings, model_with_inspect: ThreadedServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Seeded]:
-    # A generated train or evaluate job must not start a real training process.
-    monkeypatch.setattr(modelling.jobs, "start_job", lambda *args, **kwargs: None)
     app = create_app(settings)
     tokens, token_ids, ids = seed(app, model_with_inspect.url)
     REAL.clear()

@@ -17,9 +17,9 @@ app = typer.Typer(
 
 
 def _die_with_worker() -> None:
-    """Started by a worker (modelling.worker): stop like a SIGTERM when the worker dies, so a
-    job never runs on unwatched. Linux's PR_SET_PDEATHSIG; elsewhere the worker's heartbeat
-    still tells the researcher."""
+    """Started by a worker (modelling.worker): get SIGHUP when the worker dies, and stop (the
+    job records that its worker is gone), so a job never runs on unwatched. Linux's
+    PR_SET_PDEATHSIG; elsewhere the worker's heartbeat still tells the researcher."""
     from modelling.worker import WORKER_PID_ENV
 
     worker_pid = os.environ.get(WORKER_PID_ENV, "")
@@ -29,11 +29,11 @@ def _die_with_worker() -> None:
         import ctypes
 
         pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGHUP)
     except (OSError, AttributeError):
         return
     if os.getppid() != int(worker_pid):  # the worker died before the call above
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)
 
 
 @app.command("run")
@@ -53,6 +53,7 @@ def job_run(
     ensure_schema(url)
 
     signal.signal(signal.SIGTERM, STOP.handle)  # recorded on the job as interrupted, or cancelled
+    signal.signal(signal.SIGHUP, STOP.handle)  # its worker died
     _die_with_worker()
     try:
         job = run_job(session_factory(url), job_id, data_dir=settings.data_dir, data_root=settings.data_root)
