@@ -42,6 +42,7 @@ API_REPLICAS = ("api-1", "api-2")
 MODEL_REPLICAS = ("model-1", "model-2")
 GPU_REPLICAS = ("vllm-1", "vllm-2")
 ONE_SHOT = ("migrate", "model-init")
+WORKERS = ("worker-cpu", "worker-gpu")
 PUBLISHED = ("nginx", "frontend")
 SECRETS = ("POSTGRES_PASSWORD", "DYNALOOP_SECRET_KEY", "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", "DYNALOOP_WEB_APP_KEY")
 # DYNALOOP_* variables that are not Settings fields, and the file that reads each one.
@@ -326,7 +327,7 @@ def compose_commands() -> dict[str, list[str]]:
 
 def test_compose_commands_are_real_dynaloop_commands() -> None:
     commands = compose_commands()
-    assert set(commands) == {"migrate", "model-init", *MODEL_REPLICAS, *GPU_REPLICAS}
+    assert set(commands) == {"migrate", "model-init", *MODEL_REPLICAS, *GPU_REPLICAS, *WORKERS}
     for argv in commands.values():
         check_dynaloop_command(argv)
     assert commands["migrate"] == ["dynaloop", "db", "upgrade"]
@@ -344,6 +345,7 @@ def test_compose_has_the_services_of_the_stack() -> None:
         *API_REPLICAS,
         *MODEL_REPLICAS,
         *GPU_REPLICAS,
+        *WORKERS,
         "nginx",
         "frontend",
     }
@@ -381,9 +383,27 @@ def test_api_replicas_run_in_production_on_postgres_with_shared_rate_limits() ->
         assert env["DYNALOOP_RATE_LIMIT_STORAGE"] == "redis://redis:6379/0"
         assert env["DYNALOOP_DATA_DIR"] == "/data"
     assert env_of(services()["api-1"]) == env_of(services()["api-2"])
-    # Jobs are judged by the host they run on: each replica keeps its hostname when recreated.
+    # Jobs from before the queue are judged by the host they ran on: each replica keeps its hostname.
     assert [services()[name].get("hostname") for name in API_REPLICAS] == list(API_REPLICAS)
     assert all(services()[name].get("init") is True for name in API_REPLICAS)
+
+
+def test_job_workers_take_their_queue_from_postgres_under_a_name_they_keep() -> None:
+    for name in WORKERS:
+        service = services()[name]
+        queue = name.removeprefix("worker-")
+        assert service["command"] == ["dynaloop", "worker", "--queue", queue, "--name", name]
+        assert service["hostname"] == name and service["init"] is True  # a restart takes its name back
+        assert env_of(service) == env_of(services()["api-1"])  # the same database and data folder
+        assert service["volumes"] == ["dynaloop-data:/data"]  # trained models where model servers find them
+        assert service["healthcheck"]["test"] == ["CMD", "dynaloop", "job", "workers", "--check", name]
+        check_dynaloop_command(service["healthcheck"]["test"][1:])
+        assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert services()["worker-cpu"]["image"] == services()["api-1"]["image"]
+    gpu = services()["worker-gpu"]
+    assert gpu["profiles"] == ["gpu"] and gpu["image"] == services()["vllm-1"]["image"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
     assert services()["api-1"]["image"] == services()["api-2"]["image"] == services()["migrate"]["image"]
 
 
@@ -471,6 +491,8 @@ def test_model_replicas_share_the_data_volume_and_the_admin_token() -> None:
 
 def test_gpu_profile_runs_vllm_replicas_on_nvidia_gpus() -> None:
     for name, service in services().items():
+        if name == "worker-gpu":
+            continue  # test_job_workers_take_their_queue_from_postgres_under_a_name_they_keep
         if name in GPU_REPLICAS:
             assert service["profiles"] == ["gpu"]
             command = service["command"]
@@ -678,7 +700,9 @@ def test_docker_compose_config_accepts_the_stack() -> None:
     assert result.returncode == 0, result.stderr
     resolved = json.loads(result.stdout)
     assert resolved["services"]["api-1"]["environment"]["DYNALOOP_SECRET_KEY"] == DUMMY_SECRETS["DYNALOOP_SECRET_KEY"]
-    assert set(resolved["services"]) == set(services()) - set(GPU_REPLICAS)
+    assert set(resolved["services"]) == set(services()) - {*GPU_REPLICAS, "worker-gpu"}
+    # The YAML merge keys resolved: the cpu worker has its command, image and the API's environment.
+    assert resolved["services"]["worker-cpu"]["environment"] == resolved["services"]["api-1"]["environment"]
     gpu = _run_compose(cli, "--profile", "gpu", "config", "--services", env=DUMMY_SECRETS)
     assert gpu.returncode == 0, gpu.stderr
     assert set(gpu.stdout.split()) == set(services())

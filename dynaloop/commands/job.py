@@ -122,3 +122,50 @@ def worker(
         runner.run()
     except DomainError as exc:
         raise fail(exc.message) from exc
+
+
+@app.command("workers")
+def job_workers(
+    check: Annotated[
+        str | None,
+        typer.Option("--check", help="Exit 0 only if the worker of this name reports (a container's health check)."),
+    ] = None,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """The job workers: queue, where they run, their current job and when they last reported."""
+    from rich.table import Table
+    from sqlalchemy import select
+
+    from modelling.jobs import HEARTBEAT_STALE
+    from services.db.models import JobWorker, utcnow
+
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
+    ensure_schema(url)
+    with session_factory(url)() as session:
+        workers = list(session.scalars(select(JobWorker).order_by(JobWorker.queue, JobWorker.name)))
+    now = utcnow()
+
+    def state(worker: JobWorker) -> str:
+        if worker.stopped_at is not None:
+            return "stopped"
+        return "running" if now - worker.heartbeat_at < HEARTBEAT_STALE else "gone (no heartbeat)"
+
+    if check is not None:
+        found = next((worker for worker in workers if worker.name == check), None)
+        if found is None or state(found) != "running":
+            raise fail(f"worker {check!r} is {'not registered' if found is None else state(found)}")
+        console.print(f"worker {check} is running (job {found.job_id or 'none'})", highlight=False, markup=False)
+        return
+    table = Table("name", "queue", "host", "pid", "job", "state", "last report (UTC)")
+    for worker in workers:
+        table.add_row(
+            worker.name,
+            worker.queue.value,
+            worker.host,
+            str(worker.pid),
+            str(worker.job_id or ""),
+            state(worker),
+            f"{worker.heartbeat_at:%Y-%m-%d %H:%M:%S}",
+        )
+    console.print(table if workers else "no worker has registered yet; start one with `dynaloop worker`")
