@@ -371,7 +371,9 @@ class Job(TypedDict):
     id: int
     kind: str  # train, evaluate, promote
     task: str
-    status: str  # queued, running, succeeded, failed
+    status: str  # queued, running, succeeded, failed, cancelled
+    queue: str  # cpu or gpu: the workers that may run it
+    worker: str | None  # the worker that took it
     progress: float  # 0 to 1
     message: str
     params: dict[str, Any]
@@ -578,6 +580,7 @@ class Api(Protocol):
     def download_dataset(self, task: str, number: int, split: str = "train", format: str = "jsonl") -> bytes: ...
     def start_job(self, task: str, kind: str, params: dict[str, Any] | None = None) -> Job: ...
     def job(self, job_id: int) -> Job: ...
+    def cancel_job(self, job_id: int) -> Job: ...
     def jobs(
         self, task: str, *, kind: str | None = None, status: str | None = None, limit: int | None = None
     ) -> list[Job]: ...
@@ -999,6 +1002,10 @@ class ApiClient:
     def job(self, job_id: int) -> Job:
         """A job's status, progress (0-1), message, result and the newest lines of its log."""
         return self._json("GET", f"/jobs/{job_id}")
+
+    def cancel_job(self, job_id: int) -> Job:
+        """Cancel a queued job now, or ask the worker of a running one to stop it."""
+        return self._json("POST", f"/jobs/{job_id}/cancel")
 
     def jobs(
         self, task: str, *, kind: str | None = None, status: str | None = None, limit: int | None = None

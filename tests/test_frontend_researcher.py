@@ -556,6 +556,22 @@ def registered_model_evaluation(live: LiveApi, model: ModelVersion, macro_f1: di
         record_evaluation(session, task, model.directory, {"macro_f1": macro_f1})
 
 
+def test_models_page_cancels_the_job_it_follows(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
+    labelled_round(live, status="built")
+    at = ok(page(rita, "researcher_models"))
+    at = ok(at.button(key="researcher_train_submit").click().run())
+    job_id = followed_job(at)
+    assert job_id is not None
+    jobs.progress(job_id, 0.5, "training: step 2 of 4")
+    at = ok(at.button(key=f"researcher_cancel_job_{job_id}").click().run())
+    assert rita.requests("POST", f"/jobs/{job_id}/cancel")
+    assert live.admin.job(job_id)["cancel_requested_at"] is not None  # the worker stops it next
+    jobs._update(job_id, status=JobStatus.cancelled, message="cancelled by rita while it ran", finished_at=utcnow())
+    at = run_until_idle(at)
+    assert said(at, "warning", f"train job {job_id}: cancelled by rita while it ran"), texts(at)
+    assert not followed_job(at)
+
+
 def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
     labelled_round(live, status="built")
     server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token")

@@ -2,9 +2,10 @@
 promote it, and download the dataset and its report.
 
 Building is quick and synchronous (``POST /rounds/{id}/build``). Training, evaluation and
-promotion are *jobs* (``POST /tasks/{task}/jobs``): the API runs them in their own process and
+promotion are *jobs* (``POST /tasks/{task}/jobs``): a worker runs each in its own process and
 this page polls ``GET /jobs/{id}`` every couple of seconds (an ``st.fragment`` with
-``run_every``) to move a progress bar until the job succeeds or fails.
+``run_every``) to move a progress bar until the job succeeds, fails or is cancelled (its
+Cancel button: ``POST /jobs/{id}/cancel``).
 """
 
 from __future__ import annotations
@@ -55,9 +56,16 @@ def follow_job(client: Api, task: str) -> None:
         return
     if job["status"] in ("queued", "running"):
         st.progress(min(max(float(job.get("progress") or 0.0), 0.0), 1.0), text=_job_text(job))
+        if st.button("Cancel this job", key=f"researcher_cancel_job_{job_id}"):
+            try:
+                client.cancel_job(job_id)
+            except ApiError as error:
+                state.show_api_error(error)
         return
     st.session_state[ACTIVE_JOB_KEY].pop(task, None)
-    if job["status"] == "succeeded":
+    if job["status"] == "cancelled":
+        state.flash("warning", _job_text(job))
+    elif job["status"] == "succeeded":
         state.flash("success", _job_text(job))
         trained = (job.get("result") or {}).get("model") if job["kind"] == "train" else None
         if isinstance(trained, dict) and isinstance(trained.get("id"), int):
