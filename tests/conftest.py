@@ -173,6 +173,8 @@ def worker_process(app: FastAPI, queue: str, name: str, log: Path, *extra: str) 
     settings = app.state.settings
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
     env.update(DYNALOOP_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1")
+    if settings.data_root is not None:  # the worker reads what the API allowed, from the same root
+        env["DYNALOOP_DATA_ROOT"] = str(settings.data_root)
     args = ["worker", "--queue", queue, "--name", name, "--database-url", settings.resolved_database_url, *extra]
     with log.open("wb") as out:
         popen = subprocess.Popen(
@@ -442,10 +444,11 @@ def table_counts(app: Any) -> dict[str, int]:
 def table_snapshot(app: Any, *tables: str) -> dict[str, list[tuple[Any, ...]]]:
     """Full contents of the named tables (every column), for 'nothing changed' assertions."""
     with app.state.engine.connect() as connection:
-        return {
-            name: [tuple(row) for row in connection.execute(text(f'SELECT * FROM "{name}" ORDER BY id'))]
-            for name in tables
-        }
+        snapshot = {}
+        for name in tables:
+            keys = ", ".join(f'"{column.name}"' for column in Base.metadata.tables[name].primary_key.columns)
+            snapshot[name] = [tuple(row) for row in connection.execute(text(f'SELECT * FROM "{name}" ORDER BY {keys}'))]
+        return snapshot
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

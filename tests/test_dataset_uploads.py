@@ -396,23 +396,27 @@ def test_only_a_tasks_managers_upload_list_and_delete(
     assert table_counts(rooted) == before and _stored_files(rooted) == files
 
 
-def test_a_job_process_started_by_the_api_reads_the_upload_and_the_data_root(
-    rooted: FastAPI, api: TestClient, task: str, researcher: Actor
+def test_a_job_a_worker_runs_reads_the_upload_and_the_data_root(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor, tmp_path: Path
 ) -> None:
-    """The real `dynaloop job run` process gets the API's data root (DYNALOOP_DATA_ROOT in its
-    environment) and checks the sources again: a file under the root and an upload both load."""
+    """A real `dynaloop worker` (with the API's data root, DYNALOOP_DATA_ROOT) runs the real
+    `dynaloop job run` process, which checks the sources again: a file under the root and an
+    upload both load."""
     import time
+
+    from tests.conftest import worker_process
 
     assert _upload(api, researcher, _csv()).status_code == 201
     response = _train(api, researcher, {"train": [{"dataset": "reviews"}, {"file": "sst/train.csv"}]}, **TINY_TRAIN)
     assert response.status_code == 202, response.text
     job_id = response.json()["id"]
-    deadline = time.monotonic() + 240
-    while True:
-        body = api.get(f"{API}/jobs/{job_id}", headers=researcher.headers).json()
-        if body["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    with worker_process(rooted, "cpu", "uploads-worker", tmp_path / "worker.log"):
+        deadline = time.monotonic() + 240
+        while True:
+            body = api.get(f"{API}/jobs/{job_id}", headers=researcher.headers).json()
+            if body["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     assert body["status"] == "succeeded", body["message"] + "\n" + body["log"]
     assert "loaded 12 training rows from 2 source(s)" in body["log"]
     assert body["params"]["mix"]["train"][1]["file"] == "sst/train.csv"
