@@ -144,13 +144,18 @@ def dynaloop_process(
             time.sleep(0.1)
         yield popen
     finally:
-        if popen.poll() is None:
-            os.killpg(popen.pid, signal.SIGTERM)
-            try:
-                popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(popen.pid, signal.SIGKILL)
-                popen.wait(timeout=5)
+        stop_process_group(popen, 10)
+
+
+def stop_process_group(popen: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM the process's group, SIGKILL it after ``timeout_s``; nothing if it already ended."""
+    if popen.poll() is None:
+        os.killpg(popen.pid, signal.SIGTERM)
+        try:
+            popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(timeout=5)
 
 
 @contextmanager
@@ -188,13 +193,7 @@ def worker_process(app: FastAPI, queue: str, name: str, log: Path, *extra: str) 
             time.sleep(0.1)
         yield popen
     finally:
-        if popen.poll() is None:
-            os.killpg(popen.pid, signal.SIGTERM)
-            try:
-                popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(popen.pid, signal.SIGKILL)
-                popen.wait(timeout=5)
+        stop_process_group(popen, 20)
 
 
 def _registered(app: FastAPI, name: str, pid: int) -> bool:

@@ -26,18 +26,10 @@ from services.db.models import Job, JobKind, JobQueue, JobStatus, JobWorker, Que
 from services.domain.tasks import get_task
 from tests.built_round import BuiltRound
 from tests.conftest import Actor, MakeUser, dynaloop_command, table_counts, worker_process
+from tests.test_jobs import TINY_TRAIN
 
 pytestmark = pytest.mark.timeout(600)
 
-TINY_TRAIN = {
-    "tiny": True,
-    "epochs": 2,
-    "batch_size": 2,
-    "learning_rate": 5e-3,
-    "max_length": 32,
-    "cpu": True,
-    "round": 2,
-}
 LONG_TRAIN = {**TINY_TRAIN, "epochs": 1000, "patience": 0}
 JOBS = "/api/v1/tasks/dynasent-r2/jobs"
 
