@@ -40,6 +40,7 @@ from tests.conftest import (
     sqlite_only,
     table_counts,
     table_snapshot,
+    worker_process,
 )
 from tests.stub_model_server import ThreadedServer
 
@@ -137,7 +138,7 @@ def _wait_for(client: TestClient, researcher: Actor, job_id: int, timeout_s: flo
 
 
 def test_a_researchers_promote_job_never_sends_the_admin_token_to_a_server_of_their_choosing(
-    settings: Settings, make_user: MakeUser, stub_model: ThreadedServer
+    settings: Settings, make_user: MakeUser, stub_model: ThreadedServer, tmp_path: Path
 ) -> None:
     """The issue's attack: ``kind: promote`` with ``endpoint`` set to the researcher's server made
     the API's job send ``POST /admin/reload`` there with the deployment's admin token. Here the
@@ -192,7 +193,8 @@ def test_a_researchers_promote_job_never_sends_the_admin_token_to_a_server_of_th
             headers=researcher.headers,
         )
         assert response.status_code == 202, response.text
-        job = _wait_for(client, researcher, response.json()["id"])
+        with worker_process(app, "cpu", "promote-worker", tmp_path / "worker.log"):  # the job runs there
+            job = _wait_for(client, researcher, response.json()["id"])
         assert job["status"] == "failed" and "has no /admin/reload" in job["message"], job
         assert [(method, path) for method, path, _ in registered.requests] == [("POST", "/admin/reload")]
         assert registered.requests[0][2]["Authorization"] == f"Bearer {ADMIN_TOKEN}"
