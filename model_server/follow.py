@@ -74,6 +74,7 @@ class ReplicaStatus:
     precision: str | None
     message: str
     target_model_version_id: int | None  # the promoted version it last read
+    target_promoted_at: dt.datetime | None  # and when it was promoted
 
 
 class Registry(Protocol):
@@ -279,6 +280,7 @@ class Follower:
             precision=self.host.precision if served else None,
             message=message,
             target_model_version_id=self._target.model_version_id if self._target is not None else None,
+            target_promoted_at=self._target.promoted_at if self._target is not None else None,
         )
 
     def _report(self) -> None:

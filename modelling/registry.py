@@ -680,8 +680,10 @@ def promote_to_replicas(
     with factory.begin() as session:
         actor = session.get(User, actor_id) if actor_id is not None else None
         result = _record(session, choice, actor, update_open_rounds=False)
-        model = result.model
-        promoted = PromotedVersion(model.id, model.model_id, model.version, model.directory, model.promoted_at)
+    with factory() as session:  # promoted_at as the replicas read it back
+        stored = session.get(ModelVersion, choice.model_pk)
+        assert stored is not None
+        promoted = PromotedVersion(stored.id, stored.model_id, stored.version, stored.directory, stored.promoted_at)
     logger.info("promoted %s in the registry (retired: %s)", choice.name, [m.name for m in result.retired])
     result.rollout = wait_for_replicas(factory, choice.task_id, promoted, timeout_s, poll_s=poll_s)
     if not result.rollout.complete:

@@ -102,6 +102,7 @@ class ReplicaReport:
     precision: str | None
     message: str
     target_model_version_id: int | None  # the promoted version it last read
+    target_promoted_at: dt.datetime | None  # and when that version was promoted
     started_at: dt.datetime
 
 
@@ -118,9 +119,9 @@ def record_replica(factory: sessionmaker[Session], task_id: int, report: Replica
                     ModelVersion.version == report.version,
                 )
             )
-        target_id = report.target_model_version_id
+        target_id, target_at = report.target_model_version_id, report.target_promoted_at
         if target_id is not None and session.get(ModelVersion, target_id) is None:
-            target_id = None  # deleted since it was read
+            target_id = target_at = None  # deleted since it was read
         row = session.scalar(
             select(ModelReplica).where(ModelReplica.task_id == task_id, ModelReplica.name == report.name)
         )
@@ -134,6 +135,7 @@ def record_replica(factory: sessionmaker[Session], task_id: int, report: Replica
         row.version = report.version
         row.precision = report.precision
         row.target_model_version_id = target_id
+        row.target_promoted_at = target_at
         row.message = report.message[:2000]
         row.started_at = report.started_at
         row.heartbeat_at = utcnow()
@@ -150,6 +152,7 @@ class ReplicaView:
     version: str | None
     model_version_id: int | None
     target_model_version_id: int | None
+    target_promoted_at: dt.datetime | None
     precision: str | None
     message: str
     started_at: dt.datetime
@@ -203,6 +206,7 @@ def list_replicas(session: Session, task: Task, *, now: dt.datetime | None = Non
             version=row.version,
             model_version_id=row.model_version_id,
             target_model_version_id=row.target_model_version_id,
+            target_promoted_at=row.target_promoted_at,
             precision=row.precision,
             message=row.message,
             started_at=row.started_at,
@@ -218,6 +222,7 @@ class Rollout:
     """Where a promoted version stands on the live replicas of its task."""
 
     model_version_id: int
+    promoted_at: dt.datetime | None
     model_id: str
     version: str
     serving: list[ReplicaView] = field(default_factory=list)  # live, serve it
@@ -227,16 +232,18 @@ class Rollout:
     waited_s: float = 0.0
 
     @classmethod
-    def of(
-        cls, views: list[ReplicaView], model_version_id: int, model_id: str, version: str, waited_s: float = 0.0
-    ) -> Rollout:
-        rollout = cls(model_version_id, model_id, version, waited_s=waited_s)
+    def of(cls, views: list[ReplicaView], promoted: PromotedVersion, waited_s: float = 0.0) -> Rollout:
+        rollout = cls(promoted.id, promoted.promoted_at, promoted.model_id, promoted.version, waited_s=waited_s)
         for view in views:
             if not view.live:
                 rollout.not_live.append(view)
-            elif view.serves(model_id, version):
+            elif view.serves(promoted.model_id, promoted.version):
                 rollout.serving.append(view)
-            elif view.state == FAILED and view.target_model_version_id == model_version_id:
+            elif view.state == FAILED and (view.target_model_version_id, view.target_promoted_at) == (
+                promoted.id,
+                promoted.promoted_at,
+            ):
+                # It failed on this promotion, not on an earlier one of the same version.
                 rollout.failed.append(view)
             else:
                 rollout.pending.append(view)
@@ -285,7 +292,7 @@ def _rollout(factory: sessionmaker[Session], task_id: int, version: PromotedVers
         task = session.get(Task, task_id)
         views = list_replicas(session, task) if task is not None else []
         session.commit()
-    return Rollout.of(views, version.id, version.model_id, version.version, waited_s)
+    return Rollout.of(views, version, waited_s)
 
 
 def wait_for_replicas(

@@ -153,6 +153,7 @@ class TaskRegistry:
                 precision=status.precision,
                 message=status.message,
                 target_model_version_id=status.target_model_version_id,
+                target_promoted_at=status.target_promoted_at,
                 started_at=self.started_at,
             ),
         )

@@ -1,9 +1,10 @@
-"""model replicas: the promoted version each replica works towards (issue 15)
+"""model replicas: the promotion each replica works towards (issue 15)
 
 A replica that follows its task's promoted model (`dynaloop model-server --follow-task`) records
-the registry id of the promoted version it last read, beside the one it serves: while it loads
-that version, and after it failed to load it, the two differ. A promotion waits on this column
-to tell "this replica failed to load *the new* version" from an older failure.
+the registry id and ``promoted_at`` of the promoted version it last read, beside the one it
+serves: while it loads that version, and after it failed to load it, the two differ. A promotion
+waits on these columns to tell "this replica failed to load the version of *this* promotion"
+from an older failure (of another version, or of the same version promoted before).
 
 Revision ID: 0014
 Revises: 0013
@@ -27,6 +28,7 @@ def upgrade() -> None:
     """Upgrade schema."""
     with op.batch_alter_table("model_replicas") as batch_op:
         batch_op.add_column(sa.Column("target_model_version_id", sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column("target_promoted_at", sa.DateTime(timezone=True), nullable=True))
         batch_op.create_foreign_key(
             op.f("fk_model_replicas_target_model_version_id_model_versions"),
             "model_versions",
@@ -38,7 +40,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Downgrade schema."""
     with op.batch_alter_table("model_replicas") as batch_op:
-        batch_op.drop_constraint(
-            op.f("fk_model_replicas_target_model_version_id_model_versions"), type_="foreignkey"
-        )
+        batch_op.drop_constraint(op.f("fk_model_replicas_target_model_version_id_model_versions"), type_="foreignkey")
+        batch_op.drop_column("target_promoted_at")
         batch_op.drop_column("target_model_version_id")

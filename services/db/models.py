@@ -695,8 +695,10 @@ class ModelReplica(Base):
     model_id: Mapped[str | None] = mapped_column(String(200))
     version: Mapped[str | None] = mapped_column(String(200))
     precision: Mapped[str | None] = mapped_column(String(40))
-    # The task's promoted version as the replica last read it (migration 0014); null: none was read.
+    # The task's promoted version as the replica last read it, and when it was promoted (migration
+    # 0014): the promotion it loads, serves or failed to load. Null: none was read.
     target_model_version_id: Mapped[int | None] = mapped_column(ForeignKey("model_versions.id"))
+    target_promoted_at: Mapped[dt.datetime | None]
     state: Mapped[str] = mapped_column(String(20), default="starting")  # starting, loading, serving, failed, stopped
     message: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
