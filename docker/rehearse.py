@@ -390,7 +390,8 @@ def main() -> int:
             httpx.get(f"http://127.0.0.1:{PORTS[name]}/info").json()["model_id"] for name in ("model-1", "model-2")
         ]
         stack.check("both replicas serve the promoted model", served == ["model-tiny"] * 2, str(served))
-        replicas = httpx.get(f"{api}/api/v1/tasks/dynasent-r2/model-replicas", headers=auth("researcher")).json()["data"]
+        replicas_url = f"{api}/api/v1/tasks/dynasent-r2/model-replicas"
+        replicas = httpx.get(replicas_url, headers=auth("researcher")).json()["data"]
         listed = [(r["name"], r["serving"], r["state"], r["live"]) for r in replicas]
         stack.check(
             "GET /tasks/dynasent-r2/model-replicas lists both replicas serving it",
