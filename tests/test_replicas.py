@@ -31,13 +31,23 @@ from dynaloop.cli import app as cli
 from model_server.app import Metrics, ModelHost, ServerConfig
 from model_server.follow import Follower, PromotedModel, ReplicaState, ReplicaStatus
 from modelling.init_model import init_model_dir
+from modelling.jobs import create_job, run_job
 from modelling.registry import PromotionIncomplete, list_models, promote, register_model
 from modelling.replicas import LIVE_WITHIN_S, list_replicas
 from services.db.engine import session_scope
-from services.db.models import ModelReplica, ModelVersionStatus
+from services.db.models import Job, JobStatus, ModelReplica, ModelVersionStatus
 from services.domain.tasks import create_task, get_task
 from services.domain.users import get_user
-from tests.conftest import MakeUser, dynaloop_command, dynaloop_process, example_yaml, free_port
+from services.errors import Invalid
+from tests.conftest import (
+    MakeUser,
+    dynaloop_command,
+    dynaloop_process,
+    example_yaml,
+    free_port,
+    model_server_process,
+    register_model_server,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -411,3 +421,53 @@ def test_promotion_reaches_every_replica_without_a_failed_request(
         views = list_replicas(session, get_task(session, TASK))
     assert {(v.state, v.live) for v in views} == {("stopped", False)}
     assert LIVE_WITHIN_S <= 20
+
+
+# --- promote jobs ---------------------------------------------------------------------------------
+
+
+def test_promote_jobs_reach_the_following_replicas_with_or_without_a_server(
+    app: FastAPI, database_url: str, task: str, tiny: Versions, tmp_path: Path
+) -> None:
+    v0_name, v1_name = _register(app, tiny.v0, tiny.v1)
+    factory = app.state.sessionmaker
+    with session_scope(factory) as session:
+        ids = {m.name: m.id for m in list_models(session, get_task(session, TASK))}
+
+    def job(params: dict[str, Any]) -> Job:
+        with session_scope(factory) as session:
+            created = create_job(session, None, get_task(session, TASK), "promote", params, data_dir=tmp_path)
+        return run_job(factory, created.id, data_dir=tmp_path)
+
+    unknown = {"model_id": ids[v1_name], "server": "nope"}
+    with session_scope(factory) as session, pytest.raises(Invalid, match="leave server out to promote to the replicas"):
+        create_job(session, None, get_task(session, TASK), "promote", unknown, data_dir=tmp_path)
+
+    promote(factory, TASK, v0_name, server=None, force=True, timeout_s=5)
+    with (
+        replica(database_url, "r-1", tmp_path) as r1,
+        model_server_process(tiny.v0, tmp_path / "pushed.log", "replicas-test-admin-token") as pushed,
+    ):
+        # Without a server: the job records the promotion and waits for the replica.
+        done = job({"model_id": ids[v1_name], "force": True})
+        assert done.status is JobStatus.succeeded, done.message + "\n" + done.log
+        assert done.message == f"promoted {v1_name}: of the 1 live replica(s), 1 serve it (r-1); retired {v0_name}"
+        assert done.result is not None
+        [listed] = done.result["replicas"]
+        assert (listed["name"], listed["url"], listed["serving"], listed["state"], listed["live"]) == (
+            "r-1",
+            r1.url,
+            v1_name,
+            "serving",
+            True,
+        )
+        assert done.result["server"] is None and r1.serves() == v1_name
+
+        # With a server: the hot swap of that server, as before; the following replica loads it too.
+        server = register_model_server(app, pushed.url, admin_token="replicas-test-admin-token")
+        done = job({"model_id": ids[v0_name], "server": server, "force": True})
+        assert done.status is JobStatus.succeeded, done.message + "\n" + done.log
+        assert done.message.startswith(f"promoted {v0_name}: model server {server} ({pushed.url}) now serves it")
+        assert done.result is not None and done.result["replicas"] == []
+        assert "replicas-test-admin-token" not in done.log
+        _wait_for("the following replica to load the pushed promotion", lambda: r1.serves() == v0_name, 30)
