@@ -167,7 +167,8 @@ class Follower:
                 if served is None:
                     self.state, self.message = ReplicaState.starting, "waiting: the task has no promoted model yet"
                 else:
-                    self.state, self.message = ReplicaState.serving, "the task has no promoted model; serving --model"
+                    self.state = ReplicaState.serving
+                    self.message = "the task has no promoted model; serving the model it has"
             return
         if served == (promoted.model_id, promoted.version):
             self._failed = None
