@@ -6,7 +6,8 @@ upgrade`, `dynaloop model init`, two model servers, two API replicas under the i
 uvicorn command, nginx with docker/nginx/nginx.conf (listen ports, upstream addresses and the
 access-log path swapped), Redis, the web app. Then it checks what the stack promises: both
 replicas of each kind serve, a writer's attempt goes API -> nginx -> a model server, the hot
-swap is refused through the balancer and promoted to each replica, the body limit, the
+swap is refused through the balancer, a promotion reaches both model replicas (they follow the
+task's promoted model) and the registry lists what each serves, the body limit, the
 per-address rate limit shared in Redis and not fooled by a forged X-Forwarded-For, and
 fail-over when one API and one model replica stop.
 
@@ -180,13 +181,21 @@ def main() -> int:
                 result.returncode == 0,
                 result.stderr[-300:] if result.returncode else "",
             )
+        # The task the model replicas follow (`--follow-task`) must exist before they start, as
+        # docs/deploy.md's first steps make it.
+        result = subprocess.run(
+            [str(BIN / "dynaloop"), "task", "create", "dynasent-r2"], env=env, capture_output=True, text=True
+        )
+        stack.check("`dynaloop task create dynasent-r2` exits 0", result.returncode == 0, result.stderr[-300:])
         # Long-running services.
         for name in ("model-1", "model-2"):
-            stack.start(
-                name,
-                swap(compose[name]["command"], name),
-                {**base_env, "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": ADMIN_TOKEN},
+            model_env = {key: defaults(str(value)) for key, value in compose[name]["environment"].items()}
+            model_env.update(
+                DYNALOOP_DATABASE_URL=backend["DYNALOOP_DATABASE_URL"],
+                DYNALOOP_MODEL_SERVER_ADMIN_TOKEN=ADMIN_TOKEN,
+                DYNALOOP_MODEL_REPLICA_URL=f"http://127.0.0.1:{PORTS[name]}",
             )
+            stack.start(name, swap(compose[name]["command"], name), {**base_env, **model_env})
         for name in ("api-1", "api-2"):
             stack.start(name, swap(image_cmd("Dockerfile.api"), name), env)
         conf = (ROOT / "docker" / "nginx" / "nginx.conf").read_text(encoding="utf-8")
@@ -329,7 +338,7 @@ def main() -> int:
         )
         redis_cli("FLUSHALL")
 
-        # Promotion: one `dynaloop model promote` per replica.
+        # Promotion: once, without a server; the replicas follow the task's promoted model.
         tiny = stack.data / "models" / "model-tiny"
         subprocess.run(
             [
@@ -354,40 +363,46 @@ def main() -> int:
             check=True,
             capture_output=True,
         )
-        for name in ("model-1", "model-2"):
-            result = subprocess.run(
-                [
-                    str(BIN / "dynaloop"),
-                    "model",
-                    "promote",
-                    "--task",
-                    "dynasent-r2",
-                    "--version",
-                    "model-tiny",
-                    "--endpoint",
-                    f"http://127.0.0.1:{PORTS[name]}",
-                    "--keep-round-servers",
-                    "--force",
-                ],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            said = (result.stdout + result.stderr).strip().splitlines()
-            stack.check(
-                f"`dynaloop model promote --endpoint` {name} (registers the replica's URL)",
-                result.returncode == 0,
-                said[-1] if said else "",
-            )
+        result = subprocess.run(
+            [
+                str(BIN / "dynaloop"),
+                "model",
+                "promote",
+                "--task",
+                "dynasent-r2",
+                "--version",
+                "model-tiny",
+                "--force",
+                "--timeout-s",
+                "120",
+            ],
+            env={**env, "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+        )
+        said = [line for line in (result.stdout + result.stderr).splitlines() if "promoted" in line or "error" in line]
+        stack.check(
+            "`dynaloop model promote` without a server waits until both replicas serve it",
+            result.returncode == 0 and "2 serve it (model-1, model-2)" in result.stdout,
+            said[0] if said else result.stdout[-300:],
+        )
         served = [
             httpx.get(f"http://127.0.0.1:{PORTS[name]}/info").json()["model_id"] for name in ("model-1", "model-2")
         ]
         stack.check("both replicas serve the promoted model", served == ["model-tiny"] * 2, str(served))
+        replicas_url = f"{api}/api/v1/tasks/dynasent-r2/model-replicas"
+        replicas = httpx.get(replicas_url, headers=auth("researcher")).json()["data"]
+        listed = [(r["name"], r["serving"], r["state"], r["live"]) for r in replicas]
+        stack.check(
+            "GET /tasks/dynasent-r2/model-replicas lists both replicas serving it",
+            listed == [(name, "model-tiny@0", "serving", True) for name in ("model-1", "model-2")],
+            str(listed),
+        )
         in_loop = httpx.get(f"{api}/api/v1/rounds/{round_id}", headers=auth("researcher")).json()["model_servers"]
         registered = httpx.get(f"{api}/api/v1/model-servers", headers=auth("researcher")).json()["data"]
         urls = {server["name"]: server["url"] for server in registered}
         stack.check(
-            "--keep-round-servers left the round on the balancer (registered by `dynaloop demo --model-endpoint`)",
+            "the round stays on the balancer (registered by `dynaloop demo --model-endpoint`)",
             [urls.get(name) for name in in_loop] == [model],
             str(in_loop),
         )

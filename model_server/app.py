@@ -3,7 +3,8 @@
 The HTTP handlers only validate and enqueue; the :class:`~model_server.batching.Batcher`
 thread runs the forward passes. A reload builds the new backend in a thread while the old
 one keeps serving, then swaps one reference: a batch already running finishes on the model
-it started with.
+it started with. With ``ServerConfig.follow`` the server follows its task's promoted model
+(:mod:`model_server.follow`) and reloads itself.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from model_server.backends import Backend, ClassifyInput, ClassifyOutput, load_backend
 from model_server.batching import Batcher, BatchStats, DeadlineExceeded, ServerStopping
+from model_server.follow import Follower, Registry
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +36,16 @@ MAX_TEXT_CHARS = 20_000
 
 
 @dataclass
+class FollowSettings:
+    """Follow a task's promoted model (`dynaloop model-server --follow-task`)."""
+
+    registry: Registry
+    interval_s: float = 2.0
+
+
+@dataclass
 class ServerConfig:
-    model_dir: Path
+    model_dir: Path | None  # None only when following: the promoted model is loaded
     backend: str = "transformers"
     device: str | None = None
     precision: str = "auto"  # fp32, bf16, int8 or auto (model_directory.runtime)
@@ -48,6 +58,7 @@ class ServerConfig:
     max_texts_per_request: int = 64
     admin_token: str | None = None
     load_in_background: bool = True
+    follow: FollowSettings | None = None
 
 
 class PredictRequest(BaseModel):
@@ -132,6 +143,8 @@ class ModelHost:
         return [(output, backend) for output in backend.predict(inputs)]
 
     def load_initial(self) -> None:
+        if self.config.model_dir is None:
+            raise ValueError("no model directory to load (only a following server starts without one)")
         # Holding the reload lock: a reload asked for during start-up waits its turn (409).
         with self._reload_lock:
             try:
@@ -173,15 +186,24 @@ def describe(backend: Backend, kind: str) -> dict[str, Any]:
 def create_model_app(config: ServerConfig) -> FastAPI:
     metrics = Metrics()
     host = ModelHost(config, metrics)
+    follower = (
+        Follower(host, config.follow.registry, interval_s=config.follow.interval_s, fallback_dir=config.model_dir)
+        if config.follow is not None
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         host.batcher.start()
-        if config.load_in_background:
+        if follower is not None:
+            follower.start()  # it loads the promoted model (or --model) in its own threads
+        elif config.load_in_background:
             threading.Thread(target=host.load_initial, name="model-loader", daemon=True).start()
         else:
             host.load_initial()
         yield
+        if follower is not None:
+            await asyncio.to_thread(follower.stop)
         host.batcher.stop()
 
     app = FastAPI(
@@ -191,6 +213,7 @@ def create_model_app(config: ServerConfig) -> FastAPI:
         description="Serves the round's classifier. Contract: see services/model_client.py.",
     )
     app.state.host = host
+    app.state.follower = follower
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -200,6 +223,8 @@ def create_model_app(config: ServerConfig) -> FastAPI:
     def _not_ready() -> JSONResponse:
         if host.load_error:
             return _error(503, "model_failed", f"the model failed to load: {host.load_error}")
+        if follower is not None:
+            return _error(503, "loading", f"no model serves yet ({follower.message})", {"Retry-After": "2"})
         return _error(503, "loading", "the model is still loading; retry shortly", {"Retry-After": "2"})
 
     @app.get("/health")
@@ -213,7 +238,10 @@ def create_model_app(config: ServerConfig) -> FastAPI:
     def info() -> JSONResponse:
         if host.backend is None:
             return _not_ready()
-        return JSONResponse(describe(host.backend, host.backend_kind))
+        answer = describe(host.backend, host.backend_kind)
+        if follower is not None:
+            answer["replica"] = {"state": follower.state.value, "message": follower.message}
+        return JSONResponse(answer)
 
     @app.post("/predict")
     async def predict(body: PredictRequest) -> JSONResponse:

@@ -287,16 +287,19 @@ def create_job(
             )
     elif isinstance(parsed, PromoteParams):
         model = _model_of(session, task, parsed.model_id)
-        server = find_server(session, parsed.server)
-        if server is None:
+        # Without a server the promotion reaches the replicas that follow the task (modelling.replicas).
+        server = find_server(session, parsed.server) if parsed.server is not None else None
+        if parsed.server is not None and server is None:
             raise Invalid(
                 f"params.server: {parsed.server[:80]!r} is not a registered model server; GET "
-                "/api/v1/model-servers lists them (an admin registers new ones)"
+                "/api/v1/model-servers lists them (an admin registers new ones), or leave server out to "
+                "promote to the replicas that follow the task"
             )
-        if not server.admin_token:
+        if server is not None and not server.admin_token:
             raise Invalid(
                 f"params.server: model server {server.name!r} is registered without an admin token, so no "
-                "model can be promoted to it; ask an admin to set one"
+                "model can be promoted to it; ask an admin to set one, or leave server out to promote to the "
+                "replicas that follow the task"
             )
         if model.status is ModelVersionStatus.trained and not parsed.force:
             raise Conflict(
@@ -906,16 +909,31 @@ def _evaluate(context: _Context) -> dict[str, Any]:
 
 
 def _promote(context: _Context) -> dict[str, Any]:
+    """Hot-swap the named server; or, without one, record the promotion and wait for the replicas
+    that follow the task. A replica that failed to load the model, or did not within timeout_s,
+    fails the job (PromotionIncomplete's message names each replica; the registry keeps the
+    promotion)."""
     params = PromoteParams.model_validate(context.params)
-    with context.factory() as session:
-        server = find_server(session, params.server)
-        if server is not None and server.admin_token:
-            context.runner.secrets.append(server.admin_token)  # never in the log, whatever happens
-    context.runner.progress(0.1, f"asking model server {params.server} to load model {params.model_id}", force=True)
+    if params.server is not None:
+        with context.factory() as session:
+            server = find_server(session, params.server)
+            if server is not None and server.admin_token:
+                context.runner.secrets.append(server.admin_token)  # never in the log, whatever happens
+        context.runner.progress(0.1, f"asking model server {params.server} to load model {params.model_id}", force=True)
+    else:
+        context.runner.progress(
+            0.1,
+            f"promoting model {params.model_id}; waiting up to {params.timeout_s:g} s for the replicas that "
+            "follow the task to load it",
+            force=True,
+        )
     promotion = promote_model(context.factory, context.task_name, params.model_id, params, actor_id=context.actor_id)
     summary = RegisteredModel.of(promotion.model)
     retired = [m.name for m in promotion.retired]
-    message = f"promoted {summary.name}: model server {promotion.server} ({promotion.endpoint}) now serves it"
+    if promotion.rollout is not None:
+        message = f"promoted {summary.name}: {promotion.rollout.describe()}"
+    else:
+        message = f"promoted {summary.name}: model server {promotion.server} ({promotion.endpoint}) now serves it"
     if retired:
         message += f"; retired {', '.join(retired)}"
     if promotion.rounds_updated:
@@ -927,4 +945,5 @@ def _promote(context: _Context) -> dict[str, Any]:
         "endpoint": promotion.endpoint,
         "retired": retired,
         "rounds_updated": promotion.rounds_updated,
+        "replicas": [view.to_dict() for view in promotion.replicas],
     }

@@ -8,13 +8,20 @@ Round 2):
   *trained* (idempotent for the same ``model_id`` and ``version``);
 * :func:`record_evaluation` stores the evaluation (``modelling.evaluate``) and makes it
   *evaluated*;
-* :func:`promote` hot-swaps the running model server to the directory (``POST
-  /admin/reload``), checks ``GET /info`` reports the new ``model_id``/``version``, and only
-  then marks it *promoted*, retires the model promoted before it and puts the server in the
-  task's open rounds' loop. The server is one an admin registered
-  (:mod:`services.domain.model_servers`): its URL and admin token come from that registry, so
-  the token only ever goes to the URL registered with it. Any failure leaves the database as it
-  was, with a message that says what happened;
+* :func:`promote` puts a version in the loop, one of two ways:
+
+  * with a ``server``, it hot-swaps that running model server to the directory (``POST
+    /admin/reload``), checks ``GET /info`` reports the new ``model_id``/``version``, and only
+    then marks it *promoted*, retires the model promoted before it and puts the server in the
+    task's open rounds' loop. The server is one an admin registered
+    (:mod:`services.domain.model_servers`): its URL and admin token come from that registry, so
+    the token only ever goes to the URL registered with it. Any failure leaves the database as
+    it was, with a message that says what happened;
+  * without one, it marks the version *promoted* (the one before *retired*) and waits until
+    every live replica that follows the task (:mod:`modelling.replicas`) serves it: the replicas
+    read the registry and swap themselves, so no token travels. A replica that fails to load it,
+    or does not within the time, makes it raise :class:`PromotionIncomplete`; the promotion
+    stays recorded;
 * :func:`retire` takes a model out of use in the registry.
 
 Attempts record the ``model_id`` and ``model_version`` the model server answered with; they
@@ -45,6 +52,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from model_directory import ModelMetadata, ModelMetadataError
+from modelling.replicas import PromotedVersion, ReplicaView, Rollout, wait_for_replicas
 from services.db.models import (
     Assignment,
     Attempt,
@@ -67,6 +75,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Promotion",
     "PromotionError",
+    "PromotionIncomplete",
     "attempt_counts",
     "check_compatible",
     "find_model",
@@ -96,11 +105,29 @@ class Promotion:
     """What :func:`promote` did."""
 
     model: ModelVersion
-    server: str  # the registered model server's name
-    endpoint: str  # its URL
+    server: str | None  # the registered model server's name (None: promoted to the following replicas)
+    endpoint: str | None  # its URL
     retired: list[ModelVersion] = field(default_factory=list)
     rounds_updated: list[int] = field(default_factory=list)  # round numbers now with the server in their loop
     server_info: dict[str, Any] = field(default_factory=dict)
+    rollout: Rollout | None = None  # without a server: where the version stands on the following replicas
+
+    @property
+    def replicas(self) -> list[ReplicaView]:
+        return self.rollout.replicas if self.rollout is not None else []
+
+
+class PromotionIncomplete(DomainError):
+    """The version is promoted in the registry, but a live replica that follows the task failed
+    to load it or did not within the time: the replicas disagree until it does (``promotion``
+    says which replica serves what)."""
+
+    status_code = 502
+    code = "promotion_incomplete"
+
+    def __init__(self, message: str, promotion: Promotion) -> None:
+        super().__init__(message, replicas=[view.to_dict() for view in promotion.replicas])
+        self.promotion = promotion
 
 
 # --- registering -----------------------------------------------------------------------
@@ -329,6 +356,15 @@ class _Plan:
     previous_directory: str | None  # the model promoted at this endpoint before, for a rollback
 
 
+def _check_evaluated(model: ModelVersion, force: bool) -> None:
+    if model.status is ModelVersionStatus.trained and not force:
+        raise Conflict(
+            f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the loop; "
+            "evaluate it first (record_evaluation / `dynaloop model register --evaluation FILE`) or pass "
+            "--force to promote it anyway"
+        )
+
+
 def _plan(
     session: Session, task: Task, reference: str | int, server_name: str, admin_token: str | None, force: bool
 ) -> _Plan:
@@ -341,12 +377,7 @@ def _plan(
         )
     endpoint = server.url
     model = find_model(session, task, reference)
-    if model.status is ModelVersionStatus.trained and not force:
-        raise Conflict(
-            f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the loop; "
-            "evaluate it first (record_evaluation / `dynaloop model register --evaluation FILE`) or pass "
-            "--force to promote it anyway"
-        )
+    _check_evaluated(model, force)
     previous = session.scalar(
         select(ModelVersion).where(
             ModelVersion.task_id == task.id,
@@ -465,7 +496,24 @@ def _verify(http: httpx.Client, plan: _Plan) -> dict[str, Any]:
     return info
 
 
-def _record(session: Session, plan: _Plan, actor: User | None, update_open_rounds: bool) -> Promotion:
+@dataclass(frozen=True)
+class _Choice:
+    """The version to promote and where: a registered server, or (``server`` None) the replicas
+    that follow the task."""
+
+    task_id: int
+    task_name: str
+    model_pk: int
+    name: str
+    server: str | None
+    endpoint: str | None
+
+    @classmethod
+    def of(cls, plan: _Plan) -> _Choice:
+        return cls(plan.task_id, plan.task_name, plan.model_pk, plan.name, plan.server, plan.endpoint)
+
+
+def _record(session: Session, plan: _Choice, actor: User | None, update_open_rounds: bool) -> Promotion:
     # Lock the task row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises) so two
     # promotions cannot both leave a model promoted.
     session.execute(select(Task.id).where(Task.id == plan.task_id).with_for_update())
@@ -490,7 +538,7 @@ def _record(session: Session, plan: _Plan, actor: User | None, update_open_round
     model.retired_at = None
     model.endpoint = plan.endpoint
     rounds_updated = []
-    if update_open_rounds:
+    if update_open_rounds and plan.server is not None:
         for round_ in session.scalars(
             select(Round).where(Round.task_id == plan.task_id, Round.status.in_(_OPEN_ROUNDS)).order_by(Round.number)
         ):
@@ -530,7 +578,7 @@ def promote(
     task_name: str,
     reference: str | int,
     *,
-    server: str,
+    server: str | None,
     admin_token: str | None = None,
     http: httpx.Client | None = None,
     force: bool = False,
@@ -540,7 +588,8 @@ def promote(
     timeout_s: float = RELOAD_TIMEOUT_S,
 ) -> Promotion:
     """Put model ``reference`` of task ``task_name`` in the loop on the registered model server
-    named ``server``.
+    named ``server``, or, with ``server=None``, on the replicas that follow the task
+    (:func:`promote_to_replicas`).
 
     The server's URL and admin token come from the registry (``model_servers``); ``admin_token``
     overrides the registered token and is for an operator at the server's shell only (`dynaloop
@@ -559,7 +608,11 @@ def promote(
     On any failure the registry is unchanged and :class:`PromotionError` (or another domain
     error) says what happened. Should recording fail after the server switched, the model
     promoted before at that endpoint is reloaded.
+
+    Replicas that follow the task load the version on their own in either case.
     """
+    if server is None:
+        return promote_to_replicas(factory, task_name, reference, force=force, actor_id=actor_id, timeout_s=timeout_s)
     with factory.begin() as session:
         task = get_task(session, task_name)
         plan = _plan(session, task, reference, server, admin_token, force)
@@ -574,7 +627,7 @@ def promote(
         try:
             with factory.begin() as session:
                 actor = session.get(User, actor_id) if actor_id is not None else None
-                result = _record(session, plan, actor, update_open_rounds)
+                result = _record(session, _Choice.of(plan), actor, update_open_rounds)
         except (DomainError, SQLAlchemyError) as exc:
             restored = _restore(client, plan, backend, timeout_s)
             reason = (
@@ -589,6 +642,55 @@ def promote(
             client.close()
     result.server_info = {**answer, **info}
     logger.info("promoted %s at %s (retired: %s)", plan.name, endpoint, [m.name for m in result.retired])
+    return result
+
+
+def promote_to_replicas(
+    factory: sessionmaker[Session],
+    task_name: str,
+    reference: str | int,
+    *,
+    force: bool = False,
+    actor_id: int | None = None,
+    timeout_s: float = RELOAD_TIMEOUT_S,
+    poll_s: float = 0.5,
+) -> Promotion:
+    """Promote model ``reference`` of task ``task_name`` in the registry, then wait for the
+    replicas that follow the task (`dynaloop model-server --follow-task`) to serve it.
+
+    1. read and check, as :func:`promote` does (the model exists and was evaluated, or ``force``);
+    2. record: the model is *promoted* (with no ``endpoint``: no single server holds it), the
+       one promoted before is *retired*; the open rounds keep their model servers (put the
+       balancer in front of the replicas in their loop);
+    3. wait, up to ``timeout_s``, until every live replica (:data:`modelling.replicas.LIVE_WITHIN_S`)
+       serves it or failed to load it. Each replica swaps itself: its old model serves until
+       the new one is loaded.
+
+    Returns the promotion with its :attr:`Promotion.rollout`. Raises
+    :class:`PromotionIncomplete` when a live replica failed to load the version or did not serve
+    it within ``timeout_s``; the registry keeps the promotion (the replicas that loaded it serve
+    it, and the others load it once they can). No live replica at all is not an error: a
+    replica started later loads the promoted version when it starts.
+    """
+    with factory.begin() as session:
+        task = get_task(session, task_name)
+        model = find_model(session, task, reference)
+        _check_evaluated(model, force)
+        choice = _Choice(task.id, task.name, model.id, model.name, None, None)
+    with factory.begin() as session:
+        actor = session.get(User, actor_id) if actor_id is not None else None
+        result = _record(session, choice, actor, update_open_rounds=False)
+    with factory() as session:  # promoted_at as the replicas read it back
+        stored = session.get(ModelVersion, choice.model_pk)
+        assert stored is not None
+        promoted = PromotedVersion(stored.id, stored.model_id, stored.version, stored.directory, stored.promoted_at)
+    logger.info("promoted %s in the registry (retired: %s)", choice.name, [m.name for m in result.retired])
+    result.rollout = wait_for_replicas(factory, choice.task_id, promoted, timeout_s, poll_s=poll_s)
+    if not result.rollout.complete:
+        raise PromotionIncomplete(
+            f"{choice.name} is promoted in the registry, but not every replica serves it: {result.rollout.describe()}",
+            result,
+        )
     return result
 
 

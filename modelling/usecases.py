@@ -5,8 +5,9 @@ command (``dynaloop/commands/``), the jobs runner (:mod:`modelling.jobs`) and th
   model as *trained* (docs/training.md);
 * :func:`evaluate_and_record`: score a model on the built rounds' dev and test splits and the
   mix's sets, write the report, then record it so the model is *evaluated* (docs/evaluation.md);
-* :func:`promote_model`: hot-swap a model server to a registered model, then mark it *promoted*
-  (docs/models.md).
+* :func:`promote_model`: hot-swap a model server to a registered model, then mark it *promoted*;
+  or, without a server, mark it *promoted* and wait for the replicas that follow the task to
+  load it (docs/models.md).
 
 Each takes one options schema (:class:`TrainOptions`, :class:`EvaluateOptions`,
 :class:`PromoteOptions`; a job's ``params`` are validated with the same schema), returns a
@@ -484,11 +485,14 @@ class PromoteOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    server: str = Field(
+    server: str | None = Field(
+        None,
         min_length=1,
         max_length=63,
         description="The registered model server to load the model (GET /api/v1/model-servers), e.g. model-0. "
-        "Its URL and admin token come from the registry.",
+        "Its URL and admin token come from the registry. Leave it out to promote to the replicas that follow "
+        "the task (`dynaloop model-server --follow-task`): the promotion is recorded, then it waits until every "
+        "live replica serves the model.",
     )
     force: bool = Field(False, description="Promote a model that was never evaluated.")
     keep_round_servers: bool = Field(False, description="Do not put the server in the task's open rounds' loop.")
@@ -496,7 +500,10 @@ class PromoteOptions(BaseModel):
         None, min_length=1, max_length=100, description="Model server backend for the new model; default: the same."
     )
     timeout_s: float = Field(
-        RELOAD_TIMEOUT_S, gt=0, le=86_400, description="How long the server may take to load the model."
+        RELOAD_TIMEOUT_S,
+        gt=0,
+        le=86_400,
+        description="How long the server (or, without one, the following replicas) may take to load the model.",
     )
 
 
@@ -510,10 +517,12 @@ def promote_model(
     operator_admin_token: str | None = None,
 ) -> Promotion:
     """Put model ``reference`` (registry id, ``model_id@version`` or ``model_id``) of task
-    ``task_name`` in the loop on the registered server ``options.server``:
-    :func:`modelling.registry.promote`. The admin token is the one registered with the server;
-    ``operator_admin_token`` (`dynaloop model promote --admin-token`, an operator at the
-    server's shell) overrides it. No request or job can give one."""
+    ``task_name`` in the loop on the registered server ``options.server``, or, without one, on
+    the replicas that follow the task: :func:`modelling.registry.promote`. The admin token is
+    the one registered with the server; ``operator_admin_token`` (`dynaloop model promote
+    --admin-token`, an operator at the server's shell) overrides it. No request or job can give
+    one. Without a server, :class:`~modelling.registry.PromotionIncomplete` says which
+    replicas did not load the model (the promotion stays recorded)."""
     return promote(
         factory,
         task_name,

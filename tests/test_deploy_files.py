@@ -52,6 +52,9 @@ READ_ELSEWHERE = {
     # Not read by the API process: in its containers for the operator's commands there
     # (`dynaloop model servers register ... --admin-token-env`, `dynaloop model promote`).
     "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": ROOT / "dynaloop" / "commands" / "model.py",
+    # A following model-server replica's name and URL in the registry (`dynaloop model-server --follow-task`).
+    "DYNALOOP_MODEL_REPLICA_NAME": ROOT / "dynaloop" / "commands" / "serve.py",
+    "DYNALOOP_MODEL_REPLICA_URL": ROOT / "dynaloop" / "commands" / "serve.py",
 }
 DUMMY_SECRETS = {name: f"test-only-{name.lower()}-0123456789" for name in SECRETS}
 
@@ -487,6 +490,21 @@ def test_model_replicas_share_the_data_volume_and_the_admin_token() -> None:
     ]
     command = services()["model-1"]["command"]
     assert command[command.index("--precision") + 1] == "${MODEL_PRECISION:-auto}"
+
+
+def test_model_replicas_follow_the_task_on_the_apis_database_each_under_its_own_name() -> None:
+    api_database = env_of(services()["api-1"])["DYNALOOP_DATABASE_URL"]
+    for name in (*MODEL_REPLICAS, *GPU_REPLICAS):
+        service = services()[name]
+        command = service["command"]
+        assert command[command.index("--follow-task") + 1] == "${MODEL_TASK:-dynasent-r2}", name
+        environment = env_of(service)
+        assert environment["DYNALOOP_DATABASE_URL"] == api_database, name
+        assert environment["DYNALOOP_MODEL_REPLICA_NAME"] == name
+        assert environment["DYNALOOP_MODEL_REPLICA_URL"] == f"http://{name}:8001"
+        # The replica checks the registry's schema at start: the migration must have run.
+        assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert env_of(services()["vllm-1"])["DYNALOOP_VLLM_GPU_MEMORY"] == "${DYNALOOP_VLLM_GPU_MEMORY:-0.5}"
 
 
 def test_gpu_profile_runs_vllm_replicas_on_nvidia_gpus() -> None:

@@ -400,8 +400,13 @@ def test_cli_register_list_promote_retire(
     assert result.exit_code == 0 and f"127-0-0-1-{port}" in result.output and TOKEN not in result.output
     result = run("model", "promote", "--task", task, "--version", f"{MODEL_ID}@1", "--server", f"127-0-0-1-{port}")
     assert result.exit_code == 0 and f"model server 127-0-0-1-{port}" in result.output, result.output
+    result = run(
+        "model", "promote", "--task", task, "--version", f"{MODEL_ID}@1", "--server", "x", "--endpoint", "http://h:1"
+    )
+    assert result.exit_code == 1 and "not both" in result.output
+    # Without a server: promoted in the registry, for the replicas that follow the task (none here).
     result = run("model", "promote", "--task", task, "--version", f"{MODEL_ID}@1")
-    assert result.exit_code == 1 and "--server NAME" in result.output
+    assert result.exit_code == 0 and f"promoted {MODEL_ID}@1: no live replica follows the task" in result.output
     result = run(
         "model",
         "servers",

@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter
 
 from api.deps import SessionDep, allowed
-from api.schemas.models import ModelPublic, ModelsPublic
+from api.schemas.models import ModelPublic, ModelReplicaPublic, ModelReplicasPublic, ModelsPublic
 from modelling.registry import attempt_counts, list_models
+from modelling.replicas import list_replicas
 from services.authorization import ModelPolicy, authorize
 from services.db.models import User
 from services.domain import tasks
@@ -26,3 +27,15 @@ def task_models(
     counts = attempt_counts(session, task)
     rows = [ModelPublic.of(model, counts.get(model.id, 0)) for model in list_models(session, task)]
     return ModelsPublic(data=rows, count=len(rows))
+
+
+@router.get("/tasks/{task_name}/model-replicas", response_model=ModelReplicasPublic)
+def task_model_replicas(
+    task_name: str, session: SessionDep, researcher: Annotated[User, allowed(ModelPolicy.list)]
+) -> ModelReplicasPublic:
+    """The model-server replicas that follow the task's promoted model (`dynaloop model-server
+    --follow-task`), by name: what each serves, its state, and whether it is live."""
+    task = tasks.get_task(session, task_name)
+    authorize(researcher, ModelPolicy.list(task))
+    rows = [ModelReplicaPublic.of(view) for view in list_replicas(session, task)]
+    return ModelReplicasPublic(data=rows, count=len(rows), live=sum(row.live for row in rows))

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from modelling.replicas import ReplicaView
 from services.db.models import ModelVersion
 
 
@@ -61,3 +62,50 @@ class ModelPublic(BaseModel):
 class ModelsPublic(BaseModel):
     data: list[ModelPublic]
     count: int
+
+
+class ModelReplicaPublic(BaseModel):
+    """A model-server replica that follows the task's promoted model (`dynaloop model-server --follow-task`)."""
+
+    name: str
+    url: str | None = Field(description="Where others reach it (its --advertise-url), if it said.")
+    state: str = Field(
+        description="starting (nothing to serve yet), loading, serving, failed (the promoted version could not be "
+        "loaded: the model it had still serves), stopped."
+    )
+    serving: str | None = Field(description="model_id@version of the model it serves, or null.")
+    model_id: str | None
+    version: str | None
+    model_version_id: int | None = Field(description="The registry id of what it serves, when the registry has it.")
+    target_model_version_id: int | None = Field(
+        description="The task's promoted version as the replica last read it: what it loads, serves or failed to load."
+    )
+    precision: str | None
+    message: str = Field(description="Why it failed, what it loads; empty when it serves the promoted model.")
+    live: bool = Field(description="It reported within the last seconds (modelling.replicas.LIVE_WITHIN_S).")
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+
+    @classmethod
+    def of(cls, view: ReplicaView) -> ModelReplicaPublic:
+        return cls(
+            name=view.name,
+            url=view.url,
+            state=view.state,
+            serving=view.serving,
+            model_id=view.model_id,
+            version=view.version,
+            model_version_id=view.model_version_id,
+            target_model_version_id=view.target_model_version_id,
+            precision=view.precision,
+            message=view.message,
+            live=view.live,
+            started_at=view.started_at,
+            heartbeat_at=view.heartbeat_at,
+        )
+
+
+class ModelReplicasPublic(BaseModel):
+    data: list[ModelReplicaPublic]
+    count: int
+    live: int = Field(description="How many of them are live.")

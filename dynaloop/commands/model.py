@@ -23,6 +23,7 @@ from dynaloop.commands.common import (
 from dynaloop.commands.model_servers import app as servers_app
 
 if TYPE_CHECKING:
+    from modelling.replicas import ReplicaView
     from services.db.models import ModelVersion
 
 app = typer.Typer(help="Classifier directories for the model server.", no_args_is_help=True)
@@ -168,7 +169,12 @@ def model_promote(
     task: TaskOpt,
     version: Annotated[str, typer.Option("--version", help="Registry id, name (model_id@version) or model_id")],
     server: Annotated[
-        str | None, typer.Option(help="A registered model server (`dynaloop model servers list`), e.g. model-0")
+        str | None,
+        typer.Option(
+            help="A registered model server (`dynaloop model servers list`), e.g. model-0, to hot-swap. Without "
+            "--server and --endpoint: the promotion is recorded and the replicas that follow the task "
+            "(`dynaloop model-server --follow-task`) load it; this waits until every live one serves it"
+        ),
     ] = None,
     endpoint: Annotated[
         str | None,
@@ -190,19 +196,23 @@ def model_promote(
         bool, typer.Option(help="Do not put the server in the task's open rounds' loop")
     ] = False,
     backend: Annotated[str | None, typer.Option(help="Model server backend for the new model; default: same")] = None,
-    timeout_s: Annotated[float, typer.Option(help="How long the server may take to load the model")] = 300.0,
+    timeout_s: Annotated[
+        float, typer.Option(help="How long the server (or the following replicas) may take to load the model")
+    ] = 300.0,
     database_url: DatabaseOpt = None,
 ) -> None:
-    """Hot-swap a model server to a registered model, then mark it promoted (the previous one retired)."""
+    """Hot-swap a model server to a registered model, then mark it promoted (the previous one retired); or,
+    without a server, promote it to the replicas that follow the task and wait until they serve it."""
     from pydantic import ValidationError
 
+    from modelling.registry import PromotionIncomplete
     from modelling.usecases import PromoteOptions, promote_model
     from services.db.engine import session_scope
     from services.domain import model_servers
     from services.errors import DomainError
 
-    if (server is None) == (endpoint is None):
-        raise fail("give the model server: --server NAME (registered) or --endpoint URL")
+    if server is not None and endpoint is not None:
+        raise fail("give one model server: --server NAME (registered) or --endpoint URL, not both")
     url = settings_for(database_url).resolved_database_url
     ensure_schema(url)
     factory = session_factory(url)
@@ -218,24 +228,81 @@ def model_promote(
                 server = found.name
         except DomainError as exc:
             raise fail(exc.message) from exc
-    assert server is not None
     try:
         options = PromoteOptions(
             server=server, force=force, keep_round_servers=keep_round_servers, backend=backend, timeout_s=timeout_s
         )
     except ValidationError as exc:
         raise fail(f"invalid promotion settings: {problems(exc)}") from exc
+    if server is None:
+        console.print(f"promoting {version} to the replicas that follow task {task!r} (up to {timeout_s:g} s)")
     try:
         result = promote_model(factory, task, version, options, operator_admin_token=admin_token)
+    except PromotionIncomplete as exc:
+        _print_replicas(exc.promotion.replicas)
+        raise fail(exc.message) from exc
     except DomainError as exc:
         raise fail(exc.message) from exc
-    console.print(
-        f"promoted {result.model.name}: model server {result.server} ({result.endpoint}) now serves it", soft_wrap=True
-    )
+    if result.server is not None:
+        console.print(
+            f"promoted {result.model.name}: model server {result.server} ({result.endpoint}) now serves it",
+            soft_wrap=True,
+        )
+    else:
+        assert result.rollout is not None
+        console.print(f"promoted {result.model.name}: {result.rollout.describe()}", soft_wrap=True)
+        _print_replicas(result.replicas)
     for old in result.retired:
         console.print(f"retired {old.name}")
     if result.rounds_updated:
         console.print(f"round(s) {', '.join(map(str, result.rounds_updated))} now use model server {result.server}")
+
+
+def _print_replicas(replicas: list[ReplicaView]) -> None:
+    if not replicas:
+        return
+    table = Table()
+    for column in ("replica", "url", "serves", "precision", "state", "live", "last report (UTC)", "message"):
+        table.add_column(column, no_wrap=column not in ("message", "url"))
+    for view in replicas:
+        table.add_row(
+            view.name,
+            view.url or "",
+            view.serving or "",
+            view.precision or "",
+            view.state,
+            "yes" if view.live else "no",
+            view.heartbeat_at.strftime("%Y-%m-%d %H:%M:%S"),
+            view.message,
+        )
+    console.print(table)
+
+
+@app.command("replicas")
+def model_replicas(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
+    """The model-server replicas that follow the task (`dynaloop model-server --follow-task`): what each
+    serves, its state, and whether it is live (reported within the last seconds)."""
+    from modelling.replicas import LIVE_WITHIN_S, list_replicas
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    try:
+        with session_factory(url)() as session:
+            replicas = list_replicas(session, get_task(session, task))
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    if not replicas:
+        console.print(
+            f"no model-server replica follows task {task!r}; start one with "
+            f"`dynaloop model-server --follow-task {task}`",
+            soft_wrap=True,
+        )
+        return
+    _print_replicas(replicas)
+    live = sum(view.live for view in replicas)
+    console.print(f"{live} of {len(replicas)} live (reported within {LIVE_WITHIN_S:g} s)", highlight=False)
 
 
 @app.command("retire")

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from dynaloop.commands.common import DatabaseOpt, PrecisionOpt, console, err, fail, settings_for
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from model_server.follow import PromotedModel, ReplicaStatus
 
 
 def api(
@@ -104,8 +111,101 @@ def ui(
     raise typer.Exit(code)
 
 
+class TaskRegistry:
+    """The registry a following model server reads and reports to (model_server.follow.Registry):
+    the task's promoted version and the replica's row in ``model_replicas`` (modelling.replicas)."""
+
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        task_id: int,
+        name: str,
+        url: str | None,
+        started_at: dt.datetime,
+    ) -> None:
+        self.factory = factory
+        self.task_id = task_id
+        self.name = name
+        self.url = url
+        self.started_at = started_at
+
+    def promoted_model(self) -> PromotedModel | None:
+        from model_server.follow import PromotedModel
+        from modelling.replicas import promoted_version
+
+        found = promoted_version(self.factory, self.task_id)
+        if found is None:
+            return None
+        return PromotedModel(found.id, found.model_id, found.version, found.directory, found.promoted_at)
+
+    def report(self, status: ReplicaStatus) -> None:
+        from modelling.replicas import ReplicaReport, record_replica
+
+        record_replica(
+            self.factory,
+            self.task_id,
+            ReplicaReport(
+                name=self.name,
+                url=self.url,
+                state=status.state.value,
+                model_id=status.model_id,
+                version=status.version,
+                precision=status.precision,
+                message=status.message,
+                target_model_version_id=status.target_model_version_id,
+                target_promoted_at=status.target_promoted_at,
+                started_at=self.started_at,
+            ),
+        )
+
+
+def _replica_registry(database_url: str | None, task: str, name: str, url: str | None) -> TaskRegistry:
+    """The task's registry for a following replica; exits with the reason when the database cannot
+    be reached, its schema is old, or the task does not exist."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from dynaloop.commands.common import ensure_schema, redact
+    from services.db.engine import make_engine, make_sessionmaker
+    from services.db.models import utcnow
+    from services.domain.tasks import get_task
+    from services.errors import DomainError
+
+    resolved = settings_for(database_url).resolved_database_url
+    # A replica's few statements are small: a short connect and statement timeout keep a
+    # database that hangs from holding the poll for long (serving never waits on it).
+    options: dict[str, Any] = {}
+    if make_url(resolved).get_backend_name() == "postgresql":
+        options = {
+            "pool_size": 2,
+            "max_overflow": 2,
+            "connect_args": {"connect_timeout": 5, "options": "-c statement_timeout=10000"},
+        }
+    try:
+        ensure_schema(resolved)
+        factory = make_sessionmaker(make_engine(resolved, **options))
+        with factory() as session:
+            task_id = get_task(session, task).id
+    except DomainError as exc:
+        raise fail(f"--follow-task: {exc.message}") from exc
+    except SQLAlchemyError as exc:
+        reason = str(exc).strip().splitlines()[0][:300]
+        raise fail(
+            f"--follow-task: cannot read the registry at {redact(resolved)} ({type(exc).__name__}: {reason}); "
+            "a following replica needs the database when it starts (--database-url or DYNALOOP_DATABASE_URL)"
+        ) from exc
+    return TaskRegistry(factory, task_id, name, url, utcnow())
+
+
 def model_server(
-    model: Annotated[Path, typer.Option("--model", help="Model directory with dynaloop_model.json")],
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="Model directory with dynaloop_model.json (optional with --follow-task: used until a "
+            "model is promoted)",
+        ),
+    ] = None,
     host: str = "127.0.0.1",
     port: int = 8001,
     backend: Annotated[str, typer.Option(help="transformers, vllm-classify or vllm-generate")] = "transformers",
@@ -124,15 +224,64 @@ def model_server(
     admin_token: Annotated[
         str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", help="Enables POST /admin/reload")
     ] = None,
+    follow_task: Annotated[
+        str | None,
+        typer.Option(
+            help="Follow this task's promoted model: load it at start and whenever another version is promoted, "
+            "and report to the registry which model this replica serves (docs/model_server.md)"
+        ),
+    ] = None,
+    replica_name: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DYNALOOP_MODEL_REPLICA_NAME", help="With --follow-task: this replica's name; default HOSTNAME-PORT"
+        ),
+    ] = None,
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DYNALOOP_MODEL_REPLICA_URL",
+            help="With --follow-task: the URL others reach this replica at, shown in the registry",
+        ),
+    ] = None,
+    follow_interval: Annotated[
+        float, typer.Option(help="With --follow-task: seconds between two reads of the registry")
+    ] = 2.0,
+    database_url: DatabaseOpt = None,
     log_level: str = "info",
 ) -> None:
-    """Serve a classifier: /predict with dynamic batching, /info, /health, /metrics, /inspect, /admin/reload."""
+    """Serve a classifier: /predict with dynamic batching, /info, /health, /metrics, /inspect, /admin/reload.
+    With --follow-task it serves the task's promoted model and swaps itself when another is promoted."""
+    import socket
+
     import uvicorn
 
-    from model_server.app import ServerConfig, create_model_app
+    from model_server.app import FollowSettings, ServerConfig, create_model_app
+    from modelling.replicas import MAX_FOLLOW_INTERVAL_S
 
-    if not model.is_dir():
+    if model is None and follow_task is None:
+        raise fail("give --model DIR (a model directory), or --follow-task TASK to serve the task's promoted model")
+    if model is not None and not model.is_dir():
         raise fail(f"{model} is not a folder; build one with `dynaloop model init --task NAME --out {model}`")
+    follow = None
+    if follow_task is not None:
+        if not 0.1 <= follow_interval <= MAX_FOLLOW_INTERVAL_S:
+            raise fail(
+                f"--follow-interval must be between 0.1 and {MAX_FOLLOW_INTERVAL_S:g} seconds: the registry judges a "
+                "replica live by how recently it reported"
+            )
+        if advertise_url is not None and not advertise_url.startswith(("http://", "https://")):
+            raise fail(f"--advertise-url {advertise_url!r} is not an http(s) URL")
+        name = (replica_name or f"{socket.gethostname()}-{port}").strip()
+        if not name or len(name) > 255:
+            raise fail("--replica-name must have 1 to 255 characters")
+        registry = _replica_registry(database_url, follow_task, name, advertise_url)
+        follow = FollowSettings(registry, follow_interval)
+        console.print(
+            f"model server replica {name} follows task {follow_task!r} (registry read every {follow_interval:g} s)",
+            highlight=False,
+            soft_wrap=True,
+        )
     config = ServerConfig(
         model_dir=model,
         backend=backend,
@@ -144,5 +293,6 @@ def model_server(
         linger_max_ms=linger_max_ms,
         request_timeout_s=request_timeout_s,
         admin_token=admin_token,
+        follow=follow,
     )
     uvicorn.run(create_model_app(config), host=host, port=port, log_level=log_level)

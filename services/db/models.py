@@ -681,7 +681,8 @@ class QueueResult(Base):
 
 class ModelReplica(Base):
     """A model-server replica that follows its task's promoted model (`dynaloop model-server
-    --follow-task`): what it serves now and when it last reported (modelling.replicas)."""
+    --follow-task`): what it serves now, the promoted version it works towards (loading, serving
+    or failed to load it) and when it last reported (modelling.replicas)."""
 
     __tablename__ = "model_replicas"
     __table_args__ = (UniqueConstraint("task_id", "name", name="uq_model_replicas_task_name"),)
@@ -694,7 +695,11 @@ class ModelReplica(Base):
     model_id: Mapped[str | None] = mapped_column(String(200))
     version: Mapped[str | None] = mapped_column(String(200))
     precision: Mapped[str | None] = mapped_column(String(40))
-    state: Mapped[str] = mapped_column(String(20), default="starting")  # starting, loading, serving, failed
+    # The task's promoted version as the replica last read it, and when it was promoted (migration
+    # 0014): the promotion it loads, serves or failed to load. Null: none was read.
+    target_model_version_id: Mapped[int | None] = mapped_column(ForeignKey("model_versions.id"))
+    target_promoted_at: Mapped[dt.datetime | None]
+    state: Mapped[str] = mapped_column(String(20), default="starting")  # starting, loading, serving, failed, stopped
     message: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
