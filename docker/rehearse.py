@@ -198,6 +198,10 @@ def main() -> int:
             stack.start(name, swap(compose[name]["command"], name), {**base_env, **model_env})
         for name in ("api-1", "api-2"):
             stack.start(name, swap(image_cmd("Dockerfile.api"), name), env)
+        # The CPU job worker, with its service's environment (the API's) and command.
+        worker_env = {key: defaults(str(value)) for key, value in compose["worker-cpu"]["environment"].items()}
+        worker_env.update({key: backend[key] for key in worker_env if key in backend})
+        stack.start("worker-cpu", swap(compose["worker-cpu"]["command"], "worker-cpu"), {**base_env, **worker_env})
         conf = (ROOT / "docker" / "nginx" / "nginx.conf").read_text(encoding="utf-8")
         conf = conf.replace("listen 8000;", f"listen 127.0.0.1:{NGINX_API};")
         conf = conf.replace("listen 8001;", f"listen 127.0.0.1:{NGINX_MODEL};")
@@ -236,6 +240,13 @@ def main() -> int:
             test = [part.replace(f":{own}/", f":{port}/") for part in compose[name]["healthcheck"]["test"][1:]]
             result = subprocess.run([sys.executable, *test[1:]], capture_output=True, text=True)
             stack.check(f"{name}: its compose health check exits 0", result.returncode == 0, result.stderr[-200:])
+        check = compose["worker-cpu"]["healthcheck"]["test"][1:]
+        for _ in range(60):  # the worker registers once it has started
+            result = subprocess.run([str(BIN / check[0]), *check[1:]], env=env, capture_output=True, text=True)
+            if result.returncode == 0:
+                break
+            time.sleep(1)
+        stack.check("worker-cpu: its compose health check exits 0", result.returncode == 0, result.stderr[-200:])
         stack.check("nginx: /nginx-health answers 200", httpx.get(f"{api}/nginx-health").status_code == 200)
         codes = {httpx.get(f"{api}/health").status_code for _ in range(20)}
         stack.check("GET /health through nginx, 20 times: all 200", codes == {200}, str(codes))
@@ -363,28 +374,26 @@ def main() -> int:
             check=True,
             capture_output=True,
         )
-        result = subprocess.run(
-            [
-                str(BIN / "dynaloop"),
-                "model",
-                "promote",
-                "--task",
-                "dynasent-r2",
-                "--version",
-                "model-tiny",
-                "--force",
-                "--timeout-s",
-                "120",
-            ],
-            env={**env, "COLUMNS": "200"},
-            capture_output=True,
-            text=True,
-        )
-        said = [line for line in (result.stdout + result.stderr).splitlines() if "promoted" in line or "error" in line]
+        # A promote job through nginx: queued in PostgreSQL, run by worker-cpu, which waits until
+        # both replicas serve the model.
+        models = httpx.get(f"{api}/api/v1/tasks/dynasent-r2/models", headers=auth("researcher")).json()["data"]
+        tiny_id = next(m["id"] for m in models if m["model_id"] == "model-tiny")
+        job = httpx.post(
+            f"{api}/api/v1/tasks/dynasent-r2/jobs",
+            json={"kind": "promote", "params": {"model_id": tiny_id, "force": True, "timeout_s": 120}},
+            headers=auth("researcher", **{"Idempotency-Key": "rehearsal-promote"}),
+        ).json()
+        for _ in range(240):
+            job = httpx.get(f"{api}/api/v1/jobs/{job['id']}", headers=auth("researcher")).json()
+            if job["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.5)
         stack.check(
-            "`dynaloop model promote` without a server waits until both replicas serve it",
-            result.returncode == 0 and "2 serve it (model-1, model-2)" in result.stdout,
-            said[0] if said else result.stdout[-300:],
+            "a promote job without a server, run by worker-cpu, waits until both replicas serve it",
+            job["status"] == "succeeded"
+            and job["worker"] == "worker-cpu"
+            and sorted(r["name"] for r in job["result"]["replicas"]) == ["model-1", "model-2"],
+            f"{job['status']} on {job['worker']}: {job['message']}",
         )
         served = [
             httpx.get(f"http://127.0.0.1:{PORTS[name]}/info").json()["model_id"] for name in ("model-1", "model-2")
