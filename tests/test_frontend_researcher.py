@@ -519,8 +519,12 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     assert at.selectbox(key="researcher_models_model").options == [model.name]
     assert said(at, "markdown", "Status: **evaluated**, not promoted"), texts(at)
 
-    # Only registered servers with an admin token are offered; the page never asks for a token or a URL.
-    assert at.selectbox(key="researcher_promote_server").options == [f"{server} (http://127.0.0.1:8001)"]
+    # The replicas that follow the task, or registered servers with an admin token; the page never
+    # asks for a token or a URL.
+    assert at.selectbox(key="researcher_promote_server").options == [
+        "every model-server replica that follows the task",
+        f"{server} (http://127.0.0.1:8001)",
+    ]
     assert not [t for t in at.text_input if t.key and "promote" in t.key]
     at.selectbox(key="researcher_promote_server").set_value(server)
     at = ok(at.button(key="researcher_promote_submit").click().run())
@@ -570,6 +574,20 @@ def test_models_page_cancels_the_job_it_follows(live: LiveApi, rita: PageClient,
     at = run_until_idle(at)
     assert said(at, "warning", f"train job {job_id}: cancelled by rita while it ran"), texts(at)
     assert not followed_job(at)
+
+
+def test_models_page_promotes_to_the_replicas_that_follow_the_task(
+    live: LiveApi, rita: PageClient, jobs: JobProcess
+) -> None:
+    """The form's first choice names no server: the promote job reaches every following replica."""
+    labelled_round(live, status="built")
+    model = registered_model(live, "m", "1")
+    at = ok(page(rita, "researcher_models"))
+    assert at.selectbox(key="researcher_promote_server").value == ""  # no server registered, still offered
+    at.checkbox(key="researcher_promote_force").check()
+    at = ok(at.button(key="researcher_promote_submit").click().run())
+    assert rita.requests("POST", JOBS)[-1].body["params"] == {"model_id": model.id, "force": True}
+    assert live.admin.job(followed_job(at))["queue"] == "cpu"  # type: ignore[arg-type]
 
 
 def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:

@@ -23,6 +23,7 @@ ACTIVE_JOB_KEY = "researcher_models_job"  # {task: job id} of the job this page 
 MODEL_KEY = "researcher_models_model"  # the model picker of the registry
 DOWNLOAD_KEY = "researcher_models_download"  # the fetched file: {"name", "data", "mime"}
 POLL_SECONDS = 2.0
+FOLLOWERS = ""  # the promote form's choice "no server": every replica that follows the task (docs/deploy.md)
 SPLITS = ["train", "dev", "test", "excluded", "all"]
 FORMATS = {"jsonl": "application/x-ndjson", "csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
 
@@ -355,18 +356,19 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
             return
         in_loop = [name for r in rounds for name in (r.get("model_servers") or []) if name in servers]
         names = sorted(servers, key=lambda name: (name not in in_loop, name))
-        if not names:
-            st.caption(
-                "No model server is registered with an admin token, so none can load a model: an admin registers "
-                "one (`dynaloop model servers register NAME URL --admin-token-env VAR`)."
-            )
-            return
+
+        def where(name: str) -> str:
+            if name == FOLLOWERS:
+                return "every model-server replica that follows the task"
+            return f"{name} ({servers[name]['url']})"
+
         with st.form("researcher_models_promote_form"):
             server = st.selectbox(
-                "Model server to promote it to (registered by an admin)",
-                names,
+                "Promote it to (the replicas that follow the task load it themselves; a registered server "
+                "is swapped by its admin token, which the page never shows)",
+                [FOLLOWERS, *names],
                 key="researcher_promote_server",
-                format_func=lambda name: f"{name} ({servers[name]['url']})",
+                format_func=where,
             )
             force = st.checkbox(
                 "Promote even though it was never evaluated",
@@ -374,8 +376,10 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
                 disabled=model["status"] != "trained",
             )
             submitted = st.form_submit_button("Promote", disabled=busy, key="researcher_promote_submit")
-        if submitted and server:
-            params: dict[str, Any] = {"model_id": model["id"], "server": server, "force": bool(force)}
+        if submitted:
+            params: dict[str, Any] = {"model_id": model["id"], "force": bool(force)}
+            if server:
+                params["server"] = server
             start(client, task["name"], "promote", params)
 
 
