@@ -364,8 +364,8 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
 
         with st.form("researcher_models_promote_form"):
             server = st.selectbox(
-                "Promote it to (the replicas that follow the task load it themselves; a registered server "
-                "is swapped by its admin token, which the page never shows)",
+                "Promote it to (the replicas that follow the task load it themselves; a registered model "
+                "server is swapped in place)",
                 [FOLLOWERS, *names],
                 key="researcher_promote_server",
                 format_func=where,
