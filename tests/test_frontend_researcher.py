@@ -522,8 +522,8 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     # The replicas that follow the task, or registered servers with an admin token; the page never
     # asks for a token or a URL.
     assert at.selectbox(key="researcher_promote_server").options == [
-        "every model-server replica that follows the task",
         f"{server} (http://127.0.0.1:8001)",
+        "every model-server replica that follows the task",
     ]
     assert not [t for t in at.text_input if t.key and "promote" in t.key]
     at.selectbox(key="researcher_promote_server").set_value(server)
@@ -579,7 +579,8 @@ def test_models_page_cancels_the_job_it_follows(live: LiveApi, rita: PageClient,
 def test_models_page_promotes_to_the_replicas_that_follow_the_task(
     live: LiveApi, rita: PageClient, jobs: JobProcess
 ) -> None:
-    """The form's first choice names no server: the promote job reaches every following replica."""
+    """With no server registered, the form's one choice names none: the promote job reaches every
+    following replica."""
     labelled_round(live, status="built")
     model = registered_model(live, "m", "1")
     at = ok(page(rita, "researcher_models"))

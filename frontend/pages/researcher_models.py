@@ -366,7 +366,7 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
             server = st.selectbox(
                 "Promote it to (the replicas that follow the task load it themselves; a registered model "
                 "server is swapped in place)",
-                [FOLLOWERS, *names],
+                [*names, FOLLOWERS],  # a server in a round's loop first, as before; else the followers
                 key="researcher_promote_server",
                 format_func=where,
             )
