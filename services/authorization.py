@@ -42,6 +42,12 @@ researchers: its *owners* (the creator, and whoever an owner makes one) and *mem
   only where :meth:`TaskPolicy.manage` allows); REST clients read every task, to find the
   datasets they pull; researchers read the tasks they are on, admins all. A user with none of
   those roles sees no task.
+* **Link-made workers** (``User.made_by_link``: the account was created by a study link,
+  ``services/domain/study.py``) are workers of their links' tasks only: they read, write in,
+  validate in and take the quiz of a task only where one of their study sessions gives them
+  that task and role (:func:`study_scope`); any other task, round or example is reported as
+  missing, in the words of a missing one, and ``GET /rounds/open`` lists only their tasks'
+  rounds. Accounts an admin made keep the reach of their roles.
 * :meth:`DatasetPolicy.read` (a built round's splits and report): REST clients pull every
   task's datasets (that is what the role is for); researchers only their own tasks'.
 
@@ -165,14 +171,46 @@ _SEES_EVERY_TASK = (Role.writer, Role.validator, Role.client)
 
 
 def _sees_every_task(user: User) -> bool:
-    return any(user.has_role(role) for role in _SEES_EVERY_TASK)
+    return not user.made_by_link and any(user.has_role(role) for role in _SEES_EVERY_TASK)
+
+
+def study_scope(user: User) -> set[tuple[int, Role]]:
+    """The (task id, role) pairs a link-made worker works in: one per study session, the task
+    and role of its link. Empty for accounts an admin made (they are not scoped)."""
+    if not user.made_by_link:
+        return set()
+    return {(study.link.task_id, Role(study.link.role.value)) for study in user.study_sessions}
+
+
+def _link_made_sees(user: User, task: Task, role: Role | None = None) -> bool:
+    """Whether a link-made worker may see ``task`` (in ``role``, or in any role when None)."""
+    return any(task_id == task.id and (role is None or held is role) for task_id, held in study_scope(user))
+
+
+def _crowd_scope(task: Task, role: Role, hidden: Callable[[], NotFound]) -> Rule:
+    """Writers and validators: every task, unless made by a study link; then only the tasks and
+    roles of their study sessions (else ``hidden``, the 404 of a missing object)."""
+
+    def check(user: User) -> None:
+        if user.made_by_link and not user.has_role(Role.admin) and not _link_made_sees(user, task, role):
+            raise hidden()
+
+    return check
+
+
+def _both(first: Rule, second: Rule) -> Rule:
+    def check(user: User) -> None:
+        first(user)
+        second(user)
+
+    return check
 
 
 def _reads_task(task: Task, hidden: Callable[[], NotFound]) -> Rule:
     """Writers, validators, clients and admins; researchers only on the task (else ``hidden``)."""
 
     def check(user: User) -> None:
-        if _sees_every_task(user):
+        if _sees_every_task(user) or (user.made_by_link and _link_made_sees(user, task)):
             return
         if not (user.has_role(Role.researcher) and task.member_role(user) is not None):
             raise hidden()
@@ -192,7 +230,7 @@ def _on_task(
         place = task.member_role(user)
         if place is TaskRole.owner or (place is TaskRole.member and not owners_only):
             return
-        if place is None and not _sees_every_task(user):
+        if place is None and not (_sees_every_task(user) or (user.made_by_link and _link_made_sees(user, task))):
             raise hidden()
         if place is None:
             raise Forbidden(
@@ -285,20 +323,29 @@ class RoundPolicy:
 
     @staticmethod
     def write(round_: Round | None = None) -> Policy:
-        """Take an assignment in the round."""
-        return _needs(Role.writer)
+        """Take an assignment in the round: writers; a link-made writer only in the tasks of
+        their writer study sessions (another task's round: as missing)."""
+        if round_ is None:
+            return _needs(Role.writer)
+        return _needs(Role.writer, _crowd_scope(round_.task, Role.writer, _round_hidden(round_)))
 
     @staticmethod
     def validate(round_: Round | None = None) -> Policy:
-        """Get a batch of the round's examples to label."""
-        return _needs(Role.validator)
+        """Get a batch of the round's examples to label: validators; a link-made validator only
+        in the tasks of their validator study sessions (another task's round: as missing)."""
+        if round_ is None:
+            return _needs(Role.validator)
+        return _needs(Role.validator, _crowd_scope(round_.task, Role.validator, _round_hidden(round_)))
 
 
 class OnboardingPolicy:
     @staticmethod
     def take(task: Task | None = None) -> Policy:
-        """See and answer a task's onboarding quiz."""
-        return _needs(Role.writer)
+        """See and answer a task's onboarding quiz: writers; a link-made worker only on the
+        tasks of their study sessions (another task: as missing)."""
+        if task is None:
+            return _needs(Role.writer)
+        return _needs(Role.writer, _reads_task(task, _task_hidden(task)))
 
 
 class WorkerPolicy:
@@ -347,8 +394,12 @@ class ExamplePolicy:
 
     @staticmethod
     def validate(example: Example | None = None) -> Policy:
-        """Label an example: validators, never its writer."""
-        return _needs(Role.validator, None if example is None else _written_by_someone_else(example))
+        """Label an example: validators, never its writer; a link-made validator only in the
+        tasks of their validator study sessions (another task's example: as missing)."""
+        if example is None:
+            return _needs(Role.validator)
+        in_scope = _crowd_scope(example.round.task, Role.validator, lambda: missing_example(example.id))
+        return _needs(Role.validator, _both(in_scope, _written_by_someone_else(example)))
 
 
 # --- what a round becomes: builds, datasets, jobs, models --------------------------------------

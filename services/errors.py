@@ -161,3 +161,17 @@ class StudyLinkFull(Conflict):
     """A study link whose cap on workers is reached."""
 
     code = "study_link_full"
+
+
+class TooManyNewWorkers(RateLimited):
+    """A study link, or one client address, created its most new worker accounts this hour
+    (DYNALOOP_STUDY_NEW_WORKERS_PER_LINK_PER_HOUR, ..._PER_ADDRESS_PER_HOUR); nothing was written."""
+
+    code = "too_many_new_workers"
+
+
+class StudySessionTaken(Conflict):
+    """The worker already has a session of this round and role (through another link), or came
+    through a link of the other role and this link does not take them."""
+
+    code = "study_session_taken"

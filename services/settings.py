@@ -174,6 +174,20 @@ class Settings(BaseSettings):
         "once; more get 429 `too_many_in_flight`. One attempt per assignment in any case.",
     )
 
+    # --- crowd identity: new worker accounts from study links (docs/security.md "Crowd identity")
+    study_new_workers_per_link_per_hour: int = Field(
+        60,
+        ge=1,
+        description="Most new worker accounts one study link creates in an hour (counted in the database, "
+        "so every API process agrees); more first opens get 429 `too_many_new_workers` and write nothing.",
+    )
+    study_new_workers_per_address_per_hour: int = Field(
+        5,
+        ge=1,
+        description="Most new worker accounts created from one client address in an hour, over every link "
+        "(only a keyed hash of the address is stored); a lab behind one NAT shares it.",
+    )
+
     @model_validator(mode="after")
     def _model_requests_leave_room(self) -> Settings:
         if self.max_concurrent_model_requests >= self.max_concurrent_requests:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response, status
+from fastapi import APIRouter, Path, Request, Response, status
 
 from api.deps import IdPath, SessionDep, SettingsDep, allowed
+from api.ratelimit import client_address
 from api.schemas.study import (
     Completion,
     LinkSessionPublic,
@@ -99,13 +100,22 @@ def link_sessions(
     responses={200: {"model": StudyStarted, "description": "An MTurk preview, or the worker's session resumed."}},
 )
 def start_session(
-    slug: Slug, body: StudyStart, response: Response, session: SessionDep, settings: SettingsDep
+    slug: Slug, body: StudyStart, request: Request, response: Response, session: SessionDep, settings: SettingsDep
 ) -> StudyStarted:
     """A worker opens a study link with the parameters the platform appended: no token needed.
     Answers an MTurk preview (200, nothing written), or the worker's session on the link, new
-    (201) or resumed (200), with a 24-hour API token. 409 ``study_link_closed`` or
-    ``study_link_full``; 422 for missing or forged parameters."""
-    started = study.start_study_session(session, settings.secret_key, slug, body.params)
+    (201) or resumed (200), with the session's API token (a re-open replaces it, same expiry).
+    409 ``study_link_closed``, ``study_link_full`` or ``study_session_taken`` (a session in this
+    round and role through another link; a link of the other role); 422 for missing parameters
+    or ids not in the platform's format; 429 ``too_many_new_workers`` past the hourly caps on
+    new worker accounts per link and per client address."""
+    caps = study.NewWorkerCaps(
+        per_link=settings.study_new_workers_per_link_per_hour,
+        per_address=settings.study_new_workers_per_address_per_hour,
+    )
+    started = study.start_study_session(
+        session, settings.secret_key, slug, body.params, address=client_address(request), caps=caps
+    )
     link = started.link
     definition = tasks.definition_of(link.task)
     response.status_code = status.HTTP_201_CREATED if started.created else status.HTTP_200_OK
@@ -130,7 +140,8 @@ def my_sessions(session: SessionDep, user: Annotated[User, allowed(StudySessionP
 def finish_session(
     session_id: IdPath, body: StudyFinish, session: SessionDep, user: Annotated[User, allowed(StudySessionPolicy.own)]
 ) -> Completion:
-    """End your session (``quota``: once met, 409 before; ``stop``: now) and get the platform's
+    """End your session (``quota``: once met, 409 before; ``stop``: now; ``out_of_work``: a
+    validator whose round has no more work for them, 409 while it has) and get the platform's
     completion. Finishing again answers the same completion."""
     row = study.get_session(session, session_id)
     authorize(user, StudySessionPolicy.own(row))

@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from services.db.models import Platform, StudyLink, StudyRole, StudySession, StudySessionStatus
 from services.domain import study as study_domain
+from services.taskdef import MAX_PAY_MINOR
 
+OutOfWork = Literal["complete", "partial", "return"]
 Code = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
@@ -19,8 +21,10 @@ class StudyLinkCreate(BaseModel):
     round_id: int = Field(ge=1, le=2**31 - 1, description="The round of the task the workers work in.")
     role: StudyRole
     platform: Platform
-    quota: int = Field(ge=1, le=10_000, description="Examples per writer, or validation batches per validator.")
-    max_workers: int | None = Field(None, ge=1, le=1_000_000, description="Most sessions the link starts.")
+    quota: int = Field(ge=1, le=10_000, description="Examples per writer, or labels per validator.")
+    max_workers: int | None = Field(
+        None, ge=1, le=1_000_000, description="Most sessions the link starts; required on prolific and mturk links."
+    )
     id_parameter: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")] | None = (
         Field(None, description="generic only (required there): the query parameter with the worker's id.")
     )
@@ -28,6 +32,19 @@ class StudyLinkCreate(BaseModel):
     closes_at: dt.datetime | None = Field(None, description="With a time zone; none: until closed by hand.")
     completion_code: Code | None = Field(None, description="None: 8 random letters and digits.")
     screened_out_code: Code | None = Field(None, description="The platform's code for workers screened out.")
+    partial_code: Code | None = Field(
+        None, description="The platform's code for a stopped (partial) session; none: stopped workers return it."
+    )
+    partial_pay_minor: int | None = Field(
+        None, ge=0, le=MAX_PAY_MINOR, description="Pay of a partial session (minor units); needs partial_code."
+    )
+    other_role_allowed: bool = Field(
+        False, description="Take workers who came through a link of the other role (writers who also validate)."
+    )
+    when_out_of_work: OutOfWork = Field(
+        "complete",
+        description="Validators whose round has no more work: complete (with 1+ label), partial, or return.",
+    )
 
 
 class StudyLinkPublic(BaseModel):
@@ -43,6 +60,10 @@ class StudyLinkPublic(BaseModel):
     id_parameter: str | None
     completion_code: str
     screened_out_code: str | None
+    partial_code: str | None
+    partial_pay_minor: int | None
+    other_role_allowed: bool
+    when_out_of_work: OutOfWork
     opens_at: dt.datetime | None
     closes_at: dt.datetime | None
     closed_at: dt.datetime | None
@@ -66,6 +87,10 @@ class StudyLinkPublic(BaseModel):
             id_parameter=link.id_parameter,
             completion_code=link.completion_code,
             screened_out_code=link.screened_out_code,
+            partial_code=link.partial_code,
+            partial_pay_minor=link.partial_pay_minor,
+            other_role_allowed=link.other_role_allowed,
+            when_out_of_work=link.when_out_of_work,  # type: ignore[arg-type]
             opens_at=link.opens_at,
             closes_at=link.closes_at,
             closed_at=link.closed_at,
@@ -202,11 +227,17 @@ class StudyStarted(BaseModel):
     preview: bool
     link: StudyLinkSummary
     task: StudyTaskSummary
-    token: str | None = Field(None, description="A 24-hour API token for the worker (not in a preview).")
+    token: str | None = Field(
+        None,
+        description="The session's API token (not in a preview): 24 hours from the first open; a re-open "
+        "revokes the previous one and answers a new one with the same expiry.",
+    )
     expires_at: dt.datetime | None = None
     session: StudySessionPublic | None = None
 
 
 class StudyFinish(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reason: Literal["quota", "stop"]
+    reason: Literal["quota", "stop", "out_of_work"] = Field(
+        description="quota: met; stop: now (partial); out_of_work: a validator whose round has no more work."
+    )

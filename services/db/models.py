@@ -159,6 +159,10 @@ class User(Base):
     password_hash: Mapped[str | None] = mapped_column(String(200))
     is_active: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # Created by a study link (services/domain/study.py), not by an admin: such a worker reaches
+    # only the tasks and roles of their study sessions (services/authorization.py).
+    made_by_link: Mapped[bool] = mapped_column(Boolean, default=False)
+    study_sessions: Mapped[list[StudySession]] = relationship(viewonly=True, order_by="StudySession.id")
 
     def has_role(self, role: Role) -> bool:
         return role.value in (self.roles or []) or Role.admin.value in (self.roles or [])
@@ -777,6 +781,16 @@ class StudyLink(Base):
     closed_at: Mapped[dt.datetime | None]  # closed by hand before closes_at
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # What a stopped session gets (docs/crowdsourcing.md, "Completion"): the platform's code for
+    # a partial submission and the pay (minor units of the task's currency) that goes with it;
+    # none: a stopped worker is told to return the submission and is not paid.
+    partial_code: Mapped[str | None] = mapped_column(String(64))
+    partial_pay_minor: Mapped[int | None] = mapped_column(Integer)
+    # Whether a worker who came through a link of the other role may open this one too.
+    other_role_allowed: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Validator links: what a validator whose round has no more work to serve gets
+    # ("complete", "partial" or "return"; services/domain/study.py OUT_OF_WORK).
+    when_out_of_work: Mapped[str] = mapped_column(String(16), default="complete")
 
     task: Mapped[Task] = relationship()
     round: Mapped[Round] = relationship()
@@ -794,6 +808,10 @@ class PlatformAccount(Base):
     id_hash: Mapped[str] = mapped_column(String(64))
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), unique=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # The link that created the account and a keyed hash (HMAC with DYNALOOP_SECRET_KEY) of the
+    # client address it came from, never the address: the hourly caps on new workers count these.
+    link_id: Mapped[int | None] = mapped_column(ForeignKey("study_links.id"), index=True)
+    address_hash: Mapped[str | None] = mapped_column(String(64), index=True)
 
     user: Mapped[User] = relationship()
 
@@ -806,6 +824,9 @@ class StudySession(Base):
     __table_args__ = (
         UniqueConstraint("link_id", "user_id", name="uq_study_sessions_link_user"),
         Index("ix_study_sessions_link_status", "link_id", "status"),
+        # One session per worker per round and role, whatever the link (NULLs: sessions started
+        # before the columns existed, never in conflict).
+        Index("uq_study_sessions_user_round_role", "user_id", "round_id", "role", unique=True),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -822,6 +843,14 @@ class StudySession(Base):
     started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[dt.datetime | None]
+    # The link's round and role, copied so that the unique index above holds across links.
+    round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"))
+    role: Mapped[StudyRole | None] = mapped_column(_enum(StudyRole))
+    # The session's one API token: re-opening the link replaces it (same expiry), never adds one.
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
+    # How an ended session ended: "quota", "stop" or "out_of_work" (the validator's round had no
+    # more work); the completion a stopped session gets depends on it.
+    end_reason: Mapped[str | None] = mapped_column(String(16))
 
     link: Mapped[StudyLink] = relationship()
     user: Mapped[User] = relationship()

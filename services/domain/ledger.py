@@ -60,7 +60,7 @@ from services.db.models import (
     Validation,
     utcnow,
 )
-from services.domain import audit
+from services.domain import audit, study
 from services.domain.labels import agreement_with, gold_label, last_pass
 from services.domain.rounds import newest_build
 from services.domain.tasks import definition_of
@@ -217,8 +217,23 @@ def _round_candidates(
     session: Session, task: Task, definition: TaskDefinition, policy: PayPolicy, round_: Round
 ) -> Iterable[_Candidate]:
     sessions = _sessions_of_round(session, round_)
-    # Base pay: completed sessions only.
+    # Base pay: completed sessions. A stopped session is paid only the link's partial pay, where
+    # it earned the link's partial code (services/domain/study.py partial_pay_of); never base pay.
     for study_session, link in sessions:
+        if study_session.status is StudySessionStatus.stopped:
+            partial = study.partial_pay_of(study_session)
+            if partial:
+                yield _Candidate(
+                    LedgerKind.base_pay,
+                    f"session:{study_session.id}",
+                    study_session.user_id,
+                    round_.id,
+                    study_session.id,
+                    partial,
+                    f"partial pay: stopped {link.role.value} session {study_session.id} "
+                    f"(study link {link.name!r}, round {round_.number})",
+                )
+            continue
         if study_session.status is not StudySessionStatus.completed:
             continue
         amount = policy.base_pay.writer if link.role is StudyRole.writer else policy.base_pay.validator

@@ -1,13 +1,17 @@
 """Study links: crowdworkers arrive from a crowd platform (Prolific, MTurk, or a generic one),
 work through one session per link, and leave with the platform's completion.
 
-A researcher creates a link for a round and a role (:func:`create_link`). A worker opens
-``/study/{slug}`` with the parameters the platform appends; :func:`start_study_session`
-checks them, finds or creates the worker behind the platform id (stored only as a keyed hash,
-:class:`~services.db.models.PlatformAccount`), starts or resumes the one session of that worker
-on that link, and issues a 24-hour API token. :func:`study_sessions_of` recounts the work done
-since the session started and completes the sessions that met their quota;
-:func:`finish_study_session` ends a session (idempotent) and answers the platform's completion.
+A researcher creates a link for a round and a role (:func:`create_link`); a paid link
+(Prolific, MTurk) must cap its workers. A worker opens ``/study/{slug}`` with the parameters the
+platform appends; :func:`start_study_session` checks them against the platform's id formats,
+finds or creates the worker behind the platform id (stored only as a keyed hash,
+:class:`~services.db.models.PlatformAccount`; new accounts are capped per link and per client
+address per hour, counted in the database), starts or resumes the one session of that worker in
+that round and role, and gives the session its one API token. :func:`study_sessions_of` recounts
+the work done since the session started and completes the sessions that met their quota;
+:func:`finish_study_session` ends a session (idempotent) and answers the platform's completion:
+completed, stopped (the link's partial code, or "return the submission") and screened out never
+share a code.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.db.models import (
+    ApiToken,
     Example,
     Platform,
     PlatformAccount,
@@ -40,9 +45,18 @@ from services.db.models import (
     Validation,
     utcnow,
 )
-from services.domain import audit, users
+from services.domain import audit, users, validating
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Invalid, NotFound, StudyLinkClosed, StudyLinkFull
+from services.errors import (
+    Conflict,
+    Invalid,
+    NotFound,
+    StudyLinkClosed,
+    StudyLinkFull,
+    StudySessionTaken,
+    TooManyNewWorkers,
+)
+from services.taskdef import MAX_PAY_MINOR
 from services.text import clean_name
 
 NAME_MAX_CHARS = 200
@@ -64,6 +78,37 @@ PLATFORM_PARAMS: dict[Platform, tuple[str, str, str]] = {
     Platform.prolific: ("PROLIFIC_PID", "STUDY_ID", "SESSION_ID"),
     Platform.mturk: ("workerId", "hitId", "assignmentId"),
 }
+# What each platform's ids look like. Prolific's participant, study and session ids are
+# 24-character lowercase hexadecimal ids (MongoDB ObjectIds). MTurk's API reference gives its
+# ids as upper-case letters and digits; worker ids start with "A" (12 to 14 characters in
+# practice, up to 30 accepted), HIT and assignment ids are 30 characters. A value of another
+# shape did not come from the platform: 422, nothing written.
+PROLIFIC_ID_RE = re.compile(r"^[0-9a-f]{24}$")
+MTURK_WORKER_RE = re.compile(r"^A[A-Z0-9]{9,29}$")
+MTURK_HIT_OR_ASSIGNMENT_RE = re.compile(r"^[A-Z0-9]{30}$")
+PLATFORM_ID_FORMATS: dict[Platform, tuple[tuple[re.Pattern[str], str], ...]] = {
+    Platform.prolific: ((PROLIFIC_ID_RE, "a Prolific id: 24 lowercase hexadecimal characters"),) * 3,
+    Platform.mturk: (
+        (MTURK_WORKER_RE, "an MTurk worker id: 'A' and 9-29 capital letters or digits"),
+        (MTURK_HIT_OR_ASSIGNMENT_RE, "an MTurk HIT id: 30 capital letters or digits"),
+        (MTURK_HIT_OR_ASSIGNMENT_RE, "an MTurk assignment id: 30 capital letters or digits"),
+    ),
+}
+# Links on these platforms pay their workers through the platform: they must cap their workers.
+PAID_PLATFORMS = (Platform.prolific, Platform.mturk)
+# What a validator whose round has no more work gets (StudyLink.when_out_of_work):
+# "complete": the completion code and base pay, once at least one label is done;
+# "partial": the link's partial code and partial pay, as a stop; "return": no code, return it.
+OUT_OF_WORK = ("complete", "partial", "return")
+NEW_WORKER_WINDOW = dt.timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class NewWorkerCaps:
+    """Most new worker accounts per link and per client address in NEW_WORKER_WINDOW."""
+
+    per_link: int
+    per_address: int
 
 
 def new_code() -> str:
@@ -106,6 +151,10 @@ def create_link(
     closes_at: dt.datetime | None = None,
     completion_code: str | None = None,
     screened_out_code: str | None = None,
+    partial_code: str | None = None,
+    partial_pay_minor: int | None = None,
+    other_role_allowed: bool = False,
+    when_out_of_work: str = "complete",
 ) -> StudyLink:
     round_ = session.get(Round, round_id)
     if round_ is None or round_.task_id != task.id:
@@ -114,6 +163,30 @@ def create_link(
         raise Invalid("quota must be between 1 and 10000")
     if max_workers is not None and not 1 <= max_workers <= 1_000_000:
         raise Invalid("max_workers must be between 1 and 1000000, or null for no cap")
+    if platform in PAID_PLATFORMS and max_workers is None:
+        problem = (
+            f"a {platform.value} link pays its workers: set max_workers, the most workers it takes (the places "
+            "you pay for on the platform)"
+        )
+        raise Invalid(problem, problems=[f"max_workers: {problem}"])
+    if when_out_of_work not in OUT_OF_WORK:
+        raise Invalid(f"when_out_of_work must be one of {list(OUT_OF_WORK)}")
+    if partial_pay_minor is not None:
+        if not 0 <= partial_pay_minor <= MAX_PAY_MINOR:
+            raise Invalid(f"partial_pay_minor must be between 0 and {MAX_PAY_MINOR} (minor units)")
+        if partial_code is None:
+            raise Invalid("partial_pay_minor needs partial_code: the platform's code for a partial submission")
+    codes = {
+        "completion_code": _code(completion_code, "completion_code"),
+        "screened_out_code": _code(screened_out_code, "screened_out_code"),
+        "partial_code": _code(partial_code, "partial_code"),
+    }
+    given = [value for value in codes.values() if value is not None]
+    if len(given) != len(set(given)):
+        problem = (
+            "completion_code, screened_out_code and partial_code must differ: each tells the platform another outcome"
+        )
+        raise Invalid(problem, problems=[problem])
     if platform is Platform.generic:
         if id_parameter is None or not PARAM_NAME_RE.match(id_parameter):
             raise Invalid(
@@ -136,8 +209,12 @@ def create_link(
         quota=quota,
         max_workers=max_workers,
         id_parameter=id_parameter,
-        completion_code=_code(completion_code, "completion_code") or new_code(),
-        screened_out_code=_code(screened_out_code, "screened_out_code"),
+        completion_code=codes["completion_code"] or new_code(),
+        screened_out_code=codes["screened_out_code"],
+        partial_code=codes["partial_code"],
+        partial_pay_minor=partial_pay_minor,
+        other_role_allowed=other_role_allowed,
+        when_out_of_work=when_out_of_work,
         opens_at=opens,
         closes_at=closes,
         created_by_id=actor.id if actor else None,
@@ -280,11 +357,18 @@ def parse_params(link: StudyLink, params: dict[str, str]) -> PlatformIds:
     if link.platform is Platform.generic:
         assert link.id_parameter is not None
         return PlatformIds(_param(params, link.id_parameter))
-    worker, study, session_id = PLATFORM_PARAMS[link.platform]
-    ids = PlatformIds(_param(params, worker), _param(params, study), _param(params, session_id))
+    names = PLATFORM_PARAMS[link.platform]
+    values = [_param(params, name) for name in names]
+    if link.platform is Platform.mturk and values[2] == MTURK_PREVIEW:
+        raise Invalid("accept the HIT first: a preview has no assignment")
+    for name, value, (pattern, shape) in zip(names, values, PLATFORM_ID_FORMATS[link.platform], strict=True):
+        if not pattern.match(value):
+            raise Invalid(
+                f"the {name} parameter is not {shape}; open the link again from {link.platform.value}",
+                problems=[f"params.{name}: not {shape}"],
+            )
+    ids = PlatformIds(*values)
     if link.platform is Platform.mturk:
-        if ids.session_id == MTURK_PREVIEW:
-            raise Invalid("accept the HIT first: a preview has no assignment")
         submit_to = params.get("turkSubmitTo", "")
         if submit_to.rstrip("/") not in MTURK_HOSTS:
             raise Invalid(
@@ -306,37 +390,100 @@ def _account_user(session: Session, platform: Platform, id_hash: str) -> User | 
     return account.user if account is not None else None
 
 
-def worker_for(session: Session, platform: Platform, id_hash: str, role: StudyRole) -> User:
-    """The one user behind a platform id, created on first use with the link's role (a link of
-    the other role adds that role). Two first opens at once: the unique constraints decide, the
-    loser reads the winner's user."""
-    user = _account_user(session, platform, id_hash)
-    if user is None:
-        try:
-            with session.begin_nested():
-                user = User(username=f"{platform.value}-{id_hash[:12]}", roles=[role.value], password_hash=None)
-                session.add(user)
-                session.flush()
-                session.add(PlatformAccount(platform=platform, id_hash=id_hash, user_id=user.id))
-                session.flush()
-        except IntegrityError:
-            user = _account_user(session, platform, id_hash)
-            if user is None:
-                raise Conflict("another request is creating this worker; open the link again") from None
-        else:
-            audit.record(
-                session,
-                None,
-                "user.create",
-                "user",
-                user.id,
-                username=user.username,
-                roles=user.roles,
-                platform=platform.value,
+def address_hash(secret_key: str, address: str) -> str:
+    """A keyed hash of a client address: what the caps on new workers count, never the address."""
+    return hmac.new(secret_key.encode(), f"address:{address}".encode(), hashlib.sha256).hexdigest()
+
+
+def _check_new_worker_caps(session: Session, link: StudyLink, address: str | None, caps: NewWorkerCaps) -> None:
+    """Refuse (429, nothing written) a new worker account beyond the link's or the address's
+    hourly cap. Counted in the database, so that every API process agrees; on PostgreSQL the
+    link's row lock makes first opens of one link count one after another."""
+    session.scalar(select(StudyLink.id).where(StudyLink.id == link.id).with_for_update())
+    since = utcnow() - NEW_WORKER_WINDOW
+    recent = select(func.count(PlatformAccount.id)).where(PlatformAccount.created_at >= since)
+    on_link = session.scalar(recent.where(PlatformAccount.link_id == link.id)) or 0
+    if on_link >= caps.per_link:
+        raise TooManyNewWorkers(
+            f"this study link took its most new workers for this hour ({caps.per_link}); try again in an hour, "
+            "or ask the researcher",
+            retry_after_s=int(NEW_WORKER_WINDOW.total_seconds()),
+        )
+    if address is not None:
+        from_address = session.scalar(recent.where(PlatformAccount.address_hash == address)) or 0
+        if from_address >= caps.per_address:
+            raise TooManyNewWorkers(
+                f"too many new workers from your network this hour ({caps.per_address}); try again in an hour, "
+                "or ask the researcher",
+                retry_after_s=int(NEW_WORKER_WINDOW.total_seconds()),
             )
-    if role.value not in (user.roles or []):
-        user.roles = [*(user.roles or []), role.value]
-    return user
+
+
+def worker_for(
+    session: Session,
+    link: StudyLink,
+    id_hash: str,
+    *,
+    address: str | None = None,
+    caps: NewWorkerCaps | None = None,
+) -> tuple[User, bool]:
+    """The one user behind a platform id and whether it is new: created on first use with the
+    link's role, as a link-made worker (scoped to the tasks of their links), within the hourly
+    caps on new workers. A worker who came through a link of the other role is refused unless
+    this link takes them (``other_role_allowed``). Two first opens at once: the unique
+    constraints decide, the loser reads the winner's user."""
+    platform, role = link.platform, link.role
+    user = _account_user(session, platform, id_hash)
+    if user is not None:
+        _check_other_role(user, link)
+        if role.value not in (user.roles or []):
+            user.roles = [*(user.roles or []), role.value]
+        return user, False
+    if caps is not None:
+        _check_new_worker_caps(session, link, address, caps)
+    try:
+        with session.begin_nested():
+            user = User(
+                username=f"{platform.value}-{id_hash[:12]}", roles=[role.value], password_hash=None, made_by_link=True
+            )
+            session.add(user)
+            session.flush()
+            session.add(
+                PlatformAccount(
+                    platform=platform, id_hash=id_hash, user_id=user.id, link_id=link.id, address_hash=address
+                )
+            )
+            session.flush()
+    except IntegrityError:
+        user = _account_user(session, platform, id_hash)
+        if user is None:
+            raise Conflict("another request is creating this worker; open the link again") from None
+        _check_other_role(user, link)
+        return user, False
+    audit.record(
+        session,
+        None,
+        "user.create",
+        "user",
+        user.id,
+        username=user.username,
+        roles=user.roles,
+        platform=platform.value,
+        study_link=link.id,
+    )
+    return user, True
+
+
+def _check_other_role(user: User, link: StudyLink) -> None:
+    """A writer link's worker never becomes a validator (nor the reverse) unless the link says so."""
+    crowd_roles = {StudyRole.writer.value, StudyRole.validator.value}
+    held = crowd_roles & set(user.roles or [])
+    if link.role.value in held or not held or link.other_role_allowed:
+        return
+    raise StudySessionTaken(
+        f"you took part as a {', '.join(sorted(held))} through another study link, and this {link.role.value} "
+        "link does not take workers of the other role; ask the researcher"
+    )
 
 
 def _screened_out(session: Session, link: StudyLink, user: User) -> bool:
@@ -350,14 +497,26 @@ def _screened_out(session: Session, link: StudyLink, user: User) -> bool:
     return quiz is not None and not worker.onboarding_passed and worker.quiz_attempts >= quiz.max_attempts
 
 
-def _end(study: StudySession, status: StudySessionStatus) -> None:
+def _end(study: StudySession, status: StudySessionStatus, reason: str) -> None:
     study.status = status
     study.ended_at = utcnow()
+    study.end_reason = reason
 
 
-def start_study_session(session: Session, secret_key: str, slug: str, params: dict[str, str]) -> Started:
+def start_study_session(
+    session: Session,
+    secret_key: str,
+    slug: str,
+    params: dict[str, str],
+    *,
+    address: str | None = None,
+    caps: NewWorkerCaps | None = None,
+) -> Started:
     """Open a study link with the platform's parameters: an MTurk preview (nothing written), or
-    the worker's one session on the link (new or resumed) and a 24-hour API token."""
+    the worker's one session on the link (new or resumed) and the session's one API token.
+
+    ``address`` is the client's address (only its keyed hash is stored, on a new account) and
+    ``caps`` the hourly caps on new worker accounts (None: no caps, for the command line)."""
     link = link_by_slug(session, slug)
     check_params(params)
     reason = closed_reason(link)
@@ -369,18 +528,59 @@ def start_study_session(session: Session, secret_key: str, slug: str, params: di
     if reason is not None:
         raise StudyLinkClosed(reason)
     id_hash = platform_id_hash(secret_key, link.platform, ids.worker_id)
-    user = worker_for(session, link.platform, id_hash, link.role)
+    hashed_address = None if address is None else address_hash(secret_key, address)
+    user, _ = worker_for(session, link, id_hash, address=hashed_address, caps=caps)
     if not user.is_active:
         raise Conflict("this worker's account is deactivated; contact the researcher")
     study, created = _session_for(session, link, user, ids)
     if study.status is StudySessionStatus.active and _screened_out(session, link, user):
-        _end(study, StudySessionStatus.screened_out)
-    token, plain = users.issue_token(session, None, user, name=f"study-{link.id}", expires_in_days=TOKEN_DAYS)
+        _end(study, StudySessionStatus.screened_out, "screened_out")
+    token, plain = _session_token(session, link, study, user)
     return Started(preview=False, link=link, session=study, token=plain, expires_at=token.expires_at, created=created)
+
+
+def _session_token(session: Session, link: StudyLink, study: StudySession, user: User) -> tuple[ApiToken, str]:
+    """The session's one API token. Only a token's hash is stored, so a re-open cannot hand the
+    same token back: it revokes the session's previous token and issues one with the same expiry
+    (24 hours from the first open); once that has passed, a fresh 24-hour one. Opening the link
+    any number of times leaves at most one live token for the session."""
+    now = utcnow()
+    previous = session.get(ApiToken, study.token_id) if study.token_id is not None else None
+    expires_at = None
+    if previous is not None and previous.revoked_at is None:
+        if previous.expires_at is not None and previous.expires_at > now:
+            expires_at = previous.expires_at
+        previous.revoked_at = now
+    token, plain = users.issue_token(session, None, user, name=f"study-{link.id}", expires_in_days=TOKEN_DAYS)
+    if expires_at is not None:
+        token.expires_at = expires_at
+    study.token_id = token.id
+    return token, plain
 
 
 def _find_session(session: Session, link: StudyLink, user: User) -> StudySession | None:
     return session.scalar(select(StudySession).where(StudySession.link_id == link.id, StudySession.user_id == user.id))
+
+
+def _other_link_session(session: Session, link: StudyLink, user: User) -> StudySession | None:
+    """The worker's session of the link's round and role through another link, if any."""
+    return session.scalar(
+        select(StudySession)
+        .join(StudyLink, StudyLink.id == StudySession.link_id)
+        .where(
+            StudySession.user_id == user.id,
+            StudyLink.round_id == link.round_id,
+            StudyLink.role == link.role,
+            StudyLink.id != link.id,
+        )
+    )
+
+
+def _session_taken(link: StudyLink) -> StudySessionTaken:
+    return StudySessionTaken(
+        f"you already have a {link.role.value} session in this round, through another study link; one session per "
+        "round and role is paid: go on with that one"
+    )
 
 
 def _session_for(session: Session, link: StudyLink, user: User, ids: PlatformIds) -> tuple[StudySession, bool]:
@@ -399,6 +599,10 @@ def _session_for(session: Session, link: StudyLink, user: User, ids: PlatformIds
             )
         study.last_seen_at = utcnow()
         return study, False
+    # One session per worker per round and role, whatever the link: two writer links of one
+    # round do not make two completions (and two base pays) for the same work.
+    if _other_link_session(session, link, user) is not None:
+        raise _session_taken(link)
     if link.max_workers is not None:
         # On PostgreSQL the link's row lock makes concurrent first opens count one after another.
         session.scalar(select(StudyLink.id).where(StudyLink.id == link.id).with_for_update())
@@ -416,12 +620,16 @@ def _session_for(session: Session, link: StudyLink, user: User, ids: PlatformIds
                 platform_session_id=ids.session_id,
                 submit_to=ids.submit_to,
                 units_done=0,
+                round_id=link.round_id,
+                role=link.role,
             )
             session.add(study)
             session.flush()
     except IntegrityError:
         found = _find_session(session, link, user)
         if found is None:
+            if _other_link_session(session, link, user) is not None:
+                raise _session_taken(link) from None
             raise Conflict("another request is starting this session; open the link again") from None
         return found, False
     return study, True
@@ -431,8 +639,9 @@ def _session_for(session: Session, link: StudyLink, user: User, ids: PlatformIds
 
 
 def units_done(session: Session, study: StudySession) -> int:
-    """Writer: examples written in the link's round since the session started. Validator: whole
-    validation batches (the task's ``validation_batch_size``) labelled in that round since then."""
+    """Writer: examples written in the link's round since the session started. Validator:
+    labels given in that round since then (the quota counts labels, not whole batches, so a
+    round that runs out of work mid-batch does not leave the validator short)."""
     link = study.link
     if link.role is StudyRole.writer:
         return (
@@ -445,7 +654,7 @@ def units_done(session: Session, study: StudySession) -> int:
             )
             or 0
         )
-    labels = (
+    return (
         session.scalar(
             select(func.count(Validation.id))
             .join(Example, Example.id == Validation.example_id)
@@ -457,7 +666,6 @@ def units_done(session: Session, study: StudySession) -> int:
         )
         or 0
     )
-    return labels // definition_of(link.task).validation_batch_size
 
 
 def refresh(session: Session, study: StudySession) -> StudySession:
@@ -467,9 +675,9 @@ def refresh(session: Session, study: StudySession) -> StudySession:
         return study
     study.units_done = units_done(session, study)
     if study.units_done >= study.link.quota:
-        _end(study, StudySessionStatus.completed)
+        _end(study, StudySessionStatus.completed, "quota")
     elif _screened_out(session, study.link, study.user):
-        _end(study, StudySessionStatus.screened_out)
+        _end(study, StudySessionStatus.screened_out, "screened_out")
     return study
 
 
@@ -491,9 +699,21 @@ def missing_session(session_id: int) -> NotFound:
     return NotFound(f"no study session {session_id} of yours")
 
 
+def out_of_work(session: Session, study: StudySession) -> bool:
+    """Whether the validator's round has nothing more to serve them: the round takes no more
+    labels, or their next validation batch comes back empty (services/domain/validating.py;
+    the examples it would hand out are claimed only if the caller's transaction commits)."""
+    round_ = study.link.round
+    if round_.status not in _OPEN_ROUNDS[StudyRole.validator]:
+        return True
+    return not validating.get_batch(session, study.user, round_)
+
+
 def finish_study_session(session: Session, study: StudySession, reason: str) -> dict[str, Any]:
-    """End the session: ``quota`` once the quota is met (409 before), ``stop`` at any time.
-    A session that has ended already answers its completion again."""
+    """End the session: ``quota`` once the quota is met (409 before), ``stop`` at any time,
+    ``out_of_work`` (validators) once their round has no more work to serve them (409 while it
+    has): then the link's ``when_out_of_work`` decides. A session that has ended already answers
+    its completion again, unchanged: a completion code is issued at most once per session."""
     refresh(session, study)
     if study.status is StudySessionStatus.active:
         if reason == "quota":
@@ -501,26 +721,73 @@ def finish_study_session(session: Session, study: StudySession, reason: str) -> 
                 f"the quota is not met yet: {study.units_done} of {study.link.quota} done; "
                 "keep working, or finish with reason 'stop'"
             )
-        _end(study, StudySessionStatus.stopped)
+        if reason == "out_of_work":
+            link = study.link
+            if link.role is not StudyRole.validator:
+                raise Invalid("only a validator session ends for want of work; finish with reason 'quota' or 'stop'")
+            if not out_of_work(session, study):
+                raise Conflict(
+                    "the round still has examples for you to label; ask for the next batch, or finish with reason "
+                    "'stop'"
+                )
+            if link.when_out_of_work == "complete" and study.units_done >= 1:
+                _end(study, StudySessionStatus.completed, "out_of_work")
+            else:
+                _end(study, StudySessionStatus.stopped, "out_of_work")
+        else:
+            _end(study, StudySessionStatus.stopped, "stop")
     completion = completion_of(study)
     assert completion is not None
     return completion
 
 
+def partial_code_of(study: StudySession) -> str | None:
+    """The link's partial code where a stopped session earns it: a stop, or a validator out of
+    work on a link whose policy is not "return" (None otherwise, and for other statuses)."""
+    if study.status is not StudySessionStatus.stopped:
+        return None
+    link = study.link
+    if study.end_reason == "out_of_work" and link.when_out_of_work == "return":
+        return None
+    return link.partial_code
+
+
+def partial_pay_of(study: StudySession) -> int | None:
+    """What a stopped session is paid (services/domain/ledger.py): the link's partial pay where
+    the session earned its partial code; None: nothing."""
+    if partial_code_of(study) is None:
+        return None
+    return study.link.partial_pay_minor
+
+
 def completion_of(study: StudySession) -> dict[str, Any] | None:
-    """The platform's completion of an ended session (None while it is active)."""
+    """The platform's completion of an ended session (None while it is active). Completed,
+    screened out and stopped never share a code: a stopped worker gets the link's partial code,
+    or none and is told to return the submission (no Prolific redirect without a code)."""
     if study.status is StudySessionStatus.active:
         return None
     link = study.link
-    screened = study.status is StudySessionStatus.screened_out
-    code = link.screened_out_code if screened else link.completion_code
-    message = (
-        "you cannot take part in this study (onboarding not passed or not qualified)"
-        if screened
-        else "thank you: your work is recorded"
-    )
-    if screened and code is None:
-        message += "; return the study on the platform"
+    code: str | None
+    if study.status is StudySessionStatus.completed:
+        code = link.completion_code
+        message = "thank you: your work is recorded"
+        if study.end_reason == "out_of_work":
+            message = "thank you: the round has no more work, and what you did is recorded as complete"
+    elif study.status is StudySessionStatus.screened_out:
+        code = link.screened_out_code
+        message = "you cannot take part in this study (onboarding not passed or not qualified)"
+        if code is None:
+            message += f"; return the study on {_platform_name(link.platform)}"
+    else:
+        code = partial_code_of(study)
+        why = "the round has no more work" if study.end_reason == "out_of_work" else "you stopped before the quota"
+        if code is not None:
+            message = f"{why}: your partial submission is recorded with the code below"
+        else:
+            message = (
+                f"{why}, so this is not a completed submission: please return it on "
+                f"{_platform_name(link.platform)} (no completion code)"
+            )
     redirect_url = None
     form = None
     if link.platform is Platform.prolific and code is not None:
@@ -528,6 +795,10 @@ def completion_of(study: StudySession) -> dict[str, Any] | None:
     if link.platform is Platform.mturk and study.submit_to in MTURK_HOSTS:
         form = {
             "action": f"{study.submit_to}/mturk/externalSubmit",
-            "fields": {"assignmentId": study.platform_session_id or "", "completion_code": code or "screened_out"},
+            "fields": {"assignmentId": study.platform_session_id or "", "completion_code": code or study.status.value},
         }
     return {"status": study.status.value, "code": code, "redirect_url": redirect_url, "form": form, "message": message}
+
+
+def _platform_name(platform: Platform) -> str:
+    return {Platform.prolific: "Prolific", Platform.mturk: "Mechanical Turk"}.get(platform, "the platform")
