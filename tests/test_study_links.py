@@ -25,13 +25,28 @@ from tests.test_concurrency import fire
 API = "/api/v1"
 TASK = "dynasent-r2"
 PROMPTS = [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(10)]
-PROLIFIC = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "60aa11bb22cc", "SESSION_ID": "sess-0001"}
+# Ids in each platform's format: Prolific's are 24 lowercase hex characters; MTurk's worker id
+# starts with "A", its HIT and assignment ids are 30 capital letters and digits.
+PROLIFIC = {
+    "PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e",
+    "STUDY_ID": "60aa11bb22cc33dd44ee55ff",
+    "SESSION_ID": "6123456789abcdef01234567",
+}
 MTURK = {
     "workerId": "A1B2C3D4E5F6G7",
-    "assignmentId": "3ABCDEFGHIJKLMNOP",
-    "hitId": "3HITHITHIT0001",
+    "assignmentId": "3ABCDEFGHIJKLMNOPQRSTUVWXYZ012",
+    "hitId": "3HITHITHIT0001ABCDEFGHIJKLMNOP",
     "turkSubmitTo": "https://workersandbox.mturk.com",
 }
+
+
+def prolific_id(n: int) -> str:
+    """The n-th made-up (well-formed) Prolific id."""
+    return f"5f{n:022x}"
+
+
+def mturk_assignment(n: int) -> str:
+    return f"3ASSIGN{n:023d}"
 
 
 @pytest.fixture
@@ -41,6 +56,8 @@ def round_(client: Any, researcher: Actor, stub_model: Any) -> dict[str, Any]:
 
 def make_link(client: Any, researcher: Actor, round_id: int, **body: Any) -> dict[str, Any]:
     payload = {"name": "pilot", "round_id": round_id, "role": "writer", "platform": "prolific", "quota": 2, **body}
+    if payload["platform"] in ("prolific", "mturk"):
+        payload.setdefault("max_workers", 50)  # a paid link must cap its workers
     response = client.post(f"{API}/tasks/{TASK}/study-links", json=payload, headers=researcher.headers)
     assert response.status_code == 201, response.text
     return response.json()
@@ -76,6 +93,18 @@ def test_missing_or_forged_platform_parameters_are_refused_and_write_nothing(
         (prolific, {**PROLIFIC, "PROLIFIC_PID": "<script>"}),
         (prolific, {**PROLIFIC, "PROLIFIC_PID": "x" * 129}),
         (prolific, {**PROLIFIC, "SESSION_ID": "../../etc"}),
+        # Well-formed in general, but not in the platform's id format.
+        (prolific, {**PROLIFIC, "PROLIFIC_PID": "made-up-worker-1"}),
+        (prolific, {**PROLIFIC, "PROLIFIC_PID": PROLIFIC["PROLIFIC_PID"].upper()}),
+        (prolific, {**PROLIFIC, "PROLIFIC_PID": PROLIFIC["PROLIFIC_PID"] + "0"}),
+        (prolific, {**PROLIFIC, "STUDY_ID": "study-1"}),
+        (prolific, {**PROLIFIC, "SESSION_ID": "x1"}),
+        (mturk, {**MTURK, "workerId": "W1"}),
+        (mturk, {**MTURK, "workerId": "a1b2c3d4e5f6g7"}),
+        (mturk, {**MTURK, "workerId": "B1B2C3D4E5F6G7"}),
+        (mturk, {**MTURK, "hitId": "H1"}),
+        (mturk, {**MTURK, "assignmentId": "3ABCDEFGHIJKLMNOP"}),
+        (mturk, {**MTURK, "assignmentId": MTURK["assignmentId"].lower()}),
         (mturk, {k: v for k, v in MTURK.items() if k != "workerId"}),
         (mturk, {k: v for k, v in MTURK.items() if k != "turkSubmitTo"}),
         (mturk, {**MTURK, "turkSubmitTo": "https://evil.example.com"}),
@@ -119,7 +148,7 @@ def test_a_closed_not_yet_open_or_full_link_and_a_closed_round_are_refused(
     for link, code in ((closed, "study_link_closed"), (not_yet, "study_link_closed")):
         response = open_link(client, link, PROLIFIC)
         assert response.status_code == 409 and error_code(response) == code, response.text
-    response = open_link(client, full, {**PROLIFIC, "PROLIFIC_PID": "another-worker"})
+    response = open_link(client, full, {**PROLIFIC, "PROLIFIC_PID": prolific_id(2)})
     assert response.status_code == 409 and error_code(response) == "study_link_full", response.text
     assert table_counts(app) == before
     # The worker already in resumes: the cap counts sessions, not visits.
@@ -148,8 +177,23 @@ def test_a_closed_not_yet_open_or_full_link_and_a_closed_round_are_refused(
 
 def test_bad_link_bodies_are_refused(client: Any, app: Any, researcher: Actor, round_: dict[str, Any]) -> None:
     before = table_counts(app)
-    base = {"name": "pilot", "round_id": round_["id"], "role": "writer", "platform": "prolific", "quota": 2}
+    base = {
+        "name": "pilot",
+        "round_id": round_["id"],
+        "role": "writer",
+        "platform": "prolific",
+        "quota": 2,
+        "max_workers": 10,
+    }
     for changes in (
+        {"max_workers": None},  # a paid link without a cap on its workers
+        {"platform": "mturk", "max_workers": None},
+        {"partial_pay_minor": 50},  # partial pay without a partial code
+        {"partial_pay_minor": -1, "partial_code": "PART1"},
+        {"completion_code": "SAME1", "partial_code": "SAME1"},  # a stop would read as a completion
+        {"completion_code": "SAME1", "screened_out_code": "SAME1"},
+        {"partial_code": "SAME1", "screened_out_code": "SAME1"},
+        {"when_out_of_work": "pay-anyway"},
         {"platform": "generic"},  # no id_parameter
         {"id_parameter": "worker"},  # not a generic link
         {"platform": "generic", "id_parameter": "bad name"},
@@ -206,7 +250,7 @@ def test_a_worker_cannot_read_or_finish_another_workers_session(
 ) -> None:
     link = make_link(client, researcher, round_["id"])
     alice = open_link(client, link, PROLIFIC).json()
-    bob = open_link(client, link, {**PROLIFIC, "PROLIFIC_PID": "bob-0000000001"}).json()
+    bob = open_link(client, link, {**PROLIFIC, "PROLIFIC_PID": prolific_id(1), "SESSION_ID": prolific_id(101)}).json()
     assert alice["session"]["id"] != bob["session"]["id"]
     before = table_counts(app)
     theirs = client.post(
@@ -236,7 +280,7 @@ def test_the_same_platform_id_resumes_its_one_session(
     assert first.status_code == 201, first.text
     # Someone who knows the worker's Prolific id, but not the submission's session id, is refused.
     before = table_counts(app)
-    hijack = open_link(client, link, {**PROLIFIC, "SESSION_ID": "sess-0002"})
+    hijack = open_link(client, link, {**PROLIFIC, "SESSION_ID": prolific_id(2)})
     assert hijack.status_code == 409 and "another prolific submission" in hijack.json()["error"]["message"]
     assert "token" not in hijack.text and table_counts(app) == before
     again = open_link(client, link, PROLIFIC)
@@ -248,6 +292,10 @@ def test_the_same_platform_id_resumes_its_one_session(
     assert body["token"].startswith("dl_") and body["preview"] is False
     expires = dt.datetime.fromisoformat(body["expires_at"])
     assert dt.timedelta(hours=23) < expires - dt.datetime.now(dt.UTC) <= dt.timedelta(hours=24)
+    # The re-open replaced the session's token (same expiry): the first one no longer works.
+    assert dt.datetime.fromisoformat(again.json()["expires_at"]) == expires
+    assert client.get(f"{API}/me", headers=bearer(body["token"])).status_code == 401
+    body = again.json()
     me = client.get(f"{API}/me", headers=bearer(body["token"])).json()
     assert me["roles"] == ["writer"] and me["username"].startswith("prolific-")
     assert PROLIFIC["PROLIFIC_PID"] not in me["username"]
@@ -257,10 +305,16 @@ def test_the_same_platform_id_resumes_its_one_session(
         study = session.scalars(select(StudySession)).one()
         assert study.platform_worker_id == PROLIFIC["PROLIFIC_PID"]  # kept for paying
         assert study.platform_session_id == PROLIFIC["SESSION_ID"]  # the submission that started it
-    # A validator link of the same task: the same worker, with the validator role added.
-    validators = make_link(client, researcher, round_["id"], role="validator")
+    # A validator link of the same task takes the writer only where it says so: then the same
+    # worker, with the validator role added.
+    closed_to_writers = make_link(client, researcher, round_["id"], role="validator")
+    before = table_counts(app)
+    response = open_link(client, closed_to_writers, PROLIFIC)
+    assert response.status_code == 409 and error_code(response) == "study_session_taken", response.text
+    assert table_counts(app) == before
+    validators = make_link(client, researcher, round_["id"], role="validator", other_role_allowed=True)
     response = open_link(client, validators, PROLIFIC)
-    assert response.status_code == 201
+    assert response.status_code == 201, response.text
     me = client.get(f"{API}/me", headers=bearer(response.json()["token"])).json()
     assert me["username"] == client.get(f"{API}/me", headers=bearer(body["token"])).json()["username"]
     assert sorted(me["roles"]) == ["validator", "writer"]
@@ -318,8 +372,10 @@ def test_a_worker_already_unqualified_is_screened_out(
         f"{API}/tasks/{TASK}/workers/{username}/unqualify", json={"reason": "pilot"}, headers=researcher.headers
     )
     assert response.status_code == 200, response.text
-    # A second link of the task: the worker arrives unqualified.
-    other = make_link(client, researcher, round_["id"], name="main", screened_out_code="NOPE42")
+    # A second link of the task (validators, open to its writers): the worker arrives unqualified.
+    other = make_link(
+        client, researcher, round_["id"], name="main", role="validator", other_role_allowed=True, screened_out_code="NOPE42"
+    )
     response = open_link(client, other, PROLIFIC)
     assert response.status_code == 201, response.text
     session = response.json()["session"]
@@ -414,36 +470,41 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
     # A forged turkSubmitTo is refused; another assignment (someone who knows the worker id, or
     # the worker after returning the HIT) cannot take the session over; the same one resumes it.
     before = table_counts(app)
-    again = {**MTURK, "assignmentId": "3NEWASSIGNMENT", "turkSubmitTo": "https://attacker.example/"}
+    again = {**MTURK, "assignmentId": mturk_assignment(2), "turkSubmitTo": "https://attacker.example/"}
     assert open_link(client, link, again).status_code == 422
     other = open_link(client, link, {**again, "turkSubmitTo": "https://www.mturk.com"})
     assert other.status_code == 409 and "assignmentId differs" in other.json()["error"]["message"]
     assert table_counts(app) == before
     resumed = open_link(client, link, {**MTURK, "turkSubmitTo": "https://www.mturk.com"})
     assert resumed.status_code == 200 and resumed.json()["session"]["id"] == started["session"]["id"]
+    token = bearer(resumed.json()["token"])  # the re-open replaced the session's token
     done = client.post(
         f"{API}/study-sessions/{started['session']['id']}/finish", json={"reason": "stop"}, headers=token
     )
     assert done.status_code == 200, done.text
+    # A stop is not a completion: the form posts back the status, never the completion code.
     assert done.json() == {
         "status": "stopped",
-        "code": "TURKDONE",
+        "code": None,
         "redirect_url": None,
         "form": {
             "action": "https://www.mturk.com/mturk/externalSubmit",
-            "fields": {"assignmentId": MTURK["assignmentId"], "completion_code": "TURKDONE"},
+            "fields": {"assignmentId": MTURK["assignmentId"], "completion_code": "stopped"},
         },
         "message": done.json()["message"],
     }
-    # A generic link answers the code alone.
-    generic = make_link(client, researcher, round_["id"], platform="generic", id_parameter="worker")
+    assert "return" in done.json()["message"]
+    # A generic link with a partial code answers that code alone.
+    generic = make_link(
+        client, researcher, round_["id"], name="generic", platform="generic", id_parameter="worker", partial_code="PART1"
+    )
     started = open_link(client, generic, {"worker": "demo-1"}).json()
     done = client.post(
         f"{API}/study-sessions/{started['session']['id']}/finish",
         json={"reason": "stop"},
         headers=bearer(started["token"]),
     ).json()
-    assert done["code"] == generic["completion_code"] and done["redirect_url"] is None and done["form"] is None
+    assert done["code"] == "PART1" and done["redirect_url"] is None and done["form"] is None
 
 
 def test_the_cli_creates_lists_and_closes_links(
@@ -505,7 +566,7 @@ def test_opening_links_is_limited_per_address_and_a_refusal_writes_nothing(
         assert table_counts(client.app) == before
 
 
-def test_a_validator_session_counts_whole_batches(
+def test_a_validator_session_counts_labels_not_whole_batches(
     client: Any, app: Any, researcher: Actor, make_user: MakeUser, stub_model: Any
 ) -> None:
     yaml_text = example_yaml(TASK, onboarding_quiz=None, validation_batch_size=3)
@@ -515,19 +576,20 @@ def test_a_validator_session_counts_whole_batches(
     for writer in writers:
         for text in texts:
             _write_example(client, writer.headers, round_["id"], f"{text} ({writer.username})")
+    # A quota of 4 labels with batches of 3: the quota is met in the middle of the second batch.
     link = make_link(
-        client, researcher, round_["id"], role="validator", platform="generic", id_parameter="worker", quota=1
+        client, researcher, round_["id"], role="validator", platform="generic", id_parameter="worker", quota=4
     )
     started = open_link(client, link, {"worker": "val-1"}).json()
     token = bearer(started["token"])
-    batch_size = 3
+    quota = 4
     labelled = 0
-    while labelled < batch_size:
+    while labelled < quota:
         batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=token).json()
         examples = batch["data"]
         assert examples, batch
         for example in examples:
-            if labelled == batch_size:
+            if labelled == quota:
                 break
             response = client.post(
                 f"{API}/examples/{example['example_id']}/validations", json={"label": "neutral"}, headers=token
@@ -535,7 +597,7 @@ def test_a_validator_session_counts_whole_batches(
             assert response.status_code == 201, response.text
             labelled += 1
             row = client.get(f"{API}/me/study-sessions", headers=token).json()["data"][0]
-            assert row["units_done"] == (1 if labelled == batch_size else 0)
+            assert row["units_done"] == labelled
     assert row["status"] == "completed" and row["completion"]["code"] == link["completion_code"]
 
 

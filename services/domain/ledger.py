@@ -9,7 +9,9 @@ constraint), so computing the ledger again, or twice at once, pays no event twic
 The rules (docs/round_builder.md, "Pay and the ledger"):
 
 * **Base pay** (``session:<id>``): each *completed* study session gets the policy's base pay for
-  its role. Stopped and screened-out sessions, and sessions still active, get none.
+  its role. Stopped and screened-out sessions, and sessions still active, get none; a stopped
+  session that earned its link's partial code gets the link's partial pay instead (the same
+  ``session:<id>`` event, so a session is paid once), never base pay.
 * **Writer bonus** (``example:<id>``): each written example that fooled the model *and* whose
   majority label equals the writer's target label (DynaSent's rule). The majority label is the
   newest build's gold label where the round has been built (and the example is in that build);
