@@ -18,8 +18,9 @@ import pytest
 from sqlalchemy import select
 
 from services.db.engine import session_scope
-from services.db.models import PlatformAccount, StudySession, User
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts
+from services.db.models import ApiToken, LedgerEntry, PlatformAccount, StudySession, User
+from services.domain import study
+from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts, table_snapshot
 from tests.test_concurrency import fire
 
 API = "/api/v1"
@@ -374,7 +375,13 @@ def test_a_worker_already_unqualified_is_screened_out(
     assert response.status_code == 200, response.text
     # A second link of the task (validators, open to its writers): the worker arrives unqualified.
     other = make_link(
-        client, researcher, round_["id"], name="main", role="validator", other_role_allowed=True, screened_out_code="NOPE42"
+        client,
+        researcher,
+        round_["id"],
+        name="main",
+        role="validator",
+        other_role_allowed=True,
+        screened_out_code="NOPE42",
     )
     response = open_link(client, other, PROLIFIC)
     assert response.status_code == 201, response.text
@@ -496,7 +503,13 @@ def test_mturk_completion_posts_back_to_the_mturk_host(
     assert "return" in done.json()["message"]
     # A generic link with a partial code answers that code alone.
     generic = make_link(
-        client, researcher, round_["id"], name="generic", platform="generic", id_parameter="worker", partial_code="PART1"
+        client,
+        researcher,
+        round_["id"],
+        name="generic",
+        platform="generic",
+        id_parameter="worker",
+        partial_code="PART1",
     )
     started = open_link(client, generic, {"worker": "demo-1"}).json()
     done = client.post(
@@ -614,3 +627,355 @@ def test_a_full_link_never_takes_more_workers_than_its_cap_under_concurrent_firs
     with session_scope(app.state.sessionmaker) as session:
         assert len(list(session.scalars(select(StudySession)))) == 2
         assert len(list(session.scalars(select(PlatformAccount)))) == 2  # the refused ones left nothing
+
+
+# --- issue 26: worker identity, scope and truthful completion (the attacker's tests first) ------
+
+
+def _live_tokens(app: Any, user_id: int) -> int:
+    now = dt.datetime.now(dt.UTC)
+    with session_scope(app.state.sessionmaker) as session:
+        tokens = session.scalars(select(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None)))
+        return sum(1 for token in tokens if token.expires_at is None or token.expires_at.replace(tzinfo=dt.UTC) > now)
+
+
+def _user_id(client: Any, token: str) -> int:
+    return int(client.get(f"{API}/me", headers=bearer(token)).json()["id"])
+
+
+def test_made_up_prolific_ids_from_one_address_stop_at_the_cap_and_write_nothing_more(
+    client: Any, app: Any, settings: Any, researcher: Actor, round_: dict[str, Any]
+) -> None:
+    """The issue's reproduction: 150 made-up (well-formed) PROLIFIC_PID values from one address.
+    The first DYNALOOP_STUDY_NEW_WORKERS_PER_ADDRESS_PER_HOUR make accounts; every later one is
+    429 ``too_many_new_workers`` and leaves the database as it was."""
+    cap = settings.study_new_workers_per_address_per_hour
+    link = make_link(client, researcher, round_["id"], max_workers=1000)
+    codes = []
+    before = None
+    for i in range(150):
+        if i == cap:
+            before = table_counts(app)
+        response = open_link(client, link, {**PROLIFIC, "PROLIFIC_PID": prolific_id(i), "SESSION_ID": prolific_id(i)})
+        codes.append(response.status_code)
+        if response.status_code == 429:
+            assert error_code(response) == "too_many_new_workers"
+            assert "this hour" in response.json()["error"]["message"] and response.headers["Retry-After"]
+    assert codes == [201] * cap + [429] * (150 - cap)
+    assert table_counts(app) == before
+    with session_scope(app.state.sessionmaker) as session:
+        accounts = list(session.scalars(select(PlatformAccount)))
+        assert len(accounts) == cap
+        assert all(a.link_id == link["id"] for a in accounts)
+        # Only a keyed hash of the address is kept.
+        assert {a.address_hash for a in accounts} == {study.address_hash(settings.secret_key, "testclient")}
+        assert len(list(session.scalars(select(User).where(User.made_by_link.is_(True))))) == cap
+    # A worker who already has an account resumes past the cap: the cap counts new accounts.
+    again = open_link(client, link, {**PROLIFIC, "PROLIFIC_PID": prolific_id(0), "SESSION_ID": prolific_id(0)})
+    assert again.status_code == 200, again.text
+
+
+def test_new_workers_per_link_are_capped_whatever_the_address(
+    settings: Any, researcher: Actor, stub_model: Any, reset_stubs: Any
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    capped = settings.model_copy(
+        update={
+            "study_new_workers_per_link_per_hour": 3,
+            "study_new_workers_per_address_per_hour": 100,
+            "web_app_key": "web-app-key-0123456789abcdef",
+        }
+    )
+    with TestClient(create_app(capped)) as client:
+        round_ = open_round(client, researcher, example_yaml(TASK, onboarding_quiz=None), stub_model.url, PROMPTS)
+        link = make_link(client, researcher, round_["id"], max_workers=1000)
+        other = make_link(client, researcher, round_["id"], name="other", max_workers=1000)
+
+        def from_address(target: dict[str, Any], n: int) -> httpx.Response:
+            headers = {"X-Dynaloop-Client-Address": f"203.0.113.{n}", "X-Dynaloop-Web-App-Key": capped.web_app_key}
+            params = {**PROLIFIC, "PROLIFIC_PID": prolific_id(n), "SESSION_ID": prolific_id(n)}
+            response: httpx.Response = client.post(
+                f"{API}/study/{target['slug']}/sessions", json={"params": params}, headers=headers
+            )
+            return response
+
+        assert [from_address(link, n).status_code for n in range(3)] == [201, 201, 201]
+        before = table_counts(client.app)
+        refused = from_address(link, 3)
+        assert refused.status_code == 429 and error_code(refused) == "too_many_new_workers"
+        assert "this study link" in refused.json()["error"]["message"]
+        assert table_counts(client.app) == before
+        # Another link of the round has its own count.
+        assert from_address(other, 4).status_code == 201
+        with session_scope(client.app.state.sessionmaker) as session:
+            hashes = [a.address_hash for a in session.scalars(select(PlatformAccount))]
+            assert len(set(hashes)) == 4 and not any("203.0.113" in (h or "") for h in hashes)
+
+
+def test_the_same_prolific_id_on_two_writer_links_of_one_round_gets_one_session(
+    client: Any, app: Any, researcher: Actor, round_: dict[str, Any]
+) -> None:
+    """Two writer links of one round, one Prolific id: the second link is refused (409), so one
+    piece of work never earns two completion codes and two base pays."""
+    first = make_link(client, researcher, round_["id"], name="writers A")
+    second = make_link(client, researcher, round_["id"], name="writers B")
+    assert open_link(client, first, PROLIFIC).status_code == 201
+    before = table_snapshot(app, "users", "platform_accounts", "study_sessions", "api_tokens")
+    counts = table_counts(app)
+    for params in (PROLIFIC, {**PROLIFIC, "SESSION_ID": prolific_id(77)}):
+        response = open_link(client, second, params)
+        assert response.status_code == 409 and error_code(response) == "study_session_taken", response.text
+        assert "already have a writer session in this round" in response.json()["error"]["message"]
+        assert "token" not in response.json()
+    assert table_snapshot(app, "users", "platform_accounts", "study_sessions", "api_tokens") == before
+    assert table_counts(app) == counts
+
+
+def test_reopening_a_session_ten_times_leaves_one_live_token(
+    client: Any, app: Any, researcher: Actor, round_: dict[str, Any]
+) -> None:
+    link = make_link(client, researcher, round_["id"])
+    first = open_link(client, link, PROLIFIC).json()
+    user_id = _user_id(client, first["token"])
+    tokens = [first["token"]]
+    for _ in range(10):
+        again = open_link(client, link, PROLIFIC)
+        assert again.status_code == 200, again.text
+        assert again.json()["expires_at"] == first["expires_at"]  # the first open's expiry, not a new 24 h
+        tokens.append(again.json()["token"])
+    assert _live_tokens(app, user_id) == 1
+    assert [client.get(f"{API}/me", headers=bearer(t)).status_code for t in tokens] == [401] * 10 + [200]
+    with session_scope(app.state.sessionmaker) as session:
+        row = session.scalars(select(StudySession)).one()
+        token = session.get(ApiToken, row.token_id)
+        assert token is not None and token.revoked_at is None
+
+
+def _renamed(yaml_text: str, name: str) -> str:
+    import yaml
+
+    data = yaml.safe_load(yaml_text)
+    data["name"] = name
+    return str(yaml.safe_dump(data, allow_unicode=True, sort_keys=False))
+
+
+def _two_groups(client: Any, researcher: Actor, make_user: MakeUser, stub_model: Any) -> tuple[Any, ...]:
+    """Task A (this group's) and task B (another group's), each with a round and two examples."""
+    round_a = open_round(client, researcher, example_yaml(TASK, onboarding_quiz=None), stub_model.url, PROMPTS)
+    other = make_user("olga", "researcher")
+    round_b = open_round(
+        client, other, _renamed(example_yaml(TASK, onboarding_quiz=None), "group-b-task"), stub_model.url, PROMPTS
+    )
+    author = make_user("ann", "writer")  # made by an admin: every task
+    for round_id in (round_a["id"], round_b["id"]):
+        _write_example(client, author.headers, round_id, f"A plain remark about lunch in round {round_id}.")
+        _write_example(client, author.headers, round_id, f"We went there on a Sunday, round {round_id}.")
+    examples_b = [
+        e["example_id"]
+        for e in client.get(
+            f"{API}/rounds/{round_b['id']}/validation-batch", headers=make_user("vic", "validator").headers
+        ).json()["data"]
+    ]
+    return round_a, round_b, examples_b
+
+
+def test_a_link_made_worker_reaches_only_its_links_task_and_role(
+    client: Any, app: Any, researcher: Actor, make_user: MakeUser, stub_model: Any
+) -> None:
+    round_a, round_b, examples_b = _two_groups(client, researcher, make_user, stub_model)
+    link = make_link(client, researcher, round_a["id"], role="validator", platform="generic", id_parameter="worker")
+    token = open_link(client, link, {"worker": "val-a"}).json()["token"]
+    headers = bearer(token)
+    # Only task A's round is open to them; task B is missing, in the words of a missing one.
+    assert [r["id"] for r in client.get(f"{API}/rounds/open", headers=headers).json()["data"]] == [round_a["id"]]
+    assert [t["name"] for t in client.get(f"{API}/tasks", headers=headers).json()["data"]] == [TASK]
+    before = table_counts(app)
+    missing_round = 987654
+    for path in ("/rounds/{id}/validation-batch", "/rounds/{id}"):
+        theirs = client.get(f"{API}{path.format(id=round_b['id'])}", headers=headers)
+        missing = client.get(f"{API}{path.format(id=missing_round)}", headers=headers)
+        assert theirs.status_code == missing.status_code == 404, theirs.text
+        assert theirs.json()["error"]["message"] == missing.json()["error"]["message"].replace(
+            str(missing_round), str(round_b["id"])
+        )
+    assert client.get(f"{API}/tasks/group-b-task", headers=headers).status_code == 404
+    for example_id in examples_b:
+        response = client.post(f"{API}/examples/{example_id}/validations", json={"label": "neutral"}, headers=headers)
+        assert response.status_code == 404 and f"no example {example_id}" in response.json()["error"]["message"]
+    # A validator link grants no writing, on either task.
+    for round_id in (round_a["id"], round_b["id"]):
+        assert client.post(f"{API}/rounds/{round_id}/assignments", json={}, headers=headers).status_code == 403
+    assert table_counts(app) == before
+    # On their own task they work as before.
+    assert client.get(f"{API}/rounds/{round_a['id']}/validation-batch", headers=headers).status_code == 200
+    # A validator an admin made keeps the reach of the role: every task.
+    admin_made = make_user("vera", "validator")
+    assert client.get(f"{API}/rounds/{round_b['id']}/validation-batch", headers=admin_made.headers).status_code == 200
+    assert {r["id"] for r in client.get(f"{API}/rounds/open", headers=admin_made.headers).json()["data"]} == {
+        round_a["id"],
+        round_b["id"],
+    }
+
+
+def test_a_link_made_writer_cannot_write_or_take_the_quiz_on_another_task(
+    client: Any, app: Any, researcher: Actor, make_user: MakeUser, stub_model: Any
+) -> None:
+    round_a, round_b, _ = _two_groups(client, researcher, make_user, stub_model)
+    link = make_link(client, researcher, round_a["id"], platform="generic", id_parameter="worker")
+    headers = bearer(open_link(client, link, {"worker": "writer-a"}).json()["token"])
+    before = table_counts(app)
+    theirs = client.post(f"{API}/rounds/{round_b['id']}/assignments", json={}, headers=headers)
+    assert theirs.status_code == 404 and f"no round with id {round_b['id']}" in theirs.json()["error"]["message"]
+    assert client.get(f"{API}/tasks/group-b-task/quiz", headers=headers).status_code == 404
+    assert client.get(f"{API}/rounds/{round_a['id']}/validation-batch", headers=headers).status_code == 403
+    assert table_counts(app) == before
+    assert client.post(f"{API}/rounds/{round_a['id']}/assignments", json={}, headers=headers).status_code in (200, 201)
+
+
+def test_a_writer_links_worker_opening_a_validator_link_is_refused_unless_it_allows(
+    client: Any, app: Any, researcher: Actor, round_: dict[str, Any]
+) -> None:
+    writers = make_link(client, researcher, round_["id"], platform="generic", id_parameter="worker")
+    closed = make_link(client, researcher, round_["id"], role="validator", platform="generic", id_parameter="worker")
+    started = open_link(client, writers, {"worker": "w-1"}).json()
+    before = table_snapshot(app, "users", "platform_accounts", "study_sessions", "api_tokens")
+    response = open_link(client, closed, {"worker": "w-1"})
+    assert response.status_code == 409 and error_code(response) == "study_session_taken"
+    assert "does not take workers of the other role" in response.json()["error"]["message"]
+    assert table_snapshot(app, "users", "platform_accounts", "study_sessions", "api_tokens") == before
+    me = client.get(f"{API}/me", headers=bearer(started["token"])).json()
+    assert me["roles"] == ["writer"]
+    # And the reverse: a validator link's worker on a writer link.
+    validator = open_link(client, closed, {"worker": "v-1"})
+    assert validator.status_code == 201
+    response = open_link(client, writers, {"worker": "v-1"})
+    assert response.status_code == 409 and error_code(response) == "study_session_taken"
+
+
+@pytest.fixture
+def paid_round(client: Any, researcher: Actor, stub_model: Any) -> dict[str, Any]:
+    pay = {"currency": "GBP", "base_pay": {"writer": 150, "validator": 100}}
+    yaml_text = example_yaml(TASK, onboarding_quiz=None, pay=pay, validation_batch_size=3)
+    return open_round(client, researcher, yaml_text, stub_model.url, PROMPTS)
+
+
+def _ledger_rows(app: Any) -> set[tuple[str, str, int]]:
+    with session_scope(app.state.sessionmaker) as session:
+        return {(e.kind.value, e.event_key, e.amount_minor) for e in session.scalars(select(LedgerEntry))}
+
+
+def test_a_stopped_prolific_session_gets_no_completion_code_and_no_pay(
+    client: Any, app: Any, researcher: Actor, paid_round: dict[str, Any]
+) -> None:
+    """Finish at 0 of N: the worker is told to return the submission; no code, no redirect, no
+    base pay. A link with a partial code and pay gives that code (never the completion code)
+    and only that pay."""
+    bare = make_link(client, researcher, paid_round["id"], name="bare", completion_code="FULL1")
+    started = open_link(client, bare, PROLIFIC).json()
+    session_id = started["session"]["id"]
+    for _ in range(2):  # idempotent
+        done = client.post(
+            f"{API}/study-sessions/{session_id}/finish", json={"reason": "stop"}, headers=bearer(started["token"])
+        )
+        assert done.status_code == 200, done.text
+        body = done.json()
+        assert body["status"] == "stopped" and body["code"] is None and body["redirect_url"] is None
+        assert "return it on Prolific" in body["message"] and "FULL1" not in done.text
+    # The researcher's view and the worker's own list say the same.
+    row = client.get(f"{API}/me/study-sessions", headers=bearer(started["token"])).json()["data"][0]
+    assert row["completion"]["code"] is None and row["completion"]["redirect_url"] is None
+
+    partial = make_link(
+        client,
+        researcher,
+        paid_round["id"],
+        name="partial",
+        completion_code="FULL2",
+        partial_code="PART2",
+        partial_pay_minor=40,
+    )
+    other = {**PROLIFIC, "PROLIFIC_PID": prolific_id(5), "SESSION_ID": prolific_id(5)}
+    started2 = open_link(client, partial, other).json()
+    done = client.post(
+        f"{API}/study-sessions/{started2['session']['id']}/finish",
+        json={"reason": "stop"},
+        headers=bearer(started2["token"]),
+    ).json()
+    assert done["code"] == "PART2" and done["redirect_url"].endswith("?cc=PART2") and "FULL2" not in str(done)
+    # The ledger: the partial session is paid its partial pay once; the bare stop nothing.
+    for _ in range(2):
+        response = client.post(f"{API}/tasks/{TASK}/ledger/compute", json={}, headers=researcher.headers)
+        assert response.status_code == 200, response.text
+    assert _ledger_rows(app) == {("base_pay", f"session:{started2['session']['id']}", 40)}
+
+
+def test_a_validator_out_of_work_completes_as_the_link_says(
+    client: Any, app: Any, researcher: Actor, make_user: MakeUser, paid_round: dict[str, Any]
+) -> None:
+    """Two examples to label, a quota of 10 labels: once the round has nothing more to serve,
+    the validator finishes with reason out_of_work; the link's policy decides the completion."""
+    author = make_user("ann", "writer")
+    _write_example(client, author.headers, paid_round["id"], "A plain remark about the lunch menu today.")
+    _write_example(client, author.headers, paid_round["id"], "We went there on a Sunday afternoon with friends.")
+    complete = make_link(
+        client, researcher, paid_round["id"], role="validator", quota=10, completion_code="VALDONE", max_workers=5
+    )
+    started = open_link(client, complete, PROLIFIC).json()
+    headers = bearer(started["token"])
+    session_id = started["session"]["id"]
+    # While there is work, out_of_work is refused and writes nothing (no claims kept either).
+    before = table_counts(app)
+    early = client.post(f"{API}/study-sessions/{session_id}/finish", json={"reason": "out_of_work"}, headers=headers)
+    assert early.status_code == 409 and "still has examples" in early.json()["error"]["message"]
+    assert table_counts(app) == before
+    batch = client.get(f"{API}/rounds/{paid_round['id']}/validation-batch", headers=headers).json()["data"]
+    assert len(batch) == 2
+    for example in batch:
+        response = client.post(
+            f"{API}/examples/{example['example_id']}/validations", json={"label": "neutral"}, headers=headers
+        )
+        assert response.status_code == 201, response.text
+    row = client.get(f"{API}/me/study-sessions", headers=headers).json()["data"][0]
+    assert row["units_done"] == 2 and row["status"] == "active"  # labels, not batches
+    done = client.post(f"{API}/study-sessions/{session_id}/finish", json={"reason": "out_of_work"}, headers=headers)
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "completed" and done.json()["code"] == "VALDONE"
+    client.post(f"{API}/tasks/{TASK}/ledger/compute", json={}, headers=researcher.headers)
+    assert _ledger_rows(app) == {("base_pay", f"session:{session_id}", 100)}
+
+    # A "return" link: the validator with nothing to do is told to return it, no code, no pay.
+    returning = make_link(
+        client,
+        researcher,
+        paid_round["id"],
+        name="return",
+        role="validator",
+        quota=10,
+        when_out_of_work="return",
+        partial_code="PART3",
+        max_workers=5,
+    )
+    other = {**PROLIFIC, "PROLIFIC_PID": prolific_id(9), "SESSION_ID": prolific_id(9)}
+    started = open_link(client, returning, other).json()
+    headers = bearer(started["token"])
+    # This validator has the two examples still to label (they were not theirs).
+    for example in client.get(f"{API}/rounds/{paid_round['id']}/validation-batch", headers=headers).json()["data"]:
+        client.post(f"{API}/examples/{example['example_id']}/validations", json={"label": "neutral"}, headers=headers)
+    done = client.post(
+        f"{API}/study-sessions/{started['session']['id']}/finish", json={"reason": "out_of_work"}, headers=headers
+    ).json()
+    assert done["status"] == "stopped" and done["code"] is None and "return" in done["message"]
+    client.post(f"{API}/tasks/{TASK}/ledger/compute", json={}, headers=researcher.headers)
+    assert _ledger_rows(app) == {("base_pay", f"session:{session_id}", 100)}
+    # A writer session does not end for want of work.
+    writers = make_link(client, researcher, paid_round["id"], name="writers")
+    started = open_link(client, writers, {**PROLIFIC, "PROLIFIC_PID": prolific_id(11)}).json()
+    response = client.post(
+        f"{API}/study-sessions/{started['session']['id']}/finish",
+        json={"reason": "out_of_work"},
+        headers=bearer(started["token"]),
+    )
+    assert response.status_code == 422
