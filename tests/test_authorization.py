@@ -377,7 +377,10 @@ def test_route_role_matrix(client: Any, app: Any, world: World, model_with_inspe
 # --- task ownership: every task-scoped route x who is (not) on the task --------------------------
 
 OWNER, MEMBER, OTHER = "owner", "member", "other researcher"
-WHO = [OWNER, MEMBER, OTHER, "writer", "validator", "client", "admin"]
+# Workers a study link of another group's task made (services/authorization.py, link-made
+# workers): they reach that task only; Rita's is missing to them.
+LINK_WRITER, LINK_VALIDATOR = "other task's link writer", "other task's link validator"
+WHO = [OWNER, MEMBER, OTHER, "writer", "validator", "client", "admin", LINK_WRITER, LINK_VALIDATOR]
 OK, NO, HIDDEN = "ok", "403", "hidden"  # hidden: 404 in the very words of a missing object
 
 
@@ -386,14 +389,15 @@ def _expect(*cells: str) -> dict[str, str]:
     return dict(zip(WHO, cells, strict=True))
 
 
-#                    owner   member  other   writer  valid.  client  admin
-MANAGE = _expect(OK, OK, HIDDEN, NO, NO, NO, OK)
-OWNERS = _expect(OK, NO, HIDDEN, NO, NO, NO, OK)
-READ = _expect(OK, OK, HIDDEN, OK, OK, OK, OK)
-DATASET = _expect(OK, OK, HIDDEN, NO, NO, OK, OK)
-WRITE = _expect(NO, NO, NO, OK, NO, NO, OK)
-OWN_WORK = _expect(NO, NO, NO, OK, NO, NO, HIDDEN)  # a writer's own assignment: even admins are refused
-VALIDATE = _expect(NO, NO, NO, NO, OK, NO, OK)
+#                    owner   member  other   writer  valid.  client  admin  link-w  link-v
+MANAGE = _expect(OK, OK, HIDDEN, NO, NO, NO, OK, NO, NO)
+OWNERS = _expect(OK, NO, HIDDEN, NO, NO, NO, OK, NO, NO)
+READ = _expect(OK, OK, HIDDEN, OK, OK, OK, OK, HIDDEN, HIDDEN)
+DATASET = _expect(OK, OK, HIDDEN, NO, NO, OK, OK, NO, NO)
+WRITE = _expect(NO, NO, NO, OK, NO, NO, OK, HIDDEN, NO)
+# A writer's own assignment: even admins are refused.
+OWN_WORK = _expect(NO, NO, NO, OK, NO, NO, HIDDEN, HIDDEN, NO)
+VALIDATE = _expect(NO, NO, NO, NO, OK, NO, OK, NO, HIDDEN)
 
 # Every route that names a task or one of its things in its path. A new one fails
 # test_every_task_scoped_route_is_in_the_ownership_matrix until it is given a row here (and, if
@@ -489,7 +493,26 @@ def owned(
         actors[role] = make_user(f"the-{role}", role)
     response = client.put(f"{API}/tasks/{TASK}/members/mia", json={"role": "member"}, headers=rita.headers)
     assert response.status_code == 201, response.text
-    open_round(client, actors[OTHER], example_yaml("isarcasm", onboarding_quiz=None), None)
+    other_round = open_round(client, actors[OTHER], example_yaml("isarcasm", onboarding_quiz=None), None)
+    for who, role in ((LINK_WRITER, "writer"), (LINK_VALIDATOR, "validator")):
+        link = client.post(
+            f"{API}/tasks/{other_round['task']}/study-links",
+            json={
+                "name": role,
+                "round_id": other_round["id"],
+                "role": role,
+                "platform": "generic",
+                "id_parameter": "worker",
+                "quota": 1,
+            },
+            headers=actors[OTHER].headers,
+        )
+        assert link.status_code == 201, link.text
+        started = client.post(f"{API}/study/{link.json()['slug']}/sessions", json={"params": {"worker": f"w-{role}"}})
+        assert started.status_code == 201, started.text
+        token = started.json()["token"]
+        me = client.get(f"{API}/me", headers={"Authorization": f"Bearer {token}"}).json()
+        actors[who] = Actor(me["username"], token)
     server = register_model_server(app, model_with_inspect.url)
     response = client.post(f"{API}/tasks/{TASK}/rounds", json={"model_servers": [server]}, headers=rita.headers)
     assert response.status_code == 201, response.text
