@@ -1033,7 +1033,7 @@ class ApiClient:
         return self._data("/me/study-sessions")
 
     def finish_study_session(self, session_id: int, reason: str) -> Completion:
-        """End one's own study session (``reason``: quota or stop); asking again answers the same."""
+        """End one's own study session (``reason``: quota, stop or out_of_work); asking again answers the same."""
         return self._json("POST", f"/study-sessions/{int(session_id)}/finish", json_body={"reason": reason})
 
     def study_links(self, task: str) -> list[StudyLink]:

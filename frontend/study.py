@@ -31,7 +31,7 @@ def current_session(client: Api, role: str) -> StudySession | None:
 
 
 def progress_text(session: StudySession) -> str:
-    unit = "examples" if session.get("role") == "writer" else "batches"
+    unit = "examples" if session.get("role") == "writer" else "labels"
     return f"{session['units_done']} of {session['quota']} {unit} for this study"
 
 

@@ -274,10 +274,22 @@ def completion_page(completion: Completion, base: str) -> Response:
     status = completion.get("status")
     code = completion.get("code")
     screened_out = status == "screened_out"
-    title = "Thank you" if not screened_out else "This study is not for you this time"
+    # A stopped session is not a completed one: without the link's partial code there is no code
+    # at all, and the worker returns the submission on the platform.
+    stopped = status == "stopped"
+    title = (
+        "This study is not for you this time"
+        if screened_out
+        else "Your session has ended"
+        if stopped and not code
+        else "Thank you"
+    )
     intro = (
         "<p>You did not qualify for this study. Thank you for your time.</p>"
         if screened_out
+        else "<p>You stopped before the study's quota: this is not a completed submission. Please return "
+        "it on your platform (on Prolific: Return submission); do not submit it as completed.</p>"
+        if stopped and not code
         else "<p>Your study session has ended. Thank you!</p>"
     )
     message = completion.get("message")
@@ -324,6 +336,8 @@ def completion_page(completion: Completion, base: str) -> Response:
         return _page(
             f"{title} - dynaloop", f"<h1>{e(title)}</h1>{intro}<p>You may return the study on your platform.</p>"
         )
+    if stopped:
+        return _page(f"{title} - dynaloop", f"<h1>{e(title)}</h1>{intro}")
     return _page(
         f"{title} - dynaloop",
         f"<h1>{e(title)}</h1>{intro}<p>This study has no completion code; tell the study's researcher.</p>",
@@ -331,26 +345,39 @@ def completion_page(completion: Completion, base: str) -> Response:
 
 
 def finish_page(base: str, session: StudySession) -> HTMLResponse:
-    """Confirm before ending a study session: the quota met, or stopping early."""
+    """Confirm before ending a study session: the quota met, or stopping early (which is not a
+    completion: no completion code), or, for a validator, the round out of work for them."""
     e = html.escape
     done, quota = int(session.get("units_done") or 0), int(session.get("quota") or 0)
-    unit = "examples" if session.get("role") == "writer" else "batches"
+    validator = session.get("role") == "validator"
+    unit = "labels" if validator else "examples"
     met = session.get("status") != "active" or done >= quota
     reason = "quota" if met else "stop"
     progress = f"{done} of {quota} {unit} for this study"
     warning = (
         ""
         if met
-        else '<div class="error" role="alert">You have not reached the quota yet. Finishing now ends your study '
-        "session; you cannot go on with it afterwards.</div>"
+        else '<div class="error" role="alert">You have not reached the quota yet. Stopping now ends your study '
+        "session without the completion code (you cannot go on with it afterwards): you will be asked to "
+        "return the submission, unless the study pays for partial work.</div>"
+    )
+    session_field = f'<input type="hidden" name="session_id" value="{int(session["id"])}">'
+    action = e(f"{base}/study/finish")
+    out_of_work = (
+        f'<form method="post" action="{action}">{session_field}'
+        '<input type="hidden" name="reason" value="out_of_work">'
+        "<p>The Validate page has no more examples for you? The study ends with what you labelled.</p>"
+        '<button type="submit">No more examples to label: finish</button></form>'
+        if validator and not met
+        else ""
     )
     body = (
         "<h1>Finish the study</h1>"
         f'<p role="status">{e(progress)}.</p>{warning}'
-        f'<form method="post" action="{e(f"{base}/study/finish")}">'
-        f'<input type="hidden" name="session_id" value="{int(session["id"])}">'
+        f'<form method="post" action="{action}">{session_field}'
         f'<input type="hidden" name="reason" value="{reason}">'
-        '<button type="submit">Finish and get your completion code</button></form>'
+        f'<button type="submit">{"Finish and get your completion code" if met else "Stop now"}</button></form>'
+        f"{out_of_work}"
         f'<p><a href="{e(f"{base}/" if session.get("role") == "writer" else f"{base}/validate")}">'
         "Back to the task</a></p>"
     )
@@ -745,7 +772,7 @@ class WebSession:
                     return completion_page(current["completion"], base)  # type: ignore[arg-type]
                 return finish_page(base, current)
             session_id, reason = form.get("session_id", ""), form.get("reason", "")
-            if not session_id.isdigit() or len(session_id) > 18 or reason not in ("quota", "stop"):
+            if not session_id.isdigit() or len(session_id) > 18 or reason not in ("quota", "stop", "out_of_work"):
                 return message_page(
                     "Not finished", "Finish from the Finish page's button.", here, "Go to the Finish page", 400
                 )

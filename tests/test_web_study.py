@@ -24,7 +24,8 @@ from starlette.testclient import TestClient
 from frontend import web
 from tests.conftest import Actor, example_yaml, free_port, open_round, table_counts
 from tests.stub_model_server import ThreadedServer
-from tests.test_study_links import PROMPTS, _write_example, make_link
+from tests.test_study_links import MTURK, PROMPTS, _write_example, make_link
+from tests.test_study_links import PROLIFIC as PROLIFIC_IDS
 
 ORIGIN = "http://testserver"
 SAME = {"Origin": ORIGIN}
@@ -68,9 +69,17 @@ class FakeApi:
             "completion": None,
         }
 
-    def finished(self) -> dict[str, Any]:
+    def finished(self, reason: str = "quota") -> dict[str, Any]:
         if self.completion is not None:
             return self.completion
+        if reason != "quota":  # a stop is not a completion (the contract since issue 26)
+            form = None
+            if self.platform == "mturk":
+                form = {
+                    "action": "https://workersandbox.mturk.com/mturk/externalSubmit",
+                    "fields": {"assignmentId": "A1B2", "completion_code": "stopped"},
+                }
+            return {"status": "stopped", "code": None, "redirect_url": None, "form": form, "message": "return it"}
         if self.platform == "prolific":
             return {
                 "status": "completed",
@@ -135,7 +144,7 @@ class FakeApi:
         if request.method == "POST" and path.startswith("/study-sessions/") and path.endswith("/finish"):
             if path != f"/study-sessions/{self.tokens[auth]}/finish":
                 return _error(404, "not_found", "no such study session")
-            return httpx.Response(200, json=self.finished())
+            return httpx.Response(200, json=self.finished(body["reason"]))
         return _error(404, "not_found", f"no route {path}")
 
 
@@ -359,7 +368,9 @@ def test_a_prolific_link_signs_the_worker_in_and_finishing_redirects_to_prolific
     confirm = browser.get("/study/finish")
     assert confirm.status_code == 200 and "0 of 3 examples for this study" in confirm.text
     assert 'name="reason" value="stop"' in confirm.text and "not reached the quota" in confirm.text
-    assert "Finish and get your completion code" in confirm.text
+    assert "Stop now" in confirm.text and "without the completion code" in confirm.text
+    assert "Finish and get your completion code" not in confirm.text
+    assert 'value="out_of_work"' not in confirm.text  # writers do not run out of work
     assert "https://app.prolific.com" in confirm.headers["content-security-policy"]
 
     api.units_done = 3
@@ -376,7 +387,13 @@ def test_a_validator_link_goes_to_the_validate_page(api: FakeApi, browser: TestC
     api.role = "validator"
     response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
     assert response.status_code == 303 and response.headers["location"] == "/"  # Validate is their start page
-    assert "0 of 3 batches" in browser.get("/study/finish").text
+    confirm = browser.get("/study/finish").text
+    assert "0 of 3 labels" in confirm and 'name="reason" value="out_of_work"' in confirm
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "out_of_work"}, headers=SAME)
+    assert done.status_code == 200
+    assert _api_calls(api, "POST", "/study-sessions/") == [
+        ("POST", "/study-sessions/11/finish", {"reason": "out_of_work"})
+    ]
     api.other_roles = ["writer"]  # a worker who came through a writer link too starts on Write
     response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
     assert response.status_code == 303 and response.headers["location"] == "/validate"
@@ -415,8 +432,20 @@ def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, brow
 def test_a_generic_worker_gets_the_code_to_copy(api: FakeApi, browser: TestClient) -> None:
     api.platform = "generic"
     browser.get(f"/study/{SLUG}", params={"worker": "w-123"})
-    done = browser.post("/study/finish", data={"session_id": "11", "reason": "stop"}, headers=SAME)
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
     assert done.status_code == 200 and "C0DE42" in done.text and "Copy this code" in done.text
+
+
+def test_a_worker_who_stopped_is_told_to_return_the_submission(api: FakeApi, browser: TestClient) -> None:
+    browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "stop"}, headers=SAME)
+    assert done.status_code == 200 and "location" not in done.headers
+    assert "not a completed submission" in done.text and "Return submission" in done.text
+    assert "C0DE42" not in done.text and "Copy this code" not in done.text
+    # A link with a partial code: the worker gets that code.
+    api.completion = {"status": "stopped", "code": "PART1", "redirect_url": None, "form": None}
+    done = browser.post("/study/finish", data={"session_id": "11", "reason": "stop"}, headers=SAME)
+    assert "PART1" in done.text and "not a completed submission" not in done.text
 
 
 def test_a_screened_out_worker_sees_the_message_and_the_code(api: FakeApi, browser: TestClient) -> None:
@@ -474,7 +503,7 @@ def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redir
     app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
 ) -> None:
     link = make_link(client, researcher, real_round["id"], completion_code="C0MPLETE")
-    params = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "60aa11bb22cc", "SESSION_ID": "sess-0001"}
+    params = PROLIFIC_IDS
     started = real_browser.get(link["path"], params=params)
     assert started.status_code == 303 and started.headers["location"] == "/"
     kind, token = _cookie(started)[web.COOKIE_NAME].value.split(".", 1)
@@ -507,19 +536,14 @@ def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
     link = make_link(client, researcher, real_round["id"], platform="mturk", completion_code="TURKDONE")
     before = table_counts(app)
     preview = real_browser.get(
-        link["path"], params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": "3HITHITHIT0001"}
+        link["path"], params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": MTURK["hitId"]}
     )
     assert preview.status_code == 200 and "Accept the HIT to start" in preview.text
     assert web.COOKIE_NAME not in preview.headers.get("set-cookie", "") and table_counts(app) == before
 
     accepted = real_browser.get(
         link["path"],
-        params={
-            "workerId": "A1B2C3D4E5F6G7",
-            "assignmentId": "3ABCDEFGHIJKLMNOP",
-            "hitId": "3HITHITHIT0001",
-            "turkSubmitTo": "https://workersandbox.mturk.com",
-        },
+        params=MTURK,
     )
     assert accepted.status_code == 303 and accepted.headers["location"] == "/"
     confirm = real_browser.get("/study/finish")
@@ -528,8 +552,10 @@ def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
     done = real_browser.post("/study/finish", data={"session_id": session_id, "reason": "stop"}, headers=SAME)
     assert done.status_code == 200
     assert '<form method="post" action="https://workersandbox.mturk.com/mturk/externalSubmit">' in done.text
-    assert '<input type="hidden" name="assignmentId" value="3ABCDEFGHIJKLMNOP">' in done.text
-    assert '<input type="hidden" name="completion_code" value="TURKDONE">' in done.text
+    # The form stays (MTurk's only way back), but a stop carries its status, never the code.
+    assert f'<input type="hidden" name="assignmentId" value="{MTURK["assignmentId"]}">' in done.text
+    assert '<input type="hidden" name="completion_code" value="stopped">' in done.text
+    assert "TURKDONE" not in done.text and "not a completed submission" in done.text
 
 
 def test_the_real_apis_refusals_reach_the_worker(
@@ -544,6 +570,24 @@ def test_the_real_apis_refusals_reach_the_worker(
     assert table_counts(app) == before
     assert client.post(f"/api/v1/study-links/{link['id']}/close", headers=researcher.headers).status_code == 200
     before = table_counts(app)
-    closed = real_browser.get(link["path"], params={"PROLIFIC_PID": "abc", "STUDY_ID": "s", "SESSION_ID": "t"})
+    closed = real_browser.get(link["path"], params=PROLIFIC_IDS)
     assert closed.status_code == 409 and web.COOKIE_NAME not in closed.headers.get("set-cookie", "")
     assert table_counts(app) == before
+
+
+def test_a_prolific_worker_who_stops_at_zero_gets_no_completion_redirect(
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+) -> None:
+    """Issue 26, item 5, as a worker meets it: Finish at 0 of N no longer redirects to Prolific
+    with the completion code; the worker is told to return the submission."""
+    link = make_link(client, researcher, real_round["id"], completion_code="C0MPLETE")
+    real_browser.get(link["path"], params=PROLIFIC_IDS)
+    confirm = real_browser.get("/study/finish")
+    session_id = confirm.text.split('name="session_id" value="', 1)[1].split('"', 1)[0]
+    for _ in range(2):  # finishing again answers the same
+        done = real_browser.post("/study/finish", data={"session_id": session_id, "reason": "stop"}, headers=SAME)
+        assert done.status_code == 200 and "location" not in done.headers
+        assert "C0MPLETE" not in done.text and "Return submission" in done.text
+    # The Finish page of the ended session shows the same, not a redirect.
+    again = real_browser.get("/study/finish")
+    assert again.status_code == 200 and "C0MPLETE" not in again.text

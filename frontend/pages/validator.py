@@ -220,6 +220,11 @@ def main() -> None:
             "Nothing to label in this round right now: every sentence has its labels or is held by other "
             "validators. Please check again later."
         )
+        if session is not None and session.get("status") == "active":
+            st.info(
+                "For your study: if there is still nothing after checking again, finish the study with "
+                "\"No more examples to label\" on the Finish page; what you labelled counts."
+            )
         if st.button("Check again", key="validator_check_again"):
             st.session_state.pop(BATCH_KEY, None)
             st.rerun()
