@@ -32,6 +32,7 @@ from services.authorization import (
     WorkerPolicy,
     allows,
     authorize,
+    study_scope,
 )
 from services.db.models import (
     ApiToken,
@@ -40,8 +41,10 @@ from services.db.models import (
     Example,
     Job,
     LedgerEntry,
+    Role,
     Round,
     StudyLink,
+    StudyRole,
     StudySession,
     Task,
     TaskMember,
@@ -344,3 +347,61 @@ def test_only_admins_say_where_the_api_sends_requests() -> None:
             Forbidden,
             f"this needs the researcher role; your roles: {who.roles[0]}",
         )
+
+
+# --- link-made workers: their links' tasks and roles only (issue 26, item 2) --------------------
+
+OTHER_TASK = Task(id=2, name="group-b-task", created_by_id=12, members=[TaskMember(user_id=12, role=TaskRole.owner)])
+OTHER_ROUND = Round(id=3, number=1, task=OTHER_TASK)
+OTHER_EXAMPLE = Example(id=33, writer_id=99, round=OTHER_ROUND)
+A_EXAMPLE = Example(id=34, writer_id=99, round=ROUND)
+
+
+def link_made(user_id: int, *sessions: tuple[int, StudyRole]) -> User:
+    """A worker a study link made, with a study session on a link of each (task id, role)."""
+    worker = User(id=user_id, username=f"prolific-{user_id}", roles=sorted({r.value for _, r in sessions}))
+    worker.made_by_link = True
+    worker.study_sessions = [
+        StudySession(id=100 + i, user_id=user_id, link=StudyLink(id=200 + i, task_id=task_id, role=role))
+        for i, (task_id, role) in enumerate(sessions)
+    ]
+    return worker
+
+
+def test_a_link_made_worker_reaches_only_the_tasks_and_roles_of_its_links() -> None:
+    validator = link_made(70, (TASK.id, StudyRole.validator))
+    assert study_scope(validator) == {(TASK.id, Role.validator)}
+    for policy in (
+        TaskPolicy.read(TASK),
+        RoundPolicy.read(ROUND),
+        RoundPolicy.validate(ROUND),
+        ExamplePolicy.validate(A_EXAMPLE),
+    ):
+        assert refusal(validator, policy) is None
+    # Another group's task, round and example: the words of a missing one.
+    assert refusal(validator, TaskPolicy.read(OTHER_TASK)) == (NotFound, missing_task("group-b-task").message)
+    assert refusal(validator, RoundPolicy.read(OTHER_ROUND)) == (NotFound, missing_round(3).message)
+    assert refusal(validator, RoundPolicy.validate(OTHER_ROUND)) == (NotFound, missing_round(3).message)
+    assert refusal(validator, ExamplePolicy.validate(OTHER_EXAMPLE)) == (NotFound, missing_example(33).message)
+    # A researcher-only action on their own task: the role half refuses, as for anyone.
+    assert refusal(validator, TaskPolicy.manage(TASK))[0] is Forbidden  # type: ignore[index]
+
+    writer = link_made(71, (TASK.id, StudyRole.writer))
+    assert refusal(writer, RoundPolicy.write(ROUND)) is None
+    assert refusal(writer, OnboardingPolicy.take(TASK)) is None
+    assert refusal(writer, RoundPolicy.write(OTHER_ROUND)) == (NotFound, missing_round(3).message)
+    assert refusal(writer, OnboardingPolicy.take(OTHER_TASK)) == (NotFound, missing_task("group-b-task").message)
+
+    # A worker with the validator role from a link, writing through another: each task its role.
+    both = link_made(72, (TASK.id, StudyRole.writer), (OTHER_TASK.id, StudyRole.validator))
+    assert both.roles == ["validator", "writer"]
+    assert refusal(both, RoundPolicy.write(ROUND)) is None
+    assert refusal(both, RoundPolicy.validate(OTHER_ROUND)) is None
+    assert refusal(both, RoundPolicy.validate(ROUND)) == (NotFound, missing_round(2).message)
+    assert refusal(both, RoundPolicy.write(OTHER_ROUND)) == (NotFound, missing_round(3).message)
+
+
+def test_accounts_an_admin_made_keep_the_reach_of_their_roles() -> None:
+    assert study_scope(WENDY) == set()
+    for policy in (RoundPolicy.write(OTHER_ROUND), RoundPolicy.validate(OTHER_ROUND), TaskPolicy.read(OTHER_TASK)):
+        assert refusal(WENDY, policy) is None
