@@ -132,7 +132,11 @@ WORDS = [
 SENTENCE = st.lists(st.sampled_from(WORDS), min_size=3, max_size=14).map(" ".join)
 HOSTILE_SENTENCE = st.tuples(SENTENCE, st.text(max_size=40), SENTENCE).map(" ".join)
 VALIDATION_LABELS = ["positive", "negative", "neutral", "mixed"]
-STUDY_PARAMS = {"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e", "STUDY_ID": "study-1", "SESSION_ID": "session-1"}
+STUDY_PARAMS = {
+    "PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e",
+    "STUDY_ID": "60aa11bb22cc33dd44ee55ff",
+    "SESSION_ID": "6123456789abcdef01234567",
+}
 
 
 @schema.hook("flatmap_body")
@@ -290,7 +294,14 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
     # A study link and one worker's session on it (the public route opens it again, resumes it).
     link = client.post(
         f"/api/v1/tasks/{TASK}/study-links",
-        json={"name": "seeded", "round_id": round_["id"], "role": "writer", "platform": "prolific", "quota": 2},
+        json={
+            "name": "seeded",
+            "round_id": round_["id"],
+            "role": "writer",
+            "platform": "prolific",
+            "quota": 2,
+            "max_workers": 100,
+        },
         headers=h["root"],
     )
     assert link.status_code == 201, link.text
