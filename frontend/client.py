@@ -438,6 +438,10 @@ class StudyLink(TypedDict):
     id_parameter: str | None
     completion_code: str | None
     screened_out_code: str | None
+    partial_code: str | None
+    partial_pay_minor: int | None
+    other_role_allowed: bool
+    when_out_of_work: str  # complete, partial, return
     opens_at: str | None
     closes_at: str | None
     closed_at: str | None
@@ -605,6 +609,10 @@ class Api(Protocol):
         closes_at: str | None = None,
         completion_code: str | None = None,
         screened_out_code: str | None = None,
+        partial_code: str | None = None,
+        partial_pay_minor: int | None = None,
+        other_role_allowed: bool = False,
+        when_out_of_work: str = "complete",
     ) -> StudyLink: ...
     def close_study_link(self, link_id: int) -> StudyLink: ...
     def study_link_sessions(self, link_id: int) -> list[LinkSession]: ...
@@ -1057,8 +1065,13 @@ class ApiClient:
         closes_at: str | None = None,
         completion_code: str | None = None,
         screened_out_code: str | None = None,
+        partial_code: str | None = None,
+        partial_pay_minor: int | None = None,
+        other_role_allowed: bool = False,
+        when_out_of_work: str = "complete",
     ) -> StudyLink:
-        """A study link for a round and a role (datetimes as ISO 8601 strings; None: the API's default)."""
+        """A study link for a round and a role (datetimes as ISO 8601 strings; None: the API's default).
+        A Prolific or MTurk link needs ``max_workers``."""
         body: JSON = {
             "name": name,
             "round_id": round_id,
@@ -1071,6 +1084,10 @@ class ApiClient:
             "closes_at": closes_at,
             "completion_code": completion_code,
             "screened_out_code": screened_out_code,
+            "partial_code": partial_code,
+            "partial_pay_minor": partial_pay_minor,
+            "other_role_allowed": other_role_allowed,
+            "when_out_of_work": when_out_of_work,
         }
         return self._json("POST", f"/tasks/{task}/study-links", json_body=body)
 

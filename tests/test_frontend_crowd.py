@@ -184,13 +184,13 @@ def test_without_a_study_session_the_page_is_as_before(dynasent: LiveApi) -> Non
     assert any("the database is busy" in t for t in texts(at.warning))
 
 
-def test_a_study_validator_sees_batches_towards_the_quota(dynasent: LiveApi) -> None:
+def test_a_study_validator_sees_labels_towards_the_quota(dynasent: LiveApi) -> None:
     dynasent.user("vera", "validator")
     client = _crowd_client(dynasent, "vera")
     client.study_sessions = [_session("validator", 1, quota=2)]
     at = signed_in_app(dynasent, "vera", page="pages/validator.py", client=client)
     assert not at.exception, at.exception
-    assert at.progress[0].text == "1 of 2 batches for this study"
+    assert at.progress[0].text == "1 of 2 labels for this study"
     assert 'href="/study/finish"' in html_of(at)
 
 
@@ -315,15 +315,45 @@ def test_creating_a_link_sends_the_form_and_a_generic_link_needs_its_id_paramete
             "closes_at": None,
             "completion_code": None,
             "screened_out_code": None,
+            "partial_code": None,
+            "partial_pay_minor": None,
+            "other_role_allowed": False,
+            "when_out_of_work": "complete",
         }
     ]
     assert any("Generic pilot" in t for t in texts(at.success))
+
+
+def test_a_paid_link_needs_its_most_workers_and_sends_its_partial_code(rita: CrowdClient) -> None:
+    at = crowd_page(rita)
+    at.text_input(key="researcher_crowd_name").set_value("Prolific pilot")
+    at.button(key="researcher_crowd_create").click().run()
+    assert any("set the most workers" in t for t in texts(at.warning))
+    assert not [c for c in rita.crowd_calls if c[0] == "create_study_link"]
+    at.number_input(key="researcher_crowd_max").set_value(30)
+    at.text_input(key="researcher_crowd_partial_code").set_value("PART1")
+    at.number_input(key="researcher_crowd_partial_pay").set_value(50)
+    at.selectbox(key="researcher_crowd_role").set_value("validator")
+    at.selectbox(key="researcher_crowd_out_of_work").set_value("partial")
+    at.checkbox(key="researcher_crowd_other_role").check()
+    at.button(key="researcher_crowd_create").click().run()
+    assert not at.exception, at.exception
+    (created,) = [c[1] for c in rita.crowd_calls if c[0] == "create_study_link"]
+    assert {k: created[k] for k in ("platform", "role", "max_workers", "partial_code", "partial_pay_minor")} == {
+        "platform": "prolific",
+        "role": "validator",
+        "max_workers": 30,
+        "partial_code": "PART1",
+        "partial_pay_minor": 50,
+    }
+    assert created["other_role_allowed"] is True and created["when_out_of_work"] == "partial"
 
 
 def test_an_api_refusal_of_a_link_is_shown(rita: CrowdClient) -> None:
     at = crowd_page(rita)
     rita.fail_next("create_study_link", ApiError(422, "invalid", "quota must be at most 100"))
     at.text_input(key="researcher_crowd_name").set_value("Too big")
+    at.number_input(key="researcher_crowd_max").set_value(10)
     at.button(key="researcher_crowd_create").click().run()
     assert any("quota must be at most 100" in t for t in texts(at.error))
 
@@ -352,9 +382,16 @@ def test_the_crowd_page_against_the_real_study_and_ledger_api(live: LiveApi) -> 
     rita = PageClient(live.url, live.tokens["rita"][1], timeout=30)
     live._page_clients.append(rita)
     link = rita.create_study_link(
-        TASK, name="R1 writers", round_id=round_["id"], role="writer", platform="prolific", quota=2
+        TASK, name="R1 writers", round_id=round_["id"], role="writer", platform="prolific", quota=2, max_workers=20
     )
-    opened = rita.start_study_session(link["slug"], {"PROLIFIC_PID": "5f1a2b3c", "STUDY_ID": "s1", "SESSION_ID": "x1"})
+    opened = rita.start_study_session(
+        link["slug"],
+        {
+            "PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d1e",
+            "STUDY_ID": "60aa11bb22cc33dd44ee55ff",
+            "SESSION_ID": "6123456789abcdef01234567",
+        },
+    )
     assert opened["preview"] is False
     at = crowd_page(rita)
     assert not at.exception and not at.error, texts(at.error)

@@ -24,6 +24,7 @@ from frontend.researcher import choose_task, money
 
 PLATFORMS = ["prolific", "mturk", "generic"]
 ROLES = ["writer", "validator"]
+OUT_OF_WORK = ["complete", "partial", "return"]  # StudyLink.when_out_of_work
 BONUS_PLATFORMS = ["prolific", "mturk"]
 STATUSES = ["started", "completed", "screened_out", "stopped", "abandoned"]
 BONUS_KEY = "researcher_crowd_bonus_files"  # {(task, platform): bytes}
@@ -66,14 +67,18 @@ def create_link_form(client: Api, task: Task, rounds: list[Round]) -> None:
             platform = cols[2].selectbox("Platform", PLATFORMS, key="researcher_crowd_platform")
             cols = st.columns(3)
             quota = cols[0].number_input(
-                "Quota (examples per writer, batches per validator)",
+                "Quota (examples per writer, labels per validator)",
                 min_value=1,
                 max_value=1000,
                 value=5,
                 key="researcher_crowd_quota",
             )
             max_workers = cols[1].number_input(
-                "Most workers (0: no cap)", min_value=0, max_value=100_000, value=0, key="researcher_crowd_max"
+                "Most workers (Prolific and MTurk: required; 0: no cap)",
+                min_value=0,
+                max_value=100_000,
+                value=0,
+                key="researcher_crowd_max",
             )
             id_parameter = cols[2].text_input(
                 "Id parameter (generic only)", max_chars=64, key="researcher_crowd_id_param", placeholder="worker_id"
@@ -88,6 +93,30 @@ def create_link_form(client: Api, task: Task, rounds: list[Round]) -> None:
             screened_code = codes[1].text_input(
                 "Screened-out code (optional)", max_chars=64, key="researcher_crowd_screened"
             )
+            partial = st.columns(3)
+            partial_code = partial[0].text_input(
+                "Partial code (optional: stopped workers get it; none: they return the study)",
+                max_chars=64,
+                key="researcher_crowd_partial_code",
+            )
+            partial_pay = partial[1].number_input(
+                "Partial pay (minor units, with a partial code; 0: none)",
+                min_value=0,
+                max_value=1_000_000,
+                value=0,
+                key="researcher_crowd_partial_pay",
+            )
+            out_of_work = partial[2].selectbox(
+                "Validators out of work",
+                OUT_OF_WORK,
+                key="researcher_crowd_out_of_work",
+                help="complete: the completion code once they labelled something; partial: the partial code; "
+                "return: they return the study.",
+            )
+            other_role = st.checkbox(
+                "Also take workers who came through a link of the other role",
+                key="researcher_crowd_other_role",
+            )
             submitted = st.form_submit_button("Create the study link", type="primary", key="researcher_crowd_create")
         if not submitted:
             return
@@ -96,6 +125,9 @@ def create_link_form(client: Api, task: Task, rounds: list[Round]) -> None:
             return
         if platform == "generic" and not id_parameter.strip():
             st.warning("A generic link needs the name of the parameter that carries the worker's id.")
+            return
+        if platform in ("prolific", "mturk") and not int(max_workers):
+            st.warning("A Prolific or MTurk link pays its workers: set the most workers it takes.")
             return
         try:
             link = client.create_study_link(
@@ -111,6 +143,10 @@ def create_link_form(client: Api, task: Task, rounds: list[Round]) -> None:
                 closes_at=_iso(closes if isinstance(closes, dt.date) else None),
                 completion_code=completion_code.strip() or None,
                 screened_out_code=screened_code.strip() or None,
+                partial_code=partial_code.strip() or None,
+                partial_pay_minor=int(partial_pay) or None,
+                other_role_allowed=bool(other_role),
+                when_out_of_work=str(out_of_work),
             )
         except ApiError as error:
             state.show_api_error(error)

@@ -223,7 +223,7 @@ def main() -> None:
         if session is not None and session.get("status") == "active":
             st.info(
                 "For your study: if there is still nothing after checking again, finish the study with "
-                "\"No more examples to label\" on the Finish page; what you labelled counts."
+                '"No more examples to label" on the Finish page; what you labelled counts.'
             )
         if st.button("Check again", key="validator_check_again"):
             st.session_state.pop(BATCH_KEY, None)
