@@ -301,6 +301,10 @@ def test_study_link_and_ledger_calls_hit_the_contracts_paths() -> None:
         "closes_at": None,
         "completion_code": None,
         "screened_out_code": None,
+        "partial_code": None,
+        "partial_pay_minor": None,
+        "other_role_allowed": False,
+        "when_out_of_work": "complete",
     }
     assert json.loads(seen[8].content) == {} and json.loads(seen[9].content) == {"round_id": 3}
 
