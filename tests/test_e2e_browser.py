@@ -675,11 +675,19 @@ def _study_link_steps(page: Page, demo: RunningDemo) -> None:
     address the browser goes to are checked, not the page it would load). Ends with the
     researcher signed in again."""
     api = _Api(demo.api_url)
-    body = {"name": "browser", "round_id": api.round_id, "role": "writer", "platform": "prolific", "quota": 1}
+    body = {
+        "name": "browser",
+        "round_id": api.round_id,
+        "role": "writer",
+        "platform": "prolific",
+        "quota": 1,
+        "max_workers": 10,
+    }
     link = api.post(f"/tasks/{DEMO_TASK}/study-links", "researcher", {**body, "completion_code": "BROWSER1"})
     completion = "https://app.prolific.com/submissions/complete?cc=BROWSER1"
     browser = page.driver
-    browser.get(f"{demo.ui_url}{link['path']}?PROLIFIC_PID=5f1a2b3c4d5e6f7a8b9c0d1e&STUDY_ID=60aa11&SESSION_ID=b1")
+    ids = "PROLIFIC_PID=5f1a2b3c4d5e6f7a8b9c0d1e&STUDY_ID=60aa11bb22cc33dd44ee55ff&SESSION_ID=6123456789abcdef01234567"
+    browser.get(f"{demo.ui_url}{link['path']}?{ids}")
     page.wait_text("Before you start: a short quiz")
     page.wait_text("0 of 1 examples for this study")
     target = _pass_the_quiz(page)
@@ -713,25 +721,35 @@ def _mturk_study_steps(page: Page, demo: RunningDemo) -> None:
     worker stops early and gets the form that posts back to MTurk's sandbox (not submitted: no
     internet here). Ends with the researcher signed in again."""
     api = _Api(demo.api_url)
-    body = {"name": "browser mturk", "round_id": api.round_id, "role": "writer", "platform": "mturk", "quota": 2}
+    body = {
+        "name": "browser mturk",
+        "round_id": api.round_id,
+        "role": "writer",
+        "platform": "mturk",
+        "quota": 2,
+        "max_workers": 10,
+    }
     link = api.post(f"/tasks/{DEMO_TASK}/study-links", "researcher", {**body, "completion_code": "TURK0001"})
     browser = page.driver
-    url = f"{demo.ui_url}{link['path']}?hitId=3HIT0001&assignmentId="
+    url = f"{demo.ui_url}{link['path']}?hitId=3HITHITHIT0001ABCDEFGHIJKLMNOP&assignmentId="
     browser.get(f"{url}ASSIGNMENT_ID_NOT_AVAILABLE")
     page.wait_text("Accept the HIT to start")
     assert not browser.find_elements(page.by.TAG_NAME, "form")
     page.screenshot("10b-mturk-preview")
-    browser.get(f"{url}3ASSIGN0001&workerId=A1B2C3D4E5F6G7&turkSubmitTo=https://workersandbox.mturk.com")
+    browser.get(
+        f"{url}3ASSIGN00000000000000000000001&workerId=A1B2C3D4E5F6G7&turkSubmitTo=https://workersandbox.mturk.com"
+    )
     page.wait_text("0 of 2 examples for this study")
     page.idle()
     browser.find_element(page.by.LINK_TEXT, "Finish and get your completion code").click()
     page.wait_text("You have not reached the quota yet")
-    page.click("Finish and get your completion code")
+    page.click("Stop now")
     page.wait_text("Submit the HIT to Mechanical Turk")
     form = browser.find_element(page.by.TAG_NAME, "form")
     assert form.get_attribute("action") == "https://workersandbox.mturk.com/mturk/externalSubmit"
     fields = {e.get_attribute("name"): e.get_attribute("value") for e in form.find_elements(page.by.TAG_NAME, "input")}
-    assert fields == {"assignmentId": "3ASSIGN0001", "completion_code": "TURK0001"}, fields
+    # A stop is not a completion: the form posts the status back, never the completion code.
+    assert fields == {"assignmentId": "3ASSIGN00000000000000000000001", "completion_code": "stopped"}, fields
     page.screenshot("10c-mturk-submit")
     browser.get(demo.ui_url)
     page.wait_text("Signed in as mturk-")
