@@ -555,8 +555,18 @@ def test_the_cli_creates_lists_and_closes_links(
     bad = run("create", "--task", TASK, "--name", "x", "--round", "1", "--role", "writer", "--platform", "generic",
               "--quota", "1")  # fmt: skip
     assert bad.exit_code == 1 and "id_parameter" in bad.output
+    bad = run("create", "--task", TASK, "--name", "x", "--round", "1", "--role", "writer", "--platform", "prolific",
+              "--quota", "1")  # fmt: skip
+    assert bad.exit_code == 1 and "max_workers" in bad.output
     assert run("close", "987654").exit_code == 1
     assert table_counts(app) == before
+    paid = run("create", "--task", TASK, "--name", "paid", "--round", "1", "--role", "validator", "--platform",
+               "prolific", "--quota", "20", "--max-workers", "40", "--partial-code", "PART9", "--partial-pay-minor",
+               "30", "--when-out-of-work", "partial", "--other-role-allowed")  # fmt: skip
+    assert paid.exit_code == 0, paid.output
+    made = client.get(f"{API}/tasks/{TASK}/study-links", headers=researcher.headers).json()["data"][-1]
+    assert (made["max_workers"], made["partial_code"], made["partial_pay_minor"]) == (40, "PART9", 30)
+    assert made["when_out_of_work"] == "partial" and made["other_role_allowed"] is True
 
 
 def test_opening_links_is_limited_per_address_and_a_refusal_writes_nothing(

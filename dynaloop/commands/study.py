@@ -35,11 +35,25 @@ def link_create(
     round_number: Annotated[int, typer.Option("--round", help="Round number")],
     role: Annotated[str, typer.Option(help="writer or validator")],
     platform: Annotated[str, typer.Option(help="prolific, mturk or generic")],
-    quota: Annotated[int, typer.Option(help="Examples per writer, or validation batches per validator")],
-    max_workers: Annotated[int | None, typer.Option(help="Most sessions the link starts")] = None,
+    quota: Annotated[int, typer.Option(help="Examples per writer, or labels per validator")],
+    max_workers: Annotated[
+        int | None, typer.Option(help="Most sessions the link starts (required for prolific and mturk)")
+    ] = None,
     id_parameter: Annotated[str | None, typer.Option(help="generic: the query parameter with the worker id")] = None,
     completion_code: Annotated[str | None, typer.Option(help="Default: 8 random letters and digits")] = None,
     screened_out_code: Annotated[str | None, typer.Option(help="The platform's code for screened-out workers")] = None,
+    partial_code: Annotated[
+        str | None, typer.Option(help="The platform's code for stopped workers (none: they return the study)")
+    ] = None,
+    partial_pay_minor: Annotated[
+        int | None, typer.Option(help="Pay of a stopped session with the partial code (minor units)")
+    ] = None,
+    other_role_allowed: Annotated[
+        bool, typer.Option(help="Take workers who came through a link of the other role")
+    ] = False,
+    when_out_of_work: Annotated[
+        str, typer.Option(help="Validators whose round has no more work: complete, partial or return")
+    ] = "complete",
     web_url: WebUrlOpt = DEFAULT_WEB_URL,
     database_url: DatabaseOpt = None,
 ) -> None:
@@ -68,6 +82,10 @@ def link_create(
             id_parameter=id_parameter,
             completion_code=completion_code,
             screened_out_code=screened_out_code,
+            partial_code=partial_code,
+            partial_pay_minor=partial_pay_minor,
+            other_role_allowed=other_role_allowed,
+            when_out_of_work=when_out_of_work,
         )
         url = link_url(web_url, link)
         console.print(f"study link {link.id} created; completion code {link.completion_code}")
