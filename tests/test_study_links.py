@@ -989,3 +989,26 @@ def test_a_validator_out_of_work_completes_as_the_link_says(
         headers=bearer(started["token"]),
     )
     assert response.status_code == 422
+
+
+def test_concurrent_first_opens_from_one_address_never_pass_its_cap(
+    app: Any, app_server: Any, settings: Any, researcher: Actor, stub_model: Any
+) -> None:
+    """Twelve made-up ids at the same moment from one address, over two links of one round (so
+    the link's row lock alone would not serialise them): exactly the per-address cap of them
+    make accounts."""
+    cap = settings.study_new_workers_per_address_per_hour
+    with httpx.Client(base_url=app_server.url, timeout=60) as http:
+        round_ = open_round(http, researcher, example_yaml(TASK, onboarding_quiz=None), None, PROMPTS)
+        links = [make_link(http, researcher, round_["id"], name=f"link {i}", max_workers=100) for i in range(2)]
+
+        def first_open(i: int) -> httpx.Response:
+            params = {**PROLIFIC, "PROLIFIC_PID": prolific_id(i), "SESSION_ID": prolific_id(i)}
+            return open_link(http, links[i % 2], params)
+
+        responses = fire(12, first_open)
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [201] * cap + [429] * (12 - cap), [r.text for r in responses]
+    with session_scope(app.state.sessionmaker) as session:
+        assert len(list(session.scalars(select(PlatformAccount)))) == cap
+        assert len(list(session.scalars(select(StudySession)))) == cap

@@ -24,7 +24,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -397,9 +397,13 @@ def address_hash(secret_key: str, address: str) -> str:
 
 def _check_new_worker_caps(session: Session, link: StudyLink, address: str | None, caps: NewWorkerCaps) -> None:
     """Refuse (429, nothing written) a new worker account beyond the link's or the address's
-    hourly cap. Counted in the database, so that every API process agrees; on PostgreSQL the
-    link's row lock makes first opens of one link count one after another."""
+    hourly cap. Counted in the database, so that every API process agrees. On PostgreSQL the
+    link's row lock, and a transaction-scoped advisory lock on the address's hash, make first
+    opens of one link, or from one address on any links, count one after another (SQLite's
+    BEGIN IMMEDIATE already serialises them)."""
     session.scalar(select(StudyLink.id).where(StudyLink.id == link.id).with_for_update())
+    if address is not None and session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _advisory_key(address)})
     since = utcnow() - NEW_WORKER_WINDOW
     recent = select(func.count(PlatformAccount.id)).where(PlatformAccount.created_at >= since)
     on_link = session.scalar(recent.where(PlatformAccount.link_id == link.id)) or 0
@@ -417,6 +421,11 @@ def _check_new_worker_caps(session: Session, link: StudyLink, address: str | Non
                 "or ask the researcher",
                 retry_after_s=int(NEW_WORKER_WINDOW.total_seconds()),
             )
+
+
+def _advisory_key(address_hash: str) -> int:
+    """A signed 64-bit key for PostgreSQL's advisory locks, from an address's hash."""
+    return int.from_bytes(bytes.fromhex(address_hash[:16]), "big", signed=True)
 
 
 def worker_for(
