@@ -52,7 +52,8 @@ DEMO_USERS = [
 ]
 DEMO_OWNER = "researcher"  # the demo task's owner
 # The demo's study links (generic platform, the worker's id in `?worker=`): (name, role, quota).
-DEMO_STUDY_LINKS = [("demo writers", StudyRole.writer, 3), ("demo validators", StudyRole.validator, 1)]
+# (name, role, quota): examples per writer, labels per validator.
+DEMO_STUDY_LINKS = [("demo writers", StudyRole.writer, 3), ("demo validators", StudyRole.validator, 5)]
 DEMO_ID_PARAMETER = "worker"
 
 
@@ -195,6 +196,8 @@ def demo_study_links(session: Session, task: Task, round_: Round) -> list[StudyL
                 platform=Platform.generic,
                 quota=quota,
                 id_parameter=DEMO_ID_PARAMETER,
+                # The demo prints both links with the same example id: one worker may try both.
+                other_role_allowed=True,
             )
         links.append(link)
     return links
