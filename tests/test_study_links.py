@@ -11,6 +11,7 @@ completion each platform takes back."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from services.db.engine import session_scope
-from services.db.models import ApiToken, LedgerEntry, PlatformAccount, StudySession, User
+from services.db.models import ApiToken, LedgerEntry, PlatformAccount, StudySession, StudySessionStatus, User
 from services.domain import study
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts, table_snapshot
 from tests.test_concurrency import fire
@@ -1012,3 +1013,101 @@ def test_concurrent_first_opens_from_one_address_never_pass_its_cap(
     with session_scope(app.state.sessionmaker) as session:
         assert len(list(session.scalars(select(PlatformAccount)))) == cap
         assert len(list(session.scalars(select(StudySession)))) == cap
+
+
+WEB_APP_KEY = "web-app-key-for-the-paid-round-0123"
+
+
+@pytest.fixture
+def named_address_server(settings: Any, stub_model: Any, reset_stubs: Any) -> Iterator[tuple[Any, str]]:
+    """The API over real HTTP, trusting the web app's key, so that each request can name the
+    client address it counts against (X-Dynaloop-Client-Address)."""
+    from api.app import create_app
+    from tests.conftest import free_port
+    from tests.stub_model_server import ThreadedServer
+
+    paid_app = create_app(settings.model_copy(update={"web_app_key": WEB_APP_KEY}))
+    server = ThreadedServer(paid_app, free_port()).start()
+    try:
+        yield paid_app, server.url
+    finally:
+        server.stop()
+        paid_app.state.engine.dispose()
+
+
+def test_a_simulated_paid_round_pays_each_genuine_session_once(
+    named_address_server: tuple[Any, str], researcher: Actor, stub_model: Any
+) -> None:
+    """Issue 26's paid round, the identity part: 20 genuine workers (10 writers, 10 validators,
+    each from their own address) and 50 made-up Prolific ids from one address, all over real
+    HTTP. The made-up ids make at most the per-address cap of accounts; the ledger pays each
+    genuine completed session once, and nothing to the made-up ones."""
+    paid_app, url = named_address_server
+    cap = paid_app.state.settings.study_new_workers_per_address_per_hour
+    pay = {"currency": "GBP", "base_pay": {"writer": 150, "validator": 100}}
+    from tests.conftest import register_model_server
+
+    server = register_model_server(paid_app, stub_model.url)
+    with httpx.Client(base_url=url, timeout=60) as http:
+
+        def from_address(address: str) -> dict[str, str]:
+            return {"X-Dynaloop-Client-Address": address, "X-Dynaloop-Web-App-Key": WEB_APP_KEY}
+
+        def arrive(link: dict[str, Any], n: int, address: str) -> httpx.Response:
+            params = {**PROLIFIC, "PROLIFIC_PID": prolific_id(n), "SESSION_ID": prolific_id(10_000 + n)}
+            response: httpx.Response = http.post(
+                f"{API}/study/{link['slug']}/sessions", json={"params": params}, headers=from_address(address)
+            )
+            return response
+
+        round_ = open_round(
+            http,
+            researcher,
+            example_yaml(TASK, onboarding_quiz=None, pay=pay, validation_batch_size=2),
+            server,
+            PROMPTS,
+        )
+        writers = make_link(http, researcher, round_["id"], name="writers", quota=1, max_workers=20)
+        validators = make_link(http, researcher, round_["id"], name="validators", role="validator", quota=2)
+        writer_tokens = []
+        for n in range(10):
+            started = arrive(writers, n, f"198.51.100.{n}")
+            assert started.status_code == 201, started.text
+            token = started.json()["token"]
+            _write_example(http, bearer(token), round_["id"], f"Genuine writer {n} found the soup cold and bland.")
+            writer_tokens.append(token)
+        # A genuine writer cannot come back as a validator of the round.
+        assert arrive(validators, 0, "198.51.100.0").status_code == 409
+        for n in range(100, 110):
+            started = arrive(validators, n, f"192.0.2.{n}")
+            assert started.status_code == 201, started.text
+            headers = bearer(started.json()["token"])
+            batch = http.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=headers).json()["data"]
+            for example in batch[:2]:
+                response = http.post(
+                    f"{API}/examples/{example['example_id']}/validations", json={"label": "negative"}, headers=headers
+                )
+                assert response.status_code == 201, response.text
+        # 50 made-up ids from one address.
+        made_up = [arrive(validators, 1000 + n, "203.0.113.66").status_code for n in range(50)]
+        assert made_up == [201] * cap + [429] * (50 - cap)
+        for token in writer_tokens:
+            (row,) = http.get(f"{API}/me/study-sessions", headers=bearer(token)).json()["data"]
+            assert row["status"] == "completed"
+        sessions = http.get(f"{API}/study-links/{validators['id']}/sessions", headers=researcher.headers).json()
+        statuses = [row["status"] for row in sessions["data"]]
+        assert statuses.count("completed") == 10 and statuses.count("active") == cap
+        for _ in range(2):
+            response = http.post(f"{API}/tasks/{TASK}/ledger/compute", json={}, headers=researcher.headers)
+            assert response.status_code == 200, response.text
+    with session_scope(paid_app.state.sessionmaker) as session:
+        accounts = list(session.scalars(select(PlatformAccount)))
+        assert len(accounts) == 20 + cap
+        rows = [(e.kind.value, e.session_id, e.amount_minor) for e in session.scalars(select(LedgerEntry))]
+        base = [row for row in rows if row[0] == "base_pay"]
+        assert len(base) == len({row[1] for row in base}) == 20
+        assert sorted(amount for _, _, amount in base) == [100] * 10 + [150] * 10
+        completed = set(
+            session.scalars(select(StudySession.id).where(StudySession.status == StudySessionStatus.completed))
+        )
+        assert {row[1] for row in base} == completed

@@ -219,6 +219,10 @@ def _round_candidates(
     session: Session, task: Task, definition: TaskDefinition, policy: PayPolicy, round_: Round
 ) -> Iterable[_Candidate]:
     sessions = _sessions_of_round(session, round_)
+    # Recount active sessions first: one that met its quota is completed (and paid) even if its
+    # worker never came back to finish it (services/domain/study.py refresh).
+    for study_session, _ in sessions:
+        study.refresh(session, study_session)
     # Base pay: completed sessions. A stopped session is paid only the link's partial pay, where
     # it earned the link's partial code (services/domain/study.py partial_pay_of); never base pay.
     for study_session, link in sessions:

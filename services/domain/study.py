@@ -296,7 +296,12 @@ def query_template(link: StudyLink) -> str:
 
 
 def link_sessions(session: Session, link: StudyLink) -> list[StudySession]:
-    return list(session.scalars(select(StudySession).where(StudySession.link_id == link.id).order_by(StudySession.id)))
+    """The link's sessions, oldest first, their work recounted (:func:`refresh`): the researcher
+    sees a session that met its quota as completed even if its worker has not come back."""
+    rows = list(session.scalars(select(StudySession).where(StudySession.link_id == link.id).order_by(StudySession.id)))
+    for study in rows:
+        refresh(session, study)
+    return rows
 
 
 # --- a worker arrives --------------------------------------------------------------------------
