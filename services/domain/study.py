@@ -80,9 +80,10 @@ PLATFORM_PARAMS: dict[Platform, tuple[str, str, str]] = {
 }
 # What each platform's ids look like. Prolific's participant, study and session ids are
 # 24-character lowercase hexadecimal ids (MongoDB ObjectIds). MTurk's API reference gives its
-# ids as upper-case letters and digits; worker ids start with "A" (12 to 14 characters in
-# practice, up to 30 accepted), HIT and assignment ids are 30 characters. A value of another
-# shape did not come from the platform: 422, nothing written.
+# ids as capital letters and digits (at most 64); in practice worker ids start with "A" and
+# have 12 to 14 characters (up to 30 accepted here), and HIT and assignment ids have exactly
+# 30. A value of another shape did not come from the platform: 422, nothing written. (Should
+# MTurk ever issue ids of another length, MTURK_HIT_OR_ASSIGNMENT_RE is the one place to widen.)
 PROLIFIC_ID_RE = re.compile(r"^[0-9a-f]{24}$")
 MTURK_WORKER_RE = re.compile(r"^A[A-Z0-9]{9,29}$")
 MTURK_HIT_OR_ASSIGNMENT_RE = re.compile(r"^[A-Z0-9]{30}$")
