@@ -124,3 +124,94 @@ def test_0005_makes_each_tasks_creator_its_owner(backend: str, tmp_path: Path) -
         assert "task_members" not in inspect(engine).get_table_names()
         with engine.connect() as connection:
             assert connection.execute(text("SELECT COUNT(*) FROM tasks")).scalar_one() == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_0015_marks_link_made_workers_and_fills_in_each_sessions_round_and_role(backend: str, tmp_path: Path) -> None:
+    """A database at 0014 with an admin-made writer, a worker a study link made, and that worker
+    holding two writer sessions of one round through two links (the double completion of issue
+    26): after the upgrade the link's worker is link-made and the admin's is not; the older
+    session takes its round and role, the later one keeps NULL (so the unique index could be
+    built); the downgrade drops the columns and keeps the rows."""
+    with ExitStack() as stack:
+        if backend == "sqlite":
+            url = f"sqlite:///{tmp_path / 'at-0014.db'}"
+        else:
+            url = stack.enter_context(fresh_postgres_database())
+        upgrade(url, "0014")
+        engine = create_engine(url)
+        stack.callback(engine.dispose)
+        tables = MetaData()
+        tables.reflect(engine, only=["users", "tasks", "rounds", "study_links", "platform_accounts", "study_sessions"])
+        t = tables.tables
+        now = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.UTC)
+        with engine.begin() as connection:
+
+            def insert(table: str, **values: object) -> int:
+                return int(connection.execute(t[table].insert().values(**values)).inserted_primary_key[0])
+
+            admin_made = insert("users", username="walt", roles=["writer"], is_active=True, created_at=now)
+            worker = insert("users", username="prolific-abc", roles=["writer"], is_active=True, created_at=now)
+            insert("platform_accounts", platform="prolific", id_hash="h" * 64, user_id=worker, created_at=now)
+            task = insert(
+                "tasks",
+                name="dynasent-r2",
+                title="t",
+                family="single_label",
+                definition={},
+                definition_yaml="",
+                created_at=now,
+            )
+            round_ = insert(
+                "rounds",
+                task_id=task,
+                number=1,
+                status="collecting",
+                model_servers=[],
+                prompt_strategy="unused_first",
+                no_prompt_fraction=0.0,
+                target_label_mode="balanced",
+                created_at=now,
+            )
+            links = [
+                insert(
+                    "study_links",
+                    slug=f"slug-{i}",
+                    name=f"writers {i}",
+                    task_id=task,
+                    round_id=round_,
+                    role="writer",
+                    platform="prolific",
+                    quota=1,
+                    completion_code=f"CODE{i}",
+                    created_at=now,
+                )
+                for i in range(2)
+            ]
+            sessions = [
+                insert(
+                    "study_sessions",
+                    link_id=link,
+                    user_id=worker,
+                    status="completed",
+                    units_done=1,
+                    started_at=now,
+                    last_seen_at=now,
+                )
+                for link in links
+            ]
+        upgrade(url)
+        with engine.connect() as connection:
+            made = dict(connection.execute(text("SELECT id, made_by_link FROM users")).all())
+            rows = connection.execute(text("SELECT id, round_id, role, token_id FROM study_sessions ORDER BY id")).all()
+            link_row = connection.execute(
+                text("SELECT other_role_allowed, when_out_of_work, partial_code FROM study_links ORDER BY id")
+            ).first()
+        assert bool(made[worker]) is True and bool(made[admin_made]) is False
+        assert [tuple(row) for row in rows] == [(sessions[0], round_, "writer", None), (sessions[1], None, None, None)]
+        assert link_row is not None and (bool(link_row[0]), link_row[1], link_row[2]) == (False, "complete", None)
+        downgrade(url, "0014")
+        columns = {c["name"] for c in inspect(engine).get_columns("study_sessions")}
+        assert "round_id" not in columns and "token_id" not in columns
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT COUNT(*) FROM study_sessions")).scalar_one() == 2
