@@ -289,7 +289,8 @@ class TaskPolicy:
     @staticmethod
     def read(task: Task | None = None) -> Policy:
         """See a task's definition and rounds (quiz answers only where :meth:`manage` allows):
-        writers, validators, clients and admins every task, researchers the tasks they are on."""
+        writers, validators, clients and admins every task, researchers the tasks they are on,
+        link-made workers the tasks of their study sessions."""
         return Policy(rule=None if task is None else _reads_task(task, _task_hidden(task)))
 
     @staticmethod
