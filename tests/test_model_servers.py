@@ -187,6 +187,8 @@ def test_a_researchers_promote_job_never_sends_the_admin_token_to_a_server_of_th
 
         # The registered server is the one place the token goes (it answers 404: not a model server).
         _register(client, admin, "model-0", registered.url)
+        granted = client.put(f"{API}/model-servers/model-0/tasks/dynasent-r2", headers=admin.headers)
+        assert granted.status_code == 200, granted.text
         response = client.post(
             f"{API}/tasks/dynasent-r2/jobs",
             json={"kind": "promote", "params": {"model_id": model_id, "server": "model-0"}},
