@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,9 +378,10 @@ def example_yaml(name: str, **overrides: Any) -> str:
     return yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
 
 
-def register_model_server(app: Any, url: str, *, admin_token: str | None = None) -> str:
-    """Register ``url`` as a model server, as an admin would (``POST /model-servers``), and
-    return its name; a URL registered already keeps its name."""
+def register_model_server(app: Any, url: str, *, admin_token: str | None = None, tasks: Sequence[str] = ()) -> str:
+    """Register ``url`` as a model server, as an admin would (``POST /model-servers``), grant it
+    to ``tasks`` (``PUT /model-servers/{name}/tasks/{task}``), and return its name; a URL
+    registered already keeps its name."""
     from services.domain import model_servers
 
     with session_scope(app.state.sessionmaker) as session:
@@ -392,7 +393,10 @@ def register_model_server(app: Any, url: str, *, admin_token: str | None = None)
         elif admin_token is not None:
             model_servers.update(session, None, found, admin_token=admin_token)
         _REGISTERED_IN[found.name] = app
-        return found.name
+        name = found.name
+    for task in tasks:
+        grant_model_server(app, name, task)
+    return name
 
 
 #: The app each server name was last registered in, so that :func:`open_round` can grant it to

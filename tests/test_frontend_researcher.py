@@ -464,7 +464,7 @@ def run_until_idle(at: AppTest, runs: int = 6) -> AppTest:
 
 def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
     round_ = labelled_round(live, status="closed")
-    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token")
+    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token", tasks=[TASK])
     at = ok(page(rita, "researcher_models"))
     assert said(at, "caption", "Build a round first")
     at = ok(at.button(key="researcher_models_build").click().run())
@@ -593,7 +593,7 @@ def test_models_page_promotes_to_the_replicas_that_follow_the_task(
 
 def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
     labelled_round(live, status="built")
-    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token")
+    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token", tasks=[TASK])
     at = ok(page(rita, "researcher_models"))
     at = ok(at.button(key="researcher_train_submit").click().run())
     failed = followed_job(at)
