@@ -233,7 +233,7 @@ def test_api_cmd_is_uvicorn_without_its_proxy_headers_and_with_real_options() ->
     # Every option exists in the installed uvicorn's command line.
     importlib.import_module("uvicorn.main")
     uvicorn_cli = sys.modules["uvicorn.main"].main
-    known = {opt for param in uvicorn_cli.params for opt in param.opts}
+    known = {opt for param in uvicorn_cli.params for opt in [*param.opts, *param.secondary_opts]}
     assert {part for part in cmd[1:] if part.startswith("--")} <= known
     # The factory target exists and is what `dynaloop api` serves.
     module, _, attribute = cmd[cmd.index("--factory") + 1].partition(":")
