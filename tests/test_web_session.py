@@ -357,9 +357,8 @@ def test_behind_the_https_proxy_one_browsers_guesses_lock_that_browser_only(sett
     server = ThreadedServer(api, free_port()).start()
     try:
         app = _web_app(server.url, web_app_key=key, trusted_proxies="10.0.0.2")
-        proxy = {"base_url": ORIGIN, "follow_redirects": False, "client": ("10.0.0.2", 50000)}
         with (
-            TestClient(app, **proxy) as via_proxy,
+            TestClient(app, base_url=ORIGIN, follow_redirects=False, client=("10.0.0.2", 50000)) as via_proxy,
             TestClient(app, base_url=ORIGIN, follow_redirects=False, client=("192.0.2.50", 50000)) as direct,
         ):
             browser_a, browser_b = {"X-Forwarded-For": "203.0.113.7"}, {"X-Forwarded-For": "198.51.100.2"}

@@ -58,7 +58,10 @@ def upgrade() -> None:
 
     # Grant each registered server to the tasks whose rounds already have it in their loop.
     connection = op.get_bind()
-    servers = dict(connection.execute(sa.text("SELECT name, id FROM model_servers")).all())
+    servers: dict[str, int] = {
+        str(name): int(server_id)
+        for name, server_id in connection.execute(sa.text("SELECT name, id FROM model_servers")).all()
+    }
     pairs: set[tuple[int, int]] = set()
     for task_id, names in connection.execute(sa.text("SELECT task_id, model_servers FROM rounds")).all():
         if isinstance(names, str):  # SQLite returns the JSON column's text
