@@ -621,10 +621,10 @@ def promote(
         return promote_to_replicas(factory, task_name, reference, force=force, actor_id=actor_id, timeout_s=timeout_s)
     with factory.begin() as session:
         task = get_task(session, task_name)
+        plan = _plan(session, task, reference, server, admin_token, force)
         # Checked again when the job runs: a grant revoked since it was submitted stops it.
         actor = session.get(User, actor_id) if actor_id is not None else None
-        require_granted(session, actor, task, [server], field="server", swap=True)
-        plan = _plan(session, task, reference, server, admin_token, force)
+        require_granted(session, actor, task, [plan.server], field="server", swap=True)
     endpoint = plan.endpoint
     own_http = http is None
     client = http or httpx.Client()
