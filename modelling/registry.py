@@ -65,7 +65,7 @@ from services.db.models import (
     utcnow,
 )
 from services.domain import audit
-from services.domain.model_servers import get_server, grant, require_granted
+from services.domain.model_servers import get_server, grant_loop, require_granted
 from services.domain.tasks import definition_of, get_task
 from services.errors import Conflict, DomainError, Invalid, NotFound
 from services.taskdef import TaskDefinition, TaskFamily
@@ -560,7 +560,7 @@ def _record(session: Session, plan: _Choice, actor: User | None, update_open_rou
             # reach here with a server not granted yet: require_granted stops researchers).
             task = session.get(Task, plan.task_id)
             if task is not None:
-                grant(session, actor, get_server(session, plan.server), task)
+                grant_loop(session, actor, task, [plan.server])
     audit.record(
         session,
         actor,

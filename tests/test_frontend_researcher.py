@@ -268,7 +268,7 @@ def test_rounds_page_shows_invalid_yaml_errors(rita: PageClient) -> None:
 
 
 def test_rounds_page_opens_moves_and_sets_the_model(live: LiveApi, rita: PageClient) -> None:
-    servers = [live.model_server("http://127.0.0.1:8001"), live.model_server("http://127.0.0.1:8002")]
+    servers = [live.model_server(f"http://127.0.0.1:{port}", tasks=[TASK]) for port in (8001, 8002)]
     at = ok(page(rita, "researcher_rounds"))
     assert said(at, "info", "no round yet")
     # The researcher picks among the servers an admin registered; no URL can be typed in.
@@ -305,7 +305,7 @@ def test_rounds_page_sets_the_model_in_the_loop_and_shows_the_registry(live: Liv
     round_ = live.round(TASK, ["a prompt"])  # model server: the stub model, registered
     [name] = round_["model_servers"]
     endpoint = {s["name"]: s["url"] for s in live.admin.model_servers()}[name]
-    others = [live.model_server("http://127.0.0.1:9001"), live.model_server("http://127.0.0.1:9002")]
+    others = [live.model_server(f"http://127.0.0.1:{port}", tasks=[TASK]) for port in (9001, 9002)]
     registered_model(live, "dynasent-r2-for-round-2", "3f9a", macro_f1={"round 1 test": 0.71}, promoted_to=endpoint)
     at = ok(page(rita, "researcher_rounds"))
     assert f"{name} ({endpoint})" in [c.value for c in at.code]

@@ -778,3 +778,27 @@ def test_the_grant_and_revoke_commands(tmp_path: Path) -> None:
     assert result.exit_code == 0 and "revoked" in result.output, result.output
     again = run("model", "servers", "revoke", "model-0", "dynasent-r2")
     assert again.exit_code == 1 and "is not granted to task 'dynasent-r2'" in again.output, again.output
+
+
+def test_an_admin_who_puts_a_server_in_a_tasks_loop_grants_it(
+    client: TestClient, app: FastAPI, admin: Actor, two_groups: dict[str, Any]
+) -> None:
+    """A server in a task's loop scores that task's attempts, so it belongs to the task: when an
+    admin puts group A's server in group B's round, the server is granted to B (audited) and is
+    from then on shared, so group A's researcher may no longer swap it."""
+    response = client.put(
+        f"{API}/rounds/{two_groups['round_b']['id']}/model", json={"model_servers": ["model-0"]}, headers=admin.headers
+    )
+    assert response.status_code == 200, response.text
+    grants = client.get(f"{API}/model-servers/model-0/tasks", headers=admin.headers).json()
+    assert [(g["task"], g["shared"]) for g in grants["data"]] == [("dynasent-r2", True), (GROUP_B_TASK, True)]
+    with unchanged(app):
+        _error(
+            client.post(
+                f"{API}/tasks/dynasent-r2/jobs",
+                json={"kind": "promote", "params": {"model_id": two_groups["model_a"], "server": "model-0"}},
+                headers=two_groups["alice"].headers,
+            ),
+            403,
+            "is shared with other tasks",
+        )

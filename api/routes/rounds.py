@@ -73,6 +73,7 @@ def create_round(
         target_label_mode=body.target_label_mode,
         notes=body.notes,
     )
+    model_servers.grant_loop(session, researcher, task, list(round_.model_servers or []))
     return _public(researcher, round_)
 
 
@@ -108,7 +109,9 @@ def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDe
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
     model_servers.require_granted(session, researcher, round_.task, body.model_servers)
-    return _public(researcher, rounds.set_model_servers(session, researcher, round_, body.model_servers))
+    round_ = rounds.set_model_servers(session, researcher, round_, body.model_servers)
+    model_servers.grant_loop(session, researcher, round_.task, list(round_.model_servers or []))
+    return _public(researcher, round_)
 
 
 @router.post("/rounds/{round_id}/prompts", response_model=PromptImportPublic, openapi_extra=_PROMPT_BODY)

@@ -407,3 +407,16 @@ def require_granted(
                 shared=sorted(shared),
             )
     return names
+
+
+def grant_loop(session: Session, actor: User | None, task: Task, names: list[str]) -> None:
+    """Grant ``task`` each server of ``names`` that is now in one of its rounds' loops and not
+    granted to it yet: a server that scores a task's attempts belongs to it (and, granted to
+    another task too, becomes shared). Researchers only reach here with servers already
+    granted (:func:`require_granted`); an admin's or the shell's choice is recorded this way."""
+    granted = set(granted_names(session, task))
+    for name in names:
+        if name not in granted:
+            server = find_server(session, name)
+            if server is not None:
+                grant(session, actor, server, task)
