@@ -108,6 +108,7 @@ def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDe
     admin: PUT /model-servers/{name}/tasks/{task}) is refused (403), and nothing changes."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
+    rounds.ensure_model_can_change(round_)
     model_servers.require_granted(session, researcher, round_.task, body.model_servers)
     round_ = rounds.set_model_servers(session, researcher, round_, body.model_servers)
     model_servers.grant_loop(session, researcher, round_.task, list(round_.model_servers or []))
