@@ -7,8 +7,9 @@ shares the counters (docs/deploy.md); the login throttle keeps its counters in t
 A request over a limit gets 429 ``rate_limited`` with ``Retry-After``; nothing is written. The
 token's budget is keyed by the id of the token that authenticated the request (however its
 ``Authorization`` header was spelled), never by the token itself. The client address is the
-socket peer; behind nginx run uvicorn with ``--proxy-headers`` and ``--forwarded-allow-ips`` so
-that it is the worker's address, not the balancer's.
+socket peer, or, when the peer is one of ``DYNALOOP_TRUSTED_PROXIES`` (nginx), the address the
+proxy forwarded (services/forwarded.py); run uvicorn without its own proxy-header handling
+(``--no-proxy-headers``), so that the socket peer reaches this check unchanged.
 
 The web app calls the API from its own server for every browser, so without more every web-app
 user would share one address: one person's hundred wrong passwords would lock every web login,
@@ -37,6 +38,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentToken
 from api.state import app_state
+from services import forwarded
 from services.errors import RateLimited
 from services.settings import Settings
 
@@ -54,13 +56,17 @@ WEB_APP_KEY_HEADER = "X-Dynaloop-Web-App-Key"
 
 
 def client_address(request: Request) -> str:
-    """The address a request counts against: the socket peer, or the browser's address that the
-    web app names in ``X-Dynaloop-Client-Address`` when the request carries the web app's key."""
-    peer = request.client.host if request.client else "unknown"
+    """The address a request counts against: the browser's address that the web app names in
+    ``X-Dynaloop-Client-Address`` when the request carries the web app's key; else the client's
+    address, read from the forwarded headers when the socket peer is a trusted proxy
+    (``DYNALOOP_TRUSTED_PROXIES``, services/forwarded.py), else the socket peer itself."""
+    settings = app_state(request).settings
+    socket_peer = request.client.host if request.client else None
+    peer = forwarded.client_address(socket_peer, request.headers.items(), settings.trusted_proxy_networks) or "unknown"
     named = request.headers.get(CLIENT_ADDRESS_HEADER)
     if named is None:
         return peer
-    expected = app_state(request).settings.web_app_key
+    expected = settings.web_app_key
     given = request.headers.get(WEB_APP_KEY_HEADER, "")
     if expected is None or not hmac.compare_digest(given.encode(), expected.encode()):
         if given:

@@ -152,6 +152,8 @@ def main() -> int:
         DYNALOOP_RATE_LIMIT_STORAGE=f"redis://127.0.0.1:{REDIS}/0",
         DYNALOOP_DATA_DIR=str(stack.data),
         DYNALOOP_RATE_LIMIT_PER_IP="30/minute",
+        # Everything runs on loopback here: 127.0.0.1 (nginx) stands for the stack's subnet.
+        DYNALOOP_TRUSTED_PROXIES="127.0.0.1",
     )
     env = {**base_env, **backend}
     if args.pythonpath:
@@ -344,7 +346,7 @@ def main() -> int:
             headers=auth("writer", **{"X-Forwarded-For": "203.0.113.7"}),
         )
         stack.check(
-            "uvicorn --proxy-headers: a replica counts the address in X-Forwarded-For",
+            "DYNALOOP_TRUSTED_PROXIES: a replica counts the address a trusted proxy puts in X-Forwarded-For",
             "ip:203.0.113.7/" in redis_cli("--scan", "--pattern", "*ip:*"),
         )
         redis_cli("FLUSHALL")

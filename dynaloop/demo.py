@@ -150,6 +150,9 @@ def set_up_demo(settings: Settings, model_endpoints: list[str], admin_token: str
                 )
             )
             servers = register_demo_servers(session, model_endpoints, admin_token) if model_endpoints else []
+            # The demo's servers belong to its task: its researcher may promote to them.
+            for name in servers:
+                model_servers.grant(session, None, model_servers.get_server(session, name), task)
             if round_ is None:
                 round_ = rounds.create_round(session, None, task, model_servers=servers)
             elif servers:

@@ -20,12 +20,18 @@ import streamlit as st  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 from streamlit import config  # noqa: E402
 
-from frontend import web  # noqa: E402
+from frontend import forwarded, web  # noqa: E402
 from frontend.client import WEB_APP_KEY_ENV  # noqa: E402
 from frontend.state import api_url  # noqa: E402
 
+# Forwarded headers are read by frontend/forwarded.py, from $DYNALOOP_TRUSTED_PROXIES only;
+# uvicorn's own handling (which Streamlit leaves on) would trust any loopback peer's.
+os.environ["FORWARDED_ALLOW_IPS"] = ""
+
 _web = web.WebSession(
-    web.Backend(api_url(), web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None),
+    web.Backend(
+        api_url(), web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None, trusted_proxies=forwarded.trusted_from_env()
+    ),
     web.base_path(config.get_option("server.baseUrlPath")),
 )
 

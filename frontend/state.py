@@ -25,7 +25,7 @@ from typing import Literal
 
 import streamlit as st
 
-from frontend import render, web
+from frontend import forwarded, render, web
 from frontend.client import WEB_APP_KEY_ENV, Api, ApiClient, ApiError, Task, User, api_root
 
 API_URL_ENV = "DYNALOOP_API_URL"
@@ -49,6 +49,23 @@ def api_url() -> str:
     return os.environ.get(API_URL_ENV) or DEFAULT_API_URL
 
 
+_LOOPBACK = ("127.0.0.1", "::1")
+
+
+def browser_address() -> str | None:
+    """The browser's address on a page (its WebSocket): the peer, or, when the peer is one of
+    ``$DYNALOOP_TRUSTED_PROXIES``, the address the proxy forwarded (frontend/forwarded.py);
+    None on this machine's own loopback (Streamlit gives no peer address there)."""
+    trusted = forwarded.trusted_from_env()
+    peer = st.context.ip_address
+    if peer is None:  # a loopback peer: a proxy on this machine, if it is trusted
+        peer = next((candidate for candidate in _LOOPBACK if forwarded.is_trusted(candidate, trusted)), None)
+        if peer is None:
+            return None
+    address = forwarded.client_address(peer, dict(st.context.headers), trusted)
+    return None if address in _LOOPBACK else address
+
+
 def get_client() -> Api:
     """The session's API client: the injected ``st.session_state["client"]`` if there is one
     (in tests), else an :class:`ApiClient` for :func:`api_url` with the signed-in user's token."""
@@ -65,7 +82,7 @@ def get_client() -> Api:
         # The browser's address (None on this machine's own loopback) with the key the API
         # shares: each browser has its own rate limit there (api/ratelimit.py).
         built = ApiClient(
-            api_url(), token, on_behalf_of=st.context.ip_address, web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None
+            api_url(), token, on_behalf_of=browser_address(), web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None
         )
         st.session_state[_BUILT_CLIENT_KEY] = built
     return built

@@ -40,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from frontend import forwarded
 from frontend.client import ApiClient, ApiError, Completion, StudySession, StudyStart
 
 COOKIE_NAME = "dynaloop_session"
@@ -440,6 +441,8 @@ class Backend:
     api_url: str
     transport: Any = None
     web_app_key: str | None = None
+    #: The proxies in front of the web app whose forwarded headers name the browser.
+    trusted_proxies: tuple[forwarded.IPNetwork, ...] = ()
 
     def _client(self, token: str | None, browser: str | None) -> ApiClient:
         return ApiClient(
@@ -504,10 +507,12 @@ class Backend:
         return await to_thread.run_sync(self._finish_study, token, session_id, reason, browser)
 
 
-def browser_address(request: Request) -> str | None:
-    """The browser's address as this server sees it (behind a proxy, what the server's
-    ``--forwarded-allow-ips`` lets the proxy say)."""
-    return request.client.host if request.client else None
+def browser_address(request: Request, trusted: tuple[forwarded.IPNetwork, ...] = ()) -> str | None:
+    """The browser's address: the socket peer, or, when the peer is one of the ``trusted``
+    proxies (``$DYNALOOP_TRUSTED_PROXIES``), the address the proxy forwarded
+    (frontend/forwarded.py)."""
+    peer = request.client.host if request.client else None
+    return forwarded.client_address(peer, request.headers.items(), trusted)
 
 
 # --- requests -----------------------------------------------------------------------------
@@ -626,7 +631,10 @@ class WebSession:
             return login_page(base, next_path, self.backend.api_url, error=problem, username=username, status=400)
         try:
             signed_in = await self.backend.sign_in(
-                "login" if kind == "password" else "token", username, secret, browser_address(request)
+                "login" if kind == "password" else "token",
+                username,
+                secret,
+                browser_address(request, self.backend.trusted_proxies),
             )
         except ApiError as error:
             status = error.status if error.status in (401, 403, 422, 429) else _api_down_status(error)
@@ -650,7 +658,7 @@ class WebSession:
         problem = None
         if session is not None and session.kind == "login":
             try:
-                await self.backend.revoke(session.token, browser_address(request))
+                await self.backend.revoke(session.token, browser_address(request, self.backend.trusted_proxies))
             except ApiError as error:
                 if error.status != 401:  # 401: already expired or revoked
                     problem = error.message
@@ -704,7 +712,9 @@ class WebSession:
             return message_page("This study link does not work", params, f"{base}/", "Go to the app", 422)
         retry = f"{base}/study/{slug}" + (f"?{request.url.query}" if request.url.query else "")
         try:
-            started = await self.backend.start_study(slug, params, browser_address(request))
+            started = await self.backend.start_study(
+                slug, params, browser_address(request, self.backend.trusted_proxies)
+            )
         except ApiError as error:
             return self._study_api_error(error, retry)
         if started.get("preview"):
@@ -731,7 +741,7 @@ class WebSession:
         Write for writers, Validate for validators without the writer role) at the app's start
         address, and answers that page's own url path with a "Page not found" dialog."""
         try:
-            roles = await self.backend.roles(token, browser_address(request))
+            roles = await self.backend.roles(token, browser_address(request, self.backend.trusted_proxies))
         except ApiError:
             roles = []
         first = "write" if {"writer", "admin"} & set(roles) else "validate" if "validator" in roles else None
@@ -754,7 +764,7 @@ class WebSession:
         session = parse_session(request.cookies.get(COOKIE_NAME))
         if session is None:
             return RedirectResponse(login_url(base, here), status_code=303)
-        browser = browser_address(request)
+        browser = browser_address(request, self.backend.trusted_proxies)
         try:
             if request.method == "GET":
                 sessions = await self.backend.study_sessions(session.token, browser)
@@ -817,7 +827,7 @@ class WebSession:
         if session is None:
             return RedirectResponse(login_url(self.base, safe_next(wanted, self.base)), status_code=303)
         try:
-            roles = await self.backend.roles(session.token, browser_address(request))
+            roles = await self.backend.roles(session.token, browser_address(request, self.backend.trusted_proxies))
         except ApiError as error:
             if error.status == 401:
                 response = RedirectResponse(

@@ -84,7 +84,7 @@ from services.db.models import (
 )
 from services.db.statements import rows_matched
 from services.domain import audit
-from services.domain.model_servers import find_server
+from services.domain.model_servers import find_server, require_granted
 from services.domain.tasks import definition_of
 from services.errors import Conflict, DomainError, Invalid, missing_job, validation_problems
 
@@ -295,6 +295,10 @@ def create_job(
                 "/api/v1/model-servers lists them (an admin registers new ones), or leave server out to "
                 "promote to the replicas that follow the task"
             )
+        if server is not None:
+            # Only a server granted to this task, and to no other, unless an admin asks; force
+            # (an unevaluated model) does not lift it.
+            require_granted(session, actor, task, [server.name], field="params.server", swap=True)
         if server is not None and not server.admin_token:
             raise Invalid(
                 f"params.server: model server {server.name!r} is registered without an admin token, so no "

@@ -65,7 +65,7 @@ from services.db.models import (
     utcnow,
 )
 from services.domain import audit
-from services.domain.model_servers import get_server
+from services.domain.model_servers import get_server, grant_loop, require_granted
 from services.domain.tasks import definition_of, get_task
 from services.errors import Conflict, DomainError, Invalid, NotFound
 from services.taskdef import TaskDefinition, TaskFamily
@@ -555,6 +555,12 @@ def _record(session: Session, plan: _Choice, actor: User | None, update_open_rou
                 )
                 round_.model_servers = [plan.server]
                 rounds_updated.append(round_.number)
+        if rounds_updated:
+            # A server in a task's loop is granted to it (only admins and the shell's operator
+            # reach here with a server not granted yet: require_granted stops researchers).
+            task = session.get(Task, plan.task_id)
+            if task is not None:
+                grant_loop(session, actor, task, [plan.server])
     audit.record(
         session,
         actor,
@@ -616,6 +622,9 @@ def promote(
     with factory.begin() as session:
         task = get_task(session, task_name)
         plan = _plan(session, task, reference, server, admin_token, force)
+        # Checked again when the job runs: a grant revoked since it was submitted stops it.
+        actor = session.get(User, actor_id) if actor_id is not None else None
+        require_granted(session, actor, task, [plan.server], field="server", swap=True)
     endpoint = plan.endpoint
     own_http = http is None
     client = http or httpx.Client()

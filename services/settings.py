@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE
+from services.forwarded import IPNetwork, parse_trusted_proxies
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
 
 PLACEHOLDER_SECRETS = {"", "change-me", "changeme", "secret", "dev-secret-change-me"}
@@ -94,6 +95,15 @@ class Settings(BaseSettings):
         "requests that carry it count against the browser's address the web app names, not the web "
         "app's own address, in the per-address rate limit and login throttle. Unset: every web-app "
         "user shares the web app's address.",
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="The proxies (nginx, a load balancer) whose X-Forwarded-For or Forwarded header names "
+        "the client's address: IP addresses and CIDR networks, comma-separated (e.g. `172.28.0.0/16`). "
+        "Only a request whose socket peer is one of them is read that way (the rightmost hop that is "
+        "not itself a trusted proxy is the client); from anyone else the headers are ignored. Empty "
+        "(the default): the socket peer is the client. The rate limits and the login throttle count "
+        "this address (services/forwarded.py).",
     )
     rate_limit_storage: str = Field(
         "memory://",
@@ -220,6 +230,15 @@ class Settings(BaseSettings):
                 "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'`) or leave it unset"
             )
         return self
+
+    @model_validator(mode="after")
+    def _trusted_proxies_parse(self) -> Settings:
+        parse_trusted_proxies(self.trusted_proxies)  # a ValueError names the entry that is wrong
+        return self
+
+    @property
+    def trusted_proxy_networks(self) -> tuple[IPNetwork, ...]:
+        return parse_trusted_proxies(self.trusted_proxies)
 
     @model_validator(mode="after")
     def _data_root_apart_from_data_dir(self) -> Settings:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,9 +378,10 @@ def example_yaml(name: str, **overrides: Any) -> str:
     return yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
 
 
-def register_model_server(app: Any, url: str, *, admin_token: str | None = None) -> str:
-    """Register ``url`` as a model server, as an admin would (``POST /model-servers``), and
-    return its name; a URL registered already keeps its name."""
+def register_model_server(app: Any, url: str, *, admin_token: str | None = None, tasks: Sequence[str] = ()) -> str:
+    """Register ``url`` as a model server, as an admin would (``POST /model-servers``), grant it
+    to ``tasks`` (``PUT /model-servers/{name}/tasks/{task}``), and return its name; a URL
+    registered already keeps its name."""
     from services.domain import model_servers
 
     with session_scope(app.state.sessionmaker) as session:
@@ -391,7 +392,25 @@ def register_model_server(app: Any, url: str, *, admin_token: str | None = None)
             found = model_servers.register(session, None, name, url, admin_token=admin_token)
         elif admin_token is not None:
             model_servers.update(session, None, found, admin_token=admin_token)
-        return found.name
+        _REGISTERED_IN[found.name] = app
+        name = found.name
+    for task in tasks:
+        grant_model_server(app, name, task)
+    return name
+
+
+#: The app each server name was last registered in, so that :func:`open_round` can grant it to
+#: the new task also when it talks to the API over real HTTP.
+_REGISTERED_IN: dict[str, Any] = {}
+
+
+def grant_model_server(app: Any, name: str, task: str) -> None:
+    """Grant the registered server ``name`` to ``task``, as an admin would (``PUT
+    /model-servers/{name}/tasks/{task}``)."""
+    from services.domain import model_servers, tasks
+
+    with session_scope(app.state.sessionmaker) as session:
+        model_servers.grant(session, None, model_servers.get_server(session, name), tasks.get_task(session, task))
 
 
 def open_round(
@@ -403,7 +422,8 @@ def open_round(
     **round_options: Any,
 ) -> dict[str, Any]:
     """Create a task from YAML, open round 1 with the model server ``endpoint`` (a URL, which is
-    registered first, as an admin would; or the name of a registered server), import prompts."""
+    registered first, as an admin would; or the name of a registered server), granted to the new
+    task as an admin would, and import prompts."""
     if endpoint is not None and "://" in endpoint:
         assert isinstance(client, TestClient), "register the server first (register_model_server) and pass its name"
         endpoint = register_model_server(client.app, endpoint)
@@ -414,6 +434,10 @@ def open_round(
     )
     assert response.status_code == 201, response.text
     task = response.json()["name"]
+    if endpoint is not None:  # an admin grants the server to the new task
+        app = client.app if isinstance(client, TestClient) else _REGISTERED_IN.get(endpoint)
+        if app is not None:
+            grant_model_server(app, endpoint, task)
     body = {"model_servers": [endpoint] if endpoint else [], **round_options}
     response = client.post(f"/api/v1/tasks/{task}/rounds", json=body, headers=researcher.headers)
     assert response.status_code == 201, response.text

@@ -186,9 +186,10 @@ class LiveApi:
             token = users.get_token(session, self.tokens[username][0])
             users.revoke_token(session, users.get_user(session, "root"), token)
 
-    def model_server(self, url: str) -> str:
-        """Register ``url`` as a model server (as an admin does) and return its name."""
-        return register_model_server(self.app, url)
+    def model_server(self, url: str, *, tasks: Sequence[str] = ()) -> str:
+        """Register ``url`` as a model server (as an admin does), grant it to ``tasks``, and
+        return its name."""
+        return register_model_server(self.app, url, tasks=tasks)
 
     def task(self, example: str, **overrides: Any) -> Task:
         """A shipped example task, with top-level YAML keys replaced (None drops one), created by

@@ -122,7 +122,15 @@ class ThreadedServer:
     """Run an ASGI app with uvicorn on a real port in a background thread."""
 
     def __init__(self, app: Any, port: int) -> None:
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        self.config = uvicorn.Config(
+            # As `dynaloop api` runs: the app, not uvicorn, reads forwarded headers (DYNALOOP_TRUSTED_PROXIES).
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            proxy_headers=False,
+        )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{port}"

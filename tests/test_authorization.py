@@ -104,6 +104,10 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/model-servers/{{name}}"): {R},
     ("PATCH", f"{API}/model-servers/{{name}}"): set(),
     ("DELETE", f"{API}/model-servers/{{name}}"): set(),
+    ("PUT", f"{API}/model-servers/{{name}}/tasks/{{task_name}}"): set(),
+    ("DELETE", f"{API}/model-servers/{{name}}/tasks/{{task_name}}"): set(),
+    ("GET", f"{API}/model-servers/{{name}}/tasks"): set(),
+    ("GET", f"{API}/tasks/{{task_name}}/model-servers"): {R},
     ("POST", f"{API}/tasks/{{task_name}}/study-links"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/study-links"): {R},
     ("GET", f"{API}/study-links/{{link_id}}"): {R},
@@ -398,6 +402,7 @@ WRITE = _expect(NO, NO, NO, OK, NO, NO, OK, HIDDEN, NO)
 # A writer's own assignment: even admins are refused.
 OWN_WORK = _expect(NO, NO, NO, OK, NO, NO, HIDDEN, HIDDEN, NO)
 VALIDATE = _expect(NO, NO, NO, NO, OK, NO, OK, NO, HIDDEN)
+ADMINS = _expect(NO, NO, NO, NO, NO, NO, OK, NO, NO)  # the registry of model servers and its grants
 
 # Every route that names a task or one of its things in its path. A new one fails
 # test_every_task_scoped_route_is_in_the_ownership_matrix until it is given a row here (and, if
@@ -454,6 +459,9 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): MANAGE,
     ("POST", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
+    ("PUT", f"{API}/model-servers/{{name}}/tasks/{{task_name}}"): ADMINS,
+    ("DELETE", f"{API}/model-servers/{{name}}/tasks/{{task_name}}"): ADMINS,
+    ("GET", f"{API}/tasks/{{task_name}}/model-servers"): MANAGE,
 }
 # What a missing one is called, per path parameter: the "hidden" answers must be exactly these.
 MISSING = {"task_name": "no-such-task", "round_id": 987654, "example_id": 987653, "job_id": 987652}
@@ -513,7 +521,7 @@ def owned(
         token = started.json()["token"]
         me = client.get(f"{API}/me", headers={"Authorization": f"Bearer {token}"}).json()
         actors[who] = Actor(me["username"], token)
-    server = register_model_server(app, model_with_inspect.url)
+    server = register_model_server(app, model_with_inspect.url, tasks=[TASK])
     response = client.post(f"{API}/tasks/{TASK}/rounds", json={"model_servers": [server]}, headers=rita.headers)
     assert response.status_code == 201, response.text
     round_id = response.json()["id"]
@@ -552,6 +560,7 @@ def owned(
         "attempt_id": attempt.json()["id"],
         "dataset_name": "matrix",
         "user_id": 1,  # a ledger statement: the task has no pay policy, so nobody has one
+        "name": server,  # the model server in the round's loop, granted to the task
     }
     return Owned(actors, values, server)
 

@@ -94,6 +94,20 @@ def test_demo_setup_is_idempotent(tmp_path: Path) -> None:
     assert [role for role, _ in links] == ["writer", "validator"], first.output
     assert all(url in second.output for _, url in links)
     assert "http://127.0.0.1:9" in second.output
+    # The demo's model server belongs to the demo's task: its researcher may promote to it.
+    from sqlalchemy import create_engine, text
+
+    [database] = list(tmp_path.glob("*.db"))
+    engine = create_engine(f"sqlite:///{database}")
+    with engine.connect() as connection:
+        grants = connection.execute(
+            text(
+                "SELECT s.url, t.name FROM model_server_grants g JOIN model_servers s ON s.id = g.server_id "
+                "JOIN tasks t ON t.id = g.task_id"
+            )
+        ).all()
+    engine.dispose()
+    assert ("http://127.0.0.1:9", "dynasent-r2") in [tuple(row) for row in grants], grants
 
 
 def test_production_refuses_placeholder_secret() -> None:

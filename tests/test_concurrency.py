@@ -27,6 +27,7 @@ from tests.conftest import (
     Actor,
     MakeUser,
     example_yaml,
+    grant_model_server,
     open_round,
     register_model_server,
     table_counts,
@@ -415,6 +416,7 @@ def test_concurrent_setup_requests_create_each_thing_once(
     )
     assert_no_server_errors(responses)
     assert statuses(responses) == {201: 1, 409: 5}, [r.text for r in responses]
+    grant_model_server(app, server_name, "dynasent-r2")  # as an admin would
 
     responses = fire(
         6,

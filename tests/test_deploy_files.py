@@ -222,17 +222,18 @@ def test_api_image_installs_the_redis_client_that_limits_does_not_pull() -> None
     assert '"limits[redis]' in runs
 
 
-def test_api_cmd_is_uvicorn_with_proxy_headers_and_real_options() -> None:
+def test_api_cmd_is_uvicorn_without_its_proxy_headers_and_with_real_options() -> None:
     cmd = cmd_of("api")
     assert cmd[0] == "uvicorn"
     assert cmd[cmd.index("--factory") + 1] == "api.app:create_app"
-    assert "--proxy-headers" in cmd
-    assert cmd[cmd.index("--forwarded-allow-ips") + 1] == "*"
+    # The API reads X-Forwarded-For itself, from DYNALOOP_TRUSTED_PROXIES only; uvicorn's own
+    # handling ('*': anyone's header) must not rewrite the peer before it.
+    assert "--no-proxy-headers" in cmd and "--forwarded-allow-ips" not in cmd
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--port") + 1] == "8000"
     # Every option exists in the installed uvicorn's command line.
     importlib.import_module("uvicorn.main")
     uvicorn_cli = sys.modules["uvicorn.main"].main
-    known = {opt for param in uvicorn_cli.params for opt in param.opts}
+    known = {opt for param in uvicorn_cli.params for opt in [*param.opts, *param.secondary_opts]}
     assert {part for part in cmd[1:] if part.startswith("--")} <= known
     # The factory target exists and is what `dynaloop api` serves.
     module, _, attribute = cmd[cmd.index("--factory") + 1].partition(":")
@@ -459,6 +460,17 @@ def test_every_compose_variable_is_in_env_example_and_back() -> None:
     assert documented - used == set(), ".env.example lists variables compose.yaml does not use"
 
 
+def test_the_api_trusts_forwarded_headers_from_the_stacks_network_only() -> None:
+    """The API replicas read X-Forwarded-For from peers on the stack's network (nginx) only, and
+    that network is the one compose creates; the web app, reached directly, trusts none."""
+    subnet = "${STACK_SUBNET:-172.28.0.0/16}"
+    for name in API_REPLICAS:
+        assert env_of(services()[name])["DYNALOOP_TRUSTED_PROXIES"] == subnet
+    assert env_of(services()["frontend"])["DYNALOOP_TRUSTED_PROXIES"] == "${UI_TRUSTED_PROXIES:-}"
+    network = compose()["networks"]["default"]["ipam"]["config"]
+    assert network == [{"subnet": subnet}]
+
+
 def test_only_nginx_and_the_frontend_publish_ports() -> None:
     for name, service in services().items():
         if name not in PUBLISHED:
@@ -615,7 +627,7 @@ def test_nginx_limits_bodies_like_the_api_and_forwards_the_client_address() -> N
     for port in (8000, 8001):
         location = next(loc for loc in server_listening(port).find("location") if loc.args == ["/"])
         headers = {d.args[0].lower(): d.args[1] for d in location.find("proxy_set_header")}
-        # nginx is the edge: overwrite, never append (the API trusts the left-most entry).
+        # nginx is the edge: overwrite, never append (a forged header never reaches the API).
         assert headers["x-forwarded-for"] == "$remote_addr"
         assert headers["x-forwarded-proto"] == "$scheme"
         assert headers["connection"] == ""

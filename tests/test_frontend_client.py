@@ -54,7 +54,9 @@ def test_writer_and_validator_flow_through_the_real_api(
     research = ApiClient(api_url, researcher.token)
     task = research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
     assert task["name"] == "dynasent-r2" and task["family"] == "single_label"
-    round_ = research.open_round("dynasent-r2", model_servers=[register_model_server(app, stub_model.url)])
+    round_ = research.open_round(
+        "dynasent-r2", model_servers=[register_model_server(app, stub_model.url, tasks=["dynasent-r2"])]
+    )
     lines = "\n".join(json.dumps({"id": f"p{i}", "text": p, "stars": 3}) for i, p in enumerate(PROMPTS))
     report = research.import_prompts(round_["id"], lines.encode("utf-8"), "prompts.jsonl")
     assert report["imported"] == 2
@@ -131,7 +133,9 @@ def test_error_mapping_401_404_409_and_503_with_retry_after(
     assert (missing.value.status, missing.value.code) == (404, "not_found")
 
     research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
-    round_ = research.open_round("dynasent-r2", model_servers=[register_model_server(app, stub_model.url)])
+    round_ = research.open_round(
+        "dynasent-r2", model_servers=[register_model_server(app, stub_model.url, tasks=["dynasent-r2"])]
+    )
     research.import_prompts(round_["id"], "\n".join(json.dumps({"text": p}) for p in PROMPTS).encode(), "p.jsonl")
     with pytest.raises(ApiError) as conflict:
         research.open_round("dynasent-r2")

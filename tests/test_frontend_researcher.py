@@ -268,7 +268,7 @@ def test_rounds_page_shows_invalid_yaml_errors(rita: PageClient) -> None:
 
 
 def test_rounds_page_opens_moves_and_sets_the_model(live: LiveApi, rita: PageClient) -> None:
-    servers = [live.model_server("http://127.0.0.1:8001"), live.model_server("http://127.0.0.1:8002")]
+    servers = [live.model_server(f"http://127.0.0.1:{port}", tasks=[TASK]) for port in (8001, 8002)]
     at = ok(page(rita, "researcher_rounds"))
     assert said(at, "info", "no round yet")
     # The researcher picks among the servers an admin registered; no URL can be typed in.
@@ -305,7 +305,7 @@ def test_rounds_page_sets_the_model_in_the_loop_and_shows_the_registry(live: Liv
     round_ = live.round(TASK, ["a prompt"])  # model server: the stub model, registered
     [name] = round_["model_servers"]
     endpoint = {s["name"]: s["url"] for s in live.admin.model_servers()}[name]
-    others = [live.model_server("http://127.0.0.1:9001"), live.model_server("http://127.0.0.1:9002")]
+    others = [live.model_server(f"http://127.0.0.1:{port}", tasks=[TASK]) for port in (9001, 9002)]
     registered_model(live, "dynasent-r2-for-round-2", "3f9a", macro_f1={"round 1 test": 0.71}, promoted_to=endpoint)
     at = ok(page(rita, "researcher_rounds"))
     assert f"{name} ({endpoint})" in [c.value for c in at.code]
@@ -464,7 +464,7 @@ def run_until_idle(at: AppTest, runs: int = 6) -> AppTest:
 
 def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
     round_ = labelled_round(live, status="closed")
-    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token")
+    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token", tasks=[TASK])
     at = ok(page(rita, "researcher_models"))
     assert said(at, "caption", "Build a round first")
     at = ok(at.button(key="researcher_models_build").click().run())
@@ -593,7 +593,7 @@ def test_models_page_promotes_to_the_replicas_that_follow_the_task(
 
 def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
     labelled_round(live, status="built")
-    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token")
+    server = register_model_server(live.app, "http://127.0.0.1:8001", admin_token="s3cret-token", tasks=[TASK])
     at = ok(page(rita, "researcher_models"))
     at = ok(at.button(key="researcher_train_submit").click().run())
     failed = followed_job(at)

@@ -8,10 +8,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
@@ -366,3 +369,133 @@ def test_me_token_tells_the_token_of_the_request_and_a_revoked_one_is_refused(se
         assert client.delete(f"{API}/tokens/{body['id']}", headers=headers).status_code == 200
         assert client.get(f"{API}/me/token", headers=headers).status_code == 401
         assert client.get(f"{API}/me/token").status_code == 401
+
+
+# --- issue 26, item 9: the real client address behind a proxy --------------------------------
+
+BROWSER_A, BROWSER_B = "203.0.113.7", "198.51.100.2"
+
+
+@contextmanager
+def _live_api(settings: Settings, **options: Any) -> Iterator[tuple[Any, httpx.Client]]:
+    """The API over real HTTP on 127.0.0.1 (as `dynaloop api` runs it: uvicorn leaves forwarded
+    headers to the app), and a client that connects from 127.0.0.1."""
+    from tests.conftest import free_port
+    from tests.stub_model_server import ThreadedServer
+
+    app = create_app(settings.model_copy(update=options))
+    server = ThreadedServer(app, free_port()).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            yield app, http
+    finally:
+        server.stop()
+        app.state.engine.dispose()
+
+
+def _login_over(http: httpx.Client, username: str, password: str, **headers: str) -> httpx.Response:
+    return http.post(f"{API}/auth/login", json={"username": username, "password": password}, headers=headers)
+
+
+def _add(app: Any, username: str) -> None:
+    with session_scope(app.state.sessionmaker) as session:
+        users.create_user(session, None, username, ["writer"], password=PASSWORD)
+
+
+@sqlite_only  # the throttle's counters are not in the database
+def test_a_forwarded_header_from_a_client_that_is_no_trusted_proxy_is_ignored(settings: Settings) -> None:
+    """The attacker connects directly (127.0.0.1, not a trusted proxy: none is configured) and
+    names a new address in X-Forwarded-For or Forwarded on every guess, hoping for a fresh
+    failure budget each time. Their own address is counted: the fourth guess is refused (429)
+    before any password is checked, whatever address the next request names."""
+    with _live_api(settings, login_max_failures_per_address=3) as (app, http):
+        _add(app, "wendy")
+        statuses = [
+            _login_over(http, f"user{i}", "wrong-password-1", **{"X-Forwarded-For": f"1.2.3.{i}"}).status_code
+            for i in range(3)
+        ]
+        assert statuses == [401, 401, 401]
+        for headers in (
+            {"X-Forwarded-For": "1.2.3.4"},
+            {"Forwarded": "for=198.51.100.77"},
+            {"X-Forwarded-For": "9.9.9.9, 8.8.8.8"},
+            {},
+        ):
+            refused = _login_over(http, "wendy", PASSWORD, **headers)
+            assert refused.status_code == 429, (headers, refused.text)
+            assert "too many failed logins for this address" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "forward",
+    [
+        lambda address: {"X-Forwarded-For": address},
+        # A client that forged the header itself, behind a proxy that appends (``$proxy_add_x_forwarded_for``):
+        lambda address: {"X-Forwarded-For": f"10.66.66.66, {address}"},
+        lambda address: {"Forwarded": f'for="{address}";proto=https'},
+    ],
+    ids=["x-forwarded-for", "appended-to-a-forged-one", "forwarded"],
+)
+def test_behind_a_trusted_proxy_one_browsers_guesses_lock_that_browser_only(settings: Settings, forward: Any) -> None:
+    """Every browser reaches the API through the same proxy (here 127.0.0.1, configured as
+    trusted). 110 failed logins from browser A (any usernames) lock browser A's address; browser
+    B, through the same proxy, still logs in. Before, both had the proxy's address and one
+    guesser locked every login."""
+    with _live_api(settings, trusted_proxies="127.0.0.1, 10.0.0.0/8") as (app, http):
+        _add(app, "wendy")
+        assert settings.model_copy().login_max_failures_per_address == 100  # the default the issue hit
+        statuses = [
+            _login_over(http, f"guess{i}", "wrong-password-1", **forward(BROWSER_A)).status_code for i in range(110)
+        ]
+        assert statuses[:100] == [401] * 100 and set(statuses[100:]) == {429}, statuses
+        locked = _login_over(http, "wendy", PASSWORD, **forward(BROWSER_A))
+        assert locked.status_code == 429 and "failed logins for this address" in locked.json()["error"]["message"]
+        other = _login_over(http, "wendy", PASSWORD, **forward(BROWSER_B))
+        assert other.status_code == 200, other.text
+        # The proxy's own requests (no forwarded header) are not locked either.
+        assert _login_over(http, "wendy", PASSWORD).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("peer", "headers", "trusted", "expected"),
+    [
+        ("203.0.113.9", {"X-Forwarded-For": "1.2.3.4"}, "", "203.0.113.9"),  # no proxy is trusted
+        ("203.0.113.9", {"X-Forwarded-For": "1.2.3.4"}, "10.0.0.0/8", "203.0.113.9"),  # the peer is no proxy
+        ("10.0.0.5", {"X-Forwarded-For": "1.2.3.4"}, "10.0.0.0/8", "1.2.3.4"),
+        ("10.0.0.5", {"X-Forwarded-For": "6.6.6.6, 1.2.3.4, 10.0.0.9"}, "10.0.0.0/8", "1.2.3.4"),  # rightmost untrusted
+        ("10.0.0.5", {"X-Forwarded-For": "10.0.0.7, 10.0.0.9"}, "10.0.0.0/8", "10.0.0.7"),  # all trusted: leftmost
+        ("10.0.0.5", {"X-Forwarded-For": "garbage, 10.0.0.9"}, "10.0.0.0/8", "10.0.0.9"),  # not an address
+        ("10.0.0.5", {"X-Forwarded-For": "1.2.3.4:5678"}, "10.0.0.5", "1.2.3.4"),
+        ("10.0.0.5", {"X-Forwarded-For": "[2001:db8::1]:443"}, "10.0.0.5", "2001:db8::1"),
+        ("10.0.0.5", {}, "10.0.0.5", "10.0.0.5"),
+        (
+            "10.0.0.5",
+            {"Forwarded": 'for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711"'},
+            "10.0.0.5",
+            "2001:db8:cafe::17",
+        ),
+        ("10.0.0.5", {"Forwarded": "for=unknown"}, "10.0.0.5", "10.0.0.5"),
+        ("10.0.0.5", {"Forwarded": "for=1.1.1.1", "X-Forwarded-For": "2.2.2.2"}, "10.0.0.5", "2.2.2.2"),
+        ("::ffff:10.0.0.5", {"X-Forwarded-For": "1.2.3.4"}, "10.0.0.0/8", "1.2.3.4"),  # IPv4-mapped peer
+        ("testclient", {"X-Forwarded-For": "1.2.3.4"}, "10.0.0.0/8", "testclient"),  # no address at all
+    ],
+)
+def test_the_api_and_the_web_app_read_forwarded_headers_alike(
+    peer: str, headers: dict[str, str], trusted: str, expected: str
+) -> None:
+    """services/forwarded.py (the API) and frontend/forwarded.py (the web app's copy) agree."""
+    from frontend import forwarded as web_side
+    from services import forwarded as api_side
+
+    assert api_side.client_address(peer, headers, api_side.parse_trusted_proxies(trusted)) == expected
+    assert web_side.client_address(peer, headers, web_side.parse_trusted_proxies(trusted)) == expected
+
+
+def test_a_trusted_proxy_that_is_no_address_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="DYNALOOP_TRUSTED_PROXIES: 'nginx' is not an IP address or network"):
+        Settings(trusted_proxies="10.0.0.5, nginx")
+    assert [str(n) for n in Settings(trusted_proxies=" 10.0.0.5 ,172.16.0.0/12,::1 ").trusted_proxy_networks] == [
+        "10.0.0.5/32",
+        "172.16.0.0/12",
+        "::1/128",
+    ]

@@ -187,6 +187,8 @@ def test_a_researchers_promote_job_never_sends_the_admin_token_to_a_server_of_th
 
         # The registered server is the one place the token goes (it answers 404: not a model server).
         _register(client, admin, "model-0", registered.url)
+        granted = client.put(f"{API}/model-servers/model-0/tasks/dynasent-r2", headers=admin.headers)
+        assert granted.status_code == 200, granted.text
         response = client.post(
             f"{API}/tasks/dynasent-r2/jobs",
             json={"kind": "promote", "params": {"model_id": model_id, "server": "model-0"}},
@@ -477,3 +479,326 @@ def test_names_and_descriptions_no_database_can_hold_are_refused_not_crashed(
         ):
             response = client.request(method, path, json=body, headers=admin.headers)
             assert response.status_code == status, response.text
+
+
+# --- issue 26, item 7: model servers belong to tasks ----------------------------------------------
+
+GROUP_B_TASK = "group-b-sentiment"
+
+
+def _model(app: FastAPI, task: str, name: str, status: ModelVersionStatus) -> int:
+    """A model of ``task`` in the registry (never evaluated: only ``force`` could promote it)."""
+    with session_scope(app.state.sessionmaker) as session:
+        model = ModelVersion(
+            task_id=get_task(session, task).id,
+            name=f"{name}@1",
+            model_id=name,
+            version="1",
+            directory=f"/models/{name}-1",
+            base_model="tiny",
+            labels=["positive", "negative", "neutral"],
+            status=status,
+        )
+        session.add(model)
+        session.flush()
+        return model.id
+
+
+@pytest.fixture
+def two_groups(
+    client: TestClient, app: FastAPI, make_user: MakeUser, admin: Actor, stub_model: ThreadedServer
+) -> dict[str, Any]:
+    """Group A (alice) runs dynasent-r2 with ``model-0`` in its loop, granted by the admin; group
+    B (bob) runs a task of its own with a server of its own (``model-b``), and a model that was
+    never evaluated."""
+    alice = make_user("alice", "researcher")
+    bob = make_user("bob", "researcher")
+    _register(client, admin, "model-0", stub_model.url)
+    round_a = open_round(client, alice, example_yaml("dynasent-r2", onboarding_quiz=None), "model-0")
+    _register(client, admin, "model-b", "http://127.0.0.1:9")
+    round_b = open_round(
+        client,
+        bob,
+        example_yaml("dynasent-r2", onboarding_quiz=None).replace("name: dynasent-r2", f"name: {GROUP_B_TASK}", 1),
+        "model-b",
+    )
+    return {
+        "alice": alice,
+        "bob": bob,
+        "round_a": round_a,
+        "round_b": round_b,
+        "model_a": _model(app, "dynasent-r2", "alices-model", ModelVersionStatus.evaluated),
+        "model_b": _model(app, GROUP_B_TASK, "bobs-model", ModelVersionStatus.trained),
+    }
+
+
+def test_another_groups_server_cannot_be_named_in_a_promote_job_even_with_force(
+    client: TestClient, app: FastAPI, two_groups: dict[str, Any]
+) -> None:
+    """The issue's attack: group B's researcher promotes their own, never evaluated model to
+    group A's server (``"server": "model-0", "force": true``), which would then score group A's
+    attempts. Refused when the job is submitted (403, naming the servers granted to B's task):
+    no job row, no queue message, no audit entry, nothing else."""
+    bob = two_groups["bob"]
+    for params in (
+        {"model_id": two_groups["model_b"], "server": "model-0", "force": True},
+        {"model_id": two_groups["model_b"], "server": "model-0", "force": True, "keep_round_servers": True},
+        {"model_id": two_groups["model_b"], "server": " model-0", "force": True},
+    ):
+        with unchanged(app):
+            response = client.post(
+                f"{API}/tasks/{GROUP_B_TASK}/jobs", json={"kind": "promote", "params": params}, headers=bob.headers
+            )
+            assert response.status_code in (403, 422), response.text
+            assert set(response.json()) == {"error"}
+        if response.status_code == 403:
+            message = response.json()["error"]["message"]
+            assert f"'model-0' is not granted to task '{GROUP_B_TASK}'" in message, message
+            assert "granted to it: model-b" in message, message
+    # Nor may bob put group A's server in his round's loop, or open a round with it.
+    with unchanged(app):
+        _error(
+            client.put(
+                f"{API}/rounds/{two_groups['round_b']['id']}/model",
+                json={"model_servers": ["model-0"]},
+                headers=bob.headers,
+            ),
+            403,
+            "'model-0' is not granted to task",
+            "granted to it: model-b",
+        )
+        _error(
+            client.put(
+                f"{API}/rounds/{two_groups['round_b']['id']}/model",
+                json={"model_servers": ["model-b", "model-0"]},
+                headers=bob.headers,
+            ),
+            403,
+            "'model-0' is not granted",
+        )
+
+
+def test_a_shared_server_is_swapped_by_admins_only(
+    client: TestClient, app: FastAPI, admin: Actor, two_groups: dict[str, Any]
+) -> None:
+    """Once ``model-0`` is granted to both groups' tasks, either group may keep it in its loop,
+    but a promotion (a hot swap that changes what scores the other group's attempts) is refused
+    to both researchers, force or not; the admin's own promote job is accepted."""
+    alice, bob = two_groups["alice"], two_groups["bob"]
+    response = client.put(f"{API}/model-servers/model-0/tasks/{GROUP_B_TASK}", headers=admin.headers)
+    assert response.status_code == 200, response.text
+    assert response.json()["shared"] is True and response.json()["granted_by"] == "ada"
+    # Putting it in B's loop is now allowed: scoring with it changes nobody's model.
+    response = client.put(
+        f"{API}/rounds/{two_groups['round_b']['id']}/model", json={"model_servers": ["model-0"]}, headers=bob.headers
+    )
+    assert response.status_code == 200, response.text
+    for who, task, model in (
+        (bob, GROUP_B_TASK, two_groups["model_b"]),
+        (alice, "dynasent-r2", two_groups["model_a"]),
+    ):
+        with unchanged(app):
+            _error(
+                client.post(
+                    f"{API}/tasks/{task}/jobs",
+                    json={"kind": "promote", "params": {"model_id": model, "server": "model-0", "force": True}},
+                    headers=who.headers,
+                ),
+                403,
+                "'model-0' (granted to 2 tasks) is shared with other tasks",
+                "only an admin may swap its model",
+            )
+    # Alice's own server (granted to her task alone) she may swap, after registering it.
+    _register(client, admin, "model-a", "http://127.0.0.1:9")
+    assert client.put(f"{API}/model-servers/model-a/tasks/dynasent-r2", headers=admin.headers).status_code == 200
+    response = client.post(
+        f"{API}/tasks/dynasent-r2/jobs",
+        json={"kind": "promote", "params": {"model_id": two_groups["model_a"], "server": "model-a"}},
+        headers=alice.headers,
+    )
+    assert response.status_code == 202, response.text
+    response = client.post(
+        f"{API}/tasks/dynasent-r2/jobs",
+        json={"kind": "promote", "params": {"model_id": two_groups["model_a"], "server": "model-0"}},
+        headers=admin.headers,
+    )
+    assert response.status_code == 202, response.text
+
+
+def test_only_admins_grant_and_revoke_and_a_server_in_an_open_loop_stays(
+    client: TestClient, app: FastAPI, admin: Actor, writer: Actor, two_groups: dict[str, Any]
+) -> None:
+    """A researcher cannot grant themselves another group's server, nor take one away; the
+    admin's grants and revocations are audited; a server in a task's open round is not revoked
+    from it (409); each group lists only its own task's servers."""
+    bob = two_groups["bob"]
+    for who in (bob, writer, two_groups["alice"]):
+        with unchanged(app):
+            for method in ("PUT", "DELETE"):
+                response = client.request(
+                    method, f"{API}/model-servers/model-0/tasks/{GROUP_B_TASK}", headers=who.headers
+                )
+                assert response.status_code == 403, response.text
+            assert client.get(f"{API}/model-servers/model-0/tasks", headers=who.headers).status_code == 403
+    with unchanged(app):
+        _error(
+            client.delete(f"{API}/model-servers/model-0/tasks/dynasent-r2", headers=admin.headers),
+            409,
+            "in the loop of task 'dynasent-r2'",
+        )
+        _error(client.delete(f"{API}/model-servers/model-0/tasks/{GROUP_B_TASK}", headers=admin.headers), 404)
+        _error(client.put(f"{API}/model-servers/model-0/tasks/no-such-task", headers=admin.headers), 404)
+        _error(client.put(f"{API}/model-servers/nope/tasks/{GROUP_B_TASK}", headers=admin.headers), 404)
+    listed = client.get(f"{API}/tasks/{GROUP_B_TASK}/model-servers", headers=bob.headers).json()
+    assert [(g["server"], g["task"], g["shared"]) for g in listed["data"]] == [("model-b", GROUP_B_TASK, False)]
+    with unchanged(app):  # another group's task: as if it did not exist
+        assert client.get(f"{API}/tasks/dynasent-r2/model-servers", headers=bob.headers).status_code in (403, 404)
+
+    assert client.put(f"{API}/model-servers/model-0/tasks/{GROUP_B_TASK}", headers=admin.headers).status_code == 200
+    with unchanged(app):  # granting again changes nothing
+        assert client.put(f"{API}/model-servers/model-0/tasks/{GROUP_B_TASK}", headers=admin.headers).status_code == 200
+    grants = client.get(f"{API}/model-servers/model-0/tasks", headers=admin.headers).json()
+    assert [g["task"] for g in grants["data"]] == ["dynasent-r2", GROUP_B_TASK]
+    removed = client.delete(f"{API}/model-servers/model-0/tasks/{GROUP_B_TASK}", headers=admin.headers)
+    assert removed.status_code == 200 and removed.json()["task"] == GROUP_B_TASK, removed.text
+    with session_scope(app.state.sessionmaker) as session:
+        actions = [
+            (entry.action, (entry.details or {}).get("task"))
+            for entry in session.scalars(
+                select(AuditEntry).where(AuditEntry.action.like("model_server.%")).order_by(AuditEntry.id)
+            )
+            if entry.target_id == "model-0"
+        ]
+    assert actions[-2:] == [("model_server.grant", GROUP_B_TASK), ("model_server.revoke", GROUP_B_TASK)], actions
+
+
+def test_a_promotion_checks_the_grant_again_when_it_runs(
+    app: FastAPI, client: TestClient, admin: Actor, two_groups: dict[str, Any]
+) -> None:
+    """A job checked at submission may run later: the promotion itself asks again, with the
+    job's author, before it calls the server (here the grant is gone): no request reaches it."""
+    from modelling.registry import promote
+    from services.db.models import User
+    from services.errors import Forbidden
+
+    with recording_server() as registered:
+        _register(client, admin, "model-c", registered.url)
+        with session_scope(app.state.sessionmaker) as session:
+            bob_id = session.scalar(select(User.id).where(User.username == "bob"))
+        with unchanged(app), pytest.raises(Forbidden, match="'model-c' is not granted to task"):
+            promote(
+                app.state.sessionmaker,
+                GROUP_B_TASK,
+                two_groups["model_b"],
+                server="model-c",
+                force=True,
+                actor_id=bob_id,
+            )
+        assert registered.requests == []
+
+
+def test_migration_0018_grants_each_server_to_the_tasks_that_use_it(fresh_database: str) -> None:
+    """Existing deployments keep working: a server named in a task's rounds (open or closed) is
+    granted to that task; one no round names is granted to none."""
+    url = fresh_database
+    upgrade(url, "0014")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            for task_id, name in ((1, "a"), (2, "b"), (3, "c")):
+                connection.execute(
+                    text(
+                        "INSERT INTO tasks (id, name, title, family, definition, definition_yaml, created_at) "
+                        "VALUES (:i, :n, 'T', 'single_label', '{}', '', CURRENT_TIMESTAMP)"
+                    ),
+                    {"i": task_id, "n": name},
+                )
+            for server_id, name in ((1, "model-0"), (2, "shared"), (3, "idle")):
+                connection.execute(
+                    text(
+                        "INSERT INTO model_servers (id, name, url, created_at, updated_at) "
+                        "VALUES (:i, :n, 'http://127.0.0.1:8001', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                    ),
+                    {"i": server_id, "n": name},
+                )
+            for round_id, task_id, status, servers in (
+                (1, 1, "closed", ["model-0"]),
+                (2, 1, "collecting", ["model-0", "shared"]),
+                (3, 2, "validating", ["shared", "removed-since"]),
+                (4, 3, "collecting", []),
+            ):
+                connection.execute(
+                    text(
+                        "INSERT INTO rounds (id, task_id, number, status, model_servers, prompt_strategy, "
+                        "no_prompt_fraction, target_label_mode, created_at) VALUES (:i, :t, :i, :s, :m, "
+                        "'unused_first', 0, 'balanced', CURRENT_TIMESTAMP)"
+                    ),
+                    {"i": round_id, "t": task_id, "s": status, "m": json.dumps(servers)},
+                )
+        upgrade(url, "0018")
+        with engine.connect() as connection:
+            grants = connection.execute(
+                text(
+                    "SELECT s.name, t.name FROM model_server_grants g JOIN model_servers s ON s.id = g.server_id "
+                    "JOIN tasks t ON t.id = g.task_id ORDER BY s.name, t.name"
+                )
+            ).all()
+        assert [tuple(row) for row in grants] == [("model-0", "a"), ("shared", "a"), ("shared", "b")]
+        downgrade(url, "0014")
+        with engine.connect() as connection:
+            assert "model_server_grants" not in inspect(connection).get_table_names()
+    finally:
+        engine.dispose()
+
+
+def test_the_grant_and_revoke_commands(tmp_path: Path) -> None:
+    """`dynaloop model servers grant/revoke` (the admin at the server's shell), and `list` shows
+    the grants."""
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    runner = CliRunner()
+
+    def run(*args: str) -> Any:
+        return runner.invoke(cli, [*args, "--database-url", url], catch_exceptions=False)
+
+    assert run("db", "upgrade").exit_code == 0
+    assert run("task", "create", "dynasent-r2").exit_code == 0
+    assert run("model", "servers", "register", "model-0", "http://127.0.0.1:8001").exit_code == 0
+    result = run("model", "servers", "grant", "model-0", "dynasent-r2")
+    assert result.exit_code == 0 and "model server model-0 granted to task dynasent-r2" in result.output, result.output
+    assert "already granted" in run("model", "servers", "grant", "model-0", "dynasent-r2").output
+    listed = run("model", "servers", "list")
+    assert "dynasent-r2" in listed.output, listed.output
+    missing = run("model", "servers", "grant", "model-0", "no-such-task")
+    assert missing.exit_code == 1 and "no task 'no-such-task'" in missing.output, missing.output
+    result = run("model", "servers", "revoke", "model-0", "dynasent-r2")
+    assert result.exit_code == 0 and "revoked" in result.output, result.output
+    again = run("model", "servers", "revoke", "model-0", "dynasent-r2")
+    assert again.exit_code == 1 and "is not granted to task 'dynasent-r2'" in again.output, again.output
+
+
+def test_an_admin_who_puts_a_server_in_a_tasks_loop_grants_it(
+    client: TestClient, app: FastAPI, admin: Actor, two_groups: dict[str, Any]
+) -> None:
+    """A server in a task's loop scores that task's attempts, so it belongs to the task: when an
+    admin puts group A's server in group B's round, the server is granted to B (audited) and is
+    from then on shared, so group A's researcher may no longer swap it."""
+    response = client.put(
+        f"{API}/rounds/{two_groups['round_b']['id']}/model", json={"model_servers": ["model-0"]}, headers=admin.headers
+    )
+    assert response.status_code == 200, response.text
+    grants = client.get(f"{API}/model-servers/model-0/tasks", headers=admin.headers).json()
+    assert [(g["task"], g["shared"]) for g in grants["data"]] == [("dynasent-r2", True), (GROUP_B_TASK, True)]
+    with unchanged(app):
+        _error(
+            client.post(
+                f"{API}/tasks/dynasent-r2/jobs",
+                json={"kind": "promote", "params": {"model_id": two_groups["model_a"], "server": "model-0"}},
+                headers=two_groups["alice"].headers,
+            ),
+            403,
+            "is shared with other tasks",
+        )

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from api.app import create_app
-from frontend import web
+from frontend import forwarded, web
 from frontend.client import ApiClient, ApiError
 from services.db.engine import session_scope
 from services.domain import users
@@ -46,10 +46,11 @@ def _user(app: Any, username: str, *roles: str) -> None:
         users.create_user(session, None, username, list(roles), password=PASSWORD)
 
 
-def _web_app(api_url: str, base: str = "", web_app_key: str | None = None) -> Starlette:
+def _web_app(api_url: str, base: str = "", web_app_key: str | None = None, trusted_proxies: str = "") -> Starlette:
     """The routes and gate as ``frontend/server.py`` mounts them; any other path stands for a
     Streamlit page or file."""
-    session = web.WebSession(web.Backend(api_url, web_app_key=web_app_key), base)
+    trusted = forwarded.parse_trusted_proxies(trusted_proxies)
+    session = web.WebSession(web.Backend(api_url, web_app_key=web_app_key, trusted_proxies=trusted), base)
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
@@ -341,6 +342,52 @@ def test_one_browsers_wrong_passwords_lock_that_browser_only(settings: Any, shar
                 assert answer.status_code == 429 and web.COOKIE_NAME not in _set_cookie(answer)
     finally:
         server.stop()
+
+
+@sqlite_only  # the throttle's counters are not in the database
+def test_behind_the_https_proxy_one_browsers_guesses_lock_that_browser_only(settings: Any) -> None:
+    """The issue's deployment: every browser reaches the web app through the HTTPS proxy
+    (10.0.0.2, trusted by the web app), which names the browser in X-Forwarded-For; the web app
+    names it to the API (real HTTP) with the shared key. Browser A's wrong passwords lock browser
+    A only; browser B, through the same proxy, logs in. A browser that connects to the web app
+    directly (no trusted proxy) and forges X-Forwarded-For is counted by its own address."""
+    key = "web-app-key-for-the-tests-0123456789"
+    api = create_app(settings.model_copy(update={"login_max_failures_per_address": 3, "web_app_key": key}))
+    _user(api, "wendy", "researcher")
+    server = ThreadedServer(api, free_port()).start()
+    try:
+        app = _web_app(server.url, web_app_key=key, trusted_proxies="10.0.0.2")
+        with (
+            TestClient(app, base_url=ORIGIN, follow_redirects=False, client=("10.0.0.2", 50000)) as via_proxy,
+            TestClient(app, base_url=ORIGIN, follow_redirects=False, client=("192.0.2.50", 50000)) as direct,
+        ):
+            browser_a, browser_b = {"X-Forwarded-For": "203.0.113.7"}, {"X-Forwarded-For": "198.51.100.2"}
+            via_proxy.headers.update(browser_a)
+            assert [_log_in(via_proxy, f"user{i}", "wrong-password-1").status_code for i in range(3)] == [401] * 3
+            locked = _log_in(via_proxy, "wendy")
+            assert locked.status_code == 429 and "failed logins for this address" in locked.text
+            via_proxy.headers.update(browser_b)
+            answer = _log_in(via_proxy, "wendy")
+            assert answer.status_code == 303 and answer.headers["location"] == "/dashboard", answer.text
+            assert web.COOKIE_NAME in _set_cookie(answer)
+
+            # Not a trusted proxy: X-Forwarded-For is the browser's own claim, a new one each time.
+            statuses = [
+                _log_in_as(direct, f"user{i}", {"X-Forwarded-For": f"198.51.100.{10 + i}"}).status_code
+                for i in range(4)
+            ]
+            assert statuses == [401, 401, 401, 429], statuses
+            assert _log_in_as(direct, "wendy", {"X-Forwarded-For": "198.51.100.2"}).status_code == 429
+    finally:
+        server.stop()
+
+
+def _log_in_as(browser: TestClient, username: str, headers: dict[str, str], password: str = "wrong-password-1") -> Any:
+    return browser.post(
+        "/login",
+        data={"kind": "password", "username": username, "password": password, "next": "/dashboard"},
+        headers={**SAME, **headers},
+    )
 
 
 def test_the_api_being_down_gets_a_clear_page(app: Any) -> None:

@@ -1,4 +1,5 @@
-"""The registry of model servers: the only URLs the API calls (admins manage; researchers list)."""
+"""The registry of model servers: the only URLs the API calls (admins manage; researchers list),
+and the tasks each is granted to (admins grant; a task's researchers see their task's)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ from typing import Annotated
 from fastapi import APIRouter, status
 
 from api.deps import SessionDep, allowed
-from api.schemas.model_servers import ModelServerCreate, ModelServerPublic, ModelServersPublic, ModelServerUpdate
-from services.authorization import ModelServerPolicy, authorize
-from services.db.models import User
-from services.domain import model_servers
+from api.schemas.model_servers import (
+    ModelServerCreate,
+    ModelServerGrantPublic,
+    ModelServerGrantsPublic,
+    ModelServerPublic,
+    ModelServersPublic,
+    ModelServerUpdate,
+)
+from services.authorization import ModelServerPolicy, TaskPolicy, authorize
+from services.db.models import ModelServer, ModelServerGrant, Task, User
+from services.domain import model_servers, tasks
 
 router = APIRouter(tags=["model servers"])
 Admin = Annotated[User, allowed(ModelServerPolicy.manage)]
@@ -66,3 +74,68 @@ def remove_model_server(name: str, session: SessionDep, admin: Admin) -> ModelSe
     removed = ModelServerPublic.of(server)
     model_servers.remove(session, admin, server)
     return removed
+
+
+def _grant_public(grant: ModelServerGrant, shared: bool) -> ModelServerGrantPublic:
+    return ModelServerGrantPublic(
+        server=grant.server.name,
+        task=grant.task.name,
+        shared=shared,
+        granted_by=grant.granted_by.username if grant.granted_by else None,
+        granted_at=grant.granted_at,
+    )
+
+
+def _grants(
+    session: SessionDep, *, server: ModelServer | None = None, task: Task | None = None
+) -> ModelServerGrantsPublic:
+    rows = model_servers.grants(session, server=server, task=task)
+    counts = model_servers.grant_counts(session, sorted({row.server.name for row in rows}))
+    data = [_grant_public(row, counts.get(row.server.name, 0) > 1) for row in rows]
+    return ModelServerGrantsPublic(data=data, count=len(data))
+
+
+@router.put("/model-servers/{name}/tasks/{task_name}", response_model=ModelServerGrantPublic)
+def grant_model_server(name: str, task_name: str, session: SessionDep, admin: Admin) -> ModelServerGrantPublic:
+    """Grant a server to a task (admins): the task's researchers may put it in their rounds'
+    loop, and promote their models to it while it is granted to no other task. Granting again
+    changes nothing. A server granted to several tasks is swapped (promoted to) by admins only."""
+    authorize(admin, ModelServerPolicy.manage())
+    server = model_servers.get_server(session, name)
+    task = tasks.get_task(session, task_name)
+    grant, _ = model_servers.grant(session, admin, server, task)
+    shared = model_servers.grant_counts(session, [server.name]).get(server.name, 0) > 1
+    return _grant_public(grant, shared)
+
+
+@router.delete("/model-servers/{name}/tasks/{task_name}", response_model=ModelServerGrantPublic)
+def revoke_model_server(name: str, task_name: str, session: SessionDep, admin: Admin) -> ModelServerGrantPublic:
+    """Take a server away from a task (admins); the answer is the grant removed. Refused (409)
+    while one of the task's open rounds has it in its loop; 404 when it was not granted."""
+    authorize(admin, ModelServerPolicy.manage())
+    server = model_servers.get_server(session, name)
+    task = tasks.get_task(session, task_name)
+    found = model_servers.grants(session, server=server, task=task)
+    shared = model_servers.grant_counts(session, [server.name]).get(server.name, 0) > 1
+    removed = _grant_public(found[0], shared) if found else None
+    model_servers.revoke(session, admin, server, task)
+    assert removed is not None  # revoke raised NotFound otherwise
+    return removed
+
+
+@router.get("/model-servers/{name}/tasks", response_model=ModelServerGrantsPublic)
+def list_server_grants(name: str, session: SessionDep, admin: Admin) -> ModelServerGrantsPublic:
+    """The tasks a server is granted to (admins: they span groups)."""
+    authorize(admin, ModelServerPolicy.manage())
+    return _grants(session, server=model_servers.get_server(session, name))
+
+
+@router.get("/tasks/{task_name}/model-servers", response_model=ModelServerGrantsPublic)
+def list_task_servers(
+    task_name: str, session: SessionDep, researcher: Annotated[User, allowed(TaskPolicy.manage)]
+) -> ModelServerGrantsPublic:
+    """The servers granted to a task: the ones its researchers may put in a round's loop, and,
+    those not ``shared``, promote to."""
+    task = tasks.get_task(session, task_name)
+    authorize(researcher, TaskPolicy.manage(task))
+    return _grants(session, task=task)

@@ -21,7 +21,7 @@ from api.schemas.rounds import (
 from round_builder.dashboard import DEFAULT_LIMIT, round_plot_data
 from services.authorization import RoundPolicy, TaskPolicy, allows, authorize
 from services.db.models import Round, User
-from services.domain import rounds, tasks
+from services.domain import model_servers, rounds, tasks
 from services.errors import Invalid
 
 router = APIRouter(tags=["rounds"])
@@ -62,6 +62,7 @@ def create_round(
     """Open the task's next round (the previous one must be closed)."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, TaskPolicy.manage(task))
+    model_servers.require_granted(session, researcher, task, body.model_servers)
     round_ = rounds.create_round(
         session,
         researcher,
@@ -72,6 +73,7 @@ def create_round(
         target_label_mode=body.target_label_mode,
         notes=body.notes,
     )
+    model_servers.grant_loop(session, researcher, task, list(round_.model_servers or []))
     return _public(researcher, round_)
 
 
@@ -102,10 +104,15 @@ def set_round_status(
 @router.put("/rounds/{round_id}/model", response_model=RoundPublic)
 def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDep, researcher: Manager) -> RoundPublic:
     """Put registered model servers (by name) in the loop; with several, one is picked per attempt.
-    A name that is not registered is refused (422) and nothing changes."""
+    A name that is not registered is refused (422), one not granted to the round's task (by an
+    admin: PUT /model-servers/{name}/tasks/{task}) is refused (403), and nothing changes."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
-    return _public(researcher, rounds.set_model_servers(session, researcher, round_, body.model_servers))
+    rounds.ensure_model_can_change(round_)
+    model_servers.require_granted(session, researcher, round_.task, body.model_servers)
+    round_ = rounds.set_model_servers(session, researcher, round_, body.model_servers)
+    model_servers.grant_loop(session, researcher, round_.task, list(round_.model_servers or []))
+    return _public(researcher, round_)
 
 
 @router.post("/rounds/{round_id}/prompts", response_model=PromptImportPublic, openapi_extra=_PROMPT_BODY)

@@ -60,3 +60,19 @@ class ModelServerPublic(BaseModel):
 class ModelServersPublic(BaseModel):
     data: list[ModelServerPublic]
     count: int
+
+
+class ModelServerGrantPublic(BaseModel):
+    """A server granted to a task: the task's researchers may put it in their rounds' loop and,
+    while it is granted to no other task (``shared`` false), promote their models to it."""
+
+    server: str
+    task: str
+    shared: bool = Field(description="Granted to more than one task: only admins may swap its model.")
+    granted_by: str | None
+    granted_at: dt.datetime
+
+
+class ModelServerGrantsPublic(BaseModel):
+    data: list[ModelServerGrantPublic]
+    count: int

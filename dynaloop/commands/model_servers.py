@@ -23,7 +23,8 @@ from dynaloop.commands.common import (
 )
 
 app = typer.Typer(
-    help="The model servers the API may call (register, list, remove); rounds and promotions name them.",
+    help="The model servers the API may call (register, list, remove) and the tasks each is granted to "
+    "(grant, revoke); rounds and promotions name them.",
     no_args_is_help=True,
 )
 
@@ -79,10 +80,13 @@ def servers_list(database_url: DatabaseOpt = None) -> None:
 
     url_db = settings_for(database_url).resolved_database_url
     ensure_schema(url_db)
-    table = Table("name", "url", "admin token", "description")
+    table = Table("name", "url", "admin token", "granted to", "description")
     with session_scope(session_factory(url_db)) as session:
         for server in model_servers.list_servers(session):
-            table.add_row(server.name, server.url, "set" if server.admin_token else "-", server.description or "")
+            granted = ", ".join(task.name for task in model_servers.granted_tasks(session, server)) or "-"
+            table.add_row(
+                server.name, server.url, "set" if server.admin_token else "-", granted, server.description or ""
+            )
     console.print(table)
 
 
@@ -94,3 +98,38 @@ def servers_remove(name: str, database_url: DatabaseOpt = None) -> None:
     with domain_session(database_url) as session:
         model_servers.remove(session, None, model_servers.get_server(session, name))
     console.print(f"removed model server {name}")
+
+
+@app.command("grant")
+def servers_grant(
+    name: Annotated[str, typer.Argument(help="A registered model server, e.g. model-0")],
+    task: Annotated[str, typer.Argument(help="The task whose researchers may use it, e.g. dynasent-r2")],
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Grant a model server to a task: its researchers may put it in their rounds' loop and, while
+    no other task has it, promote their models to it (a server granted to several tasks is
+    swapped by admins only)."""
+    from services.domain import model_servers, tasks
+
+    with domain_session(database_url) as session:
+        server = model_servers.get_server(session, name)
+        _, new = model_servers.grant(session, None, server, tasks.get_task(session, task))
+        others = [t.name for t in model_servers.granted_tasks(session, server) if t.name != task]
+    verb = "granted" if new else "already granted"
+    shared = f"; shared with {', '.join(others)}: only admins may promote to it" if others else ""
+    console.print(f"model server {name} {verb} to task {task}{shared}", soft_wrap=True, highlight=False)
+
+
+@app.command("revoke")
+def servers_revoke(
+    name: Annotated[str, typer.Argument(help="A registered model server, e.g. model-0")],
+    task: Annotated[str, typer.Argument(help="The task it is taken from")],
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Take a model server away from a task (refused while one of the task's open rounds has it
+    in its loop)."""
+    from services.domain import model_servers, tasks
+
+    with domain_session(database_url) as session:
+        model_servers.revoke(session, None, model_servers.get_server(session, name), tasks.get_task(session, task))
+    console.print(f"model server {name} revoked from task {task}", soft_wrap=True, highlight=False)

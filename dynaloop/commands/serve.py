@@ -54,6 +54,9 @@ def api(
         port=port,
         workers=workers,
         log_level=log_level,
+        # The API reads forwarded headers itself, from DYNALOOP_TRUSTED_PROXIES only
+        # (services/forwarded.py); uvicorn's own handling would trust any 127.0.0.1 peer's.
+        proxy_headers=False,
     )
 
 

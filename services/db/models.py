@@ -890,3 +890,22 @@ class LedgerEntry(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     task: Mapped[Task] = relationship()
+
+
+class ModelServerGrant(Base):
+    """A registered model server granted to a task by an admin: the task's researchers may put
+    it in their rounds' loop and promote their models to it (services/domain/model_servers.py).
+    A server granted to more than one task is shared, and only an admin may swap its model."""
+
+    __tablename__ = "model_server_grants"
+    __table_args__ = (UniqueConstraint("server_id", "task_id", name="uq_model_server_grants_server_task"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    server_id: Mapped[int] = mapped_column(ForeignKey("model_servers.id", ondelete="CASCADE"), index=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    granted_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    granted_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    server: Mapped[ModelServer] = relationship()
+    task: Mapped[Task] = relationship()
+    granted_by: Mapped[User | None] = relationship()

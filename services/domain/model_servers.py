@@ -9,6 +9,13 @@ Which hosts are allowed is the admin's decision: a local server (``http://127.0.
 demo's Model 0) is as valid as a remote one. What is refused is what no model server URL
 needs: a scheme other than http(s), credentials in the URL (``user:pass@``), a query or a
 fragment.
+
+Servers belong to tasks. An admin grants a registered server to tasks (:func:`grant`); a task's
+researchers may put in its rounds' loop, and promote its models to, only servers granted to that
+task (:func:`require_granted`). A server granted to more than one task is *shared*: several
+tasks' attempts are scored by it, so swapping its model (a promotion) changes other tasks' fooled
+flags and bonuses; only an admin may do that. Whoever runs the ``dynaloop`` commands (the
+server's shell, ``actor=None``) and admins are not bound by grants.
 """
 
 from __future__ import annotations
@@ -18,12 +25,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.db.models import ModelServer, Round, RoundStatus, User, utcnow
+from services.db.models import ModelServer, ModelServerGrant, Role, Round, RoundStatus, Task, User, utcnow
 from services.domain import audit
-from services.errors import Conflict, Invalid, NotFound
+from services.errors import Conflict, Forbidden, Invalid, NotFound
 
 NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 NAME_MAX = 63
@@ -248,3 +255,168 @@ def addresses(session: Session, names: list[str]) -> list[ServerAddress]:
         return []
     urls = dict(session.execute(select(ModelServer.name, ModelServer.url).where(ModelServer.name.in_(names))).all())
     return [ServerAddress(name, urls[name]) for name in names if name in urls]
+
+
+# --- grants: which tasks may use a server ------------------------------------------------------
+
+GRANT_HINT = "an admin grants servers to tasks: PUT /api/v1/model-servers/{name}/tasks/{task}"
+
+
+def granted_tasks(session: Session, server: ModelServer) -> list[Task]:
+    """The tasks ``server`` is granted to, by name."""
+    return list(
+        session.scalars(
+            select(Task)
+            .join(ModelServerGrant, ModelServerGrant.task_id == Task.id)
+            .where(ModelServerGrant.server_id == server.id)
+            .order_by(Task.name)
+        )
+    )
+
+
+def granted_names(session: Session, task: Task) -> list[str]:
+    """The names of the servers granted to ``task``, in name order."""
+    return list(
+        session.scalars(
+            select(ModelServer.name)
+            .join(ModelServerGrant, ModelServerGrant.server_id == ModelServer.id)
+            .where(ModelServerGrant.task_id == task.id)
+            .order_by(ModelServer.name)
+        )
+    )
+
+
+def grant_counts(session: Session, names: list[str]) -> dict[str, int]:
+    """How many tasks each of ``names`` is granted to (a name granted to none is left out)."""
+    if not names:
+        return {}
+    rows = session.execute(
+        select(ModelServer.name, func.count(ModelServerGrant.id))
+        .join(ModelServerGrant, ModelServerGrant.server_id == ModelServer.id)
+        .where(ModelServer.name.in_(names))
+        .group_by(ModelServer.name)
+    ).all()
+    return {str(name): int(count) for name, count in rows}
+
+
+def grants(session: Session, *, server: ModelServer | None = None, task: Task | None = None) -> list[ModelServerGrant]:
+    """The grants of ``server`` and/or ``task``, by server name then task name."""
+    query = (
+        select(ModelServerGrant)
+        .join(ModelServer, ModelServerGrant.server_id == ModelServer.id)
+        .join(Task, ModelServerGrant.task_id == Task.id)
+        .order_by(ModelServer.name, Task.name)
+    )
+    if server is not None:
+        query = query.where(ModelServerGrant.server_id == server.id)
+    if task is not None:
+        query = query.where(ModelServerGrant.task_id == task.id)
+    return list(session.scalars(query))
+
+
+def _find_grant(session: Session, server: ModelServer, task: Task) -> ModelServerGrant | None:
+    return session.scalar(
+        select(ModelServerGrant).where(ModelServerGrant.server_id == server.id, ModelServerGrant.task_id == task.id)
+    )
+
+
+def grant(session: Session, actor: User | None, server: ModelServer, task: Task) -> tuple[ModelServerGrant, bool]:
+    """Grant ``server`` to ``task`` (admins): its researchers may then put it in their rounds'
+    loop and, while no other task has it, promote their models to it. Granting again changes
+    nothing; the answer's second item says whether the grant is new."""
+    existing = _find_grant(session, server, task)
+    if existing is not None:
+        return existing, False
+    row = ModelServerGrant(server_id=server.id, task_id=task.id, granted_by_id=actor.id if actor else None)
+    session.add(row)
+    session.flush()
+    shared_with = len(granted_tasks(session, server)) - 1
+    audit.record(
+        session, actor, "model_server.grant", "model_server", server.name, task=task.name, shared_with=shared_with
+    )
+    return row, True
+
+
+def revoke(session: Session, actor: User | None, server: ModelServer, task: Task) -> None:
+    """Take ``server`` away from ``task`` (admins); refused while one of the task's open rounds
+    has it in its loop (its writers would lose the model mid-round)."""
+    row = _find_grant(session, server, task)
+    if row is None:
+        raise NotFound(
+            f"model server {server.name!r} is not granted to task {task.name!r}; GET "
+            f"/api/v1/model-servers/{server.name}/tasks lists the tasks it is granted to"
+        )
+    using = [r for r in rounds_using(session, server.name) if r.task_id == task.id]
+    if using:
+        shown = ", ".join(f"round {r.number}" for r in using)
+        raise Conflict(
+            f"model server {server.name!r} is in the loop of task {task.name!r}'s open {shown}; put another "
+            "server in its loop (PUT /api/v1/rounds/{id}/model) or close it first"
+        )
+    session.delete(row)
+    session.flush()
+    audit.record(session, actor, "model_server.revoke", "model_server", server.name, task=task.name)
+
+
+def _bound_by_grants(actor: User | None) -> bool:
+    # The shell's operator (actor None) and admins manage the registry itself.
+    return actor is not None and not actor.has_role(Role.admin)
+
+
+def require_granted(
+    session: Session,
+    actor: User | None,
+    task: Task,
+    names: list[str],
+    *,
+    field: str = "model_servers",
+    swap: bool = False,
+) -> list[str]:
+    """``names`` (checked as :func:`check_names` does) if ``actor`` may use each for ``task``:
+    a researcher only servers granted to ``task``, and with ``swap`` (a promotion hot-swaps the
+    server's model) only servers granted to no other task. Admins and the shell's operator
+    (``actor`` None) are not bound by grants. Otherwise :class:`Forbidden` names the servers
+    granted to ``task`` and nothing is changed; ``force`` or any other option cannot lift it.
+
+    Called by the routes and use cases that put a server in a round's loop or promote to one
+    (api/routes/rounds.py, modelling/jobs.py when a promote job is submitted, and again by
+    modelling/registry.py when it runs)."""
+    names = check_names(session, names, field=field)
+    if not _bound_by_grants(actor):
+        return names
+    granted = granted_names(session, task)
+    refused = [name for name in names if name not in granted]
+    if refused:
+        verb = "is" if len(refused) == 1 else "are"
+        raise Forbidden(
+            f"{field}: {', '.join(repr(n) for n in refused)} {verb} not granted to task {task.name!r}; "
+            f"granted to it: {', '.join(granted) if granted else 'none'} ({GRANT_HINT})",
+            granted=granted,
+            refused=refused,
+        )
+    if swap:
+        shared = {name: count for name, count in grant_counts(session, names).items() if count > 1}
+        if shared:
+            shown = ", ".join(f"{name!r} (granted to {count} tasks)" for name, count in sorted(shared.items()))
+            raise Forbidden(
+                f"{field}: {shown} is shared with other tasks, whose attempts it also scores, so only an "
+                "admin may swap its model; promote without a server to the replicas that follow your "
+                f"task, or ask an admin to grant your task a server of its own (granted to task {task.name!r}: "
+                f"{', '.join(granted)})",
+                granted=granted,
+                shared=sorted(shared),
+            )
+    return names
+
+
+def grant_loop(session: Session, actor: User | None, task: Task, names: list[str]) -> None:
+    """Grant ``task`` each server of ``names`` that is now in one of its rounds' loops and not
+    granted to it yet: a server that scores a task's attempts belongs to it (and, granted to
+    another task too, becomes shared). Researchers only reach here with servers already
+    granted (:func:`require_granted`); an admin's or the shell's choice is recorded this way."""
+    granted = set(granted_names(session, task))
+    for name in names:
+        if name not in granted:
+            server = find_server(session, name)
+            if server is not None:
+                grant(session, actor, server, task)

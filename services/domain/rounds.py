@@ -155,10 +155,15 @@ def set_status(session: Session, actor: User | None, round_: Round, status: Roun
     return round_
 
 
-def set_model_servers(session: Session, actor: User | None, round_: Round, names: list[str]) -> Round:
-    """Put registered model servers (by name) in the round's loop; one is picked per attempt."""
+def ensure_model_can_change(round_: Round) -> None:
+    """A closed or built round's loop is history: :class:`Conflict`."""
     if round_.status in (RoundStatus.closed, RoundStatus.built):
         raise Conflict(f"round {round_.number} is {round_.status.value}; its model can no longer change")
+
+
+def set_model_servers(session: Session, actor: User | None, round_: Round, names: list[str]) -> Round:
+    """Put registered model servers (by name) in the round's loop; one is picked per attempt."""
+    ensure_model_can_change(round_)
     round_.model_servers = check_names(session, names)
     audit.record(session, actor, "round.model", "round", round_.id, servers=round_.model_servers)
     return round_
