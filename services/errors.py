@@ -161,3 +161,10 @@ class StudyLinkFull(Conflict):
     """A study link whose cap on workers is reached."""
 
     code = "study_link_full"
+
+
+class DuplicateText(Conflict):
+    """A text that is (after services.text.normalized_for_duplicates) already an example of the
+    task, or too close to one (docs/design.md "Duplicates"); nothing was stored or counted."""
+
+    code = "duplicate_text"

@@ -255,8 +255,7 @@ def normalized_for_duplicates(text: str) -> str:
     kept = "".join(char for char in text if char in _JOINERS or unicodedata.category(char) != "Cf")
     folded = unicodedata.normalize("NFC", kept.casefold())
     words = "".join(
-        " " if char in _WORD_SPACES else "" if unicodedata.category(char).startswith("P") else char
-        for char in folded
+        " " if char in _WORD_SPACES else "" if unicodedata.category(char).startswith("P") else char for char in folded
     )
     # NFC once more: a removed character may have stood between a letter and its combining mark.
     return unicodedata.normalize("NFC", " ".join(words.split()))
