@@ -12,12 +12,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, select, update
 from sqlalchemy.orm import Session
 
 from services.db.migrate import downgrade, upgrade
-from services.db.models import Example, ExampleText
-from services.text import duplicate_hash
+from services.db.models import BuiltExample, Example, ExampleText
+from services.text import duplicate_hash, normalized_for_duplicates
+from tests.built_round import BuiltRound
 from tests.conftest import (
     Actor,
     MakeUser,
@@ -265,3 +266,77 @@ def test_migration_0017_hashes_existing_examples_and_the_earliest_copy_claims_th
             assert claims == [(first["id"], duplicate_hash(SENTENCE))]
     finally:
         engine.dispose()
+
+
+# --- the round builder ------------------------------------------------------------------
+
+
+def _split_texts(app: FastAPI, build_id: int) -> dict[str, list[str]]:
+    with Session(app.state.engine) as session:
+        rows = session.execute(
+            select(BuiltExample.split, Example.text)
+            .join(Example, Example.id == BuiltExample.example_id)
+            .where(BuiltExample.build_id == build_id)
+            .order_by(Example.id)
+        ).all()
+    splits: dict[str, list[str]] = {}
+    for split, text in rows:
+        splits.setdefault(split, []).append(normalized_for_duplicates(text))
+    return splits
+
+
+def test_the_builder_keeps_one_copy_of_each_text_even_for_rows_written_before_the_rule(
+    app: FastAPI, client: TestClient, built: BuiltRound
+) -> None:
+    """The issue's reproduction: a sentence of two writers in train and in dev, and a repeat
+    with the opposite gold. Rows as they were before the rule (texts changed in the database,
+    where the API would now refuse them); the next build keeps one copy of the agreeing pair,
+    excludes both copies that disagree, and says so in its report."""
+    plan = built["plan"]
+    by_text = {example["text"]: example for example, _ in plan}
+    kept = by_text["Copy 0: a great positive sentence about lunch."]
+    repeat = by_text["Copy 1: a great positive sentence about lunch."]  # same gold (positive)
+    positive = by_text["Copy 0: a plain positive sentence about lunch."]
+    negative = by_text["Extra 2: a plain remark on the menu."]  # gold negative (3 of 5), train
+    before = _split_texts(app, built["build"]["build_id"])
+    assert sum(len(texts) for split, texts in before.items() if split != "excluded") == len(plan)
+    with Session(app.state.engine) as session, session.begin():
+        session.execute(
+            update(Example)
+            .where(Example.id == repeat["id"])
+            .values(text="copy 0 - A GREAT positive sentence about lunch")
+        )
+        session.execute(update(Example).where(Example.id == negative["id"]).values(text=positive["text"].upper()))
+    response = client.post(
+        f"{API}/rounds/{built['round']['id']}/build",
+        json={"seed": 7, "policy": "relaxed", "chance": False},
+        headers=built["researcher"].headers,
+    )
+    assert response.status_code == 201, response.text
+    build = response.json()
+    splits = _split_texts(app, build["build_id"])
+    placed = [text for split in ("train", "dev", "test") for text in splits.get(split, [])]
+    assert len(placed) == len(set(placed)), "a text is in two splits or twice in one"
+    assert normalized_for_duplicates(kept["text"]) in placed
+    assert normalized_for_duplicates(positive["text"]) not in placed  # conflicting gold: both copies out
+    report = build["report"]
+    assert {k: report["duplicates"][k] for k in report["duplicates"] if k != "rule"} == {
+        "merged": 1,
+        "conflicting_gold_texts": 1,
+        "conflicting_gold_examples": 2,
+        "in_an_earlier_round": 0,
+    }
+    excluded = report["counts"]["excluded"]
+    assert excluded["duplicate"] == 1 and excluded["duplicate_conflicting_gold"] == 2
+    with Session(app.state.engine) as session:
+        flags = dict(
+            session.execute(
+                select(BuiltExample.example_id, BuiltExample.flags).where(BuiltExample.build_id == build["build_id"])
+            ).all()
+        )
+    assert flags[repeat["id"]] == ["duplicate"]
+    assert flags[positive["id"]] == flags[negative["id"]] == ["duplicate_conflicting_gold"]
+    markdown = client.get(
+        f"{API}/tasks/dynasent-r2/rounds/1/report?format=markdown", headers=built["researcher"].headers
+    ).text
+    assert "Duplicates merged: 1" in markdown
