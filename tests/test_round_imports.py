@@ -336,7 +336,7 @@ def test_crowd_responses_build_with_gold_and_agreement_matching_an_independent_c
     assert response.status_code == 201, response.text
     assert response.json() | {"round_id": 0, "sha256": ""} == {
         "task": task, "round": 1, "round_id": 0, "kind": "responses", "examples": 60, "validations": 300,
-        "workers": 12, "sha256": "",
+        "workers": 12, "sha256": "", "repeats_merged": 0,
     }  # fmt: skip
 
     with session_scope(rooted.state.sessionmaker) as session:
