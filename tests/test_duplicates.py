@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from services.db.migrate import downgrade, upgrade
 from services.db.models import BuiltExample, Example, ExampleText
+from services.taskdef import TaskDefinitionError, parse_task_definition
 from services.text import duplicate_hash, normalized_for_duplicates
 from tests.built_round import BuiltRound
 from tests.conftest import (
@@ -28,6 +29,7 @@ from tests.conftest import (
     register_model_server,
     table_snapshot,
 )
+from tests.test_study_links import PROLIFIC, make_link, open_link
 
 API = "/api/v1"
 PROMPTS = ["The soup was fine and the bread was fresh.", "We went there on a Sunday afternoon."]
@@ -340,3 +342,39 @@ def test_the_builder_keeps_one_copy_of_each_text_even_for_rows_written_before_th
         f"{API}/tasks/dynasent-r2/rounds/1/report?format=markdown", headers=built["researcher"].headers
     ).text
     assert "Duplicates merged: 1" in markdown
+
+
+@pytest.mark.parametrize("value", [0.3, 1.5, "high"])
+def test_a_near_duplicate_similarity_outside_its_range_is_refused_with_its_field_named(value: Any) -> None:
+    yaml_text = example_yaml("dynasent-r2", near_duplicate_similarity=value)
+    with pytest.raises(TaskDefinitionError) as refused:
+        parse_task_definition(yaml_text)
+    assert "near_duplicate_similarity" in str(refused.value)
+    assert (
+        parse_task_definition(example_yaml("dynasent-r2", near_duplicate_similarity=0.9)).near_duplicate_similarity
+        == 0.9
+    )
+    assert parse_task_definition(example_yaml("dynasent-r2")).near_duplicate_similarity is None
+
+
+def test_a_study_workers_repeats_count_towards_no_quota(
+    client: TestClient, app: FastAPI, researcher: Actor, round_: dict[str, Any]
+) -> None:
+    """A Prolific writer on a link with a quota of 3 submits one sentence, then sends it three
+    more times, varied: every repeat is refused, the session's count stays at 1 and finishing
+    "at quota" is refused, so the repeats earn neither the completion code nor a bonus."""
+    link = make_link(client, researcher, round_["id"], quota=3, max_workers=5, completion_code="C0MPLETE")
+    started = open_link(client, link, PROLIFIC)
+    assert started.status_code in (200, 201), started.text
+    worker = Actor("prolific-worker", started.json()["token"])
+    session_id = started.json()["session"]["id"]
+    write_example(client, worker, round_["id"], SENTENCE)
+    for variant in VARIANTS[1:]:
+        assignment = assignment_of(client, worker, round_["id"])
+        before = table_snapshot(app, *TABLES, "study_sessions")
+        assert_duplicate_refusal(attempt(client, worker, assignment["id"], variant), round_["number"])
+        assert table_snapshot(app, *TABLES, "study_sessions") == before
+    row = client.get(f"{API}/me/study-sessions", headers=worker.headers).json()["data"][0]
+    assert row["units_done"] == 1 and row["status"] == "active"
+    finish = client.post(f"{API}/study-sessions/{session_id}/finish", json={"reason": "quota"}, headers=worker.headers)
+    assert finish.status_code == 409 and "1 of 3" in finish.json()["error"]["message"]
