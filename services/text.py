@@ -272,4 +272,9 @@ def duplicate_key(text: str, target: str | None = None) -> str:
 def duplicate_hash(text: str, target: str | None = None) -> str:
     """The SHA-256 (hex) of :func:`duplicate_key`: what ``examples.normalized_hash`` stores
     and what the task's claimed texts (``example_texts``) are keyed by."""
-    return hashlib.sha256(duplicate_key(text, target).encode("utf-8")).hexdigest()
+    return key_hash(duplicate_key(text, target))
+
+
+def key_hash(key: str) -> str:
+    """The SHA-256 (hex) of a :func:`duplicate_key`."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()

@@ -262,8 +262,8 @@ def test_migration_0017_hashes_existing_examples_and_the_earliest_copy_claims_th
         downgrade(database_url, "0014")
         upgrade(database_url)
         with Session(engine) as session:
-            rows = session.execute(select(Example.id, Example.normalized_hash).order_by(Example.id)).all()
-            assert [digest for _, digest in rows] == [duplicate_hash(SENTENCE)] * 2
+            rows = session.execute(select(Example.normalized_hash, Example.normalized_text).order_by(Example.id)).all()
+            assert rows == [(duplicate_hash(SENTENCE), normalized_for_duplicates(SENTENCE))] * 2
             claims = session.execute(select(ExampleText.example_id, ExampleText.normalized_hash)).all()
             assert claims == [(first["id"], duplicate_hash(SENTENCE))]
     finally:

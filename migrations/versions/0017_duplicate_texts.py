@@ -2,7 +2,8 @@
 
 ``examples.normalized_hash`` is ``services.text.duplicate_hash`` of the example's text (and, for
 a target-dependent example, its target), indexed, so "is this text already an example of the
-task?" is one indexed query. ``example_texts`` holds one row per (task, normalized hash),
+task?" is one indexed query; ``examples.normalized_text`` keeps the normalized text itself for
+the optional near-duplicate check. ``example_texts`` holds one row per (task, normalized hash),
 naming the first example with that text: its primary key is what keeps two concurrent
 submissions of one text from both being accepted. Existing examples are backfilled; where a
 task already holds repeats (written before this revision) the earliest example claims the text
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from services.text import duplicate_hash
+from services.text import duplicate_key, key_hash
 
 # revision identifiers, used by Alembic.
 revision: str = "0017"
@@ -39,6 +40,7 @@ def upgrade() -> None:
     """Upgrade schema."""
     with op.batch_alter_table("examples") as batch_op:
         batch_op.add_column(sa.Column("normalized_hash", sa.String(length=64), nullable=True))
+        batch_op.add_column(sa.Column("normalized_text", sa.Text(), nullable=True))
         batch_op.create_index(batch_op.f("ix_examples_normalized_hash"), ["normalized_hash"], unique=False)
     op.create_table(
         "example_texts",
@@ -65,6 +67,7 @@ def _backfill() -> None:
         sa.column("extras", sa.JSON),
         sa.column("created_at", sa.DateTime(timezone=True)),
         sa.column("normalized_hash", sa.String),
+        sa.column("normalized_text", sa.Text),
     )
     rounds = sa.table("rounds", sa.column("id", sa.Integer), sa.column("task_id", sa.Integer))
     texts = sa.table(
@@ -89,8 +92,9 @@ def _backfill() -> None:
         hashes = []
         claims = []
         for example_id, task_id, text, extras, created_at in rows:
-            digest = duplicate_hash(text, _target(extras))
-            hashes.append({"example_id": example_id, "digest": digest})
+            key = duplicate_key(text, _target(extras))
+            digest = key_hash(key)
+            hashes.append({"example_id": example_id, "digest": digest, "key": key})
             if (task_id, digest) not in claimed:
                 claimed.add((task_id, digest))
                 claims.append(
@@ -99,7 +103,7 @@ def _backfill() -> None:
         bind.execute(
             examples.update()
             .where(examples.c.id == sa.bindparam("example_id"))
-            .values(normalized_hash=sa.bindparam("digest")),
+            .values(normalized_hash=sa.bindparam("digest"), normalized_text=sa.bindparam("key")),
             hashes,
         )
         if claims:
@@ -112,4 +116,5 @@ def downgrade() -> None:
     op.drop_table("example_texts")
     with op.batch_alter_table("examples") as batch_op:
         batch_op.drop_index(batch_op.f("ix_examples_normalized_hash"))
+        batch_op.drop_column("normalized_text")
         batch_op.drop_column("normalized_hash")

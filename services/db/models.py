@@ -449,6 +449,9 @@ class Example(Base):
     # services.text.duplicate_hash of the text (and target): what makes two examples the same
     # text for the duplicate rules (docs/design.md "Duplicates"; migration 0017).
     normalized_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    # services.text.duplicate_key itself, for the task's optional near-duplicate check (rapidfuzz
+    # over the keys of examples of a similar length, without normalizing each one again).
+    normalized_text: Mapped[str | None] = mapped_column(Text)
 
     round: Mapped[Round] = relationship()
     attempt: Mapped[Attempt | None] = relationship()

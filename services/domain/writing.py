@@ -613,8 +613,8 @@ def submit_example(
         validations_needed=definition.validations_per_example,
         requeue_count=0,
         idempotency_key=idempotency_key,
-        normalized_hash=duplicates.example_hash(attempt.text, cleaned),
     )
+    duplicates.normalize(example)
     session.add(example)
     assignment.status = AssignmentStatus.submitted
     assignment.finished_at = utcnow()
