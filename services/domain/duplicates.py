@@ -126,9 +126,9 @@ def refuse_near_duplicate(
 
 
 def claim(session: Session, task: Task, example: Example) -> None:
-    """Record ``example`` (flushed, its normalized text and hash set by :func:`normalize`) as the task's one example of
-    its text, or raise :class:`DuplicateText` when another example holds it, including one
-    that a concurrent request inserted a moment ago (the primary key decides; the failed insert
+    """Record ``example`` (flushed, its normalized text and hash set by :func:`normalize`) as
+    the task's one example of its text, or raise :class:`DuplicateText` when another example
+    holds it, including one that a concurrent request inserted a moment ago (the primary key decides; the failed insert
     is undone in a savepoint so the caller's transaction stays usable)."""
     assert example.normalized_hash is not None
     try:
