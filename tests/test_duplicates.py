@@ -258,7 +258,7 @@ def test_migration_0017_hashes_existing_examples_and_the_earliest_copy_claims_th
     try:
         # A repeat as one was written before the rule: same text in other words, no claim.
         with engine.begin() as connection:
-            connection.execute(Example.__table__.update().where(Example.id == second["id"]).values(text=VARIANTS[1]))
+            connection.execute(update(Example).where(Example.id == second["id"]).values(text=VARIANTS[1]))
         downgrade(database_url, "0014")
         upgrade(database_url)
         with Session(engine) as session:
@@ -331,7 +331,7 @@ def test_the_builder_keeps_one_copy_of_each_text_even_for_rows_written_before_th
     excluded = report["counts"]["excluded"]
     assert excluded["duplicate"] == 1 and excluded["duplicate_conflicting_gold"] == 2
     with Session(app.state.engine) as session:
-        flags = dict(
+        flags: dict[int, list[str]] = dict(
             session.execute(
                 select(BuiltExample.example_id, BuiltExample.flags).where(BuiltExample.build_id == build["build_id"])
             ).all()
