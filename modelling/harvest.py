@@ -54,7 +54,7 @@ from services.db.models import (
     RoundStatus,
     User,
 )
-from services.domain import audit
+from services.domain import audit, duplicates
 from services.domain import rounds as round_domain
 from services.domain.rounds import text_hash
 from services.domain.tasks import definition_of, get_task
@@ -622,38 +622,40 @@ def _write_examples(
 ) -> tuple[int, int]:
     present = _round_hashes(session, round_, "examples")  # again: the round may have grown meanwhile
     new = [r for r in records if r["text_hash"] not in present]
-    session.add_all(
-        [
-            Example(
-                round_id=round_.id,
-                origin=ExampleOrigin.harvested,
-                source_metadata={
-                    **r["source"],
-                    "pool": r["pool"],
-                    "model_id": metadata.model_id,
-                    "model_version": metadata.version,
-                    "model_precision": precision,
-                    "model_probabilities": r["probabilities"],
-                },
-                # The prompt condition lets a harvested sentence reach dev/test (DynaSent's Round 1
-                # dev/test are harvested); with no prompt id each sentence stands alone.
-                condition=Condition.prompt,
-                prompt_id=None,
-                text=r["text"],
-                target_label=[],
-                model_prediction=[r["prediction"]],
-                model_id=metadata.model_id,
-                fooled=False,  # nobody aimed at a label; validators decide what it is
-                extras={},
-                status=ExampleStatus.validating,
-                validation_count=0,
-                validations_needed=definition.validations_per_example,
-                requeue_count=0,
-            )
-            for r in new
-        ]
-    )
+    examples = [
+        Example(
+            round_id=round_.id,
+            origin=ExampleOrigin.harvested,
+            source_metadata={
+                **r["source"],
+                "pool": r["pool"],
+                "model_id": metadata.model_id,
+                "model_version": metadata.version,
+                "model_precision": precision,
+                "model_probabilities": r["probabilities"],
+            },
+            # The prompt condition lets a harvested sentence reach dev/test (DynaSent's Round 1
+            # dev/test are harvested); with no prompt id each sentence stands alone.
+            condition=Condition.prompt,
+            prompt_id=None,
+            text=r["text"],
+            target_label=[],
+            model_prediction=[r["prediction"]],
+            model_id=metadata.model_id,
+            fooled=False,  # nobody aimed at a label; validators decide what it is
+            extras={},
+            status=ExampleStatus.validating,
+            validation_count=0,
+            validations_needed=definition.validations_per_example,
+            requeue_count=0,
+        )
+        for r in new
+    ]
+    session.add_all(examples)
     session.flush()
+    # Their normalized texts, so a writer cannot submit a harvested sentence again
+    # (services/domain/duplicates.py); a sentence already in an earlier round is still written.
+    duplicates.record_texts(session, round_.task, examples)
     return len(new), len(records) - len(new)
 
 

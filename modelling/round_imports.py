@@ -59,12 +59,12 @@ from services.db.models import (
     Validation,
     utcnow,
 )
-from services.domain import audit, rounds
+from services.domain import audit, duplicates, rounds
 from services.domain.labels import check_label_set
 from services.domain.tasks import definition_of
 from services.errors import Conflict, Invalid
 from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
-from services.text import clean_text
+from services.text import clean_text, duplicate_key
 
 __all__ = ["MAX_IMPORT_BYTES", "MAX_TEXT_CHARS", "ImportOptions", "ImportedRound", "import_round", "worker_username"]
 
@@ -157,6 +157,8 @@ class ImportedRound:
     validations: int
     workers: int
     sha256: str
+    # Responses: examples of the file with the text of an earlier one, pooled into it.
+    repeats_merged: int = 0
 
 
 # --------------------------------------------------------------------------- reading
@@ -395,9 +397,12 @@ def _extras(definition: TaskDefinition, frame: pd.DataFrame, row: int, text: str
     return extras
 
 
-def _key(text: str, extras: dict[str, Any]) -> tuple[Any, ...]:
+def _key(text: str, extras: dict[str, Any]) -> tuple[str, str]:
+    """The rows of one text: its :func:`~services.text.duplicate_key` (the normalized text and,
+    for a target-dependent task, the normalized target), so ``Great food!`` and ``great food``
+    are one text, as they are for writers and for the round builder."""
     span = extras.get(WriterFieldName.target_span.value)
-    return (text, span["start"], span["end"]) if span else (text,)
+    return ("text", duplicate_key(text, span["text"] if span else None))
 
 
 # --------------------------------------------------------------------------- the round
@@ -519,8 +524,11 @@ def _labelled(
         extras = _extras(definition, frame, row, text, options)
         key = _key(text, extras)
         if key in seen:
+            target = " and target" if WriterFieldName.target_span.value in extras else ""
             raise Invalid(
-                f"row {row + 1} repeats row {seen[key] + 1} (the same text{' and target' if len(key) > 1 else ''})"
+                f"row {row + 1} repeats row {seen[key] + 1} (the same text{target}, ignoring case, spacing and "
+                "punctuation); a labelled dataset gives each text one gold label: remove one of the rows, or "
+                "import the labels as responses to pool them"
             )
         seen[key] = row
         votes = (
@@ -554,6 +562,7 @@ def _labelled(
         examples.append(_example(round_, definition, text, extras, metadata))
     session.add_all(examples)
     session.flush()
+    duplicates.record_texts(session, round_.task, examples)
     return len(examples)
 
 
@@ -565,7 +574,7 @@ def _responses(
     options: ImportOptions,
     origin: dict,
     secret: str,
-) -> tuple[int, int, int]:
+) -> tuple[int, int, int, int]:
     _require_columns(
         frame,
         [
@@ -617,7 +626,7 @@ def _responses(
             if not 0 <= seconds <= 86_400:
                 raise Invalid(f"{_where(row, options.seconds_column)}: seconds must be a number from 0 to 86400")
         item = items.setdefault(key, {"row": row, "text": text, "extras": extras, "labels": {}})
-        if item["text"] != text or item["extras"] != extras:
+        if key[0] == "id" and (item["text"] != text or item["extras"] != extras):
             what = "text" if item["text"] != text else "target"
             raise Invalid(
                 f"row {row + 1} gives example {key[1] if key[0] == 'id' else ''} a different {what} "
@@ -628,13 +637,19 @@ def _responses(
                 f"row {row + 1}: the same worker labelled this example already in row {item['labels'][worker][2] + 1}"
             )
         item["labels"][worker] = (label, seconds, row)
+    items, repeats = _pool_repeated_texts(items)
     workers = sorted({worker for item in items.values() for worker in item["labels"]})
     if len(workers) > MAX_WORKERS:
         raise Invalid(f"the file has {len(workers)} workers; one import takes at most {MAX_WORKERS}")
     accounts = _workers(session, secret, workers)
     examples = []
     for key, item in items.items():
-        metadata = {**origin, "row": item["row"] + 1, **({"id": key[1][:200]} if key[0] == "id" else {})}
+        metadata = {
+            **origin,
+            "row": item["row"] + 1,
+            **({"id": key[1][:200]} if key[0] == "id" else {}),
+            **({"merged_ids": [merged[:200] for merged in item["merged_ids"]]} if item.get("merged_ids") else {}),
+        }
         example = _example(round_, definition, item["text"], item["extras"], metadata)
         example.validation_count = example.validations_needed = len(item["labels"])
         examples.append(example)
@@ -655,7 +670,41 @@ def _responses(
     ]
     session.add_all(validations)
     session.flush()
-    return len(examples), len(validations), len(workers)
+    duplicates.record_texts(session, round_.task, examples)
+    return len(examples), len(validations), len(workers), repeats
+
+
+def _pool_repeated_texts(items: dict[Any, dict[str, Any]]) -> tuple[dict[Any, dict[str, Any]], int]:
+    """Examples of the file (by id) that have one text (:func:`_key`) become one example whose
+    responses are theirs pooled: one text is never two examples, which the builder could put in
+    two splits with different gold. A worker who labelled two of them counts once when the
+    labels agree; labels that differ are refused (which one would be the worker's?).
+    Returns the pooled items and how many examples were merged into another."""
+    pooled: dict[Any, dict[str, Any]] = {}
+    by_text: dict[tuple[str, str], Any] = {}
+    repeats = 0
+    for key, item in items.items():
+        text_key = _key(item["text"], item["extras"])
+        first = by_text.get(text_key)
+        if first is None:
+            by_text[text_key] = key
+            pooled[key] = item
+            continue
+        into = pooled[first]
+        for worker, response in item["labels"].items():
+            if worker in into["labels"]:
+                earlier = into["labels"][worker]
+                if earlier[0] != response[0]:
+                    raise Invalid(
+                        f"rows {earlier[2] + 1} and {response[2] + 1} have the same text (ignoring case, spacing and "
+                        "punctuation), which is one example, and the same worker gave it different labels; remove "
+                        "one of the two rows"
+                    )
+                continue
+            into["labels"][worker] = response
+        into.setdefault("merged_ids", []).append(str(key[1]))
+        repeats += 1
+    return pooled, repeats
 
 
 def import_round(
@@ -690,8 +739,9 @@ def import_round(
     }
     if options.kind == "labelled":
         count, validations, workers = _labelled(session, round_, definition, frame, options, origin), 0, 0
+        repeats = 0
     else:
-        count, validations, workers = _responses(session, round_, definition, frame, options, origin, secret)
+        count, validations, workers, repeats = _responses(session, round_, definition, frame, options, origin, secret)
     now = utcnow()
     round_.status = RoundStatus.closed
     round_.validating_at = round_.validating_at or now
@@ -708,6 +758,7 @@ def import_round(
         sha256=sha256,
         examples=count,
         validations=validations,
+        repeats_merged=repeats,
     )
     session.flush()
     return ImportedRound(
@@ -719,4 +770,5 @@ def import_round(
         validations=validations,
         workers=workers,
         sha256=sha256,
+        repeats_merged=repeats,
     )

@@ -18,7 +18,7 @@ import pandas as pd
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from round_builder import aggregation, agreement, multilabel_report, multilabel_splits, splits
+from round_builder import aggregation, agreement, duplicates, multilabel_report, multilabel_splits, splits
 from round_builder.report import write_report
 from round_builder.report_assembly import BuildOutcome, assemble_report
 from round_builder.table import responses_frame
@@ -449,6 +449,8 @@ class Prepared:
     dropped: np.ndarray
     split_input: pd.DataFrame
     eligible: pd.DataFrame
+    # What was done with repeated texts (round_builder/duplicates.py): one copy per text.
+    duplicates: duplicates.DuplicateSummary | None = None
 
 
 def prepare(session: Session, round_: Round) -> Prepared:
@@ -473,8 +475,12 @@ def prepare(session: Session, round_: Round) -> Prepared:
 
     gold = _gold(data)
     dropped = (data.examples["status"].to_numpy() == ExampleStatus.dropped.value) | ~gold["kept"].to_numpy()
+    # One copy of each normalized text: repeats are excluded before the splits see them.
+    hashes = duplicates.hashes_of(data.examples)
+    earlier = duplicates.earlier_round_hashes(session, round_, hashes)
+    summary = duplicates.collapse(data.examples["example_id"].to_numpy(), hashes, gold, dropped, earlier)
     split_input = _split_input(data, gold)
-    return Prepared(data, gold, dropped, split_input, split_input.loc[~dropped])
+    return Prepared(data, gold, dropped, split_input, split_input.loc[~dropped], summary)
 
 
 def make_splits(prepared: Prepared, policy: Policy, seed: int) -> splits.SplitResult:
@@ -589,6 +595,8 @@ def build_round(
         BuildOutcome(round_, data, config, gold, split_input, result, assignment, dropped, chance, policy)
     )
     report = assembled.to_dict()
+    if prepared.duplicates is not None:
+        report["duplicates"] = prepared.duplicates.to_dict()
     source = gold_source(data, gold)
     if source is not None:
         report["datasheet"]["gold_source"] = source

@@ -415,6 +415,16 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         out.append(_table(["label", "Dist train", train, "Dev", "Test"], rows))
         if counts.get("excluded"):
             out += ["", "Excluded: " + ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) + "."]
+    duplicates = report.get("duplicates")
+    if duplicates:
+        out += [
+            "",
+            f"Duplicates merged: {duplicates['merged']:,} (repeats of a kept text); "
+            f"texts with conflicting gold: {duplicates['conflicting_gold_texts']:,} "
+            f"({duplicates['conflicting_gold_examples']:,} examples, all excluded); "
+            f"in an earlier round of the task: {duplicates['in_an_earlier_round']:,}. "
+            f"Rule: {duplicates['rule']}.",
+        ]
     splits = report.get("splits", {})
     if splits:
         out += ["", *splits_markdown(splits)]

@@ -175,3 +175,10 @@ class StudySessionTaken(Conflict):
     through a link of the other role and this link does not take them."""
 
     code = "study_session_taken"
+
+
+class DuplicateText(Conflict):
+    """A text that is (after services.text.normalized_for_duplicates) already an example of the
+    task, or too close to one (docs/design.md "Duplicates"); nothing was stored or counted."""
+
+    code = "duplicate_text"

@@ -297,6 +297,14 @@ class TaskDefinition(_Strict):
     pay: PayPolicy | None = Field(
         None, description="Base pay and bonuses for crowdworkers (the ledger); absent: no pay policy."
     )
+    near_duplicate_similarity: float | None = Field(
+        None,
+        ge=0.5,
+        le=1.0,
+        description="Refuse a writer's text whose similarity (rapidfuzz ratio of the normalized texts, 0-1) to "
+        "an example of the task is at least this, e.g. 0.9; absent: only exact duplicates (after "
+        'normalization) are refused (docs/design.md "Duplicates").',
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -26,6 +26,7 @@ silently and the stored (and returned) text is what the model and every reader s
 
 from __future__ import annotations
 
+import hashlib
 import unicodedata
 
 from rapidfuzz.distance import Levenshtein
@@ -217,3 +218,63 @@ def normalized_edit_distance(prompt: str, text: str) -> float:
     empty strings)."""
     longest = max(len(prompt), len(text))
     return Levenshtein.distance(prompt, text) / longest if longest else 0.0
+
+
+# --- duplicates ------------------------------------------------------------------------
+
+# The Ethiopic word space separates words the way a space does in Latin script (clean_text
+# counts words by it too): for duplicates it is white space, not punctuation to delete.
+_WORD_SPACES = {"\u1361"}
+
+
+def normalized_for_duplicates(text: str) -> str:
+    """The form in which two texts are the same text for the duplicate rules (a writer's
+    submission, an import's repeated rows, the round builder's splits; docs/design.md
+    "Duplicates"). In order:
+
+    1. Unicode NFC (CR and CRLF as LF). Not NFKC: compatibility folding rewrites characters
+       that carry meaning (``x²`` becomes ``x2``, ``½`` becomes ``1⁄2``, the Arabic ligature
+       U+FDFA becomes a whole phrase, circled and superscript digits become plain digits), and
+       NFC is what the text policy stores, so Ge'ez, Devanagari and Arabic-script text compares
+       as it was written.
+    2. Invisible format characters (Unicode category Cf: bidi marks, zero width space, soft
+       hyphen...) removed, except the zero width joiner and non-joiner (U+200D, U+200C): they
+       are part of how Devanagari conjuncts and Persian words are spelled (``می‌خواهم`` is not
+       ``میخواهم``), so texts that differ by one are different texts.
+    3. Case folded (:meth:`str.casefold`, full Unicode case folding: ``Straße`` and
+       ``STRASSE`` are the same), then NFC again (folding can decompose).
+    4. Punctuation (every character of Unicode category P*, in any script: ``!?.,'"``, the
+       Devanagari danda, the Ethiopic full stop, the Arabic comma...) removed, so ``Don't!``
+       and ``dont`` are the same. Symbols (emoji, currency) and combining marks (vowel signs,
+       harakat) are kept.
+    5. White space (and the Ethiopic word space U+1361) collapsed to one space and stripped at
+       both ends.
+
+    Letters of every script are otherwise unchanged. The function is idempotent."""
+    text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
+    kept = "".join(char for char in text if char in _JOINERS or unicodedata.category(char) != "Cf")
+    folded = unicodedata.normalize("NFC", kept.casefold())
+    words = "".join(
+        " " if char in _WORD_SPACES else "" if unicodedata.category(char).startswith("P") else char for char in folded
+    )
+    # NFC once more: a removed character may have stood between a letter and its combining mark.
+    return unicodedata.normalize("NFC", " ".join(words.split()))
+
+
+def duplicate_key(text: str, target: str | None = None) -> str:
+    """What decides that two examples are the same: the normalized text and, for a
+    target-dependent task, the normalized target (one sentence with two targets is two
+    examples). A unit separator (U+001F) joins the two; the text policy refuses it in text."""
+    key = normalized_for_duplicates(text)
+    return key if target is None else f"{key}\x1f{normalized_for_duplicates(target)}"
+
+
+def duplicate_hash(text: str, target: str | None = None) -> str:
+    """The SHA-256 (hex) of :func:`duplicate_key`: what ``examples.normalized_hash`` stores
+    and what the task's claimed texts (``example_texts``) are keyed by."""
+    return key_hash(duplicate_key(text, target))
+
+
+def key_hash(key: str) -> str:
+    """The SHA-256 (hex) of a :func:`duplicate_key`."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()

@@ -967,7 +967,8 @@ def test_wrong_role_is_forbidden(
     example: dict[str, Any],
     assignment: dict[str, Any],
 ) -> None:
-    attempt = post_attempt(client, writer, assignment["id"], NEUTRAL_TEXT).json()
+    # Not NEUTRAL_TEXT: the `example` fixture's writer submitted it, so it would be a duplicate.
+    attempt = post_attempt(client, writer, assignment["id"], "We went there on a Monday evening with friends.").json()
     for method, url, body, role, callers in _role_guarded(
         dynasent["id"], assignment["id"], attempt["id"], example["id"]
     ):

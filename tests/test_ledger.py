@@ -19,6 +19,7 @@ from sqlalchemy import delete, select
 
 from services.db.engine import session_scope
 from services.db.models import (
+    Example,
     LedgerEntry,
     Platform,
     PlatformAccount,
@@ -30,7 +31,7 @@ from services.db.models import (
     User,
     Validation,
 )
-from services.domain import ledger, tasks
+from services.domain import duplicates, ledger, tasks
 from services.taskdef import TaskDefinitionError, parse_task_definition
 from tests.built_round import write_example
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts, table_snapshot
@@ -762,3 +763,45 @@ def test_a_batch_with_a_label_that_no_longer_counts_earns_nothing_and_batches_ke
     assert response.status_code == 200, response.text
     # v4's batch 0 now holds a label that does not count: unpaid. v1's and v2's keep their keys.
     assert _rows(app) == _expected(hand) - {("validator_bonus", f"batch:{r}:{u['v4']}:0", u["v4"], None, 20)}
+
+
+def test_a_repeat_written_before_repeats_were_refused_earns_no_second_bonus(
+    client: TestClient, app: Any, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    """The issue's reproduction, as data written before the rule holds it: two writers' examples
+    with one sentence, both fooling and validated as intended. The writer of the example that
+    holds the text (the first) gets the bonus; the repeat gets none (docs/design.md "Duplicates")."""
+    researcher = make_user("rita", "researcher")
+    round_ = open_round(
+        client,
+        researcher,
+        example_yaml(TASK, onboarding_quiz=None, validation_batch_size=5, pay=PAY),
+        stub_model.url,
+        [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(4)],
+        target_label_mode="writer_choice",
+    )
+    wanda, wes = make_user("wanda", "writer"), make_user("wes", "writer")
+    first = write_example(client, wanda, round_["id"], "negative", "A great way to make me wait an hour.")
+    second = write_example(client, wes, round_["id"], "negative", "A great way to make me wait all day.")
+    assert first["fooled"] and second["fooled"]
+    # Before the rule the second writer could submit the same sentence: make it so, as the
+    # migration's backfill would have hashed it (services/domain/duplicates.py).
+    with session_scope(app.state.sessionmaker) as session:
+        repeat = session.get(Example, second["id"])
+        assert repeat is not None
+        repeat.text = "a GREAT way to make me wait an hour"
+        duplicates.normalize(repeat)
+    for name in VALIDATORS:
+        validator = make_user(name, "validator")
+        for example in (first, second):
+            response = client.post(
+                f"{API}/examples/{example['id']}/validations", json={"label": "negative"}, headers=validator.headers
+            )
+            assert response.status_code == 201, response.text
+    response = client.post(
+        f"{API}/tasks/{TASK}/ledger/compute", json={"round_id": round_["id"]}, headers=researcher.headers
+    )
+    assert response.status_code in (200, 201), response.text
+    bonuses = {row[1]: row[2] for row in _rows(app) if row[0] == "writer_bonus"}
+    ids = _user_ids(app)
+    assert bonuses == {f"example:{first['id']}": ids["wanda"]}

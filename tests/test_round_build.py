@@ -186,14 +186,23 @@ def test_target_dependent_round_builds_with_consolidation(
     )
     writer = make_user("tess", "writer")
     validators = [make_user(f"tv{i}", "validator") for i in range(3)]
-    text = "The minister met the mayor in the old town hall on Monday."
+    # One sentence with the same two targets, a different day each time: a text with the same
+    # target twice would be a duplicate, refused (docs/design.md "Duplicates").
+    days = iter(["Monday", "Friday", "Sunday", "Monday.", "Friday.", "Sunday.", "Monday!", "Friday!", "Sunday!"])
+
+    def text() -> str:
+        day = next(days)
+        return f"The minister met the mayor in the old town hall {'last' if '.' in day else 'on'} {day.strip('.!')}" + (
+            " again." if "!" in day else "."
+        )
+
     plan = []
     for label, weak in (("positive", "weakly_positive"), ("negative", "weakly_negative"), ("neutral", "neutral")):
-        plan.append((label, text, [4, 12], [label, weak, label]))  # unanimous after collapsing
-        plan.append((label, text, [20, 25], [label, label, label]))
-    plan.append(("negative", text, [20, 25], ["negative", "negative", "neutral"]))  # neighbouring majority
-    plan.append(("neutral", text, [4, 12], ["positive", "positive", "negative"]))  # non-neighbouring: dropped
-    plan.append(("neutral", text, [20, 25], ["neutral", "unknown", "neutral"]))  # unknown vote: dropped
+        plan.append((label, text(), [4, 12], [label, weak, label]))  # unanimous after collapsing
+        plan.append((label, text(), [20, 25], [label, label, label]))
+    plan.append(("negative", text(), [20, 25], ["negative", "negative", "neutral"]))  # neighbouring majority
+    plan.append(("neutral", text(), [4, 12], ["positive", "positive", "negative"]))  # non-neighbouring: dropped
+    plan.append(("neutral", text(), [20, 25], ["neutral", "unknown", "neutral"]))  # unknown vote: dropped
     write_and_label(client, writer, validators, round_["id"], plan)
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     response = client.post(

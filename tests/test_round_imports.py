@@ -336,7 +336,7 @@ def test_crowd_responses_build_with_gold_and_agreement_matching_an_independent_c
     assert response.status_code == 201, response.text
     assert response.json() | {"round_id": 0, "sha256": ""} == {
         "task": task, "round": 1, "round_id": 0, "kind": "responses", "examples": 60, "validations": 300,
-        "workers": 12, "sha256": "",
+        "workers": 12, "sha256": "", "repeats_merged": 0,
     }  # fmt: skip
 
     with session_scope(rooted.state.sessionmaker) as session:
@@ -526,3 +526,104 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
     response = _import(api, researcher, task, 1, kind="labelled", file="big.csv")
     assert response.status_code == 422 and "at most 100" in response.text
     assert table_counts(rooted) == before
+
+
+# --- repeated texts (issue 26, item 4; docs/round_builder.md "Duplicates") --------------------------
+
+
+def test_a_responses_import_with_repeated_texts_makes_one_example_per_text(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """The issue's reproduction: a responses file with the same sentence under two item ids (as
+    a platform export has it when a sentence was posted twice), once labelled positive and once
+    negative, was two examples that the builder put into different splits with opposite gold.
+    Now the two ids are one example with the responses pooled; the build has the text once."""
+    task = _task(rooted, researcher, "dynasent-r2")
+    rows = []
+    for item in range(12):
+        for worker in range(3):
+            rows.append(
+                {"item": f"i{item}", "text": f"Example {item} of the old responses.", "worker": f"w{worker}",
+                 "label": ["positive", "negative", "neutral"][item % 3]}
+            )  # fmt: skip
+    # i12 and i13: one sentence written two ways; i13's workers label it the other way.
+    for item, text, label in (("i12", "The pasta was fine.", "positive"), ("i13", "the pasta was FINE", "negative")):
+        for worker in ("w0", "w1", "w2") if item == "i12" else ("w3", "w4"):
+            rows.append({"item": item, "text": text, "worker": worker, "label": label})
+    _write(data_root / "repeats.csv", rows)
+    response = _import(api, researcher, task, 1, kind="responses", file="repeats.csv", id_column="item")
+    assert response.status_code == 201, response.text
+    assert response.json()["examples"] == 13 and response.json()["repeats_merged"] == 1
+    with session_scope(rooted.state.sessionmaker) as session:
+        pasta = session.scalars(select(Example).where(Example.text == "The pasta was fine.")).one()
+        assert pasta.source_metadata["id"] == "i12" and pasta.source_metadata["merged_ids"] == ["i13"]
+        labels = sorted(
+            v.label[0] for v in session.scalars(select(Validation).where(Validation.example_id == pasta.id))
+        )
+        assert labels == ["negative", "negative", "positive", "positive", "positive"]  # pooled: 3 to 2
+        assert pasta.validation_count == pasta.validations_needed == 5
+        assert not session.scalars(select(Example).where(Example.text == "the pasta was FINE")).all()
+        assert check_database(session).violations == []
+    report = _build(api, researcher, response.json()["round_id"], max_dev_test_share=1.0, dev_test_min_votes=1)
+    assert report["duplicates"]["merged"] == 0  # nothing left to merge: the import did it
+
+
+def test_a_worker_who_labelled_one_text_two_ways_is_refused_and_nothing_is_written(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    rows = [
+        {"item": "a", "text": "The pasta was fine.", "worker": "w1", "label": "positive"},
+        {"item": "a", "text": "The pasta was fine.", "worker": "w2", "label": "positive"},
+        {"item": "b", "text": "THE PASTA WAS FINE!", "worker": "w1", "label": "negative"},
+    ]
+    _write(data_root / "twoways.csv", rows)
+    before = table_counts(rooted)
+    response = _import(api, researcher, task, 1, kind="responses", file="twoways.csv", id_column="item")
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert "rows 1 and 3 have the same text" in message and "different labels" in message
+    assert "pasta" not in message.lower()  # rows are named, never their text
+    assert table_counts(rooted) == before
+    # Without ids, rows of one text (in any case and punctuation) are one example already.
+    _write(data_root / "noids.csv", [{k: v for k, v in row.items() if k != "item"} for row in rows[:2]]
+           + [{"text": "the pasta was fine", "worker": "w3", "label": "neutral"}])  # fmt: skip
+    response = _import(api, researcher, task, 1, kind="responses", file="noids.csv")
+    assert response.status_code == 201, response.text
+    assert response.json()["examples"] == 1 and response.json()["validations"] == 3
+
+
+@sqlite_only  # parsing before any write; PostgreSQL: test_a_worker_who_labelled_one_text_two_ways_...
+def test_a_labelled_dataset_with_a_repeated_text_is_refused(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "dynasent-r2")
+    _write(data_root / "repeat.jsonl", [GOOD, GOOD | {"text": "a FINE sentence", "label": "negative"}])
+    before = table_counts(rooted)
+    response = _import(api, researcher, task, 1, kind="labelled", file="repeat.jsonl")
+    assert response.status_code == 422, response.text
+    assert "row 2 repeats row 1" in response.text and "ignoring case, spacing and punctuation" in response.text
+    assert table_counts(rooted) == before
+
+
+def test_a_text_of_an_earlier_round_is_left_out_of_a_later_rounds_splits(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """Two rounds of one task that overlap (a dataset imported twice, in part): each text
+    reaches one round's splits only, so the rounds together hold it once."""
+    task = _task(rooted, researcher, "dynasent-r2")
+    first = [{"text": f"Sentence {i} of the first file.", "label": ["positive", "negative", "neutral"][i % 3]}
+             for i in range(12)]  # fmt: skip
+    second = [{"text": f"Sentence {i} of the second file.", "label": ["positive", "negative", "neutral"][i % 3]}
+              for i in range(12)] + [first[0] | {"text": first[0]["text"].upper()}, first[1]]  # fmt: skip
+    _write(data_root / "first.jsonl", first)
+    _write(data_root / "second.jsonl", second)
+    assert _import(api, researcher, task, 1, kind="labelled", file="first.jsonl").status_code == 201
+    imported = _import(api, researcher, task, 2, kind="labelled", file="second.jsonl")
+    assert imported.status_code == 201, imported.text
+    report = _build(api, researcher, imported.json()["round_id"], max_dev_test_share=1.0, dev_test_min_votes=1)
+    assert report["duplicates"]["in_an_earlier_round"] == 2
+    assert report["counts"]["excluded"]["duplicate_of_earlier_round"] == 2
+    assert (
+        report["counts"]["total"]["train"] + report["counts"]["total"]["dev"] + report["counts"]["total"]["test"] == 12
+    )

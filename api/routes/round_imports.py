@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, status
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from api.deps import IdPath, SessionDep, SettingsDep, allowed
 from modelling.round_imports import ImportOptions, import_round
@@ -29,6 +29,11 @@ class RoundImportPublic(BaseModel):
     validations: int
     workers: int
     sha256: str
+    repeats_merged: int = Field(
+        0,
+        description="Responses: examples of the file with the text of an earlier one (ignoring case, spacing "
+        "and punctuation), pooled into it.",
+    )
 
 
 @router.post(

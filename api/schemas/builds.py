@@ -255,6 +255,16 @@ class Datasheet(BaseModel):
     )
 
 
+class ReportDuplicates(BaseModel):
+    """What the build did with repeated texts (docs/round_builder.md "Duplicates")."""
+
+    merged: int = Field(description="Copies excluded because another copy of their normalized text was kept.")
+    conflicting_gold_texts: int = Field(description="Texts whose copies had different gold labels (all excluded).")
+    conflicting_gold_examples: int
+    in_an_earlier_round: int = Field(description="Copies of a text that an earlier round of the task holds.")
+    rule: str
+
+
 class RoundReport(BaseModel):
     """A build's report."""
 
@@ -286,6 +296,9 @@ class RoundReport(BaseModel):
         None,
         description="Files written with the report (builds run with an "
         "output folder, `dynaloop round build`); absent otherwise.",
+    )
+    duplicates: ReportDuplicates | None = Field(
+        None, description="Repeated texts: one copy per text reaches the splits. Absent in builds made before it."
     )
 
 

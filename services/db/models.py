@@ -450,6 +450,12 @@ class Example(Base):
     requeue_count: Mapped[int] = mapped_column(Integer, default=0)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # services.text.duplicate_hash of the text (and target): what makes two examples the same
+    # text for the duplicate rules (docs/design.md "Duplicates"; migration 0017).
+    normalized_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    # services.text.duplicate_key itself, for the task's optional near-duplicate check (rapidfuzz
+    # over the keys of examples of a similar length, without normalizing each one again).
+    normalized_text: Mapped[str | None] = mapped_column(Text)
 
     round: Mapped[Round] = relationship()
     attempt: Mapped[Attempt | None] = relationship()
@@ -909,3 +915,17 @@ class ModelServerGrant(Base):
     server: Mapped[ModelServer] = relationship()
     task: Mapped[Task] = relationship()
     granted_by: Mapped[User | None] = relationship()
+
+
+class ExampleText(Base):
+    """A normalized text (``services.text.duplicate_hash``) that an example of the task holds:
+    one row per (task, text), so a second submission of the same text, however the requests
+    interleave, fails on the primary key (docs/design.md "Duplicates"). The example is the first
+    one with the text; repeats written before migration 0017 have no row of their own."""
+
+    __tablename__ = "example_texts"
+
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), primary_key=True)
+    normalized_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    example_id: Mapped[int] = mapped_column(ForeignKey("examples.id"), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

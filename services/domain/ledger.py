@@ -49,6 +49,7 @@ from services.db.models import (
     BuiltExample,
     Example,
     ExampleOrigin,
+    ExampleText,
     LedgerEntry,
     LedgerKind,
     Platform,
@@ -264,6 +265,15 @@ def _round_candidates(
                 Example.origin == ExampleOrigin.written,
                 Example.writer_id.is_not(None),
                 Example.fooled.is_(True),
+                # A repeat of a text that another example of the task holds (written before
+                # repeats were refused, docs/design.md "Duplicates") earns no bonus of its own.
+                ~select(ExampleText.example_id)
+                .where(
+                    ExampleText.task_id == round_.task_id,
+                    ExampleText.normalized_hash == Example.normalized_hash,
+                    ExampleText.example_id != Example.id,
+                )
+                .exists(),
             )
             .order_by(Example.id)
         ):

@@ -42,7 +42,7 @@ from services.db.models import (
 )
 from services.db.statements import rows_matched
 from services.db.transactions import commit_now
-from services.domain import model_servers
+from services.domain import duplicates, model_servers
 from services.domain.in_flight import AttemptsInFlight
 from services.domain.labels import check_target_label, is_fooled
 from services.domain.model_servers import ServerAddress
@@ -51,7 +51,7 @@ from services.domain.tasks import definition_of
 from services.errors import Conflict, Gone, Invalid, ModelBusy, ModelUnavailable, NotFound
 from services.model_client import ModelAnswer, ModelClient, ModelServerError, ModelSlotsBusy, NoPrediction
 from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
-from services.text import clean_text, normalized_edit_distance
+from services.text import clean_text, duplicate_hash, normalized_edit_distance
 
 _rng = random.SystemRandom()
 logger = logging.getLogger(__name__)
@@ -311,6 +311,9 @@ def prepare_attempt(
             f"all {assignment.tries_allowed} tries of this assignment are used; submit one of your "
             "attempts or switch to the next prompt"
         )
+    # A text that is already an example of the task is refused before the model sees it:
+    # nothing is stored, no try is used (services/domain/duplicates.py).
+    _refuse_duplicate(session, assignment, text, span)
     prompt = assignment.prompt
     attempt = Attempt(
         assignment_id=assignment.id,
@@ -589,6 +592,9 @@ def submit_example(
             f"{'/'.join(assignment.target_label)} (POST /api/v1/attempts/{attempt.id}/confirmation)"
         )
     cleaned = _check_extras(definition, extras, attempt)
+    task = assignment.round.task
+    # Again at submission: another writer may have submitted the same text since the attempt.
+    _refuse_duplicate(session, assignment, attempt.text, attempt.target_span)
     example = Example(
         round_id=assignment.round_id,
         assignment_id=assignment.id,
@@ -608,6 +614,7 @@ def submit_example(
         requeue_count=0,
         idempotency_key=idempotency_key,
     )
+    duplicates.normalize(example)
     session.add(example)
     assignment.status = AssignmentStatus.submitted
     assignment.finished_at = utcnow()
@@ -623,7 +630,19 @@ def submit_example(
     except IntegrityError as exc:
         # assignment_id, not assignment.id: the failed flush expired the object.
         raise Conflict(f"assignment {assignment_id} is being submitted by another request; retry") from exc
+    # The task's one example of this text, or DuplicateText when a concurrent submission of the
+    # same text got there first (the primary key of example_texts decides).
+    duplicates.claim(session, task, example)
     return example, True
+
+
+def _refuse_duplicate(session: Session, assignment: Assignment, text: str, span: list[int] | None) -> None:
+    """Raise DuplicateText when ``text`` (with its target) is already an example of the
+    assignment's task, or, with the task's ``near_duplicate_similarity``, too close to one."""
+    task = assignment.round.task
+    target = duplicates.target_of(text, span)
+    duplicates.refuse_duplicate(session, task, duplicate_hash(text, target))
+    duplicates.refuse_near_duplicate(session, task, definition_of(task), text, target)
 
 
 def _due(writer_id: int, now: dt.datetime) -> tuple[Any, ...]:
