@@ -256,6 +256,13 @@ class ControlItemSpec(_Strict):
         description="The validation label(s) accepted as right. Single-label tasks: any one of them; "
         "multi-label tasks: exactly this set.",
     )
+    target_span: list[int] | None = Field(
+        None,
+        min_length=2,
+        max_length=2,
+        description="Target-dependent tasks: [start, end] character offsets of the target in the text "
+        "(required there, as on every example of such a task).",
+    )
 
     _text_policy = field_validator("text")(_free_text)
 

@@ -431,6 +431,31 @@ def open_round(
     return round_
 
 
+def label_example(
+    client: TestClient | httpx.Client,
+    validator: Actor,
+    example_id: int,
+    value: Any,
+    *,
+    round_id: int | None = None,
+    **body: Any,
+) -> httpx.Response:
+    """Label an example as a validator's client does: fetch the validator's batch first (a label
+    is accepted only for an example served in the validator's live batch, issue 26), then post
+    the label by the example's id. Without ``round_id`` the example's round is read from the
+    test client's database."""
+    if round_id is None:
+        assert isinstance(client, TestClient), "give round_id when the client is not the in-process one"
+        from services.db.models import Example
+
+        with client.app.state.sessionmaker() as session:  # type: ignore[attr-defined]
+            round_id = session.get(Example, example_id).round_id
+    client.get(f"/api/v1/rounds/{round_id}/validation-batch", headers=validator.headers)
+    return client.post(
+        f"/api/v1/examples/{example_id}/validations", json={"label": value, **body}, headers=validator.headers
+    )
+
+
 def table_counts(app: Any) -> dict[str, int]:
     """Row counts of every table: compared before and after a rejected request."""
     with app.state.engine.connect() as connection:

@@ -56,9 +56,7 @@ def upgrade() -> None:
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("closed_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["round_id"], ["rounds.id"], name=op.f("fk_validation_batches_round_id_rounds")),
-        sa.ForeignKeyConstraint(
-            ["validator_id"], ["users.id"], name=op.f("fk_validation_batches_validator_id_users")
-        ),
+        sa.ForeignKeyConstraint(["validator_id"], ["users.id"], name=op.f("fk_validation_batches_validator_id_users")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_validation_batches")),
     )
     with op.batch_alter_table("validation_batches") as batch_op:

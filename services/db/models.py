@@ -903,6 +903,7 @@ class ValidationBatch(Base):
     expires_at: Mapped[dt.datetime]
     closed_at: Mapped[dt.datetime | None]
 
+    round: Mapped[Round] = relationship()
     items: Mapped[list[ValidationBatchItem]] = relationship(
         back_populates="batch", order_by="ValidationBatchItem.position"
     )
