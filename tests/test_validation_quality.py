@@ -81,7 +81,12 @@ def test_batch_selects_fooling_examples_first_and_never_own_or_labelled(
 
 
 def test_claims_spread_examples_across_concurrent_validators(
-    client: TestClient, app: FastAPI, dynasent: dict[str, Any], writer: Actor, validators: list[Actor], make_user: MakeUser
+    client: TestClient,
+    app: FastAPI,
+    dynasent: dict[str, Any],
+    writer: Actor,
+    validators: list[Actor],
+    make_user: MakeUser,
 ) -> None:
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
     holders = []
