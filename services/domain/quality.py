@@ -161,7 +161,11 @@ class ValidatorAgreement:
 
 
 def validator_agreement(
-    session: Session, task: Task, round_: Round | None = None, only_user_id: int | None = None
+    session: Session,
+    task: Task,
+    round_: Round | None = None,
+    only_user_id: int | None = None,
+    include_user_ids: list[int] | None = None,
 ) -> list[ValidatorAgreement]:
     """Each validator's rate of agreement with the majority (DynaSent Fig. 6).
 
@@ -169,7 +173,8 @@ def validator_agreement(
     re-annotated example's gold is its new validators', as in the builder:
     services.domain.labels.last_pass); every label a validator gave (counted or not) is
     compared with it. Examples without a majority are not judged. With
-    ``only_user_id`` only the examples that validator labelled are read.
+    ``only_user_id`` only the examples that validator labelled are read. ``include_user_ids``
+    are listed even without labels (validators who answered only control items).
     """
     definition = definition_of(task)
     query = (
@@ -205,6 +210,8 @@ def validator_agreement(
             label_counts[validator_id] += 1
             if gold is not None:
                 totals[validator_id].append(agreement_with(definition, label, gold))
+    for user_id in include_user_ids or ():
+        label_counts.setdefault(user_id, 0)
     workers = {
         w.user_id: w
         for w in session.scalars(
