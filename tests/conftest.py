@@ -492,7 +492,14 @@ def label_served(
         batch = response.json()
         if not batch["data"]:
             return labelled
-        for item, example_id in zip(batch["data"], served_examples(client, batch), strict=True):
+        # Examples by id, then control items: a validator may label a batch's items in any order,
+        # and a fixed order keeps the labels' order (and what a build computes from it) the same
+        # from run to run, whatever order the batch was shuffled into.
+        items = sorted(
+            zip(batch["data"], served_examples(client, batch), strict=True),
+            key=lambda pair: (pair[1] is None, pair[1] or 0, pair[0]["text"]),
+        )
+        for item, example_id in items:
             value = label_for(example_id)
             if value is None:
                 return labelled

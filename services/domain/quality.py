@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,9 @@ from services.db.models import (
     TaskWorker,
     User,
     Validation,
+    ValidationBatch,
+    ValidationClaim,
+    utcnow,
 )
 from services.db.statements import rows_matched
 from services.domain import audit
@@ -245,6 +248,7 @@ def unqualify(session: Session, actor: User | None, task: Task, user: User, reas
         return 0
     worker.qualified = False
     worker.unqualified_reason = reason
+    _release_batches(session, task, user)
     excluded = 0
     validations = session.scalars(
         select(Validation)
@@ -270,6 +274,29 @@ def unqualify(session: Session, actor: User | None, task: Task, user: User, reas
         session, actor, "worker.unqualify", "user", user.id, task=task.name, reason=reason, labels_excluded=excluded
     )
     return excluded
+
+
+def _release_batches(session: Session, task: Task, user: User) -> None:
+    """Close the unqualified worker's live validation batches in the task's rounds and let go of
+    the examples they held, so that qualified validators are served them at once."""
+    now = utcnow()
+    task_rounds = select(Round.id).where(Round.task_id == task.id)
+    session.execute(
+        update(ValidationBatch)
+        .where(
+            ValidationBatch.validator_id == user.id,
+            ValidationBatch.round_id.in_(task_rounds),
+            ValidationBatch.closed_at.is_(None),
+        )
+        .values(closed_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        delete(ValidationClaim).where(
+            ValidationClaim.validator_id == user.id,
+            ValidationClaim.example_id.in_(select(Example.id).where(Example.round_id.in_(task_rounds))),
+        )
+    )
 
 
 def requalify(session: Session, actor: User | None, task: Task, user: User) -> int:
