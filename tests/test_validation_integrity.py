@@ -122,7 +122,7 @@ def test_the_issues_reproduction_a_label_by_example_id_never_served_is_refused(
         response = client.post(
             f"{API}/examples/{example['id']}/validations", json={"label": "positive"}, headers=validator.headers
         )
-        assert response.status_code == 403, response.text
+        assert response.status_code == 409, response.text
         assert "not in a validation batch that is yours" in message(response)
         assert "GET /rounds/{round_id}/validation-batch" in message(response)
     assert table_snapshot(app, *LABEL_TABLES) == before
@@ -140,7 +140,7 @@ def test_another_validators_item_or_example_is_refused(
     by_id = client.post(
         f"{API}/examples/{example['id']}/validations", json={"label": "positive"}, headers=thief.headers
     )
-    assert by_id.status_code == 403
+    assert by_id.status_code == 409
     made_up = label_item(client, thief, "A" * 22, "positive")
     assert made_up.status_code == 404
     assert table_snapshot(app, *LABEL_TABLES) == before
@@ -163,7 +163,7 @@ def test_an_expired_batch_takes_no_labels_and_the_next_batch_has_new_item_ids(
     by_id = client.post(
         f"{API}/examples/{example['id']}/validations", json={"label": "neutral"}, headers=validator.headers
     )
-    assert by_id.status_code == 403
+    assert by_id.status_code == 409
     assert table_snapshot(app, *LABEL_TABLES) == before
     fresh = batch_of(client, validator, dynasent["id"])
     assert served_examples(client, fresh) == [example["id"]] and fresh["data"][0]["item_id"] != old

@@ -107,7 +107,7 @@ def test_five_labels_validate_an_example_and_the_record_shows_them(
         assert label(client, validator, example["id"], value).status_code == 201
     # A sixth validator is never served the full example, so a label for it is refused.
     response = label(client, validators[5], example["id"], "neutral")
-    assert response.status_code == 403 and "not in a validation batch" in response.json()["error"]["message"]
+    assert response.status_code == 409 and "not in a validation batch" in response.json()["error"]["message"]
     record = client.get(f"/api/v1/examples/{example['id']}", headers=researcher.headers).json()
     assert record["status"] == "validated" and record["validation_count"] == 5
     assert sorted(v["label"][0] for v in record["validations"]) == [

@@ -45,7 +45,7 @@ from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
 from services.domain.quality import apply_agreement_threshold, require_qualified, task_worker
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Forbidden, Invalid, NotFound, missing_example
+from services.errors import Conflict, Invalid, NotFound, missing_example
 from services.taskdef import TaskDefinition
 from services.text import clean_text
 
@@ -436,7 +436,9 @@ def submit_validation(
             )
         item = _live_item_of_example(session, validator, example_id, utcnow())
         if item is None:
-            raise Forbidden(f"example {example_id} {NOT_LIVE}")
+            # 409, not 403: the validator may label examples (the policy's answer); this one is
+            # not theirs to label now.
+            raise Conflict(f"example {example_id} {NOT_LIVE}")
     definition = _require_validator(session, validator, round_)
     counted = rows_matched(
         session,
