@@ -426,6 +426,7 @@ def submit_validation(
         if existing.label == label and existing.flagged == flagged:
             return existing, False
         raise Conflict(f"you already labelled {name} as {existing.label}; labels cannot be changed")
+    definition = _require_validator(session, validator, round_)
     if item is None:
         if has_control_items(session, round_):
             # Labelling by example id would let a validator find which batch items are examples
@@ -439,7 +440,6 @@ def submit_validation(
             # 409, not 403: the validator may label examples (the policy's answer); this one is
             # not theirs to label now.
             raise Conflict(f"example {example_id} {NOT_LIVE}")
-    definition = _require_validator(session, validator, round_)
     counted = rows_matched(
         session,
         update(Example)
