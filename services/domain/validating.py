@@ -339,9 +339,13 @@ def label_item(
     definition = definition_of(round_.task)
     label = check_validation_label(definition, raw_label)
     reason = _checked_extras(flagged, flag_reason, seconds_taken)
-    if item.example is not None:
-        if item.answered_at is None and not _batch_is_live(item.batch, utcnow()):
+    if item.answered_at is None:
+        # The round and the validator's standing first (why they cannot label at all), then
+        # whether this batch is still theirs: the same order for both kinds of item.
+        _require_validator(session, validator, round_)
+        if not _batch_is_live(item.batch, utcnow()):
             raise Conflict(NOT_LIVE_ITEM)
+    if item.example is not None:
         validation, created = submit_validation(
             session,
             validator,
@@ -358,9 +362,6 @@ def label_item(
     if control is None:
         raise RuntimeError(f"validation batch item {item.id} has neither an example nor a control item")
     if item.answered_at is None:
-        if not _batch_is_live(item.batch, utcnow()):
-            raise Conflict(NOT_LIVE_ITEM)
-        _require_validator(session, validator, round_)
         now = utcnow()
         answered = rows_matched(
             session,
