@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
+from round_builder.report import render_markdown
 from services.db.models import (
     ControlItem,
     Example,
@@ -379,14 +380,32 @@ def test_a_build_and_its_export_hold_no_control_item(
     )
     assert build.status_code == 201, build.text
     report = build.json()["report"]
+    # The report shows each validator's gold accuracy beside their agreement with the majority,
+    # naming nobody; every one of them answered "positive" to every control item.
+    with app.state.sessionmaker() as session:
+        right: dict[int, list[bool]] = {}
+        for validator_id, correct in session.execute(
+            select(ValidationBatch.validator_id, ValidationBatchItem.correct)
+            .join(ValidationBatch, ValidationBatchItem.batch_id == ValidationBatch.id)
+            .where(ValidationBatchItem.control_item_id.is_not(None))
+        ):
+            right.setdefault(validator_id, []).append(bool(correct))
+    rows = report["workers"]["gold_accuracy"]
+    assert [row["validator"] for row in rows] == ["v1", "v2", "v3", "v4", "v5"]
+    assert [row["control_answers"] for row in rows] == [len(right[v]) for v in sorted(right)]
+    assert [row["gold_accuracy"] for row in rows] == [round(sum(right[v]) / len(right[v]), 4) for v in sorted(right)]
+    assert all(row["labels"] == len(gold) and row["agreement_rate"] == 1.0 for row in rows)
+    markdown = render_markdown(report)
+    assert "### Gold accuracy beside agreement with the majority" in markdown
+    assert not any(name in json.dumps(report) for name in ("crowd0", "crowd1"))
     dataset = client.get(
         f"{API}/tasks/dynasent-r2/rounds/{round_['number']}/dataset",
         params={"split": "all", "format": "jsonl"},
         headers=researcher.headers,
     )
     assert dataset.status_code == 200, dataset.text
-    rows = [json.loads(line) for line in dataset.text.splitlines() if line.strip()]
-    assert len(rows) == len(gold)
+    exported = [json.loads(line) for line in dataset.text.splitlines() if line.strip()]
+    assert len(exported) == len(gold)
     stats = client.get(f"{API}/rounds/{round_['id']}/stats", headers=researcher.headers).json()
     for control in CONTROLS:
         text = control["text"]

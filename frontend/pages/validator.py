@@ -164,9 +164,7 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
                 "Flag this sentence (spam, an advert, personal data, not a real sentence, ...)",
                 key=f"validator_flag_{item_id}",
             )
-            reason = st.text_input(
-                "Reason for the flag (optional)", max_chars=1000, key=f"validator_reason_{item_id}"
-            )
+            reason = st.text_input("Reason for the flag (optional)", max_chars=1000, key=f"validator_reason_{item_id}")
             saved = st.form_submit_button(instructions.SAVE_LABEL, type="primary", key=f"validator_save_{item_id}")
         if not saved:
             return
