@@ -5,7 +5,7 @@ The database is built with the real API and domain code, in process (FastAPI's T
 network): a task from the shipped ``dynasent-r2`` YAML (quiz off), round 1 with ``--examples``
 harvested examples (rows as ``round harvest --as examples`` writes them), labelled five times each by
 ``--validators`` validators through ``GET /rounds/{id}/validation-batch`` and
-``POST /examples/{id}/validations``; round 1 is closed and built (``POST /rounds/{id}/build``,
+``POST /validation-items/{item_id}/validations``; round 1 is closed and built (``POST /rounds/{id}/build``,
 no chance constraint), round 2 is opened with the same number of examples and labelled the same way.
 
 Measured: the latency of each ``POST .../validations`` (the label path: api/routes/validation.py ->
@@ -139,14 +139,14 @@ def label_round(
             headers = {"Authorization": f"Bearer {token}"}
             batch = client.get(f"{API}/rounds/{round_id}/validation-batch", headers=headers)
             assert batch.status_code == 200, batch.text
-            for item in batch.json()["data"]:
+            for index, item in enumerate(batch.json()["data"]):
                 busy = True
                 intended = next(label for label in LABELS if f"was {label}." in item["text"])
-                label = intended if (item["example_id"] + position) % 5 else "mixed"
+                label = intended if (index + position) % 5 else "mixed"
                 with counter.counting():
                     started = time.perf_counter()
                     response = client.post(
-                        f"{API}/examples/{item['example_id']}/validations", json={"label": label}, headers=headers
+                        f"{API}/validation-items/{item['item_id']}/validations", json={"label": label}, headers=headers
                     )
                     elapsed = (time.perf_counter() - started) * 1000
                 assert response.status_code == 201, response.text

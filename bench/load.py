@@ -337,7 +337,7 @@ class Tally:
     sent_at: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     statuses: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     examples_accepted: set[int] = field(default_factory=set)
-    validations_accepted: set[int] = field(default_factory=set)
+    validations_accepted: set[str] = field(default_factory=set)
     attempts_accepted: set[int] = field(default_factory=set)
     retries: int = 0
     gave_up: int = 0
@@ -454,12 +454,12 @@ async def validator_loop(client: Client, round_id: int, rng: random.Random) -> N
             response = await client.call(
                 "POST /validations",
                 "POST",
-                f"/api/v1/examples/{item['example_id']}/validations",
+                f"/api/v1/validation-items/{item['item_id']}/validations",
                 json_body={"label": label, "seconds_taken": 3.0},
                 idempotent=True,
             )
             if response is not None and response.status_code in (200, 201):
-                client.tally.validations_accepted.add(response.json()["id"])
+                client.tally.validations_accepted.add(response.json()["item_id"])
 
 
 async def drive(
@@ -493,7 +493,7 @@ async def drive(
 
 def verdict(stack: Stack, tally: Tally, seconds: float, warmup_s: float = 10.0) -> dict[str, Any]:
     from services.db.engine import make_engine, make_sessionmaker, session_scope
-    from services.db.models import Attempt, Example, Validation
+    from services.db.models import Attempt, Example, ValidationBatchItem
     from services.domain.invariants import check_database
 
     engine = make_engine(stack.database_url)
@@ -501,7 +501,12 @@ def verdict(stack: Stack, tally: Tally, seconds: float, warmup_s: float = 10.0) 
         with session_scope(make_sessionmaker(engine)) as session:
             report = check_database(session)
             stored_examples = set(session.scalars(select(Example.id)))
-            stored_validations = set(session.scalars(select(Validation.id)))
+            # Labels are answered batch items (examples and control items alike), by item id.
+            stored_validations = set(
+                session.scalars(
+                    select(ValidationBatchItem.item_key).where(ValidationBatchItem.answered_at.is_not(None))
+                )
+            )
             stored_attempts = set(session.scalars(select(Attempt.id)))
             # The model call of each scored attempt as the API timed it (the model server's queue,
             # forward pass and HTTP), and what the forward pass ran at.

@@ -248,7 +248,7 @@ class TargetSpan(TypedDict):
 
 
 class BatchItem(TypedDict):
-    example_id: int
+    item_id: str  # opaque, of this serving: the same for an example and a control item
     text: str
     target_span: TargetSpan | None
 
@@ -264,11 +264,11 @@ class ValidationBatch(TypedDict):
 
 
 class Validation(TypedDict):
-    id: int
-    example_id: int
+    """A label given to a batch item (POST /validation-items/{item_id}/validations)."""
+
+    item_id: str
     label: list[str]
     flagged: bool
-    counted: bool
     created_at: str
 
 
@@ -330,6 +330,8 @@ class WorkerAgreement(TypedDict):
     judged: int
     agreement_rate: float | None
     qualified: bool
+    control_answers: int  # answers to the round's control (gold) items
+    gold_accuracy: float | None  # share of them right; None without answers
 
 
 class PlotExample(TypedDict):
@@ -550,7 +552,7 @@ class Api(Protocol):
     def validation_batch(self, round_id: int, size: int | None = None) -> ValidationBatch: ...
     def validate(
         self,
-        example_id: int,
+        item_id: str,
         label: Label,
         *,
         flagged: bool = False,
@@ -578,6 +580,7 @@ class Api(Protocol):
     def set_round_status(self, round_id: int, status: str) -> Round: ...
     def round_stats(self, round_id: int) -> RoundStats: ...
     def plot_data(self, round_id: int, limit: int | None = None) -> PlotData: ...
+    def worker_agreement(self, round_id: int) -> list[WorkerAgreement]: ...
     def build_round(self, round_id: int, **options: Any) -> Build: ...
     def preview_build(self, round_id: int, **options: Any) -> JSON: ...
     def report(self, task: str, number: int, format: str = "json") -> JSON | str: ...
@@ -889,12 +892,12 @@ class ApiClient:
     # --- validator --------------------------------------------------------------------
 
     def validation_batch(self, round_id: int, size: int | None = None) -> ValidationBatch:
-        """Up to 10 examples by others; asking again returns the examples still held."""
+        """The validator's batch; asking again while it is live returns the same items."""
         return self._json("GET", f"/rounds/{round_id}/validation-batch", params={"size": size})
 
     def validate(
         self,
-        example_id: int,
+        item_id: str,
         label: Label,
         *,
         flagged: bool = False,
@@ -902,14 +905,15 @@ class ApiClient:
         seconds_taken: float | None = None,
         idempotency_key: str | None = None,
     ) -> Validation:
-        """Label one example (a list for multi-label tasks), optionally flagging it."""
-        key = idempotency_key or _key("validation", example_id, label, flagged, flag_reason)
+        """Label one item of the validator's batch (a list for multi-label tasks), optionally
+        flagging it."""
+        key = idempotency_key or _key("validation", item_id, label, flagged, flag_reason)
         body: JSON = {"label": label, "flagged": flagged}
         if flag_reason:
             body["flag_reason"] = flag_reason
         if seconds_taken is not None:
             body["seconds_taken"] = round(min(max(seconds_taken, 0.0), 86_400.0), 3)
-        return self._json("POST", f"/examples/{example_id}/validations", json_body=body, key=key)
+        return self._json("POST", f"/validation-items/{item_id}/validations", json_body=body, key=key)
 
     # --- researcher -------------------------------------------------------------------
 

@@ -35,6 +35,8 @@ from services.db.models import (
     RoundStatus,
     User,
     Validation,
+    ValidationBatch,
+    ValidationBatchItem,
     utcnow,
 )
 from services.domain import audit
@@ -147,6 +149,26 @@ class RoundData:
     # Multi-label: each response's annotation pass (Validation.annotation_pass), aligned with
     # ``responses``; gold uses each example's last pass, agreement the first (pass 0).
     passes: np.ndarray | None = None
+    # Answers to control items in the round's validation batches (worker_id, correct): never
+    # responses, only each validator's gold accuracy in the report (issue 26).
+    control_answers: pd.DataFrame | None = None
+
+
+def control_answers(session: Session, round_: Round) -> pd.DataFrame:
+    """Each answer to a control item in the round's batches: who gave it, and whether it was right."""
+    return pd.DataFrame.from_records(
+        session.execute(
+            select(ValidationBatch.validator_id, ValidationBatchItem.correct)
+            .join(ValidationBatch, ValidationBatchItem.batch_id == ValidationBatch.id)
+            .where(
+                ValidationBatch.round_id == round_.id,
+                ValidationBatchItem.control_item_id.is_not(None),
+                ValidationBatchItem.answered_at.is_not(None),
+            )
+            .order_by(ValidationBatchItem.id)
+        ).all(),
+        columns=["worker_id", "correct"],
+    )
 
 
 def counted_responses(session: Session, round_: Round, *, multi_label: bool) -> pd.DataFrame:
@@ -257,7 +279,9 @@ def load_round(session: Session, round_: Round) -> RoundData:
         )
         if s
     )
-    return RoundData(definition, examples, responses, attempts, prompts, sources, passes)
+    return RoundData(
+        definition, examples, responses, attempts, prompts, sources, passes, control_answers(session, round_)
+    )
 
 
 def _multilabel_gold(data: RoundData) -> pd.DataFrame:

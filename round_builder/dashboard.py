@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from round_builder import aggregation
 from round_builder.build import counted_responses
 from services.db.models import Attempt, Example, ExampleStatus, Round
-from services.domain import quality
+from services.domain import controls, quality
 from services.domain.tasks import definition_of
 from services.taskdef import TaskDefinition, TaskFamily
 
@@ -109,6 +109,8 @@ def round_plot_data(session: Session, round_: Round, *, limit: int = DEFAULT_LIM
                 "validations": validations,
             }
         )
+    # Each validator's gold accuracy on the round's control items beside their agreement.
+    gold_of = controls.gold_accuracy(session, round_.task, round_)
     agreement = [
         {
             "username": r.username,
@@ -116,8 +118,10 @@ def round_plot_data(session: Session, round_: Round, *, limit: int = DEFAULT_LIM
             "judged": r.judged,
             "agreement_rate": r.agreement_rate,
             "qualified": r.qualified,
+            "control_answers": accuracy.answers if (accuracy := gold_of.get(r.user_id)) else 0,
+            "gold_accuracy": accuracy.rate if accuracy else None,
         }
-        for r in quality.validator_agreement(session, round_.task, round_)
+        for r in quality.validator_agreement(session, round_.task, round_, include_user_ids=list(gold_of))
     ]
     return {
         "round_id": round_.id,

@@ -219,15 +219,34 @@ class WorkerAgreementSummary:
 
 
 @dataclass
+class WorkerGold:
+    """One validator's gold accuracy on the round's control items beside their agreement with
+    the majority (issue 26). ``validator`` is v1, v2, ... in the order of their accounts: the
+    report names nobody (the Crowd page of the web app shows who is who to the researchers)."""
+
+    validator: str
+    labels: int  # counted labels in the round
+    agreement_rate: float | None  # single-label tasks
+    control_answers: int
+    gold_accuracy: float | None
+
+
+@dataclass
 class Workers:
     writers: int
     validators: int
     agreement: WorkerAgreementSummary | None = None
+    # Only for rounds whose batches held control items (their answers are never responses).
+    gold: list[WorkerGold] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"writers": self.writers, "validators": self.validators}
         if self.agreement is not None:
             data.update(asdict(self.agreement))
+        if self.gold is not None:
+            rates = [row.gold_accuracy for row in self.gold if row.gold_accuracy is not None]
+            data["mean_gold_accuracy"] = round(sum(rates) / len(rates), 4) if rates else None
+            data["gold_accuracy"] = [asdict(row) for row in self.gold]
         return data
 
 
@@ -465,6 +484,20 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             "",
             _table(["", "value"], [[k, v] for k, v in workers.items() if not isinstance(v, list | dict)]),
         ]
+        gold_rows = workers.get("gold_accuracy")
+        if gold_rows:
+            out += [
+                "",
+                "### Gold accuracy beside agreement with the majority",
+                "",
+                _table(
+                    ["validator", "labels", "agreement with the majority", "control answers", "gold accuracy"],
+                    [
+                        [r["validator"], r["labels"], r["agreement_rate"], r["control_answers"], r["gold_accuracy"]]
+                        for r in gold_rows
+                    ],
+                ),
+            ]
     extra = report.get("intended_vs_perceived")
     if extra:
         out += ["", *intended_vs_perceived_markdown(extra)]

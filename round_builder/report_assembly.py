@@ -41,6 +41,7 @@ from round_builder.report import (
     SplitAssessment,
     SplitsSummary,
     WorkerAgreementSummary,
+    WorkerGold,
     Workers,
 )
 from services.db.models import Round
@@ -438,6 +439,7 @@ def _workers(outcome: BuildOutcome) -> tuple[Workers, pd.DataFrame | None]:
         validators=int(responses["worker_id"].nunique()) if not responses.empty else 0,
     )
     if responses.empty or definition.is_multi_label:
+        workers.gold = _gold(outcome, None)
         return workers, None
     rates = agreement.worker_agreement(
         responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
@@ -447,7 +449,35 @@ def _workers(outcome: BuildOutcome) -> tuple[Workers, pd.DataFrame | None]:
         mean_agreement_rate=_finite(float(rates["agreement_rate"].mean())),
         labels_per_validator_median=_finite(float(rates["n_labels"].median())),
     )
+    workers.gold = _gold(outcome, rates)
     return workers, rates
+
+
+def _gold(outcome: BuildOutcome, rates: pd.DataFrame | None) -> list[WorkerGold] | None:
+    """Each validator's gold accuracy on the round's control items beside their agreement with
+    the majority; None for a round whose batches held no control item."""
+    answers = outcome.data.control_answers
+    if answers is None or answers.empty:
+        return None
+    responses = outcome.data.responses
+    labels = responses.groupby("worker_id").size() if not responses.empty else pd.Series(dtype=int)
+    given = answers.groupby("worker_id")["correct"].agg(["size", "sum"])
+    workers = sorted({int(w) for w in given.index} | {int(w) for w in labels.index})
+    rows = []
+    for number, worker in enumerate(workers, start=1):
+        answered = int(given["size"].get(worker, 0))
+        right = int(given["sum"].get(worker, 0))
+        rate = rates["agreement_rate"].get(worker) if rates is not None else None
+        rows.append(
+            WorkerGold(
+                validator=f"v{number}",
+                labels=int(labels.get(worker, 0)),
+                agreement_rate=None if rate is None or pd.isna(rate) else round(float(rate), 4),
+                control_answers=answered,
+                gold_accuracy=round(right / answered, 4) if answered else None,
+            )
+        )
+    return rows
 
 
 def _model_vs_majority(outcome: BuildOutcome) -> dict[str, Any]:

@@ -247,6 +247,50 @@ class OnboardingQuiz(_Strict):
     questions: list[QuizQuestion] = Field(min_length=1)
 
 
+class ControlItemSpec(_Strict):
+    """A control (gold) item: a text with its known label(s), mixed into validation batches."""
+
+    text: str = Field(min_length=1, max_length=5000, description="The sentence validators label.")
+    labels: list[str] = Field(
+        min_length=1,
+        description="The validation label(s) accepted as right. Single-label tasks: any one of them; "
+        "multi-label tasks: exactly this set.",
+    )
+    target_span: list[int] | None = Field(
+        None,
+        min_length=2,
+        max_length=2,
+        description="Target-dependent tasks: [start, end] character offsets of the target in the text "
+        "(required there, as on every example of such a task).",
+    )
+
+    _text_policy = field_validator("text")(_free_text)
+
+
+class QualityControl(_Strict):
+    """Control (gold) items in validation batches and the gold accuracy a validator must keep
+    (docs/crowdsourcing.md "Control items")."""
+
+    control_rate: float = Field(
+        0.1,
+        ge=0,
+        le=0.5,
+        description="Share of a validation batch's items that are control items (0: none). A batch of 9 "
+        "examples at 0.1 gets one control item, sometimes two.",
+    )
+    gold_accuracy_threshold: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="A validator whose share of right control answers falls below this, once they gave "
+        "min_control_answers, is unqualified on the task and their labels are re-queued.",
+    )
+    min_control_answers: int = Field(5, ge=1, le=1000, description="Control answers before gold accuracy is judged.")
+    control_items: list[ControlItemSpec] = Field(
+        default_factory=list, description="Control items of the task (more can be added through the API)."
+    )
+
+
 class TaskDefinition(_Strict):
     """A whole task, as written in its YAML file."""
 
@@ -305,6 +349,9 @@ class TaskDefinition(_Strict):
         "an example of the task is at least this, e.g. 0.9; absent: only exact duplicates (after "
         'normalization) are refused (docs/design.md "Duplicates").',
     )
+
+    # Issue 26, validation integrity: control items and gold accuracy.
+    quality: QualityControl = QualityControl()
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -439,6 +486,18 @@ class TaskDefinition(_Strict):
                 raise ValueError(f"training.class_weights names {unknown}, which are not in labels {self.labels}")
             if any(not w > 0 for w in weights.values()):
                 raise ValueError("training.class_weights must all be positive")
+        return self
+
+    @model_validator(mode="after")
+    def _control_item_labels(self) -> TaskDefinition:
+        vlabels = self.effective_validation_labels
+        for index, item in enumerate(self.quality.control_items):
+            unknown = [label for label in item.labels if label not in vlabels]
+            if unknown:
+                raise ValueError(
+                    f"quality.control_items[{index}] has labels {unknown}, which are not validation labels; "
+                    f"use labels from {vlabels}"
+                )
         return self
 
     def _check_label_names(self, vlabels: list[str]) -> None:

@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import Actor, MakeUser, example_yaml, open_round
+from tests.conftest import Actor, MakeUser, example_yaml, label_example, label_served, open_round
 from tests.stub_model_server import ThreadedServer
 
 LABELS = ["positive", "negative", "neutral"]
@@ -71,10 +71,19 @@ def write_and_label(
             headers=writer.headers,
         ).json()
         for validator, label in zip(validators, labels, strict=False):
-            response = client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": label}, headers=validator.headers
-            )
+            # Written and labelled one at a time: each validator's batch holds this example alone.
+            response = label_example(client, validator, example["id"], label, round_id=round_id)
             assert response.status_code == 201, response.text
+
+
+def spam(client: TestClient, spammer: Actor, researcher: Actor, round_id: int) -> None:
+    """The spammer labels the first three examples (all it is served) and is then unqualified:
+    those labels stop counting."""
+    assert len(label_served(client, spammer, round_id, lambda _: "mixed")) == 3
+    response = client.post(
+        "/api/v1/tasks/dynasent-r2/workers/spam/unqualify", json={"reason": "spam"}, headers=researcher.headers
+    )
+    assert response.json()["labels_excluded"] == 3
 
 
 @pytest.fixture
@@ -106,6 +115,8 @@ def built(client: TestClient, researcher: Actor, make_user: MakeUser, stub_model
                 assert example["prediction"] == predicted
                 other = next(label for label in LABELS if label != gold)
                 plan.append((example, [gold, gold, gold, gold, other]))
+                if len(plan) == 3:
+                    spam(client, spammer, researcher, round_["id"])
     # Train-only material: a mixed majority, no majority, a 3-of-5 gold.
     extra = [
         ["mixed", "mixed", "mixed", "positive", "negative"],
@@ -116,26 +127,18 @@ def built(client: TestClient, researcher: Actor, make_user: MakeUser, stub_model
         plan.append(
             (write_example(client, writer, round_["id"], "neutral", f"Extra {i}: a plain remark on the menu."), labels)
         )
-    # The spammer labels a few examples first and is then unqualified: those labels stop counting.
-    for example, _ in plan[:3]:
-        assert (
-            client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": "mixed"}, headers=spammer.headers
-            ).status_code
-            == 201
-        )
-    response = client.post(
-        "/api/v1/tasks/dynasent-r2/workers/spam/unqualify", json={"reason": "spam"}, headers=researcher.headers
-    )
-    assert response.json()["labels_excluded"] == 3
+    # Rotate who disagrees, so nobody crosses the 80% disagreement line and gets unqualified.
+    rotated: dict[int, list[str]] = {}
     for position, (example, labels) in enumerate(plan):
-        # Rotate who disagrees, so nobody crosses the 80% disagreement line and gets unqualified.
         shift = position % 5
-        for validator, label in zip(validators, labels[shift:] + labels[:shift], strict=True):
-            response = client.post(
-                f"/api/v1/examples/{example['id']}/validations", json={"label": label}, headers=validator.headers
-            )
-            assert response.status_code == 201, response.text
+        rotated[example["id"]] = labels[shift:] + labels[:shift]
+    for index, validator in enumerate(validators):
+
+        def label_for(example_id: int | None, index: int = index) -> str:
+            assert example_id is not None  # the task has no control items
+            return rotated[example_id][index]
+
+        assert sorted(label_served(client, validator, round_["id"], label_for)) == sorted(rotated)
     assert (
         client.post(
             f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,10 +366,15 @@ def validators(make_user: MakeUser) -> list[Actor]:
 
 
 def example_yaml(name: str, **overrides: Any) -> str:
-    """A shipped example task's YAML, with top-level keys replaced (e.g. no quiz)."""
+    """A shipped example task's YAML, with top-level keys replaced (e.g. no quiz).
+
+    The shipped task's ``quality`` section (control items, issue 26) is left out unless the test
+    passes ``quality``: a task with control items refuses labels by example id (the tests label
+    through the example's id) and puts control items in every batch a test reads."""
     import yaml
 
     data = yaml.safe_load(example_path(name).read_text(encoding="utf-8"))
+    data.pop("quality", None)
     for key, value in overrides.items():
         if value is None:
             data.pop(key, None)
@@ -453,6 +458,83 @@ def open_round(
         )
         assert response.status_code == 200, response.text
     return round_
+
+
+def label_example(
+    client: TestClient | httpx.Client,
+    validator: Actor,
+    example_id: int,
+    value: Any,
+    *,
+    round_id: int | None = None,
+    **body: Any,
+) -> Any:
+    """Label an example as a validator's client does: fetch the validator's batch first (a label
+    is accepted only for an example served in the validator's live batch, issue 26), then post
+    the label by the example's id. Without ``round_id`` the example's round is read from the
+    test client's database."""
+    if round_id is None:
+        assert isinstance(client, TestClient), "give round_id when the client is not the in-process one"
+        from services.db.models import Example
+
+        with client.app.state.sessionmaker() as session:  # type: ignore[attr-defined]
+            round_id = session.get(Example, example_id).round_id
+    client.get(f"/api/v1/rounds/{round_id}/validation-batch", headers=validator.headers)
+    return client.post(
+        f"/api/v1/examples/{example_id}/validations", json={"label": value, **body}, headers=validator.headers
+    )
+
+
+def served_examples(client: TestClient, batch: dict[str, Any]) -> list[int | None]:
+    """The example behind each item of a served batch, in the order shown (None for a control
+    item). The validator sees only opaque item ids; a test reads what each one is from the
+    database."""
+    from services.db.models import ValidationBatchItem
+
+    keys = [item["item_id"] for item in batch["data"]]
+    with client.app.state.sessionmaker() as session:  # type: ignore[attr-defined]
+        found = dict(
+            session.execute(
+                select(ValidationBatchItem.item_key, ValidationBatchItem.example_id).where(
+                    ValidationBatchItem.item_key.in_(keys)
+                )
+            ).all()
+        )
+    return [found[key] for key in keys]
+
+
+def label_served(
+    client: TestClient, validator: Actor, round_id: int, label_for: Callable[[int | None], Any]
+) -> list[int]:
+    """Label every batch the validator is served in the round, as a validator does, until none
+    is left: ``label_for(example_id)`` gives each item's label (``example_id`` None for a control
+    item); a None label stops (the batch stays the validator's). Returns the examples labelled."""
+    labelled: list[int] = []
+    while True:
+        response = client.get(f"/api/v1/rounds/{round_id}/validation-batch", headers=validator.headers)
+        assert response.status_code == 200, response.text
+        batch = response.json()
+        if not batch["data"]:
+            return labelled
+        # Examples by id, then control items: a validator may label a batch's items in any order,
+        # and a fixed order keeps the labels' order (and what a build computes from it) the same
+        # from run to run, whatever order the batch was shuffled into.
+        items = sorted(
+            zip(batch["data"], served_examples(client, batch), strict=True),
+            key=lambda pair: (pair[1] is None, pair[1] or 0, pair[0]["text"]),
+        )
+        for item, example_id in items:
+            value = label_for(example_id)
+            if value is None:
+                return labelled
+            answer = client.post(
+                f"/api/v1/validation-items/{item['item_id']}/validations",
+                json={"label": value},
+                headers=validator.headers,
+            )
+            assert answer.status_code == 201, answer.text
+            if example_id is not None:
+                labelled.append(example_id)
 
 
 def table_counts(app: Any) -> dict[str, int]:

@@ -23,13 +23,14 @@ import httpx
 import pytest
 import yaml
 from fastapi import FastAPI, HTTPException
+from sqlalchemy import select
 from streamlit.testing.v1 import AppTest
 
 from api.app import create_app
 from frontend.client import ApiClient, ApiError, Round, Task
 from services.db.engine import session_scope
 from services.db.migrate import upgrade
-from services.db.models import TaskRole
+from services.db.models import Example, TaskRole, User, ValidationBatch, ValidationBatchItem
 from services.domain import members, tasks, users
 from services.settings import Settings
 from tests.conftest import empty_tables, example_yaml, free_port, register_model_server
@@ -260,6 +261,29 @@ class LiveApi:
     def close(self) -> None:
         for client in [*self._clients.values(), *self._page_clients]:
             client.close()
+
+    def item_key(self, username: str, example_id: int) -> str:
+        """The id under which ``example_id`` was last served to ``username`` (validators see only
+        these opaque ids; the test reads which example each stands for from the database)."""
+        with session_scope(self.app.state.sessionmaker) as session:
+            key = session.scalar(
+                select(ValidationBatchItem.item_key)
+                .join(ValidationBatch, ValidationBatchItem.batch_id == ValidationBatch.id)
+                .join(User, ValidationBatch.validator_id == User.id)
+                .where(User.username == username, ValidationBatchItem.example_id == example_id)
+                .order_by(ValidationBatchItem.id.desc())
+                .limit(1)
+            )
+        assert key is not None, f"example {example_id} was never served to {username}"
+        return key
+
+    def label_as(self, username: str, example_id: int, label: str | list[str]) -> None:
+        """``username`` labels ``example_id`` as a validator does: their batch first, then the
+        example's item in it."""
+        with session_scope(self.app.state.sessionmaker) as session:
+            round_id = session.scalars(select(Example.round_id).where(Example.id == example_id)).one()
+        self.api(username).validation_batch(round_id)
+        self.api(username).validate(self.item_key(username, example_id), label)
 
     def labels_of(self, example_id: int) -> dict[str, list[str]]:
         """The labels the example has, by validator."""

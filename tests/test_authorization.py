@@ -22,7 +22,15 @@ from sqlalchemy import String, Text, text
 from services.db.engine import session_scope
 from services.db.models import Base
 from services.domain import users
-from tests.conftest import Actor, example_yaml, free_port, open_round, register_model_server, table_snapshot
+from tests.conftest import (
+    Actor,
+    example_yaml,
+    free_port,
+    open_round,
+    register_model_server,
+    served_examples,
+    table_snapshot,
+)
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 API = "/api/v1"
@@ -73,6 +81,10 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): {W},
     ("GET", f"{API}/rounds/{{round_id}}/validation-batch"): {V},
     ("POST", f"{API}/examples/{{example_id}}/validations"): {V},
+    ("POST", f"{API}/validation-items/{{item_id}}/validations"): {V},
+    ("GET", f"{API}/tasks/{{task_name}}/control-items"): {R},
+    ("POST", f"{API}/tasks/{{task_name}}/control-items"): {R},
+    ("DELETE", f"{API}/tasks/{{task_name}}/control-items/{{control_id}}"): {R},
     ("GET", f"{API}/examples/{{example_id}}"): {R},
     ("POST", f"{API}/rounds/{{round_id}}/build"): {R},
     ("POST", f"{API}/rounds/{{round_id}}/build/preview"): {R},
@@ -288,6 +300,10 @@ def request_bodies(who: str, server: str, attempt_id: int, round_id: int = 1) ->
         ("POST", f"{API}/assignments/{{assignment_id}}/example"): {"json": {"attempt_id": attempt_id}},
         ("POST", f"{API}/assignments/{{assignment_id}}/inspect"): {"json": {"text": "The lunch was great, really."}},
         ("POST", f"{API}/examples/{{example_id}}/validations"): {"json": {"label": "neutral"}},
+        ("POST", f"{API}/validation-items/{{item_id}}/validations"): {"json": {"label": "neutral"}},
+        ("POST", f"{API}/tasks/{{task_name}}/control-items"): {
+            "json": {"text": f"A control sentence from the {who} about a lovely lunch.", "labels": ["positive"]}
+        },
         ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
         ("POST", f"{API}/tasks/{{task_name}}/ledger/compute"): {"json": {}},
         ("POST", f"{API}/ledger/{{entry_id}}/corrections"): {"json": {"amount_minor": 5, "reason": "matrix"}},
@@ -335,6 +351,8 @@ def _request(world: World, role: str, method: str, path: str) -> dict[str, Any]:
         "link_id": 1,
         "slug": "no-such-link",
         "session_id": 1,
+        "item_id": "no-such-item",
+        "control_id": 1,
     }
     url = path.format(**values)
     bodies = request_bodies(role, world.server, world.attempt_id, world.round_id)
@@ -462,6 +480,9 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("PUT", f"{API}/model-servers/{{name}}/tasks/{{task_name}}"): ADMINS,
     ("DELETE", f"{API}/model-servers/{{name}}/tasks/{{task_name}}"): ADMINS,
     ("GET", f"{API}/tasks/{{task_name}}/model-servers"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/control-items"): MANAGE,
+    ("POST", f"{API}/tasks/{{task_name}}/control-items"): MANAGE,
+    ("DELETE", f"{API}/tasks/{{task_name}}/control-items/{{control_id}}"): MANAGE,
 }
 # What a missing one is called, per path parameter: the "hidden" answers must be exactly these.
 MISSING = {"task_name": "no-such-task", "round_id": 987654, "example_id": 987653, "job_id": 987652}
@@ -550,10 +571,17 @@ def owned(
         headers=rita.headers,
     )
     assert upload.status_code == 201, upload.text
+    control = client.post(
+        f"{API}/tasks/{TASK}/control-items",
+        json={"text": "The staff were lovely and the cake was wonderful.", "labels": ["positive"]},
+        headers=rita.headers,
+    )
+    assert control.status_code == 201, control.text
     values = {
         "task_name": TASK,
         "round_id": round_id,
         "number": 1,
+        "control_id": control.json()["id"],
         "example_id": example["id"],
         "job_id": job.json()["id"],
         "assignment_id": assignment["id"],
@@ -742,7 +770,7 @@ def test_a_writer_cannot_read_the_dataset_or_the_report(built, client: Any, make
 
 # label_names: the display names of the task's labels (the same for every validator; no example's answer)
 BATCH_KEYS = {"round_id", "task", "validation_labels", "label_names", "multi_label", "data", "count"}
-ITEM_KEYS = {"example_id", "text", "target_span"}
+ITEM_KEYS = {"item_id", "text", "target_span"}
 
 
 @pytest.fixture(scope="module")
@@ -792,9 +820,11 @@ def test_a_validators_batch_carries_no_label_prediction_or_other_labels(
     assert example.status_code == 201, example.text
     first, second = make_user("val1", "validator"), make_user("val2", "validator")
     batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=first.headers).json()
-    assert [item["example_id"] for item in batch["data"]] == [example.json()["id"]]
+    assert served_examples(client, batch) == [example.json()["id"]]
     response = client.post(
-        f"{API}/examples/{example.json()['id']}/validations", json={"label": "not_sarcastic"}, headers=first.headers
+        f"{API}/validation-items/{batch['data'][0]['item_id']}/validations",
+        json={"label": "not_sarcastic"},
+        headers=first.headers,
     )
     assert response.status_code == 201, response.text
     response = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=second.headers)
@@ -835,7 +865,7 @@ def test_a_validator_cannot_label_their_own_example(client: Any, app: Any, make_
     both = make_user("bo", "writer", "validator")
     example = _write_example(client, both, round_["id"], WRITER_TEXT)
     batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=both.headers).json()
-    assert example["id"] not in [item["example_id"] for item in batch["data"]]
+    assert example["id"] not in served_examples(client, batch)
     response = client.post(
         f"{API}/examples/{example['id']}/validations", json={"label": "neutral"}, headers=both.headers
     )

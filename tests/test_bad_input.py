@@ -23,13 +23,14 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from services.db.models import ApiToken, Assignment, Attempt, Base, Round, Task
+from services.db.models import ApiToken, Assignment, Attempt, Base, Example, Round, Task
 from tests.conftest import (
     Actor,
     MakeUser,
     example_yaml,
     free_port,
     open_round,
+    served_examples,
     sqlite_only,
     table_counts,
     table_snapshot,
@@ -491,6 +492,7 @@ def test_multi_label_exclusive_label_cannot_be_combined(
     )
     assert response.status_code == 201, response.text
     example_id = response.json()["id"]
+    serve(client, validator, example_id)
     with unchanged(app):
         response = client.post(
             f"{API}/examples/{example_id}/validations", json={"label": ["neutral", "joy"]}, headers=validator.headers
@@ -681,6 +683,7 @@ def test_second_label_conflicts_and_identical_retry_replays(
     client: TestClient, app: FastAPI, validators: list[Actor], example: dict[str, Any]
 ) -> None:
     url = f"{API}/examples/{example['id']}/validations"
+    serve(client, validators[0], example["id"])
     first = client.post(url, json={"label": "neutral"}, headers={**validators[0].headers, "Idempotency-Key": "v1"})
     assert first.status_code == 201, first.text
     with unchanged(app):
@@ -709,6 +712,7 @@ def test_label_resent_after_its_round_closed_is_answered_as_saved(
     """The answer to a label was lost and the round closed before the validator resent it: the
     resend says 200 (saved), as a resent submission does, not 409 (which reads as lost)."""
     url = f"{API}/examples/{example['id']}/validations"
+    serve(client, validators[0], example["id"])
     first = client.post(url, json={"label": "neutral"}, headers=validators[0].headers)
     assert first.status_code == 201, first.text
     researcher = _researcher_headers(client, app)
@@ -724,6 +728,19 @@ def test_label_resent_after_its_round_closed_is_answered_as_saved(
     with unchanged(app):  # and a first label after the close is refused as before
         response = client.post(url, json={"label": "neutral"}, headers=validators[1].headers)
         assert_error(response, 409, "conflict", "validation is over")
+
+
+def serve(client: TestClient, validator: Actor, example_id: int) -> None:
+    """Fetch the validator's batch in the example's round: a label is accepted only for an
+    example served to the validator in a batch that is still theirs."""
+    batch = client.get(f"{API}/rounds/{example_round(client, example_id)}/validation-batch", headers=validator.headers)
+    assert batch.status_code == 200, batch.text
+    assert example_id in served_examples(client, batch.json())
+
+
+def example_round(client: TestClient, example_id: int) -> int:
+    with client.app.state.sessionmaker() as session:  # type: ignore[attr-defined]
+        return int(session.get(Example, example_id).round_id)
 
 
 def _researcher_headers(client: Any, app: Any) -> dict[str, str]:
@@ -1341,6 +1358,7 @@ def test_attempts_outside_a_collecting_round_conflict(
         with unchanged(app):
             assert_error(request(), 409, "conflict", "validating", "not collecting")
     # Validation goes on while the round is validating.
+    serve(client, validators[0], example["id"])
     response = client.post(
         f"{API}/examples/{example['id']}/validations", json={"label": "neutral"}, headers=validators[0].headers
     )

@@ -31,6 +31,10 @@ from tests.demo_process import ROOT, RunningDemo, running_demo, tiny_model_cache
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
+# The demo task's control items (services/task_examples/dynasent-r2.yaml) and their labels.
+CONTROL_LABELS = {
+    item.text: item.labels[0] for item in load_task_definition(example_path("dynasent-r2")).quality.control_items
+}
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = ROOT / "test-artifacts"
@@ -804,9 +808,15 @@ class _Api:
                     break
             example = self.post(f"/assignments/{assignment['id']}/example", "writer", {"attempt_id": attempt["id"]})
             for validator in range(1, 6):
-                # Every fourth label disagrees, so agreement is high but not perfect.
+                # Every fourth label disagrees, so agreement is high but not perfect. Labels go to
+                # the items of the validator's batch: this example and the task's control items
+                # (answered right, from the shipped YAML), which look just like it.
                 label = target if (example["id"] + validator) % 4 else "mixed"
-                self.post(f"/examples/{example['id']}/validations", f"validator{validator}", {"label": label})
+                name = f"validator{validator}"
+                batch = self.get(f"/rounds/{example['round_id']}/validation-batch", name)
+                for item in batch["data"]:
+                    answer = label if item["text"] == example["text"] else CONTROL_LABELS[item["text"]]
+                    self.post(f"/validation-items/{item['item_id']}/validations", name, {"label": answer})
                 validations += 1
         return {"fooled": fooled, "validations": validations}
 

@@ -95,17 +95,17 @@ def test_writer_and_validator_flow_through_the_real_api(
     validator = ApiClient(api_url, make_user("vera", "validator").token)
     batch = validator.validation_batch(round_["id"])
     assert batch["validation_labels"] == ["positive", "negative", "neutral", "mixed"]
-    assert [item["example_id"] for item in batch["data"]] == [example["id"]]
-    assert validator.validation_batch(round_["id"], size=1)["data"][0]["example_id"] == example["id"]
-    label = validator.validate(
-        example["id"], target, flagged=True, flag_reason="reads like an advert", seconds_taken=4.2
-    )
-    assert label["label"] == [target] and label["flagged"] is True
-    again = validator.validate(example["id"], target, flagged=True, flag_reason="reads like an advert")
-    assert again["id"] == label["id"]
+    assert [item["text"] for item in batch["data"]] == [example["text"]]
+    item_id = batch["data"][0]["item_id"]
+    # Asked again while it is live, the batch is the same one; size shows its first items.
+    assert validator.validation_batch(round_["id"], size=1)["data"][0]["item_id"] == item_id
+    label = validator.validate(item_id, target, flagged=True, flag_reason="reads like an advert", seconds_taken=4.2)
+    assert label["label"] == [target] and label["flagged"] is True and label["item_id"] == item_id
+    again = validator.validate(item_id, target, flagged=True, flag_reason="reads like an advert")
+    assert again == label
     other = "mixed"
     with pytest.raises(ApiError) as conflict:
-        validator.validate(example["id"], other)
+        validator.validate(item_id, other)
     assert conflict.value.status == 409 and "cannot be changed" in conflict.value.message
 
     stats = research.round_stats(round_["id"])
@@ -194,7 +194,7 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
     client.attempt(1, "Some text here.", target_span=[0, 4])
     client.confirm(2, False, "positive")
     client.submit_example(1, 2, {"intended_label": "sarcastic"})
-    client.validate(3, ["anger", "joy"])
+    client.validate("item3", ["anger", "joy"])
     keyed = {r.url.path: r.headers.get("Idempotency-Key") for r in seen}
     assert keyed["/api/v1/assignments/1/attempts"] == idempotency_key("attempt", 1, "Some text here.", [0, 4])
     assert all(
@@ -202,7 +202,7 @@ def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_p
         for path in [
             "/api/v1/attempts/2/confirmation",
             "/api/v1/assignments/1/example",
-            "/api/v1/examples/3/validations",
+            "/api/v1/validation-items/item3/validations",
         ]
     )
     assert json.loads(seen[0].content) == {"text": "Some text here.", "target_span": [0, 4]}

@@ -405,3 +405,41 @@ def test_the_crowd_page_against_the_real_study_and_ledger_api(live: LiveApi) -> 
     assert not at.exception and not at.error, texts(at.error)
     labels = [b.label for b in at.get("download_button")]
     assert any("Prolific bonus CSV" in label for label in labels)
+
+
+def test_the_crowd_page_shows_gold_accuracy_beside_agreement(live: LiveApi) -> None:
+    """A round whose batches hold control items: each validator's gold accuracy is on the Crowd
+    page beside their agreement with the majority, as the API computed it."""
+    controls = [
+        {"text": "The food was absolutely delicious and the staff were wonderful.", "labels": ["positive"]},
+        {"text": "The waiter was rude to us and my soup arrived cold.", "labels": ["negative"]},
+    ]
+    live.user("rita", "researcher")
+    quality = {"control_rate": 0.5, "min_control_answers": 50, "control_items": controls}
+    live.task(TASK, onboarding_quiz=None, quality=quality)
+    round_ = live.round(TASK, [SOUP, "The bread was fresh and the tea was hot."])
+    for text in ("The soup was cold and the bread was stale.", "A plain remark about the lunch menu today."):
+        live.example(round_, text)
+    live.user("vic", "validator")
+    batch = live.api("vic").validation_batch(round_["id"])
+    assert batch["count"] == 4  # two examples, two control items, alike
+    for item in batch["data"]:
+        live.api("vic").validate(item["item_id"], "positive")
+    expected = live.admin.worker_agreement(round_["id"])
+    vic = next(row for row in expected if row["username"] == "vic")
+    assert vic["control_answers"] == 2 and vic["gold_accuracy"] == 0.5
+    rita = PageClient(live.url, live.tokens["rita"][1], timeout=30)
+    live._page_clients.append(rita)
+    at = crowd_page(rita)
+    assert not at.exception and not at.error, texts(at.error)
+    assert "Validators: gold accuracy and agreement" in [s.value for s in at.subheader]
+    table = at.dataframe[0].value
+    row = table[table["validator"] == "vic"].iloc[0].to_dict()
+    assert row == {
+        "validator": "vic",
+        "labels": 2,
+        "agreement with the majority": "–",  # no example has a majority yet
+        "control answers": 2,
+        "gold accuracy": "50%",
+        "qualified": "yes",
+    }

@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from sqlalchemy import delete
 from streamlit.testing.v1 import AppTest
 
 from frontend.client import Round
+from services.db.engine import session_scope
+from services.db.models import ValidationClaim
 from tests.frontend_live import (
     HOSTILE,
     HOSTILE_ESCAPED,
@@ -26,11 +29,12 @@ SENTENCES = [
     "The soup arrived after forty minutes and nobody said a word about it.",
     "The restaurant is open from noon until ten every day.",
 ]
-VALIDATIONS = r"/examples/\d+/validations"
+VALIDATIONS = r"/validation-items/[A-Za-z0-9_-]+/validations"
 
 
 def validator_app(live: LiveApi, client: PageClient | None = None) -> AppTest:
     """Vera on the Validate page (she may be a writer too)."""
+    LIVE.append(live)
     if "vera" not in live.tokens:
         live.user("vera", "validator")
     at = signed_in_app(live, "vera", page="pages/validator.py", client=client)
@@ -44,18 +48,26 @@ def instructions_of(at: AppTest) -> str:
     return "\n".join(texts(expander.markdown))
 
 
+LIVE: list[LiveApi] = []  # the test's LiveApi, for save() and key()
+
+
+def key(example_id: int) -> str:
+    """The opaque item id under which Vera's batch shows ``example_id`` (the page's widget keys
+    and the API's path use it)."""
+    return LIVE[-1].item_key("vera", example_id)
+
+
 def save(at: AppTest, example_id: int, label: str | list[str], *, flag: bool = False, reason: str = "") -> AppTest:
+    item = key(example_id)
     widget = (
-        at.pills(key=f"validator_label_{example_id}")
-        if isinstance(label, list)
-        else at.radio(key=f"validator_label_{example_id}")
+        at.pills(key=f"validator_label_{item}") if isinstance(label, list) else at.radio(key=f"validator_label_{item}")
     )
     widget.set_value(label)
     if flag:
-        at.checkbox(key=f"validator_flag_{example_id}").check()
+        at.checkbox(key=f"validator_flag_{item}").check()
     if reason:
-        at.text_input(key=f"validator_reason_{example_id}").set_value(reason)
-    return at.button(key=f"validator_save_{example_id}").click().run()
+        at.text_input(key=f"validator_reason_{item}").set_value(reason)
+    return at.button(key=f"validator_save_{item}").click().run()
 
 
 def round_of(live: LiveApi, example: str, **overrides: object) -> Round:
@@ -86,7 +98,7 @@ def test_batch_is_labelled_card_by_card(dynasent: tuple[LiveApi, list[int]]) -> 
         "Sentence 2 of 3",
         "Sentence 3 of 3",
     ]
-    radio = at.radio(key=f"validator_label_{ids[0]}")
+    radio = at.radio(key=f"validator_label_{key(ids[0])}")
     # The options show the task's display names (label_names) and send the labels.
     assert radio.options == ["Positive", "Negative", "No sentiment", "Mixed sentiment"] and radio.value is None
 
@@ -96,7 +108,7 @@ def test_batch_is_labelled_card_by_card(dynasent: tuple[LiveApi, list[int]]) -> 
     assert "Saved: **No sentiment**" in texts(at.success)
     assert not [r for r in at.radio if r.key == f"validator_label_{ids[0]}"]  # the card is done
     sent = client.requests("POST", VALIDATIONS)[0]
-    assert sent.path == f"/examples/{ids[0]}/validations"
+    assert sent.path == f"/validation-items/{key(ids[0])}/validations"
     assert sent.body["label"] == "neutral" and sent.body["flagged"] is False and "flag_reason" not in sent.body
     assert sent.key and sent.key.startswith("validation-") and sent.body["seconds_taken"] is not None
     assert live.labels_of(ids[0]) == {"vera": ["neutral"]}
@@ -114,7 +126,7 @@ def test_a_label_is_needed_and_api_errors_are_shown(dynasent: tuple[LiveApi, lis
     live, ids = dynasent
     client = live.as_user("vera")
     at = validator_app(live, client)
-    at.button(key=f"validator_save_{ids[0]}").click().run()
+    at.button(key=f"validator_save_{key(ids[0])}").click().run()
     assert "Choose a label first." in texts(at.warning)
     assert not client.requests("POST", VALIDATIONS)
     # Meanwhile a researcher unqualifies Vera: the API refuses her label and says why.
@@ -129,9 +141,13 @@ def test_a_label_is_needed_and_api_errors_are_shown(dynasent: tuple[LiveApi, lis
 def test_an_example_that_filled_up_meanwhile_closes_its_card(dynasent: tuple[LiveApi, list[int]]) -> None:
     live, ids = dynasent
     at = validator_app(live)
-    for number in range(5):  # other validators give its last labels meanwhile
+    # Vera's hold on the example lapses (her batch is still hers), and five other validators
+    # are served it and give its last labels meanwhile.
+    with session_scope(live.app.state.sessionmaker) as session:
+        session.execute(delete(ValidationClaim))
+    for number in range(5):
         live.user(f"other{number}", "validator")
-        live.api(f"other{number}").validate(ids[1], "negative")
+        live.label_as(f"other{number}", ids[1], "negative")
     save(at, ids[1], "positive")
     assert any("already has all its labels" in i for i in texts(at.info))
     assert [p.text for p in at.progress] == ["1 of 3 labelled"]
@@ -145,8 +161,8 @@ def test_flag_with_reason(dynasent: tuple[LiveApi, list[int]]) -> None:
     save(at, ids[0], "mixed", reason="Reads like an advert")
     assert "Tick the flag box to send a reason, or clear the reason." in texts(at.warning)
     assert not client.requests("POST", VALIDATIONS)
-    at.checkbox(key=f"validator_flag_{ids[0]}").check()
-    at.button(key=f"validator_save_{ids[0]}").click().run()
+    at.checkbox(key=f"validator_flag_{key(ids[0])}").check()
+    at.button(key=f"validator_save_{key(ids[0])}").click().run()
     stored = live.admin.example(ids[0])["validations"]
     assert [(v["validator"], v["label"], v["flagged"], v["flag_reason"]) for v in stored] == [
         ("vera", ["mixed"], True, "Reads like an advert")
@@ -177,7 +193,7 @@ def test_multi_label_cards(live: LiveApi) -> None:
     client = live.client(live.user("vera", "validator"))
     at = validator_app(live, client)
     assert 'lang="am"' in html_of(at) and 'dir="auto"' in html_of(at)
-    pills = at.pills(key=f"validator_label_{example}")
+    pills = at.pills(key=f"validator_label_{key(example)}")
     assert [re.sub(r"\\(.)", r"\1", option) for option in pills.options] == [  # shown as written
         "Anger (ቁጣ)",
         "Disgust (መጸየፍ)",
@@ -205,7 +221,7 @@ def test_target_dependent_five_point_scale_and_unknown(live: LiveApi) -> None:
     at = validator_app(live)
     assert ">Pedro Sánchez</mark> once again" in html_of(at)
     assert "Rate the sentiment towards the highlighted target only." in texts(at.caption)
-    radio = at.radio(key=f"validator_label_{first}")
+    radio = at.radio(key=f"validator_label_{key(first)}")
     assert radio.options == ["Negative", "Weakly negative", "Neutral", "Weakly positive", "Positive", "Unknown"]
     save(at, first, "weakly_negative")
     save(at, second, "unknown")
@@ -243,7 +259,7 @@ def test_instructions_name_the_batch_served_and_the_buttons_words(dynasent: tupl
     live, ids = dynasent
     at = validator_app(live)
     words = instructions_of(at)
-    radio = at.radio(key=f"validator_label_{ids[0]}")
+    radio = at.radio(key=f"validator_label_{key(ids[0])}")
     # The batch served has 3 sentences (the task's batch size is 10): the instructions say 3.
     assert "This batch has **3 sentences**" in words and "10 sentences" not in words
     assert [c for c in texts(at.caption) if c.startswith("Sentence ")][-1] == "Sentence 3 of 3"
@@ -252,7 +268,7 @@ def test_instructions_name_the_batch_served_and_the_buttons_words(dynasent: tupl
     assert listed in words, words
     assert "**No sentiment**" in words and "neutral" not in words.split("The sentences come from")[0]
     # The button named is the button on every card; the task's own text (what labels mean) follows.
-    assert "press **Save label**" in words and at.button(key=f"validator_save_{ids[0]}").label == "Save label"
+    assert "press **Save label**" in words and at.button(key=f"validator_save_{key(ids[0])}").label == "Save label"
     assert "**No sentiment**: The sentence **does not convey anything**" in words
 
 
@@ -272,6 +288,6 @@ def test_display_names_are_shown_literally(live: LiveApi) -> None:
     )
     example = live.example(round_, SENTENCES[0])
     at = validator_app(live)
-    radio = at.radio(key=f"validator_label_{example}")
+    radio = at.radio(key=f"validator_label_{key(example)}")
     assert radio.options[2] == r"\*No\* \[sentiment\]\(http\:\/\/x\)"
     assert "**\\*No\\* \\[sentiment" in at.expander[0].markdown[0].value

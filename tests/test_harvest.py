@@ -39,7 +39,7 @@ from services.db.engine import session_scope
 from services.db.models import Example, ExampleOrigin, ExampleStatus, Prompt
 from services.domain.rounds import get_round
 from services.errors import Conflict
-from tests.conftest import Actor, example_yaml, open_round, table_counts
+from tests.conftest import Actor, example_yaml, open_round, served_examples, table_counts
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -258,10 +258,10 @@ def test_harvested_examples_are_validated_and_built_into_chance_level_splits(
             batch = client.get(f"/api/v1/rounds/{round_['id']}/validation-batch", headers=validator.headers).json()
             if not batch["data"]:
                 break
-            for item in batch["data"]:
+            for item, example_id in zip(batch["data"], served_examples(client, batch), strict=True):
                 response = client.post(
-                    f"/api/v1/examples/{item['example_id']}/validations",
-                    json={"label": gold[item["example_id"]]},
+                    f"/api/v1/validation-items/{item['item_id']}/validations",
+                    json={"label": gold[example_id]},
                     headers=validator.headers,
                 )
                 assert response.status_code == 201, response.text

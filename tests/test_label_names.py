@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from round_builder import dataset_card
 from round_builder.report import render_markdown
 from services.taskdef import example_path, load_task_definition
-from tests.conftest import Actor, example_yaml, open_round, table_counts, table_snapshot
+from tests.conftest import Actor, example_yaml, label_example, open_round, served_examples, table_counts, table_snapshot
 from tests.stub_model_server import ThreadedServer
 
 REPORTS = Path(__file__).parent / "data" / "round_reports"
@@ -50,7 +50,7 @@ def _submitted_example(client: TestClient, writer: Actor, validator: Actor, roun
     assert submitted.status_code == 201, submitted.text
     batch = client.get(f"/api/v1/rounds/{round_id}/validation-batch", headers=validator.headers).json()
     assert batch["validation_labels"] == list(NAMES) and batch["label_names"] == NAMES
-    return int(batch["data"][0]["example_id"])
+    return int(served_examples(client, batch)[0] or 0)
 
 
 def test_task_answers_carry_every_display_name(
@@ -106,9 +106,7 @@ def test_assignment_and_batch_carry_display_names_and_labels_stay_the_values(
     assert state["label_names"] == assignment["label_names"] and state["attempts"][0]["prediction"][0] in TASK_LABELS
 
     example_id = _submitted_example(client, writer, validators[0], dynasent_round["id"])
-    saved = client.post(
-        f"/api/v1/examples/{example_id}/validations", json={"label": "neutral"}, headers=validators[1].headers
-    )
+    saved = label_example(client, validators[1], example_id, "neutral")
     assert saved.status_code == 201 and saved.json()["label"] == ["neutral"]
 
 

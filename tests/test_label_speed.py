@@ -72,7 +72,7 @@ def label_round(client: TestClient, app: FastAPI, round_id: int, validators: lis
                 seen[0] = 0
                 try:
                     response = client.post(
-                        f"/api/v1/examples/{item['example_id']}/validations",
+                        f"/api/v1/validation-items/{item['item_id']}/validations",
                         json={"label": label},
                         headers=validator.headers,
                     )

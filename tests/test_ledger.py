@@ -34,7 +34,7 @@ from services.db.models import (
 from services.domain import duplicates, ledger, tasks
 from services.taskdef import TaskDefinitionError, parse_task_definition
 from tests.built_round import write_example
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts, table_snapshot
+from tests.conftest import Actor, MakeUser, example_yaml, label_served, open_round, table_counts, table_snapshot
 from tests.stub_model_server import ThreadedServer
 
 API = "/api/v1"
@@ -254,17 +254,17 @@ def hand(client: TestClient, app: Any, make_user: MakeUser, stub_model: Threaded
     for name, writer, target, text, _ in PLAN:
         example = write_example(client, writers[writer], round_["id"], target, text)
         examples[name] = example["id"]
-        # Each validator labels the examples in order E1..E5, F1, F2 (v5 only E1..E4).
+    # Each validator labels what it is served: the batch E1..E5 (fooling examples first, then
+    # E2, the least-validated), labelled in that order, then F1, F2 (v5 only E1..E4).
+    labels_of = {examples[name]: labels for name, _, _, _, labels in PLAN}
     for position, validator in enumerate(VALIDATORS):
-        for name, _, _, _, labels in PLAN:
-            if position >= len(labels):
-                continue
-            response = client.post(
-                f"{API}/examples/{examples[name]}/validations",
-                json={"label": labels[position]},
-                headers=validators[validator].headers,
-            )
-            assert response.status_code == 201, response.text
+
+        def label_for(example_id: int | None, position: int = position) -> str | None:
+            assert example_id is not None  # the task has no control items
+            labels = labels_of[example_id]
+            return labels[position] if position < len(labels) else None
+
+        label_served(client, validators[validator], round_["id"], label_for)
     response = client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
     assert response.status_code == 200, response.text
     response = client.post(f"{API}/rounds/{round_['id']}/build", json={"seed": 3, **BUILD}, headers=researcher.headers)

@@ -31,7 +31,7 @@ from services.errors import Invalid
 from services.settings import Settings
 from services.taskdef import parse_task_definition
 from tests.built_round import write_and_label
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, sqlite_only
+from tests.conftest import Actor, MakeUser, example_yaml, label_example, open_round, sqlite_only
 from tests.stub_model_server import ThreadedServer
 
 EMOTIONS = ["anger", "disgust", "fear", "joy", "sadness", "surprise", "neutral"]
@@ -47,9 +47,7 @@ def _texts(i: int, word: str) -> str:
 
 
 def _label(client: TestClient, validator: Actor, example_id: int, label: Any) -> None:
-    response = client.post(
-        f"/api/v1/examples/{example_id}/validations", json={"label": label}, headers=validator.headers
-    )
+    response = label_example(client, validator, example_id, label)
     assert response.status_code == 201, response.text
 
 

@@ -20,7 +20,7 @@ from services.db.models import Example, RoundBuild
 from services.domain import rounds, validating
 from services.taskdef import example_path
 from tests.built_round import write_and_label
-from tests.conftest import example_yaml, free_port, open_round
+from tests.conftest import example_yaml, free_port, label_example, open_round
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 API = "/api/v1"
@@ -211,14 +211,7 @@ def test_intended_sarcasm_report_is_the_stored_one(client, researcher, make_user
             )
             assert example.status_code == 201, example.text
             for validator in validators:
-                assert (
-                    client.post(
-                        f"{API}/examples/{example.json()['id']}/validations",
-                        json={"label": perceived},
-                        headers=validator.headers,
-                    ).status_code
-                    == 201
-                )
+                assert label_example(client, validator, example.json()["id"], perceived).status_code == 201
         client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
         built_now = client.post(
             f"{API}/rounds/{round_['id']}/build",

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from statsmodels.stats.inter_rater import fleiss_kappa
 
 from tests.built_round import LABELS, BuiltRound, write_and_label
-from tests.conftest import Actor, MakeUser, example_yaml, free_port, open_round
+from tests.conftest import Actor, MakeUser, example_yaml, free_port, label_example, open_round
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 # Each test round's report JSON as the untyped report code wrote it before the report became
@@ -278,11 +278,7 @@ def test_intended_sarcasm_round_compares_intended_and_perceived_labels(
                 votes = [perceived, perceived, other]
                 shift = position % 3
                 for validator, label in zip(validators, votes[shift:] + votes[:shift], strict=True):
-                    response = client.post(
-                        f"/api/v1/examples/{example.json()['id']}/validations",
-                        json={"label": label},
-                        headers=validator.headers,
-                    )
+                    response = label_example(client, validator, example.json()["id"], label)
                     assert response.status_code == 201, response.text
                 position += 1
     client.post(f"/api/v1/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)

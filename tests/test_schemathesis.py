@@ -287,10 +287,21 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
     # Twice: the open assignment is where attempts, inspect and skip do their real work.
     ids["assignment_id"] += [open_assignment.json()["id"]] * 2
     ids["attempt_id"].append(attempt.json()["id"])
+    # val1 is served a batch (a label is accepted only for an item of it), labels one item and
+    # keeps the rest: their ids are real ids for the fuzzed label route.
+    batch = client.get(f"/api/v1/rounds/{round_['id']}/validation-batch", headers=h["val1"])
+    assert batch.status_code == 200 and batch.json()["count"] >= 2, batch.text
+    items = [item["item_id"] for item in batch.json()["data"]]
     response = client.post(
-        f"/api/v1/examples/{ids['example_id'][0]}/validations", json={"label": "mixed"}, headers=h["val1"]
+        f"/api/v1/validation-items/{items[0]}/validations", json={"label": "mixed"}, headers=h["val1"]
     )
     assert response.status_code == 201, response.text
+    control = client.post(
+        f"/api/v1/tasks/{TASK}/control-items",
+        json={"text": "The staff were lovely and the cake was wonderful.", "labels": ["positive"]},
+        headers=h["root"],
+    )
+    assert control.status_code == 201, control.text
     # A study link and one worker's session on it (the public route opens it again, resumes it).
     link = client.post(
         f"/api/v1/tasks/{TASK}/study-links",
@@ -310,6 +321,8 @@ def seed(app: Any, model_url: str) -> tuple[dict[str, str], dict[str, int], dict
     ids.update(
         {
             "link_id": [link.json()["id"]],
+            "item_id": items,
+            "control_id": [control.json()["id"]],
             "slug": [link.json()["slug"]],
             "session_id": [started.json()["session"]["id"]],
             "round_id": [round_["id"]],

@@ -616,7 +616,7 @@ def test_a_validator_session_counts_labels_not_whole_batches(
             if labelled == quota:
                 break
             response = client.post(
-                f"{API}/examples/{example['example_id']}/validations", json={"label": "neutral"}, headers=token
+                f"{API}/validation-items/{example['item_id']}/validations", json={"label": "neutral"}, headers=token
             )
             assert response.status_code == 201, response.text
             labelled += 1

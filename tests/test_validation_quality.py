@@ -9,9 +9,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from services.db.models import Example, Task, TaskWorker, Validation
-from services.domain.validating import shown_order
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts
+from services.db.models import Example, Task, TaskWorker, Validation, ValidationBatchItem
+from tests.conftest import Actor, MakeUser, example_yaml, label_example, open_round, table_counts
 from tests.stub_model_server import ThreadedServer
 
 PROMPTS = [f"Prompt number {i} about a small cafe downtown." for i in range(12)]
@@ -38,11 +37,26 @@ def dynasent(client: TestClient, researcher: Actor, stub_model: ThreadedServer) 
 
 
 def label(client: Any, validator: Actor, example_id: int, value: Any) -> Any:
-    return client.post(f"/api/v1/examples/{example_id}/validations", json={"label": value}, headers=validator.headers)
+    return label_example(client, validator, example_id, value)
+
+
+def batch_examples(app: FastAPI, batch: dict[str, Any]) -> list[int]:
+    """The example ids behind a served batch's items, in the order shown (the validator sees
+    only opaque item ids; the test reads what each one is from the database)."""
+    keys = [item["item_id"] for item in batch["data"]]
+    with app.state.sessionmaker() as session:
+        found = dict(
+            session.execute(
+                select(ValidationBatchItem.item_key, ValidationBatchItem.example_id).where(
+                    ValidationBatchItem.item_key.in_(keys)
+                )
+            ).all()
+        )
+    return [found[key] for key in keys]
 
 
 def test_batch_selects_fooling_examples_first_and_never_own_or_labelled(
-    client: TestClient, dynasent: dict[str, Any], make_user: MakeUser, validators: list[Actor]
+    client: TestClient, app: FastAPI, dynasent: dict[str, Any], make_user: MakeUser, validators: list[Actor]
 ) -> None:
     writer = make_user("wendy", "writer", "validator")
     plain = write_example(client, writer, dynasent["id"], "An ordinary sentence about lunch today.")
@@ -50,30 +64,35 @@ def test_batch_selects_fooling_examples_first_and_never_own_or_labelled(
     other_writer = make_user("will", "writer")
     third = write_example(client, other_writer, dynasent["id"], "Another ordinary sentence about dinner.")
     batch = client.get(f"/api/v1/rounds/{dynasent['id']}/validation-batch", headers=validators[0].headers).json()
-    ids = [item["example_id"] for item in batch["data"]]
+    ids = batch_examples(app, batch)
     assert set(ids) == {plain["id"], fooling["id"], third["id"]}
-    me = client.get("/api/v1/me", headers=validators[0].headers).json()["id"]
-    assert ids == sorted(ids, key=lambda example_id: shown_order(me, example_id))
     assert batch["validation_labels"] == ["positive", "negative", "neutral", "mixed"]
-    # Validators never see the writer's target or the model's prediction before labelling.
-    assert set(batch["data"][0]) == {"example_id", "text", "target_span"}
+    # Validators never see the writer's target or the model's prediction before labelling, nor
+    # the example's id: each item is shown under an opaque id of this serving.
+    assert set(batch["data"][0]) == {"item_id", "text", "target_span"}
     # Wendy validates too, but never her own examples.
     own = client.get(f"/api/v1/rounds/{dynasent['id']}/validation-batch", headers=writer.headers).json()
-    assert [item["example_id"] for item in own["data"]] == [third["id"]]
+    assert batch_examples(app, own) == [third["id"]]
     # After labelling, an example leaves the validator's batch; a reload returns the held rest.
     assert label(client, validators[0], ids[0], "positive").status_code == 201
     again = client.get(f"/api/v1/rounds/{dynasent['id']}/validation-batch", headers=validators[0].headers).json()
-    assert [item["example_id"] for item in again["data"]] == ids[1:]
+    assert batch_examples(app, again) == ids[1:]
+    assert [item["item_id"] for item in again["data"]] == [item["item_id"] for item in batch["data"]][1:]
 
 
 def test_claims_spread_examples_across_concurrent_validators(
-    client: TestClient, dynasent: dict[str, Any], writer: Actor, validators: list[Actor], make_user: MakeUser
+    client: TestClient,
+    app: FastAPI,
+    dynasent: dict[str, Any],
+    writer: Actor,
+    validators: list[Actor],
+    make_user: MakeUser,
 ) -> None:
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
     holders = []
     for validator in validators[:5]:
         batch = client.get(f"/api/v1/rounds/{dynasent['id']}/validation-batch", headers=validator.headers).json()
-        holders.append([item["example_id"] for item in batch["data"]])
+        holders.append(batch_examples(app, batch))
     assert holders == [[example["id"]]] * 5
     # Five validators hold the five slots: a sixth gets nothing until a claim is used or expires.
     sixth = client.get(f"/api/v1/rounds/{dynasent['id']}/validation-batch", headers=validators[5].headers).json()
@@ -86,8 +105,9 @@ def test_five_labels_validate_an_example_and_the_record_shows_them(
     example = write_example(client, writer, dynasent["id"], "A plain remark about the weather here.")
     for validator, value in zip(validators[:5], ["neutral", "neutral", "neutral", "positive", "mixed"], strict=True):
         assert label(client, validator, example["id"], value).status_code == 201
+    # A sixth validator is never served the full example, so a label for it is refused.
     response = label(client, validators[5], example["id"], "neutral")
-    assert response.status_code == 409 and "already has all its labels" in response.json()["error"]["message"]
+    assert response.status_code == 409 and "not in a validation batch" in response.json()["error"]["message"]
     record = client.get(f"/api/v1/examples/{example['id']}", headers=researcher.headers).json()
     assert record["status"] == "validated" and record["validation_count"] == 5
     assert sorted(v["label"][0] for v in record["validations"]) == [
@@ -125,7 +145,7 @@ def test_unqualify_excludes_labels_requeues_and_requalify_restores(
     stopped = client.get(f"/api/v1/rounds/{dynasent['id']}/validation-batch", headers=bad.headers)
     assert stopped.status_code == 403 and "no longer qualified" in stopped.json()["error"]["message"]
     batch = client.get(f"/api/v1/rounds/{dynasent['id']}/validation-batch", headers=validators[5].headers).json()
-    assert [item["example_id"] for item in batch["data"]] == [example["id"]]
+    assert batch_examples(app, batch) == [example["id"]]
     assert label(client, validators[5], example["id"], "neutral").status_code == 201
     # Requalifying finds the example full again: the old label stays excluded (never > 5 counted).
     response = client.post(f"/api/v1/tasks/dynasent-r2/workers/{bad.username}/requalify", headers=researcher.headers)
@@ -402,11 +422,19 @@ def test_batch_is_selected_fooling_first_but_position_does_not_tell_who_fooled(
     assert fooling["fooled"] and not plain["fooled"] and plain["id"] < fooling["id"]
     url = f"/api/v1/rounds/{round_['id']}/validation-batch"
     shown = {}
-    for validator in validators[:4]:  # five labels per example: a fifth validator can still hold both
-        first = [i["example_id"] for i in client.get(url, headers=validator.headers).json()["data"]]
-        again = [i["example_id"] for i in client.get(url, headers=validator.headers).json()["data"]]
-        assert first == again and set(first) == {plain["id"], fooling["id"]}  # a reload keeps the order
-        shown[validator.username] = first.index(fooling["id"])
+    # Twenty labels per example, so that nineteen validators can each hold both examples (each
+    # batch is shuffled with its own seed: all nineteen in one order has a chance of 2 in 2**19).
+    with app.state.sessionmaker() as session:
+        session.execute(update(Example).values(validations_needed=20))
+        session.commit()
+    for index in range(19):
+        validator = make_user(f"order{index}", "validator")
+        first = client.get(url, headers=validator.headers).json()
+        again = client.get(url, headers=validator.headers).json()
+        assert first == again  # a reload keeps the items, their ids and their order
+        ids = batch_examples(app, first)
+        assert set(ids) == {plain["id"], fooling["id"]}
+        shown[validator.username] = ids.index(fooling["id"])
     # The fooling example comes first for some validators and second for others.
     assert set(shown.values()) == {0, 1}, shown
     # With room for one example only, the fooling one is selected.
@@ -418,5 +446,5 @@ def test_batch_is_selected_fooling_first_but_position_does_not_tell_who_fooled(
         )
         session.commit()
     newcomer = make_user("nia", "validator")
-    batch = client.get(url, headers=newcomer.headers).json()["data"]
-    assert [item["example_id"] for item in batch] == [fooling["id"]]
+    batch = client.get(url, headers=newcomer.headers).json()
+    assert batch_examples(app, batch) == [fooling["id"]]

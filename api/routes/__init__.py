@@ -13,6 +13,7 @@ from api.routes import (
     assignments,
     auth,
     builds,
+    control_items,
     dataset_uploads,
     datasets,
     examples,
@@ -56,6 +57,7 @@ ROUTERS = (
     # One request imports a whole file: the bulk path, not under the crowd's per-token limits.
     Included(round_imports.router),
     Included(worker_quality.router),
+    Included(control_items.router),
     Included(onboarding.router),
     Included(assignments.router, (410, 429), rate_limited=True),
     Included(validation.router, (429,), rate_limited=True),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from api.deps import IdPath, SessionDep, allowed
-from api.schemas.validation import BatchItem, BatchPublic, ValidationCreate, ValidationPublic
+from api.schemas.validation import BatchItem, BatchPublic, ItemLabelPublic, ValidationCreate, ValidationPublic
 from services.authorization import ExamplePolicy, RoundPolicy, authorize
 from services.db.models import User
 from services.domain import rounds, validating
@@ -24,14 +24,16 @@ def validation_batch(
     validator: Annotated[User, allowed(RoundPolicy.validate)],
     size: int | None = Query(None, ge=1, le=100),
 ) -> BatchPublic:
-    """Up to 10 examples by others to label, picked fooling examples first, then the
-    least-validated, and shown in an order unrelated to the model (a hash of your id and the
-    example's). Calling again returns the examples you still hold (nothing is lost on reload)."""
+    """Your batch: up to 10 examples by others to label (picked fooling examples first, then the
+    least-validated) with the task's control items mixed in, in an order shuffled per batch.
+    Calling again while the batch is yours returns the same items in the same order (nothing is
+    lost on reload, nothing new is gained); once every item is labelled, or after 30 minutes,
+    a new batch is served. Label each item through its ``item_id``."""
     round_ = rounds.get_round(session, round_id)
     authorize(validator, RoundPolicy.validate(round_))
-    examples = validating.get_batch(session, validator, round_, size)
+    served = validating.get_batch(session, validator, round_, size)
     definition = definition_of(round_.task)
-    items = [BatchItem(example_id=e.id, text=e.text, target_span=e.extras.get("target_span")) for e in examples]
+    items = [BatchItem(item_id=s.item_key, text=s.text, target_span=s.target_span) for s in served]
     return BatchPublic(
         round_id=round_.id,
         task=round_.task.name,
@@ -57,7 +59,10 @@ def submit_validation(
     validator: Annotated[User, allowed(ExamplePolicy.validate)],
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> ValidationPublic:
-    """Label one example. A retried identical request is answered 200 and adds nothing."""
+    """Label one example of your live batch, by its id (tasks without control items only; label
+    batch items through POST /validation-items/{item_id}/validations). An example that is not
+    in a batch served to you and still yours is refused (403) and nothing is written. A retried
+    identical request is answered 200 and adds nothing."""
     example = validating.get_example(session, example_id)
     authorize(validator, ExamplePolicy.validate(example))
     validation, created = validating.submit_validation(
@@ -74,3 +79,40 @@ def submit_validation(
         response.status_code = status.HTTP_200_OK
         response.headers["Idempotent-Replayed"] = "true"
     return ValidationPublic.of(validation)
+
+
+@router.post(
+    "/validation-items/{item_id}/validations",
+    response_model=ItemLabelPublic,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": ItemLabelPublic, "description": "A retried identical label: the first answer again."}},
+)
+def label_item(
+    item_id: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")],
+    body: ValidationCreate,
+    response: Response,
+    session: SessionDep,
+    validator: Annotated[User, allowed(RoundPolicy.validate)],
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> ItemLabelPublic:
+    """Label one item of your live validation batch. An item of another validator's batch is
+    answered as a missing one (404); an item of a batch that expired or was replaced is refused
+    (409) and nothing is written. A retried identical request is answered 200 and adds nothing."""
+    item = validating.get_batch_item(session, validator, item_id)
+    authorize(validator, RoundPolicy.validate(item.batch.round))
+    if item.example is not None:
+        authorize(validator, ExamplePolicy.validate(item.example))
+    answer = validating.label_item(
+        session,
+        validator,
+        item_id,
+        body.label,
+        body.flagged,
+        body.flag_reason,
+        body.seconds_taken,
+        idempotency_key,
+    )
+    if not answer.created:
+        response.status_code = status.HTTP_200_OK
+        response.headers["Idempotent-Replayed"] = "true"
+    return ItemLabelPublic.of(answer)

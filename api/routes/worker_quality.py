@@ -16,7 +16,7 @@ from api.schemas.worker_quality import (
 )
 from services.authorization import RoundPolicy, WorkerPolicy, authorize
 from services.db.models import User
-from services.domain import quality, rounds, tasks, users
+from services.domain import controls, quality, rounds, tasks, users
 
 router = APIRouter(tags=["worker quality"])
 Judge = Annotated[User, allowed(WorkerPolicy.judge)]
@@ -24,11 +24,16 @@ Judge = Annotated[User, allowed(WorkerPolicy.judge)]
 
 @router.get("/rounds/{round_id}/worker-agreement", response_model=list[WorkerAgreementPublic])
 def worker_agreement(round_id: IdPath, session: SessionDep, researcher: Judge) -> list[WorkerAgreementPublic]:
-    """Each validator's rate of agreement with the majority in this round (DynaSent Fig. 6)."""
+    """Each validator's rate of agreement with the majority in this round (DynaSent Fig. 6), and
+    beside it their gold accuracy: the share of this round's control items they answered right."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))  # another group's round: as a missing one
     authorize(researcher, WorkerPolicy.judge(round_.task))
-    return [WorkerAgreementPublic.of(row) for row in quality.validator_agreement(session, round_.task, round_)]
+    gold = controls.gold_accuracy(session, round_.task, round_)
+    return [
+        WorkerAgreementPublic.of(row, gold.get(row.user_id))
+        for row in quality.validator_agreement(session, round_.task, round_, include_user_ids=list(gold))
+    ]
 
 
 @router.post("/tasks/{task_name}/worker-quality/apply", response_model=list[WorkerAgreementPublic])

@@ -155,12 +155,28 @@ class ConditionSummary(BaseModel):
     types_per_token: float | None
 
 
+class ReportWorkerGold(BaseModel):
+    """One validator's gold accuracy beside their agreement with the majority."""
+
+    validator: str = Field(description="v1, v2, ... in the order of their accounts (the report names nobody).")
+    labels: int
+    agreement_rate: float | None
+    control_answers: int
+    gold_accuracy: float | None
+
+
 class ReportWorkers(BaseModel):
     writers: int
     validators: int
     never_disagreed: int | None = Field(None, description="Single-label families only.")
     mean_agreement_rate: float | None = Field(None, description="Single-label families only.")
     labels_per_validator_median: float | None = Field(None, description="Single-label families only.")
+    mean_gold_accuracy: float | None = Field(
+        None, description="Rounds whose batches held control items only: the validators' mean gold accuracy."
+    )
+    gold_accuracy: list[ReportWorkerGold] | None = Field(
+        None, description="Rounds whose batches held control items only: each validator's gold accuracy."
+    )
 
 
 class IntendedVsPerceived(BaseModel):

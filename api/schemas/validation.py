@@ -9,12 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.common import Label
 from services.db.models import Validation
+from services.domain.validating import ItemAnswer
 
 
 class BatchItem(BaseModel):
-    """What a validator sees: the text (and target), never the writer's label or the model's."""
+    """What a validator sees: the text (and target), never the writer's label or the model's.
+    ``item_id`` is an opaque key of this serving; label the item with POST
+    /validation-items/{item_id}/validations."""
 
-    example_id: int
+    item_id: str = Field(description="Opaque id of this item in your batch; label it through it.")
     text: str
     target_span: dict[str, Any] | None
 
@@ -57,3 +60,16 @@ class ValidationPublic(BaseModel):
             counted=validation.counted,
             created_at=validation.created_at,
         )
+
+
+class ItemLabelPublic(BaseModel):
+    """A label given to a batch item, as stored."""
+
+    item_id: str
+    label: list[str]
+    flagged: bool
+    created_at: dt.datetime
+
+    @classmethod
+    def of(cls, answer: ItemAnswer) -> ItemLabelPublic:
+        return cls(item_id=answer.item_key, label=answer.label, flagged=answer.flagged, created_at=answer.created_at)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.domain.controls import GoldAccuracy
 from services.domain.quality import ValidatorAgreement
 
 
@@ -18,15 +19,21 @@ class WorkerAgreementPublic(BaseModel):
     judged: int
     agreement_rate: float | None
     qualified: bool
+    control_answers: int = Field(0, description="Answers to control (gold) items in the same scope.")
+    gold_accuracy: float | None = Field(
+        None, description="Share of the control answers that were right; null without control answers."
+    )
 
     @classmethod
-    def of(cls, row: ValidatorAgreement) -> WorkerAgreementPublic:
+    def of(cls, row: ValidatorAgreement, gold: GoldAccuracy | None = None) -> WorkerAgreementPublic:
         return cls(
             username=row.username,
             labels=row.labels,
             judged=row.judged,
             agreement_rate=row.agreement_rate,
             qualified=row.qualified,
+            control_answers=gold.answers if gold else 0,
+            gold_accuracy=gold.rate if gold else None,
         )
 
 

@@ -6,6 +6,9 @@ its ``query_template``) and a Close button, the crowd report per link (sessions 
 abandoned ones, the median session in minutes, base pay and bonuses from the ledger and the
 effective hourly pay, ``GET /tasks/{task}/crowd-report``), each link's sessions, a button that computes the ledger, and
 the bonus files Prolific and MTurk take in bulk (``GET /tasks/{task}/ledger/bonuses.csv``).
+For a chosen round, each validator's gold accuracy on the task's control items beside their
+agreement with the majority (``GET /rounds/{id}/worker-agreement``), and whether they are
+still qualified.
 Amounts are integers in the currency's minor units; the page formats them, never with floats.
 """
 
@@ -233,6 +236,49 @@ def sessions_table(client: Api, links: list[StudyLink]) -> None:
     st.dataframe(pd.DataFrame(sessions), hide_index=True)
 
 
+def validator_quality(client: Api, rounds: list[Round]) -> None:
+    """Each validator of a round: labels, agreement with the majority, control answers and gold
+    accuracy side by side (a validator below the task's gold threshold is unqualified)."""
+    st.subheader("Validators: gold accuracy and agreement")
+    if not rounds:
+        st.caption("No round yet.")
+        return
+    by_id = {r["id"]: r for r in rounds}
+    chosen = st.selectbox(
+        "Round",
+        list(by_id),
+        index=len(by_id) - 1,
+        key="researcher_crowd_quality_round",
+        format_func=lambda rid: f"Round {by_id[rid]['number']} ({by_id[rid]['status']})",
+    )
+    try:
+        rows = client.worker_agreement(int(chosen))
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    if not rows:
+        st.caption("No validator has labelled in this round yet.")
+        return
+
+    def share(value: float | None) -> str:
+        return "–" if value is None else f"{value:.0%}"
+
+    table = pd.DataFrame(
+        [
+            {
+                "validator": row["username"],
+                "labels": row["labels"],
+                "agreement with the majority": share(row["agreement_rate"]),
+                "control answers": row.get("control_answers", 0),
+                "gold accuracy": share(row.get("gold_accuracy")),
+                "qualified": "yes" if row["qualified"] else "no",
+            }
+            for row in rows
+        ]
+    )
+    st.dataframe(table, hide_index=True)
+
+
 def ledger_controls(client: Api, task: Task) -> None:
     st.subheader("Ledger and bonuses")
     cols = st.columns(2)
@@ -307,6 +353,7 @@ def main() -> None:
         for link in links:
             link_card(client, link, rows.get(link["id"]), currency, base_url)
         sessions_table(client, links)
+    validator_quality(client, rounds)
     ledger_controls(client, task)
 
 

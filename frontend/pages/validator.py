@@ -3,9 +3,11 @@ the task's ``validation_batch_size`` sentences written by others, one card each,
 the task's validation labels. The options show the labels' display names and send the labels;
 the instructions (frontend/instructions.py) name the batch's own size and the same display names.
 
-Each card is sent to the API as soon as the validator saves it, with an idempotency key of
-its own, so nothing is lost: a reload asks the API for the batch again, and the API returns
-the examples this validator still holds (those not yet labelled), then fills up with new ones.
+Each card is sent to the API as soon as the validator saves it, under the item's opaque id and
+with an idempotency key of its own, so nothing is lost: a reload asks the API for the batch
+again, and the API returns the same batch (the items not yet labelled) while it is live; a new
+one comes once every item is labelled. Some items may be the task's control items: the page
+cannot tell them apart, and neither can the validator.
 
 Keyboard use: Tab moves between cards' controls; inside a label group the arrow keys pick a
 label (radio buttons), Space ticks the flag box or toggles an emotion (multi-label pills),
@@ -40,7 +42,7 @@ class HeldBatch(TypedDict):
     names: dict[str, str]  # label -> display name
     multi_label: bool
     items: list[BatchItem]
-    done: dict[int, SavedCard]
+    done: dict[str, SavedCard]  # item id -> what was saved
 
 
 def choose_round(client: Api, study_round: int | None = None) -> Round | None:
@@ -99,24 +101,25 @@ def _sentence(item: BatchItem, lang: str | None) -> None:
         render.show_text(item["text"], lang=lang)
 
 
-def _save(client: Api, batch: HeldBatch, example_id: int, label: Label, flagged: bool, reason: str) -> None:
-    shown_at = st.session_state.get(SHOWN_AT_KEY, {}).get(example_id)
+def _save(client: Api, batch: HeldBatch, item_id: str, label: Label, flagged: bool, reason: str) -> None:
+    shown_at = st.session_state.get(SHOWN_AT_KEY, {}).get(item_id)
     seconds = time.time() - shown_at if shown_at else None
     try:
-        saved = client.validate(example_id, label, flagged=flagged, flag_reason=reason or None, seconds_taken=seconds)
+        saved = client.validate(item_id, label, flagged=flagged, flag_reason=reason or None, seconds_taken=seconds)
     except ApiError as error:
         if error.status == 409:
-            # Labels cannot change, and a full example takes no more: the card is finished.
-            batch["done"][example_id] = {"label": [], "flagged": False, "note": error.message}
+            # Labels cannot change, a full example takes no more, an expired batch takes none:
+            # the card is finished.
+            batch["done"][item_id] = {"label": [], "flagged": False, "note": error.message}
             st.rerun()
         state.show_api_error(error)
         return
-    batch["done"][example_id] = {"label": saved["label"], "flagged": saved["flagged"], "note": None}
+    batch["done"][item_id] = {"label": saved["label"], "flagged": saved["flagged"], "note": None}
     st.rerun()
 
 
 def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition: TaskDefinition) -> None:
-    example_id = item["example_id"]
+    item_id = item["item_id"]
     labels = batch["labels"]
     names = batch["names"]
 
@@ -128,7 +131,7 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
     with st.container(border=True):
         st.caption(f"Sentence {index} of {len(batch['items'])}")
         _sentence(item, lang)
-        done = batch["done"].get(example_id)
+        done = batch["done"].get(item_id)
         if done is not None:
             note = done.get("note")
             if note:
@@ -138,15 +141,15 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
                 saved_text = render.escape_markdown(render.labels_text(done["label"], ", ", names))
                 st.success(f"Saved: **{saved_text}**{flag}")
             return
-        st.session_state.setdefault(SHOWN_AT_KEY, {}).setdefault(example_id, time.time())
-        with st.form(f"validator_form_{example_id}", border=False):
+        st.session_state.setdefault(SHOWN_AT_KEY, {}).setdefault(item_id, time.time())
+        with st.form(f"validator_form_{item_id}", border=False):
             if batch["multi_label"]:
                 choice: Any = st.pills(
                     "Choose every label that applies",
                     labels,
                     selection_mode="multi",
                     format_func=shown,
-                    key=f"validator_label_{example_id}",
+                    key=f"validator_label_{item_id}",
                 )
             else:
                 choice = st.radio(
@@ -155,16 +158,14 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
                     index=None,
                     horizontal=True,
                     format_func=shown,
-                    key=f"validator_label_{example_id}",
+                    key=f"validator_label_{item_id}",
                 )
             flagged = st.checkbox(
                 "Flag this sentence (spam, an advert, personal data, not a real sentence, ...)",
-                key=f"validator_flag_{example_id}",
+                key=f"validator_flag_{item_id}",
             )
-            reason = st.text_input(
-                "Reason for the flag (optional)", max_chars=1000, key=f"validator_reason_{example_id}"
-            )
-            saved = st.form_submit_button(instructions.SAVE_LABEL, type="primary", key=f"validator_save_{example_id}")
+            reason = st.text_input("Reason for the flag (optional)", max_chars=1000, key=f"validator_reason_{item_id}")
+            saved = st.form_submit_button(instructions.SAVE_LABEL, type="primary", key=f"validator_save_{item_id}")
         if not saved:
             return
         reason = (reason or "").strip()
@@ -177,7 +178,7 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
         elif reason and not flagged:
             st.warning("Tick the flag box to send a reason, or clear the reason.")
         else:
-            _save(client, batch, example_id, chosen if batch["multi_label"] else chosen[0], flagged, reason)
+            _save(client, batch, item_id, chosen if batch["multi_label"] else chosen[0], flagged, reason)
 
 
 def main() -> None:

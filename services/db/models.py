@@ -929,3 +929,83 @@ class ExampleText(Base):
     normalized_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     example_id: Mapped[int] = mapped_column(ForeignKey("examples.id"), unique=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+# --- issue 26, validation integrity: control items and served validation batches ------------------
+
+
+class ControlItem(Base):
+    """A control (gold) item of a task: a text with its known label(s), mixed into validation
+    batches to measure each validator's gold accuracy (services.domain.controls). It is never an
+    example: it never enters a round's examples, statistics, ledger or builds. ``text_sha256``
+    keeps one row per text and task (the task YAML's items are added once)."""
+
+    __tablename__ = "control_items"
+    __table_args__ = (UniqueConstraint("task_id", "text_sha256", name="uq_control_items_task_text"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    text_sha256: Mapped[str] = mapped_column(String(64))
+    labels: Mapped[list[Any]] = mapped_column(JSON)
+    target_span: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    source: Mapped[str] = mapped_column(String(16))  # "task_yaml" or "api"
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class ValidationBatch(Base):
+    """One batch served to a validator in a round. A label is accepted only for an item of the
+    validator's live batch: not expired and not closed (closed once every item is answered or
+    can no longer be labelled, when the next batch is served). ``seed`` shuffles the items."""
+
+    __tablename__ = "validation_batches"
+    __table_args__ = (Index("ix_validation_batches_validator_round", "validator_id", "round_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    validator_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    seed: Mapped[int] = mapped_column(BigInteger)
+    served_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime]
+    closed_at: Mapped[dt.datetime | None]
+
+    round: Mapped[Round] = relationship()
+    items: Mapped[list[ValidationBatchItem]] = relationship(
+        back_populates="batch", order_by="ValidationBatchItem.position"
+    )
+
+
+class ValidationBatchItem(Base):
+    """One item of a served batch: an example or a control item, shown under ``item_key``, an
+    opaque random id of this serving only, so that nothing the validator sees tells the two apart.
+    A control answer is kept here (``label``, ``correct``); an example's label is a Validation."""
+
+    __tablename__ = "validation_batch_items"
+    __table_args__ = (
+        UniqueConstraint("item_key", name="uq_validation_batch_items_item_key"),
+        UniqueConstraint("batch_id", "position", name="uq_validation_batch_items_batch_position"),
+        CheckConstraint("(example_id IS NULL) <> (control_item_id IS NULL)", name="one_kind"),
+        Index("ix_validation_batch_items_example", "example_id"),
+        Index("ix_validation_batch_items_control_item", "control_item_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("validation_batches.id"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    item_key: Mapped[str] = mapped_column(String(32))
+    example_id: Mapped[int | None] = mapped_column(ForeignKey("examples.id"))
+    control_item_id: Mapped[int | None] = mapped_column(ForeignKey("control_items.id"))
+    answered_at: Mapped[dt.datetime | None]
+    validation_id: Mapped[int | None] = mapped_column(ForeignKey("validations.id"))
+    label: Mapped[list[Any] | None] = mapped_column(JSON)
+    correct: Mapped[bool | None] = mapped_column(Boolean)
+    flagged: Mapped[bool] = mapped_column(Boolean, default=False)
+    flag_reason: Mapped[str | None] = mapped_column(Text)
+    seconds_taken: Mapped[float | None] = mapped_column(Float)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+
+    batch: Mapped[ValidationBatch] = relationship(back_populates="items")
+    control_item: Mapped[ControlItem | None] = relationship()
+    example: Mapped[Example | None] = relationship()

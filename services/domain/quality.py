@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,9 @@ from services.db.models import (
     TaskWorker,
     User,
     Validation,
+    ValidationBatch,
+    ValidationClaim,
+    utcnow,
 )
 from services.db.statements import rows_matched
 from services.domain import audit
@@ -161,7 +164,11 @@ class ValidatorAgreement:
 
 
 def validator_agreement(
-    session: Session, task: Task, round_: Round | None = None, only_user_id: int | None = None
+    session: Session,
+    task: Task,
+    round_: Round | None = None,
+    only_user_id: int | None = None,
+    include_user_ids: list[int] | None = None,
 ) -> list[ValidatorAgreement]:
     """Each validator's rate of agreement with the majority (DynaSent Fig. 6).
 
@@ -169,7 +176,8 @@ def validator_agreement(
     re-annotated example's gold is its new validators', as in the builder:
     services.domain.labels.last_pass); every label a validator gave (counted or not) is
     compared with it. Examples without a majority are not judged. With
-    ``only_user_id`` only the examples that validator labelled are read.
+    ``only_user_id`` only the examples that validator labelled are read. ``include_user_ids``
+    are listed even without labels (validators who answered only control items).
     """
     definition = definition_of(task)
     query = (
@@ -205,6 +213,8 @@ def validator_agreement(
             label_counts[validator_id] += 1
             if gold is not None:
                 totals[validator_id].append(agreement_with(definition, label, gold))
+    for user_id in include_user_ids or ():
+        label_counts.setdefault(user_id, 0)
     workers = {
         w.user_id: w
         for w in session.scalars(
@@ -238,6 +248,7 @@ def unqualify(session: Session, actor: User | None, task: Task, user: User, reas
         return 0
     worker.qualified = False
     worker.unqualified_reason = reason
+    _release_batches(session, task, user)
     excluded = 0
     validations = session.scalars(
         select(Validation)
@@ -263,6 +274,29 @@ def unqualify(session: Session, actor: User | None, task: Task, user: User, reas
         session, actor, "worker.unqualify", "user", user.id, task=task.name, reason=reason, labels_excluded=excluded
     )
     return excluded
+
+
+def _release_batches(session: Session, task: Task, user: User) -> None:
+    """Close the unqualified worker's live validation batches in the task's rounds and let go of
+    the examples they held, so that qualified validators are served them at once."""
+    now = utcnow()
+    task_rounds = select(Round.id).where(Round.task_id == task.id)
+    session.execute(
+        update(ValidationBatch)
+        .where(
+            ValidationBatch.validator_id == user.id,
+            ValidationBatch.round_id.in_(task_rounds),
+            ValidationBatch.closed_at.is_(None),
+        )
+        .values(closed_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        delete(ValidationClaim).where(
+            ValidationClaim.validator_id == user.id,
+            ValidationClaim.example_id.in_(select(Example.id).where(Example.round_id.in_(task_rounds))),
+        )
+    )
 
 
 def requalify(session: Session, actor: User | None, task: Task, user: User) -> int:

@@ -3,8 +3,12 @@
 Validators get batches of up to ``validation_batch_size`` examples written by others, fooling
 examples first, then the least-validated; never their own, never one they labelled, never one
 that already has its labels. A batch is *selected* fooling-first but *shown* in an order that
-says nothing about the model (:func:`shown_order`): were fooling examples shown first, an
-example's position would tell the validator that the model got it wrong. Each label is
+says nothing about the model (shuffled with the batch's own seed): were fooling examples shown
+first, an example's position would tell the validator that the model got it wrong. Each served
+batch is recorded (``ValidationBatch``, issue 26) with its items, examples and the task's
+control items (services.domain.controls) mixed in, each under an opaque key of that serving;
+a label is accepted only for an item of the validator's live batch, and asking again while the
+batch is live returns the same batch, so refreshing never brings other examples. Each label is
 counted against ``validations_needed`` with a conditional UPDATE, so two validators racing for
 the last slot can never exceed it. A batch *claims* its examples for a while so concurrent
 validators are handed different ones.
@@ -13,7 +17,9 @@ validators are handed different ones.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
+import random
+import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Select, delete, func, or_, select, update
@@ -21,21 +27,25 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.db.models import (
+    ControlItem,
     Example,
     ExampleStatus,
     Round,
     RoundStatus,
     User,
     Validation,
+    ValidationBatch,
+    ValidationBatchItem,
     ValidationClaim,
     utcnow,
 )
 from services.db.statements import rows_matched
+from services.domain.controls import answer_is_right, apply_gold_threshold, sync_task_controls
 from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
 from services.domain.quality import apply_agreement_threshold, require_qualified, task_worker
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Invalid, missing_example
+from services.errors import Conflict, Invalid, NotFound, missing_example
 from services.taskdef import TaskDefinition
 from services.text import clean_text
 
@@ -51,64 +61,223 @@ def _require_validator(session: Session, validator: User, round_: Round) -> Task
     return definition_of(task)
 
 
-def get_batch(session: Session, validator: User, round_: Round, size: int | None = None) -> list[Example]:
-    """Up to ``size`` examples for this validator; examples they already hold come first, so
-    a reloaded page gets the same batch back."""
+@dataclass
+class ServedItem:
+    """One item of a served batch as the validator sees it: an opaque key, the text and the
+    target, the same for an example and a control item."""
+
+    item_key: str
+    text: str
+    target_span: dict[str, Any] | None
+
+
+def _live_batch(session: Session, validator: User, round_: Round, now: dt.datetime) -> ValidationBatch | None:
+    return session.scalar(
+        select(ValidationBatch)
+        .where(
+            ValidationBatch.validator_id == validator.id,
+            ValidationBatch.round_id == round_.id,
+            ValidationBatch.closed_at.is_(None),
+            ValidationBatch.expires_at > now,
+        )
+        .order_by(ValidationBatch.id.desc())
+        .limit(1)
+    )
+
+
+def _open_items(session: Session, validator: User, batch: ValidationBatch) -> list[ValidationBatchItem]:
+    """The batch's items the validator can still label, in the batch's shuffled order: not
+    answered, and (examples) still in need of labels."""
+    items = [item for item in batch.items if item.answered_at is None]
+    example_ids = [item.example_id for item in items if item.example_id is not None]
+    still_open = set(
+        session.scalars(
+            select(Example.id).where(
+                Example.id.in_(example_ids),
+                Example.status == ExampleStatus.validating,
+                Example.validation_count < Example.validations_needed,
+                Example.id.not_in(select(Validation.example_id).where(Validation.validator_id == validator.id)),
+            )
+        )
+    )
+    return [item for item in items if item.example_id is None or item.example_id in still_open]
+
+
+def _control_count(examples: int, rate: float, rng: random.Random) -> int:
+    """Control items to add to ``examples`` examples so that on average a share ``rate`` of the
+    batch's items are controls (rounded at random, so small batches get their share too)."""
+    if examples == 0 or rate <= 0:
+        return 0
+    expected = examples * rate / (1 - rate)
+    whole = int(expected)
+    return whole + (1 if rng.random() < expected - whole else 0)
+
+
+def _pick_controls(
+    session: Session, validator: User, round_: Round, count: int, rng: random.Random
+) -> list[ControlItem]:
+    """``count`` of the task's active control items, those this validator was shown least first."""
+    if count == 0:
+        return []
+    sync_task_controls(session, round_.task)
+    pool = list(
+        session.scalars(
+            select(ControlItem)
+            .where(ControlItem.task_id == round_.task_id, ControlItem.active.is_(True))
+            .order_by(ControlItem.id)
+        )
+    )
+    if not pool:
+        return []
+    shown: dict[int | None, int] = dict(
+        session.execute(
+            select(ValidationBatchItem.control_item_id, func.count())
+            .join(ValidationBatch, ValidationBatchItem.batch_id == ValidationBatch.id)
+            .where(ValidationBatch.validator_id == validator.id, ValidationBatchItem.control_item_id.is_not(None))
+            .group_by(ValidationBatchItem.control_item_id)
+        ).all()
+    )
+    rng.shuffle(pool)
+    pool.sort(key=lambda control: shown.get(control.id, 0))
+    return pool[:count]
+
+
+def get_batch(session: Session, validator: User, round_: Round, size: int | None = None) -> list[ServedItem]:
+    """The validator's live batch in the round, or a new one.
+
+    A live batch (not expired, not every item done) is returned again as it was served, in the
+    same order: reloading the page, or asking again, never brings other examples. Once it is
+    done (or expired) a new batch is served: up to ``validation_batch_size`` examples written by
+    others, fooling examples first, then the least-validated (the selection), with the task's
+    share of control items mixed in, all in an order shuffled with the batch's own seed, each
+    under a new opaque key. ``size`` shows only the first items of the batch."""
     definition = _require_validator(session, validator, round_)
     size = min(size or definition.validation_batch_size, definition.validation_batch_size)
     now = utcnow()
     session.execute(delete(ValidationClaim).where(ValidationClaim.expires_at <= now))
-    labelled_by_me = select(Validation.example_id).where(Validation.validator_id == validator.id)
-    open_examples = (
-        Example.round_id == round_.id,
-        Example.status == ExampleStatus.validating,
-        # Harvested examples have no writer: any validator may label them.
-        or_(Example.writer_id.is_(None), Example.writer_id != validator.id),
-        Example.validation_count < Example.validations_needed,
-        Example.id.not_in(labelled_by_me),
+    live = _live_batch(session, validator, round_, now)
+    if live is not None:
+        items = _open_items(session, validator, live)
+        if items:
+            return [_served(item) for item in items[:size]]
+        live.closed_at = now
+    batch = _new_batch(session, validator, round_, definition, now)
+    return [] if batch is None else [_served(item) for item in batch.items[:size]]
+
+
+def _new_batch(
+    session: Session, validator: User, round_: Round, definition: TaskDefinition, now: dt.datetime
+) -> ValidationBatch | None:
+    # Claims of this validator left by an earlier batch (its items done or expired) are let go.
+    session.execute(
+        delete(ValidationClaim).where(
+            ValidationClaim.validator_id == validator.id,
+            ValidationClaim.example_id.in_(select(Example.id).where(Example.round_id == round_.id)),
+        )
     )
-    held = list(
+    labelled_by_me = select(Validation.example_id).where(Validation.validator_id == validator.id)
+    others_claims = (
+        select(func.count())
+        .where(ValidationClaim.example_id == Example.id, ValidationClaim.validator_id != validator.id)
+        .correlate(Example)
+        .scalar_subquery()
+    )
+    examples = list(
         session.scalars(
             select(Example)
-            .join(ValidationClaim, ValidationClaim.example_id == Example.id)
-            .where(ValidationClaim.validator_id == validator.id, *open_examples)
+            .where(
+                Example.round_id == round_.id,
+                Example.status == ExampleStatus.validating,
+                # Harvested examples have no writer: any validator may label them.
+                or_(Example.writer_id.is_(None), Example.writer_id != validator.id),
+                Example.id.not_in(labelled_by_me),
+                Example.validation_count + others_claims < Example.validations_needed,
+            )
             .order_by(Example.fooled.desc(), Example.validation_count, Example.id)
+            .limit(definition.validation_batch_size)
         )
     )
-    if len(held) < size:
-        others_claims = (
-            select(func.count())
-            .where(ValidationClaim.example_id == Example.id, ValidationClaim.validator_id != validator.id)
-            .correlate(Example)
-            .scalar_subquery()
-        )
-        held_ids = [e.id for e in held]
-        fresh = list(
-            session.scalars(
-                select(Example)
-                .where(
-                    *open_examples,
-                    Example.id.not_in(held_ids),
-                    Example.validation_count + others_claims < Example.validations_needed,
-                )
-                .order_by(Example.fooled.desc(), Example.validation_count, Example.id)
-                .limit(size - len(held))
+    if not examples:
+        return None
+    seed = secrets.randbits(62)
+    rng = random.Random(seed)
+    controls = _pick_controls(
+        session, validator, round_, _control_count(len(examples), definition.quality.control_rate, rng), rng
+    )
+    expires = now + dt.timedelta(minutes=CLAIM_MINUTES)
+    batch = ValidationBatch(round_id=round_.id, validator_id=validator.id, seed=seed, served_at=now, expires_at=expires)
+    session.add(batch)
+    session.flush()
+    entries: list[Example | ControlItem] = [*examples, *controls]
+    # Shown in an order that says nothing about the model: were fooling examples shown first, an
+    # example's position would tell the validator that the model got it wrong.
+    rng.shuffle(entries)
+    for position, entry in enumerate(entries):
+        is_example = isinstance(entry, Example)
+        session.add(
+            ValidationBatchItem(
+                batch_id=batch.id,
+                position=position,
+                item_key=secrets.token_urlsafe(16),
+                example_id=entry.id if is_example else None,
+                control_item_id=None if is_example else entry.id,
+                flagged=False,
             )
         )
-        expires = now + dt.timedelta(minutes=CLAIM_MINUTES)
-        for example in fresh:
-            session.add(ValidationClaim(example_id=example.id, validator_id=validator.id, expires_at=expires))
-        held.extend(fresh)
-    batch = held[:size]
-    batch.sort(key=lambda example: shown_order(validator.id, example.id))
+    for example in examples:
+        session.add(ValidationClaim(example_id=example.id, validator_id=validator.id, expires_at=expires))
+    session.flush()
+    session.refresh(batch)
     return batch
 
 
-def shown_order(validator_id: int, example_id: int) -> str:
-    """Where an example stands in a validator's batch: a hash of the two ids, so the order is
-    unrelated to whether the model was fooled, differs between validators, and stays the same
-    when the page is reloaded or an example leaves the batch."""
-    return hashlib.sha256(f"{validator_id}:{example_id}".encode()).hexdigest()
+def _served(item: ValidationBatchItem) -> ServedItem:
+    if item.example is not None:
+        return ServedItem(item.item_key, item.example.text, item.example.extras.get("target_span"))
+    control = item.control_item
+    if control is None:  # the check constraint: an item is an example or a control item
+        raise RuntimeError(f"validation batch item {item.id} has neither an example nor a control item")
+    return ServedItem(item.item_key, control.text, control.target_span)
+
+
+def get_batch_item(session: Session, validator: User, item_key: str) -> ValidationBatchItem:
+    """An item of a batch served to ``validator``; another validator's item is as a missing one."""
+    item = session.scalar(select(ValidationBatchItem).where(ValidationBatchItem.item_key == item_key))
+    if item is None or item.batch.validator_id != validator.id:
+        raise NotFound(
+            "no such item in your validation batches; label the items of the batch that "
+            "GET /rounds/{round_id}/validation-batch gives you"
+        )
+    return item
+
+
+def _live_item_of_example(
+    session: Session, validator: User, example_id: int, now: dt.datetime
+) -> ValidationBatchItem | None:
+    """The example's unanswered item in a live batch of the validator, if any."""
+    return session.scalar(
+        select(ValidationBatchItem)
+        .join(ValidationBatch, ValidationBatchItem.batch_id == ValidationBatch.id)
+        .where(
+            ValidationBatchItem.example_id == example_id,
+            ValidationBatchItem.answered_at.is_(None),
+            ValidationBatch.validator_id == validator.id,
+            ValidationBatch.closed_at.is_(None),
+            ValidationBatch.expires_at > now,
+        )
+        .order_by(ValidationBatchItem.id.desc())
+        .limit(1)
+    )
+
+
+def _batch_is_live(batch: ValidationBatch, now: dt.datetime) -> bool:
+    return batch.closed_at is None and batch.expires_at > now
+
+
+NOT_LIVE = (
+    "is not in a validation batch that is yours now (never served to you, or its batch expired or was "
+    "replaced); fetch your batch with GET /rounds/{round_id}/validation-batch and label its items"
+)
 
 
 def get_example(session: Session, example_id: int) -> Example:
@@ -116,6 +285,113 @@ def get_example(session: Session, example_id: int) -> Example:
     if example is None:
         raise missing_example(example_id)
     return example
+
+
+@dataclass
+class ItemAnswer:
+    """A label given to a batch item, as the validator is told of it: the same for an example
+    and a control item."""
+
+    item_key: str
+    label: list[str]
+    flagged: bool
+    created_at: dt.datetime
+    created: bool
+
+
+def _checked_extras(flagged: bool, flag_reason: str | None, seconds_taken: float | None) -> str | None:
+    if seconds_taken is not None and not 0 <= seconds_taken <= 86_400:
+        raise Invalid("seconds_taken must be between 0 and 86400")
+    reason = clean_text(flag_reason, field="flag_reason", max_chars=1000) if flag_reason else None
+    if reason and not flagged:
+        raise Invalid("flag_reason is given but flagged is false; set flagged to true or drop the reason")
+    return reason
+
+
+def has_control_items(session: Session, round_: Round) -> bool:
+    """True when the round's batches may hold control items (the task's rate and its items)."""
+    if definition_of(round_.task).quality.control_rate <= 0:
+        return False
+    sync_task_controls(session, round_.task)
+    return (
+        session.scalar(
+            select(ControlItem.id).where(ControlItem.task_id == round_.task_id, ControlItem.active.is_(True)).limit(1)
+        )
+        is not None
+    )
+
+
+def label_item(
+    session: Session,
+    validator: User,
+    item_key: str,
+    raw_label: Any,
+    flagged: bool = False,
+    flag_reason: str | None = None,
+    seconds_taken: float | None = None,
+    idempotency_key: str | None = None,
+) -> ItemAnswer:
+    """Label one item of the validator's live batch, an example or a control item, with the same
+    answers and the same errors for both (nothing in them tells a control item apart). A
+    retried identical label is answered with the stored one (``created`` false)."""
+    item = get_batch_item(session, validator, item_key)
+    round_ = item.batch.round
+    definition = definition_of(round_.task)
+    label = check_validation_label(definition, raw_label)
+    reason = _checked_extras(flagged, flag_reason, seconds_taken)
+    if item.answered_at is None:
+        # The round and the validator's standing first (why they cannot label at all), then
+        # whether this batch is still theirs: the same order for both kinds of item.
+        _require_validator(session, validator, round_)
+        if not _batch_is_live(item.batch, utcnow()):
+            raise Conflict(NOT_LIVE_ITEM)
+    if item.example is not None:
+        validation, created = submit_validation(
+            session,
+            validator,
+            item.example,
+            label,
+            flagged,
+            reason,
+            seconds_taken,
+            idempotency_key,
+            item=item,
+        )
+        return ItemAnswer(item.item_key, validation.label, validation.flagged, validation.created_at, created)
+    control = item.control_item
+    if control is None:
+        raise RuntimeError(f"validation batch item {item.id} has neither an example nor a control item")
+    if item.answered_at is None:
+        now = utcnow()
+        answered = rows_matched(
+            session,
+            update(ValidationBatchItem)
+            .where(ValidationBatchItem.id == item.id, ValidationBatchItem.answered_at.is_(None))
+            .values(
+                answered_at=now,
+                label=label,
+                correct=answer_is_right(definition, control, label),
+                flagged=flagged,
+                flag_reason=reason,
+                seconds_taken=seconds_taken,
+                idempotency_key=idempotency_key,
+            )
+            .execution_options(synchronize_session=False),
+        )
+        session.refresh(item)
+        if answered:
+            apply_gold_threshold(session, None, round_.task, validator)
+            return ItemAnswer(item.item_key, label, flagged, now, True)
+    # Answered before (a resent label whose answer was lost): the stored answer, or a refusal.
+    if item.label == label and item.flagged == flagged and item.answered_at is not None:
+        return ItemAnswer(item.item_key, list(item.label), item.flagged, item.answered_at, False)
+    raise Conflict(f"you already labelled this item as {item.label}; labels cannot be changed")
+
+
+NOT_LIVE_ITEM = (
+    "this item's validation batch is no longer yours (it expired or was replaced); fetch your batch with "
+    "GET /rounds/{round_id}/validation-batch and label its items"
+)
 
 
 def submit_validation(
@@ -127,18 +403,20 @@ def submit_validation(
     flag_reason: str | None = None,
     seconds_taken: float | None = None,
     idempotency_key: str | None = None,
+    item: ValidationBatchItem | None = None,
 ) -> tuple[Validation, bool]:
     """Record one label (``ExamplePolicy.validate`` decides who may: never the example's
-    writer). Returns (validation, created); a retried identical request returns the stored
-    validation with created=False."""
+    writer) for an example of the validator's live batch: ``item`` when the label came through
+    the batch item (:func:`label_item`), otherwise the example's unanswered item in a live batch
+    of the validator, or the label is refused and nothing is written. Returns (validation,
+    created); a retried identical request returns the stored validation with created=False."""
     example_id = example.id
     round_ = example.round
+    # Reached through its batch item, an example is named "this item" in every answer, as a
+    # control item is: an example id in a message would tell the two apart.
+    name = "this item" if item is not None else f"example {example_id}"
     label = check_validation_label(definition_of(round_.task), raw_label)
-    if seconds_taken is not None and not 0 <= seconds_taken <= 86_400:
-        raise Invalid("seconds_taken must be between 0 and 86400")
-    reason = clean_text(flag_reason, field="flag_reason", max_chars=1000) if flag_reason else None
-    if reason and not flagged:
-        raise Invalid("flag_reason is given but flagged is false; set flagged to true or drop the reason")
+    reason = _checked_extras(flagged, flag_reason, seconds_taken)
     existing = session.scalar(
         select(Validation).where(Validation.example_id == example.id, Validation.validator_id == validator.id)
     )
@@ -148,8 +426,21 @@ def submit_validation(
         # recorded. Otherwise the validator could not tell a saved label from a lost one.
         if existing.label == label and existing.flagged == flagged:
             return existing, False
-        raise Conflict(f"you already labelled example {example.id} as {existing.label}; labels cannot be changed")
+        raise Conflict(f"you already labelled {name} as {existing.label}; labels cannot be changed")
     definition = _require_validator(session, validator, round_)
+    if item is None:
+        if has_control_items(session, round_):
+            # Labelling by example id would let a validator find which batch items are examples
+            # (they leave the batch) and so which are control items.
+            raise Conflict(
+                f"task {round_.task.name!r} mixes control items into its validation batches; label "
+                "the items of your batch through POST /validation-items/{item_id}/validations"
+            )
+        item = _live_item_of_example(session, validator, example_id, utcnow())
+        if item is None:
+            # 409, not 403: the validator may label examples (the policy's answer); this one is
+            # not theirs to label now.
+            raise Conflict(f"example {example_id} {NOT_LIVE}")
     counted = rows_matched(
         session,
         update(Example)
@@ -162,7 +453,7 @@ def submit_validation(
         .execution_options(synchronize_session=False),
     )
     if not counted:
-        raise Conflict(f"example {example.id} already has all its labels; fetch a new batch")
+        raise Conflict(f"{name} already has all its labels; fetch your batch again")
     validation = Validation(
         example_id=example.id,
         validator_id=validator.id,
@@ -180,12 +471,16 @@ def submit_validation(
         session.flush()
     except IntegrityError as exc:
         # example_id, not example.id: after the failed flush the session cannot load anything.
-        raise Conflict(f"your label for example {example_id} is being recorded by another request; retry") from exc
+        raise Conflict(f"your label for {name} is being recorded by another request; retry") from exc
     session.execute(
         delete(ValidationClaim).where(
             ValidationClaim.example_id == example.id, ValidationClaim.validator_id == validator.id
         )
     )
+    item.answered_at = validation.created_at
+    item.validation_id = validation.id
+    item.label = label
+    item.flagged = flagged
     session.refresh(example)
     if example.validation_count >= example.validations_needed:
         finalize_example(session, example, definition)
