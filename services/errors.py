@@ -161,3 +161,10 @@ class StudyLinkFull(Conflict):
     """A study link whose cap on workers is reached."""
 
     code = "study_link_full"
+
+
+class TooLarge(DomainError):
+    """Input that would take more than a configured bound to decode (an uploaded file)."""
+
+    status_code = 413
+    code = "too_large"

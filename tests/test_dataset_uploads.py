@@ -353,7 +353,7 @@ def test_bad_uploads_are_refused_and_leave_nothing(
             f"text,label\nok,positive\n{SECRET},a,b\n".encode(),
             {},
             422,
-            "reviews could not be read as csv (near line 3)",
+            "reviews could not be read as csv: row 2 has 3 fields, the header 2",
         ),
         (f"{SECRET}\n".encode(), {"fmt": "jsonl"}, 422, "reviews could not be read as jsonl"),
         (SECRET.encode() * 10, {"fmt": "parquet"}, 422, "reviews could not be read as parquet"),

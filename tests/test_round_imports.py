@@ -405,13 +405,28 @@ GOOD = {"text": "A fine sentence.", "label": "positive"}
 BAD_FILES: dict[str, tuple[str, list[dict[str, Any]] | str, dict[str, Any], str]] = {
     "empty": ("empty.jsonl", "", {}, "has no rows"),
     "no rows": ("header.csv", "text,label\n", {}, "has no rows"),
-    "too many rows": ("many.csv", [GOOD | {"text": f"Row {i}."} for i in range(MAX_ROWS + 1)], {}, "at most 400"),
+    "too many rows": (
+        "many.csv",
+        [GOOD | {"text": f"Row {i}."} for i in range(MAX_ROWS + 1)],
+        {},
+        "401 rows is more than the 400",
+    ),
     "malformed": ("broken.jsonl", '{"text": "ok", "label": "positive"}\n{"text": ', {}, "could not be read"),
     "unknown label": ("labels.csv", [GOOD, GOOD | {"text": "Another.", "label": "glad"}], {}, "row 2, column 'label'"),
     "duplicate rows": ("dupes.csv", [GOOD, GOOD], {}, "row 2 repeats row 1"),
     "missing column": ("cols.csv", [{"sentence": "x", "label": "positive"}], {}, "no column 'text'"),
-    "huge text": ("long.csv", [GOOD | {"text": "word " * 1200}], {}, "row 1, column 'text'"),
-    "control character": ("ctl.jsonl", [GOOD | {"text": "bad \x07 bell"}], {}, "row 1, column 'text'"),
+    "huge text": (
+        "long.csv",
+        [GOOD | {"text": "word " * 1200}],
+        {},
+        "row 1, column `text`: a cell of 6,000 characters is longer than the 5,000 allowed",
+    ),
+    "control character": (
+        "ctl.jsonl",
+        [GOOD | {"text": "bad \x07 bell"}],
+        {},
+        "row 1, column `text`: the cell contains a control character (U+0007)",
+    ),
     "same worker twice": (
         "twice.csv",
         [GOOD | {"worker": "w1"}, GOOD | {"worker": "w1", "label": "negative"}],
