@@ -134,8 +134,7 @@ class _Budget:
         if self.bytes > self.bounds.max_decoded_bytes:
             raise TooMuchData(
                 f"{self.name} decodes to more than {self.bounds.max_decoded_bytes:,} bytes, the most one upload "
-                f"may decode to ({DECODED_SETTING}); split the file, or put it under the data root "
-                "(DYNALOOP_DATA_ROOT)"
+                f"may decode to ({DECODED_SETTING}); split the file"
             )
 
     def rows(self, count: int) -> None:

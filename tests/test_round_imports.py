@@ -477,6 +477,45 @@ def _refuse_a_bad_file(api: TestClient, rooted: FastAPI, researcher: Actor, data
     assert table_counts(rooted) == before
 
 
+def _dictionary_bomb(path: Path, *, rows: int, chars: int, column: str = "text") -> None:
+    """A Parquet file of ``rows`` cells pointing at one ``chars``-character string (issue 26,
+    point 8: a few hundred bytes that pandas decodes to rows x chars)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cells = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["x" * chars]))
+    columns = {"text": pa.array(["Fine."] * rows), "label": pa.array(["positive"] * rows), column: cells}
+    pq.write_table(pa.table(columns), path, compression="zstd")
+
+
+@pytest.mark.parametrize(
+    ("bomb", "status", "message"),
+    [
+        # The footer declares a 4 MB dictionary page: refused before a page is read.
+        ({"rows": 250, "chars": 4 * 1024 * 1024}, 413, "bomb.parquet decodes to more than 1,048,576 bytes"),
+        ({"rows": 250, "chars": 200_000}, 422, "row 1, column `text`: a cell of 200,000 characters"),
+        ({"rows": 400, "chars": 15_000, "column": "note"}, 413, "bomb.parquet decodes to more than 1,048,576 bytes"),
+    ],
+)
+def test_a_hostile_parquet_file_is_refused_before_it_is_decoded(
+    settings: Settings, data_root: Path, researcher: Actor, bomb: dict[str, Any], status: int, message: str
+) -> None:
+    bounded = create_app(
+        settings.model_copy(
+            update={"data_root": data_root, "max_upload_rows": MAX_ROWS, "max_upload_decoded_bytes": 1024 * 1024}
+        )
+    )
+    _dictionary_bomb(data_root / "bomb.parquet", **bomb)
+    with TestClient(bounded) as client:
+        task = _task(bounded, researcher, "dynasent-r2")
+        before = table_counts(bounded)
+        response = _import(client, researcher, task, 1, kind="labelled", file="bomb.parquet")
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]["message"]
+    assert "xxxxxxxx" not in response.text
+    assert table_counts(bounded) == before
+
+
 BAD_OFFSETS = {
     "outside the text": ({"target_start": 3, "target_end": 500}, "outside the text"),
     "not the target": ({"target_start": 0, "target_end": 5, "target": "Jones"}, "is not the target"),
