@@ -25,8 +25,9 @@ How each format is read:
   size cannot be bounded by the file: refused). Then batches of :data:`PARQUET_BATCH_ROWS` rows
   with every string column read as a dictionary (``read_dictionary``): a repeated value stays
   one value, and the lengths of the values each row points to are summed and checked before a
-  single string is copied out. Only when the whole file is within bounds are the dictionaries
-  expanded into the frame.
+  single string is copied out. A batch within bounds is then expanded at once (pyarrow gives
+  each batch a dictionary of every value read so far, so keeping them would grow with the
+  square of the rows).
 * **CSV / TSV**: the ``csv`` module over a UTF-8 text stream, one row at a time; Python's field
   size limit (131,072 characters) bounds a cell even before the cell limit does.
 * **JSONL**: one line at a time, each at most :func:`max_line_bytes` long and checked for
@@ -66,7 +67,7 @@ __all__ = [
     "read_table",
 ]
 
-DEFAULT_MAX_DECODED_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_DECODED_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_CELL_CHARS = 20_000
 # Rows decoded at a time from a Parquet file: small, so that one batch of cells at the cell
 # limit stays a few megabytes.
@@ -403,10 +404,14 @@ def _read_parquet(source: bytes | Path, name: str, bounds: ReadBounds) -> pd.Dat
     import pyarrow.parquet as pq
 
     metadata = _parquet_footer(source, name, bounds)
+    # String columns stored with a dictionary are read as one: the dictionary (bounded by the
+    # footer's declared sizes) stays one copy, and what each row points at is measured before any
+    # string is copied out. Plain pages hold every byte they decode to: they are read as they are.
     strings = [
         metadata.schema.column(index).path
         for index in range(metadata.num_columns)
         if metadata.schema.column(index).physical_type == "BYTE_ARRAY"
+        and any(metadata.row_group(group).column(index).has_dictionary_page for group in range(metadata.num_row_groups))
     ]
     budget = _Budget(bounds, name)
     batches = []
@@ -423,11 +428,12 @@ def _read_parquet(source: bytes | Path, name: str, bounds: ReadBounds) -> pd.Dat
                 if len(over):
                     raise _too_long(name, row + int(over[0]) + 1, column, int(longest[over[0]]), bounds)
                 budget.add(int(size.sum()))
-            batches.append(batch)
+            # Within bounds: this batch's dictionaries may be expanded now (a batch's dictionary
+            # may hold every value read so far, so no dictionary batch is kept).
+            batches.append(pa.Table.from_batches([batch]).cast(schema))
             row += batch.num_rows
-        # Within bounds: now the dictionaries may be expanded into plain columns.
-        table = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else schema.empty_table()
-        table = table.cast(schema)
+        table = pa.concat_tables(batches) if batches else schema.empty_table()
+        del batches
     except DataError:
         raise
     except Exception as exc:  # pyarrow's errors for broken pages; their text may quote the file

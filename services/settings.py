@@ -175,7 +175,7 @@ class Settings(BaseSettings):
     )
     # --- uploads decode within bounds (docs/security.md "Uploaded files"; modelling/bounded_tables.py)
     max_upload_decoded_bytes: int = Field(
-        64 * 1024 * 1024,
+        32 * 1024 * 1024,
         ge=1024,
         description="Most bytes one uploaded or imported file may decode to (strings in UTF-8, "
         "dictionaries expanded, the sizes a Parquet footer declares); more is refused with 413 before "

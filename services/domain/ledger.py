@@ -70,6 +70,10 @@ from services.taskdef import MAX_PAY_MINOR, PayPolicy, TaskDefinition, currency_
 from services.text import clean_text
 
 BONUS_KINDS = (LedgerKind.writer_bonus, LedgerKind.validator_bonus)
+ABANDONED_AFTER = dt.timedelta(hours=2)  # an active session not seen for this long counts as abandoned
+MAX_CORRECTION_MINOR = 10 * MAX_PAY_MINOR  # one correction, either way
+MAX_REASON_CHARS = 500
+EXPORT_PLATFORMS = (Platform.prolific, Platform.mturk)
 # The ids the platforms issue, as they document them: a Prolific participant id is 24 hexadecimal
 # characters; an MTurk WorkerId matches ^A[A-Z0-9]+$ and an AssignmentId ^[A-Z0-9]+$, each at most
 # 64 characters (the MTurk API reference). A bonus file carries only ids of these forms: a
@@ -88,10 +92,6 @@ def valid_platform_ids(platform: Platform, worker_id: str, assignment_id: str | 
     if pattern is None or not pattern.fullmatch(worker_id):
         return False
     return platform is not Platform.mturk or bool(assignment_id and MTURK_ASSIGNMENT_ID.fullmatch(assignment_id))
-ABANDONED_AFTER = dt.timedelta(hours=2)  # an active session not seen for this long counts as abandoned
-MAX_CORRECTION_MINOR = 10 * MAX_PAY_MINOR  # one correction, either way
-MAX_REASON_CHARS = 500
-EXPORT_PLATFORMS = (Platform.prolific, Platform.mturk)
 
 
 def pay_policy(task: Task) -> PayPolicy | None:
