@@ -74,6 +74,11 @@ DEFAULT_MAX_CELL_CHARS = 20_000
 PARQUET_BATCH_ROWS = 256
 # A list or mapping cell (a multi-label list, a label distribution) holds at most this many values.
 MAX_VALUES_PER_CELL = 1000
+# A file has at most this many columns (a dataset needs a handful; a header of a million empty
+# names would cost a list per column).
+MAX_COLUMNS = 1000
+# Each cell also counts the slot that holds it, so a million empty cells are not free.
+CELL_SLOT_BYTES = 8
 # Parquet encodings whose decoded size the file's declared sizes do not bound.
 _UNBOUNDED_ENCODINGS = {"DELTA_BYTE_ARRAY"}
 # Control characters refused in a cell: C0 and C1 controls and DEL, but tab, newline and CR
@@ -137,6 +142,10 @@ class _Budget:
                 f"{self.name} decodes to more than {self.bounds.max_decoded_bytes:,} bytes, the most one upload "
                 f"may decode to ({DECODED_SETTING}); split the file"
             )
+
+    def columns(self, count: int) -> None:
+        if count > MAX_COLUMNS:
+            raise TooMuchData(f"{self.name} has {count:,} columns; a file may have at most {MAX_COLUMNS:,}")
 
     def rows(self, count: int) -> None:
         if count > self.bounds.max_rows:
@@ -224,6 +233,7 @@ def _read_csv(handle: IO[bytes], name: str, delimiter: str, bounds: ReadBounds) 
                 continue  # a blank line, as pandas skips it
             if header is None:
                 header = record
+                budget.columns(len(header))
                 seen: set[str] = set()
                 for position, column in enumerate(header):
                     _check_value(column, name=name, row=0, column=f"header {position + 1}", bounds=bounds)
@@ -241,7 +251,8 @@ def _read_csv(handle: IO[bytes], name: str, delimiter: str, bounds: ReadBounds) 
                 )
             for position, column in enumerate(header):
                 if position < len(record):
-                    budget.add(_check_value(record[position], name=name, row=rows, column=column, bounds=bounds))
+                    value = record[position]
+                    budget.add(CELL_SLOT_BYTES + _check_value(value, name=name, row=rows, column=column, bounds=bounds))
                     columns[position].append(record[position])
                 else:
                     columns[position].append(None)  # a short row: missing cells, as pandas reads them
@@ -276,6 +287,7 @@ def _lines(handle: IO[bytes], name: str, limit: int) -> Iterator[tuple[int, byte
 def _read_jsonl(handle: IO[bytes], name: str, bounds: ReadBounds) -> pd.DataFrame:
     budget = _Budget(bounds, name)
     records: list[dict[str, Any]] = []
+    seen: set[str] = set()  # every key of every line: the frame's columns
     decoder = codecs.getincrementaldecoder("utf-8-sig")()
     for number, line in _lines(handle, name, max_line_bytes(bounds)):
         text = decoder.decode(line)
@@ -299,8 +311,10 @@ def _read_jsonl(handle: IO[bytes], name: str, bounds: ReadBounds) -> pd.DataFram
         row = len(records) + 1
         for column, value in record.items():
             budget.add(_check_value(column, name=name, row=row, column="(a key)", bounds=bounds))
-            budget.add(_check_value(value, name=name, row=row, column=column, bounds=bounds))
+            budget.add(CELL_SLOT_BYTES + _check_value(value, name=name, row=row, column=column, bounds=bounds))
         records.append(record)
+        seen.update(record)
+        budget.columns(len(seen))
     return pd.DataFrame.from_records(records) if records else pd.DataFrame()
 
 
@@ -375,6 +389,7 @@ def _parquet_footer(source: bytes | Path, name: str, bounds: ReadBounds) -> Any:
         raise DataError(f"{name} could not be read as parquet; check that it is a valid parquet file") from exc
     budget = _Budget(bounds, name)
     budget.rows(metadata.num_rows)
+    budget.columns(metadata.num_columns)
     values = [0] * metadata.num_columns
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
@@ -427,7 +442,7 @@ def _read_parquet(source: bytes | Path, name: str, bounds: ReadBounds) -> pd.Dat
                 over = np.flatnonzero(longest > limit)
                 if len(over):
                     raise _too_long(name, row + int(over[0]) + 1, column, int(longest[over[0]]), bounds)
-                budget.add(int(size.sum()))
+                budget.add(int(size.sum()) + CELL_SLOT_BYTES * len(size))
             # Within bounds: this batch's dictionaries may be expanded now (a batch's dictionary
             # may hold every value read so far, so no dictionary batch is kept).
             batches.append(pa.Table.from_batches([batch]).cast(schema))

@@ -571,6 +571,13 @@ def _hostile_files() -> list[tuple[str, bytes, str, int, str]]:
             "(the task's constraints.max_chars)",
         ),
         (
+            "csv 1,001 columns",  # refused at the header, before a row is read
+            (",".join(f"c{i}" for i in range(1001)) + "\n" + "," * 1000 + "\n").encode(),
+            "csv",
+            413,
+            "reviews has 1,001 columns; a file may have at most 1,000",
+        ),
+        (
             "jsonl 4 MB line",
             json.dumps({"text": huge_cell, "label": "positive"}).encode() + b"\n",
             "jsonl",
