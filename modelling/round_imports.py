@@ -36,11 +36,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from modelling.bounded_tables import (
+    DEFAULT_MAX_CELL_CHARS,
+    DEFAULT_MAX_DECODED_BYTES,
+    ReadBounds,
+    TooMuchData,
+    read_table,
+)
 from modelling.datasets import (
     FILE_FORMATS,
     NOT_READABLE,
     DataError,
-    parse_table,
     under_root,
     upload_path,
     uploaded_dataset_field,
@@ -62,7 +68,7 @@ from services.db.models import (
 from services.domain import audit, duplicates, rounds
 from services.domain.labels import check_label_set
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Invalid
+from services.errors import Conflict, Invalid, TooLarge
 from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
 from services.text import clean_text, duplicate_key
 
@@ -215,7 +221,9 @@ def _digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read(path: Path, options: ImportOptions, max_rows: int) -> pd.DataFrame:
+def _read(path: Path, options: ImportOptions, max_rows: int, bounds: ReadBounds) -> pd.DataFrame:
+    """The file as a frame; a file (not a `datasets` directory) is read within ``bounds``
+    (modelling.bounded_tables: decoded bytes, cell length, control characters)."""
     name = options.dataset or path.name
     size = _size(path)
     if size > MAX_IMPORT_BYTES:
@@ -227,7 +235,9 @@ def _read(path: Path, options: ImportOptions, max_rows: int) -> pd.DataFrame:
         if kind is None:
             raise Invalid(f"{name}: unknown file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}")
         try:
-            frame = parse_table(path, name, kind)
+            frame = read_table(path, name, kind, bounds)
+        except TooMuchData as exc:
+            raise TooLarge(str(exc)) from exc
         except DataError as exc:
             raise Invalid(str(exc)) from exc
     if frame.empty:
@@ -719,12 +729,23 @@ def import_round(
     data_root: Path | None,
     any_path: bool,
     max_rows: int,
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    max_cell_chars: int = DEFAULT_MAX_CELL_CHARS,
 ) -> ImportedRound:
     """Import ``options``' file as round ``number`` of ``task`` in the caller's transaction, and
-    close the round so it can be built. Nothing is written unless every row is valid."""
+    close the round so it can be built. Nothing is written unless every row is valid. The file is
+    read within ``max_decoded_bytes`` (413 beyond) and ``max_cell_chars`` a cell (the text
+    column's limit is :data:`MAX_TEXT_CHARS`)."""
     definition = definition_of(task)
     path = _locate(session, task, options, data_dir=data_dir, data_root=data_root, any_path=any_path)
-    frame = _read(path, options, max_rows)
+    bounds = ReadBounds(
+        max_rows=max_rows,
+        max_decoded_bytes=max_decoded_bytes,
+        max_cell_chars=max_cell_chars,
+        column_chars={options.text_column: MAX_TEXT_CHARS},
+        column_source="the longest text an import takes",
+    )
+    frame = _read(path, options, max_rows, bounds)
     if path.is_dir() and options.split_column is None and "split" in frame.columns:
         options = options.model_copy(update={"split_column": "split"})  # a DatasetDict's split names
     sha256 = _digest(path)

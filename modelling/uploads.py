@@ -6,12 +6,16 @@ upload is checked on arrival as the data mix will read it (a text and a label co
 one of the task's labels; errors give the row and column, never the file's text), then kept as
 ``DATA_DIR/uploads/TASK/SHA256.FORMAT`` with a ``dataset_uploads`` row, and a data mix names it
 ``{"dataset": NAME}``. Sending the same bytes under the same name again changes nothing.
+
+The file is read within bounds (:mod:`modelling.bounded_tables`): rows, decoded bytes, the
+characters of a cell (the text column's limit is the task's ``constraints.max_chars``) and no
+control characters; a file over the bound on decoded bytes is :class:`~services.errors.TooLarge`
+(413), any other refusal :class:`~services.errors.Invalid` (422), and nothing is stored.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,20 +26,26 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from modelling.bounded_tables import (
+    DEFAULT_MAX_CELL_CHARS,
+    DEFAULT_MAX_DECODED_BYTES,
+    ReadBounds,
+    TooMuchData,
+    read_table,
+)
 from modelling.datasets import (
     DataError,
     DataMix,
     SourceSpec,
     labelled_from_frame,
     model_labels,
-    parse_table,
     upload_path,
 )
 from modelling.jobs import check_liveness
 from services.db.models import DatasetUpload, Job, JobStatus, Task, User
 from services.domain import audit
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Invalid, NotFound
+from services.errors import Conflict, Invalid, NotFound, TooLarge
 
 __all__ = [
     "UPLOAD_FORMATS",
@@ -58,17 +68,6 @@ class Received:
     created: bool  # False: the same bytes were already stored under this name
 
 
-def _parquet_rows(body: bytes, name: str) -> int:
-    """A Parquet file's row count from its footer, before its columns are decoded (a few
-    kilobytes of Parquet can hold billions of repeated values)."""
-    import pyarrow.parquet as pq
-
-    try:
-        return int(pq.ParquetFile(io.BytesIO(body)).metadata.num_rows)
-    except Exception as exc:  # pyarrow's errors for a broken footer
-        raise DataError(f"{name} could not be read as parquet; check that it is a valid parquet file") from exc
-
-
 def _check_rows(rows: int, name: str, max_rows: int) -> None:
     if rows == 0:
         raise DataError(f"{name}: the file has no rows; a dataset needs at least one labelled row")
@@ -86,19 +85,26 @@ def check_upload(
     name: str,
     file_format: UploadFormat,
     max_rows: int,
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    max_cell_chars: int = DEFAULT_MAX_CELL_CHARS,
     text_column: str = "text",
     label_column: str = "label",
     label_separator: str | None = None,
 ) -> int:
     """The number of rows of an upload that the task's data mixes can read; :class:`DataError`
-    (row and column, never the file's text) otherwise."""
+    (row and column, never the file's text) otherwise, :class:`TooMuchData` when it decodes to
+    more than ``max_decoded_bytes``."""
     if not body:
         raise DataError(f"{name}: the file is empty; send the file's bytes as the request body")
-    if file_format == "parquet":
-        _check_rows(_parquet_rows(body, name), name, max_rows)
-    frame = parse_table(io.BytesIO(body), name, file_format)
-    _check_rows(len(frame), name, max_rows)
     definition = definition_of(task)
+    bounds = ReadBounds(
+        max_rows=max_rows,
+        max_decoded_bytes=max_decoded_bytes,
+        max_cell_chars=max_cell_chars,
+        column_chars={text_column: definition.constraints.max_chars},
+    )
+    frame = read_table(body, name, file_format, bounds)
+    _check_rows(len(frame), name, max_rows)
     spec = SourceSpec(dataset=name, text_column=text_column, label_column=label_column, label_separator=label_separator)
     labelled_from_frame(
         frame,
@@ -142,6 +148,8 @@ def store_upload(
     file_format: UploadFormat,
     uploads_dir: Path,
     max_rows: int,
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    max_cell_chars: int = DEFAULT_MAX_CELL_CHARS,
     text_column: str = "text",
     label_column: str = "label",
     label_separator: str | None = None,
@@ -170,10 +178,14 @@ def store_upload(
             name=name,
             file_format=file_format,
             max_rows=max_rows,
+            max_decoded_bytes=max_decoded_bytes,
+            max_cell_chars=max_cell_chars,
             text_column=text_column,
             label_column=label_column,
             label_separator=label_separator,
         )
+    except TooMuchData as exc:
+        raise TooLarge(str(exc)) from exc
     except DataError as exc:
         raise Invalid(str(exc)) from exc
     upload = DatasetUpload(

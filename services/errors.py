@@ -182,3 +182,10 @@ class DuplicateText(Conflict):
     task, or too close to one (docs/design.md "Duplicates"); nothing was stored or counted."""
 
     code = "duplicate_text"
+
+
+class TooLarge(DomainError):
+    """Input that would take more than a configured bound to decode (an uploaded file)."""
+
+    status_code = 413
+    code = "too_large"

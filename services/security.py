@@ -1,12 +1,17 @@
 """API tokens and passwords. Tokens are random and stored only as SHA-256 hashes; passwords
-as PBKDF2-SHA256 hashes, and only if they pass :func:`password_problem`."""
+as PBKDF2-SHA256 hashes, and only if they pass :func:`password_problem` (length, not the
+username, not a common password, and :func:`weak_password_pattern`: not one character or piece
+repeated, at least six different characters, not a run, not a common password with digits
+appended)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from functools import cache
+from itertools import pairwise
 from pathlib import Path
 
 TOKEN_PREFIX = "dl_"
@@ -66,4 +71,58 @@ def password_problem(password: str, username: str) -> str | None:
         return "the password is the username; choose one that is not"
     if password.strip().lower() in common_passwords():
         return "the password is in a list of common passwords that attackers try first; choose a less common one"
+    return weak_password_pattern(password)
+
+
+# The strength rule on top of length and the common-password list: what guessers try right
+# after the list (one character repeated, a short piece repeated, a run along the alphabet, the
+# digits or a keyboard row, a common password with digits or symbols appended).
+MIN_DISTINCT_CHARACTERS = 6
+# A password is a run when at least this share of its steps go to a neighbouring character.
+MAX_RUN_SHARE = 0.75
+_KEYBOARD_ROWS = ("1234567890", "qwertyuiop", "asdfghjkl", "zxcvbnm", "qwertzuiop", "azertyuiop", "yxcvbnm")
+_TRAILING_DECORATION = re.compile(r"[\W\d_]+$")
+
+
+def _repeated_unit(password: str) -> str | None:
+    """The shortest piece that ``password`` is two or more copies of, or None."""
+    length = len(password)
+    for size in range(1, length // 2 + 1):
+        if length % size == 0 and password[:size] * (length // size) == password:
+            return password[:size]
+    return None
+
+
+def _neighbours(first: str, second: str) -> bool:
+    """Whether ``second`` follows ``first`` on the alphabet, the digits (9 then 0) or a keyboard
+    row, either way."""
+    if abs(ord(first) - ord(second)) == 1 or {first, second} == {"9", "0"}:
+        return True
+    for row in _KEYBOARD_ROWS:
+        a, b = row.find(first), row.find(second)
+        if a >= 0 and b >= 0 and abs(a - b) == 1:
+            return True
+    return False
+
+
+def weak_password_pattern(password: str) -> str | None:
+    """What makes ``password`` guessable although it is long enough and not on the list (a
+    sentence that says what to choose instead), or None."""
+    lowered = password.strip().lower()
+    advice = "choose a few unrelated words or a password manager's random password"
+    unit = _repeated_unit(lowered)
+    if unit is not None:
+        what = "one character repeated" if len(unit) == 1 else f"a piece of {len(unit)} characters repeated"
+        return f"the password is {what}; {advice}"
+    distinct = len(set(lowered))
+    if distinct < MIN_DISTINCT_CHARACTERS:
+        return (
+            f"the password has only {distinct} different characters; use at least {MIN_DISTINCT_CHARACTERS}, {advice}"
+        )
+    steps = [_neighbours(a, b) for a, b in pairwise(lowered)]
+    if steps and sum(steps) / len(steps) >= MAX_RUN_SHARE:
+        return f"the password is mostly a run along the alphabet, the digits or a keyboard row; {advice}"
+    stem = _TRAILING_DECORATION.sub("", lowered)
+    if stem != lowered and stem in common_passwords():
+        return f"the password is a common password with digits or symbols added; {advice}"
     return None

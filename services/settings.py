@@ -183,6 +183,20 @@ class Settings(BaseSettings):
         description="Attempt and inspect requests one writer (one API token) may have in flight at "
         "once; more get 429 `too_many_in_flight`. One attempt per assignment in any case.",
     )
+    # --- uploads decode within bounds (docs/security.md "Uploaded files"; modelling/bounded_tables.py)
+    max_upload_decoded_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes one uploaded or imported file may decode to (strings in UTF-8, "
+        "dictionaries expanded, the sizes a Parquet footer declares); more is refused with 413 before "
+        "it is decoded.",
+    )
+    max_upload_cell_chars: int = Field(
+        20_000,
+        ge=100,
+        description="Most characters in one cell of an uploaded or imported file; the text column's "
+        "limit is the task's max_chars where that is lower. A longer cell is refused with 422.",
+    )
 
     # --- crowd identity: new worker accounts from study links (docs/security.md "Crowd identity")
     study_new_workers_per_link_per_hour: int = Field(

