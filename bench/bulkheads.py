@@ -1,25 +1,36 @@
-"""Bulkheads benchmark: does one crowdworker stall everyone else? (issue 12, point 7)
+"""Bulkheads benchmark: does one crowdworker's burst stall everyone else? (issue 12, point 7;
+issue 26, item 10)
 
-A real ``dynaloop api`` (SQLite) and a model server run as processes on loopback
-(bench/load.py's stack). Twenty bystanders, 10 writers and 10 validators, make non-model
-requests in a loop (``GET /me``, ``GET /assignments/{id}``, ``GET /rounds/{id}/validation-batch``)
-and their latencies are measured in four scenarios of ``--seconds`` each:
+A real ``dynaloop api`` (SQLite) and the tests' stub model server run as processes on loopback
+(bench/load.py's stack). Twenty other users, 10 writers and 10 validators, work in a loop, one
+request every 0.2 s each: a writer reads ``/me`` and their assignment and checks a new text of
+their own with the model (``POST /assignments/{id}/attempts``; when the assignment's tries are
+used up, skips it and starts the next one), a validator reads ``/me`` and a validation batch.
+Every one of their requests is timed, in these scenarios of ``--seconds`` each (``--scenarios``):
 
-* ``baseline``: the bystanders alone;
-* ``flood-one-writer``: one writer token keeps ``--flood`` attempts in flight at once (300),
-  each sent again the moment it is answered, Retry-After ignored;
-* ``flood-many-writers``: the same flood spread over 50 writer tokens (a script with many
-  accounts: the per-writer limit does not stop it, the model requests' own share does);
-* ``model-stopped``: the model server is stopped with SIGSTOP (hung, connections queue in the
-  kernel) while the 50 writers keep ``--flood`` attempts in flight.
+* ``quiet``: the other users alone (the baseline);
+* ``one-writer-burst``: one writer token keeps ``--flood`` (300) attempts in flight at once, each
+  sent again the moment it is answered, Retry-After ignored, over 300 keep-alive connections;
+* ``one-writer-burst-new-connections``: the same, each attempt on a new connection;
+* ``one-writer-burst-reads``: the same token keeps 300 reads of its assignment in flight (no
+  model, no per-writer model limit: only the per-token limit stands in the way);
+* ``many-writers`` (not by default): 300 attempts in flight spread over 50 writer tokens;
+* ``model-stopped`` (not by default): the model server stopped with SIGSTOP while 50 writers
+  flood.
 
-For each scenario: the bystanders' p50 / p99 / max latency and error counts, how many answers
-anywhere were not in the JSON error shape (or not JSON at all), the flood's answers by
-status and code, and the slowest attempt answer (bounded by ``DYNALOOP_MODEL_DEADLINE_S``).
-The verdict: bystanders' p99 < 200 ms and 0 non-JSON answers in every scenario.
+The flood runs in a process of its own on bare sockets, as an attacker's load tool does: an
+HTTP client library in Python spends more CPU per request than the server's refusal costs, and
+would have measured its own speed, not the server's.
+
+For each scenario: the other users' p50 / p99 / max latency (and p99 per request kind), their
+ratio to the quiet p99, pass or fail against the limit (p99 < 200 ms), the API process's CPU,
+how many answers anywhere were not in the JSON error shape, and the flood's answers by status
+and code. The machine (CPU model, cores, avx512_bf16 / AMX flags) and the load average are
+printed and written with the results. Exit status 1 if any scenario fails.
 
 Usage:
-    python bench/bulkheads.py [--seconds 15] [--flood 300] [--model stub|tiny] [--json bench/results/bulkheads.json]
+    python bench/bulkheads.py [--seconds 15] [--flood 300] [--scenarios quiet,one-writer-burst,...]
+        [--api-env DYNALOOP_REQUESTS_PER_TOKEN=1000 ...] [--json bench/results/bulkheads.json]
 """
 
 from __future__ import annotations
@@ -417,9 +428,13 @@ def print_result(result: dict[str, Any], quiet: dict[str, Any] | None) -> None:
         result["p99_ratio_to_quiet"] = round(b["p99_ms"] / quiet["bystanders"]["p99_ms"], 2)
         ratio = f" ({result['p99_ratio_to_quiet']} x quiet)"
     result["p99_under_limit"] = b["p99_ms"] < P99_LIMIT_MS
+    # A 503 `overloaded` is fast but it is no answer: the other users must be served, too.
+    result["bystander_server_errors"] = sum(n for status, n in b["statuses"].items() if status.startswith("5"))
+    result["passed"] = result["p99_under_limit"] and result["bystander_server_errors"] == 0
     line = (
         f"{result['scenario']:>32}: bystanders {b['requests']} requests p50 {b['p50_ms']} ms p99 {b['p99_ms']} ms"
-        f"{ratio} [{'pass' if result['p99_under_limit'] else 'FAIL'}: limit {P99_LIMIT_MS} ms] "
+        f"{ratio} [{'pass' if result['passed'] else 'FAIL'}: limit {P99_LIMIT_MS} ms and no 5xx, "
+        f"{result['bystander_server_errors']} 5xx] "
         f"max {b['max_ms']} ms, non-JSON {b['not_json']}, no answer {b['no_answer']}, {b['statuses']}"
         f"\n{'':>34}API process CPU: {result['api_cpu_share']} cores"
         f"\n{'':>34}p99 by request: {b['p99_ms_by_path']}"
@@ -476,7 +491,7 @@ def main() -> None:
         results = asyncio.run(run(stack, args.seconds, args.flood, names))
     finally:
         stack.stop()
-    held = all(r["bystanders"]["p99_ms"] < P99_LIMIT_MS for r in results)
+    held = all(r["passed"] for r in results)
     clean = all(r["bystanders"]["not_json"] == 0 and r.get("flood", {}).get("not_json", 0) == 0 for r in results)
     answered = all(r["bystanders"]["no_answer"] == 0 for r in results)
     report = {
@@ -495,7 +510,7 @@ def main() -> None:
         "bystanders_always_answered": answered,
     }
     print(
-        f"bystanders' p99 < {P99_LIMIT_MS} ms in every scenario: {'pass' if held else 'FAIL'}; "
+        f"other users' p99 < {P99_LIMIT_MS} ms and no 5xx in every scenario: {'pass' if held else 'FAIL'}; "
         f"0 non-JSON answers: {clean}; every bystander request answered: {answered}"
     )
     if args.json:
