@@ -1,6 +1,7 @@
 """The API's own overload answers: requests in flight are counted here, and those beyond the
-limits are answered at once, on the event loop, in the documented JSON error shape (docs/api.md
-"Errors"), before any handler thread or database work is spent on them.
+limits are answered on the event loop, in the documented JSON error shape (docs/api.md
+"Errors"), before the token is looked up and before any handler thread or database work is
+spent on them (docs/reliability.md "Model calls" and "One client's burst").
 
 Four limits, per API process (services/settings.py):
 
@@ -23,7 +24,7 @@ the penalty. A flooding script that sends its next request the moment it hears t
 answer would otherwise get thousands of refusals a second over its 300 connections, and
 answering them (reading and parsing each request, sending each answer) kept the event loop
 from everyone else's requests; and whenever one of its requests finished, the next one was let
-in to the token lookup and the database at once (docs/benchmarks.md "Bulkheads"). Penalized
+in to the token lookup and the database at once (docs/benchmarks.md "One writer's burst"). Penalized
 and held back, its connections bring one request each per second and none gets in. The
 server-wide refusals (503) are sent at once: whoever gets them did nothing wrong.
 
