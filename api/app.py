@@ -288,6 +288,8 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         max_requests=settings.max_concurrent_requests,
         max_model_requests=settings.max_concurrent_model_requests,
         model_requests_per_token=settings.model_requests_per_writer,
+        requests_per_token=settings.requests_per_token,
+        burst_penalty_s=settings.burst_penalty_s,
         model_routes=[
             (API_PREFIX + route.path, route.methods or set())
             for route in assignments.router.routes

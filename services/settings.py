@@ -212,6 +212,28 @@ class Settings(BaseSettings):
         "(only a keyed hash of the address is stored); a lab behind one NAT shares it.",
     )
 
+    # --- bulkheads: one client's burst (issue 26, item 10; docs/reliability.md "One client's burst")
+    requests_per_token: int = Field(
+        8,
+        ge=1,
+        le=1000,
+        description="Requests of any kind one API token may have in flight at once per API process; "
+        "more get 429 `too_many_in_flight` at once, on the event loop, before the token is looked up "
+        "or any database work is done. A person's browser or script needs a few; a burst of hundreds "
+        "from one token takes this many places and no more.",
+    )
+    burst_penalty_s: float = Field(
+        1.0,
+        ge=0,
+        le=10,
+        description="A token refused for too many requests in flight (requests_per_token or "
+        "model_requests_per_writer, 429 `too_many_in_flight`) has every request refused for this "
+        "long after its last refusal, and each refusal is held back this long before it is sent "
+        "(taking no place): a flooding script that resends at once gets one answer per connection "
+        "per penalty and nothing in, instead of thousands of answers a second that keep the event "
+        "loop from everyone else. A client that waits for its answers never meets it. 0 turns it off.",
+    )
+
     @model_validator(mode="after")
     def _model_requests_leave_room(self) -> Settings:
         if self.max_concurrent_model_requests >= self.max_concurrent_requests:

@@ -20,6 +20,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
+from sqlalchemy import event
 
 from api.app import create_app
+from api.overload import OverloadGuard
 from services.db.models import Attempt
 from services.settings import Settings
 from tests.conftest import (
@@ -40,6 +43,7 @@ from tests.conftest import (
     open_round,
     register_model_server,
     table_counts,
+    table_snapshot,
 )
 from tests.stub_model_server import ThreadedServer, create_stub_app
 from tests.test_concurrency import fire
@@ -447,3 +451,185 @@ def test_dynaloop_api_keeps_answering_while_attempts_hang(
     for response in responses[: len(writers)]:
         assert response.status_code == 503 and response.headers["content-type"].startswith("application/json")
     assert max(timings.values()) < 2.0 + SLACK_S, timings
+
+
+# --- one token's burst (issue 26, item 10) --------------------------------------------------------
+
+
+def hold_requests(url: str, token: str, path: str, n: int) -> list[socket.socket]:
+    """``n`` requests of ``token`` in flight that never end: their bodies stop after one byte.
+    The guard has let them in; the route still waits for the body (so they do no database
+    work either)."""
+    host, port = url.removeprefix("http://").split(":")
+    held = []
+    for _ in range(n):
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
+        )
+        held.append(sock)
+    return held
+
+
+def wait_until_in_flight(app: FastAPI, n: int, at_most: bool = False) -> None:
+    """Wait until the API's overload guard counts ``n`` requests in flight (at least ``n``, or
+    with ``at_most`` at most ``n``)."""
+    deadline = time.monotonic() + 10
+    while True:
+        guard = app.middleware_stack  # built by the first request
+        while guard is not None and not isinstance(guard, OverloadGuard):
+            guard = getattr(guard, "app", None)
+        if isinstance(guard, OverloadGuard) and ((guard.in_flight <= n) if at_most else (guard.in_flight >= n)):
+            return
+        assert time.monotonic() < deadline, f"not {n} requests in flight: {guard and guard.in_flight}"
+        time.sleep(0.02)
+
+
+class StatementCounter:
+    """Every SQL statement the API's engine sends to the database, while installed."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.statements = engine, 0
+
+    def _count(self, *args: Any) -> None:
+        self.statements += 1
+
+    def __enter__(self) -> StatementCounter:
+        event.listen(self.engine, "before_cursor_execute", self._count)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._count)
+
+
+def test_one_tokens_burst_is_refused_before_the_database(
+    start_api: Callable[..., World], make_user: MakeUser, validators: list[Actor], stub_model: ThreadedServer
+) -> None:
+    """The attack: one writer's token sends a burst of requests at once (attempts, reads of its
+    assignment, /me, a new assignment). Before, every one of them past the model requests' own
+    cap went through the token lookup, a handler thread and the database: 300 of them took the
+    API's places and the others' p99 rose to 1.5 s. Now the token holds ``requests_per_token``
+    places; the rest get 429 ``too_many_in_flight`` on the event loop without one SQL
+    statement, and other tokens' requests are let in as usual."""
+    world = start_api(requests_per_token=4, model_deadline_s=4.0)
+    http, app = world["http"], world["app"]
+    round_id = open_dynasent(world, stub_model.url)
+    writer, assignment_id = writer_with_assignment(http, make_user, "wanda", round_id)
+    other, other_assignment = writer_with_assignment(http, make_user, "otto", round_id)
+    url = str(http.base_url).rstrip("/")
+    tables = ["attempts", "assignments", "examples", "validations", "api_tokens", "users"]
+    before = table_snapshot(app, *tables)
+
+    held = hold_requests(url, writer.token, f"{API}/rounds/{round_id}/assignments", 4)
+    try:
+        burst = [
+            ("POST", f"{API}/assignments/{assignment_id}/attempts", {"text": NEUTRAL_TEXT}),
+            ("GET", f"{API}/assignments/{assignment_id}", None),
+            ("GET", f"{API}/me", None),
+            ("POST", f"{API}/rounds/{round_id}/assignments", {}),
+        ]
+
+        def attack(i: int) -> httpx.Response:
+            method, path, body = burst[i % len(burst)]
+            # The scheme spelled any way, a new Idempotency-Key each: still the same token.
+            scheme = ["Bearer", "bearer", "BEARER"][i % 3]
+            headers = {"Authorization": f"{scheme} {writer.token}", "Idempotency-Key": f"burst-{i}"}
+            return http.request(method, path, json=body, headers=headers)
+
+        wait_until_in_flight(app, 4)
+        with StatementCounter(app.state.engine) as counter:
+            responses = fire(40, attack)
+            assert counter.statements == 0, f"the burst reached the database: {counter.statements} statements"
+        for response in responses:
+            error = assert_json_error(response, 429, "too_many_in_flight")
+            assert response.headers["Retry-After"] == "1"
+            assert "more than 4 requests at once" in error["message"], error
+            assert "nothing was done" in error["message"] and "retry in 1 s" in error["message"], error
+        # Everyone else is let in while the burst's places are held.
+        me = http.get(f"{API}/me", headers=other.headers)
+        assert me.status_code == 200 and me.json()["username"] == "otto", me.text
+        batch = http.get(f"{API}/rounds/{round_id}/validation-batch", headers=validators[0].headers)
+        assert batch.status_code == 200, batch.text
+        mine = http.get(f"{API}/assignments/{other_assignment}", headers=other.headers)
+        assert mine.status_code == 200, mine.text
+        assert table_snapshot(app, *tables) == before  # the burst changed nothing
+    finally:
+        for sock in held:
+            sock.close()
+    # The places are given back when the held requests end: the writer is served again.
+    deadline = time.monotonic() + 10
+    while (again := http.get(f"{API}/assignments/{assignment_id}", headers=writer.headers)).status_code == 429:
+        assert time.monotonic() < deadline, "the token's places were never given back"
+        time.sleep(0.05)
+    assert again.status_code == 200, again.text
+
+
+def test_the_per_token_cap_leaves_other_tokens_and_tokenless_requests_alone(
+    start_api: Callable[..., World], make_user: MakeUser
+) -> None:
+    """The cap counts per token: a made-up token's burst does not take a real token's places,
+    and a request without a token (login) is counted only by the server-wide limit."""
+    world = start_api(requests_per_token=2)
+    http = world["http"]
+    writer = make_user("wanda", "writer")
+    url = str(http.base_url).rstrip("/")
+    held = hold_requests(url, "dl_made-up-token", f"{API}/rounds/1/assignments", 2)
+    try:
+        wait_until_in_flight(world["app"], 2)
+        refused = http.get(f"{API}/me", headers={"Authorization": "Bearer dl_made-up-token"})
+        assert_json_error(refused, 429, "too_many_in_flight")
+        me = http.get(f"{API}/me", headers=writer.headers)
+        assert me.status_code == 200, me.text
+        login = http.post(f"{API}/auth/login", json={"username": "nobody", "password": "wrong-password-1"})
+        assert login.status_code == 401, login.text
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_requests_per_token_is_a_setting() -> None:
+    assert Settings().requests_per_token == 8
+    assert Settings(requests_per_token=20).requests_per_token == 20
+    with pytest.raises(ValueError, match="requests_per_token"):
+        Settings(requests_per_token=0)
+
+
+def test_a_token_that_keeps_sending_is_kept_out_for_the_penalty(
+    start_api: Callable[..., World], make_user: MakeUser
+) -> None:
+    """A flooding script resends the moment it hears an answer. Each refusal is held back
+    ``burst_penalty_s`` (no place taken), and for that long after a refusal every request of
+    the token is refused, even with nothing of it in flight: none of the flood slips in the
+    moment one of its requests ends. A client that waits Retry-After is served."""
+    world = start_api(requests_per_token=1, burst_penalty_s=1.0)
+    http, app = world["http"], world["app"]
+    writer = make_user("wanda", "writer")
+    url = str(http.base_url).rstrip("/")
+    before = table_snapshot(app, "api_tokens", "users")
+    held = hold_requests(url, writer.token, f"{API}/rounds/1/assignments", 1)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        try:
+            wait_until_in_flight(app, 1)
+            started = time.monotonic()
+            burst = [pool.submit(http.get, f"{API}/me", headers=writer.headers) for _ in range(3)]
+            time.sleep(0.3)
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until_in_flight(app, 0, at_most=True)
+        # Nothing of the token is in flight now, but it was refused 0.3 s ago: still refused.
+        with StatementCounter(app.state.engine) as counter:
+            again = http.get(f"{API}/me", headers=writer.headers)
+            assert counter.statements == 0
+        assert_json_error(again, 429, "too_many_in_flight")
+        responses = [future.result() for future in burst]
+        # Each refusal was held back the penalty before it was sent.
+        assert time.monotonic() - started >= 0.9
+        for response in responses:
+            error = assert_json_error(response, 429, "too_many_in_flight")
+            assert response.headers["Retry-After"] == "1" and error["details"]["retry_after_s"] == 1
+    assert table_snapshot(app, "api_tokens", "users") == before
+    time.sleep(1.1)  # as Retry-After says
+    served = http.get(f"{API}/me", headers=writer.headers)
+    assert served.status_code == 200 and served.json()["username"] == "wanda", served.text
