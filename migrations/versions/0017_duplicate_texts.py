@@ -10,7 +10,7 @@ task already holds repeats (written before this revision) the earliest example c
 and the round builder drops the rest from the splits (docs/round_builder.md "Duplicates").
 
 Revision ID: 0017
-Revises: 0014
+Revises: 0016
 Create Date: 2026-11-25 19:00:00.000000
 
 """
@@ -24,7 +24,7 @@ from services.text import duplicate_key, key_hash
 
 # revision identifiers, used by Alembic.
 revision: str = "0017"
-down_revision: str | Sequence[str] | None = "0014"
+down_revision: str | Sequence[str] | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

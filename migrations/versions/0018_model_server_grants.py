@@ -9,7 +9,7 @@ whose rounds (open or not) already name it in their loop (``rounds.model_servers
 of server names): the demo's ``model-0`` is granted to the demo's task.
 
 Revision ID: 0018
-Revises: 0014
+Revises: 0017
 Create Date: 2026-11-25 19:00:00.000000
 
 """
@@ -23,7 +23,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision: str = "0018"
-down_revision: str | Sequence[str] | None = "0014"
+down_revision: str | Sequence[str] | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
