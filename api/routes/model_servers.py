@@ -115,11 +115,9 @@ def revoke_model_server(name: str, task_name: str, session: SessionDep, admin: A
     authorize(admin, ModelServerPolicy.manage())
     server = model_servers.get_server(session, name)
     task = tasks.get_task(session, task_name)
-    found = model_servers.grants(session, server=server, task=task)
     shared = model_servers.grant_counts(session, [server.name]).get(server.name, 0) > 1
-    removed = _grant_public(found[0], shared) if found else None
+    removed = _grant_public(model_servers.get_grant(session, server, task), shared)
     model_servers.revoke(session, admin, server, task)
-    assert removed is not None  # revoke raised NotFound otherwise
     return removed
 
 

@@ -320,6 +320,17 @@ def _find_grant(session: Session, server: ModelServer, task: Task) -> ModelServe
     )
 
 
+def get_grant(session: Session, server: ModelServer, task: Task) -> ModelServerGrant:
+    """``server``'s grant to ``task``, or :class:`NotFound`."""
+    row = _find_grant(session, server, task)
+    if row is None:
+        raise NotFound(
+            f"model server {server.name!r} is not granted to task {task.name!r}; GET "
+            f"/api/v1/model-servers/{server.name}/tasks lists the tasks it is granted to"
+        )
+    return row
+
+
 def grant(session: Session, actor: User | None, server: ModelServer, task: Task) -> tuple[ModelServerGrant, bool]:
     """Grant ``server`` to ``task`` (admins): its researchers may then put it in their rounds'
     loop and, while no other task has it, promote their models to it. Granting again changes
@@ -340,12 +351,7 @@ def grant(session: Session, actor: User | None, server: ModelServer, task: Task)
 def revoke(session: Session, actor: User | None, server: ModelServer, task: Task) -> None:
     """Take ``server`` away from ``task`` (admins); refused while one of the task's open rounds
     has it in its loop (its writers would lose the model mid-round)."""
-    row = _find_grant(session, server, task)
-    if row is None:
-        raise NotFound(
-            f"model server {server.name!r} is not granted to task {task.name!r}; GET "
-            f"/api/v1/model-servers/{server.name}/tasks lists the tasks it is granted to"
-        )
+    row = get_grant(session, server, task)
     using = [r for r in rounds_using(session, server.name) if r.task_id == task.id]
     if using:
         shown = ", ".join(f"round {r.number}" for r in using)
