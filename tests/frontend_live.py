@@ -285,6 +285,26 @@ class LiveApi:
         self.api(username).validation_batch(round_id)
         self.api(username).validate(self.item_key(username, example_id), label)
 
+    def label_all(self, username: str, round_id: int, labels: dict[int, str | list[str]]) -> None:
+        """``username`` labels every batch served in the round, each example with ``labels``
+        (examples by id, in id order within a batch), until none is left."""
+        client = self.api(username)
+        while True:
+            batch = client.validation_batch(round_id)
+            if not batch["data"]:
+                return
+            with session_scope(self.app.state.sessionmaker) as session:
+                behind = dict(
+                    session.execute(
+                        select(ValidationBatchItem.item_key, ValidationBatchItem.example_id).where(
+                            ValidationBatchItem.item_key.in_([item["item_id"] for item in batch["data"]])
+                        )
+                    ).all()
+                )
+            for key, example_id in sorted(behind.items(), key=lambda pair: pair[1] or 0):
+                assert example_id is not None, "label_all is for tasks without control items"
+                client.validate(key, labels[example_id])
+
     def labels_of(self, example_id: int) -> dict[str, list[str]]:
         """The labels the example has, by validator."""
         return {v["validator"]: v["label"] for v in self.admin.example(example_id)["validations"]}

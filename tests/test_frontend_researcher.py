@@ -129,10 +129,13 @@ def labelled_round(
     ]
     for i, labels in enumerate(extra):
         plan.append((live.example(round_, f"Extra {i}: a plain remark on the menu.", target="neutral"), labels))
+    given: dict[str, dict[int, str | list[str]]] = {name: {} for name in validators}
     for position, (example_id, labels) in enumerate(plan):
         shift = position % 5  # who disagrees rotates, so nobody is unqualified
         for name, label in zip(validators, labels[shift:] + labels[:shift], strict=True):
-            live.api(name).validate(example_id, label)
+            given[name][example_id] = label
+    for name in validators:  # each labels what it is served
+        live.label_all(name, round_["id"], given[name])
     if status == "built":
         live.admin.set_round_status(round_["id"], "closed")
         live.admin.build_round(round_["id"], seed=7)
@@ -848,7 +851,7 @@ def test_models_page_offers_the_relaxations_of_a_refused_build(live: LiveApi, ri
         for i, predicted in enumerate(predictions):
             example_id = live.example(round_, f"Note {gold} {i}: a {KEYWORD[predicted]} lunch.", target=gold)
             for name in validators:
-                live.api(name).validate(example_id, gold)
+                live.label_as(name, example_id, gold)
     live.admin.set_round_status(round_["id"], "closed")
     at = ok(page(rita, "researcher_models"))
     at = ok(at.button(key="researcher_models_build").click().run())
