@@ -415,3 +415,46 @@ def test_a_build_and_its_export_hold_no_control_item(
 def written_for(client: TestClient, writer: Actor, round_id: int, target: str, text: str) -> int:
     example: dict[str, Any] = written(client, writer, round_id, target, text)
     return int(example["id"])
+
+
+def test_a_study_sessions_progress_counts_a_control_answer_like_a_label(
+    client: TestClient,
+    app: FastAPI,
+    researcher: Actor,
+    writer: Actor,
+    stub_model: ThreadedServer,
+) -> None:
+    """The progress a link-made validator sees moves by one for every answer, control item or
+    example alike, so it cannot tell them apart afterwards."""
+    from tests.test_study_links import PROLIFIC, bearer, make_link, open_link
+
+    round_ = controlled_round(client, researcher, stub_model, rate=0.5)
+    written = [
+        write_example(client, writer, round_["id"], f"A plain remark number {i} on snow.")["id"] for i in range(3)
+    ]
+    link = make_link(client, researcher, round_["id"], role="validator", quota=50, max_workers=5)
+    started = open_link(client, link, PROLIFIC)
+    assert started.status_code == 201, started.text
+    headers = bearer(started.json()["token"])
+    batch = client.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=headers)
+    assert batch.status_code == 200, batch.text
+    behind = served_examples(client, batch.json())
+    assert sorted(e for e in behind if e is not None) == written and None in behind
+
+    def progress() -> int:
+        sessions = client.get(f"{API}/me/study-sessions", headers=headers)
+        assert sessions.status_code == 200, sessions.text
+        return int(sessions.json()["data"][0]["units_done"])
+
+    assert progress() == 0
+    seen = []
+    for item, example_id in zip(batch.json()["data"], behind, strict=True):
+        control = control_text(app, item["item_id"])
+        label = "neutral" if control is None else RIGHT[control]
+        response = client.post(
+            f"{API}/validation-items/{item['item_id']}/validations", json={"label": label}, headers=headers
+        )
+        assert response.status_code == 201, response.text
+        seen.append((example_id is None, progress()))
+    assert [count for _, count in seen] == list(range(1, len(seen) + 1))
+    assert {is_control for is_control, _ in seen} == {True, False}

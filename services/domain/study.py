@@ -43,6 +43,8 @@ from services.db.models import (
     TaskWorker,
     User,
     Validation,
+    ValidationBatch,
+    ValidationBatchItem,
     utcnow,
 )
 from services.domain import audit, users, validating
@@ -655,8 +657,9 @@ def _session_for(session: Session, link: StudyLink, user: User, ids: PlatformIds
 
 def units_done(session: Session, study: StudySession) -> int:
     """Writer: examples written in the link's round since the session started. Validator:
-    labels given in that round since then (the quota counts labels, not whole batches, so a
-    round that runs out of work mid-batch does not leave the validator short)."""
+    labels and control-item answers given in that round since then (the quota counts labels,
+    not whole batches, so a round that runs out of work mid-batch does not leave the validator
+    short)."""
     link = study.link
     if link.role is StudyRole.writer:
         return (
@@ -669,7 +672,7 @@ def units_done(session: Session, study: StudySession) -> int:
             )
             or 0
         )
-    return (
+    labels = (
         session.scalar(
             select(func.count(Validation.id))
             .join(Example, Example.id == Validation.example_id)
@@ -681,6 +684,23 @@ def units_done(session: Session, study: StudySession) -> int:
         )
         or 0
     )
+    # Control items count like examples: the progress a validator sees must not change
+    # differently after a control answer, or it would tell the controls apart.
+    control_answers = (
+        session.scalar(
+            select(func.count(ValidationBatchItem.id))
+            .join(ValidationBatch, ValidationBatch.id == ValidationBatchItem.batch_id)
+            .where(
+                ValidationBatch.round_id == link.round_id,
+                ValidationBatch.validator_id == study.user_id,
+                ValidationBatchItem.control_item_id.is_not(None),
+                ValidationBatchItem.answered_at.is_not(None),
+                ValidationBatchItem.answered_at >= study.started_at,
+            )
+        )
+        or 0
+    )
+    return labels + control_answers
 
 
 def refresh(session: Session, study: StudySession) -> StudySession:
