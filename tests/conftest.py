@@ -370,11 +370,14 @@ def example_yaml(name: str, **overrides: Any) -> str:
 
     The shipped task's ``quality`` section (control items, issue 26) is left out unless the test
     passes ``quality``: a task with control items refuses labels by example id (the tests label
-    through the example's id) and puts control items in every batch a test reads."""
+    through the example's id) and puts control items in every batch a test reads. Its ``pay``
+    block is left out too unless the test passes ``pay``, so that a test computes a ledger only
+    where it says what the pay policy is."""
     import yaml
 
     data = yaml.safe_load(example_path(name).read_text(encoding="utf-8"))
     data.pop("quality", None)
+    data.pop("pay", None)
     for key, value in overrides.items():
         if value is None:
             data.pop(key, None)

@@ -34,7 +34,16 @@ from services.db.models import (
 from services.domain import duplicates, ledger, tasks
 from services.taskdef import TaskDefinitionError, parse_task_definition
 from tests.built_round import write_example
-from tests.conftest import Actor, MakeUser, example_yaml, label_served, open_round, table_counts, table_snapshot
+from tests.conftest import (
+    Actor,
+    MakeUser,
+    example_yaml,
+    label_example,
+    label_served,
+    open_round,
+    table_counts,
+    table_snapshot,
+)
 from tests.stub_model_server import ThreadedServer
 
 API = "/api/v1"
@@ -55,12 +64,16 @@ def _with_pay(pay: Any) -> str:
     return example_yaml(TASK, onboarding_quiz=None, pay=pay)
 
 
-def test_the_shipped_example_parses_and_has_no_pay_policy_until_uncommented() -> None:
+def test_the_shipped_example_the_demo_runs_has_a_pay_policy() -> None:
     from services.taskdef import example_path, load_task_definition
 
     definition = load_task_definition(example_path(TASK))
-    assert definition.pay is None
-    assert "# pay:" in example_path(TASK).read_text(encoding="utf-8")
+    assert definition.pay is not None
+    assert definition.pay.currency == "GBP"
+    assert (definition.pay.base_pay.writer, definition.pay.base_pay.validator) == (150, 100)
+    assert definition.pay.writer_bonus_per_example == 10
+    # example_yaml leaves it out unless a test names one.
+    assert "pay" not in example_yaml(TASK)
 
 
 def test_a_pay_policy_parses_with_integers_in_minor_units() -> None:
@@ -895,9 +908,7 @@ def test_a_repeat_written_before_repeats_were_refused_earns_no_second_bonus(
     for name in VALIDATORS:
         validator = make_user(name, "validator")
         for example in (first, second):
-            response = client.post(
-                f"{API}/examples/{example['id']}/validations", json={"label": "negative"}, headers=validator.headers
-            )
+            response = label_example(client, validator, example["id"], "negative", round_id=round_["id"])
             assert response.status_code == 201, response.text
     response = client.post(
         f"{API}/tasks/{TASK}/ledger/compute", json={"round_id": round_["id"]}, headers=researcher.headers
