@@ -410,7 +410,7 @@ def test_a_simulated_paid_round_holds_against_fifty_made_up_ids_from_one_address
             if e.user_id not in genuine_users
         ]
         base = [e for e in entries if e.kind is LedgerKind.base_pay]
-        assert sorted(e.session_id for e in base) == sorted(genuine_sessions)
+        assert sorted(e.session_id or 0 for e in base) == sorted(genuine_sessions)
         assert Counter(e.amount_minor for e in base) == {150: 10, 100: 10}
         bonuses = {int(e.event_key.split(":")[1]) for e in entries if e.kind is LedgerKind.writer_bonus}
         expected = {i for i in fooled if majority.get(i) == targets[i]}
@@ -423,11 +423,11 @@ def test_a_simulated_paid_round_holds_against_fifty_made_up_ids_from_one_address
         # ledger pays them nothing (above), and their failed control items are the platform's
         # ground to reject the submission.
         failed = controls.failed_gold(session, round_row.task, list(attacker_users))
-        for row in sessions.values():
-            completion = study.completion_of(row)
-            if row.id in genuine_sessions:
-                assert row.status is StudySessionStatus.completed
-            elif row.status is StudySessionStatus.completed:
-                assert row.user_id in failed, "a made-up id completed a session and passed the control items"
+        for study_session in sessions.values():
+            completion = study.completion_of(study_session)
+            if study_session.id in genuine_sessions:
+                assert study_session.status is StudySessionStatus.completed
+            elif study_session.status is StudySessionStatus.completed:
+                assert study_session.user_id in failed, "a made-up id completed a session and passed the control items"
             else:
                 assert completion is None or completion["code"] is None, completion
