@@ -201,6 +201,21 @@ def gold_accuracy(
     }
 
 
+def failed_gold(session: Session, task: Task, user_ids: list[int]) -> set[int]:
+    """Those of ``user_ids`` whose gold accuracy on ``task`` is judged (at least
+    ``min_control_answers`` control answers) and below ``gold_accuracy_threshold``: they failed
+    the task's attention checks, whenever their session met its quota (the ledger pays them no
+    base pay, services/domain/ledger.py)."""
+    settings = definition_of(task).quality
+    return {
+        user_id
+        for user_id, accuracy in gold_accuracy(session, task, user_ids=user_ids).items()
+        if accuracy.answers >= settings.min_control_answers
+        and accuracy.rate is not None
+        and accuracy.rate < settings.gold_accuracy_threshold
+    }
+
+
 def apply_gold_threshold(session: Session, actor: User | None, task: Task, user: User) -> bool:
     """Unqualify ``user`` on ``task`` when their gold accuracy fell below the task's threshold
     after enough control answers (their labels stop counting; their examples are re-queued).

@@ -11,7 +11,9 @@ The rules (docs/round_builder.md, "Pay and the ledger"):
 * **Base pay** (``session:<id>``): each *completed* study session gets the policy's base pay for
   its role. Stopped and screened-out sessions, and sessions still active, get none; a stopped
   session that earned its link's partial code gets the link's partial pay instead (the same
-  ``session:<id>`` event, so a session is paid once), never base pay.
+  ``session:<id>`` event, so a session is paid once), never base pay. A validator whose gold
+  accuracy on the task is judged and below its threshold (they failed its control items) gets
+  neither, even if their labels met the quota before enough control answers were in.
 * **Writer bonus** (``example:<id>``): each written example that fooled the model *and* whose
   majority label equals the writer's target label (DynaSent's rule). The majority label is the
   newest build's gold label where the round has been built (and the example is in that build);
@@ -64,7 +66,7 @@ from services.db.models import (
     Validation,
     utcnow,
 )
-from services.domain import audit, study
+from services.domain import audit, controls, study
 from services.domain.labels import agreement_with, gold_label, last_pass
 from services.domain.rounds import newest_build
 from services.domain.tasks import definition_of
@@ -246,7 +248,15 @@ def _round_candidates(
         study.refresh(session, study_session)
     # Base pay: completed sessions. A stopped session is paid only the link's partial pay, where
     # it earned the link's partial code (services/domain/study.py partial_pay_of); never base pay.
+    # A validator who failed the task's control items (gold accuracy judged and below the
+    # threshold) earns no base pay, even where their labels met the quota before enough control
+    # answers were in to judge them: the labels that met it no longer count.
+    failed = controls.failed_gold(
+        session, task, [s.user_id for s, link in sessions if link.role is StudyRole.validator]
+    )
     for study_session, link in sessions:
+        if link.role is StudyRole.validator and study_session.user_id in failed:
+            continue
         if study_session.status is StudySessionStatus.stopped:
             partial = study.partial_pay_of(study_session)
             if partial:
