@@ -21,7 +21,7 @@ from sqlalchemy import select
 from services.db.engine import session_scope
 from services.db.models import ApiToken, LedgerEntry, PlatformAccount, StudySession, StudySessionStatus, User
 from services.domain import study
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts, table_snapshot
+from tests.conftest import Actor, MakeUser, example_yaml, open_round, served_examples, table_counts, table_snapshot
 from tests.test_concurrency import fire
 
 API = "/api/v1"
@@ -784,12 +784,10 @@ def _two_groups(client: Any, researcher: Actor, make_user: MakeUser, stub_model:
     for round_id in (round_a["id"], round_b["id"]):
         _write_example(client, author.headers, round_id, f"A plain remark about lunch in round {round_id}.")
         _write_example(client, author.headers, round_id, f"We went there on a Sunday, round {round_id}.")
-    examples_b = [
-        e["example_id"]
-        for e in client.get(
-            f"{API}/rounds/{round_b['id']}/validation-batch", headers=make_user("vic", "validator").headers
-        ).json()["data"]
-    ]
+    batch_b = client.get(
+        f"{API}/rounds/{round_b['id']}/validation-batch", headers=make_user("vic", "validator").headers
+    ).json()
+    examples_b = [example_id for example_id in served_examples(client, batch_b) if example_id is not None]
     return round_a, round_b, examples_b
 
 
@@ -946,7 +944,7 @@ def test_a_validator_out_of_work_completes_as_the_link_says(
     assert len(batch) == 2
     for example in batch:
         response = client.post(
-            f"{API}/examples/{example['example_id']}/validations", json={"label": "neutral"}, headers=headers
+            f"{API}/validation-items/{example['item_id']}/validations", json={"label": "neutral"}, headers=headers
         )
         assert response.status_code == 201, response.text
     row = client.get(f"{API}/me/study-sessions", headers=headers).json()["data"][0]
@@ -974,7 +972,9 @@ def test_a_validator_out_of_work_completes_as_the_link_says(
     headers = bearer(started["token"])
     # This validator has the two examples still to label (they were not theirs).
     for example in client.get(f"{API}/rounds/{paid_round['id']}/validation-batch", headers=headers).json()["data"]:
-        client.post(f"{API}/examples/{example['example_id']}/validations", json={"label": "neutral"}, headers=headers)
+        client.post(
+            f"{API}/validation-items/{example['item_id']}/validations", json={"label": "neutral"}, headers=headers
+        )
     done = client.post(
         f"{API}/study-sessions/{started['session']['id']}/finish", json={"reason": "out_of_work"}, headers=headers
     ).json()
@@ -1085,7 +1085,9 @@ def test_a_simulated_paid_round_pays_each_genuine_session_once(
             batch = http.get(f"{API}/rounds/{round_['id']}/validation-batch", headers=headers).json()["data"]
             for example in batch[:2]:
                 response = http.post(
-                    f"{API}/examples/{example['example_id']}/validations", json={"label": "negative"}, headers=headers
+                    f"{API}/validation-items/{example['item_id']}/validations",
+                    json={"label": "negative"},
+                    headers=headers,
                 )
                 assert response.status_code == 201, response.text
         # 50 made-up ids from one address.
