@@ -492,10 +492,15 @@ def served_examples(client: TestClient, batch: dict[str, Any]) -> list[int | Non
     """The example behind each item of a served batch, in the order shown (None for a control
     item). The validator sees only opaque item ids; a test reads what each one is from the
     database."""
+    return served_examples_of(client.app, batch)  # type: ignore[arg-type]
+
+
+def served_examples_of(app: FastAPI, batch: dict[str, Any]) -> list[int | None]:
+    """:func:`served_examples`, given the app rather than its test client."""
     from services.db.models import ValidationBatchItem
 
     keys = [item["item_id"] for item in batch["data"]]
-    with client.app.state.sessionmaker() as session:  # type: ignore[attr-defined]
+    with app.state.sessionmaker() as session:
         found = dict(
             session.execute(
                 select(ValidationBatchItem.item_key, ValidationBatchItem.example_id).where(

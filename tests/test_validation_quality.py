@@ -9,8 +9,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from services.db.models import Example, Task, TaskWorker, Validation, ValidationBatchItem
-from tests.conftest import Actor, MakeUser, example_yaml, label_example, open_round, table_counts
+from services.db.models import Example, Task, TaskWorker, Validation
+from tests.conftest import Actor, MakeUser, example_yaml, label_example, open_round, served_examples_of, table_counts
 from tests.stub_model_server import ThreadedServer
 
 PROMPTS = [f"Prompt number {i} about a small cafe downtown." for i in range(12)]
@@ -41,18 +41,11 @@ def label(client: Any, validator: Actor, example_id: int, value: Any) -> Any:
 
 
 def batch_examples(app: FastAPI, batch: dict[str, Any]) -> list[int]:
-    """The example ids behind a served batch's items, in the order shown (the validator sees
-    only opaque item ids; the test reads what each one is from the database)."""
-    keys = [item["item_id"] for item in batch["data"]]
-    with app.state.sessionmaker() as session:
-        found = dict(
-            session.execute(
-                select(ValidationBatchItem.item_key, ValidationBatchItem.example_id).where(
-                    ValidationBatchItem.item_key.in_(keys)
-                )
-            ).all()
-        )
-    return [found[key] for key in keys]
+    """The example ids behind a served batch's items, in the order shown (these tasks have no
+    control items)."""
+    found = served_examples_of(app, batch)
+    assert None not in found, "this test's task has no control items"
+    return [example_id for example_id in found if example_id is not None]
 
 
 def test_batch_selects_fooling_examples_first_and_never_own_or_labelled(
