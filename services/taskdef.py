@@ -330,7 +330,10 @@ class AttentionChecks(_Strict):
     "Attention checks"). Answers never pay and never enter the dataset."""
 
     every_n_assignments: int = Field(
-        5, ge=1, le=1000, description="A check after every this many finished (submitted, skipped or expired) assignments."
+        5,
+        ge=1,
+        le=1000,
+        description="A check after every this many finished (submitted, skipped or expired) assignments.",
     )
     fails_to_screen_out: int = Field(
         2,

@@ -370,11 +370,14 @@ def example_yaml(name: str, **overrides: Any) -> str:
 
     The shipped task's ``quality`` section (control items, issue 26) is left out unless the test
     passes ``quality``: a task with control items refuses labels by example id (the tests label
-    through the example's id) and puts control items in every batch a test reads."""
+    through the example's id) and puts control items in every batch a test reads. Its
+    ``attention_checks`` section (writers' attention checks) is left out too unless the test passes
+    ``attention_checks``: it would stop a writer's every fifth new assignment."""
     import yaml
 
     data = yaml.safe_load(example_path(name).read_text(encoding="utf-8"))
     data.pop("quality", None)
+    data.pop("attention_checks", None)
     for key, value in overrides.items():
         if value is None:
             data.pop(key, None)

@@ -44,9 +44,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_attention_check_answers")),
         sa.UniqueConstraint("task_id", "writer_id", "slot", name="uq_attention_check_answers_task_writer_slot"),
     )
-    op.create_index(
-        op.f("ix_attention_check_answers_task_id"), "attention_check_answers", ["task_id"], unique=False
-    )
+    op.create_index(op.f("ix_attention_check_answers_task_id"), "attention_check_answers", ["task_id"], unique=False)
     op.create_index("ix_attention_check_answers_writer", "attention_check_answers", ["writer_id"], unique=False)
 
 

@@ -214,6 +214,7 @@ def _apply_fail_limit(session: Session, check: AttentionCheckAnswer) -> bool:
     if failed < settings.fails_to_screen_out or not task_worker(session, task, writer).qualified:
         return False
     unqualify(session, None, task, writer, reason=f"failed {failed} attention checks")
+    session.flush()  # the session does not autoflush: the study sessions' recount reads the standing
     for active in session.scalars(
         select(StudySession)
         .join(StudyLink, StudySession.link_id == StudyLink.id)
