@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select
 
-from services.db.models import LedgerEntry
+from services.db.models import AttentionCheckAnswer, LedgerEntry
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_counts, table_snapshot
+from tests.test_concurrency import assert_no_server_errors, fire
 
 API = "/api/v1"
 TASK = "dynasent-r2"
@@ -229,3 +231,30 @@ def test_a_task_without_checks_serves_none(
     assert table_counts(app)["attention_check_answers"] == 0
     record = client.get(f"{API}/tasks/{TASK}/attention-checks", headers=researcher.headers).json()
     assert record == {"data": [], "count": 0, "every_n_assignments": None, "fails_to_screen_out": None}
+
+
+def test_requests_at_once_serve_one_check_and_answers_at_once_record_one(
+    app: Any, app_server: Any, researcher: Actor, writer: Actor
+) -> None:
+    """Over real HTTP: eight requests for a new assignment when a check is due store one check
+    (all eight name it); eight different answers at once record one answer, the rest 409."""
+    with httpx.Client(base_url=app_server.url, timeout=60) as http:
+        yaml_text = example_yaml(TASK, onboarding_quiz=None, attention_checks=CHECKS)
+        round_ = open_round(http, researcher, yaml_text, None, PROMPTS)
+        finish_one(http, writer.headers, round_["id"])
+        url = f"{API}/rounds/{round_['id']}/assignments"
+        responses = fire(8, lambda i: http.post(url, json={}, headers=writer.headers))
+        assert_no_server_errors(responses)
+        assert {r.status_code for r in responses} == {409}
+        named = {r.json()["error"]["details"]["attention_check_id"] for r in responses}
+        assert len(named) == 1
+        check_id = named.pop()
+        options = CHECKS["items"][0]["options"]
+        answers = fire(8, lambda i: answer(http, writer.headers, check_id, options[i % len(options)]))
+        assert_no_server_errors(answers)
+        accepted = [r for r in answers if r.status_code == 200]
+        assert len({r.json()["answer"] for r in accepted}) == 1
+        assert all(r.status_code in (200, 409) for r in answers)
+    with app.state.sessionmaker() as session:
+        rows = session.scalars(select(AttentionCheckAnswer)).all()
+        assert [(row.id, row.answer in options) for row in rows] == [(check_id, True)]
