@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -40,6 +40,7 @@ from services.db.models import (
     User,
     utcnow,
 )
+from services.db.statements import rows_matched
 from services.db.transactions import commit_now
 from services.domain import study
 from services.domain.quality import task_worker, unqualify
@@ -144,13 +145,15 @@ def require_no_check_due(session: Session, task: Task, writer: User) -> None:
     if slot < 1:
         return
     served = session.scalar(
-        select(AttentionCheckAnswer.id).where(
+        select(AttentionCheckAnswer).where(
             AttentionCheckAnswer.task_id == task.id,
             AttentionCheckAnswer.writer_id == writer.id,
             AttentionCheckAnswer.slot == slot,
         )
     )
     if served is not None:
+        if served.answered_at is None:  # served by a request running beside this one
+            raise _pending_error(served)
         return
     check = _serve(session, task, writer, settings, slot)
     commit_now(session, "the attention check just served must survive the 409 that names it")
@@ -179,20 +182,30 @@ def answer_check(session: Session, check: AttentionCheckAnswer, answer: str) -> 
     unqualified on the task and their active study sessions on it end screened out."""
     if answer not in check.options:
         raise Invalid(f"answer {answer!r} is not one of the options {check.options}; choose one of them")
-    if check.answered_at is not None:
-        if check.answer == answer:
-            return Answered(check, replayed=True, screened_out=False)
-        raise Conflict(
-            f"attention check {check.id} was answered already ({check.answer!r}); an answer cannot be changed"
+    if check.answered_at is None:
+        # Conditional: of two answers sent at once, only the first is recorded (the other is
+        # then a replay or a 409, below).
+        recorded = rows_matched(
+            session,
+            update(AttentionCheckAnswer)
+            .where(AttentionCheckAnswer.id == check.id, AttentionCheckAnswer.answered_at.is_(None))
+            .values(answer=answer, answered_at=utcnow(), passed=answer == check.expected),
         )
-    check.answer = answer
-    check.answered_at = utcnow()
-    check.passed = answer == check.expected
-    session.flush()
+        session.refresh(check)
+        if not recorded:
+            return _answered_already(check, answer)
+    else:
+        return _answered_already(check, answer)
     screened_out = False
     if not check.passed:
         screened_out = _apply_fail_limit(session, check)
     return Answered(check, replayed=False, screened_out=screened_out)
+
+
+def _answered_already(check: AttentionCheckAnswer, answer: str) -> Answered:
+    if check.answer == answer:
+        return Answered(check, replayed=True, screened_out=False)
+    raise Conflict(f"attention check {check.id} was answered already ({check.answer!r}); an answer cannot be changed")
 
 
 def _apply_fail_limit(session: Session, check: AttentionCheckAnswer) -> bool:
