@@ -173,6 +173,23 @@ class QuizResult(TypedDict):
     attempts_left: int
 
 
+class AttentionCheck(TypedDict):
+    """An attention check served to the writer (never its expected answer)."""
+
+    id: int
+    task: str
+    question: str
+    options: list[str]
+    served_at: str
+    answered_at: str | None
+    answer: str | None
+
+
+class AttentionCheckResult(AttentionCheck):
+    passed: bool
+    qualified: bool
+
+
 class Prompt(TypedDict):
     id: int
     text: str
@@ -529,6 +546,8 @@ class Api(Protocol):
     def quiz(self, task: str) -> QuizStatus: ...
     def answer_quiz(self, task: str, answers: list[str]) -> QuizResult: ...
     def start_assignment(self, round_id: int, target_label: Label | None = None) -> Assignment: ...
+    def pending_attention_checks(self) -> list[AttentionCheck]: ...
+    def answer_attention_check(self, check_id: int, answer: str) -> AttentionCheckResult: ...
     def assignment(self, assignment_id: int) -> Assignment: ...
     def attempt(
         self, assignment_id: int, text: str, *, target_span: list[int] | None = None, idempotency_key: str | None = None
@@ -620,6 +639,7 @@ class Api(Protocol):
     def close_study_link(self, link_id: int) -> StudyLink: ...
     def study_link_sessions(self, link_id: int) -> list[LinkSession]: ...
     def crowd_report(self, task: str) -> JSON: ...
+    def task_attention_checks(self, task: str) -> JSON: ...
     def ledger(self, task: str) -> JSON: ...
     def compute_ledger(self, task: str, round_id: int | None = None) -> JSON: ...
     def bonuses_csv(self, task: str, platform: str) -> bytes: ...
@@ -831,6 +851,16 @@ class ApiClient:
         """The writer's open assignment in the round, or a new one (a prompt and a target)."""
         body = {} if target_label is None else {"target_label": target_label}
         return self._json("POST", f"/rounds/{round_id}/assignments", json_body=body)
+
+    def pending_attention_checks(self) -> list[AttentionCheck]:
+        """The writer's unanswered attention checks (a new assignment is refused with 409
+        ``attention_check_pending`` while one is)."""
+        rows: list[AttentionCheck] = self._json("GET", "/attention-checks/pending")["data"]
+        return rows
+
+    def answer_attention_check(self, check_id: int, answer: str) -> AttentionCheckResult:
+        """Answer one attention check, once (the same answer again is a replay)."""
+        return self._json("POST", f"/attention-checks/{check_id}/answer", json_body={"answer": answer})
 
     def assignment(self, assignment_id: int) -> Assignment:
         """An assignment with every attempt so far."""
@@ -1108,6 +1138,10 @@ class ApiClient:
         """Per study link: sessions by status, abandoned, median minutes, ledger totals and
         effective hourly pay (minor units per hour, None when not computable)."""
         return self._json("GET", f"/tasks/{task}/crowd-report")
+
+    def task_attention_checks(self, task: str) -> JSON:
+        """Each writer's attention checks on the task: served, answered, passed, failed, qualified."""
+        return self._json("GET", f"/tasks/{task}/attention-checks")
 
     def ledger(self, task: str) -> JSON:
         """The task's ledger totals per worker and kind."""

@@ -64,6 +64,7 @@ from services.db.models import (
     ApiToken,
     Assignment,
     Attempt,
+    AttentionCheckAnswer,
     Example,
     Job,
     LedgerEntry,
@@ -78,6 +79,7 @@ from services.db.models import (
 from services.errors import (
     Forbidden,
     NotFound,
+    missing_attention_check,
     missing_example,
     missing_job,
     missing_ledger_entry,
@@ -147,6 +149,14 @@ def _own_assignment(assignment: Assignment) -> Rule:
             raise NotFound(f"no assignment {assignment.id} of yours")
 
     return check
+
+
+def _own_attention_check(check: AttentionCheckAnswer) -> Rule:
+    def check_owner(user: User) -> None:
+        if check.writer_id != user.id:
+            raise missing_attention_check(check.id)
+
+    return check_owner
 
 
 def _own_attempt(attempt: Attempt) -> Rule:
@@ -382,6 +392,14 @@ class AttemptPolicy:
     def use(attempt: Attempt | None = None) -> Policy:
         """Confirm an attempt: only the writer of its assignment (others': as missing)."""
         return _needs(Role.writer, None if attempt is None else _own_attempt(attempt))
+
+
+class AttentionCheckPolicy:
+    @staticmethod
+    def answer(check: AttentionCheckAnswer | None = None) -> Policy:
+        """Read and answer an attention check (services/domain/attention.py): only the writer it
+        was served to. Another writer's check is reported as missing: nobody learns it exists."""
+        return _needs(Role.writer, None if check is None else _own_attention_check(check))
 
 
 class ExamplePolicy:

@@ -291,6 +291,63 @@ class QualityControl(_Strict):
     )
 
 
+class AttentionCheckItem(_Strict):
+    """One attention check: an instructional manipulation check whose question itself tells the
+    writer which option to choose (e.g. "For this question, choose 'Strongly disagree'")."""
+
+    question: str = Field(
+        min_length=1,
+        max_length=1000,
+        description="The question, which must itself name the expected answer (its option's text): "
+        "an instruction above the question does not count (Prolific's attention-check policy).",
+    )
+    options: list[str] = Field(min_length=2, max_length=10, description="The options the writer chooses from.")
+    answer: str = Field(description="The option the question tells the writer to choose.")
+
+    _question_policy = field_validator("question")(_free_text)
+    _options_policy = field_validator("options")(_lines)
+    _answer_policy = field_validator("answer")(_line)
+
+    @model_validator(mode="after")
+    def _fair(self) -> AttentionCheckItem:
+        if len(set(self.options)) != len(self.options):
+            raise ValueError(f"the options {self.options} repeat an option; make every option different")
+        if self.answer not in self.options:
+            raise ValueError(
+                f"answer {self.answer!r} is not one of the options {self.options}; make answer one of the options"
+            )
+        if self.answer.casefold() not in self.question.casefold():
+            raise ValueError(
+                f"the question {self.question!r} does not name its answer {self.answer!r}: a fair attention "
+                "check tells the participant in the question itself which option to choose, e.g. "
+                f"\"For this question, choose '{self.answer}'\""
+            )
+        return self
+
+
+class AttentionChecks(_Strict):
+    """Attention checks served to writers between assignments (docs/crowdsourcing.md
+    "Attention checks"). Answers never pay and never enter the dataset."""
+
+    every_n_assignments: int = Field(
+        5,
+        ge=1,
+        le=1000,
+        description="A check after every this many finished (submitted, skipped or expired) assignments.",
+    )
+    fails_to_screen_out: int = Field(
+        2,
+        ge=2,
+        le=100,
+        description="Failed checks after which the writer is unqualified on the task (their study session "
+        "is screened out). At least 2: Prolific lets a participant of a study of 5 minutes or longer be "
+        "rejected only after failing two checks.",
+    )
+    items: list[AttentionCheckItem] = Field(
+        min_length=1, description="The checks, served in turn (the first after the first N assignments)."
+    )
+
+
 class TaskDefinition(_Strict):
     """A whole task, as written in its YAML file."""
 
@@ -352,6 +409,9 @@ class TaskDefinition(_Strict):
 
     # Issue 26, validation integrity: control items and gold accuracy.
     quality: QualityControl = QualityControl()
+
+    # Issue 26, writer attention checks (services/domain/attention.py); absent: no checks.
+    attention_checks: AttentionChecks | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

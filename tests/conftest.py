@@ -372,12 +372,15 @@ def example_yaml(name: str, **overrides: Any) -> str:
     passes ``quality``: a task with control items refuses labels by example id (the tests label
     through the example's id) and puts control items in every batch a test reads. Its ``pay``
     block is left out too unless the test passes ``pay``, so that a test computes a ledger only
-    where it says what the pay policy is."""
+    where it says what the pay policy is; and its ``attention_checks`` section (writers'
+    attention checks) unless the test passes ``attention_checks``: it would stop a writer's
+    every fifth new assignment."""
     import yaml
 
     data = yaml.safe_load(example_path(name).read_text(encoding="utf-8"))
     data.pop("quality", None)
     data.pop("pay", None)
+    data.pop("attention_checks", None)
     for key, value in overrides.items():
         if value is None:
             data.pop(key, None)

@@ -128,6 +128,9 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("POST", f"{API}/study/{{slug}}/sessions"): PUBLIC,
     ("GET", f"{API}/me/study-sessions"): ANY,
     ("POST", f"{API}/study-sessions/{{session_id}}/finish"): ANY,  # your own session (others': 404)
+    ("GET", f"{API}/attention-checks/pending"): {W},
+    ("POST", f"{API}/attention-checks/{{check_id}}/answer"): {W},  # your own check (others': 404)
+    ("GET", f"{API}/tasks/{{task_name}}/attention-checks"): {R},
 }
 
 TASK = "dynasent-r2"
@@ -328,6 +331,7 @@ def request_bodies(who: str, server: str, attempt_id: int, round_id: int = 1) ->
         },
         ("POST", f"{API}/study/{{slug}}/sessions"): {"json": {"params": {}}},
         ("POST", f"{API}/study-sessions/{{session_id}}/finish"): {"json": {"reason": "stop"}},
+        ("POST", f"{API}/attention-checks/{{check_id}}/answer"): {"json": {"answer": "Orange"}},
     }
 
 
@@ -353,6 +357,7 @@ def _request(world: World, role: str, method: str, path: str) -> dict[str, Any]:
         "session_id": 1,
         "item_id": "no-such-item",
         "control_id": 1,
+        "check_id": 1,
     }
     url = path.format(**values)
     bodies = request_bodies(role, world.server, world.attempt_id, world.round_id)
@@ -483,6 +488,7 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/control-items"): MANAGE,
     ("POST", f"{API}/tasks/{{task_name}}/control-items"): MANAGE,
     ("DELETE", f"{API}/tasks/{{task_name}}/control-items/{{control_id}}"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/attention-checks"): MANAGE,
 }
 # What a missing one is called, per path parameter: the "hidden" answers must be exactly these.
 MISSING = {"task_name": "no-such-task", "round_id": 987654, "example_id": 987653, "job_id": 987652}

@@ -443,3 +443,34 @@ def test_the_crowd_page_shows_gold_accuracy_beside_agreement(live: LiveApi) -> N
         "gold accuracy": "50%",
         "qualified": "yes",
     }
+
+
+def test_the_crowd_page_shows_each_writers_attention_checks(live: LiveApi) -> None:
+    """A task with attention checks: each writer's checks served, passed and failed are on the
+    Crowd page, as the API counted them."""
+    checks = {
+        "every_n_assignments": 1,
+        "fails_to_screen_out": 2,
+        "items": [
+            {"question": "For this question, choose 'Orange'.", "options": ["Red", "Orange"], "answer": "Orange"}
+        ],
+    }
+    live.user("rita", "researcher")
+    live.task(TASK, onboarding_quiz=None, attention_checks=checks)
+    round_ = live.round(TASK, [SOUP, "The bread was fresh and the tea was hot."])
+    live.user("walt", "writer")
+    walt = live.api("walt")
+    walt.skip(walt.start_assignment(round_["id"])["id"])
+    with pytest.raises(ApiError) as refused:
+        walt.start_assignment(round_["id"])
+    assert refused.value.code == "attention_check_pending"
+    (check,) = walt.pending_attention_checks()
+    assert walt.answer_attention_check(check["id"], "Red")["qualified"] is True
+    rita = PageClient(live.url, live.tokens["rita"][1], timeout=30)
+    live._page_clients.append(rita)
+    at = crowd_page(rita)
+    assert not at.exception and not at.error, texts(at.error)
+    assert "Writers: attention checks" in [s.value for s in at.subheader]
+    table = at.dataframe[-1].value
+    row = table[table["writer"] == "walt"].iloc[0].to_dict()
+    assert row == {"writer": "walt", "served": 1, "answered": 1, "passed": 0, "failed": 1, "qualified": "yes"}

@@ -527,3 +527,34 @@ def test_instructions_come_from_the_task_and_sit_below_the_editor(live: LiveApi)
     order = [type(node).__name__ for node in at.main]
     assert order.index("TextArea") < order.index("Expander"), order
     assert at.text_area(key=f"writer_text_{aid}").label == "Your sentence"
+
+
+def test_an_attention_check_is_shown_between_prompts_and_answered(live: LiveApi) -> None:
+    question = "For this question, choose 'Strongly disagree'."
+    checks = {
+        "every_n_assignments": 1,
+        "fails_to_screen_out": 2,
+        "items": [{"question": question, "options": ["Agree", "Strongly disagree"], "answer": "Strongly disagree"}],
+    }
+    live.task("dynasent-r2", onboarding_quiz=None, attention_checks=checks)
+    live.round("dynasent-r2", [SOUP, SUNDAY])
+    at, client = writer_app(live)
+    at.button(key=f"writer_skip_{held(at)['id']}").click().run()
+    assert not at.exception, at.exception
+    # The next prompt waits for the check: an ordinary question with radio options.
+    assert "Before your next prompt: one question" in texts(at.subheader)
+    check = live.api("walt").pending_attention_checks()[0]
+    radio = at.radio(key=f"writer_attention_{check['id']}")
+    assert radio.label == question and list(radio.options) == ["Agree", "Strongly disagree"]
+    at.button(key="writer_attention_submit").click().run()
+    assert "Choose one of the options first." in texts(at.warning)
+    assert not client.requests("POST", r"/attention-checks/\d+/answer")
+    at.radio(key=f"writer_attention_{check['id']}").set_value("Strongly disagree")
+    at.button(key="writer_attention_submit").click().run()
+    assert not at.exception, at.exception
+    assert "Thank you. Here is your next prompt." in texts(at.success)
+    assert [request.body for request in client.requests("POST", r"/attention-checks/\d+/answer")] == [
+        {"answer": "Strongly disagree"}
+    ]
+    assert live.api("walt").pending_attention_checks() == []
+    assert held(at)["status"] == "active" and assignments(live) == 2

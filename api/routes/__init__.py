@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends
 from api.ratelimit import address_rate_limited, token_rate_limited
 from api.routes import (
     assignments,
+    attention_checks,
     auth,
     builds,
     control_items,
@@ -74,6 +75,8 @@ ROUTERS = (
     Included(study.router),
     Included(study.public_router, (429,), address_limited=True),
     Included(study.worker_router, (429,), rate_limited=True),
+    # Issue 26: writers' attention checks, limited like the assignments they sit between.
+    Included(attention_checks.router, (429,), rate_limited=True),
 )
 
 

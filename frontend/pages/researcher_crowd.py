@@ -279,6 +279,40 @@ def validator_quality(client: Api, rounds: list[Round]) -> None:
     st.dataframe(table, hide_index=True)
 
 
+def writer_attention(client: Api, task: Task) -> None:
+    """Each writer's attention checks on the task (only for a task that has them): a writer at
+    the task's failure limit is unqualified and their study session screened out."""
+    if not task["definition"].get("attention_checks"):
+        return
+    st.subheader("Writers: attention checks")
+    try:
+        report = client.task_attention_checks(task["name"])
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    st.caption(
+        f"One check after every {report['every_n_assignments']} finished assignments; "
+        f"{report['fails_to_screen_out']} failed checks unqualify a writer."
+    )
+    if not report["data"]:
+        st.caption("No writer has been served a check yet.")
+        return
+    table = pd.DataFrame(
+        [
+            {
+                "writer": row["username"],
+                "served": row["served"],
+                "answered": row["answered"],
+                "passed": row["passed"],
+                "failed": row["failed"],
+                "qualified": "yes" if row["qualified"] else "no",
+            }
+            for row in report["data"]
+        ]
+    )
+    st.dataframe(table, hide_index=True)
+
+
 def ledger_controls(client: Api, task: Task) -> None:
     st.subheader("Ledger and bonuses")
     cols = st.columns(2)
@@ -354,6 +388,7 @@ def main() -> None:
             link_card(client, link, rows.get(link["id"]), currency, base_url)
         sessions_table(client, links)
     validator_quality(client, rounds)
+    writer_attention(client, task)
     ledger_controls(client, task)
 
 

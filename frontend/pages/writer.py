@@ -31,6 +31,7 @@ QUIZ_RESULT_KEY = "writer_quiz_result"
 INSPECT_KEY = "writer_inspect"
 NEEDS_TARGET_KEY = "writer_needs_target"
 INSTRUCTIONS_SEEN_KEY = "writer_instructions_seen"
+ATTENTION_KEY = "writer_attention_check"  # set when the API answered 409 attention_check_pending
 
 
 # --- round and onboarding -----------------------------------------------------------
@@ -152,6 +153,40 @@ def onboarding(client: Api, task: Task) -> bool:
     return False
 
 
+# --- attention checks (services/domain/attention.py) ----------------------------------
+
+
+def attention_check(client: Api, task: Task) -> bool:
+    """True when the writer has no attention check pending on the task; otherwise shows it: the
+    question as an ordinary question, its options as radio buttons."""
+    try:
+        pending = [check for check in client.pending_attention_checks() if check["task"] == task["name"]]
+    except ApiError as error:
+        state.show_api_error(error)
+        return False
+    if not pending:
+        st.session_state.pop(ATTENTION_KEY, None)
+        return True
+    check = pending[0]
+    st.subheader("Before your next prompt: one question")
+    with st.form(f"writer_attention_form_{check['id']}"):
+        choice = st.radio(check["question"], check["options"], index=None, key=f"writer_attention_{check['id']}")
+        submitted = st.form_submit_button("Submit answer", type="primary", key="writer_attention_submit")
+    if submitted:
+        if choice is None:
+            st.warning("Choose one of the options first.")
+            return False
+        try:
+            client.answer_attention_check(check["id"], choice)
+        except ApiError as error:
+            state.show_api_error(error)
+            return False
+        st.session_state.pop(ATTENTION_KEY, None)
+        state.flash("success", "Thank you. Here is your next prompt.")
+        st.rerun()
+    return False
+
+
 # --- the assignment -------------------------------------------------------------------
 
 
@@ -177,6 +212,9 @@ def current_assignment(client: Api, round_: Round, task: Task) -> Assignment | N
     except ApiError as error:
         if error.status == 422 and round_["target_label_mode"] == "writer_choice" and target is None:
             needs_target[round_["id"]] = True  # no open assignment to resume: the writer picks a target
+            st.rerun()
+        if error.status == 409 and error.code == "attention_check_pending":
+            st.session_state[ATTENTION_KEY] = True
             st.rerun()
         if error.status == 403 and error.details.get("quiz_required"):
             st.session_state.setdefault(QUIZ_PASSED_KEY, {}).pop(task["name"], None)
@@ -592,6 +630,8 @@ def main() -> None:
         return
     st.caption(task["title"])
     if not onboarding(client, task):
+        return
+    if st.session_state.get(ATTENTION_KEY) and not attention_check(client, task):
         return
     assignment = current_assignment(client, round_, task)
     if assignment is None:

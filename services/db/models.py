@@ -1009,3 +1009,32 @@ class ValidationBatchItem(Base):
     batch: Mapped[ValidationBatch] = relationship(back_populates="items")
     control_item: Mapped[ControlItem | None] = relationship()
     example: Mapped[Example | None] = relationship()
+
+
+class AttentionCheckAnswer(Base):
+    """One attention check served to a writer on a task (services.domain.attention): the
+    question, options and expected answer as served (a later change to the task's YAML does not
+    re-score it), and the writer's one answer. ``slot`` is the check's place in the writer's
+    work (after ``slot`` times N finished assignments): one check per slot, so two concurrent
+    requests serve one check. Never an example, never paid."""
+
+    __tablename__ = "attention_check_answers"
+    __table_args__ = (
+        UniqueConstraint("task_id", "writer_id", "slot", name="uq_attention_check_answers_task_writer_slot"),
+        Index("ix_attention_check_answers_writer", "writer_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    writer_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    slot: Mapped[int] = mapped_column(Integer)
+    item_index: Mapped[int] = mapped_column(Integer)
+    question: Mapped[str] = mapped_column(Text)
+    options: Mapped[list[Any]] = mapped_column(JSON)
+    expected: Mapped[str] = mapped_column(Text)
+    served_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    answered_at: Mapped[dt.datetime | None]
+    answer: Mapped[str | None] = mapped_column(Text)
+    passed: Mapped[bool | None] = mapped_column(Boolean)
+
+    task: Mapped[Task] = relationship()

@@ -42,7 +42,7 @@ from services.db.models import (
 )
 from services.db.statements import rows_matched
 from services.db.transactions import commit_now
-from services.domain import duplicates, model_servers
+from services.domain import attention, duplicates, model_servers
 from services.domain.in_flight import AttemptsInFlight
 from services.domain.labels import check_target_label, is_fooled
 from services.domain.model_servers import ServerAddress
@@ -159,6 +159,8 @@ def start_assignment(
     )
     if current is not None and not _expire_if_due(current, now):
         return current, False
+    # Between assignments: an attention check, when one is pending or due (409 naming it).
+    attention.require_no_check_due(session, task, writer)
     target = _pick_target(session, round_, definition, target_label)
     condition = Condition.no_prompt if _rng.random() < round_.no_prompt_fraction else Condition.prompt
     prompt = None
