@@ -31,10 +31,14 @@ from tests.demo_process import ROOT, RunningDemo, running_demo, tiny_model_cache
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
+
 # The demo task's control items (services/task_examples/dynasent-r2.yaml) and their labels.
 CONTROL_LABELS = {
     item.text: item.labels[0] for item in load_task_definition(example_path("dynasent-r2")).quality.control_items
 }
+# The demo task's attention checks for writers (the same YAML): each question and its answer.
+_ATTENTION_CHECKS = load_task_definition(example_path("dynasent-r2")).attention_checks
+ATTENTION_ANSWERS = {item.question: item.answer for item in (_ATTENTION_CHECKS.items if _ATTENTION_CHECKS else [])}
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = ROOT / "test-artifacts"
@@ -790,12 +794,29 @@ class _Api:
         assert answer.status_code in (200, 201), f"{path}: {answer.text}"
         return answer.json()
 
+    def new_assignment(self, username: str) -> Any:
+        """A new assignment for the writer; an attention check that is due first (the demo task
+        has them, every few assignments) is answered as a careful writer would."""
+        for _ in range(3):
+            answer = self.http.post(f"/rounds/{self.round_id}/assignments", headers=self.headers(username), json={})
+            if answer.status_code in (200, 201):
+                return answer.json()
+            assert answer.status_code == 409, answer.text
+            assert answer.json()["error"]["code"] == "attention_check_pending", answer.text
+            for check in self.get("/attention-checks/pending", username)["data"]:
+                self.post(
+                    f"/attention-checks/{check['id']}/answer",
+                    username,
+                    {"answer": ATTENTION_ANSWERS[check["question"]]},
+                )
+        raise AssertionError("no assignment after answering the attention checks")
+
     def seed_round(self, examples: int) -> dict[str, int]:
         """``examples`` more examples by the writer (two tries each at most, a fooling one
         confirmed), each labelled by all five validators, mostly as the writer's target."""
         fooled = validations = 0
         for index in range(examples):
-            assignment = self.post(f"/rounds/{self.round_id}/assignments", "writer", {})
+            assignment = self.new_assignment("writer")
             target = assignment["target_label"][0]
             for attempt_number in range(2):
                 text = ATTEMPTS[target][(index + attempt_number) % len(ATTEMPTS[target])]

@@ -418,7 +418,10 @@ def _prompts_csv(rows: list[dict[str, str]]) -> bytes:
 
 def test_dynasent_cycle(deployment: Deployment) -> None:
     d = deployment
-    shipped = example_path("dynasent-r2").read_text(encoding="utf-8")
+    # The shipped YAML with its quiz; without its control items, attention checks and pay (this
+    # cycle labels its one example by id and counts every batch item; those parts have tests of
+    # their own: test_validation_integrity, test_attention_checks, test_paid_round).
+    shipped = example_yaml("dynasent-r2")
     quiz = yaml.safe_load(shipped)["onboarding_quiz"]
     task = create_task(d, shipped)
     assert task["name"] == "dynasent-r2" and task["family"] == "single_label"
