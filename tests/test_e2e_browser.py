@@ -830,15 +830,20 @@ class _Api:
             example = self.post(f"/assignments/{assignment['id']}/example", "writer", {"attempt_id": attempt["id"]})
             for validator in range(1, 6):
                 # Every fourth label disagrees, so agreement is high but not perfect. Labels go to
-                # the items of the validator's batch: this example and the task's control items
-                # (answered right, from the shipped YAML), which look just like it.
+                # the items of the validator's batch: this example, the task's control items
+                # (answered right, from the shipped YAML), which look just like it, and any
+                # example the validator has not labelled yet (the one written in the browser,
+                # labelled neutral); each label of an example is counted.
                 label = target if (example["id"] + validator) % 4 else "mixed"
                 name = f"validator{validator}"
                 batch = self.get(f"/rounds/{example['round_id']}/validation-batch", name)
                 for item in batch["data"]:
-                    answer = label if item["text"] == example["text"] else CONTROL_LABELS[item["text"]]
+                    if item["text"] in CONTROL_LABELS:
+                        answer = CONTROL_LABELS[item["text"]]
+                    else:
+                        answer = label if item["text"] == example["text"] else "neutral"
+                        validations += 1
                     self.post(f"/validation-items/{item['item_id']}/validations", name, {"label": answer})
-                validations += 1
         return {"fooled": fooled, "validations": validations}
 
 
