@@ -465,7 +465,8 @@ async def validator_loop(client: Client, round_id: int, rng: random.Random) -> N
 async def drive(
     stack: Stack, seconds: float, max_examples: int, seed: int = 0, during: Any = None, think_s: float = 0.0
 ) -> Tally:
-    """Run the writers and validators for ``seconds``; ``during(stack)`` (async) runs alongside."""
+    """Run the writers and validators for ``seconds``; ``during(stack, tally)`` (async) runs
+    alongside and may watch the tally to time a fault."""
     tally = Tally()
     deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=len(stack.writer_tokens) + len(stack.validator_tokens) + 4)
@@ -483,7 +484,7 @@ async def drive(
             for i, token in enumerate(stack.validator_tokens)
         ]
         if during is not None:
-            jobs.append(during(stack))
+            jobs.append(during(stack, tally))
         await asyncio.gather(*jobs)
     return tally
 

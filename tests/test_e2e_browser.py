@@ -129,6 +129,9 @@ class Page:
         from selenium.webdriver.common.by import By
 
         self.driver, self.base_url, self.by = driver, base_url, By
+        # Sentences that fooled the model in this test: each text is accepted once per round
+        # (409 duplicate_text), so a later writer must not send the same one again.
+        self.fooling_texts: set[str] = set()
 
     def until(self, condition: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
         from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
@@ -343,12 +346,15 @@ def _write_until_fooled(page: Page, target: str, tries_allowed: int = 10) -> boo
         text = candidates[(attempt - 1) % len(candidates)]
         if attempt > len(candidates):
             text = f"{text[:-1]}, really."
+        if text in page.fooling_texts:
+            text = f"{text[:-1]}, or so I heard."
         page.type_into("Your sentence", text)
         page.click("Check with the model")
         page.wait_text(f"Tries: {attempt} / {tries_allowed}")
         outcome = page.wait_text("You fooled the model!", "Not fooled yet", "You have used all")
         page.idle()
         if outcome == "You fooled the model!":
+            page.fooling_texts.add(text)
             return True
         if outcome == "You have used all":
             return False

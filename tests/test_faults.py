@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from bench.load import Stack, drive, fresh_postgres, start_stack, verdict
+from bench.load import Stack, Tally, drive, fresh_postgres, start_stack, verdict
 from services.db.engine import session_scope
 from services.domain.invariants import check_database
 from services.settings import Settings
@@ -49,17 +49,27 @@ def _run(stack: Stack, seconds: float, during: Any) -> dict[str, Any]:
     return verdict(stack, tally, time.monotonic() - started)
 
 
+async def _until(condition: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+
+
 def test_model_server_killed_during_load(stack: Stack) -> None:
     restarted_at: list[float] = []
 
-    async def kill_and_restart(stack: Stack) -> None:
-        await asyncio.sleep(3)
+    async def kill_and_restart(stack: Stack, tally: Tally) -> None:
+        # Timed by what the writers did, not by the clock: on a busy machine the writers may
+        # not have reached the model within a fixed few seconds.
+        await _until(lambda: tally.statuses["POST /attempts"].get("201", 0) > 0, 20)
         stack.model.kill()
-        await asyncio.sleep(3)  # writers meet a dead model server: 503 + Retry-After, text kept
+        # Writers meet a dead model server (503 + Retry-After, text kept) for at least 2 s.
+        await asyncio.sleep(2)
+        await _until(lambda: tally.statuses["POST /attempts"].get("503", 0) > 0, 10)
         await asyncio.to_thread(stack.model.start)
         restarted_at.append(time.monotonic())
 
-    result = _run(stack, 14, kill_and_restart)
+    result = _run(stack, 20, kill_and_restart)
     _assert_nothing_lost(result)
     attempts = result["endpoints"]["POST /attempts"]["statuses"]
     assert attempts.get("503", 0) > 0, attempts  # the outage was seen ...
@@ -68,8 +78,9 @@ def test_model_server_killed_during_load(stack: Stack) -> None:
 
 
 def test_api_killed_and_restarted_during_load(stack: Stack) -> None:
-    async def kill_and_restart(stack: Stack) -> None:
-        await asyncio.sleep(3)
+    async def kill_and_restart(stack: Stack, tally: Tally) -> None:
+        await _until(lambda: bool(tally.examples_accepted) or bool(tally.validations_accepted), 20)
+        await asyncio.sleep(1)
         stack.api.kill()  # SIGKILL: requests in flight are cut off, some after their commit
         await asyncio.sleep(1)
         await asyncio.to_thread(stack.api.start)
@@ -93,7 +104,7 @@ def test_postgres_connections_dropped_during_load(tmp_path: Path) -> None:
     running = start_stack(tmp_path / "load", writers=4, validators=3, database_url=url)
     dropped: list[int] = []
 
-    async def drop_connections(stack: Stack) -> None:
+    async def drop_connections(stack: Stack, tally: Tally) -> None:
         admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
         try:
             for _ in range(3):

@@ -14,6 +14,7 @@ from services import authorization
 from services.authorization import (
     AssignmentPolicy,
     AttemptPolicy,
+    AttentionCheckPolicy,
     BuildPolicy,
     DatasetPolicy,
     ExamplePolicy,
@@ -38,6 +39,7 @@ from services.db.models import (
     ApiToken,
     Assignment,
     Attempt,
+    AttentionCheckAnswer,
     Example,
     Job,
     LedgerEntry,
@@ -54,6 +56,7 @@ from services.db.models import (
 from services.errors import (
     Forbidden,
     NotFound,
+    missing_attention_check,
     missing_example,
     missing_job,
     missing_ledger_entry,
@@ -82,6 +85,7 @@ JOB = Job(id=9, task=TASK)
 LINK = StudyLink(id=6, task=TASK, round=ROUND)
 ENTRY = LedgerEntry(id=8, task=TASK)
 WENDYS_STUDY = StudySession(id=12, link=LINK, user_id=20)
+WENDYS_CHECK = AttentionCheckAnswer(id=14, task_id=1, writer_id=20, slot=1)
 WENDY = user(20, "writer", "validator")
 WALT = user(21, "writer")
 VERA = user(30, "validator")
@@ -181,6 +185,17 @@ def test_a_validator_never_labels_their_own_example() -> None:
     assert refusal(WENDY, ExamplePolicy.validate(HARVESTED_EXAMPLE)) is None  # nobody wrote it
 
 
+def test_another_writers_attention_check_is_reported_missing() -> None:
+    assert refusal(WENDY, AttentionCheckPolicy.answer(WENDYS_CHECK)) is None
+    assert refusal(WALT, AttentionCheckPolicy.answer(WENDYS_CHECK)) == (NotFound, missing_attention_check(14).message)
+    # Not even an admin answers a writer's check for them; a validator lacks the role.
+    assert refusal(ADA, AttentionCheckPolicy.answer(WENDYS_CHECK)) == (NotFound, missing_attention_check(14).message)
+    assert refusal(VERA, AttentionCheckPolicy.answer(WENDYS_CHECK)) == (
+        Forbidden,
+        "this needs the writer role; your roles: validator",
+    )
+
+
 def test_tokens_for_yourself_or_as_an_admin() -> None:
     assert refusal(WALT, TokenPolicy.issue(WALT)) is None
     assert refusal(WALT, TokenPolicy.issue(WENDY)) == (Forbidden, "only an admin can create tokens for another user")
@@ -196,6 +211,7 @@ def test_tokens_for_yourself_or_as_an_admin() -> None:
 POLICY_CLASSES = [
     AssignmentPolicy,
     AttemptPolicy,
+    AttentionCheckPolicy,
     BuildPolicy,
     DatasetPolicy,
     ExamplePolicy,
@@ -223,6 +239,7 @@ SAMPLES: dict[str, Any] = {
     "ApiToken": ApiToken(id=1, user_id=20),
     "StudyLink": LINK,
     "StudySession": WENDYS_STUDY,
+    "AttentionCheckAnswer": WENDYS_CHECK,
     "LedgerEntry": ENTRY,
 }
 

@@ -438,6 +438,13 @@ def submit_validation(
             )
         item = _live_item_of_example(session, validator, example_id, utcnow())
         if item is None:
+            # A concurrent copy of this request may have answered the item since ``existing``
+            # was read (PostgreSQL reads each statement afresh): its label is the answer.
+            racing = session.scalar(
+                select(Validation).where(Validation.example_id == example_id, Validation.validator_id == validator.id)
+            )
+            if racing is not None and racing.label == label and racing.flagged == flagged:
+                return racing, False
             # 409, not 403: the validator may label examples (the policy's answer); this one is
             # not theirs to label now.
             raise Conflict(f"example {example_id} {NOT_LIVE}")
