@@ -2,7 +2,7 @@
 
 This module only assembles the command groups; each lives in its own module of
 ``dynaloop/commands/`` (``db``, ``task``, ``prompts``, ``user``, ``model``, ``round``, ``job`` (and
-`worker`), ``ledger``; ``study``; ``serve`` holds `api`, `ui` and `model-server`, ``check`` and
+`worker`), ``ledger``; ``study``; ``platform``; ``serve`` holds `api`, `ui` and `model-server`, ``check`` and
 ``demo`` one command each), and
 each command calls a use case or a domain function of ``services``, ``round_builder`` or
 ``modelling``. This package is the composition root: it may import every part of the project.
@@ -23,6 +23,7 @@ from dynaloop.commands.job import app as job_app
 from dynaloop.commands.job import worker as worker_command
 from dynaloop.commands.ledger import app as ledger_app
 from dynaloop.commands.model import app as model_app
+from dynaloop.commands.platform import app as platform_app
 from dynaloop.commands.prompts import app as prompts_app
 from dynaloop.commands.round import app as round_app
 from dynaloop.commands.serve import ui_command, web_app_file
@@ -52,6 +53,7 @@ app.add_typer(job_app, name="job")
 app.command("worker")(worker_command)
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(study_app, name="study")
+app.add_typer(platform_app, name="platform")
 
 
 def main() -> None:  # pragma: no cover - console entry point

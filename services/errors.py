@@ -195,3 +195,11 @@ class TooLarge(DomainError):
 
     status_code = 413
     code = "too_large"
+
+
+class PlatformError(DomainError):
+    """A crowd platform's API (Prolific, MTurk; services/platforms/) refused a call, or could not
+    be reached. The message names the call and the platform's answer, never a credential."""
+
+    status_code = 502
+    code = "platform_error"

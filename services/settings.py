@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE
@@ -212,6 +212,31 @@ class Settings(BaseSettings):
         "(only a keyed hash of the address is stored); a lab behind one NAT shares it.",
     )
 
+    # --- crowd platforms' APIs (services/platforms/; docs/crowdsourcing.md "Paying and approving through the APIs")
+    # Only the operator sets these (the environment): no request and no researcher chooses where
+    # the token goes. The token is a SecretStr: never logged, never stored in the database.
+    prolific_api_token: SecretStr | None = Field(
+        None, description="Prolific's API token (Settings > API tokens on Prolific); unset: no Prolific calls."
+    )
+    prolific_api_url: str = Field(
+        "https://api.prolific.com",
+        description="Prolific's API. HTTPS; plain HTTP only to this machine (127.0.0.1, ::1, localhost) for tests.",
+    )
+    platform_timeout_s: float = Field(
+        20.0, gt=0, le=300, description="Most seconds one call to a platform's API may take, the answer included."
+    )
+    platform_max_response_bytes: int = Field(
+        1024 * 1024, ge=1024, le=64 * 1024 * 1024, description="Larger answers from a platform's API are refused."
+    )
+    mturk_sandbox: bool = Field(
+        True,
+        description="Call MTurk's sandbox (no money moves). Set false to pay real workers on mturk.com.",
+    )
+    mturk_access_key_id: str | None = Field(
+        None, description="AWS key for MTurk; unset: boto3's own chain (AWS_ACCESS_KEY_ID, ~/.aws, a role)."
+    )
+    mturk_secret_access_key: SecretStr | None = Field(None, description="Its secret; set both or neither.")
+
     # --- bulkheads: one client's burst (issue 26, item 10; docs/reliability.md "One client's burst")
     requests_per_token: int = Field(
         8,
@@ -265,6 +290,22 @@ class Settings(BaseSettings):
                 "DYNALOOP_WEB_APP_KEY is shorter than 16 characters; set it to a long random value "
                 "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'`) or leave it unset"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _platform_api_settings(self) -> Settings:
+        from urllib.parse import urlsplit
+
+        url = urlsplit(self.prolific_api_url)
+        local = url.hostname in {"127.0.0.1", "::1", "localhost"}
+        if url.scheme != "https" and not (url.scheme == "http" and local):
+            raise ValueError(
+                "DYNALOOP_PROLIFIC_API_URL must be an https:// address (plain http only to this machine, for tests)"
+            )
+        if url.query or url.fragment or url.username or url.password:
+            raise ValueError("DYNALOOP_PROLIFIC_API_URL must be a bare address, without credentials, query or fragment")
+        if (self.mturk_access_key_id is None) != (self.mturk_secret_access_key is None):
+            raise ValueError("set both DYNALOOP_MTURK_ACCESS_KEY_ID and DYNALOOP_MTURK_SECRET_ACCESS_KEY, or neither")
         return self
 
     @model_validator(mode="after")

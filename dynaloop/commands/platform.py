@@ -1,0 +1,176 @@
+"""`dynaloop platform`: a study link's side on its crowd platform, through the platform's API
+(services/platforms/): create the Prolific study or the MTurk HIT that points at the link, and
+approve or reject the submissions of the link's sessions from their outcomes. The platform's
+address and credentials come from settings (DYNALOOP_PROLIFIC_API_TOKEN, DYNALOOP_MTURK_SANDBOX,
+AWS credentials); nothing here takes an address to send them to."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from dynaloop.commands.common import DatabaseOpt, console, domain_session, fail, settings_for
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from services.db.models import StudyLink
+
+app = typer.Typer(help="A study link's study or HIT on its platform, through the platform's API.", no_args_is_help=True)
+
+LinkArg = Annotated[int, typer.Argument(min=1, help="The study link's id (`dynaloop study link list`)")]
+WebUrlOpt = Annotated[str, typer.Option("--web-url", help="The web app's public https:// address")]
+MinutesOpt = Annotated[int, typer.Option("--minutes", min=1, max=1440, help="How long the work takes, in minutes")]
+
+
+def _link(session: Session, link_id: int, platform: str) -> StudyLink:
+    from services.domain import study
+
+    link = study.get_link(session, link_id)
+    if link.platform.value != platform:
+        raise fail(f"link {link_id} is a {link.platform.value} link, not a {platform} one")
+    return link
+
+
+def _base_pay(link: StudyLink) -> tuple[int, str]:
+    """The role's base pay of the link's task (minor units) and its currency: the study's reward."""
+    from services.domain.tasks import definition_of
+
+    pay = definition_of(link.task).pay
+    if pay is None:
+        raise fail(f"task {link.task.name!r} has no pay policy: set pay.base_pay, the reward of the study")
+    amount = pay.base_pay.writer if link.role.value == "writer" else pay.base_pay.validator
+    if amount < 1:
+        raise fail(
+            f"task {link.task.name!r} pays no base pay to {link.role.value}s: set pay.base_pay.{link.role.value}"
+        )
+    return amount, pay.currency
+
+
+@app.command("create-study")
+def create_study(
+    link_id: LinkArg,
+    web_url: WebUrlOpt,
+    description: Annotated[str, typer.Option(help="What participants read about the study")],
+    minutes: MinutesOpt,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Create a draft Prolific study for a Prolific link: its URL, codes, places and reward (the
+    role's base pay). Publish it on Prolific after checking it there."""
+    from services.platforms import prolific
+
+    settings = settings_for(database_url)
+    with domain_session(database_url) as session:
+        link = _link(session, link_id, "prolific")
+        reward, currency = _base_pay(link)
+        body = prolific.study_body(
+            link, web_url=web_url, description=description, estimated_minutes=minutes, reward_minor=reward
+        )
+        with prolific.ProlificClient(settings) as client:
+            made = client.create_study(body)
+        from services.domain import audit
+
+        audit.record(session, None, "platform.create_study", "study_link", link.id, study_id=made.get("id"))
+    console.print(
+        f"Prolific draft study {made.get('id')} created for link {link_id} (reward {reward} minor units of the "
+        f"workspace's currency; the task pays in {currency}): check it on Prolific, then publish it",
+        highlight=False,
+    )
+
+
+@app.command("create-hit")
+def create_hit(
+    link_id: LinkArg,
+    web_url: WebUrlOpt,
+    title: Annotated[str, typer.Option(help="The HIT's title, shown to workers")],
+    description: Annotated[str, typer.Option(help="The HIT's description")],
+    minutes: MinutesOpt,
+    lifetime_days: Annotated[int, typer.Option(min=1, max=365, help="Days the HIT stays listed")] = 7,
+    frame_height: Annotated[int, typer.Option(min=0, max=5000, help="Frame height in pixels; 0: the window")] = 0,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Create an MTurk HIT (sandbox unless DYNALOOP_MTURK_SANDBOX=false) whose ExternalQuestion is
+    the link, with MaxAssignments = the link's max_workers and the role's base pay as reward (USD)."""
+    from services.domain import audit
+    from services.platforms import mturk
+
+    settings = settings_for(database_url)
+    with domain_session(database_url) as session:
+        link = _link(session, link_id, "mturk")
+        reward, currency = _base_pay(link)
+        request = mturk.hit_request(
+            link,
+            web_url=web_url,
+            title=title,
+            description=description,
+            reward_minor=reward,
+            currency=currency,
+            estimated_minutes=minutes,
+            lifetime_days=lifetime_days,
+            frame_height=frame_height,
+        )
+        hit = mturk.create_hit(mturk.boto3_client(settings), request)
+        audit.record(session, None, "platform.create_hit", "study_link", link.id, hit_id=hit.get("HITId"))
+    where = "the sandbox" if settings.mturk_sandbox else "mturk.com"
+    console.print(f"HIT {hit.get('HITId')} (group {hit.get('HITGroupId')}) created on {where} for link {link_id}")
+
+
+@app.command("approve")
+def approve(
+    link_id: LinkArg,
+    screened_out: Annotated[
+        str | None,
+        typer.Option(
+            help="approve, reject or skip screened-out workers (default: approve if the link has a "
+            "screened-out code, else skip)"
+        ),
+    ] = None,
+    reject_message: Annotated[
+        str | None, typer.Option(help="What a rejected worker is told (Prolific: 100 characters or more)")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the decisions; call nothing")] = False,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Approve (or reject) the submissions of a Prolific or MTurk link's sessions from their
+    outcomes: completed -> approve; screened out -> --screened-out; stopped with the partial code
+    -> approve; the rest are left alone. Each decision is recorded in the audit log."""
+    from services.domain import audit, study
+    from services.platforms import decisions_for, mturk, prolific
+
+    settings = settings_for(database_url)
+    with domain_session(database_url) as session:
+        link = study.get_link(session, link_id)
+        decisions = decisions_for(study.link_sessions(session, link), link, screened_out)
+        for d in decisions:
+            console.print(
+                f"session {d.session_id}\t{d.submission_id or '-'}\t{d.verdict.value}\t{d.why}", highlight=False
+            )
+        if dry_run:
+            return
+        if link.platform.value == "prolific":
+            with prolific.ProlificClient(settings) as client:
+                results = client.decide(decisions, reject_message=reject_message)
+        elif link.platform.value == "mturk":
+            results = mturk.decide(mturk.boto3_client(settings), decisions, reject_feedback=reject_message)
+        else:
+            raise fail("a generic link has no platform API: approve its workers where they came from")
+        failed = 0
+        for result in results:
+            if result.verdict.value == "skip":
+                continue
+            audit.record(
+                session,
+                None,
+                f"platform.{result.verdict.value}",
+                "study_session",
+                result.session_id,
+                submission_id=result.submission_id,
+                ok=result.ok,
+                answer=result.platform_answer,
+            )
+            failed += not result.ok
+    done = sum(1 for r in results if r.ok and r.verdict.value != "skip")
+    console.print(f"{done} decided on {link.platform.value}; {failed} failed (see the audit log)", highlight=False)
+    if failed:
+        raise typer.Exit(1)
