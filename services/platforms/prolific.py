@@ -171,7 +171,9 @@ class ProlificClient:
                 answer={"error": type(exc).__name__},
             ) from None
         status = response.status_code
-        text = bytes(content).decode("utf-8", errors="replace")
+        # A platform that echoes the request (an error page quoting its headers) must not put the
+        # token into what is recorded or shown.
+        text = bytes(content).decode("utf-8", errors="replace").replace(self._token.get_secret_value(), "[token]")
         try:
             parsed: Any = json.loads(text) if text.strip() else {}
         except ValueError:
@@ -217,7 +219,16 @@ class ProlificClient:
     def decide(
         self, decisions: list[Decision], *, reject_message: str | None = None, reject_category: str = "OTHER"
     ) -> list[DecisionResult]:
-        """Carry out each decision; a refusal or an error of one does not stop the others."""
+        """Carry out each decision; a refusal or an error of one does not stop the others. A
+        rejection without a valid message or category is refused before any call."""
+        if any(d.verdict is Verdict.reject for d in decisions):
+            if reject_message is None or len(reject_message) < MIN_REJECTION_MESSAGE:
+                raise Invalid(
+                    f"rejecting on Prolific needs a message of at least {MIN_REJECTION_MESSAGE} characters "
+                    "(Prolific's rule); nothing was sent"
+                )
+            if reject_category not in REJECTION_CATEGORIES:
+                raise Invalid(f"rejection_category must be one of {list(REJECTION_CATEGORIES)}; nothing was sent")
         results = []
         for decision in decisions:
             if decision.verdict is Verdict.skip or decision.submission_id is None:
