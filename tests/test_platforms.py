@@ -690,3 +690,60 @@ def test_the_cli_creates_an_mturk_hit_with_the_links_external_question(
     with session_scope(app.state.sessionmaker) as session:
         [audited] = session.scalars(select(AuditEntry).where(AuditEntry.action == "platform.create_hit")).all()
         assert audited.details["hit_id"] == "3HIT" + "0" * 26
+
+    # A worker accepts the HIT, is screened out (the link has no screened-out code: they were
+    # asked to return it) and another completes: `approve` approves the completed assignment only.
+    sessions = {}
+    for n, outcome in enumerate(("completed", "screened_out")):
+        params = {"workerId": f"A{n}WORKER00000", "assignmentId": assignment(n), "hitId": "3HIT" + "0" * 26,
+                  "turkSubmitTo": "https://workersandbox.mturk.com"}  # fmt: skip
+        started = client.post(f"{API}/study/{link['slug']}/sessions", json={"params": params})
+        assert started.status_code == 201, started.text
+        sessions[outcome] = started.json()["session"]["id"]
+    with session_scope(app.state.sessionmaker) as session:
+        for outcome, session_id in sessions.items():  # the ways there are tests/test_study_links.py's
+            study_row = session.get(StudySession, session_id)
+            assert study_row is not None
+            study_row.status = StudySessionStatus(outcome)
+    with Stubber(boto) as stubber:
+        stubber.add_response("approve_assignment", {}, {"AssignmentId": assignment(0)})
+        approved = cli("approve", str(link["id"]), database_url=settings.database_url)
+        assert approved.exit_code == 0, approved.output
+        stubber.assert_no_pending_responses()
+    with session_scope(app.state.sessionmaker) as session:
+        [decided] = session.scalars(select(AuditEntry).where(AuditEntry.action == "platform.approve")).all()
+        assert decided.target_id == str(sessions["completed"]) and decided.details["submission_id"] == assignment(0)
+
+
+def test_pay_batch_picks_the_platform_and_refuses_what_it_cannot_pay(
+    fake_prolific: FakeProlific, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from botocore.stub import Stubber
+
+    from services.db.models import Platform
+    from services.platforms.paying import pay_batch
+
+    settings = prolific_settings(fake_prolific)
+    saved: list[prolific.BonusPayment] = []
+    state = prolific.BonusPayment()
+    with pytest.raises(Invalid, match="study id"):
+        pay_batch(settings, Platform.prolific, currency="GBP", lines=lines(150))
+    with pytest.raises(Invalid, match="by hand"):
+        pay_batch(settings, Platform.generic, currency="GBP", lines=lines(150))
+    with pytest.raises(Invalid, match="USD only"):
+        pay_batch(settings, Platform.mturk, currency="GBP", lines=lines(150))
+    assert fake_prolific.requests == []
+    results = pay_batch(
+        settings, Platform.prolific, currency="GBP", lines=lines(150, 20), prolific_study_id=STUDY,
+        prolific_state=state, save_prolific_state=saved.append,
+    )  # fmt: skip
+    assert {r.status for r in results} == {LineStatus.paid} and state.setup_id == "bulk1" and saved
+
+    boto = mturk.boto3_client(Settings(mturk_access_key_id="AKIATESTTESTTEST", mturk_secret_access_key=SecretStr("s")))
+    monkeypatch.setattr(mturk, "boto3_client", lambda settings: boto)
+    [line] = usd(250)
+    with Stubber(boto) as stubber:
+        stubber.add_response("send_bonus", {}, bonus_params(line, "2.50"))
+        [result] = pay_batch(settings, Platform.mturk, currency="USD", lines=[line])
+        stubber.assert_no_pending_responses()
+    assert result.status is LineStatus.paid and result.unique_request_token == line.unique_request_token

@@ -139,7 +139,7 @@ class ProlificClient:
     def _once(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         deadline = time.monotonic() + self._timeout_s
         headers = {"Authorization": f"Token {self._token.get_secret_value()}", "Accept": "application/json"}
-        log.info("prolific %s %s", method, path)
+        log.debug("prolific %s %s", method, path)
         try:
             with self._client.stream(method, path, json=body, headers=headers) as response:
                 content = bytearray()
