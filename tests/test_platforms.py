@@ -647,6 +647,16 @@ def test_the_cli_creates_a_draft_prolific_study_from_a_link(
     assert (body["total_available_places"], body["reward"], body["estimated_completion_time"]) == (40, 150, 20)
     assert [c["code"] for c in body["completion_codes"]] == ["DONE1", "OUT1"]
     assert body["completion_codes"][0]["code_type"] == "COMPLETED"
+    # Running it again would make a second draft (Prolific's call is not idempotent): refused
+    # unless asked for, and nothing sent.
+    args = ("create-study", str(link["id"]), "--web-url", "https://crowd.example.org/", "--description", "W",
+            "--minutes", "20")  # fmt: skip
+    before = table_counts(app)
+    second = cli(*args, database_url=settings.database_url)
+    assert second.exit_code == 1 and "already has study_id 600000000000000000000001" in second.output
+    assert len(fake_prolific.requests) == 1 and table_counts(app) == before
+    assert cli(*args, "--again", database_url=settings.database_url).exit_code == 0
+    assert len(fake_prolific.requests) == 2
 
 
 def test_the_cli_creates_an_mturk_hit_with_the_links_external_question(

@@ -33,6 +33,29 @@ def _link(session: Session, link_id: int, platform: str) -> StudyLink:
     return link
 
 
+AgainOpt = Annotated[bool, typer.Option("--again", help="Create another even though the link has one already")]
+
+
+def _refuse_a_second(session: Session, link: StudyLink, action: str, key: str, again: bool) -> None:
+    """Creating a study or a HIT is not undone by running the command again: a link that has
+    one (the audit log says so) gets another only with --again."""
+    from sqlalchemy import select
+
+    from services.db.models import AuditEntry
+
+    earlier = session.scalars(
+        select(AuditEntry)
+        .where(AuditEntry.action == action, AuditEntry.target_type == "study_link")
+        .where(AuditEntry.target_id == str(link.id))
+        .order_by(AuditEntry.id)
+    ).first()
+    if earlier is not None and not again:
+        raise fail(
+            f"link {link.id} already has {key} {earlier.details.get(key)} "
+            f"(audit log, {earlier.created_at:%Y-%m-%d %H:%M}); pass --again to create another"
+        )
+
+
 def _base_pay(link: StudyLink) -> tuple[int, str]:
     """The role's base pay of the link's task (minor units) and its currency: the study's reward."""
     from services.domain.tasks import definition_of
@@ -54,6 +77,7 @@ def create_study(
     web_url: WebUrlOpt,
     description: Annotated[str, typer.Option(help="What participants read about the study")],
     minutes: MinutesOpt,
+    again: AgainOpt = False,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Create a draft Prolific study for a Prolific link: its URL, codes, places and reward (the
@@ -63,6 +87,7 @@ def create_study(
     settings = settings_for(database_url)
     with domain_session(database_url) as session:
         link = _link(session, link_id, "prolific")
+        _refuse_a_second(session, link, "platform.create_study", "study_id", again)
         reward, currency = _base_pay(link)
         body = prolific.study_body(
             link, web_url=web_url, description=description, estimated_minutes=minutes, reward_minor=reward
@@ -88,6 +113,7 @@ def create_hit(
     minutes: MinutesOpt,
     lifetime_days: Annotated[int, typer.Option(min=1, max=365, help="Days the HIT stays listed")] = 7,
     frame_height: Annotated[int, typer.Option(min=0, max=5000, help="Frame height in pixels; 0: the window")] = 0,
+    again: AgainOpt = False,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Create an MTurk HIT (sandbox unless DYNALOOP_MTURK_SANDBOX=false) whose ExternalQuestion is
@@ -98,6 +124,7 @@ def create_hit(
     settings = settings_for(database_url)
     with domain_session(database_url) as session:
         link = _link(session, link_id, "mturk")
+        _refuse_a_second(session, link, "platform.create_hit", "hit_id", again)
         reward, currency = _base_pay(link)
         request = mturk.hit_request(
             link,
