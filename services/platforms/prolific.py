@@ -125,7 +125,7 @@ class ProlificClient:
         for attempt in range(1, CONNECT_TRIES + 1):
             try:
                 return self._once(method, path, body)
-            except httpx.ConnectError as exc:
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # no connection: the request never left
                 if attempt == CONNECT_TRIES:
                     raise CallFailed(
                         f"Prolific could not be reached ({type(exc).__name__}) for {method} {path}; nothing was sent",
@@ -154,7 +154,7 @@ class ProlificClient:
                         )
                     if time.monotonic() > deadline:
                         raise httpx.ReadTimeout("answer not complete in time")
-        except httpx.ConnectError:
+        except (httpx.ConnectError, httpx.ConnectTimeout):
             raise
         except httpx.TimeoutException as exc:
             raise CallFailed(
