@@ -56,21 +56,6 @@ def _refuse_a_second(session: Session, link: StudyLink, action: str, key: str, a
         )
 
 
-def _base_pay(link: StudyLink) -> tuple[int, str]:
-    """The role's base pay of the link's task (minor units) and its currency: the study's reward."""
-    from services.domain.tasks import definition_of
-
-    pay = definition_of(link.task).pay
-    if pay is None:
-        raise fail(f"task {link.task.name!r} has no pay policy: set pay.base_pay, the reward of the study")
-    amount = pay.base_pay.writer if link.role.value == "writer" else pay.base_pay.validator
-    if amount < 1:
-        raise fail(
-            f"task {link.task.name!r} pays no base pay to {link.role.value}s: set pay.base_pay.{link.role.value}"
-        )
-    return amount, pay.currency
-
-
 @app.command("create-study")
 def create_study(
     link_id: LinkArg,
@@ -82,20 +67,17 @@ def create_study(
 ) -> None:
     """Create a draft Prolific study for a Prolific link: its URL, codes, places and reward (the
     role's base pay). Publish it on Prolific after checking it there."""
-    from services.platforms import prolific
+    from services.domain import audit
+    from services.platforms import paying
 
     settings = settings_for(database_url)
     with domain_session(database_url) as session:
         link = _link(session, link_id, "prolific")
         _refuse_a_second(session, link, "platform.create_study", "study_id", again)
-        reward, currency = _base_pay(link)
-        body = prolific.study_body(
-            link, web_url=web_url, description=description, estimated_minutes=minutes, reward_minor=reward
+        reward, currency = paying.base_pay_of(link)
+        made = paying.create_study_from_link(
+            settings, link, web_url=web_url, description=description, estimated_minutes=minutes
         )
-        with prolific.ProlificClient(settings) as client:
-            made = client.create_study(body)
-        from services.domain import audit
-
         audit.record(session, None, "platform.create_study", "study_link", link.id, study_id=made.get("id"))
     console.print(
         f"Prolific draft study {made.get('id')} created for link {link_id} (reward {reward} minor units of the "
@@ -119,25 +101,22 @@ def create_hit(
     """Create an MTurk HIT (sandbox unless DYNALOOP_MTURK_SANDBOX=false) whose ExternalQuestion is
     the link, with MaxAssignments = the link's max_workers and the role's base pay as reward (USD)."""
     from services.domain import audit
-    from services.platforms import mturk
+    from services.platforms import paying
 
     settings = settings_for(database_url)
     with domain_session(database_url) as session:
         link = _link(session, link_id, "mturk")
         _refuse_a_second(session, link, "platform.create_hit", "hit_id", again)
-        reward, currency = _base_pay(link)
-        request = mturk.hit_request(
+        hit = paying.create_hit_from_link(
+            settings,
             link,
             web_url=web_url,
             title=title,
             description=description,
-            reward_minor=reward,
-            currency=currency,
             estimated_minutes=minutes,
             lifetime_days=lifetime_days,
             frame_height=frame_height,
         )
-        hit = mturk.create_hit(mturk.boto3_client(settings), request)
         audit.record(session, None, "platform.create_hit", "study_link", link.id, hit_id=hit.get("HITId"))
     where = "the sandbox" if settings.mturk_sandbox else "mturk.com"
     console.print(f"HIT {hit.get('HITId')} (group {hit.get('HITGroupId')}) created on {where} for link {link_id}")
@@ -163,7 +142,7 @@ def approve(
     outcomes: completed -> approve; screened out -> --screened-out; stopped with the partial code
     -> approve; the rest are left alone. Each decision is recorded in the audit log."""
     from services.domain import audit, study
-    from services.platforms import decisions_for, mturk, prolific
+    from services.platforms import decisions_for, paying
 
     settings = settings_for(database_url)
     with domain_session(database_url) as session:
@@ -175,13 +154,7 @@ def approve(
             )
         if dry_run:
             return
-        if link.platform.value == "prolific":
-            with prolific.ProlificClient(settings) as client:
-                results = client.decide(decisions, reject_message=reject_message)
-        elif link.platform.value == "mturk":
-            results = mturk.decide(mturk.boto3_client(settings), decisions, reject_feedback=reject_message)
-        else:
-            raise fail("a generic link has no platform API: approve its workers where they came from")
+        results = paying.decide_submissions(settings, link, decisions, reject_message=reject_message)
         failed = 0
         for result in results:
             if result.verdict.value == "skip":
