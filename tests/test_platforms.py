@@ -585,14 +585,23 @@ def test_the_cli_approves_a_prolific_links_submissions_from_their_outcomes(
         )
         assert all(a.details["ok"] for a in audited) and TOKEN not in json.dumps([a.details for a in audited])
 
+    # Run again: what the platform decided for good is not sent again. A new screened-out worker
+    # is rejected when asked, with Prolific's message and category.
+    again = cli("approve", str(link["id"]), database_url=settings.database_url)
+    assert again.exit_code == 0 and "approved before (audit log)" in again.output and len(fake_prolific.requests) == 3
+    params = {"PROLIFIC_PID": pid(30), "STUDY_ID": STUDY, "SESSION_ID": pid(31)}
+    late = client.post(f"{API}/study/{link['slug']}/sessions", json={"params": params})
+    assert late.status_code == 201, late.text
+    with session_scope(app.state.sessionmaker) as session:
+        row = session.get(StudySession, late.json()["session"]["id"])
+        assert row is not None
+        row.status = StudySessionStatus.screened_out
     message = "Your submission was screened out by the task's onboarding: " + "the instructions asked " * 5
     rejected = cli("approve", str(link["id"]), "--screened-out", "reject", "--reject-message", message,
                    database_url=settings.database_url)  # fmt: skip
     assert rejected.exit_code == 0, rejected.output
-    last = fake_prolific.requests[-2:]
-    assert {r["body"]["action"] for r in last} == {"APPROVE", "REJECT"}
-    reject = next(r for r in fake_prolific.requests if r["body"]["action"] == "REJECT")
-    assert reject["path"] == f"/api/v1/submissions/{pid(22)}/transition/"
+    [reject] = fake_prolific.requests[3:]
+    assert reject["path"] == f"/api/v1/submissions/{pid(31)}/transition/"
     assert reject["body"] == {"action": "REJECT", "message": message, "rejection_category": "OTHER"}
 
 

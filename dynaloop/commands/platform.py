@@ -6,6 +6,7 @@ AWS credentials); nothing here takes an address to send them to."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from services.db.models import StudyLink
+    from services.platforms import Decision
 
 app = typer.Typer(help="A study link's study or HIT on its platform, through the platform's API.", no_args_is_help=True)
 
@@ -122,6 +124,31 @@ def create_hit(
     console.print(f"HIT {hit.get('HITId')} (group {hit.get('HITGroupId')}) created on {where} for link {link_id}")
 
 
+def _not_decided_before(session: Session, decisions: list[Decision]) -> list[Decision]:
+    """The decisions, with those of sessions the platform already approved or rejected (a
+    successful decision in the audit log) turned into skips."""
+    from sqlalchemy import select
+
+    from services.db.models import AuditEntry
+    from services.platforms import Verdict
+
+    ids = [str(d.session_id) for d in decisions if d.verdict is not Verdict.skip]
+    entries = session.scalars(
+        select(AuditEntry).where(
+            AuditEntry.action.in_(("platform.approve", "platform.reject")),
+            AuditEntry.target_type == "study_session",
+            AuditEntry.target_id.in_(ids),
+        )
+    ).all()
+    decided = {int(e.target_id): e.action.removeprefix("platform.") for e in entries if e.details.get("ok")}
+    return [
+        dataclasses.replace(d, verdict=Verdict.skip, why=f"{decided[d.session_id]}d before (audit log)")
+        if d.session_id in decided and d.verdict is not Verdict.skip
+        else d
+        for d in decisions
+    ]
+
+
 @app.command("approve")
 def approve(
     link_id: LinkArg,
@@ -140,17 +167,21 @@ def approve(
 ) -> None:
     """Approve (or reject) the submissions of a Prolific or MTurk link's sessions from their
     outcomes: completed -> approve; screened out -> --screened-out; stopped with the partial code
-    -> approve; the rest are left alone. Each decision is recorded in the audit log."""
+    -> approve; the rest are left alone. Each decision is recorded in the audit log, and a
+    submission decided before (the audit log says so) is not sent again: the platforms keep a
+    decision for good."""
     from services.domain import audit, study
     from services.platforms import decisions_for, paying
 
     settings = settings_for(database_url)
     with domain_session(database_url) as session:
         link = study.get_link(session, link_id)
-        decisions = decisions_for(study.link_sessions(session, link), link, screened_out)
+        decisions = _not_decided_before(session, decisions_for(study.link_sessions(session, link), link, screened_out))
         for d in decisions:
             console.print(
-                f"session {d.session_id}\t{d.submission_id or '-'}\t{d.verdict.value}\t{d.why}", highlight=False
+                f"session {d.session_id}\t{d.submission_id or '-'}\t{d.verdict.value}\t{d.why}",
+                highlight=False,
+                soft_wrap=True,
             )
         if dry_run:
             return
