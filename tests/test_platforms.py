@@ -766,3 +766,22 @@ def test_pay_batch_picks_the_platform_and_refuses_what_it_cannot_pay(
         [result] = pay_batch(settings, Platform.mturk, currency="USD", lines=[line])
         stubber.assert_no_pending_responses()
     assert result.status is LineStatus.paid and result.unique_request_token == line.unique_request_token
+
+
+def test_without_boto3_everything_imports_and_mturk_says_how_to_install_it() -> None:
+    """`pip install -e .` has no boto3: the CLI and the modules load, and an MTurk call says
+    which extra to install (a fresh interpreter in which importing boto3 fails)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None\n"
+        "import dynaloop.cli, services.platforms.paying\n"
+        "from services.platforms import mturk\n"
+        "from services.settings import Settings\n"
+        "try:\n    mturk.boto3_client(Settings())\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Invalid ") and "dynaloop[platforms]" in done.stdout

@@ -64,7 +64,7 @@ def boto3_client(settings: Settings) -> Any:
     try:
         import boto3
         from botocore.config import Config
-    except ImportError as exc:  # pragma: no cover - the `platforms` extra is missing
+    except ImportError as exc:  # the `platforms` extra is missing
         raise Invalid(
             "paying through MTurk needs boto3: pip install 'dynaloop[platforms]' (or pip install boto3)"
         ) from exc
