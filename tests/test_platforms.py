@@ -212,6 +212,12 @@ def test_the_token_goes_only_to_the_configured_https_address() -> None:
     assert Settings(prolific_api_url="https://api.prolific.com").prolific_api_url == "https://api.prolific.com"
     with pytest.raises(Invalid, match="not set"):
         prolific.ProlificClient(Settings(prolific_api_token=None))
+    with pytest.raises(ValidationError, match="both"):
+        Settings(mturk_access_key_id="AKIATESTTESTTEST")
+    real = mturk.boto3_client(
+        Settings(mturk_sandbox=False, mturk_access_key_id="AKIATESTTESTTEST", mturk_secret_access_key=SecretStr("s"))
+    )
+    assert real.meta.endpoint_url == mturk.PRODUCTION_ENDPOINT and real.meta.region_name == "us-east-1"
 
 
 def test_a_redirect_never_takes_the_token_elsewhere(fake_prolific: FakeProlific) -> None:
