@@ -28,6 +28,9 @@ from tests.test_study_links import MTURK, PROMPTS, _write_example, make_link
 from tests.test_study_links import PROLIFIC as PROLIFIC_IDS
 
 ORIGIN = "http://testserver"
+# An MTurk worker's browser: MTurk requires an ExternalQuestion's address to be HTTPS, and the
+# MTurk study session's cookie is Secure, which a cookie jar sends over https only.
+HTTPS_ORIGIN = "https://testserver"
 SAME = {"Origin": ORIGIN}
 SLUG = "Yq3x_k9-Lm2pQ7"
 STUDY_TASK = "dynasent-r2"
@@ -148,8 +151,8 @@ class FakeApi:
         return _error(404, "not_found", f"no route {path}")
 
 
-def _web_app(api: FakeApi, base: str = "") -> Starlette:
-    session = web.WebSession(web.Backend("http://api", transport=httpx.MockTransport(api)), base)
+def _web_app(api: FakeApi, base: str = "", framing: web.Framing | None = None) -> Starlette:
+    session = web.WebSession(web.Backend("http://api", transport=httpx.MockTransport(api)), base, framing)
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
@@ -168,6 +171,12 @@ def api() -> FakeApi:
 @pytest.fixture
 def browser(api: FakeApi) -> Iterator[TestClient]:
     with TestClient(_web_app(api), base_url=ORIGIN, follow_redirects=False) as client:
+        yield client
+
+
+@pytest.fixture
+def mturk_browser(api: FakeApi) -> Iterator[TestClient]:
+    with TestClient(_web_app(api), base_url=HTTPS_ORIGIN, follow_redirects=False) as client:
         yield client
 
 
@@ -282,8 +291,9 @@ def test_an_off_site_redirect_from_a_compromised_api_is_not_followed(
     ],
 )
 def test_an_off_site_form_action_from_a_compromised_api_is_refused(
-    api: FakeApi, browser: TestClient, action: str
+    api: FakeApi, mturk_browser: TestClient, action: str
 ) -> None:
+    browser = mturk_browser
     api.platform = "mturk"
     api.completion = {
         "status": "completed",
@@ -410,7 +420,8 @@ def test_an_mturk_preview_is_read_only(api: FakeApi, browser: TestClient) -> Non
     assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
 
 
-def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, browser: TestClient) -> None:
+def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, mturk_browser: TestClient) -> None:
+    browser = mturk_browser
     api.platform = "mturk"
     params = {
         "workerId": "W1",
@@ -484,18 +495,27 @@ def real_round(client: Any, researcher: Actor, stub_model: Any) -> dict[str, Any
     return open_round(client, researcher, example_yaml(STUDY_TASK, onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
-@pytest.fixture
-def real_browser(api_url: str) -> Iterator[TestClient]:
+def _real_web_app(api_url: str) -> Starlette:
     session = web.WebSession(web.Backend(api_url), "")
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
 
-    app = Starlette(
+    return Starlette(
         routes=[*session.routes(), Route("/{path:path}", streamlit, methods=["GET", "HEAD", "POST"])],
         middleware=[Middleware(web.SessionGate, web=session)],
     )
-    with TestClient(app, base_url=ORIGIN, follow_redirects=False) as browser:
+
+
+@pytest.fixture
+def real_browser(api_url: str) -> Iterator[TestClient]:
+    with TestClient(_real_web_app(api_url), base_url=ORIGIN, follow_redirects=False) as browser:
+        yield browser
+
+
+@pytest.fixture
+def real_mturk_browser(api_url: str) -> Iterator[TestClient]:
+    with TestClient(_real_web_app(api_url), base_url=HTTPS_ORIGIN, follow_redirects=False) as browser:
         yield browser
 
 
@@ -531,8 +551,9 @@ def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redir
 
 
 def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
-    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_mturk_browser: TestClient
 ) -> None:
+    real_browser = real_mturk_browser
     link = make_link(client, researcher, real_round["id"], platform="mturk", completion_code="TURKDONE")
     before = table_counts(app)
     preview = real_browser.get(
