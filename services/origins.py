@@ -8,6 +8,7 @@ project); tests/test_web_study.py checks that both answer alike.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -16,6 +17,8 @@ MAX_ORIGIN_CHARS = 200
 # Plain http is accepted for these hosts only: browsers treat them as secure contexts, so a test
 # (or a developer's machine) can play MTurk's part on another port without TLS.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# A host name (letters, digits, hyphens, dots: no wildcard, no CSP syntax) or an IPv6 address.
+_HOST_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*|[0-9a-f:.]+")
 
 
 def _loopback(host: str) -> bool:
@@ -47,8 +50,8 @@ def parse_origins(value: str | Iterable[str], setting: str) -> tuple[str, ...]:
             host = (parts.hostname or "").lower()
             if len(item) > MAX_ORIGIN_CHARS or any(ord(c) < 33 or ord(c) == 127 or c in "\\<>\"'" for c in item):
                 problem = "is not an address"
-            elif parts.scheme not in ("https", "http") or not host:
-                problem = "is not an http(s) origin"
+            elif parts.scheme not in ("https", "http") or not _HOST_RE.fullmatch(host):
+                problem = "is not an http(s) origin with a host name or address"
             elif parts.scheme == "http" and not _loopback(host):
                 problem = "is not https (plain http only on localhost, 127.0.0.1 or ::1)"
             elif parts.username is not None or parts.password is not None:
