@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 from starlette.applications import Starlette
@@ -137,6 +137,7 @@ def _frame_refused(page: Page, fake: FakeMTurk, src: str) -> None:
     assert not driver.find_elements(page.by.CSS_SELECTOR, "input#username, [data-testid='stApp']"), text
     assert "dynaloop" not in text, text
     driver.switch_to.default_content()
+    page.screenshot(f"mturk-frame-0-refused{urlsplit(src).path.replace('/', '-')}")
 
 
 def test_an_mturk_worker_previews_accepts_works_and_submits_inside_mturks_frame(

@@ -775,7 +775,7 @@ def test_a_wrong_frame_ancestor_or_submit_origin_stops_the_start(value: str) -> 
         web.Framing.from_env({"DYNALOOP_MTURK_SUBMIT_ORIGINS": value})
     with pytest.raises(ValueError, match="DYNALOOP_MTURK_SUBMIT_ORIGINS"):
         Settings(mturk_submit_origins=value)
-    with pytest.raises(ValueError, match="^X: "):
+    with pytest.raises(ValueError, match=r"^X: "):
         parse_origins(value, "X")
 
 
