@@ -29,7 +29,7 @@ unframeable (``X-Frame-Options: DENY`` and ``frame-ancestors 'none'``) except th
 study session, which MTurk's worker hosts only may frame (:class:`Framing`,
 ``$DYNALOOP_MTURK_FRAME_ANCESTORS``); that session's cookie is partitioned and
 ``SameSite=None`` so that the browser sends it inside the cross-site frame
-(:func:`set_session_cookie`; docs/crowdsourcing.md, "Mechanical Turk inside its frame").
+(:func:`set_session_cookie`; docs/crowdsourcing.md, "Inside MTurk's frame").
 """
 
 from __future__ import annotations
@@ -716,10 +716,11 @@ def set_session_cookie(response: Response, request: Request, base: str, signed_i
     shows the task in a frame on its own site, and a browser sends no ``Lax`` cookie to a frame
     whose page is another site, so the worker would never be signed in there. ``Partitioned``
     (CHIPS) keeps the cookie to the site at the top of the tab that got it: the browser sends it
-    only inside MTurk's pages (or, for a worker who opens the task in its own tab, that tab's
-    site), never to a request started from any other site, so it is no wider a CSRF hole than
-    ``Lax``; the app's own POSTs still need its own origin (:func:`same_origin`) and Streamlit
-    refuses a websocket from another origin. Chromium keeps a third-party cookie only if it is
+    only while MTurk's site is at the top of the tab (or, for a worker who opens the task in a
+    tab of its own, this app's), so a page of any other site never gets it sent along. A page
+    inside MTurk's own (another requester's HIT) could, which is why the app's own POSTs still
+    need its own origin (:func:`same_origin`) and Streamlit refuses a websocket whose origin is
+    not its own (``server.enableCORS``, on by default). Chromium keeps a third-party cookie only if it is
     partitioned once third-party cookies are blocked, which is why this is CHIPS and not a
     plain ``SameSite=None`` cookie. Browsers require ``Secure`` with ``SameSite=None`` (and with
     ``Partitioned``); they accept it over plain http only from localhost or 127.0.0.1, so a
