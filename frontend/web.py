@@ -727,6 +727,9 @@ def set_session_cookie(response: Response, request: Request, base: str, signed_i
     deployment serves study links over HTTPS (MTurk requires it of an ExternalQuestion anyway).
     """
     framed = signed_in.session.kind == "mturk"
+    # The other kind of session cookie (partitioned or not) is forgotten first: the browser keeps
+    # the two apart, and would send both under one name (a researcher trying their own MTurk link).
+    clear_session_cookie(response, request, base, "login" if framed else "mturk")
     response.set_cookie(
         COOKIE_NAME,
         signed_in.session.cookie_value(),

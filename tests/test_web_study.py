@@ -643,9 +643,16 @@ def _framed_by(response: httpx.Response, ancestors: str = MTURK_HOSTS) -> None:
 
 
 def _set_cookie(response: httpx.Response) -> str:
+    """The session cookie the answer sets (or clears, when it clears it alone)."""
     headers = [h for h in response.headers.get_list("set-cookie") if h.startswith(f"{web.COOKIE_NAME}=")]
-    assert len(headers) == 1, response.headers.get_list("set-cookie")
-    return headers[0]
+    setting = [h for h in headers if "max-age=0" not in h.lower()]
+    assert len(setting) == 1 or (not setting and len(headers) == 1), headers
+    return (setting or headers)[0]
+
+
+def _cleared(response: httpx.Response) -> list[str]:
+    headers = response.headers.get_list("set-cookie")
+    return [h for h in headers if h.startswith(f"{web.COOKIE_NAME}=") and "max-age=0" in h.lower()]
 
 
 def _attributes(header: str) -> set[str]:
@@ -665,6 +672,11 @@ def test_an_mturk_session_may_be_framed_by_mturk_only_on_every_page_it_meets(
     assert cookie.startswith(f"{web.COOKIE_NAME}=mturk.dl_worker1;")
     attributes = _attributes(cookie)
     assert {"httponly", "secure", "samesite=none", "partitioned", "path=/"} <= attributes, cookie
+    # A Lax session cookie of the same browser (a researcher trying their link) is cleared first.
+    (cleared,) = _cleared(accepted)
+    assert "samesite=lax" in _attributes(cleared) and "partitioned" not in _attributes(cleared)
+    headers = accepted.headers.get_list("set-cookie")
+    assert headers.index(cleared) < headers.index(cookie)
     # The work pages Streamlit serves, the Finish page and the "Submit the HIT" form.
     work = mturk_browser.get("/write")
     assert work.text == "streamlit /write"
@@ -694,6 +706,8 @@ def test_pages_that_are_not_an_mturk_sessions_refuse_every_frame(api: FakeApi, b
     attributes = _attributes(cookie)
     assert "samesite=lax" in attributes and "httponly" in attributes, cookie
     assert "partitioned" not in attributes and "samesite=none" not in attributes, cookie
+    (cleared,) = _cleared(started)  # and a partitioned MTurk session cookie, if the browser has one
+    assert {"partitioned", "samesite=none", "secure"} <= _attributes(cleared)
     page = browser.get("/write")
     assert page.text == "streamlit /write"
     _unframeable(page)
