@@ -4,6 +4,9 @@ Streamlit runs this as an ASGI app (``st.App``): the Streamlit script ``frontend
 plus the login and logout pages and the session gate of ``frontend/web.py`` in front of every
 page load. The API's address comes from ``$DYNALOOP_API_URL`` (default http://127.0.0.1:8000);
 ``$DYNALOOP_WEB_APP_KEY``, the API's own, lets it name each browser's address to the API.
+``$DYNALOOP_MTURK_FRAME_ANCESTORS`` names MTurk's worker hosts, which may frame an MTurk study
+session's pages, and ``$DYNALOOP_MTURK_SUBMIT_ORIGINS`` where its assignment is posted back
+(``web.Framing``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ _web = web.WebSession(
         api_url(), web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None, trusted_proxies=forwarded.trusted_from_env()
     ),
     web.base_path(config.get_option("server.baseUrlPath")),
+    # $DYNALOOP_MTURK_FRAME_ANCESTORS and $DYNALOOP_MTURK_SUBMIT_ORIGINS (a wrong one stops the start).
+    web.Framing.from_env(),
 )
 
 app = st.App(

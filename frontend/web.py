@@ -23,19 +23,29 @@ Prolific's or MTurk's own addresses only (docs/frontend.md, "Study links").
 Requests are bounded (a form body of at most :data:`MAX_FORM_BYTES`, fields no longer than
 the API accepts), a POST must come from the app's own origin (``Origin`` or ``Referer``), the
 ``next`` address must be a path of this app, and every piece of user text on a page is escaped.
+
+MTurk shows a study link in a frame on its worker site (an ExternalQuestion). Pages are
+unframeable (``X-Frame-Options: DENY`` and ``frame-ancestors 'none'``) except those of an MTurk
+study session, which MTurk's worker hosts only may frame (:class:`Framing`,
+``$DYNALOOP_MTURK_FRAME_ANCESTORS``); that session's cookie is partitioned and
+``SameSite=None`` so that the browser sends it inside the cross-site frame
+(:func:`set_session_cookie`; docs/crowdsourcing.md, "Inside MTurk's frame").
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import html
+import ipaddress
+import os
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 from urllib.parse import parse_qs, quote, urlsplit
 
 from anyio import to_thread
+from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -65,11 +75,21 @@ MAX_STUDY_PARAM_VALUE = 200
 MAX_STUDY_QUERY = 8 * 1024
 MAX_COMPLETION_FIELDS = 20
 # Where a completion may send the worker: Prolific's completion page, and MTurk's external
-# submit on its two hosts. Anything else the API says is refused, not followed.
+# submit on its two hosts (or the admin's $DYNALOOP_MTURK_SUBMIT_ORIGINS, the API's setting of
+# the same name). Anything else the API says is refused, not followed.
 PROLIFIC_COMPLETION_PREFIX = "https://app.prolific.com/"
-MTURK_SUBMIT_PREFIXES = ("https://www.mturk.com/", "https://workersandbox.mturk.com/")
+MTURK_SUBMIT_ORIGINS_ENV = "DYNALOOP_MTURK_SUBMIT_ORIGINS"
+DEFAULT_MTURK_SUBMIT_ORIGINS = ("https://www.mturk.com", "https://workersandbox.mturk.com")
+# The hosts of MTurk's worker site that show an ExternalQuestion in their frame: the worker site
+# and its sandbox (the addresses MTurk's requester docs give for previewing HITs), and
+# www.mturk.com, the older worker site that MTurk's docs still name as turkSubmitTo.
+MTURK_FRAME_ANCESTORS_ENV = "DYNALOOP_MTURK_FRAME_ANCESTORS"
+DEFAULT_MTURK_FRAME_ANCESTORS = ("https://worker.mturk.com", "https://workersandbox.mturk.com", "https://www.mturk.com")
+# The parameters MTurk appends to an ExternalQuestion's address (services/domain/study.py).
+MTURK_LINK_PARAMS = ("assignmentId", "hitId")
 
-SessionKind = Literal["login", "token"]
+# "mturk": a study session of an MTurk link, whose cookie works inside MTurk's frame.
+SessionKind = Literal["login", "token", "mturk"]
 
 
 class PageRoles(NamedTuple):
@@ -105,7 +125,7 @@ def parse_session(value: object) -> Session | None:
     if not isinstance(value, str) or not value or len(value) > MAX_TOKEN + 8:
         return None
     kind, _, token = value.partition(".")
-    if kind not in ("login", "token") or not _TOKEN_RE.fullmatch(token):
+    if kind not in ("login", "token", "mturk") or not _TOKEN_RE.fullmatch(token):
         return None
     return Session(kind, token)  # type: ignore[arg-type]
 
@@ -141,6 +161,129 @@ def login_url(base: str, next_path: str) -> str:
     return f"{base}/login?next={quote(next_path, safe='/')}"
 
 
+# --- framing: who may show a page in a frame ------------------------------------------------
+
+MAX_ORIGINS = 10
+MAX_ORIGIN_CHARS = 200
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# A host name (letters, digits, hyphens, dots: no wildcard, no CSP syntax) or an IPv6 address.
+_HOST_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*|[0-9a-f:.]+")
+
+
+def _loopback(host: str) -> bool:
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_origins(value: str | Iterable[str], setting: str) -> tuple[str, ...]:
+    """The web app's copy of services/origins.py ``parse_origins`` (tests/test_web_study.py
+    checks that both answer alike): origins written ``scheme://host[:port]``, https only (plain
+    http only on a loopback host, which browsers treat as secure), at most :data:`MAX_ORIGINS`;
+    a :class:`ValueError` names ``setting`` and the entry that is wrong."""
+    items = value.replace(",", " ").split() if isinstance(value, str) else [item.strip() for item in value]
+    origins: list[str] = []
+    for item in items:
+        if not item:
+            continue
+        problem = None
+        try:
+            parts = urlsplit(item)
+            port = parts.port
+        except ValueError:
+            parts, port, problem = None, None, "is not an address"
+        if parts is not None:
+            host = (parts.hostname or "").lower()
+            if len(item) > MAX_ORIGIN_CHARS or any(ord(c) < 33 or ord(c) == 127 or c in "\\<>\"'" for c in item):
+                problem = "is not an address"
+            elif parts.scheme not in ("https", "http") or not _HOST_RE.fullmatch(host):
+                problem = "is not an http(s) origin with a host name or address"
+            elif parts.scheme == "http" and not _loopback(host):
+                problem = "is not https (plain http only on localhost, 127.0.0.1 or ::1)"
+            elif parts.username is not None or parts.password is not None:
+                problem = "names a user"
+            elif parts.path not in ("", "/") or parts.query or parts.fragment or item.endswith(("?", "#")):
+                problem = "has a path, query or fragment: give scheme://host[:port] only"
+        if problem is not None:
+            raise ValueError(
+                f"{setting}: {item[:80]!r} {problem}; give origins such as https://worker.mturk.com, "
+                "separated by commas or spaces"
+            )
+        assert parts is not None
+        netloc = host if port is None else f"{host}:{port}"
+        if ":" in host:  # IPv6
+            netloc = f"[{host}]" if port is None else f"[{host}]:{port}"
+        origin = f"{parts.scheme}://{netloc}"
+        if origin not in origins:
+            origins.append(origin)
+    if len(origins) > MAX_ORIGINS:
+        raise ValueError(f"{setting}: at most {MAX_ORIGINS} origins")
+    return tuple(origins)
+
+
+@dataclass(frozen=True)
+class Framing:
+    """Who may frame the pages of an MTurk study session, and where its assignment is posted
+    back. ``mturk_frame_ancestors``: MTurk's worker hosts (``$DYNALOOP_MTURK_FRAME_ANCESTORS``;
+    empty: not even MTurk may frame them, and workers must open the task in its own tab);
+    ``mturk_submit_origins``: ``$DYNALOOP_MTURK_SUBMIT_ORIGINS``, the API's setting of the same
+    name. A test names its own fake MTurk origin (http on localhost) in both."""
+
+    mturk_frame_ancestors: tuple[str, ...] = DEFAULT_MTURK_FRAME_ANCESTORS
+    mturk_submit_origins: tuple[str, ...] = DEFAULT_MTURK_SUBMIT_ORIGINS
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Framing:
+        env = os.environ if environ is None else environ
+        ancestors = env.get(MTURK_FRAME_ANCESTORS_ENV)
+        submit = env.get(MTURK_SUBMIT_ORIGINS_ENV)
+        submit_origins = (
+            DEFAULT_MTURK_SUBMIT_ORIGINS if submit is None else parse_origins(submit, MTURK_SUBMIT_ORIGINS_ENV)
+        )
+        if not submit_origins:
+            raise ValueError(f"{MTURK_SUBMIT_ORIGINS_ENV} is empty; name MTurk's hosts (the default)")
+        return cls(
+            DEFAULT_MTURK_FRAME_ANCESTORS if ancestors is None else parse_origins(ancestors, MTURK_FRAME_ANCESTORS_ENV),
+            submit_origins,
+        )
+
+
+_FRAME_ANCESTORS_RE = re.compile(r";?\s*frame-ancestors[^;]*")
+
+
+def _with_frame_ancestors(csp: str, sources: str) -> str:
+    return f"{_FRAME_ANCESTORS_RE.sub('', csp).strip().rstrip(';')}; frame-ancestors {sources}".lstrip("; ")
+
+
+def set_frame_policy(headers: MutableHeaders, ancestors: tuple[str, ...] = ()) -> None:
+    """Who may show this answer in a frame.
+
+    No one (``ancestors`` empty): ``X-Frame-Options: DENY`` for old browsers and
+    ``frame-ancestors 'none'``, which every browser with CSP level 2 obeys over the other.
+
+    MTurk's worker hosts (``ancestors``) only: ``frame-ancestors`` lists them, and there is no
+    ``X-Frame-Options`` (it cannot name a host, and ``DENY`` would block MTurk in the browsers
+    that do not know frame-ancestors). A browser too old for CSP's frame-ancestors (Internet
+    Explorer) lets any site frame these pages; they are a study session's own, with nothing to
+    trick the worker into but their own task."""
+    if not ancestors:
+        headers["X-Frame-Options"] = "DENY"
+        sources = "'none'"
+    else:
+        if "X-Frame-Options" in headers:
+            del headers["X-Frame-Options"]
+        sources = " ".join(ancestors)
+    headers["Content-Security-Policy"] = _with_frame_ancestors(headers.get("Content-Security-Policy", ""), sources)
+
+
+def deny_framing(response: Response) -> Response:
+    set_frame_policy(response.headers)
+    return response
+
+
 # --- pages --------------------------------------------------------------------------------
 
 _STYLE = """
@@ -172,9 +315,9 @@ def _page(title: str, body: str, status: int = 200, csp: str = DEFAULT_CSP) -> H
     )
     response = HTMLResponse(markup, status_code=status)
     response.headers["Cache-Control"] = "no-store"
-    response.headers["X-Frame-Options"] = "DENY"
     response.headers["Content-Security-Policy"] = csp
     response.headers["Referrer-Policy"] = "same-origin"
+    deny_framing(response)
     return response
 
 
@@ -232,13 +375,17 @@ def message_page(title: str, message: str, link: str, link_text: str, status: in
 
 
 def _plain_url(value: object, prefixes: tuple[str, ...]) -> str | None:
-    """``value`` if it is an address under one of ``prefixes`` with nothing odd in it, else None."""
+    """``value`` if it is an address under one of ``prefixes`` with nothing odd in it, else None.
+    Only https, except under a plain-http prefix (an admin's loopback origin, for tests)."""
     if not isinstance(value, str) or len(value) > MAX_NEXT or not value.startswith(prefixes):
         return None
     if any(ord(c) < 33 or ord(c) == 127 or c in "\\<>\"'" for c in value):
         return None
     parts = urlsplit(value)
-    if parts.scheme != "https" or parts.username is not None or parts.password is not None:
+    http_allowed = value.startswith(tuple(prefix for prefix in prefixes if prefix.startswith("http://")))
+    if parts.scheme != "https" and not (parts.scheme == "http" and http_allowed):
+        return None
+    if parts.username is not None or parts.password is not None:
         return None
     return value
 
@@ -268,9 +415,12 @@ def _code_block(code: str) -> str:
     )
 
 
-def completion_page(completion: Completion, base: str) -> Response:
+def completion_page(
+    completion: Completion, base: str, mturk_submit_origins: tuple[str, ...] = DEFAULT_MTURK_SUBMIT_ORIGINS
+) -> Response:
     """The end of a study session on its platform: a redirect to Prolific, a form that posts back
-    to MTurk, or the code to copy; an address outside the platforms' own is refused."""
+    to MTurk (on one of ``mturk_submit_origins``), or the code to copy; an address outside the
+    platforms' own is refused."""
     e = html.escape
     status = completion.get("status")
     code = completion.get("code")
@@ -308,7 +458,7 @@ def completion_page(completion: Completion, base: str) -> Response:
         # Not Prolific's address: the code (if any) is still the worker's, the address is not followed.
     form = completion.get("form")
     if form is not None:
-        action = _plain_url(form.get("action"), MTURK_SUBMIT_PREFIXES)
+        action = _plain_url(form.get("action"), tuple(f"{origin}/" for origin in mturk_submit_origins))
         fields = form.get("fields")
         if action is None or not isinstance(fields, dict) or len(fields) > MAX_COMPLETION_FIELDS:
             return message_page(
@@ -560,19 +710,63 @@ def _secure(request: Request) -> bool:
 
 
 def set_session_cookie(response: Response, request: Request, base: str, signed_in: SignedIn) -> None:
+    """The session cookie: httpOnly, on the app's path, ``SameSite=Lax`` (and ``Secure`` over HTTPS).
+
+    An MTurk study session's cookie is ``SameSite=None; Secure; Partitioned`` instead: MTurk
+    shows the task in a frame on its own site, and a browser sends no ``Lax`` cookie to a frame
+    whose page is another site, so the worker would never be signed in there. ``Partitioned``
+    (CHIPS) keeps the cookie to the site at the top of the tab that got it: the browser sends it
+    only while MTurk's site is at the top of the tab (or, for a worker who opens the task in a
+    tab of its own, this app's), so a page of any other site never gets it sent along. A page
+    inside MTurk's own (another requester's HIT) could, which is why the app's own POSTs still
+    need its own origin (:func:`same_origin`) and Streamlit refuses a websocket whose origin is
+    not its own (``server.enableCORS``, on by default). Chromium keeps a third-party cookie only if it is
+    partitioned once third-party cookies are blocked, which is why this is CHIPS and not a
+    plain ``SameSite=None`` cookie. Browsers require ``Secure`` with ``SameSite=None`` (and with
+    ``Partitioned``); they accept it over plain http only from localhost or 127.0.0.1, so a
+    deployment serves study links over HTTPS (MTurk requires it of an ExternalQuestion anyway).
+    """
+    framed = signed_in.session.kind == "mturk"
+    # The other kind of session cookie (partitioned or not) is forgotten first: the browser keeps
+    # the two apart, and would send both under one name (a researcher trying their own MTurk link).
+    clear_session_cookie(response, request, base, "login" if framed else "mturk")
     response.set_cookie(
         COOKIE_NAME,
         signed_in.session.cookie_value(),
         max_age=signed_in.max_age_s,
         path=base or "/",
-        secure=_secure(request),
+        secure=framed or _secure(request),
         httponly=True,
-        samesite="lax",
+        samesite="none" if framed else "lax",
     )
+    if framed:
+        _partition_last_cookie(response)
 
 
-def clear_session_cookie(response: Response, request: Request, base: str) -> None:
-    response.delete_cookie(COOKIE_NAME, path=base or "/", secure=_secure(request), httponly=True, samesite="lax")
+def _partition_last_cookie(response: Response) -> None:
+    """Add ``Partitioned`` to the ``Set-Cookie`` header just set. By hand: Starlette's
+    ``set_cookie(partitioned=True)`` needs Python 3.14's http.cookies, and this runs on 3.11."""
+    for index in range(len(response.raw_headers) - 1, -1, -1):
+        name, value = response.raw_headers[index]
+        if name == b"set-cookie":
+            response.raw_headers[index] = (name, value + b"; Partitioned")
+            return
+    raise AssertionError("no Set-Cookie header to partition")
+
+
+def clear_session_cookie(response: Response, request: Request, base: str, kind: SessionKind | None = None) -> None:
+    """Forget the session cookie; a partitioned one (``kind`` "mturk") is deleted only by a
+    ``Set-Cookie`` that is partitioned too."""
+    framed = kind == "mturk"
+    response.delete_cookie(
+        COOKIE_NAME,
+        path=base or "/",
+        secure=framed or _secure(request),
+        httponly=True,
+        samesite="none" if framed else "lax",
+    )
+    if framed:
+        _partition_last_cookie(response)
 
 
 def _api_down_status(error: ApiError) -> int:
@@ -582,9 +776,20 @@ def _api_down_status(error: ApiError) -> int:
 class WebSession:
     """The ``/login`` and ``/logout`` routes and the page gate of one app at ``base``."""
 
-    def __init__(self, backend: Backend, base: str = "") -> None:
+    def __init__(self, backend: Backend, base: str = "", framing: Framing | None = None) -> None:
         self.backend = backend
         self.base = base
+        self.framing = framing or Framing()
+
+    def frame_ancestors(self, mturk: bool) -> tuple[str, ...]:
+        """Who may frame a page: MTurk's worker hosts for an MTurk study session's, no one else."""
+        return self.framing.mturk_frame_ancestors if mturk else ()
+
+    def frame_for(self, response: Response, mturk: bool) -> Response:
+        """``response`` framed by MTurk's worker hosts only when it belongs to an MTurk study
+        session (``mturk``), unframeable otherwise (:func:`set_frame_policy`)."""
+        set_frame_policy(response.headers, self.frame_ancestors(mturk))
+        return response
 
     def routes(self) -> list[Route]:
         return [
@@ -656,7 +861,7 @@ class WebSession:
             )
         session = parse_session(request.cookies.get(COOKIE_NAME))
         problem = None
-        if session is not None and session.kind == "login":
+        if session is not None and session.kind in ("login", "mturk"):
             try:
                 await self.backend.revoke(session.token, browser_address(request, self.backend.trusted_proxies))
             except ApiError as error:
@@ -672,7 +877,7 @@ class WebSession:
             )
         else:
             response = RedirectResponse(f"{base}/login?logged_out=1", status_code=303)
-        clear_session_cookie(response, request, base)
+        clear_session_cookie(response, request, base, session.kind if session else None)
         return response
 
     # --- study links ----------------------------------------------------------------------
@@ -700,41 +905,58 @@ class WebSession:
 
     async def study_start(self, request: Request) -> Response:
         """``GET /study/{slug}?<the platform's parameters>``: a preview, or the worker signed in
-        and sent to the task (the page takes them through the quiz first)."""
+        and sent to the task (the page takes them through the quiz first).
+
+        The answer may be framed by MTurk's worker hosts when it is an MTurk link's (the API says
+        the link's platform) or, where the API gave no link (a refusal), when the address carries
+        MTurk's parameters: those answers are a message or a preview with nothing to click but a
+        link, and the worker reads them inside MTurk's frame instead of an empty one."""
+        response, platform = await self._study_start(request)
+        if platform is None:
+            mturk = all(request.query_params.get(name) for name in MTURK_LINK_PARAMS)
+        else:
+            mturk = platform == "mturk"
+        return self.frame_for(response, mturk)
+
+    async def _study_start(self, request: Request) -> tuple[Response, str | None]:
+        """The answer to a study link and the link's platform, if the API named it."""
         base = self.base
         slug = request.path_params["slug"]
         if not _SLUG_RE.fullmatch(slug):
             return message_page(
                 "No such study", "This study link is not one of this app's.", f"{base}/", "Go to the app", 404
-            )
+            ), None
         params = _study_params(request)
         if isinstance(params, str):
-            return message_page("This study link does not work", params, f"{base}/", "Go to the app", 422)
+            return message_page("This study link does not work", params, f"{base}/", "Go to the app", 422), None
         retry = f"{base}/study/{slug}" + (f"?{request.url.query}" if request.url.query else "")
         try:
             started = await self.backend.start_study(
                 slug, params, browser_address(request, self.backend.trusted_proxies)
             )
         except ApiError as error:
-            return self._study_api_error(error, retry)
+            return self._study_api_error(error, retry), None
+        link = started.get("link") or {}
+        platform = str(link.get("platform") or "")
         if started.get("preview"):
-            return study_preview_page(started)
+            return study_preview_page(started), platform
         token = started.get("token")
         if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
-            return message_page("The API is not answering", "The API gave no token.", retry, "Try again", 502)
+            return message_page("The API is not answering", "The API gave no token.", retry, "Try again", 502), platform
         max_age = cookie_max_age(started.get("expires_at"))
         session: dict[str, Any] = dict(started.get("session") or {})
         if session.get("status", "active") != "active":
             target = f"{base}/study/finish"
         else:
-            role = session.get("role", (started.get("link") or {}).get("role"))
+            role = session.get("role", link.get("role"))
             target = await self._study_page(token, "write" if role == "writer" else "validate", request)
         response = RedirectResponse(target, status_code=303)
         response.headers["Cache-Control"] = "no-store"
         response.headers["Referrer-Policy"] = "no-referrer"
         if max_age > 0:
-            set_session_cookie(response, request, base, SignedIn(Session("login", token), max_age))
-        return response
+            kind: SessionKind = "mturk" if platform == "mturk" else "login"
+            set_session_cookie(response, request, base, SignedIn(Session(kind, token), max_age))
+        return response, platform
 
     async def _study_page(self, token: str, page: str, request: Request) -> str:
         """Where the worker's page is: Streamlit runs the navigation's first page (frontend/app.py:
@@ -749,7 +971,13 @@ class WebSession:
 
     async def study_finish(self, request: Request) -> Response:
         """``GET /study/finish``: confirm; ``POST /study/finish`` (from this app's own page): end
-        the study session and hand the worker to the platform's completion."""
+        the study session and hand the worker to the platform's completion. MTurk's worker hosts
+        may frame it for an MTurk study session's cookie."""
+        session = parse_session(request.cookies.get(COOKIE_NAME))
+        response = await self._study_finish(request, session)
+        return self.frame_for(response, session is not None and session.kind == "mturk")
+
+    async def _study_finish(self, request: Request, session: Session | None) -> Response:
         base = self.base
         here = f"{base}/study/finish"
         if request.method == "POST":
@@ -761,7 +989,6 @@ class WebSession:
                 form = await read_form(request)
             except FormError as error:
                 return message_page("Not finished", error.message, here, "Go to the Finish page", error.status)
-        session = parse_session(request.cookies.get(COOKIE_NAME))
         if session is None:
             return RedirectResponse(login_url(base, here), status_code=303)
         browser = browser_address(request, self.backend.trusted_proxies)
@@ -779,7 +1006,7 @@ class WebSession:
                         "No study session", "You have no study session to finish.", f"{base}/", "Go to the app", 404
                     )
                 if current.get("status") != "active" and current.get("completion"):
-                    return completion_page(current["completion"], base)  # type: ignore[arg-type]
+                    return completion_page(current["completion"], base, self.framing.mturk_submit_origins)  # type: ignore[arg-type]
                 return finish_page(base, current)
             session_id, reason = form.get("session_id", ""), form.get("reason", "")
             if not session_id.isdigit() or len(session_id) > 18 or reason not in ("quota", "stop", "out_of_work"):
@@ -790,12 +1017,12 @@ class WebSession:
         except ApiError as error:
             if error.status == 401:
                 response = RedirectResponse(login_url(base, here) + "&ended=1", status_code=303)
-                clear_session_cookie(response, request, base)
+                clear_session_cookie(response, request, base, session.kind)
                 return response
             if error.status in (403, 404, 409, 422):
                 return message_page("Not finished", error.message, here, "Go to the Finish page", error.status)
             return message_page("The API is not answering", error.message, here, "Try again", _api_down_status(error))
-        return completion_page(completion, base)
+        return completion_page(completion, base, self.framing.mturk_submit_origins)
 
     # --- the gate -------------------------------------------------------------------------
 
@@ -833,18 +1060,19 @@ class WebSession:
                 response = RedirectResponse(
                     login_url(self.base, safe_next(wanted, self.base)) + "&ended=1", status_code=303
                 )
-                clear_session_cookie(response, request, self.base)
+                clear_session_cookie(response, request, self.base, session.kind)
                 return response
-            return message_page(
+            down = message_page(
                 "The API is not answering",
                 error.message,
                 wanted if safe_next(wanted, self.base) == wanted else f"{self.base}/",
                 "Try again",
                 _api_down_status(error),
             )
+            return self.frame_for(down, session.kind == "mturk")
         needed = PAGE_ROLES.get(page)
         if needed is not None and "admin" not in roles and not set(needed.roles) & set(roles):
-            return message_page(
+            refused = message_page(
                 f"{needed.title}: not for your roles",
                 f"The {needed.title} page needs the {' or '.join(needed.roles)} role; "
                 f"your roles: {', '.join(roles) or 'none'}. Ask an admin for the role.",
@@ -852,6 +1080,7 @@ class WebSession:
                 "Go to your pages",
                 403,
             )
+            return self.frame_for(refused, session.kind == "mturk")
         return None
 
 
@@ -862,7 +1091,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class SessionGate:
-    """ASGI middleware: every GET or HEAD of an app page passes :meth:`WebSession.gate` first."""
+    """ASGI middleware: every GET or HEAD of an app page passes :meth:`WebSession.gate` first,
+    and the page Streamlit then serves gets the frame policy of :meth:`WebSession.frame_for`
+    (Streamlit's own answer says nothing about frames): MTurk's worker hosts may frame the
+    pages of an MTurk study session, no one may frame anyone else's."""
 
     def __init__(self, app: ASGIApp, web: WebSession) -> None:
         self.app = app
@@ -870,8 +1102,23 @@ class SessionGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
-            answer = await self.web.gate(Request(scope, receive))
+            request = Request(scope, receive)
+            answer = await self.web.gate(request)
             if answer is not None:
                 await answer(scope, receive, send)
                 return
+            if self.web.page_name(request.url.path) is not None:
+                session = parse_session(request.cookies.get(COOKIE_NAME))
+                send = _framed_send(send, self.web.frame_ancestors(session is not None and session.kind == "mturk"))
         await self.app(scope, receive, send)
+
+
+def _framed_send(send: Send, ancestors: tuple[str, ...]) -> Send:
+    """``send`` that sets the frame policy (:func:`set_frame_policy`) on the answer's headers."""
+
+    async def framed(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            set_frame_policy(MutableHeaders(scope=message), ancestors)
+        await send(message)
+
+    return framed

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE
 from services.forwarded import IPNetwork, parse_trusted_proxies
+from services.origins import parse_origins
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
 
 PLACEHOLDER_SECRETS = {"", "change-me", "changeme", "secret", "dev-secret-change-me"}
@@ -236,6 +237,14 @@ class Settings(BaseSettings):
         None, description="AWS key for MTurk; unset: boto3's own chain (AWS_ACCESS_KEY_ID, ~/.aws, a role)."
     )
     mturk_secret_access_key: SecretStr | None = Field(None, description="Its secret; set both or neither.")
+    mturk_submit_origins: str = Field(
+        "https://www.mturk.com,https://workersandbox.mturk.com",
+        description="Where an MTurk study session may post its assignment back (the `turkSubmitTo` "
+        'that MTurk appends to a link, and the action of the "Submit the HIT" form): origins, comma- '
+        "or space-separated, https only (plain http only on localhost/127.0.0.1, for tests). Give the "
+        "web app the same value (it checks the form's action again). A link opened with another "
+        "turkSubmitTo is refused with 422 and nothing written.",
+    )
 
     # --- bulkheads: one client's burst (issue 26, item 10; docs/reliability.md "One client's burst")
     requests_per_token: int = Field(
@@ -312,6 +321,16 @@ class Settings(BaseSettings):
     def _trusted_proxies_parse(self) -> Settings:
         parse_trusted_proxies(self.trusted_proxies)  # a ValueError names the entry that is wrong
         return self
+
+    @model_validator(mode="after")
+    def _mturk_submit_origins_parse(self) -> Settings:
+        if not parse_origins(self.mturk_submit_origins, "DYNALOOP_MTURK_SUBMIT_ORIGINS"):
+            raise ValueError("DYNALOOP_MTURK_SUBMIT_ORIGINS is empty; name MTurk's hosts (the default)")
+        return self
+
+    @property
+    def mturk_submit_origin_list(self) -> tuple[str, ...]:
+        return parse_origins(self.mturk_submit_origins, "DYNALOOP_MTURK_SUBMIT_ORIGINS")
 
     @property
     def trusted_proxy_networks(self) -> tuple[IPNetwork, ...]:

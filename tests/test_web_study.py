@@ -28,6 +28,9 @@ from tests.test_study_links import MTURK, PROMPTS, _write_example, make_link
 from tests.test_study_links import PROLIFIC as PROLIFIC_IDS
 
 ORIGIN = "http://testserver"
+# An MTurk worker's browser: MTurk requires an ExternalQuestion's address to be HTTPS, and the
+# MTurk study session's cookie is Secure, which a cookie jar sends over https only.
+HTTPS_ORIGIN = "https://testserver"
 SAME = {"Origin": ORIGIN}
 SLUG = "Yq3x_k9-Lm2pQ7"
 STUDY_TASK = "dynasent-r2"
@@ -148,8 +151,8 @@ class FakeApi:
         return _error(404, "not_found", f"no route {path}")
 
 
-def _web_app(api: FakeApi, base: str = "") -> Starlette:
-    session = web.WebSession(web.Backend("http://api", transport=httpx.MockTransport(api)), base)
+def _web_app(api: FakeApi, base: str = "", framing: web.Framing | None = None) -> Starlette:
+    session = web.WebSession(web.Backend("http://api", transport=httpx.MockTransport(api)), base, framing)
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
@@ -168,6 +171,12 @@ def api() -> FakeApi:
 @pytest.fixture
 def browser(api: FakeApi) -> Iterator[TestClient]:
     with TestClient(_web_app(api), base_url=ORIGIN, follow_redirects=False) as client:
+        yield client
+
+
+@pytest.fixture
+def mturk_browser(api: FakeApi) -> Iterator[TestClient]:
+    with TestClient(_web_app(api), base_url=HTTPS_ORIGIN, follow_redirects=False) as client:
         yield client
 
 
@@ -282,8 +291,9 @@ def test_an_off_site_redirect_from_a_compromised_api_is_not_followed(
     ],
 )
 def test_an_off_site_form_action_from_a_compromised_api_is_refused(
-    api: FakeApi, browser: TestClient, action: str
+    api: FakeApi, mturk_browser: TestClient, action: str
 ) -> None:
+    browser = mturk_browser
     api.platform = "mturk"
     api.completion = {
         "status": "completed",
@@ -410,7 +420,8 @@ def test_an_mturk_preview_is_read_only(api: FakeApi, browser: TestClient) -> Non
     assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
 
 
-def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, browser: TestClient) -> None:
+def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, mturk_browser: TestClient) -> None:
+    browser = mturk_browser
     api.platform = "mturk"
     params = {
         "workerId": "W1",
@@ -484,18 +495,27 @@ def real_round(client: Any, researcher: Actor, stub_model: Any) -> dict[str, Any
     return open_round(client, researcher, example_yaml(STUDY_TASK, onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
-@pytest.fixture
-def real_browser(api_url: str) -> Iterator[TestClient]:
+def _real_web_app(api_url: str) -> Starlette:
     session = web.WebSession(web.Backend(api_url), "")
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
 
-    app = Starlette(
+    return Starlette(
         routes=[*session.routes(), Route("/{path:path}", streamlit, methods=["GET", "HEAD", "POST"])],
         middleware=[Middleware(web.SessionGate, web=session)],
     )
-    with TestClient(app, base_url=ORIGIN, follow_redirects=False) as browser:
+
+
+@pytest.fixture
+def real_browser(api_url: str) -> Iterator[TestClient]:
+    with TestClient(_real_web_app(api_url), base_url=ORIGIN, follow_redirects=False) as browser:
+        yield browser
+
+
+@pytest.fixture
+def real_mturk_browser(api_url: str) -> Iterator[TestClient]:
+    with TestClient(_real_web_app(api_url), base_url=HTTPS_ORIGIN, follow_redirects=False) as browser:
         yield browser
 
 
@@ -531,8 +551,9 @@ def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redir
 
 
 def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
-    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
+    app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_mturk_browser: TestClient
 ) -> None:
+    real_browser = real_mturk_browser
     link = make_link(client, researcher, real_round["id"], platform="mturk", completion_code="TURKDONE")
     before = table_counts(app)
     preview = real_browser.get(
@@ -591,3 +612,221 @@ def test_a_prolific_worker_who_stops_at_zero_gets_no_completion_redirect(
     # The Finish page of the ended session shows the same, not a redirect.
     again = real_browser.get("/study/finish")
     assert again.status_code == 200 and "C0MPLETE" not in again.text
+
+
+# --- MTurk inside its frame: frame policy and cookie per page kind (issue 27, item 4) ---------
+
+MTURK_ACCEPTED = {
+    "workerId": "W1",
+    "assignmentId": "A1B2",
+    "hitId": "H1",
+    "turkSubmitTo": "https://workersandbox.mturk.com",
+}
+MTURK_HOSTS = "https://worker.mturk.com https://workersandbox.mturk.com https://www.mturk.com"
+
+
+def _frame_ancestors(response: httpx.Response) -> str:
+    csp = response.headers.get("content-security-policy", "")
+    found = [part.strip() for part in csp.split(";") if part.strip().startswith("frame-ancestors")]
+    assert len(found) == 1, csp
+    return found[0].removeprefix("frame-ancestors").strip()
+
+
+def _unframeable(response: httpx.Response) -> None:
+    assert response.headers.get("x-frame-options") == "DENY", dict(response.headers)
+    assert _frame_ancestors(response) == "'none'"
+
+
+def _framed_by(response: httpx.Response, ancestors: str = MTURK_HOSTS) -> None:
+    assert "x-frame-options" not in response.headers, dict(response.headers)
+    assert _frame_ancestors(response) == ancestors
+
+
+def _set_cookie(response: httpx.Response) -> str:
+    """The session cookie the answer sets (or clears, when it clears it alone)."""
+    headers = [h for h in response.headers.get_list("set-cookie") if h.startswith(f"{web.COOKIE_NAME}=")]
+    setting = [h for h in headers if "max-age=0" not in h.lower()]
+    assert len(setting) == 1 or (not setting and len(headers) == 1), headers
+    return (setting or headers)[0]
+
+
+def _cleared(response: httpx.Response) -> list[str]:
+    headers = response.headers.get_list("set-cookie")
+    return [h for h in headers if h.startswith(f"{web.COOKIE_NAME}=") and "max-age=0" in h.lower()]
+
+
+def _attributes(header: str) -> set[str]:
+    return {part.strip().lower() for part in header.split(";")[1:]}
+
+
+def test_an_mturk_session_may_be_framed_by_mturk_only_on_every_page_it_meets(
+    api: FakeApi, mturk_browser: TestClient
+) -> None:
+    api.platform = "mturk"
+    preview = mturk_browser.get(f"/study/{SLUG}", params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": "H1"})
+    assert preview.status_code == 200 and "Accept the HIT to start" in preview.text
+    _framed_by(preview)
+    accepted = mturk_browser.get(f"/study/{SLUG}", params=MTURK_ACCEPTED)
+    assert accepted.status_code == 303 and accepted.headers["location"] == "/"
+    cookie = _set_cookie(accepted)
+    assert cookie.startswith(f"{web.COOKIE_NAME}=mturk.dl_worker1;")
+    attributes = _attributes(cookie)
+    assert {"httponly", "secure", "samesite=none", "partitioned", "path=/"} <= attributes, cookie
+    # A Lax session cookie of the same browser (a researcher trying their link) is cleared first.
+    (cleared,) = _cleared(accepted)
+    assert "samesite=lax" in _attributes(cleared) and "partitioned" not in _attributes(cleared)
+    headers = accepted.headers.get_list("set-cookie")
+    assert headers.index(cleared) < headers.index(cookie)
+    # The work pages Streamlit serves, the Finish page and the "Submit the HIT" form.
+    work = mturk_browser.get("/write")
+    assert work.text == "streamlit /write"
+    _framed_by(work)
+    finish = mturk_browser.get("/study/finish")
+    assert finish.status_code == 200 and "Finish the study" in finish.text
+    _framed_by(finish)
+    submit = mturk_browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
+    assert submit.status_code == 200 and "Submit the HIT" in submit.text
+    _framed_by(submit)
+    assert "form-action https://workersandbox.mturk.com" in submit.headers["content-security-policy"]
+    # A page of a role the worker lacks: a message MTurk may show in its frame.
+    refused = mturk_browser.get("/dashboard")
+    assert refused.status_code == 403
+    _framed_by(refused)
+    # The login page never: not even for a worker with an MTurk session.
+    _unframeable(mturk_browser.get("/login"))
+
+
+def test_pages_that_are_not_an_mturk_sessions_refuse_every_frame(api: FakeApi, browser: TestClient) -> None:
+    _unframeable(browser.get("/login"))
+    assert browser.get("/dashboard").headers["location"] == "/login?next=/dashboard"  # no session
+    started = browser.get(f"/study/{SLUG}", params=PROLIFIC)
+    assert started.status_code == 303
+    _unframeable(started)
+    cookie = _set_cookie(started)
+    attributes = _attributes(cookie)
+    assert "samesite=lax" in attributes and "httponly" in attributes, cookie
+    assert "partitioned" not in attributes and "samesite=none" not in attributes, cookie
+    (cleared,) = _cleared(started)  # and a partitioned MTurk session cookie, if the browser has one
+    assert {"partitioned", "samesite=none", "secure"} <= _attributes(cleared)
+    page = browser.get("/write")
+    assert page.text == "streamlit /write"
+    _unframeable(page)
+    _unframeable(browser.get("/study/finish"))
+    # Streamlit's own routes and files are no page loads: the gate leaves them alone.
+    assert "x-frame-options" not in browser.get("/static/app.js").headers
+    _unframeable(browser.get("/study/no/such/thing"))
+
+
+def test_a_refused_mturk_link_is_readable_in_mturks_frame_and_a_forged_one_is_not(
+    api: FakeApi, mturk_browser: TestClient
+) -> None:
+    api.link_error = (409, "study_link_full", "This study has all the workers it needs.")
+    full = mturk_browser.get(f"/study/{SLUG}", params=MTURK_ACCEPTED)
+    assert full.status_code == 409 and "all the workers" in full.text
+    _framed_by(full)
+    assert web.COOKIE_NAME not in full.headers.get("set-cookie", "")
+    # Without MTurk's parameters it is no MTurk answer: unframeable.
+    _unframeable(mturk_browser.get(f"/study/{SLUG}", params=PROLIFIC))
+    _unframeable(mturk_browser.get("/study/" + "a" * 65, params={"hitId": "H1"}))
+
+
+def test_an_admins_frame_ancestors_and_submit_origins_are_used(api: FakeApi) -> None:
+    framing = web.Framing.from_env(
+        {
+            "DYNALOOP_MTURK_FRAME_ANCESTORS": "http://localhost:8123, https://worker.mturk.com/",
+            "DYNALOOP_MTURK_SUBMIT_ORIGINS": "http://localhost:8123",
+        }
+    )
+    assert framing == web.Framing(("http://localhost:8123", "https://worker.mturk.com"), ("http://localhost:8123",))
+    api.platform = "mturk"
+    api.completion = {
+        "status": "completed",
+        "code": "C0DE42",
+        "redirect_url": None,
+        "form": {"action": "http://localhost:8123/mturk/externalSubmit", "fields": {"assignmentId": "A1B2"}},
+    }
+    with TestClient(_web_app(api, framing=framing), base_url=HTTPS_ORIGIN, follow_redirects=False) as client:
+        client.get(f"/study/{SLUG}", params={**MTURK_ACCEPTED, "turkSubmitTo": "http://localhost:8123"})
+        _framed_by(client.get("/write"), "http://localhost:8123 https://worker.mturk.com")
+        done = client.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
+        assert '<form method="post" action="http://localhost:8123/mturk/externalSubmit">' in done.text
+    # MTurk's own hosts are no longer where this web app posts the assignment.
+    api.completion["form"]["action"] = "https://www.mturk.com/mturk/externalSubmit"
+    with TestClient(_web_app(api, framing=framing), base_url=HTTPS_ORIGIN, follow_redirects=False) as client:
+        client.get(f"/study/{SLUG}", params=MTURK_ACCEPTED)
+        refused = client.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
+        assert refused.status_code == 502 and "<form" not in refused.text
+    # None may frame: an empty list.
+    closed = web.Framing.from_env({"DYNALOOP_MTURK_FRAME_ANCESTORS": ""})
+    with TestClient(_web_app(api, framing=closed), base_url=HTTPS_ORIGIN, follow_redirects=False) as client:
+        _unframeable(client.get(f"/study/{SLUG}", params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": "H"}))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "http://worker.mturk.com",  # plain http off the loopback
+        "https://worker.mturk.com/mturk",  # a path
+        "https://worker.mturk.com?x=1",
+        "https://user@worker.mturk.com",
+        "javascript:alert(1)",
+        "*",
+        "https://*.mturk.com",
+        "'self'",
+        "https://worker.mturk.com;script-src",  # a CSP directive smuggled in
+        "https://worker.mturk.com:99999",
+        "https://" + "a" * 200 + ".example",
+        " ".join(f"https://h{i}.example" for i in range(11)),  # too many
+    ],
+)
+def test_a_wrong_frame_ancestor_or_submit_origin_stops_the_start(value: str) -> None:
+    from services.origins import parse_origins
+    from services.settings import Settings
+
+    with pytest.raises(ValueError, match="DYNALOOP_MTURK_FRAME_ANCESTORS"):
+        web.Framing.from_env({"DYNALOOP_MTURK_FRAME_ANCESTORS": value})
+    with pytest.raises(ValueError, match="DYNALOOP_MTURK_SUBMIT_ORIGINS"):
+        web.Framing.from_env({"DYNALOOP_MTURK_SUBMIT_ORIGINS": value})
+    with pytest.raises(ValueError, match="DYNALOOP_MTURK_SUBMIT_ORIGINS"):
+        Settings(mturk_submit_origins=value)
+    with pytest.raises(ValueError, match=r"^X: "):
+        parse_origins(value, "X")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "https://worker.mturk.com, https://workersandbox.mturk.com",
+        "http://localhost:8123 http://127.0.0.1:9 http://[::1]:80",
+        "https://Worker.MTurk.com/ https://worker.mturk.com:443",
+        "",
+    ],
+)
+def test_the_web_apps_copy_of_the_origin_parser_answers_like_the_apis(value: str) -> None:
+    from services.origins import parse_origins
+
+    assert web.parse_origins(value, "X") == parse_origins(value, "X")
+
+
+def test_a_cross_site_post_with_the_framed_cookie_ends_nothing(api: FakeApi, mturk_browser: TestClient) -> None:
+    """The framed cookie is SameSite=None: a browser sends it with a form another site posts.
+    The Finish route still needs this app's own origin, so nothing is finished."""
+    api.platform = "mturk"
+    mturk_browser.get(f"/study/{SLUG}", params=MTURK_ACCEPTED)
+    for headers in ({"Origin": "https://evil.example"}, {"Referer": "https://evil.example/x"}, {}):
+        response = mturk_browser.post("/study/finish", data={"session_id": "11", "reason": "stop"}, headers=headers)
+        assert response.status_code == 403 and "Submit the HIT" not in response.text
+        _framed_by(response)
+    assert _api_calls(api, "POST", "/study-sessions/") == []
+
+
+def test_logout_and_an_expired_mturk_session_clear_the_partitioned_cookie(
+    api: FakeApi, mturk_browser: TestClient
+) -> None:
+    api.platform = "mturk"
+    mturk_browser.get(f"/study/{SLUG}", params=MTURK_ACCEPTED)
+    api.tokens.clear()  # the API no longer knows the token
+    ended = mturk_browser.get("/write")
+    assert ended.status_code == 303 and "ended=1" in ended.headers["location"]
+    cleared = _set_cookie(ended)
+    assert {"partitioned", "samesite=none", "secure"} <= _attributes(cleared) and "max-age=0" in cleared.lower()

@@ -114,7 +114,13 @@ def start_session(
         per_address=settings.study_new_workers_per_address_per_hour,
     )
     started = study.start_study_session(
-        session, settings.secret_key, slug, body.params, address=client_address(request), caps=caps
+        session,
+        settings.secret_key,
+        slug,
+        body.params,
+        address=client_address(request),
+        caps=caps,
+        mturk_submit_origins=settings.mturk_submit_origin_list,
     )
     link = started.link
     definition = tasks.definition_of(link.task)

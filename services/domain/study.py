@@ -359,8 +359,10 @@ def is_mturk_preview(link: StudyLink, params: dict[str, str]) -> bool:
     return link.platform is Platform.mturk and params.get("assignmentId") == MTURK_PREVIEW
 
 
-def parse_params(link: StudyLink, params: dict[str, str]) -> PlatformIds:
-    """The platform's ids from the link's query parameters (422 when missing or forged)."""
+def parse_params(link: StudyLink, params: dict[str, str], submit_origins: tuple[str, ...] = MTURK_HOSTS) -> PlatformIds:
+    """The platform's ids from the link's query parameters (422 when missing or forged).
+    ``submit_origins``: the hosts an MTurk ``turkSubmitTo`` may name (the admin's
+    ``DYNALOOP_MTURK_SUBMIT_ORIGINS``; MTurk's two by default)."""
     check_params(params)
     if link.platform is Platform.generic:
         assert link.id_parameter is not None
@@ -378,9 +380,9 @@ def parse_params(link: StudyLink, params: dict[str, str]) -> PlatformIds:
     ids = PlatformIds(*values)
     if link.platform is Platform.mturk:
         submit_to = params.get("turkSubmitTo", "")
-        if submit_to.rstrip("/") not in MTURK_HOSTS:
+        if submit_to.rstrip("/") not in submit_origins:
             raise Invalid(
-                f"turkSubmitTo must be one of {list(MTURK_HOSTS)}; open the HIT again from Mechanical Turk",
+                f"turkSubmitTo must be one of {list(submit_origins)}; open the HIT again from Mechanical Turk",
                 problems=["params.turkSubmitTo: not an MTurk host"],
             )
         ids = PlatformIds(ids.worker_id, ids.study_id, ids.session_id, submit_to.rstrip("/"))
@@ -528,12 +530,14 @@ def start_study_session(
     *,
     address: str | None = None,
     caps: NewWorkerCaps | None = None,
+    mturk_submit_origins: tuple[str, ...] = MTURK_HOSTS,
 ) -> Started:
     """Open a study link with the platform's parameters: an MTurk preview (nothing written), or
     the worker's one session on the link (new or resumed) and the session's one API token.
 
     ``address`` is the client's address (only its keyed hash is stored, on a new account) and
-    ``caps`` the hourly caps on new worker accounts (None: no caps, for the command line)."""
+    ``caps`` the hourly caps on new worker accounts (None: no caps, for the command line);
+    ``mturk_submit_origins`` where an MTurk assignment may be posted back (:func:`parse_params`)."""
     link = link_by_slug(session, slug)
     check_params(params)
     reason = closed_reason(link)
@@ -541,7 +545,7 @@ def start_study_session(
         if reason is not None:
             raise StudyLinkClosed(reason)
         return Started(preview=True, link=link)
-    ids = parse_params(link, params)
+    ids = parse_params(link, params, mturk_submit_origins)
     if reason is not None:
         raise StudyLinkClosed(reason)
     id_hash = platform_id_hash(secret_key, link.platform, ids.worker_id)
@@ -827,7 +831,8 @@ def completion_of(study: StudySession) -> dict[str, Any] | None:
     form = None
     if link.platform is Platform.prolific and code is not None:
         redirect_url = PROLIFIC_COMPLETE + code
-    if link.platform is Platform.mturk and study.submit_to in MTURK_HOSTS:
+    # submit_to was checked against the admin's MTurk origins when the session started.
+    if link.platform is Platform.mturk and study.submit_to:
         form = {
             "action": f"{study.submit_to}/mturk/externalSubmit",
             "fields": {"assignmentId": study.platform_session_id or "", "completion_code": code or study.status.value},
