@@ -78,7 +78,9 @@ def upgrade() -> None:
         sa.Column("platform_answer", sa.JSON(), nullable=True),
         sa.Column("paid_at", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint("amount_minor >= 1", name=op.f("ck_payout_lines_amount_positive")),
-        sa.ForeignKeyConstraint(["batch_id"], ["payout_batches.id"], name=op.f("fk_payout_lines_batch_id_payout_batches")),
+        sa.ForeignKeyConstraint(
+            ["batch_id"], ["payout_batches.id"], name=op.f("fk_payout_lines_batch_id_payout_batches")
+        ),
         sa.ForeignKeyConstraint(["user_id"], ["users.id"], name=op.f("fk_payout_lines_user_id_users")),
         sa.ForeignKeyConstraint(
             ["session_id"], ["study_sessions.id"], name=op.f("fk_payout_lines_session_id_study_sessions")
@@ -135,9 +137,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_payout_reconciliations")),
     )
-    op.create_index(
-        op.f("ix_payout_reconciliations_batch_id"), "payout_reconciliations", ["batch_id"], unique=False
-    )
+    op.create_index(op.f("ix_payout_reconciliations_batch_id"), "payout_reconciliations", ["batch_id"], unique=False)
 
 
 def downgrade() -> None:

@@ -976,9 +976,7 @@ class PayoutEvent(Base):
     __tablename__ = "payout_events"
     __table_args__ = (
         UniqueConstraint("claimed_entry_id", name="uq_payout_events_claimed_entry_id"),
-        CheckConstraint(
-            "claimed_entry_id IS NULL OR claimed_entry_id = ledger_entry_id", name="claim_is_the_entry"
-        ),
+        CheckConstraint("claimed_entry_id IS NULL OR claimed_entry_id = ledger_entry_id", name="claim_is_the_entry"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
