@@ -289,7 +289,7 @@ def create_batch(
         select(StudySession, StudyLink)
         .join(StudyLink, StudySession.link_id == StudyLink.id)
         .where(StudyLink.task_id == task.id)
-    ).tuples():
+    ).all():
         link_of_session[study_session.id] = its_link
     sessions = {s.id: s for s in session.scalars(select(StudySession).where(StudySession.link_id == link.id))}
     mine = [e for e in payable if e.session_id is not None and e.session_id in sessions]
@@ -622,7 +622,7 @@ def reconcile(
             PayoutBatch.status != PayoutStatus.cancelled,
         )
         .order_by(PayoutLine.id)
-    ).tuples():
+    ).all():
         others[(*key(line.platform_worker_id, line.assignment_id), line.amount_minor)].append(other_id)
 
     def shown(amount: int) -> str:
