@@ -61,7 +61,9 @@ class Crowd:
     entries: dict[str, int]  # name -> ledger entry id
 
 
-def _entry(session: Any, task: Task, user_id: int, session_id: int | None, kind: LedgerKind, key: str, amount: int) -> int:
+def _entry(
+    session: Any, task: Task, user_id: int, session_id: int | None, kind: LedgerKind, key: str, amount: int
+) -> int:
     row = LedgerEntry(
         task_id=task.id,
         round_id=None,
@@ -219,9 +221,7 @@ def test_another_groups_researcher_finds_no_batch_and_changes_nothing(
     assert table_counts(app) == counts
 
 
-def test_workers_cannot_call_the_payout_routes(
-    client: TestClient, app: Any, crowd: Crowd, make_user: MakeUser
-) -> None:
+def test_workers_cannot_call_the_payout_routes(client: TestClient, app: Any, crowd: Crowd, make_user: MakeUser) -> None:
     batch_id = _create(client, crowd, "writers").json()["batch"]["id"]
     actors = (make_user("sneaky-w", "writer"), make_user("sneaky-v", "validator"))
     counts = table_counts(app)
@@ -452,7 +452,8 @@ def test_a_prolific_file_holds_its_own_studys_ids_alone(client: TestClient, app:
         ("local", ("gina",)),
         (None, ("v4",)),
     }
-    assert f"create a payout batch for study link {crowd.links['checkers']} (prolific)" in elsewhere[("checkers", ("pat",))]
+    advice = elsewhere[("checkers", ("pat",))]
+    assert f"create a payout batch for study link {crowd.links['checkers']} (prolific)" in advice
     assert "another way" in elsewhere[("local", ("gina",))]
     assert "no study link" in elsewhere[(None, ("v4",))]
     # The other Prolific study has its own file, with its own id alone.
