@@ -122,7 +122,7 @@ def crowd(app: Any, make_user: MakeUser) -> Crowd:
             session.add(link)
             session.flush()
             links[name] = link.id
-        for user, link, worker, assignment in (
+        for user, link_key, worker, assignment in (
             ("wanda", "writers", WANDA, None),
             ("wes", "writers", WES, None),
             ("pat", "checkers", PAT, None),
@@ -131,7 +131,7 @@ def crowd(app: Any, make_user: MakeUser) -> Crowd:
             ("gina", "local", "gina-local-id", None),
         ):
             row = StudySession(
-                link_id=links[link],
+                link_id=links[link_key],
                 user_id=ids[user],
                 status=StudySessionStatus.completed,
                 platform_worker_id=worker,
@@ -198,21 +198,23 @@ def test_another_groups_researcher_finds_no_batch_and_changes_nothing(
     before = table_snapshot(app, *PAYOUT_TABLES)
     counts = table_counts(app)
     no_task = f"no task {TASK!r}; list tasks with GET /api/v1/tasks"
-    for method, url, kwargs in [
+    calls: list[tuple[str, str, dict[str, Any]]] = [
         ("POST", f"{API}/tasks/{TASK}/payout-batches", {"json": {"link_id": crowd.links["writers"]}}),
         ("GET", f"{API}/tasks/{TASK}/payout-batches", {}),
         ("GET", f"{API}/tasks/{TASK}/ledger/bonuses.csv", {}),
-    ]:
+    ]
+    for method, url, kwargs in calls:
         response = client.request(method, url, headers=oscar.headers, **kwargs)
         assert response.status_code == 404, (url, response.text)
         assert response.json()["error"]["message"] == no_task
-    for method, suffix, kwargs in [
+    batch_calls: list[tuple[str, str, dict[str, Any]]] = [
         ("GET", "", {}),
         ("GET", "/file", {}),
         ("POST", "/paid", {}),
         ("POST", "/cancel", {}),
         ("POST", "/reconciliation", {"content": f"participant_id,amount\n{WANDA},0.20\n".encode()}),
-    ]:
+    ]
+    for method, suffix, kwargs in batch_calls:
         theirs = client.request(method, f"{API}/payout-batches/{batch_id}{suffix}", headers=oscar.headers, **kwargs)
         missing = client.request(method, f"{API}/payout-batches/987654{suffix}", headers=oscar.headers, **kwargs)
         assert theirs.status_code == missing.status_code == 404, (suffix, theirs.text)
