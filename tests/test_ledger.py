@@ -774,7 +774,7 @@ def test_a_build_stands_when_the_ledger_fails(
 # --- the command line ---------------------------------------------------------------------------
 
 
-def test_the_ledger_command_computes_shows_pays_in_batches_and_corrects(app: Any, hand: HandRound, settings: Any) -> None:
+def test_the_ledger_command_computes_shows_pays_and_corrects(app: Any, hand: HandRound, settings: Any) -> None:
     from typer.testing import CliRunner
 
     from dynaloop.cli import app as cli

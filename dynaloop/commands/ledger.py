@@ -218,6 +218,7 @@ def batch_reconcile(
     missing or unexpected."""
     from modelling.bounded_tables import ReadBounds
     from services.domain import payouts
+
     settings = settings_for(database_url)
     size = record.stat().st_size
     if size > settings.max_upload_decoded_bytes:
