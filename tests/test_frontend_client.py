@@ -303,7 +303,7 @@ def test_study_link_and_ledger_calls_hit_the_contracts_paths() -> None:
         ("POST", "/api/v1/payout-batches/7/cancel", {}),
         ("POST", "/api/v1/payout-batches/7/reconciliation", {}),
     ]
-    assert json.loads(seen[11].content) == {"link_id": 4}
+    assert json.loads(seen[10].content) == {"link_id": 4}
     assert seen[-1].content == b"participant_id,amount\n"
     assert all(r.headers["Authorization"] == "Bearer dl_token" for r in seen)
     assert json.loads(seen[1].content) == {"reason": "quota"}
