@@ -561,3 +561,24 @@ def test_reconciling_a_prolific_batch_with_its_bare_file_and_an_earlier_batch(
         f"{API}/payout-batches/{second['id']}/reconciliation", content=header, headers=crowd.researcher.headers
     )
     assert response.status_code == 201 and len(response.json()["matched"]) == 1, response.text
+
+
+def test_a_links_currency_is_one_its_platform_pays_in(client: TestClient, app: Any, crowd: Crowd) -> None:
+    with session_scope(app.state.sessionmaker) as session:
+        round_id = session.scalars(select(Round.id)).one()
+    base = {"round_id": round_id, "role": "writer", "quota": 2, "max_workers": 10}
+    counts = table_counts(app)
+    for platform, currency in (("mturk", "GBP"), ("prolific", "EUR"), ("prolific", "gbp"), ("prolific", "POUND")):
+        response = client.post(
+            f"{API}/tasks/{TASK}/study-links",
+            json={**base, "name": f"{platform} {currency}", "platform": platform, "currency": currency},
+            headers=crowd.researcher.headers,
+        )
+        assert response.status_code == 422, (platform, currency, response.text)
+    assert table_counts(app) == counts
+    made = client.post(
+        f"{API}/tasks/{TASK}/study-links",
+        json={**base, "name": "GBP study", "platform": "prolific", "currency": "GBP"},
+        headers=crowd.researcher.headers,
+    )
+    assert made.status_code == 201 and made.json()["currency"] == "GBP", made.text

@@ -56,15 +56,12 @@ from services.db.models import (
 )
 from services.domain import audit
 from services.domain.ledger import BONUS_KINDS, format_amount, pay_policy, valid_platform_ids
+from services.domain.study import PLATFORM_CURRENCIES
 from services.errors import Conflict, Invalid, NotFound, TooLarge, missing_payout_batch
 from services.structured_input import check_json_depth
 from services.taskdef import currency_digits
 
 EXPORT_PLATFORMS = (Platform.prolific, Platform.mturk)
-# The currencies each platform pays bonuses in. Prolific: "the amount will be in the study
-# currency" and studies pay in GBP or USD (docs.prolific.com, "Set up bonuses"); MTurk: bonus
-# amounts are in U.S. dollars (SendBonus, the MTurk API reference).
-PLATFORM_CURRENCIES = {Platform.prolific: ("GBP", "USD"), Platform.mturk: ("USD",)}
 MTURK_HEADER = ["worker_id", "assignment_id", "amount", "reason", "unique_request_token"]
 MAX_NOTE_CHARS = 500
 MAX_RECONCILE_CELL_CHARS = 1000
