@@ -582,3 +582,13 @@ def test_a_links_currency_is_one_its_platform_pays_in(client: TestClient, app: A
         headers=crowd.researcher.headers,
     )
     assert made.status_code == 201 and made.json()["currency"] == "GBP", made.text
+
+
+@pytest.mark.parametrize("note", ["refund \u202egnp.exe", "bell \x07", "x" * 501])
+def test_a_bad_note_is_refused_and_writes_nothing(client: TestClient, app: Any, crowd: Crowd, note: str) -> None:
+    counts = table_counts(app)
+    response = _create(client, crowd, "writers", note=note)
+    assert response.status_code == 422, response.text
+    assert table_counts(app) == counts
+    kept = _create(client, crowd, "writers", note="  paid   on Monday ")
+    assert kept.status_code == 201 and kept.json()["batch"]["note"] == "paid on Monday", kept.text

@@ -146,6 +146,8 @@ class ReconciliationPublic(BaseModel):
     in_other_batches: list[dict[str, Any]] = Field(
         description="Rows that match a line of another batch of the link that is not cancelled."
     )
+    counts: dict[str, int] = Field(description="The whole length of each list (each list keeps 10,000 at most).")
+    truncated: bool
 
     @classmethod
     def of(cls, report: payouts.ReconcileReport) -> ReconciliationPublic:

@@ -60,11 +60,13 @@ from services.domain.study import PLATFORM_CURRENCIES
 from services.errors import Conflict, Invalid, NotFound, TooLarge, missing_payout_batch
 from services.structured_input import check_json_depth
 from services.taskdef import currency_digits
+from services.text import clean_text
 
 EXPORT_PLATFORMS = (Platform.prolific, Platform.mturk)
 MTURK_HEADER = ["worker_id", "assignment_id", "amount", "reason", "unique_request_token"]
 MAX_NOTE_CHARS = 500
 MAX_RECONCILE_CELL_CHARS = 1000
+MAX_REPORT_ITEMS = 10_000  # items of each list a reconciliation report keeps
 TOKEN_PREFIX = "dynaloop-"  # + 48 hexadecimal characters: 57, within MTurk's 64
 
 
@@ -102,6 +104,12 @@ def entry_ids_of(session: Session, batch: PayoutBatch) -> dict[int, list[int]]:
     ):
         paid[line_id].append(entry_id)
     return paid
+
+
+def _clean_note(note: str) -> str:
+    """A note in one line, by the text policy of every other entry point (services/text.py):
+    control characters and bidi overrides refused (422)."""
+    return " ".join(clean_text(note, field="note", max_chars=MAX_NOTE_CHARS).split())
 
 
 def link_currency(task: Task, link: StudyLink) -> str | None:
@@ -279,7 +287,7 @@ def create_batch(
             field="link_id",
         )
     if note is not None:
-        note = " ".join(note.split())[:MAX_NOTE_CHARS] or None
+        note = _clean_note(note)
     payable = _payable_bonus_entries(session, task)
     link_of_session: dict[int, StudyLink] = {}
     for study_session, its_link in session.execute(
@@ -416,7 +424,7 @@ def mark_paid(session: Session, actor: User | None, batch: PayoutBatch, *, note:
     API). Only a created batch; a paid one stays paid, a cancelled one was never paid."""
     values: dict[str, Any] = {"paid_at": utcnow(), "paid_by_id": actor.id if actor else None}
     if note:
-        values["note"] = " ".join(note.split())[:MAX_NOTE_CHARS]
+        values["note"] = _clean_note(note)
     if not _transition(session, batch, PayoutStatus.paid, values):
         raise Conflict(f"payout batch {batch.id} is {batch.status.value}; only a created batch can be marked paid")
     audit.record(session, actor, "payout.paid", "payout_batch", batch.id)
@@ -429,7 +437,7 @@ def cancel(session: Session, actor: User | None, batch: PayoutBatch, *, note: st
     payment that was wrong is put right by a ledger correction, which a later batch pays."""
     values: dict[str, Any] = {"cancelled_at": utcnow(), "cancelled_by_id": actor.id if actor else None}
     if note:
-        values["note"] = " ".join(note.split())[:MAX_NOTE_CHARS]
+        values["note"] = _clean_note(note)
     if not _transition(session, batch, PayoutStatus.cancelled, values):
         advice = "; a wrong payment is put right with a ledger correction" if batch.status is PayoutStatus.paid else ""
         raise Conflict(
@@ -581,12 +589,19 @@ class ReconcileReport:
     reconciliation_id: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "batch_id": self.batch_id,
+        """The report with at most MAX_REPORT_ITEMS items a list (the counts are whole), so a
+        record of a million rows is not stored a million times over."""
+        lists = {
             "matched": self.matched,
             "missing": self.missing,
             "unexpected": self.unexpected,
             "in_other_batches": self.in_other_batches,
+        }
+        return {
+            "batch_id": self.batch_id,
+            **{name: items[:MAX_REPORT_ITEMS] for name, items in lists.items()},
+            "counts": {name: len(items) for name, items in lists.items()},
+            "truncated": any(len(items) > MAX_REPORT_ITEMS for items in lists.values()),
         }
 
 
