@@ -592,3 +592,51 @@ def test_a_bad_note_is_refused_and_writes_nothing(client: TestClient, app: Any, 
     assert table_counts(app) == counts
     kept = _create(client, crowd, "writers", note="  paid   on Monday ")
     assert kept.status_code == 201 and kept.json()["batch"]["note"] == "paid on Monday", kept.text
+
+
+def test_an_mturk_assignment_id_mturk_never_issues_is_held_back(client: TestClient, app: Any, crowd: Crowd) -> None:
+    with session_scope(app.state.sessionmaker) as session:
+        row = session.get(StudySession, crowd.sessions["v2"])
+        assert row is not None
+        row.platform_session_id = "-2+3"
+    response = _create(client, crowd, "labellers")
+    assert response.status_code == 201, response.text
+    text = _file(client, crowd, response.json()["batch"]["id"]).decode()
+    assert "-2+3" not in text and "A2WORKER" not in text
+    assert [(h["username"], h["amount_minor"]) for h in response.json()["held_back"]] == [("v2", 20)]
+
+
+def test_the_batch_commands_create_write_reconcile_and_cancel(
+    app: Any, crowd: Crowd, settings: Any, tmp_path: Any
+) -> None:
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    runner = CliRunner()
+
+    def run(*args: str) -> Any:
+        return runner.invoke(cli, ["ledger", "batch", *args, "--database-url", settings.database_url])
+
+    out = tmp_path / "labellers.csv"
+    created = run("create", "--task", TASK, "--link-id", str(crowd.links["labellers"]), "--out", str(out))
+    assert created.exit_code == 0, created.output
+    assert out.read_text().startswith("worker_id,assignment_id,amount,reason,unique_request_token\nA1WORKER,ASG1,0.40,")
+    written = run("file", "1", "--task", TASK)
+    assert written.exit_code == 0 and written.stdout == out.read_text()
+    record = tmp_path / "record.csv"
+    record.write_text("WorkerId,AssignmentId,BonusAmount\nA1WORKER,ASG1,0.40\n")
+    reconciled = run("reconcile", "1", str(record), "--task", TASK)
+    assert reconciled.exit_code == 1, reconciled.output  # v2's line is missing
+    report = json.loads(reconciled.stdout)
+    assert [m["worker_id"] for m in report["missing"]] == ["A2WORKER"] and len(report["matched"]) == 1
+    record.write_text("WorkerId,AssignmentId,BonusAmount\nA1WORKER,ASG1,0.40\nA2WORKER,ASG2,0.20\n")
+    assert run("reconcile", "1", str(record), "--task", TASK).exit_code == 0
+    assert run("show", "1", "--task", "isarcasm").exit_code == 1  # no such task here
+    cancelled = run("cancel", "1", "--task", TASK)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert run("cancel", "1", "--task", TASK).exit_code == 1
+    assert _live_claims(app) == []
+    again = run("create", "--task", TASK, "--link-id", str(crowd.links["labellers"]))
+    assert again.exit_code == 0, again.output
+    assert sorted(_live_claims(app)) == sorted(crowd.entries[k] for k in ("v1-b0", "v1-b1", "v2-b0"))
