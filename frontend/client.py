@@ -642,7 +642,12 @@ class Api(Protocol):
     def task_attention_checks(self, task: str) -> JSON: ...
     def ledger(self, task: str) -> JSON: ...
     def compute_ledger(self, task: str, round_id: int | None = None) -> JSON: ...
-    def bonuses_csv(self, task: str, platform: str) -> bytes: ...
+    def create_payout_batch(self, task: str, link_id: int, note: str | None = None) -> JSON: ...
+    def payout_batches(self, task: str, link_id: int | None = None) -> list[JSON]: ...
+    def payout_batch_file(self, batch_id: int) -> bytes: ...
+    def mark_payout_batch_paid(self, batch_id: int) -> JSON: ...
+    def cancel_payout_batch(self, batch_id: int) -> JSON: ...
+    def reconcile_payout_batch(self, batch_id: int, record: bytes) -> JSON: ...
 
 
 class ApiError(Exception):
@@ -1152,6 +1157,34 @@ class ApiClient:
         body: JSON = {} if round_id is None else {"round_id": round_id}
         return self._json("POST", f"/tasks/{task}/ledger/compute", json_body=body)
 
-    def bonuses_csv(self, task: str, platform: str) -> bytes:
-        """The bonus file the platform takes in bulk (``prolific`` or ``mturk``), as CSV bytes."""
-        return self._request("GET", f"/tasks/{task}/ledger/bonuses.csv", params={"platform": platform}).content
+    # --- payout batches (docs/crowdsourcing.md, "Paying a round with payout batches") -------
+
+    def create_payout_batch(self, task: str, link_id: int, note: str | None = None) -> JSON:
+        """Record a payout batch of one study link's bonuses not yet in a batch: the batch, the
+        workers held back and the bonuses that other links (or none) pay."""
+        body: JSON = {"link_id": link_id} if note is None else {"link_id": link_id, "note": note}
+        return self._json("POST", f"/tasks/{task}/payout-batches", json_body=body)
+
+    def payout_batches(self, task: str, link_id: int | None = None) -> list[JSON]:
+        """The task's payout batches (one link's, with ``link_id``), oldest first."""
+        return self._data(f"/tasks/{task}/payout-batches", params=None if link_id is None else {"link_id": link_id})
+
+    def payout_batch_file(self, batch_id: int) -> bytes:
+        """The batch's bulk-bonus file: the same bytes every time."""
+        return self._request("GET", f"/payout-batches/{batch_id}/file").content
+
+    def mark_payout_batch_paid(self, batch_id: int) -> JSON:
+        return self._json("POST", f"/payout-batches/{batch_id}/paid")
+
+    def cancel_payout_batch(self, batch_id: int) -> JSON:
+        """Cancel a batch that was not paid: its bonuses become payable again."""
+        return self._json("POST", f"/payout-batches/{batch_id}/cancel")
+
+    def reconcile_payout_batch(self, batch_id: int, record: bytes) -> JSON:
+        """Compare the batch with the platform's record of what it paid (CSV or ListBonusPayments JSON)."""
+        return self._json(
+            "POST",
+            f"/payout-batches/{batch_id}/reconciliation",
+            content=record,
+            content_type="application/octet-stream",
+        )

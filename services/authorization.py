@@ -68,6 +68,7 @@ from services.db.models import (
     Example,
     Job,
     LedgerEntry,
+    PayoutBatch,
     Role,
     Round,
     StudyLink,
@@ -83,6 +84,7 @@ from services.errors import (
     missing_example,
     missing_job,
     missing_ledger_entry,
+    missing_payout_batch,
     missing_round,
     missing_task,
 )
@@ -377,6 +379,17 @@ class LedgerPolicy:
         if entry is None:
             return TaskPolicy.manage()
         return _needs(Role.researcher, _on_task(entry.task, lambda: missing_ledger_entry(entry.id)))
+
+
+class PayoutBatchPolicy:
+    @staticmethod
+    def manage(batch: PayoutBatch | None = None) -> Policy:
+        """Read a payout batch and its file, mark it paid, cancel it, reconcile it: managing the
+        batch's task (:meth:`TaskPolicy.manage`); another group's batch is reported as missing,
+        with the words of a missing batch."""
+        if batch is None:
+            return TaskPolicy.manage()
+        return _needs(Role.researcher, _on_task(batch.task, lambda: missing_payout_batch(batch.id)))
 
 
 class AssignmentPolicy:

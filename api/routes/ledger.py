@@ -1,12 +1,13 @@
 """The pay ledger of a task (docs/round_builder.md, "Pay and the ledger"): compute it, read the
-totals and a worker's statement, correct a row, export the platforms' bulk-bonus files, and the
-researcher's view of the study links (the crowd report). A researcher on the task only."""
+totals and a worker's statement, correct a row, and the researcher's view of the study links (the
+crowd report). Bonuses are exported as payout batches (api/routes/payouts.py). A researcher on
+the task only."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Response, status
 
 from api.deps import IdPath, SessionDep, allowed
 from api.schemas.ledger import (
@@ -21,18 +22,10 @@ from api.schemas.ledger import (
 from services.authorization import LedgerPolicy, TaskPolicy, authorize
 from services.db.models import User
 from services.domain import ledger, rounds, tasks
-from services.errors import missing_round
+from services.errors import Gone, missing_round
 
 router = APIRouter(tags=["ledger"])
 Manager = Annotated[User, allowed(TaskPolicy.manage)]
-
-# Header of the bulk-bonus export: workers with bonuses who have no id on that platform (they
-# did not come through one of its study links), so they are not in the file. Count and names.
-WITHOUT_PLATFORM_ID = "X-Ledger-Without-Platform-Id"
-WITHOUT_PLATFORM_ID_NAMES = "X-Ledger-Without-Platform-Id-Users"
-# Workers whose platform id is not one the platform issues (left out of the file).
-INVALID_PLATFORM_ID = "X-Ledger-Invalid-Platform-Id"
-INVALID_PLATFORM_ID_NAMES = "X-Ledger-Invalid-Platform-Id-Users"
 
 
 @router.post("/tasks/{task_name}/ledger/compute", response_model=ComputedPublic)
@@ -81,39 +74,20 @@ def correct(
 @router.get(
     "/tasks/{task_name}/ledger/bonuses.csv",
     response_class=Response,
-    responses={
-        200: {
-            "content": {"text/csv": {}},
-            "description": "The bulk-bonus file (`Content-Disposition: attachment`). Prolific: "
-            "`participant_id,amount` lines; MTurk: `worker_id,assignment_id,amount,reason` with a header. "
-            f"`{WITHOUT_PLATFORM_ID}`: how many workers with bonuses have no id on the platform (not in the file); "
-            f"`{WITHOUT_PLATFORM_ID_NAMES}`: their usernames. `{INVALID_PLATFORM_ID}` and "
-            f"`{INVALID_PLATFORM_ID_NAMES}`: workers whose id is not of the form the platform issues (Prolific: "
-            "24 hexadecimal characters; MTurk: ^A[A-Z0-9]+$ and an assignment id ^[A-Z0-9]+$), left out of the file.",
-        }
-    },
+    deprecated=True,
+    responses={410: {"description": "Retired: use the task's payout batches."}},
 )
-def bonuses_csv(
-    task_name: str,
-    session: SessionDep,
-    researcher: Manager,
-    platform: str = Query(max_length=20, description="prolific or mturk"),
-) -> Response:
-    """The task's bonuses in the platform's bulk-bonus format."""
-    checked = ledger.check_platform(platform)
+def bonuses_csv(task_name: str, session: SessionDep, researcher: Manager) -> Response:
+    """Retired (410): this unrecorded export listed every bonus to date, so a file exported
+    after another paid the first one's bonuses again. Bonuses are exported as payout batches:
+    ``POST /api/v1/tasks/{task}/payout-batches`` with a study link, then
+    ``GET /api/v1/payout-batches/{id}/file``."""
     task = tasks.get_task(session, task_name)
     authorize(researcher, TaskPolicy.manage(task))
-    export = ledger.bonus_csv(session, task, checked)
-    return Response(
-        export.text,
-        media_type="text/csv; charset=utf-8",
-        headers={
-            "Content-Disposition": f'attachment; filename="{export.filename}"',
-            WITHOUT_PLATFORM_ID: str(len(export.without_platform_id)),
-            WITHOUT_PLATFORM_ID_NAMES: ",".join(export.without_platform_id),
-            INVALID_PLATFORM_ID: str(len(export.invalid_platform_id)),
-            INVALID_PLATFORM_ID_NAMES: ",".join(export.invalid_platform_id),
-        },
+    raise Gone(
+        "GET /tasks/{task}/ledger/bonuses.csv is retired: it exported every bonus to date, unrecorded, so bonuses "
+        f"were paid twice; create a payout batch per study link with POST /api/v1/tasks/{task.name}/payout-batches "
+        '{"link_id": ...} and download it with GET /api/v1/payout-batches/{id}/file'
     )
 
 

@@ -45,6 +45,12 @@ class StudyLinkCreate(BaseModel):
         "complete",
         description="Validators whose round has no more work: complete (with 1+ label), partial, or return.",
     )
+    currency: str | None = Field(
+        None,
+        pattern=r"^[A-Z]{3}$",
+        description="The ISO 4217 currency the platform's study pays in (Prolific: GBP or USD; MTurk: USD); "
+        "none: the task's pay policy's. A payout batch in another currency is refused.",
+    )
 
 
 class StudyLinkPublic(BaseModel):
@@ -64,6 +70,7 @@ class StudyLinkPublic(BaseModel):
     partial_pay_minor: int | None
     other_role_allowed: bool
     when_out_of_work: OutOfWork
+    currency: str | None = Field(description="The currency the study pays in; null: the task's pay policy's.")
     opens_at: dt.datetime | None
     closes_at: dt.datetime | None
     closed_at: dt.datetime | None
@@ -91,6 +98,7 @@ class StudyLinkPublic(BaseModel):
             partial_pay_minor=link.partial_pay_minor,
             other_role_allowed=link.other_role_allowed,
             when_out_of_work=link.when_out_of_work,  # type: ignore[arg-type]
+            currency=link.currency,
             opens_at=link.opens_at,
             closes_at=link.closes_at,
             closed_at=link.closed_at,

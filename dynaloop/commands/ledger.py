@@ -1,18 +1,20 @@
 """`dynaloop ledger`: the pay ledger of a task (docs/round_builder.md, "Pay and the ledger"):
-compute it, show the totals or a worker's statement, export a platform's bulk-bonus file and
-correct a row. The same use cases as the API (services/domain/ledger.py); the CLI acts as an
+compute it, show the totals or a worker's statement, correct a row, and pay bonuses in payout
+batches (``dynaloop ledger batch create|list|show|file|paid|cancel|reconcile``). The same use
+cases as the API (services/domain/ledger.py, services/domain/payouts.py); the CLI acts as an
 operator on the server (no user: rows it adds have no ``created_by``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from dynaloop.commands.common import DatabaseOpt, TaskOpt, console, domain_session, err, fail
+from dynaloop.commands.common import DatabaseOpt, TaskOpt, console, domain_session, err, fail, settings_for
 
-app = typer.Typer(help="The pay ledger: compute, show, export bonuses, correct.", no_args_is_help=True)
+app = typer.Typer(help="The pay ledger: compute, show, correct, pay bonuses in batches.", no_args_is_help=True)
 
 
 @app.command("compute")
@@ -70,36 +72,167 @@ def ledger_show(
         print(f"total\t\t\t\t\t\t{totals.total}")
 
 
-@app.command("export")
-def ledger_export(
+batch_app = typer.Typer(
+    help="Payout batches: record one study link's unpaid bonuses, write its file, mark it paid or cancel it, "
+    "reconcile it with the platform's record.",
+    no_args_is_help=True,
+)
+app.add_typer(batch_app, name="batch")
+
+
+def _print_batch(batch: Any, lines: list[Any]) -> None:
+    from services.domain import ledger
+
+    print(
+        f"# batch {batch.id}: link {batch.link_id} ({batch.platform.value}), {batch.status.value}, "
+        f"{batch.line_count} lines, {ledger.format_amount(batch.total_minor, batch.currency)} {batch.currency}"
+    )
+    print("line\tworker_id\tassignment_id\tamount\tunique_request_token")
+    for line in lines:
+        print(
+            f"{line.line_number}\t{line.platform_worker_id}\t{line.assignment_id or ''}\t"
+            f"{ledger.format_amount(line.amount_minor, batch.currency)}\t{line.unique_request_token}"
+        )
+
+
+def _task_batch(session: Any, task: str, batch_id: int) -> Any:
+    from services.domain import payouts, tasks
+
+    found = tasks.get_task(session, task)
+    batch = payouts.get_batch(session, batch_id)
+    if batch.task_id != found.id:
+        raise fail(f"no payout batch {batch_id} on task {task!r}")
+    return batch
+
+
+@batch_app.command("create")
+def batch_create(
     task: TaskOpt,
-    platform: Annotated[str, typer.Option(help="prolific or mturk")],
+    link_id: Annotated[int, typer.Option("--link-id", min=1, help="The study link (Prolific study, MTurk HIT group)")],
+    out: Annotated[Path | None, typer.Option(help="Also write the batch's file here")] = None,
+    note: Annotated[str | None, typer.Option(help="A note kept with the batch")] = None,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Record a payout batch of the link's bonuses that no batch holds yet. Workers held back
+    and bonuses that other links (or none) pay are named on standard error."""
+    from sqlalchemy import select
+
+    from services.db.models import StudyLink
+    from services.domain import payouts, tasks
+
+    with domain_session(database_url) as session:
+        found = tasks.get_task(session, task)
+        link = session.scalar(select(StudyLink).where(StudyLink.id == link_id, StudyLink.task_id == found.id))
+        if link is None:
+            raise fail(f"no study link {link_id} on task {task!r}")
+        created = payouts.create_batch(session, None, found, link, note=note)
+        _print_batch(created.batch, payouts.lines_of(session, created.batch))
+        text = created.batch.file_text
+        held = list(created.held_back)
+        elsewhere = list(created.elsewhere)
+    if out is not None:
+        out.write_bytes(text.encode("utf-8"))
+        err.print(f"file written to {out}")
+    for h in held:
+        err.print(f"held back: {h.username} ({h.amount_minor} minor units): {h.reason}", highlight=False)
+    for e in elsewhere:
+        err.print(f"not in this batch: {', '.join(e.usernames)}: {e.advice}", highlight=False)
+
+
+@batch_app.command("list")
+def batch_list(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
+    """The task's payout batches, oldest first."""
+    from services.domain import ledger, payouts, tasks
+
+    with domain_session(database_url) as session:
+        print("id\tlink\tplatform\tstatus\tlines\ttotal\tcurrency\tcreated")
+        for b in payouts.list_batches(session, tasks.get_task(session, task)):
+            print(
+                f"{b.id}\t{b.link_id}\t{b.platform.value}\t{b.status.value}\t{b.line_count}\t"
+                f"{ledger.format_amount(b.total_minor, b.currency)}\t{b.currency}\t{b.created_at.isoformat()}"
+            )
+
+
+@batch_app.command("show")
+def batch_show(
+    batch_id: Annotated[int, typer.Argument(min=1)], task: TaskOpt, database_url: DatabaseOpt = None
+) -> None:
+    """One batch with its lines."""
+    from services.domain import payouts
+
+    with domain_session(database_url) as session:
+        batch = _task_batch(session, task, batch_id)
+        _print_batch(batch, payouts.lines_of(session, batch))
+
+
+@batch_app.command("file")
+def batch_file(
+    batch_id: Annotated[int, typer.Argument(min=1)],
+    task: TaskOpt,
     out: Annotated[Path | None, typer.Option(help="File to write; default: standard output")] = None,
     database_url: DatabaseOpt = None,
 ) -> None:
-    """The platform's bulk-bonus file. Workers with bonuses but no id on the platform are named
-    on standard error (they are not in the file)."""
-    from services.domain import ledger, tasks
+    """The batch's file, the same bytes as when it was created."""
+    with domain_session(database_url) as session:
+        text = _task_batch(session, task, batch_id).file_text
+    if out is None:
+        print(text, end="")
+    else:
+        out.write_bytes(text.encode("utf-8"))
+        err.print(f"file written to {out}")
+
+
+@batch_app.command("paid")
+def batch_paid(
+    batch_id: Annotated[int, typer.Argument(min=1)], task: TaskOpt, database_url: DatabaseOpt = None
+) -> None:
+    """Mark a created batch paid (the platform paid its file)."""
+    from services.domain import payouts
 
     with domain_session(database_url) as session:
-        export = ledger.bonus_csv(session, tasks.get_task(session, task), platform)
-    if out is None:
-        print(export.text, end="")
-    else:
-        out.write_text(export.text, encoding="utf-8")
-        err.print(f"{export.lines} lines written to {out}")
-    if export.without_platform_id:
-        err.print(
-            f"{len(export.without_platform_id)} workers with bonuses have no {export.platform.value} id "
-            f"(pay them another way): {', '.join(export.without_platform_id)}",
-            highlight=False,
-        )
-    if export.invalid_platform_id:
-        err.print(
-            f"{len(export.invalid_platform_id)} workers with bonuses have an id {export.platform.value} never issues "
-            f"(left out; check them by hand): {', '.join(export.invalid_platform_id)}",
-            highlight=False,
-        )
+        batch = payouts.mark_paid(session, None, _task_batch(session, task, batch_id))
+        console.print(f"payout batch {batch.id} marked paid")
+
+
+@batch_app.command("cancel")
+def batch_cancel(
+    batch_id: Annotated[int, typer.Argument(min=1)], task: TaskOpt, database_url: DatabaseOpt = None
+) -> None:
+    """Cancel a created batch that was never paid: its bonuses become payable again."""
+    from services.domain import payouts
+
+    with domain_session(database_url) as session:
+        batch = payouts.cancel(session, None, _task_batch(session, task, batch_id))
+        console.print(f"payout batch {batch.id} cancelled; its bonuses are payable again")
+
+
+@batch_app.command("reconcile")
+def batch_reconcile(
+    batch_id: Annotated[int, typer.Argument(min=1)],
+    record: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The platform's record of what it paid")],
+    task: TaskOpt,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Compare the batch with the platform's record (a CSV, or MTurk's ListBonusPayments JSON) and
+    record the report: matched, missing and unexpected lines. Exit status 1 when any line is
+    missing or unexpected."""
+    from modelling.bounded_tables import ReadBounds
+    from services.domain import payouts
+
+    settings = settings_for(database_url)
+    size = record.stat().st_size
+    if size > settings.max_upload_decoded_bytes:
+        raise fail(f"{record} is {size:,} bytes, more than DYNALOOP_MAX_UPLOAD_DECODED_BYTES allows")
+    bounds = ReadBounds(
+        max_rows=settings.max_upload_rows,
+        max_decoded_bytes=settings.max_upload_decoded_bytes,
+        max_cell_chars=min(settings.max_upload_cell_chars, payouts.MAX_RECONCILE_CELL_CHARS),
+    )
+    with domain_session(database_url) as session:
+        report = payouts.reconcile(session, None, _task_batch(session, task, batch_id), record.read_bytes(), bounds)
+    print(json.dumps(report.as_dict(), indent=2))
+    if report.missing or report.unexpected:
+        raise typer.Exit(1)
 
 
 @app.command("correct")

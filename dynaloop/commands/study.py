@@ -54,6 +54,9 @@ def link_create(
     when_out_of_work: Annotated[
         str, typer.Option(help="Validators whose round has no more work: complete, partial or return")
     ] = "complete",
+    currency: Annotated[
+        str | None, typer.Option(help="The currency the study pays in (Prolific: GBP or USD; MTurk: USD)")
+    ] = None,
     web_url: WebUrlOpt = DEFAULT_WEB_URL,
     database_url: DatabaseOpt = None,
 ) -> None:
@@ -86,6 +89,7 @@ def link_create(
             partial_pay_minor=partial_pay_minor,
             other_role_allowed=other_role_allowed,
             when_out_of_work=when_out_of_work,
+            currency=currency,
         )
         url = link_url(web_url, link)
         console.print(f"study link {link.id} created; completion code {link.completion_code}")

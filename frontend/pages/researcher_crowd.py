@@ -4,8 +4,9 @@ Per task: a form that makes a study link for a round and a role (``POST /tasks/{
 the links with the full address to give the platform (this app's address, the link's ``path`` and
 its ``query_template``) and a Close button, the crowd report per link (sessions by status,
 abandoned ones, the median session in minutes, base pay and bonuses from the ledger and the
-effective hourly pay, ``GET /tasks/{task}/crowd-report``), each link's sessions, a button that computes the ledger, and
-the bonus files Prolific and MTurk take in bulk (``GET /tasks/{task}/ledger/bonuses.csv``).
+effective hourly pay, ``GET /tasks/{task}/crowd-report``), each link's sessions, a button that computes the ledger,
+and payout batches: per Prolific or MTurk link, a button that records a batch of the bonuses no batch holds yet
+(``POST /tasks/{task}/payout-batches``), the task's batches with their file, Mark paid and Cancel.
 For a chosen round, each validator's gold accuracy on the task's control items beside their
 agreement with the majority (``GET /rounds/{id}/worker-agreement``), and whether they are
 still qualified.
@@ -30,7 +31,7 @@ ROLES = ["writer", "validator"]
 OUT_OF_WORK = ["complete", "partial", "return"]  # StudyLink.when_out_of_work
 BONUS_PLATFORMS = ["prolific", "mturk"]
 STATUSES = ["started", "completed", "screened_out", "stopped", "abandoned"]
-BONUS_KEY = "researcher_crowd_bonus_files"  # {(task, platform): bytes}
+BONUS_KEY = "researcher_crowd_batch_files"  # {batch id: the file's bytes}
 APP_URL_KEY = "researcher_crowd_app_url"
 
 
@@ -313,10 +314,9 @@ def writer_attention(client: Api, task: Task) -> None:
     st.dataframe(table, hide_index=True)
 
 
-def ledger_controls(client: Api, task: Task) -> None:
-    st.subheader("Ledger and bonuses")
-    cols = st.columns(2)
-    if cols[0].button("Compute the ledger", key="researcher_crowd_compute"):
+def ledger_controls(client: Api, task: Task, links: list[StudyLink]) -> None:
+    st.subheader("Ledger and payout batches")
+    if st.button("Compute the ledger", key="researcher_crowd_compute"):
         try:
             computed = client.compute_ledger(task["name"])
         except ApiError as error:
@@ -327,26 +327,94 @@ def ledger_controls(client: Api, task: Task) -> None:
             state.flash("success", f"Ledger computed: {added} new row(s), {amount}; {already} event(s) paid already.")
             st.session_state.pop(BONUS_KEY, None)
             st.rerun()
-    if cols[1].button("Prepare the bonus files", key="researcher_crowd_bonus_fetch"):
-        files: dict[str, bytes] = {}
-        try:
-            for platform in BONUS_PLATFORMS:
-                files[platform] = client.bonuses_csv(task["name"], platform)
-        except ApiError as error:
-            state.show_api_error(error)
-        else:
-            st.session_state[BONUS_KEY] = {"task": task["name"], "files": files}
-    ready = st.session_state.get(BONUS_KEY)
-    if ready and ready["task"] == task["name"]:
-        for platform, data in ready["files"].items():
-            st.download_button(
-                f"Download the {'Prolific' if platform == 'prolific' else 'MTurk'} bonus CSV ({len(data):,} bytes)",
-                data=data,
-                file_name=f"{task['name']}-{platform}-bonuses.csv",
+    st.caption(
+        "A payout batch records one study's bonuses that no earlier batch holds: paste its file into the "
+        "platform (one file per Prolific study or MTurk HIT group), then mark it paid. Cancel a batch that "
+        "was never paid and its bonuses are payable again."
+    )
+    payable = [link for link in links if link["platform"] in BONUS_PLATFORMS]
+    for link in payable:
+        label = (
+            f"Create a payout batch for {render.escape_markdown(link['name'])} ({link['platform']}, link {link['id']})"
+        )
+        if st.button(label, key=f"researcher_crowd_batch_create_{link['id']}"):
+            try:
+                created = client.create_payout_batch(task["name"], int(link["id"]))
+            except ApiError as error:
+                state.show_api_error(error)
+            else:
+                batch = created["batch"]
+                notes = [f"{h['username']}: {h['reason']}" for h in created.get("held_back") or []]
+                notes += [f"{', '.join(e['usernames'])}: {e['advice']}" for e in created.get("elsewhere") or []]
+                notes = [render.escape_markdown(note) for note in notes]
+                message = (
+                    f"Payout batch {batch['id']}: {batch['line_count']} line(s), "
+                    f"{money(int(batch['total_minor']), batch['currency'])}."
+                )
+                state.flash("success", message + ("\n\nNot in this batch: " + "; ".join(notes) if notes else ""))
+                st.rerun()
+    try:
+        batches = client.payout_batches(task["name"])
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    if not batches:
+        st.caption("No payout batch yet.")
+        return
+    names = {link["id"]: link["name"] for link in links}
+    table = pd.DataFrame(
+        [
+            {
+                "batch": b["id"],
+                "link": names.get(b["link_id"], b["link_id"]),
+                "platform": b["platform"],
+                "status": b["status"],
+                "lines": b["line_count"],
+                "total": money(int(b["total_minor"]), b["currency"]),
+                "created": b["created_at"],
+            }
+            for b in batches
+        ]
+    )
+    st.dataframe(table, hide_index=True)
+    files: dict[int, bytes] = st.session_state.setdefault(BONUS_KEY, {})
+    for b in batches:
+        cols = st.columns(4)
+        cols[0].write(f"Batch {b['id']} ({b['status']})")
+        if b["id"] in files:
+            cols[1].download_button(
+                f"Download ({len(files[b['id']]):,} bytes)",
+                data=files[b["id"]],
+                file_name=b["filename"],
                 mime="text/csv",
-                key=f"researcher_crowd_download_{platform}",
+                key=f"researcher_crowd_batch_download_{b['id']}",
                 icon=":material/download:",
             )
+        elif cols[1].button("Prepare the file", key=f"researcher_crowd_batch_file_{b['id']}"):
+            try:
+                files[b["id"]] = client.payout_batch_file(int(b["id"]))
+            except ApiError as error:
+                state.show_api_error(error)
+            else:
+                st.rerun()
+        if b["status"] != "created":
+            continue
+        if cols[2].button("Mark paid", key=f"researcher_crowd_batch_paid_{b['id']}"):
+            try:
+                client.mark_payout_batch_paid(int(b["id"]))
+            except ApiError as error:
+                state.show_api_error(error)
+            else:
+                state.flash("success", f"Payout batch {b['id']} marked paid.")
+                st.rerun()
+        if cols[3].button("Cancel", key=f"researcher_crowd_batch_cancel_{b['id']}"):
+            try:
+                client.cancel_payout_batch(int(b["id"]))
+            except ApiError as error:
+                state.show_api_error(error)
+            else:
+                state.flash("success", f"Payout batch {b['id']} cancelled: its bonuses are payable again.")
+                st.rerun()
 
 
 def main() -> None:
@@ -389,7 +457,7 @@ def main() -> None:
         sessions_table(client, links)
     validator_quality(client, rounds)
     writer_attention(client, task)
-    ledger_controls(client, task)
+    ledger_controls(client, task, links)
 
 
 main()

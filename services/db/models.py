@@ -797,6 +797,9 @@ class StudyLink(Base):
     # Validator links: what a validator whose round has no more work to serve gets
     # ("complete", "partial" or "return"; services/domain/study.py OUT_OF_WORK).
     when_out_of_work: Mapped[str] = mapped_column(String(16), default="complete")
+    # The currency the platform's study pays in (ISO 4217; Prolific: GBP or USD, MTurk: USD);
+    # None: the task's pay policy's currency. A payout batch in another currency is refused.
+    currency: Mapped[str | None] = mapped_column(String(3))
 
     task: Mapped[Task] = relationship()
     round: Mapped[Round] = relationship()
@@ -896,6 +899,107 @@ class LedgerEntry(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     task: Mapped[Task] = relationship()
+
+
+class PayoutStatus(str, enum.Enum):
+    created = "created"  # exported; not yet known to be paid
+    paid = "paid"  # the researcher says the platform paid it
+    cancelled = "cancelled"  # never paid: its ledger entries are payable again
+
+
+class PayoutBatch(Base):
+    """One recorded export of bonuses for one study link (a Prolific study, an MTurk HIT group):
+    its lines, totals and the exact file (services/domain/payouts.py). A batch is never edited
+    but for its status; corrections are new ledger entries that a later batch pays."""
+
+    __tablename__ = "payout_batches"
+    __table_args__ = (
+        CheckConstraint("line_count >= 1", name="line_count_positive"),
+        CheckConstraint("total_minor >= 1", name="total_positive"),
+        Index("ix_payout_batches_task_link", "task_id", "link_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
+    link_id: Mapped[int] = mapped_column(ForeignKey("study_links.id"))
+    platform: Mapped[Platform] = mapped_column(_enum(Platform))
+    currency: Mapped[str] = mapped_column(String(3))
+    status: Mapped[PayoutStatus] = mapped_column(_enum(PayoutStatus), default=PayoutStatus.created)
+    line_count: Mapped[int] = mapped_column(Integer)
+    total_minor: Mapped[int] = mapped_column(BigInteger)
+    filename: Mapped[str] = mapped_column(String(200))
+    file_text: Mapped[str] = mapped_column(Text)  # the exact bytes (UTF-8) every download answers
+    note: Mapped[str | None] = mapped_column(Text)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    paid_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    paid_at: Mapped[dt.datetime | None]
+    cancelled_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    cancelled_at: Mapped[dt.datetime | None]
+
+    task: Mapped[Task] = relationship()
+    link: Mapped[StudyLink] = relationship()
+
+
+class PayoutLine(Base):
+    """One line of a payout batch: one worker (MTurk: one assignment) and the positive amount the
+    ledger entries it pays sum to. The ``platform_*`` columns and ``paid_at`` record what the
+    platform answered when the line is paid through its API."""
+
+    __tablename__ = "payout_lines"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "line_number", name="uq_payout_lines_batch_line"),
+        UniqueConstraint("batch_id", "unique_request_token", name="uq_payout_lines_batch_token"),
+        CheckConstraint("amount_minor >= 1", name="amount_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("payout_batches.id"), index=True)
+    line_number: Mapped[int] = mapped_column(Integer)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    session_id: Mapped[int | None] = mapped_column(ForeignKey("study_sessions.id"))
+    platform_worker_id: Mapped[str] = mapped_column(String(128))
+    assignment_id: Mapped[str | None] = mapped_column(String(128))  # MTurk's AssignmentId
+    amount_minor: Mapped[int] = mapped_column(BigInteger)
+    unique_request_token: Mapped[str] = mapped_column(String(64))  # MTurk SendBonus's UniqueRequestToken
+    platform_status: Mapped[str | None] = mapped_column(String(64))
+    platform_reference: Mapped[str | None] = mapped_column(String(200))
+    platform_answer: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    paid_at: Mapped[dt.datetime | None]
+
+
+class PayoutEvent(Base):
+    """A ledger entry paid by a payout line. ``claimed_entry_id`` is the entry's id while the
+    batch is not cancelled and NULL once it is: its unique constraint lets the database, not a
+    check in Python, refuse a second live batch for one entry (two concurrent exports included)."""
+
+    __tablename__ = "payout_events"
+    __table_args__ = (
+        UniqueConstraint("claimed_entry_id", name="uq_payout_events_claimed_entry_id"),
+        CheckConstraint("claimed_entry_id IS NULL OR claimed_entry_id = ledger_entry_id", name="claim_is_the_entry"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("payout_batches.id"), index=True)
+    line_id: Mapped[int] = mapped_column(ForeignKey("payout_lines.id"), index=True)
+    ledger_entry_id: Mapped[int] = mapped_column(ForeignKey("ledger_entries.id"), index=True)
+    claimed_entry_id: Mapped[int | None] = mapped_column(ForeignKey("ledger_entries.id"))
+
+
+class PayoutReconciliation(Base):
+    """A platform's record of what it paid, compared with a batch: the counts and the report
+    (matched, missing and unexpected lines), bounded by the upload's bounds."""
+
+    __tablename__ = "payout_reconciliations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("payout_batches.id"), index=True)
+    matched: Mapped[int] = mapped_column(Integer)
+    missing: Mapped[int] = mapped_column(Integer)
+    unexpected: Mapped[int] = mapped_column(Integer)
+    report: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class ModelServerGrant(Base):

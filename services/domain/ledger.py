@@ -33,9 +33,7 @@ Amounts are integers in minor units of the policy's currency; no floating point 
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
-import io
 import re
 import statistics
 from collections import defaultdict
@@ -78,7 +76,6 @@ BONUS_KINDS = (LedgerKind.writer_bonus, LedgerKind.validator_bonus)
 ABANDONED_AFTER = dt.timedelta(hours=2)  # an active session not seen for this long counts as abandoned
 MAX_CORRECTION_MINOR = 10 * MAX_PAY_MINOR  # one correction, either way
 MAX_REASON_CHARS = 500
-EXPORT_PLATFORMS = (Platform.prolific, Platform.mturk)
 # The ids the platforms issue, as they document them: a Prolific participant id is 24 hexadecimal
 # characters; an MTurk WorkerId matches ^A[A-Z0-9]+$ and an AssignmentId ^[A-Z0-9]+$, each at most
 # 64 characters (the MTurk API reference). A bonus file carries only ids of these forms: a
@@ -569,111 +566,6 @@ def worker_statement(session: Session, task: Task, user_id: int) -> WorkerStatem
         entries=entries,
         totals=totals,
     )
-
-
-@dataclass(frozen=True)
-class BonusExport:
-    platform: Platform
-    filename: str
-    text: str
-    lines: int
-    # Workers with bonuses who did not come through a study link of the platform (no platform id
-    # to pay them by): not in the file, listed here so the researcher pays them another way.
-    without_platform_id: list[str]
-    # Workers (or MTurk assignments) whose bonuses net to zero or less after corrections: no line.
-    not_positive: int
-    # Workers whose session on the platform's link carries an id the platform never issues (a
-    # participant-chosen id): not in the file, so no spreadsheet evaluates it and no one is paid by it.
-    invalid_platform_id: list[str] = field(default_factory=list)
-
-
-def check_platform(value: str) -> Platform:
-    try:
-        platform = Platform(value)
-    except ValueError:
-        platform = None
-    if platform not in EXPORT_PLATFORMS:
-        raise Invalid(f"platform must be one of {[p.value for p in EXPORT_PLATFORMS]}, got {value[:40]!r}")
-    assert platform is not None
-    return platform
-
-
-def bonus_csv(session: Session, task: Task, platform: Platform | str) -> BonusExport:
-    """The task's bonuses in the platform's bulk-bonus format: Prolific ``participant_id,amount``
-    (one line per participant, no header), MTurk ``worker_id,assignment_id,amount,reason`` (one
-    line per assignment, with a header). Only bonus rows and corrections of bonus rows, summed;
-    amounts in major units with the currency's minor digits ("1.50"). A bonus row belongs to the
-    platform session it was earned in; a row without one to the worker's latest session on a
-    study link of that platform for the task."""
-    platform = check_platform(platform.value if isinstance(platform, Platform) else platform)
-    entries = _entries(session, task)
-    originals = {e.id: e.kind for e in entries}
-    bonuses = [e for e in entries if _kind_of(e, originals) in BONUS_KINDS]
-    study_sessions = {
-        s.id: s
-        for s in session.scalars(
-            select(StudySession)
-            .join(StudyLink, StudySession.link_id == StudyLink.id)
-            .where(StudyLink.task_id == task.id, StudyLink.platform == platform)
-            .order_by(StudySession.started_at, StudySession.id)
-        )
-        if s.platform_worker_id
-    }
-    latest: dict[int, StudySession] = {}
-    for study_session in study_sessions.values():
-        latest[study_session.user_id] = study_session  # ordered by start: the last one stays
-    sums: dict[tuple[str, str], int] = defaultdict(int)
-    missing: set[int] = set()
-    invalid: set[int] = set()
-    for entry in bonuses:
-        owner = study_sessions.get(entry.session_id) if entry.session_id is not None else None
-        owner = owner or latest.get(entry.user_id)
-        if owner is None or owner.platform_worker_id is None:
-            missing.add(entry.user_id)
-            continue
-        has_ids = platform is not Platform.mturk or bool(owner.platform_session_id)  # else: missing, below
-        if has_ids and not valid_platform_ids(platform, owner.platform_worker_id, owner.platform_session_id):
-            invalid.add(entry.user_id)
-            continue
-        if platform is Platform.mturk:
-            if not owner.platform_session_id:
-                missing.add(entry.user_id)
-                continue
-            sums[(owner.platform_worker_id, owner.platform_session_id)] += entry.amount_minor
-        else:
-            sums[(owner.platform_worker_id, "")] += entry.amount_minor
-    currency = entries[0].currency if entries else (pay_policy(task) or PayPolicy(currency="GBP")).currency
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    if platform is Platform.mturk:
-        writer.writerow(["worker_id", "assignment_id", "amount", "reason"])
-    lines = 0
-    not_positive = 0
-    for (worker_id, assignment_id), amount in sorted(sums.items()):
-        if amount <= 0:
-            not_positive += 1
-            continue
-        lines += 1
-        if platform is Platform.mturk:
-            writer.writerow([worker_id, assignment_id, format_amount(amount, currency), f"Bonus for task {task.name}"])
-        else:
-            writer.writerow([worker_id, format_amount(amount, currency)])
-    names = _usernames(session, missing)
-    return BonusExport(
-        platform=platform,
-        filename=f"{task.name}-bonuses-{platform.value}.csv",
-        text=out.getvalue(),
-        lines=lines,
-        without_platform_id=names,
-        not_positive=not_positive,
-        invalid_platform_id=_usernames(session, invalid),
-    )
-
-
-def _usernames(session: Session, user_ids: set[int]) -> list[str]:
-    if not user_ids:
-        return []
-    return sorted(session.scalars(select(User.username).where(User.id.in_(sorted(user_ids)))).all())
 
 
 # --- the researcher's view ----------------------------------------------------------------------

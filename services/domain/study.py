@@ -99,6 +99,10 @@ PLATFORM_ID_FORMATS: dict[Platform, tuple[tuple[re.Pattern[str], str], ...]] = {
 }
 # Links on these platforms pay their workers through the platform: they must cap their workers.
 PAID_PLATFORMS = (Platform.prolific, Platform.mturk)
+# The currencies each platform pays in. Prolific: a study pays in GBP or USD, and a bonus "in the
+# study currency" (Prolific's API reference, "Set up bonuses"); MTurk: BonusAmount is "a US Dollar
+# amount" (SendBonus, the MTurk API reference). services/domain/payouts.py refuses a batch in another.
+PLATFORM_CURRENCIES = {Platform.prolific: ("GBP", "USD"), Platform.mturk: ("USD",)}
 # What a validator whose round has no more work gets (StudyLink.when_out_of_work):
 # "complete": the completion code and base pay, once at least one label is done;
 # "partial": the link's partial code and partial pay, as a stop; "return": no code, return it.
@@ -158,6 +162,7 @@ def create_link(
     partial_pay_minor: int | None = None,
     other_role_allowed: bool = False,
     when_out_of_work: str = "complete",
+    currency: str | None = None,
 ) -> StudyLink:
     round_ = session.get(Round, round_id)
     if round_ is None or round_.task_id != task.id:
@@ -198,6 +203,14 @@ def create_link(
             )
     elif id_parameter is not None:
         raise Invalid(f"id_parameter is only for generic links; {platform.value} names its own parameters")
+    if currency is not None:
+        allowed = PLATFORM_CURRENCIES.get(platform)
+        if not re.fullmatch(r"[A-Z]{3}", currency) or (allowed is not None and currency not in allowed):
+            raise Invalid(
+                "currency must be the ISO 4217 code the study pays in"
+                + (f"; {platform.value} pays in {' or '.join(allowed)}" if allowed else ""),
+                field="currency",
+            )
     opens = _aware(opens_at, "opens_at")
     closes = _aware(closes_at, "closes_at")
     if opens is not None and closes is not None and closes <= opens:
@@ -218,6 +231,7 @@ def create_link(
         partial_pay_minor=partial_pay_minor,
         other_role_allowed=other_role_allowed,
         when_out_of_work=when_out_of_work,
+        currency=currency,
         opens_at=opens,
         closes_at=closes,
         created_by_id=actor.id if actor else None,
