@@ -474,3 +474,31 @@ def test_the_crowd_page_shows_each_writers_attention_checks(live: LiveApi) -> No
     table = at.dataframe[-1].value
     row = table[table["writer"] == "walt"].iloc[0].to_dict()
     assert row == {"writer": "walt", "served": 1, "answered": 1, "passed": 0, "failed": 1, "qualified": "yes"}
+
+
+def test_the_crowd_page_warns_without_a_pay_policy_and_sets_one(rita: CrowdClient, live: LiveApi) -> None:
+    """A task without a pay policy: the page says so plainly (not 0.00 without a word); the form
+    sets version 1 through the real API, and the page then shows it in force."""
+    at = crowd_page(rita)
+    assert not at.exception, at.exception
+    assert any("no pay policy" in text for text in texts(at.warning))
+    at.text_input(key="researcher_crowd_pay_currency").set_value("GBP")
+    at.number_input(key="researcher_crowd_pay_writer").set_value(180)
+    at.number_input(key="researcher_crowd_pay_validator").set_value(110)
+    at.number_input(key="researcher_crowd_pay_bonus").set_value(10)
+    at.number_input(key="researcher_crowd_pay_floor").set_value(900)
+    at.text_input(key="researcher_crowd_pay_note").set_value("pilot: 12 minutes a session")
+    at.button(key="researcher_crowd_pay_save").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    answer = live.admin.pay_policy(TASK)
+    assert answer["current"]["version"] == 1
+    assert answer["current"]["policy"] == {
+        "currency": "GBP",
+        "base_pay": {"writer": 180, "validator": 110},
+        "writer_bonus_per_example": 10,
+        "validator_bonus": None,
+        "min_hourly_minor": 900,
+    }
+    assert answer["current"]["note"] == "pilot: 12 minutes a session"
+    assert not any("no pay policy" in text for text in texts(at.warning))
+    assert any("Version 1" in m.value and "GBP 1.80" in m.value for m in at.markdown)

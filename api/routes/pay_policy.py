@@ -14,7 +14,7 @@ from services.authorization import TaskPolicy, authorize
 from services.db.models import LedgerEntry, Task, User
 from services.domain import pay_policies, tasks
 
-router = APIRouter(tags=["ledger"])
+router = APIRouter(tags=["pay policy"])
 Manager = Annotated[User, allowed(TaskPolicy.manage)]
 
 
