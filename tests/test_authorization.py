@@ -111,6 +111,8 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("POST", f"{API}/ledger/{{entry_id}}/corrections"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/pay-policy"): {R},
+    ("PUT", f"{API}/tasks/{{task_name}}/pay-policy"): {R},
     ("POST", f"{API}/model-servers"): set(),
     ("GET", f"{API}/model-servers"): {R},
     ("GET", f"{API}/model-servers/{{name}}"): {R},
@@ -309,6 +311,9 @@ def request_bodies(who: str, server: str, attempt_id: int, round_id: int = 1) ->
         },
         ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
         ("POST", f"{API}/tasks/{{task_name}}/ledger/compute"): {"json": {}},
+        ("PUT", f"{API}/tasks/{{task_name}}/pay-policy"): {
+            "json": {"policy": {"currency": "GBP", "base_pay": {"writer": 150}}, "note": f"matrix {who}"}
+        },
         ("POST", f"{API}/ledger/{{entry_id}}/corrections"): {"json": {"amount_minor": 5, "reason": "matrix"}},
         ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): {"params": {"platform": "prolific"}},
         ("POST", f"{API}/rounds/{{round_id}}/build/preview"): {"json": {}},
@@ -480,6 +485,8 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("GET", f"{API}/tasks/{{task_name}}/ledger/workers/{{user_id}}"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/pay-policy"): MANAGE,
+    ("PUT", f"{API}/tasks/{{task_name}}/pay-policy"): MANAGE,
     ("POST", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
     ("PUT", f"{API}/model-servers/{{name}}/tasks/{{task_name}}"): ADMINS,

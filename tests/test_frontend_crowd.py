@@ -501,4 +501,5 @@ def test_the_crowd_page_warns_without_a_pay_policy_and_sets_one(rita: CrowdClien
     }
     assert answer["current"]["note"] == "pilot: 12 minutes a session"
     assert not any("no pay policy" in text for text in texts(at.warning))
-    assert any("Version 1" in m.value and "GBP 1.80" in m.value for m in at.markdown)
+    shown = [m.value.replace("\\", "") for m in at.markdown]  # escape_markdown's backslashes
+    assert any("Version 1" in m and "writers GBP 1.80" in m and "hourly floor GBP 9.00/h" in m for m in shown), shown
