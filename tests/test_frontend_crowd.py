@@ -503,3 +503,40 @@ def test_the_crowd_page_warns_without_a_pay_policy_and_sets_one(rita: CrowdClien
     assert not any("no pay policy" in text for text in texts(at.warning))
     shown = [m.value.replace("\\", "") for m in at.markdown]  # escape_markdown's backslashes
     assert any("Version 1" in m and "writers GBP 1.80" in m and "hourly floor GBP 9.00/h" in m for m in shown), shown
+
+
+def test_the_crowd_page_shows_each_workers_hourly_pay_and_warns_below_the_minimum(rita: CrowdClient) -> None:
+    """The crowd report's `workers` (tests/test_pay_policies.py checks how the API computes them)
+    as a table, with a warning naming how many are below the minimum."""
+    rita.links = [_link(1)]
+
+    def worker(name: str, hourly: int, below: bool) -> dict[str, Any]:
+        return {
+            "user_id": len(name),
+            "username": name,
+            "platforms": ["prolific"],
+            "sessions": 1,
+            "active_seconds": 1200,
+            "earned_minor": hourly // 3,
+            "effective_hourly_minor": hourly,
+            "platform_minimum_minor": 600,
+            "policy_floor_minor": None,
+            "below_minimum": below,
+            "warning": "GBP 4.50/h is below the platform's published minimum of 6.00/h" if below else None,
+        }
+
+    rita.report = {
+        "task": TASK,
+        "currency": "GBP",
+        "data": [],
+        "count": 0,
+        "workers": [worker("wanda", 450, True), worker("wes", 900, False)],
+    }
+    at = crowd_page(rita)
+    assert not at.exception and not at.error, texts(at.error)
+    assert any("1 worker(s) earn less per hour" in text for text in texts(at.warning))
+    table = at.table[-1].value
+    rows = {row["worker"]: row for row in table.to_dict("records")}
+    assert rows["wanda"]["per hour"] == "GBP 4.50" and rows["wanda"]["minimum"] == "GBP 6.00"
+    assert "below the platform's published minimum" in rows["wanda"]["warning"]
+    assert rows["wes"]["per hour"] == "GBP 9.00" and rows["wes"]["warning"] == ""
