@@ -43,9 +43,9 @@ MAX_VERSIONS_PER_TASK = 1000  # a bound on a task's history, far above any real 
 # a reward" (researcher-help.prolific.com, read 2026-11-25): "the minimum pay allowed is £6.00 /
 # $8.00 per hour", recommended at least £9.00 / $12.00. These change (the same help centre said
 # £5.00 / $6.50 earlier): check the page before a paid round and change the numbers here.
-# Amazon Mechanical Turk publishes no minimum hourly pay (its reward has a technical floor of
-# $0.01 per assignment, nothing per hour), so MTurk has no entry: set `min_hourly_minor` in the
-# task's pay policy for a floor of your own. Prolific pays participants in GBP and USD only.
+# Amazon Mechanical Turk publishes no minimum hourly pay (its reward is set per assignment), so
+# MTurk has no entry: set `min_hourly_minor` in the task's pay policy for a floor of your own.
+# Prolific pays participants in GBP and USD only (the same page), so it has no other currency.
 PLATFORM_MINIMUM_HOURLY_MINOR: dict[Platform, dict[str, int]] = {
     Platform.prolific: {"GBP": 600, "USD": 800},
 }
