@@ -184,6 +184,12 @@ class PayPolicy(_Strict):
         0, description="Per example that fooled the model and whose majority label is the writer's target."
     )
     validator_bonus: ValidatorBonus | None = None
+    min_hourly_minor: _Amount | None = Field(
+        None,
+        description="The researcher's own floor on effective hourly pay, in minor units per hour: the crowd "
+        "report warns about workers below it (and below the platform's published minimum, where it has one; "
+        "MTurk publishes none). Pays nothing by itself.",
+    )
 
     @field_validator("currency")
     @classmethod

@@ -118,6 +118,8 @@ ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("POST", f"{API}/payout-batches/{{batch_id}}/cancel"): {R},
     ("POST", f"{API}/payout-batches/{{batch_id}}/reconciliation"): {R},
     ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): {R},
+    ("GET", f"{API}/tasks/{{task_name}}/pay-policy"): {R},
+    ("PUT", f"{API}/tasks/{{task_name}}/pay-policy"): {R},
     ("POST", f"{API}/model-servers"): set(),
     ("GET", f"{API}/model-servers"): {R},
     ("GET", f"{API}/model-servers/{{name}}"): {R},
@@ -316,6 +318,9 @@ def request_bodies(who: str, server: str, attempt_id: int, round_id: int = 1) ->
         },
         ("POST", f"{API}/rounds/{{round_id}}/build"): {"json": {}},
         ("POST", f"{API}/tasks/{{task_name}}/ledger/compute"): {"json": {}},
+        ("PUT", f"{API}/tasks/{{task_name}}/pay-policy"): {
+            "json": {"policy": {"currency": "GBP", "base_pay": {"writer": 150}}, "note": f"matrix {who}"}
+        },
         ("POST", f"{API}/ledger/{{entry_id}}/corrections"): {"json": {"amount_minor": 5, "reason": "matrix"}},
         ("GET", f"{API}/tasks/{{task_name}}/ledger/bonuses.csv"): {"params": {"platform": "prolific"}},
         ("POST", f"{API}/tasks/{{task_name}}/payout-batches"): {"json": {"link_id": 1}},
@@ -492,6 +497,8 @@ OWNERSHIP: dict[tuple[str, str], dict[str, str]] = {
     ("POST", f"{API}/tasks/{{task_name}}/payout-batches"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/payout-batches"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/crowd-report"): MANAGE,
+    ("GET", f"{API}/tasks/{{task_name}}/pay-policy"): MANAGE,
+    ("PUT", f"{API}/tasks/{{task_name}}/pay-policy"): MANAGE,
     ("POST", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
     ("GET", f"{API}/tasks/{{task_name}}/study-links"): MANAGE,
     ("PUT", f"{API}/model-servers/{{name}}/tasks/{{task_name}}"): ADMINS,

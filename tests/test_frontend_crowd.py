@@ -515,3 +515,69 @@ def test_the_crowd_page_shows_each_writers_attention_checks(live: LiveApi) -> No
     table = at.dataframe[-1].value
     row = table[table["writer"] == "walt"].iloc[0].to_dict()
     assert row == {"writer": "walt", "served": 1, "answered": 1, "passed": 0, "failed": 1, "qualified": "yes"}
+
+
+def test_the_crowd_page_warns_without_a_pay_policy_and_sets_one(rita: CrowdClient, live: LiveApi) -> None:
+    """A task without a pay policy: the page says so plainly (not 0.00 without a word); the form
+    sets version 1 through the real API, and the page then shows it in force."""
+    at = crowd_page(rita)
+    assert not at.exception, at.exception
+    assert any("no pay policy" in text for text in texts(at.warning))
+    at.text_input(key="researcher_crowd_pay_currency").set_value("GBP")
+    at.number_input(key="researcher_crowd_pay_writer").set_value(180)
+    at.number_input(key="researcher_crowd_pay_validator").set_value(110)
+    at.number_input(key="researcher_crowd_pay_bonus").set_value(10)
+    at.number_input(key="researcher_crowd_pay_floor").set_value(900)
+    at.text_input(key="researcher_crowd_pay_note").set_value("pilot: 12 minutes a session")
+    at.button(key="researcher_crowd_pay_save").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    answer = live.admin.pay_policy(TASK)
+    assert answer["current"]["version"] == 1
+    assert answer["current"]["policy"] == {
+        "currency": "GBP",
+        "base_pay": {"writer": 180, "validator": 110},
+        "writer_bonus_per_example": 10,
+        "validator_bonus": None,
+        "min_hourly_minor": 900,
+    }
+    assert answer["current"]["note"] == "pilot: 12 minutes a session"
+    assert not any("no pay policy" in text for text in texts(at.warning))
+    shown = [m.value.replace("\\", "") for m in at.markdown]  # escape_markdown's backslashes
+    assert any("Version 1" in m and "writers GBP 1.80" in m and "hourly floor GBP 9.00/h" in m for m in shown), shown
+
+
+def test_the_crowd_page_shows_each_workers_hourly_pay_and_warns_below_the_minimum(rita: CrowdClient) -> None:
+    """The crowd report's `workers` (tests/test_pay_policies.py checks how the API computes them)
+    as a table, with a warning naming how many are below the minimum."""
+    rita.links = [_link(1)]
+
+    def worker(name: str, hourly: int, below: bool) -> dict[str, Any]:
+        return {
+            "user_id": len(name),
+            "username": name,
+            "platforms": ["prolific"],
+            "sessions": 1,
+            "active_seconds": 1200,
+            "earned_minor": hourly // 3,
+            "effective_hourly_minor": hourly,
+            "platform_minimum_minor": 600,
+            "policy_floor_minor": None,
+            "below_minimum": below,
+            "warning": "GBP 4.50/h is below the platform's published minimum of 6.00/h" if below else None,
+        }
+
+    rita.report = {
+        "task": TASK,
+        "currency": "GBP",
+        "data": [],
+        "count": 0,
+        "workers": [worker("wanda", 450, True), worker("wes", 900, False)],
+    }
+    at = crowd_page(rita)
+    assert not at.exception and not at.error, texts(at.error)
+    assert any("1 worker(s) earn less per hour" in text for text in texts(at.warning))
+    table = at.table[-1].value
+    rows = {row["worker"]: row for row in table.to_dict("records")}
+    assert rows["wanda"]["per hour"] == "GBP 4.50" and rows["wanda"]["minimum"] == "GBP 6.00"
+    assert "below the platform's published minimum" in rows["wanda"]["warning"]
+    assert rows["wes"]["per hour"] == "GBP 9.00" and rows["wes"]["warning"] == ""

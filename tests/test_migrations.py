@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -215,3 +216,67 @@ def test_0015_marks_link_made_workers_and_fills_in_each_sessions_round_and_role(
         assert "round_id" not in columns and "token_id" not in columns
         with engine.connect() as connection:
             assert connection.execute(text("SELECT COUNT(*) FROM study_sessions")).scalar_one() == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_0021_makes_version_1_of_each_pay_block_and_stamps_the_ledger(backend: str, tmp_path: Path) -> None:
+    """A database at 0019 with a task whose definition has a pay block and two ledger rows (one
+    a correction), and a task without one: after the upgrade the first has pay policy version 1
+    (its pay block, effective from the task's creation) and its computed row names version 1,
+    the correction none; the second task has no version. The downgrade drops both again."""
+    pay = {"currency": "GBP", "base_pay": {"writer": 150, "validator": 100}, "writer_bonus_per_example": 10}
+    with ExitStack() as stack:
+        if backend == "sqlite":
+            url = f"sqlite:///{tmp_path / 'at-0019.db'}"
+        else:
+            url = stack.enter_context(fresh_postgres_database())
+        upgrade(url, "0019")
+        engine = create_engine(url)
+        stack.callback(engine.dispose)
+        tables = MetaData()
+        tables.reflect(engine, only=["users", "tasks", "ledger_entries"])
+        t = tables.tables
+        created = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.UTC)
+        with engine.begin() as connection:
+
+            def insert(table: str, **values: object) -> int:
+                return int(connection.execute(t[table].insert().values(**values)).inserted_primary_key[0])
+
+            worker = insert("users", username="wanda", roles=["writer"], is_active=True, created_at=created)
+            paid, unpaid = (
+                insert(
+                    "tasks",
+                    name=name,
+                    title="t",
+                    family="single_label",
+                    definition=definition,
+                    definition_yaml="",
+                    created_at=created,
+                )
+                for name, definition in (("paid-task", {"pay": pay}), ("unpaid-task", {}))
+            )
+            row = {"task_id": paid, "user_id": worker, "currency": "GBP", "reason": "r", "created_at": created}
+            base = insert("ledger_entries", kind="base_pay", event_key="session:1", amount_minor=150, **row)
+            insert(
+                "ledger_entries",
+                kind="correction",
+                event_key="correction:1:1",
+                amount_minor=-5,
+                corrects_id=base,
+                **row,
+            )
+        upgrade(url)
+        with engine.connect() as connection:
+            versions = connection.execute(
+                text("SELECT task_id, version, policy, effective_from FROM pay_policies")
+            ).all()
+            stamped = connection.execute(text("SELECT kind, pay_policy_version FROM ledger_entries ORDER BY id")).all()
+        assert len(versions) == 1
+        task_id, version, policy, effective_from = versions[0]
+        assert (task_id, version) == (paid, 1) and unpaid != paid
+        assert (json.loads(policy) if isinstance(policy, str) else policy) == pay
+        assert str(effective_from).startswith("2026-11-01 09:00:00")
+        assert [tuple(r) for r in stamped] == [("base_pay", 1), ("correction", None)]
+        downgrade(url, "0019")
+        assert "pay_policies" not in inspect(engine).get_table_names()
+        assert "pay_policy_version" not in {c["name"] for c in inspect(engine).get_columns("ledger_entries")}

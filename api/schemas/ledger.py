@@ -156,11 +156,37 @@ class LinkReportPublic(BaseModel):
         return cls(**row.__dict__)
 
 
+class WorkerHourlyPublic(BaseModel):
+    user_id: int
+    username: str
+    platforms: list[str] = Field(description="The platforms of the links the worker came through.")
+    sessions: int
+    active_seconds: int = Field(description="Sum over their study sessions of started_at to ended_at (else last seen).")
+    earned_minor: int = Field(description="Their ledger total on the task, corrections included.")
+    effective_hourly_minor: int | None = Field(
+        description="earned_minor per hour of active time, minor units, rounded half-up; null without active time."
+    )
+    platform_minimum_minor: int | None = Field(
+        description="The highest published minimum hourly pay of their platforms in the task's currency "
+        "(Prolific: GBP 600, USD 800); null where none is published (MTurk, generic links)."
+    )
+    policy_floor_minor: int | None = Field(description="The pay policy's min_hourly_minor, if set.")
+    below_minimum: bool
+    warning: str | None
+
+    @classmethod
+    def of(cls, row: ledger.WorkerHourly) -> WorkerHourlyPublic:
+        return cls(**row.__dict__)
+
+
 class CrowdReportPublic(BaseModel):
     task: str
     currency: str | None
     data: list[LinkReportPublic]
     count: int
+    workers: list[WorkerHourlyPublic] = Field(
+        description="Each worker who came through a study link: effective hourly pay and the minimum it is held to."
+    )
 
     @classmethod
     def of(cls, report: ledger.CrowdReport) -> CrowdReportPublic:
@@ -169,4 +195,5 @@ class CrowdReportPublic(BaseModel):
             currency=report.currency,
             data=[LinkReportPublic.of(link) for link in report.links],
             count=len(report.links),
+            workers=[WorkerHourlyPublic.of(row) for row in report.workers],
         )

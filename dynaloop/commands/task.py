@@ -142,3 +142,71 @@ def task_members(task: str, database_url: DatabaseOpt = None) -> None:
     except DomainError as exc:
         raise fail(exc.message) from exc
     console.print(table)
+
+
+MAX_POLICY_FILE_BYTES = 64 * 1024  # a pay policy is a few lines; anything larger is not one
+
+
+@app.command("pay-policy")
+def task_pay_policy(
+    task: str,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", help="YAML (or JSON) file with the new policy: the keys of a task YAML's `pay:` block"),
+    ] = None,
+    note: Annotated[str, typer.Option(help="Why the policy changes (kept with the version)")] = "",
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Show the task's pay policy and its versions; with --file, set a new version (it pays the
+    work done from now on; rows already in the ledger never change)."""
+    import json
+
+    import yaml
+
+    from services.domain import pay_policies, tasks
+    from services.structured_input import load_yaml
+
+    policy_data = None
+    if file is not None:
+        try:
+            size = file.stat().st_size
+        except OSError as exc:
+            raise fail(f"cannot read {file}: {exc.strerror}") from exc
+        if size > MAX_POLICY_FILE_BYTES:
+            raise fail(f"{file} has {size:,} bytes; a pay policy file has at most {MAX_POLICY_FILE_BYTES:,}")
+        try:
+            policy_data = load_yaml(file.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise fail(f"{file} is not YAML: {exc}") from exc
+        if isinstance(policy_data, dict) and set(policy_data) == {"pay"}:
+            policy_data = policy_data["pay"]  # a `pay:` block copied from a task YAML
+    with domain_session(database_url) as session:
+        found = tasks.get_task(session, task)
+        if policy_data is not None:
+            row = pay_policies.set_pay_policy(session, None, found, policy_data, note=note)
+            console.print(
+                f"task {task!r}: pay policy version {row.version} is in force from "
+                f"{row.effective_from:%Y-%m-%d %H:%M:%S} UTC",
+                soft_wrap=True,
+            )
+        rows = pay_policies.versions(session, found)
+        if not rows:
+            err.print(
+                f"warning: task {task!r} has no pay policy: no ledger is computed and workers are paid nothing "
+                "beyond the platform's reward. Set one with --file.",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+            return
+        table = Table()
+        for column in ("version", "in force from (UTC)", "policy", "note"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(
+                str(row.version),
+                f"{row.effective_from:%Y-%m-%d %H:%M:%S}",
+                json.dumps(row.policy, sort_keys=True),
+                row.note,
+            )
+    console.print(table)

@@ -7,6 +7,10 @@ abandoned ones, the median session in minutes, base pay and bonuses from the led
 effective hourly pay, ``GET /tasks/{task}/crowd-report``), each link's sessions, a button that computes the ledger,
 and payout batches: per Prolific or MTurk link, a button that records a batch of the bonuses no batch holds yet
 (``POST /tasks/{task}/payout-batches``), the task's batches with their file, Mark paid and Cancel.
+The task's pay policy in force, its earlier versions and a form that sets a new version
+(``GET``/``PUT /tasks/{task}/pay-policy``), with a warning when the task has none; each worker's
+effective hourly pay with a warning where it is below the platform's published minimum or the
+policy's own floor (the crowd report's ``workers``).
 For a chosen round, each validator's gold accuracy on the task's control items beside their
 agreement with the majority (``GET /rounds/{id}/worker-agreement``), and whether they are
 still qualified.
@@ -314,6 +318,171 @@ def writer_attention(client: Api, task: Task) -> None:
     st.dataframe(table, hide_index=True)
 
 
+def _policy_line(policy: dict[str, Any]) -> str:
+    currency = policy.get("currency")
+    base = policy.get("base_pay") or {}
+    parts = [
+        f"base pay: writers {money(base.get('writer', 0), currency)}, "
+        f"validators {money(base.get('validator', 0), currency)} per completed session",
+        f"writer bonus {money(policy.get('writer_bonus_per_example', 0), currency)} per validated example "
+        "that fooled the model",
+    ]
+    bonus = policy.get("validator_bonus")
+    if bonus:
+        parts.append(
+            f"validator bonus {money(bonus.get('per_batch', 0), currency)} per batch with at least "
+            f"{float(bonus.get('min_agreement', 0)):.0%} agreement"
+        )
+    if policy.get("min_hourly_minor") is not None:
+        parts.append(f"hourly floor {money(policy['min_hourly_minor'], currency)}/h")
+    return "; ".join(parts)
+
+
+def pay_policy_section(client: Api, task: Task) -> None:
+    """The policy in force, its versions, and a form for a new version (it pays work done from now on)."""
+    st.subheader("Pay policy")
+    try:
+        answer = client.pay_policy(task["name"])
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    current = answer.get("current")
+    if current is None:
+        st.warning(
+            "This task has no pay policy: no ledger is computed, the amounts on this page stay at 0.00 and "
+            "workers get nothing beyond the platform's own reward. Set a policy below."
+        )
+        policy: dict[str, Any] = {}
+    else:
+        policy = dict(current["policy"])
+        st.markdown(
+            f"**Version {current['version']}**, in force since {current['effective_from']} (UTC): "
+            + render.escape_markdown(_policy_line(policy))
+        )
+        if len(answer.get("versions") or []) > 1:
+            with st.expander("Earlier versions"):
+                st.table(
+                    pd.DataFrame(
+                        [
+                            {
+                                "version": v["version"],
+                                "in force from (UTC)": v["effective_from"],
+                                "policy": _policy_line(v["policy"]),
+                                "note": v["note"],
+                            }
+                            for v in answer["versions"]
+                        ]
+                    )
+                )
+    locked = answer.get("ledger_currency")
+    base = policy.get("base_pay") or {}
+    bonus = policy.get("validator_bonus") or {}
+    with st.expander("Set a new pay policy" if current else "Set the pay policy", expanded=current is None):
+        st.caption(
+            "Amounts are whole numbers in minor units (pence, cents). The new version pays work done from now "
+            "on; rows already in the ledger never change."
+            + (f" The currency stays {locked}: the ledger has rows in it." if locked else "")
+        )
+        with st.form("researcher_crowd_pay_policy"):
+            cols = st.columns(4)
+            currency = cols[0].text_input(
+                "Currency (ISO 4217)",
+                value=str(locked or policy.get("currency") or "GBP"),
+                max_chars=3,
+                disabled=bool(locked),
+                key="researcher_crowd_pay_currency",
+            )
+            writer = cols[1].number_input(
+                "Writer base pay", 0, 1_000_000, int(base.get("writer", 0)), key="researcher_crowd_pay_writer"
+            )
+            validator = cols[2].number_input(
+                "Validator base pay", 0, 1_000_000, int(base.get("validator", 0)), key="researcher_crowd_pay_validator"
+            )
+            per_example = cols[3].number_input(
+                "Writer bonus per example",
+                0,
+                1_000_000,
+                int(policy.get("writer_bonus_per_example", 0)),
+                key="researcher_crowd_pay_bonus",
+            )
+            more = st.columns(3)
+            per_batch = more[0].number_input(
+                "Validator bonus per batch (0: none)",
+                0,
+                1_000_000,
+                int(bonus.get("per_batch", 0)),
+                key="researcher_crowd_pay_batch",
+            )
+            agreement = more[1].number_input(
+                "Agreement a batch needs",
+                0.01,
+                1.0,
+                float(bonus.get("min_agreement", 0.8)),
+                0.05,
+                key="researcher_crowd_pay_agreement",
+            )
+            floor = more[2].number_input(
+                "Hourly floor (0: none)",
+                0,
+                1_000_000,
+                int(policy.get("min_hourly_minor") or 0),
+                key="researcher_crowd_pay_floor",
+                help="Your own minimum effective hourly pay; MTurk publishes none.",
+            )
+            note = st.text_input("Why (kept with the version)", max_chars=500, key="researcher_crowd_pay_note")
+            submitted = st.form_submit_button("Save as a new version", key="researcher_crowd_pay_save")
+        if not submitted:
+            return
+        new_policy: dict[str, Any] = {
+            "currency": (locked or currency).strip().upper(),
+            "base_pay": {"writer": int(writer), "validator": int(validator)},
+            "writer_bonus_per_example": int(per_example),
+        }
+        if int(per_batch):
+            new_policy["validator_bonus"] = {"per_batch": int(per_batch), "min_agreement": float(agreement)}
+        if int(floor):
+            new_policy["min_hourly_minor"] = int(floor)
+        try:
+            saved = client.set_pay_policy(task["name"], new_policy, note.strip())
+        except ApiError as error:
+            state.show_api_error(error)
+            return
+        state.flash("success", f"Pay policy version {saved['current']['version']} is in force from now on.")
+        st.rerun()
+
+
+def hourly_pay(report: dict[str, Any]) -> None:
+    """Each worker's effective hourly pay (ledger total per hour of their sessions' active time),
+    with the crowd report's warning where it is below the platform's minimum or the policy's floor."""
+    workers = report.get("workers") or []
+    if not workers:
+        return
+    currency = report.get("currency")
+    st.subheader("Effective hourly pay per worker")
+    below = [w for w in workers if w.get("below_minimum")]
+    if below:
+        st.warning(
+            f"{len(below)} worker(s) earn less per hour than the platform's published minimum or the policy's "
+            "floor: pay them the difference as a bonus (a ledger correction) or raise the policy."
+        )
+    st.table(
+        pd.DataFrame(
+            [
+                {
+                    "worker": w["username"],
+                    "platforms": ", ".join(w["platforms"]),
+                    "active minutes": f"{w['active_seconds'] / 60:.1f}",
+                    "earned": money(w["earned_minor"], currency),
+                    "per hour": money(w["effective_hourly_minor"], currency),
+                    "minimum": money(w["platform_minimum_minor"], currency),
+                    "warning": w.get("warning") or "",
+                }
+                for w in workers
+            ]
+        )
+    )
+
+
 def ledger_controls(client: Api, task: Task, links: list[StudyLink]) -> None:
     st.subheader("Ledger and payout batches")
     if st.button("Compute the ledger", key="researcher_crowd_compute"):
@@ -431,6 +600,7 @@ def main() -> None:
     except ApiError as error:
         state.show_api_error(error)
         return
+    pay_policy_section(client, task)
     create_link_form(client, task, rounds)
     base_url = st.text_input(
         "This app's address as workers reach it",
@@ -454,6 +624,7 @@ def main() -> None:
         currency = report.get("currency")
         for link in links:
             link_card(client, link, rows.get(link["id"]), currency, base_url)
+        hourly_pay(report)
         sessions_table(client, links)
     validator_quality(client, rounds)
     writer_attention(client, task)

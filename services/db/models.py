@@ -895,6 +895,10 @@ class LedgerEntry(Base):
     currency: Mapped[str] = mapped_column(String(3))
     reason: Mapped[str] = mapped_column(Text)
     corrects_id: Mapped[int | None] = mapped_column(ForeignKey("ledger_entries.id"))
+    # The version of the task's pay policy (pay_policies.version) the row was computed under;
+    # None for a correction (a researcher's amount, no policy's) and for rows written before
+    # policies were versioned on a task that had no pay block (migration 0021).
+    pay_policy_version: Mapped[int | None] = mapped_column(Integer)
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
@@ -998,6 +1002,21 @@ class PayoutReconciliation(Base):
     missing: Mapped[int] = mapped_column(Integer)
     unexpected: Mapped[int] = mapped_column(Integer)
     report: Mapped[dict[str, Any]] = mapped_column(JSON)
+class PayPolicyVersion(Base):
+    """One version of a task's pay policy (services/domain/pay_policies.py). Versions are never
+    edited: a change is a new row with the next number. ``policy`` is the policy as JSON,
+    validated by services.taskdef.PayPolicy; it pays work done from ``effective_from`` on, until
+    the next version's ``effective_from``."""
+
+    __tablename__ = "pay_policies"
+    __table_args__ = (UniqueConstraint("task_id", "version", name="uq_pay_policies_task_version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    effective_from: Mapped[dt.datetime] = mapped_column()
+    note: Mapped[str] = mapped_column(Text, default="")
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 

@@ -28,6 +28,12 @@ The rules (docs/round_builder.md, "Pay and the ledger"):
   unqualified later keeps the same batch numbers: a batch paid once keeps its key and is never
   paid again under another.
 
+Each row is computed under the version of the task's pay policy in force when its work was done
+(services/domain/pay_policies.py) and names it (``pay_policy_version``): a completed or stopped
+session's end for base and partial pay, the example's creation for the writer bonus, the batch's
+last label for the validator bonus. A policy change therefore pays the work done after it at the
+new rates; rows already in the ledger are never recomputed.
+
 Amounts are integers in minor units of the policy's currency; no floating point touches money.
 """
 
@@ -44,7 +50,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from services.db.models import (
     BuiltExample,
@@ -64,7 +70,7 @@ from services.db.models import (
     Validation,
     utcnow,
 )
-from services.domain import audit, controls, study
+from services.domain import audit, controls, pay_policies, study
 from services.domain.labels import agreement_with, gold_label, last_pass
 from services.domain.rounds import newest_build
 from services.domain.tasks import definition_of
@@ -97,17 +103,25 @@ def valid_platform_ids(platform: Platform, worker_id: str, assignment_id: str | 
 
 
 def pay_policy(task: Task) -> PayPolicy | None:
-    """The task's pay policy, or None when its YAML has no ``pay:`` block."""
-    return definition_of(task).pay
+    """The task's pay policy in force now (its newest version, services/domain/pay_policies.py),
+    or None when it never had one."""
+    session = object_session(task)
+    if session is None:  # a detached task: its YAML's block, the policy it was created with
+        return definition_of(task).pay
+    return pay_policies.current_policy(session, task)
+
+
+def _no_policy(task: Task) -> Invalid:
+    return Invalid(
+        f"task {task.name!r} has no pay policy; set one (PUT /tasks/{task.name}/pay-policy, "
+        f"`dynaloop task pay-policy {task.name} --file policy.yaml`, or the Crowd page)"
+    )
 
 
 def require_pay_policy(task: Task) -> PayPolicy:
     policy = pay_policy(task)
     if policy is None:
-        raise Invalid(
-            f"task {task.name!r} has no pay policy; add a `pay:` block to its YAML "
-            "(see services/task_examples/dynasent-r2.yaml)"
-        )
+        raise _no_policy(task)
     return policy
 
 
@@ -141,6 +155,7 @@ class _Candidate:
     session_id: int | None
     amount_minor: int
     reason: str
+    pay_policy_version: int | None = None
 
 
 def _add_once(session: Session, task: Task, currency: str, actor: User | None, candidate: _Candidate) -> bool:
@@ -169,6 +184,7 @@ def _add_once(session: Session, task: Task, currency: str, actor: User | None, c
                     amount_minor=candidate.amount_minor,
                     currency=currency,
                     reason=candidate.reason,
+                    pay_policy_version=candidate.pay_policy_version,
                     created_by_id=actor.id if actor else None,
                 )
             )
@@ -236,8 +252,10 @@ def _same_label(definition: TaskDefinition, a: Sequence[str], b: Sequence[str]) 
 
 
 def _round_candidates(
-    session: Session, task: Task, definition: TaskDefinition, policy: PayPolicy, round_: Round
+    session: Session, task: Task, definition: TaskDefinition, policies: pay_policies.PolicyTimeline, round_: Round
 ) -> Iterable[_Candidate]:
+    """The events of ``round_`` the task's policies pay, each with the amount of the version in
+    force when its work was done (see the module's docstring)."""
     sessions = _sessions_of_round(session, round_)
     # Recount active sessions first: one that met its quota is completed (and paid) even if its
     # worker never came back to finish it (services/domain/study.py refresh).
@@ -254,6 +272,8 @@ def _round_candidates(
     for study_session, link in sessions:
         if link.role is StudyRole.validator and study_session.user_id in failed:
             continue
+        # The session's work ended when it ended (else when its worker was last seen).
+        in_force = policies.at(study_session.ended_at or study_session.last_seen_at)
         if study_session.status is StudySessionStatus.stopped:
             partial = study.partial_pay_of(study_session)
             if partial:
@@ -266,11 +286,13 @@ def _round_candidates(
                     partial,
                     f"partial pay: stopped {link.role.value} session {study_session.id} "
                     f"(study link {link.name!r}, round {round_.number})",
+                    in_force.version,
                 )
             continue
         if study_session.status is not StudySessionStatus.completed:
             continue
-        amount = policy.base_pay.writer if link.role is StudyRole.writer else policy.base_pay.validator
+        base_pay = in_force.policy.base_pay
+        amount = base_pay.writer if link.role is StudyRole.writer else base_pay.validator
         if amount > 0:
             yield _Candidate(
                 LedgerKind.base_pay,
@@ -281,10 +303,11 @@ def _round_candidates(
                 amount,
                 f"base pay: completed {link.role.value} session {study_session.id} "
                 f"(study link {link.name!r}, round {round_.number})",
+                in_force.version,
             )
     majority = majority_labels(session, definition, round_)
     # Writer bonus: fooled the model and the majority label is the writer's target.
-    if policy.writer_bonus_per_example > 0:
+    if policies.any_writer_bonus:
         for example in session.scalars(
             select(Example)
             .where(
@@ -308,19 +331,22 @@ def _round_candidates(
             assert example.writer_id is not None
             if gold is None or not _same_label(definition, gold, example.target_label):
                 continue
+            written_under = policies.at(example.created_at)
+            if written_under.policy.writer_bonus_per_example <= 0:
+                continue
             yield _Candidate(
                 LedgerKind.writer_bonus,
                 f"example:{example.id}",
                 example.writer_id,
                 round_.id,
                 _session_for(sessions, example.writer_id, StudyRole.writer, example.created_at),
-                policy.writer_bonus_per_example,
+                written_under.policy.writer_bonus_per_example,
                 f"writer bonus: example {example.id} fooled the model and its majority label "
                 f"{'/'.join(gold)} is the target (round {round_.number})",
+                written_under.version,
             )
     # Validator bonus: whole batches whose agreement with the majority reaches min_agreement.
-    bonus = policy.validator_bonus
-    if bonus is not None and bonus.per_batch > 0:
+    if policies.any_validator_bonus:
         size = definition.validation_batch_size
         by_validator: dict[int, list[tuple[int, list[str], dt.datetime, bool]]] = defaultdict(list)
         for validator_id, example_id, label, created_at, counted in session.execute(
@@ -342,6 +368,11 @@ def _round_candidates(
                 batch = labels[index * size : (index + 1) * size]
                 if not all(counted for *_, counted in batch):
                     continue  # a label that does not count (an unqualified validator's) earns nothing
+                # The batch's work is done with its last label: the version in force then pays it.
+                labelled_under = policies.at(batch[-1][2])
+                bonus = labelled_under.policy.validator_bonus
+                if bonus is None or bonus.per_batch <= 0:
+                    continue
                 agreeing = 0
                 for example_id, label, _, _ in batch:
                     gold = majority.get(example_id)
@@ -359,6 +390,7 @@ def _round_candidates(
                     bonus.per_batch,
                     f"validator bonus: batch {index + 1} of round {round_.number}, "
                     f"{agreeing} of {size} labels agree with the majority",
+                    labelled_under.version,
                 )
 
 
@@ -366,16 +398,19 @@ def compute_ledger(session: Session, actor: User | None, task: Task, round_: Rou
     """Add the rows the task's pay policy gives for ``round_`` (every round of the task when
     None) that are not in the ledger yet, in the caller's transaction. Only adds: an event paid
     before is skipped (``already``), even if the policy changed since. Stopped and screened-out
-    study sessions get no base pay; see the module's docstring for every rule."""
-    policy = require_pay_policy(task)
+    study sessions get no base pay; each row is paid under the version of the pay policy in force
+    when its work was done and names it; see the module's docstring for every rule."""
+    policies = pay_policies.timeline(session, task)
+    if policies is None:
+        raise _no_policy(task)
     definition = definition_of(task)
     if round_ is not None and round_.task_id != task.id:
         raise NotFound(f"no round with id {round_.id}")
     rounds = [round_] if round_ is not None else list(session.scalars(select(Round).where(Round.task_id == task.id)))
-    result = LedgerComputed(task=task.name, currency=policy.currency, rounds=[r.id for r in rounds])
+    result = LedgerComputed(task=task.name, currency=policies.currency, rounds=[r.id for r in rounds])
     for each in sorted(rounds, key=lambda r: r.id):
-        for candidate in list(_round_candidates(session, task, definition, policy, each)):
-            if _add_once(session, task, policy.currency, actor, candidate):
+        for candidate in list(_round_candidates(session, task, definition, policies, each)):
+            if _add_once(session, task, policies.currency, actor, candidate):
                 result.added.append(
                     session.scalars(
                         select(LedgerEntry).where(
@@ -587,10 +622,29 @@ class LinkReport:
 
 
 @dataclass(frozen=True)
+class WorkerHourly:
+    """One worker's effective hourly pay on the task: their ledger total (every row, corrections
+    included) over the active time of their study sessions on the task's links."""
+
+    user_id: int
+    username: str
+    platforms: list[str]  # the platforms of their sessions' links
+    sessions: int
+    active_seconds: int
+    earned_minor: int
+    effective_hourly_minor: int | None  # None: no active time to divide by
+    platform_minimum_minor: int | None  # the highest published minimum of their platforms, in the currency
+    policy_floor_minor: int | None  # the pay policy's min_hourly_minor
+    below_minimum: bool
+    warning: str | None
+
+
+@dataclass(frozen=True)
 class CrowdReport:
     task: str
     currency: str | None
     links: list[LinkReport]
+    workers: list[WorkerHourly] = field(default_factory=list)
 
 
 def _round_half_up(value: Fraction) -> int:
@@ -661,7 +715,83 @@ def crowd_report(session: Session, task: Task, *, now: dt.datetime | None = None
         )
     policy = pay_policy(task)
     currency = entries[0].currency if entries else (policy.currency if policy else None)
-    return CrowdReport(task=task.name, currency=currency, links=reports)
+    workers = _workers_hourly(session, links, entries, currency, policy, now)
+    return CrowdReport(task=task.name, currency=currency, links=reports, workers=workers)
+
+
+def _micros(length: dt.timedelta) -> int:
+    return (length.days * 86_400 + length.seconds) * 1_000_000 + length.microseconds
+
+
+def _workers_hourly(
+    session: Session,
+    links: list[StudyLink],
+    entries: list[LedgerEntry],
+    currency: str | None,
+    policy: PayPolicy | None,
+    now: dt.datetime,
+) -> list[WorkerHourly]:
+    """Each worker who came through a study link of the task: ledger total per hour of their
+    sessions' active time (started_at to ended_at, else to last_seen_at), in minor units per hour
+    rounded half-up (Fraction math, no float), and whether it is below the published minimum of
+    their links' platforms (services/domain/pay_policies.py) or the policy's own floor."""
+    platform_of = {link.id: link.platform for link in links}
+    if not platform_of:
+        return []
+    active: dict[int, int] = defaultdict(int)
+    counts: dict[int, int] = defaultdict(int)
+    platforms: dict[int, set[Platform]] = defaultdict(set)
+    for study_session in session.scalars(
+        select(StudySession).where(StudySession.link_id.in_(list(platform_of))).order_by(StudySession.id)
+    ):
+        end = study_session.ended_at or study_session.last_seen_at or now
+        active[study_session.user_id] += max(_micros(end - study_session.started_at), 0)
+        counts[study_session.user_id] += 1
+        platforms[study_session.user_id].add(platform_of[study_session.link_id])
+    earned: dict[int, int] = defaultdict(int)
+    for entry in entries:
+        earned[entry.user_id] += entry.amount_minor
+    names = dict(session.execute(select(User.id, User.username).where(User.id.in_(list(counts)))).all())
+    floor = policy.min_hourly_minor if policy is not None else None
+    rows = []
+    for user_id in sorted(counts, key=lambda uid: (names.get(uid, ""), uid)):
+        micros = active[user_id]
+        hourly = _round_half_up(Fraction(earned[user_id] * 3_600_000_000, micros)) if micros > 0 else None
+        minimums = [
+            minimum
+            for platform in platforms[user_id]
+            if currency is not None
+            and (minimum := pay_policies.platform_minimum_hourly(platform, currency)) is not None
+        ]
+        platform_minimum = max(minimums) if minimums else None
+        warnings = []
+        if hourly is not None and currency is not None:
+            if platform_minimum is not None and hourly < platform_minimum:
+                warnings.append(
+                    f"{format_amount(hourly, currency)}/h is below the platform's published minimum of "
+                    f"{format_amount(platform_minimum, currency)}/h"
+                )
+            if floor is not None and hourly < floor:
+                warnings.append(
+                    f"{format_amount(hourly, currency)}/h is below the pay policy's floor of "
+                    f"{format_amount(floor, currency)}/h"
+                )
+        rows.append(
+            WorkerHourly(
+                user_id=user_id,
+                username=names.get(user_id, str(user_id)),
+                platforms=sorted(p.value for p in platforms[user_id]),
+                sessions=counts[user_id],
+                active_seconds=micros // 1_000_000,
+                earned_minor=earned[user_id],
+                effective_hourly_minor=hourly,
+                platform_minimum_minor=platform_minimum,
+                policy_floor_minor=floor,
+                below_minimum=bool(warnings),
+                warning="; ".join(warnings) or None,
+            )
+        )
+    return rows
 
 
 def summary(computed: LedgerComputed) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.db.models import Task, User
-from services.domain import audit, members
+from services.domain import audit, members, pay_policies
 from services.errors import Conflict, Invalid, missing_task
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
 from services.taskdef import TaskDefinition, TaskDefinitionError, parse_task_definition
@@ -52,6 +52,11 @@ def create_task(
     session.add(task)
     session.flush()
     audit.record(session, actor, "task.create", "task", task.id, name=task.name)
+    if definition.pay is not None:
+        # The YAML's pay block is the policy's version 1 (services/domain/pay_policies.py).
+        pay_policies.set_pay_policy(
+            session, actor, task, definition.pay, note="the task YAML's pay block", effective_from=task.created_at
+        )
     owner = owner or actor
     if owner is not None:
         members.add_creator(session, actor, task, owner)
