@@ -1002,6 +1002,8 @@ class PayoutReconciliation(Base):
     missing: Mapped[int] = mapped_column(Integer)
     unexpected: Mapped[int] = mapped_column(Integer)
     report: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
 class PayPolicyVersion(Base):
     """One version of a task's pay policy (services/domain/pay_policies.py). Versions are never
     edited: a change is a new row with the next number. ``policy`` is the policy as JSON,
