@@ -1002,6 +1002,8 @@ class PayoutReconciliation(Base):
     missing: Mapped[int] = mapped_column(Integer)
     unexpected: Mapped[int] = mapped_column(Integer)
     report: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class PayPolicyVersion(Base):
