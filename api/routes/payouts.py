@@ -19,6 +19,7 @@ from api.schemas.payouts import (
     PayoutNote,
     ReconciliationPublic,
 )
+from modelling import payout_records
 from modelling.bounded_tables import ReadBounds
 from services.authorization import PayoutBatchPolicy, TaskPolicy, authorize
 from services.db.models import PayoutBatch, StudyLink, User
@@ -155,4 +156,5 @@ def reconcile_batch(
         max_decoded_bytes=settings.max_upload_decoded_bytes,
         max_cell_chars=min(settings.max_upload_cell_chars, payouts.MAX_RECONCILE_CELL_CHARS),
     )
-    return ReconciliationPublic.of(payouts.reconcile(session, researcher, batch, raw, bounds))
+    record = payout_records.parse_record(raw, batch.platform, batch.currency, bounds)
+    return ReconciliationPublic.of(payouts.reconcile(session, researcher, batch, record))

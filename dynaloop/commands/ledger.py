@@ -216,6 +216,7 @@ def batch_reconcile(
     """Compare the batch with the platform's record (a CSV, or MTurk's ListBonusPayments JSON) and
     record the report: matched, missing and unexpected lines. Exit status 1 when any line is
     missing or unexpected."""
+    from modelling import payout_records
     from modelling.bounded_tables import ReadBounds
     from services.domain import payouts
 
@@ -229,7 +230,9 @@ def batch_reconcile(
         max_cell_chars=min(settings.max_upload_cell_chars, payouts.MAX_RECONCILE_CELL_CHARS),
     )
     with domain_session(database_url) as session:
-        report = payouts.reconcile(session, None, _task_batch(session, task, batch_id), record.read_bytes(), bounds)
+        batch = _task_batch(session, task, batch_id)
+        rows = payout_records.parse_record(record.read_bytes(), batch.platform, batch.currency, bounds)
+        report = payouts.reconcile(session, None, batch, rows)
     print(json.dumps(report.as_dict(), indent=2))
     if report.missing or report.unexpected:
         raise typer.Exit(1)
