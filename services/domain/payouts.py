@@ -1054,6 +1054,7 @@ def pay_batch_through_platform(
             if dataclasses.asdict(state) != before or any(r.status is not LineStatus.unknown for r in results):
                 run.sent = [line.line_number for line in to_send]
         run.marked_paid = _finish(session, actor, batch, lines)
+        session.commit()
     finally:
         session.rollback()  # whatever a failure left half-done; every result was committed as it came
         _release(session, batch, run_id)
