@@ -431,3 +431,21 @@ def test_a_pay_without_an_answer_is_never_sent_again_and_the_token_never_shows(
     stored = json.dumps([str(v) for v in table_snapshot(app, *TABLES).values()])
     for text in (lost.output, again.output, recorded.output, paid.output, listing.output, stored):
         assert TOKEN not in text
+
+
+def test_a_set_up_for_another_amount_is_never_paid_by_a_later_run(
+    app: Any, settings: Any, batches: Batches, prolific_env: FakeProlific
+) -> None:
+    prolific_env.script["create-bonus-payments"] = [{"status": 201, "body": {"id": "odd", "amount": 9999}}]
+    refused = pay(settings, str(batches.prolific))
+    assert refused.exit_code == 1 and "lines 1, 2, 3 failed" in refused.output
+    assert [ln.platform_status for ln in lines(app, batches.prolific)] == ["failed"] * 3
+    assert batch_row(app, batches.prolific).platform_state == {
+        "prolific": {"study_id": STUDY, "setup_id": None, "setup_unknown": False, "pay_sent": False}
+    }
+    paid = pay(settings, str(batches.prolific))  # a fresh set-up, paid; "odd" never is
+    assert paid.exit_code == 0, paid.output
+    assert [r["path"] for r in prolific_env.requests] == [
+        "/api/v1/submissions/bonus-payments/", "/api/v1/submissions/bonus-payments/",
+        "/api/v1/bulk-bonus-payments/bulk2/pay/",
+    ]  # fmt: skip
