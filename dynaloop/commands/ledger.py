@@ -1,6 +1,7 @@
 """`dynaloop ledger`: the pay ledger of a task (docs/round_builder.md, "Pay and the ledger"):
 compute it, show the totals or a worker's statement, correct a row, and pay bonuses in payout
-batches (``dynaloop ledger batch create|list|show|file|paid|cancel|reconcile``). The same use
+batches (``dynaloop ledger batch create|list|show|file|paid|cancel|reconcile``), by hand or
+through the platform's API (``dynaloop ledger pay BATCH``). The same use
 cases as the API (services/domain/ledger.py, services/domain/payouts.py); the CLI acts as an
 operator on the server (no user: rows it adds have no ``created_by``)."""
 
@@ -87,12 +88,15 @@ def _print_batch(batch: Any, lines: list[Any]) -> None:
         f"# batch {batch.id}: link {batch.link_id} ({batch.platform.value}), {batch.status.value}, "
         f"{batch.line_count} lines, {ledger.format_amount(batch.total_minor, batch.currency)} {batch.currency}"
     )
-    print("line\tworker_id\tassignment_id\tamount\tunique_request_token")
+    print("line\tworker_id\tassignment_id\tamount\tunique_request_token\tplatform_status\tplatform_reference")
     for line in lines:
         print(
             f"{line.line_number}\t{line.platform_worker_id}\t{line.assignment_id or ''}\t"
-            f"{ledger.format_amount(line.amount_minor, batch.currency)}\t{line.unique_request_token}"
+            f"{ledger.format_amount(line.amount_minor, batch.currency)}\t{line.unique_request_token}\t"
+            f"{line.platform_status or ''}\t{line.platform_reference or ''}"
         )
+        if line.platform_status in ("failed", "unknown") and line.platform_answer:
+            print(f"#\tline {line.line_number}: {json.dumps(line.platform_answer, sort_keys=True)[:500]}")
 
 
 def _task_batch(session: Any, task: str, batch_id: int) -> Any:
@@ -256,3 +260,76 @@ def ledger_correct(
             raise fail(f"no ledger entry {entry_id} on task {task!r}")
         row = ledger.add_correction(session, None, entry, amount_minor, reason)
         console.print(f"correction {row.id} added: {row.event_key}, {row.amount_minor} minor units")
+
+
+@app.command("pay")
+def ledger_pay(
+    batch_id: Annotated[int, typer.Argument(min=1, help="The payout batch (`dynaloop ledger batch list`)")],
+    task: TaskOpt,
+    study_id: Annotated[
+        str | None,
+        typer.Option("--study-id", help="Prolific: the study, where no session of the batch recorded its STUDY_ID"),
+    ] = None,
+    take_over: Annotated[
+        bool, typer.Option("--take-over", help="Take the batch from a pay run you know has crashed")
+    ] = False,
+    record_line: Annotated[
+        str | None,
+        typer.Option(
+            "--record-line",
+            help="Record, instead of paying, what the platform shows for a line without a clear answer: "
+            "its number (MTurk) or all (Prolific)",
+        ),
+    ] = None,
+    outcome: Annotated[str | None, typer.Option("--as", help="With --record-line: paid or failed")] = None,
+    setup_id: Annotated[
+        str | None, typer.Option("--setup-id", help="With --record-line all --as failed: the set-up Prolific shows")
+    ] = None,
+    reference: Annotated[
+        str | None, typer.Option("--reference", help="With --record-line: the platform's reference for the payment")
+    ] = None,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Pay a created payout batch through its platform's API: Prolific (one bulk bonus on the
+    batch's study: set up, then paid) or MTurk (send_bonus per line with its token). Each line's
+    answer is recorded as it comes; lines paid before are never sent again, nor lines without a
+    clear answer (check them on the platform and record them with --record-line). A batch whose
+    every line is paid is marked paid. Exit status 1 while any line is not paid."""
+    from services.domain import ledger, payouts
+
+    settings = settings_for(database_url)
+    if record_line is None and (outcome or setup_id or reference):
+        raise fail("--as, --setup-id and --reference go with --record-line")
+    with domain_session(database_url) as session:
+        batch = _task_batch(session, task, batch_id)
+        if record_line is not None:
+            if outcome is None:
+                raise fail("--record-line needs --as paid or --as failed")
+            if record_line != "all" and not record_line.isdigit():
+                raise fail("--record-line is a line number or all")
+            number = None if record_line == "all" else int(record_line)
+            recorded = payouts.record_line_outcome(
+                session, None, batch, number, outcome, settings, setup_id=setup_id, reference=reference
+            )
+            console.print(
+                f"payout batch {batch.id}: lines {', '.join(str(line.line_number) for line in recorded)} recorded "
+                f"as {outcome}" + ("; the batch is paid" if batch.status.value == "paid" else ""),
+                highlight=False,
+            )
+            return
+        run = payouts.pay_batch_through_platform(session, None, batch, settings, study_id=study_id, take_over=take_over)
+        lines = payouts.lines_of(session, batch)
+        print("line\tworker_id\tamount\tstatus\tplatform_reference")
+        for line in lines:
+            amount = ledger.format_amount(line.amount_minor, batch.currency)
+            print(
+                f"{line.line_number}\t{line.platform_worker_id}\t{amount}"
+                f"\t{line.platform_status or 'not sent'}\t{line.platform_reference or ''}"
+            )
+        status = batch.status.value
+    sent = f"{len(run.sent)} lines sent to {run.platform}" if run.sent else f"nothing sent to {run.platform}"
+    err.print(f"payout batch {batch_id}: {sent}; the batch is {status}", highlight=False)
+    for advice in run.advice:
+        err.print(f"to do: {advice}", highlight=False, soft_wrap=True)
+    if status != "paid":
+        raise typer.Exit(1)

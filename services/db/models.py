@@ -940,6 +940,11 @@ class PayoutBatch(Base):
     paid_at: Mapped[dt.datetime | None]
     cancelled_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
     cancelled_at: Mapped[dt.datetime | None]
+    # Paying through the platform's API (`dynaloop ledger pay`, migration 0022): where it stands
+    # between runs (Prolific's bulk bonus), and the running command's claim on the batch.
+    platform_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    pay_run_id: Mapped[str | None] = mapped_column(String(32))
+    pay_run_at: Mapped[dt.datetime | None]
 
     task: Mapped[Task] = relationship()
     link: Mapped[StudyLink] = relationship()

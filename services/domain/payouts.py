@@ -24,13 +24,17 @@ twice; cancelling a batch releases its entries exactly once (a conditional updat
 from __future__ import annotations
 
 import csv
+import dataclasses
+import datetime as dt
 import hashlib
 import io
+import re
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -54,6 +58,11 @@ from services.domain.ledger import BONUS_KINDS, format_amount, pay_policy, valid
 from services.domain.study import PLATFORM_CURRENCIES
 from services.errors import Conflict, Invalid, NotFound, missing_payout_batch
 from services.text import clean_text
+
+if TYPE_CHECKING:
+    from services.platforms import LineResult, PayLine
+    from services.platforms.prolific import BonusPayment
+    from services.settings import Settings
 
 EXPORT_PLATFORMS = (Platform.prolific, Platform.mturk)
 MTURK_HEADER = ["worker_id", "assignment_id", "amount", "reason", "unique_request_token"]
@@ -257,8 +266,9 @@ def render_file(platform: Platform, task: Task, currency: str, lines: list[Payou
     for line in lines:
         amount = format_amount(line.amount_minor, currency)
         if platform is Platform.mturk:
-            reason = f"Bonus for task {task.name}"
-            writer.writerow([line.platform_worker_id, line.assignment_id, amount, reason, line.unique_request_token])
+            writer.writerow(
+                [line.platform_worker_id, line.assignment_id, amount, line_reason(task), line.unique_request_token]
+            )
         else:
             writer.writerow([line.platform_worker_id, amount])
     return out.getvalue()
@@ -399,12 +409,12 @@ def create_batch(
 # --- paid, cancelled ------------------------------------------------------------------------------
 
 
-def _transition(session: Session, batch: PayoutBatch, to: PayoutStatus, values: dict[str, Any]) -> bool:
-    """Move a created batch to ``to`` with one conditional UPDATE: of two concurrent calls, one
-    finds the batch still created; the other changes nothing."""
+def _transition(session: Session, batch: PayoutBatch, to: PayoutStatus, values: dict[str, Any], *also: Any) -> bool:
+    """Move a created batch to ``to`` with one conditional UPDATE (and the conditions ``also``):
+    of two concurrent calls, one finds the batch still created; the other changes nothing."""
     result = session.execute(
         update(PayoutBatch)
-        .where(PayoutBatch.id == batch.id, PayoutBatch.status == PayoutStatus.created)
+        .where(PayoutBatch.id == batch.id, PayoutBatch.status == PayoutStatus.created, *also)
         .values(status=to, **values)
         .execution_options(synchronize_session=False)
     )
@@ -431,7 +441,24 @@ def cancel(session: Session, actor: User | None, batch: PayoutBatch, *, note: st
     values: dict[str, Any] = {"cancelled_at": utcnow(), "cancelled_by_id": actor.id if actor else None}
     if note:
         values["note"] = _clean_note(note)
-    if not _transition(session, batch, PayoutStatus.cancelled, values):
+    _, state = _prolific_state(batch)
+    if state.pay_sent or state.setup_unknown:
+        raise Conflict(
+            f"a Prolific pay or set-up request of payout batch {batch.id} got no clear answer: it may be paid; "
+            f"check the study's bonuses and record it (`dynaloop ledger pay {batch.id} --record-line all --as ...`)"
+        )
+    sent_through_api = exists().where(
+        PayoutLine.batch_id == PayoutBatch.id, PayoutLine.platform_status.in_((*PAID_STATUSES, "unknown"))
+    )
+    # A batch the API paid in part (or may have) is never cancelled: its entries would be paid again.
+    if not _transition(
+        session, batch, PayoutStatus.cancelled, values, PayoutBatch.pay_run_id.is_(None), ~sent_through_api
+    ):
+        if batch.status is PayoutStatus.created:
+            raise Conflict(
+                f"payout batch {batch.id} is being paid through the platform's API, or some of its lines were paid "
+                "(or may have been): it cannot be cancelled; see `dynaloop ledger batch show`"
+            )
         advice = "; a wrong payment is put right with a ledger correction" if batch.status is PayoutStatus.paid else ""
         raise Conflict(
             f"payout batch {batch.id} is {batch.status.value}; only a created batch can be cancelled{advice}"
@@ -588,3 +615,448 @@ def reconcile(session: Session, actor: User | None, batch: PayoutBatch, record: 
         unexpected=recorded.unexpected,
     )
     return report
+
+
+# --- paying a batch through the platform's API ---------------------------------------------------
+
+PAID_STATUSES = ("paid", "already_paid")
+RECORDABLE_OUTCOMES = ("paid", "failed")
+REFERENCE_RE = re.compile(r"^[A-Za-z0-9_:.\-]{1,200}$")
+
+
+def line_reason(task: Task) -> str:
+    """What the worker reads beside a bonus (MTurk's ``Reason``), the same in the file and the API."""
+    return f"Bonus for task {task.name}"
+
+
+def pay_run_stale_after(settings: Settings) -> dt.timedelta:
+    """How long a pay run's claim lasts without being renewed. A run renews it before each
+    request to the platform, and one request takes at most ``platform_timeout_s`` (boto3 tries
+    an MTurk call up to three times): a claim this old belongs to a run that is gone."""
+    return dt.timedelta(seconds=10 * settings.platform_timeout_s + 60)
+
+
+@dataclass
+class PayRun:
+    """What one `dynaloop ledger pay` run did: the lines it sent, every line's status after it,
+    whether the batch is now paid, and what the researcher should do next."""
+
+    batch_id: int
+    platform: str
+    sent: list[int] = field(default_factory=list)  # line numbers sent to the platform in this run
+    statuses: dict[int, str | None] = field(default_factory=dict)
+    marked_paid: bool = False
+    advice: list[str] = field(default_factory=list)
+
+
+def _pay_line(task: Task, batch: PayoutBatch, line: PayoutLine) -> PayLine:
+    from services.platforms import PayLine
+
+    return PayLine(
+        worker_id=line.platform_worker_id,
+        amount_minor=line.amount_minor,
+        currency=batch.currency,
+        reason=line_reason(task),
+        unique_request_token=line.unique_request_token,
+        assignment_id=line.assignment_id,
+    )
+
+
+def _check_payable(batch: PayoutBatch, pay_lines: list[PayLine]) -> None:
+    """The platform clients' own checks, made before the batch is claimed, so that a batch they
+    would refuse is refused with nothing written."""
+    from services.platforms import check_lines, mturk, prolific
+
+    check_lines(pay_lines, batch.currency)
+    if batch.platform is Platform.mturk:
+        if batch.currency != "USD":
+            raise Invalid(f"MTurk pays in USD only; batch {batch.id} is in {batch.currency} (nothing was sent)")
+        for line in pay_lines:
+            if not mturk.MTURK_WORKER_RE.match(line.worker_id) or not (
+                line.assignment_id and mturk.MTURK_ASSIGNMENT_RE.match(line.assignment_id)
+            ):
+                raise Invalid(
+                    f"line {line.unique_request_token} has ids MTurk does not issue "
+                    f"({line.worker_id!r}, {line.assignment_id!r}); nothing was sent"
+                )
+    else:
+        for line in pay_lines:
+            if not prolific.PROLIFIC_ID_RE.match(line.worker_id):
+                raise Invalid(f"{line.worker_id!r} is not a Prolific participant id; nothing was sent")
+        if len({line.worker_id for line in pay_lines}) != len(pay_lines):
+            raise Invalid("a Prolific bulk bonus has one line per participant; this batch names one twice")
+
+
+def _prolific_state(batch: PayoutBatch) -> tuple[str | None, BonusPayment]:
+    from services.platforms.prolific import BonusPayment
+
+    saved = dict((batch.platform_state or {}).get("prolific") or {})
+    study_id = saved.pop("study_id", None)
+    known = {f.name for f in dataclasses.fields(BonusPayment)}
+    return study_id, BonusPayment(**{k: v for k, v in saved.items() if k in known})
+
+
+def prolific_study_of(session: Session, batch: PayoutBatch, lines: list[PayoutLine], given: str | None) -> str:
+    """The Prolific study a batch pays bonuses on: the one its run began with (kept in its
+    state), else the study its lines' participants came from (the ``STUDY_ID`` each session
+    recorded), else the draft study `dynaloop platform create-study` made for the link (audit
+    log), else ``given`` (``--study-id``). A ``given`` id of the wrong form, or that differs from
+    what the batch's own records say, is refused: Prolific refuses ids outside the study."""
+    from services.db.models import AuditEntry
+    from services.platforms.prolific import PROLIFIC_ID_RE
+
+    if given is not None and not PROLIFIC_ID_RE.match(given):
+        raise Invalid(f"{given!r} is not a Prolific study id (24 lowercase hexadecimal characters)", field="study_id")
+    started, _ = _prolific_state(batch)
+    session_ids = [line.session_id for line in lines if line.session_id is not None]
+    recorded = {
+        study
+        for study in session.scalars(select(StudySession.platform_study_id).where(StudySession.id.in_(session_ids)))
+        if study
+    }
+    if len(recorded) > 1:
+        raise Invalid(
+            f"the participants of batch {batch.id} came from several Prolific studies ({', '.join(sorted(recorded))}); "
+            "a bulk bonus pays one study's participants: pay this batch by hand"
+        )
+    known = started or (next(iter(recorded)) if recorded else None)
+    if known is None:
+        created = session.scalars(
+            select(AuditEntry)
+            .where(
+                AuditEntry.action == "platform.create_study",
+                AuditEntry.target_type == "study_link",
+                AuditEntry.target_id == str(batch.link_id),
+            )
+            .order_by(AuditEntry.id.desc())
+        ).first()
+        study = created.details.get("study_id") if created is not None else None
+        known = study if isinstance(study, str) and PROLIFIC_ID_RE.match(study) else None
+    if known is not None and given is not None and given != known:
+        raise Invalid(
+            f"batch {batch.id} pays participants of Prolific study {known}, not {given}; nothing was sent",
+            field="study_id",
+        )
+    study_id = known or given
+    if study_id is None or not PROLIFIC_ID_RE.match(study_id):
+        raise Invalid(
+            f"nothing records which Prolific study batch {batch.id} pays (no session recorded a STUDY_ID); "
+            "pass the study's id (--study-id)",
+            field="study_id",
+        )
+    return study_id
+
+
+def _claim(session: Session, batch: PayoutBatch, run_id: str, settings: Settings, take_over: bool) -> None:
+    """Take the batch for this run with one conditional UPDATE, committed before any request:
+    of two runs at once, one finds the batch free and the other is refused (409) having sent
+    nothing. A claim older than :func:`pay_run_stale_after` (a run that crashed) is taken over;
+    ``take_over`` takes a younger one (the researcher knows that run is gone)."""
+    now = utcnow()
+    conditions = [PayoutBatch.id == batch.id, PayoutBatch.status == PayoutStatus.created]
+    if not take_over:
+        conditions.append(
+            or_(PayoutBatch.pay_run_id.is_(None), PayoutBatch.pay_run_at < now - pay_run_stale_after(settings))
+        )
+    result = session.execute(
+        update(PayoutBatch)
+        .where(*conditions)
+        .values(pay_run_id=run_id, pay_run_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    claimed = bool(getattr(result, "rowcount", 0))
+    session.commit()
+    session.refresh(batch)
+    session.commit()
+    if claimed:
+        return
+    if batch.status is not PayoutStatus.created:
+        raise Conflict(f"payout batch {batch.id} is {batch.status.value}; only a created batch is paid")
+    raise Conflict(
+        f"another `dynaloop ledger pay` run holds payout batch {batch.id} (since {batch.pay_run_at:%Y-%m-%d %H:%M:%S} "
+        "UTC); nothing was sent. If that run crashed, run again once its claim lapses "
+        f"({int(pay_run_stale_after(settings).total_seconds())} s after it was last renewed) or pass --take-over"
+    )
+
+
+def _renew(session: Session, batch: PayoutBatch, run_id: str) -> None:
+    """Renew this run's claim before a request leaves, committed (no transaction stays open
+    while the platform answers: on SQLite one would hold every writer). A claim another run took
+    over, or a batch marked paid or cancelled meanwhile, stops this run before it sends more."""
+    result = session.execute(
+        update(PayoutBatch)
+        .where(PayoutBatch.id == batch.id, PayoutBatch.pay_run_id == run_id, PayoutBatch.status == PayoutStatus.created)
+        .values(pay_run_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    if not getattr(result, "rowcount", 0):
+        raise Conflict(
+            f"payout batch {batch.id} was taken over by another run, marked paid or cancelled while this run paid it; "
+            "this run stopped (what it sent is recorded on its lines)"
+        )
+
+
+def _release(session: Session, batch: PayoutBatch, run_id: str) -> None:
+    session.execute(
+        update(PayoutBatch)
+        .where(PayoutBatch.id == batch.id, PayoutBatch.pay_run_id == run_id)
+        .values(pay_run_id=None, pay_run_at=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _record_result(line: PayoutLine, result: LineResult) -> None:
+    line.platform_status = result.status.value
+    line.platform_reference = (result.platform_reference or "")[:200] or None
+    line.platform_answer = result.platform_answer
+    line.paid_at = utcnow() if result.status.value in PAID_STATUSES else None
+
+
+def _finish(session: Session, actor: User | None, batch: PayoutBatch, lines: list[PayoutLine]) -> bool:
+    """Mark the batch paid, through the same function as ``POST /payout-batches/{id}/paid``,
+    when every line is paid or was paid before."""
+    if batch.status is PayoutStatus.created and all(line.platform_status in PAID_STATUSES for line in lines):
+        mark_paid(session, actor, batch, note="paid through the platform's API (dynaloop ledger pay)")
+        return True
+    return False
+
+
+def _advice(batch: PayoutBatch, lines: list[PayoutLine], stopped_at: int | None) -> list[str]:
+    failed = [line.line_number for line in lines if line.platform_status == "failed"]
+    unknown = [line.line_number for line in lines if line.platform_status == "unknown"]
+    unsent = [line.line_number for line in lines if line.platform_status is None]
+    where = (
+        "the study's bonuses on Prolific"
+        if batch.platform is Platform.prolific
+        else "the worker's bonuses on MTurk (list-bonus-payments for the HIT)"
+    )
+    advice = []
+    if failed:
+        advice.append(
+            f"lines {_numbers(failed)} failed: {batch.platform.value} refused them and paid nothing (their answers: "
+            f"`dynaloop ledger batch show {batch.id}`); fix what it said, then run `dynaloop ledger pay {batch.id}` "
+            "again, which sends them again"
+            + (" (the same set-up, never a second one)" if batch.platform is Platform.prolific else " (same tokens)")
+        )
+    if unknown:
+        record = "--record-line all" if batch.platform is Platform.prolific else "--record-line N"
+        advice.append(
+            f"lines {_numbers(unknown)} have no clear answer and are never sent again by this command: check {where}, "
+            f"then record what happened: `dynaloop ledger pay {batch.id} --task T {record} --as paid|failed`"
+        )
+    if stopped_at is not None and unsent:
+        advice.append(
+            f"the run stopped after line {stopped_at} (no clear answer from {batch.platform.value}); lines "
+            f"{_numbers(unsent)} were not sent: run `dynaloop ledger pay {batch.id}` again to send them"
+        )
+    return advice
+
+
+def _numbers(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:20]))
+    return shown + (f" and {len(numbers) - 20} more" if len(numbers) > 20 else "")
+
+
+def pay_batch_through_platform(
+    session: Session,
+    actor: User | None,
+    batch: PayoutBatch,
+    settings: Settings,
+    *,
+    study_id: str | None = None,
+    take_over: bool = False,
+) -> PayRun:
+    """Pay a created batch through its platform's API (`dynaloop ledger pay`), committing as it
+    goes so that a crash loses nothing that was sent:
+
+    * Lines already paid (or paid before) are never sent; lines whose outcome is unknown are
+      never sent again here (:func:`record_line_outcome`); lines not sent yet and lines the
+      platform refused are sent.
+    * MTurk: one ``send_bonus`` per line with its token, each line's answer committed before
+      the next line leaves; a line without a clear answer stops the run.
+    * Prolific: one bulk bonus on the batch's study (:func:`prolific_study_of`); where it
+      stands (``platform_state``) is committed before each next request, so a second run pays
+      the same set-up and never sends a pay twice.
+
+    The run holds a claim on the batch (:func:`_claim`), so two runs never both call the
+    platform. A batch whose every line ends paid is marked paid. Refusals (a batch not created,
+    bad ids, a missing credential, a study id that is not the batch's) send and write nothing."""
+    from services.platforms import LineStatus, paying
+
+    if batch.status is not PayoutStatus.created:
+        raise Conflict(f"payout batch {batch.id} is {batch.status.value}; only a created batch is paid")
+    if batch.platform not in EXPORT_PLATFORMS:
+        raise Invalid(f"{batch.platform.value} has no payment API")
+    task = batch.task
+    lines = lines_of(session, batch)
+    to_send = [line for line in lines if line.platform_status in (None, "failed")]
+    pay_lines = [_pay_line(task, batch, line) for line in to_send]
+    run = PayRun(batch_id=batch.id, platform=batch.platform.value)
+    chosen_study: str | None = None
+    mturk_client: Any = None
+    if pay_lines:
+        _check_payable(batch, pay_lines)
+        if batch.platform is Platform.prolific:
+            chosen_study = prolific_study_of(session, batch, lines, study_id)
+            if settings.prolific_api_token is None:
+                raise Invalid("DYNALOOP_PROLIFIC_API_TOKEN is not set: Prolific's API cannot be called")
+        else:
+            from services.platforms import mturk
+
+            mturk_client = mturk.boto3_client(settings)
+    run_id = uuid.uuid4().hex
+    _claim(session, batch, run_id, settings, take_over)
+    stopped_at: int | None = None
+    try:
+        if batch.platform is Platform.mturk:
+            for line, pay_line in zip(to_send, pay_lines, strict=True):
+                _renew(session, batch, run_id)
+                [result] = paying.pay_batch(
+                    settings, Platform.mturk, currency=batch.currency, lines=[pay_line], mturk_client=mturk_client
+                )
+                _record_result(line, result)
+                session.commit()
+                run.sent.append(line.line_number)
+                if result.status is LineStatus.unknown:
+                    stopped_at = line.line_number
+                    break
+        elif pay_lines:
+            assert chosen_study is not None
+            _, state = _prolific_state(batch)
+
+            def save(state: BonusPayment) -> None:
+                _renew(session, batch, run_id)
+                batch.platform_state = {"prolific": {"study_id": chosen_study, **dataclasses.asdict(state)}}
+                session.commit()
+
+            before = dataclasses.asdict(state)
+            results = paying.pay_batch(
+                settings,
+                Platform.prolific,
+                currency=batch.currency,
+                lines=pay_lines,
+                prolific_study_id=chosen_study,
+                prolific_state=state,
+                save_prolific_state=save,
+            )
+            by_token = {result.unique_request_token: result for result in results}
+            for line in to_send:
+                _record_result(line, by_token[line.unique_request_token])
+            session.commit()
+            if dataclasses.asdict(state) != before or any(r.status is not LineStatus.unknown for r in results):
+                run.sent = [line.line_number for line in to_send]
+        run.marked_paid = _finish(session, actor, batch, lines)
+        session.commit()
+    finally:
+        session.rollback()  # whatever a failure left half-done; every result was committed as it came
+        _release(session, batch, run_id)
+        audit.record(
+            session,
+            actor,
+            "payout.pay",
+            "payout_batch",
+            batch.id,
+            platform=batch.platform.value,
+            study_id=chosen_study,
+            sent=run.sent,
+            statuses={str(line.line_number): line.platform_status for line in lines},
+        )
+        session.commit()
+    session.refresh(batch)
+    run.statuses = {line.line_number: line.platform_status for line in lines}
+    run.advice = _advice(batch, lines, stopped_at)
+    return run
+
+
+def record_line_outcome(
+    session: Session,
+    actor: User | None,
+    batch: PayoutBatch,
+    line_number: int | None,
+    outcome: str,
+    settings: Settings,
+    *,
+    setup_id: str | None = None,
+    reference: str | None = None,
+) -> list[PayoutLine]:
+    """Record what the platform shows for lines left ``unknown`` (checked there by the
+    researcher), audited. MTurk: one line (``line_number``). Prolific: the whole batch
+    (``line_number`` None: one bulk bonus pays all its lines): ``paid``, or ``failed`` (nothing
+    was paid: the next run pays the same set-up again; for a set-up left without an answer,
+    ``setup_id`` names the one Prolific shows, none: there is none and the next run sets one
+    up). A batch whose every line is then paid is marked paid."""
+    from services.platforms.prolific import BULK_BONUS_ID_RE
+
+    if outcome not in RECORDABLE_OUTCOMES:
+        raise Invalid(f"record a line as one of {list(RECORDABLE_OUTCOMES)}, not {outcome!r}", field="as")
+    if reference is not None and not REFERENCE_RE.match(reference):
+        raise Invalid("a reference is 1-200 letters, digits or '_:.-'", field="reference")
+    if batch.status is not PayoutStatus.created:
+        raise Conflict(f"payout batch {batch.id} is {batch.status.value}; only a created batch's lines are recorded")
+    lines = lines_of(session, batch)
+    state_values: dict[str, Any] | None = None
+    if batch.platform is Platform.prolific:
+        if line_number is not None:
+            raise Invalid("a Prolific batch is one bulk bonus: record all its lines at once (--record-line all)")
+        study, state = _prolific_state(batch)
+        if not (state.pay_sent or state.setup_unknown):
+            raise Conflict(f"no request of payout batch {batch.id} is without an answer: nothing to record")
+        if setup_id is not None and (not state.setup_unknown or not BULK_BONUS_ID_RE.match(setup_id)):
+            raise Invalid("--setup-id names the set-up Prolific shows for a set-up request that got no answer")
+        if outcome == "failed":
+            if state.setup_unknown:
+                state.setup_unknown, state.setup_id = False, setup_id
+            state.pay_sent = False
+        chosen = lines
+        reference = reference or state.setup_id
+        state_values = {"prolific": {"study_id": study, **dataclasses.asdict(state)}}
+    else:
+        if line_number is None:
+            raise Invalid("name the MTurk line to record (--record-line N): each line is its own bonus")
+        if setup_id is not None:
+            raise Invalid("--setup-id is for a Prolific batch")
+        chosen = [line for line in lines if line.line_number == line_number]
+        if not chosen:
+            raise NotFound(f"payout batch {batch.id} has no line {line_number}")
+        if chosen[0].platform_status != "unknown":
+            raise Conflict(
+                f"line {line_number} of payout batch {batch.id} is {chosen[0].platform_status or 'not sent'}; "
+                "only a line without a clear answer is recorded by hand"
+            )
+    now = utcnow()
+    values: dict[str, Any] = {"status": PayoutStatus.created}  # unchanged: the row is taken with the rest
+    if state_values is not None:
+        values["platform_state"] = state_values
+    result = session.execute(
+        update(PayoutBatch)
+        .where(
+            PayoutBatch.id == batch.id,
+            PayoutBatch.status == PayoutStatus.created,
+            or_(PayoutBatch.pay_run_id.is_(None), PayoutBatch.pay_run_at < now - pay_run_stale_after(settings)),
+        )
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if not getattr(result, "rowcount", 0):
+        raise Conflict(f"a `dynaloop ledger pay` run holds payout batch {batch.id}; record once it has finished")
+    for line in chosen:
+        line.platform_status = "paid" if outcome == "paid" else "failed"
+        line.platform_reference = reference or line.platform_reference
+        line.platform_answer = {"recorded_by_hand": outcome, "previous": line.platform_answer}
+        line.paid_at = now if outcome == "paid" else None
+    session.flush()
+    session.refresh(batch)
+    audit.record(
+        session,
+        actor,
+        "payout.record_line",
+        "payout_batch",
+        batch.id,
+        lines=[line.line_number for line in chosen],
+        outcome=outcome,
+        setup_id=setup_id,
+        reference=reference,
+    )
+    _finish(session, actor, batch, lines)
+    return chosen

@@ -26,11 +26,14 @@ def pay_batch(
     prolific_study_id: str | None = None,
     prolific_state: prolific.BonusPayment | None = None,
     save_prolific_state: Callable[[prolific.BonusPayment], None] | None = None,
+    mturk_client: Any | None = None,
 ) -> list[LineResult]:
     """Pay ``lines`` on ``platform``: Prolific as one bulk bonus of ``prolific_study_id`` (the
     batch's ``prolific_state`` saved through ``save_prolific_state`` before each next request,
     see :func:`services.platforms.prolific.pay_lines`); MTurk one ``send_bonus`` per line with its
-    token (USD only). The client is made from settings here: nothing else picks its address."""
+    token (USD only). The client is made from settings here: nothing else picks its address;
+    ``mturk_client``, a client :func:`services.platforms.mturk.boto3_client` made from settings
+    before, serves a batch paid one line per call."""
     if platform is Platform.prolific:
         if prolific_study_id is None or prolific_state is None or save_prolific_state is None:
             raise Invalid("paying on Prolific needs the batch's study id and its saved bonus state")
@@ -39,7 +42,7 @@ def pay_batch(
     if platform is Platform.mturk:
         if currency != "USD":
             raise Invalid(f"MTurk pays in USD only; this batch is in {currency} (nothing was sent)")
-        return mturk.pay_lines(mturk.boto3_client(settings), lines)
+        return mturk.pay_lines(mturk_client or mturk.boto3_client(settings), lines)
     raise Invalid(f"{platform.value} has no payment API: pay these workers by hand")
 
 

@@ -346,6 +346,9 @@ def pay_lines(
         expected = sum(line.amount_minor for line in lines)
         amount = answer.get("amount")
         if isinstance(amount, int | float) and round(amount) != expected:
+            # Never paid, by this run or a later one: the next run sets up afresh.
+            state.setup_id = None
+            save(state)
             return _all(
                 lines,
                 LineStatus.failed,
