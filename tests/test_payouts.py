@@ -357,6 +357,40 @@ def test_export_then_correction_then_export_pays_the_correction_alone(
     assert table_counts(app) == counts
 
 
+def test_partial_pay_and_an_adjustment_of_base_pay_are_paid_once_completed_base_pay_never(
+    client: TestClient, app: Any, crowd: Crowd, make_user: MakeUser
+) -> None:
+    """What the platform does not pay by itself goes in the batch: a stopped session's partial
+    pay (the platform's reward is not paid for a partial submission) and a correction of base
+    pay (e.g. Prolific's minimum-pay adjustment). A completed session's base pay is the study's
+    own reward, paid on approval: never in a batch."""
+    make_user("sol", "writer")
+    sol_id = "5d0c0ffee0000000000000d4"
+    with session_scope(app.state.sessionmaker) as session:
+        task = tasks.get_task(session, TASK)
+        stopped = StudySession(
+            link_id=crowd.links["writers"],
+            user_id=users.get_user(session, "sol").id,
+            status=StudySessionStatus.stopped,
+            platform_worker_id=sol_id,
+        )
+        session.add(stopped)
+        session.flush()
+        partial = _entry(session, task, stopped.user_id, stopped.id, LedgerKind.base_pay, "sol-partial", 40)
+    adjustment = _correct(client, crowd, "wanda-base", 25)  # topped up to the hourly minimum
+    first = _create(client, crowd, "writers")
+    assert first.status_code == 201, first.text
+    batch = first.json()["batch"]
+    # wanda: 10 + 10 + the 25 adjustment (not her 150 base pay); wes 10; sol's partial 40.
+    assert sorted(_file(client, crowd, batch["id"]).decode().splitlines()) == sorted(
+        [f"{WANDA},0.45", f"{WES},0.10", f"{sol_id},0.40"]
+    )
+    paid_ids = {i for line in batch["lines"] for i in line["ledger_entry_ids"]}
+    assert {partial, adjustment} <= paid_ids and crowd.entries["wanda-base"] not in paid_ids
+    assert client.post(f"{API}/payout-batches/{batch['id']}/paid", headers=crowd.researcher.headers).status_code == 200
+    assert _create(client, crowd, "writers").status_code == 409  # paid once
+
+
 def test_a_batch_downloads_as_the_same_bytes_every_time(client: TestClient, app: Any, crowd: Crowd) -> None:
     created = _create(client, crowd, "labellers").json()["batch"]
     first = client.get(f"{API}/payout-batches/{created['id']}/file", headers=crowd.researcher.headers)

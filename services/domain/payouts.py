@@ -49,6 +49,7 @@ from services.db.models import (
     Platform,
     StudyLink,
     StudySession,
+    StudySessionStatus,
     Task,
     User,
     utcnow,
@@ -155,13 +156,24 @@ class BatchCreated:
 
 
 def _payable_bonus_entries(session: Session, task: Task) -> list[LedgerEntry]:
-    """The task's bonus entries (bonuses and corrections of bonuses) that no live batch holds."""
+    """The task's entries that a bonus pays and that no live batch holds: bonuses, every
+    correction (an adjustment, e.g. Prolific's minimum-pay top-up on base pay, or pay taken
+    back) and a stopped session's partial pay. Not the base pay of a completed session: the
+    platform pays that as the study's (HIT's) own reward when the submission is approved."""
     entries = list(session.scalars(select(LedgerEntry).where(LedgerEntry.task_id == task.id).order_by(LedgerEntry.id)))
-    kinds = {e.id: e.kind for e in entries}
+    stopped = set(
+        session.scalars(
+            select(StudySession.id)
+            .join(StudyLink, StudySession.link_id == StudyLink.id)
+            .where(StudyLink.task_id == task.id, StudySession.status == StudySessionStatus.stopped)
+        )
+    )
 
     def is_bonus(entry: LedgerEntry) -> bool:
-        if entry.kind is LedgerKind.correction and entry.corrects_id is not None:
-            return kinds.get(entry.corrects_id) in BONUS_KINDS
+        if entry.kind is LedgerKind.correction:
+            return True
+        if entry.kind is LedgerKind.base_pay:
+            return entry.session_id in stopped  # partial pay (services/domain/ledger.py)
         return entry.kind in BONUS_KINDS
 
     claimed = set(
