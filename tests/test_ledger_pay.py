@@ -38,7 +38,7 @@ from services.db.models import (
     User,
     utcnow,
 )
-from services.domain import payouts, tasks, users
+from services.domain import audit, payouts, tasks, users
 from services.errors import Conflict
 from services.platforms import mturk
 from tests.conftest import MakeUser, example_yaml, table_snapshot
@@ -205,6 +205,26 @@ def test_a_study_id_that_is_not_the_batchs_is_refused_with_nothing_sent(
     given = pay(settings, str(batches.prolific), "--study-id", STUDY)
     assert given.exit_code == 0, given.output
     assert [r["body"]["study_id"] for r in prolific_env.requests[:1]] == [STUDY]
+
+
+def test_the_researchers_study_outranks_what_workers_sent_and_a_disagreement_is_refused(
+    app: Any, settings: Any, batches: Batches, prolific_env: FakeProlific
+) -> None:
+    """STUDY_ID arrives in the worker's link: a worker-sent id never overrules the study that
+    `dynaloop platform create-study` made for the link, and a disagreement sends nothing."""
+    made = pid(42)
+    with session_scope(app.state.sessionmaker) as session:
+        batch = payouts.get_batch(session, batches.prolific)
+        audit.record(session, None, "platform.create_study", "study_link", batch.link_id, study_id=made)
+    before = table_snapshot(app, *TABLES)
+    refused = pay(settings, str(batches.prolific))  # the sessions recorded STUDY, not the made study
+    assert refused.exit_code == 1 and "the study made for study link" in refused.output, refused.output
+    assert table_snapshot(app, *TABLES) == before and prolific_env.requests == []
+    with session_scope(app.state.sessionmaker) as session:  # the sessions agree with the researcher
+        session.execute(update(StudySession).values(platform_study_id=made))
+    paid = pay(settings, str(batches.prolific))
+    assert paid.exit_code == 0, paid.output
+    assert [r["body"]["study_id"] for r in prolific_env.requests[:1]] == [made]
 
 
 def test_a_claim_another_run_holds_is_refused_until_taken_over(

@@ -710,10 +710,12 @@ def _prolific_state(batch: PayoutBatch) -> tuple[str | None, BonusPayment]:
 
 def prolific_study_of(session: Session, batch: PayoutBatch, lines: list[PayoutLine], given: str | None) -> str:
     """The Prolific study a batch pays bonuses on: the one its run began with (kept in its
-    state), else the study its lines' participants came from (the ``STUDY_ID`` each session
-    recorded), else the draft study `dynaloop platform create-study` made for the link (audit
-    log), else ``given`` (``--study-id``). A ``given`` id of the wrong form, or that differs from
-    what the batch's own records say, is refused: Prolific refuses ids outside the study."""
+    state), else the study `dynaloop platform create-study` made for the link (audit log: the
+    researcher's record), else the study its lines' participants came from (the ``STUDY_ID``
+    each session recorded: sent by the worker's browser, so it never overrules the researcher's
+    record, and a disagreement is refused), else ``given`` (``--study-id``). A ``given`` id of
+    the wrong form, or that differs from what the batch's own records say, is refused: Prolific
+    refuses ids outside the study."""
     from services.db.models import AuditEntry
     from services.platforms.prolific import PROLIFIC_ID_RE
 
@@ -731,8 +733,8 @@ def prolific_study_of(session: Session, batch: PayoutBatch, lines: list[PayoutLi
             f"the participants of batch {batch.id} came from several Prolific studies ({', '.join(sorted(recorded))}); "
             "a bulk bonus pays one study's participants: pay this batch by hand"
         )
-    known = started or (next(iter(recorded)) if recorded else None)
-    if known is None:
+    created_study: str | None = None
+    if started is None:
         created = session.scalars(
             select(AuditEntry)
             .where(
@@ -743,7 +745,14 @@ def prolific_study_of(session: Session, batch: PayoutBatch, lines: list[PayoutLi
             .order_by(AuditEntry.id.desc())
         ).first()
         study = created.details.get("study_id") if created is not None else None
-        known = study if isinstance(study, str) and PROLIFIC_ID_RE.match(study) else None
+        created_study = study if isinstance(study, str) and PROLIFIC_ID_RE.match(study) else None
+        if created_study is not None and recorded - {created_study}:
+            raise Invalid(
+                f"the participants of batch {batch.id} say they came from Prolific study "
+                f"{', '.join(sorted(recorded))}, but the study made for study link {batch.link_id} is "
+                f"{created_study}; nothing was sent: check the study on Prolific and pay this batch by hand"
+            )
+    known = started or created_study or (next(iter(recorded)) if recorded else None)
     if known is not None and given is not None and given != known:
         raise Invalid(
             f"batch {batch.id} pays participants of Prolific study {known}, not {given}; nothing was sent",
