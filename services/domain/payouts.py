@@ -54,6 +54,7 @@ from services.db.models import (
     User,
     utcnow,
 )
+from services.db.transactions import commit_now
 from services.domain import audit
 from services.domain.ledger import BONUS_KINDS, format_amount, pay_policy, valid_platform_ids
 from services.domain.study import PLATFORM_CURRENCIES
@@ -786,9 +787,9 @@ def _claim(session: Session, batch: PayoutBatch, run_id: str, settings: Settings
         .execution_options(synchronize_session=False)
     )
     claimed = bool(getattr(result, "rowcount", 0))
-    session.commit()
+    commit_now(session, "the claim on the batch is committed before any platform request: a second run sees it")
     session.refresh(batch)
-    session.commit()
+    commit_now(session, "the claim is read back as committed")
     if claimed:
         return
     if batch.status is not PayoutStatus.created:
@@ -810,7 +811,7 @@ def _renew(session: Session, batch: PayoutBatch, run_id: str) -> None:
         .values(pay_run_at=utcnow())
         .execution_options(synchronize_session=False)
     )
-    session.commit()
+    commit_now(session, "the renewed claim is committed before the next platform request")
     if not getattr(result, "rowcount", 0):
         raise Conflict(
             f"payout batch {batch.id} was taken over by another run, marked paid or cancelled while this run paid it; "
@@ -937,7 +938,7 @@ def pay_batch_through_platform(
                     settings, Platform.mturk, currency=batch.currency, lines=[pay_line], mturk_client=mturk_client
                 )
                 _record_result(line, result)
-                session.commit()
+                commit_now(session, "each line's answer from the platform is kept even if the run dies after it")
                 run.sent.append(line.line_number)
                 if result.status is LineStatus.unknown:
                     stopped_at = line.line_number
@@ -949,7 +950,7 @@ def pay_batch_through_platform(
             def save(state: BonusPayment) -> None:
                 _renew(session, batch, run_id)
                 batch.platform_state = {"prolific": {"study_id": chosen_study, **dataclasses.asdict(state)}}
-                session.commit()
+                commit_now(session, "the Prolific state is committed before the next request (no second set-up or pay)")
 
             before = dataclasses.asdict(state)
             results = paying.pay_batch(
@@ -964,11 +965,11 @@ def pay_batch_through_platform(
             by_token = {result.unique_request_token: result for result in results}
             for line in to_send:
                 _record_result(line, by_token[line.unique_request_token])
-            session.commit()
+            commit_now(session, "the lines' answers from the platform are kept even if the run dies after them")
             if dataclasses.asdict(state) != before or any(r.status is not LineStatus.unknown for r in results):
                 run.sent = [line.line_number for line in to_send]
         run.marked_paid = _finish(session, actor, batch, lines)
-        session.commit()
+        commit_now(session, "the run's outcome and the batch's status are kept")
     finally:
         session.rollback()  # whatever a failure left half-done; every result was committed as it came
         _release(session, batch, run_id)
@@ -983,7 +984,7 @@ def pay_batch_through_platform(
             sent=run.sent,
             statuses={str(line.line_number): line.platform_status for line in lines},
         )
-        session.commit()
+        commit_now(session, "the run's audit record and the released claim are kept")
     session.refresh(batch)
     run.statuses = {line.line_number: line.platform_status for line in lines}
     run.advice = _advice(batch, lines, stopped_at)

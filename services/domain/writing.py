@@ -48,7 +48,7 @@ from services.domain.labels import check_target_label, is_fooled
 from services.domain.model_servers import ServerAddress
 from services.domain.quality import require_onboarded, require_qualified, task_worker
 from services.domain.tasks import definition_of
-from services.errors import Conflict, Gone, Invalid, ModelBusy, ModelUnavailable, NotFound
+from services.errors import Conflict, DuplicateText, Gone, Invalid, ModelBusy, ModelUnavailable, NotFound
 from services.model_client import ModelAnswer, ModelClient, ModelServerError, ModelSlotsBusy, NoPrediction
 from services.taskdef import TaskDefinition, TaskFamily, WriterFieldName
 from services.text import clean_text, duplicate_hash, normalized_edit_distance
@@ -596,7 +596,15 @@ def submit_example(
     cleaned = _check_extras(definition, extras, attempt)
     task = assignment.round.task
     # Again at submission: another writer may have submitted the same text since the attempt.
-    _refuse_duplicate(session, assignment, attempt.text, attempt.target_span)
+    try:
+        _refuse_duplicate(session, assignment, attempt.text, attempt.target_span)
+    except DuplicateText:
+        # A copy of this request may have committed the example since ``existing`` was read
+        # (PostgreSQL reads each statement afresh): its example is the answer, not a refusal.
+        racing = session.scalar(select(Example).where(Example.assignment_id == assignment.id))
+        if racing is not None and racing.attempt_id == attempt.id:
+            return racing, False
+        raise
     example = Example(
         round_id=assignment.round_id,
         assignment_id=assignment.id,
