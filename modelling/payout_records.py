@@ -14,8 +14,9 @@ from decimal import Decimal, InvalidOperation
 from modelling.bounded_tables import ReadBounds, TooMuchData, read_table
 from modelling.datasets import DataError
 from services.db.models import Platform
-from services.domain.payouts import RecordRow
+from services.domain.payouts import MAX_RECONCILE_CELL_CHARS, RecordRow
 from services.errors import Invalid, TooLarge
+from services.settings import Settings
 from services.structured_input import check_json_depth
 from services.taskdef import currency_digits
 
@@ -116,3 +117,13 @@ def _parse_list_bonus_payments(body: bytes, currency: str, bounds: ReadBounds) -
         worker_id, assignment_id, amount = (str(value) for value in fields)
         rows.append(RecordRow(index, worker_id, assignment_id, _amount_minor(amount, currency, index)))
     return rows
+
+
+def record_bounds(settings: Settings) -> ReadBounds:
+    """The bounds a platform's record is read within: the upload bounds, and at most
+    MAX_RECONCILE_CELL_CHARS characters a cell (ids and amounts are short)."""
+    return ReadBounds(
+        max_rows=settings.max_upload_rows,
+        max_decoded_bytes=settings.max_upload_decoded_bytes,
+        max_cell_chars=min(settings.max_upload_cell_chars, MAX_RECONCILE_CELL_CHARS),
+    )

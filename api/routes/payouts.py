@@ -20,7 +20,6 @@ from api.schemas.payouts import (
     ReconciliationPublic,
 )
 from modelling import payout_records
-from modelling.bounded_tables import ReadBounds
 from services.authorization import PayoutBatchPolicy, TaskPolicy, authorize
 from services.db.models import PayoutBatch, StudyLink, User
 from services.domain import payouts, tasks
@@ -151,10 +150,6 @@ def reconcile_batch(
     record the report: matched, missing and unexpected lines. Read within the upload bounds
     (rows, decoded bytes, characters per cell): 413 or 422 otherwise, and nothing is recorded."""
     batch = _batch(session, researcher, batch_id)
-    bounds = ReadBounds(
-        max_rows=settings.max_upload_rows,
-        max_decoded_bytes=settings.max_upload_decoded_bytes,
-        max_cell_chars=min(settings.max_upload_cell_chars, payouts.MAX_RECONCILE_CELL_CHARS),
-    )
+    bounds = payout_records.record_bounds(settings)
     record = payout_records.parse_record(raw, batch.platform, batch.currency, bounds)
     return ReconciliationPublic.of(payouts.reconcile(session, researcher, batch, record))

@@ -221,18 +221,13 @@ def batch_reconcile(
     record the report: matched, missing and unexpected lines. Exit status 1 when any line is
     missing or unexpected."""
     from modelling import payout_records
-    from modelling.bounded_tables import ReadBounds
     from services.domain import payouts
 
     settings = settings_for(database_url)
     size = record.stat().st_size
     if size > settings.max_upload_decoded_bytes:
         raise fail(f"{record} is {size:,} bytes, more than DYNALOOP_MAX_UPLOAD_DECODED_BYTES allows")
-    bounds = ReadBounds(
-        max_rows=settings.max_upload_rows,
-        max_decoded_bytes=settings.max_upload_decoded_bytes,
-        max_cell_chars=min(settings.max_upload_cell_chars, payouts.MAX_RECONCILE_CELL_CHARS),
-    )
+    bounds = payout_records.record_bounds(settings)
     with domain_session(database_url) as session:
         batch = _task_batch(session, task, batch_id)
         rows = payout_records.parse_record(record.read_bytes(), batch.platform, batch.currency, bounds)
