@@ -259,8 +259,8 @@ class Server:
 
 
 @contextmanager
-def running_servers(servers: Sequence[Server], model_dir: Path, log_dir: Path) -> Iterator[None]:
-    """Start every server (in parallel), wait for /health, and always stop them at the end."""
+def running_servers(servers: Sequence[Server], model_dir: Path, log_dir: Path, device: str = "cpu") -> Iterator[None]:
+    """Start every server (in parallel) on ``device``, wait for /health, and always stop them at the end."""
     try:
         for server in servers:
             server.port = free_port()
@@ -273,7 +273,7 @@ def running_servers(servers: Sequence[Server], model_dir: Path, log_dir: Path) -
                 "--port",
                 str(server.port),
                 "--device",
-                "cpu",
+                device,
                 "--log-level",
                 "warning",
                 *server.args,

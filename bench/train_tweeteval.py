@@ -83,7 +83,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="model folder (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "train_tweeteval.json")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "gpu"],
+        default="cpu",
+        help="cpu (the default, as recorded in docs/benchmarks.md) or gpu: Accelerate's device, CUDA when present",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        choices=["no", "fp16", "bf16"],
+        default="no",
+        help="Accelerate's mixed precision for the training steps (bf16 on a GPU that has it)",
+    )
     args = parser.parse_args()
+    if args.device == "gpu" and not torch.cuda.is_available():
+        raise SystemExit("--device gpu: torch sees no CUDA GPU on this machine")
 
     if not (args.data / "val_text.txt").is_file():
         raise SystemExit(
@@ -122,14 +136,15 @@ def main() -> None:
         metrics=compute_metrics(test, one_hot(predicted, len(labels))), train_seconds=round(tfidf_seconds, 2)
     )
 
-    # MiniLM, from the packaged base checkpoint, on this CPU.
+    # MiniLM, from the packaged base checkpoint, on this CPU (or, with --device gpu, the GPU).
     config = TrainConfig(
         epochs=args.epochs,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         max_length=args.max_length,
         seed=args.seed,
-        cpu=True,
+        cpu=args.device == "cpu",
+        mixed_precision=args.mixed_precision,
         early_stopping_patience=1,
     )
     with tempfile.TemporaryDirectory() as scratch:
@@ -186,6 +201,9 @@ def main() -> None:
             "python": platform.python_version(),
             "torch": torch.__version__,
             "processor": platform.processor() or platform.machine(),
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name(0) if args.device == "gpu" else None,
+            "mixed_precision": args.mixed_precision,
         },
         "data": {
             "train": len(train),

@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model_directory import ModelMetadata
 from model_server.app import ServerConfig, create_model_app
@@ -287,6 +289,40 @@ def test_split_by_length_covers_every_item_once_and_splits_only_where_padding_co
     assert any(start == 15 for start, _ in spans)  # the three long ones are not padded with the short
     assert split_by_length([20] * 10, max_size=64) == [(0, 10)]  # nothing to gain: one pass
     assert split_by_length([], max_size=4) == []
+
+
+def _span_cost(lengths: list[int], spans: list[tuple[int, int]], split_cost: float) -> float:
+    return sum((end - start) * lengths[end - 1] + split_cost for start, end in spans)
+
+
+def _best_cost(lengths: list[int], max_size: int, split_cost: float) -> float:
+    """Every way to cut sorted ``lengths`` into contiguous micro-batches, the cheapest (brute force)."""
+    n = len(lengths)
+    best = float("inf")
+    for mask in range(1 << max(0, n - 1)):
+        cuts = [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+        spans = list(itertools.pairwise(cuts))
+        if all(end - start <= max_size for start, end in spans):
+            best = min(best, _span_cost(lengths, spans, split_cost))
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 128), min_size=1, max_size=10).map(sorted),
+    max_size=st.integers(1, 12),
+    split_cost=st.sampled_from([0.0, 8.0, 96.0, 16384.0]),
+)
+def test_split_by_length_is_optimal_with_and_without_the_one_batch_shortcut(
+    lengths: list[int], max_size: int, split_cost: float
+) -> None:
+    """The shortcut (one micro-batch when its padding is below one split's cost: the GPU's usual
+    case) never gives a costlier cut than the dynamic programme's optimum."""
+    from model_server.backends.transformers_backend import split_by_length
+
+    spans = split_by_length(lengths, max_size=max_size, split_cost=split_cost)
+    assert [i for start, end in spans for i in range(start, end)] == list(range(len(lengths)))
+    assert _span_cost(lengths, spans, split_cost) == pytest.approx(_best_cost(lengths, max_size, split_cost))
 
 
 @pytest.mark.parametrize("kind", ["multi", "pair"])

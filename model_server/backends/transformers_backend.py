@@ -24,6 +24,13 @@ logger = logging.getLogger(__name__)
 # on 2 CPU cores with MiniLM-L6 (~0.15 ms a token, ~10 ms fixed per pass); any value from 32 to
 # 128 gave about the same throughput on tweets (+15-25% over padding a batch of 32 to its longest).
 SPLIT_COST_TOKENS = 96
+# On a GPU the fixed cost of a pass (kernel launches from Python) dwarfs the cost of padding: on an
+# H200, MiniLM-L6 at bf16 took 3.3-3.7 ms a pass for anything from 8 to 16,384 padded tokens
+# (bench/gpu.py, "fixed cost of one pass"; docs/benchmarks.md, GPU section), so a server batch is
+# one pass unless its padding alone would exceed that many tokens.
+GPU_SPLIT_COST_TOKENS = 16384
+GPU_MICRO_BATCH_SIZE = 256
+CPU_MICRO_BATCH_SIZE = 64
 # The unknown-token warning is logged at most this often (a busy server would repeat it per request).
 UNKNOWN_TOKEN_WARNING_INTERVAL_S = 300.0
 
@@ -34,8 +41,14 @@ def split_by_length(
     """Cut ascending ``lengths`` into contiguous micro-batches ``[start, end)`` of at most
     ``max_size`` items, minimising padded tokens (items x longest, per micro-batch) plus
     ``split_cost`` per micro-batch: tweets of 11 and 44 tokens need not pad to 44 together.
-    Exact dynamic programme, O(n * max_size)."""
+    Exact dynamic programme, O(n * max_size), skipped when one micro-batch is optimal anyway.
+    """
     n = len(lengths)
+    if 0 < n <= max_size and n * lengths[-1] - sum(lengths) <= split_cost:
+        # Any split saves at most the padding of one micro-batch (n x longest - the tokens
+        # themselves) and costs at least split_cost: one micro-batch is optimal. On a GPU this is
+        # the usual case, and the programme's Python loop would cost more than the pass itself.
+        return [(0, n)]
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
     for end in range(1, n + 1):
@@ -58,13 +71,20 @@ class TransformersBackend:
         metadata: ModelMetadata,
         *,
         device: str | None = None,
-        micro_batch_size: int = 64,
+        micro_batch_size: int | None = None,
         precision: str = "fp32",
+        split_cost_tokens: float | None = None,
     ) -> None:
         self.directory = directory
         self.metadata = metadata
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.micro_batch_size = micro_batch_size
+        on_gpu = self.device.startswith("cuda")
+        self.micro_batch_size = micro_batch_size or (GPU_MICRO_BATCH_SIZE if on_gpu else CPU_MICRO_BATCH_SIZE)
+        self.split_cost_tokens = (
+            split_cost_tokens
+            if split_cost_tokens is not None
+            else (GPU_SPLIT_COST_TOKENS if on_gpu else SPLIT_COST_TOKENS)
+        )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
             self.model = AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True)
@@ -82,7 +102,7 @@ class TransformersBackend:
             self.tokenizer,
             precision,
             directory=directory,
-            max_batch_size=micro_batch_size,
+            max_batch_size=self.micro_batch_size,
             check=PrecisionCheck.load(directory),
         )
         self.max_length = min(metadata.max_length, getattr(self.tokenizer, "model_max_length", 10**6) or 10**6)
@@ -167,15 +187,18 @@ class TransformersBackend:
         lengths = [len(ids) for ids in features["input_ids"]]
         order = sorted(range(len(inputs)), key=lengths.__getitem__)
         results: list[ClassifyOutput | None] = [None] * len(inputs)
-        for start, end in split_by_length([lengths[i] for i in order], self.micro_batch_size):
+        spans = split_by_length([lengths[i] for i in order], self.micro_batch_size, self.split_cost_tokens)
+        for start, end in spans:
             rows = order[start:end]
             logits, precision = self.precision.forward(pad_rows(self.tokenizer, features, rows, self.device))
             if self.metadata.family == "multi_label":
                 probabilities = torch.sigmoid(logits)
             else:
                 probabilities = torch.softmax(logits, dim=-1)
-            for row, index in enumerate(rows):
-                results[index] = decide(self.metadata, probabilities[row].tolist(), truncated[index], precision)
+            # One copy to the host for the whole micro-batch: a .tolist() per row would wait for
+            # the GPU once per sentence.
+            for index, row_probabilities in zip(rows, probabilities.cpu().tolist(), strict=True):
+                results[index] = decide(self.metadata, row_probabilities, truncated[index], precision)
         return [r for r in results if r is not None]
 
     def inspect(self, item: ClassifyInput, label: str, n_steps: int = 32) -> list[TokenAttribution]:
