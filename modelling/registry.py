@@ -285,8 +285,9 @@ def register_retrained(
     directory = Path(directory).expanduser().resolve()
     metadata = _load_metadata(directory)
     taken = _registered_version(session, task, metadata.model_id, metadata.version)
-    if taken is None or Path(taken.directory) == directory:
-        return register_model(session, task, directory, actor=actor), None
+    if taken is None or Path(taken.directory) == directory:  # new weights, or this directory again
+        same = (metadata.model_extra or {}).get("same_weights_as")
+        return register_model(session, task, directory, actor=actor), same if isinstance(same, str) else None
     number = 2
     while True:
         version = f"{metadata.version}.{number}"
