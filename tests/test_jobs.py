@@ -457,6 +457,39 @@ def test_roles_unknown_task_and_bad_input(
     assert client.get("/api/v1/rounds/9999/plot-data", headers=researcher.headers).status_code == 404
 
 
+def test_a_second_train_job_is_refused_while_one_is_queued_or_running(
+    app: FastAPI, client: TestClient, built: BuiltRound
+) -> None:
+    """docs/researcher_ui.md and docs/api.md: one train job per task at a time."""
+    researcher, url = built["researcher"], "/api/v1/tasks/dynasent-r2/jobs"
+    first = client.post(url, json={"kind": "train", "params": {"epochs": 1}}, headers=researcher.headers)
+    assert first.status_code == 202, first.text
+    first_id = first.json()["id"]
+    for status in ("queued", "running"):
+        if status == "running":  # a worker took it and reports (modelling.worker)
+            with session_scope(app.state.sessionmaker) as session:
+                job = session.get(Job, first_id)
+                job.status, job.worker, job.heartbeat_at, job.started_at = (
+                    JobStatus.running,
+                    "worker-cpu",
+                    utcnow(),
+                    utcnow(),
+                )
+        before = table_counts(app)
+        second = client.post(url, json={"kind": "train", "params": {"epochs": 2}}, headers=researcher.headers)
+        assert second.status_code == 409, second.text
+        error = second.json()["error"]
+        assert error["message"].startswith(f"train job {first_id} of task 'dynasent-r2' is still {status}")
+        assert error["details"] == {"job_id": first_id}
+        assert table_counts(app) == before, "a refused request records nothing"
+    # Once it finished (here: failed), the next train job is accepted.
+    with session_scope(app.state.sessionmaker) as session:
+        job = session.get(Job, first_id)
+        job.status, job.finished_at, job.message = JobStatus.failed, utcnow(), "the GPU caught fire"
+    again = client.post(url, json={"kind": "train", "params": {"epochs": 2}}, headers=researcher.headers)
+    assert again.status_code == 202, again.text
+
+
 def test_promote_needs_an_evaluated_model_and_a_token(app: FastAPI, built: BuiltRound, tmp_path: Path) -> None:
     from modelling.registry import register_model
 
