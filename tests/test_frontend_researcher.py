@@ -628,10 +628,10 @@ def form_block(at: AppTest, form_id: str) -> Any:
     """The ``st.form`` block with ``form_id`` as the page drew it."""
 
     def walk(node: Any) -> Any:
-        proto = getattr(node, "proto", None)
-        if proto is not None and proto.DESCRIPTOR.name == "Block" and proto.WhichOneof("type") == "form":
-            if proto.form.form_id == form_id:
-                return proto.form
+        proto: Any = getattr(node, "proto", None)
+        is_form = proto is not None and proto.DESCRIPTOR.name == "Block" and proto.WhichOneof("type") == "form"
+        if is_form and proto.form.form_id == form_id:
+            return proto.form
         children = getattr(node, "children", None)
         for child in (children or {}).values() if isinstance(children, dict) else []:
             found = walk(child)

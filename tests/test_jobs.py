@@ -168,6 +168,7 @@ def test_a_retrain_that_reproduces_the_weights_registers_a_new_version(app: Fast
     assert first.status is JobStatus.succeeded, first.message + "\n" + first.log
     second = _run(app, _create(app, "train", {**TINY_TRAIN, "epochs": 1, "check_precision": False}))
     assert second.status is JobStatus.succeeded, second.message + "\n" + second.log
+    assert first.result is not None and second.result is not None
     name, version = first.result["model"]["name"], first.result["model"]["version"]
     assert second.result["model"]["version"] == f"{version}.2" and second.result["same_weights_as"] == name
     assert second.message.endswith(f"; the same weights as {name}")
@@ -469,6 +470,7 @@ def test_a_second_train_job_is_refused_while_one_is_queued_or_running(
         if status == "running":  # a worker took it and reports (modelling.worker)
             with session_scope(app.state.sessionmaker) as session:
                 job = session.get(Job, first_id)
+                assert job is not None
                 job.status, job.worker, job.heartbeat_at, job.started_at = (
                     JobStatus.running,
                     "worker-cpu",
@@ -485,6 +487,7 @@ def test_a_second_train_job_is_refused_while_one_is_queued_or_running(
     # Once it finished (here: failed), the next train job is accepted.
     with session_scope(app.state.sessionmaker) as session:
         job = session.get(Job, first_id)
+        assert job is not None
         job.status, job.finished_at, job.message = JobStatus.failed, utcnow(), "the GPU caught fire"
     again = client.post(url, json={"kind": "train", "params": {"epochs": 2}}, headers=researcher.headers)
     assert again.status_code == 202, again.text

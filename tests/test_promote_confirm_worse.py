@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
@@ -33,8 +34,6 @@ from modelling.registry import (
     register_retrained,
 )
 from services.db.engine import session_scope
-from sqlalchemy import select
-
 from services.db.models import JobStatus, ModelVersion, ModelVersionStatus
 from services.domain.tasks import get_task
 from tests.conftest import Actor, example_yaml, open_round, table_counts, table_snapshot
@@ -154,9 +153,7 @@ def test_a_worse_promotion_is_refused_with_both_scores_and_goes_ahead_when_confi
     assert _statuses(app)["worse"] == "promoted" and _statuses(app)["good"] == "retired"
 
 
-def test_the_check_runs_again_when_the_job_runs(
-    app: FastAPI, client: TestClient, researcher: Actor, task: str
-) -> None:
+def test_the_check_runs_again_when_the_job_runs(app: FastAPI, client: TestClient, researcher: Actor, task: str) -> None:
     """Accepted while the promoted model was worse; by the time it runs a better one is promoted."""
     factory, data_dir = app.state.sessionmaker, app.state.settings.data_dir
     low = _model(app, "low", 0.50)

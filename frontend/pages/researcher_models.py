@@ -118,7 +118,7 @@ def show_failed_jobs(client: Api, task: str) -> None:
         return
     for job in failed:
         render.alert("error", f"{job['kind']} job {job['id']}: {job.get('message') or 'failed'}")
-        with st.expander(f"Log of {job['kind']} job {job['id']}"):
+        with st.expander(f"Log of the failed {job['kind']} job {job['id']}"):
             st.code(logs.get(job["id"]) or "(empty log)", language=None)
 
 
