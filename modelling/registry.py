@@ -5,10 +5,14 @@ retired`` (docs/design.md, "Round builder" step 6; DynaSent §5: Model 1 replace
 Round 2):
 
 * :func:`register_model` reads a directory's ``dynaloop_model.json`` and records it as
-  *trained* (idempotent for the same ``model_id`` and ``version``);
+  *trained* (idempotent for the same ``model_id`` and ``version``); :func:`register_retrained`
+  does so for a model a training run wrote, and registers a run that reproduced registered
+  weights as ``VERSION.2`` (``same_weights_as`` in its file);
 * :func:`record_evaluation` stores the evaluation (``modelling.evaluate``) and makes it
   *evaluated*;
-* :func:`promote` puts a version in the loop, one of two ways:
+* :func:`promote` puts a version in the loop (not one that scores below the promoted model on
+  a round's dev split, or near chance, unless ``confirm_worse``: :func:`check_not_worse`), one of
+  two ways:
 
   * with a ``server``, it hot-swaps that running model server to the directory (``POST
     /admin/reload``), checks ``GET /info`` reports the new ``model_id``/``version``, and only
