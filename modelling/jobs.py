@@ -22,7 +22,9 @@ and its parameters are that use case's options (docs/api.md, "Jobs"):
 * ``evaluate``: :func:`~modelling.usecases.evaluate_and_record` on every built round's dev and
   test split (and a mix's sets), into ``DATA_DIR/evaluations/TASK-job-ID``;
 * ``promote``: :func:`~modelling.usecases.promote_model` (hot swap on a registered model server,
-  then the registry). The job names the server; its process reads the server's URL and admin
+  then the registry). A model below the promoted one on a round's dev split, or near chance, is
+  refused without ``confirm_worse`` (:func:`~modelling.registry.check_not_worse`), when the job
+  is created and again when it runs. The job names the server; its process reads the server's URL and admin
   token from the registry of model servers that admins keep, so a request can neither choose
   where the token goes nor see it, and the token is never in the job's row, log or environment.
 
@@ -57,6 +59,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from modelling.datasets import DataError, DataFiles, DataMix, under_root
 from modelling.evaluation_sets import built_round_numbers
 from modelling.queue import enqueue
+from modelling.registry import check_not_worse
 from modelling.usecases import (
     EvaluateOptions,
     EvaluationListener,
@@ -310,6 +313,8 @@ def create_job(
                 f"model {model.name} was never evaluated, so nobody knows whether it beats the one in the "
                 "loop; run an evaluate job first, or set force to promote it anyway"
             )
+        # Checked again when the job runs (modelling.registry.promote): the promoted model may change.
+        check_not_worse(session, task, model, parsed.confirm_worse)
     chosen, note = choose_queue(session, task, kind, queue, cpu_fallback)
     stored = parsed.model_dump(mode="json", exclude_none=True)
     job = Job(
@@ -836,11 +841,14 @@ def _train(context: _Context) -> dict[str, Any]:
     assert trained.model is not None  # a job trains in one process, which registers the model
     result, summary = trained.training, trained.model
     best = result.best_dev_macro_f1
+    same = "" if trained.same_weights_as is None else f"; the same weights as {trained.same_weights_as}"
     return {
         "message": f"trained and registered {summary.name} (registry id {summary.id}): "
         f"{result.epochs_run} epoch(s), best epoch {result.best_epoch}"
-        + ("" if best is None else f", dev macro-F1 {best:.4f}"),
+        + ("" if best is None else f", dev macro-F1 {best:.4f}")
+        + same,
         "model": summary.to_dict(),
+        "same_weights_as": trained.same_weights_as,
         "out_dir": str(out_dir),
         "epochs_run": result.epochs_run,
         "best_epoch": result.best_epoch,

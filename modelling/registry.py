@@ -5,10 +5,14 @@ retired`` (docs/design.md, "Round builder" step 6; DynaSent §5: Model 1 replace
 Round 2):
 
 * :func:`register_model` reads a directory's ``dynaloop_model.json`` and records it as
-  *trained* (idempotent for the same ``model_id`` and ``version``);
+  *trained* (idempotent for the same ``model_id`` and ``version``); :func:`register_retrained`
+  does so for a model a training run wrote, and registers a run that reproduced registered
+  weights as ``VERSION.2`` (``same_weights_as`` in its file);
 * :func:`record_evaluation` stores the evaluation (``modelling.evaluate``) and makes it
   *evaluated*;
-* :func:`promote` puts a version in the loop, one of two ways:
+* :func:`promote` puts a version in the loop (not one that scores below the promoted model on
+  a round's dev split, or near chance, unless ``confirm_worse``: :func:`check_not_worse`), one of
+  two ways:
 
   * with a ``server``, it hot-swaps that running model server to the directory (``POST
     /admin/reload``), checks ``GET /info`` reports the new ``model_id``/``version``, and only
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,23 +78,33 @@ from services.taskdef import TaskDefinition, TaskFamily
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "NEAR_CHANCE_MARGIN",
+    "ConfirmWorse",
+    "DevScore",
     "Promotion",
     "PromotionError",
     "PromotionIncomplete",
     "attempt_counts",
+    "chance_macro_f1",
     "check_compatible",
+    "check_not_worse",
+    "dev_scores",
     "find_model",
     "jsonable",
     "list_models",
     "promote",
     "record_evaluation",
     "register_model",
+    "register_retrained",
     "reload_model_server",
     "retire",
 ]
 
 # How long a reload may take: a large checkpoint loads in tens of seconds on a CPU.
 RELOAD_TIMEOUT_S = 300.0
+#: A model whose macro-F1 on a round's dev split is at most this far above chance is near chance:
+#: promoting it needs confirm_worse (:func:`check_not_worse`).
+NEAR_CHANCE_MARGIN = 0.05
 _OPEN_ROUNDS = (RoundStatus.collecting, RoundStatus.validating)
 
 
@@ -98,6 +113,14 @@ class PromotionError(DomainError):
 
     status_code = 502
     code = "promotion_failed"
+
+
+class ConfirmWorse(Conflict):
+    """Promoting the model would put a worse one in the loop: it scores below the promoted model
+    on a round's dev split, or near chance (:func:`check_not_worse`). Nothing changed; the same
+    promotion with ``confirm_worse`` goes ahead."""
+
+    code = "confirm_worse"
 
 
 @dataclass
@@ -207,19 +230,14 @@ def register_model(session: Session, task: Task, directory: Path | str, *, actor
     metadata = _load_metadata(directory)
     definition = definition_of(task)
     check_compatible(definition, metadata, f"model {metadata.model_id} (version {metadata.version}) in {directory}")
-    existing = session.scalar(
-        select(ModelVersion).where(
-            ModelVersion.task_id == task.id,
-            ModelVersion.model_id == metadata.model_id,
-            ModelVersion.version == metadata.version,
-        )
-    )
+    existing = _registered_version(session, task, metadata.model_id, metadata.version)
     if existing is not None:
         if Path(existing.directory) != directory:
             raise Conflict(
                 f"model {metadata.model_id} version {metadata.version} is already registered for task "
                 f"{task.name!r} from {existing.directory}; if {directory} holds other weights, give it a new "
-                "`version` in its dynaloop_model.json"
+                "`version` in its dynaloop_model.json (a model `dynaloop round train` or a train job wrote "
+                "is registered as a new version by itself)"
             )
         return existing
     model = ModelVersion(
@@ -255,6 +273,52 @@ def register_model(session: Session, task: Task, directory: Path | str, *, actor
         directory=model.directory,
     )
     return model
+
+
+def register_retrained(
+    session: Session, task: Task, directory: Path | str, *, actor: User | None = None
+) -> tuple[ModelVersion, str | None]:
+    """Register the model a training run just wrote to ``directory`` (:func:`register_model`),
+    and the name of the registered model whose weights it reproduces, or None.
+
+    The trainer's ``version`` is a hash of the weights (modelling.train.weights_version), so a
+    retrain from the same base on the same data with the same seed lands on a version the task
+    has registered from another directory. Such a model is registered as ``VERSION.2`` (the next
+    free ``VERSION.N``) instead, with ``same_weights_as`` (the registered ``model_id@version``) in
+    its dynaloop_model.json, so the model server reports the version the registry holds."""
+    directory = Path(directory).expanduser().resolve()
+    metadata = _load_metadata(directory)
+    taken = _registered_version(session, task, metadata.model_id, metadata.version)
+    if taken is None or Path(taken.directory) == directory:  # new weights, or this directory again
+        same = (metadata.model_extra or {}).get("same_weights_as")
+        return register_model(session, task, directory, actor=actor), same if isinstance(same, str) else None
+    number = 2
+    while True:
+        version = f"{metadata.version}.{number}"
+        other = _registered_version(session, task, metadata.model_id, version)
+        if other is None or Path(other.directory) == directory:
+            break
+        number += 1
+    renamed = ModelMetadata.model_validate(
+        {**metadata.model_dump(mode="json"), "version": version, "same_weights_as": taken.name}
+    )
+    renamed.save(directory)
+    logger.info(
+        "%s holds the same weights as %s (registered from %s); registering it as version %s",
+        directory,
+        taken.name,
+        taken.directory,
+        version,
+    )
+    return register_model(session, task, directory, actor=actor), taken.name
+
+
+def _registered_version(session: Session, task: Task, model_id: str, version: str) -> ModelVersion | None:
+    return session.scalar(
+        select(ModelVersion).where(
+            ModelVersion.task_id == task.id, ModelVersion.model_id == model_id, ModelVersion.version == version
+        )
+    )
 
 
 def record_evaluation(
@@ -338,6 +402,137 @@ def attempt_counts(session: Session, task: Task) -> dict[int, int]:
     return {int(model_id): int(count) for model_id, count in rows}
 
 
+# --- is it worse? ----------------------------------------------------------------------
+
+_ROUND_DEV_SET = re.compile(r"^round ([0-9]+) dev$")
+
+
+@dataclass(frozen=True)
+class DevScore:
+    """A model's macro-F1 on a round's dev split, as its recorded evaluation holds it, and what
+    chance scores on that split (None where it cannot be said)."""
+
+    model: str
+    model_pk: int
+    round: int
+    set: str
+    macro_f1: float
+    chance_macro_f1: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "model_id": self.model_pk,
+            "round": self.round,
+            "set": self.set,
+            "macro_f1": round(self.macro_f1, 4),
+            "chance_macro_f1": None if self.chance_macro_f1 is None else round(self.chance_macro_f1, 4),
+        }
+
+
+def chance_macro_f1(labels: int, *, multi_label: bool, support: dict[str, Any] | None, rows: Any) -> float | None:
+    """The macro-F1 a guess scores in expectation on a set: one label drawn uniformly for each
+    row (single-label), or each label with probability 1/2 (multi-label). A class with share
+    ``p`` of the rows, guessed at rate ``r``, has precision ``p`` and recall ``r``, so F1 ``2pr /
+    (p + r)``; macro-F1 averages that over the labels. The shares come from the set's gold counts
+    (``support``, ``rows``); without them a single-label set is taken as balanced (``1/labels``)
+    and a multi-label one has no figure (None)."""
+    if labels < 1:
+        return None
+    rate = 0.5 if multi_label else 1 / labels
+    counts = [c for c in (support or {}).values() if isinstance(c, int | float)]
+    if counts and isinstance(rows, int | float) and rows > 0:
+        shares = [c / rows for c in counts] + [0.0] * max(labels - len(counts), 0)
+    elif not multi_label:
+        shares = [1 / labels] * labels
+    else:
+        return None
+    return sum(2 * p * rate / (p + rate) if p > 0 else 0.0 for p in shares) / len(shares)
+
+
+def dev_scores(model: ModelVersion, *, multi_label: bool) -> dict[int, DevScore]:
+    """Round number -> the model's macro-F1 on that round's dev split, from its recorded
+    evaluation: the ``sets`` of modelling.evaluate (with their gold counts), else the ``macro_f1``
+    entries named ``round N dev``."""
+    evaluation = model.evaluation or {}
+    labels = len(model.labels or [])
+    scores: dict[int, DevScore] = {}
+    for entry in evaluation.get("sets") or []:
+        if not isinstance(entry, dict) or entry.get("split") != "dev" or not isinstance(entry.get("round"), int):
+            continue
+        value = entry.get("macro_f1")
+        if isinstance(value, int | float) and math.isfinite(value):
+            chance = chance_macro_f1(
+                labels, multi_label=multi_label, support=entry.get("support"), rows=entry.get("rows")
+            )
+            name = str(entry.get("name") or f"round {entry['round']} dev")
+            scores[entry["round"]] = DevScore(model.name, model.id, entry["round"], name, float(value), chance)
+    for name, value in (evaluation.get("macro_f1") or {}).items():
+        match = _ROUND_DEV_SET.match(str(name))
+        if match is None or int(match[1]) in scores or not isinstance(value, int | float) or not math.isfinite(value):
+            continue
+        chance = chance_macro_f1(labels, multi_label=multi_label, support=None, rows=None)
+        scores[int(match[1])] = DevScore(model.name, model.id, int(match[1]), str(name), float(value), chance)
+    return scores
+
+
+def check_not_worse(session: Session, task: Task, model: ModelVersion, confirm_worse: bool) -> None:
+    """Refuse (:class:`ConfirmWorse`, with the scores) to promote ``model`` when, on its recorded
+    evaluation, it scores below the task's promoted model on the newest round's dev split both
+    were evaluated on, or its macro-F1 on the newest round's dev split it was evaluated on is
+    within :data:`NEAR_CHANCE_MARGIN` of chance (:func:`chance_macro_f1`). Nothing is refused
+    with ``confirm_worse``, for a model already promoted, or for one with no dev score."""
+    if confirm_worse or model.status is ModelVersionStatus.promoted:
+        return
+    multi_label = definition_of(task).is_multi_label
+    mine = dev_scores(model, multi_label=multi_label)
+    if not mine:
+        return
+    newest = mine[max(mine)]
+    promoted = session.scalars(
+        select(ModelVersion)
+        .where(
+            ModelVersion.task_id == task.id,
+            ModelVersion.status == ModelVersionStatus.promoted,
+            ModelVersion.id != model.id,
+        )
+        .order_by(ModelVersion.promoted_at.desc(), ModelVersion.id.desc())
+    ).first()
+    theirs = dev_scores(promoted, multi_label=multi_label) if promoted is not None else {}
+    common = sorted(set(mine) & set(theirs))
+    reasons, parts = [], []
+    scores = [newest]
+    if common:
+        compared = common[-1]
+        if compared != newest.round:
+            scores.append(mine[compared])
+        scores.append(theirs[compared])
+        if mine[compared].macro_f1 < theirs[compared].macro_f1:
+            reasons.append("below_promoted")
+            parts.append(
+                f"{model.name} scores macro-F1 {mine[compared].macro_f1:.3f} on {mine[compared].set}, below "
+                f"{theirs[compared].model}, the promoted model ({theirs[compared].macro_f1:.3f})"
+            )
+    chance = newest.chance_macro_f1
+    if chance is not None and newest.macro_f1 <= chance + NEAR_CHANCE_MARGIN:
+        reasons.append("near_chance")
+        guess = "guessing each label with probability 1/2" if multi_label else "a uniformly guessed label"
+        parts.append(
+            f"{model.name} scores macro-F1 {newest.macro_f1:.3f} on {newest.set}, within {NEAR_CHANCE_MARGIN:g} "
+            f"of chance ({chance:.3f}, what {guess} scores)"
+        )
+    if reasons:
+        raise ConfirmWorse(
+            "; ".join(parts) + ". Promote it anyway with confirm_worse (`dynaloop model promote --confirm-worse`, "
+            "or Promote anyway on the Models page), or do not promote it",
+            reasons=reasons,
+            model=model.name,
+            promoted=promoted.name if promoted is not None else None,
+            scores=[score.to_dict() for score in scores],
+            near_chance_margin=NEAR_CHANCE_MARGIN,
+        )
+
+
 # --- promoting -------------------------------------------------------------------------
 
 
@@ -366,7 +561,13 @@ def _check_evaluated(model: ModelVersion, force: bool) -> None:
 
 
 def _plan(
-    session: Session, task: Task, reference: str | int, server_name: str, admin_token: str | None, force: bool
+    session: Session,
+    task: Task,
+    reference: str | int,
+    server_name: str,
+    admin_token: str | None,
+    force: bool,
+    confirm_worse: bool,
 ) -> _Plan:
     server = get_server(session, server_name)
     token = admin_token or server.admin_token
@@ -378,6 +579,7 @@ def _plan(
     endpoint = server.url
     model = find_model(session, task, reference)
     _check_evaluated(model, force)
+    check_not_worse(session, task, model, confirm_worse)
     previous = session.scalar(
         select(ModelVersion).where(
             ModelVersion.task_id == task.id,
@@ -588,6 +790,7 @@ def promote(
     admin_token: str | None = None,
     http: httpx.Client | None = None,
     force: bool = False,
+    confirm_worse: bool = False,
     actor_id: int | None = None,
     backend: str | None = None,
     update_open_rounds: bool = True,
@@ -604,7 +807,8 @@ def promote(
     holds the write lock):
 
     1. read and check: the server is registered with an admin token, the model exists and was
-       evaluated (or ``force``);
+       evaluated (or ``force``), and it is not worse than the promoted model nor near chance (or
+       ``confirm_worse``: :func:`check_not_worse`);
     2. ``POST {endpoint}/admin/reload`` with the model directory, then ``GET /info`` must report
        its ``model_id`` and ``version``;
     3. record: the model is *promoted* (``promoted_at``, ``endpoint``: the server's URL), the
@@ -618,10 +822,18 @@ def promote(
     Replicas that follow the task load the version on their own in either case.
     """
     if server is None:
-        return promote_to_replicas(factory, task_name, reference, force=force, actor_id=actor_id, timeout_s=timeout_s)
+        return promote_to_replicas(
+            factory,
+            task_name,
+            reference,
+            force=force,
+            confirm_worse=confirm_worse,
+            actor_id=actor_id,
+            timeout_s=timeout_s,
+        )
     with factory.begin() as session:
         task = get_task(session, task_name)
-        plan = _plan(session, task, reference, server, admin_token, force)
+        plan = _plan(session, task, reference, server, admin_token, force, confirm_worse)
         # Checked again when the job runs: a grant revoked since it was submitted stops it.
         actor = session.get(User, actor_id) if actor_id is not None else None
         require_granted(session, actor, task, [plan.server], field="server", swap=True)
@@ -660,6 +872,7 @@ def promote_to_replicas(
     reference: str | int,
     *,
     force: bool = False,
+    confirm_worse: bool = False,
     actor_id: int | None = None,
     timeout_s: float = RELOAD_TIMEOUT_S,
     poll_s: float = 0.5,
@@ -667,7 +880,8 @@ def promote_to_replicas(
     """Promote model ``reference`` of task ``task_name`` in the registry, then wait for the
     replicas that follow the task (`dynaloop model-server --follow-task`) to serve it.
 
-    1. read and check, as :func:`promote` does (the model exists and was evaluated, or ``force``);
+    1. read and check, as :func:`promote` does (the model exists and was evaluated, or ``force``;
+       it is not worse nor near chance, or ``confirm_worse``);
     2. record: the model is *promoted* (with no ``endpoint``: no single server holds it), the
        one promoted before is *retired*; the open rounds keep their model servers (put the
        balancer in front of the replicas in their loop);
@@ -685,6 +899,7 @@ def promote_to_replicas(
         task = get_task(session, task_name)
         model = find_model(session, task, reference)
         _check_evaluated(model, force)
+        check_not_worse(session, task, model, confirm_worse)
         choice = _Choice(task.id, task.name, model.id, model.name, None, None)
     with factory.begin() as session:
         actor = session.get(User, actor_id) if actor_id is not None else None

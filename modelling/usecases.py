@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from modelling.datasets import DataFiles, DataMix, SourceSpec
 from modelling.evaluation_sets import built_round_numbers
-from modelling.registry import RELOAD_TIMEOUT_S, Promotion, promote, record_evaluation, register_model
+from modelling.registry import RELOAD_TIMEOUT_S, Promotion, promote, record_evaluation, register_retrained
 from services.db.engine import session_scope
 from services.db.models import ModelVersion, Task, User
 from services.domain.tasks import definition_of, get_task
@@ -240,6 +240,9 @@ class TrainedModel:
     model: RegisteredModel | None
     #: What bf16 and int8 did on the dev set (modelling.precision_check); None: not checked.
     precision_check: PrecisionCheck | None = None
+    #: The registered model (``model_id@version``) whose weights this run reproduced: the model is
+    #: registered as ``VERSION.2`` (modelling.registry.register_retrained); None: new weights.
+    same_weights_as: str | None = None
 
 
 def train_and_register(
@@ -260,7 +263,9 @@ def train_and_register(
     The mix's files are read only where ``data_files`` allows (the API's jobs: uploads and the data
     root; the `dynaloop` command: any path). The model's ``model_id`` is ``options.model_id``,
     else ``TASK-for-round-N`` when the options name the round it will serve, else
-    ``unnamed_model_id`` (default ``TASK-OUTDIR``)."""
+    ``unnamed_model_id`` (default ``TASK-OUTDIR``). A run that reproduces the weights of a
+    registered model (same base, data and seed) is registered as a new version of it
+    (:func:`~modelling.registry.register_retrained`), never refused after the training."""
     from accelerate import PartialState
 
     from modelling import train
@@ -319,9 +324,13 @@ def train_and_register(
     listener.trained(result)
     check = _check_precision_on_dev(out_dir, dev) if options.check_precision else None
     with session_scope(factory) as session:
-        model = register_model(session, get_task(session, task_name), out_dir, actor=_actor(session, actor_id))
+        model, same_weights_as = register_retrained(
+            session, get_task(session, task_name), out_dir, actor=_actor(session, actor_id)
+        )
         registered = RegisteredModel.of(model)
-    return TrainedModel(out_dir=out_dir, training=result, model=registered, precision_check=check)
+    return TrainedModel(
+        out_dir=out_dir, training=result, model=registered, precision_check=check, same_weights_as=same_weights_as
+    )
 
 
 def _check_precision_on_dev(out_dir: Path, dev: LabelledSet | None) -> PrecisionCheck | None:
@@ -495,6 +504,12 @@ class PromoteOptions(BaseModel):
         "live replica serves the model.",
     )
     force: bool = Field(False, description="Promote a model that was never evaluated.")
+    confirm_worse: bool = Field(
+        False,
+        description="Promote a model that scores below the promoted one on a round's dev split, or within "
+        "NEAR_CHANCE_MARGIN (0.05) of chance; without it such a promotion is refused (409 confirm_worse, with "
+        "both scores).",
+    )
     keep_round_servers: bool = Field(False, description="Do not put the server in the task's open rounds' loop.")
     backend: str | None = Field(
         None, min_length=1, max_length=100, description="Model server backend for the new model; default: the same."
@@ -530,6 +545,7 @@ def promote_model(
         server=options.server,
         admin_token=operator_admin_token,
         force=options.force,
+        confirm_worse=options.confirm_worse,
         actor_id=actor_id,
         backend=options.backend,
         update_open_rounds=not options.keep_round_servers,

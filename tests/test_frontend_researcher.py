@@ -225,7 +225,9 @@ def jobs(live: LiveApi) -> JobProcess:
 
 
 def followed_job(at: AppTest) -> int | None:
-    """The job the models page follows."""
+    """The job the models page follows (None: none, or the page never started one)."""
+    if "researcher_models_job" not in at.session_state:
+        return None
     job_id: int | None = at.session_state["researcher_models_job"].get(TASK)
     return job_id
 
@@ -620,6 +622,99 @@ def test_models_page_shows_failed_jobs_and_refusals_escaped(live: LiveApi, rita:
     rita.fail_next("models", ApiError(403, "forbidden", "this needs the researcher role; your roles: writer"))
     at = ok(at.run())
     assert said(at, "error", "needs the researcher role")
+
+
+def form_block(at: AppTest, form_id: str) -> Any:
+    """The ``st.form`` block with ``form_id`` as the page drew it."""
+
+    def walk(node: Any) -> Any:
+        proto: Any = getattr(node, "proto", None)
+        is_form = proto is not None and proto.DESCRIPTOR.name == "Block" and proto.WhichOneof("type") == "form"
+        if is_form and proto.form.form_id == form_id:
+            return proto.form
+        children = getattr(node, "children", None)
+        for child in (children or {}).values() if isinstance(children, dict) else []:
+            found = walk(child)
+            if found is not None:
+                return found
+        return None
+
+    found = walk(at.main)
+    assert found is not None, f"no form {form_id}"
+    return found
+
+
+def test_models_page_forms_that_start_jobs_do_not_submit_on_enter(live: LiveApi, rita: PageClient) -> None:
+    labelled_round(live, status="built")
+    registered_model(live, "m", "1", macro_f1={"round 1 dev": 0.6})
+    at = ok(page(rita, "researcher_models"))
+    # The browser submits a form on Enter in a field only with enter_to_submit (Streamlit's default).
+    for form_id in ("researcher_models_train_form", "researcher_models_promote_form"):
+        assert form_block(at, form_id).enter_to_submit is False, form_id
+    at.number_input(key="researcher_train_epochs").set_value(5)
+    at = ok(at.run())
+    assert not rita.requests("POST", JOBS) and not followed_job(at)
+    assert live.admin.jobs(TASK) == []
+
+
+def test_models_page_shows_the_newest_failed_job_of_each_kind(
+    live: LiveApi, rita: PageClient, jobs: JobProcess
+) -> None:
+    labelled_round(live, status="built")
+    model = registered_model(live, "m", "1", macro_f1={"round 1 dev": 0.6})
+    train = live.admin.start_job(TASK, "train", {"epochs": 1})["id"]
+    jobs.progress(train, 0.5, "training: step 1 of 2")
+    at = ok(page(rita, "researcher_models"))  # started elsewhere: not followed, nothing failed yet
+    assert not followed_job(at) and not at.error
+    jobs.fail(train, f"unexpected RuntimeError: {HOSTILE}")
+    at = ok(at.run())  # the next poll
+    assert said(at, "error", f"train job {train}: unexpected RuntimeError: {HOSTILE}"), texts(at)
+    assert any(HOSTILE in c.value for c in at.code)  # its log
+    assert_no_raw_markup(at)
+    # An evaluate job that failed and then one that succeeded: the evaluation is fine now.
+    evaluate = live.admin.start_job(TASK, "evaluate", {"model_id": model.id})["id"]
+    jobs.fail(evaluate, "the evaluation broke")
+    at = ok(at.run())
+    assert said(at, "error", f"evaluate job {evaluate}: the evaluation broke")
+    again = live.admin.start_job(TASK, "evaluate", {"model_id": model.id})["id"]
+    jobs.succeed(again, "evaluated m@1")
+    at = ok(at.run())
+    assert not said(at, "error", "the evaluation broke"), texts(at)
+    assert said(at, "error", f"train job {train}: unexpected RuntimeError")  # still the newest train job
+    # A later train job that succeeds clears the train failure too.
+    retrain = live.admin.start_job(TASK, "train", {"epochs": 1})["id"]
+    jobs.succeed(retrain, "trained and registered m@2")
+    at = ok(at.run())
+    assert not at.error, texts(at)
+
+
+def test_models_page_asks_before_promoting_a_worse_model(live: LiveApi, rita: PageClient, jobs: JobProcess) -> None:
+    labelled_round(live, status="built")
+    registered_model(live, "good", "1", macro_f1={"round 1 dev": 0.7}, promoted_to="http://127.0.0.1:8001")
+    worse = registered_model(live, "worse", "1", macro_f1={"round 1 dev": 0.36})
+    at = ok(page(rita, "researcher_models"))
+    assert at.selectbox(key="researcher_models_model").value == worse.id
+    at = ok(at.button(key="researcher_promote_submit").click().run())
+    # Refused by the API (409 confirm_worse): the reason, both scores, and a choice; nothing queued.
+    assert said(at, "warning", "worse@1 scores macro-F1 0.360 on round 1 dev, below good@1, the promoted model (0.700)")
+    assert said(at, "warning", "within 0.05 of chance (0.333")
+    scores = next(frame.value for frame in at.dataframe if "chance" in frame.value.columns)
+    assert scores[["model", "macro-F1"]].values.tolist() == [["worse@1", 0.36], ["good@1", 0.7]]
+    assert live.admin.jobs(TASK) == [] and not followed_job(at)
+    at = ok(at.button(key="researcher_promote_not").click().run())
+    assert said(at, "info", "worse@1 was not promoted")
+    assert not [b for b in at.button if b.key == "researcher_promote_anyway"]
+    assert live.admin.jobs(TASK) == [] and len(rita.requests("POST", JOBS)) == 1
+    # Asked again, and promoted anyway: the same job with confirm_worse.
+    at = ok(at.button(key="researcher_promote_submit").click().run())
+    at = ok(at.button(key="researcher_promote_anyway").click().run())
+    assert rita.requests("POST", JOBS)[-1].body == {
+        "kind": "promote",
+        "params": {"model_id": worse.id, "force": False, "confirm_worse": True},
+    }
+    promote = followed_job(at)
+    assert promote is not None and live.admin.job(promote)["params"]["confirm_worse"] is True
+    assert not [b for b in at.button if b.key == "researcher_promote_anyway"]
 
 
 def test_models_page_downloads_the_dataset_and_the_report(live: LiveApi, rita: PageClient) -> None:

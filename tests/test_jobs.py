@@ -139,7 +139,8 @@ def test_train_evaluate_promote_in_process(
         assert set(registered.evaluation["macro_f1"]) == {"round 1 dev", "round 1 test"}
 
     server = register_model_server(app, model_server + "/", admin_token=TOKEN)
-    promote_id = _create(app, "promote", {"model_id": model["id"], "server": server})
+    # A two-epoch tiny model on 9 dev rows may score near chance: the test means to promote it.
+    promote_id = _create(app, "promote", {"model_id": model["id"], "server": server, "confirm_worse": True})
     promotion = _run(app, promote_id)
     assert promotion.status is JobStatus.succeeded, promotion.message + "\n" + promotion.log
     assert (promotion.result["server"], promotion.result["endpoint"]) == (server, model_server)
@@ -158,6 +159,27 @@ def test_train_evaluate_promote_in_process(
             ]
         )
         assert TOKEN not in stored and "admin_token" not in session.get(Job, promote_id).params
+
+
+def test_a_retrain_that_reproduces_the_weights_registers_a_new_version(app: FastAPI, built: BuiltRound) -> None:
+    """The same options, seed and data give the same weights, so the same version (a hash of the
+    weights): the second run is registered as VERSION.2, not refused after its training."""
+    first = _run(app, _create(app, "train", {**TINY_TRAIN, "epochs": 1, "check_precision": False}))
+    assert first.status is JobStatus.succeeded, first.message + "\n" + first.log
+    second = _run(app, _create(app, "train", {**TINY_TRAIN, "epochs": 1, "check_precision": False}))
+    assert second.status is JobStatus.succeeded, second.message + "\n" + second.log
+    assert first.result is not None and second.result is not None
+    name, version = first.result["model"]["name"], first.result["model"]["version"]
+    assert second.result["model"]["version"] == f"{version}.2" and second.result["same_weights_as"] == name
+    assert second.message.endswith(f"; the same weights as {name}")
+    written = json.loads(Path(second.result["out_dir"], "dynaloop_model.json").read_text(encoding="utf-8"))
+    assert (written["version"], written["same_weights_as"]) == (f"{version}.2", name)
+    with session_scope(app.state.sessionmaker) as session:
+        rows = session.scalars(select(ModelVersion).order_by(ModelVersion.id)).all()
+        assert [(m.version, m.directory) for m in rows] == [
+            (version, first.result["out_dir"]),
+            (f"{version}.2", second.result["out_dir"]),
+        ]
 
 
 def test_a_train_job_takes_the_options_of_round_train(
@@ -436,6 +458,41 @@ def test_roles_unknown_task_and_bad_input(
     assert client.get("/api/v1/rounds/9999/plot-data", headers=researcher.headers).status_code == 404
 
 
+def test_a_second_train_job_is_refused_while_one_is_queued_or_running(
+    app: FastAPI, client: TestClient, built: BuiltRound
+) -> None:
+    """docs/researcher_ui.md and docs/api.md: one train job per task at a time."""
+    researcher, url = built["researcher"], "/api/v1/tasks/dynasent-r2/jobs"
+    first = client.post(url, json={"kind": "train", "params": {"epochs": 1}}, headers=researcher.headers)
+    assert first.status_code == 202, first.text
+    first_id = first.json()["id"]
+    for status in ("queued", "running"):
+        if status == "running":  # a worker took it and reports (modelling.worker)
+            with session_scope(app.state.sessionmaker) as session:
+                job = session.get(Job, first_id)
+                assert job is not None
+                job.status, job.worker, job.heartbeat_at, job.started_at = (
+                    JobStatus.running,
+                    "worker-cpu",
+                    utcnow(),
+                    utcnow(),
+                )
+        before = table_counts(app)
+        second = client.post(url, json={"kind": "train", "params": {"epochs": 2}}, headers=researcher.headers)
+        assert second.status_code == 409, second.text
+        error = second.json()["error"]
+        assert error["message"].startswith(f"train job {first_id} of task 'dynasent-r2' is still {status}")
+        assert error["details"] == {"job_id": first_id}
+        assert table_counts(app) == before, "a refused request records nothing"
+    # Once it finished (here: failed), the next train job is accepted.
+    with session_scope(app.state.sessionmaker) as session:
+        job = session.get(Job, first_id)
+        assert job is not None
+        job.status, job.finished_at, job.message = JobStatus.failed, utcnow(), "the GPU caught fire"
+    again = client.post(url, json={"kind": "train", "params": {"epochs": 2}}, headers=researcher.headers)
+    assert again.status_code == 202, again.text
+
+
 def test_promote_needs_an_evaluated_model_and_a_token(app: FastAPI, built: BuiltRound, tmp_path: Path) -> None:
     from modelling.registry import register_model
 
@@ -459,6 +516,7 @@ def test_promote_needs_an_evaluated_model_and_a_token(app: FastAPI, built: Built
         assert session.get(Job, job_id).params == {
             **params,
             "force": True,
+            "confirm_worse": False,
             "keep_round_servers": False,
             "timeout_s": 300.0,
         }

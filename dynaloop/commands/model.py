@@ -192,6 +192,13 @@ def model_promote(
         ),
     ] = None,
     force: Annotated[bool, typer.Option(help="Promote a model that was never evaluated")] = False,
+    confirm_worse: Annotated[
+        bool,
+        typer.Option(
+            help="Promote a model that scores below the promoted one on a round's dev split, or within 0.05 of "
+            "chance (refused without it, with both scores)"
+        ),
+    ] = False,
     keep_round_servers: Annotated[
         bool, typer.Option(help="Do not put the server in the task's open rounds' loop")
     ] = False,
@@ -230,7 +237,12 @@ def model_promote(
             raise fail(exc.message) from exc
     try:
         options = PromoteOptions(
-            server=server, force=force, keep_round_servers=keep_round_servers, backend=backend, timeout_s=timeout_s
+            server=server,
+            force=force,
+            confirm_worse=confirm_worse,
+            keep_round_servers=keep_round_servers,
+            backend=backend,
+            timeout_s=timeout_s,
         )
     except ValidationError as exc:
         raise fail(f"invalid promotion settings: {problems(exc)}") from exc

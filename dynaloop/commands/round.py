@@ -482,6 +482,13 @@ def round_train(
         )
     if trained.model is not None:  # only the main process of `accelerate launch` registers the model
         console.print(f"registered model version {trained.model.id} ({trained.model.status})")
+        if trained.same_weights_as is not None:
+            console.print(
+                f"registered as {trained.model.name}: the same weights as {trained.same_weights_as}, registered "
+                "before (its dynaloop_model.json says so: same_weights_as)",
+                soft_wrap=True,
+                markup=False,
+            )
 
 
 # --- evaluate -------------------------------------------------------------------------------

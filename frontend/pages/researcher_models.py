@@ -5,7 +5,12 @@ Building is quick and synchronous (``POST /rounds/{id}/build``). Training, evalu
 promotion are *jobs* (``POST /tasks/{task}/jobs``): a worker runs each in its own process and
 this page polls ``GET /jobs/{id}`` every couple of seconds (an ``st.fragment`` with
 ``run_every``) to move a progress bar until the job succeeds, fails or is cancelled (its
-Cancel button: ``POST /jobs/{id}/cancel``).
+Cancel button: ``POST /jobs/{id}/cancel``). The newest finished job of each kind, when it
+failed, is shown at the top of the page with its error and log (polled too while a job of the
+task is queued or running). A promotion the API refuses as worse (409 ``confirm_worse``: below
+the promoted model on a round's dev split, or near chance) shows both scores and asks: *Promote
+anyway* sends it again with ``confirm_worse``, *Do not promote* drops it. The forms that start a
+job do not submit on Enter.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from frontend.researcher import choose_round, choose_task
 
 ACTIVE_JOB_KEY = "researcher_models_job"  # {task: job id} of the job this page follows
 MODEL_KEY = "researcher_models_model"  # the model picker of the registry
+WORSE_KEY = "researcher_models_confirm_worse"  # {task: {"params", "message", "details"}} of a refused promotion
 DOWNLOAD_KEY = "researcher_models_download"  # the fetched file: {"name", "data", "mime"}
 POLL_SECONDS = 2.0
 FOLLOWERS = ""  # the promote form's choice "no server": every replica that follows the task (docs/deploy.md)
 SPLITS = ["train", "dev", "test", "excluded", "all"]
+JOB_KINDS = ("train", "evaluate", "promote")
+FINISHED = ("succeeded", "failed", "cancelled")
 FORMATS = {"jsonl": "application/x-ndjson", "csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
 
 
@@ -35,6 +43,13 @@ def start(client: Api, task: str, kind: str, params: dict[str, Any]) -> None:
     try:
         job = client.start_job(task, kind, params)
     except ApiError as error:
+        if error.code == "confirm_worse" and kind == "promote":
+            st.session_state.setdefault(WORSE_KEY, {})[task] = {
+                "params": params,
+                "message": error.message,
+                "details": error.details,
+            }
+            return  # the page shows the refusal and asks (confirm_worse)
         state.show_api_error(error)
         return
     st.session_state.setdefault(ACTIVE_JOB_KEY, {})[task] = job["id"]
@@ -73,14 +88,48 @@ def follow_job(client: Api, task: str) -> None:
             # The model just trained is the one to evaluate next: the picker shows it. (The
             # picker is not drawn in this run, so its value may still be set.)
             st.session_state[MODEL_KEY] = trained["id"]
-    else:
-        state.flash("error", _job_text(job) + "  \n(the job's log is in the list of jobs below)")
+    # A failed job is shown at the top of the page with its log (failed_jobs).
     st.rerun()  # the whole page: the registry and the job list changed
 
 
 def job_progress(client: Api, task: str) -> None:
     following = st.session_state.get(ACTIVE_JOB_KEY, {}).get(task) is not None
     st.fragment(follow_job, run_every=POLL_SECONDS if following else None)(client, task)
+
+
+def newest_failed_jobs(client: Api, task: str) -> list[Job]:
+    """Of each kind, the newest finished job (succeeded, failed or cancelled) when it failed,
+    newest first."""
+    failed = []
+    for kind in JOB_KINDS:
+        finished = next((j for j in client.jobs(task, kind=kind, limit=10) if j["status"] in FINISHED), None)
+        if finished is not None and finished["status"] == "failed":
+            failed.append(finished)
+    return sorted(failed, key=lambda j: j["id"], reverse=True)
+
+
+def show_failed_jobs(client: Api, task: str) -> None:
+    """Each kind's newest finished job, when it failed: its error and its log."""
+    try:
+        failed = newest_failed_jobs(client, task)
+        logs = {job["id"]: client.job(job["id"]).get("log") for job in failed}
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    for job in failed:
+        render.alert("error", f"{job['kind']} job {job['id']}: {job.get('message') or 'failed'}")
+        with st.expander(f"Log of the failed {job['kind']} job {job['id']}"):
+            st.code(logs.get(job["id"]) or "(empty log)", language=None)
+
+
+def failed_jobs(client: Api, task: str) -> None:
+    """The failed jobs at the top of the page, polled while a job of the task is queued or running."""
+    try:
+        active = any(j["status"] not in FINISHED for j in client.jobs(task, limit=20))
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    st.fragment(show_failed_jobs, run_every=POLL_SECONDS if active else None)(client, task)
 
 
 def jobs_table(client: Api, task: str) -> None:
@@ -220,7 +269,8 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
         f"From the base checkpoint, on the train split of round(s) {', '.join(map(str, built))}, with round "
         f"{max(built)}'s dev split for early stopping (DynaSent §5.3: retrain from scratch every round)."
     )
-    with st.form("researcher_models_train_form"):
+    # Enter in a number field must not start a training run: only the button submits.
+    with st.form("researcher_models_train_form", enter_to_submit=False):
         cols = st.columns(4)
         epochs = cols[0].number_input("Epochs", 1, 1000, 3, key="researcher_train_epochs")
         batch_size = cols[1].number_input("Batch size", 1, 4096, 32, key="researcher_train_batch")
@@ -362,7 +412,7 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
                 return "every model-server replica that follows the task"
             return f"{name} ({servers[name]['url']})"
 
-        with st.form("researcher_models_promote_form"):
+        with st.form("researcher_models_promote_form", enter_to_submit=False):
             server = st.selectbox(
                 "Promote it to (the replicas that follow the task load it themselves; a registered model "
                 "server is swapped in place)",
@@ -377,10 +427,47 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
             )
             submitted = st.form_submit_button("Promote", disabled=busy, key="researcher_promote_submit")
         if submitted:
+            st.session_state.get(WORSE_KEY, {}).pop(task["name"], None)
             params: dict[str, Any] = {"model_id": model["id"], "force": bool(force)}
             if server:
                 params["server"] = server
             start(client, task["name"], "promote", params)
+    confirm_worse(client, task["name"], by_id, busy)
+
+
+def confirm_worse(client: Api, task: str, models: dict[int, Model], busy: bool) -> None:
+    """A promotion the API refused as worse: its reason, the scores, and the researcher's choice."""
+    refused = st.session_state.get(WORSE_KEY, {}).get(task)
+    if not refused:
+        return
+    render.alert("warning", refused["message"])
+    scores = refused["details"].get("scores") or []
+    if scores:
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "model": s.get("model"),
+                        "set": s.get("set"),
+                        "macro-F1": s.get("macro_f1"),
+                        "chance": s.get("chance_macro_f1"),
+                    }
+                    for s in scores
+                ]
+            ),
+            hide_index=True,
+            key="researcher_models_worse_scores",
+        )
+    model = models.get(refused["params"].get("model_id"))
+    name = model["name"] if model is not None else f"model {refused['params'].get('model_id')}"
+    left, right = st.columns(2)
+    if left.button(f"Promote anyway ({name})", key="researcher_promote_anyway", disabled=busy):
+        st.session_state[WORSE_KEY].pop(task, None)
+        start(client, task, "promote", {**refused["params"], "confirm_worse": True})
+    if right.button("Do not promote", key="researcher_promote_not"):
+        st.session_state[WORSE_KEY].pop(task, None)
+        state.flash("info", render.escape_markdown(f"{name} was not promoted."))
+        st.rerun()
 
 
 # --- downloads ---------------------------------------------------------------------------
@@ -447,6 +534,7 @@ def main() -> None:
         state.show_api_error(error)
         return
     job_progress(client, task["name"])
+    failed_jobs(client, task["name"])
     busy = st.session_state.get(ACTIVE_JOB_KEY, {}).get(task["name"]) is not None
     build_section(client, task)
     train_section(client, task, rounds, busy)
