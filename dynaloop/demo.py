@@ -2,14 +2,16 @@
 
 Two parts:
 
-* :func:`set_up_demo` -- the database: migrations, the ``dynasent-r2`` task, an open round
-  with the demo prompts, one login per role. Idempotent: running it again keeps the data and
-  issues fresh tokens for the demo users.
-* :func:`run_demo` -- the processes: Model 0 (:mod:`dynaloop.model_zero`, trained once and
-  cached), the model server serving it, the API and the Streamlit web app, each a child
-  process in its own process group (:mod:`dynaloop.processes`). It waits until each one
-  answers its health check, prints the addresses and logins, and on Ctrl-C or SIGTERM stops
-  them all.
+* :func:`set_up_demo` -- the database: migrations, the ``dynasent-r2`` task, its round 1
+  with the demo prompts and study links, one login per role. Idempotent: running it again
+  keeps the data and what the researcher did (round 1 is opened only while the task has no
+  round; prompts and links go to round 1 only, while it is open) and issues fresh tokens for
+  the demo users.
+* :func:`run_demo` -- the processes: the model server serving the task's promoted model, or
+  Model 0 (:mod:`dynaloop.model_zero`, trained once and cached) while no model is promoted,
+  the API and the Streamlit web app, each a child process in its own process group
+  (:mod:`dynaloop.processes`). It waits until each one answers its health check, prints the
+  addresses and logins, and on Ctrl-C or SIGTERM stops them all.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class DemoStudyLink:
     name: str
     role: str
     slug: str
+    closed: str | None = None  # why it takes no workers (services/domain/study.py closed_reason); None: open
 
     def url(self, web_url: str, worker: str = "demo-1") -> str:
         """The link as a crowdworker opens it, with an example worker id."""
@@ -80,13 +83,14 @@ class DemoStudyLink:
 class DemoSetup:
     database_url: str
     task: str
-    round_id: int
+    round_id: int  # the demo's round: round 1 of the task
     round_number: int
     prompts: int
     model_servers: list[str]  # registered names, in the round's loop
     model_endpoints: list[str]  # their URLs (printed for the operator)
     logins: list[DemoLogin] = field(default_factory=list)
     study_links: list[DemoStudyLink] = field(default_factory=list)
+    round_status: str = RoundStatus.collecting.value
 
 
 #: The name the demo registers its own model server (Model 0) under.
@@ -144,20 +148,20 @@ def set_up_demo(settings: Settings, model_endpoints: list[str], admin_token: str
                 )
             elif owner is not None and task.member_role(owner) is None:
                 members.set_member(session, None, task, DEMO_OWNER, TaskRole.owner)
-            round_ = session.scalar(
-                select(Round).where(
-                    Round.task_id == task.id, Round.status.in_([RoundStatus.collecting, RoundStatus.validating])
-                )
-            )
             servers = register_demo_servers(session, model_endpoints, admin_token) if model_endpoints else []
             # The demo's servers belong to its task: its researcher may promote to them.
             for name in servers:
                 model_servers.grant(session, None, model_servers.get_server(session, name), task)
+            # The demo's round is round 1, opened only while the task has no round: a rerun never
+            # opens another round, nor touches a round the researcher opened.
+            round_ = session.scalar(select(Round).where(Round.task_id == task.id, Round.number == 1))
             if round_ is None:
                 round_ = rounds.create_round(session, None, task, model_servers=servers)
-            elif servers:
+            still_open = round_.status in DEMO_ROUND_OPEN
+            if still_open and servers:
                 rounds.set_model_servers(session, None, round_, servers)
-            rounds.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
+            if still_open:
+                rounds.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
             prompt_count = len(
                 list(session.scalars(select(rounds.Prompt.id).where(rounds.Prompt.round_id == round_.id)))
             )
@@ -172,23 +176,31 @@ def set_up_demo(settings: Settings, model_endpoints: list[str], admin_token: str
                 [s.name for s in in_loop],
                 [s.url for s in in_loop],
                 logins,
-                [DemoStudyLink(link.name, link.role.value, link.slug) for link in links],
+                [DemoStudyLink(link.name, link.role.value, link.slug, study.closed_reason(link)) for link in links],
+                round_.status.value,
             )
     finally:
         engine.dispose()
 
 
+DEMO_ROUND_OPEN = (RoundStatus.collecting, RoundStatus.validating)
+
+
 def demo_study_links(session: Session, task: Task, round_: Round) -> list[StudyLink]:
-    """A writer and a validator study link on the demo round (found again on a later run)."""
-    existing = {
-        (link.name, link.role): link
-        for link in study.list_links(session, task)
-        if link.round_id == round_.id and link.closed_at is None
-    }
+    """A writer and a validator study link on the demo round, found again on a later run as
+    they are (closed ones stay closed: by the researcher, or with their round); made only while
+    the round is open."""
+    existing: dict[tuple[str, StudyRole], StudyLink] = {}
+    for found in study.list_links(session, task):  # oldest first: the first open one, else the newest
+        key = (found.name, found.role)
+        if found.round_id == round_.id and (key not in existing or study.closed_reason(existing[key]) is not None):
+            existing[key] = found
     links = []
     for name, role, quota in DEMO_STUDY_LINKS:
         link = existing.get((name, role))
         if link is None:
+            if round_.status not in DEMO_ROUND_OPEN:
+                continue
             link = study.create_link(
                 session,
                 None,
@@ -211,23 +223,79 @@ def print_study_links(console: Console, setup: DemoSetup, web_url: str) -> None:
         f"study links (a crowdworker's first visit; any `{DEMO_ID_PARAMETER}=` id is a new worker, no password):"
     )
     for link in setup.study_links:
-        # Plain print: the URL must stay on one line to be copied.
-        print(f"  {link.role:<12} {link.url(web_url)}")
+        if link.closed is None:
+            # Plain print: the URL must stay on one line to be copied.
+            print(f"  {link.role:<12} {link.url(web_url)}")
+        else:
+            console.print(f"  {link.role:<12} (takes no workers: {link.closed})", soft_wrap=True, highlight=False)
+    if setup.round_status not in (status.value for status in DEMO_ROUND_OPEN):
+        console.print(
+            f"  round {setup.round_number} is {setup.round_status}; a rerun opens no other round: open the next "
+            "one on the Tasks and rounds page and make its links on the Crowd page",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
-# --- Model 0 in the registry ---------------------------------------------------------------
+# --- the model in the loop ----------------------------------------------------------------
 
 
-def put_model_in_loop(settings: Settings, directory: Path, server: str) -> str:
-    """Register the model in ``directory`` for the demo task and promote it on the registered
-    model server ``server`` (running; its URL and admin token are in the registry of model
-    servers), which also puts it in the open round's loop. Returns the model's name.
+@dataclass(frozen=True)
+class PromotedModel:
+    """The demo task's promoted model: what the demo's model server serves on a rerun."""
 
-    Model 0 has no evaluation to show (there is no round data yet), so it is promoted with
-    ``force``. Starting the demo again finds it promoted there already and changes nothing:
-    the model server was started with that directory."""
+    name: str
+    directory: Path
+
+
+def promoted_model(settings: Settings) -> PromotedModel | None:
+    """The task's promoted model (None while none is), so that a rerun serves what the
+    researcher promoted rather than Model 0. A promoted model whose folder is gone stops the
+    start (:class:`DemoError`) with what to do, before any process is started."""
+    from services.db.models import ModelVersion, ModelVersionStatus
+
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            task = tasks.get_task(session, DEMO_TASK)
+            model = session.scalar(
+                select(ModelVersion)
+                .where(ModelVersion.task_id == task.id, ModelVersion.status == ModelVersionStatus.promoted)
+                .order_by(ModelVersion.promoted_at.desc(), ModelVersion.id.desc())
+                .limit(1)
+            )
+            if model is None:
+                return None
+            found = PromotedModel(model.name, Path(model.directory))
+    finally:
+        engine.dispose()
+    if not (found.directory / "dynaloop_model.json").is_file():
+        raise DemoError(
+            f"the task's promoted model {found.name} is served from {found.directory}, which is missing or has no "
+            "dynaloop_model.json, so the demo cannot serve it: put the folder back, or retire the model "
+            f"(`dynaloop model retire --task {DEMO_TASK} --version {found.name}`) and start the demo again to serve "
+            "Model 0"
+        )
+    return found
+
+
+def put_model_in_loop(settings: Settings, directory: Path, server: str) -> tuple[str, str | None]:
+    """Register the model in ``directory`` for the demo task (found again when registered) and
+    record it as promoted on the registered model server ``server`` (running with that
+    directory; its URL and admin token are in the registry of model servers). Returns the
+    model's name and, when it is left unpromoted, why.
+
+    * The task's promoted model (a rerun after the researcher promoted one) is promoted again
+      only if it was recorded at another address (``--model-port`` changed); otherwise nothing
+      changes.
+    * Model 0 is promoted (with ``force``: it has no evaluation, there is no round data yet)
+      only while no other model of the task ever was: a rerun never undoes a researcher's
+      promotion, even one since retired.
+
+    Rounds keep their loop (``update_open_rounds=False``): :func:`set_up_demo` put the demo's
+    server in its round 1 while that is open."""
     from modelling.registry import promote, register_model
-    from services.db.models import ModelVersionStatus
+    from services.db.models import ModelVersion, ModelVersionStatus
 
     engine = make_engine(settings.resolved_database_url)
     try:
@@ -237,10 +305,30 @@ def put_model_in_loop(settings: Settings, directory: Path, server: str) -> str:
             model = register_model(session, task, directory)
             name = model.name
             endpoint = model_servers.get_server(session, server).url
-            already = model.status is ModelVersionStatus.promoted and model.endpoint == endpoint
-        if not already:
-            promote(factory, DEMO_TASK, name, server=server, force=True)
-        return name
+            if model.status is ModelVersionStatus.promoted:
+                unpromoted = None
+                promote_now = model.endpoint != endpoint
+            else:
+                earlier = session.scalar(
+                    select(ModelVersion.name)
+                    .where(
+                        ModelVersion.task_id == task.id,
+                        ModelVersion.id != model.id,
+                        ModelVersion.promoted_at.is_not(None),
+                    )
+                    .order_by(ModelVersion.promoted_at.desc())
+                    .limit(1)
+                )
+                promote_now = earlier is None
+                unpromoted = (
+                    None
+                    if earlier is None
+                    else f"not promoted: no model of the task is, and {earlier} was before (promote one on the "
+                    "Models and datasets page)"
+                )
+        if promote_now:
+            promote(factory, DEMO_TASK, name, server=server, force=True, update_open_rounds=False)
+        return name, unpromoted
     finally:
         engine.dispose()
 
@@ -384,30 +472,39 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 f"task {setup.task!r}, round {setup.round_number} (id {setup.round_id}), {setup.prompts} prompts",
                 soft_wrap=True,
             )
-            model_name = None
+            model_name = model_note = None
             if start_model_server:
-                spec = options.model
-                console.print(
-                    f"Model 0: MiniLM fine-tuned on the seed corpus ({3 * spec.per_label} sentences, "
-                    f"{spec.epochs} epoch(s), max_length {spec.max_length})",
-                    soft_wrap=True,
-                )
-                try:
-                    with _quiet_transformers():
-                        model = ensure_model_zero(
-                            settings.data_dir, spec, task_name=setup.task, retrain=options.retrain
-                        )
-                except (ValueError, OSError) as exc:  # modelling.train's TrainingError is a ValueError
-                    raise DemoError(f"Model 0 could not be trained: {exc}") from exc
-                console.print(
-                    (
-                        "  trained in {:.0f} s"
-                        if model.trained
-                        else "  cached (took {:.1f} s to find; --retrain trains it again)"
-                    ).format(model.seconds)
-                    + f": {model.directory}",
-                    soft_wrap=True,
-                )
+                promoted = promoted_model(settings)
+                if promoted is not None:
+                    directory = promoted.directory
+                    console.print(
+                        f"model: {promoted.name}, the task's promoted model ({directory}); Model 0 is not used",
+                        soft_wrap=True,
+                    )
+                else:
+                    spec = options.model
+                    console.print(
+                        f"Model 0: MiniLM fine-tuned on the seed corpus ({3 * spec.per_label} sentences, "
+                        f"{spec.epochs} epoch(s), max_length {spec.max_length})",
+                        soft_wrap=True,
+                    )
+                    try:
+                        with _quiet_transformers():
+                            model = ensure_model_zero(
+                                settings.data_dir, spec, task_name=setup.task, retrain=options.retrain
+                            )
+                    except (ValueError, OSError) as exc:  # modelling.train's TrainingError is a ValueError
+                        raise DemoError(f"Model 0 could not be trained: {exc}") from exc
+                    console.print(
+                        (
+                            "  trained in {:.0f} s"
+                            if model.trained
+                            else "  cached (took {:.1f} s to find; --retrain trains it again)"
+                        ).format(model.seconds)
+                        + f": {model.directory}",
+                        soft_wrap=True,
+                    )
+                    directory = model.directory
                 server = supervisor.start(
                     "model server",
                     [
@@ -416,7 +513,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                         "dynaloop",
                         "model-server",
                         "--model",
-                        str(model.directory),
+                        str(directory),
                         "--host",
                         "127.0.0.1",
                         "--port",
@@ -427,7 +524,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                     env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": admin_token},
                 )
                 _wait(console, supervisor, server, options.model_start_timeout_s)
-                model_name = put_model_in_loop(settings, model.directory, setup.model_servers[0])
+                model_name, model_note = put_model_in_loop(settings, directory, DEMO_SERVER)
             api = supervisor.start(
                 "API",
                 [
@@ -484,7 +581,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 setup,
                 supervisor,
                 api_url,
-                model_name,
+                model_name if model_note is None else f"{model_name} ({model_note})",
                 admin_token if start_model_server else None,
                 ui_url,
                 ui_note=None
@@ -603,11 +700,10 @@ def _print_ready(
             soft_wrap=True,
             highlight=False,
         )
-    if model_name:
+    model_server = next((service for service in supervisor.services if service.name == "model server"), None)
+    if model_name and model_server is not None:
         console.print(
-            f"model in the loop: {model_name} on model server {setup.model_servers[0]} at "
-            f"{', '.join(setup.model_endpoints)}",
-            soft_wrap=True,
+            f"model in the loop: {model_name} on model server {DEMO_SERVER} at {model_server.url}", soft_wrap=True
         )
     else:
         shown = ", ".join(f"{n} ({u})" for n, u in zip(setup.model_servers, setup.model_endpoints, strict=True))

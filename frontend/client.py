@@ -150,6 +150,10 @@ class Round(TypedDict):
     opened_at: str | None
     validating_at: str | None
     closed_at: str | None
+    # The round's study links that still take workers; None unless you manage the task.
+    open_study_links: int | None
+    # In the answer to closing the round: how many open study links the closing closed.
+    study_links_closed: int | None
 
 
 class PromptImport(TypedDict):

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,6 +25,9 @@ from dynaloop.processes import RUNNING_FILE, ServiceError, Supervisor, still_run
 from dynaloop.seed_corpus import DEFAULT_PER_LABEL, SEED_LABELS, seed_corpus
 from model_directory import ModelMetadata
 from modelling.init_model import minilm_dir
+from modelling.registry import register_model
+from services.db.engine import make_engine, make_sessionmaker, session_scope
+from services.domain.tasks import get_task
 from services.taskdef import example_path, load_task_definition
 from tests.demo_process import TINY_SPEC, alive, group_members, running_demo, tiny_model_cache
 from tests.stub_model_server import ThreadedServer
@@ -267,6 +273,99 @@ def test_demo_uses_an_external_model_server_when_given_one(tmp_path: Path, stub_
         assert attempt["status"] == "scored" and attempt["model_id"] == "stub-model"
         _check_study_links(demo.output, demo.api_url)
         assert demo.stop(signal.SIGTERM) == 0
+
+
+@contextmanager
+def _researcher(api: str) -> Iterator[httpx.Client]:
+    """The demo researcher's API client, logged in with the printed password."""
+    with httpx.Client(base_url=f"{api}/api/v1", timeout=30) as http:
+        login = http.post("/auth/login", json={"username": "researcher", "password": "researcher-demo-only"})
+        assert login.status_code == 200, login.text
+        http.headers["Authorization"] = f"Bearer {login.json()['token']}"
+        yield http
+
+
+def _second_model(data_dir: Path, model_zero: Path) -> Path:
+    """Model 0's weights under another model id and version, as a retrain would register them
+    (hard links: the weights are not copied; the metadata file is a new one)."""
+    directory = data_dir / "promoted" / "dynasent-r2-for-round-2"
+    shutil.copytree(model_zero, directory, copy_function=os.link)
+    metadata = ModelMetadata.load(directory)
+    (directory / "dynaloop_model.json").unlink()
+    metadata.model_copy(update={"model_id": f"{DEMO_TASK}-for-round-2", "version": "2"}).save(directory)
+    return directory
+
+
+@pytest.mark.integration
+def test_a_restarted_demo_keeps_the_researchers_promotion_and_rounds(tmp_path: Path, model_cache: Path) -> None:
+    """Issue 28, item 3: the researcher promotes another model with a promote job; a rerun
+    serves that model (Model 0 stays retired), opens no other round and leaves the rounds as
+    the researcher left them; a promoted model whose folder is gone stops the start."""
+    data = tmp_path / "data"
+    second = _second_model(tmp_path, model_zero_dir(model_cache, TINY_SPEC))
+    with running_demo(data, model_cache=model_cache) as demo:
+        assert "cached" in demo.output, demo.output
+        engine = make_engine(f"sqlite:///{(data / 'dynaloop.db').resolve()}")
+        try:
+            with session_scope(make_sessionmaker(engine)) as session:
+                task = get_task(session, DEMO_TASK)
+                model_id = register_model(session, task, second).id
+        finally:
+            engine.dispose()
+        with _researcher(demo.api_url) as http:
+            job = http.post(
+                f"/tasks/{DEMO_TASK}/jobs",
+                json={"kind": "promote", "params": {"model_id": model_id, "server": "model-0", "force": True}},
+            )
+            assert job.status_code == 202, job.text
+            deadline = time.monotonic() + 120
+            while (state := http.get(f"/jobs/{job.json()['id']}").json())["status"] not in ("succeeded", "failed"):
+                assert time.monotonic() < deadline, state
+                time.sleep(0.5)
+            assert state["status"] == "succeeded", state
+        assert httpx.get(f"{demo.model_url}/info", timeout=10).json()["model_id"] == f"{DEMO_TASK}-for-round-2"
+        assert demo.stop() == 0, demo.output
+
+    def registry(http: httpx.Client) -> dict[str, str]:
+        return {m["model_id"]: m["status"] for m in http.get(f"/tasks/{DEMO_TASK}/models").json()["data"]}
+
+    with running_demo(data, model_cache=model_cache) as demo:  # new ports: the model server's address changes
+        assert f"model: {DEMO_TASK}-for-round-2@2, the task's promoted model" in demo.output, demo.output
+        assert "Model 0:" not in demo.output
+        info = httpx.get(f"{demo.model_url}/info", timeout=10).json()
+        assert (info["model_id"], info["version"]) == (f"{DEMO_TASK}-for-round-2", "2")
+        attempt = _writer_attempt(demo.api_url)
+        assert attempt["model_id"] == f"{DEMO_TASK}-for-round-2" and attempt["model_version"] == "2", attempt
+        with _researcher(demo.api_url) as http:
+            assert registry(http) == {f"{DEMO_TASK}-model-0": "retired", f"{DEMO_TASK}-for-round-2": "promoted"}
+            promoted = next(
+                m for m in http.get(f"/tasks/{DEMO_TASK}/models").json()["data"] if m["status"] == "promoted"
+            )
+            assert promoted["endpoint"] == demo.model_url  # recorded at this start's address
+            rounds = http.get(f"/tasks/{DEMO_TASK}/rounds").json()["data"]
+            assert [(r["number"], r["status"], r["model_servers"]) for r in rounds] == [(1, "collecting", ["model-0"])]
+            closed = http.post(f"/rounds/{rounds[0]['id']}/status", json={"status": "closed"})
+            assert closed.status_code == 200 and closed.json()["study_links_closed"] == 2, closed.text
+            kept = rounds[0]["id"], len(http.get(f"/tasks/{DEMO_TASK}/study-links").json()["data"])
+        assert demo.stop() == 0, demo.output
+
+    with running_demo(data, model_cache=model_cache) as demo:  # round 1 closed: no round 2, no new links
+        assert "round 1 (id" in demo.output and "round 1 is closed; a rerun opens no other round" in demo.output
+        assert not re.search(r"^  (writer|validator) +http://", demo.output, re.M), demo.output
+        assert "takes no workers: the round of this study link is closed" in demo.output
+        with _researcher(demo.api_url) as http:
+            rounds = http.get(f"/tasks/{DEMO_TASK}/rounds").json()["data"]
+            assert [(r["number"], r["status"]) for r in rounds] == [(1, "closed")]
+            assert (rounds[0]["id"], len(http.get(f"/tasks/{DEMO_TASK}/study-links").json()["data"])) == kept
+            assert registry(http) == {f"{DEMO_TASK}-model-0": "retired", f"{DEMO_TASK}-for-round-2": "promoted"}
+        assert httpx.get(f"{demo.model_url}/info", timeout=10).json()["model_id"] == f"{DEMO_TASK}-for-round-2"
+        assert demo.stop() == 0, demo.output
+
+    shutil.rmtree(second)
+    with running_demo(data, model_cache=model_cache, timeout_s=60) as demo:
+        assert demo.process.wait(timeout=60) == 1
+    assert f"the task's promoted model {DEMO_TASK}-for-round-2@2 is served from {second}" in demo.output
+    assert "put the folder back, or retire the model" in demo.output and demo.service_pids() == {}
 
 
 def test_demo_refuses_a_port_in_use(tmp_path: Path) -> None:

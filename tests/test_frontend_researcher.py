@@ -296,6 +296,8 @@ def test_rounds_page_opens_moves_and_sets_the_model(live: LiveApi, rita: PageCli
     at = ok(at.button(key=f"researcher_status_{round_id}_validating").click().run())
     assert live.admin.rounds(TASK)[0]["status"] == "validating"
     at = ok(at.button(key=f"researcher_status_{round_id}_closed").click().run())
+    assert live.admin.rounds(TASK)[0]["status"] == "validating"  # asked first
+    at = ok(at.button(key=f"researcher_status_{round_id}_closed_confirm").click().run())
     assert live.admin.rounds(TASK)[0]["status"] == "closed"
     assert not [b for b in at.button if b.key and b.key.startswith("researcher_status_")]
     # A closed round: the next one can be opened; a refused transition shows the API's message.
@@ -304,6 +306,56 @@ def test_rounds_page_opens_moves_and_sets_the_model(live: LiveApi, rita: PageCli
     at = ok(page(rita, "researcher_rounds").button(key=f"researcher_status_{second['id']}_validating").click().run())
     assert any(r"round 2 is \*\*busy\*\* \<b\>now\<\/b\>" in e.value for e in at.error)
     assert live.admin.round(second["id"])["status"] == "collecting"
+
+
+def test_closing_a_round_asks_first_and_counts_its_open_study_links(live: LiveApi, rita: PageClient) -> None:
+    """Issue 28, item 2: *Close the round* closes nothing until confirmed; the question counts
+    the round's open study links (a link closed by hand is not counted); Cancel leaves the
+    round as it was; the confirmation closes the round and its links and says how many."""
+    round_ = live.round(TASK, ["p"], status="validating")
+    links = [
+        live.admin.create_study_link(
+            TASK, name=name, round_id=round_["id"], role="validator", platform="prolific", quota=3, max_workers=9
+        )
+        for name in ("pilot", "main", "closed by hand")
+    ]
+    live.admin.close_study_link(links[2]["id"])
+    at = ok(page(rita, "researcher_rounds"))
+    assert at.dataframe[0].value["open study links"].tolist() == [2]
+    close = f"researcher_status_{round_['id']}_closed"
+    for leave in ("cancel", "another page"):
+        at = ok(at.button(key=close).click().run())
+        assert said(at, "warning", "Close round 1? It cannot be reopened")
+        assert said(at, "warning", "Its 2 open study links will be closed with it")
+        assert said(at, "warning", "get the completion code only if they met the quota")
+        assert live.admin.round(round_["id"])["status"] == "validating"
+        assert all(link["is_open"] for link in live.admin.study_links(TASK)[:2])
+        assert not rita.requests("POST", f"/rounds/{round_['id']}/status")
+        if leave == "cancel":
+            at = ok(at.button(key=f"{close}_cancel").click().run())
+            assert not at.warning and at.button(key=close)
+        else:  # the question stays until answered, across reruns
+            at = ok(at.run())
+            assert said(at, "warning", "Close round 1?")
+    at = ok(at.button(key=f"{close}_confirm").click().run())
+    assert live.admin.round(round_["id"])["status"] == "closed"
+    assert [link["is_open"] for link in live.admin.study_links(TASK)] == [False, False, False]
+    assert said(at, "success", "Round 1 is now closed; 2 of its study links were closed with it.")
+    assert not [b for b in at.button if b.key and b.key.startswith("researcher_status_")]
+
+
+def test_closing_a_round_without_study_links_says_so_and_shows_a_refusal(live: LiveApi, rita: PageClient) -> None:
+    round_ = live.round(TASK, ["p"], status="validating")
+    close = f"researcher_status_{round_['id']}_closed"
+    at = ok(page(rita, "researcher_rounds").button(key=close).click().run())
+    assert said(at, "warning", "It has no open study links.")
+    rita.fail_next("set_round_status", ApiError(409, "conflict", "round 1 is **busy** <b>now</b>"))
+    at = ok(at.button(key=f"{close}_confirm").click().run())
+    assert any(r"round 1 is \*\*busy\*\* \<b\>now\<\/b\>" in e.value for e in at.error)
+    assert live.admin.round(round_["id"])["status"] == "validating"
+    # The refusal ends the question: the page offers the close again.
+    at = ok(at.run())
+    assert not at.warning and at.button(key=close)
 
 
 def test_rounds_page_sets_the_model_in_the_loop_and_shows_the_registry(live: LiveApi, rita: PageClient) -> None:

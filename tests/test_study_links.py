@@ -19,7 +19,15 @@ import pytest
 from sqlalchemy import select
 
 from services.db.engine import session_scope
-from services.db.models import ApiToken, LedgerEntry, PlatformAccount, StudySession, StudySessionStatus, User
+from services.db.models import (
+    ApiToken,
+    AuditEntry,
+    LedgerEntry,
+    PlatformAccount,
+    StudySession,
+    StudySessionStatus,
+    User,
+)
 from services.domain import study
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, served_examples, table_counts, table_snapshot
 from tests.test_concurrency import fire
@@ -175,6 +183,81 @@ def test_a_closed_not_yet_open_or_full_link_and_a_closed_round_are_refused(
     response = open_link(client, validators, {"worker": "v-10"})
     assert response.status_code == 409 and error_code(response) == "study_link_closed"
     assert table_counts(app) == before
+
+
+def _audited_link_closes(app: Any) -> dict[int, dict[str, Any]]:
+    """The audit log's study_link.close entries: link id -> details."""
+    with session_scope(app.state.sessionmaker) as session:
+        rows = session.scalars(select(AuditEntry).where(AuditEntry.action == "study_link.close"))
+        return {int(row.target_id): dict(row.details or {}) for row in rows}
+
+
+def test_closing_a_round_closes_its_open_links_and_a_worker_then_gets_409_and_nothing(
+    client: Any, app: Any, researcher: Actor, make_user: MakeUser, round_: dict[str, Any]
+) -> None:
+    """Closing a round closes the links that still took workers (audited, reason "round
+    closed"); a new worker and one already in a session who open a link then get 409 with no
+    account, token or session; writers and validators never see the link counts, and cannot
+    close the round."""
+    writers = make_link(client, researcher, round_["id"], name="writers")
+    validators = make_link(
+        client, researcher, round_["id"], name="validators", role="validator", platform="generic", id_parameter="w"
+    )
+    by_hand = make_link(client, researcher, round_["id"], name="closed by hand")
+    assert client.post(f"{API}/study-links/{by_hand['id']}/close", headers=researcher.headers).status_code == 200
+    past = (dt.datetime.now(dt.UTC) - dt.timedelta(days=1)).isoformat()
+    expired = make_link(client, researcher, round_["id"], name="expired", closes_at=past)
+    in_session = open_link(client, writers, PROLIFIC)
+    assert in_session.status_code == 201, in_session.text
+    writer = make_user("wendy", "writer")
+    # The manager sees how many links closing would close; a writer sees no count at all.
+    shown = client.get(f"{API}/rounds/{round_['id']}", headers=researcher.headers).json()
+    assert shown["open_study_links"] == 2 and shown["study_links_closed"] is None
+    listed = client.get(f"{API}/tasks/{TASK}/rounds", headers=researcher.headers).json()["data"]
+    assert [r["open_study_links"] for r in listed] == [2]
+    for path in (f"/rounds/{round_['id']}", f"/tasks/{TASK}/rounds", "/rounds/open"):
+        answer = client.get(f"{API}{path}", headers=writer.headers).json()
+        rows = answer.get("data", [answer])
+        assert rows and all(r["open_study_links"] is None and r["model_servers"] is None for r in rows), answer
+
+    # A writer cannot close the round: nothing changes, the links stay open.
+    before = table_snapshot(app, "rounds", "study_links", "audit_log")
+    refused = client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=writer.headers)
+    assert refused.status_code == 403
+    assert table_snapshot(app, "rounds", "study_links", "audit_log") == before
+
+    closed = client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+    assert closed.status_code == 200, closed.text
+    assert closed.json()["status"] == "closed"
+    assert closed.json()["study_links_closed"] == 2 and closed.json()["open_study_links"] == 0
+    audited = _audited_link_closes(app)
+    assert audited[writers["id"]] == audited[validators["id"]] == {"reason": "round closed"}
+    assert audited[by_hand["id"]] == {} and expired["id"] not in audited
+    links = {
+        link["id"]: link
+        for link in client.get(f"{API}/tasks/{TASK}/study-links", headers=researcher.headers).json()["data"]
+    }
+    assert not any(link["is_open"] for link in links.values())
+    # Closing again closes nothing more.
+    again = client.post(f"{API}/rounds/{round_['id']}/status", json={"status": "closed"}, headers=researcher.headers)
+    assert again.status_code == 200 and again.json()["study_links_closed"] == 0
+    assert _audited_link_closes(app) == audited
+
+    tables = ("users", "platform_accounts", "api_tokens", "study_sessions", "study_links", "audit_log")
+    before = table_snapshot(app, *tables)
+    counts = table_counts(app)
+    attempts = (
+        (writers, {**PROLIFIC, "PROLIFIC_PID": prolific_id(40), "SESSION_ID": prolific_id(41)}),  # a new worker
+        (writers, PROLIFIC),  # the worker already in a session, resuming
+        (validators, {"w": "v-40"}),
+    )
+    for link, params in attempts:
+        response = open_link(client, link, params)
+        assert response.status_code == 409 and error_code(response) == "study_link_closed", response.text
+        message = response.json()["error"]["message"]
+        assert "round of this study link is closed" in message, message
+        assert "token" not in response.json() and link["completion_code"] not in response.text
+    assert table_snapshot(app, *tables) == before and table_counts(app) == counts
 
 
 def test_bad_link_bodies_are_refused(client: Any, app: Any, researcher: Actor, round_: dict[str, Any]) -> None:
@@ -990,6 +1073,140 @@ def test_a_validator_out_of_work_completes_as_the_link_says(
         headers=bearer(started["token"]),
     )
     assert response.status_code == 422
+
+
+def test_a_worker_mid_session_when_the_round_closes_cannot_work_on_and_gets_only_what_the_link_pays(
+    client: Any, app: Any, researcher: Actor, make_user: MakeUser, paid_round: dict[str, Any]
+) -> None:
+    """The round closes under three workers: a writer halfway to the quota (with a scored
+    attempt not yet submitted), a writer who met it, and a validator with one label of three.
+    After the close nothing they send is written; the one who met the quota gets the
+    completion code, the others only the stop their link allows (its partial code), never the
+    completion code; the ledger pays each what the pay policy and the link give, nothing more."""
+    author = make_user("ann", "writer")
+    for text in ("A plain remark about the lunch menu today.", "We went there on a Sunday afternoon with friends."):
+        _write_example(client, author.headers, paid_round["id"], text)
+    writers = make_link(
+        client,
+        researcher,
+        paid_round["id"],
+        name="writers",
+        quota=2,
+        completion_code="WDONE",
+        partial_code="WPART",
+        partial_pay_minor=40,
+    )
+    validators = make_link(
+        client,
+        researcher,
+        paid_round["id"],
+        name="validators",
+        role="validator",
+        quota=3,
+        completion_code="VDONE",
+        partial_code="VPART",
+        partial_pay_minor=30,
+        when_out_of_work="partial",
+    )
+    halfway = open_link(client, writers, PROLIFIC).json()
+    halfway_headers = bearer(halfway["token"])
+    _write_example(client, halfway_headers, paid_round["id"], "The soup arrived cold and nobody came to ask.")
+    assignment = client.post(f"{API}/rounds/{paid_round['id']}/assignments", json={}, headers=halfway_headers).json()
+    attempt = client.post(
+        f"{API}/assignments/{assignment['id']}/attempts",
+        json={"text": "Honestly the staff could not have been kinder to us."},
+        headers=halfway_headers,
+    ).json()
+    assert attempt["status"] == "scored", attempt
+    done_ids = {**PROLIFIC, "PROLIFIC_PID": prolific_id(20), "SESSION_ID": prolific_id(21)}
+    finished = open_link(client, writers, done_ids).json()
+    for text in ("My sister loved the garden seating out back.", "The bill was split without any fuss at all."):
+        _write_example(client, bearer(finished["token"]), paid_round["id"], text)
+    labeller = open_link(client, validators, {**PROLIFIC, "PROLIFIC_PID": prolific_id(30)}).json()
+    labeller_headers = bearer(labeller["token"])
+    batch = client.get(f"{API}/rounds/{paid_round['id']}/validation-batch", headers=labeller_headers).json()["data"]
+    assert len(batch) >= 2
+    labelled = client.post(
+        f"{API}/validation-items/{batch[0]['item_id']}/validations", json={"label": "neutral"}, headers=labeller_headers
+    )
+    assert labelled.status_code == 201, labelled.text
+
+    closed = client.post(
+        f"{API}/rounds/{paid_round['id']}/status", json={"status": "closed"}, headers=researcher.headers
+    )
+    assert closed.status_code == 200 and closed.json()["study_links_closed"] == 2, closed.text
+
+    # Nothing the workers send now is written.
+    before = table_counts(app)
+    refused = {
+        "submit the scored attempt": client.post(
+            f"{API}/assignments/{assignment['id']}/example",
+            json={"attempt_id": attempt["id"]},
+            headers=halfway_headers,
+        ),
+        "try again": client.post(
+            f"{API}/assignments/{assignment['id']}/attempts",
+            json={"text": "The dessert menu was short but every item was good."},
+            headers=halfway_headers,
+        ),
+        "take a new assignment": client.post(
+            f"{API}/rounds/{paid_round['id']}/assignments", json={}, headers=halfway_headers
+        ),
+        "label the next item": client.post(
+            f"{API}/validation-items/{batch[1]['item_id']}/validations",
+            json={"label": "neutral"},
+            headers=labeller_headers,
+        ),
+        "ask for a batch": client.get(f"{API}/rounds/{paid_round['id']}/validation-batch", headers=labeller_headers),
+        "finish the writer at the quota": client.post(
+            f"{API}/study-sessions/{halfway['session']['id']}/finish", json={"reason": "quota"}, headers=halfway_headers
+        ),
+        "finish the validator at the quota": client.post(
+            f"{API}/study-sessions/{labeller['session']['id']}/finish",
+            json={"reason": "quota"},
+            headers=labeller_headers,
+        ),
+        "finish the writer out of work": client.post(
+            f"{API}/study-sessions/{halfway['session']['id']}/finish",
+            json={"reason": "out_of_work"},
+            headers=halfway_headers,
+        ),
+    }
+    statuses = {what: answer.status_code for what, answer in refused.items()}
+    expected = {**dict.fromkeys(refused, 409), "finish the writer out of work": 422}
+    assert statuses == expected, {what: answer.text for what, answer in refused.items()}
+    assert "is closed" in refused["submit the scored attempt"].json()["error"]["message"]
+    assert "1 of 2 done" in refused["finish the writer at the quota"].json()["error"]["message"]
+    assert "WDONE" not in str([a.text for a in refused.values()]) and "VDONE" not in str(
+        [a.text for a in refused.values()]
+    )
+    assert table_counts(app) == before
+
+    # The one who met the quota completes; the others get their link's partial code, never the completion code.
+    completion = client.post(
+        f"{API}/study-sessions/{finished['session']['id']}/finish",
+        json={"reason": "quota"},
+        headers=bearer(finished["token"]),
+    ).json()
+    assert completion["status"] == "completed" and completion["code"] == "WDONE"
+    stop = client.post(
+        f"{API}/study-sessions/{halfway['session']['id']}/finish", json={"reason": "stop"}, headers=halfway_headers
+    ).json()
+    assert stop["status"] == "stopped" and stop["code"] == "WPART" and "WDONE" not in str(stop)
+    out = client.post(
+        f"{API}/study-sessions/{labeller['session']['id']}/finish",
+        json={"reason": "out_of_work"},
+        headers=labeller_headers,
+    ).json()
+    assert out["status"] == "stopped" and out["code"] == "VPART" and "VDONE" not in str(out)
+    for _ in range(2):
+        response = client.post(f"{API}/tasks/{TASK}/ledger/compute", json={}, headers=researcher.headers)
+        assert response.status_code == 200, response.text
+    assert _ledger_rows(app) == {
+        ("base_pay", f"session:{finished['session']['id']}", 150),
+        ("base_pay", f"session:{halfway['session']['id']}", 40),
+        ("base_pay", f"session:{labeller['session']['id']}", 30),
+    }
 
 
 def test_concurrent_first_opens_from_one_address_never_pass_its_cap(

@@ -614,6 +614,46 @@ def test_a_prolific_worker_who_stops_at_zero_gets_no_completion_redirect(
     assert again.status_code == 200 and "C0MPLETE" not in again.text
 
 
+def test_a_closed_rounds_link_gets_a_409_page_and_a_worker_in_a_session_only_a_stop(
+    app: Any,
+    client: Any,
+    researcher: Actor,
+    real_round: dict[str, Any],
+    real_browser: TestClient,
+    api_url: str,
+) -> None:
+    """Issue 28, item 2, as a worker meets it: once the researcher closes the round, its link
+    answers a 409 page that says the round is closed, with no cookie and nothing written; a
+    worker who was already in a session keeps their cookie, can no longer resume through the
+    link, and their Finish page ends the session as a stop, without the completion code."""
+    link = make_link(client, researcher, real_round["id"], completion_code="C0MPLETE")
+    started = real_browser.get(link["path"], params=PROLIFIC_IDS)
+    assert started.status_code == 303 and web.COOKIE_NAME in _cookie(started)
+    closed = client.post(
+        f"/api/v1/rounds/{real_round['id']}/status", json={"status": "closed"}, headers=researcher.headers
+    )
+    assert closed.status_code == 200 and closed.json()["study_links_closed"] == 1
+
+    before = table_counts(app)
+    newcomer = {**PROLIFIC_IDS, "PROLIFIC_PID": "5f" + "0" * 21 + "9", "SESSION_ID": "61" + "0" * 21 + "9"}
+    with TestClient(_real_web_app(api_url), base_url=ORIGIN, follow_redirects=False) as stranger:
+        for browser, params in ((stranger, newcomer), (real_browser, PROLIFIC_IDS)):
+            page = browser.get(link["path"], params=params)
+            assert page.status_code == 409, page.text
+            assert "This study is not taking workers" in page.text and "round of this study link is closed" in page.text
+            assert web.COOKIE_NAME not in page.headers.get("set-cookie", "") and "C0MPLETE" not in page.text
+    assert table_counts(app) == before
+
+    confirm = real_browser.get("/study/finish")
+    assert confirm.status_code == 200 and "0 of 2 examples for this study" in confirm.text
+    session_id = confirm.text.split('name="session_id" value="', 1)[1].split('"', 1)[0]
+    quota = real_browser.post("/study/finish", data={"session_id": session_id, "reason": "quota"}, headers=SAME)
+    assert "location" not in quota.headers and "C0MPLETE" not in quota.text
+    done = real_browser.post("/study/finish", data={"session_id": session_id, "reason": "stop"}, headers=SAME)
+    assert done.status_code == 200 and "location" not in done.headers
+    assert "C0MPLETE" not in done.text and "Return submission" in done.text
+
+
 # --- MTurk inside its frame: frame policy and cookie per page kind (issue 27, item 4) ---------
 
 MTURK_ACCEPTED = {

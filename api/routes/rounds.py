@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
+from sqlalchemy.orm import Session
 
 from api.deps import IdPath, RawBody, SessionDep, SettingsDep, allowed
 from api.schemas.rounds import (
@@ -20,8 +21,8 @@ from api.schemas.rounds import (
 )
 from round_builder.dashboard import DEFAULT_LIMIT, round_plot_data
 from services.authorization import RoundPolicy, TaskPolicy, allows, authorize
-from services.db.models import Round, User
-from services.domain import model_servers, rounds, tasks
+from services.db.models import Round, RoundStatus, User
+from services.domain import model_servers, rounds, study, tasks
 from services.errors import Invalid
 
 router = APIRouter(tags=["rounds"])
@@ -41,17 +42,34 @@ _PROMPT_BODY = {
 }
 
 
-def _public(user: User, round_: Round) -> RoundPublic:
-    """The round as ``user`` may see it: which model servers are in its loop only for those who
-    manage its task (admins, the task's researchers), never for writers and validators."""
-    return RoundPublic.of(round_, show_model=allows(user, RoundPolicy.manage(round_)))
+def _public(session: Session, user: User, round_: Round, *, study_links_closed: int | None = None) -> RoundPublic:
+    """The round as ``user`` may see it: which model servers are in its loop, and its open study
+    links, only for those who manage its task (admins, the task's researchers), never for
+    writers and validators."""
+    return _publics(session, user, [round_], study_links_closed=study_links_closed)[0]
+
+
+def _publics(
+    session: Session, user: User, rows: list[Round], *, study_links_closed: int | None = None
+) -> list[RoundPublic]:
+    managed = {r.id for r in rows if allows(user, RoundPolicy.manage(r))}
+    open_links = study.open_links_of_rounds(session, sorted(managed))
+    return [
+        RoundPublic.of(
+            r,
+            show_model=r.id in managed,
+            open_study_links=len(open_links[r.id]) if r.id in managed else None,
+            study_links_closed=study_links_closed,
+        )
+        for r in rows
+    ]
 
 
 @router.get("/tasks/{task_name}/rounds", response_model=RoundsPublic)
 def list_rounds(task_name: str, session: SessionDep, user: Annotated[User, allowed(TaskPolicy.read)]) -> RoundsPublic:
     task = tasks.get_task(session, task_name)
     authorize(user, TaskPolicy.read(task))
-    rows = [_public(user, r) for r in task.rounds]
+    rows = _publics(session, user, list(task.rounds))
     return RoundsPublic(data=rows, count=len(rows))
 
 
@@ -74,13 +92,13 @@ def create_round(
         notes=body.notes,
     )
     model_servers.grant_loop(session, researcher, task, list(round_.model_servers or []))
-    return _public(researcher, round_)
+    return _public(session, researcher, round_)
 
 
 @router.get("/rounds/open", response_model=RoundsPublic)
 def open_rounds(session: SessionDep, user: Reader) -> RoundsPublic:
     """Rounds that are collecting (writers) or validating (validators)."""
-    rows = [_public(user, r) for r in rounds.open_rounds(session) if allows(user, RoundPolicy.read(r))]
+    rows = _publics(session, user, [r for r in rounds.open_rounds(session) if allows(user, RoundPolicy.read(r))])
     return RoundsPublic(data=rows, count=len(rows))
 
 
@@ -88,17 +106,21 @@ def open_rounds(session: SessionDep, user: Reader) -> RoundsPublic:
 def get_round(round_id: IdPath, session: SessionDep, user: Reader) -> RoundPublic:
     round_ = rounds.get_round(session, round_id)
     authorize(user, RoundPolicy.read(round_))
-    return _public(user, round_)
+    return _public(session, user, round_)
 
 
 @router.post("/rounds/{round_id}/status", response_model=RoundPublic)
 def set_round_status(
     round_id: IdPath, body: RoundStatusUpdate, session: SessionDep, researcher: Manager
 ) -> RoundPublic:
-    """Move a round forward: collecting -> validating -> closed."""
+    """Move a round forward: collecting -> validating -> closed. Closing it closes its open
+    study links (``study_links_closed`` says how many): a worker who opens one then gets 409
+    ``study_link_closed``; one already in a session can finish it but work no more."""
     round_ = rounds.get_round(session, round_id)
     authorize(researcher, RoundPolicy.manage(round_))
-    return _public(researcher, rounds.set_status(session, researcher, round_, body.status))
+    change = rounds.set_status(session, researcher, round_, body.status)
+    closed = len(change.study_links_closed) if body.status is RoundStatus.closed else None
+    return _public(session, researcher, change.round, study_links_closed=closed)
 
 
 @router.put("/rounds/{round_id}/model", response_model=RoundPublic)
@@ -112,7 +134,7 @@ def set_round_model(round_id: IdPath, body: RoundModelUpdate, session: SessionDe
     model_servers.require_granted(session, researcher, round_.task, body.model_servers)
     round_ = rounds.set_model_servers(session, researcher, round_, body.model_servers)
     model_servers.grant_loop(session, researcher, round_.task, list(round_.model_servers or []))
-    return _public(researcher, round_)
+    return _public(session, researcher, round_)
 
 
 @router.post("/rounds/{round_id}/prompts", response_model=PromptImportPublic, openapi_extra=_PROMPT_BODY)

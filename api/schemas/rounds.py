@@ -52,10 +52,28 @@ class RoundPublic(BaseModel):
     opened_at: dt.datetime | None
     validating_at: dt.datetime | None
     closed_at: dt.datetime | None
+    open_study_links: int | None = Field(
+        None,
+        description="How many of the round's study links may still take workers (not closed, not past their "
+        "closing time); closing the round closes them. Null for those who do not manage the task.",
+    )
+    study_links_closed: int | None = Field(
+        None,
+        description="Only in the answer to closing the round: how many open study links the closing closed "
+        "(each audited with the reason 'round closed'). Null otherwise.",
+    )
 
     @classmethod
-    def of(cls, round_: Round, *, show_model: bool) -> RoundPublic:
-        """``show_model``: the caller manages the round's task (``RoundPolicy.manage``)."""
+    def of(
+        cls,
+        round_: Round,
+        *,
+        show_model: bool,
+        open_study_links: int | None = None,
+        study_links_closed: int | None = None,
+    ) -> RoundPublic:
+        """``show_model``: the caller manages the round's task (``RoundPolicy.manage``); only then
+        are the study-link counts given."""
         return cls(
             id=round_.id,
             task=round_.task.name,
@@ -68,6 +86,8 @@ class RoundPublic(BaseModel):
             opened_at=round_.opened_at,
             validating_at=round_.validating_at,
             closed_at=round_.closed_at,
+            open_study_links=open_study_links if show_model else None,
+            study_links_closed=study_links_closed if show_model else None,
         )
 
 

@@ -1,5 +1,6 @@
 """Tasks and rounds (researcher): create a task from its YAML, open the next round, move a
-round on (collecting -> validating -> closed), import prompts (JSONL or CSV, with the import
+round on (collecting -> validating -> closed; closing asks first, with the round's open study
+links counted), import prompts (JSONL or CSV, with the import
 report), and put registered model servers in the loop (chosen by name among those an admin
 registered), with what the model registry knows about the model they serve.
 
@@ -85,6 +86,7 @@ def rounds_table(rounds: list[Round]) -> None:
                 "target labels": r.get("target_label_mode"),
                 "opened": r.get("opened_at"),
                 "closed": r.get("closed_at"),
+                "open study links": r.get("open_study_links"),
             }
             for r in rounds
         ]
@@ -157,6 +159,56 @@ def open_round_form(client: Api, task: Task, rounds: list[Round], servers: list[
         st.rerun()
 
 
+def _links(count: int) -> str:
+    return f"{count} open study link{'' if count == 1 else 's'}"
+
+
+def close_consequences(round_: Round) -> str:
+    """What closing the round does, with its open study links counted (the API's count)."""
+    text = (
+        f"Close round {round_['number']}? It cannot be reopened: writers and validators can no longer work "
+        "in it, and its open assignments expire. "
+    )
+    count = round_.get("open_study_links")
+    if count is None:
+        return text + "The API did not say whether it has open study links; any it has are closed with it."
+    if count == 0:
+        return text + "It has no open study links."
+    return text + (
+        f"Its {_links(count)} will be closed with it: a crowdworker who opens one is told the round is closed. "
+        "Workers already in a study session can only finish it: they get the completion code only if they met "
+        "the quota (or, validators, if the link completes those who run out of work); otherwise the link's "
+        "partial code, or none."
+    )
+
+
+def confirm_close_key(round_: Round) -> str:
+    return f"researcher_confirm_close_{round_['id']}"
+
+
+def confirm_close(client: Api, round_: Round) -> None:
+    """The close, once the researcher has read what it does and confirmed it."""
+    st.warning(close_consequences(round_))
+    yes, no = st.columns(2)
+    if no.button("Cancel", key=f"researcher_status_{round_['id']}_closed_cancel"):
+        st.session_state.pop(confirm_close_key(round_), None)
+        st.rerun()
+    if not yes.button(
+        f"Yes, close round {round_['number']}", type="primary", key=f"researcher_status_{round_['id']}_closed_confirm"
+    ):
+        return
+    st.session_state.pop(confirm_close_key(round_), None)
+    try:
+        closed = client.set_round_status(round_["id"], "closed")
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    links = closed.get("study_links_closed")
+    closed_links = f"; {links} of its study links {'was' if links == 1 else 'were'} closed with it" if links else ""
+    state.flash("success", f"Round {round_['number']} is now closed{closed_links}.")
+    st.rerun()
+
+
 def status_controls(client: Api, round_: Round) -> None:
     st.text(f"Status: {round_['status']}")
     step = NEXT_STATUS.get(round_["status"])
@@ -168,7 +220,13 @@ def status_controls(client: Api, round_: Round) -> None:
         )
         return
     target, label = step
+    if target == "closed" and st.session_state.get(confirm_close_key(round_)):
+        confirm_close(client, round_)
+        return
     if st.button(label, key=f"researcher_status_{round_['id']}_{target}"):
+        if target == "closed":  # asked first: closing cannot be undone
+            st.session_state[confirm_close_key(round_)] = True
+            st.rerun()
         try:
             client.set_round_status(round_["id"], target)
         except ApiError as error:

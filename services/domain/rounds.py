@@ -26,13 +26,14 @@ from services.db.models import (
     Round,
     RoundBuild,
     RoundStatus,
+    StudyLink,
     TargetLabelMode,
     Task,
     User,
     Validation,
     utcnow,
 )
-from services.domain import audit
+from services.domain import audit, study
 from services.domain.model_servers import check_names
 from services.errors import Conflict, Invalid, NotFound, missing_round
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, TooDeep, check_json_depth
@@ -129,9 +130,19 @@ def get_round_by_number(session: Session, task: Task, number: int) -> Round:
     return round_
 
 
-def set_status(session: Session, actor: User | None, round_: Round, status: RoundStatus) -> Round:
+@dataclass(frozen=True)
+class StatusChange:
+    """A round moved on, and the study links the move closed (closing the round closes them)."""
+
+    round: Round
+    study_links_closed: list[StudyLink] = field(default_factory=list)
+
+
+def set_status(session: Session, actor: User | None, round_: Round, status: RoundStatus) -> StatusChange:
+    """Move the round forward (``_FORWARD``). Closing it expires its active assignments and
+    closes its open study links (:func:`services.domain.study.close_round_links`)."""
     if status == round_.status:
-        return round_
+        return StatusChange(round_)
     if status not in _FORWARD[round_.status]:
         allowed = sorted(s.value for s in _FORWARD[round_.status]) or ["none"]
         raise Conflict(
@@ -152,7 +163,8 @@ def set_status(session: Session, actor: User | None, round_: Round, status: Roun
             assignment.status = AssignmentStatus.expired
             assignment.finished_at = now
     audit.record(session, actor, "round.status", "round", round_.id, **{"from": previous.value, "to": status.value})
-    return round_
+    closed_links = study.close_round_links(session, actor, round_) if status is RoundStatus.closed else []
+    return StatusChange(round_, closed_links)
 
 
 def ensure_model_can_change(round_: Round) -> None:

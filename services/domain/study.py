@@ -274,11 +274,49 @@ def link_by_slug(session: Session, slug: str) -> StudyLink:
     return link
 
 
-def close_link(session: Session, actor: User | None, link: StudyLink) -> StudyLink:
+def close_link(session: Session, actor: User | None, link: StudyLink, *, reason: str | None = None) -> StudyLink:
+    """Close the link now (idempotent): it starts no new sessions and resumes none. ``reason``
+    goes into the audit entry (e.g. "round closed" when its round closed it)."""
     if link.closed_at is None:
         link.closed_at = utcnow()
-        audit.record(session, actor, "study_link.close", "study_link", link.id)
+        details = {} if reason is None else {"reason": reason}
+        audit.record(session, actor, "study_link.close", "study_link", link.id, **details)
     return link
+
+
+def is_open(link: StudyLink, now: dt.datetime | None = None) -> bool:
+    """Whether the link may still take workers: not closed by hand, not past its closing time
+    (a link that opens later counts: it would take workers then)."""
+    now = now or utcnow()
+    return link.closed_at is None and (link.closes_at is None or now < link.closes_at)
+
+
+def open_links_of_rounds(session: Session, round_ids: list[int]) -> dict[int, list[StudyLink]]:
+    """The open links (:func:`is_open`) of each of ``round_ids`` (one query), oldest first."""
+    found: dict[int, list[StudyLink]] = {round_id: [] for round_id in round_ids}
+    if not round_ids:
+        return found
+    now = utcnow()
+    rows = session.scalars(
+        select(StudyLink).where(StudyLink.round_id.in_(round_ids), StudyLink.closed_at.is_(None)).order_by(StudyLink.id)
+    )
+    for link in rows:
+        if is_open(link, now):
+            found[link.round_id].append(link)
+    return found
+
+
+ROUND_CLOSED = "round closed"
+
+
+def close_round_links(session: Session, actor: User | None, round_: Round) -> list[StudyLink]:
+    """Close the round's open links because the round closed (each audited with the reason
+    ``ROUND_CLOSED``); returns them. Workers already in a session keep their token: they can
+    still finish it (:func:`finish_study_session`), but the closed round takes no more work."""
+    links = open_links_of_rounds(session, [round_.id])[round_.id]
+    for link in links:
+        close_link(session, actor, link, reason=ROUND_CLOSED)
+    return links
 
 
 _OPEN_ROUNDS = {
@@ -290,17 +328,15 @@ _OPEN_ROUNDS = {
 def closed_reason(link: StudyLink, now: dt.datetime | None = None) -> str | None:
     """Why the link takes no workers now, or None when it is open."""
     now = now or utcnow()
+    # The round first: closing a round closes its links too, and the worker is told why.
+    if link.round.status not in _OPEN_ROUNDS[link.role]:
+        return f"the round of this study link is {link.round.status.value} and takes no more {link.role.value}s"
     if link.closed_at is not None:
         return "this study link was closed by the researcher"
     if link.opens_at is not None and now < link.opens_at:
         return f"this study link opens at {link.opens_at.isoformat(timespec='minutes')}; come back then"
     if link.closes_at is not None and now >= link.closes_at:
         return "this study link has closed"
-    allowed = (
-        (RoundStatus.collecting,) if link.role is StudyRole.writer else (RoundStatus.collecting, RoundStatus.validating)
-    )
-    if link.round.status not in allowed:
-        return f"the round of this study link is {link.round.status.value} and takes no more {link.role.value}s"
     return None
 
 
