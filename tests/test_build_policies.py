@@ -124,6 +124,84 @@ def test_small_round_strict_refused_with_relaxations_then_relaxed_report_is_hone
     assert report["datasheet"]["build_policy"].startswith("Dev and test: relaxed policy")
 
 
+# A closed 12-example round, every gold with at least 4 of 5 votes (so fewer votes free
+# nothing): 5 positive, 4 negative, 3 neutral. The relaxed policy's guard (0.5) lets dev+test
+# take 1 of neutral's 3, fewer than one each; 0.6 still 1; 0.7 lets them take 2.
+LOPSIDED = {
+    "positive": ["positive", "positive", "neutral", "negative", "positive"],
+    "negative": ["negative", "neutral", "negative", "positive"],
+    "neutral": ["neutral", "positive", "neutral"],
+}
+
+
+def _lopsided_round(client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer) -> int:
+    plan = [
+        (gold, f"Note {gold} {i}: a {KEYWORD[predicted]} lunch.", [gold] * 5 if i % 2 else [gold] * 4 + ["mixed"])
+        for gold, predictions in LOPSIDED.items()
+        for i, predicted in enumerate(predictions)
+    ]
+    return _closed_round(client, researcher, make_user, stub_model, plan)
+
+
+def test_lopsided_round_refusals_name_the_share_that_builds_and_it_builds(
+    app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    round_id = _lopsided_round(client, researcher, make_user, stub_model)
+    before = table_snapshot(app, *TABLES)
+    widened = "relaxed, dev+test up to 0.7 of each class"
+    expected = {
+        "name": widened,
+        "settings": {"policy": "relaxed", "chance": False, "max_dev_test_share": 0.7},
+        "feasible": True,
+        "constraint": None,
+        "unit": "class",
+        "dev_per_cell": 1,
+        "test_per_cell": 1,
+        "counts": {"train": 6, "dev": 3, "test": 3, "excluded": 0},
+        "classes": {
+            "positive": {"train": 3, "dev": 1, "test": 1},
+            "negative": {"train": 2, "dev": 1, "test": 1},
+            "neutral": {"train": 1, "dev": 1, "test": 1},
+        },
+    }
+    for body in ({}, {"policy": "relaxed"}):
+        refused = client.post(f"/api/v1/rounds/{round_id}/build", json=body, headers=researcher.headers)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        relaxations = {r["name"]: r for r in error["details"]["relaxations"]}
+        # What the guard refused is listed with the constraint that refused it; the widened
+        # share that builds follows it, with every count.
+        if body == {}:
+            assert relaxations["relaxed"]["feasible"] is False
+            assert relaxations["relaxed"]["constraint"] == "balance_guard"
+        assert {k: relaxations[widened][k] for k in expected} == expected
+        assert (
+            f"{widened} (policy=relaxed, chance=false, max_dev_test_share=0.7): dev 3 (1 per class), "
+            "test 3 (1 per class), train 6; per class train/dev/test: positive 3/1/1, negative 2/1/1, neutral 1/1/1"
+        ) in error["message"]
+        assert "collect" not in error["message"]
+        assert table_snapshot(app, *TABLES) == before
+
+    preview = client.post(
+        f"/api/v1/rounds/{round_id}/build/preview", json={"policy": "relaxed"}, headers=researcher.headers
+    )
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["requested"]["constraint"] == "balance_guard"
+    assert {r["name"]: r for r in preview.json()["relaxations"]}[widened] == relaxations[widened]
+    assert table_snapshot(app, *TABLES) == before
+
+    built = client.post(
+        f"/api/v1/rounds/{round_id}/build", json={"seed": 0, **expected["settings"]}, headers=researcher.headers
+    )
+    assert built.status_code == 201, built.text
+    report = built.json()["report"]
+    assert report["counts"]["total"] == {"dist_train": 6, "train": 6, "dev": 3, "test": 3}
+    assert report["splits"]["policy"]["max_dev_test_share"] == 0.7
+    assert {c: v["train_all"] for c, v in report["splits"]["balance"]["classes"].items()} == {
+        c: v["train"] for c, v in expected["classes"].items()
+    }
+
+
 @sqlite_only  # settings checks; PostgreSQL: test_small_round_strict_refused_...
 def test_build_settings_are_validated_without_touching_the_database(
     app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
@@ -262,6 +340,14 @@ def test_odd_rounds_are_refused_in_one_line_and_change_nothing(
             assert response.status_code == status, (kind, body, response.text)
             message = response.json()["error"]["message"]
             assert message and "\n" not in message and "Traceback" not in message
+            if status == 422:
+                # Nothing builds and the round is closed: the way on is another round, not "collect more".
+                assert not any(r["feasible"] for r in response.json()["error"]["details"]["relaxations"])
+                assert message.endswith(
+                    "No relaxation builds round 1, and a closed round takes no more examples or labels: collect "
+                    "them in the next round, or bring a labelled dataset or crowd responses in as a round "
+                    "(dynaloop round import; POST /api/v1/tasks/{task}/rounds/{n}/imports)"
+                ), message
     assert table_snapshot(app, *TABLES) == before
 
 
