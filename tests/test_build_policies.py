@@ -4,6 +4,7 @@ report states only what its numbers show; the class-balance guard; no-prompt exa
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -386,7 +387,11 @@ def test_cli_build_refuses_bad_settings_and_prints_the_relaxations(
     result = runner.invoke(cli, [*base, "--out", str(tmp_path / "b")])
     assert result.exit_code != 0 and isinstance(result.exception, SystemExit)
     assert "the strict policy cannot be met: cell gold=positive/predicted=negative" in result.output
-    assert "relaxed (--policy relaxed --no-chance): dev 3 (1 per class), test 3, train 6" in result.output
+    assert (
+        "relaxed (--policy relaxed --no-chance): dev 3 (1 per class), test 3 (1 per class), train 6; "
+        "per class train/dev/test: positive 2/1/1, negative 2/1/1, neutral 2/1/1"
+    ) in result.output
+    assert "dynaloop round build --task dynasent-r2 --round 1 --policy relaxed --no-chance\n" in result.output
     result = runner.invoke(cli, [*base, "--policy", "relaxed", "--no-chance", "--out", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
     markdown = (tmp_path / "c" / "report.md").read_text(encoding="utf-8")
@@ -433,3 +438,62 @@ def test_stored_reports_markdown_matches_their_numbers(name: str) -> None:
 
     report = json.loads((Path(__file__).parent / "data" / "round_reports" / f"{name}.json").read_text("utf-8"))
     assert_markdown_matches(report)
+
+
+def test_cli_prints_the_exact_options_that_build_a_lopsided_round_and_they_build(
+    app: FastAPI,
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    database_url: str,
+    tmp_path: Any,
+) -> None:
+    """`round build --policy relaxed` and `round build-preview` on a round only a wider
+    class-balance guard builds: both print that option's command, which builds when pasted."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from dynaloop.cli import app as cli
+
+    _lopsided_round(client, researcher, make_user, stub_model)
+    before = table_snapshot(app, *TABLES)
+    runner = CliRunner()
+    where = ["--task", "dynasent-r2", "--round", "1", "--database-url", database_url]
+    command = "dynaloop round build --task dynasent-r2 --round 1 --policy relaxed --no-chance --max-dev-test-share 0.7"
+    counts = (
+        "dev 3 (1 per class), test 3 (1 per class), train 6; "
+        "per class train/dev/test: positive 3/1/1, negative 2/1/1, neutral 1/1/1"
+    )
+
+    refused = runner.invoke(cli, ["round", "build", *where, "--policy", "relaxed", "--out", str(tmp_path / "a")])
+    assert refused.exit_code == 1 and isinstance(refused.exception, SystemExit), refused.output
+    lines = refused.output.splitlines()
+    assert "Options that build round 1 of dynasent-r2:" in lines
+    assert (
+        "  relaxed, dev+test up to 0.7 of each class (--policy relaxed --no-chance --max-dev-test-share 0.7): " + counts
+    ) in lines
+    assert f"    {command}" in lines
+    assert lines[-1].startswith("error: the relaxed policy cannot be met: the class-balance guard lets dev+test")
+    assert table_snapshot(app, *TABLES) == before
+
+    previewed = runner.invoke(cli, ["round", "build-preview", *where, "--policy", "relaxed"])
+    assert previewed.exit_code == 0, previewed.output
+    lines = previewed.output.splitlines()
+    assert lines[0].startswith("requested: cannot build (balance_guard): the class-balance guard lets dev+test")
+    assert "strict: cannot build (dev_test_size): cell gold=neutral/predicted=negative has 0 eligible" in "\n".join(
+        lines
+    )
+    assert f"relaxed, dev+test up to 0.7 of each class: builds: {counts}" in lines
+    commands = [line.strip() for line in lines if line.startswith("    dynaloop round build ")]
+    assert commands[0] == command and len(commands) == 2  # also with 3 of 5 votes
+    assert table_snapshot(app, *TABLES) == before
+
+    # Pasted as printed, the command builds the round with the counts it promised.
+    pasted = shlex.split(commands[0])[1:]
+    built = runner.invoke(cli, [*pasted, "--database-url", database_url, "--out", str(tmp_path / "b")])
+    assert built.exit_code == 0, built.output
+    assert built.output.startswith("build 1: train 6, dev 3, test 3;"), built.output
+    report = json.loads((tmp_path / "b" / "report.json").read_text(encoding="utf-8"))
+    assert report["splits"]["policy"]["max_dev_test_share"] == 0.7
