@@ -150,7 +150,7 @@ def test_lopsided_round_refusals_name_the_share_that_builds_and_it_builds(
     round_id = _lopsided_round(client, researcher, make_user, stub_model)
     before = table_snapshot(app, *TABLES)
     widened = "relaxed, dev+test up to 0.7 of each class"
-    expected = {
+    expected: dict[str, Any] = {
         "name": widened,
         "settings": {"policy": "relaxed", "chance": False, "max_dev_test_share": 0.7},
         "feasible": True,
@@ -165,11 +165,27 @@ def test_lopsided_round_refusals_name_the_share_that_builds_and_it_builds(
             "neutral": {"train": 1, "dev": 1, "test": 1},
         },
     }
-    for body in ({}, {"policy": "relaxed"}):
+    votes = ["relaxed, 3 of 5 votes", "relaxed, 3 of 5 votes, dev+test up to 0.7 of each class"]
+    chance = "model at chance, 3 of 5 votes"
+    offered = {
+        # Each relaxed option the guard refuses is followed by the first share that builds (0.6
+        # does not); the requested policy itself is not listed, but its wider share is.
+        "{}": ["relaxed", widened, *votes, chance],
+        '{"policy": "relaxed"}': ["strict", widened, *votes, chance],
+        '{"policy": "relaxed", "max_dev_test_share": 0.6}': ["strict", "relaxed", widened, *votes, chance],
+    }
+    for text, names in offered.items():
+        body = json.loads(text)
         refused = client.post(f"/api/v1/rounds/{round_id}/build", json=body, headers=researcher.headers)
         assert refused.status_code == 422, refused.text
         error = refused.json()["error"]
+        assert [r["name"] for r in error["details"]["relaxations"]] == names
         relaxations = {r["name"]: r for r in error["details"]["relaxations"]}
+        assert [r["constraint"] for r in relaxations.values() if not r["feasible"]] == [
+            "dev_test_size" if name in ("strict", chance) else "balance_guard"
+            for name in names
+            if not relaxations[name]["feasible"]
+        ]
         # What the guard refused is listed with the constraint that refused it; the widened
         # share that builds follows it, with every count.
         if body == {}:
@@ -233,10 +249,11 @@ def test_balance_guard_keeps_half_of_each_class_in_train() -> None:
     rows = [(f"a{i}", "a", 5, f"pa{i}", "prompt", "a") for i in range(40)]
     rows += [(f"b{i}", "b", 5, f"pb{i}", "prompt", "b") for i in range(8)]
     unguarded = splits.build_splits(_frame(rows), ["a", "b"], chance=False)
-    assert unguarded.report.balance["classes"]["b"]["train_all"] == 0
+    unguarded_classes: Any = unguarded.report.balance["classes"]
+    assert unguarded_classes["b"]["train_all"] == 0
     assert any("train has no example of b" in note for note in unguarded.report.notes)
     guarded = splits.build_splits(_frame(rows), ["a", "b"], chance=False, max_dev_test_share=0.5)
-    classes = guarded.report.balance["classes"]
+    classes: Any = guarded.report.balance["classes"]
     assert classes["b"] == {"eligible": 8, "train": 4, "dev": 2, "test": 2, "train_all": 4}
     assert classes["a"]["dev"] == 2 and classes["a"]["test"] == 2
     with pytest.raises(splits.SplitError, match="class-balance guard") as raised:
