@@ -126,8 +126,8 @@ def _imported_gold_without_votes(prepared: Prepared) -> bool:
 def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -> list[tuple[str, dict[str, Any]]]:
     """The policies worth showing for a round: strict, relaxed (no chance constraint, the
     class-balance guard), relaxed with the votes lowered step by step to the task's gold rule,
-    strict's chance constraint with lowered votes, and, in a round that mixes prompt and
-    no-prompt examples, relaxed with the no-prompt ones in dev/test."""
+    strict's chance constraint with lowered votes, and, in a single-label round that mixes
+    prompt and no-prompt examples, relaxed with the no-prompt ones in dev/test."""
     definition = prepared.data.definition
     task_votes = definition.agreement.dev_test_min_votes
     lowest = max(definition.agreement.gold_min_votes, definition.validations_per_example // 2 + 1)
@@ -152,9 +152,10 @@ def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -
         out.append((f"relaxed, imported gold (1 of {n} votes)", {**relaxed, "dev_test_min_votes": 1}))
     if policy is not None and policy.min_per_cell > 1:
         out.append(("relaxed, 1 per cell", {**relaxed, "min_per_cell": 1}))
-    conditions = prepared.data.examples["condition"]
-    if (conditions == "no_prompt").any() and not (conditions == "no_prompt").all() and not config.no_prompt_in_dev_test:
-        # A mixed round keeps its no-prompt examples in train unless asked (step 7).
+    no_prompt = prepared.data.examples["condition"] == "no_prompt"
+    if not definition.is_multi_label and no_prompt.any() and not no_prompt.all() and not config.no_prompt_in_dev_test:
+        # A mixed round keeps its no-prompt examples in train unless asked (docs/round_builder.md,
+        # "No-prompt rounds"); multi-label splits do not take the setting.
         out.append(("relaxed, no-prompt examples in dev/test", {**relaxed, "no_prompt_in_dev_test": True}))
     return out
 

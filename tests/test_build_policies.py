@@ -16,7 +16,7 @@ from sklearn.metrics import accuracy_score, f1_score
 
 from round_builder import splits
 from round_builder.report import render_markdown
-from tests.built_round import KEYWORD, write_and_label
+from tests.built_round import KEYWORD, LABELS, write_and_label
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, sqlite_only, table_snapshot
 from tests.stub_model_server import ThreadedServer
 
@@ -273,6 +273,44 @@ def test_no_prompt_examples_stand_alone_in_dev_and_test() -> None:
     result = splits.build_splits(_frame(mixed), ["a", "b"], chance=False, no_prompt_eligible=True)
     shared = result.assignment.loc[[f"p{i}" for i in range(3)]]
     assert int(np.isin(shared.to_numpy(), ["dev", "test"]).sum()) <= 1
+
+
+def _prepared(rows: list[tuple[Any, ...]]) -> Any:
+    """A dynasent-r2 round read and aggregated (round_builder.build.Prepared) from split rows,
+    without a database: what round_builder.preview works on."""
+    from round_builder.build import Prepared, RoundData
+    from services.taskdef import example_path, load_task_definition
+
+    frame = _frame(rows)
+    data = RoundData(
+        load_task_definition(example_path("dynasent-r2")), frame.copy(), pd.DataFrame(), pd.DataFrame(), {}, []
+    )
+    return Prepared(data, pd.DataFrame(), np.zeros(len(frame), dtype=bool), frame, frame)
+
+
+def test_a_mixed_round_is_offered_its_no_prompt_examples_in_dev_and_test() -> None:
+    """Every prompt example shares one prompt, so dev and test cannot take two of a class from
+    them; the round's no-prompt examples, each on its own, can: that option is offered."""
+    from round_builder.build import BuildConfig, resolve_policy
+    from round_builder.preview import relaxations_for
+
+    rows = [(f"p{g}{i}", g, 5, "shared", "prompt", g) for g in LABELS for i in range(2)]
+    rows += [(f"n{g}{i}", g, 5, None, "no_prompt", g) for g in LABELS for i in range(4)]
+    prepared = _prepared(rows)
+    config = BuildConfig(policy="relaxed")
+    policy = resolve_policy(config, prepared.data.definition, prepared.data.examples)
+    assert policy.no_prompt_in_dev_test is False
+    options = {o.name: o for o in relaxations_for(prepared, config, policy, refused_by="dev_test_size")}
+    assert [name for name, o in options.items() if o.feasible] == ["relaxed, no-prompt examples in dev/test"]
+    option = options["relaxed, no-prompt examples in dev/test"]
+    assert option.settings == {"policy": "relaxed", "chance": False, "no_prompt_in_dev_test": True}
+    assert option.counts["dev"] == option.counts["test"] == 3
+    assert options["relaxed, 3 of 5 votes"].constraint == "dev_test_size"
+    # A round of prompt examples only is not offered the setting: it would change nothing.
+    only_prompts = _prepared([r for r in rows if r[4] == "prompt"])
+    assert "relaxed, no-prompt examples in dev/test" not in {
+        o.name for o in relaxations_for(only_prompts, config, policy, refused_by="dev_test_size")
+    }
 
 
 def _closed_round(
