@@ -294,7 +294,7 @@ def test_a_mixed_round_is_offered_its_no_prompt_examples_in_dev_and_test() -> No
     from round_builder.build import BuildConfig, resolve_policy
     from round_builder.preview import relaxations_for
 
-    rows = [(f"p{g}{i}", g, 5, "shared", "prompt", g) for g in LABELS for i in range(2)]
+    rows: list[tuple[Any, ...]] = [(f"p{g}{i}", g, 5, "shared", "prompt", g) for g in LABELS for i in range(2)]
     rows += [(f"n{g}{i}", g, 5, None, "no_prompt", g) for g in LABELS for i in range(4)]
     prepared = _prepared(rows)
     config = BuildConfig(policy="relaxed")
