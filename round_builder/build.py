@@ -536,6 +536,16 @@ def make_splits(prepared: Prepared, policy: Policy, seed: int) -> splits.SplitRe
     )
 
 
+def nothing_builds(number: int) -> str:
+    """What a refused build says when no relaxation builds the round: a closed round takes no
+    more examples or labels, so the way on is another round."""
+    return (
+        f"No relaxation builds round {number}, and a closed round takes no more examples or labels: "
+        "collect them in the next round, or bring a labelled dataset or crowd responses in as a round "
+        "(dynaloop round import; POST /api/v1/tasks/{task}/rounds/{n}/imports)"
+    )
+
+
 def build_round(
     session: Session, actor: User | None, round_: Round, config: BuildConfig, out_dir: Path | None = None
 ) -> RoundBuild:
@@ -550,11 +560,11 @@ def build_round(
     try:
         result = make_splits(prepared, policy, config.seed)
     except splits.SplitError as exc:
-        options = relaxations_for(prepared, config, policy)
+        options = relaxations_for(prepared, config, policy, refused_by=exc.details.get("constraint"))
         offered = "; ".join(o.summary() for o in options if o.feasible)
         raise splits.SplitError(
-            f"the {policy.name} policy cannot be met: {exc.message}"
-            + (f". Relaxations that build: {offered}" if offered else ". No relaxation builds this round."),
+            f"the {policy.name} policy cannot be met: {exc.message}. "
+            + (f"Relaxations that build: {offered}" if offered else nothing_builds(round_.number)),
             **exc.details,
             policy=policy.to_dict(),
             relaxations=[o.to_dict() for o in options],

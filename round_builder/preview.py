@@ -2,6 +2,9 @@
 "Build policies"): the requested settings, strict, and the relaxations a researcher may choose,
 each with its dev/test sizes per cell or class, its train size, or why it cannot be met.
 
+A relaxed candidate that only the class-balance guard refuses is tried again with the guard's
+share raised step by step (:data:`GUARD_SHARES`); the first share that builds is offered too.
+
 A build that cannot meet its policy names these in its error; ``dynaloop round build-preview``
 and ``POST /api/v1/rounds/{id}/build/preview`` show them before building.
 """
@@ -33,6 +36,9 @@ class PolicyPreview:
     policy: dict[str, Any] | None  # the effective policy (None: the settings are invalid)
     feasible: bool
     message: str | None = None  # why not, when not
+    # The split constraint that refused it (round_builder.splits: dev_test_size | balance_guard),
+    # "settings" when the settings themselves are refused; None when it builds.
+    constraint: str | None = None
     short: list[dict[str, Any]] = field(default_factory=list)
     unit: str | None = None  # cell | class
     dev_per_cell: int | None = None
@@ -44,10 +50,20 @@ class PolicyPreview:
         if not self.feasible:
             return f"{self.name}: cannot build ({self.message})"
         return (
-            f"{self.name} ({_settings_text(self.settings)}): dev {self.counts['dev']} "
-            f"({self.dev_per_cell} per {self.unit}), test {self.counts['test']} "
+            f"{self.name} ({_settings_text(self.settings)}): {self.counts_text()}; "
+            f"per class train/dev/test: {self.classes_text()}"
+        )
+
+    def counts_text(self) -> str:
+        """``dev 3 (1 per class), test 3 (1 per class), train 6`` (a feasible preview)."""
+        return (
+            f"dev {self.counts['dev']} ({self.dev_per_cell} per {self.unit}), test {self.counts['test']} "
             f"({self.test_per_cell} per {self.unit}), train {self.counts['train']}"
         )
+
+    def classes_text(self) -> str:
+        """``positive 3/1/1, negative 2/1/1``: each class's train/dev/test counts."""
+        return ", ".join(f"{c} {v['train']}/{v['dev']}/{v['test']}" for c, v in self.classes.items())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,11 +78,19 @@ def preview(prepared: Prepared, name: str, config: BuildConfig, settings: dict[s
     try:
         policy = resolve_policy(config, prepared.data.definition, prepared.data.examples)
     except Invalid as exc:
-        return PolicyPreview(name, settings, None, False, exc.message)
+        return PolicyPreview(name, settings, None, False, exc.message, constraint="settings")
     try:
         result = make_splits(prepared, policy, config.seed)
     except splits.SplitError as exc:
-        return PolicyPreview(name, settings, policy.to_dict(), False, exc.message, list(exc.details.get("short", [])))
+        return PolicyPreview(
+            name,
+            settings,
+            policy.to_dict(),
+            False,
+            exc.message,
+            constraint=exc.details.get("constraint"),
+            short=list(exc.details.get("short", [])),
+        )
     counts = result.assignment.value_counts(sort=False)
     balance = result.report.balance.get("classes", {})
     assert isinstance(balance, dict)
@@ -102,7 +126,8 @@ def _imported_gold_without_votes(prepared: Prepared) -> bool:
 def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -> list[tuple[str, dict[str, Any]]]:
     """The policies worth showing for a round: strict, relaxed (no chance constraint, the
     class-balance guard), relaxed with the votes lowered step by step to the task's gold rule,
-    and strict's chance constraint with lowered votes."""
+    strict's chance constraint with lowered votes, and, in a single-label round that mixes
+    prompt and no-prompt examples, relaxed with the no-prompt ones in dev/test."""
     definition = prepared.data.definition
     task_votes = definition.agreement.dev_test_min_votes
     lowest = max(definition.agreement.gold_min_votes, definition.validations_per_example // 2 + 1)
@@ -127,24 +152,78 @@ def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -
         out.append((f"relaxed, imported gold (1 of {n} votes)", {**relaxed, "dev_test_min_votes": 1}))
     if policy is not None and policy.min_per_cell > 1:
         out.append(("relaxed, 1 per cell", {**relaxed, "min_per_cell": 1}))
+    no_prompt = prepared.data.examples["condition"] == "no_prompt"
+    if not definition.is_multi_label and no_prompt.any() and not no_prompt.all() and not config.no_prompt_in_dev_test:
+        # A mixed round keeps its no-prompt examples in train unless asked (docs/round_builder.md,
+        # "No-prompt rounds"); multi-label splits do not take the setting.
+        out.append(("relaxed, no-prompt examples in dev/test", {**relaxed, "no_prompt_in_dev_test": True}))
     return out
 
 
-def relaxations_for(prepared: Prepared, config: BuildConfig, policy: Policy | None) -> list[PolicyPreview]:
-    """Previews of the candidate policies other than ``policy`` itself (same seed and caps)."""
+def relaxations_for(
+    prepared: Prepared, config: BuildConfig, policy: Policy | None, *, refused_by: str | None = None
+) -> list[PolicyPreview]:
+    """Previews of the candidate policies other than ``policy`` itself (same seed and caps),
+    each followed, when the class-balance guard is what refuses it, by the first larger share
+    of :data:`GUARD_SHARES` that builds. ``refused_by`` is the constraint that refused
+    ``policy`` (a build's refusal): the guard's shares are tried for it as well."""
     keep = {"seed": config.seed, "model_based": config.model_based, "max_per_cell": config.max_per_cell}
     previews = []
     for name, settings in candidates(prepared, config, policy):
         candidate = BuildConfig(**{**keep, **settings})
-        if policy is not None:
-            try:
-                effective = resolve_policy(candidate, prepared.data.definition, prepared.data.examples)
-            except Invalid:
+        try:
+            effective: Policy | None = resolve_policy(candidate, prepared.data.definition, prepared.data.examples)
+        except Invalid:
+            if policy is not None:
                 continue
-            if effective == policy:
-                continue
-        previews.append(preview(prepared, name, candidate, settings))
+            effective = None
+        if policy is not None and effective == policy:
+            if refused_by == "balance_guard":
+                previews += _larger_share(prepared, name, settings, keep, policy, policy)
+            continue
+        outcome = preview(prepared, name, candidate, settings)
+        previews.append(outcome)
+        if outcome.constraint == "balance_guard" and effective is not None:
+            previews += _larger_share(prepared, name, settings, keep, effective, policy)
     return previews
 
 
-__all__ = ["RELAXED_MAX_DEV_TEST_SHARE", "PolicyPreview", "candidates", "preview", "relaxations_for"]
+# The class-balance guard's shares a relaxed candidate it refuses is tried again with, in
+# order (docs/round_builder.md, "Class balance guard"); 1.0 leaves the guard nothing to hold back.
+GUARD_SHARES = (0.6, 0.7, 0.8, 1.0)
+
+
+def _larger_share(
+    prepared: Prepared,
+    name: str,
+    settings: dict[str, Any],
+    keep: dict[str, Any],
+    refused: Policy,
+    requested: Policy | None,
+) -> list[PolicyPreview]:
+    """The candidate ``settings`` (refused by the class-balance guard at ``refused``'s share)
+    with the first share of :data:`GUARD_SHARES` above it that builds: one preview, or none.
+    A share whose effective policy is ``requested`` is not tried again (it was refused), and a
+    share refused by another constraint ends the search (a larger share only frees more)."""
+    current = refused.max_dev_test_share or 0.0
+    for share in GUARD_SHARES:
+        if share <= current:
+            continue
+        widened = {**settings, "max_dev_test_share": share}
+        candidate = BuildConfig(**{**keep, **widened})
+        try:
+            effective = resolve_policy(candidate, prepared.data.definition, prepared.data.examples)
+        except Invalid:
+            return []
+        if effective == requested:
+            continue
+        label = "no class-balance guard" if share >= 1 else f"dev+test up to {share:g} of each class"
+        outcome = preview(prepared, f"{name}, {label}", candidate, widened)
+        if outcome.feasible:
+            return [outcome]
+        if outcome.constraint != "balance_guard":
+            return []
+    return []
+
+
+__all__ = ["GUARD_SHARES", "RELAXED_MAX_DEV_TEST_SHARE", "PolicyPreview", "candidates", "preview", "relaxations_for"]

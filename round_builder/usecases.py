@@ -131,7 +131,7 @@ def preview_build(session: Session, round_: Round, options: BuildOptions) -> Bui
         task=round_.task.name,
         round=round_.number,
         requested=requested.to_dict(),
-        relaxations=[p.to_dict() for p in relaxations_for(prepared, config, policy)],
+        relaxations=[p.to_dict() for p in relaxations_for(prepared, config, policy, refused_by=requested.constraint)],
     )
 
 

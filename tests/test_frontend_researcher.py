@@ -1014,3 +1014,141 @@ def test_models_page_offers_the_relaxations_of_a_refused_build(live: LiveApi, ri
     }
     assert said(at, "success", "Built round 1 (build 1): train 6, dev 3, test 3; relaxed policy.")
     assert live.admin.rounds(TASK)[0]["status"] == "built"
+
+
+def _lopsided_closed_round(live: LiveApi) -> Round:
+    """tests/test_build_policies.py's LOPSIDED round through the live API: 12 examples, 5
+    positive, 4 negative, 3 neutral, each gold with at least 4 of 5 votes; closed."""
+    round_ = live.round(TASK, [f"Prompt {i}: lunch." for i in range(20)], target_label_mode="writer_choice")
+    validators = [f"lv{i}" for i in range(5)]
+    for name in validators:
+        live.user(name, "validator")
+    lopsided = {
+        "positive": ["positive", "positive", "neutral", "negative", "positive"],
+        "negative": ["negative", "neutral", "negative", "positive"],
+        "neutral": ["neutral", "positive", "neutral"],
+    }
+    for gold, predictions in lopsided.items():
+        for i, predicted in enumerate(predictions):
+            example_id = live.example(round_, f"Note {gold} {i}: a {KEYWORD[predicted]} lunch.", target=gold)
+            for position, name in enumerate(validators):
+                live.label_as(name, example_id, "mixed" if i % 2 == 0 and position == 4 else gold)
+    live.admin.set_round_status(round_["id"], "closed")
+    return round_
+
+
+WIDENED = "relaxed, dev+test up to 0.7 of each class"
+
+
+def frames_with(at: AppTest, column: str) -> list[Any]:
+    """The data frames shown whose columns include ``column``."""
+    return [frame.value for frame in at.dataframe if column in frame.value.columns]
+
+
+def test_models_page_relaxed_policy_refused_offers_the_wider_guard_and_builds_with_it(
+    live: LiveApi, rita: PageClient
+) -> None:
+    """The page's policy controls send what is set; plain relaxed is refused by the class-balance
+    guard; the refusal's table has the option that builds with every count; building with it
+    sends exactly its settings and builds."""
+    round_ = _lopsided_closed_round(live)
+    at = ok(page(rita, "researcher_models"))
+    at.selectbox(key="researcher_models_build_policy").set_value("relaxed")
+    at = ok(at.button(key="researcher_models_build").click().run())
+    assert rita.requests("POST", f"/rounds/{round_['id']}/build")[-1].body == {"seed": 0, "policy": "relaxed"}
+    assert said(at, "error", "the relaxed policy cannot be met: the class-balance guard lets dev+test take at most 0.5")
+    assert live.admin.rounds(TASK)[0]["status"] == "closed"
+    frame = frames_with(at, "settings")[0]
+    row = frame.set_index("option").loc[WIDENED].to_dict()
+    assert row == {
+        "settings": "policy=relaxed, chance=false, max_dev_test_share=0.7",
+        "dev": 3,
+        "test": 3,
+        "train": 6,
+        "per": "1 per class",
+        "positive train/dev/test": "3/1/1",
+        "negative train/dev/test": "2/1/1",
+        "neutral train/dev/test": "1/1/1",
+    }
+    refused = frames_with(at, "refused by")[0].set_index("option")
+    assert refused.loc["strict", "refused by"] == "dev_test_size"
+    assert refused.loc["relaxed, 3 of 5 votes", "refused by"] == "balance_guard"
+    assert NOTHING not in " ".join(texts(at))
+    at.radio(key="researcher_models_build_relaxation").set_value(WIDENED)
+    at = ok(at.button(key="researcher_models_build_relaxed").click().run())
+    assert rita.requests("POST", f"/rounds/{round_['id']}/build")[-1].body == {
+        "seed": 0,
+        "policy": "relaxed",
+        "chance": False,
+        "max_dev_test_share": 0.7,
+    }
+    assert said(at, "success", "Built round 1 (build 1): train 6, dev 3, test 3; relaxed policy."), texts(at)
+    assert live.admin.rounds(TASK)[0]["status"] == "built"
+
+
+NOTHING = "No option builds this round, and a closed round takes no more examples or labels"
+
+
+def test_models_page_previews_every_policy_without_building(live: LiveApi, rita: PageClient) -> None:
+    """ "Preview every policy" shows the options that build and those that do not, records
+    nothing; changing a setting drops the table computed for the old one; a build from the
+    table sends the seed it was previewed with."""
+    round_ = _lopsided_closed_round(live)
+    at = ok(page(rita, "researcher_models"))
+    at.number_input(key="researcher_models_build_seed").set_value(3)
+    at.selectbox(key="researcher_models_build_policy").set_value("relaxed")
+    at.selectbox(key="researcher_models_build_share").set_value(0.6)
+    at = ok(at.button(key="researcher_models_build_preview").click().run())
+    assert rita.requests("POST", f"/rounds/{round_['id']}/build/preview")[-1].body == {
+        "seed": 3,
+        "policy": "relaxed",
+        "max_dev_test_share": 0.6,
+    }
+    assert not rita.requests("POST", f"/rounds/{round_['id']}/build")
+    assert live.admin.rounds(TASK)[0]["status"] == "closed"
+    assert not at.error
+    options = frames_with(at, "settings")[0]
+    assert list(options["option"]) == [WIDENED, "relaxed, 3 of 5 votes, dev+test up to 0.7 of each class"]
+    refused = frames_with(at, "refused by")[0]
+    assert list(refused["option"]) == [
+        "as set above",
+        "strict",
+        "relaxed",
+        "relaxed, 3 of 5 votes",
+        "model at chance, 3 of 5 votes",
+    ]
+    assert "class-balance guard" in refused.set_index("option").loc["as set above", "why"]
+
+    at.selectbox(key="researcher_models_build_policy").set_value("strict")
+    at = ok(at.run())
+    assert not frames_with(at, "settings") and not frames_with(at, "refused by")
+    at.selectbox(key="researcher_models_build_policy").set_value("relaxed")
+    at = ok(at.button(key="researcher_models_build_preview").click().run())
+    at = ok(at.button(key="researcher_models_build_relaxed").click().run())
+    assert rita.requests("POST", f"/rounds/{round_['id']}/build")[-1].body == {
+        "seed": 3,
+        "policy": "relaxed",
+        "chance": False,
+        "max_dev_test_share": 0.7,
+    }
+    assert live.admin.rounds(TASK)[0]["status"] == "built"
+
+
+def test_models_page_says_the_way_on_when_nothing_builds(live: LiveApi, rita: PageClient) -> None:
+    """A closed round no option builds (one class): the page says so and how to go on, never
+    "collect more", and offers no build."""
+    round_ = live.round(TASK, [f"Prompt {i}: lunch." for i in range(20)], target_label_mode="writer_choice")
+    for name in (f"ov{i}" for i in range(5)):
+        live.user(name, "validator")
+    for i in range(6):
+        example_id = live.example(round_, f"Note {i}: a great lunch.", target="positive")
+        for name in (f"ov{i}" for i in range(5)):
+            live.label_as(name, example_id, "positive")
+    live.admin.set_round_status(round_["id"], "closed")
+    at = ok(page(rita, "researcher_models"))
+    at = ok(at.button(key="researcher_models_build").click().run())
+    assert said(at, "error", "No relaxation builds round 1, and a closed round takes no more examples or labels")
+    assert said(at, "caption", NOTHING)
+    assert not [b for b in at.button if b.key == "researcher_models_build_relaxed"]
+    assert "collect more" not in " ".join(texts(at))
+    assert live.admin.rounds(TASK)[0]["status"] == "closed"

@@ -45,6 +45,11 @@ class PolicyPreview(BaseModel):
     policy: EffectivePolicy | None
     feasible: bool
     message: str | None = Field(description="Why it cannot build, when it cannot.")
+    constraint: str | None = Field(
+        description="What refused it: dev_test_size (too few eligible examples per cell or class), "
+        "balance_guard (the class-balance guard, max_dev_test_share) or settings (the settings are invalid); "
+        "null when it builds.",
+    )
     short: list[dict[str, Any]] = Field(description="Cells or classes short of examples: available, needed, short_by.")
     unit: str | None = Field(description="cell or class.")
     dev_per_cell: int | None

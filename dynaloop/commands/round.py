@@ -4,8 +4,9 @@ docs/training.md, docs/evaluation.md, docs/models.md). Each command calls one us
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -22,41 +23,50 @@ from dynaloop.commands.common import (
     settings_for,
 )
 
+if TYPE_CHECKING:
+    from round_builder.usecases import BuildOptions
+
 app = typer.Typer(help="Build and export rounds.", no_args_is_help=True)
 
 TaskOpt = Annotated[str, typer.Option(help="Task name")]
 RoundOpt = Annotated[int, typer.Option("--round", help="Round number")]
 
 
-@app.command("build")
-def round_build(
-    task: TaskOpt,
-    number: RoundOpt,
-    out: Annotated[Path | None, typer.Option(help="Folder for report.md, report.json and plots")] = None,
-    seed: int = 0,
-    dev_test_min_votes: int | None = None,
-    chance: Annotated[bool | None, typer.Option(help="Require the model at chance on dev/test")] = None,
-    max_per_cell: int | None = None,
-    model_based: str = "dawid_skene",
-    policy: Annotated[str | None, typer.Option(help="strict or relaxed (docs/round_builder.md)")] = None,
-    min_per_cell: int | None = None,
-    no_prompt_in_dev_test: Annotated[bool | None, typer.Option(help="No-prompt examples in dev/test")] = None,
-    max_dev_test_share: Annotated[float | None, typer.Option(help="Class-balance guard share")] = None,
-    database_url: DatabaseOpt = None,
-) -> None:
-    """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report."""
+# The build settings `round build` and `round build-preview` share (round_builder.usecases.BuildOptions;
+# docs/round_builder.md, "Build policies").
+SeedOpt = Annotated[int, typer.Option(help="Seed of the splits and of the synthetic annotators")]
+DevTestMinVotesOpt = Annotated[
+    int | None, typer.Option(help="Votes for gold a dev/test example needs; default: the task's")
+]
+ChanceOpt = Annotated[bool | None, typer.Option(help="Require the model at chance on dev/test")]
+MaxPerCellOpt = Annotated[int | None, typer.Option(help="Cap dev and test per cell or class")]
+ModelBasedOpt = Annotated[str, typer.Option(help="dawid_skene, mace or none")]
+PolicyOpt = Annotated[str | None, typer.Option(help="strict or relaxed (docs/round_builder.md)")]
+MinPerCellOpt = Annotated[int | None, typer.Option(help="Least per cell or class in each of dev and test")]
+NoPromptOpt = Annotated[bool | None, typer.Option(help="No-prompt examples in dev/test")]
+MaxDevTestShareOpt = Annotated[
+    float | None, typer.Option(help="Class-balance guard: dev+test take at most this share of each class")
+]
+
+
+def _build_options(
+    seed: int,
+    dev_test_min_votes: int | None,
+    chance: bool | None,
+    max_per_cell: int | None,
+    model_based: str,
+    policy: str | None,
+    min_per_cell: int | None,
+    no_prompt_in_dev_test: bool | None,
+    max_dev_test_share: float | None,
+) -> BuildOptions:
+    """The command line's build settings checked as the API checks a build's body."""
     from pydantic import ValidationError
 
-    from round_builder.usecases import BuildOptions, build, default_build_dir
-    from services.db.engine import session_scope
-    from services.domain import rounds, tasks
-    from services.errors import DomainError
+    from round_builder.usecases import BuildOptions
 
-    settings = settings_for(database_url)
-    url = settings.resolved_database_url
-    ensure_schema(url)
     try:
-        options = BuildOptions.model_validate(
+        return BuildOptions.model_validate(
             {
                 "seed": seed,
                 "dev_test_min_votes": dev_test_min_votes,
@@ -71,27 +81,101 @@ def round_build(
         )
     except ValidationError as exc:
         raise fail(f"invalid build settings: {problems(exc)}") from exc
+
+
+def option_flags(settings: dict[str, Any]) -> str:
+    """A preview's build settings (``{"policy": "relaxed", "chance": False}``) as this command's
+    options (``--policy relaxed --no-chance``)."""
+    flags = []
+    for key, value in settings.items():
+        name = key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        elif value is None:
+            flags.append(f"--{name} none")  # model_based only: the others' None is their default
+        else:
+            flags.append(f"--{name} {shlex.quote(str(value))}")
+    return " ".join(flags)
+
+
+def build_command(task: str, number: int, options: BuildOptions, settings: dict[str, Any]) -> str:
+    """The `dynaloop round build` line that builds with a preview's ``settings`` and the
+    settings they keep from ``options`` (seed, caps, model-based labels)."""
+    kept = options.model_dump(include={"seed", "max_per_cell", "model_based"}, exclude_defaults=True)
+    return f"dynaloop round build --task {shlex.quote(task)} --round {number} " + option_flags({**kept, **settings})
+
+
+def print_options(task: str, number: int, options: BuildOptions, previews: list[dict[str, Any]]) -> int:
+    """Each preview that builds, with its counts and the command that builds it (on stderr, one
+    line each, however wide the terminal); how many there were."""
+    from round_builder.preview import PolicyPreview
+
+    feasible = [p for p in previews if p.get("feasible")]
+    if feasible:
+        err.print(f"Options that build round {number} of {task}:", soft_wrap=True, highlight=False, markup=False)
+    for option in feasible:
+        preview = PolicyPreview(**option)
+        err.print(
+            f"  {preview.name} ({option_flags(preview.settings)}): {preview.counts_text()}; "
+            f"per class train/dev/test: {preview.classes_text()}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
+        err.print(
+            f"    {build_command(task, number, options, preview.settings)}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
+    return len(feasible)
+
+
+@app.command("build")
+def round_build(
+    task: TaskOpt,
+    number: RoundOpt,
+    out: Annotated[Path | None, typer.Option(help="Folder for report.md, report.json and plots")] = None,
+    seed: SeedOpt = 0,
+    dev_test_min_votes: DevTestMinVotesOpt = None,
+    chance: ChanceOpt = None,
+    max_per_cell: MaxPerCellOpt = None,
+    model_based: ModelBasedOpt = "dawid_skene",
+    policy: PolicyOpt = None,
+    min_per_cell: MinPerCellOpt = None,
+    no_prompt_in_dev_test: NoPromptOpt = None,
+    max_dev_test_share: MaxDevTestShareOpt = None,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report.
+    A policy the round cannot meet is refused with every option that builds it."""
+    from round_builder.usecases import build, default_build_dir
+    from services.db.engine import session_scope
+    from services.domain import rounds, tasks
+    from services.errors import DomainError
+
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
+    ensure_schema(url)
+    options = _build_options(
+        seed,
+        dev_test_min_votes,
+        chance,
+        max_per_cell,
+        model_based,
+        policy,
+        min_per_cell,
+        no_prompt_in_dev_test,
+        max_dev_test_share,
+    )
     folder = out or default_build_dir(settings.data_dir, task, number, seed)
     try:
         with session_scope(session_factory(url)) as session:
             round_ = rounds.get_round_by_number(session, tasks.get_task(session, task), number)
             built = build(session, None, round_, options, out_dir=folder)
     except DomainError as exc:
-        # The relaxations' previews, one a line, then the one-line error.
-        for option in exc.details.get("relaxations", []):
-            if option.get("feasible"):
-                flags = " ".join(
-                    f"--{k.replace('_', '-')} {str(v).lower()}"
-                    if not isinstance(v, bool)
-                    else (f"--{k.replace('_', '-')}" if v else f"--no-{k.replace('_', '-')}")
-                    for k, v in option["settings"].items()
-                )
-                counts = option["counts"]
-                err.print(
-                    f"  {option['name']} ({flags}): dev {counts['dev']} ({option['dev_per_cell']} per "
-                    f"{option['unit']}), test {counts['test']}, train {counts['train']}",
-                    soft_wrap=True,
-                )
+        # Every option that builds, with the command for it, then the one-line error.
+        print_options(task, number, options, exc.details.get("relaxations", []))
         raise fail(exc.message) from exc
     report = built.report
     total = report["counts"]["total"]
@@ -112,6 +196,64 @@ def round_build(
                 f"({built.ledger['amount_added_minor']} minor units {built.ledger['currency']})",
                 soft_wrap=True,
             )
+
+
+@app.command("build-preview")
+def round_build_preview(
+    task: TaskOpt,
+    number: RoundOpt,
+    seed: SeedOpt = 0,
+    dev_test_min_votes: DevTestMinVotesOpt = None,
+    chance: ChanceOpt = None,
+    max_per_cell: MaxPerCellOpt = None,
+    model_based: ModelBasedOpt = "dawid_skene",
+    policy: PolicyOpt = None,
+    min_per_cell: MinPerCellOpt = None,
+    no_prompt_in_dev_test: NoPromptOpt = None,
+    max_dev_test_share: MaxDevTestShareOpt = None,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """What these build settings and every other policy would give a closed round (dev, test and
+    train counts, per class), or what refuses them, with the command that builds each option.
+    Records nothing."""
+    from round_builder.build import nothing_builds
+    from round_builder.preview import PolicyPreview
+    from round_builder.usecases import preview_build
+    from services.db.engine import session_scope
+    from services.domain import rounds, tasks
+    from services.errors import DomainError
+
+    url = settings_for(database_url).resolved_database_url
+    ensure_schema(url)
+    options = _build_options(
+        seed,
+        dev_test_min_votes,
+        chance,
+        max_per_cell,
+        model_based,
+        policy,
+        min_per_cell,
+        no_prompt_in_dev_test,
+        max_dev_test_share,
+    )
+    try:
+        with session_scope(session_factory(url)) as session:
+            round_ = rounds.get_round_by_number(session, tasks.get_task(session, task), number)
+            previewed = preview_build(session, round_, options)
+            session.rollback()  # a preview records nothing
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+    for option in [previewed.requested, *previewed.relaxations]:
+        preview = PolicyPreview(**option)
+        if preview.feasible:
+            text = (
+                f"{preview.name}: builds: {preview.counts_text()}; per class train/dev/test: {preview.classes_text()}"
+            )
+        else:
+            text = f"{preview.name}: cannot build ({preview.constraint}): {preview.message}"
+        console.print(text, soft_wrap=True, highlight=False, markup=False)
+    if not print_options(task, number, options, [previewed.requested, *previewed.relaxations]):
+        raise fail(nothing_builds(number))
 
 
 @app.command("export")

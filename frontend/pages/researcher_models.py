@@ -174,6 +174,112 @@ def jobs_table(client: Api, task: str) -> None:
 
 # --- build -------------------------------------------------------------------------------
 
+DEFAULT = "default"  # a policy control left at the policy's own default (not sent)
+GUARD_SHARES = [0.5, 0.6, 0.7, 0.8, 1.0]  # the class-balance guard's choices (round_builder.preview)
+NOTHING_BUILDS = (
+    "No option builds this round, and a closed round takes no more examples or labels: collect them in "
+    "the next round (Tasks and rounds), or bring a labelled dataset or crowd responses in as a round "
+    "(`dynaloop round import`, docs/round_builder.md, Imports)."
+)
+
+
+def build_settings(seed: int, policy: str, chance: str, votes: int | str, share: float | str) -> dict[str, Any]:
+    """The build body of the page's policy controls; a control left at ``DEFAULT`` is not sent,
+    so the policy's own default applies (docs/round_builder.md, "Build policies")."""
+    settings: dict[str, Any] = {"seed": int(seed)}
+    if policy != DEFAULT:
+        settings["policy"] = policy
+    if chance != DEFAULT:
+        settings["chance"] = chance == "yes"
+    if votes != DEFAULT:
+        settings["dev_test_min_votes"] = int(votes)
+    if share != DEFAULT:
+        settings["max_dev_test_share"] = float(share)
+    return settings
+
+
+def settings_text(settings: dict[str, Any]) -> str:
+    """``policy=relaxed, chance=false, max_dev_test_share=0.7``: the options a row builds with."""
+    return (
+        ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items() if k != "seed")
+        or "defaults"
+    )
+
+
+def options_frame(previews: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per option that builds: its dev, test and train counts and each class's
+    train/dev/test counts."""
+    return pd.DataFrame(
+        [
+            {
+                "option": r["name"],
+                "settings": settings_text(r["settings"]),
+                "dev": r["counts"]["dev"],
+                "test": r["counts"]["test"],
+                "train": r["counts"]["train"],
+                "per": f"{r['dev_per_cell']} per {r['unit']}",
+                **{f"{c} train/dev/test": f"{v['train']}/{v['dev']}/{v['test']}" for c, v in r["classes"].items()},
+            }
+            for r in previews
+            if r.get("feasible")
+        ]
+    )
+
+
+def refused_frame(previews: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per option that does not build: what refuses it and why."""
+    return pd.DataFrame(
+        [
+            {"option": r["name"], "refused by": r.get("constraint") or "", "why": r.get("message") or ""}
+            for r in previews
+            if not r.get("feasible")
+        ]
+    )
+
+
+def policy_controls(task: Task) -> dict[str, Any]:
+    """The seed and the build policy's settings; the build body they make."""
+    definition = task.get("definition") or {}
+    agreement = definition.get("agreement") or {}
+    responses = int(definition.get("validations_per_example") or 5)
+    task_votes = int(agreement.get("dev_test_min_votes") or responses)
+    cols = st.columns(5)
+    seed = cols[0].number_input(
+        "Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="researcher_models_build_seed"
+    )
+    policy = cols[1].selectbox(
+        "Policy",
+        [DEFAULT, "strict", "relaxed"],
+        key="researcher_models_build_policy",
+        format_func=lambda p: "strict unless relaxed below" if p == DEFAULT else p,
+        help="strict: the task's dev/test rules, the model at chance; relaxed: what you choose when strict "
+        "cannot be met (docs/round_builder.md, Build policies)",
+    )
+    chance = cols[2].selectbox(
+        "Model at chance",
+        [DEFAULT, "yes", "no"],
+        key="researcher_models_build_chance",
+        format_func=lambda c: "the policy's" if c == DEFAULT else c,
+        help="Equal (gold, predicted) cells in dev and test; strict: yes, relaxed: no. No is relaxed.",
+    )
+    votes = cols[3].selectbox(
+        "Votes for dev/test",
+        [DEFAULT, *range(task_votes - 1, 0, -1)],
+        key="researcher_models_build_votes",
+        format_func=lambda v: f"the task's ({task_votes} of {responses})" if v == DEFAULT else f"{v} of {responses}",
+        help="Votes for gold a dev/test example needs; fewer than the task's is relaxed.",
+    )
+    shares: list[float | str] = [DEFAULT, *GUARD_SHARES]
+    share = cols[4].selectbox(
+        "Class-balance guard",
+        shares,
+        key="researcher_models_build_share",
+        format_func=lambda v: "the policy's" if v == DEFAULT else f"dev+test up to {v:g} of a class",
+        help="Dev+test take at most this share of each class's eligible examples, so train keeps the rest "
+        "(relaxed: 0.5; strict: none). 1.0 holds nothing back.",
+    )
+    return build_settings(int(seed), policy, chance, votes, share)
+
 
 def build_section(client: Api, task: Task) -> None:
     st.subheader("Build a round")
@@ -181,30 +287,57 @@ def build_section(client: Api, task: Task) -> None:
     if round_ is None:
         st.caption("Close a round on the Tasks and rounds page to build it.")
         return
-    seed = st.number_input(
-        "Seed", min_value=0, max_value=2**31 - 1, value=0, step=1, key="researcher_models_build_seed"
-    )
+    settings = policy_controls(task)
     label = "Rebuild" if round_["status"] == "built" else "Build"
-    refused_key = f"researcher_models_build_refused_{round_['id']}"
-    if st.button(f"{label} round {round_['number']}", type="primary", key="researcher_models_build"):
-        _build(client, round_, {"seed": int(seed)}, refused_key)
-    refused = st.session_state.get(refused_key)
-    if refused:
-        relaxation_choice(client, round_, int(seed), refused, refused_key)
+    outcome_key = f"researcher_models_build_refused_{round_['id']}"
+    outcome = st.session_state.get(outcome_key)
+    if outcome and outcome["settings"] != settings:
+        # The options shown were computed for other settings (a seed, a policy changed since).
+        st.session_state.pop(outcome_key)
+    left, right = st.columns(2)
+    if left.button(f"{label} round {round_['number']}", type="primary", key="researcher_models_build"):
+        _build(client, round_, settings, outcome_key)
+    if right.button("Preview every policy", key="researcher_models_build_preview"):
+        _preview(client, round_, settings, outcome_key)
+    outcome = st.session_state.get(outcome_key)
+    if outcome:
+        relaxation_choice(client, round_, outcome, outcome_key)
 
 
-def _build(client: Api, round_: Round, options: dict[str, Any], refused_key: str) -> None:
-    """Build with ``options``; a refusal with relaxations is kept so the page can offer them."""
+def _preview(client: Api, round_: Round, settings: dict[str, Any], outcome_key: str) -> None:
+    """What ``settings`` and every other policy would give the round; nothing is recorded."""
+    try:
+        with st.spinner("Computing the splits of every policy ..."):
+            previewed = client.preview_build(round_["id"], **settings)
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    requested = {**previewed["requested"], "name": "as set above"}
+    st.session_state[outcome_key] = {
+        "settings": settings,
+        "message": None,
+        "short": [],
+        "previews": [requested, *previewed.get("relaxations", [])],
+    }
+
+
+def _build(client: Api, round_: Round, settings: dict[str, Any], outcome_key: str) -> None:
+    """Build with ``settings``; a refusal with options is kept so the page can offer them."""
     try:
         with st.spinner("Aggregating labels, computing agreement and building the splits ..."):
-            built = client.build_round(round_["id"], **options)
+            built = client.build_round(round_["id"], **settings)
     except ApiError as error:
         if error.details.get("relaxations") is not None:
-            st.session_state[refused_key] = {"message": error.message, "details": error.details}
+            st.session_state[outcome_key] = {
+                "settings": settings,
+                "message": error.message,
+                "short": error.details.get("short") or [],
+                "previews": error.details["relaxations"],
+            }
         else:
             state.show_api_error(error)
         return
-    st.session_state.pop(refused_key, None)
+    st.session_state.pop(outcome_key, None)
     report = built.get("report") or {}
     total = report.get("counts", {}).get("total", {})
     policy = (report.get("splits", {}).get("policy") or {}).get("name", "strict")
@@ -217,43 +350,36 @@ def _build(client: Api, round_: Round, options: dict[str, Any], refused_key: str
     st.rerun()
 
 
-def relaxation_choice(client: Api, round_: Round, seed: int, refused: dict[str, Any], refused_key: str) -> None:
-    """What is short, each relaxation's counts, and a build with the one the researcher picks."""
-    details = refused["details"]
-    render.alert("error", refused["message"])
-    short = details.get("short") or []
-    if short:
+def relaxation_choice(client: Api, round_: Round, outcome: dict[str, Any], outcome_key: str) -> None:
+    """A refusal (what is short) or a preview: the options that build with their counts, those
+    that do not and why, and a build with the one the researcher picks."""
+    if outcome["message"]:
+        render.alert("error", outcome["message"])
+    if outcome["short"]:
         st.caption("Short of examples for dev and test:")
-        st.dataframe(pd.DataFrame(short), hide_index=True)
-    options = [r for r in details.get("relaxations", []) if r.get("feasible")]
+        st.dataframe(pd.DataFrame(outcome["short"]), hide_index=True)
+    previews = outcome["previews"]
+    refused = refused_frame(previews)
+    if not refused.empty:
+        with st.expander(f"Options that do not build ({len(refused)})"):
+            st.dataframe(refused, hide_index=True, key="researcher_models_build_refused_options")
+    options = [r for r in previews if r.get("feasible")]
     if not options:
-        st.caption("No relaxation builds this round: collect more examples or labels.")
+        st.caption(NOTHING_BUILDS)
         return
     st.caption(
-        "Relaxations that build this round (docs/round_builder.md, Build policies). A relaxed build's "
-        "report says it is relaxed and shows the model's measured numbers on dev and test."
+        "Options that build this round (docs/round_builder.md, Build policies), each with its dev, test and "
+        "train counts and each class's train/dev/test. A relaxed build's report says it is relaxed and shows "
+        "the model's measured numbers on dev and test."
     )
-    st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "relaxation": r["name"],
-                    "dev": r["counts"]["dev"],
-                    "test": r["counts"]["test"],
-                    "train": r["counts"]["train"],
-                    "per": f"{r['dev_per_cell']} per {r['unit']}",
-                    **{f"train {c}": v["train"] for c, v in r.get("classes", {}).items()},
-                }
-                for r in options
-            ]
-        ),
-        hide_index=True,
-    )
+    st.dataframe(options_frame(options), hide_index=True, key="researcher_models_build_options")
     names = [r["name"] for r in options]
     chosen = st.radio("Build with", names, key="researcher_models_build_relaxation")
-    settings = next(r["settings"] for r in options if r["name"] == chosen)
+    if chosen not in names:  # a choice from an earlier outcome
+        chosen = names[0]
+    option_settings = next(r["settings"] for r in options if r["name"] == chosen)
     if st.button(f"Build round {round_['number']}: {chosen}", key="researcher_models_build_relaxed"):
-        _build(client, round_, {"seed": seed, **settings}, refused_key)
+        _build(client, round_, {"seed": outcome["settings"]["seed"], **option_settings}, outcome_key)
 
 
 # --- train -------------------------------------------------------------------------------
