@@ -257,7 +257,15 @@ def start_demo(data_dir: Path, ports: tuple[int, int, int], extra: list[str], ti
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "COLUMNS": "200",
+            # Every browser here comes from 127.0.0.1, where a real study's workers each have an
+            # address of their own: the API's cap on new workers per address (5 an hour) would
+            # refuse all but the first few sessions.
+            "DYNALOOP_STUDY_NEW_WORKERS_PER_ADDRESS_PER_HOUR": "100000",
+        },
     )
     demo = Demo(process, f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{ui_port}", data_dir)
     ready = threading.Event()
@@ -370,7 +378,13 @@ class Worker:
         self.driver.execute_script(_MARK_JS, want, start)
         action()
         self.driver.set_script_timeout(STEP_TIMEOUT_S)
-        began, done = self.driver.execute_async_script(_WAIT_JS)
+        try:
+            began, done = self.driver.execute_async_script(_WAIT_JS)
+        except Exception as error:
+            raise TimeoutError(
+                f"session {self.session}, {name}: {want} not on the page within {STEP_TIMEOUT_S:.0f} s "
+                f"({type(error).__name__}); the page says:\n{self.text()[-1500:]}"
+            ) from None
         self.steps.append(Step(self.session, name, float(done) - float(began), text=text))
 
     def open_link(self, url: str) -> None:
