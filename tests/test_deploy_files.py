@@ -581,7 +581,8 @@ def parse_nginx(text: str) -> Directive:
     tokens = re.findall(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|#[^\n]*|[{};]|[^\s{};'\"#]+", text)
     tokens = [token for token in tokens if not token.startswith("#")]
     root = Directive("main", [])
-    stack, words = [root], []
+    stack: list[Directive] = [root]
+    words: list[str] = []
     for token in tokens:
         if token == ";":
             stack[-1].children.append(Directive(words[0], words[1:]))
@@ -621,7 +622,7 @@ def test_nginx_balances_two_api_and_two_model_replicas_by_least_connections() ->
         servers = block.find("server")
         assert [server.args[0] for server in servers] == [f"{host}:{port}" for host in hosts]
         for server in servers:
-            params = dict(arg.split("=", 1) if "=" in arg else (arg, "") for arg in server.args[1:])
+            params = dict(arg.partition("=")[::2] for arg in server.args[1:])
             assert "resolve" in params, "re-resolve replicas that are recreated"
             assert int(params["max_fails"]) >= 1 and params["fail_timeout"].endswith("s")
         assert block.find("zone"), "`resolve` needs a shared-memory zone"
