@@ -149,9 +149,9 @@ def prolific_query(rng: random.Random) -> str:
 
 
 def sentences_against(target: str, session: int) -> list[str]:
-    """Three sentences of a label other than ``target`` (positive for a neutral goal), each its
-    session's own: Model 0 predicts their label, so a check fools it."""
-    other = {"positive": "negative", "negative": "positive", "neutral": "positive"}[target]
+    """Three sentences of a label other than ``target`` (negative for a positive goal, else
+    positive), each its session's own: Model 0 predicts their label, so a check fools it."""
+    other = "negative" if target == "positive" else "positive"
     return [text.format(n=session) for text in PLAIN[other]]
 
 
