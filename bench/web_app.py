@@ -521,7 +521,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1.0, help="arrivals per second within a level")
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/bench-demo"), help="the demo's data folder")
     parser.add_argument("--ports", default="19000,19001,19501", help="API, model server and web app ports")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=None, help="for the Prolific ids (default: new ones each run; a worker joins once)"
+    )
     parser.add_argument(
         "--no-warmup", dest="warmup", action="store_false", help="skip the one unmeasured session before the levels"
     )
