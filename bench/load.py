@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import create_engine, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from bench.machine import cpu_model  # noqa: E402
+from bench.machine import cpu_model, cpu_seconds  # noqa: E402
 
 LOAD_TASK = "dynasent-r2"
 EDITS = ["really", "honestly", "not", "barely", "totally", "kind of", "never", "so", "quite", "hardly"]
@@ -105,21 +105,7 @@ class Process:
         """CPU time (user + system) of the process and its children so far; None once it is gone."""
         if not self.alive or self.popen is None:
             return None
-        try:
-            return process_tree_cpu(psutil.Process(self.popen.pid))
-        except psutil.Error:
-            return None
-
-
-def process_tree_cpu(process: psutil.Process) -> float:
-    total = 0.0
-    for member in [process, *process.children(recursive=True)]:
-        try:
-            times = member.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
+        return cpu_seconds(self.popen.pid)
 
 
 def own_cpu() -> float:

@@ -8,6 +8,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 
 def cpu_model() -> dict[str, Any]:
     """The CPU's model name, its number of CPUs and the flags that matter for model serving,
@@ -24,3 +26,28 @@ def cpu_model() -> dict[str, Any]:
         pass
     wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
     return {"model": name, "cpus": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process and its live descendants have used so far; None once
+    the process is gone. A child that exited before this call is not counted (psutil sees only
+    live processes), so a benchmark reads it for processes that live through the run."""
+    try:
+        process = psutil.Process(pid)
+        members = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for member in members:
+        try:
+            times = member.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def load_average() -> tuple[float, float, float]:
+    """The machine's 1, 5 and 15 minute load averages: how busy it was beside the benchmark."""
+    one, five, fifteen = os.getloadavg()
+    return round(one, 2), round(five, 2), round(fifteen, 2)

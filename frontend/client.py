@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Protocol, TypedDict
+import threading
+from typing import Any, ClassVar, Protocol, TypedDict
 from urllib.parse import quote
 
 import httpx
@@ -538,6 +539,11 @@ class Api(Protocol):
     back. :class:`ApiClient` is the implementation; every method raises :class:`ApiError`."""
 
     token: str | None
+    #: How many writes (requests other than GET) this client has sent and how many errors it
+    #: has met: an answer cached before either changed may be out of date
+    #: (frontend/state.py: session_cached).
+    writes: int
+    errors: int
 
     def login(self, username: str, password: str) -> Login: ...
     def me(self) -> User: ...
@@ -728,6 +734,35 @@ def error_from_response(response: httpx.Response) -> ApiError:
     return ApiError(response.status_code, code, message, _retry_after(response, details), details)
 
 
+class SharedTransport(httpx.BaseTransport):
+    """One pool of keep-alive connections to the API for every client in this process: the web
+    app makes a client per browser session and per request of its own routes, and each would
+    otherwise open (and on close drop) connections of its own. Closing a client leaves the pool
+    open; the pool lives as long as the process."""
+
+    MAX_CONNECTIONS = 100
+    MAX_KEEPALIVE = 20
+    _pool: ClassVar[httpx.HTTPTransport | None] = None
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def pool(cls) -> httpx.HTTPTransport:
+        with cls._lock:
+            if cls._pool is None:
+                cls._pool = httpx.HTTPTransport(
+                    limits=httpx.Limits(
+                        max_connections=cls.MAX_CONNECTIONS, max_keepalive_connections=cls.MAX_KEEPALIVE
+                    )
+                )
+            return cls._pool
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.pool().handle_request(request)
+
+    def close(self) -> None:
+        """Nothing: other clients go on using the pool."""
+
+
 class ApiClient:
     """A synchronous client of the dynaloop REST API for one user (one token)."""
 
@@ -749,6 +784,8 @@ class ApiClient:
         self.timeout = timeout
         self.on_behalf_of = on_behalf_of if web_app_key else None
         self.web_app_key = web_app_key if on_behalf_of else None
+        self.writes = 0
+        self.errors = 0
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -784,21 +821,26 @@ class ApiClient:
         if content_type is not None:
             headers["Content-Type"] = content_type
         params = {k: v for k, v in (params or {}).items() if v is not None}
+        if method != "GET":
+            self.writes += 1
         try:
             response = self._http.request(
                 method, path, json=json_body, params=params or None, content=content, headers=headers
             )
         except httpx.TimeoutException as exc:
+            self.errors += 1
             raise ApiError(
                 0, "timeout", f"the API at {self.base_url} did not answer within {self.timeout:g} s; try again"
             ) from exc
         except httpx.TransportError as exc:
+            self.errors += 1
             raise ApiError(
                 0,
                 "unreachable",
                 f"cannot reach the API at {self.base_url} ({exc}); is the API running (`dynaloop api`)?",
             ) from exc
         if response.is_error:
+            self.errors += 1
             raise error_from_response(response)
         return response
 

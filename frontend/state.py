@@ -14,6 +14,8 @@ Keys in ``st.session_state`` that more than one page relies on:
     API's message for an expired or revoked token, or for an API that did not answer.
 ``flash``
     A ``(kind, markdown)`` pair a page shows once at its top after a rerun (see :func:`flash`).
+``_session_cache``
+    Answers of the API kept for a while by :func:`session_cached`.
 
 Each page keeps its own keys under a prefix (``writer_``, ``validator_``, ``researcher_``).
 """
@@ -21,12 +23,14 @@ Each page keeps its own keys under a prefix (``writer_``, ``validator_``, ``rese
 from __future__ import annotations
 
 import os
-from typing import Literal
+import time
+from collections.abc import Callable
+from typing import Literal, TypeVar
 
 import streamlit as st
 
 from frontend import forwarded, render, web
-from frontend.client import WEB_APP_KEY_ENV, Api, ApiClient, ApiError, Task, User, api_root
+from frontend.client import WEB_APP_KEY_ENV, Api, ApiClient, ApiError, SharedTransport, Task, User, api_root
 
 API_URL_ENV = "DYNALOOP_API_URL"
 DEFAULT_API_URL = "http://127.0.0.1:8000"
@@ -40,6 +44,11 @@ SESSION_PROBLEM_KEY = "session_problem"
 _COOKIE_TRIED_KEY = "_session_cookie_tried"
 _BUILT_CLIENT_KEY = "_api_client"
 _TASK_CACHE_KEY = "_task_definitions"
+_SESSION_CACHE_KEY = "_session_cache"
+#: How long :func:`session_cached` keeps an answer.
+SESSION_CACHE_TTL_S = 30.0
+
+T = TypeVar("T")
 
 FlashKind = Literal["success", "info", "warning", "error"]
 
@@ -82,7 +91,12 @@ def get_client() -> Api:
         # The browser's address (None on this machine's own loopback) with the key the API
         # shares: each browser has its own rate limit there (api/ratelimit.py).
         built = ApiClient(
-            api_url(), token, on_behalf_of=browser_address(), web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None
+            api_url(),
+            token,
+            # One connection pool for every session of this process (frontend/client.py).
+            transport=SharedTransport(),
+            on_behalf_of=browser_address(),
+            web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None,
         )
         st.session_state[_BUILT_CLIENT_KEY] = built
     return built
@@ -218,3 +232,33 @@ def task_definition(client: Api, name: str) -> Task:
     if name not in cache:
         cache[name] = client.task(name)
     return cache[name]
+
+
+def session_cached(
+    client: Api, key: str, fetch: Callable[[], T], *, after_writes: bool = True, ttl_s: float = SESSION_CACHE_TTL_S
+) -> T:
+    """``fetch()``'s answer, kept in this browser session for ``ttl_s`` seconds, so a page does not
+    ask the API again on every rerun (each click reruns the page) for what others change
+    rarely: the open rounds, the user's study sessions.
+
+    The answer is fetched again for another token, once the client has met an API error since
+    (an error may come from an answer that is out of date: a round closed meanwhile), and, with
+    ``after_writes``, once it has sent a write since (the user's own writes change what it
+    holds: a submission counts towards their study's quota). An :class:`ApiError` of ``fetch``
+    is raised, and nothing is kept."""
+    cache: dict[str, tuple[float, tuple[int, int], str | None, object]] = st.session_state.setdefault(
+        _SESSION_CACHE_KEY, {}
+    )
+
+    def marks() -> tuple[int, int]:
+        return (client.writes if after_writes else 0, client.errors)
+
+    held = cache.get(key)
+    now = time.monotonic()
+    if held is not None:
+        fetched_at, seen, token, value = held
+        if now - fetched_at < ttl_s and seen == marks() and token == client.token:
+            return value  # type: ignore[return-value]
+    value = fetch()
+    cache[key] = (now, marks(), client.token, value)
+    return value

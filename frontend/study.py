@@ -18,7 +18,7 @@ def current_session(client: Api, role: str) -> StudySession | None:
     screened-out completion); None for users who came without a study link (or an API without
     study sessions)."""
     try:
-        sessions = client.my_study_sessions()
+        sessions = state.session_cached(client, "my_study_sessions", client.my_study_sessions)
     except ApiError as error:
         if error.status not in (401, 403, 404):
             render.alert("warning", f"Your study session could not be loaded: {error.message}")

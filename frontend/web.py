@@ -51,7 +51,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from frontend import forwarded
-from frontend.client import ApiClient, ApiError, Completion, StudySession, StudyStart
+from frontend.client import ApiClient, ApiError, Completion, SharedTransport, StudySession, StudyStart
 
 COOKIE_NAME = "dynaloop_session"
 MAX_FORM_BYTES = 8 * 1024
@@ -599,7 +599,8 @@ class Backend:
             self.api_url,
             token,
             timeout=API_TIMEOUT_S,
-            transport=self.transport,
+            # The process's one connection pool (frontend/client.py), unless a test routes it.
+            transport=self.transport or SharedTransport(),
             on_behalf_of=browser,
             web_app_key=self.web_app_key,
         )

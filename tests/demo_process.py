@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -35,6 +36,53 @@ READY_LINE = "press Ctrl-C to stop"
 # The console script the README runs; `python -m dynaloop` where it is not installed.
 _SCRIPT = Path(sys.executable).with_name("dynaloop")
 DYNALOOP = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "dynaloop"]
+
+
+# Debian's chromium and chromium-driver (.ci/run installs them): Selenium is pointed at this
+# driver, so Selenium Manager never downloads one.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+def chromium_missing() -> list[str]:
+    """What the headless browser needs and this machine lacks (empty when it can run)."""
+    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.is_file()]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package (pip install -e '.[test]')")
+    return missing
+
+
+def headless_chromium(width: int = 1280, height: int = 900) -> Any:
+    """Debian's Chromium, headless, driven by Selenium through Debian's chromedriver, with a
+    ``width`` x ``height`` viewport (the window size would include the browser's own frame).
+    The browser test and bench/web_app.py use this one set-up; the caller quits it."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+        "--disable-extensions",
+        "--no-first-run",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        driver.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
+    except BaseException:
+        driver.quit()
+        raise
+    return driver
 
 
 def tiny_model_cache(base: Path) -> Path:

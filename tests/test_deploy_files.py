@@ -43,7 +43,8 @@ MODEL_REPLICAS = ("model-1", "model-2")
 GPU_REPLICAS = ("vllm-1", "vllm-2")
 ONE_SHOT = ("migrate", "model-init")
 WORKERS = ("worker-cpu", "worker-gpu")
-PUBLISHED = ("nginx", "frontend")
+WEB_APP_REPLICAS = ("frontend-1", "frontend-2")
+PUBLISHED = ("nginx",)
 SECRETS = ("POSTGRES_PASSWORD", "DYNALOOP_SECRET_KEY", "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", "DYNALOOP_WEB_APP_KEY")
 # DYNALOOP_* variables that are not Settings fields, and the file that reads each one.
 READ_ELSEWHERE = {
@@ -351,7 +352,7 @@ def test_compose_has_the_services_of_the_stack() -> None:
         *GPU_REPLICAS,
         *WORKERS,
         "nginx",
-        "frontend",
+        *WEB_APP_REPLICAS,
     }
     assert services()["postgres"]["image"] == "postgres:15"
     assert any("/var/lib/postgresql/data" in volume for volume in services()["postgres"]["volumes"])
@@ -461,27 +462,38 @@ def test_every_compose_variable_is_in_env_example_and_back() -> None:
 
 
 def test_the_api_trusts_forwarded_headers_from_the_stacks_network_only() -> None:
-    """The API replicas read X-Forwarded-For from peers on the stack's network (nginx) only, and
-    that network is the one compose creates; the web app, reached directly, trusts none."""
+    """The API and web-app replicas read X-Forwarded-For from peers on the stack's network (nginx,
+    which overwrites it) only, and that network is the one compose creates."""
     subnet = "${STACK_SUBNET:-172.28.0.0/16}"
-    for name in API_REPLICAS:
+    for name in (*API_REPLICAS, *WEB_APP_REPLICAS):
         assert env_of(services()[name])["DYNALOOP_TRUSTED_PROXIES"] == subnet
-    assert env_of(services()["frontend"])["DYNALOOP_TRUSTED_PROXIES"] == "${UI_TRUSTED_PROXIES:-}"
     network = compose()["networks"]["default"]["ipam"]["config"]
     assert network == [{"subnet": subnet}]
 
 
-def test_only_nginx_and_the_frontend_publish_ports() -> None:
+def test_only_nginx_publishes_ports() -> None:
     for name, service in services().items():
         if name not in PUBLISHED:
-            assert "ports" not in service, f"{name} publishes ports; only nginx and the frontend may"
+            assert "ports" not in service, f"{name} publishes ports; only nginx may"
     nginx_ports = [port.rsplit(":", 1)[1] for port in services()["nginx"]["ports"]]
-    assert nginx_ports == ["8000", "8001"]
+    assert nginx_ports == ["8000", "8001", "8501"]
     assert services()["nginx"]["ports"][1].startswith("${MODEL_BIND:-127.0.0.1}:")
-    assert [port.rsplit(":", 1)[1] for port in services()["frontend"]["ports"]] == ["8501"]
-    assert env_of(services()["frontend"])["DYNALOOP_API_URL"] == "http://nginx:8000"
-    # The web app names each browser's address with the API's own key (api/ratelimit.py).
-    assert env_of(services()["frontend"])["DYNALOOP_WEB_APP_KEY"] == env_of(services()["api-1"])["DYNALOOP_WEB_APP_KEY"]
+    assert services()["nginx"]["ports"][2] == "${UI_BIND:-0.0.0.0}:${UI_PORT:-8501}:8501"
+    for name in WEB_APP_REPLICAS:
+        assert env_of(services()[name])["DYNALOOP_API_URL"] == "http://nginx:8000"
+        # The web app names each browser's address with the API's own key (api/ratelimit.py).
+        assert env_of(services()[name])["DYNALOOP_WEB_APP_KEY"] == env_of(services()["api-1"])["DYNALOOP_WEB_APP_KEY"]
+
+
+def test_web_app_replicas_run_the_frontend_image_each_under_its_own_name() -> None:
+    for name in WEB_APP_REPLICAS:
+        service = services()[name]
+        assert service["hostname"] == name
+        assert service["image"] == "dynaloop-frontend:${IMAGE_TAG:-local}"
+        assert service["build"]["dockerfile"] == "docker/Dockerfile.frontend"
+        assert service["depends_on"] == {"nginx": {"condition": "service_healthy"}}
+        assert "/_stcore/health" in " ".join(service["healthcheck"]["test"])
+    assert "8501" in cmd_of("frontend")
 
 
 def test_model_replicas_share_the_data_volume_and_the_admin_token() -> None:
@@ -569,7 +581,8 @@ def parse_nginx(text: str) -> Directive:
     tokens = re.findall(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|#[^\n]*|[{};]|[^\s{};'\"#]+", text)
     tokens = [token for token in tokens if not token.startswith("#")]
     root = Directive("main", [])
-    stack, words = [root], []
+    stack: list[Directive] = [root]
+    words: list[str] = []
     for token in tokens:
         if token == ";":
             stack[-1].children.append(Directive(words[0], words[1:]))
@@ -609,7 +622,7 @@ def test_nginx_balances_two_api_and_two_model_replicas_by_least_connections() ->
         servers = block.find("server")
         assert [server.args[0] for server in servers] == [f"{host}:{port}" for host in hosts]
         for server in servers:
-            params = dict(arg.split("=", 1) if "=" in arg else (arg, "") for arg in server.args[1:])
+            params = dict(arg.partition("=")[::2] for arg in server.args[1:])
             assert "resolve" in params, "re-resolve replicas that are recreated"
             assert int(params["max_fails"]) >= 1 and params["fail_timeout"].endswith("s")
         assert block.find("zone"), "`resolve` needs a shared-memory zone"
@@ -652,6 +665,40 @@ def test_nginx_timeouts_fit_a_model_call() -> None:
     assert "http_503" in model.one("proxy_next_upstream").args
 
 
+def test_nginx_keeps_each_browser_on_one_web_app_replica() -> None:
+    """Streamlit's session is in one replica's memory: the upstream hashes consistently on the
+    session cookie, else the address, so a browser's page loads and its websocket (also when it
+    reconnects) reach the same replica, and a replica leaving moves only its own browsers."""
+    block = upstream("web_app")
+    assert block.one("hash").args == ["$web_app_affinity", "consistent"]
+    assert [server.args[0] for server in block.find("server")] == [f"{host}:8501" for host in WEB_APP_REPLICAS]
+    for server in block.find("server"):
+        assert "resolve" in server.args[1:]
+    assert block.find("zone")
+    affinity = next(m for m in nginx_http().find("map") if m.args[1] == "$web_app_affinity")
+    assert affinity.args[0] == "$cookie_dynaloop_session"  # frontend/web.py's COOKIE_NAME
+    assert {child.name: child.args for child in affinity.children} == {
+        "": ["$remote_addr"],  # no cookie yet: the address
+        "default": ["$cookie_dynaloop_session"],
+    }
+
+
+def test_nginx_passes_the_web_apps_websocket_with_long_timeouts() -> None:
+    web = server_listening(8501)
+    stream = next(loc for loc in web.find("location") if loc.args == ["=", "/_stcore/stream"])
+    headers = {d.args[0].lower(): d.args[1] for d in stream.find("proxy_set_header")}
+    assert headers["upgrade"] == "$http_upgrade" and headers["connection"] == "$connection_upgrade"
+    assert headers["x-forwarded-for"] == "$remote_addr"  # overwritten: the replicas trust nginx for it
+    assert stream.one("proxy_http_version").args == ["1.1"]
+    assert stream.one("proxy_pass").args == ["http://web_app"]
+    for timeout in ("proxy_read_timeout", "proxy_send_timeout"):  # a worker thinks for a while
+        assert seconds(stream.one(timeout).args[0]) >= 3600
+    page = next(loc for loc in web.find("location") if loc.args == ["/"])
+    assert page.one("proxy_pass").args == ["http://web_app"]
+    assert {d.args[0].lower(): d.args[1] for d in page.find("proxy_set_header")}["x-forwarded-for"] == "$remote_addr"
+    assert web.find("location")[0].args == ["=", "/nginx-health"]
+
+
 def test_nginx_refuses_the_hot_swap_through_the_balancer() -> None:
     admin = next(loc for loc in server_listening(8001).find("location") if loc.args == ["/admin/"])
     status, body = admin.one("return").args
@@ -687,7 +734,7 @@ def test_nginx_config_passes_nginx_t(tmp_path: Path) -> None:
     if version < Version("1.27.3"):
         # Older nginx has no `resolve` in upstream blocks and must resolve every name at
         # start-up: test a copy with the replicas on 127.0.0.1 and without `resolve`.
-        text = re.sub(r"server (api|model|vllm)-\d+:", "server 127.0.0.1:", text).replace(" resolve ", " ")
+        text = re.sub(r"server (api|model|vllm|frontend)-\d+:", "server 127.0.0.1:", text).replace(" resolve ", " ")
     config = tmp_path / "nginx.conf"
     config.write_text(text, encoding="utf-8")
     result = subprocess.run(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +26,8 @@ import pytest
 from dynaloop.demo import DEMO_TASK
 from dynaloop.processes import log_tail
 from services.taskdef import example_path, load_task_definition
-from tests.demo_process import ROOT, RunningDemo, running_demo, tiny_model_cache
+from tests import demo_process
+from tests.demo_process import ROOT, RunningDemo, chromium_missing, headless_chromium, running_demo, tiny_model_cache
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -39,8 +39,6 @@ CONTROL_LABELS = {
 # The demo task's attention checks for writers (the same YAML): each question and its answer.
 _ATTENTION_CHECKS = load_task_definition(example_path("dynasent-r2")).attention_checks
 ATTENTION_ANSWERS = {item.question: item.answer for item in (_ATTENTION_CHECKS.items if _ATTENTION_CHECKS else [])}
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = ROOT / "test-artifacts"
 WIDTH, HEIGHT = 1280, 900
 WAIT_S = 45.0
@@ -75,11 +73,7 @@ T = TypeVar("T")
 
 
 def _require_browser() -> None:
-    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.is_file()]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium package (pip install -e '.[test]')")
+    missing = chromium_missing()
     if not missing:
         return
     reason = (
@@ -94,27 +88,7 @@ def _require_browser() -> None:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     _require_browser()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        f"--window-size={WIDTH},{HEIGHT}",
-        "--disable-extensions",
-        "--no-first-run",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    # The viewport itself 1280x900 (the window size includes the browser's own frame).
-    driver.execute_cdp_cmd(
-        "Emulation.setDeviceMetricsOverride",
-        {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
-    )
+    driver = headless_chromium(WIDTH, HEIGHT)
     try:
         yield driver
     finally:
@@ -871,7 +845,7 @@ class _Api:
 def test_a_missing_browser_skips_except_under_ci(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str, outcome: type[BaseException]
 ) -> None:
-    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", tmp_path / "no-chromium")
+    monkeypatch.setattr(demo_process, "CHROMIUM", tmp_path / "no-chromium")
     monkeypatch.setenv("CI", ci)
     with pytest.raises(outcome, match="chromium-driver"):
         _require_browser()

@@ -63,7 +63,11 @@ def writer_instructions(task: Task, tries: int, prompt: bool | None = None) -> s
 def choose_round(client: Api, study_round: int | None = None) -> Round | None:
     """The round to work in: the study session's round when the user came from a study link."""
     try:
-        rounds = [r for r in client.open_rounds() if r["status"] == "collecting"]
+        rounds = [
+            r
+            for r in state.session_cached(client, "open_rounds", client.open_rounds, after_writes=False)
+            if r["status"] == "collecting"
+        ]
     except ApiError as error:
         state.show_api_error(error)
         return None
