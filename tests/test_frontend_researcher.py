@@ -38,7 +38,7 @@ from tests.frontend_live import (
     PageClient,
 )
 
-PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"
+PAGES = Path(__file__).resolve().parents[1] / "frontend" / "app_pages"
 HOSTILE = "<script>alert('x')</script> **bold** [link](http://evil.example) $x$"
 TASK = "dynasent-r2"
 JOBS = f"/tasks/{TASK}/jobs"

@@ -37,7 +37,7 @@ def validator_app(live: LiveApi, client: PageClient | None = None) -> AppTest:
     LIVE.append(live)
     if "vera" not in live.tokens:
         live.user("vera", "validator")
-    at = signed_in_app(live, "vera", page="pages/validator.py", client=client)
+    at = signed_in_app(live, "vera", page="app_pages/validator.py", client=client)
     assert not at.exception, at.exception
     return at
 
