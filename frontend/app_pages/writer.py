@@ -32,6 +32,7 @@ INSPECT_KEY = "writer_inspect"
 NEEDS_TARGET_KEY = "writer_needs_target"
 INSTRUCTIONS_SEEN_KEY = "writer_instructions_seen"
 ATTENTION_KEY = "writer_attention_check"  # set when the API answered 409 attention_check_pending
+SCROLL_TOP_KEY = "writer_scroll_to_top"  # set when the page below was replaced (the quiz passed)
 
 
 # --- round and onboarding -----------------------------------------------------------
@@ -88,8 +89,8 @@ def _quiz_result(result: QuizResult) -> None:
     left = result.get("attempts_left", 0)
     if result.get("passed"):
         return
-    # The API does not say which answers were wrong (flipping them would pass the quiz
-    # without reading the guidelines), so neither does the page.
+    # The API does not say which answers were wrong, or how many (a writer told so would flip
+    # those answers and pass without reading the guidelines), so neither does the page.
     st.error(f"Not yet: at least one answer is wrong. Read the guidelines again; {left} attempt(s) left.")
 
 
@@ -149,6 +150,8 @@ def onboarding(client: Api, task: Task) -> bool:
         if result["passed"]:
             passed[name] = True
             state.flash("success", "You passed the quiz. Here is your first prompt.")
+            # The writer pressed Submit answers at the bottom of the quiz; the goal is at the top.
+            st.session_state[SCROLL_TOP_KEY] = True
         st.rerun()
     return False
 
@@ -618,6 +621,8 @@ def _outcome(
 def main() -> None:
     client = state.require_role("writer")
     st.title("Write")
+    if st.session_state.pop(SCROLL_TOP_KEY, False):
+        render.scroll_to_top()
     state.show_flash()
     session = study.show_progress(client, "writer")
     round_ = choose_round(client, session["round_id"] if session else None)
