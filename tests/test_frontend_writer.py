@@ -160,6 +160,28 @@ def test_happy_path_check_fooled_confirm_submit(dynasent: LiveApi) -> None:
     assert goal_line(following) in texts(at.markdown)
 
 
+def test_checking_an_earlier_text_again_shows_that_attempt(dynasent: LiveApi) -> None:
+    """Check A, then B, then A again: the API answers the third check with A's stored attempt (the
+    same Idempotency-Key, no try used), and the page shows A's prediction, not B's."""
+    at, client = writer_app(dynasent)
+    aid, target = held(at)["id"], held(at)["target_label"][0]
+    first, second = honest(target, 0), fooling(target)
+    check(at, first)
+    assert "Not fooled yet" in texts(at.info)[0]
+    check(at, second)
+    assert "You fooled the model!" in texts(at.success)[0]
+    check(at, first)
+    assert not at.exception, at.exception
+    now = state(dynasent, aid)
+    assert now["tries_used"] == 2 and [a["text"] for a in now["attempts"]] == [first, second]
+    assert len(client.requests("POST", ATTEMPTS)) == 3
+    assert f"Model prediction: **{NAMES[target]}**" in texts(at.markdown)
+    assert not any("You fooled the model!" in s for s in texts(at.success))
+    assert any("Not fooled yet" in i for i in texts(at.info))
+    assert not [b for b in at.button if b.key == f"writer_confirm_yes_{now['attempts'][1]['id']}"]
+    assert "Tries: **2 / 10**" in texts(at.markdown)
+
+
 def test_confirming_no_with_the_judged_label(dynasent: LiveApi) -> None:
     at, _ = writer_app(dynasent)
     aid, target = held(at)["id"], held(at)["target_label"][0]

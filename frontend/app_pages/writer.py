@@ -33,6 +33,10 @@ NEEDS_TARGET_KEY = "writer_needs_target"
 INSTRUCTIONS_SEEN_KEY = "writer_instructions_seen"
 ATTENTION_KEY = "writer_attention_check"  # set when the API answered 409 attention_check_pending
 SCROLL_TOP_KEY = "writer_scroll_to_top"  # set when the page below was replaced (the quiz passed)
+# Assignment id -> the attempt the writer's last Check answered with. Checking a text again that
+# was checked before is answered with that earlier attempt (the same Idempotency-Key, no try
+# used), which is not the assignment's latest one.
+CHECKED_KEY = "writer_checked_attempt"
 
 
 # --- round and onboarding -----------------------------------------------------------
@@ -531,7 +535,8 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
             st.rerun()
     if check:
         try:
-            client.attempt(assignment_id, normalized, target_span=span)
+            checked = client.attempt(assignment_id, normalized, target_span=span)
+            st.session_state.setdefault(CHECKED_KEY, {})[assignment_id] = checked["id"]
             _refresh(client, assignment_id)
         except ApiError as error:
             if error.status == 503:
@@ -561,7 +566,9 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
         st.warning("Your last check did not reach the model. Check again: your text is kept and no try was used.")
     scored = [a for a in attempts if a["status"] == "scored"]
     if scored:
-        _outcome(client, task, assignment, scored[-1], names, out_of_tries, lang)
+        checked = st.session_state.get(CHECKED_KEY, {}).get(assignment_id)
+        shown = next((a for a in scored if a["id"] == checked), scored[-1])
+        _outcome(client, task, assignment, shown, names, out_of_tries, lang)
     _instructions(task, assignment["tries_allowed"], assignment.get("prompt") is not None)
 
 
