@@ -37,6 +37,8 @@ app = typer.Typer(
     help="dynaloop: adversarial human-and-model-in-the-loop dataset creation.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # click's plain help: at 80 columns rich's panels cut long option names ("--max-dev-test-sh…").
+    rich_markup_mode=None,
 )
 app.add_typer(db_app, name="db")
 app.add_typer(task_app, name="task")

@@ -23,14 +23,14 @@ from streamlit.navigation.page import StreamlitPage  # noqa: E402
 from frontend import render, state  # noqa: E402
 from frontend.web import PAGE_ROLES  # noqa: E402
 
-PAGES = _FRONTEND / "pages"
+# The page scripts. Not `pages/`: Streamlit takes a `pages/` folder next to the entry point for
+# an old-style multipage app and runs a process's first session in that mode, where a deep link
+# is answered with a "Page not found" dialog and a url path equal to a file name runs that file
+# without this script (its login check and navigation).
+PAGES = _FRONTEND / "app_pages"
 # (file, title, url path, roles that see it); researcher pages appear once their files
 # exist. Titles and roles come from frontend/web.py PAGE_ROLES, which the server's page gate
-# uses to answer a deep link to a page of another role. Every url path differs from its
-# file's name on purpose: Streamlit treats a `pages/` folder next to the entry point as an
-# old-style multipage app, and a url path equal to a file name there would make it run that
-# file directly, skipping this script (its login check and navigation) on a fresh server or
-# in AppTest.
+# uses to answer a deep link to a page of another role.
 _FILES: dict[str, list[tuple[str, str]]] = {
     "Write": [("writer.py", "write")],
     "Validate": [("validator.py", "validate")],
@@ -64,6 +64,18 @@ def navigation_pages() -> dict[str, list[StreamlitPage]]:
             if state.has_role(*roles) and path.is_file():
                 sections.setdefault(section, []).append(st.Page(path, title=title, url_path=url_path))
     return sections
+
+
+def _start(first: StreamlitPage) -> StreamlitPage:
+    """The app's start address ``/``: moves on to the user's first page. Streamlit serves its
+    navigation's default page at ``/`` only and answers that page's own url path with a "Page
+    not found" dialog, so no page of a role is the default: each keeps its own address, and a
+    deep link to ``/write`` (or ``/login?next=/write``) opens it as it is."""
+
+    def start() -> None:
+        st.switch_page(first)
+
+    return st.Page(start, title="Start", url_path="start", default=True, visibility="hidden")
 
 
 def logout_form() -> str:
@@ -108,7 +120,12 @@ def main() -> None:
         page = st.navigation([_signed_out(""), *(_signed_out(url) for url in PAGE_ROLES)], position="hidden")
         page.run()
         return
-    sections = navigation_pages() or {"": [st.Page(_no_pages, title="Welcome", url_path="welcome")]}
+    sections = navigation_pages()
+    if sections:
+        first = next(iter(sections.values()))[0]
+        sections = {"": [_start(first)], **sections}
+    else:
+        sections = {"": [st.Page(_no_pages, title="Welcome", url_path="welcome")]}
     page = st.navigation(sections)
     sidebar()
     page.run()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from typing import Any, ClassVar, Protocol, TypedDict
+from typing import Any, ClassVar, NotRequired, Protocol, TypedDict
 from urllib.parse import quote
 
 import httpx
@@ -103,6 +103,7 @@ class TaskDefinition(TypedDict):
 
     name: str
     title: str
+    validator_title: NotRequired[str | None]  # absent in tasks created before it existed
     family: str  # single_label, binary_variety, intended_sarcasm, multi_label, target_dependent
     description: str
     labels: list[str]

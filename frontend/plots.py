@@ -9,8 +9,9 @@ Altair charts (shown with ``st.altair_chart``), plus the small tables behind the
 * :func:`confusion_chart` -- the model's prediction against the validated majority label (or
   the writer's target), a heatmap with the count in each cell.
 
-Labels are task identifiers and numbers, never user text, so nothing here needs escaping
-(and Vega draws text as SVG text, not HTML).
+Labels are shown by their display names (the task's ``label_names``, as on every other page);
+those, task identifiers and numbers are never writers' text, and Vega draws text as SVG text,
+not HTML, so nothing here needs escaping.
 """
 
 from __future__ import annotations
@@ -136,13 +137,19 @@ def confusion_counts(plot_data: Mapping[str, Any], gold: Literal["majority", "ta
 
 
 def confusion_chart(
-    plot_data: Mapping[str, Any], gold: Literal["majority", "target"] = "majority"
+    plot_data: Mapping[str, Any],
+    gold: Literal["majority", "target"] = "majority",
+    label_names: Mapping[str, str] | None = None,
 ) -> alt.LayerChart | None:
     """Heatmap of the model's predictions against the majority (or the writer's target), with
-    the count in each cell; the diagonal is where the model was right. None without data."""
+    the count in each cell; the diagonal is where the model was right. Labels by their display
+    names (``label_names``; a label without one as written). None without data."""
     counts = confusion_counts(plot_data, gold)
     if counts.empty:
         return None
+    names = dict(label_names or {})
+    for column in ("gold", "predicted"):
+        counts[column] = [names.get(label, label) for label in counts[column]]
     gold_title = "validated majority" if gold == "majority" else "writer's target"
     order: Sequence[str] = list(dict.fromkeys([*counts["gold"], *counts["predicted"]]))
     base = alt.Chart(counts, title=f"Model prediction vs {gold_title}").encode(

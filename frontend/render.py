@@ -64,6 +64,20 @@ def show_html(markup: str) -> None:
     st.html(markup)
 
 
+# A fixed script, no user text in it: the page's scroll containers (the document and Streamlit's
+# main area, whichever scrolls) back to the top.
+SCROLL_TO_TOP_SCRIPT = (
+    "<script>for (const element of [document.scrollingElement, "
+    '...document.querySelectorAll(\'[data-testid="stMain"], [data-testid="stAppViewContainer"]\')]) '
+    "{ if (element) element.scrollTop = 0; }</script>"
+)
+
+
+def scroll_to_top() -> None:
+    """Scroll the page back to the top (say, when the page below was replaced by another one)."""
+    st.html(SCROLL_TO_TOP_SCRIPT, unsafe_allow_javascript=True)
+
+
 def show_text(text: str, *, lang: str | None = None) -> None:
     """Show user text exactly as typed."""
     show_html(text_html(text, lang=lang))

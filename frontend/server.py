@@ -23,13 +23,15 @@ import streamlit as st  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 from streamlit import config  # noqa: E402
 
-from frontend import forwarded, web  # noqa: E402
+from frontend import forwarded, uploads, web  # noqa: E402
 from frontend.client import WEB_APP_KEY_ENV  # noqa: E402
 from frontend.state import api_url  # noqa: E402
 
 # Forwarded headers are read by frontend/forwarded.py, from $DYNALOOP_TRUSTED_PROXIES only;
 # uvicorn's own handling (which Streamlit leaves on) would trust any loopback peer's.
 os.environ["FORWARDED_ALLOW_IPS"] = ""
+# No upload larger than the API takes ($DYNALOOP_MAX_REQUEST_BYTES; Streamlit's default is 200 MB).
+config.set_option("server.maxUploadSize", uploads.max_upload_mb())
 
 _web = web.WebSession(
     web.Backend(

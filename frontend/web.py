@@ -949,8 +949,9 @@ class WebSession:
         if session.get("status", "active") != "active":
             target = f"{base}/study/finish"
         else:
+            # Straight to the worker's page: every page has an address of its own (frontend/app.py).
             role = session.get("role", link.get("role"))
-            target = await self._study_page(token, "write" if role == "writer" else "validate", request)
+            target = f"{base}/write" if role == "writer" else f"{base}/validate"
         response = RedirectResponse(target, status_code=303)
         response.headers["Cache-Control"] = "no-store"
         response.headers["Referrer-Policy"] = "no-referrer"
@@ -958,17 +959,6 @@ class WebSession:
             kind: SessionKind = "mturk" if platform == "mturk" else "login"
             set_session_cookie(response, request, base, SignedIn(Session(kind, token), max_age))
         return response, platform
-
-    async def _study_page(self, token: str, page: str, request: Request) -> str:
-        """Where the worker's page is: Streamlit runs the navigation's first page (frontend/app.py:
-        Write for writers, Validate for validators without the writer role) at the app's start
-        address, and answers that page's own url path with a "Page not found" dialog."""
-        try:
-            roles = await self.backend.roles(token, browser_address(request, self.backend.trusted_proxies))
-        except ApiError:
-            roles = []
-        first = "write" if {"writer", "admin"} & set(roles) else "validate" if "validator" in roles else None
-        return f"{self.base}/" if page == first else f"{self.base}/{page}"
 
     async def study_finish(self, request: Request) -> Response:
         """``GET /study/finish``: confirm; ``POST /study/finish`` (from this app's own page): end

@@ -359,6 +359,13 @@ class TaskDefinition(_Strict):
 
     name: str = Field(description="Identifier used in URLs: lower case, digits and dashes.")
     title: str = Field(min_length=1, max_length=200)
+    validator_title: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="What validators read as the task's title (the title speaks to writers); absent: "
+        "'Label sentences from <domain>'.",
+    )
     family: TaskFamily
     description: str = ""
     labels: list[str] = Field(min_length=2, description="Labels writers target and models predict.")
@@ -422,7 +429,7 @@ class TaskDefinition(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     _text_policy = field_validator("description", "instructions", "validator_instructions")(_free_text)
-    _line_policy = field_validator("title", "domain", "licence")(_line)
+    _line_policy = field_validator("title", "validator_title", "domain", "licence")(_line)
 
     @field_validator("name")
     @classmethod

@@ -328,7 +328,7 @@ def signed_in_app(
     live: LiveApi, username: str, page: str | None = None, client: PageClient | None = None, timeout: float = 30
 ) -> AppTest:
     """The app with ``username`` signed in (using ``client``, default a new one), after one run
-    (and on ``page``, e.g. ``"pages/validator.py"``, when given)."""
+    (and on ``page``, e.g. ``"app_pages/validator.py"``, when given)."""
     client = client or live.as_user(username)
     user = live.api(username).me()
     at = AppTest.from_file(str(APP_FILE), default_timeout=timeout)

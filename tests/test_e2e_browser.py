@@ -337,6 +337,7 @@ def _write_until_fooled(page: Page, target: str, tries_allowed: int = 10) -> boo
 
 def _golden_path(page: Page, demo: RunningDemo) -> None:
     browser = page.driver
+    _deep_link_steps(page, demo)
     browser.get(demo.ui_url)
     page.field("Username")
     page.screenshot("01-login")
@@ -626,6 +627,50 @@ def _validator_words_steps(page: Page) -> None:
     assert f"choose one label: {', '.join(names[:-1])} or {names[-1]}, then press Save label." in words, words
     if size != definition.validation_batch_size:
         assert f"{definition.validation_batch_size} sentences" not in words
+
+
+# Each role's first page (frontend/app.py) and a user who has that role.
+FIRST_PAGES = [
+    ("write", "Write", "writer"),
+    ("validate", "Validate", "validator1"),
+    ("rounds", "Tasks and rounds", "researcher"),
+]
+
+
+def _no_page_not_found(page: Page, url_path: str, title: str) -> None:
+    """The page at ``/url_path`` shows its own title and no "Page not found" dialog (Streamlit's
+    answer to an address its navigation does not serve, shown over its default page)."""
+    page.until(
+        lambda: page.driver.current_url.split("?")[0].rstrip("/").endswith(f"/{url_path}"), f"the address /{url_path}"
+    )
+    page.until(
+        lambda: title in [h.text for h in page.driver.find_elements(page.by.TAG_NAME, "h1")], f"the title {title!r}"
+    )
+    page.idle()
+    time.sleep(1.0)  # the dialog comes after the page has run
+    dialogs = [d.text for d in page.driver.find_elements(page.by.CSS_SELECTOR, "[role='dialog']") if d.is_displayed()]
+    assert "Page not found" not in page.text() and not dialogs, (url_path, dialogs)
+
+
+def _deep_link_steps(page: Page, demo: RunningDemo) -> None:
+    """Issue #28, point 5, first thing in the web app's process (whose first Streamlit session
+    once ran in old-style `pages/` mode): a deep link to each role's first page, signed out,
+    leads through ``/login?next=`` to that page, and opened again signed in it shows the page,
+    never a "Page not found" dialog over it."""
+    browser = page.driver
+    for url_path, title, username in FIRST_PAGES:
+        browser.get(f"{demo.ui_url}/{url_path}")
+        page.field("Username")
+        assert f"/login?next=/{url_path}" in browser.current_url, browser.current_url
+        page.log_in(username, f"{username}-demo-only")
+        _no_page_not_found(page, url_path, title)
+        browser.get(f"{demo.ui_url}/{url_path}")
+        page.wait_text(f"Signed in as {username}")
+        _no_page_not_found(page, url_path, title)
+        browser.get(f"{demo.ui_url}/")  # the start page moves on to the first page
+        page.wait_text(f"Signed in as {username}")
+        _no_page_not_found(page, url_path, title)
+        page.log_out()
 
 
 def _session_steps(page: Page, demo: RunningDemo) -> None:

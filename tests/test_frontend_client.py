@@ -358,7 +358,7 @@ def test_the_session_cookie_signs_in_with_the_pages_of_the_roles(
     assert "Signed in as wanda" in [t.value for t in at.sidebar.text]
     assert '<form method="post" action="/logout"' in html_of(at)  # Log out: the server's POST /logout
     assert at.session_state["token"] == token and client.token == token
-    at.switch_page("pages/validator.py").run()
+    at.switch_page("app_pages/validator.py").run()
     assert [t.value for t in at.title] == ["Validate"]
     assert len(client.requests("GET", "/me")) == 1  # asked once per session, not on every rerun
 
@@ -397,32 +397,32 @@ def test_a_pasted_api_token_in_the_cookie_signs_in(with_round: LiveApi, monkeypa
     at.session_state["client"] = with_round.client()
     at.run()
     assert [t.value for t in at.title] == ["Validate"]
-    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/writer\.py'"):
-        at.switch_page("pages/writer.py")  # not a page of a validator
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/app_pages/writer\.py'"):
+        at.switch_page("app_pages/writer.py")  # not a page of a validator
 
 
 def test_writer_cannot_reach_validator_page_and_admin_reaches_all(with_round: LiveApi) -> None:
     with_round.user("walt", "writer")
     with_round.user("ada", "admin")
     at = signed_in_app(with_round, "walt")
-    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/validator\.py'"):
-        at.switch_page("pages/validator.py")
-    admin = signed_in_app(with_round, "ada", page="pages/writer.py")
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/app_pages/validator\.py'"):
+        at.switch_page("app_pages/validator.py")
+    admin = signed_in_app(with_round, "ada", page="app_pages/writer.py")
     assert [t.value for t in admin.title] == ["Write"]
-    admin.switch_page("pages/validator.py").run()
+    admin.switch_page("app_pages/validator.py").run()
     assert [t.value for t in admin.title] == ["Validate"]
 
 
 def test_researcher_navigation_lists_the_researcher_pages_that_exist(with_round: LiveApi) -> None:
     with_round.user("rita", "researcher")
     at = signed_in_app(with_round, "rita")
-    pages = sorted(Path(APP_FILE).parent.joinpath("pages").glob("researcher_*.py"))
+    pages = sorted(Path(APP_FILE).parent.joinpath("app_pages").glob("researcher_*.py"))
     for page in pages:
-        at.switch_page(f"pages/{page.name}")  # registered (not run: those pages have their own tests)
+        at.switch_page(f"app_pages/{page.name}")  # registered (not run: those pages have their own tests)
     if not pages:
         assert "have no pages here" in at.info[0].value
-    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/pages/writer\.py'"):
-        at.switch_page("pages/writer.py")
+    with pytest.raises(ValueError, match=r"Could not find a navigation page for '.*/app_pages/writer\.py'"):
+        at.switch_page("app_pages/writer.py")
 
 
 def test_expired_token_offers_to_log_in_again(with_round: LiveApi) -> None:

@@ -1,6 +1,6 @@
 """Crowd platforms in the Streamlit app (AppTest, tests/frontend_live.py): the study progress and
 the way to the completion on the Write and Validate pages, and the researcher's Crowd page
-(frontend/pages/researcher_crowd.py). Tasks, rounds and users are the real API's; the study link
+(frontend/app_pages/researcher_crowd.py). Tasks, rounds and users are the real API's; the study link
 and ledger endpoints are answered by :class:`CrowdClient` as the shared contract of issue #13
 describes them (tests/test_web_study.py does the same for the server-rendered routes)."""
 
@@ -16,7 +16,7 @@ from frontend.client import ApiError
 from frontend.researcher import money
 from tests.frontend_live import HOSTILE, LiveApi, PageClient, html_of, signed_in_app, texts
 
-PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"
+PAGES = Path(__file__).resolve().parents[1] / "frontend" / "app_pages"
 TASK = "dynasent-r2"
 SOUP = "The soup was fine and the bread was fresh."
 
@@ -218,7 +218,7 @@ def test_a_study_validator_sees_labels_towards_the_quota(dynasent: LiveApi) -> N
     dynasent.user("vera", "validator")
     client = _crowd_client(dynasent, "vera")
     client.study_sessions = [_session("validator", 1, quota=2)]
-    at = signed_in_app(dynasent, "vera", page="pages/validator.py", client=client)
+    at = signed_in_app(dynasent, "vera", page="app_pages/validator.py", client=client)
     assert not at.exception, at.exception
     assert at.progress[0].text == "1 of 2 labels for this study"
     assert 'href="/study/finish"' in html_of(at)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import altair as alt
+import pyarrow.ipc
 import pytest
 import yaml
 from fastapi import FastAPI
@@ -38,7 +39,7 @@ from tests.frontend_live import (
     PageClient,
 )
 
-PAGES = Path(__file__).resolve().parents[1] / "frontend" / "pages"
+PAGES = Path(__file__).resolve().parents[1] / "frontend" / "app_pages"
 HOSTILE = "<script>alert('x')</script> **bold** [link](http://evil.example) $x$"
 TASK = "dynasent-r2"
 JOBS = f"/tasks/{TASK}/jobs"
@@ -461,6 +462,10 @@ def test_dashboard_shows_metrics_and_plots(live: LiveApi, rita: PageClient) -> N
     assert said(at, "warning", "1 attempt(s) found the model unavailable")
     charts = at.get("vega_lite_chart")
     assert len(charts) == 4, [type(e).__name__ for e in at.main]
+    # The confusion chart names the labels as every other page does (label_names), never `neutral`.
+    (confusion,) = [pyarrow.ipc.open_stream(d.data.data).read_all().to_pandas() for d in charts[3].proto.datasets]
+    assert {"No sentiment", "Positive", "Negative"} <= set(confusion["gold"]), confusion
+    assert not {"neutral", "positive", "negative"} & set(confusion["predicted"]), confusion
     assert at.toggle(key="researcher_dash_auto").value is True  # a collecting round refreshes by default
     assert said(at, "caption", "agrees with the validated majority on 30.0% of the 20 examples")
     assert {"val1", "x__bold__"} <= set(dataframe_values(at))  # validators' names, as data
@@ -871,6 +876,11 @@ def test_plots_on_a_fixture() -> None:
     assert drawn(plots.length_chart(data, "chars"))["encoding"]["x"]["field"] == "chars"
     layered = drawn(plots.confusion_chart(data))
     assert [layer["mark"]["type"] for layer in layered["layer"]] == ["rect", "text"]
+    named = drawn(plots.confusion_chart(data, label_names={"neutral": "No sentiment", "mixed": "Mixed sentiment"}))
+    cells = named["datasets"][named["data"]["name"]]
+    # Each label by its display name; one without a name as written; the counts unchanged.
+    assert list(dict.fromkeys(r["gold"] for r in cells)) == ["positive", "negative", "No sentiment", "Mixed sentiment"]
+    assert sum(r["count"] for r in cells) == 16
     assert plots.summary(data) == {
         "examples": 20,
         "validated": 16,

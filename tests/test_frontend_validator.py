@@ -37,7 +37,7 @@ def validator_app(live: LiveApi, client: PageClient | None = None) -> AppTest:
     LIVE.append(live)
     if "vera" not in live.tokens:
         live.user("vera", "validator")
-    at = signed_in_app(live, "vera", page="pages/validator.py", client=client)
+    at = signed_in_app(live, "vera", page="app_pages/validator.py", client=client)
     assert not at.exception, at.exception
     return at
 
@@ -120,6 +120,24 @@ def test_batch_is_labelled_card_by_card(dynasent: tuple[LiveApi, list[int]]) -> 
     # All labelled: the next batch is empty (the own example is never offered).
     at.button(key="validator_next_batch").click().run()
     assert any(i.startswith("Nothing to label in this round right now") for i in texts(at.info))
+
+
+def test_validators_read_the_validator_title_not_the_writers_title(live: LiveApi) -> None:
+    round_ = round_of(live, "dynasent-r2")
+    live.example(round_, SENTENCES[0])
+    at = validator_app(live)
+    captions = texts(at.caption)
+    assert "DynaSent Round 2: label the sentiment of review sentences" in captions, captions
+    assert not any("write sentences that fool" in c for c in captions), captions
+
+
+def test_without_a_validator_title_validators_read_the_domain(live: LiveApi) -> None:
+    round_ = round_of(live, "dynasent-r2", validator_title=None)
+    live.example(round_, SENTENCES[0])
+    at = validator_app(live)
+    captions = texts(at.caption)
+    assert "Label sentences from reviews" in captions, captions
+    assert not any("write sentences that fool" in c for c in captions), captions
 
 
 def test_a_label_is_needed_and_api_errors_are_shown(dynasent: tuple[LiveApi, list[int]]) -> None:

@@ -160,6 +160,28 @@ def test_happy_path_check_fooled_confirm_submit(dynasent: LiveApi) -> None:
     assert goal_line(following) in texts(at.markdown)
 
 
+def test_checking_an_earlier_text_again_shows_that_attempt(dynasent: LiveApi) -> None:
+    """Check A, then B, then A again: the API answers the third check with A's stored attempt (the
+    same Idempotency-Key, no try used), and the page shows A's prediction, not B's."""
+    at, client = writer_app(dynasent)
+    aid, target = held(at)["id"], held(at)["target_label"][0]
+    first, second = honest(target, 0), fooling(target)
+    check(at, first)
+    assert "Not fooled yet" in texts(at.info)[0]
+    check(at, second)
+    assert "You fooled the model!" in texts(at.success)[0]
+    check(at, first)
+    assert not at.exception, at.exception
+    now = state(dynasent, aid)
+    assert now["tries_used"] == 2 and [a["text"] for a in now["attempts"]] == [first, second]
+    assert len(client.requests("POST", ATTEMPTS)) == 3
+    assert f"Model prediction: **{NAMES[target]}**" in texts(at.markdown)
+    assert not any("You fooled the model!" in s for s in texts(at.success))
+    assert any("Not fooled yet" in i for i in texts(at.info))
+    assert not [b for b in at.button if b.key == f"writer_confirm_yes_{now['attempts'][1]['id']}"]
+    assert "Tries: **2 / 10**" in texts(at.markdown)
+
+
 def test_confirming_no_with_the_judged_label(dynasent: LiveApi) -> None:
     at, _ = writer_app(dynasent)
     aid, target = held(at)["id"], held(at)["target_label"][0]
@@ -288,6 +310,50 @@ def test_onboarding_quiz_fail_then_pass(live: LiveApi) -> None:
     answer_quiz(at, answers)
     assert "You passed the quiz. Here is your first prompt." in texts(at.success)
     assert assignments(live) == 1 and SOUP in html_of(at)
+
+
+def test_passing_the_quiz_scrolls_back_to_the_top_once(live: LiveApi) -> None:
+    """Submit answers sits at the bottom of the quiz; the goal that replaces it is at the top."""
+    answers = quiz_task(live)
+    at, _ = writer_app(live)
+    assert render.SCROLL_TO_TOP_SCRIPT not in html_of(at)
+    answer_quiz(at, answers)
+    assert "You passed the quiz. Here is your first prompt." in texts(at.success)
+    assert render.SCROLL_TO_TOP_SCRIPT in html_of(at)
+    at.run()
+    assert render.SCROLL_TO_TOP_SCRIPT not in html_of(at)  # not on every rerun of the writing page
+
+
+def test_flipping_one_answer_per_try_never_passes(live: LiveApi) -> None:
+    """No flip-to-pass: the page says the same words whichever answers were wrong, so a writer who
+    flips one answer per try (first question first) has nothing to aim by. With the last answer
+    wrong, they use up all five attempts and are held back; told which one was wrong, they would
+    have passed on the second."""
+    answers = quiz_task(live)
+    at, client = writer_app(live)
+    options = [question["options"] for question in live.api("walt").quiz("dynasent-r2")["questions"]]
+
+    def other(index: int, answer: str) -> str:
+        return next(option for option in options[index] if option != answer)
+
+    given = list(answers)
+    last = len(given) - 1
+    given[last] = other(last, answers[last])
+    errors = []
+    for flipped in range(-1, 4):  # the answers as they are, then one flip per try
+        if flipped >= 0:
+            given[flipped] = other(flipped, given[flipped])
+        answer_quiz(at, given)
+        errors.append([e for e in texts(at.error) if e.startswith("Not yet") or "held back" in e])
+    assert [e[0] for e in errors[:4]] == [
+        f"Not yet: at least one answer is wrong. Read the guidelines again; {left} attempt(s) left."
+        for left in (4, 3, 2, 1)
+    ]
+    assert any("you are held back from writing" in e for e in errors[4]), errors[4]
+    assert not at.radio and assignments(live) == 0
+    assert len(client.requests("POST", r"/tasks/dynasent-r2/quiz/attempts")) == 5
+    quiz = live.api("walt").quiz("dynasent-r2")
+    assert not quiz["passed"] and quiz["attempts_used"] == 5 and quiz["attempts_left"] == 0
 
 
 def test_onboarding_quiz_unanswered_and_attempt_limit(live: LiveApi) -> None:

@@ -484,6 +484,18 @@ BAD_CASES = [
     ("missing-labels", "single_label", _without("labels"), [r"labels: is required; add it$"]),
     ("missing-title", "single_label", _without("title"), [r"title: is required; add it$"]),
     (
+        "validator-title-on-two-lines",
+        "single_label",
+        _set(validator_title="Label the\nreviews"),
+        [r"validator_title: the text contains a line break or tab \(U\+000A\) at position 9; the text is one line"],
+    ),
+    (
+        "validator-title-too-long",
+        "single_label",
+        _set(validator_title="x" * 201),
+        [r"validator_title: String should have at most 200 characters$"],
+    ),
+    (
         "unknown-family",
         "single_label",
         _set(family="sentiment"),

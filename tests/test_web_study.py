@@ -364,8 +364,8 @@ def test_a_prolific_link_signs_the_worker_in_and_finishing_redirects_to_prolific
     api: FakeApi, browser: TestClient
 ) -> None:
     response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
-    # The Write page is a writer's start page (Streamlit runs the navigation's first page at "/").
-    assert response.status_code == 303 and response.headers["location"] == "/"
+    # Straight to the Write page's own address (frontend/app.py: no page is served at "/" alone).
+    assert response.status_code == 303 and response.headers["location"] == "/write"
     # The platform's parameters went to the API as they came.
     assert api.calls[0] == ("POST", f"/study/{SLUG}/sessions", {"params": PROLIFIC})
     morsel = _cookie(response)[web.COOKIE_NAME]
@@ -396,7 +396,7 @@ def test_a_prolific_link_signs_the_worker_in_and_finishing_redirects_to_prolific
 def test_a_validator_link_goes_to_the_validate_page(api: FakeApi, browser: TestClient) -> None:
     api.role = "validator"
     response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
-    assert response.status_code == 303 and response.headers["location"] == "/"  # Validate is their start page
+    assert response.status_code == 303 and response.headers["location"] == "/validate"
     confirm = browser.get("/study/finish").text
     assert "0 of 3 labels" in confirm and 'name="reason" value="out_of_work"' in confirm
     done = browser.post("/study/finish", data={"session_id": "11", "reason": "out_of_work"}, headers=SAME)
@@ -404,7 +404,7 @@ def test_a_validator_link_goes_to_the_validate_page(api: FakeApi, browser: TestC
     assert _api_calls(api, "POST", "/study-sessions/") == [
         ("POST", "/study-sessions/11/finish", {"reason": "out_of_work"})
     ]
-    api.other_roles = ["writer"]  # a worker who came through a writer link too starts on Write
+    api.other_roles = ["writer"]  # a validator link leads to Validate whatever other roles the worker has
     response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
     assert response.status_code == 303 and response.headers["location"] == "/validate"
 
@@ -429,7 +429,7 @@ def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, mtur
         "hitId": "H1",
         "turkSubmitTo": "https://workersandbox.mturk.com",
     }
-    assert browser.get(f"/study/{SLUG}", params=params).headers["location"] == "/"
+    assert browser.get(f"/study/{SLUG}", params=params).headers["location"] == "/write"
     done = browser.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
     assert done.status_code == 200
     assert '<form method="post" action="https://workersandbox.mturk.com/mturk/externalSubmit">' in done.text
@@ -475,7 +475,7 @@ def test_a_screened_out_worker_sees_the_message_and_the_code(api: FakeApi, brows
 def test_under_a_base_path_the_study_routes_and_cookie_follow_it(api: FakeApi) -> None:
     with TestClient(_web_app(api, "/dl"), base_url=ORIGIN, follow_redirects=False) as browser:
         response = browser.get(f"/dl/study/{SLUG}", params=PROLIFIC)
-        assert response.status_code == 303 and response.headers["location"] == "/dl/"
+        assert response.status_code == 303 and response.headers["location"] == "/dl/write"
         assert _cookie(response)[web.COOKIE_NAME]["path"] == "/dl"
         assert 'action="/dl/study/finish"' in browser.get("/dl/study/finish").text
 
@@ -525,7 +525,7 @@ def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redir
     link = make_link(client, researcher, real_round["id"], completion_code="C0MPLETE")
     params = PROLIFIC_IDS
     started = real_browser.get(link["path"], params=params)
-    assert started.status_code == 303 and started.headers["location"] == "/"
+    assert started.status_code == 303 and started.headers["location"] == "/write"
     kind, token = _cookie(started)[web.COOKIE_NAME].value.split(".", 1)
     assert kind == "login" and abs(int(_cookie(started)[web.COOKIE_NAME]["max-age"]) - 24 * 3600) < 120
     assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).json()["roles"] == ["writer"]
@@ -566,7 +566,7 @@ def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
         link["path"],
         params=MTURK,
     )
-    assert accepted.status_code == 303 and accepted.headers["location"] == "/"
+    assert accepted.status_code == 303 and accepted.headers["location"] == "/write"
     confirm = real_browser.get("/study/finish")
     assert 'name="reason" value="stop"' in confirm.text
     session_id = confirm.text.split('name="session_id" value="', 1)[1].split('"', 1)[0]
@@ -707,7 +707,7 @@ def test_an_mturk_session_may_be_framed_by_mturk_only_on_every_page_it_meets(
     assert preview.status_code == 200 and "Accept the HIT to start" in preview.text
     _framed_by(preview)
     accepted = mturk_browser.get(f"/study/{SLUG}", params=MTURK_ACCEPTED)
-    assert accepted.status_code == 303 and accepted.headers["location"] == "/"
+    assert accepted.status_code == 303 and accepted.headers["location"] == "/write"
     cookie = _set_cookie(accepted)
     assert cookie.startswith(f"{web.COOKIE_NAME}=mturk.dl_worker1;")
     attributes = _attributes(cookie)

@@ -87,9 +87,15 @@ def _parsed_definition(definition_json: str) -> TaskDefinition:
 
 
 def task_texts(definition: TaskDefinition) -> list[str]:
-    """The texts a task's YAML carries: title, description, writer and validator instructions
+    """The texts a task's YAML carries: titles, description, writer and validator instructions
     (with their examples), the onboarding quiz's questions, options and explanations."""
-    texts = [definition.title, definition.description, definition.instructions, definition.validator_instructions]
+    texts = [
+        definition.title,
+        definition.validator_title or "",
+        definition.description,
+        definition.instructions,
+        definition.validator_instructions,
+    ]
     if definition.onboarding_quiz is not None:
         for question in definition.onboarding_quiz.questions:
             texts += [question.text, *question.options, question.explanation or ""]

@@ -32,6 +32,11 @@ INSPECT_KEY = "writer_inspect"
 NEEDS_TARGET_KEY = "writer_needs_target"
 INSTRUCTIONS_SEEN_KEY = "writer_instructions_seen"
 ATTENTION_KEY = "writer_attention_check"  # set when the API answered 409 attention_check_pending
+SCROLL_TOP_KEY = "writer_scroll_to_top"  # set when the page below was replaced (the quiz passed)
+# Assignment id -> the attempt the writer's last Check answered with. Checking a text again that
+# was checked before is answered with that earlier attempt (the same Idempotency-Key, no try
+# used), which is not the assignment's latest one.
+CHECKED_KEY = "writer_checked_attempt"
 
 
 # --- round and onboarding -----------------------------------------------------------
@@ -92,8 +97,8 @@ def _quiz_result(result: QuizResult) -> None:
     left = result.get("attempts_left", 0)
     if result.get("passed"):
         return
-    # The API does not say which answers were wrong (flipping them would pass the quiz
-    # without reading the guidelines), so neither does the page.
+    # The API does not say which answers were wrong, or how many (a writer told so would flip
+    # those answers and pass without reading the guidelines), so neither does the page.
     st.error(f"Not yet: at least one answer is wrong. Read the guidelines again; {left} attempt(s) left.")
 
 
@@ -153,6 +158,8 @@ def onboarding(client: Api, task: Task) -> bool:
         if result["passed"]:
             passed[name] = True
             state.flash("success", "You passed the quiz. Here is your first prompt.")
+            # The writer pressed Submit answers at the bottom of the quiz; the goal is at the top.
+            st.session_state[SCROLL_TOP_KEY] = True
         st.rerun()
     return False
 
@@ -532,7 +539,8 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
             st.rerun()
     if check:
         try:
-            client.attempt(assignment_id, normalized, target_span=span)
+            checked = client.attempt(assignment_id, normalized, target_span=span)
+            st.session_state.setdefault(CHECKED_KEY, {})[assignment_id] = checked["id"]
             _refresh(client, assignment_id)
         except ApiError as error:
             if error.status == 503:
@@ -562,7 +570,9 @@ def write(client: Api, task: Task, assignment: Assignment) -> None:
         st.warning("Your last check did not reach the model. Check again: your text is kept and no try was used.")
     scored = [a for a in attempts if a["status"] == "scored"]
     if scored:
-        _outcome(client, task, assignment, scored[-1], names, out_of_tries, lang)
+        checked = st.session_state.get(CHECKED_KEY, {}).get(assignment_id)
+        shown = next((a for a in scored if a["id"] == checked), scored[-1])
+        _outcome(client, task, assignment, shown, names, out_of_tries, lang)
     _instructions(task, assignment["tries_allowed"], assignment.get("prompt") is not None)
 
 
@@ -622,6 +632,8 @@ def _outcome(
 def main() -> None:
     client = state.require_role("writer")
     st.title("Write")
+    if st.session_state.pop(SCROLL_TOP_KEY, False):
+        render.scroll_to_top()
     state.show_flash()
     session = study.show_progress(client, "writer")
     round_ = choose_round(client, session["round_id"] if session else None)

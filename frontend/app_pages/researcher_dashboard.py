@@ -86,7 +86,7 @@ def metrics(stats: RoundStats) -> None:
         )
 
 
-def charts(data: PlotData, round_id: int) -> None:
+def charts(data: PlotData, round_id: int, label_names: dict[str, str] | None = None) -> None:
     if data.get("truncated"):
         st.caption(
             f"The plots show {len(data['examples']):,} of the round's {data['total_examples']:,} examples, "
@@ -127,7 +127,7 @@ def charts(data: PlotData, round_id: int) -> None:
             key=f"researcher_dash_gold_{round_id}",
             format_func=lambda g: "validated majority" if g == "majority" else "writer's target",
         )
-        confusion = plots.confusion_chart(data, gold or "majority")
+        confusion = plots.confusion_chart(data, gold or "majority", label_names)
         if confusion is None:
             st.caption("No validated example with a majority label yet." if gold == "majority" else "No example yet.")
         else:
@@ -156,8 +156,8 @@ def charts(data: PlotData, round_id: int) -> None:
             )
 
 
-def live(client: Api, round_id: int) -> None:
-    """The part of the page that reloads: statistics, then plots."""
+def live(client: Api, round_id: int, label_names: dict[str, str]) -> None:
+    """The part of the page that reloads: statistics, then plots (labels by their display names)."""
     try:
         stats = client.round_stats(round_id)
         data = client.plot_data(round_id)
@@ -165,7 +165,7 @@ def live(client: Api, round_id: int) -> None:
         state.show_api_error(error)
         return
     metrics(stats)
-    charts(data, round_id)
+    charts(data, round_id, label_names)
 
 
 def main() -> None:
@@ -185,7 +185,7 @@ def main() -> None:
     every = top[1].selectbox("Every (seconds)", REFRESH_CHOICES, key="researcher_dash_every", disabled=not auto)
     top[2].text(f"Round {round_['number']}: {round_['status']}")
     # A fragment reruns alone: with auto-refresh only the figures reload, not the selectors.
-    st.fragment(live, run_every=every if auto else None)(client, round_["id"])
+    st.fragment(live, run_every=every if auto else None)(client, round_["id"], dict(task.get("label_names") or {}))
 
 
 main()

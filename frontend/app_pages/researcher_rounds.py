@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from frontend import render, state
+from frontend import render, state, uploads
 from frontend.client import Api, ApiError, ModelServer, Round, Task
 from frontend.researcher import SELECT_TASK_KEY, choose_task
 
@@ -36,7 +36,12 @@ SELECT_ROUND_KEY = "researcher_rounds_select_round"  # a round to select on the 
 def create_task_form(client: Api) -> None:
     with st.expander("Create a task from its YAML file", expanded=False):
         st.caption("The YAML format is in docs/tasks.md; `dynaloop task show-example dynasent-r2` prints an example.")
-        upload = st.file_uploader("Task YAML file", type=["yaml", "yml"], key="researcher_task_file")
+        upload = st.file_uploader(
+            f"Task YAML file (at most {uploads.limit_text()})",
+            type=["yaml", "yml"],
+            key="researcher_task_file",
+            max_upload_size=uploads.max_upload_mb(),
+        )
         pasted = st.text_area("... or paste the YAML", height=200, key="researcher_task_yaml")
         if not st.button("Create task", type="primary", key="researcher_create_task"):
             return
@@ -50,6 +55,9 @@ def create_task_form(client: Api) -> None:
             yaml_text = pasted
         if not yaml_text.strip():
             st.warning("Choose a YAML file or paste the task's YAML.")
+            return
+        if problem := uploads.too_large(yaml_text.encode("utf-8")):
+            st.error(problem)
             return
         try:
             task = client.create_task(yaml_text)
@@ -267,9 +275,11 @@ def preview_prompts(content: bytes, file_format: str) -> pd.DataFrame | None:
 def import_prompts_form(client: Api, round_: Round) -> None:
     st.subheader("Prompts")
     upload = st.file_uploader(
-        "Prompt file (JSONL with a `text` field per line, or CSV with a `text` column)",
+        "Prompt file (JSONL with a `text` field per line, or CSV with a `text` column; "
+        f"at most {uploads.limit_text()})",
         type=["jsonl", "ndjson", "csv"],
         key=f"researcher_prompts_file_{round_['id']}",
+        max_upload_size=uploads.max_upload_mb(),
     )
     pasted = st.text_area("... or paste JSONL / CSV", height=120, key=f"researcher_prompts_text_{round_['id']}")
     if upload is not None:
@@ -294,6 +304,9 @@ def import_prompts_form(client: Api, round_: Round) -> None:
         return
     if not content.strip():
         st.warning("Choose a prompt file or paste prompts first.")
+        return
+    if problem := uploads.too_large(content):
+        st.error(problem)
         return
     try:
         report = client.import_prompts(

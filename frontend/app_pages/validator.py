@@ -185,6 +185,16 @@ def card(client: Api, batch: HeldBatch, index: int, item: BatchItem, definition:
             _save(client, batch, item_id, chosen if batch["multi_label"] else chosen[0], flagged, reason)
 
 
+def validator_title(definition: TaskDefinition) -> str:
+    """The task's title for validators: the task's ``title`` speaks to writers ("write sentences
+    that fool the model"), so validators get its ``validator_title``, else what they label."""
+    title = definition.get("validator_title")
+    if title:
+        return title
+    domain = definition.get("domain")
+    return f"Label sentences from {domain}" if domain else "Label sentences written by other people"
+
+
 def main() -> None:
     client = state.require_role("validator")
     st.title("Validate")
@@ -199,7 +209,7 @@ def main() -> None:
         state.show_api_error(error)
         return
     definition = task["definition"]
-    st.caption(task["title"])
+    st.caption(validator_title(definition))
     first_visit = BATCH_KEY not in st.session_state
     batch = current_batch(client, round_["id"])
     if batch is None:
