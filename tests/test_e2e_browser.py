@@ -283,10 +283,14 @@ def _dashboard(page: Page, name: str) -> dict[str, str]:
     return values
 
 
-def test_writer_validator_and_researcher_in_a_browser(browser: Any, demo: RunningDemo) -> None:
+def test_writer_validator_and_researcher_in_a_browser(
+    browser: Any, demo: RunningDemo, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     page = Page(browser, demo.ui_url)
     try:
         _golden_path(page, demo)
+        # Last: the demo restarted on its data keeps what the researcher did (issue #28, item 3).
+        _restart_keeps_the_promotion(demo, tiny_model_cache(tmp_path_factory.getbasetemp() / "demo-model-cache"))
     except BaseException:
         page.screenshot("failure")
         logs = "".join(
@@ -454,12 +458,8 @@ def _promote_steps(page: Page, demo: RunningDemo) -> None:
     demo's `client` token downloads the built dataset."""
     _metric_labels_in_full(page)  # the dashboard is open
     api = _Api(demo.api_url)
-    for status in ("validating", "closed"):
-        api.post(f"/rounds/{api.round_id}/status", "researcher", {"status": status})
-    # A round of 13 examples is too small for the strict policy and the offered relaxations (2-3
-    # eligible examples of a class): relaxed, 3 of 5 votes, and no class-balance guard.
-    relaxed = {"policy": "relaxed", "chance": False, "dev_test_min_votes": 3, "max_dev_test_share": 1.0}
-    api.post(f"/rounds/{api.round_id}/build", "researcher", {"seed": 0, **relaxed})
+    _close_round_steps(page, demo, api)
+    _build_from_the_web_app_steps(page, api)
 
     client_token = re.search(r"^  client\s+(\S+)$", demo.output, re.MULTILINE)
     assert client_token, demo.output
@@ -522,6 +522,85 @@ def _promote_steps(page: Page, demo: RunningDemo) -> None:
     answers = [api.http.get("/model-servers", headers=api.headers("researcher")).text, page.text()]
     answers += [api.http.get(f"/jobs/{job['id']}", headers=api.headers("researcher")).text for job in jobs]
     assert not [answer for answer in answers if admin_token.group(1) in answer]
+
+
+def _close_round_steps(page: Page, demo: RunningDemo, api: _Api) -> None:
+    """Issue #28, item 2: closing the round asks first and counts its open study links; it
+    closes them, and a worker who opens one afterwards is refused (409, no session)."""
+    links = api.get(f"/tasks/{DEMO_TASK}/study-links", "researcher")["data"]
+    open_links = [link for link in links if link["round_id"] == api.round_id and link["is_open"]]
+    assert open_links, links  # the demo's writer and validator links, and the ones made above
+    counted = api.get(f"/rounds/{api.round_id}", "researcher")["open_study_links"]
+    assert counted == len(open_links), (counted, open_links)
+    page.open_page("Tasks and rounds")
+    page.click("Stop collecting: validation only")
+    page.wait_text("Round 1 is now validating")
+    page.idle()
+    page.click("Close the round")
+    page.wait_text(f"Its {len(open_links)} open study links will be closed with it")
+    assert api.get(f"/rounds/{api.round_id}", "researcher")["status"] == "validating"  # nothing closed yet
+    page.screenshot("10c-researcher-close-asks-first")
+    page.click("Yes, close round 1")
+    page.wait_text(f"Round 1 is now closed; {len(open_links)} of its study links were closed with it")
+    page.idle()
+    assert api.get(f"/rounds/{api.round_id}", "researcher")["status"] == "closed"
+    links = api.get(f"/tasks/{DEMO_TASK}/study-links", "researcher")["data"]
+    assert not [link for link in links if link["round_id"] == api.round_id and link["is_open"]], links
+    late = httpx.get(
+        f"{demo.ui_url}{open_links[0]['path']}",
+        params={"PROLIFIC_PID": "5f1a2b3c4d5e6f7a8b9c0d99", "STUDY_ID": "60aa11bb22cc33dd44ee55ff", "worker": "late-1"},
+        follow_redirects=False,
+        timeout=30,
+    )
+    assert late.status_code == 409 and "dynaloop_session" not in late.cookies, (late.status_code, late.text[:300])
+
+
+def _build_from_the_web_app_steps(page: Page, api: _Api) -> None:
+    """Issue #28, item 1: the closed round (13 examples) is too small for the strict policy; the
+    refusal on "Models and datasets" offers the options that build, with their counts (the same
+    the API previews), and the round is built with the first one from the page."""
+    page.open_page("Models and datasets")
+    page.wait_text("Build a round")
+    page.click("Build round 1")
+    page.wait_text("Options that build this round")
+    page.idle()
+    preview = api.post(f"/rounds/{api.round_id}/build/preview", "researcher", {"seed": 0})
+    options = [option for option in preview["relaxations"] if option["feasible"]]
+    assert options, preview
+    first = options[0]
+    assert first["name"] in page.text(), (first["name"], page.text()[-2000:])
+    page.screenshot("10d-researcher-build-options")
+    page.click(f"Build round 1: {first['name']}")
+    page.wait_text("Built round 1 (build")
+    page.idle()
+    built = api.get(f"/tasks/{DEMO_TASK}/rounds", "researcher")["data"]
+    assert [(r["number"], r["status"]) for r in built] == [(1, "built")], built
+    counts = {split: first["counts"][split] for split in ("train", "dev", "test")}
+    flash = re.search(r"train ([\d,]+), dev ([\d,]+), test ([\d,]+)", page.text())
+    assert flash, page.text()[-2000:]
+    assert {"train": int(flash[1]), "dev": int(flash[2]), "test": int(flash[3])} == counts, (flash[0], first)
+
+
+def _restart_keeps_the_promotion(demo: RunningDemo, model_cache: Path) -> None:
+    """Issue #28, item 3: the demo restarted on its data serves the researcher's promoted model,
+    keeps Model 0 retired and opens no other round."""
+    api = _Api(demo.api_url)
+    promoted = [m for m in api.get(f"/tasks/{DEMO_TASK}/models", "researcher")["data"] if m["status"] == "promoted"]
+    rounds = [(r["number"], r["status"]) for r in api.get(f"/tasks/{DEMO_TASK}/rounds", "researcher")["data"]]
+    assert len(promoted) == 1 and "model-0" not in promoted[0]["model_id"], promoted
+    assert demo.stop() == 0, demo.output
+    with running_demo(demo.data_dir, model_cache=model_cache) as again:
+        info = httpx.get(f"{again.model_url}/info", timeout=30).json()
+        assert (info["model_id"], info["version"]) == (promoted[0]["model_id"], promoted[0]["version"]), info
+        http = httpx.Client(base_url=f"{again.api_url}/api/v1", timeout=60)
+        token = http.post("/auth/login", json={"username": "researcher", "password": "researcher-demo-only"})
+        headers = {"Authorization": f"Bearer {token.json()['token']}"}
+        models = http.get(f"/tasks/{DEMO_TASK}/models", headers=headers).json()["data"]
+        assert {m["model_id"]: m["status"] for m in models}[promoted[0]["model_id"]] == "promoted", models
+        assert all(m["status"] != "promoted" for m in models if "model-0" in m["model_id"]), models
+        again_rounds = http.get(f"/tasks/{DEMO_TASK}/rounds", headers=headers).json()["data"]
+        assert [(r["number"], r["status"]) for r in again_rounds] == rounds, again_rounds
+        assert again.stop() == 0, again.output
 
 
 # --- one vocabulary (issue #18, point 3) ------------------------------------------------------
