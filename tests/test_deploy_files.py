@@ -471,6 +471,19 @@ def test_the_api_trusts_forwarded_headers_from_the_stacks_network_only() -> None
     assert network == [{"subnet": subnet}]
 
 
+def test_the_web_app_and_the_api_take_the_same_request_size_and_nginx_lets_it_through() -> None:
+    """The web app's uploaders say and accept what the API takes (frontend/uploads.py), and
+    nginx passes a body that large to the API."""
+    limit = env_of(services()["api-1"])["DYNALOOP_MAX_REQUEST_BYTES"]
+    assert limit == "${DYNALOOP_MAX_REQUEST_BYTES:-5242880}"
+    for name in (*API_REPLICAS, *WEB_APP_REPLICAS):
+        assert env_of(services()[name])["DYNALOOP_MAX_REQUEST_BYTES"] == limit, name
+    nginx = (DOCKER / "nginx" / "nginx.conf").read_text(encoding="utf-8")
+    api_block = nginx[nginx.index("listen 8000") :]
+    body = re.search(r"client_max_body_size (\d+)m;", api_block)
+    assert body and int(body.group(1)) * 1024 * 1024 >= 5242880, body
+
+
 def test_only_nginx_publishes_ports() -> None:
     for name, service in services().items():
         if name not in PUBLISHED:
