@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import json
 import multiprocessing
@@ -45,21 +46,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-# bench/model_server.py is named like the package it measures: keep bench/ off the import path
-# so that `import model_server` finds the package.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-DATA_CANDIDATES = [REPO.parent / "shared" / "data", Path("/work/shared/data")]
-TEST_FILE = Path("tweeteval-sentiment") / "test_text.txt"
 
-
+@functools.cache
 def _bench_model_server() -> Any:
     """bench/model_server.py (named like the package it measures, so loaded by path): its server
-    process handling, /proc CPU accounting and minimal socket client are reused here."""
-    spec = importlib.util.spec_from_file_location("bench_model_server", REPO / "bench" / "model_server.py")
+    process handling, /proc CPU accounting, minimal socket client and data paths are reused
+    here. Loading it also takes bench/ off the import path, so that `import model_server` finds
+    the package, not that script."""
+    path = Path(__file__).resolve().parent / "model_server.py"
+    spec = importlib.util.spec_from_file_location("bench_model_server", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_model_server"] = module
@@ -67,8 +62,12 @@ def _bench_model_server() -> Any:
     return module
 
 
+REPO: Path = _bench_model_server().REPO
+
+
 def load_tweets(explicit: Path | None) -> tuple[list[str], str]:
-    candidates = [explicit] if explicit else [root / TEST_FILE for root in DATA_CANDIDATES]
+    bench = _bench_model_server()
+    candidates = [explicit] if explicit else [root / bench.DATA_FILE for root in bench.DATA_CANDIDATES]
     for path in candidates:
         if path is not None and path.is_file():
             lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
