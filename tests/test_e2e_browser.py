@@ -584,21 +584,28 @@ def _build_from_the_web_app_steps(page: Page, api: _Api) -> None:
 def _restart_keeps_the_promotion(demo: RunningDemo, model_cache: Path) -> None:
     """Issue #28, item 3: the demo restarted on its data serves the researcher's promoted model,
     keeps Model 0 retired and opens no other round."""
-    api = _Api(demo.api_url)
-    promoted = [m for m in api.get(f"/tasks/{DEMO_TASK}/models", "researcher")["data"] if m["status"] == "promoted"]
-    rounds = [(r["number"], r["status"]) for r in api.get(f"/tasks/{DEMO_TASK}/rounds", "researcher")["data"]]
+
+    def researcher_get(api_url: str, path: str) -> Any:
+        with httpx.Client(base_url=f"{api_url}/api/v1", timeout=60) as http:
+            token = http.post("/auth/login", json={"username": "researcher", "password": "researcher-demo-only"})
+            assert token.status_code == 200, token.text
+            answer = http.get(path, headers={"Authorization": f"Bearer {token.json()['token']}"})
+            assert answer.status_code == 200, answer.text
+            return answer.json()["data"]
+
+    models = researcher_get(demo.api_url, f"/tasks/{DEMO_TASK}/models")
+    promoted = [m for m in models if m["status"] == "promoted"]
+    rounds = [(r["number"], r["status"]) for r in researcher_get(demo.api_url, f"/tasks/{DEMO_TASK}/rounds")]
     assert len(promoted) == 1 and "model-0" not in promoted[0]["model_id"], promoted
+    assert rounds == [(1, "built")], rounds
     assert demo.stop() == 0, demo.output
     with running_demo(demo.data_dir, model_cache=model_cache) as again:
         info = httpx.get(f"{again.model_url}/info", timeout=30).json()
         assert (info["model_id"], info["version"]) == (promoted[0]["model_id"], promoted[0]["version"]), info
-        http = httpx.Client(base_url=f"{again.api_url}/api/v1", timeout=60)
-        token = http.post("/auth/login", json={"username": "researcher", "password": "researcher-demo-only"})
-        headers = {"Authorization": f"Bearer {token.json()['token']}"}
-        models = http.get(f"/tasks/{DEMO_TASK}/models", headers=headers).json()["data"]
+        models = researcher_get(again.api_url, f"/tasks/{DEMO_TASK}/models")
         assert {m["model_id"]: m["status"] for m in models}[promoted[0]["model_id"]] == "promoted", models
         assert all(m["status"] != "promoted" for m in models if "model-0" in m["model_id"]), models
-        again_rounds = http.get(f"/tasks/{DEMO_TASK}/rounds", headers=headers).json()["data"]
+        again_rounds = researcher_get(again.api_url, f"/tasks/{DEMO_TASK}/rounds")
         assert [(r["number"], r["status"]) for r in again_rounds] == rounds, again_rounds
         assert again.stop() == 0, again.output
 

@@ -26,6 +26,7 @@ from frontend.researcher import choose_round, choose_task
 
 ACTIVE_JOB_KEY = "researcher_models_job"  # {task: job id} of the job this page follows
 MODEL_KEY = "researcher_models_model"  # the model picker of the registry
+NEXT_MODEL_KEY = "researcher_models_next_model"  # a model the picker shows at its next drawing
 WORSE_KEY = "researcher_models_confirm_worse"  # {task: {"params", "message", "details"}} of a refused promotion
 DOWNLOAD_KEY = "researcher_models_download"  # the fetched file: {"name", "data", "mime"}
 POLL_SECONDS = 2.0
@@ -85,9 +86,10 @@ def follow_job(client: Api, task: str) -> None:
         state.flash("success", _job_text(job))
         trained = (job.get("result") or {}).get("model") if job["kind"] == "train" else None
         if isinstance(trained, dict) and isinstance(trained.get("id"), int):
-            # The model just trained is the one to evaluate next: the picker shows it. (The
-            # picker is not drawn in this run, so its value may still be set.)
-            st.session_state[MODEL_KEY] = trained["id"]
+            # The model just trained is the one to evaluate next: the picker shows it. This may be
+            # a run of this fragment alone, after the picker was drawn with the old choice, so the
+            # choice is handed to the next full run, which sets it before drawing the picker.
+            st.session_state[NEXT_MODEL_KEY] = trained["id"]
     # A failed job is shown at the top of the page with its log (failed_jobs).
     st.rerun()  # the whole page: the registry and the job list changed
 
@@ -506,6 +508,8 @@ def registry_section(client: Api, task: Task, rounds: list[Round], busy: bool) -
         key="researcher_models_registry",
     )
     by_id = {m["id"]: m for m in models}
+    if st.session_state.get(NEXT_MODEL_KEY) in by_id:
+        st.session_state[MODEL_KEY] = st.session_state.pop(NEXT_MODEL_KEY)
     # The options are labelled with what never changes (the name). The browser keeps the label
     # of the chosen option as the widget's value, so a label with the status in it went on
     # saying "(evaluated)" after the model was promoted; the status is shown below instead,
