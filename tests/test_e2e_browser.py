@@ -501,7 +501,7 @@ def _promote_steps(page: Page, demo: RunningDemo) -> None:
     fields = page.driver.find_elements(page.by.CSS_SELECTOR, "input[type='text'], input[type='password'], textarea")
     labels = [str(f.get_attribute("aria-label") or "") for f in fields]
     assert not [label for label in labels if "token" in label.lower() or "url" in label.lower()], labels
-    page.scroll_to_text("Model server to promote it to")
+    page.scroll_to_text("Promote it to")
     page.screenshot("11-researcher-evaluated")
     page.click("Promote")
     # A one-epoch model on a dozen examples may score below the promoted Model 0 or near chance:

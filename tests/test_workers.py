@@ -252,7 +252,7 @@ def test_two_workers_queues_a_dead_worker_and_a_cancel(
 
         # The same worker, restarted under its name, takes the next cpu job.
         with worker_process(app, "cpu", "cpu-worker", tmp_path / "cpu-again.log"):
-            # (one epoch: the same params on the same data would train the same version again)
+            # (one epoch: other weights than the first job's, so a new version rather than VERSION.2)
             after = client.post(
                 JOBS, json={"kind": "train", "params": {**TINY_TRAIN, "epochs": 1}}, headers=researcher.headers
             ).json()
