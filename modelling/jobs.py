@@ -88,7 +88,7 @@ from services.db.models import (
 from services.db.statements import rows_matched
 from services.domain import audit
 from services.domain.model_servers import find_server, require_granted
-from services.domain.tasks import definition_of
+from services.domain.tasks import definition_of, get_task
 from services.errors import Conflict, DomainError, Invalid, missing_job, validation_problems
 
 if TYPE_CHECKING:
@@ -825,6 +825,8 @@ class _TrainingProgress(TrainingListener):
 
 def _train(context: _Context) -> dict[str, Any]:
     params = TrainParams.model_validate(context.params)
+    with context.factory() as session:  # the task's training defaults, so the progress counts its epochs
+        params = params.with_task_defaults(definition_of(get_task(session, context.task_name)).training)
     if params.base is not None:
         params.base = str(base_folder(params.base, context.data_root))
     out_dir = context.data_dir / "models" / f"{context.task_name}-job-{context.job_id}"
@@ -836,7 +838,7 @@ def _train(context: _Context) -> dict[str, Any]:
         data_files=context.data_files,
         actor_id=context.actor_id,
         unnamed_model_id=f"{context.task_name}-job-{context.job_id}",
-        listener=_TrainingProgress(context.runner, params.epochs),
+        listener=_TrainingProgress(context.runner, params.epochs or 0),
     )
     assert trained.model is not None  # a job trains in one process, which registers the model
     result, summary = trained.training, trained.model
@@ -858,6 +860,7 @@ def _train(context: _Context) -> dict[str, Any]:
         "examples_per_second": round(result.examples_per_second, 2),
         "tokenizer_coverage": None if result.tokenizer_coverage is None else result.tokenizer_coverage.to_dict(),
         "unknown_token_warning": result.unknown_token_warning,
+        "low_f1_warning": result.low_f1_warning,
     }
 
 

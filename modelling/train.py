@@ -163,6 +163,7 @@ class TrainResult:
     wall_seconds: float
     tokenizer_coverage: TokenCoverage | None = None
     unknown_token_warning: str | None = None  # set when the coverage is above the limit (allowed)
+    low_f1_warning: str | None = None  # set when a class's best-epoch dev F1 is low (low_f1_classes)
 
     @property
     def epochs_run(self) -> int:
@@ -184,12 +185,71 @@ class TrainResult:
             "best_dev_f1_per_class": self.best_dev_f1_per_class,
             "tokenizer_coverage": None if self.tokenizer_coverage is None else self.tokenizer_coverage.to_dict(),
             "unknown_token_warning": self.unknown_token_warning,
+            "low_f1_classes": low_f1_classes(self.best_dev_f1_per_class),
+            "low_f1_warning": self.low_f1_warning,
             "stopped_early": self.stopped_early,
             "resumed_from_step": self.resumed_from_step,
             "examples_per_second": round(self.examples_per_second, 2),
             "wall_seconds": round(self.wall_seconds, 2),
             "history": [asdict(record) for record in self.history],
         }
+
+
+# ---------------------------------------------------------------------------- low per-class F1
+
+# A class's dev F1 is low when it is under LOW_F1_FLOOR, or under LOW_F1_SHARE of the mean of all
+# classes' F1 (the dev macro-F1): a class at 0.039 beside others at 0.7 is one the model has all
+# but given up on, and a class at 0.15 where the others average 0.2 is not (docs/training.md,
+# "Per-class F1 on dev").
+LOW_F1_FLOOR = 0.1
+LOW_F1_SHARE = 1 / 3
+
+
+def low_f1_bound(per_class: Mapping[str, float]) -> float:
+    """The F1 below which a class is low: ``max(LOW_F1_FLOOR, LOW_F1_SHARE × mean F1)``."""
+    mean = sum(per_class.values()) / len(per_class)
+    return max(LOW_F1_FLOOR, LOW_F1_SHARE * mean)
+
+
+def low_f1_classes(per_class: Mapping[str, float] | None) -> list[str]:
+    """The classes (labels) whose dev F1 is low, in the labels' order; none without a dev set.
+
+    >>> low_f1_classes({"negative": 0.71, "neutral": 0.039, "positive": 0.74})
+    ['neutral']
+    >>> low_f1_classes({"negative": 0.2, "neutral": 0.15, "positive": 0.25})
+    []
+    """
+    if not per_class:
+        return []
+    bound = low_f1_bound(per_class)
+    return [label for label, f1 in per_class.items() if f1 < bound]
+
+
+def low_f1_warning(
+    per_class: Mapping[str, float] | None, class_weights: Literal["none", "balanced"] | Mapping[str, float]
+) -> str | None:
+    """One line naming the low classes with their F1 and what to try, or None when none is low."""
+    low = low_f1_classes(per_class)
+    if not low or not per_class:
+        return None
+    mean = sum(per_class.values()) / len(per_class)
+    figures = ", ".join(f"{label} {per_class[label]:.3f}" for label in low)
+    never = [label for label in low if per_class[label] == 0]
+    what = (
+        "the model never gets " + ("this class" if len(low) == 1 else "these classes") + " right"
+        if len(never) == len(low)
+        else "the model has nearly given up on " + ("this class" if len(low) == 1 else "these classes")
+    )
+    remedy = (
+        "try --class-weights balanced, a higher --learning-rate or more --epochs"
+        if class_weights == "none"
+        else "try a higher --learning-rate, more --epochs or more training examples of "
+        + ("it" if len(low) == 1 else "them")
+    )
+    return (
+        f"low dev F1 for {figures} (below {low_f1_bound(per_class):.3f}: the larger of "
+        f"{LOW_F1_FLOOR} and a third of the dev macro-F1 {mean:.3f}): {what}; {remedy}"
+    )
 
 
 # ---------------------------------------------------------------------------- losses
@@ -773,6 +833,11 @@ def train_model(
         ),
         "tokenizer_coverage": coverage.to_dict(),
     }
+    low_f1 = low_f1_warning(summary["best_dev_f1_per_class"], config.class_weights)  # type: ignore[arg-type]
+    summary["low_f1_classes"] = low_f1_classes(summary["best_dev_f1_per_class"])  # type: ignore[arg-type]
+    summary["low_f1_warning"] = low_f1
+    if low_f1 is not None:
+        _warn(accelerator, "warning: %s", low_f1)
     metadata = ModelMetadata(
         model_id=model_id,
         version=weights_version(final),
@@ -819,6 +884,7 @@ def train_model(
         unknown_token_warning=(
             coverage.message("the training mix") if coverage.exceeds(config.max_unknown_token_share) else None
         ),
+        low_f1_warning=low_f1,
     )
 
 

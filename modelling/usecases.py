@@ -42,6 +42,7 @@ from services.db.models import ModelVersion, Task, User
 from services.domain.tasks import definition_of, get_task
 from services.errors import DomainError, Invalid
 from services.settings import get_settings
+from services.taskdef import TrainingDefaults
 
 if TYPE_CHECKING:
     from model_directory.runtime import PrecisionCheck
@@ -126,9 +127,13 @@ class TrainOptions(BaseModel):
         description="A data mix (the YAML of `dynaloop round train --mix`, as JSON). Default: every "
         "built round's train split, and the newest built round's dev split for early stopping.",
     )
-    epochs: int = Field(3, ge=1, le=1000)
+    epochs: int | None = Field(
+        None, ge=1, le=1000, description="Default: the task YAML's `training.epochs` (3 when it has none)."
+    )
     batch_size: int = Field(32, ge=1, le=4096)
-    learning_rate: float = Field(2e-5, gt=0, le=1)
+    learning_rate: float | None = Field(
+        None, gt=0, le=1, description="Default: the task YAML's `training.learning_rate` (2e-5 when it has none)."
+    )
     max_length: int = Field(128, ge=8, le=8192)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     class_weights: Literal["none", "balanced"] | dict[str, float] | None = Field(
@@ -183,26 +188,40 @@ class TrainOptions(BaseModel):
             raise ValueError("checkpoint_every must be a positive number of steps or 'epoch'")
         return value
 
+    def with_task_defaults(self, defaults: TrainingDefaults) -> TrainOptions:
+        """These options with the task YAML's ``training`` defaults where they name no epochs,
+        learning rate or class weights (docs/training.md, "The task's defaults")."""
+        return self.model_copy(
+            update={
+                "epochs": self.epochs if self.epochs is not None else defaults.epochs,
+                "learning_rate": self.learning_rate if self.learning_rate is not None else defaults.learning_rate,
+                "class_weights": self.class_weights if self.class_weights is not None else defaults.class_weights,
+            }
+        )
+
     def train_config(
         self,
         base: Path | None,
         *,
-        task_class_weights: Literal["none", "balanced"] | dict[str, float] = "none",
+        task_defaults: TrainingDefaults | None = None,
         max_unknown_token_share: float | None = None,
     ) -> TrainConfig:
         """The trainer's hyperparameters, with ``base`` (the tiny base of ``tiny`` runs) as the backbone,
-        the task's class weights where the options name none, and the settings' unknown-token limit."""
+        the task's training defaults (``TrainingDefaults()`` when none are given) where the options name
+        none, and the settings' unknown-token limit."""
         from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE
         from modelling.train import TrainConfig
 
+        resolved = self.with_task_defaults(task_defaults if task_defaults is not None else TrainingDefaults())
+        assert resolved.epochs is not None and resolved.learning_rate is not None
         return TrainConfig(
             base=base,
-            epochs=self.epochs,
+            epochs=resolved.epochs,
             batch_size=self.batch_size,
-            learning_rate=self.learning_rate,
+            learning_rate=resolved.learning_rate,
             max_length=self.max_length,
             seed=self.seed,
-            class_weights=self.class_weights if self.class_weights is not None else task_class_weights,
+            class_weights=resolved.class_weights if resolved.class_weights is not None else "none",
             early_stopping_patience=self.patience or None,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             cpu=self.cpu,
@@ -307,7 +326,7 @@ def train_and_register(
             input_format=pair_input,
             config=options.train_config(
                 base,
-                task_class_weights=definition.training.class_weights,
+                task_defaults=definition.training,
                 max_unknown_token_share=get_settings().max_unknown_token_share,
             ),
             out_dir=out_dir,

@@ -116,6 +116,21 @@ class TrainingDefaults(_Strict):
         description="Per-class loss weights: none, balanced (inverse to the mix's label mass; BESSTIE §5's "
         "class-weighted cross-entropy) or {label: weight}.",
     )
+    epochs: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Planned epochs of `round train` when its options name none (the learning-rate schedule "
+        "spans them).",
+    )
+    learning_rate: float = Field(
+        2e-5,
+        gt=0,
+        le=1,
+        description="AdamW learning rate of `round train` when its options name none. The shipped examples use "
+        '5e-5, which the packaged MiniLM needs on a round-sized mix (docs/benchmarks.md, "Training defaults per '
+        'family"); a large base such as RoBERTa-large wants about 2e-5.',
+    )
     accelerator: Literal["cpu", "gpu"] = Field(
         "cpu",
         description="Where a train job started through the API runs unless its request says: cpu (any "

@@ -60,21 +60,14 @@ class PrintedTraining(TrainingListener):
         )
         per_class = result.best_dev_f1_per_class
         if per_class:
-            collapsed = [label for label, f1 in per_class.items() if f1 == 0]
             console.print(
                 "dev F1 per class (best epoch): " + ", ".join(f"{label} {f1:.4f}" for label, f1 in per_class.items()),
                 soft_wrap=True,
                 highlight=False,
                 markup=False,
             )
-            if collapsed:
-                err.print(
-                    f"warning: dev F1 is 0 for {', '.join(collapsed)}: the model never gets "
-                    f"{'this class' if len(collapsed) == 1 else 'these classes'} right (try --class-weights balanced)",
-                    soft_wrap=True,
-                    highlight=False,
-                    markup=False,
-                )
+        if result.low_f1_warning:
+            err.print(f"warning: {result.low_f1_warning}", soft_wrap=True, highlight=False, markup=False)
         if result.unknown_token_warning:
             err.print(f"warning: {result.unknown_token_warning}", soft_wrap=True, highlight=False, markup=False)
 

@@ -501,9 +501,16 @@ def round_train(
         Path | None,
         typer.Option(help="Backbone checkpoint folder (never a dynaloop-trained model); default: packaged MiniLM"),
     ] = None,
-    epochs: int = 3,
+    epochs: Annotated[
+        int | None, typer.Option(help="Planned epochs; default: the task YAML's training.epochs (3 when it has none)")
+    ] = None,
     batch_size: int = 32,
-    learning_rate: float = 2e-5,
+    learning_rate: Annotated[
+        float | None,
+        typer.Option(
+            help="AdamW learning rate; default: the task YAML's training.learning_rate (2e-5 when it has none)"
+        ),
+    ] = None,
     max_length: int = 128,
     seed: int = 0,
     class_weights: Annotated[

@@ -397,13 +397,29 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
         f"From the base checkpoint, on the train split of round(s) {', '.join(map(str, built))}, with round "
         f"{max(built)}'s dev split for early stopping (DynaSent §5.3: retrain from scratch every round)."
     )
+    # The task YAML's training defaults (docs/training.md, "The task's defaults"), preselected.
+    task_training = task["definition"].get("training", {})
     # Enter in a number field must not start a training run: only the button submits.
     with st.form("researcher_models_train_form", enter_to_submit=False):
         cols = st.columns(4)
-        epochs = cols[0].number_input("Epochs", 1, 1000, 3, key="researcher_train_epochs")
+        epochs = cols[0].number_input(
+            "Epochs",
+            1,
+            1000,
+            int(task_training.get("epochs", 3)),
+            key="researcher_train_epochs",
+            help="Default: the task's `training.epochs`",
+        )
         batch_size = cols[1].number_input("Batch size", 1, 4096, 32, key="researcher_train_batch")
         learning_rate = cols[2].number_input(
-            "Learning rate", 1e-7, 1.0, 2e-5, step=1e-6, format="%.1e", key="researcher_train_lr"
+            "Learning rate",
+            1e-7,
+            1.0,
+            float(task_training.get("learning_rate", 2e-5)),
+            step=1e-6,
+            format="%.1e",
+            key="researcher_train_lr",
+            help="Default: the task's `training.learning_rate`",
         )
         max_length = cols[3].number_input("Max tokens", 8, 8192, 128, key="researcher_train_max_length")
         cols = st.columns(4)
@@ -424,8 +440,7 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
             key="researcher_train_patience",
             help="Epochs without a better dev macro-F1 before stopping; 0: never",
         )
-        # The task YAML's default (training.class_weights: BESSTIE's is balanced), preselected.
-        task_weights = task["definition"].get("training", {}).get("class_weights", "none")
+        task_weights = task_training.get("class_weights", "none")
         weights = cols[3].selectbox(
             "Class weights",
             ["none", "balanced"],
