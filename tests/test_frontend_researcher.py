@@ -538,6 +538,10 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     assert said(at, "success", f"Built round 1 (build 1): train {total['train']}, dev 9, test 9")
     assert rita.requests("POST", f"/rounds/{round_['id']}/build")[0].body == {"seed": 0}
 
+    # The task YAML's training defaults are preselected (dynasent-r2: 4 epochs at 5e-5, balanced).
+    assert at.number_input(key="researcher_train_epochs").value == 4
+    assert at.number_input(key="researcher_train_lr").value == 5e-5
+    assert at.selectbox(key="researcher_train_weights").value == "balanced"
     at.number_input(key="researcher_train_epochs").set_value(2)
     at = ok(at.button(key="researcher_train_submit").click().run())
     started = rita.requests("POST", JOBS)[-1].body
