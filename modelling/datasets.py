@@ -409,10 +409,16 @@ def _label_key(value: Any) -> str:
 
 
 def _offset(value: Any) -> int | None:
-    """An offset as an int: ints, and floats that are whole numbers (a CSV column with a gap
-    reads as float); anything else (text, booleans, NaN, fractions) is None."""
+    """An offset as an int: ints, floats that are whole numbers (a Parquet or JSONL column with a
+    gap reads as float), and the text of either (CSV and TSV files are read as text: "12",
+    "12.0"); anything else (other text, booleans, NaN, fractions) is None."""
     if isinstance(value, bool):
         return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip()) if value.strip() else None
+        except ValueError:
+            return None
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)) and np.isfinite(value) and float(value).is_integer():

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from model_directory import ModelMetadata
 from model_server.backends import ClassifyInput, load_backend
-from modelling.datasets import DataMix
+from modelling.datasets import DataError, DataMix, SourceSpec, labelled_from_frame, read_table
 from modelling.inference import predict_probabilities
 from modelling.init_model import init_model_dir, minilm_dir
 from modelling.train import Collate, TrainingItem, low_f1_classes, low_f1_warning
@@ -59,6 +59,20 @@ def test_a_task_yaml_sets_epochs_and_learning_rate_within_limits() -> None:
 
 
 # ---------------------------------------------------------------------------- target marking
+
+
+def test_a_csv_files_target_offsets_are_read_though_csv_cells_are_text(tmp_path: Path) -> None:
+    """CSV and TSV cells are read as text; offset columns there ("12", "12.0") are whole numbers."""
+    spec = SourceSpec(file=FIXTURE, target_column="target", target_start_column="from", target_end_column="to")
+    labels = ["negative", "neutral", "positive"]
+    loaded = labelled_from_frame(read_table(FIXTURE), labels=labels, multi_label=False, spec=spec)
+    rows = fixture_rows()
+    assert loaded.targets == [row["target"] for row in rows]
+    assert loaded.target_spans == [(int(row["from"]), int(row["to"])) for row in rows]
+    bad = FIXTURE.read_text(encoding="utf-8").replace(f",{rows[0]['from']},", ",one,", 1)
+    (tmp_path / "bad.csv").write_text(bad, encoding="utf-8")
+    with pytest.raises(DataError, match="row 1, columns `from`/`to`: the target's offsets must be whole numbers"):
+        labelled_from_frame(read_table(tmp_path / "bad.csv"), labels=labels, multi_label=False, spec=spec)
 
 
 def test_the_target_is_the_encoders_second_segment_in_training_and_in_the_model_server(tmp_path: Path) -> None:
