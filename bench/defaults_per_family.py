@@ -315,7 +315,7 @@ def run_family(family: str, rows: Rows, args: argparse.Namespace) -> dict[str, o
             + ", ".join(f"{label} {100 * f1:.1f}" for label, f1 in metrics.f1.items()),
             flush=True,
         )
-    found = report["systems"]  # type: ignore[assignment]
+    found: dict[str, dict[str, float]] = report["systems"]  # type: ignore[assignment]
     report["model_over_baseline"] = round(found["minilm"]["macro_f1"] / max(found["baseline"]["macro_f1"], 1e-9), 3)
     return report
 

@@ -833,9 +833,8 @@ def train_model(
         ),
         "tokenizer_coverage": coverage.to_dict(),
     }
-    low_f1 = low_f1_warning(summary["best_dev_f1_per_class"], config.class_weights)  # type: ignore[arg-type]
-    summary["low_f1_classes"] = low_f1_classes(summary["best_dev_f1_per_class"])  # type: ignore[arg-type]
-    summary["low_f1_warning"] = low_f1
+    best_per_class = next((record.dev_f1_per_class for record in history if record.epoch == state.best_epoch), None)
+    low_f1 = low_f1_warning(best_per_class, config.class_weights)
     if low_f1 is not None:
         _warn(accelerator, "warning: %s", low_f1)
     metadata = ModelMetadata(
@@ -856,6 +855,8 @@ def train_model(
         hyperparameters=config.recorded(),
         training={
             **summary,
+            "low_f1_classes": low_f1_classes(best_per_class),
+            "low_f1_warning": low_f1,
             "history": [asdict(record) for record in history],
             "from_scratch": True,
             "processes": accelerator.num_processes,
