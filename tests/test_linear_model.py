@@ -237,7 +237,7 @@ def test_geez_linear_model_trains_serves_the_loop_and_beats_the_encoder(
     server = serve_model(ServerConfig(model_dir=tmp_path / "linear"))
     try:
         info = httpx.get(f"{server.url}/info").json()
-        assert info["kind"] == "linear" and info["model_id"] == "geez-lin"
+        assert info["kind"] == "linear" and info["backend"] == "linear" and info["model_id"] == "geez-lin"
         task_yaml = GEEZ_EMOTION_TASK.replace("name: geez-emotion", "name: geez-emotion-loop")
         round_ = open_round(client, researcher, task_yaml, server.url, ["ዛሬ ጠዋት በገበያ በጣም ፈራሁ።"])
         assignment = client.post(f"/api/v1/rounds/{round_['id']}/assignments", json={}, headers=writer.headers)
