@@ -1,7 +1,9 @@
-"""`dynaloop_model.json`: what a model directory is for (labels, family, input format, origin).
+"""`dynaloop_model.json`: what a model directory is for (labels, family, kind, input format, origin).
 
-Every directory the model server loads carries this file next to the Hugging Face files; the
-round builder writes it for retrained models and ``dynaloop model init`` for Model 0.
+Every directory the model server loads carries this file next to the model's files: the Hugging
+Face files of an ``encoder`` model, or the scikit-learn pipeline of a ``linear`` one
+(model_directory.linear); the trainer writes it for retrained models and ``dynaloop model init``
+for Model 0.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ class ModelMetadata(BaseModel):
     version: str = Field("1", description="Changes whenever the weights change.")
     labels: list[str] = Field(min_length=2, description="Label names in the order of the head's outputs.")
     family: Literal["single_label", "multi_label"] = "single_label"
+    kind: Literal["encoder", "linear"] = Field(
+        "encoder",
+        description="encoder: a Hugging Face sequence classifier; linear: a character and word n-gram "
+        "TF-IDF + logistic regression pipeline (model_directory.linear).",
+    )
     input_format: Literal["text", "text_pair"] = Field(
         "text", description="text_pair: (sentence, target) as in MAD-TSC's SPC scheme."
     )

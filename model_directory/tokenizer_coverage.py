@@ -32,7 +32,9 @@ MAX_CHARS_PER_TEXT = 2000
 
 MULTILINGUAL_HINT = (
     "point the backbone (--base of `dynaloop round train`, `base` of a train job) at a local copy of a "
-    "multilingual checkpoint such as xlm-roberta-base (nothing is downloaded at run time)"
+    "multilingual checkpoint such as xlm-roberta-base (nothing is downloaded at run time), or, with no such "
+    "checkpoint at hand, train the linear kind (`dynaloop round train --kind linear`, `kind: linear` in a train "
+    "job): character n-grams read any script, offline and on a CPU"
 )
 
 

@@ -177,7 +177,8 @@ class ModelHost:
 def describe(backend: Backend, kind: str) -> dict[str, Any]:
     return {
         **backend.metadata.public(),
-        "backend": kind,
+        # A linear model directory is served by the linear backend whatever the server's default.
+        "backend": "linear" if backend.metadata.kind == "linear" else kind,
         "device": backend.device,
         "precision": backend.precision_info(),
     }

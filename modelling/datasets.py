@@ -205,7 +205,9 @@ class LabelledSet:
     # offsets (a file's offset columns, a round's marked spans); None where it gave only the text.
     target_spans: list[tuple[int, int]] | None = None
     varieties: list[str | None] | None = None
-    ids: list[str] = field(default_factory=list)
+    # Each row's id as its source gives it: an example's id (int) for a round, a file's `id` column
+    # (ints stay ints, so predictions sort numerically), else the row's position.
+    ids: list[str | int] = field(default_factory=list)
     weight: float = 1.0
     upsample: int = 1
     origin: dict[str, Any] = field(default_factory=dict)
@@ -219,7 +221,7 @@ class LabelledSet:
         if self.target_spans is not None and (self.targets is None or len(self.target_spans) != n):
             raise ValueError(f"{self.name}: target spans need one target per text")
         if not self.ids:
-            self.ids = [str(i) for i in range(n)]
+            self.ids = list(range(n))
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -497,7 +499,7 @@ def labelled_from_frame(
     spans: list[tuple[int, int]] = []
     has_targets = spec.target_column is not None or spec.target_start_column is not None
     varieties: list[str | None] = []
-    ids: list[str] = []
+    ids: list[str | int] = []
     rows: list[np.ndarray] = []
     unknown: list[int] = []  # row numbers
     dropped = 0
@@ -566,7 +568,7 @@ def labelled_from_frame(
         if spec.variety_column is not None:
             value = record[spec.variety_column]
             varieties.append(None if value is None or value == "" else str(value))
-        ids.append(str(record.get("id", position)))
+        ids.append(_row_id(record.get("id", position)))
         rows.append(vector)
     if unknown:
         more = f" (and {len(unknown) - 1} more row(s))" if len(unknown) > 1 else ""
@@ -594,6 +596,13 @@ def labelled_from_frame(
             "dropped_rows": dropped,
         },
     )
+
+
+def _row_id(value: Any) -> str | int:
+    """A file row's id: an integer stays one (not a bool, not a float such as 3.0), anything else is text."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return str(value)
 
 
 # ---------------------------------------------------------------------------- rounds
@@ -641,7 +650,7 @@ def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> Label
     targets: list[str] = []
     spans: list[tuple[int, int] | None] = []
     varieties: list[str | None] = []
-    ids: list[str] = []
+    ids: list[str | int] = []
     vectors: list[np.ndarray] = []
     skipped = 0
     for example_id, gold, distribution, text, extras in rows:
@@ -671,7 +680,7 @@ def labelled_from_round(session: Session, task: Task, spec: SourceSpec) -> Label
             spans.append((start, end) if isinstance(start, int) and isinstance(end, int) else None)
         texts.append(text)
         varieties.append(extras.get("variety"))
-        ids.append(str(example_id))
+        ids.append(int(example_id))
         vectors.append(vector)
     if spec.limit is not None and len(texts) > spec.limit:
         keep = sorted(np.random.default_rng(spec.seed).choice(len(texts), spec.limit, replace=False).tolist())

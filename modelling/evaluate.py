@@ -27,7 +27,7 @@ import pyarrow as pa
 from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE, token_coverage
 from modelling.datasets import LabelledSet
 from modelling.errors import EvaluationError
-from modelling.inference import LoadedClassifier
+from modelling.inference import LinearClassifier, LoadedClassifier, load_classifier
 from modelling.metrics import SetMetrics, compute_metrics, json_safe, metrics_by_variety, predicted_labels
 
 
@@ -55,6 +55,12 @@ class Evaluation:
     #: ``sets``: what :meth:`predictions` reads.
     probabilities: list[np.ndarray] = field(default_factory=list, repr=False)
     evaluated_sets: list[LabelledSet] = field(default_factory=list, repr=False)
+    #: encoder or linear (model_directory.ModelMetadata.kind).
+    model_kind: str = "encoder"
+    #: The linear baseline trained on the model's training mix and scored on the same sets; None
+    #: with ``baseline_note`` saying why there is none.
+    baseline: Baseline | None = None
+    baseline_note: str | None = None
 
     def __getitem__(self, name: str) -> SetMetrics:
         for metrics in self.sets:
@@ -81,10 +87,23 @@ class Evaluation:
             }
             if self.multi_label:
                 row["micro_f1"] = metrics.micro_f1
+            if self.baseline is not None:
+                row["baseline_macro_f1"] = self.baseline.evaluation[metrics.name].macro_f1
             row["human_f1"] = metrics.human_f1
             row["solved"] = metrics.solved
             rows.append(row)
         return pd.DataFrame(rows).set_index("set")
+
+    def behind_baseline(self) -> list[tuple[str, float, float]]:
+        """``(set, model macro-F1, baseline macro-F1)`` for each set where the model does not beat
+        the baseline (its macro-F1 is not above the baseline's)."""
+        if self.baseline is None:
+            return []
+        return [
+            (m.name, m.macro_f1, b.macro_f1)
+            for m, b in zip(self.sets, self.baseline.evaluation.sets, strict=True)
+            if not m.macro_f1 > b.macro_f1
+        ]
 
     def variety_table(self) -> pd.DataFrame:
         """One row per (set, variety): rows, F1 per class, macro-F1. Empty without varieties."""
@@ -101,7 +120,10 @@ class Evaluation:
         metrics count them), whether they match, and the probability of each label."""
         if len(self.evaluated_sets) != len(self.sets):
             raise EvaluationError("this evaluation holds no per-example predictions")
-        schema = prediction_schema(self.labels)
+        integer_ids = all(
+            isinstance(example_id, int) for labelled in self.evaluated_sets for example_id in labelled.ids
+        )
+        schema = prediction_schema(self.labels, integer_ids=integer_ids)
         columns: dict[str, list[Any]] = {name: [] for name in schema.names}
         for labelled, probabilities in zip(self.evaluated_sets, self.probabilities, strict=True):
             gold = labelled.hard()
@@ -117,7 +139,8 @@ class Evaluation:
                     gold_labels = [labelled.labels[int(gold[row])]]
                     predicted_set = [labelled.labels[int(predicted[row])]]
                 columns["set"].append(labelled.name)
-                columns["example_id"].append(labelled.ids[row])
+                example_id = labelled.ids[row]
+                columns["example_id"].append(example_id if integer_ids else str(example_id))
                 columns["text"].append(labelled.texts[row])
                 columns["target"].append(labelled.targets[row] if labelled.targets is not None else None)
                 columns["gold"].append(gold_labels)
@@ -134,6 +157,7 @@ class Evaluation:
                 "model_id": self.model_id,
                 "model_version": self.model_version,
                 "model_dir": self.model_dir,
+                "model_kind": self.model_kind,
                 "labels": self.labels,
                 "multi_label": self.multi_label,
                 "threshold": self.threshold,
@@ -145,18 +169,52 @@ class Evaluation:
                 "macro_f1": {m.name: m.macro_f1 for m in self.sets},
                 "solved": self.solved,
                 "sets": [m.to_dict() for m in self.sets],
+                "baseline": None if self.baseline is None else self.baseline.to_dict(),
+                "baseline_note": self.baseline_note,
+                "behind_baseline": [
+                    {"set": name, "model_macro_f1": model, "baseline_macro_f1": baseline}
+                    for name, model, baseline in self.behind_baseline()
+                ],
             }
         )
 
 
-def prediction_schema(labels: Sequence[str]) -> pa.Schema:
+@dataclass
+class Baseline:
+    """The linear model kind (modelling.linear) trained on the evaluated model's training mix and
+    scored on the same sets: what the model must beat to be worth its cost (docs/evaluation.md,
+    "Baseline")."""
+
+    evaluation: Evaluation
+    #: Where its training data came from, in words (the model's recorded mix, or the rounds' train splits).
+    trained_on: str
+    #: Each training source's summary (rows, label counts, SHA-256), as a model's metadata records it.
+    train_sets: list[dict[str, Any]]
+    model_dir: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(
+            {
+                "kind": "linear",
+                "model_dir": self.model_dir,
+                "model_version": self.evaluation.model_version,
+                "trained_on": self.trained_on,
+                "train_sets": self.train_sets,
+                "macro_f1": {m.name: m.macro_f1 for m in self.evaluation.sets},
+                "sets": [m.to_dict() for m in self.evaluation.sets],
+            }
+        )
+
+
+def prediction_schema(labels: Sequence[str], *, integer_ids: bool = False) -> pa.Schema:
     """The columns of predictions.parquet (:meth:`Evaluation.predictions`); ``scores`` has one
     probability per label, in the task's label order (a struct, so Hugging Face ``datasets``
-    loads it)."""
+    loads it). ``example_id`` is an integer when every set's ids are (rounds' example ids, a
+    file's integer `id` column), so the ids sort numerically; else text."""
     return pa.schema(
         [
             ("set", pa.string()),
-            ("example_id", pa.string()),
+            ("example_id", pa.int64() if integer_ids else pa.string()),
             ("text", pa.string()),
             ("target", pa.string()),
             ("gold", pa.list_(pa.string())),
@@ -229,7 +287,9 @@ def evaluate_probabilities(
     )
 
 
-def _predict_set(classifier: LoadedClassifier, labelled: LabelledSet, *, batch_size: int, progress: bool) -> np.ndarray:
+def _predict_set(
+    classifier: LoadedClassifier | LinearClassifier, labelled: LabelledSet, *, batch_size: int, progress: bool
+) -> np.ndarray:
     metadata = classifier.metadata
     if (metadata.family == "multi_label") != labelled.multi_label:
         kind = "multi-label" if labelled.multi_label else "single-label"
@@ -263,7 +323,7 @@ def evaluate_model(
     macro-F1 estimate; those sets get ``solved = macro_f1 >= human_f1``. Multi-label sets are
     thresholded at the model's ``threshold``. ``precision``: fp32, bf16, int8 or auto
     (model_directory.runtime); the evaluation records what it ran at."""
-    classifier = LoadedClassifier.load(model_dir, device=device, precision=precision, batch_size=batch_size)
+    classifier = load_classifier(model_dir, device=device, precision=precision, batch_size=batch_size)
     probabilities = [_predict_set(classifier, labelled, batch_size=batch_size, progress=progress) for labelled in sets]
     metadata = classifier.metadata
     evaluation = evaluate_probabilities(
@@ -277,6 +337,9 @@ def evaluate_model(
         model_version=metadata.version,
         model_dir=str(model_dir),
     )
+    evaluation.model_kind = metadata.kind
+    if isinstance(classifier, LinearClassifier):  # characters of any script: no tokenizer to cover them
+        return evaluation
     evaluation.precision = classifier.precision.describe()
     coverage = token_coverage(classifier.tokenizer, (text for labelled in sets for text in labelled.texts))
     evaluation.tokenizer_coverage = coverage.to_dict()
@@ -388,7 +451,7 @@ def cross_variety_matrix(
     predictions: dict[str, list[np.ndarray]] = {}
     threshold = 0.5
     for train_variety, model_dir in models.items():
-        classifier = LoadedClassifier.load(model_dir, device=device)
+        classifier = load_classifier(model_dir, device=device)
         threshold = classifier.metadata.threshold
         predictions[train_variety] = [
             _predict_set(classifier, labelled, batch_size=batch_size, progress=False) for labelled in test_sets

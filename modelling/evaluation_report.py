@@ -98,6 +98,52 @@ def precision_summary(precision: dict[str, Any]) -> str:
     return str(precision.get("mode"))
 
 
+def baseline_verdict(evaluation: Evaluation) -> str | None:
+    """One plain sentence on the sets where the model does not beat the linear baseline; None
+    without a baseline."""
+    if evaluation.baseline is None:
+        return None
+    behind = evaluation.behind_baseline()
+    if not behind:
+        return "The model beats the linear baseline on every set."
+    where = "; ".join(f"{name} ({_percent(model)} vs {_percent(other)})" for name, model, other in behind)
+    every = " every set" if len(behind) == len(evaluation.sets) else ""
+    return (
+        f"The model does not beat the linear baseline on{every} {len(behind)} of {len(evaluation.sets)} set(s), "
+        f"macro-F1 model vs baseline: {where}. A class-balanced n-gram model does as well or better there; "
+        "serve it (`dynaloop round train --kind linear`) or improve the model before promoting it."
+    )
+
+
+def baseline_markdown(evaluation: Evaluation) -> list[str]:
+    """The baseline's section of evaluation.md: what it is, what it was trained on, its F1 per
+    class beside the model's, and the verdict (or why there is no baseline)."""
+    baseline = evaluation.baseline
+    if baseline is None:
+        note = evaluation.baseline_note or "not computed"
+        return ["## Baseline", "", f"No linear baseline: {note}.", ""]
+    labels = evaluation.labels
+    rows = []
+    for m in evaluation.sets:
+        b = baseline.evaluation[m.name]
+        rows.append([m.name, "model", *[_percent(m.f1[label]) for label in labels], _percent(m.macro_f1)])
+        rows.append([m.name, "baseline", *[_percent(b.f1[label]) for label in labels], _percent(b.macro_f1)])
+    verdict = baseline_verdict(evaluation) or ""
+    return [
+        "## Baseline: class-balanced character and word n-gram linear model",
+        "",
+        f"**{verdict}**" if evaluation.behind_baseline() else verdict,
+        "",
+        "TF-IDF over character (2-5) and word (1-2) n-grams under a class-balanced logistic regression "
+        f"(the linear model kind, docs/training.md), trained on {baseline.trained_on}: "
+        f"{sum(int(entry.get('rows', 0)) for entry in baseline.train_sets):,} rows; its model directory is "
+        f"`{baseline.model_dir}`.",
+        "",
+        *_markdown_table(["Set", "", *labels, "Macro-F1"], rows),
+        "",
+    ]
+
+
 def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatrix | None = None) -> str:
     """evaluation.md: the Table 5b-style table (F1 in percent, one decimal, as in the paper),
     the per-variety breakdown and, when given, the cross-variety matrix."""
@@ -122,11 +168,14 @@ def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatri
         ]
     if evaluation.positive_label:
         lines += [f"Positive class: `{evaluation.positive_label}`.", ""]
+    baseline = evaluation.baseline
     header = ["Set", "n", *labels, "Macro-F1"]
     if evaluation.multi_label:
         header += ["Micro-F1", "Jaccard"]
     if evaluation.positive_label:
         header.append(f"F1 {evaluation.positive_label}")
+    if baseline is not None:
+        header += ["Baseline macro-F1", "Beats baseline"]
     header += ["Human F1", "Solved"]
     rows = []
     for m in evaluation.sets:
@@ -135,10 +184,14 @@ def evaluation_markdown(evaluation: Evaluation, cross_variety: CrossVarietyMatri
             row += [_percent(m.micro_f1), _percent(m.jaccard)]
         if evaluation.positive_label:
             row.append(_percent(m.positive_f1))
+        if baseline is not None:
+            other = baseline.evaluation[m.name].macro_f1
+            row += [_percent(other), "yes" if m.macro_f1 > other else "**no**"]
         row += [_percent(m.human_f1), "–" if m.solved is None else ("yes" if m.solved else "no")]
         rows.append(row)
     lines += ["## F1 per set (DynaSent Table 5b)", "", *_markdown_table(header, rows), ""]
     lines += ["Solved: the model's macro-F1 reaches the round's human F1 estimate (DynaSent §3.5).", ""]
+    lines += baseline_markdown(evaluation)
 
     # The paper's own orientation: classes as rows, sets as columns.
     paper_rows = [[label, *[_percent(m.f1[label]) for m in evaluation.sets]] for label in labels]

@@ -2,8 +2,10 @@
 
 :func:`predict_probabilities` loads a model directory and returns one row of probabilities per
 input, in the order of the labels in its ``dynaloop_model.json``; :func:`predict_loaded` does
-the same with a model already in memory (:class:`LoadedClassifier`). Evaluation
-(modelling.evaluate) and harvesting (modelling.harvest) predict through this module.
+the same with a model already in memory (:class:`LoadedClassifier`). A directory of the linear
+kind (model_directory.linear) loads as a :class:`LinearClassifier`; :func:`load_classifier`
+picks the one the directory's ``kind`` names. Evaluation (modelling.evaluate) and harvesting
+(modelling.harvest) predict through this module.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from model_directory import ModelMetadata, ModelMetadataError
+from model_directory.linear import LinearModel
 from model_directory.runtime import PrecisionCheck, PrecisionPlan, PrecisionUnavailable, pad_rows, plan_precision
 from modelling.errors import EvaluationError
 
@@ -83,6 +86,49 @@ class LoadedClassifier:
             progress=progress,
             precision=self.precision,
         )
+
+
+@dataclass
+class LinearClassifier:
+    """A linear model directory in memory (model_directory.linear): no tokenizer, no precision."""
+
+    model: LinearModel
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self.model.metadata
+
+    def predict(
+        self,
+        texts: Sequence[str],
+        targets: Sequence[str] | None = None,
+        *,
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Probabilities ``(len(texts), len(labels))``, as :func:`predict_loaded` gives them for an
+        encoder (``batch_size`` and ``progress`` are accepted for the same signature; the whole
+        input is one sparse matrix)."""
+        if targets is not None and len(targets) != len(texts):
+            raise EvaluationError(f"{len(targets)} targets for {len(texts)} texts; give one target per text")
+        try:
+            return self.model.predict_proba(texts, targets)
+        except ValueError as exc:
+            raise EvaluationError(str(exc)) from exc
+
+
+def load_classifier(
+    model_dir: Path | str, *, device: str | None = None, precision: str = "fp32", batch_size: int = 64
+) -> LoadedClassifier | LinearClassifier:
+    """The model directory in memory, as its ``kind`` says: an encoder at ``precision`` on
+    ``device``, or a linear model (which has neither)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise EvaluationError(f"model directory {model_dir} does not exist")
+    metadata = ModelMetadata.load(model_dir)
+    if metadata.kind == "linear":
+        return LinearClassifier(LinearModel.load(model_dir, metadata))
+    return LoadedClassifier.load(model_dir, device=device, precision=precision, batch_size=batch_size)
 
 
 def predict_loaded(
@@ -162,12 +208,12 @@ def predict_probabilities(
     progress: bool = False,
     precision: str = "fp32",
 ) -> np.ndarray:
-    """Load ``model_dir`` and predict at ``precision`` (fp32, bf16, int8 or auto): probabilities
+    """Load ``model_dir`` and predict (an encoder at ``precision``: fp32, bf16, int8 or auto): probabilities
     ``(len(texts), n_labels)`` in the order of the labels in its ``dynaloop_model.json`` (see
     :func:`predict_loaded`).
 
     >>> predict_probabilities("models/r1", ["I loved it", "meh"]).shape  # doctest: +SKIP
     (2, 3)
     """
-    classifier = LoadedClassifier.load(model_dir, device=device, precision=precision, batch_size=batch_size)
+    classifier = load_classifier(model_dir, device=device, precision=precision, batch_size=batch_size)
     return classifier.predict(texts, targets, batch_size=batch_size, progress=progress)

@@ -47,7 +47,7 @@ from services.taskdef import TrainingDefaults
 if TYPE_CHECKING:
     from model_directory.runtime import PrecisionCheck
     from modelling.datasets import LabelledSet
-    from modelling.evaluate import Evaluation
+    from modelling.evaluate import Baseline, Evaluation
     from modelling.train import EpochRecord, TrainConfig, TrainResult
 
 logger = logging.getLogger(__name__)
@@ -173,6 +173,14 @@ class TrainOptions(BaseModel):
         "directory (dynaloop_precision.json): the model server's --precision auto uses only what it admits.",
     )
     tiny: bool = Field(False, description="Tests only: a tiny random BERT replaces the base.")
+    kind: Literal["encoder", "linear"] = Field(
+        "encoder",
+        description="encoder: fine-tune the backbone (base); linear: a class-balanced character and word n-gram "
+        "TF-IDF + logistic regression (scikit-learn) that reads any script and trains in seconds on a CPU, "
+        "for scripts the backbone's tokenizer cannot read and as Model 0 without a GPU (docs/training.md, "
+        '"The linear kind"). The encoder\'s epochs, batch size, learning rate, base and precision check do not '
+        "apply to it.",
+    )
 
     @field_validator("class_weights")
     @classmethod
@@ -313,6 +321,30 @@ def train_and_register(
     model_id = options.model_id or (
         f"{task_name}-for-round-{options.round}" if options.round else unnamed_model_id or f"{task_name}-{out_dir.name}"
     )
+    if options.kind == "linear":
+        from modelling.linear import train_linear
+
+        result = train_linear(
+            train_sets,
+            dev,
+            labels=labels,
+            family=family,
+            input_format=pair_input,
+            out_dir=out_dir,
+            model_id=model_id,
+            trained_for_round=options.round,
+            task_name=task_name,
+            exclusive_labels=definition.exclusive_labels if multi else (),
+            seed=options.seed,
+        )
+        record_mix(out_dir, mix, train_sets)
+        listener.trained(result)
+        with session_scope(factory) as session:
+            model, same_weights_as = register_retrained(
+                session, get_task(session, task_name), out_dir, actor=_actor(session, actor_id)
+            )
+            registered = RegisteredModel.of(model)
+        return TrainedModel(out_dir=out_dir, training=result, model=registered, same_weights_as=same_weights_as)
     with tempfile.TemporaryDirectory(prefix="dynaloop-tiny-base-") as scratch:
         base = Path(options.base) if options.base else None
         if options.tiny:
@@ -340,6 +372,7 @@ def train_and_register(
         )
     if not PartialState().is_main_process:  # `accelerate launch`: one process registers the model
         return TrainedModel(out_dir=out_dir, training=result, model=None)
+    record_mix(out_dir, mix, train_sets)
     listener.trained(result)
     check = _check_precision_on_dev(out_dir, dev) if options.check_precision else None
     with session_scope(factory) as session:
@@ -350,6 +383,27 @@ def train_and_register(
     return TrainedModel(
         out_dir=out_dir, training=result, model=registered, precision_check=check, same_weights_as=same_weights_as
     )
+
+
+#: The key of dynaloop_model.json that records the data mix a model was trained on (as JSON), so that
+#: `round evaluate` can train the linear baseline on the same mix.
+MIX_KEY = "mix"
+
+
+def record_mix(out_dir: Path, mix: DataMix, train_sets: Sequence[LabelledSet]) -> None:
+    """Add the mix's train sources to ``out_dir``'s dynaloop_model.json (:data:`MIX_KEY`), each
+    round source pinned to the build it was read from (a later build of the round is other data)."""
+    from model_directory import ModelMetadata
+
+    pinned = [
+        spec.model_copy(update={"build_id": labelled.origin.get("build_id")})
+        if spec.round is not None and spec.build_id is None
+        else spec
+        for spec, labelled in zip(mix.train, train_sets, strict=True)
+    ]
+    recorded = DataMix(train=pinned).model_dump(mode="json", exclude_defaults=True)
+    metadata = ModelMetadata.load(out_dir)
+    ModelMetadata.model_validate({**metadata.model_dump(mode="json"), MIX_KEY: recorded}).save(out_dir)
 
 
 def _check_precision_on_dev(out_dir: Path, dev: LabelledSet | None) -> PrecisionCheck | None:
@@ -403,6 +457,12 @@ class EvaluateOptions(BaseModel):
         description='What the forward passes run at (docs/models.md, "Precision"); the evaluation records it. '
         "fp32 scores the weights as trained.",
     )
+    baseline: bool = Field(
+        True,
+        description="Also train the linear model kind on the model's own training mix (recorded in its "
+        "dynaloop_model.json; else every built round's train split) and report it beside the model on every "
+        'set (docs/evaluation.md, "Baseline").',
+    )
 
     def extra_sources(self) -> list[SourceSpec]:
         """The mix's dev and evaluate sources, evaluated after the rounds' splits."""
@@ -419,6 +479,9 @@ class EvaluationListener:
 
     def evaluating(self, sets: Sequence[LabelledSet]) -> None:
         """The model is about to predict these sets."""
+
+    def training_baseline(self, trained_on: str) -> None:
+        """The linear baseline is about to be trained on ``trained_on`` (in words)."""
 
     def written(self, evaluation: Evaluation, files: Sequence[Path]) -> None:
         """The scores are computed and the report's files written."""
@@ -487,6 +550,20 @@ def evaluate_and_record(
         max_unknown_token_share=get_settings().max_unknown_token_share,
         precision=options.precision,
     )
+    if not options.baseline:
+        evaluation.baseline_note = "not asked for (baseline: false, `--no-baseline`)"
+    else:
+        evaluation.baseline, evaluation.baseline_note = _baseline(
+            factory,
+            task_name,
+            model_dir,
+            chosen.sets,
+            evaluation,
+            out_dir,
+            data_files=data_files,
+            human_f1=chosen.human_f1,
+            listener=listener,
+        )
     files = write_evaluation(evaluation, out_dir)
     listener.written(evaluation, files)
     if not options.record:
@@ -503,6 +580,107 @@ def evaluate_and_record(
             f"the evaluation files are written, but the model registry refused it: {exc.message}", **exc.details
         ) from exc
     return EvaluatedModel(evaluation=evaluation, out_dir=out_dir, files=files, model=recorded)
+
+
+#: The folder of the evaluation's output that holds the linear baseline's model directory.
+BASELINE_DIR = "baseline-linear"
+
+
+def _baseline(
+    factory: sessionmaker[Session],
+    task_name: str,
+    model_dir: Path,
+    sets: Sequence[LabelledSet],
+    evaluation: Evaluation,
+    out_dir: Path,
+    *,
+    data_files: DataFiles,
+    human_f1: dict[str, float],
+    listener: EvaluationListener,
+) -> tuple[Baseline | None, str | None]:
+    """The linear model kind trained on the model's training mix (:data:`MIX_KEY` of its
+    dynaloop_model.json, read where ``data_files`` allows; else every built round's train split)
+    and evaluated on ``sets``; its model directory is kept in ``out_dir``/:data:`BASELINE_DIR`.
+    Returns the baseline, or None and why there is none."""
+    import shutil
+
+    from pydantic import ValidationError
+
+    from model_directory import METADATA_FILE, ModelMetadata
+    from modelling.datasets import DataError, input_format, load_source, model_labels
+    from modelling.evaluate import Baseline, evaluate_model
+    from modelling.linear import train_linear
+    from modelling.train import TrainingError
+
+    metadata = ModelMetadata.load(model_dir)
+    if metadata.kind == "linear":
+        return None, "the evaluated model is of the linear kind: it is the baseline itself"
+    extras = metadata.model_extra or {}
+    recorded = extras.get(MIX_KEY)
+    why_not_recorded = "the model's dynaloop_model.json records no training mix"
+    with factory() as session:
+        task = get_task(session, task_name)
+        definition = definition_of(task)
+        labels = model_labels(definition)
+        multi = definition.is_multi_label
+        train_sets: list[LabelledSet] | None = None
+        if recorded:
+            try:
+                mix = DataMix.model_validate(recorded)
+                data_files.resolve(mix, session=session, task=task, where="the model's recorded mix")
+                train_sets = [
+                    load_source(spec, labels=labels, multi_label=multi, session=session, task=task)
+                    for spec in mix.train
+                ]
+                trained_on = "the evaluated model's own training mix (recorded in its dynaloop_model.json)"
+            except (ValidationError, DataError, DomainError) as exc:
+                why_not_recorded = f"the model's recorded training mix cannot be read again ({exc})"
+        if train_sets is None:
+            try:
+                mix = default_mix(session, task)
+                train_sets = [
+                    load_source(spec, labels=labels, multi_label=multi, session=session, task=task)
+                    for spec in mix.train
+                ]
+            except (DataError, DomainError) as exc:
+                return None, f"no data to train it on: {why_not_recorded}, and {exc}"
+            trained_on = f"every built round's train split ({why_not_recorded})"
+        pair_input = input_format(definition)
+    known = [
+        str(entry.get("sha256")) for entry in (extras.get("data") or {}).get("train") or [] if isinstance(entry, dict)
+    ]
+    if known and sorted(known) != sorted(labelled.sha256() for labelled in train_sets):
+        trained_on += "; these rows are not exactly the ones the model was trained on (their SHA-256 differ)"
+    listener.training_baseline(trained_on)
+    target = out_dir / BASELINE_DIR
+    if target.exists() and (target / METADATA_FILE).is_file():
+        shutil.rmtree(target)  # the baseline of an earlier evaluation into this folder
+    try:
+        train_linear(
+            train_sets,
+            None,
+            labels=labels,
+            family="multi_label" if multi else "single_label",
+            input_format=pair_input,
+            out_dir=target,
+            model_id=f"{metadata.model_id}-baseline-linear",
+            task_name=task_name,
+            exclusive_labels=definition.exclusive_labels if multi else (),
+        )
+    except TrainingError as exc:
+        return None, f"the linear model cannot be trained on {trained_on}: {exc}"
+    scored = evaluate_model(
+        target, sets, human_f1=human_f1, positive_label=evaluation.positive_label or definition.positive_label
+    )
+    return (
+        Baseline(
+            evaluation=scored,
+            trained_on=trained_on,
+            train_sets=[labelled.summary() for labelled in train_sets],
+            model_dir=str(target),
+        ),
+        None,
+    )
 
 
 # --- promote -------------------------------------------------------------------------------

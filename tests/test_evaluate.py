@@ -327,7 +327,8 @@ def test_per_example_predictions_beside_evaluation_json(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "single" / "evaluation.json").read_text(encoding="utf-8"))
     assert data["predictions_file"] == "predictions.parquet"
     rows = pq.read_table(tmp_path / "single" / "predictions.parquet").to_pylist()
-    assert [r["example_id"] for r in rows] == ["0", "1", "2", "3"] and {r["set"] for r in rows} == {"round 1 dev"}
+    # The set's ids are integers (row positions here): they stay integers and sort numerically.
+    assert [r["example_id"] for r in rows] == [0, 1, 2, 3] and {r["set"] for r in rows} == {"round 1 dev"}
     assert rows[1]["text"] == "ሰላም\u200dለዓለም क्\u200dष"
     assert [r["gold"] for r in rows] == [["positive"], ["negative"], ["neutral"], ["neutral"]]
     assert [r["predicted"] for r in rows] == [["positive"], ["negative"], ["negative"], ["neutral"]]
@@ -517,7 +518,7 @@ def test_round_evaluate_command(built, client, settings, models, tmp_path: Path)
     written = {str(example["id"]): example["text"] for example, _ in built["plan"]}
     for row in predictions:
         if row["set"].startswith("round 1"):
-            assert written[row["example_id"]] == row["text"]
+            assert written[str(row["example_id"])] == row["text"]
         assert row["predicted"][0] in SENTIMENT and sum(row["scores"].values()) == pytest.approx(1, abs=1e-4)
     assert_png(out / "confusion-round-1-test.png")
     assert "round 1 test" in result.output and "macro-F1" in result.output

@@ -547,6 +547,7 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
     started = rita.requests("POST", JOBS)[-1].body
     assert started["kind"] == "train" and started["params"]["epochs"] == 2 and started["params"]["round"] == 2
     assert started["params"]["allow_unknown_tokens"] is False  # the tokenizer check stays on unless ticked
+    assert started["params"]["kind"] == "encoder"  # the linear kind only when chosen
     train = followed_job(at)
     assert train is not None and live.admin.job(train)["params"]["epochs"] == 2  # as the API stored it
     # Polling: the progress bar follows the job, the buttons wait, then the result is shown.

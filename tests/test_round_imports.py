@@ -397,6 +397,28 @@ def test_the_cli_imports_a_file_from_any_path(settings: Settings, tmp_path: Path
     )  # fmt: skip
     assert result.exit_code != 0 and "row 1, column 'label'" in result.output
 
+    # The imported round builds; its examples carry no model prediction, and the command says so
+    # instead of printing "model macro-F1 on dev: None".
+    labels = ["positive", "negative", "neutral"]
+    rows = [{"text": f"Sentence number {i}.", "label": labels[i % 3]} for i in range(60)]
+    result = CliRunner().invoke(
+        cli,
+        ["round", "import", "--task", "dynasent-r2", "--round", "2", "--kind", "labelled", "--file",
+         str(_write(tmp_path / "sixty.jsonl", rows))],
+        env=env, catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(
+        cli,
+        ["round", "build", "--task", "dynasent-r2", "--round", "2", "--policy", "relaxed", "--no-chance",
+         "--dev-test-min-votes", "1", "--out", str(tmp_path / "build")],
+        env=env, catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "None" not in output
+    assert "model macro-F1 on dev: none (its examples have no model prediction)" in output
+
 
 # --- bad input: one clear error, nothing written ----------------------------------------------------
 

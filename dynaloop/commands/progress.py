@@ -79,7 +79,12 @@ class PrintedEvaluation(EvaluationListener):
     def skipped(self, name: str) -> None:
         err.print(f"[yellow]skipped {name}: it has no labelled examples[/yellow]")
 
+    def training_baseline(self, trained_on: str) -> None:
+        console.print(f"training the linear baseline on {trained_on}", soft_wrap=True, highlight=False, markup=False)
+
     def written(self, evaluation: Evaluation, files: Sequence[Path]) -> None:
+        from modelling.evaluation_report import baseline_verdict
+
         table = evaluation_table(evaluation)
         needed = Measurement.get(console, console.options.update(width=10_000), table).maximum
         # Rich squeezes a table into the console's width (80 columns when it cannot tell) and
@@ -98,6 +103,13 @@ class PrintedEvaluation(EvaluationListener):
         wide.print(table)
         for warning in evaluation.warnings:
             err.print(f"warning: {warning}", soft_wrap=True, highlight=False, markup=False)
+        verdict = baseline_verdict(evaluation)
+        if verdict is None:
+            console.print(f"no linear baseline: {evaluation.baseline_note}", soft_wrap=True, markup=False)
+        elif evaluation.behind_baseline():
+            err.print(f"warning: {verdict}", soft_wrap=True, highlight=False, markup=False)
+        else:
+            console.print(verdict, soft_wrap=True, markup=False)
         console.print(f"wrote {len(files)} files to {self.out}", soft_wrap=True)
 
 
@@ -109,6 +121,8 @@ def evaluation_table(evaluation: Evaluation) -> Table:
         columns += ["micro-F1", "Jaccard"]
     if evaluation.positive_label:
         columns.append(f"F1 {evaluation.positive_label}")
+    if evaluation.baseline is not None:
+        columns.append("baseline macro-F1")
     columns += ["human F1", "solved"]
     table = Table(title=f"{evaluation.model_id}: F1 (%)")
     table.add_column("set", no_wrap=True)
@@ -120,6 +134,8 @@ def evaluation_table(evaluation: Evaluation) -> Table:
             extra += [_percent(metrics.micro_f1), _percent(metrics.jaccard)]
         if evaluation.positive_label:
             extra.append(_percent(metrics.positive_f1))
+        if evaluation.baseline is not None:
+            extra.append(_percent(evaluation.baseline.evaluation[metrics.name].macro_f1))
         table.add_row(
             metrics.name,
             str(metrics.rows),

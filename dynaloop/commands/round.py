@@ -185,7 +185,14 @@ def round_build(
         soft_wrap=True,
     )
     for name, values in report["splits"]["assessment"].items():
-        console.print(f"  model macro-F1 on {name}: {values['model_macro_f1']}")
+        score = values.get("model_macro_f1")
+        if score is None:
+            # No number to print: the split's examples carry no model prediction (an imported round),
+            # or the split is empty.
+            why = "its examples have no model prediction" if values.get("examples") else "the split is empty"
+            console.print(f"  model macro-F1 on {name}: none ({why})", soft_wrap=True)
+        else:
+            console.print(f"  model macro-F1 on {name}: {score:.4f}")
     console.print(f"  {report['datasheet'].get('build_policy', '')}", soft_wrap=True)
     if built.ledger is not None:
         if built.ledger.get("error"):
@@ -539,6 +546,14 @@ def round_train(
         str | None, typer.Option(help="Name in dynaloop_model.json; default from task and round")
     ] = None,
     tiny: Annotated[bool, typer.Option(help="Tests: a tiny random BERT as the base, not --base")] = False,
+    kind: Annotated[
+        str,
+        typer.Option(
+            help="encoder: fine-tune --base; linear: a class-balanced char+word n-gram TF-IDF + logistic "
+            "regression (scikit-learn) that reads any script and trains in seconds on a CPU (e.g. Ge'ez script "
+            "the encoder's tokenizer cannot read, or Model 0 without a GPU)"
+        ),
+    ] = "encoder",
     check_precision: Annotated[
         bool,
         typer.Option(
@@ -561,6 +576,10 @@ def round_train(
         raise fail(f"--class-weights takes none or balanced, not {class_weights!r}")
     if tiny and base is not None:
         raise fail("give --base or --tiny, not both")
+    if kind not in ("encoder", "linear"):
+        raise fail(f"--kind takes encoder or linear, not {kind!r}")
+    if kind == "linear" and (tiny or base is not None or resume):
+        raise fail("--kind linear trains no backbone: leave out --base, --tiny and --resume")
     every: int | str = checkpoint_every
     if checkpoint_every != "epoch":
         try:
@@ -590,6 +609,7 @@ def round_train(
                 "cpu": cpu,
                 "model_id": model_id,
                 "tiny": tiny,
+                "kind": kind,
                 "check_precision": check_precision,
             }
         )
@@ -680,15 +700,23 @@ def round_evaluate(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ...; default: cuda if present")] = None,
     precision: PrecisionOpt = "fp32",
     record: Annotated[bool, typer.Option(help="Store the results in the model registry (trained -> evaluated)")] = True,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            help="Also train the linear model kind on the model's training mix and report it beside the model"
+        ),
+    ] = True,
     database_url: DatabaseOpt = None,
 ) -> None:
-    """Evaluate a model on every built round's dev/test split and the mix's sets (DynaSent Table 5b)."""
+    """Evaluate a model on every built round's dev/test split and the mix's sets (DynaSent Table 5b),
+    beside a linear baseline trained on the same mix."""
     from pydantic import ValidationError
 
     from dynaloop.commands.progress import PrintedEvaluation
     from model_directory import ModelMetadataError
     from modelling.datasets import DataError, DataFiles, DataMix
     from modelling.errors import EvaluationError
+    from modelling.train import TrainingError
     from modelling.usecases import EvaluateOptions, evaluate_and_record
     from services.errors import DomainError
 
@@ -702,6 +730,7 @@ def round_evaluate(
                 "device": device,
                 "precision": precision,
                 "record": record,
+                "baseline": baseline,
             }
         )
     except ValidationError as exc:
@@ -724,7 +753,7 @@ def round_evaluate(
         )
     except DomainError as exc:
         raise fail(exc.message) from exc
-    except (DataError, EvaluationError, ModelMetadataError) as exc:
+    except (DataError, EvaluationError, ModelMetadataError, TrainingError) as exc:
         raise fail(str(exc)) from exc
     if evaluated.model is not None:
         console.print(f"registry: {evaluated.model.name} is {evaluated.model.status}")

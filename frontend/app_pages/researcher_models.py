@@ -454,7 +454,17 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
             key="researcher_train_allow_unknown",
             help="Training is refused when more than DYNALOOP_MAX_UNKNOWN_TOKEN_SHARE of the text's tokens "
             "become the unknown token (docs/training.md, 'Tokenizer coverage'); a multilingual "
-            "checkpoint is the better fix.",
+            "checkpoint is the better fix, or the linear kind, which reads any script offline.",
+        )
+        kind = st.selectbox(
+            "Model kind",
+            ["encoder", "linear"],
+            index=0,
+            key="researcher_train_kind",
+            help="encoder: fine-tune the backbone. linear: a class-balanced character and word n-gram model "
+            "(`dynaloop round train --kind linear`) that reads any script and trains in seconds on a CPU: for "
+            "a script the backbone's tokenizer cannot read, or without a GPU. Epochs, batch size, learning rate "
+            "and max tokens do not apply to it.",
         )
         submitted = st.form_submit_button("Train", type="primary", disabled=busy, key="researcher_train_submit")
     if submitted:
@@ -472,6 +482,7 @@ def train_section(client: Api, task: Task, rounds: list[Round], busy: bool) -> N
                 "patience": int(patience),
                 "class_weights": weights,
                 "allow_unknown_tokens": bool(allow_unknown),
+                "kind": kind,
             },
         )
 

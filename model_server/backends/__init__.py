@@ -1,4 +1,5 @@
-"""Backends behind the same /predict: transformers (CPU or GPU) and vLLM (GPU)."""
+"""Backends behind the same /predict: transformers (CPU or GPU), vLLM (GPU), and the linear
+backend that a directory of the linear kind (model_directory.linear) always gets."""
 
 from __future__ import annotations
 
@@ -17,10 +18,18 @@ def load_backend(
     directory: Path | str, kind: str = "transformers", device: str | None = None, precision: str = "fp32"
 ) -> Backend:
     """Load a model directory with the named backend at ``precision`` (fp32, bf16, int8 or auto;
-    model_directory.runtime); raises with a message on any problem."""
+    model_directory.runtime); raises with a message on any problem. A directory of the linear
+    kind is served by the linear backend whatever the server's default backend (transformers),
+    so a server hot-swaps between the kinds; a vLLM backend named for it is refused."""
     metadata = ModelMetadata.load(directory)
     if precision not in PRECISION_CHOICES:
         raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISION_CHOICES)}")
+    if metadata.kind == "linear":
+        if kind != "transformers":
+            raise ValueError(f"{directory} holds a linear model; the {kind} backend serves encoder models only")
+        from model_server.backends.linear_backend import LinearBackend
+
+        return LinearBackend(Path(directory), metadata)
     if kind == "transformers":
         from model_server.backends.transformers_backend import TransformersBackend
 
