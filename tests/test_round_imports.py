@@ -230,7 +230,7 @@ def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_sp
     refused = api.post(f"{API}/rounds/{round_id}/build", json={}, headers=researcher.headers)
     assert refused.status_code == 422, refused.text
     offered = {r["name"]: r for r in refused.json()["error"]["details"]["relaxations"]}
-    imported = offered["relaxed, imported gold (1 of 5 votes)"]
+    imported = offered["relaxed, imported gold as given (dev/test min votes 1)"]
     assert imported["feasible"] and imported["settings"] == {
         "policy": "relaxed",
         "chance": False,
@@ -681,3 +681,84 @@ def test_a_text_of_an_earlier_round_is_left_out_of_a_later_rounds_splits(
     assert (
         report["counts"]["total"]["train"] + report["counts"]["total"]["dev"] + report["counts"]["total"]["test"] == 12
     )
+
+
+# --- what the report of a round with no model says (issue 29, item 8) -------------------------------
+
+
+@sqlite_only  # report text only; PostgreSQL: test_a_labelled_dataset_of_each_family_imports_... (the same build)
+def test_an_imported_round_with_no_model_reports_no_model_and_gold_as_imported(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """A labelled dataset without vote counts into a 3-validation task: the strict build is refused
+    for the reason that holds (no model prediction), and the relaxed build's report speaks of no
+    model, per-class cells, no fooling rate, imported texts, no distributional labels and gold
+    as imported, never of prompts, (gold, predicted) cells or "1 of 3 votes"."""
+    task = _task(rooted, researcher, "besstie-en-in-sarcasm")
+    rows = [{"text": f"Oh great, another Monday number {i}.", "label": ["sarcastic", "not_sarcastic"][i % 2]}
+            for i in range(40)]  # fmt: skip
+    _write(data_root / "plain.jsonl", rows)
+    imported = _import(api, researcher, task, 1, kind="labelled", file="plain.jsonl")
+    assert imported.status_code == 201, imported.text
+    round_id = imported.json()["round_id"]
+
+    refused = api.post(f"{API}/rounds/{round_id}/build", json={"policy": "strict"}, headers=researcher.headers)
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["error"]["message"]
+    assert "has a model prediction (imported examples carry none)" in message
+    assert "eligible examples from distinct prompts" not in message
+    assert "build without the chance constraint" in message
+
+    report = _build(api, researcher, round_id, policy="relaxed", dev_test_min_votes=1)
+    splits = report["splits"]
+    assert splits["model_predictions"] == 0
+    assert splits["cells"] and all("predicted" not in cell for cell in splits["cells"])
+    assert sum(c["dev"] for c in splits["cells"]) == splits["assessment"]["dev"]["examples"]
+    assert report["fooling"]["validated_fooling_rate"] is None
+    assert report["fooling"]["examples_with_model_prediction"] == 0
+    assert set(report["conditions"]) == {"imported"}
+    assert report["counts"]["total"]["dist_train"] is None
+    assert all(row["dist_train"] is None for row in report["counts"]["rows"].values())
+    assert report["agreement_counts"] is None  # no response was counted here: no "k of 3"
+    sheet = report["datasheet"]
+    assert sheet["prompt_sources"] == ["none: the round's examples were imported, not written to prompts"]
+    assert sheet["dev_test_rule"].startswith("gold as imported (the dataset's own label)")
+    assert "unique prompts" not in sheet["dev_test_rule"] and "of 3 votes" not in sheet["dev_test_rule"]
+    assert "no model in the loop" in sheet["build_policy"]
+
+    markdown = api.get(
+        f"{API}/tasks/{task}/rounds/1/report", params={"format": "markdown"}, headers=researcher.headers
+    ).text
+    assert "no model in the loop (no example has a model prediction)" in markdown
+    assert "model not held at chance" not in markdown
+    assert "(gold, predicted) cell" not in markdown and "Examples per gold class" in markdown
+    assert (
+        "validated_fooling_rate" not in markdown and "none of the 40 examples was checked against a model" in markdown
+    )
+    assert "Prompt vs no-prompt" not in markdown and "| imported |" in markdown
+    assert "Dist train: none" in markdown
+    assert "1 of 3" not in markdown and "prompts imported without a source" not in markdown
+
+
+def test_the_cli_refuses_a_strict_build_in_its_own_words(settings: Settings, tmp_path: Path) -> None:
+    """`round build --policy strict --no-chance` names the options, not the API's JSON; a strict
+    build of an imported round says it has no model prediction, with the command that builds."""
+    app = create_app(settings)
+    with session_scope(app.state.sessionmaker) as session:
+        create_task(session, None, example_yaml("besstie-en-in-sarcasm", onboarding_quiz=None))
+    rows = [{"text": f"Tweet number {i}.", "label": ["sarcastic", "not_sarcastic"][i % 2]} for i in range(20)]
+    file = _write(tmp_path / "plain.jsonl", rows)
+    env = {"DYNALOOP_DATABASE_URL": settings.database_url or "", "DYNALOOP_SECRET_KEY": settings.secret_key,
+           "DYNALOOP_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    where = ["--task", "besstie-en-in-sarcasm", "--round", "1"]
+    runner = CliRunner()
+    imported = runner.invoke(cli, ["round", "import", *where, "--kind", "labelled", "--file", str(file)], env=env)
+    assert imported.exit_code == 0, imported.output
+    mixed = runner.invoke(cli, ["round", "build", *where, "--policy", "strict", "--no-chance"], env=env)
+    assert mixed.exit_code == 1
+    assert "--policy strict keeps the task's dev/test rules, and --no-chance relaxes them" in mixed.output
+    assert "use --policy relaxed instead" in mixed.output and '"policy"' not in mixed.output
+    strict = runner.invoke(cli, ["round", "build", *where], env=env)
+    assert strict.exit_code == 1
+    assert "has a model prediction (imported examples carry none)" in " ".join(strict.output.split())
+    assert "--policy relaxed --no-chance --dev-test-min-votes 1" in strict.output
