@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import func, select
 from statsmodels.stats.inter_rater import fleiss_kappa
 from typer.testing import CliRunner
 
@@ -336,7 +336,7 @@ def test_crowd_responses_build_with_gold_and_agreement_matching_an_independent_c
     assert response.status_code == 201, response.text
     assert response.json() | {"round_id": 0, "sha256": ""} == {
         "task": task, "round": 1, "round_id": 0, "kind": "responses", "examples": 60, "validations": 300,
-        "workers": 12, "sha256": "", "repeats_merged": 0,
+        "workers": 12, "sha256": "", "repeats_merged": 0, "responses_set_aside": 0, "notes": [],
     }  # fmt: skip
 
     with session_scope(rooted.state.sessionmaker) as session:
@@ -762,3 +762,34 @@ def test_the_cli_refuses_a_strict_build_in_its_own_words(settings: Settings, tmp
     assert strict.exit_code == 1
     assert "has a model prediction (imported examples carry none)" in " ".join(strict.output.split())
     assert "--policy relaxed --no-chance --dev-test-min-votes 1" in strict.output
+
+
+def test_importing_more_responses_than_the_task_validates_says_how_many_the_build_sets_aside(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Five responses per example into a 3-validation task: the import says, before any build,
+    that 2 per example will be set aside (the API's answer and the command alike)."""
+    app = create_app(settings)
+    with session_scope(app.state.sessionmaker) as session:
+        create_task(session, None, example_yaml("besstie-en-in-sarcasm", onboarding_quiz=None))
+    rows = [
+        {"item": f"x{item}", "text": f"Oh great, Tuesday {item}.", "worker": f"w{worker}",
+         "label": ["sarcastic", "not_sarcastic"][(item + (worker == 4)) % 2]}
+        for item in range(12)
+        for worker in range(5 if item < 10 else 3)
+    ]  # fmt: skip
+    file = _write(tmp_path / "five.jsonl", rows)
+    env = {"DYNALOOP_DATABASE_URL": settings.database_url or "", "DYNALOOP_SECRET_KEY": settings.secret_key}
+    result = CliRunner().invoke(
+        cli, ["round", "import", "--task", "besstie-en-in-sarcasm", "--round", "1", "--kind", "responses",
+              "--file", str(file), "--id-column", "item"], env=env, catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "imported 12 examples and 56 responses" in said
+    assert (
+        "note: 10 example(s) have more responses than the task's 3 validations per example: the build keeps each "
+        "one's 3 best-agreeing validators' labels and sets the other 20 response(s) aside (2 per example)"
+    ) in said
+    with session_scope(app.state.sessionmaker) as session:
+        assert session.scalar(select(func.count()).select_from(Validation)) == 56  # nothing dropped at import

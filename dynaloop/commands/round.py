@@ -491,6 +491,8 @@ def round_import(
         + f" into {imported.task} round {imported.round} (closed; build it with `dynaloop round build`)",
         soft_wrap=True,
     )
+    for note in imported.notes:
+        console.print(f"note: {note}", soft_wrap=True, highlight=False, markup=False)
 
 
 # --- train ----------------------------------------------------------------------------------
