@@ -343,7 +343,11 @@ def _labels(
         return check_label_set(definition, items, allowed=allowed, what=where)
     except Invalid as exc:
         # check_label_set names the unknown label; it is one of the file's label values, not its text.
-        raise Invalid(str(exc)) from exc
+        # It puts the label right after ``what``: a colon keeps the place and the value apart.
+        message = str(exc)
+        if message.startswith(f"{where} ") and not message.startswith(f"{where}: "):
+            message = f"{where}: {message[len(where) + 1 :]}"
+        raise Invalid(message) from exc
 
 
 def _count(value: Any, row: int, column: str, *, least: int) -> int | None:

@@ -412,7 +412,12 @@ BAD_FILES: dict[str, tuple[str, list[dict[str, Any]] | str, dict[str, Any], str]
         "401 rows is more than the 400",
     ),
     "malformed": ("broken.jsonl", '{"text": "ok", "label": "positive"}\n{"text": ', {}, "could not be read"),
-    "unknown label": ("labels.csv", [GOOD, GOOD | {"text": "Another.", "label": "glad"}], {}, "row 2, column 'label'"),
+    "unknown label": (
+        "labels.csv",
+        [GOOD, GOOD | {"text": "Another.", "label": "glad"}],
+        {},
+        "row 2, column 'label': 'glad' is not a label of task dynasent-r2",
+    ),
     "duplicate rows": ("dupes.csv", [GOOD, GOOD], {}, "row 2 repeats row 1"),
     "missing column": ("cols.csv", [{"sentence": "x", "label": "positive"}], {}, "no column 'text'"),
     "huge text": (
