@@ -798,3 +798,31 @@ def test_importing_more_responses_than_the_task_validates_says_how_many_the_buil
     ) in said
     with session_scope(app.state.sessionmaker) as session:
         assert session.scalar(select(func.count()).select_from(Validation)) == 56  # nothing dropped at import
+
+
+@sqlite_only  # report text only; PostgreSQL: test_a_labelled_dataset_of_each_family_imports_... (multi_label)
+def test_a_multi_label_responses_import_reports_examples_apart_from_labels_and_no_prompts(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """The counts table's last row counts examples while its label rows count labels: it is named
+    for what it counts. A responses import has no prompts, and the datasheet says so."""
+    task = _task(rooted, researcher, FAMILIES["multi_label"])
+    sets = [["joy"], ["anger", "sadness"], ["neutral"]]
+    rows = [
+        {"item": f"e{i}", "text": f"ዛሬ ደስ ብሎኛል {i}", "worker": f"w{w}", "label": sets[i % 3]}
+        for i in range(30)
+        for w in range(3)
+    ]
+    _write(data_root / "ml.jsonl", rows)
+    response = _import(api, researcher, task, 1, kind="responses", file="ml.jsonl", id_column="item")
+    assert response.status_code == 201, response.text
+    report = _build(api, researcher, response.json()["round_id"], policy="relaxed")
+    assert report["datasheet"]["prompt_sources"] == ["none: the round's examples were imported, not written to prompts"]
+    total = report["counts"]["total"]
+    label_rows = report["counts"]["rows"]
+    assert sum(row["train"] for row in label_rows.values()) > total["train"]  # anger+sadness count twice
+    markdown = api.get(f"{API}/tasks/{task}/rounds/1/report", params={"format": "markdown"}, headers=researcher.headers)
+    assert f"| **examples** (each once) | {total['dist_train']} | {total['train']} |" in markdown.text
+    assert "**total**" not in markdown.text
+    assert "the last row counts examples, each once" in markdown.text
+    assert "prompts imported without a source" not in markdown.text
