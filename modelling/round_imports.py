@@ -165,6 +165,10 @@ class ImportedRound:
     sha256: str
     # Responses: examples of the file with the text of an earlier one, pooled into it.
     repeats_merged: int = 0
+    # Responses beyond the task's validations per example, which the build sets aside (it keeps
+    # the best-agreeing validators' labels; docs/round_builder.md "Imports"), and what to say.
+    responses_set_aside: int = 0
+    notes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- reading
@@ -339,7 +343,11 @@ def _labels(
         return check_label_set(definition, items, allowed=allowed, what=where)
     except Invalid as exc:
         # check_label_set names the unknown label; it is one of the file's label values, not its text.
-        raise Invalid(str(exc)) from exc
+        # It puts the label right after ``what``: a colon keeps the place and the value apart.
+        message = str(exc)
+        if message.startswith(f"{where} ") and not message.startswith(f"{where}: "):
+            message = f"{where}: {message[len(where) + 1 :]}"
+        raise Invalid(message) from exc
 
 
 def _count(value: Any, row: int, column: str, *, least: int) -> int | None:
@@ -684,6 +692,26 @@ def _responses(
     return len(examples), len(validations), len(workers), repeats
 
 
+def _set_aside(definition: TaskDefinition, session: Session, round_: Round) -> tuple[int, list[str]]:
+    """Responses the build will set aside: an example with more than the task's validations
+    keeps its best-agreeing validators' labels (round_builder.aggregation.keep_top_ranked); said
+    at import, so the researcher knows before the build."""
+    n = definition.validations_per_example
+    counts = session.scalars(
+        select(Example.validation_count).where(Example.round_id == round_.id, Example.validation_count > n)
+    ).all()
+    if not counts:
+        return 0, []
+    extra = sum(count - n for count in counts)
+    each = {count - n for count in counts}
+    per = f"{next(iter(each))} per example" if len(each) == 1 else f"{min(each)} to {max(each)} per example"
+    return extra, [
+        f"{len(counts):,} example(s) have more responses than the task's {n} validations per example: the build "
+        f"keeps each one's {n} best-agreeing validators' labels and sets the other {extra:,} response(s) aside "
+        f"({per}); the build's report counts them"
+    ]
+
+
 def _pool_repeated_texts(items: dict[Any, dict[str, Any]]) -> tuple[dict[Any, dict[str, Any]], int]:
     """Examples of the file (by id) that have one text (:func:`_key`) become one example whose
     responses are theirs pooled: one text is never two examples, which the builder could put in
@@ -763,6 +791,7 @@ def import_round(
         repeats = 0
     else:
         count, validations, workers, repeats = _responses(session, round_, definition, frame, options, origin, secret)
+    set_aside, notes = _set_aside(definition, session, round_) if options.kind == "responses" else (0, [])
     now = utcnow()
     round_.status = RoundStatus.closed
     round_.validating_at = round_.validating_at or now
@@ -792,4 +821,6 @@ def import_round(
         workers=workers,
         sha256=sha256,
         repeats_merged=repeats,
+        responses_set_aside=set_aside,
+        notes=tuple(notes),
     )

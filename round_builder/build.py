@@ -97,15 +97,21 @@ def resolve_policy(config: BuildConfig, definition: TaskDefinition, examples: pd
     family_chance = not definition.is_multi_label
     if config.policy is not None and config.policy not in POLICIES:
         raise Invalid(f"policy must be one of {', '.join(POLICIES)}, not {config.policy!r}")
-    loosened = []
+    loosened: dict[str, Any] = {}  # the settings that loosen the task's rules -> what they say
     if config.chance is False and family_chance:
-        loosened.append("chance=false")
+        loosened["chance"] = "leaving the model's chance constraint off"
     if config.dev_test_min_votes is not None and config.dev_test_min_votes < task_min_votes:
-        loosened.append(f"dev_test_min_votes={config.dev_test_min_votes} (the task's: {task_min_votes})")
+        loosened["dev_test_min_votes"] = (
+            f"{config.dev_test_min_votes} dev/test vote(s) (the task asks for {task_min_votes})"
+        )
     if config.policy == "strict" and loosened:
+        # A plain sentence for the API and the command alike; ``loosened`` names the settings
+        # (the command shows them as its options).
         raise Invalid(
-            f"the strict policy keeps the task's dev/test rules; {' and '.join(loosened)} relax them: "
-            'ask for "policy": "relaxed" instead'
+            f"the strict policy keeps the task's dev/test rules, and {' and '.join(loosened.values())} "
+            f"{'relax' if len(loosened) > 1 else 'relaxes'} them: ask for the relaxed policy instead, or leave "
+            f"{'those settings' if len(loosened) > 1 else 'that setting'} out",
+            loosened={key: getattr(config, key) for key in loosened},
         )
     name = config.policy or ("relaxed" if loosened else "strict")
     if config.chance is not None and config.chance and definition.is_multi_label:

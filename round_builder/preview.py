@@ -149,7 +149,8 @@ def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -
     if lowest > 1 and _imported_gold_without_votes(prepared):
         # A labelled dataset's own gold counts as 1 vote (docs/round_builder.md, "Imports"):
         # only a threshold of 1 lets it reach dev and test.
-        out.append((f"relaxed, imported gold (1 of {n} votes)", {**relaxed, "dev_test_min_votes": 1}))
+        # Named for what it is: the dataset's label, not 1 vote out of the task's responses.
+        out.append(("relaxed, imported gold as given (dev/test min votes 1)", {**relaxed, "dev_test_min_votes": 1}))
     if policy is not None and policy.min_per_cell > 1:
         out.append(("relaxed, 1 per cell", {**relaxed, "min_per_cell": 1}))
     no_prompt = prepared.data.examples["condition"] == "no_prompt"

@@ -81,6 +81,9 @@ class SplitsSummary:
     independence: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The class-balance guard's share and, per class, eligible examples and their splits.
     balance: dict[str, Any] = field(default_factory=dict)
+    # Examples of the round with a model prediction; 0: no model in the loop (e.g. an imported
+    # round), so nothing about the model is measured. None: a report from before it was counted.
+    model_predictions: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,7 +194,9 @@ class Fooling:
     fooled_examples: int
     confirmed: int
     validated_fooling: int  # fooled, and the validators' gold is the writer's target
-    validated_fooling_rate: float | None
+    validated_fooling_rate: float | None  # None: no example was written against a model
+    # Examples checked against a model (with its prediction); 0: nothing could fool one.
+    examples_with_model_prediction: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -428,10 +433,25 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             for name, row in counts["rows"].items()
         ]
         total = counts.get("total", {})
-        rows.append(["**total**", *(total.get(column) for column in ("dist_train", "train", "dev", "test"))])
-        # Multi-label rows are per label: an example counts once for each of its gold labels.
-        train = "Train (per gold label)" if report.get("family") == "multi_label" else "Majority train"
+        # Multi-label rows are per label: an example counts once for each of its gold labels, so
+        # the last row (examples, each once) is not the sum of the rows above it.
+        multi = report.get("family") == "multi_label"
+        rows.append(
+            [
+                "**examples** (each once)" if multi else "**total**",
+                *(total.get(column) for column in ("dist_train", "train", "dev", "test")),
+            ]
+        )
+        train = "Train (per gold label)" if multi else "Majority train"
         out.append(_table(["label", "Dist train", train, "Dev", "Test"], rows))
+        if multi:
+            out += [
+                "",
+                "Each label's row counts the examples whose gold holds the label, so an example with two "
+                "gold labels is in two rows; the last row counts examples, each once.",
+            ]
+        if all(row.get("dist_train") is None for row in [*counts["rows"].values(), total]):
+            out += ["", "Dist train: none (no train example has responses, so none has a distributional label)."]
         if counts.get("excluded"):
             out += ["", "Excluded: " + ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) + "."]
     duplicates = report.get("duplicates")
@@ -469,11 +489,21 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             ]
             out += [f"### {split_name}", "", _table(["label", "precision", "recall", "F1"], rows), ""]
     fooling = report.get("fooling", {})
-    if fooling:
+    if fooling and fooling.get("examples_with_model_prediction") == 0:
+        out += [
+            "",
+            "## Fooling the model",
+            "",
+            f"No model in the loop: none of the {fooling.get('examples', 0):,} examples was checked against a "
+            "model (none has a model prediction), so nothing was fooled and no fooling rate is measured.",
+        ]
+    elif fooling:
         out += ["", "## Fooling the model", "", _table(["", "value"], list(fooling.items()))]
     conditions = report.get("conditions", {})
     if conditions:
-        out += ["", "## Prompt vs no-prompt (DynaSent Fig. 2)", ""]
+        written = set(conditions) & {"prompt", "no_prompt"}
+        heading = "Prompt vs no-prompt (DynaSent Fig. 2)" if written else "Texts (imported: no writing condition)"
+        out += ["", f"## {heading}", ""]
         keys = sorted({k for c in conditions.values() for k in c})
         out.append(_table(["", *conditions], [[k, *(c.get(k) for c in conditions.values())] for k in keys]))
     workers = report.get("workers", {})
@@ -567,6 +597,8 @@ def splits_heading(splits: Mapping[str, Any]) -> str:
     """The dev/test section's heading: what the build is, by its own numbers."""
     policy = splits.get("policy", {}).get("name")
     named = f"{policy} policy" if policy else "policy not recorded"
+    if splits.get("model_predictions") == 0:
+        return f"Dev and test: {named} — no model in the loop (no example has a model prediction)"
     if splits.get("chance") and splits.get("at_chance"):
         return f"Dev and test: model at chance ({named})"
     if splits.get("chance"):

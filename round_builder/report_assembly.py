@@ -114,10 +114,15 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
 def _counts(outcome: BuildOutcome) -> Counts:
     """DynaSent Table 4/7: distributional train, majority train/dev/test by gold label."""
     split_report = outcome.result.report
+    # Distributional labels come from responses (round_builder.build._distributional): a train
+    # example with none (imported gold) has none, and the column counts only those that do.
+    answered = _answered(outcome)
     dist_train: Counter[str] = Counter()
-    for example_id in set(outcome.ids["train"]):
+    for example_id in set(outcome.ids["train"]) & answered:
         gold = outcome.gold_of.get(example_id)
         dist_train[("+".join(gold) if isinstance(gold, tuple) else gold) if gold is not None else "no majority"] += 1
+    # None: train examples, none with a distributional label (an empty train counts 0).
+    has_dist = bool(set(outcome.ids["train"]) & answered) or not outcome.ids["train"]
     rows: dict[str, CountRow] = {}
     total = CountRow(
         dist_train=None, train=len(outcome.ids["train"]), dev=len(outcome.ids["dev"]), test=len(outcome.ids["test"])
@@ -133,9 +138,14 @@ def _counts(outcome: BuildOutcome) -> Counts:
             # Multi-label: per label, the examples whose gold holds it (an example counts once
             # per gold label), so the distributional column is the train column.
             multi = outcome.data.definition.is_multi_label
-            counted.dist_train = counted.train if multi else dist_train.get(name, counted.train)
+            if not has_dist:
+                counted.dist_train = None  # no train example has a distributional label
+            elif multi:
+                counted.dist_train = counted.train
+            else:
+                counted.dist_train = dist_train.get(name, 0)
             rows[name] = counted
-    total.dist_train = len(outcome.ids["train"])
+    total.dist_train = sum(dist_train.values()) if has_dist else None
     excluded = Counter(
         str(reason) for reason, dropped in zip(outcome.gold["reason"], outcome.dropped, strict=True) if dropped
     )
@@ -165,7 +175,19 @@ def _split_summary(outcome: BuildOutcome) -> SplitsSummary:
         cells=_cells(outcome),
         independence=_independence(outcome),
         balance=dict(split_report.balance),
+        model_predictions=_with_prediction(outcome),
     )
+
+
+def _with_prediction(outcome: BuildOutcome) -> int:
+    """Examples of the round that carry a model prediction (none: no model in the loop)."""
+    return int(sum(1 for p in outcome.data.examples["model_prediction"] if p))
+
+
+def _answered(outcome: BuildOutcome) -> set[int]:
+    """Examples with counted responses here (imported gold has none)."""
+    responses = outcome.data.responses
+    return set(responses["example_id"].astype(int)) if not responses.empty else set()
 
 
 def _cells(outcome: BuildOutcome) -> list[dict[str, Any]]:
@@ -173,7 +195,8 @@ def _cells(outcome: BuildOutcome) -> list[dict[str, Any]]:
     gold class (multi-label), as they are."""
     labels = list(outcome.data.definition.labels)
     frame = outcome.split_input.assign(split=outcome.split_input["example_id"].map(outcome.assignment))
-    if outcome.data.definition.is_multi_label:
+    if outcome.data.definition.is_multi_label or not _with_prediction(outcome):
+        # Per gold class: multi-label, or no model in the loop (every "predicted" cell would be 0).
         counts: Counter[tuple[str, str]] = Counter(
             ("+".join(g) if isinstance(g, tuple) else str(g), s)
             for g, s in zip(frame["gold"], frame["split"], strict=True)
@@ -254,7 +277,9 @@ def _independence(outcome: BuildOutcome) -> dict[str, dict[str, Any]]:
 def _agreement_counts(outcome: BuildOutcome) -> AgreementCounts | None:
     """Examples by the votes their gold label got, out of the task's responses per example."""
     gold = outcome.gold
-    with_responses = gold[gold["n_responses"].fillna(0) > 0]
+    # Responses collected or imported as responses; imported gold (a labelled dataset's own
+    # label) is not votes out of the task's responses, and the datasheet's gold source says so.
+    with_responses = gold[(gold["n_responses"].fillna(0) > 0) & gold.index.isin(list(_answered(outcome)))]
     if with_responses.empty:
         return None
     n = outcome.data.definition.validations_per_example
@@ -372,6 +397,7 @@ def _fooling(outcome: BuildOutcome) -> Fooling:
         gold = outcome.gold_of.get(example_id)
         if fooled and gold is not None and (list(gold) if isinstance(gold, tuple) else [gold]) == list(target):
             validated_fooling += 1
+    predicted = _with_prediction(outcome)
     return Fooling(
         attempts=len(attempts),
         fooled_attempts=int(attempts["fooled"].fillna(False).sum()) if len(attempts) else 0,
@@ -381,7 +407,9 @@ def _fooling(outcome: BuildOutcome) -> Fooling:
         fooled_examples=int(examples["fooled"].sum()),
         confirmed=int((examples["confirmed"] == True).sum()),  # noqa: E712
         validated_fooling=validated_fooling,
-        validated_fooling_rate=_finite(validated_fooling / len(examples)) if len(examples) else None,
+        # Over examples written against a model: none (an imported round) leaves no rate.
+        validated_fooling_rate=_finite(validated_fooling / len(examples)) if len(examples) and predicted else None,
+        examples_with_model_prediction=predicted,
     )
 
 
@@ -396,10 +424,14 @@ def _conditions(data: RoundData, seed: int) -> tuple[dict[str, ConditionSummary]
     edit_distance: dict[str, list[float]] = {}
     length_words: dict[str, list[int]] = {}
     vocabulary_growth: dict[str, list[tuple[int, int]]] = {}
-    for condition, frame in data.examples.groupby("condition"):
+    # Imported examples were not written here, with or without a prompt: their own group.
+    groups = data.examples["condition"].where(data.examples["origin"] != "imported", "imported")
+    for condition, frame in data.examples.groupby(groups):
         texts = frame["text"].tolist()
         if condition == "prompt":
             distances = [float(d) for d in frame["edit_distance"] if d is not None and not pd.isna(d)]
+        elif condition == "imported":
+            distances = []
         else:
             distances = []
             for text in texts:
@@ -541,13 +573,13 @@ def _datasheet(
         licence=definition.licence or "not set",
         round=round_.number,
         collected=CollectionPeriod(opened=_iso(round_.opened_at), closed=_iso(round_.closed_at)),
-        prompt_sources=outcome.data.prompt_sources or ["prompts imported without a source"],
+        prompt_sources=_prompt_sources(outcome),
         examples=len(outcome.data.examples),
         validations=len(outcome.data.responses),
         validations_per_example=definition.validations_per_example,
         gold_rule=f"{definition.agreement.gold_min_votes} of {definition.validations_per_example}",
         dev_test_rule=_dev_test_rule(outcome, split_summary),
-        build_policy=_build_policy(split_summary),
+        build_policy=_build_policy(outcome, split_summary),
         agreement_counts=(lambda c: dict(c.at_least) if c else {})(_agreement_counts(outcome)),
         agreement=report_agreement,
         human_f1_macro=human_macro,
@@ -555,19 +587,60 @@ def _datasheet(
     )
 
 
+def _imported_gold(outcome: BuildOutcome) -> int:
+    """Examples whose gold is a labelled dataset's own label (nobody labelled them here)."""
+    answered = _answered(outcome)
+    return sum(
+        1
+        for e, meta in zip(outcome.data.examples["example_id"], outcome.data.examples["source_metadata"], strict=True)
+        if isinstance(meta, dict) and meta.get("gold") and int(e) not in answered
+    )
+
+
+def _prompt_sources(outcome: BuildOutcome) -> list[str]:
+    """Where the round's prompts came from; a round with no prompt says so (an import, a
+    no-prompt round) rather than speaking of prompts it never had."""
+    if outcome.data.prompt_sources:
+        return list(outcome.data.prompt_sources)
+    if outcome.data.prompts:
+        return ["prompts imported without a source"]
+    imported = int((outcome.data.examples["origin"] == "imported").sum())
+    if imported == len(outcome.data.examples):
+        return ["none: the round's examples were imported, not written to prompts"]
+    return ["none: the round has no prompts"]
+
+
 def _dev_test_rule(outcome: BuildOutcome, split_summary: SplitsSummary) -> str:
     policy = outcome.policy
+    imported = _imported_gold(outcome)
+    from_here = len(outcome.data.examples) - imported
+    if imported and not from_here:
+        votes = (
+            f"gold as imported (the dataset's own label) with at least {policy.dev_test_min_votes} vote(s): "
+            "the dataset's vote counts where it gave them, else 1 vote each"
+        )
+    else:
+        votes = f"gold with at least {policy.dev_test_min_votes} of {policy.responses} votes"
+        if imported:
+            votes += f" ({imported} imported gold label(s): the dataset's vote counts, else 1 vote each)"
     if outcome.data.definition.is_multi_label:
         return (
             f"every gold label with at least {policy.dev_test_min_votes} votes; one example per prompt; "
             "stratified per label (iterative stratification); examples without gold excluded"
         )
-    where = (
-        "prompt and no-prompt examples, each no-prompt example on its own"
-        if policy.no_prompt_in_dev_test
-        else "prompt condition; unique prompts"
-    )
-    if policy.chance and split_summary.at_chance:
+    examples = outcome.data.examples
+    no_prompts = not examples["prompt_id"].notna().any()
+    if no_prompts and bool((examples["origin"] == "imported").all()):
+        where = "imported examples, each on its own (they have no prompts)"
+    elif policy.no_prompt_in_dev_test:
+        where = "prompt and no-prompt examples, each no-prompt example on its own"
+    elif no_prompts:
+        where = "prompt condition, each example on its own (the round has no prompts)"
+    else:
+        where = "prompt condition; unique prompts"
+    if not split_summary.model_predictions:
+        balance = "balanced over gold classes; no model in the loop (no example has a model prediction)"
+    elif policy.chance and split_summary.at_chance:
         balance = "the round's model at chance (equal (gold, predicted) cells)"
     elif policy.chance:
         balance = "equal (gold, predicted) cells asked for; the model's numbers on dev/test are not at chance"
@@ -578,18 +651,23 @@ def _dev_test_rule(outcome: BuildOutcome, split_summary: SplitsSummary) -> str:
         if policy.max_dev_test_share is not None
         else ""
     )
-    return f"gold with at least {policy.dev_test_min_votes} of {policy.responses} votes; {where}; {balance}{guard}"
+    return f"{votes}; {where}; {balance}{guard}"
 
 
-def _build_policy(split_summary: SplitsSummary) -> str:
+def _build_policy(outcome: BuildOutcome, split_summary: SplitsSummary) -> str:
     from round_builder.report import splits_heading
 
+    heading = splits_heading(split_summary.to_dict())
+    if not split_summary.model_predictions:
+        imported = bool((outcome.data.examples["origin"] == "imported").all())
+        why = "the examples were imported, " if imported else ""
+        return f"{heading}. No model measured: {why}no example carries a model prediction."
     assessment = split_summary.assessment
     measured = "; ".join(
         f"model on {name}: macro-F1 {_fmt_or_none(a.model_macro_f1)}, accuracy {_fmt_or_none(a.model_accuracy)}"
         for name, a in assessment.items()
     )
-    return f"{splits_heading(split_summary.to_dict())}. {measured}."
+    return f"{heading}. {measured}."
 
 
 def _fmt_or_none(value: float | None) -> str:

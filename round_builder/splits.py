@@ -292,6 +292,20 @@ def build_splits(
         reason[checks[i]] = i
     eligible = reason < 0
 
+    candidates = in_pool & ~gold_na & gc.in_labels & gc.assessed
+    if chance and candidates.any() and pred_na[candidates].all():
+        # Imported examples carry no model prediction: no (gold, predicted) cell can be filled,
+        # and saying "0 eligible examples from distinct prompts" per cell would hide why.
+        raise SplitError(
+            f"none of the {int(candidates.sum()):,} examples with gold that could reach dev or test has a model "
+            "prediction "
+            "(imported examples carry none), so no (gold, predicted) cell can be filled: holding the model at "
+            "chance needs the round's model's predictions; build without the chance constraint (the relaxed "
+            "policy with chance off)",
+            constraint="dev_test_size",
+            min_size=min_size,
+            unit="cell",
+        )
     if chance:
         n_cells = K * K
         cell = np.where(eligible, gc.class_code * K + pred_label, -1)

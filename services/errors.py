@@ -134,6 +134,13 @@ WHOLE_INPUT_PROBLEMS: Mapping[str, str] = {
 }
 
 
+# Fields a request body once had (or that readers of older docs send) -> the field that does
+# the job now: an unknown field with one of these names says which field to send instead.
+RENAMED_FIELDS: Mapping[str, str] = {
+    "model_endpoints": "model_servers (the names of registered model servers, GET /model-servers)",
+}
+
+
 def validation_problems(
     errors: Iterable[Mapping[str, Any]],
     prefix: str | None = None,
@@ -159,6 +166,9 @@ def validation_problems(
         parts = ([prefix] if prefix else []) + [part for part in error.get("loc", ()) if part != "__root__"]
         location = ".".join(str(part) for part in parts)
         message = wording.get(kind) or (explain(error) if explain else None) or str(error.get("msg", "invalid"))
+        field = str(parts[-1]) if parts else ""
+        if kind == "extra_forbidden" and field in RENAMED_FIELDS:
+            message = f"is not a known field; send {RENAMED_FIELDS[field]} instead"
         problems.append(f"{location}: {message}" if location else message)
     return problems
 

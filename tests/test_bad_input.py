@@ -1330,7 +1330,18 @@ def test_invalid_model_server_is_refused(
         response = client.put(
             f"{API}/rounds/{dynasent['id']}/model", json={"model_endpoints": ["http://a:1"]}, headers=researcher.headers
         )
-        assert_error(response, 422, "invalid", "model_endpoints: is not a known field")
+        assert_error(response, 422, "invalid", "model_endpoints: is not a known field; send model_servers")
+    # Opening a round with the old field says which field to send (issue 29, item 8).
+    with unchanged(app):
+        response = client.post(
+            f"{API}/tasks/dynasent-r2/rounds", json={"model_endpoints": ["http://a:1"]}, headers=researcher.headers
+        )
+        assert_error(
+            response,
+            422,
+            "invalid",
+            "model_endpoints: is not a known field; send model_servers (the names of registered model servers",
+        )
 
 
 # --- round state ---------------------------------------------------------------------------

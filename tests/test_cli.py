@@ -138,3 +138,47 @@ def test_a_token_is_listed_and_revoked_from_the_cli(tmp_path: Path) -> None:
     assert missing.exit_code == 1 and "no token 9999" in missing.output
     nobody = run("user", "tokens", "nobody", "--database-url", url)
     assert nobody.exit_code == 1
+
+
+def test_model_init_takes_a_task_of_the_database_and_says_what_a_multi_label_head_leaves_out(tmp_path: Path) -> None:
+    """`model init --task NAME` finds a task created in the database (not only a file or an
+    example), and `--multi-label` names its exclusive labels or says it has none (issue 29, item 8)."""
+    import json
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert run("db", "upgrade", "--database-url", url).exit_code == 0
+    yaml_text = Path("services/task_examples/ethioemo-amharic.yaml").read_text(encoding="utf-8")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml_text.replace("name: ethioemo-amharic", "name: my-emotions", 1), encoding="utf-8")
+    assert run("task", "create", str(mine), "--database-url", url).exit_code == 0
+    result = run(
+        "model", "init", "--task", "my-emotions", "--tiny", "--out", str(tmp_path / "m0"), "--database-url", url
+    )
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "m0" / "dynaloop_model.json").read_text(encoding="utf-8"))
+    assert written["task"] == "my-emotions" and written["family"] == "multi_label"
+    assert written["exclusive_labels"] == ["neutral"] and "exclusive labels ['neutral']" in result.output
+    missing = run("model", "init", "--task", "nobody", "--tiny", "--out", str(tmp_path / "m1"), "--database-url", url)
+    assert missing.exit_code == 1
+    said = " ".join(missing.output.split())
+    assert "nobody is neither a file, an example task (no example task 'nobody'" in said
+    assert f"nor a task in the database {url}" in said
+
+    plain = run(
+        "model", "init", "--labels", "joy,anger,neutral", "--multi-label", "--tiny", "--out", str(tmp_path / "m2")
+    )
+    assert plain.exit_code == 0, plain.output
+    assert "note: no exclusive labels: every label may be predicted together with others" in " ".join(
+        plain.output.split()
+    )
+    named = run(
+        "model", "init", "--labels", "joy,anger,neutral", "--multi-label", "--exclusive-labels", "neutral", "--tiny",
+        "--out", str(tmp_path / "m3"),
+    )  # fmt: skip
+    assert named.exit_code == 0 and "note:" not in named.output
+    assert json.loads((tmp_path / "m3" / "dynaloop_model.json").read_text(encoding="utf-8"))["exclusive_labels"] == [
+        "neutral"
+    ]
+    wrong = run("model", "init", "--labels", "joy,anger", "--multi-label", "--exclusive-labels", "calm", "--tiny",
+                "--out", str(tmp_path / "m4"))  # fmt: skip
+    assert wrong.exit_code == 1 and "--exclusive-labels ['calm'] are not among the labels" in wrong.output

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import func, select
 from statsmodels.stats.inter_rater import fleiss_kappa
 from typer.testing import CliRunner
 
@@ -230,7 +230,7 @@ def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_sp
     refused = api.post(f"{API}/rounds/{round_id}/build", json={}, headers=researcher.headers)
     assert refused.status_code == 422, refused.text
     offered = {r["name"]: r for r in refused.json()["error"]["details"]["relaxations"]}
-    imported = offered["relaxed, imported gold (1 of 5 votes)"]
+    imported = offered["relaxed, imported gold as given (dev/test min votes 1)"]
     assert imported["feasible"] and imported["settings"] == {
         "policy": "relaxed",
         "chance": False,
@@ -336,7 +336,7 @@ def test_crowd_responses_build_with_gold_and_agreement_matching_an_independent_c
     assert response.status_code == 201, response.text
     assert response.json() | {"round_id": 0, "sha256": ""} == {
         "task": task, "round": 1, "round_id": 0, "kind": "responses", "examples": 60, "validations": 300,
-        "workers": 12, "sha256": "", "repeats_merged": 0,
+        "workers": 12, "sha256": "", "repeats_merged": 0, "responses_set_aside": 0, "notes": [],
     }  # fmt: skip
 
     with session_scope(rooted.state.sessionmaker) as session:
@@ -434,7 +434,12 @@ BAD_FILES: dict[str, tuple[str, list[dict[str, Any]] | str, dict[str, Any], str]
         "401 rows is more than the 400",
     ),
     "malformed": ("broken.jsonl", '{"text": "ok", "label": "positive"}\n{"text": ', {}, "could not be read"),
-    "unknown label": ("labels.csv", [GOOD, GOOD | {"text": "Another.", "label": "glad"}], {}, "row 2, column 'label'"),
+    "unknown label": (
+        "labels.csv",
+        [GOOD, GOOD | {"text": "Another.", "label": "glad"}],
+        {},
+        "row 2, column 'label': 'glad' is not a label of task dynasent-r2",
+    ),
     "duplicate rows": ("dupes.csv", [GOOD, GOOD], {}, "row 2 repeats row 1"),
     "missing column": ("cols.csv", [{"sentence": "x", "label": "positive"}], {}, "no column 'text'"),
     "huge text": (
@@ -703,3 +708,143 @@ def test_a_text_of_an_earlier_round_is_left_out_of_a_later_rounds_splits(
     assert (
         report["counts"]["total"]["train"] + report["counts"]["total"]["dev"] + report["counts"]["total"]["test"] == 12
     )
+
+
+# --- what the report of a round with no model says (issue 29, item 8) -------------------------------
+
+
+@sqlite_only  # report text only; PostgreSQL: test_a_labelled_dataset_of_each_family_imports_... (the same build)
+def test_an_imported_round_with_no_model_reports_no_model_and_gold_as_imported(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """A labelled dataset without vote counts into a 3-validation task: the strict build is refused
+    for the reason that holds (no model prediction), and the relaxed build's report speaks of no
+    model, per-class cells, no fooling rate, imported texts, no distributional labels and gold
+    as imported, never of prompts, (gold, predicted) cells or "1 of 3 votes"."""
+    task = _task(rooted, researcher, "besstie-en-in-sarcasm")
+    rows = [{"text": f"Oh great, another Monday number {i}.", "label": ["sarcastic", "not_sarcastic"][i % 2]}
+            for i in range(40)]  # fmt: skip
+    _write(data_root / "plain.jsonl", rows)
+    imported = _import(api, researcher, task, 1, kind="labelled", file="plain.jsonl")
+    assert imported.status_code == 201, imported.text
+    round_id = imported.json()["round_id"]
+
+    refused = api.post(f"{API}/rounds/{round_id}/build", json={"policy": "strict"}, headers=researcher.headers)
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["error"]["message"]
+    assert "has a model prediction (imported examples carry none)" in message
+    assert "eligible examples from distinct prompts" not in message
+    assert "build without the chance constraint" in message
+
+    report = _build(api, researcher, round_id, policy="relaxed", dev_test_min_votes=1)
+    splits = report["splits"]
+    assert splits["model_predictions"] == 0
+    assert splits["cells"] and all("predicted" not in cell for cell in splits["cells"])
+    assert sum(c["dev"] for c in splits["cells"]) == splits["assessment"]["dev"]["examples"]
+    assert report["fooling"]["validated_fooling_rate"] is None
+    assert report["fooling"]["examples_with_model_prediction"] == 0
+    assert set(report["conditions"]) == {"imported"}
+    assert report["counts"]["total"]["dist_train"] is None
+    assert all(row["dist_train"] is None for row in report["counts"]["rows"].values())
+    assert report["agreement_counts"] is None  # no response was counted here: no "k of 3"
+    sheet = report["datasheet"]
+    assert sheet["prompt_sources"] == ["none: the round's examples were imported, not written to prompts"]
+    assert sheet["dev_test_rule"].startswith("gold as imported (the dataset's own label)")
+    assert "unique prompts" not in sheet["dev_test_rule"] and "of 3 votes" not in sheet["dev_test_rule"]
+    assert "no model in the loop" in sheet["build_policy"]
+
+    markdown = api.get(
+        f"{API}/tasks/{task}/rounds/1/report", params={"format": "markdown"}, headers=researcher.headers
+    ).text
+    assert "no model in the loop (no example has a model prediction)" in markdown
+    assert "model not held at chance" not in markdown
+    assert "(gold, predicted) cell" not in markdown and "Examples per gold class" in markdown
+    assert (
+        "validated_fooling_rate" not in markdown and "none of the 40 examples was checked against a model" in markdown
+    )
+    assert "Prompt vs no-prompt" not in markdown and "| imported |" in markdown
+    assert "Dist train: none" in markdown
+    assert "1 of 3" not in markdown and "prompts imported without a source" not in markdown
+
+
+def test_the_cli_refuses_a_strict_build_in_its_own_words(settings: Settings, tmp_path: Path) -> None:
+    """`round build --policy strict --no-chance` names the options, not the API's JSON; a strict
+    build of an imported round says it has no model prediction, with the command that builds."""
+    app = create_app(settings)
+    with session_scope(app.state.sessionmaker) as session:
+        create_task(session, None, example_yaml("besstie-en-in-sarcasm", onboarding_quiz=None))
+    rows = [{"text": f"Tweet number {i}.", "label": ["sarcastic", "not_sarcastic"][i % 2]} for i in range(20)]
+    file = _write(tmp_path / "plain.jsonl", rows)
+    env = {"DYNALOOP_DATABASE_URL": settings.database_url or "", "DYNALOOP_SECRET_KEY": settings.secret_key,
+           "DYNALOOP_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    where = ["--task", "besstie-en-in-sarcasm", "--round", "1"]
+    runner = CliRunner()
+    imported = runner.invoke(cli, ["round", "import", *where, "--kind", "labelled", "--file", str(file)], env=env)
+    assert imported.exit_code == 0, imported.output
+    mixed = runner.invoke(cli, ["round", "build", *where, "--policy", "strict", "--no-chance"], env=env)
+    assert mixed.exit_code == 1
+    assert "--policy strict keeps the task's dev/test rules, and --no-chance relaxes them" in mixed.output
+    assert "use --policy relaxed instead" in mixed.output and '"policy"' not in mixed.output
+    strict = runner.invoke(cli, ["round", "build", *where], env=env)
+    assert strict.exit_code == 1
+    assert "has a model prediction (imported examples carry none)" in " ".join(strict.output.split())
+    assert "--policy relaxed --no-chance --dev-test-min-votes 1" in strict.output
+
+
+def test_importing_more_responses_than_the_task_validates_says_how_many_the_build_sets_aside(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Five responses per example into a 3-validation task: the import says, before any build,
+    that 2 per example will be set aside (the API's answer and the command alike)."""
+    app = create_app(settings)
+    with session_scope(app.state.sessionmaker) as session:
+        create_task(session, None, example_yaml("besstie-en-in-sarcasm", onboarding_quiz=None))
+    rows = [
+        {"item": f"x{item}", "text": f"Oh great, Tuesday {item}.", "worker": f"w{worker}",
+         "label": ["sarcastic", "not_sarcastic"][(item + (worker == 4)) % 2]}
+        for item in range(12)
+        for worker in range(5 if item < 10 else 3)
+    ]  # fmt: skip
+    file = _write(tmp_path / "five.jsonl", rows)
+    env = {"DYNALOOP_DATABASE_URL": settings.database_url or "", "DYNALOOP_SECRET_KEY": settings.secret_key}
+    result = CliRunner().invoke(
+        cli, ["round", "import", "--task", "besstie-en-in-sarcasm", "--round", "1", "--kind", "responses",
+              "--file", str(file), "--id-column", "item"], env=env, catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "imported 12 examples and 56 responses" in said
+    assert (
+        "note: 10 example(s) have more responses than the task's 3 validations per example: the build keeps each "
+        "one's 3 best-agreeing validators' labels and sets the other 20 response(s) aside (2 per example)"
+    ) in said
+    with session_scope(app.state.sessionmaker) as session:
+        assert session.scalar(select(func.count()).select_from(Validation)) == 56  # nothing dropped at import
+
+
+@sqlite_only  # report text only; PostgreSQL: test_a_labelled_dataset_of_each_family_imports_... (multi_label)
+def test_a_multi_label_responses_import_reports_examples_apart_from_labels_and_no_prompts(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """The counts table's last row counts examples while its label rows count labels: it is named
+    for what it counts. A responses import has no prompts, and the datasheet says so."""
+    task = _task(rooted, researcher, FAMILIES["multi_label"])
+    sets = [["joy"], ["anger", "sadness"], ["neutral"]]
+    rows = [
+        {"item": f"e{i}", "text": f"ዛሬ ደስ ብሎኛል {i}", "worker": f"w{w}", "label": sets[i % 3]}
+        for i in range(30)
+        for w in range(3)
+    ]
+    _write(data_root / "ml.jsonl", rows)
+    response = _import(api, researcher, task, 1, kind="responses", file="ml.jsonl", id_column="item")
+    assert response.status_code == 201, response.text
+    report = _build(api, researcher, response.json()["round_id"], policy="relaxed")
+    assert report["datasheet"]["prompt_sources"] == ["none: the round's examples were imported, not written to prompts"]
+    total = report["counts"]["total"]
+    label_rows = report["counts"]["rows"]
+    assert sum(row["train"] for row in label_rows.values()) > total["train"]  # anger+sadness count twice
+    markdown = api.get(f"{API}/tasks/{task}/rounds/1/report", params={"format": "markdown"}, headers=researcher.headers)
+    assert f"| **examples** (each once) | {total['dist_train']} | {total['train']} |" in markdown.text
+    assert "**total**" not in markdown.text
+    assert "the last row counts examples, each once" in markdown.text
+    assert "prompts imported without a source" not in markdown.text

@@ -227,7 +227,8 @@ def test_task_creation_warns_through_the_use_case_cli_and_api(tmp_path: Path) ->
     from services.taskdef import parse_task_definition
 
     (warning,) = tokenizer_coverage_warnings(parse_task_definition(GEEZ_TASK), max_unknown_token_share=0.2)
-    assert "of tokens of the task YAML's ti text" in warning and "[UNK]" in warning
+    assert "of tokens of the task YAML's words in the Ethiopic script (the task's language: ti)" in warning
+    assert "[UNK]" in warning
     english = (
         "name: en-task\ntitle: English sentiment\nfamily: single_label\nlabels: [negative, positive]\n"
         "instructions: Write a short post about your day, e.g. what a lovely morning.\n"
@@ -247,6 +248,24 @@ def test_task_creation_warns_through_the_use_case_cli_and_api(tmp_path: Path) ->
     assert "warning:" in created.output and "[UNK]" in created.output and "xlm-roberta-base" in created.output
     shipped = runner.invoke(cli, ["task", "create", "isarcasm", "--database-url", url])
     assert shipped.exit_code == 0 and "[UNK]" not in shipped.output
+
+
+def test_the_task_creation_warning_names_the_script_it_measured_not_the_tasks_language() -> None:
+    """The check measures a non-English task's words with letters outside the Latin script; the
+    warning names that script, not the language tag, and emoji, dashes and curly quotes in a
+    Latin-script task's YAML are not taken for its script (issue 29, item 8)."""
+    from services.domain.tasks import tokenizer_coverage_warnings
+    from services.taskdef import parse_task_definition
+
+    quoting = GEEZ_TASK.replace("language: ti", "language: ha").replace("name: geez-sentiment", "name: ha-task")
+    (warning,) = tokenizer_coverage_warnings(parse_task_definition(quoting), max_unknown_token_share=0.2)
+    assert "the task YAML's words in the Ethiopic script (the task's language: ha)" in warning
+    assert "ha text" not in warning
+    german = (
+        "name: de-task\ntitle: German sentiment\nfamily: single_label\nlanguage: de\nlabels: [negative, positive]\n"
+        "instructions: Schreib einen kurzen Beitrag über deinen Tag 😀 🙂 — „so“ 🎉\n"
+    )
+    assert tokenizer_coverage_warnings(parse_task_definition(german), max_unknown_token_share=0.2) == []
 
 
 def test_task_creation_over_the_api_returns_the_warning(client, researcher) -> None:  # type: ignore[no-untyped-def]

@@ -34,6 +34,12 @@ class RoundImportPublic(BaseModel):
         description="Responses: examples of the file with the text of an earlier one (ignoring case, spacing "
         "and punctuation), pooled into it.",
     )
+    responses_set_aside: int = Field(
+        0,
+        description="Responses: responses beyond the task's validations per example; the build keeps each "
+        "example's best-agreeing validators' labels and sets these aside.",
+    )
+    notes: list[str] = Field(default_factory=list, description="What the build will do with the import, in words.")
 
 
 @router.post(
@@ -67,4 +73,4 @@ def import_into_round(
         max_decoded_bytes=settings.max_upload_decoded_bytes,
         max_cell_chars=settings.max_upload_cell_chars,
     )
-    return RoundImportPublic(**imported.__dict__)
+    return RoundImportPublic(**{**imported.__dict__, "notes": list(imported.notes)})

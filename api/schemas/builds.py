@@ -66,7 +66,10 @@ class BuildPreviewPublic(BaseModel):
 
 
 class CountRow(BaseModel):
-    dist_train: int = Field(description="Distributional train (DynaSent Table 4's first column).")
+    dist_train: int | None = Field(
+        description="Distributional train (DynaSent Table 4's first column); null when no train example has "
+        "responses (imported gold), so none has a distributional label."
+    )
     train: int
     dev: int
     test: int
@@ -105,6 +108,11 @@ class ReportSplits(BaseModel):
     )
     balance: dict[str, Any] = Field(
         default_factory=dict, description="The class-balance guard's share; per class eligible/train/dev/test."
+    )
+    model_predictions: int | None = Field(
+        None,
+        description="Examples of the round with a model prediction; 0: no model in the loop (an imported round), "
+        "so the cells are per gold class and nothing about a model is measured.",
     )
 
 
@@ -146,7 +154,10 @@ class ReportFooling(BaseModel):
     fooled_examples: int
     confirmed: int
     validated_fooling: int = Field(description="Fooling examples whose gold label is the writer's target.")
-    validated_fooling_rate: float | None
+    validated_fooling_rate: float | None = Field(description="null when no example was checked against a model.")
+    examples_with_model_prediction: int | None = Field(
+        None, description="Examples checked against a model; 0: no model in the loop, nothing could be fooled."
+    )
 
 
 class ConditionSummary(BaseModel):

@@ -16,32 +16,77 @@ from dynaloop.commands.common import (
     ensure_schema,
     fail,
     problems,
+    redact,
     session_factory,
     settings_for,
-    task_yaml,
 )
 from dynaloop.commands.model_servers import app as servers_app
 
 if TYPE_CHECKING:
     from modelling.replicas import ReplicaView
     from services.db.models import ModelVersion
+    from services.taskdef import TaskDefinition
 
 app = typer.Typer(help="Classifier directories for the model server.", no_args_is_help=True)
 app.add_typer(servers_app, name="servers")
 
 
+def _task_definition(source: str, database_url: str | None) -> TaskDefinition:
+    """The definition of ``source``: a task YAML file, an example task, or a task of the database
+    (``--database-url``; default: DYNALOOP_DATABASE_URL or the data folder's SQLite file)."""
+    from services.taskdef import TaskDefinitionError, example_path, parse_task_definition
+
+    try:
+        path = Path(source) if Path(source).exists() else example_path(source)
+    except KeyError as exc:
+        path, examples = None, exc.args[0]
+    if path is not None:
+        try:
+            return parse_task_definition(path.read_text(encoding="utf-8"), source=source)
+        except TaskDefinitionError as exc:
+            raise fail(str(exc)) from exc
+    from sqlalchemy import select
+    from sqlalchemy.engine import make_url
+
+    from services.db.migrate import current_revision, head_revision
+    from services.db.models import Task
+    from services.domain.tasks import definition_of
+
+    url = settings_for(database_url).resolved_database_url
+    parsed = make_url(url)
+    # A SQLite file that does not exist is no database to look in (and is not created here).
+    exists = not parsed.drivername.startswith("sqlite") or (parsed.database and Path(parsed.database).exists())
+    if exists and current_revision(url) == head_revision():
+        with session_factory(url)() as session:
+            row = session.scalar(select(Task).where(Task.name == source))
+            if row is not None:
+                return definition_of(row)
+    raise fail(f"{source} is neither a file, an example task ({examples}) nor a task in the database {redact(url)}")
+
+
 @app.command("init")
 def model_init(
     out: Annotated[Path, typer.Option("--out", help="Folder to write the model directory to")],
-    task: Annotated[str | None, typer.Option(help="Take labels and family from a task YAML file or example")] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(help="Take labels and family from a task: a YAML file, an example task or a task in the database"),
+    ] = None,
     labels: Annotated[str | None, typer.Option(help="Comma-separated labels (instead of --task)")] = None,
     multi_label: Annotated[bool, typer.Option(help="With --labels: a multi-label head")] = False,
+    exclusive_labels: Annotated[
+        str | None,
+        typer.Option(
+            help="With --labels --multi-label: comma-separated labels never predicted with others (e.g. neutral); "
+            "default: none"
+        ),
+    ] = None,
     pair: Annotated[bool, typer.Option(help="With --labels: (sentence, target) input")] = False,
     model_id: Annotated[str, typer.Option(help="Name reported by /info")] = "model-0",
     base: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint; default: packaged MiniLM")] = None,
     tiny: Annotated[bool, typer.Option(help="A tiny random BERT for tests, not MiniLM")] = False,
     seed: int = 0,
     overwrite: bool = False,
+    database_url: DatabaseOpt = None,
 ) -> None:
     """Build an (untrained) classifier directory with dynaloop_model.json, offline."""
     from modelling.init_model import init_model_dir
@@ -50,13 +95,13 @@ def model_init(
     input_format: Literal["text", "text_pair"] = "text_pair" if pair else "text"
     task_name = None
     exclusive: list[str] = []
+    notes: list[str] = []
     if task is not None:
-        from services.taskdef import TaskDefinitionError, TaskFamily, parse_task_definition
+        from services.taskdef import TaskFamily
 
-        try:
-            definition = parse_task_definition(task_yaml(task), source=task)
-        except TaskDefinitionError as exc:
-            raise fail(str(exc)) from exc
+        if exclusive_labels is not None:
+            raise fail("--exclusive-labels goes with --labels; with --task the task's own exclusive labels are used")
+        definition = _task_definition(task, database_url)
         label_list = list(definition.labels)
         family = "multi_label" if definition.is_multi_label else "single_label"
         input_format = "text_pair" if definition.family is TaskFamily.target_dependent else "text"
@@ -64,6 +109,17 @@ def model_init(
         exclusive = list(definition.exclusive_labels)
     elif labels:
         label_list = [label.strip() for label in labels.split(",") if label.strip()]
+        exclusive = [label.strip() for label in (exclusive_labels or "").split(",") if label.strip()]
+        if exclusive and not multi_label:
+            raise fail("--exclusive-labels applies to a multi-label head; add --multi-label")
+        unknown = [label for label in exclusive if label not in label_list]
+        if unknown:
+            raise fail(f"--exclusive-labels {unknown} are not among the labels {label_list}")
+        if multi_label and not exclusive:
+            notes.append(
+                "no exclusive labels: every label may be predicted together with others; name the one that "
+                "stands alone (e.g. neutral) with --exclusive-labels"
+            )
     else:
         raise fail("give --task or --labels")
     try:
@@ -82,11 +138,14 @@ def model_init(
         )
     except (FileExistsError, FileNotFoundError, OSError, ValueError) as exc:
         raise fail(str(exc)) from exc
+    shown = f", exclusive labels {metadata.exclusive_labels}" if metadata.exclusive_labels else ""
     console.print(
-        f"wrote {out} ({metadata.family}, {metadata.input_format}, labels {metadata.labels}, "
+        f"wrote {out} ({metadata.family}, {metadata.input_format}, labels {metadata.labels}{shown}, "
         f"base {metadata.base_model})",
         soft_wrap=True,
     )
+    for note in notes:
+        console.print(f"note: {note}", soft_wrap=True, highlight=False, markup=False)
 
 
 def _model_row(model: ModelVersion, attempts: int | None = None) -> list[str]:

@@ -98,6 +98,20 @@ def option_flags(settings: dict[str, Any]) -> str:
     return " ".join(flags)
 
 
+def refusal(exc: Any) -> str:
+    """A refused build's message in this command's words: settings the strict policy refuses are
+    named as the options that set them (``--no-chance``), not as the API's JSON fields."""
+    loosened = exc.details.get("loosened")
+    if not loosened:
+        return str(exc.message)
+    flags = option_flags(loosened)
+    verb = "relaxes" if len(loosened) == 1 else "relax"
+    return (
+        f"--policy strict keeps the task's dev/test rules, and {flags} {verb} them: "
+        f"use --policy relaxed instead, or leave {flags} out"
+    )
+
+
 def build_command(task: str, number: int, options: BuildOptions, settings: dict[str, Any]) -> str:
     """The `dynaloop round build` line that builds with a preview's ``settings`` and the
     settings they keep from ``options`` (seed, caps, model-based labels)."""
@@ -176,7 +190,7 @@ def round_build(
     except DomainError as exc:
         # Every option that builds, with the command for it, then the one-line error.
         print_options(task, number, options, exc.details.get("relaxations", []))
-        raise fail(exc.message) from exc
+        raise fail(refusal(exc)) from exc
     report = built.report
     total = report["counts"]["total"]
     console.print(
@@ -249,7 +263,7 @@ def round_build_preview(
             previewed = preview_build(session, round_, options)
             session.rollback()  # a preview records nothing
     except DomainError as exc:
-        raise fail(exc.message) from exc
+        raise fail(refusal(exc)) from exc
     for option in [previewed.requested, *previewed.relaxations]:
         preview = PolicyPreview(**option)
         if preview.feasible:
@@ -484,6 +498,8 @@ def round_import(
         + f" into {imported.task} round {imported.round} (closed; build it with `dynaloop round build`)",
         soft_wrap=True,
     )
+    for note in imported.notes:
+        console.print(f"note: {note}", soft_wrap=True, highlight=False, markup=False)
 
 
 # --- train ----------------------------------------------------------------------------------

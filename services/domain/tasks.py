@@ -6,6 +6,8 @@ import functools
 import json
 import logging
 import re
+import unicodedata
+from collections import Counter
 from typing import Any
 
 from sqlalchemy import select
@@ -19,8 +21,19 @@ from services.taskdef import TaskDefinition, TaskDefinitionError, parse_task_def
 
 logger = logging.getLogger(__name__)
 
-# Words with a letter outside Basic Latin / Latin-1 / Latin Extended (Ge'ez, Arabic, Devanagari, ...).
+# Words with a character outside Basic Latin / Latin-1 / Latin Extended (Ge'ez, Arabic, Devanagari,
+# ... but also curly quotes, dashes and emoji: _script_letters keeps the words with a letter).
 _NON_LATIN_WORD = re.compile(r"\S*[^\x00-\u024f\s]\S*")
+
+
+def _script_letters(word: str) -> list[str]:
+    """The scripts of ``word``'s letters outside the Latin ranges, by their Unicode names' first word
+    (ETHIOPIC SYLLABLE HA -> Ethiopic): unicodedata knows every script, a table here would not."""
+    return [
+        unicodedata.name(char, "UNKNOWN").split()[0].title()
+        for char in word
+        if ord(char) > 0x24F and unicodedata.category(char).startswith("L")
+    ]
 
 
 def create_task(
@@ -102,15 +115,28 @@ def task_texts(definition: TaskDefinition) -> list[str]:
     return [text for text in texts if text and text.strip()]
 
 
-def _language_texts(definition: TaskDefinition) -> list[str]:
-    """The YAML's texts in the task's own script: for a task not in English, its words outside the
-    Latin script when it has any (its English glosses would hide an unreadable script); else all."""
+def _language_texts(definition: TaskDefinition) -> tuple[list[str], str]:
+    """The YAML's texts in the task's own script, and what they are (for the warning): for a task
+    not in English, its words with letters outside the Latin script when it has any (its English
+    glosses would hide an unreadable script), named by their script; else all its text."""
     texts = task_texts(definition)
+    everything = f"the task YAML's text (language {definition.language})"
     if definition.language.split("-")[0].lower() == "en":
-        return texts
-    words = [" ".join(_NON_LATIN_WORD.findall(text)) for text in texts]
-    words = [text for text in words if text]
-    return words or texts
+        return texts, everything
+    scripts: Counter[str] = Counter()
+    kept = []
+    for text in texts:
+        words = [word for word in _NON_LATIN_WORD.findall(text) if _script_letters(word)]
+        for word in words:
+            scripts.update(_script_letters(word))
+        if words:
+            kept.append(" ".join(words))
+    if not kept:
+        return texts, everything
+    # Named by what was measured: the task's language tag says nothing of which script this is.
+    named = " and ".join(name for name, _ in scripts.most_common(3))
+    script = f"script{'s' if len(scripts) > 1 else ''}"
+    return kept, f"the task YAML's words in the {named} {script} (the task's language: {definition.language})"
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,7 +153,7 @@ def tokenizer_coverage_warnings(definition: TaskDefinition, *, max_unknown_token
     text to check or the backbone cannot be loaded; nothing when the text is covered."""
     from model_directory.tokenizer_coverage import token_coverage
 
-    texts = _language_texts(definition)
+    texts, what = _language_texts(definition)
     if not texts:
         return ["tokenizer coverage not checked: the task YAML has no instructions, examples or quiz text"]
     try:
@@ -137,5 +163,5 @@ def tokenizer_coverage_warnings(definition: TaskDefinition, *, max_unknown_token
         return [f"tokenizer coverage not checked: the default backbone's tokenizer cannot be loaded ({exc})"]
     coverage = token_coverage(tokenizer, texts)
     if coverage.exceeds(max_unknown_token_share):
-        return [coverage.message(f"the task YAML's {definition.language} text (with the default MiniLM backbone)")]
+        return [coverage.message(f"{what}, with the default MiniLM backbone,")]
     return []
