@@ -8,10 +8,17 @@ One use case, :func:`import_round`, called alike by `dynaloop round import` and
   rephrase). Each row becomes a validated example of ``origin = imported`` whose *imported
   gold* (and, where the file has them, its vote counts and original split) is recorded in
   ``source_metadata``; the build takes that gold as is and says so in its report.
-* ``responses``: earlier crowd responses, one row per (example, worker, label[, seconds]).
-  Each example becomes an imported example and each response a counted validation by a
-  pseudonymous validator account, so the ordinary builder computes gold, agreement and splits
-  from them exactly as for responses collected here.
+* ``responses``: earlier crowd responses, one row per (example, worker, label[, seconds]), or
+  *wide* (``annotator_columns``): one row per example and one column per annotator. Each example
+  becomes an imported example and each response a counted validation by a pseudonymous validator
+  account, so the ordinary builder computes gold, agreement and splits from them exactly as for
+  responses collected here.
+
+An imported example keeps the file's text exactly as given (the text policy still refuses what it
+refuses; normalisation is for matching rows and duplicates only) and the row's id as
+``Example.source_id`` (the id column, ``id`` when the file has one), so an export joins back to
+the file. An empty label set (``[]``) means what it means to the API: the task's one exclusive
+label (services.domain.labels.check_label_set).
 
 Everything is checked before anything is written, and the whole import is one transaction:
 a bad row is one error naming the row (counted from 1, the header not counted) and the column,
@@ -23,10 +30,13 @@ path; the API only a task's uploaded dataset or a path under ``DYNALOOP_DATA_ROO
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
+import json
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -81,6 +91,8 @@ MAX_IMPORT_BYTES = 256 * 1024 * 1024
 MAX_TEXT_CHARS = 5000
 #: The most distinct workers one responses import may bring in (each becomes an account).
 MAX_WORKERS = 100_000
+#: The longest id of an imported row (``Example.source_id``).
+MAX_ID_CHARS = 500
 SPLITS = ("train", "dev", "test")
 
 
@@ -107,10 +119,19 @@ class ImportOptions(BaseModel):
         None,
         min_length=1,
         max_length=200,
-        description="The example's id in the file (responses: rows with the "
-        "same id are one example; without it, rows with the same text are).",
+        description="The example's id in the file, kept as the export's `source_id`; default: the column `id` "
+        "when the file has one (responses: rows with the same id are one example; without an id, rows with "
+        "the same text are).",
     )
     worker_column: str = Field("worker", min_length=1, max_length=200, description="responses: the worker's id.")
+    annotator_columns: list[str] | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="responses in the wide format: one row per example, one column per annotator (the column's "
+        "name is the worker); names or patterns such as 'annotator_*'. A cell is a label, labels joined by "
+        "`label_separator` or a JSON list; an empty cell: that annotator did not label the example.",
+    )
     seconds_column: str | None = Field(
         None, min_length=1, max_length=200, description="responses: seconds the worker took (optional)."
     )
@@ -146,10 +167,19 @@ class ImportOptions(BaseModel):
             raise ValueError("a file path has at most 1000 characters and no NUL")
         return value
 
+    @field_validator("annotator_columns")
+    @classmethod
+    def _column_names(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not name or len(name) > 200 for name in value):
+            raise ValueError("each annotator column (or pattern) has 1 to 200 characters")
+        return value
+
     @model_validator(mode="after")
     def _one_origin(self) -> ImportOptions:
         if (self.dataset is None) == (self.file is None):
             raise ValueError("give exactly one of `dataset` (an uploaded dataset) or `file`")
+        if self.annotator_columns is not None and self.kind != "responses":
+            raise ValueError("annotator_columns (the wide format) is for kind `responses`")
         return self
 
 
@@ -290,21 +320,86 @@ def _missing(value: Any) -> bool:
     return isinstance(value, str) and not value.strip()
 
 
-def _require_columns(frame: pd.DataFrame, columns: Sequence[str | None]) -> None:
+def _require_columns(frame: pd.DataFrame, columns: Sequence[str | None], hint: str = "") -> None:
     absent = [c for c in columns if c is not None and c not in frame.columns]
     if absent:
-        raise Invalid(f"the file has no column {absent[0]!r}; its columns are {sorted(map(str, frame.columns))[:30]}")
+        raise Invalid(
+            f"the file has no column {absent[0]!r}; its columns are {sorted(map(str, frame.columns))[:30]}{hint}"
+        )
 
 
-def _text(value: Any, row: int, column: str) -> str:
+# Column names of the wide format's annotators in files seen in the wild: annotator_1, rater2, A3...
+_ANNOTATOR_NAME = re.compile(r"(annotator|annotation|ann|rater|coder|judge|labell?er|worker|[arw])[ _-]?\d+", re.I)
+
+
+def _wide_hint(frame: pd.DataFrame, definition: TaskDefinition, options: ImportOptions) -> str:
+    """When a file without the long format's columns looks wide (two or more columns named like
+    annotators, or whose first cells are all labels of the task), the option that reads it."""
+    known = {options.text_column, options.id_column, options.split_column, options.target_column}
+    candidates = []
+    for column in frame.columns:
+        if column in known or not isinstance(column, str):
+            continue
+        if _ANNOTATOR_NAME.fullmatch(column.strip()):
+            candidates.append(column)
+            continue
+        cells = [value for value in frame[column].head(50) if not _missing(value)]
+        try:
+            for row, value in enumerate(cells):
+                _labels(
+                    definition,
+                    value,
+                    row,
+                    column,
+                    allowed=definition.effective_validation_labels,
+                    separator=options.label_separator,
+                    label_map=options.label_map,
+                )
+        except Invalid:
+            continue
+        if cells:
+            candidates.append(column)
+    if len(candidates) < 2:
+        return ""
+    shown = ", ".join(repr(c) for c in candidates[:5]) + (", ..." if len(candidates) > 5 else "")
+    return (
+        f"; the file looks wide (one column per annotator: {shown}): import it as kind `responses` with "
+        'annotator_columns (`--annotator-columns`), docs/round_builder.md "Imports"'
+    )
+
+
+def _text(value: Any, row: int, column: str) -> tuple[str, str]:
+    """The text exactly as the file gives it, and its form under the text policy (NFC, trimmed,
+    invisible characters stripped), which is for comparing rows only. The policy's refusals
+    (control characters, bidi overrides, no visible character, too long) apply to the text
+    itself: what it would strip or normalise is kept, so an export gives back the file's bytes."""
     if _missing(value):
         raise Invalid(f"{_where(row, column)}: the text is empty")
     if not isinstance(value, str):
         raise Invalid(f"{_where(row, column)}: the text must be a string")
     try:
-        return clean_text(value, field=_where(row, column), max_chars=MAX_TEXT_CHARS)
+        return value, clean_text(value, field=_where(row, column), max_chars=MAX_TEXT_CHARS)
     except Invalid as exc:
         raise Invalid(str(exc)) from exc
+
+
+def _source_id(value: Any, row: int, column: str) -> str | None:
+    """A row's id as text, as the file has it (a whole number read as a float, e.g. from a
+    Parquet column with nulls, without its ``.0``); None for an empty cell."""
+    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalars from Parquet
+        value = value.item()
+    if _missing(value):
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise Invalid(f"{_where(row, column)}: an id is text or a whole number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise Invalid(f"{_where(row, column)}: an id is text or a whole number")
+        value = int(value)
+    text = str(value)
+    if len(text) > MAX_ID_CHARS:
+        raise Invalid(f"{_where(row, column)}: an id has at most {MAX_ID_CHARS} characters")
+    return text
 
 
 def _labels(
@@ -320,6 +415,14 @@ def _labels(
     where = _where(row, column)
     if hasattr(value, "tolist") and not isinstance(value, str):  # numpy arrays from Parquet
         value = value.tolist()
+    if definition.is_multi_label and isinstance(value, str) and value.strip().startswith("["):
+        # A label set written as a JSON list in a text cell (CSV, TSV, the wide format's cells).
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise Invalid(f"{where}: starts with '[' but is not a JSON list of labels") from None
+        if not isinstance(value, list):
+            raise Invalid(f"{where}: starts with '[' but is not a JSON list of labels")
     if isinstance(value, list):
         items = value
     elif _missing(value):
@@ -340,7 +443,8 @@ def _labels(
     if not all(isinstance(item, str) for item in items):
         raise Invalid(f"{where}: labels must be text")
     try:
-        return check_label_set(definition, items, allowed=allowed, what=where)
+        # An empty set ([]) means what it means in the API: the task's one exclusive label.
+        return check_label_set(definition, items, allowed=allowed, what=where, empty_is_exclusive=True)
     except Invalid as exc:
         # check_label_set names the unknown label; it is one of the file's label values, not its text.
         # It puts the label right after ``what``: a colon keeps the place and the value apart.
@@ -477,11 +581,14 @@ def _workers(session: Session, secret: str, ids: list[str]) -> dict[str, int]:
     return {worker: existing[name] for worker, name in names.items()}
 
 
-def _example(round_: Round, definition: TaskDefinition, text: str, extras: dict, metadata: dict) -> Example:
+def _example(
+    round_: Round, definition: TaskDefinition, text: str, extras: dict, metadata: dict, source_id: str | None
+) -> Example:
     return Example(
         round_id=round_.id,
         origin=ExampleOrigin.imported,
         source_metadata=metadata,
+        source_id=source_id,
         # As for harvested sentences: the prompt condition lets an imported example reach dev/test;
         # with no prompt id each example stands alone.
         condition=Condition.prompt,
@@ -519,17 +626,19 @@ def _labelled(
             options.responses_column,
             options.split_column,
             options.target_column,
+            options.id_column,
             *(
                 [options.target_start_column, options.target_end_column]
                 if definition.family is TaskFamily.target_dependent
                 else []
             ),
         ],
+        hint=_wide_hint(frame, definition, options) if options.label_column not in frame.columns else "",
     )
     seen: dict[tuple[Any, ...], int] = {}
     examples = []
     for row in range(len(frame)):
-        text = _text(frame.at[row, options.text_column], row, options.text_column)
+        text, _cleaned = _text(frame.at[row, options.text_column], row, options.text_column)
         gold = _labels(
             definition,
             frame.at[row, options.label_column],
@@ -567,7 +676,7 @@ def _labelled(
             split = {"validation": "dev", "valid": "dev", "val": "dev"}.get(split, split)
             if split not in SPLITS:
                 raise Invalid(f"{_where(row, options.split_column)}: not one of {list(SPLITS)} (or validation)")
-        identifier = frame.at[row, options.id_column] if options.id_column else None
+        source_id = _source_id(frame.at[row, options.id_column], row, options.id_column) if options.id_column else None
         metadata = {
             **origin,
             "row": row + 1,
@@ -575,13 +684,60 @@ def _labelled(
             "gold_votes": votes,
             "responses": answered,
             "split": split,
-            **({"id": str(identifier)[:200]} if not _missing(identifier) else {}),
         }
-        examples.append(_example(round_, definition, text, extras, metadata))
+        examples.append(_example(round_, definition, text, extras, metadata, source_id))
     session.add_all(examples)
     session.flush()
     duplicates.record_texts(session, round_.task, examples)
     return len(examples)
+
+
+def _annotator_columns(frame: pd.DataFrame, options: ImportOptions) -> list[str]:
+    """The wide format's annotator columns: each name or pattern of ``annotator_columns``
+    (``fnmatch``: ``annotator_*``) matched against the file's columns, in the file's order."""
+    assert options.annotator_columns is not None
+    reserved = {
+        options.text_column,
+        options.id_column,
+        options.target_column,
+        options.target_start_column,
+        options.target_end_column,
+    }
+    names = [str(column) for column in frame.columns]
+    chosen: list[str] = []
+    for pattern in options.annotator_columns:
+        matched = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            raise Invalid(
+                f"annotator_columns: no column of the file is {pattern!r}; its columns are {sorted(names)[:30]}"
+            )
+        chosen.extend(name for name in matched if name not in chosen)
+    clash = [name for name in chosen if name in reserved]
+    if clash:
+        raise Invalid(f"annotator_columns: {clash[0]!r} is the text, id or target column, not an annotator's")
+    return chosen
+
+
+def _response_cells(
+    frame: pd.DataFrame, options: ImportOptions, annotators: list[str] | None
+) -> Iterator[tuple[int, str, str]]:
+    """Each response of the file as (row, worker, the column holding its label). Long format: one
+    per row, the worker from ``worker_column``. Wide format: one per non-empty annotator cell, the
+    worker the column's name; an empty cell is an example that annotator did not label, and a row
+    no annotator labelled is refused (an example without responses has nothing to build on)."""
+    for row in range(len(frame)):
+        if annotators is None:
+            worker = frame.at[row, options.worker_column]
+            if _missing(worker):
+                raise Invalid(f"{_where(row, options.worker_column)}: the worker id is empty")
+            worker = str(int(worker) if isinstance(worker, float) and worker.is_integer() else worker).strip()[:200]
+            yield row, worker, options.label_column
+            continue
+        labelled = [column for column in annotators if not _missing(frame.at[row, column])]
+        if not labelled:
+            raise Invalid(f"row {row + 1}: no annotator column has a label; remove the row or label it")
+        for column in labelled:
+            yield row, column, column
 
 
 def _responses(
@@ -593,12 +749,12 @@ def _responses(
     origin: dict,
     secret: str,
 ) -> tuple[int, int, int, int]:
+    wide = options.annotator_columns is not None
     _require_columns(
         frame,
         [
             options.text_column,
-            options.label_column,
-            options.worker_column,
+            *([] if wide else [options.label_column, options.worker_column]),
             options.id_column,
             options.seconds_column,
             options.target_column,
@@ -608,28 +764,34 @@ def _responses(
                 else []
             ),
         ],
+        hint=""
+        if wide or {options.label_column, options.worker_column} <= set(frame.columns)
+        else _wide_hint(frame, definition, options),
     )
+    if wide and options.seconds_column:
+        raise Invalid("seconds_column: the wide format has one cell per annotator and no seconds; leave it out")
+    annotators = _annotator_columns(frame, options) if wide else None
     items: dict[Any, dict[str, Any]] = {}
     allowed = definition.effective_validation_labels
-    for row in range(len(frame)):
-        text = _text(frame.at[row, options.text_column], row, options.text_column)
-        extras = _extras(definition, frame, row, text, options)
-        if options.id_column:
-            raw_id = frame.at[row, options.id_column]
-            if _missing(raw_id):
-                raise Invalid(f"{_where(row, options.id_column)}: the example id is empty")
-            key: Any = ("id", str(raw_id).strip())
-        else:
-            key = _key(text, extras)
-        worker = frame.at[row, options.worker_column]
-        if _missing(worker):
-            raise Invalid(f"{_where(row, options.worker_column)}: the worker id is empty")
-        worker = str(int(worker) if isinstance(worker, float) and worker.is_integer() else worker).strip()[:200]
+    rows: dict[int, tuple[str, str, dict, Any]] = {}
+    for row, worker, label_column in _response_cells(frame, options, annotators):
+        if row not in rows:
+            text, cleaned = _text(frame.at[row, options.text_column], row, options.text_column)
+            extras = _extras(definition, frame, row, text, options)
+            if options.id_column:
+                source_id = _source_id(frame.at[row, options.id_column], row, options.id_column)
+                if source_id is None:
+                    raise Invalid(f"{_where(row, options.id_column)}: the example id is empty")
+                key: Any = ("id", source_id)
+            else:
+                key = _key(text, extras)
+            rows = {row: (text, cleaned, extras, key)}
+        text, cleaned, extras, key = rows[row]
         label = _labels(
             definition,
-            frame.at[row, options.label_column],
+            frame.at[row, label_column],
             row,
-            options.label_column,
+            label_column,
             allowed=allowed,
             separator=options.label_separator,
             label_map=options.label_map,
@@ -643,13 +805,12 @@ def _responses(
                 seconds = math.nan
             if not 0 <= seconds <= 86_400:
                 raise Invalid(f"{_where(row, options.seconds_column)}: seconds must be a number from 0 to 86400")
-        item = items.setdefault(key, {"row": row, "text": text, "extras": extras, "labels": {}})
-        if key[0] == "id" and (item["text"] != text or item["extras"] != extras):
-            what = "text" if item["text"] != text else "target"
-            raise Invalid(
-                f"row {row + 1} gives example {key[1] if key[0] == 'id' else ''} a different {what} "
-                f"than row {item['row'] + 1}".replace("example  ", "example ")
-            )
+        # The first row of an example gives its text exactly; later rows of the same id may
+        # differ from it only in what the text policy normalises (spacing, NFC, invisible marks).
+        item = items.setdefault(key, {"row": row, "text": text, "cleaned": cleaned, "extras": extras, "labels": {}})
+        if key[0] == "id" and (item["cleaned"] != cleaned or item["extras"] != extras):
+            what = "text" if item["cleaned"] != cleaned else "target"
+            raise Invalid(f"row {row + 1} gives example {key[1]} a different {what} than row {item['row'] + 1}")
         if worker in item["labels"]:
             raise Invalid(
                 f"row {row + 1}: the same worker labelled this example already in row {item['labels'][worker][2] + 1}"
@@ -665,10 +826,11 @@ def _responses(
         metadata = {
             **origin,
             "row": item["row"] + 1,
-            **({"id": key[1][:200]} if key[0] == "id" else {}),
-            **({"merged_ids": [merged[:200] for merged in item["merged_ids"]]} if item.get("merged_ids") else {}),
+            **({"merged_ids": item["merged_ids"]} if item.get("merged_ids") else {}),
         }
-        example = _example(round_, definition, item["text"], item["extras"], metadata)
+        example = _example(
+            round_, definition, item["text"], item["extras"], metadata, key[1] if key[0] == "id" else None
+        )
         example.validation_count = example.validations_needed = len(item["labels"])
         examples.append(example)
     session.add_all(examples)
@@ -776,6 +938,8 @@ def import_round(
     frame = _read(path, options, max_rows, bounds)
     if path.is_dir() and options.split_column is None and "split" in frame.columns:
         options = options.model_copy(update={"split_column": "split"})  # a DatasetDict's split names
+    if options.id_column is None and "id" in frame.columns:
+        options = options.model_copy(update={"id_column": "id"})  # the source's ids, for `source_id`
     sha256 = _digest(path)
     round_ = _empty_round(session, actor, task, number)
     origin = {

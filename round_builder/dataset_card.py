@@ -4,8 +4,11 @@ written beside the exported files by `dynaloop round export` and served by
 
 The header names the licence, language, task category, one ``configs`` entry whose
 ``data_files`` list the exported split files, and ``dataset_info`` with the declared features
-(:func:`round_builder.export.schema_for`) and each split's row count, so
-``datasets.load_dataset(FOLDER)`` loads the folder with the declared types. The body restates
+(:func:`round_builder.export.schema_for`) and each split's row count and file size, so
+``datasets.load_dataset(FOLDER)`` loads the folder with the declared types, one schema for every
+split, and checks each split's rows. JSON has no type for a null or an empty list, so
+``load_dataset("json", data_files=...)`` without features infers each column from the first
+rows it reads; the card's loading code passes the declared features instead. The body restates
 the build's datasheet field by field, as the build's report holds it, and adds only counts read
 from the build itself: the card makes no claim of its own about the data.
 """
@@ -19,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from round_builder import export
 from services.db.models import BuiltExample, Round, RoundBuild
@@ -136,8 +139,10 @@ def render(
     counts: Mapping[str, int],
     file_format: str,
     splits: Sequence[str],
+    sizes: Mapping[str, int],
 ) -> str:
-    """The card's text for the files of ``splits`` in ``file_format``."""
+    """The card's text for the files of ``splits`` in ``file_format``, whose sizes in bytes are
+    ``sizes`` (``datasets`` reads a split's entry only with its ``num_bytes``)."""
     schema = export.schema_for(definition)
     rows = {split: sum(counts.values()) if split == "all" else counts.get(split, 0) for split in splits}
     # ``datasets`` refuses a configured split without rows, and ``all`` is no split name there.
@@ -159,7 +164,10 @@ def render(
         ],
         "dataset_info": {
             "features": _fields_yaml(schema if file_format != "csv" else export.csv_schema(schema)),
-            "splits": [{"name": HUB_SPLITS[split], "num_examples": counts.get(split, 0)} for split in configured],
+            "splits": [
+                {"name": HUB_SPLITS[split], "num_bytes": sizes[split], "num_examples": counts.get(split, 0)}
+                for split in configured
+            ],
         },
     }
     # The splits the configs name, or (none to name) the first file as it is.
@@ -207,12 +215,22 @@ def render(
         "## Loading",
         "",
         "```python",
-        "from datasets import load_dataset",
+        "from datasets import load_dataset, load_dataset_builder",
         "",
-        f"rounds = load_dataset({loader!r}, data_files={data_files})",
+        "rounds = load_dataset(FOLDER)  # the folder of this card: its configs and features",
+        "# the files by name, with the features declared above (one schema for every split)",
+        "features = load_dataset_builder(FOLDER).info.features",
+        f"rounds = load_dataset({loader!r}, data_files={data_files}, features=features)",
         "```",
         "",
-        "or `load_dataset(FOLDER)` on the folder of this card, which also applies the features above.",
+        "`num_bytes` above is the size of each split's file. Without `features=`, `datasets` infers each "
+        "column's type from the first rows it reads"
+        + (
+            ", and a JSON null or empty list has no type: a column empty there (`flags` in `train`, `gold_label` "
+            "in `excluded`) would not match another split's."
+            if file_format == "jsonl"
+            else "."
+        ),
     ]
     if file_format == "csv":
         lines += [
@@ -244,8 +262,18 @@ def render(
     return "\n".join(lines).rstrip() + "\n"
 
 
-def card_for_build(session: Session, build: RoundBuild, file_format: str, splits: Sequence[str]) -> str:
-    """The card of ``build``'s export in ``file_format`` for ``splits``."""
+def card_for_build(
+    session: Session,
+    build: RoundBuild,
+    file_format: str,
+    splits: Sequence[str],
+    sizes: Mapping[str, int],
+    *,
+    counts: Mapping[str, int] | None = None,
+) -> str:
+    """The card of ``build``'s export in ``file_format`` for ``splits``, whose files have
+    ``sizes`` bytes (:func:`export_sizes` when they were not written); ``counts``: the build's
+    examples per split when the caller has read them (:func:`split_counts`)."""
     round_ = session.get(Round, build.round_id)
     assert round_ is not None  # a build's round is never deleted while it has builds
     return render(
@@ -253,7 +281,19 @@ def card_for_build(session: Session, build: RoundBuild, file_format: str, splits
         round_.number,
         build.id,
         build.report or {},
-        split_counts(session, build.id),
+        split_counts(session, build.id) if counts is None else counts,
         file_format,
         splits,
+        sizes,
     )
+
+
+def export_sizes(
+    factory: sessionmaker[Session], build_id: int, file_format: str, splits: Sequence[str], secret: str
+) -> dict[str, int]:
+    """The size in bytes of each split's file, counted by encoding it (streamed, as a download
+    is) without keeping it: what `dynaloop round export` would write."""
+    return {
+        split: sum(len(part) for part in export.stream(factory, build_id, split, file_format, secret))
+        for split in splits
+    }

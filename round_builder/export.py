@@ -1,8 +1,10 @@
 """Export a built round for REST clients and files: JSONL, CSV or Parquet, streamed in chunks
 so a million rows never sit in memory at once.
 
-Each row: the text, its split, gold and distributional labels, every counted response with a
-pseudonymous worker id, the model's prediction, the prompt, the condition, language and the
+Each row: the text exactly as stored (an imported one as its file gave it) and, for an imported
+example, its id in that file (``source_id``), its split, gold and distributional labels, every
+counted response with a pseudonymous worker id and the annotation pass it came from (0 the first
+set of labels, 1 a re-annotation), the model's prediction, the prompt, the condition, language and the
 writer's extra fields. Every format is written through one declared pyarrow schema per task
 (:func:`schema_for`; CSV's form of it: :func:`csv_schema`), so each loads with Hugging Face
 ``datasets`` to the same values (docs/round_builder.md, "Export"). Worker ids are pseudonymised
@@ -26,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from round_builder.builds import newest_build
-from services.db.models import BuiltExample, Example, Prompt, Round, RoundBuild
+from services.db.models import BuiltExample, Example, Prompt, Round, RoundBuild, Validation
 from services.domain.tasks import definition_of
 from services.errors import Invalid, NotFound
 from services.taskdef import TaskDefinition, WriterFieldName
@@ -36,6 +38,8 @@ SPLITS = ("train", "dev", "test", "excluded", "all")
 CHUNK_ROWS = 2000
 
 _TARGET_SPAN = pa.struct([("start", pa.int64()), ("end", pa.int64()), ("text", pa.string())])
+# One counted response: the worker's pseudonym, the label (set), and Validation.annotation_pass.
+_RESPONSE = pa.struct([("worker", pa.string()), ("label", pa.list_(pa.string())), ("annotation_pass", pa.int32())])
 
 
 def schema_for(definition: TaskDefinition) -> pa.Schema:
@@ -58,6 +62,7 @@ def schema_for(definition: TaskDefinition) -> pa.Schema:
     required = {"example_id", "round", "split", "text", "responses", "condition", "language", "flags"}
     columns: list[tuple[str, pa.DataType]] = [
         ("example_id", pa.int64()),
+        ("source_id", pa.string()),
         ("round", pa.int32()),
         ("split", pa.string()),
         ("text", pa.string()),
@@ -65,7 +70,7 @@ def schema_for(definition: TaskDefinition) -> pa.Schema:
         ("gold_votes", pa.int32()),
         ("distributional_label", pa.struct([(label, pa.float64()) for label in definition.labels])),
         ("model_based_label", pa.list_(pa.string())),
-        ("responses", pa.list_(pa.struct([("worker", pa.string()), ("label", pa.list_(pa.string()))]))),
+        ("responses", pa.list_(_RESPONSE)),
         ("model_prediction", pa.list_(pa.string())),
         ("model_id", pa.string()),
         ("fooled", pa.bool_()),
@@ -169,10 +174,12 @@ def iter_rows(factory: sessionmaker[Session], build_id: int, split: str, secret:
             rows = session.execute(query).all()
             if not rows:
                 return
+            passes = _annotation_passes(session, build_id, after, rows[-1][0].example_id)
             chunk = []
             for built, example, prompt_text in rows:
                 row: dict[str, Any] = {
                     "example_id": example.id,
+                    "source_id": example.source_id,
                     "round": round_.number,
                     "split": built.split,
                     "text": example.text,
@@ -181,7 +188,12 @@ def iter_rows(factory: sessionmaker[Session], build_id: int, split: str, secret:
                     "distributional_label": _declared(built.distributional_label, list(definition.labels)),
                     "model_based_label": built.model_based_label,
                     "responses": [
-                        {"worker": pseudonym(secret, worker), "label": label} for worker, label in built.response_labels
+                        {
+                            "worker": pseudonym(secret, worker),
+                            "label": label,
+                            "annotation_pass": passes.get((example.id, worker)),
+                        }
+                        for worker, label in built.response_labels
                     ],
                     "model_prediction": example.model_prediction,
                     "model_id": example.model_id,
@@ -200,6 +212,24 @@ def iter_rows(factory: sessionmaker[Session], build_id: int, split: str, secret:
                 chunk.append(row)
             after = rows[-1][0].example_id
         yield chunk
+
+
+def _annotation_passes(session: Session, build_id: int, after: int, last: int) -> dict[tuple[int, int], int]:
+    """(example, validator) -> the pass of that validation, for the build's examples in
+    (``after``, ``last``]. A validator labels an example once (uq_validations_example_validator),
+    so the pair names one validation; its pass never changes once written."""
+    return {
+        (example_id, validator_id): annotation_pass
+        for example_id, validator_id, annotation_pass in session.execute(
+            select(Validation.example_id, Validation.validator_id, Validation.annotation_pass)
+            .join(BuiltExample, BuiltExample.example_id == Validation.example_id)
+            .where(
+                BuiltExample.build_id == build_id,
+                BuiltExample.example_id > after,
+                BuiltExample.example_id <= last,
+            )
+        )
+    }
 
 
 def stream(factory: sessionmaker[Session], build_id: int, split: str, file_format: str, secret: str) -> Iterator[bytes]:

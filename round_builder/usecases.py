@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from round_builder import dataset_card, export
 from round_builder.build import BuildConfig, build_round
 from services.db.models import Round, RoundBuild, Task, User
+from services.db.transactions import commit_now
 from services.domain import ledger, rounds, tasks
 from services.errors import DomainError, Invalid, NotFound
 
@@ -252,7 +253,8 @@ def export_files(
         build = session.get(RoundBuild, build_id)
         if build is None:
             raise NotFound(f"build {build_id} disappeared during the export")
-        card = dataset_card.card_for_build(session, build, options.format, options.splits).encode("utf-8")
+        sizes = {file.split: file.size for file in written}
+        card = dataset_card.card_for_build(session, build, options.format, options.splits, sizes).encode("utf-8")
     path = out_dir / dataset_card.CARD_NAME
     path.write_bytes(card)
     written.append(ExportedFile(split="card", path=path, size=len(card)))
@@ -288,11 +290,24 @@ def dataset_download(session: Session, task: Task, number: int, split: str, file
     )
 
 
-def dataset_card_text(session: Session, task: Task, number: int, file_format: str, splits: list[str]) -> str:
+def dataset_card_text(
+    session: Session,
+    factory: sessionmaker[Session],
+    task: Task,
+    number: int,
+    file_format: str,
+    splits: list[str],
+    *,
+    secret: str,
+) -> str:
     """The Hugging Face dataset card of the newest build of round ``number`` of ``task`` (whose
     reader the caller has authorized) for the files of ``splits`` in ``file_format``: what
-    `dynaloop round export` writes as README.md beside them."""
+    `dynaloop round export` writes as README.md beside them. Each file's size is counted by
+    encoding it (``factory``'s short transactions, as a download), so this reads every row once."""
     for split in splits:
         export.check_request(split, file_format)
     built = export.current_build(session, rounds.get_round_by_number(session, task, number))
-    return dataset_card.card_for_build(session, built, file_format, splits)
+    counts = dataset_card.split_counts(session, built.id)
+    commit_now(session, "end the lookup's read (on SQLite, the write lock) before the splits are read to size them")
+    sizes = dataset_card.export_sizes(factory, built.id, file_format, splits, secret)
+    return dataset_card.card_for_build(session, built, file_format, splits, sizes, counts=counts)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,25 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return cache
 
 
+@contextmanager
+def datasets_warnings() -> Iterator[list[str]]:
+    """The warnings ``datasets`` logs meanwhile (it logs a card it ignores part of, e.g. a
+    malformed ``splits`` entry, as a warning of its own logger, not a Python warning)."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Collect(level=logging.WARNING)
+    library = logging.getLogger("datasets")
+    library.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        library.removeHandler(handler)
+
+
 def load(file_format: str, files: dict[str, Path], cache: Path, features: datasets.Features) -> datasets.DatasetDict:
     loaded = datasets.load_dataset(
         LOADER[file_format],
@@ -77,7 +99,9 @@ def decoded(file_format: str, row: dict[str, Any], task: str) -> dict[str, Any]:
     return {key: json.loads(value) if key in nested and value is not None else value for key, value in row.items()}
 
 
-def cli_export(database_url: str, task: str, out: Path, file_format: str, splits: str = "train,dev,test") -> None:
+def cli_export(
+    database_url: str, task: str, out: Path, file_format: str, splits: str = "train,dev,test", number: int = 1
+) -> None:
     """`dynaloop round export`, keyed like the test app (tests/conftest.py ``settings``)."""
     from dynaloop.cli import app as cli
 
@@ -89,7 +113,7 @@ def cli_export(database_url: str, task: str, out: Path, file_format: str, splits
             "--task",
             task,
             "--round",
-            "1",
+            str(number),
             "--out",
             str(out),
             "--format",
@@ -243,10 +267,13 @@ def test_dataset_card_loads_the_folder(
         }
     ]
     counts = built["build"]["report"]["counts"]["total"]
+    sizes = {
+        split: (out / f"dynasent-r2-r1-{split}.{file_format}").stat().st_size for split in ("train", "dev", "test")
+    }
     assert header["dataset_info"]["splits"] == [
-        {"name": "train", "num_examples": counts["train"]},
-        {"name": "validation", "num_examples": counts["dev"]},
-        {"name": "test", "num_examples": counts["test"]},
+        {"name": "train", "num_bytes": sizes["train"], "num_examples": counts["train"]},
+        {"name": "validation", "num_bytes": sizes["dev"], "num_examples": counts["dev"]},
+        {"name": "test", "num_bytes": sizes["test"], "num_examples": counts["test"]},
     ]
     features = features_of(file_format, "dynasent-r2")
     assert header["dataset_info"]["features"] == features._to_yaml_list()
@@ -256,7 +283,9 @@ def test_dataset_card_loads_the_folder(
         assert f"- **{key.replace('_', ' ')}**: {shown}" in card
     if file_format == "csv":
         assert "hold the JSON text of their value" in card and "`prompt_id`" in card
-    folder = datasets.load_dataset(str(out), cache_dir=str(offline))
+    with datasets_warnings() as warned:
+        folder = datasets.load_dataset(str(out), cache_dir=str(offline))
+    assert warned == [], "the card validates: no part of it is ignored"
     assert isinstance(folder, datasets.DatasetDict)
     assert {name: len(split) for name, split in folder.items()} == {
         "train": counts["train"],
@@ -310,6 +339,7 @@ def _filled_row(definition: Any, schema: Any) -> dict[str, Any]:
     }
     row: dict[str, Any] = {
         "example_id": 2**40,
+        "source_id": "row-7 ",
         "round": 3,
         "split": "dev",
         "text": f'"{DEVANAGARI}", {GEEZ}\nline two, with a comma',
@@ -317,7 +347,7 @@ def _filled_row(definition: Any, schema: Any) -> dict[str, Any]:
         "gold_votes": 4,
         "distributional_label": {label: round(1 / len(labels), 4) for label in labels},
         "model_based_label": labels[:1],
-        "responses": [{"worker": "w0123456789ab", "label": labels[:1]}],
+        "responses": [{"worker": "w0123456789ab", "label": labels[:1], "annotation_pass": 1}],
         "model_prediction": labels[-1:],
         "model_id": "model-0",
         "fooled": False,
@@ -482,3 +512,113 @@ def test_a_download_streams_in_chunks_and_still_loads(
         assert len(loaded_ids) == 21 and loaded_ids == sorted(set(loaded_ids))
         assert ids is None or loaded_ids == ids
         ids = loaded_ids
+
+
+# --- issue 29: an import joins back to its source; every split file loads with one schema --------
+
+# Texts a file may hold that the text policy would change: a trailing space, a decomposed "é"
+# (e + U+0301), Devanagari with a zero-width joiner, Ge'ez with one, a leading space.
+EXACT = ["The cafe\u0301 was fine. ", f"{DEVANAGARI} the minister spoke  ", f" {GEEZ} ዛሬ"]
+
+
+def _import_cli(database_url: str, task: str, number: int, path: Path, *options: str) -> None:
+    from dynaloop.cli import app as cli
+
+    result = CliRunner(env={"DYNALOOP_SECRET_KEY": "test-suite-secret-key-0123456789"}).invoke(
+        cli,
+        ["round", "import", "--task", task, "--round", str(number), "--file", str(path),
+         "--database-url", database_url, *options],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+def _source_files(folder: Path, multi_label: bool) -> list[tuple[str, str]]:
+    """Round 1: a labelled file of 2 texts. Round 2: responses in the wide format, 3 annotators
+    per item: 24 ordinary items, 3 with the exact texts above, and round 1's 2 texts again (the
+    build excludes them as texts of an earlier round: the excluded split). Returns round 2's
+    (id, text) pairs."""
+    labels: list[Any] = (
+        [["joy"], ["anger", "disgust"], ["sadness"]] if multi_label else ["positive", "negative", "neutral"]
+    )
+    earlier = [f"A sentence the first study had, number {i}." for i in range(2)]
+    (folder / "round1.jsonl").write_text(
+        "".join(json.dumps({"text": text, "label": labels[0]}) + "\n" for text in earlier), encoding="utf-8"
+    )
+    rows = []
+    texts = [f"Item {i} of the earlier study, sentence {i * 7}." for i in range(24)] + EXACT + earlier
+    for i, text in enumerate(texts):
+        gold = labels[i % len(labels)]
+        # The ids keep a trailing space; multi-label cells are JSON lists in a text cell.
+        cells = {f"a{a}": json.dumps(gold) if multi_label else gold for a in range(3)}
+        rows.append({"id": f"src-{i:03d} ", "text": text, **cells})
+    (folder / "round2.jsonl").write_text(
+        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8"
+    )
+    return [(row["id"], row["text"]) for row in rows]
+
+
+@pytest.mark.parametrize("task", ["dynasent-r2", "ethioemo-amharic"])
+def test_an_import_exports_its_source_ids_and_exact_texts_and_all_four_splits_load(
+    client: TestClient, researcher: Actor, database_url: str, offline: Path, tmp_path: Path, task: str
+) -> None:
+    """Import (wide responses with ids and texts the policy would change) -> build -> export of
+    train, dev, test and excluded in every format: each row's `source_id` and text are the
+    file's, byte for byte; each response says its pass; the four files load together with the
+    card's features (`load_dataset("json"|"csv"|"parquet", data_files=...)`), Parquet also
+    without them, and the folder loads with no part of its card ignored."""
+    response = client.post(
+        "/api/v1/tasks",
+        content=example_yaml(task, onboarding_quiz=None).encode("utf-8"),
+        headers={**researcher.headers, "Content-Type": "application/yaml"},
+    )
+    assert response.status_code == 201, response.text
+    items = _source_files(tmp_path, multi_label=task == "ethioemo-amharic")
+    _import_cli(database_url, task, 1, tmp_path / "round1.jsonl", "--kind", "labelled")
+    _import_cli(database_url, task, 2, tmp_path / "round2.jsonl", "--kind", "responses", "--annotator-columns", "a*")
+    round_id = client.get(f"/api/v1/tasks/{task}/rounds", headers=researcher.headers).json()["data"][-1]["id"]
+    built = client.post(
+        f"/api/v1/rounds/{round_id}/build",
+        json={"chance": False, "dev_test_min_votes": 1, "max_dev_test_share": 1.0, "seed": 3},
+        headers=researcher.headers,
+    )
+    assert built.status_code == 201, built.text
+    report_counts = built.json()["report"]["counts"]
+    counts = report_counts["total"] | {"excluded": sum(report_counts["excluded"].values())}
+    assert counts["excluded"] == 2 and min(counts["train"], counts["dev"], counts["test"]) > 0, report_counts
+    splits = ("train", "dev", "test", "excluded")
+    by_format: dict[str, list[dict[str, Any]]] = {}
+    for file_format in FORMATS:
+        out = tmp_path / file_format
+        cli_export(database_url, task, out, file_format, ",".join(splits), number=2)
+        files = {split: out / f"{task}-r2-{split}.{file_format}" for split in splits}
+        with datasets_warnings() as warned:
+            folder = datasets.load_dataset(str(out), cache_dir=str(offline / f"folder-{file_format}"))
+            features = datasets.load_dataset_builder(str(out)).info.features
+        assert warned == [], "the card validates: no part of it is ignored"
+        assert isinstance(folder, datasets.DatasetDict) and len(folder["excluded"]) == 2
+        assert features == features_of(file_format, task)
+        data = load(file_format, files, offline / file_format, features)
+        assert {split: len(data[split]) for split in splits} == {split: counts[split] for split in splits}
+        rows = [decoded(file_format, row, task) for split in splits for row in data[split]]
+        assert rows == [decoded(file_format, row, task) for split in ("train", "validation", "test", "excluded")
+                        for row in folder[split]]  # fmt: skip
+        if file_format == "parquet":
+            plain = datasets.load_dataset(
+                "parquet", data_files={s: str(p) for s, p in files.items()}, cache_dir=str(offline / "plain")
+            )
+            assert plain["excluded"].features == features
+        by_format[file_format] = sorted(rows, key=lambda row: row["example_id"])
+    assert by_format["parquet"] == by_format["jsonl"] == by_format["csv"]
+    rows = by_format["parquet"]
+    assert sorted((row["source_id"], row["text"]) for row in rows) == sorted(items)
+    for row in rows:
+        source_text = dict(items)[row["source_id"]]
+        assert row["text"].encode("utf-8") == source_text.encode("utf-8")
+        assert [response["annotation_pass"] for response in row["responses"]] == [0, 0, 0]
+        assert (row["flags"] == ["duplicate_of_earlier_round"]) == (row["split"] == "excluded"), row["flags"]
+    # The API's download is the same file as the command's.
+    api = client.get(
+        f"/api/v1/tasks/{task}/rounds/2/dataset", params={"split": "excluded", "format": "jsonl"},
+        headers=researcher.headers,
+    )  # fmt: skip
+    assert api.content == (tmp_path / "jsonl" / f"{task}-r2-excluded.jsonl").read_bytes()

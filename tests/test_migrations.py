@@ -280,3 +280,77 @@ def test_0021_makes_version_1_of_each_pay_block_and_stamps_the_ledger(backend: s
         downgrade(url, "0019")
         assert "pay_policies" not in inspect(engine).get_table_names()
         assert "pay_policy_version" not in {c["name"] for c in inspect(engine).get_columns("ledger_entries")}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_0023_copies_each_imported_examples_id_into_source_id(backend: str, tmp_path: Path) -> None:
+    """A database at 0022 with two imported examples (one with ``source_metadata.id``, one
+    without) and a written-like example whose metadata happens to have an id: after the upgrade
+    only the imported example with an id has ``source_id``; the downgrade drops the column and
+    leaves the metadata as it was."""
+    with ExitStack() as stack:
+        if backend == "sqlite":
+            url = f"sqlite:///{tmp_path / 'at-0022.db'}"
+        else:
+            url = stack.enter_context(fresh_postgres_database())
+        upgrade(url, "0022")
+        engine = create_engine(url)
+        stack.callback(engine.dispose)
+        tables = MetaData()
+        tables.reflect(engine, only=["tasks", "rounds", "examples"])
+        t = tables.tables
+        now = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.UTC)
+        with engine.begin() as connection:
+            task = connection.execute(
+                t["tasks"]
+                .insert()
+                .values(name="t", title="t", family="single_label", definition={}, definition_yaml="", created_at=now)
+            ).inserted_primary_key[0]
+            round_ = connection.execute(
+                t["rounds"]
+                .insert()
+                .values(
+                    task_id=task,
+                    number=1,
+                    status="closed",
+                    model_servers=[],
+                    prompt_strategy="unused_first",
+                    no_prompt_fraction=0.0,
+                    target_label_mode="balanced",
+                    created_at=now,
+                )
+            ).inserted_primary_key[0]
+            for origin, metadata in (
+                ("imported", {"row": 1, "id": "sent-0042 "}),
+                ("imported", {"row": 2}),
+                ("harvested", {"id": "doc-7"}),
+            ):
+                connection.execute(
+                    t["examples"]
+                    .insert()
+                    .values(
+                        round_id=round_,
+                        origin=origin,
+                        source_metadata=metadata,
+                        condition="prompt",
+                        text="a text",
+                        target_label=[],
+                        fooled=False,
+                        extras={},
+                        status="validated",
+                        validation_count=0,
+                        validations_needed=0,
+                        requeue_count=0,
+                        created_at=now,
+                    )
+                )
+        upgrade(url)
+        with engine.connect() as connection:
+            rows = connection.execute(text("SELECT origin, source_id FROM examples ORDER BY id")).all()
+        assert [tuple(row) for row in rows] == [("imported", "sent-0042 "), ("imported", None), ("harvested", None)]
+        downgrade(url, "0022")
+        assert "source_id" not in {c["name"] for c in inspect(engine).get_columns("examples")}
+        with engine.connect() as connection:
+            kept = connection.execute(text("SELECT source_metadata FROM examples ORDER BY id")).scalars().all()
+        first = kept[0]
+        assert (json.loads(first) if isinstance(first, str) else first) == {"row": 1, "id": "sent-0042 "}

@@ -12,6 +12,7 @@ of its feature."""
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -365,7 +366,7 @@ def test_crowd_responses_build_with_gold_and_agreement_matching_an_independent_c
         expected[str(item)] = label if votes >= 3 else None
         table.append([counts.get(name, 0) for name in ["positive", "negative", "neutral", "mixed"]])
     with session_scope(rooted.state.sessionmaker) as session:
-        ids = {e.id: e.source_metadata["id"] for e in session.scalars(select(Example))}
+        ids = {e.id: e.source_id for e in session.scalars(select(Example))}
         built = {ids[b.example_id]: b for b in session.scalars(select(BuiltExample))}
     for item, gold in expected.items():
         assert (built[item].gold_label or [None])[0] == (gold if gold != "mixed" else None) or (
@@ -637,7 +638,7 @@ def test_a_responses_import_with_repeated_texts_makes_one_example_per_text(
     assert response.json()["examples"] == 13 and response.json()["repeats_merged"] == 1
     with session_scope(rooted.state.sessionmaker) as session:
         pasta = session.scalars(select(Example).where(Example.text == "The pasta was fine.")).one()
-        assert pasta.source_metadata["id"] == "i12" and pasta.source_metadata["merged_ids"] == ["i13"]
+        assert pasta.source_id == "i12" and pasta.source_metadata["merged_ids"] == ["i13"]
         labels = sorted(
             v.label[0] for v in session.scalars(select(Validation).where(Validation.example_id == pasta.id))
         )
@@ -848,3 +849,177 @@ def test_a_multi_label_responses_import_reports_examples_apart_from_labels_and_n
     assert "**total**" not in markdown.text
     assert "the last row counts examples, each once" in markdown.text
     assert "prompts imported without a source" not in markdown.text
+
+
+# --- issue 29: exact texts and source ids, `[]` as the API reads it, the wide format -------------
+
+# A trailing space, a decomposed "é" (e + U+0301, not NFC), Devanagari with a zero-width joiner,
+# a CRLF line break: each would change under the text policy's normalisation.
+EXACT_TEXTS = [
+    "The cafe\u0301 was fine.  ",
+    "  क्\u200dष the minister spoke",
+    "Two lines\r\nof one review",
+]
+
+
+def test_imported_texts_are_kept_exactly_and_ids_become_source_ids(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """Labelled and responses imports keep each text's bytes and the `id` column (the default)
+    as `source_id`; rows of one id that differ only in what the policy normalises are one
+    example with the first row's text; matching rows still works on the normalised form."""
+    task = _task(rooted, researcher, "dynasent-r2")
+    labels = ["positive", "negative", "neutral"]
+    labelled = [{"id": f"L-{i:03d}", "text": text, "label": labels[i]} for i, text in enumerate(EXACT_TEXTS)]
+    _write(data_root / "labelled.jsonl", labelled)
+    response = _import(api, researcher, task, 1, kind="labelled", file="labelled.jsonl")
+    assert response.status_code == 201, response.text
+    rows = []
+    for i, text in enumerate(EXACT_TEXTS):
+        for worker in range(3):
+            # The second worker's row of each item has the text trimmed and NFC: still the same example.
+            shown = text if worker != 1 else unicodedata.normalize("NFC", text.strip())
+            rows.append({"id": 100 + i, "text": shown, "worker": f"w{worker}", "label": labels[i]})
+    _write(data_root / "responses.csv", rows)
+    second = _import(api, researcher, task, 2, kind="responses", file="responses.csv")
+    assert second.status_code == 201, second.text
+    assert second.json()["examples"] == 3 and second.json()["validations"] == 9
+    with session_scope(rooted.state.sessionmaker) as session:
+        stored = {(e.round_id, e.source_id): e.text for e in session.scalars(select(Example))}
+    first_round, second_round = response.json()["round_id"], second.json()["round_id"]
+    for i, text in enumerate(EXACT_TEXTS):
+        assert stored[(first_round, f"L-{i:03d}")].encode() == text.encode()
+        assert stored[(second_round, str(100 + i))].encode() == text.encode()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_an_empty_label_set_means_what_it_means_to_the_api(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, suffix: str
+) -> None:
+    """`[]` is the task's one exclusive label (EthioEmo's neutral) in an import as in
+    POST /examples/{id}/validations (services.domain.labels.check_validation_label); where the
+    task has no exclusive label, both refuse it with the same reason."""
+    from services.domain.labels import check_validation_label
+    from services.errors import Invalid
+    from services.taskdef import parse_task_definition
+
+    task = _task(rooted, researcher, "ethioemo-amharic")
+    rows = []
+    for i in range(4):
+        for worker, label in enumerate([[], ["joy"], []]):
+            rows.append({"id": f"e{i}", "text": f"ዛሬ ተራ ቀን ነው {i}", "worker": f"w{worker}", "label": label})
+    if suffix == ".csv":  # a CSV cell holds the label set as a JSON list
+        rows = [row | {"label": json.dumps(row["label"])} for row in rows]
+    _write(data_root / f"empty{suffix}", rows)
+    response = _import(api, researcher, task, 1, kind="responses", file=f"empty{suffix}")
+    assert response.status_code == 201, response.text
+    with session_scope(rooted.state.sessionmaker) as session:
+        stored = Counter(tuple(v.label) for v in session.scalars(select(Validation)))
+        definition = parse_task_definition(example_yaml("ethioemo-amharic", onboarding_quiz=None))
+    assert stored == {("neutral",): 8, ("joy",): 4}
+    assert check_validation_label(definition, []) == ["neutral"], "the API's reading"
+
+    # A multi-label task without an exclusive label: the API and the import both refuse `[]`.
+    no_neutral = example_yaml("ethioemo-amharic", onboarding_quiz=None, exclusive_labels=[]).replace(
+        "name: ethioemo-amharic", "name: emotions-plain", 1
+    )
+    with session_scope(rooted.state.sessionmaker) as session:
+        create_task(session, None, no_neutral, owner=get_user(session, researcher.username))
+    with pytest.raises(Invalid) as api_refusal:
+        check_validation_label(parse_task_definition(no_neutral), [])
+    before = table_counts(rooted)
+    refused = _import(api, researcher, "emotions-plain", 1, kind="responses", file=f"empty{suffix}")
+    assert refused.status_code == 422
+    assert "row 1, column 'label'" in refused.text
+    assert "this task has no exclusive no-emotion label an empty set could mean" in str(api_refusal.value)
+    assert "this task has no exclusive no-emotion label an empty set could mean" in refused.text
+    assert table_counts(rooted) == before
+
+
+def _wide_rows() -> list[dict[str, Any]]:
+    """30 items as a per-annotator emotion file has them: an id, the text, five annotator columns
+    (each one person), some cells empty (not annotated), label sets as "anger,joy" or as JSON
+    lists, and `[]` for no emotion."""
+    sets = [["joy"], ["anger", "disgust"], ["sadness"], [], ["fear", "surprise"], ["joy", "surprise"]]
+    rows = []
+    for i in range(30):
+        gold = sets[i % len(sets)]
+        row: dict[str, Any] = {"item_id": f"amh_{i:04d}", "text": f"ዛሬ {i} ስለ ምግቡ አስተያየት "}
+        for a in range(5):
+            if (i + a) % 7 == 0:
+                row[f"annotator_{a + 1}"] = ""  # not annotated
+            elif a % 2 == 0:
+                row[f"annotator_{a + 1}"] = ",".join(gold) if gold else "[]"
+            else:
+                # a dissenting annotator now and then, written as a JSON list
+                row[f"annotator_{a + 1}"] = json.dumps(gold if (i + a) % 5 else ["sadness"])
+        rows.append(row)
+    return rows
+
+
+def test_the_wide_per_annotator_format_imports_one_response_per_filled_cell(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """One row per item, one column per annotator: each filled cell is that annotator's response
+    (the column names the worker), an empty cell none; without the option the error says the
+    file looks wide and names the option; the build computes gold from the cells."""
+    task = _task(rooted, researcher, "ethioemo-amharic")
+    rows = _wide_rows()
+    _write(data_root / "wide.csv", rows)
+    before = table_counts(rooted)
+    hinted = _import(api, researcher, task, 1, kind="responses", file="wide.csv", label_separator=",")
+    assert hinted.status_code == 422
+    assert "the file has no column 'label'" in hinted.text and "looks wide" in hinted.text
+    assert "annotator_columns" in hinted.text and "'annotator_1'" in hinted.text
+    assert table_counts(rooted) == before
+    response = _import(
+        api,
+        researcher,
+        task,
+        1,
+        kind="responses",
+        file="wide.csv",
+        id_column="item_id",
+        annotator_columns=["annotator_*"],
+        label_separator=",",
+    )
+    assert response.status_code == 201, response.text
+    filled = sum(1 for row in rows for a in range(5) if row[f"annotator_{a + 1}"] != "")
+    assert response.json() | {"round_id": 0, "sha256": ""} == {
+        "task": task, "round": 1, "round_id": 0, "kind": "responses", "examples": 30, "validations": filled,
+        "workers": 5, "sha256": "", "repeats_merged": 0,
+    }  # fmt: skip
+    expected: dict[str, list[tuple[str, ...]]] = {}
+    for row in rows:
+        cells = [row[f"annotator_{a + 1}"] for a in range(5) if row[f"annotator_{a + 1}"] != ""]
+        parsed = [json.loads(c) if c.startswith("[") else c.split(",") for c in cells]
+        expected[row["item_id"]] = sorted(tuple(labels or ["neutral"]) for labels in parsed)
+    with session_scope(rooted.state.sessionmaker) as session:
+        examples = {e.id: e for e in session.scalars(select(Example))}
+        found: dict[str, list[tuple[str, ...]]] = {}
+        for validation in session.scalars(select(Validation)):
+            found.setdefault(examples[validation.example_id].source_id or "", []).append(tuple(validation.label))
+        assert {e.source_id: e.text for e in examples.values()} == {r["item_id"]: r["text"] for r in rows}
+        assert check_database(session).violations == []
+    assert {item: sorted(labels) for item, labels in found.items()} == expected
+    report = _build(api, researcher, response.json()["round_id"], dev_test_min_votes=1, max_dev_test_share=1.0)
+    assert report["counts"]["total"]["train"] + report["counts"]["total"]["dev"] + report["counts"]["total"]["test"] > 0
+
+
+@sqlite_only  # option checks before anything is read; PostgreSQL: test_the_wide_per_annotator_format_...
+def test_wide_format_options_that_cannot_be_read_are_refused(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    task = _task(rooted, researcher, "ethioemo-amharic")
+    _write(data_root / "wide.csv", _wide_rows())
+    before = table_counts(rooted)
+    for options, message in (
+        ({"annotator_columns": ["rater_*"]}, "no column of the file is 'rater_*'"),
+        ({"annotator_columns": ["text", "annotator_1"]}, "'text' is the text, id or target column"),
+        ({"annotator_columns": ["annotator_*"], "seconds_column": "s"}, "the file has no column 's'"),
+        ({"annotator_columns": ["annotator_*"], "kind": "labelled"}, "annotator_columns (the wide format) is for"),
+    ):
+        body = {"kind": "responses", "file": "wide.csv", "label_separator": ","} | options
+        refused = _import(api, researcher, task, 1, **body)
+        assert refused.status_code == 422 and message in refused.text, (options, refused.text)
+    assert table_counts(rooted) == before

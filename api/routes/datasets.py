@@ -68,6 +68,8 @@ def dataset_card(
     task_name: str,
     number: IdPath,
     session: SessionDep,
+    factory: SessionmakerDep,
+    settings: SettingsDep,
     reader: Annotated[User, allowed(DatasetPolicy.read)],
     format: str = Query("parquet", description="jsonl, csv or parquet: the format of the files it describes"),
     splits: str = Query(
@@ -82,5 +84,5 @@ def dataset_card(
         raise Invalid(f"splits: list 1 to {len(export.SPLITS)} of {', '.join(export.SPLITS)}")
     task = tasks.get_task(session, task_name)
     authorize(reader, DatasetPolicy.read(task))
-    text = dataset_card_text(session, task, number, format, names)
+    text = dataset_card_text(session, factory, task, number, format, names, secret=settings.secret_key)
     return Response(text, media_type="text/markdown; charset=utf-8")

@@ -416,8 +416,14 @@ def round_import(
     text_column: str = "text",
     label_column: str = "label",
     label_separator: Annotated[str | None, typer.Option(help="Multi-label CSV/TSV: labels joined by this")] = None,
-    id_column: Annotated[str | None, typer.Option(help="The example's id (responses: groups rows)")] = None,
+    id_column: Annotated[
+        str | None, typer.Option(help="The example's id, exported as source_id (default: a column `id`)")
+    ] = None,
     worker_column: str = "worker",
+    annotator_columns: Annotated[
+        str | None,
+        typer.Option(help="responses, wide format: the annotators' columns, comma-separated (patterns: 'ann_*')"),
+    ] = None,
     seconds_column: str | None = None,
     target_start_column: str = "target_start",
     target_end_column: str = "target_end",
@@ -462,6 +468,7 @@ def round_import(
                 "label_separator": label_separator,
                 "id_column": id_column,
                 "worker_column": worker_column,
+                "annotator_columns": [c.strip() for c in annotator_columns.split(",")] if annotator_columns else None,
                 "seconds_column": seconds_column,
                 "target_start_column": target_start_column,
                 "target_end_column": target_end_column,

@@ -437,6 +437,9 @@ class Example(Base):
     # Imported examples: the import (file, sha256, row) and, from a labelled dataset, the imported
     # gold ("gold", "gold_votes", "responses", "split"; docs/round_builder.md "Imports").
     source_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Imported examples: the row's id in the file (the import's id column), as text, so that an
+    # export joins back to its source (migration 0023); null for other origins and id-less rows.
+    source_id: Mapped[str | None] = mapped_column(String(500))
     condition: Mapped[Condition] = mapped_column(_enum(Condition))
     text: Mapped[str] = mapped_column(Text)
     target_label: Mapped[list[Any]] = mapped_column(JSON)
