@@ -33,6 +33,7 @@ from typing import Literal
 import krippendorff
 import numpy as np
 import pandas as pd
+from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import cohen_kappa_score, precision_recall_fscore_support
 from statsmodels.stats.inter_rater import fleiss_kappa as _statsmodels_fleiss_kappa
 
@@ -231,7 +232,9 @@ def slot_cohen_kappas(
             if n_shared < max(min_shared, 1):
                 continue
             with warnings.catch_warnings():
+                # One label only in both slots: kappa is undefined (NaN), not an error.
                 warnings.simplefilter("ignore", RuntimeWarning)
+                warnings.simplefilter("ignore", UndefinedMetricWarning)
                 kappa = float(cohen_kappa_score(matrix[both, a], matrix[both, b], labels=all_labels))
             rows.append({"slot_a": a + 1, "slot_b": b + 1, "n_examples": n_shared, "kappa": kappa})
     return pd.DataFrame(rows, columns=["slot_a", "slot_b", "n_examples", "kappa"])

@@ -6,9 +6,10 @@
   (round_builder.response_sets): its *last* annotation pass (a re-annotated example: the new
   validators' labels alone, services.domain.labels.last_pass), at most k =
   ``validations_per_example`` responses.
-* Every agreement figure reads the examples with exactly k of them (Fleiss-type kappas need
-  equal counts; the others read the same examples so that no figure rests on examples another
-  leaves out); the section counts the examples with fewer.
+* Every agreement figure reads the examples with exactly k of them
+  (round_builder.response_sets.agreement_raters: another count stands in for k when more
+  examples have it; Fleiss-type kappas need equal counts, and the others read the same examples
+  so that no figure rests on examples another leaves out); the section counts those left out.
 * Human F1: DynaSent §3.5's synthetic annotators applied to label sets. Each example's
   gold-deciding responses are shuffled (seeded); synthetic annotator a answers with its a-th
   response; per-label F1 and micro/macro F1 over labels are averaged over annotators.
@@ -102,20 +103,20 @@ def multilabel_agreement_summary(
     responses: pd.DataFrame, *, labels: Sequence[str], k: int
 ) -> tuple[agreement.MultiLabelAgreement | None, dict[str, Any]]:
     """Per-label agreement of the examples with exactly k responses (``responses``: one set
-    per example, round_builder.response_sets) and how many examples had fewer."""
+    per example, round_builder.response_sets) and how many examples it leaves out."""
     rated = response_sets.with_k_responses(responses, k)
-    fewer = (int(responses["example_id"].nunique()) if not responses.empty else 0) - (
+    left_out = (int(responses["example_id"].nunique()) if not responses.empty else 0) - (
         int(rated["example_id"].nunique()) if not rated.empty else 0
     )
     try:
         ml = agreement.multilabel_agreement(rated, labels=labels, n_raters=k)
     except ValueError as exc:
-        return None, {"n_raters": k, "n_examples": 0, "examples_with_fewer": fewer, "unavailable": str(exc)}
+        return None, {"n_raters": k, "n_examples": 0, "examples_left_out": left_out, "unavailable": str(exc)}
     return ml, _round_floats(
         {
             "n_raters": k,
             "n_examples": ml.n_examples,
-            "examples_with_fewer": fewer,
+            "examples_left_out": left_out,
             "mean_jaccard": ml.mean_jaccard,
             "per_label": {
                 str(label): {key: float(row[key]) for key in ("prevalence", "fleiss", "randolph", "alpha")}
@@ -130,7 +131,9 @@ def multilabel_section(outcome: BuildOutcome) -> MultiLabelSection:
     definition = data.definition
     labels = list(definition.labels)
     k = definition.validations_per_example
-    _, agreement_part = multilabel_agreement_summary(data.responses, labels=labels, k=k)
+    _, agreement_part = multilabel_agreement_summary(
+        data.responses, labels=labels, k=response_sets.agreement_raters(data.responses, k)
+    )
     gold_responses = data.responses  # one set per example: the last pass, at most k
     gold: dict[Hashable, tuple[str, ...]] = {
         int(e): tuple(g)

@@ -115,7 +115,7 @@ class ResponseSelection:
     set_aside_per_example: dict[str, int]  # responses set aside -> examples ("1" -> 40)
     earlier_passes: int  # responses of re-annotated examples' earlier passes: exported, read by no statistic
     examples_reannotated: int
-    examples_with_fewer: int  # examples with fewer than k responses: left out of the agreement figures
+    examples_with_fewer: int  # examples with fewer than k responses
     statement: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,10 +151,11 @@ class SingleLabelAgreement:
     mean_pairwise_cohen_kappa: float | None
     fleiss_kappa_by_split: dict[str, float | None] = field(default_factory=dict)  # dev/test splits with labels
     madtsc_kappas: dict[str, float | None] | None = None  # target-dependent tasks (MAD-TSC) only
-    # Every figure reads the same examples: those with n_raters responses (the task's k).
+    # Every figure reads the same examples: those with n_raters responses (the task's k, or
+    # the count most examples have: round_builder.response_sets.agreement_raters).
     n_raters: int | None = None
     n_examples: int | None = None
-    examples_with_fewer: int | None = None  # left out: fewer than n_raters responses
+    examples_left_out: int | None = None  # examples with another number of responses
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -164,7 +165,7 @@ class SingleLabelAgreement:
             "mean_pairwise_cohen_kappa": self.mean_pairwise_cohen_kappa,
             "n_raters": self.n_raters,
             "n_examples": self.n_examples,
-            "examples_with_fewer": self.examples_with_fewer,
+            "examples_left_out": self.examples_left_out,
         }
         data.update({f"fleiss_kappa_{split}": kappa for split, kappa in self.fleiss_kappa_by_split.items()})
         if self.madtsc_kappas is not None:
@@ -180,10 +181,11 @@ class MultiLabelAgreementSummary:
     mean_randolph_kappa: float | None
     mean_krippendorff_alpha: float | None
     mean_jaccard: float | None
-    # Every figure reads the same examples: those with n_raters responses (the task's k).
+    # Every figure reads the same examples: those with n_raters responses (the task's k, or
+    # the count most examples have: round_builder.response_sets.agreement_raters).
     n_raters: int | None = None
     n_examples: int | None = None
-    examples_with_fewer: int | None = None  # left out: fewer than n_raters responses
+    examples_left_out: int | None = None  # examples with another number of responses
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,7 +207,7 @@ class MultiLabelSection:
     # examples: re-queued for new validators, resolved by them, dropped, still waiting
     reannotation: dict[str, int]
     # The responses gold was decided on, examples with k of them: n_raters, n_examples,
-    # examples_with_fewer, mean_jaccard and per label prevalence, fleiss, randolph, krippendorff alpha.
+    # examples_left_out, mean_jaccard and per label prevalence, fleiss, randolph, krippendorff alpha.
     agreement: dict[str, Any]
     # split -> micro_f1, macro_f1, per_label (label -> f1), n_examples, n_annotators
     human_f1: dict[str, dict[str, Any]]
@@ -608,7 +610,7 @@ def _multilabel_markdown(section: Mapping[str, Any]) -> list[str]:
             "",
             f"Mean pairwise Jaccard of label sets: {_fmt(agreement.get('mean_jaccard'))}.",
         ]
-        if agreement.get("examples_with_fewer"):
+        if agreement.get("examples_left_out"):
             out += ["", _agreement_examples(agreement)]
     human = section.get("human_f1", {})
     model = section.get("model", {})
@@ -631,15 +633,15 @@ def _multilabel_markdown(section: Mapping[str, Any]) -> list[str]:
     return out
 
 
-_AGREEMENT_EXAMPLES = ("n_raters", "n_examples", "examples_with_fewer")
+_AGREEMENT_EXAMPLES = ("n_raters", "n_examples", "examples_left_out")
 
 
 def _agreement_examples(agreement: Mapping[str, Any]) -> str:
     """Which examples every agreement figure reads, and which it leaves out."""
-    k, fewer = agreement.get("n_raters"), agreement.get("examples_with_fewer") or 0
+    k, left_out = agreement.get("n_raters"), agreement.get("examples_left_out") or 0
     line = f"Every agreement figure reads the same {agreement.get('n_examples')} examples, {k} responses each"
-    if fewer:
-        line += f"; {fewer} example(s) with fewer than {k} responses are left out (the figures need {k} each)"
+    if left_out:
+        line += f"; {left_out} example(s) with another number of responses are left out (the figures need {k} each)"
     return line + "."
 
 

@@ -282,9 +282,9 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
     definition, responses = outcome.data.definition, outcome.data.responses
     if responses.empty:
         return None
-    n = definition.validations_per_example
+    n = response_sets.agreement_raters(responses, definition.validations_per_example)
     if definition.is_multi_label:
-        # The responses gold was decided on (one set per example), examples with k of them.
+        # The responses gold was decided on (one set per example), examples with n of them.
         ml, part = multilabel_report.multilabel_agreement_summary(responses, labels=definition.labels, k=n)
         if ml is None:
             return None
@@ -295,10 +295,10 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
             mean_jaccard=_finite(ml.mean_jaccard),
             n_raters=n,
             n_examples=ml.n_examples,
-            examples_with_fewer=part["examples_with_fewer"],
+            examples_left_out=part["examples_left_out"],
         )
     labels = definition.effective_validation_labels
-    # Every figure reads the same examples: those with the task's k responses (response_sets).
+    # Every figure reads the same examples: those with n responses (response_sets).
     answered = int(responses["example_id"].nunique())
     responses = response_sets.with_k_responses(responses, n)
     rated = int(responses["example_id"].nunique())
@@ -334,7 +334,7 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
             {},
         )
         summary.madtsc_kappas = {name: _finite(kappa) for name, kappa in kappas.items()}
-    summary.n_raters, summary.n_examples, summary.examples_with_fewer = n, rated, answered - rated
+    summary.n_raters, summary.n_examples, summary.examples_left_out = n, rated, answered - rated
     return summary
 
 

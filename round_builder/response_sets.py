@@ -14,8 +14,8 @@ same responses of an example:
   the rest are set aside and counted in the report.
 
 The agreement figures also need the same number of responses for every example they read, so
-they use the examples with exactly k (:func:`with_k_responses`) and the report counts the
-examples with fewer.
+they use the examples with exactly k (:func:`with_k_responses`; :func:`agreement_raters` says
+when another count stands in for k) and the report counts the examples they leave out.
 """
 
 from __future__ import annotations
@@ -139,10 +139,24 @@ def statement(selection: ResponseSelection) -> str:
         )
     if selection.examples_with_fewer:
         parts.append(
-            f"{selection.examples_with_fewer} example(s) have fewer than {k} responses; the agreement figures, "
-            f"which need {k} per example, leave them out"
+            f"{selection.examples_with_fewer} example(s) have fewer than {k} responses (the agreement section "
+            "says which examples its figures read)"
         )
     return "; ".join(parts) + "."
+
+
+def agreement_raters(responses: pd.DataFrame, k: int) -> int:
+    """How many responses per example the agreement figures read: the task's k, unless fewer
+    examples have k than another count (an import of three annotators per item into a
+    five-validation task): then the count most examples with two or more have (the larger on a
+    tie). The examples with another count are left out of every figure, and the report says so."""
+    if responses.empty:
+        return k
+    sizes = responses.groupby("example_id").size()
+    counts = sizes[sizes >= 2].value_counts()
+    if counts.empty or counts.get(k, 0) == counts.max():
+        return k
+    return int(max(counts[counts == counts.max()].index))
 
 
 def with_k_responses(responses: pd.DataFrame, k: int) -> pd.DataFrame:

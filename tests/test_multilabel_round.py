@@ -191,7 +191,7 @@ def test_reannotated_multilabel_round_builds_with_rare_sets_and_an_honest_report
     gold_pass[RESOLVED] = [["joy"], ["fear"], ["joy"]]
     gold_pass[UNRESOLVED] = [["sadness"], ["surprise"], ["disgust"]]
     assert section["agreement"]["n_raters"] == 3 and section["agreement"]["n_examples"] == len(PLAN)
-    assert section["agreement"]["examples_with_fewer"] == 0
+    assert section["agreement"]["examples_left_out"] == 0
     for label in ("joy", "anger", "neutral", "fear"):
         value_counts = []
         for labels in gold_pass.values():
@@ -382,7 +382,7 @@ def test_agreement_reads_one_response_set_per_example_and_says_which_examples_it
     assert len(sets.kept) == 11 and sets.selection.earlier_passes == 3 and sets.selection.set_aside == 0
     assert sets.selection.examples_with_fewer == 1
     ml, summary = multilabel_agreement_summary(sets.used, labels=EMOTIONS, k=3)
-    assert ml is not None and summary["n_examples"] == 2 and summary["examples_with_fewer"] == 1
+    assert ml is not None and summary["n_examples"] == 2 and summary["examples_left_out"] == 1
     # Every per-label figure reads examples 1 (last pass) and 2 alone: prevalence and alpha too.
     joy = [[2, 1], [2, 1]]  # (chosen, not chosen) of joy on examples 1 and 2
     expected = krippendorff.alpha(value_counts=np.array(joy), level_of_measurement="nominal")

@@ -774,7 +774,7 @@ def test_four_annotators_into_a_three_validation_task_read_the_same_three_respon
             gold = [label for label in gold if label != "neutral"] or gold
             assert built[str(item)].gold_label == (gold or None), item
         section = report["multi_label"]["agreement"]
-        assert section["n_raters"] == 3 and section["n_examples"] == 40 and section["examples_with_fewer"] == 0
+        assert section["n_raters"] == 3 and section["n_examples"] == 40 and section["examples_left_out"] == 0
         for label in labels:
             chosen = np.array([sum(label in lab for lab in g["label"]) for _, g in kept.groupby("item")])
             if chosen.sum() == 0:
@@ -804,7 +804,7 @@ def test_four_annotators_into_a_three_validation_task_read_the_same_three_respon
             assert built[str(item)].gold_label == ([label] if top >= 2 else None), item
             table.append([votes.get("sarcastic", 0), votes.get("not_sarcastic", 0)])
         agreement = report["agreement"]
-        assert agreement["n_raters"] == 3 and agreement["n_examples"] == 40 and agreement["examples_with_fewer"] == 0
+        assert agreement["n_raters"] == 3 and agreement["n_examples"] == 40 and agreement["examples_left_out"] == 0
         assert agreement["fleiss_kappa"] == pytest.approx(fleiss_kappa(np.array(table)), abs=1e-4)
         alpha = krippendorff.alpha(value_counts=np.array(table), level_of_measurement="nominal")
         assert agreement["krippendorff_alpha"] == pytest.approx(alpha, abs=1e-4)

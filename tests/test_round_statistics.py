@@ -775,3 +775,16 @@ def test_large_frame_is_consistent_across_aggregators() -> None:
     dist = distributional_labels(table, labels=SENTIMENT)
     has = majority["label"].notna()
     assert (dist.loc[has].idxmax(axis=1) == majority.loc[has, "label"]).all()
+
+
+def test_agreement_reads_the_count_most_examples_have_when_few_have_the_tasks() -> None:
+    from round_builder.response_sets import agreement_raters, with_k_responses
+
+    # Four examples with 3 responses, one with 5, one with a single response (never pairable).
+    table = long_table({**{e: ["positive"] * 3 for e in range(4)}, 10: ["negative"] * 5, 11: ["neutral"]})
+    assert agreement_raters(table, 5) == 3
+    assert sorted(with_k_responses(table, 3)["example_id"].unique()) == [0, 1, 2, 3]
+    # As many with the task's 5 as with 3: the task's count.
+    table = long_table({0: ["positive"] * 3, 1: ["positive"] * 3, 10: ["negative"] * 5, 12: ["neutral"] * 5})
+    assert agreement_raters(table, 5) == 5
+    assert agreement_raters(table.iloc[:0], 5) == 5

@@ -135,10 +135,12 @@ class ReportAgreement(BaseModel):
     mean_randolph_kappa: float | None = None
     mean_krippendorff_alpha: float | None = None
     mean_jaccard: float | None = None
-    n_raters: int | None = Field(None, description="Responses per example every figure reads (the task's k).")
+    n_raters: int | None = Field(
+        None, description="Responses per example every figure reads (the task's k, or the count most examples have)."
+    )
     n_examples: int | None = Field(None, description="The examples every figure reads: those with n_raters responses.")
-    examples_with_fewer: int | None = Field(
-        None, description="Examples with fewer than n_raters responses, left out of every figure."
+    examples_left_out: int | None = Field(
+        None, description="Examples with another number of responses, left out of every figure."
     )
 
 
@@ -160,7 +162,7 @@ class ReportResponses(BaseModel):
         description="Responses of re-annotated examples' earlier passes: exported, read by no statistic."
     )
     examples_reannotated: int
-    examples_with_fewer: int = Field(description="Examples with fewer than k responses (left out of agreement).")
+    examples_with_fewer: int = Field(description="Examples with fewer than k responses.")
     statement: str
 
 
@@ -259,7 +261,7 @@ class MultiLabelSection(BaseModel):
     )
     agreement: dict[str, object] = Field(
         description="The responses gold was decided on, examples with k of them: n_raters, n_examples, "
-        "examples_with_fewer, mean_jaccard, per_label (prevalence, fleiss, randolph, alpha)."
+        "examples_left_out, mean_jaccard, per_label (prevalence, fleiss, randolph, alpha)."
     )
     human_f1: dict[str, MultiLabelHuman] = Field(description="Split -> synthetic annotators' F1 (DynaSent §3.5).")
     model: dict[str, dict[str, int | float | None]] = Field(description="Split -> n, micro_f1, macro_f1, accuracy.")
