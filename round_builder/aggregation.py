@@ -23,10 +23,12 @@ The methods
 * :func:`dawid_skene_labels`, :func:`mace_labels` -- model-based alternatives from crowd-kit
   (Dawid & Skene 1979; Hovy et al. 2013), and :func:`compare_aggregations` side by side with
   majority.
-* :func:`multilabel_gold` -- per-label k-of-n for multi-label tasks (EthioEmo §3.3).
+* :func:`multilabel_gold` -- per-label k-of-n for multi-label tasks (EthioEmo §3.3), and
+  :func:`multilabel_model_labels` its model-based alternative (crowd-kit's ``BinaryRelevance``:
+  Dawid-Skene or MACE per label).
 * :func:`consolidate_target_sentiment` -- MAD-TSC §3.4: 5-point to 3, drop ``unknown``, keep
   unanimous or neighbouring majorities.
-* :func:`keep_top_ranked`, :func:`exclude_workers` -- response filters applied before
+* :func:`keep_top_ranked` (:func:`top_ranked`), :func:`exclude_workers` -- response filters applied before
   aggregating (DynaSent §3.3 and App. B.2).
 """
 
@@ -64,6 +66,8 @@ __all__ = [
     "mace_labels",
     "majority_labels",
     "multilabel_gold",
+    "multilabel_model_labels",
+    "top_ranked",
 ]
 
 #: DynaSent §3.4 footnote 5: "For 'Mixed' labels, we create two copies of the example, one
@@ -459,6 +463,79 @@ def multilabel_gold(responses: pd.DataFrame, *, labels: Sequence[str], min_votes
     return frame
 
 
+def multilabel_model_labels(
+    responses: pd.DataFrame,
+    *,
+    labels: Sequence[str],
+    method: Literal["dawid_skene", "mace"] = "dawid_skene",
+    n_iter: int = 100,
+    random_state: int = 0,
+    mace_restarts: int = 10,
+    tie_tolerance: float = MODEL_TIE_TOLERANCE,
+) -> pd.DataFrame:
+    """Model-based label sets for multi-label tasks, beside :func:`multilabel_gold`.
+
+    crowd-kit's ``BinaryRelevance`` treats each label as its own binary question (chosen / not
+    chosen by each response) and aggregates it with ``method``: Dawid-Skene (as
+    :func:`dawid_skene_labels`) or MACE (as :func:`mace_labels`, seeded with
+    ``random_state``), so each worker gets a reliability per label. A label is in an example's
+    set when its posterior of being chosen is above one half; when the two posteriors of any
+    label differ by less than ``tie_tolerance`` the example has no model-based set (``None``,
+    as a tie gives no label in :func:`dawid_skene_labels`), and so does an example for which no
+    label passes. The task's exclusive labels are the caller's to apply (round_builder.build
+    uses services.domain.labels.exclusive_gold, as for gold).
+
+    Returns a frame indexed by ``example_id`` with ``label`` (a tuple in ``labels`` order, or
+    ``None``) and one ``p_<label>`` column per label (the posterior that the label applies; 0
+    for a label nobody chose).
+
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"example_id": [1, 1, 1, 2, 2, 2], "worker_id": list("abcabc"),
+    ...                       "label": [("joy",), ("joy", "fear"), ("joy",), ("anger",), ("anger",), ("fear",)]})
+    >>> multilabel_model_labels(table, labels=["anger", "fear", "joy"])["label"].tolist()
+    [('joy',), ('anger',)]
+    """
+    from crowdkit.aggregation import MACE, BinaryRelevance, DawidSkene
+
+    if method not in ("dawid_skene", "mace"):
+        raise ValueError(f"unknown model-based aggregation {method!r}; use dawid_skene or mace")
+    encoded = encode_multi(responses, labels)
+    index = _index(encoded.example_ids)
+    posteriors = np.zeros((encoded.n_examples, encoded.n_labels))
+    tied = np.zeros(encoded.n_examples, dtype=bool)
+    if encoded.n_examples:
+        base = (
+            DawidSkene(n_iter=n_iter)
+            if method == "dawid_skene"
+            else MACE(n_restarts=mace_restarts, n_iter=n_iter, random_state=random_state)
+        )
+        chosen_codes = [[j for j in range(encoded.n_labels) if (int(mask) >> j) & 1] for mask in encoded.masks]
+        frame = pd.DataFrame(
+            {"task": encoded.example, "worker": encoded.worker, "label": pd.Series(chosen_codes, dtype=object)}
+        )
+        aggregator = BinaryRelevance(base)
+        # crowd-kit 1.4 declares aggregators_ as a class attribute (one dict shared by every
+        # instance): give this one its own, so that two builds at once cannot mix labels.
+        aggregator.aggregators_ = {}
+        with _quiet_crowdkit():
+            aggregator.fit(frame)
+        for code, label_aggregator in aggregator.aggregators_.items():
+            # DawidSkene and MACE both keep their posteriors in probas_ (tasks x 0/1).
+            found: pd.DataFrame = label_aggregator.probas_  # type: ignore[attr-defined]
+            probas = found.reindex(index=np.arange(encoded.n_examples), columns=[0, 1]).fillna(0.0).to_numpy(float)
+            posteriors[:, int(code)] = probas[:, 1]
+            tied |= np.abs(probas[:, 1] - probas[:, 0]) < tie_tolerance
+    chosen = posteriors > 0.5
+    sets = np.empty(encoded.n_examples, dtype=object)
+    for i in range(encoded.n_examples):
+        picked = tuple(label for j, label in enumerate(encoded.labels) if chosen[i, j])
+        sets[i] = picked if picked and not tied[i] else None
+    result = pd.DataFrame({"label": _object_column(sets, index)}, index=index)
+    for j, label in enumerate(encoded.labels):
+        result[f"p_{label}"] = posteriors[:, j]
+    return result
+
+
 # --- MAD-TSC consolidation ----------------------------------------------------------------
 
 
@@ -613,6 +690,38 @@ def exclude_workers(responses: pd.DataFrame, workers: Iterable[Hashable]) -> pd.
     return responses.loc[~responses["worker_id"].isin(excluded)].copy()
 
 
+def top_ranked(
+    responses: pd.DataFrame,
+    ranking: Mapping[Hashable, float] | pd.Series,
+    *,
+    n: int,
+    groups: np.ndarray | pd.Series | None = None,
+) -> np.ndarray:
+    """A boolean mask of the rows :func:`keep_top_ranked` keeps: at most ``n`` per example (per
+    example and ``groups`` value when given, e.g. each annotation pass), the best-ranked
+    workers' (ties: the earlier row)."""
+    check_frame(responses)
+    if isinstance(n, bool) or int(n) != n or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    scores_by_worker = ranking if isinstance(ranking, pd.Series) else pd.Series(dict(ranking), dtype=float)
+    scores = responses["worker_id"].map(scores_by_worker).astype(float).fillna(-np.inf).to_numpy()
+    if groups is None:
+        example_codes = pd.factorize(responses["example_id"])[0]
+    else:
+        if len(groups) != len(responses):
+            raise ValueError(f"groups has {len(groups)} values for {len(responses)} responses")
+        keys = pd.MultiIndex.from_arrays([responses["example_id"].to_numpy(), np.asarray(groups)])
+        example_codes = pd.factorize(keys)[0]
+    position = np.arange(len(responses))
+    order = np.lexsort((position, -scores, example_codes))
+    sorted_examples = example_codes[order]
+    group_start = np.r_[0, np.flatnonzero(np.diff(sorted_examples)) + 1] if len(order) else np.zeros(0, int)
+    starts = np.repeat(group_start, np.diff(np.r_[group_start, len(order)]))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - starts
+    return rank < n
+
+
 def keep_top_ranked(responses: pd.DataFrame, ranking: Mapping[Hashable, float] | pd.Series, *, n: int) -> pd.DataFrame:
     """Keep at most ``n`` responses per example, those of the best-ranked workers (DynaSent App. B.2).
 
@@ -621,7 +730,7 @@ def keep_top_ranked(responses: pd.DataFrame, ranking: Mapping[Hashable, float] |
     is better (e.g. ``worker_agreement(...)["agreement_rate"]`` from :mod:`round_builder.agreement`).
     Workers missing from the ranking (or with a NaN score) rank below everyone; equal scores
     keep the earlier row of the table. Examples with ``n`` or fewer responses are unchanged.
-    Rows keep their original order.
+    Rows keep their original order (:func:`top_ranked` gives the mask).
 
     >>> import pandas as pd
     >>> table = pd.DataFrame({"example_id": [1, 1, 1], "worker_id": ["a", "b", "c"],
@@ -629,17 +738,4 @@ def keep_top_ranked(responses: pd.DataFrame, ranking: Mapping[Hashable, float] |
     >>> keep_top_ranked(table, {"a": 0.9, "b": 0.2, "c": 0.7}, n=2)["worker_id"].tolist()
     ['a', 'c']
     """
-    check_frame(responses)
-    if isinstance(n, bool) or int(n) != n or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    scores_by_worker = ranking if isinstance(ranking, pd.Series) else pd.Series(dict(ranking), dtype=float)
-    scores = responses["worker_id"].map(scores_by_worker).astype(float).fillna(-np.inf).to_numpy()
-    example_codes = pd.factorize(responses["example_id"])[0]
-    position = np.arange(len(responses))
-    order = np.lexsort((position, -scores, example_codes))
-    sorted_examples = example_codes[order]
-    group_start = np.r_[0, np.flatnonzero(np.diff(sorted_examples)) + 1] if len(order) else np.zeros(0, int)
-    starts = np.repeat(group_start, np.diff(np.r_[group_start, len(order)]))
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order)) - starts
-    return responses.loc[rank < n].copy()
+    return responses.loc[top_ranked(responses, ranking, n=n)].copy()

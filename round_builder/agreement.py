@@ -18,7 +18,8 @@ allows (a label outside them raises ``ValueError`` naming it). They work on coun
 * :func:`multilabel_agreement` -- per-label kappas and mean pairwise Jaccard for multi-label
   tasks (EthioEmo §3.4).
 * :func:`worker_agreement`, :func:`disagreeing_workers` -- each worker's rate of agreement
-  with the gold label (DynaSent §3.3, App. B.2 and Fig. 6).
+  with the gold label (DynaSent §3.3, App. B.2 and Fig. 6); :func:`multilabel_worker_agreement`
+  for label sets (mean Jaccard similarity with the gold set).
 * :func:`intended_vs_perceived` -- iSarcasm §5.2 Table 5 and Table 7 "Manual Labelling".
 """
 
@@ -32,6 +33,7 @@ from typing import Literal
 import krippendorff
 import numpy as np
 import pandas as pd
+from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import cohen_kappa_score, precision_recall_fscore_support
 from statsmodels.stats.inter_rater import fleiss_kappa as _statsmodels_fleiss_kappa
 
@@ -63,6 +65,7 @@ __all__ = [
     "intended_vs_perceived",
     "krippendorff_alpha",
     "multilabel_agreement",
+    "multilabel_worker_agreement",
     "randolph_kappa",
     "slot_cohen_kappas",
     "target_sentiment_kappas",
@@ -229,7 +232,9 @@ def slot_cohen_kappas(
             if n_shared < max(min_shared, 1):
                 continue
             with warnings.catch_warnings():
+                # One label only in both slots: kappa is undefined (NaN), not an error.
                 warnings.simplefilter("ignore", RuntimeWarning)
+                warnings.simplefilter("ignore", UndefinedMetricWarning)
                 kappa = float(cohen_kappa_score(matrix[both, a], matrix[both, b], labels=all_labels))
             rows.append({"slot_a": a + 1, "slot_b": b + 1, "n_examples": n_shared, "kappa": kappa})
     return pd.DataFrame(rows, columns=["slot_a", "slot_b", "n_examples", "kappa"])
@@ -330,8 +335,9 @@ def multilabel_agreement(
     its own binary (chosen / not chosen) question, scored with Fleiss' kappa, Randolph's
     kappa (k = 2) and Krippendorff's alpha and macro-averaged over labels; and the mean
     pairwise Jaccard similarity of label sets (observed multi-label agreement, no chance
-    correction). The kappas use the examples with ``n_raters`` responses as in
-    :func:`fleiss_kappa`; alpha and Jaccard use every example with two or more responses.
+    correction). Every measure, prevalence included, uses the same examples: those with
+    ``n_raters`` responses (as :func:`fleiss_kappa` selects them; ``n_examples``), so no figure
+    rests on examples another leaves out.
 
     >>> import pandas as pd
     >>> table = pd.DataFrame({"example_id": [1, 1, 2, 2], "worker_id": list("abab"),
@@ -340,25 +346,25 @@ def multilabel_agreement(
     0.75
     """
     encoded = encode_multi(responses, labels)
-    counts = encoded.counts()
     n_responses = encoded.n_responses()
     rated = n_responses == _rater_count(n_responses, n_raters)
+    counts = encoded.counts()[rated]
+    n_responses = n_responses[rated]
     rows = []
     for j, label in enumerate(encoded.labels):
         binary = np.c_[counts[:, j], n_responses - counts[:, j]]
-        pairable = binary[n_responses >= 2]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             try:
-                alpha = float(krippendorff.alpha(value_counts=pairable, level_of_measurement="nominal"))
+                alpha = float(krippendorff.alpha(value_counts=binary, level_of_measurement="nominal"))
             except (ValueError, ZeroDivisionError):
                 alpha = float("nan")
         rows.append(
             {
                 "label": label,
                 "prevalence": float(counts[:, j].sum() / max(n_responses.sum(), 1)),
-                "fleiss": _kappa(binary[rated], "fleiss"),
-                "randolph": _kappa(binary[rated], "randolph"),
+                "fleiss": _kappa(binary, "fleiss"),
+                "randolph": _kappa(binary, "randolph"),
                 "alpha": alpha,
             }
         )
@@ -375,7 +381,7 @@ def multilabel_agreement(
             union = popcount(masks[both, a] | masks[both, b])
             pair_sum[both] += np.where(union > 0, inter / np.maximum(union, 1), 1.0)
             pair_n[both] += 1
-    with_pairs = pair_n > 0
+    with_pairs = (pair_n > 0) & rated
     mean_jaccard = float((pair_sum[with_pairs] / pair_n[with_pairs]).mean()) if with_pairs.any() else float("nan")
     return MultiLabelAgreement(
         per_label=per_label,
@@ -437,6 +443,60 @@ def worker_agreement(
             "n_agree": n_agree,
             "agreement_rate": rate,
             "disagreement_rate": disagreement,
+        },
+        index=pd.Index(encoded.worker_ids, name="worker_id"),
+    )
+
+
+def multilabel_worker_agreement(
+    responses: pd.DataFrame, gold: pd.Series | Mapping[Hashable, object], *, labels: Sequence[str]
+) -> pd.DataFrame:
+    """Each worker's agreement with the gold label *sets* of a multi-label task.
+
+    A response agrees with its example's gold set by their Jaccard similarity (shared labels
+    over labels in either; services.domain.labels.agreement_with, which the live quality check
+    uses), and a worker's ``agreement_rate`` is the mean over their responses to examples with
+    gold. ``gold`` maps example id to a tuple of labels (``None``: no gold, left out). Columns
+    as :func:`worker_agreement` (``n_agree``: responses whose set is the gold set), so the rate
+    is the ranking :func:`round_builder.aggregation.keep_top_ranked` expects.
+
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"example_id": [1, 1, 1], "worker_id": list("abc"),
+    ...                       "label": [("joy",), ("joy", "fear"), ("anger",)]})
+    >>> multilabel_worker_agreement(table, {1: ("joy",)}, labels=["anger", "fear", "joy"])["agreement_rate"].tolist()
+    [1.0, 0.5, 0.0]
+    """
+    encoded = encode_multi(responses, labels)
+    series = gold if isinstance(gold, pd.Series) else pd.Series(dict(gold), dtype=object)
+    position = {label: j for j, label in enumerate(encoded.labels)}
+    gold_mask = np.full(encoded.n_examples, -1, dtype=np.int64)
+    for i, value in enumerate(series.reindex(encoded.example_ids)):
+        if isinstance(value, tuple | list) and value:
+            unknown = [label for label in value if label not in position]
+            if unknown:
+                raise ValueError(f"gold label {unknown[0]!r} is not one of the task's labels {list(encoded.labels)}")
+            gold_mask[i] = sum(1 << position[label] for label in value)
+    row_gold = gold_mask[encoded.example]
+    judged_row = row_gold >= 0
+    inter = popcount(encoded.masks & np.maximum(row_gold, 0))
+    union = popcount(encoded.masks | np.maximum(row_gold, 0))
+    jaccard = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+    n_workers = len(encoded.worker_ids)
+    n_labels = np.bincount(encoded.worker, minlength=n_workers)
+    n_with_gold = np.bincount(encoded.worker, weights=judged_row, minlength=n_workers).astype(np.int64)
+    n_agree = np.bincount(encoded.worker, weights=judged_row & (encoded.masks == row_gold), minlength=n_workers).astype(
+        np.int64
+    )
+    total = np.bincount(encoded.worker, weights=np.where(judged_row, jaccard, 0.0), minlength=n_workers)
+    judged = n_with_gold > 0
+    rate = np.where(judged, total / np.maximum(n_with_gold, 1), np.nan)
+    return pd.DataFrame(
+        {
+            "n_labels": n_labels.astype(np.int64),
+            "n_with_gold": n_with_gold,
+            "n_agree": n_agree,
+            "agreement_rate": rate,
+            "disagreement_rate": np.where(judged, 1 - rate, np.nan),
         },
         index=pd.Index(encoded.worker_ids, name="worker_id"),
     )

@@ -18,8 +18,14 @@ import pandas as pd
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from round_builder import aggregation, agreement, duplicates, multilabel_report, multilabel_splits, splits
-from round_builder.report import write_report
+from round_builder import (
+    aggregation,
+    duplicates,
+    multilabel_splits,
+    response_sets,
+    splits,
+)
+from round_builder.report import ResponseSelection, write_report
 from round_builder.report_assembly import BuildOutcome, assemble_report
 from round_builder.table import responses_frame
 from services.db.models import (
@@ -153,11 +159,18 @@ class RoundData:
     prompts: dict[int, str]
     prompt_sources: list[str]
     # Multi-label: each response's annotation pass (Validation.annotation_pass), aligned with
-    # ``responses``; gold uses each example's last pass, agreement the first (pass 0).
+    # ``responses``.
     passes: np.ndarray | None = None
     # Answers to control items in the round's validation batches (worker_id, correct): never
     # responses, only each validator's gold accuracy in the report (issue 26).
     control_answers: pd.DataFrame | None = None
+    # Set by :func:`prepare` (round_builder.response_sets): ``responses`` and ``passes`` become
+    # the one response set per example that every statistic reads (its last pass, at most k);
+    # ``kept``/``kept_passes`` are every pass's kept responses (recorded and exported), and
+    # ``selection`` says what was set aside and why.
+    kept: pd.DataFrame | None = None
+    kept_passes: np.ndarray | None = None
+    selection: ResponseSelection | None = None
 
 
 def control_answers(session: Session, round_: Round) -> pd.DataFrame:
@@ -297,9 +310,8 @@ def _multilabel_gold(data: RoundData) -> pd.DataFrame:
     for new validators that never came (awaiting_reannotation), and no gold (no_gold)."""
     definition = data.definition
     need = definition.agreement.gold_min_votes
-    frame = aggregation.multilabel_gold(
-        multilabel_report.last_pass_responses(data.responses, data.passes), labels=definition.labels, min_votes=need
-    )
+    # data.responses is each example's last pass already (prepare, response_sets).
+    frame = aggregation.multilabel_gold(data.responses, labels=definition.labels, min_votes=need)
     votes = frame[[f"votes_{label}" for label in definition.labels]]
     gold_sets: list[tuple[str, ...] | None] = []
     gold_votes: list[int] = []
@@ -416,9 +428,7 @@ def _distributional(data: RoundData) -> dict[int, dict[str, float]]:
         return {}
     if definition.is_multi_label:
         # Share of validators who chose each label (EthioEmo's labels are not exclusive).
-        frame = aggregation.multilabel_gold(
-            multilabel_report.last_pass_responses(data.responses, data.passes), labels=definition.labels, min_votes=1
-        )
+        frame = aggregation.multilabel_gold(data.responses, labels=definition.labels, min_votes=1)
         shares = frame[[f"votes_{label}" for label in definition.labels]].div(frame["n_responses"], axis=0).round(4)
         shares.columns = list(definition.labels)
         return _label_shares(shares)
@@ -435,9 +445,27 @@ def _label_shares(frame: pd.DataFrame) -> dict[int, dict[str, float]]:
 
 
 def _model_based(data: RoundData, method: str | None) -> dict[int, list[str]]:
+    """Per example with responses, its model-based label (a list of one label, or a label set):
+    crowd-kit's Dawid-Skene or MACE on the responses gold reads; multi-label per label, with
+    the task's exclusive labels kept exclusive as in gold. No label (a tie): left out."""
     definition = data.definition
-    if method is None or definition.is_multi_label or data.responses.empty:
+    if method is None or data.responses.empty:
         return {}
+    if method not in ("dawid_skene", "mace"):
+        raise ValueError(f"unknown model-based aggregation {method!r}; use dawid_skene, mace or null")
+    if definition.is_multi_label:
+        sets = aggregation.multilabel_model_labels(
+            data.responses,
+            labels=definition.labels,
+            method="mace" if method == "mace" else "dawid_skene",
+            n_iter=DAWID_SKENE_ITERATIONS if method == "dawid_skene" else 50,
+        )["label"]
+        chosen = {
+            int(e): exclusive_gold(definition, list(v))
+            for e, v in zip(sets.index, sets, strict=True)
+            if isinstance(v, tuple)
+        }
+        return {e: value for e, value in chosen.items() if value}
     labels = definition.effective_validation_labels
     if method == "dawid_skene":
         frame = aggregation.dawid_skene_labels(data.responses, labels=labels, n_iter=DAWID_SKENE_ITERATIONS)
@@ -494,14 +522,12 @@ def prepare(session: Session, round_: Round) -> Prepared:
     definition = data.definition
     if data.examples.empty:
         raise Conflict(f"round {round_.number} has no examples to build")
-    multi = definition.is_multi_label
 
-    # Keep only the top-ranked validators' labels where an example has more than enough.
-    if not data.responses.empty and not multi:
-        ranking = agreement.worker_agreement(
-            data.responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
-        )["agreement_rate"]
-        data.responses = aggregation.keep_top_ranked(data.responses, ranking, n=definition.validations_per_example)
+    # One response set per example for every statistic: its last pass, and where a pass has
+    # more than the task's validations, the top-ranked validators' (response_sets).
+    sets = response_sets.select_responses(definition, data.responses, data.passes)
+    data.responses, data.passes = sets.used, sets.used_passes
+    data.kept, data.kept_passes, data.selection = sets.kept, sets.kept_passes, sets.selection
 
     gold = _gold(data)
     dropped = (data.examples["status"].to_numpy() == ExampleStatus.dropped.value) | ~gold["kept"].to_numpy()
@@ -580,8 +606,10 @@ def build_round(
     distributional = _distributional(data)
     model_based = _model_based(data, config.model_based)
 
+    # Every pass's kept responses are recorded (and exported); the statistics read data.responses.
+    kept = data.kept if data.kept is not None else data.responses
     responses_by_example: dict[int, list[list[Any]]] = {}
-    for example_id, worker, label in data.responses.itertuples(index=False):
+    for example_id, worker, label in kept.itertuples(index=False):
         responses_by_example.setdefault(int(example_id), []).append(
             [int(worker), list(label) if isinstance(label, tuple) else [str(label)]]
         )
@@ -632,7 +660,7 @@ def build_round(
         session.execute(insert(BuiltExample), rows[start : start + 5000])
 
     assembled, plot = assemble_report(
-        BuildOutcome(round_, data, config, gold, split_input, result, assignment, dropped, chance, policy)
+        BuildOutcome(round_, data, config, gold, split_input, result, assignment, dropped, chance, policy, model_based)
     )
     report = assembled.to_dict()
     if prepared.duplicates is not None:

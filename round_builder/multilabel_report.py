@@ -1,12 +1,15 @@
 """The multi-label section of a build's report (EthioEmo's protocol, docs/round_builder.md
-"Multi-label rounds"): which responses count for gold and for agreement, the human F1
-estimate, and the section itself (:class:`round_builder.report.MultiLabelSection`).
+"Multi-label rounds"): agreement, the human F1 estimate, and the section itself
+(:class:`round_builder.report.MultiLabelSection`).
 
-* Gold uses each example's *last* annotation pass (a re-annotated example: the new
-  validators' labels alone, services.domain.labels.last_pass).
-* Agreement uses the *first* pass and its first k = ``validations_per_example`` responses
-  per example, so every example has the same number of responses (re-annotation adds a
-  second set of k for some examples only; Fleiss-type kappas need equal counts).
+* Gold, the model-based labels, agreement and human F1 read one response set per example
+  (round_builder.response_sets): its *last* annotation pass (a re-annotated example: the new
+  validators' labels alone, services.domain.labels.last_pass), at most k =
+  ``validations_per_example`` responses.
+* Every agreement figure reads the examples with exactly k of them
+  (round_builder.response_sets.agreement_raters: another count stands in for k when more
+  examples have it; Fleiss-type kappas need equal counts, and the others read the same examples
+  so that no figure rests on examples another leaves out); the section counts those left out.
 * Human F1: DynaSent §3.5's synthetic annotators applied to label sets. Each example's
   gold-deciding responses are shuffled (seeded); synthetic annotator a answers with its a-th
   response; per-label F1 and micro/macro F1 over labels are averaged over annotators.
@@ -24,7 +27,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import f1_score
 
-from round_builder import agreement
+from round_builder import agreement, response_sets
 from round_builder.report import MultiLabelSection
 
 if TYPE_CHECKING:
@@ -38,14 +41,6 @@ def last_pass_responses(responses: pd.DataFrame, passes: np.ndarray | None) -> p
     series = pd.Series(passes, index=responses.index)
     last = series.groupby(responses["example_id"]).transform("max")
     return responses[series == last]
-
-
-def first_pass_responses(responses: pd.DataFrame, passes: np.ndarray | None, k: int) -> pd.DataFrame:
-    """The first ``k`` responses of every example's first pass (rows are in label order)."""
-    if responses.empty:
-        return responses
-    first = responses if passes is None else responses[passes == 0]
-    return first[first.groupby("example_id").cumcount() < k]
 
 
 def _binary(values: Sequence[Any], labels: Sequence[str]) -> np.ndarray:
@@ -105,18 +100,23 @@ def _round_floats(value: Any) -> Any:
 
 
 def multilabel_agreement_summary(
-    responses: pd.DataFrame, passes: np.ndarray | None, *, labels: Sequence[str], k: int
+    responses: pd.DataFrame, *, labels: Sequence[str], k: int
 ) -> tuple[agreement.MultiLabelAgreement | None, dict[str, Any]]:
-    """Per-label agreement of the first pass's first k responses (examples with k of them)."""
-    first = first_pass_responses(responses, passes, k)
+    """Per-label agreement of the examples with exactly k responses (``responses``: one set
+    per example, round_builder.response_sets) and how many examples it leaves out."""
+    rated = response_sets.with_k_responses(responses, k)
+    left_out = (int(responses["example_id"].nunique()) if not responses.empty else 0) - (
+        int(rated["example_id"].nunique()) if not rated.empty else 0
+    )
     try:
-        ml = agreement.multilabel_agreement(first, labels=labels, n_raters=k)
+        ml = agreement.multilabel_agreement(rated, labels=labels, n_raters=k)
     except ValueError as exc:
-        return None, {"n_raters": k, "n_examples": 0, "unavailable": str(exc)}
+        return None, {"n_raters": k, "n_examples": 0, "examples_left_out": left_out, "unavailable": str(exc)}
     return ml, _round_floats(
         {
             "n_raters": k,
             "n_examples": ml.n_examples,
+            "examples_left_out": left_out,
             "mean_jaccard": ml.mean_jaccard,
             "per_label": {
                 str(label): {key: float(row[key]) for key in ("prevalence", "fleiss", "randolph", "alpha")}
@@ -131,8 +131,10 @@ def multilabel_section(outcome: BuildOutcome) -> MultiLabelSection:
     definition = data.definition
     labels = list(definition.labels)
     k = definition.validations_per_example
-    _, agreement_part = multilabel_agreement_summary(data.responses, data.passes, labels=labels, k=k)
-    gold_responses = last_pass_responses(data.responses, data.passes)
+    _, agreement_part = multilabel_agreement_summary(
+        data.responses, labels=labels, k=response_sets.agreement_raters(data.responses, k)
+    )
+    gold_responses = data.responses  # one set per example: the last pass, at most k
     gold: dict[Hashable, tuple[str, ...]] = {
         int(e): tuple(g)
         for e, g, dropped in zip(

@@ -105,6 +105,46 @@ class AgreementCounts:
 
 
 @dataclass
+class ResponseSelection:
+    """Which responses the build's statistics read: one set per example
+    (round_builder.response_sets; docs/round_builder.md "Responses")."""
+
+    per_example: int  # the task's validations per example (k)
+    counted: int  # the round's counted responses
+    used: int  # the responses gold, distributional and model-based labels, agreement and human F1 read
+    examples: int  # examples with responses
+    set_aside: int  # responses beyond k in one pass: those of the validators who agree least with the gold
+    examples_with_set_aside: int
+    set_aside_per_example: dict[str, int]  # responses set aside -> examples ("1" -> 40)
+    earlier_passes: int  # responses of re-annotated examples' earlier passes: exported, read by no statistic
+    examples_reannotated: int
+    examples_with_fewer: int  # examples with fewer than k responses
+    statement: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ModelBasedComparison:
+    """The model-based labels (Dawid-Skene or MACE, crowd-kit) beside gold, on the examples that
+    have both. Per label: examples whose gold holds it, whose model-based label holds it, both,
+    and the agreement (share of examples on which the two agree about the label) with Cohen's
+    kappa of the two chosen/not-chosen columns (sklearn)."""
+
+    method: str
+    examples: int  # examples with a model-based label
+    with_gold: int  # of them, examples with a gold label
+    same_as_gold: int  # the model-based label (set) is the gold label (set)
+    agreement: float | None  # same_as_gold / with_gold
+    without_gold: int  # examples with a model-based label but no gold (no majority, tie)
+    per_label: dict[str, dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class SingleLabelAgreement:
     """Chance-corrected agreement of the validators on a single-label task."""
 
@@ -114,6 +154,11 @@ class SingleLabelAgreement:
     mean_pairwise_cohen_kappa: float | None
     fleiss_kappa_by_split: dict[str, float | None] = field(default_factory=dict)  # dev/test splits with labels
     madtsc_kappas: dict[str, float | None] | None = None  # target-dependent tasks (MAD-TSC) only
+    # Every figure reads the same examples: those with n_raters responses (the task's k, or
+    # the count most examples have: round_builder.response_sets.agreement_raters).
+    n_raters: int | None = None
+    n_examples: int | None = None
+    examples_left_out: int | None = None  # examples with another number of responses
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -121,6 +166,9 @@ class SingleLabelAgreement:
             "krippendorff_alpha": self.krippendorff_alpha,
             "randolph_kappa": self.randolph_kappa,
             "mean_pairwise_cohen_kappa": self.mean_pairwise_cohen_kappa,
+            "n_raters": self.n_raters,
+            "n_examples": self.n_examples,
+            "examples_left_out": self.examples_left_out,
         }
         data.update({f"fleiss_kappa_{split}": kappa for split, kappa in self.fleiss_kappa_by_split.items()})
         if self.madtsc_kappas is not None:
@@ -136,6 +184,11 @@ class MultiLabelAgreementSummary:
     mean_randolph_kappa: float | None
     mean_krippendorff_alpha: float | None
     mean_jaccard: float | None
+    # Every figure reads the same examples: those with n_raters responses (the task's k, or
+    # the count most examples have: round_builder.response_sets.agreement_raters).
+    n_raters: int | None = None
+    n_examples: int | None = None
+    examples_left_out: int | None = None  # examples with another number of responses
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,8 +209,8 @@ class MultiLabelSection:
     label_counts: dict[str, dict[str, int]]
     # examples: re-queued for new validators, resolved by them, dropped, still waiting
     reannotation: dict[str, int]
-    # First pass, k responses per example: n_raters, n_examples, mean_jaccard and per label
-    # prevalence, fleiss, randolph, krippendorff alpha.
+    # The responses gold was decided on, examples with k of them: n_raters, n_examples,
+    # examples_left_out, mean_jaccard and per label prevalence, fleiss, randolph, krippendorff alpha.
     agreement: dict[str, Any]
     # split -> micro_f1, macro_f1, per_label (label -> f1), n_examples, n_annotators
     human_f1: dict[str, dict[str, Any]]
@@ -299,6 +352,7 @@ class Datasheet:
     model_f1_macro: dict[str, float | None]
     build_policy: str = ""  # what the build's policy is and what its numbers show
     agreement_counts: dict[str, int] = field(default_factory=dict)  # ">=k of n" -> examples
+    responses_used: str = ""  # ResponseSelection.statement: which responses the statistics read
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -321,6 +375,7 @@ class Datasheet:
             "model_f1_macro": self.model_f1_macro,
             "build_policy": self.build_policy,
             "agreement_counts": self.agreement_counts,
+            "responses_used": self.responses_used,
         }
 
 
@@ -345,6 +400,8 @@ class RoundReport:
     datasheet: Datasheet
     agreement_counts: AgreementCounts | None = None  # None: no counted labels
     multi_label: MultiLabelSection | None = None  # multi-label tasks only
+    responses: ResponseSelection | None = None  # which responses the statistics read
+    model_based: ModelBasedComparison | None = None  # None: no model-based labels asked for or computed
     # What people saw for each label (the task's label_names), for the markdown; None: the task
     # names none. The report's data keeps the labels themselves.
     label_names: dict[str, str] | None = None
@@ -370,6 +427,8 @@ class RoundReport:
             "intended_vs_perceived": self.intended_vs_perceived.to_dict() if self.intended_vs_perceived else None,
             "datasheet": self.datasheet.to_dict(),
             "agreement_counts": self.agreement_counts.to_dict() if self.agreement_counts else None,
+            "responses": self.responses.to_dict() if self.responses else None,
+            "model_based": self.model_based.to_dict() if self.model_based else None,
         } | (
             ({"multi_label": self.multi_label.to_dict()} if self.multi_label is not None else {})
             | ({"label_names": dict(self.label_names)} if self.label_names else {})
@@ -469,16 +528,25 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         out += ["", *splits_markdown(splits)]
     if report.get("multi_label"):
         out += _multilabel_markdown(report["multi_label"])
+    selection = report.get("responses")
+    if selection:
+        out += ["", "## Responses used", "", selection["statement"]]
     agreement_counts = report.get("agreement_counts")
     if agreement_counts:
         out += ["", *agreement_counts_markdown(agreement_counts)]
     agreement = report.get("agreement", {})
     if agreement:
         out += ["", "## Agreement", ""]
-        out.append(_table(["measure", "value"], [[k, v] for k, v in agreement.items() if not isinstance(v, dict)]))
+        if agreement.get("n_raters"):
+            out += [_agreement_examples(agreement), ""]
+        measures = [[k, v] for k, v in agreement.items() if not isinstance(v, dict) and k not in _AGREEMENT_EXAMPLES]
+        out.append(_table(["measure", "value"], measures))
         for name, values in agreement.items():
             if isinstance(values, dict):
                 out += ["", f"{name}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in values.items())]
+    model_based = report.get("model_based")
+    if model_based:
+        out += ["", *model_based_markdown(model_based, names)]
     human = report.get("human_f1", {})
     if human:
         out += ["", "## Human performance estimate (DynaSent §3.5, Table 6/9 layout)", ""]
@@ -559,8 +627,8 @@ def _multilabel_markdown(section: Mapping[str, Any]) -> list[str]:
     if agreement.get("per_label"):
         out += [
             "",
-            f"### Agreement per label (first pass, {agreement.get('n_raters')} responses each, "
-            f"{agreement.get('n_examples')} examples)",
+            f"### Agreement per label (the responses gold was decided on, {agreement.get('n_raters')} responses "
+            f"each, {agreement.get('n_examples')} examples)",
             "",
             _table(
                 ["label", "prevalence", "Fleiss kappa", "Randolph kappa", "Krippendorff alpha"],
@@ -572,6 +640,8 @@ def _multilabel_markdown(section: Mapping[str, Any]) -> list[str]:
             "",
             f"Mean pairwise Jaccard of label sets: {_fmt(agreement.get('mean_jaccard'))}.",
         ]
+        if agreement.get("examples_left_out"):
+            out += ["", _agreement_examples(agreement)]
     human = section.get("human_f1", {})
     model = section.get("model", {})
     if human or model:
@@ -590,6 +660,43 @@ def _multilabel_markdown(section: Mapping[str, Any]) -> list[str]:
                     f"Human F1 per label on {split}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in h["per_label"].items()),
                 ]
     out += [f"\nNote: {note}" for note in section.get("notes", [])]
+    return out
+
+
+_AGREEMENT_EXAMPLES = ("n_raters", "n_examples", "examples_left_out")
+
+
+def _agreement_examples(agreement: Mapping[str, Any]) -> str:
+    """Which examples every agreement figure reads, and which it leaves out."""
+    k, left_out = agreement.get("n_raters"), agreement.get("examples_left_out") or 0
+    line = f"Every agreement figure reads the same {agreement.get('n_examples')} examples, {k} responses each"
+    if left_out:
+        line += f"; {left_out} example(s) with another number of responses are left out (the figures need {k} each)"
+    return line + "."
+
+
+def model_based_markdown(section: Mapping[str, Any], names: Mapping[str, str] | None = None) -> list[str]:
+    """The model-based labels beside gold: overall and per label."""
+    method = {"dawid_skene": "Dawid-Skene", "mace": "MACE"}.get(section.get("method", ""), section.get("method"))
+    out = [
+        f"## Model-based labels ({method}) beside gold",
+        "",
+        f"{section['examples']} examples have a model-based label; of the {section['with_gold']} that also have "
+        f"gold, {section['same_as_gold']} have the same label (agreement {_fmt(section.get('agreement'))}); "
+        f"{section['without_gold']} have a model-based label but no gold.",
+    ]
+    per_label = section.get("per_label", {})
+    if per_label:
+        out += [
+            "",
+            _table(
+                ["label", "gold", "model-based", "both", "agreement", "Cohen kappa"],
+                [
+                    [_label_cell(k, names or {}), v["gold"], v["model_based"], v["both"], v["agreement"], v["kappa"]]
+                    for k, v in per_label.items()
+                ],
+            ),
+        ]
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import random
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from round_builder import aggregation, agreement, human, multilabel_report, splits
+from round_builder import aggregation, agreement, human, multilabel_report, response_sets, splits
 from round_builder.report import (
     Agreement,
     AgreementCounts,
@@ -33,6 +34,7 @@ from round_builder.report import (
     Fooling,
     HumanF1,
     IntendedVsPerceived,
+    ModelBasedComparison,
     MultiLabelAgreementSummary,
     MultiLabelSection,
     PlotData,
@@ -66,6 +68,7 @@ class BuildOutcome:
     dropped: np.ndarray  # per example of split_input: excluded from every split
     chance: bool
     policy: Policy
+    model_based: dict[int, list[str]] = field(default_factory=dict)  # example -> model-based label (set)
     ids: dict[str, list[int]] = field(init=False)  # train, dev, test -> example ids
     gold_of: dict[int, Any] = field(init=False)  # example -> gold label (str, tuple or None)
 
@@ -107,6 +110,8 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         agreement_counts=_agreement_counts(outcome),
         multi_label=multi_label,
         label_names=definition.display_names if definition.label_names else None,
+        responses=outcome.data.selection,
+        model_based=_model_based(outcome),
     )
     return report, plot
 
@@ -302,11 +307,10 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
     definition, responses = outcome.data.definition, outcome.data.responses
     if responses.empty:
         return None
+    n = response_sets.agreement_raters(responses, definition.validations_per_example)
     if definition.is_multi_label:
-        # First pass, first k responses each: re-annotated examples would otherwise have 2k.
-        ml, _ = multilabel_report.multilabel_agreement_summary(
-            responses, outcome.data.passes, labels=definition.labels, k=definition.validations_per_example
-        )
+        # The responses gold was decided on (one set per example), examples with n of them.
+        ml, part = multilabel_report.multilabel_agreement_summary(responses, labels=definition.labels, k=n)
         if ml is None:
             return None
         return MultiLabelAgreementSummary(
@@ -314,9 +318,15 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
             mean_randolph_kappa=_finite(ml.mean_randolph),
             mean_krippendorff_alpha=_finite(ml.mean_alpha),
             mean_jaccard=_finite(ml.mean_jaccard),
+            n_raters=n,
+            n_examples=ml.n_examples,
+            examples_left_out=part["examples_left_out"],
         )
     labels = definition.effective_validation_labels
-    n = definition.validations_per_example
+    # Every figure reads the same examples: those with n responses (response_sets).
+    answered = int(responses["example_id"].nunique())
+    responses = response_sets.with_k_responses(responses, n)
+    rated = int(responses["example_id"].nunique())
     summary = SingleLabelAgreement(
         fleiss_kappa=_finite(_safe(lambda: agreement.fleiss_kappa(responses, labels=labels, n_raters=n))),
         krippendorff_alpha=_finite(_safe(lambda: agreement.krippendorff_alpha(responses, labels=labels))),
@@ -349,7 +359,55 @@ def _agreement(outcome: BuildOutcome) -> Agreement | None:
             {},
         )
         summary.madtsc_kappas = {name: _finite(kappa) for name, kappa in kappas.items()}
+    summary.n_raters, summary.n_examples, summary.examples_left_out = n, rated, answered - rated
     return summary
+
+
+def _model_based(outcome: BuildOutcome) -> ModelBasedComparison | None:
+    """The model-based labels beside gold (computed from responses, not imported), on the
+    examples that have both; per label the two chosen/not-chosen columns, with sklearn's
+    Cohen's kappa (None where it is undefined: both columns hold one same value)."""
+    from sklearn.exceptions import UndefinedMetricWarning
+    from sklearn.metrics import cohen_kappa_score
+
+    method = outcome.config.model_based
+    if not method or not outcome.model_based:
+        return None
+    answered = set(outcome.data.responses["example_id"].astype(int))
+    gold = {
+        int(e): (list(g) if isinstance(g, tuple) else [g])
+        for e, g in outcome.gold_of.items()
+        if isinstance(g, str | tuple) and int(e) in answered
+    }
+    both = [e for e in outcome.model_based if e in gold]
+    same = sum(1 for e in both if sorted(outcome.model_based[e]) == sorted(gold[e]))
+    per_label: dict[str, dict[str, Any]] = {}
+    for label in outcome.data.definition.labels:
+        in_gold = np.array([label in gold[e] for e in both], dtype=int)
+        in_model = np.array([label in outcome.model_based[e] for e in both], dtype=int)
+        kappa = None
+        if len(both):
+            with warnings.catch_warnings():
+                # Both columns one same value: kappa is undefined (NaN, reported as None).
+                warnings.simplefilter("ignore", RuntimeWarning)
+                warnings.simplefilter("ignore", UndefinedMetricWarning)
+                kappa = _finite(float(cohen_kappa_score(in_gold, in_model, labels=[0, 1])))
+        per_label[str(label)] = {
+            "gold": int(in_gold.sum()),
+            "model_based": int(in_model.sum()),
+            "both": int((in_gold & in_model).sum()),
+            "agreement": _finite(float((in_gold == in_model).mean())) if len(both) else None,
+            "kappa": kappa,
+        }
+    return ModelBasedComparison(
+        method=str(method),
+        examples=len(outcome.model_based),
+        with_gold=len(both),
+        same_as_gold=same,
+        agreement=_finite(same / len(both)) if both else None,
+        without_gold=len(outcome.model_based) - len(both),
+        per_label=per_label,
+    )
 
 
 def _human_f1(outcome: BuildOutcome) -> HumanF1:
@@ -575,7 +633,7 @@ def _datasheet(
         collected=CollectionPeriod(opened=_iso(round_.opened_at), closed=_iso(round_.closed_at)),
         prompt_sources=_prompt_sources(outcome),
         examples=len(outcome.data.examples),
-        validations=len(outcome.data.responses),
+        validations=outcome.data.selection.counted if outcome.data.selection else len(outcome.data.responses),
         validations_per_example=definition.validations_per_example,
         gold_rule=f"{definition.agreement.gold_min_votes} of {definition.validations_per_example}",
         dev_test_rule=_dev_test_rule(outcome, split_summary),
@@ -584,6 +642,7 @@ def _datasheet(
         agreement=report_agreement,
         human_f1_macro=human_macro,
         model_f1_macro={split: assessment.model_macro_f1 for split, assessment in split_summary.assessment.items()},
+        responses_used=outcome.data.selection.statement if outcome.data.selection else "",
     )
 
 

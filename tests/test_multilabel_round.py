@@ -23,8 +23,9 @@ from model_server.backends.base import decide
 from modelling.datasets import LabelledSet
 from modelling.metrics import compute_metrics
 from round_builder import agreement
-from round_builder.multilabel_report import first_pass_responses, last_pass_responses, multilabel_agreement_summary
+from round_builder.multilabel_report import last_pass_responses, multilabel_agreement_summary
 from round_builder.multilabel_splits import build_multilabel_splits
+from round_builder.response_sets import select_responses
 from services.db.models import Example, ExampleStatus, Round, RoundBuild, RoundStatus, Validation
 from services.domain.labels import check_validation_label, exclusive_gold, gold_label, last_pass
 from services.errors import Invalid
@@ -184,18 +185,33 @@ def test_reannotated_multilabel_round_builds_with_rare_sets_and_an_honest_report
         "awaiting_reannotation": 0,
     }
 
-    # Agreement: the first pass's three labels per example, per label, checked independently.
-    first_pass = {text: labels for _, text, labels in PLAN}
+    # Agreement: the three labels per example gold was decided on (a re-annotated example's new
+    # labels), per label, checked independently.
+    gold_pass = {text: labels for _, text, labels in PLAN}
+    gold_pass[RESOLVED] = [["joy"], ["fear"], ["joy"]]
+    gold_pass[UNRESOLVED] = [["sadness"], ["surprise"], ["disgust"]]
     assert section["agreement"]["n_raters"] == 3 and section["agreement"]["n_examples"] == len(PLAN)
-    for label in ("joy", "anger", "neutral"):
+    assert section["agreement"]["examples_left_out"] == 0
+    for label in ("joy", "anger", "neutral", "fear"):
         value_counts = []
-        for labels in first_pass.values():
+        for labels in gold_pass.values():
             stored = [lab or ["neutral"] for lab in labels]
             chosen = sum(label in lab for lab in stored)
             value_counts.append([chosen, 3 - chosen])
         expected = krippendorff.alpha(value_counts=np.array(value_counts), level_of_measurement="nominal")
         assert section["agreement"]["per_label"][label]["alpha"] == pytest.approx(expected, abs=1e-4)
     assert report["agreement"]["mean_krippendorff_alpha"] is not None
+    assert report["agreement"]["n_examples"] == len(PLAN)
+    # The first passes of the two re-annotated examples are exported, read by no statistic.
+    selection = report["responses"]
+    assert selection["earlier_passes"] == 6 and selection["examples_reannotated"] == 2
+    assert selection["set_aside"] == 0 and selection["used"] == 3 * len(PLAN)
+    assert "their earlier passes' 6 response(s) are exported and read by no statistic" in selection["statement"]
+    assert report["datasheet"]["responses_used"] == selection["statement"]
+    # Model-based labels (Dawid-Skene per label) for every example with gold, neutral alone.
+    for text in (_texts(0, "joy"), _texts(10, "anger"), _texts(40, "neutral"), RESOLVED):
+        assert rows[text]["model_based_label"] == rows[text]["gold_label"], text
+    assert report["model_based"]["method"] == "dawid_skene" and report["model_based"]["with_gold"] >= 20
 
     # Human F1 per split: synthetic annotators from the gold-deciding responses.
     for split in ("dev", "test"):
@@ -336,7 +352,7 @@ def test_prediction_keeps_neutral_exclusive() -> None:
     assert plain.accuracy == 0.0, "without the rule neutral is predicted together with emotions"
 
 
-def test_agreement_accepts_unequal_response_counts() -> None:
+def test_agreement_reads_one_response_set_per_example_and_says_which_examples_it_leaves_out() -> None:
     # Example 1: a first pass of 3 then a re-annotation of 3; example 2: 3; example 3: 2.
     responses = pd.DataFrame(
         {
@@ -360,10 +376,19 @@ def test_agreement_accepts_unequal_response_counts() -> None:
     passes = np.array([0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0])
     with pytest.raises(ValueError, match="same number"):
         agreement.multilabel_agreement(responses, labels=EMOTIONS)
-    ml, summary = multilabel_agreement_summary(responses, passes, labels=EMOTIONS, k=3)
-    assert ml is not None and summary["n_examples"] == 2 and summary["n_raters"] == 3
-    first = first_pass_responses(responses, passes, 3)
-    assert sorted(first["worker_id"]) == ["a", "a", "a", "b", "b", "b", "c", "c"]
+    sets = select_responses(_definition(), responses, passes)
+    # Gold and every statistic read example 1's re-annotation; its first pass is kept for the export.
+    assert list(sets.used.loc[sets.used["example_id"] == 1, "worker_id"]) == ["d", "e", "f"]
+    assert len(sets.kept) == 11 and sets.selection.earlier_passes == 3 and sets.selection.set_aside == 0
+    assert sets.selection.examples_with_fewer == 1
+    ml, summary = multilabel_agreement_summary(sets.used, labels=EMOTIONS, k=3)
+    assert ml is not None and summary["n_examples"] == 2 and summary["examples_left_out"] == 1
+    # Every per-label figure reads examples 1 (last pass) and 2 alone: prevalence and alpha too.
+    joy = [[2, 1], [2, 1]]  # (chosen, not chosen) of joy on examples 1 and 2
+    expected = krippendorff.alpha(value_counts=np.array(joy), level_of_measurement="nominal")
+    assert summary["per_label"]["joy"]["alpha"] == pytest.approx(expected, abs=1e-4)
+    assert summary["per_label"]["joy"]["prevalence"] == pytest.approx(4 / 6, abs=1e-4)
+    assert summary["per_label"]["anger"]["prevalence"] == pytest.approx(1 / 6, abs=1e-4)
     last = last_pass_responses(responses, passes)
     assert list(last.loc[last["example_id"] == 1, "worker_id"]) == ["d", "e", "f"]
 

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import krippendorff
 import numpy as np
 import pandas as pd
 import pytest
@@ -1023,3 +1024,130 @@ def test_wide_format_options_that_cannot_be_read_are_refused(
         refused = _import(api, researcher, task, 1, **body)
         assert refused.status_code == 422 and message in refused.text, (options, refused.text)
     assert table_counts(rooted) == before
+
+
+# --- more annotators per item than the task's validations ------------------------------------------
+
+NOISY = "NOISY-1"
+SETS = [("joy",), ("anger", "disgust"), ("sadness",), ("neutral",)]
+
+
+def _four_annotators(family: str) -> list[dict[str, Any]]:
+    """Forty items, four annotators each: three of seven reliable ones (right 85% of the time)
+    and one noisy annotator in every item (wrong most of the time), listed first in half the
+    items so that the file's order cannot decide who is kept."""
+    rng = np.random.default_rng(29)
+    rows = []
+    for item in range(40):
+        workers = [f"R{w}" for w in rng.choice(7, size=3, replace=False)]
+        workers = [NOISY, *workers] if item % 2 else [*workers, NOISY]
+        for worker in workers:
+            if family == "multi_label":
+                true = SETS[item % 4]
+                if worker == NOISY:
+                    label: Any = sorted(rng.choice(["fear", "surprise", "joy", "sadness"], size=2, replace=False))
+                elif rng.random() < 0.85:
+                    label = list(true)
+                else:
+                    label = ["surprise"] if true == ("neutral",) else [*true, "surprise"]
+            else:
+                true_label = ["sarcastic", "not_sarcastic"][item % 2]
+                other = ["not_sarcastic", "sarcastic"][item % 2]
+                right = rng.random() < (0.25 if worker == NOISY else 0.85)
+                label = true_label if right else other
+            rows.append({"item": f"x{item}", "text": f"Item {item} of a four-annotator file ጽሑፍ", "worker": worker,
+                         "label": label})  # fmt: skip
+    return rows
+
+
+def _jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+@pytest.mark.parametrize("family", ["multi_label", "binary_variety"])
+def test_four_annotators_into_a_three_validation_task_read_the_same_three_responses_everywhere(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, family: str
+) -> None:
+    """Issue 29, item 2: gold, agreement, human F1 and model-based labels read the same three
+    responses of each example (the three best-agreeing validators'), and the report says that
+    one response per example was set aside; every figure matches an independent computation
+    on those three responses."""
+    task = _task(rooted, researcher, FAMILIES[family])
+    rows = _four_annotators(family)
+    _write(data_root / "four.jsonl", rows)
+    response = _import(api, researcher, task, 1, kind="responses", file="four.jsonl", id_column="item")
+    assert response.status_code == 201, response.text
+    assert response.json()["validations"] == 160
+    report = _build(api, researcher, response.json()["round_id"])
+
+    with session_scope(rooted.state.sessionmaker) as session:
+        # The noisy annotator is the one validator of every example.
+        counts = Counter(v.validator_id for v in session.scalars(select(Validation)))
+        (noisy, forty), *_ = counts.most_common(1)
+        assert forty == 40 and sorted(counts.values())[-2] < 40
+        ids = {e.id: e.source_metadata["id"] for e in session.scalars(select(Example))}
+        built = {ids[b.example_id]: b for b in session.scalars(select(BuiltExample))}
+    assert len(built) == 40
+    for row in built.values():
+        assert row.responses == 3 and noisy not in {worker for worker, _ in row.response_labels}
+
+    # What the report says about the responses.
+    selection = report["responses"]
+    assert selection | {"statement": ""} == {
+        "per_example": 3, "counted": 160, "used": 120, "examples": 40, "set_aside": 40, "examples_with_set_aside": 40,
+        "set_aside_per_example": {"1": 40}, "earlier_passes": 0, "examples_reannotated": 0, "examples_with_fewer": 0,
+        "statement": "",
+    }  # fmt: skip
+    assert "1 response(s) per example set aside for 40 example(s)" in selection["statement"]
+    assert report["datasheet"]["responses_used"] == selection["statement"]
+    assert report["agreement_counts"]["examples_with_other_response_counts"] == 0
+    markdown = api.get(f"{API}/tasks/{task}/rounds/1/report", params={"format": "markdown"}, headers=researcher.headers)
+    assert "## Responses used" in markdown.text and "1 response(s) per example set aside" in markdown.text
+    assert "Every agreement figure reads the same 40 examples, 3 responses each" in markdown.text
+
+    # Independently, on the three responses of the reliable annotators of each item.
+    kept = pd.DataFrame([r for r in rows if r["worker"] != NOISY])
+    assert (kept.groupby("item").size() == 3).all()
+    if family == "multi_label":
+        labels = ["anger", "disgust", "fear", "joy", "sadness", "surprise", "neutral"]
+        for item, group in kept.groupby("item"):
+            votes = Counter(label for labels_of_row in group["label"] for label in labels_of_row)
+            gold = [label for label in labels if votes[label] >= 2]
+            gold = [label for label in gold if label != "neutral"] or gold
+            assert built[str(item)].gold_label == (gold or None), item
+        section = report["multi_label"]["agreement"]
+        assert section["n_raters"] == 3 and section["n_examples"] == 40 and section["examples_left_out"] == 0
+        for label in labels:
+            chosen = np.array([sum(label in lab for lab in g["label"]) for _, g in kept.groupby("item")])
+            if chosen.sum() == 0:
+                continue
+            alpha = krippendorff.alpha(value_counts=np.c_[chosen, 3 - chosen], level_of_measurement="nominal")
+            assert section["per_label"][label]["alpha"] == pytest.approx(alpha, abs=1e-4), label
+            assert section["per_label"][label]["prevalence"] == pytest.approx(chosen.sum() / 120, abs=1e-4)
+        jaccard = np.mean(
+            [
+                np.mean([_jaccard(set(a), set(b)) for i, a in enumerate(g["label"]) for b in list(g["label"])[i + 1 :]])
+                for _, g in kept.groupby("item")
+            ]
+        )
+        assert report["agreement"]["mean_jaccard"] == pytest.approx(jaccard, abs=1e-4)
+        for name, human in report["multi_label"]["human_f1"].items():
+            assert human["n_annotators"] == 3, name
+        # Model-based label sets from the same responses: non-null and, on this data, gold's.
+        with_gold = [row for row in built.values() if row.gold_label]
+        assert all(row.model_based_label for row in with_gold)
+        same = sum(row.model_based_label == row.gold_label for row in with_gold)
+        assert same >= 0.9 * len(with_gold) and report["model_based"]["same_as_gold"] == same
+    else:
+        table = []
+        for item, group in kept.groupby("item"):
+            votes = Counter(group["label"])
+            label, top = votes.most_common(1)[0]
+            assert built[str(item)].gold_label == ([label] if top >= 2 else None), item
+            table.append([votes.get("sarcastic", 0), votes.get("not_sarcastic", 0)])
+        agreement = report["agreement"]
+        assert agreement["n_raters"] == 3 and agreement["n_examples"] == 40 and agreement["examples_left_out"] == 0
+        assert agreement["fleiss_kappa"] == pytest.approx(fleiss_kappa(np.array(table)), abs=1e-4)
+        alpha = krippendorff.alpha(value_counts=np.array(table), level_of_measurement="nominal")
+        assert agreement["krippendorff_alpha"] == pytest.approx(alpha, abs=1e-4)
+        assert all(row.model_based_label == row.gold_label for row in built.values() if row.gold_label)

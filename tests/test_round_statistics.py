@@ -26,6 +26,8 @@ from round_builder.aggregation import (
     mace_labels,
     majority_labels,
     multilabel_gold,
+    multilabel_model_labels,
+    top_ranked,
 )
 from round_builder.agreement import (
     count_table,
@@ -34,6 +36,7 @@ from round_builder.agreement import (
     intended_vs_perceived,
     krippendorff_alpha,
     multilabel_agreement,
+    multilabel_worker_agreement,
     randolph_kappa,
     slot_cohen_kappas,
     target_sentiment_kappas,
@@ -235,6 +238,58 @@ def test_multilabel_agreement_by_hand() -> None:
     assert np.isnan(result.per_label.loc["neutral", "alpha"]) or -1 <= result.per_label.loc["neutral", "alpha"] <= 1
 
 
+def test_multilabel_model_labels_see_through_two_spammers_that_majority_follows() -> None:
+    # Three reliable annotators (right 95% of the time) and two spammers who always answer
+    # fear+surprise; each example gets three of the five. Where both spammers label an example,
+    # the per-label majority is their fear+surprise; Dawid-Skene per label (crowd-kit's
+    # BinaryRelevance) learns that their "fear" says nothing and follows the reliable one.
+    truths = [("joy",), ("anger", "disgust"), ("sadness",), ("neutral",), ("anger",)]
+    rng = np.random.default_rng(3)
+    rows, truth = [], {}
+    for example in range(100):
+        truth[example] = truths[example % 5]
+        for worker in rng.choice(["r1", "r2", "r3", "s1", "s2"], size=3, replace=False):
+            spam = worker.startswith("s")
+            label = ("fear", "surprise") if spam else truth[example] if rng.random() < 0.95 else ("surprise",)
+            rows.append((example, worker, label))
+    table = pd.DataFrame(rows, columns=["example_id", "worker_id", "label"])
+    model = multilabel_model_labels(table, labels=EMOTIONS, n_iter=30)
+    majority = multilabel_gold(table, labels=EMOTIONS, min_votes=2)
+    right = sum(model.loc[e, "label"] == truth[e] for e in truth)
+    assert model["label"].notna().all() and right >= 90
+    assert right > sum(majority.loc[e, "label"] == truth[e] for e in truth) + 15
+    assert (
+        ((model[[f"p_{label}" for label in EMOTIONS]] >= 0) & (model[[f"p_{label}" for label in EMOTIONS]] <= 1))
+        .all()
+        .all()
+    )
+    # Seeded MACE gives the same sets twice.
+    mace = multilabel_model_labels(table, labels=EMOTIONS, method="mace", n_iter=20, mace_restarts=2, random_state=4)
+    again = multilabel_model_labels(table, labels=EMOTIONS, method="mace", n_iter=20, mace_restarts=2, random_state=4)
+    assert mace["label"].equals(again["label"])
+    with pytest.raises(ValueError, match="unknown model-based aggregation"):
+        multilabel_model_labels(table, labels=EMOTIONS, method="glad")  # type: ignore[arg-type]
+    assert multilabel_model_labels(table.iloc[:0], labels=EMOTIONS).empty
+
+
+def test_multilabel_model_labels_give_no_set_for_a_tie() -> None:
+    # One example, two workers who disagree on joy; nothing else to learn from: a tie, no set.
+    table = pd.DataFrame({"example_id": [1, 1], "worker_id": ["a", "b"], "label": [("joy",), ("anger",)]})
+    assert multilabel_model_labels(table, labels=EMOTIONS)["label"].tolist() == [None]
+
+
+def test_multilabel_worker_agreement_by_hand() -> None:
+    # Gold {anger, disgust} for 1, none for 2 (left out), {joy} for 3.
+    gold = {1: ("anger", "disgust"), 2: None, 3: ("joy",)}
+    rates = multilabel_worker_agreement(ethioemo_fixture(), gold, labels=EMOTIONS)
+    # w0: {disgust, anger} -> 1; (), i.e. nothing, against {joy} -> 0: mean 1/2, one exact.
+    assert rates.loc["w0", "agreement_rate"] == pytest.approx(0.5) and rates.loc["w0", "n_agree"] == 1
+    # w1: {anger} -> 1/2; {joy} -> 1: mean 3/4. w2: {disgust, fear} -> 1/3; {surprise, joy} -> 1/2.
+    assert rates.loc["w1", "agreement_rate"] == pytest.approx(0.75)
+    assert rates.loc["w2", "agreement_rate"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    assert rates["n_with_gold"].tolist() == [2, 2, 2] and rates["n_labels"].tolist() == [3, 3, 3]
+
+
 # --- MAD-TSC consolidation ---------------------------------------------------------------
 
 
@@ -303,6 +358,13 @@ def test_keep_top_ranked_and_exclude_workers() -> None:
     # Example 2 has only two responses: untouched, even the unranked worker.
     assert kept.loc[kept["example_id"] == 2, "worker_id"].tolist() == ["a", "g"]
     assert exclude_workers(table, ["g", "f"])["worker_id"].tolist() == ["a", "b", "c", "d", "e", "a"]
+    # Per example and pass: example 1's seven responses as a first pass of four (a-d) and a
+    # second of three (e-g): at most two of each pass are kept, the best-ranked.
+    passes = np.array([0, 0, 0, 0, 1, 1, 1, 0, 0])
+    mask = top_ranked(table, ranking, n=2, groups=passes)
+    assert table.loc[mask, "worker_id"].tolist() == ["a", "c", "e", "f", "a", "g"]
+    with pytest.raises(ValueError, match="groups has 2 values for 9 responses"):
+        top_ranked(table, ranking, n=2, groups=passes[:2])
 
 
 # --- agreement ---------------------------------------------------------------------------
@@ -713,3 +775,16 @@ def test_large_frame_is_consistent_across_aggregators() -> None:
     dist = distributional_labels(table, labels=SENTIMENT)
     has = majority["label"].notna()
     assert (dist.loc[has].idxmax(axis=1) == majority.loc[has, "label"]).all()
+
+
+def test_agreement_reads_the_count_most_examples_have_when_few_have_the_tasks() -> None:
+    from round_builder.response_sets import agreement_raters, with_k_responses
+
+    # Four examples with 3 responses, one with 5, one with a single response (never pairable).
+    table = long_table({**{e: ["positive"] * 3 for e in range(4)}, 10: ["negative"] * 5, 11: ["neutral"]})
+    assert agreement_raters(table, 5) == 3
+    assert sorted(with_k_responses(table, 3)["example_id"].unique()) == [0, 1, 2, 3]
+    # As many with the task's 5 as with 3: the task's count.
+    table = long_table({0: ["positive"] * 3, 1: ["positive"] * 3, 10: ["negative"] * 5, 12: ["neutral"] * 5})
+    assert agreement_raters(table, 5) == 5
+    assert agreement_raters(table.iloc[:0], 5) == 5

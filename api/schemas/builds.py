@@ -143,6 +143,49 @@ class ReportAgreement(BaseModel):
     mean_randolph_kappa: float | None = None
     mean_krippendorff_alpha: float | None = None
     mean_jaccard: float | None = None
+    n_raters: int | None = Field(
+        None, description="Responses per example every figure reads (the task's k, or the count most examples have)."
+    )
+    n_examples: int | None = Field(None, description="The examples every figure reads: those with n_raters responses.")
+    examples_left_out: int | None = Field(
+        None, description="Examples with another number of responses, left out of every figure."
+    )
+
+
+class ReportResponses(BaseModel):
+    """Which responses the statistics read: one set per example (docs/round_builder.md "Responses")."""
+
+    per_example: int = Field(description="The task's validations per example (k).")
+    counted: int = Field(description="The round's counted responses.")
+    used: int = Field(
+        description="The responses gold, distributional and model-based labels, agreement and human F1 read."
+    )
+    examples: int
+    set_aside: int = Field(
+        description="Responses beyond k in one pass: those of the validators who agree least with the gold."
+    )
+    examples_with_set_aside: int
+    set_aside_per_example: dict[str, int] = Field(description="Responses set aside -> examples.")
+    earlier_passes: int = Field(
+        description="Responses of re-annotated examples' earlier passes: exported, read by no statistic."
+    )
+    examples_reannotated: int
+    examples_with_fewer: int = Field(description="Examples with fewer than k responses.")
+    statement: str
+
+
+class ReportModelBased(BaseModel):
+    """The model-based labels (Dawid-Skene or MACE) beside gold, on the examples with both."""
+
+    method: str
+    examples: int
+    with_gold: int
+    same_as_gold: int
+    agreement: float | None
+    without_gold: int
+    per_label: dict[str, dict[str, int | float | None]] = Field(
+        description="Label -> gold, model_based, both, agreement, kappa (Cohen's, of the chosen/not-chosen columns)."
+    )
 
 
 class ReportFooling(BaseModel):
@@ -228,8 +271,8 @@ class MultiLabelSection(BaseModel):
         description="requeued, resolved_by_new_validators, dropped_after_reannotation, awaiting_reannotation."
     )
     agreement: dict[str, object] = Field(
-        description="First pass, k responses per example: n_raters, n_examples, mean_jaccard, per_label "
-        "(prevalence, fleiss, randolph, alpha)."
+        description="The responses gold was decided on, examples with k of them: n_raters, n_examples, "
+        "examples_left_out, mean_jaccard, per_label (prevalence, fleiss, randolph, alpha)."
     )
     human_f1: dict[str, MultiLabelHuman] = Field(description="Split -> synthetic annotators' F1 (DynaSent §3.5).")
     model: dict[str, dict[str, int | float | None]] = Field(description="Split -> n, micro_f1, macro_f1, accuracy.")
@@ -285,6 +328,7 @@ class Datasheet(BaseModel):
     gold_source: GoldSource | None = Field(
         None, description="Only for rounds with imported examples: where the gold labels came from."
     )
+    responses_used: str | None = Field(None, description="Which responses the statistics read, and what was set aside.")
 
 
 class ReportDuplicates(BaseModel):
@@ -318,6 +362,12 @@ class RoundReport(BaseModel):
     intended_vs_perceived: IntendedVsPerceived | None
     datasheet: Datasheet
     agreement_counts: AgreementCounts | None = None
+    responses: ReportResponses | None = Field(
+        None, description="Which responses the statistics read. Absent in builds made before it."
+    )
+    model_based: ReportModelBased | None = Field(
+        None, description="The model-based labels beside gold; null when none were asked for or computed."
+    )
     multi_label: MultiLabelSection | None = Field(None, description="Multi-label tasks only; absent otherwise.")
     label_names: dict[str, str] | None = Field(
         None,
