@@ -986,7 +986,13 @@ def test_the_wide_per_annotator_format_imports_one_response_per_filled_cell(
     )
     assert response.status_code == 201, response.text
     filled = sum(1 for row in rows for a in range(5) if row[f"annotator_{a + 1}"] != "")
-    assert response.json() | {"round_id": 0, "sha256": ""} == {
+    # More filled cells than the task's 3 validations per example: the answer says how many the
+    # build will set aside (every cell over 3 in its row).
+    set_aside = sum(max(0, sum(1 for a in range(5) if row[f"annotator_{a + 1}"] != "") - 3) for row in rows)
+    answer = response.json()
+    assert answer.pop("responses_set_aside") == set_aside
+    assert len(answer.pop("notes")) == (1 if set_aside else 0)
+    assert answer | {"round_id": 0, "sha256": ""} == {
         "task": task, "round": 1, "round_id": 0, "kind": "responses", "examples": 30, "validations": filled,
         "workers": 5, "sha256": "", "repeats_merged": 0,
     }  # fmt: skip
@@ -1085,7 +1091,7 @@ def test_four_annotators_into_a_three_validation_task_read_the_same_three_respon
         counts = Counter(v.validator_id for v in session.scalars(select(Validation)))
         (noisy, forty), *_ = counts.most_common(1)
         assert forty == 40 and sorted(counts.values())[-2] < 40
-        ids = {e.id: e.source_metadata["id"] for e in session.scalars(select(Example))}
+        ids = {e.id: e.source_id for e in session.scalars(select(Example))}
         built = {ids[b.example_id]: b for b in session.scalars(select(BuiltExample))}
     assert len(built) == 40
     for row in built.values():
