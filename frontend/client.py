@@ -68,7 +68,7 @@ class TokenInfo(TypedDict):
     id: int
     name: str
     prefix: str
-    token: str | None
+    token: NotRequired[str | None]
     expires_at: str | None
 
 
@@ -137,7 +137,7 @@ class Task(TypedDict):
     definition: TaskDefinition
     label_names: dict[str, str]  # every label (validation labels too) -> the name people see
     created_at: str
-    warnings: list[str]  # on creation only, e.g. the tokenizer coverage warning
+    warnings: NotRequired[list[str]]  # on creation only, e.g. the tokenizer coverage warning
 
 
 class Round(TypedDict):
@@ -153,9 +153,9 @@ class Round(TypedDict):
     validating_at: str | None
     closed_at: str | None
     # The round's study links that still take workers; None unless you manage the task.
-    open_study_links: int | None
+    open_study_links: NotRequired[int | None]
     # In the answer to closing the round: how many open study links the closing closed.
-    study_links_closed: int | None
+    study_links_closed: NotRequired[int | None]
 
 
 class PromptImport(TypedDict):
@@ -318,8 +318,8 @@ class ExampleStats(TypedDict):
     dropped: int
     # Multi-label re-annotation (docs/round_builder.md, "Multi-label rounds"): re-queued examples
     # still waiting, and those no validator of the round can take (all labelled them already).
-    awaiting_reannotation: int
-    awaiting_reannotation_no_new_validator: int
+    awaiting_reannotation: NotRequired[int]
+    awaiting_reannotation_no_new_validator: NotRequired[int]
     by_target_label: dict[str, int]
 
 
@@ -353,8 +353,8 @@ class WorkerAgreement(TypedDict):
     judged: int
     agreement_rate: float | None
     qualified: bool
-    control_answers: int  # answers to the round's control (gold) items
-    gold_accuracy: float | None  # share of them right; None without answers
+    control_answers: NotRequired[int]  # answers to the round's control (gold) items
+    gold_accuracy: NotRequired[float | None]  # share of them right; None without answers
 
 
 class PlotExample(TypedDict):
@@ -398,12 +398,12 @@ class Job(TypedDict):
     task: str
     status: str  # queued, running, succeeded, failed, cancelled
     queue: str  # cpu or gpu: the workers that may run it
-    worker: str | None  # the worker that took it
+    worker: NotRequired[str | None]  # the worker that took it
     progress: float  # 0 to 1
     message: str
     params: dict[str, Any]
     result: dict[str, Any] | None
-    log: str | None  # only from job(), not jobs()
+    log: NotRequired[str | None]  # only from job(), not jobs()
     created_by: str | None
     created_at: str
     started_at: str | None
@@ -432,10 +432,10 @@ class Model(TypedDict):
     base_model: str
     directory: str
     endpoint: str | None
-    labels: list[str]
+    labels: list[Any]  # the task's labels; the API's schema leaves the items untyped
     attempts: int
     best_dev_macro_f1: float | None
-    macro_f1: dict[str, float]
+    macro_f1: dict[str, Any]  # macro-F1 per set; the API's schema leaves the values untyped
     solved: dict[str, Any]
     hyperparameters: dict[str, Any]
     created_at: str
@@ -461,7 +461,7 @@ class StudyLink(TypedDict):
     quota: int
     max_workers: int | None
     id_parameter: str | None
-    completion_code: str | None
+    completion_code: str
     screened_out_code: str | None
     partial_code: str | None
     partial_pay_minor: int | None
@@ -518,19 +518,19 @@ class LinkSession(TypedDict):
     status: str
     units_done: int
     started_at: str
-    last_seen_at: str | None
+    last_seen_at: str
     ended_at: str | None
     platform_worker_id: str | None
 
 
-class StudyStart(TypedDict, total=False):
+class StudyStart(TypedDict):
     """``POST /study/{slug}/sessions``: a preview (MTurk before accepting: ``link`` and ``task``
     only), or a started or resumed session with the worker's token."""
 
     preview: bool
-    token: str
-    expires_at: str | None
-    session: StudySession
+    token: NotRequired[str | None]
+    expires_at: NotRequired[str | None]
+    session: NotRequired[StudySession | None]
     task: dict[str, Any]  # name, title, description
     link: dict[str, Any]  # name, role, platform, quota
 
