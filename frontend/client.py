@@ -13,7 +13,8 @@ double click, or a retry after a 503 never uses a second try or stores a second 
 The pages depend on :class:`Api`, a :class:`~typing.Protocol` with the methods they call,
 not on :class:`ApiClient` itself; the ``TypedDict`` classes below describe the JSON each
 method returns (the API's response schemas in docs/api.md, written out here because the
-front end imports nothing from the backend).
+front end imports nothing from the backend; tests/test_frontend_types.py checks them against
+the API's OpenAPI document).
 
 Example::
 

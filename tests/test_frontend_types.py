@@ -66,8 +66,9 @@ class Checker:
 
     components: dict[str, Schema]
     #: Stand-ins for an object the document leaves untyped (``additionalProperties: true``): the
-    #: TypedDict that describes it, and a :class:`Checker` of the schema its content follows, or
-    #: None where no schema in the repository describes it (:data:`UNTYPED_IN_THE_DOCUMENT`).
+    #: TypedDict that describes it, and a :class:`Checker` whose components hold the schema its
+    #: content follows under the TypedDict's name, or None where no schema in the repository
+    #: describes it (:func:`untyped_in_the_document`).
     stand_ins: dict[Any, Checker | None] = field(default_factory=dict)
     #: Whether a key the schema requires may be ``NotRequired``: a record stored by an older
     #: version lacks the fields added since.
@@ -265,8 +266,15 @@ ITEM_SCHEMAS: dict[str, Schema] = {
             "tags": {"type": "array", "items": {"type": "string"}},
             "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
             "part": {"$ref": f"{COMPONENTS}Part"},
+            "origins": {"$ref": f"{COMPONENTS}Origins"},
+            "span": {"anyOf": [{"type": "object", "additionalProperties": True}, {"type": "null"}]},
         },
-        "required": ["id", "name", "note", "score", "colour", "tags", "counts", "part"],
+        "required": ["id", "name", "note", "score", "colour", "tags", "counts", "part", "origins", "span"],
+    },
+    "Origins": {
+        "type": "object",
+        "properties": {"written": {"type": "integer"}, "imported": {"type": "integer"}},
+        "required": ["written", "imported"],
     },
     "Part": {
         "type": "object",
@@ -290,6 +298,13 @@ class Item(TypedDict):
     tags: list[str]
     counts: dict[str, int]
     part: Part
+    origins: dict[str, int]
+    span: Span | None
+
+
+class Span(TypedDict):
+    start: int
+    end: int
 
 
 class ItemSubset(TypedDict):
@@ -339,8 +354,16 @@ class WrongPart(TypedDict):
     part: WrongType
 
 
-def fake_problems(typed_dict: Any, schema_name: str = "Item") -> list[str]:
-    checker = Checker(ITEM_SCHEMAS)
+class WrongOrigins(TypedDict):
+    origins: dict[str, str]
+
+
+class UncheckedSpan(TypedDict):
+    span: WrongType | None
+
+
+def fake_problems(typed_dict: Any, schema_name: str = "Item", **options: Any) -> list[str]:
+    checker = Checker(ITEM_SCHEMAS, stand_ins={Span: None}, **options)
     checker.compare(typed_dict, {"$ref": f"{COMPONENTS}{schema_name}"}, "fake")
     return checker.problems
 
@@ -348,6 +371,28 @@ def fake_problems(typed_dict: Any, schema_name: str = "Item") -> list[str]:
 def test_the_checker_passes_a_type_that_matches() -> None:
     assert fake_problems(Item) == []
     assert fake_problems(ItemSubset) == [], "a subset of the fields, an enum typed str"
+
+
+def test_a_stored_record_may_lack_keys_added_since() -> None:
+    assert fake_problems(WronglyNotRequired, stored_records=True) == []
+
+
+def test_a_stand_in_checks_an_object_the_document_leaves_untyped() -> None:
+    span = {"type": "object", "properties": {"start": {"type": "string"}}, "required": ["start"]}
+    checker = Checker(ITEM_SCHEMAS, stand_ins={Span: Checker({"Span": span})})
+    checker.compare(Item, {"$ref": f"{COMPONENTS}Item"}, "fake")
+    assert checker.problems == [
+        "Span (schema Span).start: int, but the schema is string",
+        "Span (schema Span).end: not a field of the API's answer (its fields: start)",
+    ]
+    assert Span in checker.checked
+
+
+def test_a_mapping_is_checked_against_each_named_property() -> None:
+    assert fake_problems(WrongOrigins) == [
+        "WrongOrigins (schema Item).origins.written: str, but the schema is integer",
+        "WrongOrigins (schema Item).origins.imported: str, but the schema is integer",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -363,6 +408,7 @@ def test_the_checker_passes_a_type_that_matches() -> None:
         (WrongItems, "Item", "WrongItems (schema Item).tags[]: int, but the schema is string"),
         (WrongValues, "Item", "WrongValues (schema Item).counts{}: str, but the schema is integer"),
         (WrongPart, "Item", "WrongType (schema Part).id: not a field of the API's answer"),
+        (UncheckedSpan, "Item", "WrongType (schema UncheckedSpan (schema Item).span): a TypedDict, but the schema"),
     ],
 )
 def test_the_checker_catches_a_mismatch(typed_dict: Any, schema_name: str, expected: str) -> None:
