@@ -25,6 +25,9 @@ declares must match exactly:
   type an ``enum`` (the page does not branch on the values), and ``Any``, or ``dict[str, Any]``
   for an object, may type anything the page reads without looking inside.
 
+**Requests.** The client's JSON bodies have no ``TypedDict``; every key a method sends (each
+optional argument given) must be a field of the operation's request schema.
+
 **Adding a type.** Write the ``TypedDict`` in ``frontend/client.py`` and make an ``ApiClient``
 method return it (or a field of a checked type use it); run this module. A type no method
 returns is reported by :func:`test_every_type_of_the_client_is_checked`; a mismatch names the
@@ -34,6 +37,7 @@ type, the key and the schema.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import types
 import typing
@@ -431,10 +435,12 @@ def test_the_checker_compares_unions_member_by_member() -> None:
 
 @dataclass(frozen=True)
 class SentRequest:
-    """What an ``ApiClient`` method sent: the HTTP method and the path after the API's prefix."""
+    """What an ``ApiClient`` method sent: the HTTP method, the path after the API's prefix and
+    the keys of its JSON body (None without one)."""
 
     method: str
     path: str
+    body_keys: frozenset[str] | None
 
 
 SAMPLE_ARGUMENTS: dict[Any, Any] = {str: "sample", int: 1, float: 1.0, bool: True, bytes: b"{}"}
@@ -449,9 +455,10 @@ def sample_argument(hint: Any) -> Any:
     return SAMPLE_ARGUMENTS[origin]
 
 
-def sent_request(method_name: str) -> SentRequest:
-    """Call ``ApiClient.<method_name>`` with sample arguments against a transport that records the
-    request and answers an empty envelope."""
+def sent_request(method_name: str, *, every_argument: bool = False) -> SentRequest:
+    """Call ``ApiClient.<method_name>`` with sample arguments (the optional ones too with
+    ``every_argument``) against a transport that records the request and answers an empty
+    envelope."""
     sent: list[httpx.Request] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -464,7 +471,7 @@ def sent_request(method_name: str) -> SentRequest:
     arguments = {
         name: sample_argument(hints[name])
         for name, parameter in inspect.signature(method).parameters.items()
-        if parameter.default is inspect.Parameter.empty
+        if (every_argument or parameter.default is inspect.Parameter.empty)
         and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     }
     try:
@@ -474,7 +481,10 @@ def sent_request(method_name: str) -> SentRequest:
     finally:
         api.close()
     assert len(sent) == 1, f"ApiClient.{method_name} sent {len(sent)} requests"
-    return SentRequest(sent[0].method, sent[0].url.path.removeprefix(API_PREFIX))
+    (request,) = sent
+    is_json = request.headers.get("Content-Type") == "application/json"
+    body_keys = frozenset(json.loads(request.content)) if is_json and request.content else None
+    return SentRequest(request.method, request.url.path.removeprefix(API_PREFIX), body_keys)
 
 
 def typed_methods() -> Iterator[tuple[str, Any]]:
@@ -594,3 +604,27 @@ def test_the_methods_are_found_by_the_requests_they_send(openapi: Schema) -> Non
         "round": f"{API_PREFIX}/rounds/{{round_id}}",
         "login": f"{API_PREFIX}/auth/login",
     }
+
+
+def test_every_key_the_client_sends_is_a_field_of_the_request_schema(openapi: Schema) -> None:
+    """The other direction, for the JSON bodies the client sends (every optional argument given):
+    a key the API's request schema does not name is refused or ignored by the API."""
+    checker = Checker(openapi["components"]["schemas"])
+    problems = []
+    for name, _ in inspect.getmembers(ApiClient, inspect.isfunction):
+        if name.startswith("_") or name == "close":
+            continue
+        request = sent_request(name, every_argument=True)
+        if request.body_keys is None:
+            continue
+        template, operation = operation_for(openapi["paths"], request)
+        where = f"ApiClient.{name} ({request.method} {template})"
+        schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+        if schema is None:
+            problems.append(f"{where}: sends a JSON body, but the API reads none")
+            continue
+        fields = checker.resolve(schema)[0].get("properties", {})
+        problems += [
+            f"{where}: sends {key!r}, not a field of the request" for key in sorted(request.body_keys - set(fields))
+        ]
+    assert not problems, "\n".join(problems)
