@@ -69,6 +69,33 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: The most one readiness poll waits for its answer. A server that is loading a model answers
+#: /health from the same process that loads it, and on a loaded CI machine one answer took longer
+#: than httpx's default of 5 s (an ``httpx.ReadTimeout`` that failed a passing test); the poll's
+#: deadline, not this, bounds the wait.
+HEALTH_POLL_TIMEOUT_S = 30.0
+
+
+def wait_until_healthy(url: str, timeout_s: float, *, running: Callable[[], bool] = lambda: True) -> str | None:
+    """Poll ``GET url`` until it answers 200 or ``timeout_s`` passes (or ``running()`` turns
+    false, for a server in a process that may exit). A refused connection or a slow answer is
+    retried until the deadline. Returns None once it answered 200, else the last thing it said
+    (``HTTP 503: ...`` or the transport error), for the caller's failure message."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while running() and (left := deadline - time.monotonic()) > 0:
+        try:
+            response = httpx.get(url, timeout=min(HEALTH_POLL_TIMEOUT_S, max(left, 1.0)))
+        except httpx.TransportError as exc:  # not listening yet, or too busy to answer in time
+            last = f"{type(exc).__name__}: {exc}"
+        else:
+            if response.status_code == 200:
+                return None
+            last = f"HTTP {response.status_code}: {response.text[:300]}"
+        time.sleep(0.05)
+    return last
+
+
 def serve_model(config: Any) -> ThreadedServer:
     """A real model server (``model_server.app``, a ``ServerConfig``) on a free port in a thread,
     returned once its /health answers 200 (its model is loaded)."""
@@ -77,10 +104,8 @@ def serve_model(config: Any) -> ThreadedServer:
     server = ThreadedServer(create_model_app(config), free_port())
     server.config.lifespan = "on"
     server.start()
-    deadline = time.monotonic() + 60
-    while (health := httpx.get(f"{server.url}/health")).status_code != 200:
-        assert time.monotonic() < deadline, f"the model never became ready: {health.text}"
-        time.sleep(0.05)
+    not_ready = wait_until_healthy(f"{server.url}/health", 60)
+    assert not_ready is None, f"the model never became ready: {not_ready}"
     return server
 
 
@@ -130,18 +155,11 @@ def dynaloop_process(
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
+        not_ready = wait_until_healthy(f"{url}/health", start_timeout_s, running=lambda: popen.poll() is None)
+        if not_ready is not None:
             if popen.poll() is not None:
                 pytest.fail(f"`dynaloop {args[0]}` exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"`dynaloop {args[0]}` did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+            pytest.fail(f"`dynaloop {args[0]}` did not start ({not_ready}):\n{log.read_text()[-3000:]}")
         yield popen
     finally:
         stop_process_group(popen, 10)
