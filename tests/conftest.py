@@ -42,25 +42,41 @@ from tests.stub_model_server import ThreadedServer, create_stub_app
 pytest_plugins = ["tests.built_round", "tests.frontend_live"]
 
 POSTGRES_URL = os.environ.get("DYNALOOP_TEST_POSTGRES_URL")
-BACKENDS = [
-    "sqlite",
-    pytest.param(
-        "postgresql",
-        marks=pytest.mark.skipif(not POSTGRES_URL, reason="DYNALOOP_TEST_POSTGRES_URL is not set (.ci/run sets it)"),
-    ),
-]
+POSTGRESQL = pytest.param(
+    "postgresql",
+    marks=pytest.mark.skipif(not POSTGRES_URL, reason="DYNALOOP_TEST_POSTGRES_URL is not set (.ci/run sets it)"),
+)
+BACKENDS = ["sqlite", POSTGRESQL]
 
-# Which tests run on both databases. A test that uses the database (the ``settings``, ``app`` or
-# ``client`` fixtures) runs once per backend of BACKENDS. That second run is worth its time where
-# the database's own behaviour is what is tested: constraints, concurrency and locking, JSON
-# columns, types, migrations, transactions (a refused request that wrote nothing), ordering,
-# upserts. A test of parsing, validation or a file format, where the database only stores rows
-# and hands them back, marks itself ``@sqlite_only``: it is generated for SQLite alone (not
-# skipped on PostgreSQL: there is no PostgreSQL case). Where only some cases of a parametrized
-# test reach the database's own behaviour, those are a test of their own on both databases and
-# the rest a ``@sqlite_only`` test with the same body. Each feature keeps at least one case on
-# both databases, end to end; the comment beside each ``@sqlite_only`` names it.
-sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+# Which tests run on both databases. A test that uses the database (the ``database_url``,
+# ``settings``, ``app`` or ``client`` fixtures) runs on SQLite alone, unless it is marked
+# ``both_databases`` (a test, a class, or a module through ``pytestmark``): then it runs once per
+# backend of BACKENDS. The second run is worth its time where the database's own behaviour is what
+# is tested: constraints, concurrency and locking, JSON columns, types, migrations, transactions
+# (a refused request that wrote nothing: "database unchanged" checks), ordering, upserts,
+# sequences, the idempotency of money (payments, bonuses, completion codes, ledgers, payouts)
+# and the job queue on the application database. A test of parsing, validation, authorization,
+# a file format or a page, where the database only stores rows and hands them back, stays on
+# SQLite. Each feature keeps at least one end-to-end case on both databases. A test marked
+# ``postgres`` runs on PostgreSQL alone (it tests what only PostgreSQL does); both markers skip
+# the PostgreSQL case when DYNALOOP_TEST_POSTGRES_URL is not set. docs/testing.md says the same
+# for contributors.
+both_databases = pytest.mark.both_databases
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Give every test that uses ``database_url`` its backends (the rule above)."""
+    if "database_url" not in metafunc.fixturenames:
+        return
+    if any("database_url" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")):
+        return  # the test chose its databases itself
+    if metafunc.definition.get_closest_marker("postgres") is not None:
+        backends: list[Any] = [POSTGRESQL]
+    elif metafunc.definition.get_closest_marker("both_databases") is not None:
+        backends = BACKENDS
+    else:
+        backends = ["sqlite"]
+    metafunc.parametrize("database_url", backends, indirect=True)
 
 
 def free_port() -> int:
@@ -250,7 +266,7 @@ def fresh_postgres_database(server_url: str | None = None) -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="session")
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One migrated database per backend for the whole session; tables are emptied per test."""
     if request.param == "sqlite":
