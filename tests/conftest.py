@@ -60,8 +60,7 @@ BACKENDS = ["sqlite", POSTGRESQL]
 # SQLite. Each feature keeps at least one end-to-end case on both databases. A test marked
 # ``postgres`` runs on PostgreSQL alone (it tests what only PostgreSQL does); both markers skip
 # the PostgreSQL case when DYNALOOP_TEST_POSTGRES_URL is not set. docs/testing.md says the same
-# for contributors.
-both_databases = pytest.mark.both_databases
+# for contributors; the markers are declared in pyproject.toml (``--strict-markers``).
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

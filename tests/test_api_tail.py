@@ -27,7 +27,6 @@ from services.settings import Settings
 from tests.conftest import Actor, MakeUser, example_yaml, open_round
 from tests.stub_model_server import ThreadedServer
 
-
 # On both databases: read-only transactions, counts in SQL.
 pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(300)]
 

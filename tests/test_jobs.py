@@ -44,7 +44,6 @@ from tests.conftest import (
     worker_process,
 )
 
-
 # On both databases: the job queue on the application database.
 pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(600)]
 

@@ -22,7 +22,6 @@ from services.domain.tasks import definition_of
 from services.domain.validating import labels_in_round
 from tests.conftest import Actor, MakeUser, example_yaml, open_round
 
-
 # On both databases: the queries and indexes each label reads.
 pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(300)]
 

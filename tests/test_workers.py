@@ -28,7 +28,6 @@ from tests.built_round import BuiltRound
 from tests.conftest import Actor, MakeUser, dynaloop_command, table_counts, worker_process
 from tests.test_jobs import TINY_TRAIN
 
-
 # On both databases: the job queue on the application database.
 pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(600)]
 
