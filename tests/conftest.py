@@ -42,31 +42,73 @@ from tests.stub_model_server import ThreadedServer, create_stub_app
 pytest_plugins = ["tests.built_round", "tests.frontend_live"]
 
 POSTGRES_URL = os.environ.get("DYNALOOP_TEST_POSTGRES_URL")
-BACKENDS = [
-    "sqlite",
-    pytest.param(
-        "postgresql",
-        marks=pytest.mark.skipif(not POSTGRES_URL, reason="DYNALOOP_TEST_POSTGRES_URL is not set (.ci/run sets it)"),
-    ),
-]
+POSTGRESQL = pytest.param(
+    "postgresql",
+    marks=pytest.mark.skipif(not POSTGRES_URL, reason="DYNALOOP_TEST_POSTGRES_URL is not set (.ci/run sets it)"),
+)
+BACKENDS = ["sqlite", POSTGRESQL]
 
-# Which tests run on both databases. A test that uses the database (the ``settings``, ``app`` or
-# ``client`` fixtures) runs once per backend of BACKENDS. That second run is worth its time where
-# the database's own behaviour is what is tested: constraints, concurrency and locking, JSON
-# columns, types, migrations, transactions (a refused request that wrote nothing), ordering,
-# upserts. A test of parsing, validation or a file format, where the database only stores rows
-# and hands them back, marks itself ``@sqlite_only``: it is generated for SQLite alone (not
-# skipped on PostgreSQL: there is no PostgreSQL case). Where only some cases of a parametrized
-# test reach the database's own behaviour, those are a test of their own on both databases and
-# the rest a ``@sqlite_only`` test with the same body. Each feature keeps at least one case on
-# both databases, end to end; the comment beside each ``@sqlite_only`` names it.
-sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+# Which tests run on both databases. A test that uses the database (the ``database_url``,
+# ``settings``, ``app`` or ``client`` fixtures) runs on SQLite alone, unless it is marked
+# ``both_databases`` (a test, a class, or a module through ``pytestmark``): then it runs once per
+# backend of BACKENDS. The second run is worth its time where the database's own behaviour is what
+# is tested: constraints, concurrency and locking, JSON columns, types, migrations, transactions
+# (a refused request that wrote nothing: "database unchanged" checks), ordering, upserts,
+# sequences, the idempotency of money (payments, bonuses, completion codes, ledgers, payouts)
+# and the job queue on the application database. A test of parsing, validation, authorization,
+# a file format or a page, where the database only stores rows and hands them back, stays on
+# SQLite. Each feature keeps at least one end-to-end case on both databases. A test marked
+# ``postgres`` runs on PostgreSQL alone (it tests what only PostgreSQL does); both markers skip
+# the PostgreSQL case when DYNALOOP_TEST_POSTGRES_URL is not set. docs/testing.md says the same
+# for contributors; the markers are declared in pyproject.toml (``--strict-markers``).
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Give every test that uses ``database_url`` its backends (the rule above)."""
+    if "database_url" not in metafunc.fixturenames:
+        return
+    if any("database_url" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")):
+        return  # the test chose its databases itself
+    if metafunc.definition.get_closest_marker("postgres") is not None:
+        backends: list[Any] = [POSTGRESQL]
+    elif metafunc.definition.get_closest_marker("both_databases") is not None:
+        backends = BACKENDS
+    else:
+        backends = ["sqlite"]
+    metafunc.parametrize("database_url", backends, indirect=True)
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+#: The most one readiness poll waits for its answer. A server that is loading a model answers
+#: /health from the same process that loads it, and on a loaded CI machine one answer took longer
+#: than httpx's default of 5 s (an ``httpx.ReadTimeout`` that failed a passing test); the poll's
+#: deadline, not this, bounds the wait.
+HEALTH_POLL_TIMEOUT_S = 30.0
+
+
+def wait_until_healthy(url: str, timeout_s: float, *, running: Callable[[], bool] = lambda: True) -> str | None:
+    """Poll ``GET url`` until it answers 200 or ``timeout_s`` passes (or ``running()`` turns
+    false, for a server in a process that may exit). A refused connection or a slow answer is
+    retried until the deadline. Returns None once it answered 200, else the last thing it said
+    (``HTTP 503: ...`` or the transport error), for the caller's failure message."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while running() and (left := deadline - time.monotonic()) > 0:
+        try:
+            response = httpx.get(url, timeout=min(HEALTH_POLL_TIMEOUT_S, max(left, 1.0)))
+        except httpx.TransportError as exc:  # not listening yet, or too busy to answer in time
+            last = f"{type(exc).__name__}: {exc}"
+        else:
+            if response.status_code == 200:
+                return None
+            last = f"HTTP {response.status_code}: {response.text[:300]}"
+        time.sleep(0.05)
+    return last
 
 
 def serve_model(config: Any) -> ThreadedServer:
@@ -77,10 +119,8 @@ def serve_model(config: Any) -> ThreadedServer:
     server = ThreadedServer(create_model_app(config), free_port())
     server.config.lifespan = "on"
     server.start()
-    deadline = time.monotonic() + 60
-    while (health := httpx.get(f"{server.url}/health")).status_code != 200:
-        assert time.monotonic() < deadline, f"the model never became ready: {health.text}"
-        time.sleep(0.05)
+    not_ready = wait_until_healthy(f"{server.url}/health", 60)
+    assert not_ready is None, f"the model never became ready: {not_ready}"
     return server
 
 
@@ -130,18 +170,11 @@ def dynaloop_process(
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
+        not_ready = wait_until_healthy(f"{url}/health", start_timeout_s, running=lambda: popen.poll() is None)
+        if not_ready is not None:
             if popen.poll() is not None:
                 pytest.fail(f"`dynaloop {args[0]}` exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"`dynaloop {args[0]}` did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+            pytest.fail(f"`dynaloop {args[0]}` did not start ({not_ready}):\n{log.read_text()[-3000:]}")
         yield popen
     finally:
         stop_process_group(popen, 10)
@@ -232,7 +265,7 @@ def fresh_postgres_database(server_url: str | None = None) -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="session")
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One migrated database per backend for the whole session; tables are emptied per test."""
     if request.param == "sqlite":

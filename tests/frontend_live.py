@@ -105,7 +105,9 @@ class StubModels:
     def mode(self, mode: str) -> None:
         """normal, fail, ... (tests/stub_model_server.py) for every stub."""
         for server in self.servers.values():
-            httpx.post(f"{server.url}/admin/mode", json={"mode": mode}).raise_for_status()
+            # A generous timeout, as in tests/conftest.py's ``reset_stubs``: on a loaded machine
+            # httpx's default of 5 s timed out there, though the stub answers.
+            httpx.post(f"{server.url}/admin/mode", json={"mode": mode}, timeout=60).raise_for_status()
 
 
 @pytest.fixture(scope="session")

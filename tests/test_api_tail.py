@@ -27,7 +27,8 @@ from services.settings import Settings
 from tests.conftest import Actor, MakeUser, example_yaml, open_round
 from tests.stub_model_server import ThreadedServer
 
-pytestmark = pytest.mark.timeout(300)
+# On both databases: read-only transactions, counts in SQL.
+pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(300)]
 
 PROMPTS = [f"Prompt {i}: the cafe on the corner serves a decent lunch." for i in range(20)]
 

@@ -98,6 +98,7 @@ def test_another_writer_cannot_see_or_answer_my_check(
     assert table_snapshot(app, *TABLES) == before
 
 
+@pytest.mark.both_databases
 def test_a_second_different_answer_is_refused_and_the_same_one_replayed(
     client: Any, app: Any, round_: dict[str, Any], writer: Actor
 ) -> None:
@@ -233,6 +234,7 @@ def test_a_task_without_checks_serves_none(
     assert record == {"data": [], "count": 0, "every_n_assignments": None, "fails_to_screen_out": None}
 
 
+@pytest.mark.both_databases
 def test_requests_at_once_serve_one_check_and_answers_at_once_record_one(
     app: Any, app_server: Any, researcher: Actor, writer: Actor
 ) -> None:

@@ -3,9 +3,9 @@
 
 Every rejected request is checked twice: the error body (status, ``error.code`` and a
 message that says what to fix) and the database (every table's row count and full contents
-are the same before and after: nothing half-written). Requests refused before anything is
-written run on SQLite only (``sqlite_only``, tests/conftest.py); the refusals that reach the
-database, and every feature's accepted path, run on PostgreSQL too.
+are the same before and after: nothing half-written). The refusals that reach the database's
+own behaviour (its constraints, a transaction rolled back, text stored byte for byte) run on
+PostgreSQL too (``both_databases``, tests/conftest.py); the rest run on SQLite.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from tests.conftest import (
     free_port,
     open_round,
     served_examples,
-    sqlite_only,
     table_counts,
     table_snapshot,
 )
@@ -193,7 +192,6 @@ TEXT_CASES = [
 
 
 @pytest.mark.parametrize(("text", "fragments"), TEXT_CASES)
-@sqlite_only  # refused before any write; PostgreSQL: test_target_span_on_a_single_label_task
 def test_attempt_text_is_checked(
     client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any], text, fragments
 ) -> None:
@@ -224,7 +222,6 @@ RAW_BODY_CASES = [
 
 
 @pytest.mark.parametrize(("body", "fragments"), RAW_BODY_CASES)
-@sqlite_only  # refused before any write; PostgreSQL: test_target_span_on_a_single_label_task
 def test_attempt_body_is_checked(
     client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any], body, fragments
 ) -> None:
@@ -248,7 +245,6 @@ def _chunks(total: int, size: int = 16 * 1024) -> Iterator[bytes]:
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
-@sqlite_only  # refused before the route; PostgreSQL: test_target_span_on_a_single_label_task
 def test_body_over_the_size_limit_is_refused(
     client: TestClient,
     app: FastAPI,
@@ -278,7 +274,6 @@ def test_body_over_the_size_limit_is_refused(
         assert_error(response, 422, "invalid", "text", "at most 100000 characters")
 
 
-@sqlite_only  # refused before the route; PostgreSQL: test_target_span_on_a_single_label_task
 def test_body_limit_uses_bytes_not_characters(
     client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any]
 ) -> None:
@@ -332,6 +327,7 @@ UNICODE_TEXTS = [
 ]
 
 
+@pytest.mark.both_databases
 @pytest.mark.parametrize("text", UNICODE_TEXTS)
 def test_non_latin_text_is_stored_byte_identically(
     client: TestClient, app: FastAPI, writer: Actor, validators: list[Actor], dynasent: dict[str, Any], text
@@ -347,6 +343,7 @@ def test_non_latin_text_is_stored_byte_identically(
     assert json.loads(response.content)["attempts"][0]["text"] == text
 
 
+@pytest.mark.both_databases
 def test_geez_text_is_accepted_and_stored_byte_identically(
     client: TestClient,
     app: FastAPI,
@@ -404,7 +401,6 @@ def choice_round(client: TestClient, researcher: Actor, stub_model: ThreadedServ
         (None, ["choose the target label", "send target_label"]),
     ],
 )
-@sqlite_only  # refused before any write; PostgreSQL: test_target_label_in_a_balanced_round_is_refused
 def test_unknown_target_label(
     client: TestClient, app: FastAPI, writer: Actor, choice_round: dict[str, Any], label, fragments
 ) -> None:
@@ -434,7 +430,6 @@ def test_target_label_in_a_balanced_round_is_refused(
         ("", 422, ["not a label"]),
     ],
 )
-@sqlite_only  # refused before any write; PostgreSQL: test_other_text_fields_are_checked
 def test_unknown_validation_label(
     client: TestClient, app: FastAPI, validators: list[Actor], example: dict[str, Any], label, status, fragments
 ) -> None:
@@ -541,7 +536,6 @@ def mad_round(client: TestClient, researcher: Actor, stub_model: ThreadedServer)
         ([1, 2, 3], ["two integers"]),
     ],
 )
-@sqlite_only  # refused before any write; PostgreSQL: test_target_span_mismatch_on_submit
 def test_target_span_on_a_target_dependent_task(
     client: TestClient, app: FastAPI, writer: Actor, mad_round: dict[str, Any], span, fragments
 ) -> None:
@@ -632,7 +626,6 @@ def sarcasm_round(client: TestClient, researcher: Actor, sarcasm_model: Threaded
         ({"intended_label": "not_sarcastic", "target_span": [0, 3]}, ["['target_span']", "not part of task"]),
     ],
 )
-@sqlite_only  # refused before any write; PostgreSQL: test_isarcasm_complete_extras_are_accepted
 def test_isarcasm_writer_fields(
     client: TestClient, app: FastAPI, writer: Actor, sarcasm_round: dict[str, Any], extras, fragments
 ) -> None:
@@ -679,6 +672,7 @@ def test_validator_cannot_label_their_own_example(
     assert batch["count"] == 0
 
 
+@pytest.mark.both_databases
 def test_second_label_conflicts_and_identical_retry_replays(
     client: TestClient, app: FastAPI, validators: list[Actor], example: dict[str, Any]
 ) -> None:
@@ -706,6 +700,7 @@ def test_second_label_conflicts_and_identical_retry_replays(
     assert record["validation_count"] == 1 and len(record["validations"]) == 1
 
 
+@pytest.mark.both_databases
 def test_label_resent_after_its_round_closed_is_answered_as_saved(
     client: TestClient, app: FastAPI, validators: list[Actor], example: dict[str, Any], dynasent: dict[str, Any]
 ) -> None:
@@ -764,6 +759,7 @@ def test_validation_of_a_missing_example(client: TestClient, app: FastAPI, valid
 # --- assignments: expiry and tries --------------------------------------------------------
 
 
+@pytest.mark.both_databases
 def test_expired_assignment_is_gone(
     client: TestClient, app: FastAPI, writer: Actor, assignment: dict[str, Any]
 ) -> None:
@@ -800,6 +796,7 @@ def test_expired_assignment_is_gone(
     assert assignment_row(app, assignment["id"]).status.value == "expired"
 
 
+@pytest.mark.both_databases
 def test_tries_beyond_the_limit_conflict(
     client: TestClient, app: FastAPI, researcher: Actor, writer: Actor, stub_model: ThreadedServer
 ) -> None:
@@ -1079,6 +1076,7 @@ def test_invalid_task_yaml_lists_the_problems(client: TestClient, app: FastAPI, 
         assert_error(response, 422, "invalid")
 
 
+@pytest.mark.both_databases
 def test_duplicate_task_name_conflicts(client: TestClient, app: FastAPI, researcher: Actor) -> None:
     yaml_text = example_yaml("dynasent-r2")
     assert _post_yaml(client, researcher, yaml_text.encode("utf-8")).status_code == 201
@@ -1106,6 +1104,7 @@ def _import(client: Any, researcher: Actor, round_id: int, content: bytes, conte
     )
 
 
+@pytest.mark.both_databases
 def test_prompt_file_with_one_bad_row_imports_nothing(
     client: TestClient, app: FastAPI, researcher: Actor, empty_round: dict[str, Any]
 ) -> None:
@@ -1159,6 +1158,7 @@ def test_prompt_file_format_problems(
         assert_error(response, 404, "not_found", "no round with id 999")
 
 
+@pytest.mark.both_databases
 def test_prompt_duplicates_are_counted_and_skipped(
     client: TestClient, app: FastAPI, researcher: Actor, empty_round: dict[str, Any]
 ) -> None:
@@ -1214,6 +1214,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.both_databases
 @pytest.mark.parametrize(("mode", "delay", "fragment"), FAULTS)
 def test_model_fault_keeps_the_attempt_and_no_try(
     client: TestClient,
@@ -1392,6 +1393,7 @@ def test_attempts_outside_a_collecting_round_conflict(
         assert_error(response, 409, "conflict", "validation is over")
 
 
+@pytest.mark.both_databases
 def test_second_open_round_conflicts(
     client: TestClient, app: FastAPI, researcher: Actor, dynasent: dict[str, Any]
 ) -> None:
@@ -1537,6 +1539,7 @@ def test_unknown_routes_and_methods(client: TestClient, app: FastAPI, writer: Ac
         assert_error(response, 422, "invalid", "round_id")
 
 
+@pytest.mark.both_databases
 def test_no_task_or_round_rows_leak_from_a_rejected_task(client: TestClient, app: FastAPI, researcher: Actor) -> None:
     """A task refused for a family rule leaves no task, round or audit row behind."""
     yaml_text = task_yaml("mad-tsc", writer_fields=[], name="mad-no-span")

@@ -17,7 +17,7 @@ from sklearn.metrics import accuracy_score, f1_score
 from round_builder import splits
 from round_builder.report import render_markdown
 from tests.built_round import KEYWORD, LABELS, write_and_label
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, sqlite_only, table_snapshot
+from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_snapshot
 from tests.stub_model_server import ThreadedServer
 
 # Gold label -> the model's prediction for each of its examples (the stub predicts by keyword):
@@ -57,6 +57,7 @@ def _small_round(client: TestClient, researcher: Actor, make_user: MakeUser, stu
     return int(round_["id"])
 
 
+@pytest.mark.both_databases
 def test_small_round_strict_refused_with_relaxations_then_relaxed_report_is_honest(
     app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
@@ -144,6 +145,7 @@ def _lopsided_round(client: TestClient, researcher: Actor, make_user: MakeUser, 
     return _closed_round(client, researcher, make_user, stub_model, plan)
 
 
+@pytest.mark.both_databases
 def test_lopsided_round_refusals_name_the_share_that_builds_and_it_builds(
     app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
@@ -219,7 +221,6 @@ def test_lopsided_round_refusals_name_the_share_that_builds_and_it_builds(
     }
 
 
-@sqlite_only  # settings checks; PostgreSQL: test_small_round_strict_refused_...
 def test_build_settings_are_validated_without_touching_the_database(
     app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
@@ -342,7 +343,6 @@ def _closed_round(
     return int(round_["id"])
 
 
-@sqlite_only  # the builder's rule; PostgreSQL: test_small_round_strict_refused_...
 def test_no_prompt_round_builds_with_each_example_on_its_own(
     client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
@@ -366,7 +366,6 @@ def test_no_prompt_round_builds_with_each_example_on_its_own(
     ("kind", "status"),
     [("empty", 409), ("one_class", 422), ("no_majority", 422)],
 )
-@sqlite_only  # the builder's rules; PostgreSQL: test_small_round_strict_refused_...
 def test_odd_rounds_are_refused_in_one_line_and_change_nothing(
     app: FastAPI,
     client: TestClient,

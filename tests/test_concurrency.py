@@ -35,6 +35,9 @@ from tests.conftest import (
 )
 from tests.stub_model_server import ThreadedServer
 
+pytestmark = pytest.mark.both_databases  # concurrency and locking
+
+
 API = "/api/v1"
 NEUTRAL_TEXT = "We went there on a Sunday afternoon with friends."  # the stub says neutral
 PROMPTS = [

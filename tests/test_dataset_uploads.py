@@ -3,8 +3,8 @@
 A job's data mix started through the API names an uploaded dataset of its task or a file under
 ``DYNALOOP_DATA_ROOT``; anything else (an absolute path, ``..``, a symlink out of the root) is
 refused with one message that never tells whether the file exists, the job's own process checks
-again, and no error quotes a file's text. On SQLite, and on PostgreSQL when
-DYNALOOP_TEST_POSTGRES_URL is set."""
+again, and no error quotes a file's text. On SQLite; the refusals that leave nothing and the
+uploads a queued job holds run on PostgreSQL too (``both_databases``, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -312,6 +312,7 @@ def test_upload_list_train_and_delete(rooted: FastAPI, api: TestClient, task: st
     assert "task 'dynasent-r2' has no uploaded dataset 'reviews'" in response.json()["error"]["message"]
 
 
+@pytest.mark.both_databases
 def test_a_dataset_a_queued_job_reads_is_not_deleted(
     rooted: FastAPI, api: TestClient, task: str, researcher: Actor
 ) -> None:
@@ -332,6 +333,7 @@ def test_a_dataset_a_queued_job_reads_is_not_deleted(
     assert table_counts(rooted) == before and _stored_files(rooted) == files
 
 
+@pytest.mark.both_databases
 def test_bad_uploads_are_refused_and_leave_nothing(
     rooted: FastAPI, api: TestClient, task: str, researcher: Actor
 ) -> None:
@@ -396,6 +398,7 @@ def test_only_a_tasks_managers_upload_list_and_delete(
     assert table_counts(rooted) == before and _stored_files(rooted) == files
 
 
+@pytest.mark.both_databases
 def test_a_job_a_worker_runs_reads_the_upload_and_the_data_root(
     rooted: FastAPI, api: TestClient, task: str, researcher: Actor, tmp_path: Path
 ) -> None:

@@ -31,6 +31,9 @@ from tests.conftest import (
 )
 from tests.test_study_links import PROLIFIC, make_link, open_link
 
+pytestmark = pytest.mark.both_databases  # unique constraints and concurrent writers
+
+
 API = "/api/v1"
 PROMPTS = ["The soup was fine and the bread was fresh.", "We went there on a Sunday afternoon."]
 SENTENCE = "The soup was fine, the bread was fresh and the staff were quick."

@@ -4,8 +4,8 @@ with the one declared schema of round_builder/export.py, and its values round-tr
 distributional labels, writer fields, Ge'ez and Devanagari text with zero-width joiners byte
 for byte); the dataset card written beside the files loads the folder; the README's loading
 snippet runs as written. What depends on the database (the rows read back, their JSON columns,
-the keyset chunks of a download) runs on both; what depends only on the files runs on SQLite
-(``sqlite_only``, tests/conftest.py)."""
+the keyset chunks of a download) runs on both (``both_databases``, tests/conftest.py); what
+depends only on the files runs on SQLite."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 from round_builder import dataset_card, export
 from services.taskdef import example_path, example_paths, load_task_definition
 from tests.built_round import LABELS, BuiltRound, write_and_label
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, sqlite_only
+from tests.conftest import Actor, MakeUser, example_yaml, open_round
 from tests.stub_model_server import ThreadedServer
 
 README = Path(__file__).parent.parent / "README.md"
@@ -167,6 +167,7 @@ def scripts_round(
     return written
 
 
+@pytest.mark.both_databases
 def test_every_format_loads_with_datasets_and_round_trips(
     scripts_round: list[tuple[str, str, list[str]]],
     client: TestClient,
@@ -218,7 +219,6 @@ def test_every_format_loads_with_datasets_and_round_trips(
         assert row["language"] == "en" and row["round"] == 1
 
 
-@sqlite_only  # files, not the database; PostgreSQL: test_every_format_loads_with_datasets_and_round_trips
 def test_readme_snippet_loads_the_cli_export(built: BuiltRound, database_url: str, tmp_path: Path) -> None:
     """The README's loading code, exactly as written, in a fresh offline Python process on the
     files `dynaloop round export` writes where the README writes them."""
@@ -244,7 +244,6 @@ def test_readme_snippet_loads_the_cli_export(built: BuiltRound, database_url: st
 
 
 @pytest.mark.parametrize("file_format", FORMATS)
-@sqlite_only  # files, not the database; PostgreSQL: test_every_format_loads_with_datasets_and_round_trips
 def test_dataset_card_loads_the_folder(
     built: BuiltRound, database_url: str, client: TestClient, offline: Path, tmp_path: Path, file_format: str
 ) -> None:
@@ -309,7 +308,6 @@ def test_dataset_card_loads_the_folder(
     assert served.text == card
 
 
-@sqlite_only  # roles and query checks; PostgreSQL: test_multi_label_round_in_geez_loads_in_every_format
 def test_dataset_card_route_refusals(built: BuiltRound, client: TestClient, make_user: MakeUser) -> None:
     url = "/api/v1/tasks/dynasent-r2/rounds/1/dataset/card"
     reader = make_user("robot", "client")
@@ -400,7 +398,6 @@ def test_every_task_schema_round_trips_through_datasets(offline: Path, tmp_path:
             assert nothing == b""
 
 
-@sqlite_only  # files, not the database; PostgreSQL: test_every_format_loads_...
 def test_dataset_card_leaves_out_what_datasets_cannot_load(
     built: BuiltRound, database_url: str, offline: Path, tmp_path: Path
 ) -> None:
@@ -425,6 +422,7 @@ def test_dataset_card_leaves_out_what_datasets_cannot_load(
     assert len(folder["train"]) == counts["train"]
 
 
+@pytest.mark.both_databases
 def test_multi_label_round_in_geez_loads_in_every_format(
     client: TestClient,
     researcher: Actor,
@@ -496,6 +494,7 @@ def test_multi_label_round_in_geez_loads_in_every_format(
     assert header["configs"][0]["data_files"] == [], "`all` alone: nothing the Hub can configure"
 
 
+@pytest.mark.both_databases
 def test_a_download_streams_in_chunks_and_still_loads(
     built: BuiltRound, client: TestClient, monkeypatch: pytest.MonkeyPatch, offline: Path, tmp_path: Path
 ) -> None:
@@ -563,6 +562,7 @@ def _source_files(folder: Path, multi_label: bool) -> list[tuple[str, str]]:
     return [(row["id"], row["text"]) for row in rows]
 
 
+@pytest.mark.both_databases
 @pytest.mark.parametrize("task", ["dynasent-r2", "ethioemo-amharic"])
 def test_an_import_exports_its_source_ids_and_exact_texts_and_all_four_splits_load(
     client: TestClient, researcher: Actor, database_url: str, offline: Path, tmp_path: Path, task: str

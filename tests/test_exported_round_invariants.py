@@ -21,12 +21,16 @@ from typing import Any
 import httpx
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+import pytest
 from fastapi import FastAPI
 from sqlalchemy import select
 
 from services.db.models import User
 from services.text import normalized_for_duplicates
 from tests.conftest import Actor, MakeUser, ThreadedServer, example_yaml, open_round, register_model_server
+
+pytestmark = pytest.mark.both_databases  # what the database hands back, exported end to end
+
 
 API = "/api/v1"
 TASK = "dynasent-r2"

@@ -196,6 +196,7 @@ def _open(client: Any, researcher: Any) -> dict[str, Any]:
     return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), None)
 
 
+@pytest.mark.both_databases
 def test_harvested_examples_are_validated_and_built_into_chance_level_splits(
     app: FastAPI, client: TestClient, researcher: Actor, validators: list[Actor], model_dir: Path, tmp_path: Path
 ) -> None:
@@ -314,6 +315,7 @@ def test_harvest_as_prompts_for_writers(
     assert assignment.status_code == 201 and assignment.json()["prompt"]["text"]
 
 
+@pytest.mark.both_databases
 def test_bad_harvests_fail_clearly_and_write_nothing(
     app: FastAPI, client: TestClient, researcher: Actor, model_dir: Path, tmp_path: Path
 ) -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from services.structured_input import json_depth, load_yaml
 from services.taskdef import TaskDefinitionError, example_paths, parse_task_definition
-from tests.conftest import Actor, example_yaml, open_round, register_model_server, sqlite_only
+from tests.conftest import Actor, example_yaml, open_round, register_model_server
 from tests.stub_model_server import ThreadedServer
 from tests.test_bad_input import PROMPTS, assert_error, unchanged
 
@@ -82,7 +82,6 @@ def json_body_requests(
 
 @pytest.mark.parametrize("depth", [DEEP, LIMIT], ids=["5000-deep", "just-over-the-limit"])
 @pytest.mark.parametrize("content_type", ["application/json", "application/merge-patch+json", None])
-@sqlite_only  # refused before the route; PostgreSQL: test_json_at_the_depth_limit_reaches_the_schema
 def test_deep_json_bodies_are_refused_naming_the_limit(
     http: httpx.Client,
     app: FastAPI,
@@ -129,7 +128,6 @@ def test_json_at_the_depth_limit_reaches_the_schema(
 
 
 @pytest.mark.parametrize("depth", [DEEP, LIMIT + 1], ids=["5000-deep", "one-over-the-limit"])
-@sqlite_only  # refused before any write; PostgreSQL: test_the_limits_come_from_the_settings
 def test_deep_ndjson_prompt_lines_are_refused_naming_line_and_limit(
     http: httpx.Client, app: FastAPI, researcher: Actor, writer: Actor, dynasent: dict[str, Any], depth: int
 ) -> None:
@@ -203,7 +201,6 @@ def yaml_cases() -> list[Any]:
 
 @pytest.mark.parametrize(("yaml_text", "fragments"), yaml_cases())
 @pytest.mark.parametrize("content_type", ["application/yaml", "application/json"])
-@sqlite_only  # refused before any write; PostgreSQL: test_the_limits_come_from_the_settings
 def test_hostile_task_yaml_is_refused(
     http: httpx.Client, app: FastAPI, researcher: Actor, yaml_text: str, fragments: list[str], content_type: str
 ) -> None:

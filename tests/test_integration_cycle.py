@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ import yaml
 from rapidfuzz.distance import Levenshtein
 
 from services.taskdef import example_path
-from tests.conftest import BACKENDS, Actor, example_yaml, free_port, fresh_postgres_database
+from tests.conftest import BACKENDS, Actor, example_yaml, free_port, fresh_postgres_database, wait_until_healthy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -95,21 +94,11 @@ class Process:
 
     def wait_ready(self, url: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Poll ``url`` until it answers 200; fail with the log if the process dies or is slow."""
-        deadline = time.monotonic() + timeout_s
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                pytest.fail(
-                    f"{self.name} exited with {self.popen.returncode} before answering {url}:\n{self.log_tail()}"
-                )
-            try:
-                response = httpx.get(url, timeout=1.0)
-                if response.status_code == 200:
-                    return
-                last = f"HTTP {response.status_code}: {response.text[:300]}"
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}"
-            time.sleep(0.1)
+        last = wait_until_healthy(url, timeout_s, running=lambda: self.popen.poll() is None)
+        if last is None:
+            return
+        if self.popen.poll() is not None:
+            pytest.fail(f"{self.name} exited with {self.popen.returncode} before answering {url}:\n{self.log_tail()}")
         pytest.fail(f"{self.name} did not answer {url} within {timeout_s:.0f} s ({last}):\n{self.log_tail()}")
 
     def stop(self) -> None:

@@ -13,6 +13,8 @@ from sqlalchemy import text
 from services.db.engine import session_scope
 from services.domain.invariants import RULES, check_database
 
+pytestmark = pytest.mark.both_databases  # the database's constraints
+
 
 def _check(app: Any) -> dict[str, Any]:
     with session_scope(app.state.sessionmaker) as session:

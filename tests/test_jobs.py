@@ -44,7 +44,8 @@ from tests.conftest import (
     worker_process,
 )
 
-pytestmark = pytest.mark.timeout(600)
+# On both databases: the job queue on the application database.
+pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(600)]
 
 TOKEN = "jobs-test-admin-token-123"
 TINY_TRAIN = {

@@ -77,6 +77,7 @@ def test_a_task_without_display_names_shows_its_labels(client: TestClient, resea
     assert created.json()["label_names"] == {label: label for label in NAMES}
 
 
+@pytest.mark.both_databases
 def test_a_bad_display_name_map_is_refused_and_creates_nothing(client: TestClient, researcher: Actor, app: Any) -> None:
     before = table_counts(app)
     response = client.post(

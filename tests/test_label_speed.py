@@ -22,7 +22,8 @@ from services.domain.tasks import definition_of
 from services.domain.validating import labels_in_round
 from tests.conftest import Actor, MakeUser, example_yaml, open_round
 
-pytestmark = pytest.mark.timeout(300)
+# On both databases: the queries and indexes each label reads.
+pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(300)]
 
 LABELS = ["positive", "negative", "neutral"]
 EXAMPLES_PER_ROUND = 12  # 60 labels from 6 validators: every validator completes a batch of 10

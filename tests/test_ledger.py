@@ -46,6 +46,9 @@ from tests.conftest import (
 )
 from tests.stub_model_server import ThreadedServer
 
+pytestmark = pytest.mark.both_databases  # money: the ledger's rows, corrections and bonus files
+
+
 API = "/api/v1"
 TASK = "dynasent-r2"
 PAY = {

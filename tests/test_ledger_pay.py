@@ -52,6 +52,9 @@ from tests.test_platforms import (  # the fake Prolific and the stubbed MTurk cl
     stubbed_mturk,  # noqa: F401  (a fixture)
 )
 
+pytestmark = pytest.mark.both_databases  # money: payments issued once
+
+
 TASK = "dynasent-r2"
 PAY = {"currency": "USD", "base_pay": {"writer": 150, "validator": 100}, "writer_bonus_per_example": 10}
 TABLES = ("payout_batches", "payout_lines", "payout_events", "ledger_entries", "audit_log")

@@ -29,7 +29,7 @@ from services.db.models import User
 from services.domain import users
 from services.errors import RateLimited
 from services.settings import Settings
-from tests.conftest import MakeUser, example_yaml, open_round, sqlite_only, table_counts, table_snapshot
+from tests.conftest import MakeUser, example_yaml, open_round, table_counts, table_snapshot
 
 API = "/api/v1"
 PASSWORD = "plum-orchard-window"
@@ -87,6 +87,7 @@ def test_forty_wrong_passwords_then_the_right_one_is_throttled_without_checking_
         assert len(pbkdf2_calls) == 5 and table_counts(client.app) == before
 
 
+@pytest.mark.both_databases
 def test_the_lock_out_doubles_and_a_success_clears_it(settings: Settings) -> None:
     with _client(
         settings, login_max_failures_per_user=2, login_lockout_s=1, login_lockout_max_s=2, login_failure_window_s=60
@@ -153,7 +154,6 @@ def test_the_web_app_names_each_browsers_address_and_one_browser_cannot_lock_the
         (WEB_APP_KEY, WEB_APP_KEY, "not-an-address-{i}"),  # the right key, but no address
     ],
 )
-@sqlite_only  # the address is read before any query
 def test_a_forged_client_address_gets_no_fresh_login_budget(
     settings: Settings, api_key: str | None, sent_key: str | None, address: str
 ) -> None:
@@ -260,7 +260,6 @@ WEAK = [
 
 
 @pytest.mark.parametrize(("password", "reason"), WEAK)
-@sqlite_only  # refused before any write; PostgreSQL: the login tests above
 def test_weak_passwords_are_refused_and_no_user_is_created(
     client: TestClient, make_user: MakeUser, password: str, reason: str
 ) -> None:
@@ -385,6 +384,7 @@ def test_spellings_of_the_bearer_scheme_share_one_budget(
         assert statuses == [200, 200, 200, 429, 429]
 
 
+@pytest.mark.both_databases
 def test_me_token_tells_the_token_of_the_request_and_a_revoked_one_is_refused(settings: Settings) -> None:
     """``GET /me/token``: the id and expiry of the login's own token (never the plain token), so
     the web app can keep its cookie no longer than the token and revoke it on logout."""
@@ -441,7 +441,6 @@ def _add(app: Any, username: str) -> None:
         users.create_user(session, None, username, ["writer"], password=PASSWORD)
 
 
-@sqlite_only  # the throttle's counters are not in the database
 def test_a_forwarded_header_from_a_client_that_is_no_trusted_proxy_is_ignored(settings: Settings) -> None:
     """The attacker connects directly (127.0.0.1, not a trusted proxy: none is configured) and
     names a new address in X-Forwarded-For or Forwarded on every guess, hoping for a fresh

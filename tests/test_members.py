@@ -159,6 +159,7 @@ def test_quiz_answers_only_for_the_tasks_researchers(client: Any, researcher: Ac
     assert response.status_code == 403 and "one of its owners can add you" in response.text
 
 
+@pytest.mark.both_databases
 def test_listing_tasks_asks_for_the_members_once_not_once_per_task(client: Any, app: Any, make_user: MakeUser) -> None:
     """``GET /tasks`` checks each task against its members: the number of queries does not grow
     with the number of tasks."""
@@ -244,6 +245,7 @@ def test_domain_create_task_makes_the_actor_or_the_named_owner_the_owner(app: An
         assert session.scalar(select(TaskMember.added_by_id).where(TaskMember.task_id == other.id)) is None
 
 
+@pytest.mark.both_databases
 def test_one_row_per_researcher_and_task(app: Any, make_user: MakeUser) -> None:
     from sqlalchemy.exc import IntegrityError
 
@@ -258,6 +260,7 @@ def test_one_row_per_researcher_and_task(app: Any, make_user: MakeUser) -> None:
         session.add(TaskMember(task_id=task_id, user_id=rita_id, role=TaskRole.member))
 
 
+@pytest.mark.both_databases
 def test_two_owners_removing_each_other_at_once_leave_one_owner(app: Any, make_user: MakeUser) -> None:
     """The second removal waits for the first (the task's row lock on PostgreSQL, the write
     lock on SQLite) and then sees that it would remove the last owner."""

@@ -17,6 +17,8 @@ from services.db.migrate import current_revision, downgrade, head_revision, upgr
 from services.db.models import Base, Task, TaskRole
 from tests.conftest import BACKENDS, fresh_postgres_database
 
+pytestmark = pytest.mark.both_databases  # migrations
+
 
 def test_models_match_the_migrations(database_url: str) -> None:
     engine = create_engine(database_url)

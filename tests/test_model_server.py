@@ -21,7 +21,7 @@ from model_directory import ModelMetadata
 from model_server.app import ServerConfig, create_model_app
 from model_server.batching import Batcher, DeadlineExceeded, ServerStopping, collect
 from modelling.init_model import init_model_dir
-from tests.conftest import free_port, serve_model
+from tests.conftest import HEALTH_POLL_TIMEOUT_S, free_port, serve_model
 from tests.stub_model_server import ThreadedServer
 
 LABELS = ["positive", "negative", "neutral"]
@@ -471,7 +471,7 @@ def test_health_is_not_ready_until_the_model_loads_and_says_why_it_failed(tmp_pa
     try:
         deadline = time.monotonic() + 30
         while True:
-            response = httpx.get(f"{running.url}/health")
+            response = httpx.get(f"{running.url}/health", timeout=HEALTH_POLL_TIMEOUT_S)
             assert response.status_code == 503
             if response.json()["error"]["code"] == "model_failed":
                 break

@@ -37,7 +37,6 @@ from tests.conftest import (
     example_yaml,
     fresh_postgres_database,
     open_round,
-    sqlite_only,
     table_counts,
     table_snapshot,
     worker_process,
@@ -296,6 +295,7 @@ def test_writers_and_validators_never_see_model_servers(
 # --- the registry: admins only; the token is never shown ---------------------------------------
 
 
+@pytest.mark.both_databases
 def test_only_admins_register_change_and_remove_servers(
     client: TestClient, app: FastAPI, make_user: MakeUser, researcher: Actor, admin: Actor
 ) -> None:
@@ -368,7 +368,6 @@ def test_the_admin_token_never_leaves_the_server(client: TestClient, app: FastAP
         ({"name": "m", "url": "http://127.0.0.1:8001", "password": "x"}, "is not a known field"),
     ],
 )
-@sqlite_only  # refused before any write; PostgreSQL: test_only_admins_register_change_and_remove_servers
 def test_registration_refuses_what_no_model_server_url_needs(
     client: TestClient, app: FastAPI, admin: Actor, body: dict[str, Any], fragment: str
 ) -> None:
@@ -376,6 +375,7 @@ def test_registration_refuses_what_no_model_server_url_needs(
         _error(client.post(f"{API}/model-servers", json=body, headers=admin.headers), 422, fragment)
 
 
+@pytest.mark.both_databases
 def test_an_admin_may_register_any_host_and_a_server_in_use_stays(
     client: TestClient, app: FastAPI, admin: Actor, researcher: Actor, stub_model: ThreadedServer
 ) -> None:
@@ -625,6 +625,7 @@ def test_a_shared_server_is_swapped_by_admins_only(
     assert response.status_code == 202, response.text
 
 
+@pytest.mark.both_databases
 def test_only_admins_grant_and_revoke_and_a_server_in_an_open_loop_stays(
     client: TestClient, app: FastAPI, admin: Actor, writer: Actor, two_groups: dict[str, Any]
 ) -> None:
@@ -697,6 +698,7 @@ def test_a_promotion_checks_the_grant_again_when_it_runs(
         assert registered.requests == []
 
 
+@pytest.mark.both_databases
 def test_migration_0018_grants_each_server_to_the_tasks_that_use_it(fresh_database: str) -> None:
     """Existing deployments keep working: a server named in a task's rounds (open or closed) is
     granted to that task; one no round names is granted to none."""

@@ -32,7 +32,7 @@ from services.errors import Invalid
 from services.settings import Settings
 from services.taskdef import parse_task_definition
 from tests.built_round import write_and_label
-from tests.conftest import Actor, MakeUser, example_yaml, label_example, open_round, sqlite_only
+from tests.conftest import Actor, MakeUser, example_yaml, label_example, open_round
 from tests.stub_model_server import ThreadedServer
 
 EMOTIONS = ["anger", "disgust", "fear", "joy", "sadness", "surprise", "neutral"]
@@ -98,6 +98,7 @@ def _open(client: TestClient, researcher: Actor, model: ThreadedServer) -> dict[
     )
 
 
+@pytest.mark.both_databases
 def test_reannotated_multilabel_round_builds_with_rare_sets_and_an_honest_report(
     client: TestClient,
     researcher: Actor,
@@ -263,7 +264,6 @@ def test_three_validators_cannot_reannotate_and_the_build_says_so(
     assert "no majority" not in report["counts"]["rows"]
 
 
-@sqlite_only  # the label rule; PostgreSQL: test_reannotated_multilabel_round_... stores neutral too
 def test_neutral_is_exclusive_in_validation(
     client: TestClient,
     researcher: Actor,
@@ -447,6 +447,7 @@ def test_multilabel_splits_are_deterministic_and_keep_every_label_in_train() -> 
     assert one.report.model_metrics["dev"]["n"] == (split == "dev").sum()
 
 
+@pytest.mark.both_databases
 def test_a_failing_statistic_is_a_one_line_4xx_and_changes_nothing(
     client: TestClient,
     researcher: Actor,
@@ -517,7 +518,6 @@ def test_a_trained_multi_label_model_keeps_neutral_exclusive(tmp_path: Path) -> 
         assert output.labels and ("neutral" not in output.labels or output.labels == ["neutral"])
 
 
-@sqlite_only  # the builder's rule; PostgreSQL: test_three_validators_...
 def test_a_multi_label_round_without_labels_builds_with_everything_excluded(
     client: TestClient, researcher: Actor, make_user: MakeUser, stub_multi_label_model: ThreadedServer
 ) -> None:

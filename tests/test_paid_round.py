@@ -35,6 +35,9 @@ from services.domain.tasks import definition_of
 from tests.conftest import Actor, example_yaml, free_port, open_round, register_model_server, table_snapshot
 from tests.stub_model_server import ThreadedServer
 
+pytestmark = pytest.mark.both_databases  # money: a paid round end to end
+
+
 API = "/api/v1"
 TASK = "dynasent-r2"
 WEB_APP_KEY = "web-app-key-of-the-simulated-paid-round"

@@ -34,6 +34,9 @@ from services.domain import ledger, pay_policies, tasks
 from services.errors import Invalid
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_snapshot
 
+pytestmark = pytest.mark.both_databases  # money: the policy version each ledger row is paid under
+
+
 API = "/api/v1"
 TASK = "dynasent-r2"
 V1 = {"currency": "GBP", "base_pay": {"writer": 150, "validator": 100}, "writer_bonus_per_example": 10}

@@ -39,6 +39,9 @@ from services.domain import payouts, tasks, users
 from services.errors import Conflict
 from tests.conftest import Actor, MakeUser, example_yaml, table_counts, table_snapshot
 
+pytestmark = pytest.mark.both_databases  # money: payout batches, concurrent exports, reconciliation
+
+
 API = "/api/v1"
 TASK = "dynasent-r2"
 PAY = {

@@ -38,6 +38,9 @@ from services.platforms import LineStatus, PayLine, Verdict, decisions_for, mtur
 from services.settings import Settings
 from tests.conftest import Actor, example_yaml, open_round, table_counts
 
+pytestmark = pytest.mark.both_databases  # money: approvals and bonuses issued once per platform id
+
+
 TOKEN = "prolific-test-token-7f3a9c1e5b2d4f60"
 STUDY = "60aa11bb22cc33dd44ee55ff"
 SPEC = json.loads((Path(__file__).parent / "data" / "prolific_api_requests.json").read_text(encoding="utf-8"))

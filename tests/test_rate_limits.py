@@ -28,6 +28,7 @@ def _round(client: TestClient, researcher: Any, stub_model: Any) -> dict[str, An
     )
 
 
+@pytest.mark.both_databases
 def test_a_token_over_its_limit_gets_429_and_nothing_is_written(
     settings, make_user, researcher, stub_model, reset_stubs
 ) -> None:

@@ -109,6 +109,7 @@ def _session(app: Any):
 # --- registering ------------------------------------------------------------------------
 
 
+@pytest.mark.both_databases
 def test_register_is_idempotent_and_reads_the_metadata(app: FastAPI, task: str, models: Models) -> None:
     with _session(app) as session:
         first = register_model(session, get_task(session, task), models.b)
@@ -127,6 +128,7 @@ def test_register_is_idempotent_and_reads_the_metadata(app: FastAPI, task: str, 
         assert len(list_models(session, get_task(session, task))) == 1
 
 
+@pytest.mark.both_databases
 def test_register_refuses_other_labels_and_a_reused_version(
     app: FastAPI, task: str, models: Models, tmp_path: Path
 ) -> None:
@@ -182,6 +184,7 @@ def _tables(app: Any) -> dict[str, list[tuple[Any, ...]]]:
     return table_snapshot(app, "model_versions", "rounds", "audit_log")
 
 
+@pytest.mark.both_databases
 def test_promotion_failures_say_why_and_change_nothing(
     app: FastAPI, task: str, models: Models, model_server: ModelServerProcess, tmp_path: Path
 ) -> None:

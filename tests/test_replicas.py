@@ -2,8 +2,10 @@
 model-server --follow-task` load their task's promoted model and swap themselves, and the
 registry records which replica serves what (modelling.replicas, model_server.follow).
 
-Real `dynaloop model-server` processes over real HTTP, on SQLite and on PostgreSQL (when
-DYNALOOP_TEST_POSTGRES_URL is set); the rollout test serves the packaged MiniLM's real weights.
+Real `dynaloop model-server` processes over real HTTP, on SQLite; the promote jobs, which the job
+queue on the application database carries, on PostgreSQL too (``both_databases``,
+tests/conftest.py). The rollout test serves the packaged MiniLM's real weights: the replicas must
+load a real model while requests are in flight.
 """
 
 from __future__ import annotations
@@ -427,6 +429,7 @@ def test_promotion_reaches_every_replica_without_a_failed_request(
 # --- promote jobs ---------------------------------------------------------------------------------
 
 
+@pytest.mark.both_databases
 def test_promote_jobs_reach_the_following_replicas_with_or_without_a_server(
     app: FastAPI, database_url: str, task: str, tiny: Versions, tmp_path: Path
 ) -> None:

@@ -117,6 +117,7 @@ def test_export_formats_etag_and_roles(built: BuiltRound, client: TestClient, ma
     assert bad.status_code == 422 and "unknown split" in bad.json()["error"]["message"]
 
 
+@pytest.mark.both_databases
 def test_building_an_open_round_is_refused(client: TestClient, researcher: Actor, stub_model: ThreadedServer) -> None:
     round_ = open_round(
         client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, ["a b c d"]
@@ -295,6 +296,7 @@ def test_intended_sarcasm_round_compares_intended_and_perceived_labels(
     assert_report_unchanged(report, "isarcasm")
 
 
+@pytest.mark.both_databases
 def test_cli_build_writes_report_and_plots_and_exports(built: BuiltRound, database_url: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
@@ -393,6 +395,7 @@ def test_cli_build_writes_report_and_plots_and_exports(built: BuiltRound, databa
     assert "Traceback" not in refused.output
 
 
+@pytest.mark.both_databases
 def test_dataset_download_names_the_newest_build(app: FastAPI, built: BuiltRound) -> None:
     """round_builder.usecases.dataset_download: what the API's dataset route streams."""
     from round_builder.usecases import dataset_download

@@ -4,10 +4,10 @@ A labelled dataset per task family becomes a round of validated examples whose g
 dataset's own, and builds, with a report that says so; earlier crowd responses become examples
 and validations by pseudonymous accounts, and the build's gold and agreement match an
 independent computation on the same responses; every bad file is one clear 4xx naming the row
-and column, and the database is unchanged after it. On SQLite, and on PostgreSQL when
-DYNALOOP_TEST_POSTGRES_URL is set; the checks of paths and file contents that reach no behaviour
-of the database's own are ``sqlite_only`` (tests/conftest.py), each naming the PostgreSQL case
-of its feature."""
+and column, and the database is unchanged after it. The imports end to end, the refusals that
+leave the database unchanged and the texts stored exactly run on SQLite and PostgreSQL
+(``both_databases``, tests/conftest.py); the checks of paths and file contents that reach no
+behaviour of the database's own run on SQLite."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from services.domain.invariants import check_database
 from services.domain.tasks import create_task
 from services.domain.users import get_user
 from services.settings import Settings
-from tests.conftest import Actor, MakeUser, example_yaml, sqlite_only, table_counts
+from tests.conftest import Actor, MakeUser, example_yaml, table_counts
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -138,6 +138,7 @@ def _labelled_rows(family: str) -> list[dict[str, Any]]:
 
 
 # Both databases: the families whose rows store nested JSON (a label set; a target span).
+@pytest.mark.both_databases
 @pytest.mark.parametrize("family", ["multi_label", "target_dependent"])
 def test_a_labelled_dataset_of_each_family_imports_as_a_round_and_builds_with_its_gold_said_to_be_imported(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, family: str
@@ -146,7 +147,6 @@ def test_a_labelled_dataset_of_each_family_imports_as_a_round_and_builds_with_it
 
 
 @pytest.mark.parametrize("family", ["binary_variety", "intended_sarcasm", "single_label"])
-@sqlite_only  # rows that differ from the families above only in parsing; PostgreSQL: the test above
 def test_a_labelled_dataset_of_a_flat_family_imports_as_a_round_and_builds_with_its_gold_said_to_be_imported(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, family: str
 ) -> None:
@@ -211,6 +211,7 @@ def report_build_id(api: TestClient, who: Actor, task: str) -> int:
     return int(response.json()["build_id"])
 
 
+@pytest.mark.both_databases
 def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_splits_are_recorded(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -251,7 +252,6 @@ def test_imported_gold_without_vote_counts_counts_as_one_vote_and_the_dataset_sp
     assert "the rest count as 1 vote" in source["statement"]
 
 
-@sqlite_only  # a path check before any write; PostgreSQL: test_a_bad_row_is_one_clear_error_...
 def test_a_datasets_directory_with_a_symlink_out_of_the_root_is_refused(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, tmp_path: Path
 ) -> None:
@@ -264,7 +264,6 @@ def test_a_datasets_directory_with_a_symlink_out_of_the_root_is_refused(
     assert table_counts(rooted) == before
 
 
-@sqlite_only  # parsing; PostgreSQL: test_a_labelled_dataset_of_each_family_imports_...
 def test_numeric_labels_are_mapped_with_the_label_map(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -280,7 +279,6 @@ def test_numeric_labels_are_mapped_with_the_label_map(
     assert gold == {"not_sarcastic": 3, "sarcastic": 3}
 
 
-@sqlite_only  # a file format; PostgreSQL: test_imported_gold_without_vote_counts_... (splits recorded)
 def test_a_saved_datasets_directory_imports_with_its_split_names(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -326,6 +324,7 @@ def _responses(seed: int = 7) -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.both_databases
 def test_crowd_responses_build_with_gold_and_agreement_matching_an_independent_computation(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -474,6 +473,7 @@ BAD_FILES: dict[str, tuple[str, list[dict[str, Any]] | str, dict[str, Any], str]
 ROLLED_BACK = ["same worker twice", "unknown label"]
 
 
+@pytest.mark.both_databases
 @pytest.mark.parametrize("case", ROLLED_BACK)
 def test_a_bad_row_is_one_clear_error_and_the_database_is_unchanged(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str
@@ -482,7 +482,6 @@ def test_a_bad_row_is_one_clear_error_and_the_database_is_unchanged(
 
 
 @pytest.mark.parametrize("case", sorted(set(BAD_FILES) - set(ROLLED_BACK)))
-@sqlite_only  # the same transaction as a bad row; PostgreSQL: test_a_bad_row_is_one_clear_error_...
 def test_a_bad_file_is_one_clear_error_and_the_database_is_unchanged(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str
 ) -> None:
@@ -554,7 +553,6 @@ BAD_OFFSETS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_OFFSETS))
-@sqlite_only  # parsing; PostgreSQL: test_a_bad_row_is_one_clear_error_...
 def test_bad_target_offsets_are_refused_and_nothing_is_written(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, case: str
 ) -> None:
@@ -584,6 +582,7 @@ def test_only_the_tasks_researchers_may_import(
     assert _import(api, researcher, task, 1, kind="labelled", file="ok.csv").status_code == 201
 
 
+@pytest.mark.both_databases
 def test_a_round_with_examples_or_a_skipped_number_is_refused(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -598,7 +597,6 @@ def test_a_round_with_examples_or_a_skipped_number_is_refused(
     assert table_counts(rooted) == before
 
 
-@sqlite_only  # refused before any write; PostgreSQL: test_a_bad_row_is_one_clear_error_...
 def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -614,6 +612,7 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
 # --- repeated texts (issue 26, item 4; docs/round_builder.md "Duplicates") --------------------------
 
 
+@pytest.mark.both_databases
 def test_a_responses_import_with_repeated_texts_makes_one_example_per_text(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -651,6 +650,7 @@ def test_a_responses_import_with_repeated_texts_makes_one_example_per_text(
     assert report["duplicates"]["merged"] == 0  # nothing left to merge: the import did it
 
 
+@pytest.mark.both_databases
 def test_a_worker_who_labelled_one_text_two_ways_is_refused_and_nothing_is_written(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -676,7 +676,6 @@ def test_a_worker_who_labelled_one_text_two_ways_is_refused_and_nothing_is_writt
     assert response.json()["examples"] == 1 and response.json()["validations"] == 3
 
 
-@sqlite_only  # parsing before any write; PostgreSQL: test_a_worker_who_labelled_one_text_two_ways_...
 def test_a_labelled_dataset_with_a_repeated_text_is_refused(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -715,7 +714,6 @@ def test_a_text_of_an_earlier_round_is_left_out_of_a_later_rounds_splits(
 # --- what the report of a round with no model says (issue 29, item 8) -------------------------------
 
 
-@sqlite_only  # report text only; PostgreSQL: test_a_labelled_dataset_of_each_family_imports_... (the same build)
 def test_an_imported_round_with_no_model_reports_no_model_and_gold_as_imported(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -824,7 +822,6 @@ def test_importing_more_responses_than_the_task_validates_says_how_many_the_buil
         assert session.scalar(select(func.count()).select_from(Validation)) == 56  # nothing dropped at import
 
 
-@sqlite_only  # report text only; PostgreSQL: test_a_labelled_dataset_of_each_family_imports_... (multi_label)
 def test_a_multi_label_responses_import_reports_examples_apart_from_labels_and_no_prompts(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -863,6 +860,7 @@ EXACT_TEXTS = [
 ]
 
 
+@pytest.mark.both_databases
 def test_imported_texts_are_kept_exactly_and_ids_become_source_ids(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -958,6 +956,7 @@ def _wide_rows() -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.both_databases
 def test_the_wide_per_annotator_format_imports_one_response_per_filled_cell(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:
@@ -1013,7 +1012,6 @@ def test_the_wide_per_annotator_format_imports_one_response_per_filled_cell(
     assert report["counts"]["total"]["train"] + report["counts"]["total"]["dev"] + report["counts"]["total"]["test"] > 0
 
 
-@sqlite_only  # option checks before anything is read; PostgreSQL: test_the_wide_per_annotator_format_...
 def test_wide_format_options_that_cannot_be_read_are_refused(
     api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
 ) -> None:

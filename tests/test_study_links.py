@@ -32,6 +32,10 @@ from services.domain import study
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, served_examples, table_counts, table_snapshot
 from tests.test_concurrency import fire
 
+# Completion codes issued once, concurrent arrivals, the database unchanged after each refusal.
+pytestmark = pytest.mark.both_databases
+
+
 API = "/api/v1"
 TASK = "dynasent-r2"
 PROMPTS = [f"Prompt {i}: the cafe on the corner serves lunch." for i in range(10)]

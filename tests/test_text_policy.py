@@ -18,7 +18,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from services.db.models import ApiToken, Prompt, User
-from tests.conftest import Actor, MakeUser, example_yaml, open_round, sqlite_only
+from tests.conftest import Actor, MakeUser, example_yaml, open_round
 from tests.stub_model_server import ThreadedServer
 from tests.test_bad_input import (
     PROMPTS,
@@ -77,7 +77,6 @@ NAME_ATTACKS = [
 
 
 @pytest.mark.parametrize(("name", "fragments"), NAME_ATTACKS)
-@sqlite_only  # refused before any write; PostgreSQL: test_real_names_are_kept_as_typed
 def test_display_name_attacks_are_refused(
     client: TestClient, app: FastAPI, make_user: MakeUser, name: str, fragments: list[str]
 ) -> None:
@@ -94,7 +93,6 @@ def test_display_name_attacks_are_refused(
 
 
 @pytest.mark.parametrize(("name", "fragments"), NAME_ATTACKS)
-@sqlite_only  # refused before any write; PostgreSQL: test_real_names_are_kept_as_typed
 def test_token_name_attacks_are_refused(
     client: TestClient, app: FastAPI, make_user: MakeUser, name: str, fragments: list[str]
 ) -> None:
@@ -106,6 +104,7 @@ def test_token_name_attacks_are_refused(
         assert_error(response, 422, "invalid", "name", *fragments)
 
 
+@pytest.mark.both_databases
 @pytest.mark.parametrize(
     "name",
     [
@@ -165,6 +164,7 @@ def test_cli_refuses_a_display_name_with_a_bidi_override(tmp_path: Any) -> None:
 # --- sentences, prompts and their metadata, flags, notes, task titles ------------------------
 
 
+@pytest.mark.both_databases
 @pytest.mark.parametrize("text", REAL_TEXTS)
 def test_real_script_sentences_pass_unchanged(
     client: TestClient, app: FastAPI, writer: Actor, dynasent: dict[str, Any], text: str

@@ -9,10 +9,14 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from services.db.models import Assignment
 from tests.conftest import example_yaml, open_round, table_counts
+
+pytestmark = pytest.mark.both_databases  # transactions
+
 
 ROOT = Path(__file__).resolve().parent.parent
 # (file, function) pairs allowed to call .commit() themselves, and why.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import text
@@ -9,6 +10,7 @@ from sqlalchemy import text
 from tests.conftest import MakeUser, table_counts
 
 
+@pytest.mark.both_databases
 def test_admin_creates_users_and_tokens_are_stored_hashed(
     client: TestClient, app: FastAPI, make_user: MakeUser
 ) -> None:

@@ -38,6 +38,9 @@ from tests.conftest import (
 from tests.stub_model_server import ThreadedServer
 from tests.test_validation_quality import PROMPTS, write_example
 
+pytestmark = pytest.mark.both_databases  # served batches: locking, idempotent re-asks, requeues
+
+
 API = "/api/v1"
 # What a label can change: nothing here may move when a label is refused.
 LABEL_TABLES = (

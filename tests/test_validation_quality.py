@@ -48,6 +48,7 @@ def batch_examples(app: FastAPI, batch: dict[str, Any]) -> list[int]:
     return [example_id for example_id in found if example_id is not None]
 
 
+@pytest.mark.both_databases
 def test_batch_selects_fooling_examples_first_and_never_own_or_labelled(
     client: TestClient, app: FastAPI, dynasent: dict[str, Any], make_user: MakeUser, validators: list[Actor]
 ) -> None:
@@ -73,6 +74,7 @@ def test_batch_selects_fooling_examples_first_and_never_own_or_labelled(
     assert [item["item_id"] for item in again["data"]] == [item["item_id"] for item in batch["data"]][1:]
 
 
+@pytest.mark.both_databases
 def test_claims_spread_examples_across_concurrent_validators(
     client: TestClient,
     app: FastAPI,
@@ -92,6 +94,7 @@ def test_claims_spread_examples_across_concurrent_validators(
     assert sixth["data"] == []
 
 
+@pytest.mark.both_databases
 def test_five_labels_validate_an_example_and_the_record_shows_them(
     client: TestClient, dynasent: dict[str, Any], writer: Actor, validators: list[Actor], researcher: Actor
 ) -> None:
@@ -113,6 +116,7 @@ def test_five_labels_validate_an_example_and_the_record_shows_them(
     assert all(v["counted"] for v in record["validations"])
 
 
+@pytest.mark.both_databases
 def test_unqualify_excludes_labels_requeues_and_requalify_restores(
     client: TestClient,
     app: FastAPI,
@@ -279,6 +283,7 @@ def test_skip_ends_assignment_and_next_prompt_is_new(
     assert table_counts(app) == before
 
 
+@pytest.mark.both_databases
 def test_unused_first_gives_each_prompt_once_before_reuse(
     client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:

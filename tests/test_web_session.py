@@ -25,7 +25,7 @@ from frontend import forwarded, web
 from frontend.client import ApiClient, ApiError
 from services.db.engine import session_scope
 from services.domain import users
-from tests.conftest import free_port, sqlite_only
+from tests.conftest import free_port
 from tests.frontend_live import HOSTILE
 from tests.stub_model_server import ThreadedServer
 
@@ -249,6 +249,7 @@ def test_an_api_token_instead_of_a_password(app: Any, api_url: str, browser: Tes
     assert ApiClient(api_url, issued["token"]).me()["username"] == "vera"
 
 
+@pytest.mark.both_databases
 def test_logout_revokes_the_logins_token_and_clears_the_cookie(app: Any, api_url: str, browser: TestClient) -> None:
     _user(app, "rita", "researcher")
     _log_in(browser, "rita")
@@ -315,7 +316,6 @@ def test_oversized_or_malformed_forms_are_refused_before_the_api(app: Any, brows
 
 
 @pytest.mark.parametrize("shared_key", [True, False], ids=["with-the-web-app-key", "without"])
-@sqlite_only  # the throttle's counters are not in the database
 def test_one_browsers_wrong_passwords_lock_that_browser_only(settings: Any, shared_key: bool) -> None:
     """Every login reaches the API from the web app's address; with the key the API shares, the
     web app names the browser's, so a hundred wrong passwords from one browser (here three) do
@@ -344,7 +344,6 @@ def test_one_browsers_wrong_passwords_lock_that_browser_only(settings: Any, shar
         server.stop()
 
 
-@sqlite_only  # the throttle's counters are not in the database
 def test_behind_the_https_proxy_one_browsers_guesses_lock_that_browser_only(settings: Any) -> None:
     """The issue's deployment: every browser reaches the web app through the HTTPS proxy
     (10.0.0.2, trusted by the web app), which names the browser in X-Forwarded-For; the web app

@@ -519,6 +519,7 @@ def real_mturk_browser(api_url: str) -> Iterator[TestClient]:
         yield browser
 
 
+@pytest.mark.both_databases
 def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redirect(
     app: Any, client: Any, researcher: Actor, real_round: dict[str, Any], real_browser: TestClient
 ) -> None:

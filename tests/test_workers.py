@@ -28,7 +28,8 @@ from tests.built_round import BuiltRound
 from tests.conftest import Actor, MakeUser, dynaloop_command, table_counts, worker_process
 from tests.test_jobs import TINY_TRAIN
 
-pytestmark = pytest.mark.timeout(600)
+# On both databases: the job queue on the application database.
+pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(600)]
 
 LONG_TRAIN = {**TINY_TRAIN, "epochs": 1000, "patience": 0}
 JOBS = "/api/v1/tasks/dynasent-r2/jobs"

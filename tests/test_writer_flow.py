@@ -25,6 +25,7 @@ def dynasent_round(client: TestClient, researcher: Actor, stub_model: ThreadedSe
     return open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
 
 
+@pytest.mark.both_databases
 def test_writer_fools_model_confirms_and_submits(
     client: TestClient, writer: Actor, dynasent_round: dict[str, Any]
 ) -> None:
@@ -84,6 +85,7 @@ def test_writer_fools_model_confirms_and_submits(
     assert again.status_code == 200 and again.json()["id"] == example["id"]
 
 
+@pytest.mark.both_databases
 def test_model_down_keeps_attempt_and_consumes_no_try(
     client: TestClient, writer: Actor, dynasent_round: dict[str, Any], stub_model: ThreadedServer, app: FastAPI
 ) -> None:
