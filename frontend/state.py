@@ -10,7 +10,7 @@ Keys in ``st.session_state`` that more than one page relies on:
     The signed-in user's API token, their ``/me`` record and its roles; set by
     :func:`login`, removed by :func:`logout`.
 ``session_problem``
-    Why the browser's session cookie (``frontend/web.py``) did not sign the user in: the
+    Why the browser's session cookie (``frontend/sessions.py``) did not sign the user in: the
     API's message for an expired or revoked token, or for an API that did not answer.
 ``flash``
     A ``(kind, markdown)`` pair a page shows once at its top after a rerun (see :func:`flash`).
