@@ -162,3 +162,24 @@ def allowed_writer(action: Callable[[], Policy]) -> Any:
         return user
 
     return Depends(writer)
+
+
+# --- rate limits (api/ratelimit.py) ------------------------------------------------------
+
+
+async def address_rate_limited(request: Request) -> None:
+    """FastAPI dependency for the writer and validator routers: the client address's budget,
+    counted before authentication (requests without a valid token count too). Counted in a
+    worker thread (the storage may be Redis); with no limit set, nothing is counted and no
+    thread is asked (the cost of a round trip to the thread pool: see above)."""
+    limiter = app_state(request).rate_limiter
+    if limiter.per_ip:
+        await run_in_threadpool(limiter.check_address, request)
+
+
+async def token_rate_limited(request: Request, token: CurrentToken) -> None:
+    """FastAPI dependency for the writer and validator routers, after ``address_rate_limited``:
+    the budget of the token that authenticated the request (401 without one)."""
+    limiter = app_state(request).rate_limiter
+    if limiter.per_token:
+        await run_in_threadpool(limiter.check_token, token.id)

@@ -34,10 +34,7 @@ from fastapi import Request
 from limits import RateLimitItem, parse_many
 from limits.storage import Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
-from starlette.concurrency import run_in_threadpool
 
-from api.deps import CurrentToken
-from api.state import app_state
 from services import forwarded
 from services.errors import RateLimited
 from services.settings import Settings
@@ -55,12 +52,11 @@ CLIENT_ADDRESS_HEADER = "X-Dynaloop-Client-Address"
 WEB_APP_KEY_HEADER = "X-Dynaloop-Web-App-Key"
 
 
-def client_address(request: Request) -> str:
+def client_address(request: Request, settings: Settings) -> str:
     """The address a request counts against: the browser's address that the web app names in
     ``X-Dynaloop-Client-Address`` when the request carries the web app's key; else the client's
     address, read from the forwarded headers when the socket peer is a trusted proxy
     (``DYNALOOP_TRUSTED_PROXIES``, services/forwarded.py), else the socket peer itself."""
-    settings = app_state(request).settings
     socket_peer = request.client.host if request.client else None
     peer = forwarded.client_address(socket_peer, request.headers.items(), settings.trusted_proxy_networks) or "unknown"
     named = request.headers.get(CLIENT_ADDRESS_HEADER)
@@ -85,6 +81,7 @@ def client_address(request: Request) -> str:
 
 class RateLimiter:
     def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.per_token = _parse(settings.rate_limit_per_token)
         self.per_ip = _parse(settings.rate_limit_per_ip)
         storage = storage_from_string(settings.rate_limit_storage)
@@ -109,28 +106,10 @@ class RateLimiter:
                 )
 
     def check_address(self, request: Request) -> None:
-        self._hit(self.per_ip, f"ip:{client_address(request)}", "address")
+        self._hit(self.per_ip, f"ip:{client_address(request, self.settings)}", "address")
 
     def check_token(self, token_id: int) -> None:
         self._hit(self.per_token, f"token:{token_id}", "token")
-
-
-async def address_rate_limited(request: Request) -> None:
-    """FastAPI dependency for the writer and validator routers: the client address's budget,
-    counted before authentication (requests without a valid token count too). Counted in a
-    worker thread (the storage may be Redis); with no limit set, nothing is counted and no
-    thread is asked (see api/deps.py on the cost of a round trip to the thread pool)."""
-    limiter = app_state(request).rate_limiter
-    if limiter.per_ip:
-        await run_in_threadpool(limiter.check_address, request)
-
-
-async def token_rate_limited(request: Request, token: CurrentToken) -> None:
-    """FastAPI dependency for the writer and validator routers, after ``address_rate_limited``:
-    the budget of the token that authenticated the request (401 without one)."""
-    limiter = app_state(request).rate_limiter
-    if limiter.per_token:
-        await run_in_threadpool(limiter.check_token, token.id)
 
 
 class LoginThrottle:

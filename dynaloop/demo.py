@@ -294,7 +294,8 @@ def put_model_in_loop(settings: Settings, directory: Path, server: str) -> tuple
 
     Rounds keep their loop (``update_open_rounds=False``): :func:`set_up_demo` put the demo's
     server in its round 1 while that is open."""
-    from modelling.registry import promote, register_model
+    from modelling.promotion import promote
+    from modelling.registry import register_model
     from services.db.models import ModelVersion, ModelVersionStatus
 
     engine = make_engine(settings.resolved_database_url)

@@ -21,7 +21,7 @@ import streamlit as st  # noqa: E402
 from streamlit.navigation.page import StreamlitPage  # noqa: E402
 
 from frontend import render, state  # noqa: E402
-from frontend.web import PAGE_ROLES  # noqa: E402
+from frontend.page_gate import PAGE_ROLES  # noqa: E402
 
 # The page scripts. Not `pages/`: Streamlit takes a `pages/` folder next to the entry point for
 # an old-style multipage app and runs a process's first session in that mode, where a deep link
@@ -29,7 +29,7 @@ from frontend.web import PAGE_ROLES  # noqa: E402
 # without this script (its login check and navigation).
 PAGES = _FRONTEND / "app_pages"
 # (file, title, url path, roles that see it); researcher pages appear once their files
-# exist. Titles and roles come from frontend/web.py PAGE_ROLES, which the server's page gate
+# exist. Titles and roles come from frontend/page_gate.py PAGE_ROLES, which the server's page gate
 # uses to answer a deep link to a page of another role.
 _FILES: dict[str, list[tuple[str, str]]] = {
     "Write": [("writer.py", "write")],

@@ -80,7 +80,7 @@ class TextConstraints(TypedDict):
 
 
 class WriterField(TypedDict):
-    """An extra field writers fill in (``writer_fields`` of the task's YAML, docs/tasks.md)."""
+    """An extra field writers fill in (``writer_fields`` of the task's YAML: services/taskdef.py)."""
 
     name: str
     required: bool
@@ -100,7 +100,8 @@ class OnboardingQuiz(TypedDict):
 
 
 class TaskDefinition(TypedDict):
-    """The task's YAML as the API checked it (docs/tasks.md), every field filled in."""
+    """The task's YAML as the API checked it (services/taskdef.py; docs/design.md, "Task"), every field
+    filled in."""
 
     name: str
     title: str

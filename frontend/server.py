@@ -1,12 +1,12 @@
 """The web app's server: ``dynaloop ui``, or ``streamlit run frontend/server.py``.
 
 Streamlit runs this as an ASGI app (``st.App``): the Streamlit script ``frontend/app.py``,
-plus the login and logout pages and the session gate of ``frontend/web.py`` in front of every
-page load. The API's address comes from ``$DYNALOOP_API_URL`` (default http://127.0.0.1:8000);
+plus the login and logout pages of ``frontend/web.py`` and the session gate of
+``frontend/page_gate.py`` in front of every page load. The API's address comes from ``$DYNALOOP_API_URL`` (default http://127.0.0.1:8000);
 ``$DYNALOOP_WEB_APP_KEY``, the API's own, lets it name each browser's address to the API.
 ``$DYNALOOP_MTURK_FRAME_ANCESTORS`` names MTurk's worker hosts, which may frame an MTurk study
 session's pages, and ``$DYNALOOP_MTURK_SUBMIT_ORIGINS`` where its assignment is posted back
-(``web.Framing``).
+(``frontend/framing.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import streamlit as st  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 from streamlit import config  # noqa: E402
 
-from frontend import forwarded, uploads, web  # noqa: E402
+from frontend import forwarded, framing, page_gate, sessions, uploads, web, web_backend  # noqa: E402
 from frontend.client import WEB_APP_KEY_ENV  # noqa: E402
 from frontend.state import api_url  # noqa: E402
 
@@ -34,16 +34,16 @@ os.environ["FORWARDED_ALLOW_IPS"] = ""
 config.set_option("server.maxUploadSize", uploads.max_upload_mb())
 
 _web = web.WebSession(
-    web.Backend(
+    web_backend.Backend(
         api_url(), web_app_key=os.environ.get(WEB_APP_KEY_ENV) or None, trusted_proxies=forwarded.trusted_from_env()
     ),
-    web.base_path(config.get_option("server.baseUrlPath")),
+    sessions.base_path(config.get_option("server.baseUrlPath")),
     # $DYNALOOP_MTURK_FRAME_ANCESTORS and $DYNALOOP_MTURK_SUBMIT_ORIGINS (a wrong one stops the start).
-    web.Framing.from_env(),
+    framing.Framing.from_env(),
 )
 
 app = st.App(
     _FRONTEND / "app.py",
     routes=_web.routes(),
-    middleware=[Middleware(web.SessionGate, web=_web)],
+    middleware=[Middleware(page_gate.SessionGate, web=_web)],
 )

@@ -10,7 +10,7 @@ Keys in ``st.session_state`` that more than one page relies on:
     The signed-in user's API token, their ``/me`` record and its roles; set by
     :func:`login`, removed by :func:`logout`.
 ``session_problem``
-    Why the browser's session cookie (``frontend/web.py``) did not sign the user in: the
+    Why the browser's session cookie (``frontend/sessions.py``) did not sign the user in: the
     API's message for an expired or revoked token, or for an API that did not answer.
 ``flash``
     A ``(kind, markdown)`` pair a page shows once at its top after a rerun (see :func:`flash`).
@@ -29,7 +29,7 @@ from typing import Literal, TypeVar
 
 import streamlit as st
 
-from frontend import forwarded, render, web
+from frontend import forwarded, render, sessions
 from frontend.client import WEB_APP_KEY_ENV, Api, ApiClient, ApiError, SharedTransport, Task, User, api_root
 
 API_URL_ENV = "DYNALOOP_API_URL"
@@ -110,14 +110,14 @@ def login(token: str, user: User) -> None:
     get_client().token = token
 
 
-def session_cookie() -> web.Session | None:
+def session_cookie() -> sessions.Session | None:
     """The session the browser's cookie holds (set by ``/login``), if any. The cookie proves
     nothing by itself: :func:`restore_session` asks the API who the token belongs to."""
     try:
         cookies = st.context.cookies
     except Exception:  # no browser behind this run (a bare script run)
         return None
-    return web.parse_session(cookies.get(web.COOKIE_NAME))
+    return sessions.parse_session(cookies.get(sessions.COOKIE_NAME))
 
 
 def restore_session() -> None:
@@ -144,13 +144,13 @@ def restore_session() -> None:
 
 def base_path() -> str:
     """The app's base path (``server.baseUrlPath``): ``""`` or ``"/dl"``."""
-    return web.base_path(st.get_option("server.baseUrlPath"))
+    return sessions.base_path(st.get_option("server.baseUrlPath"))
 
 
 def login_link(page: str = "") -> str:
     """``/login?next=/<page>``: where a signed-out user logs in to come back to ``page``."""
     base = base_path()
-    return web.login_url(base, web.safe_next(f"{base}/{page}", base))
+    return sessions.login_url(base, sessions.safe_next(f"{base}/{page}", base))
 
 
 def logout() -> None:
@@ -217,7 +217,7 @@ def show_api_error(error: ApiError) -> None:
         render.alert("error", error.message)
         if st.button("Log in again", key="state_relogin"):
             logout()
-            st.session_state[_COOKIE_TRIED_KEY] = (session_cookie() or web.Session("token", "")).token
+            st.session_state[_COOKIE_TRIED_KEY] = (session_cookie() or sessions.Session("token", "")).token
             st.session_state[SESSION_PROBLEM_KEY] = error.message
             st.rerun()
     elif error.status in (0, 503):

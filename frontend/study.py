@@ -1,6 +1,6 @@
 """A crowdworker's study session on the Write and Validate pages: how far they are towards the
 study's quota, and the way to the completion (``/study/finish``, a server-rendered page of
-frontend/web.py that hands them back to their platform)."""
+frontend/study_links.py that hands them back to their platform)."""
 
 from __future__ import annotations
 

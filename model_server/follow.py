@@ -3,7 +3,7 @@
 Every ``interval_s`` the :class:`Follower`'s thread asks the :class:`Registry` for the task's
 promoted model and compares it with what the replica serves (``model_id`` and ``version``).
 When they differ it loads the promoted directory with :meth:`ModelHost.reload
-<model_server.app.ModelHost.reload>` in a loader thread: the old model keeps serving until the
+<model_server.host.ModelHost.reload>` in a loader thread: the old model keeps serving until the
 new one is loaded, then one reference swaps. After each poll it reports its state to the
 registry (:class:`ReplicaStatus`): *loading*, *serving*, *failed* (the promoted version could not
 be loaded; the old model still serves) or *starting* (nothing to serve yet), with a heartbeat.
@@ -26,14 +26,14 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from model_server.app import ModelHost
+from model_server.backends import Backend
+from model_server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Follower", "PromotedModel", "Registry", "ReplicaState", "ReplicaStatus"]
+__all__ = ["Follower", "Host", "PromotedModel", "Registry", "ReplicaState", "ReplicaStatus"]
 
 
 class ReplicaState(enum.StrEnum):
@@ -89,15 +89,26 @@ class Registry(Protocol):
         ...
 
 
+class Host(Protocol):
+    """What a follower needs of the model it keeps up to date: :class:`model_server.host.ModelHost`
+    (an interface here, so that the host, its config and the follower import one another in one
+    direction only)."""
+
+    backend: Backend | None
+    precision: str
+    load_error: str | None
+    metrics: Metrics
+
+    def reload(self, model_dir: str, backend_kind: str | None, precision: str | None = None) -> Backend: ...
+
+
 class Follower:
     """Keeps ``host`` serving the task's promoted model (see the module's docstring).
 
     ``fallback_dir`` (`--model`) is loaded when the registry has no promoted model, or cannot be
     read, or its promoted model cannot be loaded, while the replica serves nothing."""
 
-    def __init__(
-        self, host: ModelHost, registry: Registry, *, interval_s: float, fallback_dir: Path | None = None
-    ) -> None:
+    def __init__(self, host: Host, registry: Registry, *, interval_s: float, fallback_dir: Path | None = None) -> None:
         self.host = host
         self.registry = registry
         self.interval_s = interval_s

@@ -9,7 +9,7 @@ pushes to it.
 
 A replica is *live* while its heartbeat is younger than :data:`LIVE_WITHIN_S` (and it did not
 report that it stopped). A promotion
-without a model server (:func:`modelling.registry.promote` with ``server=None``) records the
+without a model server (:func:`modelling.promotion.promote` with ``server=None``) records the
 promotion and then waits (:func:`wait_for_replicas`) until every live replica serves the new
 version, has failed to load it, or the time is up; :class:`Rollout` says which is which.
 """

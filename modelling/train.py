@@ -620,110 +620,222 @@ def train_model(
         raise TrainingError(f"cannot load the tokenizer of {base}: {exc}") from exc
     coverage = check_tokenizer_coverage(tokenizer, train_sets, dev, config)
 
-    accelerator = Accelerator(
-        cpu=config.cpu,
-        mixed_precision=config.mixed_precision,
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps),
+    run = _Run.prepare(
+        train_sets,
+        dev,
+        tokenizer,
+        base,
+        labels,
+        family,
+        input_format,
+        config,
+        out_dir,
+        class_weights,
+        coverage,
+        exclusive,
     )
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > 1 and accelerator.num_processes == 1:
-        # Otherwise every process would train alone and write the same folder.
-        raise TrainingError(
-            f"launched as {launched} processes but Accelerate runs only one: on CPUs pass "
-            "--cpu (TrainConfig.cpu) so the processes train together over gloo"
-        )
-    set_seed(config.seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    checkpoints = out_dir / CHECKPOINTS_DIR
-
-    if coverage.exceeds(config.max_unknown_token_share):
-        _warn(accelerator, "%s (training anyway: allow_unknown_tokens)", coverage.message("the training mix"))
-    max_length = min(config.max_length, getattr(tokenizer, "model_max_length", None) or config.max_length)
-    model = fresh_classifier(base, labels, family)
-    collate = Collate(tokenizer, max_length, input_format)
-    sampler = UpsampledEpochs(train_sets, config.seed)
-    # Loaders draw a seed when an iterator starts; their own generator keeps that draw out of
-    # the global RNG, so a run resumed mid-epoch sees the same dropout masks as one never cut.
-    train_loader = DataLoader(
-        MixDataset(train_sets),
-        batch_size=config.batch_size,
-        sampler=sampler,
-        collate_fn=collate,
-        generator=torch.Generator().manual_seed(config.seed),
-    )
-    dev_loader = None
-    if dev is not None:
-        dev_loader = DataLoader(
-            MixDataset([dev]),
-            batch_size=config.batch_size * 2,
-            sampler=[(0, row) for row in range(len(dev))],
-            collate_fn=collate,
-            generator=torch.Generator().manual_seed(config.seed),
-        )
-    optimizer = torch.optim.AdamW(_parameter_groups(model, config.weight_decay), lr=config.learning_rate)
-    # Built before prepare(): Accelerate steps a prepared scheduler once per process, so the
-    # schedule is counted in unsharded batches.
-    steps_per_epoch = math.ceil(len(train_loader) / config.gradient_accumulation_steps)
-    total_steps = steps_per_epoch * config.epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total_steps), total_steps)
-    model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
-    if dev_loader is not None:
-        dev_loader = accelerator.prepare(dev_loader)
-    if class_weights is not None:
-        class_weights = class_weights.to(accelerator.device)
-
-    fingerprint = _fingerprint(train_sets, dev, labels, family, input_format, config, accelerator.num_processes)
-    state = TrainingProgress(fingerprint=fingerprint)
-    resumed_from: int | None = None
-    if config.resume:
-        checkpoint = latest_checkpoint(out_dir)
-        if checkpoint is None:
-            _info(accelerator, "no checkpoint in %s; starting from the base checkpoint", checkpoints)
-        else:
-            saved = TrainingProgress.load(checkpoint)
-            if saved.fingerprint != fingerprint:
-                raise TrainingError(
-                    f"the checkpoint {checkpoint} was made with other data or hyperparameters (only epochs and "
-                    f"patience may change on resume); start a new output folder instead"
-                )
-            accelerator.load_state(str(checkpoint))
-            state = saved
-            resumed_from = saved.global_step
-            _info(
-                accelerator,
-                "resuming from %s: epoch %d, %d batches done",
-                checkpoint.name,
-                state.epoch,
-                state.batches_done,
-            )
-
-    def save_checkpoint() -> None:
-        folder = checkpoints / f"step-{state.global_step:08d}"
-        accelerator.save_state(str(folder))
-        if accelerator.is_main_process:
-            state.save(folder)  # last: marks the checkpoint complete
-            for old in checkpoints.glob("step-*"):
-                if old != folder:
-                    shutil.rmtree(old, ignore_errors=True)
-        accelerator.wait_for_everyone()
-
-    def compute_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if family == "multi_label":
-            return multi_label_bce(logits, y, class_weights)
-        return soft_cross_entropy(logits, y, class_weights)
-
+    resumed_from = run.resume(out_dir)
+    state = run.state
     patience = config.early_stopping_patience
     # Derived, not restored: a resumed run may be given more patience.
     state.stopped_early = patience is not None and state.epochs_without_improvement >= patience
     while state.epoch <= config.epochs and not state.stopped_early:
         epoch = state.epoch
+        run.train_epoch(epoch, progress=progress, on_progress=on_progress)
+        record = run.end_epoch(epoch, dev)
+        if on_epoch_end is not None:
+            on_epoch_end(record)
+
+    run.accelerator.wait_for_everyone()
+    return run.write_model(
+        out_dir,
+        train_sets,
+        dev,
+        model_id=model_id,
+        trained_for_round=trained_for_round,
+        task_name=task_name,
+        resumed_from=resumed_from,
+        started=started,
+    )
+
+
+@dataclass
+class _Run:
+    """One training run on its prepared Accelerate objects (:meth:`prepare`): its epochs
+    (:meth:`train_epoch`, :meth:`end_epoch`), checkpoints and resumption, and the model
+    directory it writes (:meth:`write_model`)."""
+
+    accelerator: Accelerator
+    config: TrainConfig
+    tokenizer: PreTrainedTokenizerBase
+    base: Path
+    labels: list[str]
+    family: Family
+    input_format: InputFormat
+    max_length: int
+    coverage: TokenCoverage
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_loader: DataLoader[TrainingItem]
+    dev_loader: DataLoader[TrainingItem] | None
+    sampler: UpsampledEpochs
+    class_weights: torch.Tensor | None
+    total_steps: int
+    checkpoints: Path
+    fingerprint: str
+    exclusive: list[int]  # multi-label: the indices of the labels never predicted with others
+    state: TrainingProgress = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = TrainingProgress(fingerprint=self.fingerprint)
+
+    @classmethod
+    def prepare(
+        cls,
+        train_sets: Sequence[LabelledSet],
+        dev: LabelledSet | None,
+        tokenizer: PreTrainedTokenizerBase,
+        base: Path,
+        labels: list[str],
+        family: Family,
+        input_format: InputFormat,
+        config: TrainConfig,
+        out_dir: Path,
+        class_weights: torch.Tensor | None,
+        coverage: TokenCoverage,
+        exclusive: list[int],
+    ) -> _Run:
+        """The accelerator, the model from the base checkpoint, the loaders, the optimizer and
+        its schedule, prepared for this machine's processes."""
+        accelerator = Accelerator(
+            cpu=config.cpu,
+            mixed_precision=config.mixed_precision,
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps),
+        )
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched > 1 and accelerator.num_processes == 1:
+            # Otherwise every process would train alone and write the same folder.
+            raise TrainingError(
+                f"launched as {launched} processes but Accelerate runs only one: on CPUs pass "
+                "--cpu (TrainConfig.cpu) so the processes train together over gloo"
+            )
+        set_seed(config.seed)
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+        if coverage.exceeds(config.max_unknown_token_share):
+            _warn(accelerator, "%s (training anyway: allow_unknown_tokens)", coverage.message("the training mix"))
+        max_length = min(config.max_length, getattr(tokenizer, "model_max_length", None) or config.max_length)
+        model = fresh_classifier(base, labels, family)
+        collate = Collate(tokenizer, max_length, input_format)
+        sampler = UpsampledEpochs(train_sets, config.seed)
+        # Loaders draw a seed when an iterator starts; their own generator keeps that draw out of
+        # the global RNG, so a run resumed mid-epoch sees the same dropout masks as one never cut.
+        train_loader = DataLoader(
+            MixDataset(train_sets),
+            batch_size=config.batch_size,
+            sampler=sampler,
+            collate_fn=collate,
+            generator=torch.Generator().manual_seed(config.seed),
+        )
+        dev_loader = None
+        if dev is not None:
+            dev_loader = DataLoader(
+                MixDataset([dev]),
+                batch_size=config.batch_size * 2,
+                sampler=[(0, row) for row in range(len(dev))],
+                collate_fn=collate,
+                generator=torch.Generator().manual_seed(config.seed),
+            )
+        optimizer = torch.optim.AdamW(_parameter_groups(model, config.weight_decay), lr=config.learning_rate)
+        # Built before prepare(): Accelerate steps a prepared scheduler once per process, so the
+        # schedule is counted in unsharded batches.
+        steps_per_epoch = math.ceil(len(train_loader) / config.gradient_accumulation_steps)
+        total_steps = steps_per_epoch * config.epochs
+        scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total_steps), total_steps)
+        model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
+        if dev_loader is not None:
+            dev_loader = accelerator.prepare(dev_loader)
+        if class_weights is not None:
+            class_weights = class_weights.to(accelerator.device)
+        fingerprint = _fingerprint(train_sets, dev, labels, family, input_format, config, accelerator.num_processes)
+        return cls(
+            accelerator=accelerator,
+            config=config,
+            tokenizer=tokenizer,
+            base=base,
+            labels=labels,
+            family=family,
+            input_format=input_format,
+            max_length=max_length,
+            coverage=coverage,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            train_loader=train_loader,
+            dev_loader=dev_loader,
+            sampler=sampler,
+            class_weights=class_weights,
+            total_steps=total_steps,
+            checkpoints=out_dir / CHECKPOINTS_DIR,
+            fingerprint=fingerprint,
+            exclusive=exclusive,
+        )
+
+    def resume(self, out_dir: Path) -> int | None:
+        """With ``config.resume``, continue from the newest checkpoint in ``out_dir`` (made with the
+        same data and hyperparameters); the optimizer step it resumed from, or None."""
+        if not self.config.resume:
+            return None
+        checkpoint = latest_checkpoint(out_dir)
+        if checkpoint is None:
+            _info(self.accelerator, "no checkpoint in %s; starting from the base checkpoint", self.checkpoints)
+            return None
+        saved = TrainingProgress.load(checkpoint)
+        if saved.fingerprint != self.fingerprint:
+            raise TrainingError(
+                f"the checkpoint {checkpoint} was made with other data or hyperparameters (only epochs and "
+                f"patience may change on resume); start a new output folder instead"
+            )
+        self.accelerator.load_state(str(checkpoint))
+        self.state = saved
+        _info(
+            self.accelerator,
+            "resuming from %s: epoch %d, %d batches done",
+            checkpoint.name,
+            saved.epoch,
+            saved.batches_done,
+        )
+        return saved.global_step
+
+    def save_checkpoint(self) -> None:
+        folder = self.checkpoints / f"step-{self.state.global_step:08d}"
+        self.accelerator.save_state(str(folder))
+        if self.accelerator.is_main_process:
+            self.state.save(folder)  # last: marks the checkpoint complete
+            for old in self.checkpoints.glob("step-*"):
+                if old != folder:
+                    shutil.rmtree(old, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+    def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.family == "multi_label":
+            return multi_label_bce(logits, y, self.class_weights)
+        return soft_cross_entropy(logits, y, self.class_weights)
+
+    def train_epoch(self, epoch: int, *, progress: bool, on_progress: Callable[[int, int], None] | None) -> None:
+        """The optimizer steps of ``epoch`` (from where a resumed run stopped), with a checkpoint
+        every ``config.checkpoint_every`` steps."""
+        accelerator, config, state, model = self.accelerator, self.config, self.state, self.model
         model.train()
-        sampler.use_epoch(epoch)
+        self.sampler.use_epoch(epoch)
         loader = (
-            accelerator.skip_first_batches(train_loader, state.batches_done) if state.batches_done else train_loader
+            accelerator.skip_first_batches(self.train_loader, state.batches_done)
+            if state.batches_done
+            else self.train_loader
         )
         bar = tqdm(
-            total=len(train_loader),
+            total=len(self.train_loader),
             initial=state.batches_done,
             desc=f"epoch {epoch}/{config.epochs}",
             unit="batch",
@@ -735,14 +847,14 @@ def train_model(
             y, weight = batch.pop("y"), batch.pop("weight")
             with accelerator.accumulate(model):
                 logits = model(**batch).logits
-                per_example = compute_loss(logits, y)
+                per_example = self.compute_loss(logits, y)
                 loss = (per_example * weight).mean()
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and config.max_grad_norm is not None:
                     accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad()
             state.batches_done += 1
             state.loss_sum += float(loss.detach()) * len(y)
             state.loss_examples += len(y)
@@ -751,25 +863,31 @@ def train_model(
             if accelerator.sync_gradients:
                 state.global_step += 1
                 if on_progress is not None and accelerator.is_main_process:
-                    on_progress(min(state.global_step, total_steps), total_steps)
+                    on_progress(min(state.global_step, self.total_steps), self.total_steps)
                 if (
                     isinstance(config.checkpoint_every, int)
                     and state.global_step % config.checkpoint_every == 0
-                    and state.batches_done < len(train_loader)
+                    and state.batches_done < len(self.train_loader)
                 ):
                     state.epoch_seconds += time.perf_counter() - tick
-                    save_checkpoint()
+                    self.save_checkpoint()
                     tick = time.perf_counter()
         bar.close()
         state.epoch_seconds += time.perf_counter() - tick
 
+    def end_epoch(self, epoch: int, dev: LabelledSet | None) -> EpochRecord:
+        """Score ``epoch`` on dev, keep its weights when they are the best so far, decide on early
+        stopping, and checkpoint the run at the epoch's end."""
+        accelerator, config, state = self.accelerator, self.config, self.state
         totals = accelerator.reduce(
             torch.tensor([state.loss_sum, state.loss_examples], device=accelerator.device), "sum"
         )
         loss_sum, examples = totals.tolist()
         dev_f1 = dev_per_class = None
-        if dev is not None and dev_loader is not None:
-            dev_f1, dev_per_class = _dev_scores(accelerator, model, dev_loader, dev, family, exclusive)
+        if dev is not None and self.dev_loader is not None:
+            dev_f1, dev_per_class = _dev_scores(
+                accelerator, self.model, self.dev_loader, dev, self.family, self.exclusive
+            )
         record = EpochRecord(
             epoch=epoch,
             train_loss=loss_sum / max(examples, 1.0),
@@ -782,16 +900,17 @@ def train_model(
         improved = dev_f1 is not None and (state.best_dev_macro_f1 is None or dev_f1 > state.best_dev_macro_f1)
         if improved:
             state.best_dev_macro_f1, state.best_epoch, state.epochs_without_improvement = dev_f1, epoch, 0
-            accelerator.save_model(model, str(checkpoints / BEST_WEIGHTS_DIR))
+            accelerator.save_model(self.model, str(self.checkpoints / BEST_WEIGHTS_DIR))
         elif dev_f1 is not None:
             state.epochs_without_improvement += 1
         else:
             state.best_epoch = epoch
         state.history.append(record)
+        patience = config.early_stopping_patience
         state.stopped_early = patience is not None and state.epochs_without_improvement >= patience
         state.epoch, state.batches_done = epoch + 1, 0
         state.loss_sum = state.loss_examples = state.epoch_seconds = 0.0
-        save_checkpoint()
+        self.save_checkpoint()
         dev_text = "" if dev_f1 is None else f", dev macro-F1 {dev_f1:.4f}{' (best)' if improved else ''}"
         _info(
             accelerator,
@@ -809,84 +928,98 @@ def train_model(
                 state.epochs_without_improvement,
                 state.best_epoch,
             )
-        if on_epoch_end is not None:
-            on_epoch_end(record)
+        return record
 
-    accelerator.wait_for_everyone()
-    final = accelerator.unwrap_model(model)
-    if state.best_dev_macro_f1 is not None:
-        load_checkpoint_in_model(final, str(checkpoints / BEST_WEIGHTS_DIR))
-    history = list(state.history)
-    train_seconds = sum(record.seconds for record in history)
-    examples_per_second = sum(record.examples for record in history) / max(train_seconds, 1e-9)
-    wall_seconds = time.perf_counter() - started
-    summary = {
-        "epochs_run": len(history),
-        "best_epoch": state.best_epoch,
-        "best_dev_macro_f1": state.best_dev_macro_f1,
-        "stopped_early": state.stopped_early,
-        "resumed_from_step": resumed_from,
-        "examples_per_second": examples_per_second,
-        "wall_seconds": wall_seconds,
-        "best_dev_f1_per_class": next(
-            (record.dev_f1_per_class for record in history if record.epoch == state.best_epoch), None
-        ),
-        "tokenizer_coverage": coverage.to_dict(),
-    }
-    best_per_class = next((record.dev_f1_per_class for record in history if record.epoch == state.best_epoch), None)
-    low_f1 = low_f1_warning(best_per_class, config.class_weights)
-    if low_f1 is not None:
-        _warn(accelerator, "warning: %s", low_f1)
-    metadata = ModelMetadata(
-        model_id=model_id,
-        version=weights_version(final),
-        labels=labels,
-        family=family,
-        input_format=input_format,
-        max_length=max_length,
-        base_model=str(base),
-        trained_for_round=trained_for_round,
-        task=task_name,
-        exclusive_labels=[labels[j] for j in exclusive],
-        data={
-            "train": [labelled.summary() for labelled in train_sets],
-            "dev": dev.summary() if dev is not None else None,
-        },
-        hyperparameters=config.recorded(),
-        training={
-            **summary,
-            "low_f1_classes": low_f1_classes(best_per_class),
-            "low_f1_warning": low_f1,
-            "history": [asdict(record) for record in history],
-            "from_scratch": True,
-            "processes": accelerator.num_processes,
-            "device": str(accelerator.device),
-            "mixed_precision": accelerator.mixed_precision,
-            "versions": _versions(),
-        },
-    )
-    if accelerator.is_main_process:
-        final.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-        metadata.save(out_dir)
-    accelerator.wait_for_everyone()
-    _info(accelerator, "wrote %s (version %s, best epoch %d)", out_dir, metadata.version, state.best_epoch)
-    return TrainResult(
-        out_dir=out_dir,
-        metadata=metadata,
-        history=history,
-        best_epoch=state.best_epoch,
-        best_dev_macro_f1=state.best_dev_macro_f1,
-        stopped_early=state.stopped_early,
-        resumed_from_step=resumed_from,
-        examples_per_second=examples_per_second,
-        wall_seconds=wall_seconds,
-        tokenizer_coverage=coverage,
-        unknown_token_warning=(
-            coverage.message("the training mix") if coverage.exceeds(config.max_unknown_token_share) else None
-        ),
-        low_f1_warning=low_f1,
-    )
+    def write_model(
+        self,
+        out_dir: Path,
+        train_sets: Sequence[LabelledSet],
+        dev: LabelledSet | None,
+        *,
+        model_id: str,
+        trained_for_round: int | None,
+        task_name: str | None,
+        resumed_from: int | None,
+        started: float,
+    ) -> TrainResult:
+        """Write the best epoch's weights (the last epoch's without dev), the tokenizer and
+        ``dynaloop_model.json`` with the run's history to ``out_dir``."""
+        accelerator, config, state = self.accelerator, self.config, self.state
+        labels, exclusive, coverage = self.labels, self.exclusive, self.coverage
+        final = accelerator.unwrap_model(self.model)
+        if state.best_dev_macro_f1 is not None:
+            load_checkpoint_in_model(final, str(self.checkpoints / BEST_WEIGHTS_DIR))
+        history = list(state.history)
+        train_seconds = sum(record.seconds for record in history)
+        examples_per_second = sum(record.examples for record in history) / max(train_seconds, 1e-9)
+        wall_seconds = time.perf_counter() - started
+        summary = {
+            "epochs_run": len(history),
+            "best_epoch": state.best_epoch,
+            "best_dev_macro_f1": state.best_dev_macro_f1,
+            "stopped_early": state.stopped_early,
+            "resumed_from_step": resumed_from,
+            "examples_per_second": examples_per_second,
+            "wall_seconds": wall_seconds,
+            "best_dev_f1_per_class": next(
+                (record.dev_f1_per_class for record in history if record.epoch == state.best_epoch), None
+            ),
+            "tokenizer_coverage": coverage.to_dict(),
+        }
+        best_per_class = next((record.dev_f1_per_class for record in history if record.epoch == state.best_epoch), None)
+        low_f1 = low_f1_warning(best_per_class, config.class_weights)
+        if low_f1 is not None:
+            _warn(accelerator, "warning: %s", low_f1)
+        metadata = ModelMetadata(
+            model_id=model_id,
+            version=weights_version(final),
+            labels=labels,
+            family=self.family,
+            input_format=self.input_format,
+            max_length=self.max_length,
+            base_model=str(self.base),
+            trained_for_round=trained_for_round,
+            task=task_name,
+            exclusive_labels=[labels[j] for j in exclusive],
+            data={
+                "train": [labelled.summary() for labelled in train_sets],
+                "dev": dev.summary() if dev is not None else None,
+            },
+            hyperparameters=config.recorded(),
+            training={
+                **summary,
+                "low_f1_classes": low_f1_classes(best_per_class),
+                "low_f1_warning": low_f1,
+                "history": [asdict(record) for record in history],
+                "from_scratch": True,
+                "processes": accelerator.num_processes,
+                "device": str(accelerator.device),
+                "mixed_precision": accelerator.mixed_precision,
+                "versions": _versions(),
+            },
+        )
+        if accelerator.is_main_process:
+            final.save_pretrained(out_dir)
+            self.tokenizer.save_pretrained(out_dir)
+            metadata.save(out_dir)
+        accelerator.wait_for_everyone()
+        _info(accelerator, "wrote %s (version %s, best epoch %d)", out_dir, metadata.version, state.best_epoch)
+        return TrainResult(
+            out_dir=out_dir,
+            metadata=metadata,
+            history=history,
+            best_epoch=state.best_epoch,
+            best_dev_macro_f1=state.best_dev_macro_f1,
+            stopped_early=state.stopped_early,
+            resumed_from_step=resumed_from,
+            examples_per_second=examples_per_second,
+            wall_seconds=wall_seconds,
+            tokenizer_coverage=coverage,
+            unknown_token_warning=(
+                coverage.message("the training mix") if coverage.exceeds(config.max_unknown_token_share) else None
+            ),
+            low_f1_warning=low_f1,
+        )
 
 
 def check_tokenizer_coverage(

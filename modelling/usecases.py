@@ -1,5 +1,5 @@
 """The model lifecycle's long operations, one function each, called alike by the `dynaloop`
-command (``dynaloop/commands/``), the jobs runner (:mod:`modelling.jobs`) and the API:
+command (``dynaloop/commands/``), the jobs runner (:mod:`modelling.job_runner`) and the API:
 
 * :func:`train_and_register`: retrain from the base checkpoint on a data mix, then register the
   model as *trained* (docs/training.md);
@@ -36,7 +36,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from modelling.datasets import DataFiles, DataMix, SourceSpec
 from modelling.evaluation_sets import built_round_numbers
-from modelling.registry import RELOAD_TIMEOUT_S, Promotion, promote, record_evaluation, register_retrained
+from modelling.promotion import RELOAD_TIMEOUT_S, Promotion, promote
+from modelling.registry import record_evaluation, register_retrained
 from services.db.engine import session_scope
 from services.db.models import ModelVersion, Task, User
 from services.domain.tasks import definition_of, get_task
@@ -730,10 +731,10 @@ def promote_model(
 ) -> Promotion:
     """Put model ``reference`` (registry id, ``model_id@version`` or ``model_id``) of task
     ``task_name`` in the loop on the registered server ``options.server``, or, without one, on
-    the replicas that follow the task: :func:`modelling.registry.promote`. The admin token is
+    the replicas that follow the task: :func:`modelling.promotion.promote`. The admin token is
     the one registered with the server; ``operator_admin_token`` (`dynaloop model promote
     --admin-token`, an operator at the server's shell) overrides it. No request or job can give
-    one. Without a server, :class:`~modelling.registry.PromotionIncomplete` says which
+    one. Without a server, :class:`~modelling.promotion.PromotionIncomplete` says which
     replicas did not load the model (the promotion stays recorded)."""
     return promote(
         factory,

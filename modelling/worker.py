@@ -7,7 +7,7 @@ application's database) and, for each:
 
 1. *takes* the job's row: only a job still queued and not cancelled, so a message for a job
    that was cancelled, or a message delivered twice, does nothing;
-2. starts ``python -m dynaloop.cli job run ID`` (:func:`modelling.jobs.run_job`) with the
+2. starts ``python -m dynaloop.cli job run ID`` (:func:`modelling.job_runner.run_job`) with the
    database URL and data folders in its environment (never on its command line), its output
    in ``DATA_DIR/jobs/job-ID.log``; the process dies with its worker (``PR_SET_PDEATHSIG`` on
    Linux, set by `dynaloop job run` itself), so a worker that is stopped or killed never leaves

@@ -1,7 +1,7 @@
 """Web origins an admin names in a setting (``DYNALOOP_MTURK_SUBMIT_ORIGINS``): MTurk's hosts a
 study session may post its assignment back to.
 
-frontend/web.py keeps a copy of :func:`parse_origins` (the web app imports nothing of the
+frontend/framing.py keeps a copy of :func:`parse_origins` (the web app imports nothing of the
 project); tests/test_web_study.py checks that both answer alike.
 """
 

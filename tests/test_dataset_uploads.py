@@ -19,7 +19,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from modelling.jobs import create_job, run_job
+from modelling.job_runner import run_job
+from modelling.jobs import create_job
 from services.db.engine import session_scope
 from services.db.models import Job, JobKind, JobStatus
 from services.domain.tasks import create_task, get_task

@@ -689,7 +689,7 @@ def test_nginx_keeps_each_browser_on_one_web_app_replica() -> None:
         assert "resolve" in server.args[1:]
     assert block.find("zone")
     affinity = next(m for m in nginx_http().find("map") if m.args[1] == "$web_app_affinity")
-    assert affinity.args[0] == "$cookie_dynaloop_session"  # frontend/web.py's COOKIE_NAME
+    assert affinity.args[0] == "$cookie_dynaloop_session"  # frontend/sessions.py's COOKIE_NAME
     assert {child.name: child.args for child in affinity.children} == {
         "": ["$remote_addr"],  # no cookie yet: the address
         "default": ["$cookie_dynaloop_session"],

@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 from streamlit.testing.v1 import AppTest
 
-from frontend import state, web
+from frontend import sessions, state
 from frontend.client import ApiClient, ApiError, api_root, idempotency_key
 from services.db.engine import session_scope
 from services.domain import users
@@ -337,7 +337,7 @@ def with_round(live: LiveApi) -> LiveApi:
     return live
 
 
-def _with_cookie(monkeypatch: pytest.MonkeyPatch, session: web.Session | None) -> None:
+def _with_cookie(monkeypatch: pytest.MonkeyPatch, session: sessions.Session | None) -> None:
     """What ``st.context.cookies`` would hold in a browser (AppTest cannot seed cookies)."""
     monkeypatch.setattr(state, "session_cookie", lambda: session)
 
@@ -347,7 +347,7 @@ def test_the_session_cookie_signs_in_with_the_pages_of_the_roles(
 ) -> None:
     with_round.user("wanda", "writer", "validator", password="wanda-secret-1")
     token = ApiClient(with_round.url).login("wanda", "wanda-secret-1")["token"]
-    _with_cookie(monkeypatch, web.Session("login", token))
+    _with_cookie(monkeypatch, sessions.Session("login", token))
     client = with_round.client()
     at = AppTest.from_file(str(APP_FILE), default_timeout=30)
     at.session_state["client"] = client
@@ -378,7 +378,7 @@ def test_signed_out_every_page_links_to_the_login_page_with_its_address(
 def test_a_forged_or_revoked_cookie_leaves_the_user_signed_out(
     with_round: LiveApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _with_cookie(monkeypatch, web.Session("login", "dl_forged-token-never-issued"))
+    _with_cookie(monkeypatch, sessions.Session("login", "dl_forged-token-never-issued"))
     client = with_round.client()
     at = AppTest.from_file(str(APP_FILE), default_timeout=30)
     at.session_state["client"] = client
@@ -392,7 +392,7 @@ def test_a_forged_or_revoked_cookie_leaves_the_user_signed_out(
 
 def test_a_pasted_api_token_in_the_cookie_signs_in(with_round: LiveApi, monkeypatch: pytest.MonkeyPatch) -> None:
     token = with_round.user("vera", "validator")
-    _with_cookie(monkeypatch, web.Session("token", token))
+    _with_cookie(monkeypatch, sessions.Session("token", token))
     at = AppTest.from_file(str(APP_FILE), default_timeout=30)
     at.session_state["client"] = with_round.client()
     at.run()

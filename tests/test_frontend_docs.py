@@ -2,7 +2,7 @@
 address, under each role that sees it (issue #28, point 6: it lacked Crowd).
 
 The pages come from the app itself: ``frontend/app.py`` builds its navigation from the page
-files in its ``_FILES`` table and the titles and roles in ``frontend/web.py``'s ``PAGE_ROLES``.
+files in its ``_FILES`` table and the titles and roles in ``frontend/page_gate.py``'s ``PAGE_ROLES``.
 A page added there fails here until the table says so."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-from frontend.web import PAGE_ROLES
+from frontend.page_gate import PAGE_ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = ("writer", "validator", "researcher")

@@ -172,7 +172,7 @@ def registered_model(
         model = register_model(session, task, directory)
         if macro_f1:
             model = record_evaluation(session, task, directory, {"macro_f1": macro_f1})
-        if promoted_to:  # what modelling.registry.promote records once the model server has switched
+        if promoted_to:  # what modelling.promotion.promote records once the model server has switched
             model.status, model.endpoint = ModelVersionStatus.promoted, promoted_to
             model.promoted_at = utcnow()
         session.flush()
@@ -182,7 +182,7 @@ def registered_model(
 
 class JobProcess:
     """Writes to a job's row what its worker and its `dynaloop job run` process would
-    (modelling.worker, modelling.jobs.run_job): running with progress and a message, then
+    (modelling.worker, modelling.job_runner.run_job): running with progress and a message, then
     succeeded with a result, or failed."""
 
     def __init__(self, live: LiveApi) -> None:
@@ -613,7 +613,7 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
 
 
 def recorded_promotion(live: LiveApi, model: ModelVersion, endpoint: str) -> None:
-    """What a promote job records once the model server has switched (modelling.registry.promote)."""
+    """What a promote job records once the model server has switched (modelling.promotion.promote)."""
     with session_scope(live.app.state.sessionmaker) as session:
         row = session.get(ModelVersion, model.id)
         assert row is not None

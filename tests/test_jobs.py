@@ -1,7 +1,7 @@
-"""Jobs (modelling/jobs.py): train, evaluate and promote run outside the API with progress, on a
-real database (SQLite; PostgreSQL too when DYNALOOP_TEST_POSTGRES_URL is set), a built round,
-a tiny model, a real `dynaloop model-server` process, a real `dynaloop worker` and its `dynaloop job
-run` processes (more of the queue and the workers in tests/test_workers.py)."""
+"""Jobs (modelling/jobs.py, modelling/job_runner.py): train, evaluate and promote run outside the
+API with progress, on a real database (SQLite; PostgreSQL too when DYNALOOP_TEST_POSTGRES_URL is
+set), a built round, a tiny model, a real `dynaloop model-server` process, a real `dynaloop worker`
+and its `dynaloop job run` processes (more of the queue and the workers in tests/test_workers.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from modelling import jobs
+from modelling import job_runner, jobs
 from modelling.init_model import init_model_dir
-from modelling.jobs import JobRunner, create_job, run_job
+from modelling.job_runner import JobRunner, run_job
+from modelling.jobs import create_job
 from services.db.engine import session_scope
 from services.db.models import AuditEntry, Job, JobKind, JobStatus, ModelVersion, ModelVersionStatus, utcnow
 from services.domain.tasks import create_task, get_task
@@ -74,7 +75,7 @@ def progress_seen(app: Any, monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every progress value the database holds right after each report of a running job."""
     seen: list[float] = []
     original = JobRunner.progress
-    monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(job_runner, "PROGRESS_INTERVAL_S", 0.0)
 
     def spy(self: JobRunner, fraction: float | None, message: str | None = None, **options: Any) -> None:
         original(self, fraction, message, **options)
@@ -618,7 +619,7 @@ def test_cli_job_run_runs_a_job_once(app: FastAPI, settings: Settings) -> None:
     assert result.exit_code == 1 and "there is no job 999" in result.output
 
 
-def _a_write_with_a_stop_signal_inside(stop: jobs.StopRequest, steps: list[str]) -> None:
+def _a_write_with_a_stop_signal_inside(stop: job_runner.StopRequest, steps: list[str]) -> None:
     with stop.deferred():
         os.kill(os.getpid(), signal.SIGTERM)
         steps.append("the write went on after the signal")
@@ -636,8 +637,8 @@ def test_a_stop_signal_during_a_job_write_waits_for_the_write_to_finish(monkeypa
     """A SIGTERM that lands inside the job's own database write is raised after it, not in the
     middle (where it left a PostgreSQL connection mid-statement and hid the stop behind a driver
     error); outside a write it is raised at once, and only once."""
-    stop = jobs.StopRequest()
-    monkeypatch.setattr(jobs, "STOP", stop)
+    stop = job_runner.StopRequest()
+    monkeypatch.setattr(job_runner, "STOP", stop)
     previous = signal.signal(signal.SIGTERM, stop.handle)
     steps: list[str] = []
     try:
@@ -647,11 +648,11 @@ def test_a_stop_signal_during_a_job_write_waits_for_the_write_to_finish(monkeypa
         with stop.deferred():  # the failure is then recorded: the stop is not raised a second time
             steps.append("failure recorded")
         assert steps[-1] == "failure recorded"
-        assert jobs._failure_message(RuntimeError("driver error")).startswith("the job was interrupted")
+        assert job_runner._failure_message(RuntimeError("driver error")).startswith("the job was interrupted")
 
-        fresh = jobs.StopRequest()
-        monkeypatch.setattr(jobs, "STOP", fresh)
-        assert jobs._failure_message(RuntimeError("x")) == "unexpected RuntimeError: x"  # no stop asked for
+        fresh = job_runner.StopRequest()
+        monkeypatch.setattr(job_runner, "STOP", fresh)
+        assert job_runner._failure_message(RuntimeError("x")) == "unexpected RuntimeError: x"  # no stop asked for
         signal.signal(signal.SIGTERM, fresh.handle)
         with pytest.raises(SystemExit):
             _a_stop_signal_outside_a_write()

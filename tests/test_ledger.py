@@ -354,7 +354,7 @@ def test_the_example_votes_in_the_fixture_are_what_the_comments_say(app: Any, ha
 
         round_ = session.get(Round, hand.round_id)
         assert round_ is not None
-        majority = ledger.majority_labels(session, tasks.definition_of(task), round_)
+        majority = ledger.round_gold_labels(session, tasks.definition_of(task), round_)
     e = hand.examples
     assert [majority[e[name]] for name in ("E1", "E2", "E3", "E4", "E5")] == [
         ["negative"],

@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from dynaloop.cli import app as cli
 from model_directory import ModelMetadata, ModelMetadataError
 from model_directory.linear import LINEAR_FILE, LinearModel, mark_target
-from model_server.app import ServerConfig
 from model_server.backends import ClassifyInput, load_backend
 from model_server.backends.linear_backend import LinearBackend
+from model_server.config import ServerConfig
 from modelling.datasets import LabelledSet
 from modelling.inference import LinearClassifier, load_classifier, predict_probabilities
 from modelling.linear import train_linear

@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model_directory import ModelMetadata
-from model_server.app import ServerConfig, create_model_app
+from model_server.app import create_model_app
 from model_server.batching import Batcher, DeadlineExceeded, ServerStopping, collect
+from model_server.config import ServerConfig
 from modelling.init_model import init_model_dir
 from tests.conftest import HEALTH_POLL_TIMEOUT_S, free_port, serve_model
 from tests.stub_model_server import ThreadedServer

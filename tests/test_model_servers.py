@@ -678,7 +678,7 @@ def test_a_promotion_checks_the_grant_again_when_it_runs(
 ) -> None:
     """A job checked at submission may run later: the promotion itself asks again, with the
     job's author, before it calls the server (here the grant is gone): no request reaches it."""
-    from modelling.registry import promote
+    from modelling.promotion import promote
     from services.db.models import User
     from services.errors import Forbidden
 

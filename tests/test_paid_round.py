@@ -400,7 +400,7 @@ def test_a_simulated_paid_round_holds_against_fifty_made_up_ids_from_one_address
         # So no majority label is theirs: each is the writer's target or there is none yet.
         round_row = session.get(Round, round_id)
         assert round_row is not None
-        majority = ledger.majority_labels(session, definition_of(round_row.task), round_row)
+        majority = ledger.round_gold_labels(session, definition_of(round_row.task), round_row)
         targets = {e.id: e.target_label for e in session.scalars(select(Example))}
         assert all(label is None or label == targets[example_id] for example_id, label in majority.items())
         fooled = {e.id for e in session.scalars(select(Example).where(Example.fooled.is_(True)))}

@@ -26,8 +26,8 @@ from model_directory.runtime import (
     PrecisionResult,
     PrecisionUnavailable,
 )
-from model_server.app import ServerConfig
 from model_server.backends import ClassifyInput, load_backend
+from model_server.config import ServerConfig
 from modelling.errors import EvaluationError
 from modelling.inference import LoadedClassifier, predict_probabilities
 from modelling.init_model import init_model_dir

@@ -1,4 +1,4 @@
-"""Promoting a worse model asks first (modelling.registry.check_not_worse): a model below the
+"""Promoting a worse model asks first (modelling.promotion.check_not_worse): a model below the
 promoted one on a round's dev split, or within NEAR_CHANCE_MARGIN of chance, is refused with 409
 ``confirm_worse`` and both scores, through the API (when the job is created and again when it
 runs) and the CLI, and goes ahead with ``confirm_worse``. A retrain that reproduces registered
@@ -24,15 +24,9 @@ from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
 from model_directory import ModelMetadata
-from modelling.jobs import run_job
-from modelling.registry import (
-    NEAR_CHANCE_MARGIN,
-    chance_macro_f1,
-    promote,
-    record_evaluation,
-    register_model,
-    register_retrained,
-)
+from modelling.job_runner import run_job
+from modelling.promotion import NEAR_CHANCE_MARGIN, chance_macro_f1, promote
+from modelling.registry import record_evaluation, register_model, register_retrained
 from services.db.engine import session_scope
 from services.db.models import JobStatus, ModelVersion, ModelVersionStatus
 from services.domain.tasks import get_task

@@ -1,5 +1,6 @@
-"""The model registry (modelling.registry): register, evaluate, promote over real HTTP to a real
-`dynaloop model-server` process, retire; attempts record the version they met.
+"""The model registry and promotion (modelling.registry, modelling.promotion): register,
+evaluate, promote over real HTTP to a real `dynaloop model-server` process, retire; attempts
+record the version they met.
 
 Runs on SQLite always and on PostgreSQL when DYNALOOP_TEST_POSTGRES_URL is set.
 """
@@ -22,17 +23,10 @@ from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from modelling import registry
+from modelling import promotion, registry
 from modelling.init_model import init_model_dir
-from modelling.registry import (
-    PromotionError,
-    find_model,
-    list_models,
-    promote,
-    record_evaluation,
-    register_model,
-    retire,
-)
+from modelling.promotion import PromotionError, promote
+from modelling.registry import find_model, list_models, record_evaluation, register_model, retire
 from services.db.engine import session_scope
 from services.db.models import Assignment, Attempt, AuditEntry, ModelVersion, ModelVersionStatus, Round
 from services.domain.tasks import create_task, get_task
@@ -232,7 +226,7 @@ def test_a_registry_failure_after_the_reload_puts_the_previous_model_back(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("UPDATE model_versions", {}, Exception("disk I/O error"))
 
-    monkeypatch.setattr(registry, "_record", broken)
+    monkeypatch.setattr(promotion, "_record", broken)
     with pytest.raises(PromotionError, match=r"could not record it.*previous model .* was reloaded"):
         promote(factory, task, f"{MODEL_ID}@1", server=server)
     assert _tables(app) == before

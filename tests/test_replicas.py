@@ -30,11 +30,15 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from model_server.app import Metrics, ModelHost, ServerConfig
+from model_server.config import ServerConfig
 from model_server.follow import Follower, PromotedModel, ReplicaState, ReplicaStatus
+from model_server.host import ModelHost
+from model_server.metrics import Metrics
 from modelling.init_model import init_model_dir
-from modelling.jobs import create_job, run_job
-from modelling.registry import PromotionIncomplete, list_models, promote, register_model
+from modelling.job_runner import run_job
+from modelling.jobs import create_job
+from modelling.promotion import PromotionIncomplete, promote
+from modelling.registry import list_models, register_model
 from modelling.replicas import LIVE_WITHIN_S, list_replicas
 from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelReplica, ModelVersionStatus

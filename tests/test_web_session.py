@@ -1,7 +1,7 @@
-"""The web app's login and logout pages, session cookie and page gate (frontend/web.py), as a
-browser and an attacker meet them: against the real API served over HTTP, with a stand-in for
-the Streamlit pages behind the gate (the browser test, tests/test_e2e_browser.py, runs the real
-``st.App``)."""
+"""The web app's login and logout pages, session cookie and page gate (frontend/web.py,
+frontend/sessions.py, frontend/page_gate.py), as a browser and an attacker meet them: against
+the real API served over HTTP, with a stand-in for the Streamlit pages behind the gate (the
+browser test, tests/test_e2e_browser.py, runs the real ``st.App``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from api.app import create_app
-from frontend import forwarded, web
+from frontend import forms, forwarded, page_gate, sessions, web, web_backend
 from frontend.client import ApiClient, ApiError
 from services.db.engine import session_scope
 from services.domain import users
@@ -50,14 +50,14 @@ def _web_app(api_url: str, base: str = "", web_app_key: str | None = None, trust
     """The routes and gate as ``frontend/server.py`` mounts them; any other path stands for a
     Streamlit page or file."""
     trusted = forwarded.parse_trusted_proxies(trusted_proxies)
-    session = web.WebSession(web.Backend(api_url, web_app_key=web_app_key, trusted_proxies=trusted), base)
+    session = web.WebSession(web_backend.Backend(api_url, web_app_key=web_app_key, trusted_proxies=trusted), base)
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
 
     return Starlette(
         routes=[*session.routes(), Route("/{path:path}", streamlit, methods=["GET", "HEAD", "POST"])],
-        middleware=[Middleware(web.SessionGate, web=session)],
+        middleware=[Middleware(page_gate.SessionGate, web=session)],
     )
 
 
@@ -97,7 +97,7 @@ def test_a_page_load_without_a_session_goes_to_login_and_back_to_the_deep_link(
     before = dt.datetime.now(dt.UTC)
     logged_in = _log_in(browser, "rita", next_path="/dashboard?round=3")
     assert logged_in.status_code == 303 and logged_in.headers["location"] == "/dashboard?round=3"
-    morsel = _set_cookie(logged_in)[web.COOKIE_NAME]
+    morsel = _set_cookie(logged_in)[sessions.COOKIE_NAME]
     assert morsel["httponly"] and morsel["samesite"].lower() == "lax" and morsel["path"] == "/"
     assert not morsel["secure"]  # plain HTTP here; see the HTTPS test
     kind, token = morsel.value.split(".", 1)
@@ -118,7 +118,8 @@ def test_a_wrong_password_shows_the_apis_message_and_sets_no_cookie(app: Any, br
     _user(app, "rita", "researcher")
     wrong = _log_in(browser, "rita", "not-the-password")
     assert wrong.status_code == 401
-    assert "wrong username or password" in wrong.text and web.COOKIE_NAME not in wrong.headers.get("set-cookie", "")
+    assert "wrong username or password" in wrong.text
+    assert sessions.COOKIE_NAME not in wrong.headers.get("set-cookie", "")
     assert 'value="rita"' in wrong.text and "not-the-password" not in wrong.text  # the password is not echoed
     empty = _log_in(browser, "rita", "")
     assert empty.status_code == 400 and "Enter your username and password." in empty.text
@@ -155,15 +156,15 @@ def test_next_is_a_path_of_this_app_or_the_start_page(app: Any, browser: TestCli
     _user(app, "rita", "researcher")
     answer = _log_in(browser, "rita", next_path=next_path)
     assert answer.status_code == 303 and answer.headers["location"] == "/", answer.headers
-    assert web.safe_next(next_path, "") == "/"
+    assert sessions.safe_next(next_path, "") == "/"
 
 
 def test_next_keeps_paths_under_the_base_path_only() -> None:
-    assert web.safe_next("/dl/dashboard?round=2", "/dl") == "/dl/dashboard?round=2"
-    assert web.safe_next("/dashboard", "/dl") == "/dl/"
-    assert web.safe_next("/dlx/dashboard", "/dl") == "/dl/"
-    assert web.safe_next("/dl/login", "/dl") == "/dl/"
-    assert web.base_path("/dl/") == "/dl" and web.base_path("") == "" and web.base_path(None) == ""
+    assert sessions.safe_next("/dl/dashboard?round=2", "/dl") == "/dl/dashboard?round=2"
+    assert sessions.safe_next("/dashboard", "/dl") == "/dl/"
+    assert sessions.safe_next("/dlx/dashboard", "/dl") == "/dl/"
+    assert sessions.safe_next("/dl/login", "/dl") == "/dl/"
+    assert sessions.base_path("/dl/") == "/dl" and sessions.base_path("") == "" and sessions.base_path(None) == ""
 
 
 def test_a_cookie_over_https_is_secure_and_under_a_base_path_is_scoped_to_it(app: Any, api_url: str) -> None:
@@ -175,7 +176,7 @@ def test_a_cookie_over_https_is_secure_and_under_a_base_path_is_scoped_to_it(app
             headers={"Origin": "https://testserver"},
         )
         assert answer.status_code == 303 and answer.headers["location"] == "/dl/rounds"
-        morsel = _set_cookie(answer)[web.COOKIE_NAME]
+        morsel = _set_cookie(answer)[sessions.COOKIE_NAME]
         assert morsel["secure"] and morsel["httponly"] and morsel["path"] == "/dl"
         assert client.get("/dl/rounds").text == "streamlit /dl/rounds"
         assert client.get("/elsewhere").text == "streamlit /elsewhere"  # not the app's: no gate
@@ -194,7 +195,7 @@ def test_a_cookie_over_https_is_secure_and_under_a_base_path_is_scoped_to_it(app
     ],
 )
 def test_a_forged_or_malformed_cookie_leads_to_the_login_page(browser: TestClient, cookie: str) -> None:
-    browser.cookies.set(web.COOKIE_NAME, cookie)
+    browser.cookies.set(sessions.COOKIE_NAME, cookie)
     answer = browser.get("/validate")
     assert answer.status_code == 303 and answer.headers["location"].startswith("/login?next=/validate")
     assert "streamlit" not in answer.text
@@ -203,13 +204,13 @@ def test_a_forged_or_malformed_cookie_leads_to_the_login_page(browser: TestClien
 def test_an_expired_or_revoked_token_ends_the_session(app: Any, api_url: str, browser: TestClient) -> None:
     _user(app, "vera", "validator")
     assert _log_in(browser, "vera", next_path="/validate").status_code == 303
-    token = web.parse_session(browser.cookies.get(web.COOKIE_NAME))
+    token = sessions.parse_session(browser.cookies.get(sessions.COOKIE_NAME))
     assert token is not None and browser.get("/validate").text == "streamlit /validate"
     with ApiClient(api_url, token.token) as client:
         client.revoke_token(client.my_token()["id"])
     ended = browser.get("/validate")
     assert ended.status_code == 303 and ended.headers["location"] == "/login?next=/validate&ended=1"
-    assert f'{web.COOKIE_NAME}=""' in ended.headers["set-cookie"] and "Max-Age=0" in ended.headers["set-cookie"]
+    assert f'{sessions.COOKIE_NAME}=""' in ended.headers["set-cookie"] and "Max-Age=0" in ended.headers["set-cookie"]
     assert "Your session has ended" in browser.get(ended.headers["location"]).text
 
 
@@ -240,7 +241,7 @@ def test_an_api_token_instead_of_a_password(app: Any, api_url: str, browser: Tes
     )
     good = browser.post("/login", data={"kind": "token", "token": issued["token"], "next": "/validate"}, headers=SAME)
     assert good.status_code == 303 and good.headers["location"] == "/validate"
-    morsel = _set_cookie(good)[web.COOKIE_NAME]
+    morsel = _set_cookie(good)[sessions.COOKIE_NAME]
     assert morsel.value == f"token.{issued['token']}"
     assert 2 * 86400 - 120 < int(morsel["max-age"]) <= 2 * 86400  # the pasted token's own expiry
     # Logging out forgets a pasted token in the browser but leaves it working for its owner.
@@ -253,7 +254,7 @@ def test_an_api_token_instead_of_a_password(app: Any, api_url: str, browser: Tes
 def test_logout_revokes_the_logins_token_and_clears_the_cookie(app: Any, api_url: str, browser: TestClient) -> None:
     _user(app, "rita", "researcher")
     _log_in(browser, "rita")
-    session = web.parse_session(browser.cookies.get(web.COOKIE_NAME))
+    session = sessions.parse_session(browser.cookies.get(sessions.COOKIE_NAME))
     assert session is not None
     out = browser.post("/logout", headers={"Referer": f"{ORIGIN}/dashboard"})
     assert out.status_code == 303 and out.headers["location"] == "/login?logged_out=1"
@@ -274,7 +275,7 @@ def test_a_cross_site_logout_or_login_is_refused(
 ) -> None:
     _user(app, "rita", "researcher")
     _log_in(browser, "rita")
-    session = web.parse_session(browser.cookies.get(web.COOKIE_NAME))
+    session = sessions.parse_session(browser.cookies.get(sessions.COOKIE_NAME))
     assert session is not None
     refused = browser.post("/logout", headers=headers)
     assert refused.status_code == 403 and "set-cookie" not in refused.headers
@@ -290,7 +291,7 @@ def test_oversized_or_malformed_forms_are_refused_before_the_api(app: Any, brows
     _user(app, "rita", "researcher")
     big = browser.post(
         "/login",
-        content=b"kind=password&username=rita&password=" + b"x" * (web.MAX_FORM_BYTES + 1),
+        content=b"kind=password&username=rita&password=" + b"x" * (forms.MAX_FORM_BYTES + 1),
         headers={**SAME, "Content-Type": "application/x-www-form-urlencoded"},
     )
     assert big.status_code == 413 and "set-cookie" not in big.headers
@@ -310,7 +311,7 @@ def test_oversized_or_malformed_forms_are_refused_before_the_api(app: Any, brows
         "/login", content=b"username=\xff\xfe", headers={**SAME, "Content-Type": "application/x-www-form-urlencoded"}
     )
     assert not_utf8.status_code == 400
-    long_name = _log_in(browser, "r" * (web.MAX_USERNAME + 1))
+    long_name = _log_in(browser, "r" * (forms.MAX_USERNAME + 1))
     assert long_name.status_code == 400 and "at most 64 characters" in long_name.text
     assert browser.get("/dashboard").status_code == 303
 
@@ -337,9 +338,9 @@ def test_one_browsers_wrong_passwords_lock_that_browser_only(settings: Any, shar
             answer = _log_in(worker, "wendy")
             if shared_key:
                 assert answer.status_code == 303 and answer.headers["location"] == "/dashboard"
-                assert web.COOKIE_NAME in _set_cookie(answer)
+                assert sessions.COOKIE_NAME in _set_cookie(answer)
             else:
-                assert answer.status_code == 429 and web.COOKIE_NAME not in _set_cookie(answer)
+                assert answer.status_code == 429 and sessions.COOKIE_NAME not in _set_cookie(answer)
     finally:
         server.stop()
 
@@ -368,7 +369,7 @@ def test_behind_the_https_proxy_one_browsers_guesses_lock_that_browser_only(sett
             via_proxy.headers.update(browser_b)
             answer = _log_in(via_proxy, "wendy")
             assert answer.status_code == 303 and answer.headers["location"] == "/dashboard", answer.text
-            assert web.COOKIE_NAME in _set_cookie(answer)
+            assert sessions.COOKIE_NAME in _set_cookie(answer)
 
             # Not a trusted proxy: X-Forwarded-For is the browser's own claim, a new one each time.
             statuses = [
@@ -395,7 +396,7 @@ def test_the_api_being_down_gets_a_clear_page(app: Any) -> None:
         answer = _log_in(client, "rita")
         assert answer.status_code == 503 and "cannot reach the API" in answer.text
         assert "set-cookie" not in answer.headers
-        client.cookies.set(web.COOKIE_NAME, "login.dl_some-token")
+        client.cookies.set(sessions.COOKIE_NAME, "login.dl_some-token")
         page = client.get("/dashboard")
         assert page.status_code == 503 and "The API is not answering" in page.text
         out = client.post("/logout", headers=SAME)  # the cookie goes; the page says the token could not be revoked
@@ -418,9 +419,9 @@ def test_an_endless_form_body_is_read_no_further_than_the_limit() -> None:
     }
 
     async def read() -> None:
-        with pytest.raises(web.FormError) as refused:
-            await web.read_form(Request(scope, endless))
+        with pytest.raises(forms.FormError) as refused:
+            await forms.read_form(Request(scope, endless))
         assert refused.value.status == 413
 
     anyio.run(read)
-    assert received == web.MAX_FORM_BYTES // 1024 + 1
+    assert received == forms.MAX_FORM_BYTES // 1024 + 1

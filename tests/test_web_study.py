@@ -1,4 +1,4 @@
-"""The web app's study link routes (frontend/web.py ``/study/{slug}`` and ``/study/finish``) as a
+"""The web app's study link routes (frontend/study_links.py ``/study/{slug}`` and ``/study/finish``) as a
 crowdworker and an attacker meet them, against a fake of the API's study endpoints (the shared
 contract of issue #13) reached through ``Backend(transport=...)``; a compromised API's off-site
 completion addresses are refused, not followed."""
@@ -21,7 +21,10 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from frontend import web
+from frontend import framing as web_framing
+from frontend import page_gate, web, web_backend
+from frontend.framing import Framing
+from frontend.sessions import COOKIE_NAME
 from tests.conftest import Actor, example_yaml, free_port, open_round, table_counts
 from tests.stub_model_server import ThreadedServer
 from tests.test_study_links import MTURK, PROMPTS, _write_example, make_link
@@ -151,15 +154,15 @@ class FakeApi:
         return _error(404, "not_found", f"no route {path}")
 
 
-def _web_app(api: FakeApi, base: str = "", framing: web.Framing | None = None) -> Starlette:
-    session = web.WebSession(web.Backend("http://api", transport=httpx.MockTransport(api)), base, framing)
+def _web_app(api: FakeApi, base: str = "", framing: Framing | None = None) -> Starlette:
+    session = web.WebSession(web_backend.Backend("http://api", transport=httpx.MockTransport(api)), base, framing)
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
 
     return Starlette(
         routes=[*session.routes(), Route("/{path:path}", streamlit, methods=["GET", "HEAD", "POST"])],
-        middleware=[Middleware(web.SessionGate, web=session)],
+        middleware=[Middleware(page_gate.SessionGate, web=session)],
     )
 
 
@@ -207,7 +210,7 @@ def _api_calls(api: FakeApi, method: str, prefix: str) -> list[Any]:
 def test_a_forged_slug_is_refused_before_the_api(api: FakeApi, browser: TestClient, path: str) -> None:
     response = browser.get(path, params=PROLIFIC)
     assert response.status_code == 404
-    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+    assert COOKIE_NAME not in response.headers.get("set-cookie", "")
     assert "<script>" not in response.text
     assert api.calls == []
 
@@ -215,7 +218,7 @@ def test_a_forged_slug_is_refused_before_the_api(api: FakeApi, browser: TestClie
 def test_an_unknown_slug_gets_the_apis_404_and_no_cookie(api: FakeApi, browser: TestClient) -> None:
     response = browser.get("/study/unknownSlug1", params=PROLIFIC)
     assert response.status_code == 404 and "no such study link" in response.text
-    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+    assert COOKIE_NAME not in response.headers.get("set-cookie", "")
 
 
 @pytest.mark.parametrize(
@@ -231,7 +234,7 @@ def test_oversized_parameters_are_refused_before_the_api(
 ) -> None:
     response = browser.get(f"/study/{SLUG}", params=params)
     assert response.status_code == 422
-    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+    assert COOKIE_NAME not in response.headers.get("set-cookie", "")
     assert api.calls == []
 
 
@@ -257,7 +260,7 @@ def test_the_apis_refusal_is_shown_with_its_status_and_no_cookie(
     api.link_error = error
     response = browser.get(f"/study/{SLUG}", params=PROLIFIC)
     assert response.status_code == status and error[2] in response.text
-    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+    assert COOKIE_NAME not in response.headers.get("set-cookie", "")
 
 
 @pytest.mark.parametrize(
@@ -368,7 +371,7 @@ def test_a_prolific_link_signs_the_worker_in_and_finishing_redirects_to_prolific
     assert response.status_code == 303 and response.headers["location"] == "/write"
     # The platform's parameters went to the API as they came.
     assert api.calls[0] == ("POST", f"/study/{SLUG}/sessions", {"params": PROLIFIC})
-    morsel = _cookie(response)[web.COOKIE_NAME]
+    morsel = _cookie(response)[COOKIE_NAME]
     assert morsel.value == "login.dl_worker1" and morsel["httponly"] and morsel["samesite"].lower() == "lax"
     assert abs(int(morsel["max-age"]) - 24 * 3600) < 120  # as long as the token: 24 hours
 
@@ -417,7 +420,7 @@ def test_an_mturk_preview_is_read_only(api: FakeApi, browser: TestClient) -> Non
     assert "Accept the HIT to start" in response.text and "dynasent-r2" in response.text
     assert "&lt;b&gt;reviews&lt;/b&gt;" in response.text  # the description is escaped
     assert "<form" not in response.text
-    assert web.COOKIE_NAME not in response.headers.get("set-cookie", "")
+    assert COOKIE_NAME not in response.headers.get("set-cookie", "")
 
 
 def test_an_mturk_worker_gets_a_form_that_posts_back_to_mturk(api: FakeApi, mturk_browser: TestClient) -> None:
@@ -476,7 +479,7 @@ def test_under_a_base_path_the_study_routes_and_cookie_follow_it(api: FakeApi) -
     with TestClient(_web_app(api, "/dl"), base_url=ORIGIN, follow_redirects=False) as browser:
         response = browser.get(f"/dl/study/{SLUG}", params=PROLIFIC)
         assert response.status_code == 303 and response.headers["location"] == "/dl/write"
-        assert _cookie(response)[web.COOKIE_NAME]["path"] == "/dl"
+        assert _cookie(response)[COOKIE_NAME]["path"] == "/dl"
         assert 'action="/dl/study/finish"' in browser.get("/dl/study/finish").text
 
 
@@ -496,14 +499,14 @@ def real_round(client: Any, researcher: Actor, stub_model: Any) -> dict[str, Any
 
 
 def _real_web_app(api_url: str) -> Starlette:
-    session = web.WebSession(web.Backend(api_url), "")
+    session = web.WebSession(web_backend.Backend(api_url), "")
 
     async def streamlit(request: Request) -> PlainTextResponse:
         return PlainTextResponse(f"streamlit {request.url.path}")
 
     return Starlette(
         routes=[*session.routes(), Route("/{path:path}", streamlit, methods=["GET", "HEAD", "POST"])],
-        middleware=[Middleware(web.SessionGate, web=session)],
+        middleware=[Middleware(page_gate.SessionGate, web=session)],
     )
 
 
@@ -527,8 +530,8 @@ def test_a_prolific_worker_writes_to_the_quota_and_lands_on_the_completion_redir
     params = PROLIFIC_IDS
     started = real_browser.get(link["path"], params=params)
     assert started.status_code == 303 and started.headers["location"] == "/write"
-    kind, token = _cookie(started)[web.COOKIE_NAME].value.split(".", 1)
-    assert kind == "login" and abs(int(_cookie(started)[web.COOKIE_NAME]["max-age"]) - 24 * 3600) < 120
+    kind, token = _cookie(started)[COOKIE_NAME].value.split(".", 1)
+    assert kind == "login" and abs(int(_cookie(started)[COOKIE_NAME]["max-age"]) - 24 * 3600) < 120
     assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).json()["roles"] == ["writer"]
     assert real_browser.get("/write").text == "streamlit /write"  # the gate lets the worker's page load
 
@@ -561,7 +564,7 @@ def test_an_mturk_preview_then_accept_then_stop_posts_back_to_mturk(
         link["path"], params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": MTURK["hitId"]}
     )
     assert preview.status_code == 200 and "Accept the HIT to start" in preview.text
-    assert web.COOKIE_NAME not in preview.headers.get("set-cookie", "") and table_counts(app) == before
+    assert COOKIE_NAME not in preview.headers.get("set-cookie", "") and table_counts(app) == before
 
     accepted = real_browser.get(
         link["path"],
@@ -588,12 +591,12 @@ def test_the_real_apis_refusals_reach_the_worker(
     unknown = real_browser.get("/study/" + "x" * 32, params={"PROLIFIC_PID": "abc", "STUDY_ID": "s", "SESSION_ID": "t"})
     assert unknown.status_code == 404
     missing = real_browser.get(link["path"], params={"STUDY_ID": "s"})
-    assert missing.status_code == 422 and web.COOKIE_NAME not in missing.headers.get("set-cookie", "")
+    assert missing.status_code == 422 and COOKIE_NAME not in missing.headers.get("set-cookie", "")
     assert table_counts(app) == before
     assert client.post(f"/api/v1/study-links/{link['id']}/close", headers=researcher.headers).status_code == 200
     before = table_counts(app)
     closed = real_browser.get(link["path"], params=PROLIFIC_IDS)
-    assert closed.status_code == 409 and web.COOKIE_NAME not in closed.headers.get("set-cookie", "")
+    assert closed.status_code == 409 and COOKIE_NAME not in closed.headers.get("set-cookie", "")
     assert table_counts(app) == before
 
 
@@ -629,7 +632,7 @@ def test_a_closed_rounds_link_gets_a_409_page_and_a_worker_in_a_session_only_a_s
     link, and their Finish page ends the session as a stop, without the completion code."""
     link = make_link(client, researcher, real_round["id"], completion_code="C0MPLETE")
     started = real_browser.get(link["path"], params=PROLIFIC_IDS)
-    assert started.status_code == 303 and web.COOKIE_NAME in _cookie(started)
+    assert started.status_code == 303 and COOKIE_NAME in _cookie(started)
     closed = client.post(
         f"/api/v1/rounds/{real_round['id']}/status", json={"status": "closed"}, headers=researcher.headers
     )
@@ -642,7 +645,7 @@ def test_a_closed_rounds_link_gets_a_409_page_and_a_worker_in_a_session_only_a_s
             page = browser.get(link["path"], params=params)
             assert page.status_code == 409, page.text
             assert "This study is not taking workers" in page.text and "round of this study link is closed" in page.text
-            assert web.COOKIE_NAME not in page.headers.get("set-cookie", "") and "C0MPLETE" not in page.text
+            assert COOKIE_NAME not in page.headers.get("set-cookie", "") and "C0MPLETE" not in page.text
     assert table_counts(app) == before
 
     confirm = real_browser.get("/study/finish")
@@ -685,7 +688,7 @@ def _framed_by(response: httpx.Response, ancestors: str = MTURK_HOSTS) -> None:
 
 def _set_cookie(response: httpx.Response) -> str:
     """The session cookie the answer sets (or clears, when it clears it alone)."""
-    headers = [h for h in response.headers.get_list("set-cookie") if h.startswith(f"{web.COOKIE_NAME}=")]
+    headers = [h for h in response.headers.get_list("set-cookie") if h.startswith(f"{COOKIE_NAME}=")]
     setting = [h for h in headers if "max-age=0" not in h.lower()]
     assert len(setting) == 1 or (not setting and len(headers) == 1), headers
     return (setting or headers)[0]
@@ -693,7 +696,7 @@ def _set_cookie(response: httpx.Response) -> str:
 
 def _cleared(response: httpx.Response) -> list[str]:
     headers = response.headers.get_list("set-cookie")
-    return [h for h in headers if h.startswith(f"{web.COOKIE_NAME}=") and "max-age=0" in h.lower()]
+    return [h for h in headers if h.startswith(f"{COOKIE_NAME}=") and "max-age=0" in h.lower()]
 
 
 def _attributes(header: str) -> set[str]:
@@ -710,7 +713,7 @@ def test_an_mturk_session_may_be_framed_by_mturk_only_on_every_page_it_meets(
     accepted = mturk_browser.get(f"/study/{SLUG}", params=MTURK_ACCEPTED)
     assert accepted.status_code == 303 and accepted.headers["location"] == "/write"
     cookie = _set_cookie(accepted)
-    assert cookie.startswith(f"{web.COOKIE_NAME}=mturk.dl_worker1;")
+    assert cookie.startswith(f"{COOKIE_NAME}=mturk.dl_worker1;")
     attributes = _attributes(cookie)
     assert {"httponly", "secure", "samesite=none", "partitioned", "path=/"} <= attributes, cookie
     # A Lax session cookie of the same browser (a researcher trying their link) is cleared first.
@@ -765,20 +768,20 @@ def test_a_refused_mturk_link_is_readable_in_mturks_frame_and_a_forged_one_is_no
     full = mturk_browser.get(f"/study/{SLUG}", params=MTURK_ACCEPTED)
     assert full.status_code == 409 and "all the workers" in full.text
     _framed_by(full)
-    assert web.COOKIE_NAME not in full.headers.get("set-cookie", "")
+    assert COOKIE_NAME not in full.headers.get("set-cookie", "")
     # Without MTurk's parameters it is no MTurk answer: unframeable.
     _unframeable(mturk_browser.get(f"/study/{SLUG}", params=PROLIFIC))
     _unframeable(mturk_browser.get("/study/" + "a" * 65, params={"hitId": "H1"}))
 
 
 def test_an_admins_frame_ancestors_and_submit_origins_are_used(api: FakeApi) -> None:
-    framing = web.Framing.from_env(
+    framing = Framing.from_env(
         {
             "DYNALOOP_MTURK_FRAME_ANCESTORS": "http://localhost:8123, https://worker.mturk.com/",
             "DYNALOOP_MTURK_SUBMIT_ORIGINS": "http://localhost:8123",
         }
     )
-    assert framing == web.Framing(("http://localhost:8123", "https://worker.mturk.com"), ("http://localhost:8123",))
+    assert framing == Framing(("http://localhost:8123", "https://worker.mturk.com"), ("http://localhost:8123",))
     api.platform = "mturk"
     api.completion = {
         "status": "completed",
@@ -798,7 +801,7 @@ def test_an_admins_frame_ancestors_and_submit_origins_are_used(api: FakeApi) -> 
         refused = client.post("/study/finish", data={"session_id": "11", "reason": "quota"}, headers=SAME)
         assert refused.status_code == 502 and "<form" not in refused.text
     # None may frame: an empty list.
-    closed = web.Framing.from_env({"DYNALOOP_MTURK_FRAME_ANCESTORS": ""})
+    closed = Framing.from_env({"DYNALOOP_MTURK_FRAME_ANCESTORS": ""})
     with TestClient(_web_app(api, framing=closed), base_url=HTTPS_ORIGIN, follow_redirects=False) as client:
         _unframeable(client.get(f"/study/{SLUG}", params={"assignmentId": "ASSIGNMENT_ID_NOT_AVAILABLE", "hitId": "H"}))
 
@@ -825,9 +828,9 @@ def test_a_wrong_frame_ancestor_or_submit_origin_stops_the_start(value: str) -> 
     from services.settings import Settings
 
     with pytest.raises(ValueError, match="DYNALOOP_MTURK_FRAME_ANCESTORS"):
-        web.Framing.from_env({"DYNALOOP_MTURK_FRAME_ANCESTORS": value})
+        Framing.from_env({"DYNALOOP_MTURK_FRAME_ANCESTORS": value})
     with pytest.raises(ValueError, match="DYNALOOP_MTURK_SUBMIT_ORIGINS"):
-        web.Framing.from_env({"DYNALOOP_MTURK_SUBMIT_ORIGINS": value})
+        Framing.from_env({"DYNALOOP_MTURK_SUBMIT_ORIGINS": value})
     with pytest.raises(ValueError, match="DYNALOOP_MTURK_SUBMIT_ORIGINS"):
         Settings(mturk_submit_origins=value)
     with pytest.raises(ValueError, match=r"^X: "):
@@ -846,7 +849,7 @@ def test_a_wrong_frame_ancestor_or_submit_origin_stops_the_start(value: str) -> 
 def test_the_web_apps_copy_of_the_origin_parser_answers_like_the_apis(value: str) -> None:
     from services.origins import parse_origins
 
-    assert web.parse_origins(value, "X") == parse_origins(value, "X")
+    assert web_framing.parse_origins(value, "X") == parse_origins(value, "X")
 
 
 def test_a_cross_site_post_with_the_framed_cookie_ends_nothing(api: FakeApi, mturk_browser: TestClient) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends
 
-from api.ratelimit import address_rate_limited, token_rate_limited
+from api.deps import address_rate_limited, token_rate_limited
 from api.routes import (
     assignments,
     attention_checks,

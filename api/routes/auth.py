@@ -33,7 +33,7 @@ async def login(body: LoginRequest, request: Request, session: SessionDep) -> Lo
     # Async so that a login waiting for the password pool (api/ratelimit.py) holds no handler
     # thread; its database work and the password check run in threads.
     throttle = app_state(request).rate_limiter.login
-    address = client_address(request)
+    address = client_address(request, app_state(request).settings)
 
     def look_up() -> User | None:
         throttle.check(body.username, address)

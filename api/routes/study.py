@@ -118,7 +118,7 @@ def start_session(
         settings.secret_key,
         slug,
         body.params,
-        address=client_address(request),
+        address=client_address(request, settings),
         caps=caps,
         mturk_submit_origins=settings.mturk_submit_origin_list,
     )

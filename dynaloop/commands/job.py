@@ -44,7 +44,7 @@ def job_run(
     """Run a queued job in this process, writing its progress to the database (a `dynaloop
     worker` starts this command for every job it takes; a promote job reads its model server's
     URL and admin token from the registry of model servers)."""
-    from modelling.jobs import STOP, run_job
+    from modelling.job_runner import STOP, run_job
     from services.db.models import JobStatus
     from services.errors import DomainError
 

@@ -271,7 +271,7 @@ def model_promote(
     without a server, promote it to the replicas that follow the task and wait until they serve it."""
     from pydantic import ValidationError
 
-    from modelling.registry import PromotionIncomplete
+    from modelling.promotion import PromotionIncomplete
     from modelling.usecases import PromoteOptions, promote_model
     from services.db.engine import session_scope
     from services.domain import model_servers

@@ -24,6 +24,7 @@ from dynaloop.commands.common import (
 )
 
 if TYPE_CHECKING:
+    from modelling.usecases import TrainedModel
     from round_builder.usecases import BuildOptions
 
 app = typer.Typer(help="Build and export rounds.", no_args_is_help=True)
@@ -512,78 +513,85 @@ def round_import(
 # --- train ----------------------------------------------------------------------------------
 
 
+# The options of `dynaloop round train` (TrainOptions in modelling/usecases.py says what each does).
+TrainMixOpt = Annotated[
+    Path,
+    typer.Option(
+        help="Data mix YAML: train sources (weights, upsampling) and the dev set. Run from a shell, the "
+        "command reads any file the mix names (relative paths: to the mix file); jobs started through "
+        "the API read only uploaded datasets and files under DYNALOOP_DATA_ROOT"
+    ),
+]
+BaseCheckpointOpt = Annotated[
+    Path | None,
+    typer.Option(help="Backbone checkpoint folder (never a dynaloop-trained model); default: packaged MiniLM"),
+]
+EpochsOpt = Annotated[
+    int | None, typer.Option(help="Planned epochs; default: the task YAML's training.epochs (3 when it has none)")
+]
+LearningRateOpt = Annotated[
+    float | None,
+    typer.Option(help="AdamW learning rate; default: the task YAML's training.learning_rate (2e-5 when it has none)"),
+]
+ClassWeightsOpt = Annotated[
+    str | None,
+    typer.Option(help="none or balanced (from the mix's label mass); default: the task YAML's training.class_weights"),
+]
+AllowUnknownTokensOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Train even when more than DYNALOOP_MAX_UNKNOWN_TOKEN_SHARE of the mix's tokens are the "
+        "backbone tokenizer's unknown token (e.g. MiniLM on Ge'ez script)"
+    ),
+]
+PatienceOpt = Annotated[
+    int, typer.Option(help="Early stopping: epochs without a better dev macro-F1 (0: never stop early)")
+]
+CheckpointEveryOpt = Annotated[str, typer.Option(help="Resumable checkpoint every N optimizer steps, or 'epoch'")]
+ModelKindOpt = Annotated[
+    str,
+    typer.Option(
+        help="encoder: fine-tune --base; linear: a class-balanced char+word n-gram TF-IDF + logistic "
+        "regression (scikit-learn) that reads any script and trains in seconds on a CPU (e.g. Ge'ez script "
+        "the encoder's tokenizer cannot read, or Model 0 without a GPU)"
+    ),
+]
+CheckPrecisionOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Score the dev set at bf16 and int8 against fp32 afterwards and record it in the model directory "
+        "(the model server's --precision auto uses only what it admits)"
+    ),
+]
+
+
 @app.command("train")
 def round_train(
     task: TaskOpt,
-    mix: Annotated[
-        Path,
-        typer.Option(
-            help="Data mix YAML: train sources (weights, upsampling) and the dev set. Run from a shell, the "
-            "command reads any file the mix names (relative paths: to the mix file); jobs started through "
-            "the API read only uploaded datasets and files under DYNALOOP_DATA_ROOT"
-        ),
-    ],
+    mix: TrainMixOpt,
     out: Annotated[Path, typer.Option(help="New folder for the model directory")],
     number: Annotated[
         int | None, typer.Option("--round", help="The round this model will serve (the next round to collect)")
     ] = None,
-    base: Annotated[
-        Path | None,
-        typer.Option(help="Backbone checkpoint folder (never a dynaloop-trained model); default: packaged MiniLM"),
-    ] = None,
-    epochs: Annotated[
-        int | None, typer.Option(help="Planned epochs; default: the task YAML's training.epochs (3 when it has none)")
-    ] = None,
+    base: BaseCheckpointOpt = None,
+    epochs: EpochsOpt = None,
     batch_size: int = 32,
-    learning_rate: Annotated[
-        float | None,
-        typer.Option(
-            help="AdamW learning rate; default: the task YAML's training.learning_rate (2e-5 when it has none)"
-        ),
-    ] = None,
+    learning_rate: LearningRateOpt = None,
     max_length: int = 128,
     seed: int = 0,
-    class_weights: Annotated[
-        str | None,
-        typer.Option(
-            help="none or balanced (from the mix's label mass); default: the task YAML's training.class_weights"
-        ),
-    ] = None,
-    allow_unknown_tokens: Annotated[
-        bool,
-        typer.Option(
-            help="Train even when more than DYNALOOP_MAX_UNKNOWN_TOKEN_SHARE of the mix's tokens are the "
-            "backbone tokenizer's unknown token (e.g. MiniLM on Ge'ez script)"
-        ),
-    ] = False,
-    patience: Annotated[
-        int, typer.Option(help="Early stopping: epochs without a better dev macro-F1 (0: never stop early)")
-    ] = 2,
+    class_weights: ClassWeightsOpt = None,
+    allow_unknown_tokens: AllowUnknownTokensOpt = False,
+    patience: PatienceOpt = 2,
     gradient_accumulation_steps: int = 1,
-    checkpoint_every: Annotated[
-        str, typer.Option(help="Resumable checkpoint every N optimizer steps, or 'epoch'")
-    ] = "epoch",
+    checkpoint_every: CheckpointEveryOpt = "epoch",
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from its newest checkpoint")] = False,
     cpu: Annotated[bool, typer.Option(help="Train on the CPU even when a GPU is present")] = False,
     model_id: Annotated[
         str | None, typer.Option(help="Name in dynaloop_model.json; default from task and round")
     ] = None,
     tiny: Annotated[bool, typer.Option(help="Tests: a tiny random BERT as the base, not --base")] = False,
-    kind: Annotated[
-        str,
-        typer.Option(
-            help="encoder: fine-tune --base; linear: a class-balanced char+word n-gram TF-IDF + logistic "
-            "regression (scikit-learn) that reads any script and trains in seconds on a CPU (e.g. Ge'ez script "
-            "the encoder's tokenizer cannot read, or Model 0 without a GPU)"
-        ),
-    ] = "encoder",
-    check_precision: Annotated[
-        bool,
-        typer.Option(
-            help="Score the dev set at bf16 and int8 against fp32 afterwards and record it in the model directory "
-            "(the model server's --precision auto uses only what it admits)"
-        ),
-    ] = True,
+    kind: ModelKindOpt = "encoder",
+    check_precision: CheckPrecisionOpt = True,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Retrain from scratch on the mix: base checkpoint, fresh head, all rounds' data (DynaSent §5.3)."""
@@ -595,20 +603,7 @@ def round_train(
     from modelling.usecases import TrainOptions, train_and_register
     from services.errors import DomainError
 
-    if class_weights not in (None, "none", "balanced"):
-        raise fail(f"--class-weights takes none or balanced, not {class_weights!r}")
-    if tiny and base is not None:
-        raise fail("give --base or --tiny, not both")
-    if kind not in ("encoder", "linear"):
-        raise fail(f"--kind takes encoder or linear, not {kind!r}")
-    if kind == "linear" and (tiny or base is not None or resume):
-        raise fail("--kind linear trains no backbone: leave out --base, --tiny and --resume")
-    every: int | str = checkpoint_every
-    if checkpoint_every != "epoch":
-        try:
-            every = int(checkpoint_every)
-        except ValueError as exc:
-            raise fail(f"--checkpoint-every takes a number of steps or 'epoch', not {checkpoint_every!r}") from exc
+    every = _checked_train_flags(class_weights, tiny, base, kind, resume, checkpoint_every)
     settings = settings_for(database_url)
     url = settings.resolved_database_url
     ensure_schema(url)
@@ -657,6 +652,31 @@ def round_train(
         raise fail(f"invalid training settings: {problems(exc)}") from exc
     except (DataError, TrainingError, OSError) as exc:
         raise fail(str(exc)) from exc
+    _print_trained(trained)
+
+
+def _checked_train_flags(
+    class_weights: str | None, tiny: bool, base: Path | None, kind: str, resume: bool, checkpoint_every: str
+) -> int | str:
+    """Refuse flags that do not go together; ``--checkpoint-every`` as a number of steps or "epoch"."""
+    if class_weights not in (None, "none", "balanced"):
+        raise fail(f"--class-weights takes none or balanced, not {class_weights!r}")
+    if tiny and base is not None:
+        raise fail("give --base or --tiny, not both")
+    if kind not in ("encoder", "linear"):
+        raise fail(f"--kind takes encoder or linear, not {kind!r}")
+    if kind == "linear" and (tiny or base is not None or resume):
+        raise fail("--kind linear trains no backbone: leave out --base, --tiny and --resume")
+    if checkpoint_every == "epoch":
+        return checkpoint_every
+    try:
+        return int(checkpoint_every)
+    except ValueError as exc:
+        raise fail(f"--checkpoint-every takes a number of steps or 'epoch', not {checkpoint_every!r}") from exc
+
+
+def _print_trained(trained: TrainedModel) -> None:
+    """The precision check's agreement and the registered version of a training run."""
     if trained.precision_check is not None:
         check = trained.precision_check
         console.print(

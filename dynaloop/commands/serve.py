@@ -259,7 +259,8 @@ def model_server(
 
     import uvicorn
 
-    from model_server.app import FollowSettings, ServerConfig, create_model_app
+    from model_server.app import create_model_app
+    from model_server.config import FollowSettings, ServerConfig
     from modelling.replicas import MAX_FOLLOW_INTERVAL_S
 
     if model is None and follow_task is None:

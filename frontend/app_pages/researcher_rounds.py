@@ -35,7 +35,10 @@ SELECT_ROUND_KEY = "researcher_rounds_select_round"  # a round to select on the 
 
 def create_task_form(client: Api) -> None:
     with st.expander("Create a task from its YAML file", expanded=False):
-        st.caption("The YAML format is in docs/tasks.md; `dynaloop task show-example dynasent-r2` prints an example.")
+        st.caption(
+            'The YAML format is in docs/api.md, "Create a task from its YAML"; '
+            "`dynaloop task show-example dynasent-r2` prints an example."
+        )
         upload = st.file_uploader(
             f"Task YAML file (at most {uploads.limit_text()})",
             type=["yaml", "yml"],

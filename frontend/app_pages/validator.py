@@ -22,7 +22,8 @@ from typing import Any, TypedDict
 import streamlit as st
 
 from frontend import instructions, render, state, study
-from frontend.client import Api, ApiError, BatchItem, Label, Round, TaskDefinition
+from frontend.client import Api, ApiError, BatchItem, Label, TaskDefinition
+from frontend.open_rounds import choose_open_round
 
 BATCH_KEY = "validator_batch"
 SHOWN_AT_KEY = "validator_shown_at"
@@ -43,34 +44,6 @@ class HeldBatch(TypedDict):
     multi_label: bool
     items: list[BatchItem]
     done: dict[str, SavedCard]  # item id -> what was saved
-
-
-def choose_round(client: Api, study_round: int | None = None) -> Round | None:
-    """The round to work in: the study session's round when the user came from a study link."""
-    try:
-        rounds = [
-            r
-            for r in state.session_cached(client, "open_rounds", client.open_rounds, after_writes=False)
-            if r["status"] in ("collecting", "validating")
-        ]
-    except ApiError as error:
-        state.show_api_error(error)
-        return None
-    if not rounds:
-        st.info("No round needs labels right now. Please check back later.")
-        return None
-    if study_round is not None and any(r["id"] == study_round for r in rounds):
-        rounds = [r for r in rounds if r["id"] == study_round]
-    if len(rounds) == 1:
-        return rounds[0]
-    by_id = {r["id"]: r for r in rounds}
-    chosen = st.selectbox(
-        "Task",
-        list(by_id),
-        key="validator_round_id",
-        format_func=lambda rid: f"{by_id[rid]['task']} (round {by_id[rid]['number']})",
-    )
-    return by_id[chosen]
 
 
 def current_batch(client: Api, round_id: int) -> HeldBatch | None:
@@ -200,7 +173,13 @@ def main() -> None:
     st.title("Validate")
     state.show_flash()
     session = study.show_progress(client, "validator")
-    round_ = choose_round(client, session["round_id"] if session else None)
+    round_ = choose_open_round(
+        client,
+        ("collecting", "validating"),
+        key="validator_round_id",
+        none_open="No round needs labels right now. Please check back later.",
+        study_round=session["round_id"] if session else None,
+    )
     if round_ is None:
         return
     try:

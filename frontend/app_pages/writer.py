@@ -23,6 +23,7 @@ import streamlit as st
 
 from frontend import instructions, render, state, study
 from frontend.client import Api, ApiError, Assignment, Attempt, Label, QuizResult, Round, Task, TaskDefinition
+from frontend.open_rounds import choose_open_round
 
 ASSIGNMENT_KEY = "writer_assignment"
 DRAFTS_KEY = "writer_drafts"
@@ -63,34 +64,6 @@ def writer_instructions(task: Task, tries: int, prompt: bool | None = None) -> s
         definition["labels"], _names(task), tries, multi_label=definition.get("family") == "multi_label", prompt=prompt
     )
     return instructions.with_task_text(steps, definition.get("instructions"))
-
-
-def choose_round(client: Api, study_round: int | None = None) -> Round | None:
-    """The round to work in: the study session's round when the user came from a study link."""
-    try:
-        rounds = [
-            r
-            for r in state.session_cached(client, "open_rounds", client.open_rounds, after_writes=False)
-            if r["status"] == "collecting"
-        ]
-    except ApiError as error:
-        state.show_api_error(error)
-        return None
-    if not rounds:
-        st.info("No round is collecting sentences right now. Please check back later.")
-        return None
-    if study_round is not None and any(r["id"] == study_round for r in rounds):
-        rounds = [r for r in rounds if r["id"] == study_round]
-    if len(rounds) == 1:
-        return rounds[0]
-    by_id = {r["id"]: r for r in rounds}
-    chosen = st.selectbox(
-        "Task",
-        list(by_id),
-        key="writer_round_id",
-        format_func=lambda rid: f"{by_id[rid]['task']} (round {by_id[rid]['number']})",
-    )
-    return by_id[chosen]
 
 
 def _quiz_result(result: QuizResult) -> None:
@@ -636,7 +609,13 @@ def main() -> None:
         render.scroll_to_top()
     state.show_flash()
     session = study.show_progress(client, "writer")
-    round_ = choose_round(client, session["round_id"] if session else None)
+    round_ = choose_open_round(
+        client,
+        ("collecting",),
+        key="writer_round_id",
+        none_open="No round is collecting sentences right now. Please check back later.",
+        study_round=session["round_id"] if session else None,
+    )
     if round_ is None:
         return
     try:

@@ -497,7 +497,7 @@ class Validation(Base):
 
 class ModelVersion(Base):
     """A trained classifier directory and where it stands: trained -> evaluated -> promoted
-    -> retired (modelling.registry). ``model_id`` and ``version`` are the strings of its
+    -> retired (modelling.registry, modelling.promotion). ``model_id`` and ``version`` are the strings of its
     ``dynaloop_model.json``, the same ones every attempt records from the model server, so
     attempts join to the registry on (model_id, model_version)."""
 

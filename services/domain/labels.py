@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from services.errors import Invalid
-from services.taskdef import TaskDefinition, TaskFamily
+from services.taskdef import TaskDefinition
 
 
 def _as_list(value: str | Sequence[str] | None, what: str) -> list[str]:
@@ -169,7 +169,3 @@ def agreement_with(definition: TaskDefinition, response: list[str], gold: list[s
         return len(set(response) & set(gold)) / len(union) if union else 1.0
     mapped = collapse(definition, response)
     return 1.0 if mapped == gold else 0.0
-
-
-def family_needs_target(definition: TaskDefinition) -> bool:
-    return definition.family is TaskFamily.target_dependent

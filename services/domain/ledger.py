@@ -217,8 +217,8 @@ def _session_for(
     return chosen.id
 
 
-def majority_labels(session: Session, definition: TaskDefinition, round_: Round) -> dict[int, list[str] | None]:
-    """Each example of the round with its majority label: the newest build's gold label where the
+def round_gold_labels(session: Session, definition: TaskDefinition, round_: Round) -> dict[int, list[str] | None]:
+    """Each example of the round with its gold (majority) label: the newest build's gold label where the
     round is built and the example in that build, else the gold label of its counted validations
     (services.domain.labels.gold_label on the last annotation pass); None where there is none."""
     build = newest_build(session, round_)
@@ -305,7 +305,7 @@ def _round_candidates(
                 f"(study link {link.name!r}, round {round_.number})",
                 in_force.version,
             )
-    majority = majority_labels(session, definition, round_)
+    majority = round_gold_labels(session, definition, round_)
     # Writer bonus: fooled the model and the majority label is the writer's target.
     if policies.any_writer_bonus:
         for example in session.scalars(

@@ -386,7 +386,7 @@ def require_granted(
 
     Called by the routes and use cases that put a server in a round's loop or promote to one
     (api/routes/rounds.py, modelling/jobs.py when a promote job is submitted, and again by
-    modelling/registry.py when it runs)."""
+    modelling/promotion.py when it runs)."""
     names = check_names(session, names, field=field)
     if not _bound_by_grants(actor):
         return names
