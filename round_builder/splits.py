@@ -258,20 +258,12 @@ def build_splits(
     labels = _check_arguments(examples, labels, min_votes, dev_size, test_size, min_size)
     K = len(labels)
 
-    # Canonical order (sorted by example_id) so that the result does not depend on row order.
-    try:
-        order = np.asarray(examples["example_id"].argsort(kind="stable"), dtype=np.int64)
-    except TypeError:  # ids of mixed types: keep the input order
-        order = np.arange(len(examples))
+    order = _canonical_order(examples)
     frame = examples.iloc[order].reset_index(drop=True)
     n = len(frame)
     rng = np.random.default_rng(seed)
 
-    condition = _Column.of(frame["condition"])
-    bad = [v for v in condition.values if v not in CONDITIONS] + (["<missing>"] if (condition.codes < 0).any() else [])
-    if bad:
-        raise ValueError(f"condition must be one of {CONDITIONS}; got {sorted(map(str, bad))[:5]}")
-    is_prompt = condition.lookup(np.array([v == "prompt" for v in condition.values], dtype=bool), False)
+    is_prompt = _is_prompt(frame["condition"])
     # The pool dev/test draws on: prompt examples, and no-prompt ones where allowed (each alone).
     in_pool = is_prompt | no_prompt_eligible
 
@@ -292,28 +284,9 @@ def build_splits(
         reason[checks[i]] = i
     eligible = reason < 0
 
-    candidates = in_pool & ~gold_na & gc.in_labels & gc.assessed
-    if chance and candidates.any() and pred_na[candidates].all():
-        # Imported examples carry no model prediction: no (gold, predicted) cell can be filled,
-        # and saying "0 eligible examples from distinct prompts" per cell would hide why.
-        raise SplitError(
-            f"none of the {int(candidates.sum()):,} examples with gold that could reach dev or test has a model "
-            "prediction "
-            "(imported examples carry none), so no (gold, predicted) cell can be filled: holding the model at "
-            "chance needs the round's model's predictions; build without the chance constraint (the relaxed "
-            "policy with chance off)",
-            constraint="dev_test_size",
-            min_size=min_size,
-            unit="cell",
-        )
     if chance:
-        n_cells = K * K
-        cell = np.where(eligible, gc.class_code * K + pred_label, -1)
-        cell_names = [f"gold={g}/predicted={p}" for g in labels for p in labels]
-    else:
-        n_cells = len(gc.keys)
-        cell = np.where(eligible, gc.class_code, -1)
-        cell_names = list(gc.names)
+        _require_predictions(in_pool & ~gold_na & gc.in_labels & gc.assessed, pred_na, min_size)
+    n_cells, cell, cell_names = _cells(labels, gc, pred_label, eligible, chance)
     if n_cells == 0:
         raise SplitError(
             "no gold class has an eligible example (prompt condition, gold within the task's labels, "
@@ -321,18 +294,7 @@ def build_splits(
             constraint="dev_test_size",
             min_size=min_size,
         )
-
-    # Prompts: the prompt condition's prompt_id; a missing one (and a no-prompt example in the
-    # pool) is a prompt of its own.
-    prompt_code = np.full(n, -1, dtype=np.int64)
-    pool_prompts = pd.Series(frame["prompt_id"].to_numpy(), dtype=object).where(is_prompt, None).to_numpy()
-    codes, uniques = pd.factorize(pool_prompts[in_pool], use_na_sentinel=True)
-    missing = codes < 0
-    codes = codes.astype(np.int64)
-    codes[missing] = len(uniques) + np.arange(missing.sum())
-    prompt_code[in_pool] = codes
-    n_prompts = len(uniques) + int(missing.sum())
-    prompt_size = np.bincount(codes, minlength=n_prompts)
+    prompt_code, prompt_size = _prompt_codes(frame["prompt_id"], is_prompt, in_pool)
 
     # Unique eligible (prompt, cell) pairs; a prompt counts once per cell however many examples.
     el = np.flatnonzero(eligible)
@@ -345,82 +307,36 @@ def build_splits(
     graph = _PromptGraph(pair_prompt, pair_cell, prompt_size, n_cells)
     bound_total = int(min(available.min(), graph.n_eligible_prompts // n_cells))
     need = 2 * min_size
-    short = [
-        {"cell": cell_names[j], "available": int(available[j]), "needed": need, "short_by": int(need - available[j])}
-        for j in np.argsort(available, kind="stable")
-        if available[j] < need
-    ]
     if bound_total < need or not graph.feasible(need):
         raise SplitError(
             graph.diagnose(need, min_size, available, cell_names, chance),
             constraint="dev_test_size",
             min_size=min_size,
             unit="cell" if chance else "class",
-            short=short,
+            short=_short_cells(available, cell_names, need),
         )
     # The class-balance guard: per class, dev+test hold (chance: K cells of) the per-cell total.
     class_eligible = np.bincount(gc.class_code[eligible], minlength=len(gc.keys))
     guard = _BalanceGuard.of(max_dev_test_share, class_eligible, gc.names, K if chance else 1)
-    if guard is not None and guard.total < bound_total:
-        if guard.total < need:
-            raise SplitError(
-                guard.message(need), constraint="balance_guard", min_size=min_size, short=guard.short(need)
-            )
-        bound_total = guard.total
+    bound_total = _guarded_bound(guard, bound_total, need, min_size)
     max_total = graph.largest_feasible(need, bound_total)
     if guard is not None:
         guard = guard.used(max_total)
 
-    if dev_size is None and test_size is None:
-        d = t = max_total // 2
-    else:  # caps: balanced where possible, a capped split leaves its share to the other
-        d_cap = math.inf if dev_size is None else dev_size
-        t_cap = math.inf if test_size is None else test_size
-        d = int(min(d_cap, max_total // 2))
-        t = int(min(t_cap, max_total - d))
-        d = int(min(d_cap, max_total - t))
+    d, t = _dev_test_sizes(max_total, dev_size, test_size)
     capped = (dev_size is not None or test_size is not None) and d + t < max_total
 
     plan = graph.assignment(d + t)  # (group, cell, units)
 
     # Which prompts: a seeded random order within each interchangeable group.
     chosen_prompt, chosen_cell = graph.realise(plan, rng)
-    # Which example of a chosen prompt in its cell: a seeded random one.
-    by_pair = np.lexsort((rng.random(len(el)), pair_key))
-    first = np.ones(len(by_pair), dtype=bool)
-    first[1:] = pair_key[by_pair][1:] != pair_key[by_pair][:-1]
-    rep_rows = el[by_pair[first]]  # one representative row per unique pair, aligned with `pairs`
-    chosen_rows = rep_rows[np.searchsorted(pairs, chosen_prompt * n_cells + chosen_cell)]
+    chosen_rows = _chosen_rows(el, pair_key, pairs, chosen_prompt * n_cells + chosen_cell, rng)
+    split = _dev_or_test(n, chosen_rows, chosen_cell, d, rng)
 
-    # Dev or test: seeded shuffle within each cell, first d to dev, the next t to test.
-    within = np.lexsort((rng.random(len(chosen_rows)), chosen_cell))
-    sorted_cells = chosen_cell[within]
-    rank = np.arange(len(within)) - np.searchsorted(sorted_cells, sorted_cells, side="left")
-    split = np.zeros(n, dtype=np.int8)  # index into SPLITS
-    split[chosen_rows[within[rank < d]]] = _DEV
-    split[chosen_rows[within[rank >= d]]] = _TEST
-
-    used_prompt = np.zeros(n_prompts, dtype=bool)
-    used_prompt[chosen_prompt] = True
-    assessed_row = np.zeros(n, dtype=bool)
-    assessed_row[chosen_rows] = True
-    shared = in_pool & used_prompt[np.maximum(prompt_code, 0)] & ~assessed_row
+    shared = _shares_a_chosen_prompt(in_pool, prompt_code, chosen_prompt, chosen_rows, len(prompt_size))
     split[shared] = _EXCLUDED
 
-    inverse = np.empty(n, dtype=np.int64)
-    inverse[order] = np.arange(n)
-    index = pd.Index(examples["example_id"], name="example_id")
-    assignment = pd.Series(
-        pd.Categorical.from_codes(split[inverse], categories=pd.Index(SPLITS)), index=index, name="split"
-    )
-    flags = pd.DataFrame(
-        {
-            "no_prompt": ~is_prompt[inverse],
-            "prompt_shared_with_assessment": shared[inverse],
-            "ineligible_reason": pd.Categorical.from_codes(reason[inverse], categories=pd.Index(INELIGIBLE_REASONS)),
-        },
-        index=index,
-    )
+    assignment, flags = _in_input_order(examples, order, split, is_prompt, shared, reason)
 
     report = _report(
         _ReportInput(
@@ -450,6 +366,161 @@ def build_splits(
         )
     )
     return SplitResult(assignment=assignment, flags=flags, report=report)
+
+
+def _is_prompt(condition_column: pd.Series) -> np.ndarray:
+    """Whether each row was written to a prompt; a condition outside :data:`CONDITIONS` is refused."""
+    condition = _Column.of(condition_column)
+    bad = [v for v in condition.values if v not in CONDITIONS] + (["<missing>"] if (condition.codes < 0).any() else [])
+    if bad:
+        raise ValueError(f"condition must be one of {CONDITIONS}; got {sorted(map(str, bad))[:5]}")
+    return condition.lookup(np.array([v == "prompt" for v in condition.values], dtype=bool), False)
+
+
+def _require_predictions(candidates: np.ndarray, pred_na: np.ndarray, min_size: int) -> None:
+    """Refuse the chance constraint when none of the examples that could reach dev or test has a
+    model prediction. Imported examples carry none: no (gold, predicted) cell can be filled,
+    and saying "0 eligible examples from distinct prompts" per cell would hide why."""
+    if candidates.any() and pred_na[candidates].all():
+        raise SplitError(
+            f"none of the {int(candidates.sum()):,} examples with gold that could reach dev or test has a model "
+            "prediction "
+            "(imported examples carry none), so no (gold, predicted) cell can be filled: holding the model at "
+            "chance needs the round's model's predictions; build without the chance constraint (the relaxed "
+            "policy with chance off)",
+            constraint="dev_test_size",
+            min_size=min_size,
+            unit="cell",
+        )
+
+
+def _short_cells(available: np.ndarray, cell_names: Sequence[str], need: int) -> list[dict[str, Any]]:
+    """The cells with fewer distinct prompts than ``need``, fewest first: what a refusal lists."""
+    return [
+        {"cell": cell_names[j], "available": int(available[j]), "needed": need, "short_by": int(need - available[j])}
+        for j in np.argsort(available, kind="stable")
+        if available[j] < need
+    ]
+
+
+def _guarded_bound(guard: _BalanceGuard | None, bound_total: int, need: int, min_size: int) -> int:
+    """The per-cell total dev+test may reach under the class-balance guard; refused when the
+    guard leaves less than ``need``."""
+    if guard is None or guard.total >= bound_total:
+        return bound_total
+    if guard.total < need:
+        raise SplitError(guard.message(need), constraint="balance_guard", min_size=min_size, short=guard.short(need))
+    return guard.total
+
+
+def _shares_a_chosen_prompt(
+    in_pool: np.ndarray, prompt_code: np.ndarray, chosen_prompt: np.ndarray, chosen_rows: np.ndarray, n_prompts: int
+) -> np.ndarray:
+    """The rows not in dev or test whose prompt is a dev/test example's: excluded from train."""
+    used_prompt = np.zeros(n_prompts, dtype=bool)
+    used_prompt[chosen_prompt] = True
+    assessed_row = np.zeros(len(prompt_code), dtype=bool)
+    assessed_row[chosen_rows] = True
+    return in_pool & used_prompt[np.maximum(prompt_code, 0)] & ~assessed_row
+
+
+def _canonical_order(examples: pd.DataFrame) -> np.ndarray:
+    """The rows sorted by example_id, so that the result does not depend on row order."""
+    try:
+        return np.asarray(examples["example_id"].argsort(kind="stable"), dtype=np.int64)
+    except TypeError:  # ids of mixed types: keep the input order
+        return np.arange(len(examples))
+
+
+def _cells(
+    labels: Sequence[str], gc: _GoldClasses, pred_label: np.ndarray, eligible: np.ndarray, chance: bool
+) -> tuple[int, np.ndarray, list[str]]:
+    """How many cells dev and test balance over, each row's cell (-1: not eligible) and the
+    cells' names: (gold, predicted) pairs with ``chance``, gold classes without."""
+    K = len(labels)
+    if chance:
+        cell = np.where(eligible, gc.class_code * K + pred_label, -1)
+        return K * K, cell, [f"gold={g}/predicted={p}" for g in labels for p in labels]
+    return len(gc.keys), np.where(eligible, gc.class_code, -1), list(gc.names)
+
+
+def _prompt_codes(prompt_id: pd.Series, is_prompt: np.ndarray, in_pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's prompt in the pool (-1: not in the pool) and each prompt's examples: the prompt
+    condition's prompt_id; a missing one (and a no-prompt example in the pool) is a prompt of
+    its own."""
+    prompt_code = np.full(len(prompt_id), -1, dtype=np.int64)
+    pool_prompts = pd.Series(prompt_id.to_numpy(), dtype=object).where(is_prompt, None).to_numpy()
+    codes, uniques = pd.factorize(pool_prompts[in_pool], use_na_sentinel=True)
+    missing = codes < 0
+    codes = codes.astype(np.int64)
+    codes[missing] = len(uniques) + np.arange(missing.sum())
+    prompt_code[in_pool] = codes
+    n_prompts = len(uniques) + int(missing.sum())
+    return prompt_code, np.bincount(codes, minlength=n_prompts)
+
+
+def _dev_test_sizes(max_total: int, dev_size: int | None, test_size: int | None) -> tuple[int, int]:
+    """Dev and test per cell out of ``max_total``: halves without caps; with caps balanced where
+    possible, a capped split leaving its share to the other."""
+    if dev_size is None and test_size is None:
+        return max_total // 2, max_total // 2
+    d_cap = math.inf if dev_size is None else dev_size
+    t_cap = math.inf if test_size is None else test_size
+    d = int(min(d_cap, max_total // 2))
+    t = int(min(t_cap, max_total - d))
+    return int(min(d_cap, max_total - t)), t
+
+
+def _chosen_rows(
+    el: np.ndarray, pair_key: np.ndarray, pairs: np.ndarray, chosen_keys: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """For each chosen (prompt, cell) pair, a seeded random one of its eligible examples (rows)."""
+    by_pair = np.lexsort((rng.random(len(el)), pair_key))
+    first = np.ones(len(by_pair), dtype=bool)
+    first[1:] = pair_key[by_pair][1:] != pair_key[by_pair][:-1]
+    rep_rows = el[by_pair[first]]  # one representative row per unique pair, aligned with `pairs`
+    return rep_rows[np.searchsorted(pairs, chosen_keys)]
+
+
+def _dev_or_test(
+    n: int, chosen_rows: np.ndarray, chosen_cell: np.ndarray, d: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Each row's split (index into SPLITS, train unless chosen): a seeded shuffle within each
+    cell, the first ``d`` chosen rows to dev, the rest to test."""
+    within = np.lexsort((rng.random(len(chosen_rows)), chosen_cell))
+    sorted_cells = chosen_cell[within]
+    rank = np.arange(len(within)) - np.searchsorted(sorted_cells, sorted_cells, side="left")
+    split = np.zeros(n, dtype=np.int8)
+    split[chosen_rows[within[rank < d]]] = _DEV
+    split[chosen_rows[within[rank >= d]]] = _TEST
+    return split
+
+
+def _in_input_order(
+    examples: pd.DataFrame,
+    order: np.ndarray,
+    split: np.ndarray,
+    is_prompt: np.ndarray,
+    shared: np.ndarray,
+    reason: np.ndarray,
+) -> tuple[pd.Series, pd.DataFrame]:
+    """The assignment and the flags, indexed by example_id in the input's row order."""
+    n = len(order)
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = np.arange(n)
+    index = pd.Index(examples["example_id"], name="example_id")
+    assignment = pd.Series(
+        pd.Categorical.from_codes(split[inverse], categories=pd.Index(SPLITS)), index=index, name="split"
+    )
+    flags = pd.DataFrame(
+        {
+            "no_prompt": ~is_prompt[inverse],
+            "prompt_shared_with_assessment": shared[inverse],
+            "ineligible_reason": pd.Categorical.from_codes(reason[inverse], categories=pd.Index(INELIGIBLE_REASONS)),
+        },
+        index=index,
+    )
+    return assignment, flags
 
 
 class _PromptGraph:
