@@ -17,12 +17,12 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from round_builder import aggregation, splits, statistics
-from round_builder.build_settings import BuildSettings, resolve_policy
+from round_builder.build_settings import BuildSettings, EffectivePolicy, resolve_policy
 from round_builder.prepare import make_splits, prepare
 from round_builder.preview import nothing_builds, relaxations_for
 from round_builder.report import write_report
 from round_builder.report_assembly import assemble_report
-from round_builder.round_data import BuildOutcome, RoundData
+from round_builder.round_data import BuildOutcome, Prepared, RoundData
 from services.db.models import BuiltExample, Round, RoundBuild, RoundStatus, User, utcnow
 from services.domain import audit
 from services.domain.labels import exclusive_gold
@@ -92,33 +92,11 @@ def build_round(
     """Build ``round_`` (it must be closed, or built before) and record the build. A policy the
     round cannot meet is refused with what is short and the relaxations' previews."""
     prepared = prepare(session, round_)
-    data, gold, dropped, split_input = prepared.data, prepared.gold, prepared.dropped, prepared.split_input
+    data = prepared.data
     policy = resolve_policy(settings, data.definition, data.examples)
-    chance = policy.chance
-    try:
-        result = make_splits(prepared, policy, settings.seed)
-    except splits.SplitError as exc:
-        options = relaxations_for(prepared, settings, policy, refused_by=exc.details.get("constraint"))
-        offered = "; ".join(o.summary() for o in options if o.feasible)
-        raise splits.SplitError(
-            f"the {policy.name} policy cannot be met: {exc.message}. "
-            + (f"Relaxations that build: {offered}" if offered else nothing_builds(round_.number)),
-            **exc.details,
-            policy=policy.model_dump(),
-            relaxations=[o.to_dict() for o in options],
-        ) from None
+    result = _split_or_refuse(prepared, settings, policy, round_.number)
     assignment = {int(e): str(split) for e, split in zip(result.assignment.index, result.assignment, strict=True)}
-    flags = result.flags
-    distributional = _distributional(data)
     model_based = _model_based(data, settings.model_based)
-
-    # Every pass's kept responses are recorded (and exported); the statistics read data.responses.
-    kept = data.kept if data.kept is not None else data.responses
-    responses_by_example: dict[int, list[list[Any]]] = {}
-    for example_id, worker, label in kept.itertuples(index=False):
-        responses_by_example.setdefault(int(example_id), []).append(
-            [int(worker), list(label) if isinstance(label, tuple) else [str(label)]]
-        )
 
     build = RoundBuild(
         round_id=round_.id,
@@ -129,9 +107,82 @@ def build_round(
     )
     session.add(build)
     session.flush()
-    rows = []
-    reasons = gold["reason"].to_dict()
+    rows = _built_example_rows(build.id, prepared, assignment, result.flags, model_based)
+    for start in range(0, len(rows), 5000):
+        session.execute(insert(BuiltExample), rows[start : start + 5000])
+
+    outcome = BuildOutcome(
+        round_,
+        data,
+        settings,
+        prepared.gold,
+        prepared.split_input,
+        result,
+        assignment,
+        prepared.dropped,
+        policy.chance,
+        policy,
+        model_based,
+    )
+    assembled, plot = assemble_report(outcome)
+    report = _with_sources(assembled.to_dict(), prepared)
+    build.report = report
+    round_.status = RoundStatus.built
+    round_.built_at = utcnow()
+    audit.record(session, actor, "round.build", "round", round_.id, build_id=build.id, seed=settings.seed)
+    session.flush()
+    if out_dir is not None:
+        written = write_report(report, plot, out_dir)
+        build.report = {**report, "files": [p.name for p in written]}
+    return build
+
+
+def _split_or_refuse(
+    prepared: Prepared, settings: BuildSettings, policy: EffectivePolicy, number: int
+) -> splits.SplitResult:
+    """The round's splits under ``policy``; a policy the round cannot meet is refused with the
+    relaxations that build (or what to do when none does)."""
+    try:
+        return make_splits(prepared, policy, settings.seed)
+    except splits.SplitError as exc:
+        options = relaxations_for(prepared, settings, policy, refused_by=exc.details.get("constraint"))
+        offered = "; ".join(o.summary() for o in options if o.feasible)
+        raise splits.SplitError(
+            f"the {policy.name} policy cannot be met: {exc.message}. "
+            + (f"Relaxations that build: {offered}" if offered else nothing_builds(number)),
+            **exc.details,
+            policy=policy.model_dump(),
+            relaxations=[o.to_dict() for o in options],
+        ) from None
+
+
+def _recorded_responses(data: RoundData) -> dict[int, list[list[Any]]]:
+    """Per example, every pass's kept responses as recorded (and exported): [worker, labels];
+    the statistics read data.responses."""
+    kept = data.kept if data.kept is not None else data.responses
+    responses_by_example: dict[int, list[list[Any]]] = {}
+    for example_id, worker, label in kept.itertuples(index=False):
+        responses_by_example.setdefault(int(example_id), []).append(
+            [int(worker), list(label) if isinstance(label, tuple) else [str(label)]]
+        )
+    return responses_by_example
+
+
+def _built_example_rows(
+    build_id: int,
+    prepared: Prepared,
+    assignment: dict[int, str],
+    flags: pd.DataFrame,
+    model_based: dict[int, list[str]],
+) -> list[dict[str, Any]]:
+    """One ``BuiltExample`` row per example of the round: its split (or why it is excluded),
+    gold, responses and labels."""
+    split_input, dropped = prepared.split_input, prepared.dropped
+    distributional = _distributional(prepared.data)
+    responses_by_example = _recorded_responses(prepared.data)
+    reasons = prepared.gold["reason"].to_dict()
     gold_votes = split_input["gold_votes"].to_numpy()
+    rows = []
     for position, example_id in enumerate(split_input["example_id"]):
         example_id = int(example_id)
         if dropped[position]:
@@ -144,7 +195,7 @@ def build_round(
         gold_value = split_input["gold"].iat[position]
         rows.append(
             {
-                "build_id": build.id,
+                "build_id": build_id,
                 "example_id": example_id,
                 "split": split_name,
                 "gold_label": (
@@ -162,18 +213,15 @@ def build_round(
                 "flags": example_flags,
             }
         )
-    for start in range(0, len(rows), 5000):
-        session.execute(insert(BuiltExample), rows[start : start + 5000])
+    return rows
 
-    assembled, plot = assemble_report(
-        BuildOutcome(
-            round_, data, settings, gold, split_input, result, assignment, dropped, chance, policy, model_based
-        )
-    )
-    report = assembled.to_dict()
+
+def _with_sources(report: dict[str, Any], prepared: Prepared) -> dict[str, Any]:
+    """The report with what the build did with repeated texts and, for a round with imported
+    examples, where its gold labels came from."""
     if prepared.duplicates is not None:
         report["duplicates"] = prepared.duplicates.to_dict()
-    source = statistics.gold_source(data, gold)
+    source = statistics.gold_source(prepared.data, prepared.gold)
     if source is not None:
         report["datasheet"]["gold_source"] = source
         if source["imported_gold"]:
@@ -182,12 +230,4 @@ def build_round(
                 f"{sheet['gold_rule']} for gold computed here; {source['imported_gold']} gold label(s) "
                 "taken from the imported dataset"
             )
-    build.report = report
-    round_.status = RoundStatus.built
-    round_.built_at = utcnow()
-    audit.record(session, actor, "round.build", "round", round_.id, build_id=build.id, seed=settings.seed)
-    session.flush()
-    if out_dir is not None:
-        written = write_report(report, plot, out_dir)
-        build.report = {**report, "files": [p.name for p in written]}
-    return build
+    return report

@@ -68,9 +68,8 @@ def counted_responses(session: Session, round_: Round, *, multi_label: bool) -> 
     )
 
 
-def load_round(session: Session, round_: Round) -> RoundData:
-    definition = definition_of(round_.task)
-    multi = definition.is_multi_label
+def examples_frame(session: Session, round_: Round) -> pd.DataFrame:
+    """The round's examples, one row each, with their attempt's edit distance and confirmation."""
     rows = session.execute(
         select(
             Example.id,
@@ -94,7 +93,7 @@ def load_round(session: Session, round_: Round) -> RoundData:
         .where(Example.round_id == round_.id)
         .order_by(Example.id)
     ).all()
-    examples = pd.DataFrame.from_records(
+    return pd.DataFrame.from_records(
         [
             (
                 r[0],
@@ -133,6 +132,14 @@ def load_round(session: Session, round_: Round) -> RoundData:
             "source_metadata",
         ],
     )
+
+
+def load_round(session: Session, round_: Round) -> RoundData:
+    """The round as the build reads it: examples, counted responses (and their passes), scored
+    attempts, prompts and their sources, answers to control items."""
+    definition = definition_of(round_.task)
+    multi = definition.is_multi_label
+    examples = examples_frame(session, round_)
     responses = counted_responses(session, round_, multi_label=multi)
     passes = (
         np.asarray(
