@@ -61,45 +61,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"Built {report.get('built_at', '')} with seed {report.get('seed')}; family "
         f"`{report.get('family')}`. Plots, where written, are next to this file."
     )
-    counts = report.get("counts", {})
-    if counts:
-        out += ["", "## Counts (DynaSent Table 4/7 layout)", ""]
-        rows = [
-            [_label_cell(name, names), *(row.get(column) for column in ("dist_train", "train", "dev", "test"))]
-            for name, row in counts["rows"].items()
-        ]
-        total = counts.get("total", {})
-        # Multi-label rows are per label: an example counts once for each of its gold labels, so
-        # the last row (examples, each once) is not the sum of the rows above it.
-        multi = report.get("family") == "multi_label"
-        rows.append(
-            [
-                "**examples** (each once)" if multi else "**total**",
-                *(total.get(column) for column in ("dist_train", "train", "dev", "test")),
-            ]
-        )
-        train = "Train (per gold label)" if multi else "Majority train"
-        out.append(_table(["label", "Dist train", train, "Dev", "Test"], rows))
-        if multi:
-            out += [
-                "",
-                "Each label's row counts the examples whose gold holds the label, so an example with two "
-                "gold labels is in two rows; the last row counts examples, each once.",
-            ]
-        if all(row.get("dist_train") is None for row in [*counts["rows"].values(), total]):
-            out += ["", "Dist train: none (no train example has responses, so none has a distributional label)."]
-        if counts.get("excluded"):
-            out += ["", "Excluded: " + ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) + "."]
-    duplicates = report.get("duplicates")
-    if duplicates:
-        out += [
-            "",
-            f"Duplicates merged: {duplicates['merged']:,} (repeats of a kept text); "
-            f"texts with conflicting gold: {duplicates['conflicting_gold_texts']:,} "
-            f"({duplicates['conflicting_gold_examples']:,} examples, all excluded); "
-            f"in an earlier round of the task: {duplicates['in_an_earlier_round']:,}. "
-            f"Rule: {duplicates['rule']}.",
-        ]
+    out += _counts_markdown(report, names)
+    out += _duplicates_markdown(report.get("duplicates"))
     splits = report.get("splits", {})
     if splits:
         out += ["", *splits_markdown(splits)]
@@ -111,78 +74,157 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     agreement_counts = report.get("agreement_counts")
     if agreement_counts:
         out += ["", *agreement_counts_markdown(agreement_counts)]
-    agreement = report.get("agreement", {})
-    if agreement:
-        out += ["", "## Agreement", ""]
-        if agreement.get("n_raters"):
-            out += [_agreement_examples(agreement), ""]
-        measures = [[k, v] for k, v in agreement.items() if not isinstance(v, dict) and k not in _AGREEMENT_EXAMPLES]
-        out.append(_table(["measure", "value"], measures))
-        for name, values in agreement.items():
-            if isinstance(values, dict):
-                out += ["", f"{name}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in values.items())]
+    out += _agreement_markdown(report.get("agreement", {}))
     model_based = report.get("model_based")
     if model_based:
         out += ["", *model_based_markdown(model_based, names)]
-    human = report.get("human_f1", {})
-    if human:
-        out += ["", "## Human performance estimate (DynaSent §3.5, Table 6/9 layout)", ""]
-        for split_name, table in human.items():
-            rows = [
-                [_label_cell(label, names), v.get("precision"), v.get("recall"), v.get("f1")]
-                for label, v in table.items()
-            ]
-            out += [f"### {split_name}", "", _table(["label", "precision", "recall", "F1"], rows), ""]
-    fooling = report.get("fooling", {})
-    if fooling and fooling.get("examples_with_model_prediction") == 0:
+    out += _human_f1_markdown(report.get("human_f1", {}), names)
+    out += _fooling_markdown(report.get("fooling", {}))
+    out += _conditions_markdown(report.get("conditions", {}))
+    out += _workers_markdown(report.get("workers", {}))
+    extra = report.get("intended_vs_perceived")
+    if extra:
+        out += ["", *intended_vs_perceived_markdown(extra)]
+    out += _datasheet_markdown(report.get("datasheet", {}))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _counts_markdown(report: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+    """The counts per label and split (DynaSent Table 4/7 layout), then what was excluded."""
+    counts = report.get("counts", {})
+    if not counts:
+        return []
+    out = ["", "## Counts (DynaSent Table 4/7 layout)", ""]
+    rows = [
+        [_label_cell(name, names), *(row.get(column) for column in ("dist_train", "train", "dev", "test"))]
+        for name, row in counts["rows"].items()
+    ]
+    total = counts.get("total", {})
+    # Multi-label rows are per label: an example counts once for each of its gold labels, so
+    # the last row (examples, each once) is not the sum of the rows above it.
+    multi = report.get("family") == "multi_label"
+    rows.append(
+        [
+            "**examples** (each once)" if multi else "**total**",
+            *(total.get(column) for column in ("dist_train", "train", "dev", "test")),
+        ]
+    )
+    train = "Train (per gold label)" if multi else "Majority train"
+    out.append(_table(["label", "Dist train", train, "Dev", "Test"], rows))
+    if multi:
         out += [
+            "",
+            "Each label's row counts the examples whose gold holds the label, so an example with two "
+            "gold labels is in two rows; the last row counts examples, each once.",
+        ]
+    if all(row.get("dist_train") is None for row in [*counts["rows"].values(), total]):
+        out += ["", "Dist train: none (no train example has responses, so none has a distributional label)."]
+    if counts.get("excluded"):
+        out += ["", "Excluded: " + ", ".join(f"{k} {v:,}" for k, v in counts["excluded"].items()) + "."]
+    return out
+
+
+def _duplicates_markdown(duplicates: Mapping[str, Any] | None) -> list[str]:
+    if not duplicates:
+        return []
+    return [
+        "",
+        f"Duplicates merged: {duplicates['merged']:,} (repeats of a kept text); "
+        f"texts with conflicting gold: {duplicates['conflicting_gold_texts']:,} "
+        f"({duplicates['conflicting_gold_examples']:,} examples, all excluded); "
+        f"in an earlier round of the task: {duplicates['in_an_earlier_round']:,}. "
+        f"Rule: {duplicates['rule']}.",
+    ]
+
+
+def _agreement_markdown(agreement: Mapping[str, Any]) -> list[str]:
+    if not agreement:
+        return []
+    out = ["", "## Agreement", ""]
+    if agreement.get("n_raters"):
+        out += [_agreement_examples(agreement), ""]
+    measures = [[k, v] for k, v in agreement.items() if not isinstance(v, dict) and k not in _AGREEMENT_EXAMPLES]
+    out.append(_table(["measure", "value"], measures))
+    for name, values in agreement.items():
+        if isinstance(values, dict):
+            out += ["", f"{name}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in values.items())]
+    return out
+
+
+def _human_f1_markdown(human: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+    if not human:
+        return []
+    out = ["", "## Human performance estimate (DynaSent §3.5, Table 6/9 layout)", ""]
+    for split_name, table in human.items():
+        rows = [
+            [_label_cell(label, names), v.get("precision"), v.get("recall"), v.get("f1")] for label, v in table.items()
+        ]
+        out += [f"### {split_name}", "", _table(["label", "precision", "recall", "F1"], rows), ""]
+    return out
+
+
+def _fooling_markdown(fooling: Mapping[str, Any]) -> list[str]:
+    if fooling and fooling.get("examples_with_model_prediction") == 0:
+        return [
             "",
             "## Fooling the model",
             "",
             f"No model in the loop: none of the {fooling.get('examples', 0):,} examples was checked against a "
             "model (none has a model prediction), so nothing was fooled and no fooling rate is measured.",
         ]
-    elif fooling:
-        out += ["", "## Fooling the model", "", _table(["", "value"], list(fooling.items()))]
-    conditions = report.get("conditions", {})
-    if conditions:
-        written = set(conditions) & {"prompt", "no_prompt"}
-        heading = "Prompt vs no-prompt (DynaSent Fig. 2)" if written else "Texts (imported: no writing condition)"
-        out += ["", f"## {heading}", ""]
-        keys = sorted({k for c in conditions.values() for k in c})
-        out.append(_table(["", *conditions], [[k, *(c.get(k) for c in conditions.values())] for k in keys]))
-    workers = report.get("workers", {})
-    if workers:
+    if fooling:
+        return ["", "## Fooling the model", "", _table(["", "value"], list(fooling.items()))]
+    return []
+
+
+def _conditions_markdown(conditions: Mapping[str, Any]) -> list[str]:
+    if not conditions:
+        return []
+    written = set(conditions) & {"prompt", "no_prompt"}
+    heading = "Prompt vs no-prompt (DynaSent Fig. 2)" if written else "Texts (imported: no writing condition)"
+    keys = sorted({k for c in conditions.values() for k in c})
+    return [
+        "",
+        f"## {heading}",
+        "",
+        _table(["", *conditions], [[k, *(c.get(k) for c in conditions.values())] for k in keys]),
+    ]
+
+
+def _workers_markdown(workers: Mapping[str, Any]) -> list[str]:
+    if not workers:
+        return []
+    out = [
+        "",
+        "## Workers",
+        "",
+        _table(["", "value"], [[k, v] for k, v in workers.items() if not isinstance(v, list | dict)]),
+    ]
+    gold_rows = workers.get("gold_accuracy")
+    if gold_rows:
         out += [
             "",
-            "## Workers",
+            "### Gold accuracy beside agreement with the majority",
             "",
-            _table(["", "value"], [[k, v] for k, v in workers.items() if not isinstance(v, list | dict)]),
+            _table(
+                ["validator", "labels", "agreement with the majority", "control answers", "gold accuracy"],
+                [
+                    [r["validator"], r["labels"], r["agreement_rate"], r["control_answers"], r["gold_accuracy"]]
+                    for r in gold_rows
+                ],
+            ),
         ]
-        gold_rows = workers.get("gold_accuracy")
-        if gold_rows:
-            out += [
-                "",
-                "### Gold accuracy beside agreement with the majority",
-                "",
-                _table(
-                    ["validator", "labels", "agreement with the majority", "control answers", "gold accuracy"],
-                    [
-                        [r["validator"], r["labels"], r["agreement_rate"], r["control_answers"], r["gold_accuracy"]]
-                        for r in gold_rows
-                    ],
-                ),
-            ]
-    extra = report.get("intended_vs_perceived")
-    if extra:
-        out += ["", *intended_vs_perceived_markdown(extra)]
-    datasheet = report.get("datasheet", {})
-    if datasheet:
-        out += ["", "## Datasheet", ""]
-        for key, value in datasheet.items():
-            shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
-            out.append(f"- **{key.replace('_', ' ')}**: {shown}")
-    return "\n".join(out).rstrip() + "\n"
+    return out
+
+
+def _datasheet_markdown(datasheet: Mapping[str, Any]) -> list[str]:
+    if not datasheet:
+        return []
+    out = ["", "## Datasheet", ""]
+    for key, value in datasheet.items():
+        shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
+        out.append(f"- **{key.replace('_', ' ')}**: {shown}")
+    return out
 
 
 def _multilabel_markdown(section: Mapping[str, Any]) -> list[str]:
