@@ -34,8 +34,10 @@ import pandas as pd  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from round_builder import aggregation, splits  # noqa: E402
-from round_builder.build import BuildConfig, Prepared, RoundData, make_splits, resolve_policy  # noqa: E402
+from round_builder.build_settings import BuildSettings, resolve_policy  # noqa: E402
+from round_builder.prepare import make_splits  # noqa: E402
 from round_builder.preview import relaxations_for  # noqa: E402
+from round_builder.round_data import Prepared, RoundData  # noqa: E402
 from services.taskdef import example_path, load_task_definition  # noqa: E402
 
 # bench/round_builder.py's synthetic round, loaded from its file (its name is the package's).
@@ -71,7 +73,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("bench/results/build_refusal.json"))
     args = parser.parse_args()
     prepared = lopsided_prepared(args.examples)
-    config = BuildConfig()
+    config = BuildSettings()
     policy = resolve_policy(config, prepared.data.definition, prepared.data.examples)
     started = time.perf_counter()
     try:

@@ -38,8 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from round_builder.builds import newest_build
 from services.db.models import BuiltExample, DatasetUpload, Example, Round, RoundBuild, Task
+from services.domain.rounds import newest_build
 from services.domain.tasks import definition_of
 from services.errors import validation_problems
 from services.structured_input import load_yaml

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from modelling.datasets import DataError, LabelledSet, SourceSpec, load_source, model_labels
 from modelling.errors import EvaluationError
-from round_builder.builds import newest_build
 from services.db.models import BuiltExample, Round, RoundBuild, Task
+from services.domain.rounds import newest_build
 from services.domain.tasks import definition_of
 
 logger = logging.getLogger(__name__)

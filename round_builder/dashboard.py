@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from round_builder import aggregation
-from round_builder.build import counted_responses
+from round_builder.prepare import counted_responses
 from services.db.models import Attempt, Example, ExampleStatus, Round
 from services.domain import controls, quality
 from services.domain.tasks import definition_of

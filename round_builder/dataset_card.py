@@ -148,8 +148,40 @@ def render(
     # ``datasets`` refuses a configured split without rows, and ``all`` is no split name there.
     configured = [split for split in splits if split in HUB_SPLITS and rows[split] > 0]
     files = {split: file_name(definition.name, round_number, split, file_format) for split in splits}
-    loader = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}[file_format]
-    header: dict[str, Any] = {
+    header = _yaml_header(definition, schema, file_format, rows, configured, files, counts, sizes)
+    lines = [
+        "---",
+        yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000).rstrip("\n"),
+        "---",
+        "",
+        f"# {definition.title}: round {round_number}",
+        "",
+        f"Exported by dynaloop from build {build_id} of round {round_number} of task `{definition.name}` "
+        f"(family `{definition.family.value}`, labels {_labels_for_people(definition)}).",
+        "",
+        *_files_section(splits, configured, files, rows),
+        "",
+        *_loading_section(file_format, splits, configured, files),
+    ]
+    if file_format == "csv":
+        lines += ["", _csv_note(schema)]
+    lines += ["", *_columns_section(schema)]
+    lines += _datasheet_section(report.get("datasheet") or {})
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _yaml_header(
+    definition: TaskDefinition,
+    schema: pa.Schema,
+    file_format: str,
+    rows: Mapping[str, int],
+    configured: Sequence[str],
+    files: Mapping[str, str],
+    counts: Mapping[str, int],
+    sizes: Mapping[str, int],
+) -> dict[str, Any]:
+    """The Hub's YAML header: licence, language, task, size, the configs' files and the features."""
+    return {
         **hub_licence(definition.licence),
         "language": [definition.language.split("-")[0].lower()],
         "task_categories": ["text-classification"],
@@ -170,48 +202,51 @@ def render(
             ],
         },
     }
+
+
+def _files_section(
+    splits: Sequence[str], configured: Sequence[str], files: Mapping[str, str], rows: Mapping[str, int]
+) -> list[str]:
+    """Each split's file and examples, and why a file is not in the configs."""
+    lines = [
+        "## Files",
+        "",
+        "| split | file | examples |",
+        "|---|---|---|",
+        *(f"| {HUB_SPLITS.get(split, split)} | `{files[split]}` | {rows[split]} |" for split in splits),
+    ]
+    if len(configured) < len(splits):
+        lines += [
+            "",
+            "Not in the configs above: "
+            + "; ".join(
+                f"`{files[split]}` ("
+                + (
+                    "every split together: `all` is a split name `datasets` reserves"
+                    if split == "all"
+                    else "no rows: `datasets` cannot load an empty split"
+                )
+                + ")"
+                for split in splits
+                if split not in configured
+            )
+            + ".",
+        ]
+    return lines
+
+
+def _loading_section(
+    file_format: str, splits: Sequence[str], configured: Sequence[str], files: Mapping[str, str]
+) -> list[str]:
+    """How to load the folder, or the files by name with the declared features."""
+    loader = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}[file_format]
     # The splits the configs name, or (none to name) the first file as it is.
     data_files = (
         "{" + ", ".join(f'"{HUB_SPLITS[split]}": "{files[split]}"' for split in configured) + "}"
         if configured
         else f'"{files[splits[0]]}"'
     )
-    lines = [
-        "---",
-        yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000).rstrip("\n"),
-        "---",
-        "",
-        f"# {definition.title}: round {round_number}",
-        "",
-        f"Exported by dynaloop from build {build_id} of round {round_number} of task `{definition.name}` "
-        f"(family `{definition.family.value}`, labels {_labels_for_people(definition)}).",
-        "",
-        "## Files",
-        "",
-        "| split | file | examples |",
-        "|---|---|---|",
-        *(f"| {HUB_SPLITS.get(split, split)} | `{files[split]}` | {rows[split]} |" for split in splits),
-        *(
-            [
-                "",
-                "Not in the configs above: "
-                + "; ".join(
-                    f"`{files[split]}` ("
-                    + (
-                        "every split together: `all` is a split name `datasets` reserves"
-                        if split == "all"
-                        else "no rows: `datasets` cannot load an empty split"
-                    )
-                    + ")"
-                    for split in splits
-                    if split not in configured
-                )
-                + ".",
-            ]
-            if len(configured) < len(splits)
-            else []
-        ),
-        "",
+    return [
         "## Loading",
         "",
         "```python",
@@ -232,18 +267,22 @@ def render(
             else "."
         ),
     ]
-    if file_format == "csv":
-        lines += [
-            "",
-            "In the CSV files the columns "
-            + ", ".join(f"`{f.name}`" for f in schema if export.json_in_csv(f))
-            + " (lists, structs, and numbers or booleans that may be null) hold the JSON text of their value, "
-            "and an empty cell is null; `json.loads` such a cell to get the value the Parquet and JSONL files hold. "
-            "Load the folder, or pass the features above as `features=`: without them pandas guesses each "
-            "column's type.",
-        ]
-    lines += [
-        "",
+
+
+def _csv_note(schema: pa.Schema) -> str:
+    """Which CSV columns hold JSON text, and how to read them."""
+    return (
+        "In the CSV files the columns "
+        + ", ".join(f"`{f.name}`" for f in schema if export.json_in_csv(f))
+        + " (lists, structs, and numbers or booleans that may be null) hold the JSON text of their value, "
+        "and an empty cell is null; `json.loads` such a cell to get the value the Parquet and JSONL files hold. "
+        "Load the folder, or pass the features above as `features=`: without them pandas guesses each "
+        "column's type."
+    )
+
+
+def _columns_section(schema: pa.Schema) -> list[str]:
+    return [
         "## Columns",
         "",
         "| column | type |",
@@ -253,13 +292,17 @@ def render(
         "`distributional_label` has one share per label; `responses` lists every counted validation with a "
         "pseudonymous worker id; `extras` (when the task has writer fields) holds the writer's fields.",
     ]
-    datasheet = report.get("datasheet") or {}
-    if datasheet:
-        lines += ["", "## Datasheet", "", "As the build's report states it:", ""]
-        for key, value in datasheet.items():
-            shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
-            lines.append(f"- **{key.replace('_', ' ')}**: {shown}")
-    return "\n".join(lines).rstrip() + "\n"
+
+
+def _datasheet_section(datasheet: Mapping[str, Any]) -> list[str]:
+    """The build report's datasheet, as it states it."""
+    if not datasheet:
+        return []
+    lines = ["", "## Datasheet", "", "As the build's report states it:", ""]
+    for key, value in datasheet.items():
+        shown = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
+        lines.append(f"- **{key.replace('_', ' ')}**: {shown}")
+    return lines
 
 
 def card_for_build(

@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from round_builder.builds import newest_build
 from services.db.models import BuiltExample, Example, Prompt, Round, RoundBuild, Validation
+from services.domain.rounds import newest_build
 from services.domain.tasks import definition_of
 from services.errors import Invalid, NotFound
 from services.taskdef import TaskDefinition, WriterFieldName

@@ -1,6 +1,6 @@
 """The multi-label section of a build's report (EthioEmo's protocol, docs/round_builder.md
 "Multi-label rounds"): agreement, the human F1 estimate, and the section itself
-(:class:`round_builder.report.MultiLabelSection`).
+(:class:`round_builder.report_schema.MultiLabelSection`).
 
 * Gold, the model-based labels, agreement and human F1 read one response set per example
   (round_builder.response_sets): its *last* annotation pass (a re-annotated example: the new
@@ -21,17 +21,15 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from sklearn.metrics import f1_score
 
 from round_builder import agreement, response_sets
-from round_builder.report import MultiLabelSection
-
-if TYPE_CHECKING:
-    from round_builder.report_assembly import BuildOutcome
+from round_builder.report_schema import MultiLabelSection
+from round_builder.round_data import BuildOutcome
 
 
 def last_pass_responses(responses: pd.DataFrame, passes: np.ndarray | None) -> pd.DataFrame:
@@ -146,7 +144,7 @@ def multilabel_section(outcome: BuildOutcome) -> MultiLabelSection:
     for name in ("dev", "test"):
         # No responses on a split (e.g. imported gold): no human estimate there, not an empty one.
         estimate = multilabel_human_f1(
-            gold_responses, gold, labels=labels, examples=outcome.ids[name], seed=outcome.config.seed
+            gold_responses, gold, labels=labels, examples=outcome.ids[name], seed=outcome.settings.seed
         )
         if estimate:
             human[name] = _round_floats(estimate)

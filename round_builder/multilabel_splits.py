@@ -69,6 +69,86 @@ def model_scores(gold: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
     }
 
 
+def _one_per_prompt(
+    strong: np.ndarray, prompt: np.ndarray, has_prompt: np.ndarray, ids: np.ndarray, seed: int
+) -> np.ndarray:
+    """The dev/test candidates: examples with strong enough gold, one per prompt (a seeded
+    choice among a prompt's examples; an example without a prompt stands alone)."""
+    rng = np.random.default_rng(seed)
+    candidate = np.zeros(len(strong), dtype=bool)
+    seen: set[object] = set()
+    for i in rng.permutation(len(strong)):
+        if not strong[i]:
+            continue
+        key = prompt[i] if has_prompt[i] else ("example", ids[i])
+        if key in seen:
+            continue
+        seen.add(key)
+        candidate[i] = True
+    return candidate
+
+
+def _keep_every_label_in_train(y: np.ndarray, split: np.ndarray, ids: np.ndarray, labels: list[str]) -> list[str]:
+    """Never leave train without a label that has examples: move one dev/test example of such a
+    label (the fewest gold labels, then the smallest id) to train. ``split`` changes in place;
+    returns a note per move."""
+    notes = []
+    for j, label in enumerate(labels):
+        with_label = y[:, j] == 1
+        if with_label.any() and not (with_label & (split == "train")).any():
+            movable = np.flatnonzero(with_label & np.isin(split, ["dev", "test"]))
+            i = min(movable, key=lambda k: (int(y[k].sum()), ids[k]))
+            notes.append(f"example {ids[i]} moved from {split[i]} to train: train had no example of {label!r}")
+            split[i] = "train"
+    return notes
+
+
+def _exclude_shared_prompts(split: np.ndarray, prompt: np.ndarray, has_prompt: np.ndarray) -> np.ndarray:
+    """A prompt that serves dev/test keeps its other examples out of train: they become
+    excluded (``split`` changes in place); returns which rows."""
+    assessed_prompts = {prompt[i] for i in np.flatnonzero(np.isin(split, ["dev", "test"]) & has_prompt)}
+    shared = (split == "train") & has_prompt & np.array([p in assessed_prompts for p in prompt], dtype=bool)
+    split[shared] = "excluded"
+    return shared
+
+
+def _counts_per_label(
+    y: np.ndarray, split: np.ndarray, candidate: np.ndarray, labels: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per label and split, the examples whose gold holds the label (and the examples, each once,
+    in Total); per label, the candidates and how many are in dev and test."""
+    columns = ["train", "dev", "test", "excluded"]
+    counts = pd.DataFrame(
+        [[int((y[:, j] == 1)[split == s].sum()) for s in columns] for j in range(len(labels))]
+        + [[int((split == s).sum()) for s in columns]],
+        index=pd.Index([*labels, "Total"], name="gold"),
+        columns=columns,
+    )
+    availability = pd.DataFrame(
+        {
+            "eligible": [int((y[:, j] == 1)[candidate].sum()) for j in range(len(labels))],
+            "dev": counts["dev"].iloc[: len(labels)].to_numpy(),
+            "test": counts["test"].iloc[: len(labels)].to_numpy(),
+        },
+        index=pd.Index(labels, name="label"),
+    )
+    return counts, availability
+
+
+def _model_metrics(
+    y: np.ndarray, split: np.ndarray, model_prediction: pd.Series, labels: list[str]
+) -> dict[str, dict[str, float]]:
+    """The model's scores on dev and test, over the examples it predicted."""
+    predicted = _binary([p if isinstance(p, tuple | list) else () for p in model_prediction], labels)
+    has_prediction = np.array([isinstance(p, tuple | list) and len(p) > 0 for p in model_prediction], dtype=bool)
+    metrics = {}
+    for name in ("dev", "test"):
+        rows = (split == name) & has_prediction
+        if rows.any():
+            metrics[name] = model_scores(y[rows], predicted[rows])
+    return metrics
+
+
 def build_multilabel_splits(
     examples: pd.DataFrame,
     labels: Sequence[str],
@@ -93,18 +173,7 @@ def build_multilabel_splits(
 
     # Candidates: strong enough gold, one per prompt (seeded choice among a prompt's examples).
     strong = (votes >= min_votes) & (y.sum(axis=1) > 0)
-    rng = np.random.default_rng(seed)
-    shuffled = rng.permutation(n)
-    candidate = np.zeros(n, dtype=bool)
-    seen: set[object] = set()
-    for i in shuffled:
-        if not strong[i]:
-            continue
-        key = prompt[i] if has_prompt[i] else ("example", ids[i])
-        if key in seen:
-            continue
-        seen.add(key)
-        candidate[i] = True
+    candidate = _one_per_prompt(strong, prompt, has_prompt, ids, seed)
     cand = np.flatnonzero(candidate)
 
     size = round(DEV_TEST_SHARE * n)
@@ -125,19 +194,9 @@ def build_multilabel_splits(
             "one per prompt): too few for dev and test, so every example is in train"
         )
 
-    # Never leave train without a label that has examples.
-    for j, label in enumerate(labels):
-        with_label = y[:, j] == 1
-        if with_label.any() and not (with_label & (split == "train")).any():
-            movable = np.flatnonzero(with_label & np.isin(split, ["dev", "test"]))
-            i = min(movable, key=lambda k: (int(y[k].sum()), ids[k]))
-            notes.append(f"example {ids[i]} moved from {split[i]} to train: train had no example of {label!r}")
-            split[i] = "train"
+    notes += _keep_every_label_in_train(y, split, ids, labels)
 
-    # A prompt that serves dev/test keeps its other examples out of train.
-    assessed_prompts = {prompt[i] for i in np.flatnonzero(np.isin(split, ["dev", "test"]) & has_prompt)}
-    shared = (split == "train") & has_prompt & np.array([p in assessed_prompts for p in prompt], dtype=bool)
-    split[shared] = "excluded"
+    shared = _exclude_shared_prompts(split, prompt, has_prompt)
 
     ineligible = np.full(n, None, dtype=object)
     ineligible[~strong] = "below_min_votes"
@@ -154,30 +213,8 @@ def build_multilabel_splits(
         pd.Categorical(split, categories=list(SPLITS)), index=pd.Index(ids, name="example_id"), name="split"
     )
 
-    columns = ["train", "dev", "test", "excluded"]
-    counts = pd.DataFrame(
-        [[int((y[:, j] == 1)[split == s].sum()) for s in columns] for j in range(len(labels))]
-        + [[int((split == s).sum()) for s in columns]],
-        index=pd.Index([*labels, "Total"], name="gold"),
-        columns=columns,
-    )
-    availability = pd.DataFrame(
-        {
-            "eligible": [int((y[:, j] == 1)[candidate].sum()) for j in range(len(labels))],
-            "dev": counts["dev"].iloc[: len(labels)].to_numpy(),
-            "test": counts["test"].iloc[: len(labels)].to_numpy(),
-        },
-        index=pd.Index(labels, name="label"),
-    )
-    predicted = _binary([p if isinstance(p, tuple | list) else () for p in frame["model_prediction"]], labels)
-    has_prediction = np.array(
-        [isinstance(p, tuple | list) and len(p) > 0 for p in frame["model_prediction"]], dtype=bool
-    )
-    metrics = {}
-    for name in ("dev", "test"):
-        rows = (split == name) & has_prediction
-        if rows.any():
-            metrics[name] = model_scores(y[rows], predicted[rows])
+    counts, availability = _counts_per_label(y, split, candidate, labels)
+    metrics = _model_metrics(y, split, frame["model_prediction"], labels)
     dev_n, test_n = int((split == "dev").sum()), int((split == "test").sum())
     report = SplitReport(
         labels=labels,

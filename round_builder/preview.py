@@ -16,14 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from round_builder import splits
-from round_builder.build import (
-    RELAXED_MAX_DEV_TEST_SHARE,
-    BuildConfig,
-    Policy,
-    Prepared,
-    make_splits,
-    resolve_policy,
-)
+from round_builder.build_settings import RELAXED_MAX_DEV_TEST_SHARE, BuildSettings, EffectivePolicy, resolve_policy
+from round_builder.prepare import make_splits
+from round_builder.round_data import Prepared
 from services.errors import Invalid
 
 
@@ -73,19 +68,19 @@ def _settings_text(settings: dict[str, Any]) -> str:
     return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()) or "defaults"
 
 
-def preview(prepared: Prepared, name: str, config: BuildConfig, settings: dict[str, Any]) -> PolicyPreview:
-    """The outcome of ``config`` on the prepared round."""
+def preview(prepared: Prepared, name: str, build_settings: BuildSettings, settings: dict[str, Any]) -> PolicyPreview:
+    """The outcome of ``build_settings`` on the prepared round (``settings``: what to send for it)."""
     try:
-        policy = resolve_policy(config, prepared.data.definition, prepared.data.examples)
+        policy = resolve_policy(build_settings, prepared.data.definition, prepared.data.examples)
     except Invalid as exc:
         return PolicyPreview(name, settings, None, False, exc.message, constraint="settings")
     try:
-        result = make_splits(prepared, policy, config.seed)
+        result = make_splits(prepared, policy, build_settings.seed)
     except splits.SplitError as exc:
         return PolicyPreview(
             name,
             settings,
-            policy.to_dict(),
+            policy.model_dump(),
             False,
             exc.message,
             constraint=exc.details.get("constraint"),
@@ -97,7 +92,7 @@ def preview(prepared: Prepared, name: str, config: BuildConfig, settings: dict[s
     return PolicyPreview(
         name,
         settings,
-        policy.to_dict(),
+        policy.model_dump(),
         True,
         unit=result.report.unit,
         dev_per_cell=result.report.dev_per_cell,
@@ -123,7 +118,9 @@ def _imported_gold_without_votes(prepared: Prepared) -> bool:
     return any(isinstance(m, dict) and m.get("gold") and not m.get("gold_votes") for m in metadata)
 
 
-def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -> list[tuple[str, dict[str, Any]]]:
+def candidates(
+    prepared: Prepared, build_settings: BuildSettings, policy: EffectivePolicy | None
+) -> list[tuple[str, dict[str, Any]]]:
     """The policies worth showing for a round: strict, relaxed (no chance constraint, the
     class-balance guard), relaxed with the votes lowered step by step to the task's gold rule,
     strict's chance constraint with lowered votes, and, in a single-label round that mixes
@@ -154,7 +151,12 @@ def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -
     if policy is not None and policy.min_per_cell > 1:
         out.append(("relaxed, 1 per cell", {**relaxed, "min_per_cell": 1}))
     no_prompt = prepared.data.examples["condition"] == "no_prompt"
-    if not definition.is_multi_label and no_prompt.any() and not no_prompt.all() and not config.no_prompt_in_dev_test:
+    if (
+        not definition.is_multi_label
+        and no_prompt.any()
+        and not no_prompt.all()
+        and not build_settings.no_prompt_in_dev_test
+    ):
         # A mixed round keeps its no-prompt examples in train unless asked (docs/round_builder.md,
         # "No-prompt rounds"); multi-label splits do not take the setting.
         out.append(("relaxed, no-prompt examples in dev/test", {**relaxed, "no_prompt_in_dev_test": True}))
@@ -162,18 +164,24 @@ def candidates(prepared: Prepared, config: BuildConfig, policy: Policy | None) -
 
 
 def relaxations_for(
-    prepared: Prepared, config: BuildConfig, policy: Policy | None, *, refused_by: str | None = None
+    prepared: Prepared, build_settings: BuildSettings, policy: EffectivePolicy | None, *, refused_by: str | None = None
 ) -> list[PolicyPreview]:
     """Previews of the candidate policies other than ``policy`` itself (same seed and caps),
     each followed, when the class-balance guard is what refuses it, by the first larger share
     of :data:`GUARD_SHARES` that builds. ``refused_by`` is the constraint that refused
     ``policy`` (a build's refusal): the guard's shares are tried for it as well."""
-    keep = {"seed": config.seed, "model_based": config.model_based, "max_per_cell": config.max_per_cell}
+    keep = {
+        "seed": build_settings.seed,
+        "model_based": build_settings.model_based,
+        "max_per_cell": build_settings.max_per_cell,
+    }
     previews = []
-    for name, settings in candidates(prepared, config, policy):
-        candidate = BuildConfig(**{**keep, **settings})
+    for name, settings in candidates(prepared, build_settings, policy):
+        candidate = BuildSettings(**{**keep, **settings})
         try:
-            effective: Policy | None = resolve_policy(candidate, prepared.data.definition, prepared.data.examples)
+            effective: EffectivePolicy | None = resolve_policy(
+                candidate, prepared.data.definition, prepared.data.examples
+            )
         except Invalid:
             if policy is not None:
                 continue
@@ -199,8 +207,8 @@ def _larger_share(
     name: str,
     settings: dict[str, Any],
     keep: dict[str, Any],
-    refused: Policy,
-    requested: Policy | None,
+    refused: EffectivePolicy,
+    requested: EffectivePolicy | None,
 ) -> list[PolicyPreview]:
     """The candidate ``settings`` (refused by the class-balance guard at ``refused``'s share)
     with the first share of :data:`GUARD_SHARES` above it that builds: one preview, or none.
@@ -211,7 +219,7 @@ def _larger_share(
         if share <= current:
             continue
         widened = {**settings, "max_dev_test_share": share}
-        candidate = BuildConfig(**{**keep, **widened})
+        candidate = BuildSettings(**{**keep, **widened})
         try:
             effective = resolve_policy(candidate, prepared.data.definition, prepared.data.examples)
         except Invalid:
@@ -227,4 +235,22 @@ def _larger_share(
     return []
 
 
-__all__ = ["GUARD_SHARES", "RELAXED_MAX_DEV_TEST_SHARE", "PolicyPreview", "candidates", "preview", "relaxations_for"]
+def nothing_builds(number: int) -> str:
+    """What a refused build says when no relaxation builds the round: a closed round takes no
+    more examples or labels, so the way on is another round."""
+    return (
+        f"No relaxation builds round {number}, and a closed round takes no more examples or labels: "
+        "collect them in the next round, or bring a labelled dataset or crowd responses in as a round "
+        "(dynaloop round import; POST /api/v1/tasks/{task}/rounds/{n}/imports)"
+    )
+
+
+__all__ = [
+    "GUARD_SHARES",
+    "RELAXED_MAX_DEV_TEST_SHARE",
+    "PolicyPreview",
+    "candidates",
+    "nothing_builds",
+    "preview",
+    "relaxations_for",
+]

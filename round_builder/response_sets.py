@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from round_builder import aggregation, agreement
-from round_builder.report import ResponseSelection
+from round_builder.report_schema import ResponseSelection
 from services.domain.labels import exclusive_gold
 from services.taskdef import TaskDefinition
 

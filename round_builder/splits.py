@@ -258,20 +258,11 @@ def build_splits(
     labels = _check_arguments(examples, labels, min_votes, dev_size, test_size, min_size)
     K = len(labels)
 
-    # Canonical order (sorted by example_id) so that the result does not depend on row order.
-    try:
-        order = np.asarray(examples["example_id"].argsort(kind="stable"), dtype=np.int64)
-    except TypeError:  # ids of mixed types: keep the input order
-        order = np.arange(len(examples))
+    order = _canonical_order(examples)
     frame = examples.iloc[order].reset_index(drop=True)
-    n = len(frame)
     rng = np.random.default_rng(seed)
 
-    condition = _Column.of(frame["condition"])
-    bad = [v for v in condition.values if v not in CONDITIONS] + (["<missing>"] if (condition.codes < 0).any() else [])
-    if bad:
-        raise ValueError(f"condition must be one of {CONDITIONS}; got {sorted(map(str, bad))[:5]}")
-    is_prompt = condition.lookup(np.array([v == "prompt" for v in condition.values], dtype=bool), False)
+    is_prompt = _is_prompt(frame["condition"])
     # The pool dev/test draws on: prompt examples, and no-prompt ones where allowed (each alone).
     in_pool = is_prompt | no_prompt_eligible
 
@@ -284,143 +275,29 @@ def build_splits(
     gc = _GoldClasses.build(gold, labels, chance, classes, enough_votes & in_pool)
     pred_label = prediction.lookup(_label_index(prediction.values, labels), -1)
 
-    reason = np.full(n, -1, dtype=np.int8)  # index into INELIGIBLE_REASONS, -1: eligible
     checks = [~in_pool, gold_na, ~gc.in_labels, ~gc.assessed, ~enough_votes]
-    if chance:
-        checks += [pred_na, pred_label < 0]
-    for i in reversed(range(len(checks))):  # the first reason that applies wins
-        reason[checks[i]] = i
+    reason = _ineligible_reason(checks + [pred_na, pred_label < 0] if chance else checks)
     eligible = reason < 0
 
-    candidates = in_pool & ~gold_na & gc.in_labels & gc.assessed
-    if chance and candidates.any() and pred_na[candidates].all():
-        # Imported examples carry no model prediction: no (gold, predicted) cell can be filled,
-        # and saying "0 eligible examples from distinct prompts" per cell would hide why.
-        raise SplitError(
-            f"none of the {int(candidates.sum()):,} examples with gold that could reach dev or test has a model "
-            "prediction "
-            "(imported examples carry none), so no (gold, predicted) cell can be filled: holding the model at "
-            "chance needs the round's model's predictions; build without the chance constraint (the relaxed "
-            "policy with chance off)",
-            constraint="dev_test_size",
-            min_size=min_size,
-            unit="cell",
-        )
     if chance:
-        n_cells = K * K
-        cell = np.where(eligible, gc.class_code * K + pred_label, -1)
-        cell_names = [f"gold={g}/predicted={p}" for g in labels for p in labels]
-    else:
-        n_cells = len(gc.keys)
-        cell = np.where(eligible, gc.class_code, -1)
-        cell_names = list(gc.names)
-    if n_cells == 0:
-        raise SplitError(
-            "no gold class has an eligible example (prompt condition, gold within the task's labels, "
-            f"at least {min_votes} votes), so there is nothing to balance dev and test over",
-            constraint="dev_test_size",
-            min_size=min_size,
-        )
+        _require_predictions(in_pool & ~gold_na & gc.in_labels & gc.assessed, pred_na, min_size)
+    n_cells, cell, cell_names = _cells(labels, gc, pred_label, eligible, chance)
+    _require_a_cell(n_cells, min_votes, min_size)
+    prompt_code, prompt_size = _prompt_codes(frame["prompt_id"], is_prompt, in_pool)
+    pairs = _PromptCellPairs.of(eligible, prompt_code, cell, n_cells)
+    available = pairs.distinct_prompts_per_cell()
+    eligible_examples = np.bincount(cell[pairs.rows], minlength=n_cells)
 
-    # Prompts: the prompt condition's prompt_id; a missing one (and a no-prompt example in the
-    # pool) is a prompt of its own.
-    prompt_code = np.full(n, -1, dtype=np.int64)
-    pool_prompts = pd.Series(frame["prompt_id"].to_numpy(), dtype=object).where(is_prompt, None).to_numpy()
-    codes, uniques = pd.factorize(pool_prompts[in_pool], use_na_sentinel=True)
-    missing = codes < 0
-    codes = codes.astype(np.int64)
-    codes[missing] = len(uniques) + np.arange(missing.sum())
-    prompt_code[in_pool] = codes
-    n_prompts = len(uniques) + int(missing.sum())
-    prompt_size = np.bincount(codes, minlength=n_prompts)
-
-    # Unique eligible (prompt, cell) pairs; a prompt counts once per cell however many examples.
-    el = np.flatnonzero(eligible)
-    pair_key = prompt_code[el] * n_cells + cell[el]
-    pairs = np.unique(pair_key)
-    pair_prompt, pair_cell = pairs // n_cells, pairs % n_cells
-    available = np.bincount(pair_cell, minlength=n_cells)  # distinct prompts per cell
-    eligible_examples = np.bincount(cell[el], minlength=n_cells)
-
-    graph = _PromptGraph(pair_prompt, pair_cell, prompt_size, n_cells)
-    bound_total = int(min(available.min(), graph.n_eligible_prompts // n_cells))
-    need = 2 * min_size
-    short = [
-        {"cell": cell_names[j], "available": int(available[j]), "needed": need, "short_by": int(need - available[j])}
-        for j in np.argsort(available, kind="stable")
-        if available[j] < need
-    ]
-    if bound_total < need or not graph.feasible(need):
-        raise SplitError(
-            graph.diagnose(need, min_size, available, cell_names, chance),
-            constraint="dev_test_size",
-            min_size=min_size,
-            unit="cell" if chance else "class",
-            short=short,
-        )
+    graph = _PromptGraph(pairs.prompt, pairs.cell, prompt_size, n_cells)
+    bound_total = _feasible_bound(graph, available, cell_names, min_size, chance)
     # The class-balance guard: per class, dev+test hold (chance: K cells of) the per-cell total.
     class_eligible = np.bincount(gc.class_code[eligible], minlength=len(gc.keys))
     guard = _BalanceGuard.of(max_dev_test_share, class_eligible, gc.names, K if chance else 1)
-    if guard is not None and guard.total < bound_total:
-        if guard.total < need:
-            raise SplitError(
-                guard.message(need), constraint="balance_guard", min_size=min_size, short=guard.short(need)
-            )
-        bound_total = guard.total
-    max_total = graph.largest_feasible(need, bound_total)
-    if guard is not None:
-        guard = guard.used(max_total)
+    sizes = _Sizes.of(graph, guard, bound_total, min_size, dev_size, test_size)
 
-    if dev_size is None and test_size is None:
-        d = t = max_total // 2
-    else:  # caps: balanced where possible, a capped split leaves its share to the other
-        d_cap = math.inf if dev_size is None else dev_size
-        t_cap = math.inf if test_size is None else test_size
-        d = int(min(d_cap, max_total // 2))
-        t = int(min(t_cap, max_total - d))
-        d = int(min(d_cap, max_total - t))
-    capped = (dev_size is not None or test_size is not None) and d + t < max_total
+    split, shared = _draw(graph, pairs, sizes.dev, sizes.test, rng, in_pool, prompt_code, len(prompt_size))
 
-    plan = graph.assignment(d + t)  # (group, cell, units)
-
-    # Which prompts: a seeded random order within each interchangeable group.
-    chosen_prompt, chosen_cell = graph.realise(plan, rng)
-    # Which example of a chosen prompt in its cell: a seeded random one.
-    by_pair = np.lexsort((rng.random(len(el)), pair_key))
-    first = np.ones(len(by_pair), dtype=bool)
-    first[1:] = pair_key[by_pair][1:] != pair_key[by_pair][:-1]
-    rep_rows = el[by_pair[first]]  # one representative row per unique pair, aligned with `pairs`
-    chosen_rows = rep_rows[np.searchsorted(pairs, chosen_prompt * n_cells + chosen_cell)]
-
-    # Dev or test: seeded shuffle within each cell, first d to dev, the next t to test.
-    within = np.lexsort((rng.random(len(chosen_rows)), chosen_cell))
-    sorted_cells = chosen_cell[within]
-    rank = np.arange(len(within)) - np.searchsorted(sorted_cells, sorted_cells, side="left")
-    split = np.zeros(n, dtype=np.int8)  # index into SPLITS
-    split[chosen_rows[within[rank < d]]] = _DEV
-    split[chosen_rows[within[rank >= d]]] = _TEST
-
-    used_prompt = np.zeros(n_prompts, dtype=bool)
-    used_prompt[chosen_prompt] = True
-    assessed_row = np.zeros(n, dtype=bool)
-    assessed_row[chosen_rows] = True
-    shared = in_pool & used_prompt[np.maximum(prompt_code, 0)] & ~assessed_row
-    split[shared] = _EXCLUDED
-
-    inverse = np.empty(n, dtype=np.int64)
-    inverse[order] = np.arange(n)
-    index = pd.Index(examples["example_id"], name="example_id")
-    assignment = pd.Series(
-        pd.Categorical.from_codes(split[inverse], categories=pd.Index(SPLITS)), index=index, name="split"
-    )
-    flags = pd.DataFrame(
-        {
-            "no_prompt": ~is_prompt[inverse],
-            "prompt_shared_with_assessment": shared[inverse],
-            "ineligible_reason": pd.Categorical.from_codes(reason[inverse], categories=pd.Index(INELIGIBLE_REASONS)),
-        },
-        index=index,
-    )
+    assignment, flags = _in_input_order(examples, order, split, is_prompt, shared, reason)
 
     report = _report(
         _ReportInput(
@@ -440,16 +317,281 @@ def build_splits(
             cell=cell,
             available=available,
             eligible_examples=eligible_examples,
-            dev_per_cell=d,
-            test_per_cell=t,
-            max_total=max_total,
-            bound_total=bound_total,
-            capped=capped,
-            guard=guard,
+            sizes=sizes,
             class_eligible=class_eligible,
         )
     )
     return SplitResult(assignment=assignment, flags=flags, report=report)
+
+
+def _require_a_cell(n_cells: int, min_votes: int, min_size: int) -> None:
+    if n_cells == 0:
+        raise SplitError(
+            "no gold class has an eligible example (prompt condition, gold within the task's labels, "
+            f"at least {min_votes} votes), so there is nothing to balance dev and test over",
+            constraint="dev_test_size",
+            min_size=min_size,
+        )
+
+
+def _draw(
+    graph: _PromptGraph,
+    pairs: _PromptCellPairs,
+    d: int,
+    t: int,
+    rng: np.random.Generator,
+    in_pool: np.ndarray,
+    prompt_code: np.ndarray,
+    n_prompts: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's split (index into SPLITS) with ``d`` per cell in dev and ``t`` in test, and
+    which rows are excluded because their prompt serves a dev/test example."""
+    plan = graph.assignment(d + t)  # (group, cell, units)
+    # Which prompts: a seeded random order within each interchangeable group.
+    chosen_prompt, chosen_cell = graph.realise(plan, rng)
+    chosen_keys = chosen_prompt * pairs.n_cells + chosen_cell
+    chosen_rows = _chosen_rows(pairs.rows, pairs.row_key, pairs.keys, chosen_keys, rng)
+    split = _dev_or_test(len(prompt_code), chosen_rows, chosen_cell, d, rng)
+    shared = _shares_a_chosen_prompt(in_pool, prompt_code, chosen_prompt, chosen_rows, n_prompts)
+    split[shared] = _EXCLUDED
+    return split, shared
+
+
+def _ineligible_reason(checks: list[np.ndarray]) -> np.ndarray:
+    """Per example, an index into INELIGIBLE_REASONS (the first check that applies), -1: eligible."""
+    reason = np.full(len(checks[0]), -1, dtype=np.int8)
+    for i in reversed(range(len(checks))):  # the first reason that applies wins
+        reason[checks[i]] = i
+    return reason
+
+
+@dataclass(frozen=True)
+class _PromptCellPairs:
+    """The unique eligible (prompt, cell) pairs; a prompt counts once per cell however many
+    examples it has there. ``rows``: the eligible rows; ``row_key``: each one's pair key;
+    ``keys``: the distinct pair keys, ``prompt * n_cells + cell``."""
+
+    rows: np.ndarray
+    row_key: np.ndarray
+    keys: np.ndarray
+    prompt: np.ndarray
+    cell: np.ndarray
+    n_cells: int
+
+    @classmethod
+    def of(cls, eligible: np.ndarray, prompt_code: np.ndarray, cell: np.ndarray, n_cells: int) -> _PromptCellPairs:
+        rows = np.flatnonzero(eligible)
+        row_key = prompt_code[rows] * n_cells + cell[rows]
+        keys = np.unique(row_key)
+        return cls(rows, row_key, keys, keys // n_cells, keys % n_cells, n_cells)
+
+    def distinct_prompts_per_cell(self) -> np.ndarray:
+        return np.bincount(self.cell, minlength=self.n_cells)
+
+
+def _is_prompt(condition_column: pd.Series) -> np.ndarray:
+    """Whether each row was written to a prompt; a condition outside :data:`CONDITIONS` is refused."""
+    condition = _Column.of(condition_column)
+    bad = [v for v in condition.values if v not in CONDITIONS] + (["<missing>"] if (condition.codes < 0).any() else [])
+    if bad:
+        raise ValueError(f"condition must be one of {CONDITIONS}; got {sorted(map(str, bad))[:5]}")
+    return condition.lookup(np.array([v == "prompt" for v in condition.values], dtype=bool), False)
+
+
+def _require_predictions(candidates: np.ndarray, pred_na: np.ndarray, min_size: int) -> None:
+    """Refuse the chance constraint when none of the examples that could reach dev or test has a
+    model prediction. Imported examples carry none: no (gold, predicted) cell can be filled,
+    and saying "0 eligible examples from distinct prompts" per cell would hide why."""
+    if candidates.any() and pred_na[candidates].all():
+        raise SplitError(
+            f"none of the {int(candidates.sum()):,} examples with gold that could reach dev or test has a model "
+            "prediction "
+            "(imported examples carry none), so no (gold, predicted) cell can be filled: holding the model at "
+            "chance needs the round's model's predictions; build without the chance constraint (the relaxed "
+            "policy with chance off)",
+            constraint="dev_test_size",
+            min_size=min_size,
+            unit="cell",
+        )
+
+
+def _short_cells(available: np.ndarray, cell_names: Sequence[str], need: int) -> list[dict[str, Any]]:
+    """The cells with fewer distinct prompts than ``need``, fewest first: what a refusal lists."""
+    return [
+        {"cell": cell_names[j], "available": int(available[j]), "needed": need, "short_by": int(need - available[j])}
+        for j in np.argsort(available, kind="stable")
+        if available[j] < need
+    ]
+
+
+def _feasible_bound(
+    graph: _PromptGraph, available: np.ndarray, cell_names: list[str], min_size: int, chance: bool
+) -> int:
+    """The naive bound on the per-cell dev+test total (ignoring shared prompts); refused when
+    not even ``min_size`` per cell in each of dev and test is feasible."""
+    bound_total = int(min(available.min(), graph.n_eligible_prompts // graph.n_cells))
+    need = 2 * min_size
+    if bound_total < need or not graph.feasible(need):
+        raise SplitError(
+            graph.diagnose(need, min_size, available, cell_names, chance),
+            constraint="dev_test_size",
+            min_size=min_size,
+            unit="cell" if chance else "class",
+            short=_short_cells(available, cell_names, need),
+        )
+    return bound_total
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """Dev and test per cell, the largest feasible dev+test total per cell and its naive
+    bound, whether dev_size/test_size capped them, and the class-balance guard as used."""
+
+    dev: int
+    test: int
+    max_total: int
+    bound_total: int
+    capped: bool
+    guard: _BalanceGuard | None
+
+    @classmethod
+    def of(
+        cls,
+        graph: _PromptGraph,
+        guard: _BalanceGuard | None,
+        bound_total: int,
+        min_size: int,
+        dev_size: int | None,
+        test_size: int | None,
+    ) -> _Sizes:
+        need = 2 * min_size
+        bound_total = _guarded_bound(guard, bound_total, need, min_size)
+        max_total = graph.largest_feasible(need, bound_total)
+        if guard is not None:
+            guard = guard.used(max_total)
+        d, t = _dev_test_sizes(max_total, dev_size, test_size)
+        capped = (dev_size is not None or test_size is not None) and d + t < max_total
+        return cls(d, t, max_total, bound_total, capped, guard)
+
+
+def _guarded_bound(guard: _BalanceGuard | None, bound_total: int, need: int, min_size: int) -> int:
+    """The per-cell total dev+test may reach under the class-balance guard; refused when the
+    guard leaves less than ``need``."""
+    if guard is None or guard.total >= bound_total:
+        return bound_total
+    if guard.total < need:
+        raise SplitError(guard.message(need), constraint="balance_guard", min_size=min_size, short=guard.short(need))
+    return guard.total
+
+
+def _shares_a_chosen_prompt(
+    in_pool: np.ndarray, prompt_code: np.ndarray, chosen_prompt: np.ndarray, chosen_rows: np.ndarray, n_prompts: int
+) -> np.ndarray:
+    """The rows not in dev or test whose prompt is a dev/test example's: excluded from train."""
+    used_prompt = np.zeros(n_prompts, dtype=bool)
+    used_prompt[chosen_prompt] = True
+    assessed_row = np.zeros(len(prompt_code), dtype=bool)
+    assessed_row[chosen_rows] = True
+    return in_pool & used_prompt[np.maximum(prompt_code, 0)] & ~assessed_row
+
+
+def _canonical_order(examples: pd.DataFrame) -> np.ndarray:
+    """The rows sorted by example_id, so that the result does not depend on row order."""
+    try:
+        return np.asarray(examples["example_id"].argsort(kind="stable"), dtype=np.int64)
+    except TypeError:  # ids of mixed types: keep the input order
+        return np.arange(len(examples))
+
+
+def _cells(
+    labels: Sequence[str], gc: _GoldClasses, pred_label: np.ndarray, eligible: np.ndarray, chance: bool
+) -> tuple[int, np.ndarray, list[str]]:
+    """How many cells dev and test balance over, each row's cell (-1: not eligible) and the
+    cells' names: (gold, predicted) pairs with ``chance``, gold classes without."""
+    K = len(labels)
+    if chance:
+        cell = np.where(eligible, gc.class_code * K + pred_label, -1)
+        return K * K, cell, [f"gold={g}/predicted={p}" for g in labels for p in labels]
+    return len(gc.keys), np.where(eligible, gc.class_code, -1), list(gc.names)
+
+
+def _prompt_codes(prompt_id: pd.Series, is_prompt: np.ndarray, in_pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's prompt in the pool (-1: not in the pool) and each prompt's examples: the prompt
+    condition's prompt_id; a missing one (and a no-prompt example in the pool) is a prompt of
+    its own."""
+    prompt_code = np.full(len(prompt_id), -1, dtype=np.int64)
+    pool_prompts = pd.Series(prompt_id.to_numpy(), dtype=object).where(is_prompt, None).to_numpy()
+    codes, uniques = pd.factorize(pool_prompts[in_pool], use_na_sentinel=True)
+    missing = codes < 0
+    codes = codes.astype(np.int64)
+    codes[missing] = len(uniques) + np.arange(missing.sum())
+    prompt_code[in_pool] = codes
+    n_prompts = len(uniques) + int(missing.sum())
+    return prompt_code, np.bincount(codes, minlength=n_prompts)
+
+
+def _dev_test_sizes(max_total: int, dev_size: int | None, test_size: int | None) -> tuple[int, int]:
+    """Dev and test per cell out of ``max_total``: halves without caps; with caps balanced where
+    possible, a capped split leaving its share to the other."""
+    if dev_size is None and test_size is None:
+        return max_total // 2, max_total // 2
+    d_cap = math.inf if dev_size is None else dev_size
+    t_cap = math.inf if test_size is None else test_size
+    d = int(min(d_cap, max_total // 2))
+    t = int(min(t_cap, max_total - d))
+    return int(min(d_cap, max_total - t)), t
+
+
+def _chosen_rows(
+    el: np.ndarray, pair_key: np.ndarray, pairs: np.ndarray, chosen_keys: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """For each chosen (prompt, cell) pair, a seeded random one of its eligible examples (rows)."""
+    by_pair = np.lexsort((rng.random(len(el)), pair_key))
+    first = np.ones(len(by_pair), dtype=bool)
+    first[1:] = pair_key[by_pair][1:] != pair_key[by_pair][:-1]
+    rep_rows = el[by_pair[first]]  # one representative row per unique pair, aligned with `pairs`
+    return rep_rows[np.searchsorted(pairs, chosen_keys)]
+
+
+def _dev_or_test(
+    n: int, chosen_rows: np.ndarray, chosen_cell: np.ndarray, d: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Each row's split (index into SPLITS, train unless chosen): a seeded shuffle within each
+    cell, the first ``d`` chosen rows to dev, the rest to test."""
+    within = np.lexsort((rng.random(len(chosen_rows)), chosen_cell))
+    sorted_cells = chosen_cell[within]
+    rank = np.arange(len(within)) - np.searchsorted(sorted_cells, sorted_cells, side="left")
+    split = np.zeros(n, dtype=np.int8)
+    split[chosen_rows[within[rank < d]]] = _DEV
+    split[chosen_rows[within[rank >= d]]] = _TEST
+    return split
+
+
+def _in_input_order(
+    examples: pd.DataFrame,
+    order: np.ndarray,
+    split: np.ndarray,
+    is_prompt: np.ndarray,
+    shared: np.ndarray,
+    reason: np.ndarray,
+) -> tuple[pd.Series, pd.DataFrame]:
+    """The assignment and the flags, indexed by example_id in the input's row order."""
+    n = len(order)
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = np.arange(n)
+    index = pd.Index(examples["example_id"], name="example_id")
+    assignment = pd.Series(
+        pd.Categorical.from_codes(split[inverse], categories=pd.Index(SPLITS)), index=index, name="split"
+    )
+    flags = pd.DataFrame(
+        {
+            "no_prompt": ~is_prompt[inverse],
+            "prompt_shared_with_assessment": shared[inverse],
+            "ineligible_reason": pd.Categorical.from_codes(reason[inverse], categories=pd.Index(INELIGIBLE_REASONS)),
+        },
+        index=index,
+    )
+    return assignment, flags
 
 
 class _PromptGraph:
@@ -824,12 +966,7 @@ class _ReportInput:
     cell: np.ndarray
     available: np.ndarray
     eligible_examples: np.ndarray
-    dev_per_cell: int
-    test_per_cell: int
-    max_total: int
-    bound_total: int
-    capped: bool
-    guard: _BalanceGuard | None
+    sizes: _Sizes
     class_eligible: np.ndarray
 
 
@@ -882,15 +1019,61 @@ def _display_codes(column: _Column, display: list[str], missing: str) -> tuple[n
 
 
 def _report(r: _ReportInput) -> SplitReport:
-    # Imported here: scikit-learn is slow to import and only the report needs it.
-    from sklearn.metrics import accuracy_score, f1_score
+    by_gold, gold_row, gold_names = _counts_by_gold(r)
+    metrics = _model_metrics(r)
+    at_chance = None
+    if r.chance:
+        K = len(r.labels)
+        at_chance = all(
+            math.isclose(m["macro_f1"], 1 / K, rel_tol=1e-9) and math.isclose(m["accuracy"], 1 / K, rel_tol=1e-9)
+            for m in metrics.values()
+        )
+    reasons = np.bincount(r.reason[r.reason >= 0], minlength=len(INELIGIBLE_REASONS))
+    eligible = r.reason < 0
+    balance_classes = _class_balance(r)
+    return SplitReport(
+        labels=list(r.labels),
+        classes=list(r.gc.names),
+        chance=r.chance,
+        seed=r.seed,
+        min_votes=r.min_votes,
+        unit=_unit(r.chance),
+        counts_by_gold=by_gold,
+        counts_by_cell=_counts_by_cell(r, gold_row, gold_names),
+        availability=_availability(r),
+        dev_per_cell=r.sizes.dev,
+        test_per_cell=r.sizes.test,
+        max_c=r.sizes.max_total // 2,
+        upper_bound_c=r.sizes.bound_total // 2,
+        max_total_per_cell=r.sizes.max_total,
+        upper_bound_total_per_cell=r.sizes.bound_total,
+        capped=r.sizes.capped,
+        model_metrics=metrics,
+        chance_macro_f1=1 / len(r.labels) if r.chance else None,
+        at_chance=at_chance,
+        excluded={"prompt_shared_with_assessment": int(r.shared.sum())} if r.shared.any() else {},
+        ineligible={name: int(c) for name, c in zip(INELIGIBLE_REASONS, reasons, strict=True) if c},
+        eligible_in_train=int((eligible & (r.split == _TRAIN)).sum()),
+        no_prompt_in_train=int((~r.is_prompt & (r.split == _TRAIN)).sum()),
+        notes=_notes(r, balance_classes),
+        balance={
+            "max_dev_test_share": r.sizes.guard.share if r.sizes.guard is not None else None,
+            "classes": balance_classes,
+        },
+    )
 
-    labels, gc, split = r.labels, r.gc, r.split
+
+def _unit(chance: bool) -> str:
+    return "cell" if chance else "class"
+
+
+def _counts_by_gold(r: _ReportInput) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
+    """Table 4/7: rows the balanced classes, other labels, other gold values (e.g. mixed), no
+    majority and Total; also each row's gold row code and the distinct gold display names."""
+    labels, gc = r.labels, r.gc
     n_splits = len(SPLITS)
-
-    # Table 4/7 rows: the balanced classes, other labels, other gold values (e.g. mixed), no majority.
     gold_row, gold_names = _display_codes(r.gold, gc.display, NO_MAJORITY)
-    counts = np.bincount(gold_row * n_splits + split, minlength=len(gold_names) * n_splits)
+    counts = np.bincount(gold_row * n_splits + r.split, minlength=len(gold_names) * n_splits)
     by_gold = pd.DataFrame(
         counts.reshape(len(gold_names), n_splits), index=pd.Index(gold_names, name="gold"), columns=list(SPLITS)
     )
@@ -903,119 +1086,106 @@ def _report(r: _ReportInput) -> SplitReport:
     )
     by_gold = by_gold.reindex(rows, fill_value=0)
     by_gold.loc["Total"] = by_gold.sum()
+    return by_gold, gold_row, gold_names
 
-    by_cell = None
-    if gc.single_label and len(r.prediction.values):
-        pred_row, pred_names = _display_codes(r.prediction, [_display(v) for v in r.prediction.values], NO_PREDICTION)
-        P = len(pred_names)
-        counts = np.bincount(
-            (gold_row * P + pred_row) * n_splits + split, minlength=len(gold_names) * P * n_splits
-        ).reshape(-1, n_splits)
-        present = np.flatnonzero(counts.sum(axis=1))
-        table = {(gold_names[k // P], pred_names[k % P]): counts[k] for k in present}
-        full = list(itertools.product(labels, labels))
-        extra = sorted(k for k in table if k not in set(full))
-        zero = np.zeros(n_splits, dtype=np.int64)
-        by_cell = pd.DataFrame(
-            [table.get(k, zero) for k in full + extra],
-            columns=list(SPLITS),
-            index=pd.MultiIndex.from_tuples(full + extra, names=["gold", "predicted"]),
-        )
 
+def _counts_by_cell(r: _ReportInput, gold_row: np.ndarray, gold_names: list[str]) -> pd.DataFrame | None:
+    """Counts per (gold, predicted) cell: every pair of labels, then other pairs seen; None for
+    multi-label gold or without predictions."""
+    if not (r.gc.single_label and len(r.prediction.values)):
+        return None
+    labels, n_splits = r.labels, len(SPLITS)
+    pred_row, pred_names = _display_codes(r.prediction, [_display(v) for v in r.prediction.values], NO_PREDICTION)
+    P = len(pred_names)
+    counts = np.bincount(
+        (gold_row * P + pred_row) * n_splits + r.split, minlength=len(gold_names) * P * n_splits
+    ).reshape(-1, n_splits)
+    present = np.flatnonzero(counts.sum(axis=1))
+    table = {(gold_names[k // P], pred_names[k % P]): counts[k] for k in present}
+    full = list(itertools.product(labels, labels))
+    extra = sorted(k for k in table if k not in set(full))
+    zero = np.zeros(n_splits, dtype=np.int64)
+    return pd.DataFrame(
+        [table.get(k, zero) for k in full + extra],
+        columns=list(SPLITS),
+        index=pd.MultiIndex.from_tuples(full + extra, names=["gold", "predicted"]),
+    )
+
+
+def _availability(r: _ReportInput) -> pd.DataFrame:
+    """Per dev/test cell (or class): eligible examples, distinct prompts, dev and test counts."""
     n_cells = len(r.cell_names)
-    availability = pd.DataFrame(
+    return pd.DataFrame(
         {
             "eligible_examples": r.eligible_examples,
             "distinct_prompts": r.available,
-            "dev": np.bincount(r.cell[split == _DEV], minlength=n_cells),
-            "test": np.bincount(r.cell[split == _TEST], minlength=n_cells),
+            "dev": np.bincount(r.cell[r.split == _DEV], minlength=n_cells),
+            "test": np.bincount(r.cell[r.split == _TEST], minlength=n_cells),
         },
-        index=pd.Index(r.cell_names, name="cell" if r.chance else "class"),
+        index=pd.Index(r.cell_names, name=_unit(r.chance)),
     )
 
+
+def _model_metrics(r: _ReportInput) -> dict[str, dict[str, float]]:
+    """The model's n, macro-F1 and accuracy on dev and test (single-label gold only)."""
+    # Imported here: scikit-learn is slow to import and only the report needs it.
+    from sklearn.metrics import accuracy_score, f1_score
+
     metrics: dict[str, dict[str, float]] = {}
-    K = len(labels)
+    K = len(r.labels)
     for name, code in (("dev", _DEV), ("test", _TEST)):
-        rows_ = (split == code) & (r.prediction.codes >= 0)
-        if not gc.single_label or not rows_.any():
+        rows = (r.split == code) & (r.prediction.codes >= 0)
+        if not r.gc.single_label or not rows.any():
             continue
         # Integer codes (K: a prediction outside the labels) are much faster than strings.
-        y_true = gc.label_code[rows_]
-        y_pred = np.where(r.pred_label[rows_] >= 0, r.pred_label[rows_], K)
+        y_true = r.gc.label_code[rows]
+        y_pred = np.where(r.pred_label[rows] >= 0, r.pred_label[rows], K)
         metrics[name] = {
-            "n": int(rows_.sum()),
+            "n": int(rows.sum()),
             "macro_f1": float(f1_score(y_true, y_pred, labels=list(range(K)), average="macro", zero_division=0)),
             "accuracy": float(accuracy_score(y_true, y_pred)),
         }
-    chance_f1 = 1 / K if r.chance else None
-    at_chance = None
-    if r.chance:
-        at_chance = all(
-            math.isclose(m["macro_f1"], 1 / K, rel_tol=1e-9) and math.isclose(m["accuracy"], 1 / K, rel_tol=1e-9)
-            for m in metrics.values()
-        )
+    return metrics
 
-    reasons = np.bincount(r.reason[r.reason >= 0], minlength=len(INELIGIBLE_REASONS))
-    unit = "cell" if r.chance else "class"
+
+def _class_balance(r: _ReportInput) -> dict[str, dict[str, int]]:
+    """Per class: eligible examples and how many of them went to train, dev and test; all of
+    the class's examples in train."""
+    eligible = r.reason < 0
+    balance_classes: dict[str, dict[str, int]] = {}
+    for j, name in enumerate(r.gc.names):
+        of_class = eligible & (r.gc.class_code == j)
+        balance_classes[name] = {
+            "eligible": int(r.class_eligible[j]),
+            "train": int((of_class & (r.split == _TRAIN)).sum()),
+            "dev": int((of_class & (r.split == _DEV)).sum()),
+            "test": int((of_class & (r.split == _TEST)).sum()),
+            "train_all": int(((r.gc.class_code == j) & (r.split == _TRAIN)).sum()),
+        }
+    return balance_classes
+
+
+def _notes(r: _ReportInput, balance_classes: dict[str, dict[str, int]]) -> list[str]:
+    """The report's notes: a cap, the cost of shared prompts, many excluded, a class missing in train."""
+    unit = _unit(r.chance)
     notes = []
-    if r.capped:
-        notes.append(f"dev/test capped below the largest feasible size ({r.max_total // 2} per {unit} each)")
-    if r.max_total // 2 < r.bound_total // 2:
+    if r.sizes.capped:
+        notes.append(f"dev/test capped below the largest feasible size ({r.sizes.max_total // 2} per {unit} each)")
+    if r.sizes.max_total // 2 < r.sizes.bound_total // 2:
         notes.append(
-            f"prompts shared between cells cost {r.bound_total // 2 - r.max_total // 2} per {unit} "
+            f"prompts shared between cells cost {r.sizes.bound_total // 2 - r.sizes.max_total // 2} per {unit} "
             "against the naive bound"
         )
     n_excluded = int(r.shared.sum())
-    if n_excluded > int((split == _DEV).sum() + (split == _TEST).sum()):
+    if n_excluded > int((r.split == _DEV).sum() + (r.split == _TEST).sum()):
         notes.append(
             f"{n_excluded} examples are excluded because their prompt serves dev/test, more than "
             "dev and test hold; capping dev/test (dev_size/test_size) keeps more of them for train"
         )
-    eligible = r.reason < 0
-    balance_classes: dict[str, dict[str, int]] = {}
-    for j, name in enumerate(gc.names):
-        of_class = eligible & (gc.class_code == j)
-        balance_classes[name] = {
-            "eligible": int(r.class_eligible[j]),
-            "train": int((of_class & (split == _TRAIN)).sum()),
-            "dev": int((of_class & (split == _DEV)).sum()),
-            "test": int((of_class & (split == _TEST)).sum()),
-            "train_all": int(((gc.class_code == j) & (split == _TRAIN)).sum()),
-        }
-    balance: dict[str, object] = {
-        "max_dev_test_share": r.guard.share if r.guard is not None else None,
-        "classes": balance_classes,
-    }
     empty = [name for name, c in balance_classes.items() if c["train_all"] == 0]
     if empty:
         notes.append(f"train has no example of {', '.join(empty)}")
-    return SplitReport(
-        labels=list(labels),
-        classes=list(gc.names),
-        chance=r.chance,
-        seed=r.seed,
-        min_votes=r.min_votes,
-        unit=unit,
-        counts_by_gold=by_gold,
-        counts_by_cell=by_cell,
-        availability=availability,
-        dev_per_cell=r.dev_per_cell,
-        test_per_cell=r.test_per_cell,
-        max_c=r.max_total // 2,
-        upper_bound_c=r.bound_total // 2,
-        max_total_per_cell=r.max_total,
-        upper_bound_total_per_cell=r.bound_total,
-        capped=r.capped,
-        model_metrics=metrics,
-        chance_macro_f1=chance_f1,
-        at_chance=at_chance,
-        excluded={"prompt_shared_with_assessment": int(r.shared.sum())} if r.shared.any() else {},
-        ineligible={name: int(c) for name, c in zip(INELIGIBLE_REASONS, reasons, strict=True) if c},
-        eligible_in_train=int((eligible & (split == _TRAIN)).sum()),
-        no_prompt_in_train=int((~r.is_prompt & (split == _TRAIN)).sum()),
-        notes=notes,
-        balance=balance,
-    )
+    return notes
 
 
 def _plain(value: object) -> object:

@@ -8,8 +8,8 @@ command (``dynaloop/commands/round.py``) and the API (docs/round_builder.md):
 * :func:`dataset_download`: what the API needs to stream one split of the newest build;
 * :func:`dataset_card_text`: the Hugging Face dataset card of an export.
 
-Each takes one options schema (:class:`BuildOptions`, :class:`ExportOptions`) and returns a
-typed result. Errors are raised as :class:`~services.errors.DomainError`.
+Each takes one options schema (:class:`~round_builder.build_settings.BuildSettings`,
+:class:`ExportOptions`) and returns a typed result. Errors are raised as :class:`~services.errors.DomainError`.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from round_builder import dataset_card, export
-from round_builder.build import BuildConfig, build_round
+from round_builder.build import build_round
+from round_builder.build_settings import BuildSettings, resolve_policy
+from round_builder.prepare import prepare
+from round_builder.preview import preview, relaxations_for
 from services.db.models import Round, RoundBuild, Task, User
 from services.db.transactions import commit_now
 from services.domain import ledger, rounds, tasks
@@ -34,7 +37,6 @@ from services.errors import DomainError, Invalid, NotFound
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BuildOptions",
     "BuildPreview",
     "BuiltRound",
     "DatasetDownload",
@@ -49,61 +51,6 @@ __all__ = [
 ]
 
 
-class BuildOptions(BaseModel):
-    """What `dynaloop round build` and ``POST /rounds/{id}/build`` take (docs/round_builder.md,
-    "Build policies")."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    policy: Literal["strict", "relaxed"] | None = Field(
-        None,
-        description="strict: the task's dev/test rules (model at chance for single-label families); "
-        "relaxed: no chance constraint unless asked, the class-balance guard. Default: strict, or "
-        "relaxed when a setting below loosens the task's rules.",
-    )
-    dev_test_min_votes: int | None = Field(
-        None, ge=1, le=100, description="Default: the task's agreement setting; lower is relaxed."
-    )
-    chance: bool | None = Field(
-        None,
-        description="Require the round's model at chance on dev/test "
-        "(default: strict yes for single-label families; relaxed and multi-label no). false is relaxed.",
-    )
-    max_per_cell: int | None = Field(
-        None, ge=1, le=1_000_000, description="Cap dev and test at this many per (gold, predicted) cell or class."
-    )
-    min_per_cell: int | None = Field(
-        None, ge=1, le=1_000_000, description="Least per cell or class in each of dev and test (default 1)."
-    )
-    no_prompt_in_dev_test: bool | None = Field(
-        None,
-        description="Let no-prompt examples into dev/test, each on its own "
-        "(default: only when the round has no prompt examples).",
-    )
-    max_dev_test_share: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="Class-balance guard: dev+test take at most this share of each class's eligible "
-        "examples (default: relaxed 0.5, strict none).",
-    )
-    model_based: Literal["dawid_skene", "mace"] | None = Field("dawid_skene", description="dawid_skene, mace or null.")
-
-    def config(self) -> BuildConfig:
-        return BuildConfig(
-            seed=self.seed,
-            dev_test_min_votes=self.dev_test_min_votes,
-            chance=self.chance,
-            max_per_cell=self.max_per_cell,
-            model_based=self.model_based,
-            policy=self.policy,
-            min_per_cell=self.min_per_cell,
-            no_prompt_in_dev_test=self.no_prompt_in_dev_test,
-            max_dev_test_share=self.max_dev_test_share,
-        )
-
-
 @dataclass(frozen=True)
 class BuildPreview:
     """What the requested options and each other policy would give the round; nothing recorded."""
@@ -114,25 +61,20 @@ class BuildPreview:
     relaxations: list[dict[str, Any]]  # the other policies, each a PolicyPreview.to_dict()
 
 
-def preview_build(session: Session, round_: Round, options: BuildOptions) -> BuildPreview:
-    """Preview ``options`` and the other policies on ``round_`` (closed, or built before)
+def preview_build(session: Session, round_: Round, settings: BuildSettings) -> BuildPreview:
+    """Preview ``settings`` and the other policies on ``round_`` (closed, or built before)
     without recording a build."""
-    from round_builder.build import prepare, resolve_policy
-    from round_builder.preview import preview, relaxations_for
-    from services.errors import Invalid
-
     prepared = prepare(session, round_)
-    config = options.config()
-    requested = preview(prepared, "requested", config, options.model_dump(exclude_defaults=True))
+    requested = preview(prepared, "requested", settings, settings.model_dump(exclude_defaults=True))
     try:
-        policy = resolve_policy(config, prepared.data.definition, prepared.data.examples)
+        policy = resolve_policy(settings, prepared.data.definition, prepared.data.examples)
     except Invalid:
         policy = None
     return BuildPreview(
         task=round_.task.name,
         round=round_.number,
         requested=requested.to_dict(),
-        relaxations=[p.to_dict() for p in relaxations_for(prepared, config, policy, refused_by=requested.constraint)],
+        relaxations=[p.to_dict() for p in relaxations_for(prepared, settings, policy, refused_by=requested.constraint)],
     )
 
 
@@ -155,7 +97,7 @@ def default_build_dir(data_dir: Path, task_name: str, number: int, seed: int) ->
 
 
 def build(
-    session: Session, actor: User | None, round_: Round, options: BuildOptions, *, out_dir: Path | None = None
+    session: Session, actor: User | None, round_: Round, settings: BuildSettings, *, out_dir: Path | None = None
 ) -> BuiltRound:
     """Build ``round_`` (closed, or built before) in the caller's transaction; with ``out_dir``
     the report and its plots are written there too.
@@ -166,7 +108,7 @@ def build(
     naming what failed, and is logged with its traceback (it is a bug to report); the
     caller's transaction is rolled back with it. Database errors stay what they are."""
     try:
-        built = build_round(session, actor, round_, options.config(), out_dir=out_dir)
+        built = build_round(session, actor, round_, settings, out_dir=out_dir)
     except (DomainError, SQLAlchemyError):
         raise
     except Exception as exc:

@@ -178,3 +178,83 @@ def test_a_broken_contract_fails(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "model_directory imports nothing of the project BROKEN" in result.stdout
     assert "model_directory -> api.app" in result.stdout
+
+
+# Circles of imports between the modules of one package (issue #30, "A real import circle"),
+# as they stand where another part of the issue breaks them; each case passes once its package
+# has none (xfail is not strict), and its mark is then removed.
+KNOWN_CIRCLES = {
+    "api": "api.deps <-> api.ratelimit <-> api.state",
+    "model_server": "model_server.app <-> model_server.follow",
+}
+CIRCLE_PACKAGES = [
+    "dynaloop",
+    "api",
+    "services",
+    "round_builder",
+    "modelling",
+    "model_directory",
+    "model_server",
+    "frontend",
+]
+
+
+def import_circles(package: str) -> list[list[str]]:
+    """The circles of imports between the modules of ``package``: each a group of modules that
+    import one another, directly or not. Every import counts, inside functions and under
+    ``TYPE_CHECKING`` too (grimp, import-linter's graph, finds them all); a package's
+    ``__init__`` importing its modules does not (that is re-export, not a module's own need)."""
+    import grimp
+
+    graph = grimp.build_graph(package, cache_dir=None)
+    for module in [m for m in graph.modules if graph.find_children(m)]:
+        for imported in graph.find_modules_directly_imported_by(module):
+            graph.remove_import(importer=module, imported=imported)
+    circles: list[list[str]] = []
+    seen: set[str] = set()
+    for module in sorted(graph.modules):
+        if module in seen:
+            continue
+        circle = graph.find_upstream_modules(module) & graph.find_downstream_modules(module)
+        if circle:
+            circles.append(sorted(circle | {module}))
+            seen |= circle | {module}
+    return circles
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        pytest.param(
+            package,
+            marks=[pytest.mark.xfail(reason=f"circle today: {KNOWN_CIRCLES[package]}", strict=False)]
+            if package in KNOWN_CIRCLES
+            else [],
+        )
+        for package in CIRCLE_PACKAGES
+    ],
+)
+def test_no_circle_of_imports_between_the_modules_of_a_package(package: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _require_import_linter()
+    monkeypatch.syspath_prepend(str(ROOT))  # this checkout's packages, not an installed copy
+
+    circles = import_circles(package)
+
+    assert not circles, f"{package} has circles of imports: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_a_circle_hidden_in_a_function_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An import inside a function, or under TYPE_CHECKING, still closes a circle; an
+    ``__init__`` that re-exports its modules does not."""
+    _require_import_linter()
+    package = tmp_path / "circled"
+    package.mkdir()
+    (package / "__init__.py").write_text("from circled import first, second, third\n", encoding="utf-8")
+    (package / "first.py").write_text("from circled import second\n", encoding="utf-8")
+    (package / "second.py").write_text("def late():\n    from circled import first\n", encoding="utf-8")
+    (package / "third.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import circled.first\n", encoding="utf-8"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    assert import_circles("circled") == [["circled.first", "circled.second"]]

@@ -279,7 +279,7 @@ def test_no_prompt_examples_stand_alone_in_dev_and_test() -> None:
 def _prepared(rows: list[tuple[Any, ...]]) -> Any:
     """A dynasent-r2 round read and aggregated (round_builder.build.Prepared) from split rows,
     without a database: what round_builder.preview works on."""
-    from round_builder.build import Prepared, RoundData
+    from round_builder.round_data import Prepared, RoundData
     from services.taskdef import example_path, load_task_definition
 
     frame = _frame(rows)
@@ -292,13 +292,13 @@ def _prepared(rows: list[tuple[Any, ...]]) -> Any:
 def test_a_mixed_round_is_offered_its_no_prompt_examples_in_dev_and_test() -> None:
     """Every prompt example shares one prompt, so dev and test cannot take two of a class from
     them; the round's no-prompt examples, each on its own, can: that option is offered."""
-    from round_builder.build import BuildConfig, resolve_policy
+    from round_builder.build_settings import BuildSettings, resolve_policy
     from round_builder.preview import relaxations_for
 
     rows: list[tuple[Any, ...]] = [(f"p{g}{i}", g, 5, "shared", "prompt", g) for g in LABELS for i in range(2)]
     rows += [(f"n{g}{i}", g, 5, None, "no_prompt", g) for g in LABELS for i in range(4)]
     prepared = _prepared(rows)
-    config = BuildConfig(policy="relaxed")
+    config = BuildSettings(policy="relaxed")
     policy = resolve_policy(config, prepared.data.definition, prepared.data.examples)
     assert policy.no_prompt_in_dev_test is False
     options = {o.name: o for o in relaxations_for(prepared, config, policy, refused_by="dev_test_size")}

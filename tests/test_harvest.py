@@ -34,7 +34,8 @@ from modelling.harvest import (
 )
 from modelling.init_model import init_model_dir
 from round_builder import export
-from round_builder.build import BuildConfig, build_round
+from round_builder.build import build_round
+from round_builder.build_settings import BuildSettings
 from services.db.engine import session_scope
 from services.db.models import Example, ExampleOrigin, ExampleStatus, Prompt
 from services.domain.rounds import get_round
@@ -278,7 +279,7 @@ def test_harvested_examples_are_validated_and_built_into_chance_level_splits(
 
     with session_scope(app.state.sessionmaker) as session:
         assert all(e.status is ExampleStatus.validated for e in session.scalars(select(Example)))
-        build = build_round(session, None, get_round(session, round_["id"]), BuildConfig(seed=0))
+        build = build_round(session, None, get_round(session, round_["id"]), BuildSettings(seed=0))
         report_ = build.report
         build_id = build.id
     assert report_["counts"]["total"] == {"train": 12, "dev": 18, "test": 18, "dist_train": 12}

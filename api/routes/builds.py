@@ -10,8 +10,9 @@ from fastapi import APIRouter, Query, Response, status
 from api.deps import IdPath, SessionDep, allowed
 from api.schemas.builds import BuildPreviewPublic, BuildPublic, RoundReportPublic
 from round_builder import export
+from round_builder.build_settings import BuildSettings
 from round_builder.report import render_markdown
-from round_builder.usecases import BuildOptions, build, preview_build
+from round_builder.usecases import build, preview_build
 from services.authorization import BuildPolicy, DatasetPolicy, authorize
 from services.db.models import User
 from services.domain import rounds, tasks
@@ -33,7 +34,7 @@ _MARKDOWN: dict[int | str, dict[str, Any]] = {
     response_model_exclude_unset=True,
 )
 def build_round(
-    round_id: IdPath, body: BuildOptions, session: SessionDep, researcher: Annotated[User, allowed(BuildPolicy.create)]
+    round_id: IdPath, body: BuildSettings, session: SessionDep, researcher: Annotated[User, allowed(BuildPolicy.create)]
 ) -> BuildPublic:
     """Aggregate, compute agreement and human F1, build chance-level splits; returns the report."""
     round_ = rounds.get_round(session, round_id)
@@ -52,7 +53,7 @@ def build_round(
 
 @router.post("/rounds/{round_id}/build/preview", response_model=BuildPreviewPublic)
 def preview_round_build(
-    round_id: IdPath, body: BuildOptions, session: SessionDep, researcher: Annotated[User, allowed(BuildPolicy.create)]
+    round_id: IdPath, body: BuildSettings, session: SessionDep, researcher: Annotated[User, allowed(BuildPolicy.create)]
 ) -> BuildPreviewPublic:
     """What these build options and each other policy (strict, relaxed, fewer votes) would give
     the round: dev/test per cell or class, train size, or what is short. Records nothing."""

@@ -8,33 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-
-class BuildSettings(BaseModel):
-    """The settings the build ran with, as requested (null: the default); the effective ones
-    are the report's ``splits.policy``."""
-
-    seed: int
-    dev_test_min_votes: int | None
-    chance: bool | None
-    max_per_cell: int | None
-    model_based: str | None
-    policy: str | None = None
-    min_per_cell: int | None = None
-    no_prompt_in_dev_test: bool | None = None
-    max_dev_test_share: float | None = None
-
-
-class EffectivePolicy(BaseModel):
-    """A build's policy with every default resolved (docs/round_builder.md, "Build policies")."""
-
-    name: str = Field(description="strict or relaxed.")
-    chance: bool
-    dev_test_min_votes: int
-    responses: int = Field(description="The task's validations per example (votes are out of this).")
-    max_per_cell: int | None
-    min_per_cell: int
-    no_prompt_in_dev_test: bool
-    max_dev_test_share: float | None
+from round_builder.build_settings import BuildSettings, EffectivePolicy
 
 
 class PolicyPreview(BaseModel):

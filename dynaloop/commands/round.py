@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -22,66 +22,16 @@ from dynaloop.commands.common import (
     session_factory,
     settings_for,
 )
+from dynaloop.commands.settings_options import options_from
+from round_builder.build_settings import BuildSettings
 
 if TYPE_CHECKING:
     from modelling.usecases import TrainedModel
-    from round_builder.usecases import BuildOptions
 
 app = typer.Typer(help="Build and export rounds.", no_args_is_help=True)
 
 TaskOpt = Annotated[str, typer.Option(help="Task name")]
 RoundOpt = Annotated[int, typer.Option("--round", help="Round number")]
-
-
-# The build settings `round build` and `round build-preview` share (round_builder.usecases.BuildOptions;
-# docs/round_builder.md, "Build policies").
-SeedOpt = Annotated[int, typer.Option(help="Seed of the splits and of the synthetic annotators")]
-DevTestMinVotesOpt = Annotated[
-    int | None, typer.Option(help="Votes for gold a dev/test example needs; default: the task's")
-]
-ChanceOpt = Annotated[bool | None, typer.Option(help="Require the model at chance on dev/test")]
-MaxPerCellOpt = Annotated[int | None, typer.Option(help="Cap dev and test per cell or class")]
-ModelBasedOpt = Annotated[str, typer.Option(help="dawid_skene, mace or none")]
-PolicyOpt = Annotated[str | None, typer.Option(help="strict or relaxed (docs/round_builder.md)")]
-MinPerCellOpt = Annotated[int | None, typer.Option(help="Least per cell or class in each of dev and test")]
-NoPromptOpt = Annotated[bool | None, typer.Option(help="No-prompt examples in dev/test")]
-MaxDevTestShareOpt = Annotated[
-    float | None, typer.Option(help="Class-balance guard: dev+test take at most this share of each class")
-]
-
-
-def _build_options(
-    seed: int,
-    dev_test_min_votes: int | None,
-    chance: bool | None,
-    max_per_cell: int | None,
-    model_based: str,
-    policy: str | None,
-    min_per_cell: int | None,
-    no_prompt_in_dev_test: bool | None,
-    max_dev_test_share: float | None,
-) -> BuildOptions:
-    """The command line's build settings checked as the API checks a build's body."""
-    from pydantic import ValidationError
-
-    from round_builder.usecases import BuildOptions
-
-    try:
-        return BuildOptions.model_validate(
-            {
-                "seed": seed,
-                "dev_test_min_votes": dev_test_min_votes,
-                "chance": chance,
-                "max_per_cell": max_per_cell,
-                "model_based": None if model_based in ("", "none") else model_based,
-                "policy": policy,
-                "min_per_cell": min_per_cell,
-                "no_prompt_in_dev_test": no_prompt_in_dev_test,
-                "max_dev_test_share": max_dev_test_share,
-            }
-        )
-    except ValidationError as exc:
-        raise fail(f"invalid build settings: {problems(exc)}") from exc
 
 
 def option_flags(settings: dict[str, Any]) -> str:
@@ -113,14 +63,14 @@ def refusal(exc: Any) -> str:
     )
 
 
-def build_command(task: str, number: int, options: BuildOptions, settings: dict[str, Any]) -> str:
+def build_command(task: str, number: int, options: BuildSettings, settings: dict[str, Any]) -> str:
     """The `dynaloop round build` line that builds with a preview's ``settings`` and the
     settings they keep from ``options`` (seed, caps, model-based labels)."""
     kept = options.model_dump(include={"seed", "max_per_cell", "model_based"}, exclude_defaults=True)
     return f"dynaloop round build --task {shlex.quote(task)} --round {number} " + option_flags({**kept, **settings})
 
 
-def print_options(task: str, number: int, options: BuildOptions, previews: list[dict[str, Any]]) -> int:
+def print_options(task: str, number: int, options: BuildSettings, previews: list[dict[str, Any]]) -> int:
     """Each preview that builds, with its counts and the command that builds it (on stderr, one
     line each, however wide the terminal); how many there were."""
     from round_builder.preview import PolicyPreview
@@ -147,19 +97,13 @@ def print_options(task: str, number: int, options: BuildOptions, previews: list[
 
 
 @app.command("build")
+@options_from(BuildSettings, "options", "build settings")
 def round_build(
     task: TaskOpt,
     number: RoundOpt,
     out: Annotated[Path | None, typer.Option(help="Folder for report.md, report.json and plots")] = None,
-    seed: SeedOpt = 0,
-    dev_test_min_votes: DevTestMinVotesOpt = None,
-    chance: ChanceOpt = None,
-    max_per_cell: MaxPerCellOpt = None,
-    model_based: ModelBasedOpt = "dawid_skene",
-    policy: PolicyOpt = None,
-    min_per_cell: MinPerCellOpt = None,
-    no_prompt_in_dev_test: NoPromptOpt = None,
-    max_dev_test_share: MaxDevTestShareOpt = None,
+    *,
+    options: BuildSettings,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report.
@@ -172,18 +116,7 @@ def round_build(
     settings = settings_for(database_url)
     url = settings.resolved_database_url
     ensure_schema(url)
-    options = _build_options(
-        seed,
-        dev_test_min_votes,
-        chance,
-        max_per_cell,
-        model_based,
-        policy,
-        min_per_cell,
-        no_prompt_in_dev_test,
-        max_dev_test_share,
-    )
-    folder = out or default_build_dir(settings.data_dir, task, number, seed)
+    folder = out or default_build_dir(settings.data_dir, task, number, options.seed)
     try:
         with session_scope(session_factory(url)) as session:
             round_ = rounds.get_round_by_number(session, tasks.get_task(session, task), number)
@@ -221,25 +154,18 @@ def round_build(
 
 
 @app.command("build-preview")
+@options_from(BuildSettings, "options", "build settings")
 def round_build_preview(
     task: TaskOpt,
     number: RoundOpt,
-    seed: SeedOpt = 0,
-    dev_test_min_votes: DevTestMinVotesOpt = None,
-    chance: ChanceOpt = None,
-    max_per_cell: MaxPerCellOpt = None,
-    model_based: ModelBasedOpt = "dawid_skene",
-    policy: PolicyOpt = None,
-    min_per_cell: MinPerCellOpt = None,
-    no_prompt_in_dev_test: NoPromptOpt = None,
-    max_dev_test_share: MaxDevTestShareOpt = None,
+    *,
+    options: BuildSettings,
     database_url: DatabaseOpt = None,
 ) -> None:
     """What these build settings and every other policy would give a closed round (dev, test and
     train counts, per class), or what refuses them, with the command that builds each option.
     Records nothing."""
-    from round_builder.build import nothing_builds
-    from round_builder.preview import PolicyPreview
+    from round_builder.preview import PolicyPreview, nothing_builds
     from round_builder.usecases import preview_build
     from services.db.engine import session_scope
     from services.domain import rounds, tasks
@@ -247,17 +173,6 @@ def round_build_preview(
 
     url = settings_for(database_url).resolved_database_url
     ensure_schema(url)
-    options = _build_options(
-        seed,
-        dev_test_min_votes,
-        chance,
-        max_per_cell,
-        model_based,
-        policy,
-        min_per_cell,
-        no_prompt_in_dev_test,
-        max_dev_test_share,
-    )
     try:
         with session_scope(session_factory(url)) as session:
             round_ = rounds.get_round_by_number(session, tasks.get_task(session, task), number)
