@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.table import Table
