@@ -1,8 +1,14 @@
-"""The error that stops a prediction or an evaluation (modelling.inference, metrics, evaluate,
-evaluation_sets); the message says what to fix."""
+"""The errors that stop a training run (modelling.train, linear) or a prediction or an evaluation
+(modelling.inference, metrics, evaluate, evaluation_sets); the message says what to fix. Here, apart
+from the code that raises them, so that the job runner (modelling.jobs) reads them without the
+`training` extra's packages."""
 
 from __future__ import annotations
 
 
 class EvaluationError(ValueError):
     """Something that stops an evaluation; the message says what to fix."""
+
+
+class TrainingError(ValueError):
+    """Something that stops a training run before it starts; the message says what to fix."""

@@ -12,11 +12,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
-from matplotlib.figure import Figure
 from sklearn.metrics import ConfusionMatrixDisplay
 
 from modelling.evaluate import CrossVarietyMatrix, Evaluation
 from modelling.metrics import SetMetrics
+from services.extras import needs_extra
+
+with needs_extra("training"):
+    from matplotlib.figure import Figure
 
 
 def plot_confusion(metrics: SetMetrics, path: Path | str) -> Path:

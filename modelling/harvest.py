@@ -38,7 +38,6 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import pysbd
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -59,8 +58,12 @@ from services.domain import rounds as round_domain
 from services.domain.rounds import text_hash
 from services.domain.tasks import definition_of, get_task
 from services.errors import Conflict, Invalid
+from services.extras import needs_extra
 from services.taskdef import TaskDefinition, TaskFamily
 from services.text import normalize_text
+
+with needs_extra("training"):
+    import pysbd
 
 logger = logging.getLogger(__name__)
 

@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from model_directory import ModelMetadata, ModelMetadataError
 from model_directory.linear import LinearModel
 from model_directory.runtime import PrecisionCheck, PrecisionPlan, PrecisionUnavailable, pad_rows, plan_precision
 from modelling.errors import EvaluationError
+from services.extras import needs_extra
+
+with needs_extra("training"):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass

@@ -11,10 +11,17 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
-
 from model_directory import ModelMetadata
+from services.extras import needs_extra
+
+with needs_extra("training"):
+    import torch
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+    )
 
 
 def minilm_dir() -> Path:

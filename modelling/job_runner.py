@@ -42,6 +42,7 @@ from services.db.models import Job, JobKind, JobStatus, Task, User, utcnow
 from services.domain.model_servers import find_server
 from services.domain.tasks import definition_of, get_task
 from services.errors import Conflict, DomainError, missing_job, validation_problems
+from services.extras import MissingExtra
 
 if TYPE_CHECKING:
     from modelling.datasets import LabelledSet
@@ -244,8 +245,7 @@ def _cancel_request(factory: sessionmaker[Session], job_id: int) -> str | None:
 
 def _failure_message(exc: BaseException) -> str:
     from model_directory import ModelMetadataError
-    from modelling.errors import EvaluationError
-    from modelling.train import TrainingError
+    from modelling.errors import EvaluationError, TrainingError
 
     if STOP.signum == signal.SIGHUP:  # `dynaloop job run` gets it when its worker dies
         worker = os.environ.get(WORKER_NAME_ENV) or "its worker"
@@ -259,6 +259,8 @@ def _failure_message(exc: BaseException) -> str:
         return str(exc)
     if isinstance(exc, ValidationError):
         return "; ".join(validation_problems(exc.errors(), "params"))
+    if isinstance(exc, MissingExtra):  # the worker's install lacks the extra the job needs: it names it
+        return f"this worker cannot run the job: {exc}"
     return f"unexpected {type(exc).__name__}: {exc}"
 
 

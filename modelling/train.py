@@ -43,25 +43,29 @@ from pathlib import Path
 from typing import Literal, TypedDict
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, load_checkpoint_in_model, set_seed
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    get_linear_schedule_with_warmup,
-)
 
 from model_directory import METADATA_FILE, ModelMetadata
 from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE, TokenCoverage, token_coverage
 from modelling.datasets import LabelledSet, expand
+from modelling.errors import TrainingError
 from modelling.metrics import macro_f1, per_class_f1
+from services.extras import needs_extra
+
+with needs_extra("training"):
+    import torch
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin, load_checkpoint_in_model, set_seed
+    from torch.utils.data import DataLoader, Dataset, Sampler
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+        get_linear_schedule_with_warmup,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +75,6 @@ InputFormat = Literal["text", "text_pair"]
 CHECKPOINTS_DIR = "checkpoints"
 BEST_WEIGHTS_DIR = "best-weights"
 PROGRESS_FILE = "training_progress.json"
-
-
-class TrainingError(ValueError):
-    """Something that stops a training run before it starts; the message says what to fix."""
 
 
 class TrainConfig(BaseModel):

@@ -42,6 +42,7 @@ from services.db.engine import session_scope
 from services.db.models import ModelVersion, Task, User
 from services.domain.tasks import definition_of, get_task
 from services.errors import DomainError, Invalid
+from services.extras import needs_extra
 from services.settings import get_settings
 from services.taskdef import TrainingDefaults
 
@@ -294,7 +295,8 @@ def train_and_register(
     ``unnamed_model_id`` (default ``TASK-OUTDIR``). A run that reproduces the weights of a
     registered model (same base, data and seed) is registered as a new version of it
     (:func:`~modelling.registry.register_retrained`), never refused after the training."""
-    from accelerate import PartialState
+    with needs_extra("training"):
+        from accelerate import PartialState
 
     from modelling import train
     from modelling.datasets import input_format, load_source, model_labels

@@ -11,10 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt
+from services.extras import install_hint, missing_modules
 
 # ---------------------------------------------------------------------------- rendering
 
@@ -446,8 +443,21 @@ def intended_vs_perceived_markdown(extra: Mapping[str, Any]) -> list[str]:
     return out
 
 
+#: What report.md says in place of the figures where the `plots` extra (matplotlib) is not installed.
+PLOTS_NOT_DRAWN = (
+    f"\n## Figures\n\nNot drawn: matplotlib is not installed here (the `plots` extra: `{install_hint('plots')}`).\n"
+)
+
+
 def write_plots(data: PlotData, out_dir: Path) -> list[Path]:
-    """PNG plots people would rather look at than read; returns the files written."""
+    """PNG plots people would rather look at than read; returns the files written.
+
+    Needs the `plots` extra (matplotlib); :func:`write_report` checks for it first."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
@@ -515,13 +525,18 @@ def write_plots(data: PlotData, out_dir: Path) -> list[Path]:
 
 
 def write_report(report: Mapping[str, Any], data: PlotData | None, out_dir: Path) -> list[Path]:
-    """report.json, report.md and the plots into ``out_dir``."""
+    """report.json, report.md and the plots into ``out_dir``; without the `plots` extra, report.md
+    says the figures were not drawn."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
     )
-    (out_dir / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    draw = data is not None and not missing_modules("plots")
+    markdown = render_markdown(report)
+    if data is not None and not draw:
+        markdown += PLOTS_NOT_DRAWN
+    (out_dir / "report.md").write_text(markdown, encoding="utf-8")
     written = [out_dir / "report.json", out_dir / "report.md"]
-    if data is not None:
+    if data is not None and draw:
         written += write_plots(data, out_dir)
     return written

@@ -17,14 +17,13 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import httpx
 import pytest
 import yaml
 from fastapi import FastAPI, HTTPException
 from sqlalchemy import select
-from streamlit.testing.v1 import AppTest
 
 from api.app import create_app
 from frontend.client import ApiClient, ApiError, Round, Task
@@ -35,6 +34,11 @@ from services.domain import members, tasks, users
 from services.settings import Settings
 from tests.conftest import empty_tables, example_yaml, free_port, register_model_server
 from tests.stub_model_server import NEGATIVE_WORDS, POSITIVE_WORDS, ThreadedServer, create_stub_app
+
+if TYPE_CHECKING:
+    # Imported where an AppTest is made: the plugin loads for every test, also in a base install
+    # without the webapp extra (.ci/base_install).
+    from streamlit.testing.v1 import AppTest
 
 APP_FILE = Path(__file__).resolve().parents[1] / "frontend" / "app.py"
 HOSTILE = "<script>alert(1)</script> **bold** [link](http://x) <img src=x onerror=alert(2)>"
@@ -332,6 +336,8 @@ def signed_in_app(
     """The app with ``username`` signed in (using ``client``, default a new one), after one run
     (and on ``page``, e.g. ``"app_pages/validator.py"``, when given)."""
     client = client or live.as_user(username)
+    from streamlit.testing.v1 import AppTest
+
     user = live.api(username).me()
     at = AppTest.from_file(str(APP_FILE), default_timeout=timeout)
     at.session_state["client"] = client

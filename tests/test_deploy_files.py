@@ -36,7 +36,35 @@ DOCKER = ROOT / "docker"
 COMPOSE_FILE = DOCKER / "compose.yaml"
 NGINX_CONF = DOCKER / "nginx" / "nginx.conf"
 ENV_EXAMPLE = DOCKER / ".env.example"
-DOCKERFILES = {name: DOCKER / f"Dockerfile.{name}" for name in ("api", "model-server", "model-server-vllm", "frontend")}
+DOCKERFILES = {
+    name: DOCKER / f"Dockerfile.{name}" for name in ("api", "worker", "model-server", "model-server-vllm", "frontend")
+}
+# The extras of pyproject.toml each image installs (docs/deploy.md, "Installs per role"), and
+# whether it installs the base install too (the web app's image holds `frontend/` alone).
+IMAGE_EXTRAS = {
+    "api": set(),
+    "worker": {"training"},
+    "model-server": {"model-server"},
+    # The vLLM replicas and the GPU job worker (compose.yaml's worker-gpu).
+    "model-server-vllm": {"model-server", "training", "vllm"},
+    "frontend": {"webapp"},
+}
+IMAGE_BASE_INSTALL = {"api": True, "worker": True, "model-server": True, "model-server-vllm": True, "frontend": False}
+# The extras each compose service's image must hold for what the service runs.
+SERVICE_EXTRAS = {
+    "migrate": set(),
+    "model-init": {"training"},
+    "api-1": set(),
+    "api-2": set(),
+    "worker-cpu": {"training"},
+    "worker-gpu": {"training"},
+    "model-1": {"model-server"},
+    "model-2": {"model-server"},
+    "vllm-1": {"model-server", "vllm"},
+    "vllm-2": {"model-server", "vllm"},
+    "frontend-1": {"webapp"},
+    "frontend-2": {"webapp"},
+}
 
 API_REPLICAS = ("api-1", "api-2")
 MODEL_REPLICAS = ("model-1", "model-2")
@@ -151,6 +179,11 @@ def test_dockerfile_runs_as_a_non_root_user_with_a_healthcheck(name: str) -> Non
     # The API and the model servers share the /data volume: the same uid everywhere.
     assert users[-1] == "10001:10001"
     healthchecks = [ins.value for ins in stage if ins.keyword == "HEALTHCHECK"]
+    if name == "worker":
+        # A worker listens on no port; compose checks its heartbeat by the name it gives each worker.
+        assert not healthchecks and not [ins for ins in stage if ins.keyword == "EXPOSE"]
+        assert services()["worker-cpu"]["healthcheck"]["test"][:4] == ["CMD", "dynaloop", "job", "workers"]
+        return
     assert len(healthchecks) == 1 and "CMD" in healthchecks[0]
     port = {"api": 8000, "model-server": 8001, "model-server-vllm": 8001, "frontend": 8501}[name]
     path = "/_stcore/health" if name == "frontend" else "/health"
@@ -158,14 +191,16 @@ def test_dockerfile_runs_as_a_non_root_user_with_a_healthcheck(name: str) -> Non
     assert [ins.value for ins in stage if ins.keyword == "EXPOSE"] == [str(port)]
 
 
-@pytest.mark.parametrize("name", ["api", "model-server"])
+@pytest.mark.parametrize("name", ["worker", "model-server"])
 def test_cpu_images_install_the_cpu_torch_wheel_the_project_allows(name: str) -> None:
     instructions = dockerfile(DOCKERFILES[name])
     assert arg_default(name, "TORCH_INDEX_URL") == "https://download.pytorch.org/whl/cpu"
     version = arg_default(name, "TORCH_VERSION")
     assert version == "2.13.0"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    torch_spec = next(Requirement(dep) for dep in project["dependencies"] if Requirement(dep).name == "torch")
+    (extra,) = IMAGE_EXTRAS[name]
+    extra_deps = project["optional-dependencies"][extra]
+    torch_spec = next(Requirement(dep) for dep in extra_deps if Requirement(dep).name == "torch")
     assert Version(version) in torch_spec.specifier, f"torch {version} is outside pyproject's {torch_spec}"
     runs = [ins.value for ins in instructions if ins.keyword == "RUN"]
     torch_run = next(run for run in runs if "torch==" in run)
@@ -180,7 +215,7 @@ def test_cpu_images_install_the_cpu_torch_wheel_the_project_allows(name: str) ->
     assert sum(ins.keyword == "FROM" for ins in instructions) == 2, "multi-stage: builder + runtime"
 
 
-@pytest.mark.parametrize("name", ["api", "model-server", "model-server-vllm"])
+@pytest.mark.parametrize("name", ["api", "worker", "model-server", "model-server-vllm"])
 def test_images_copy_every_package_the_project_installs(name: str) -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     packages = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
@@ -263,8 +298,46 @@ def test_frontend_image_holds_what_the_web_app_imports() -> None:
                 imported.add(node.module.split(".")[0])
     third_party = {name for name in imported if name not in sys.stdlib_module_names} - {"frontend"}
     assert third_party <= {"streamlit", "httpx", "pandas", "altair", "numpy", "starlette", "anyio"}, third_party
-    builder = " ".join(ins.value for ins in dockerfile(DOCKERFILES["frontend"]) if ins.keyword == "RUN")
-    assert "{'streamlit', 'httpx'}" in builder
+    # The image installs the `webapp` extra alone (installed_extras checks that): it lists both.
+    webapp = {Requirement(dep).name for dep in pyproject_extras()["webapp"]}
+    assert webapp == {"streamlit", "httpx"}
+
+
+def pyproject_extras() -> dict[str, list[str]]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+
+
+def installed_extras(name: str) -> tuple[bool, set[str]]:
+    """Whether Dockerfile.<name> installs pyproject.toml's dependencies, and which of its extras:
+    read from the one RUN that turns pyproject.toml into a requirements file."""
+    runs = [ins.value for ins in dockerfile(DOCKERFILES[name]) if ins.keyword == "RUN" and "tomllib" in ins.value]
+    assert len(runs) == 1, f"Dockerfile.{name}: one RUN reads pyproject.toml"
+    extras = set(re.findall(r"\['optional-dependencies'\]\['([a-z-]+)'\]", runs[0]))
+    return "['dependencies']" in runs[0], extras
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_each_image_installs_only_its_roles_extras(name: str) -> None:
+    base, extras = installed_extras(name)
+    assert extras == IMAGE_EXTRAS[name], f"Dockerfile.{name} installs the extras {sorted(extras)}"
+    assert extras <= set(pyproject_extras()), f"Dockerfile.{name} names an extra pyproject.toml lacks"
+    assert base is IMAGE_BASE_INSTALL[name]
+    # torch comes with the model-server and training extras only, never with the base install.
+    torch_layer = any("torch==" in ins.value for ins in dockerfile(DOCKERFILES[name]) if ins.keyword == "RUN")
+    assert torch_layer is (name in ("worker", "model-server")), f"Dockerfile.{name}: a CPU torch layer or not"
+
+
+def test_each_compose_service_runs_an_image_with_the_extras_it_needs() -> None:
+    image_of = {f"dynaloop-{name}:${{IMAGE_TAG:-local}}": name for name in DOCKERFILES}
+    built = {name: image_of[service["image"]] for name, service in services().items() if service["image"] in image_of}
+    assert set(built) == set(SERVICE_EXTRAS)
+    for service, needed in SERVICE_EXTRAS.items():
+        image = built[service]
+        if "build" in services()[service]:  # worker-gpu runs the image the vLLM replicas build
+            assert services()[service]["build"]["dockerfile"] == f"docker/Dockerfile.{image}", service
+        assert needed <= IMAGE_EXTRAS[image], f"{service} runs on {image}, which lacks {sorted(needed)}"
+    # The API replicas and the migration run on the base install alone: no torch behind the API.
+    assert {built[name] for name in (*API_REPLICAS, "migrate")} == {"api"}
 
 
 def test_vllm_image_uses_a_vllm_base_and_the_vllm_backend() -> None:
@@ -404,7 +477,8 @@ def test_job_workers_take_their_queue_from_postgres_under_a_name_they_keep() -> 
         assert service["healthcheck"]["test"] == ["CMD", "dynaloop", "job", "workers", "--check", name]
         check_dynaloop_command(service["healthcheck"]["test"][1:])
         assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-    assert services()["worker-cpu"]["image"] == services()["api-1"]["image"]
+    worker_image = "dynaloop-worker:${IMAGE_TAG:-local}"
+    assert services()["worker-cpu"]["image"] == services()["model-init"]["image"] == worker_image
     gpu = services()["worker-gpu"]
     assert gpu["profiles"] == ["gpu"] and gpu["image"] == services()["vllm-1"]["image"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from model_directory.runtime import PRECISION_CHOICES
+from services.extras import install_hint, missing_modules
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -70,6 +71,15 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     reads it whole; a terminal wraps it itself); raise the returned exit."""
     err.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(code)
+
+
+def require_extras(*extras: str) -> None:
+    """Stop with a message naming each extra (pyproject.toml) whose packages this install lacks,
+    before a command that needs them starts anything."""
+    lacking = {extra: missing for extra in extras if (missing := missing_modules(extra))}
+    if lacking:
+        what = "; ".join(f"{', '.join(missing)} (the {extra!r} extra)" for extra, missing in lacking.items())
+        raise fail(f"not installed here: {what}. Install with `{install_hint(','.join(lacking))}`")
 
 
 def problems(exc: ValidationError) -> str:

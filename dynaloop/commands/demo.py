@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dynaloop.commands.common import console, fail, redact, settings_for
+from dynaloop.commands.common import console, fail, redact, require_extras, settings_for
 
 
 def demo(
@@ -54,6 +54,9 @@ def demo(
     )
     from dynaloop.model_zero import ModelZeroSpec
 
+    if serve:
+        # Model 0 and its server unless the demo uses given model servers; the web app unless --no-ui.
+        require_extras(*(() if model_endpoint else ("training", "model-server")), *(("webapp",) if ui else ()))
     settings = settings_for()
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})

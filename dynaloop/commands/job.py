@@ -9,7 +9,15 @@ from typing import Annotated
 
 import typer
 
-from dynaloop.commands.common import DatabaseOpt, console, ensure_schema, fail, session_factory, settings_for
+from dynaloop.commands.common import (
+    DatabaseOpt,
+    console,
+    ensure_schema,
+    fail,
+    require_extras,
+    session_factory,
+    settings_for,
+)
 
 app = typer.Typer(
     help="Jobs (train, evaluate, promote) that workers run, each in its own process.", no_args_is_help=True
@@ -96,11 +104,9 @@ def worker(
     from services.db.models import JobQueue
     from services.errors import DomainError
 
-    settings = settings_for(database_url)
-    url = settings.resolved_database_url
-    ensure_schema(url)
     chosen = JobQueue(queue.value)
     if chosen is JobQueue.gpu and not skip_gpu_check:
+        require_extras("training")  # the GPU check asks torch, and every gpu job trains or evaluates
         import torch
 
         if not torch.cuda.is_available():
@@ -108,6 +114,9 @@ def worker(
                 "no CUDA GPU is visible on this machine, so it cannot take gpu jobs; run `dynaloop worker --queue cpu` "
                 "here, or a gpu worker where a GPU is"
             )
+    settings = settings_for(database_url)
+    url = settings.resolved_database_url
+    ensure_schema(url)
     try:
         runner = Worker(
             WorkerSettings(

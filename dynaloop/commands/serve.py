@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dynaloop.commands.common import DatabaseOpt, PrecisionOpt, console, err, fail, settings_for
+from dynaloop.commands.common import DatabaseOpt, PrecisionOpt, console, err, fail, require_extras, settings_for
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -105,6 +105,7 @@ def ui(
     import os
     import subprocess
 
+    require_extras("webapp")
     command = ui_command(host, port)
     console.print(f"web app: http://{host}:{port}   API: {api_url}   (Ctrl-C stops it)", highlight=False)
     try:
@@ -259,8 +260,8 @@ def model_server(
 
     import uvicorn
 
-    from model_server.app import create_model_app
-    from model_server.config import FollowSettings, ServerConfig
+    require_extras("model-server")
+    from model_server.app import FollowSettings, ServerConfig, create_model_app
     from modelling.replicas import MAX_FOLLOW_INTERVAL_S
 
     if model is None and follow_task is None:
