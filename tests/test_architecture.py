@@ -180,13 +180,7 @@ def test_a_broken_contract_fails(tmp_path: Path) -> None:
     assert "model_directory -> api.app" in result.stdout
 
 
-# Circles of imports between the modules of one package (issue #30, "A real import circle"),
-# as they stand where another part of the issue breaks them; each case passes once its package
-# has none (xfail is not strict), and its mark is then removed.
-KNOWN_CIRCLES = {
-    "api": "api.deps <-> api.ratelimit <-> api.state",
-    "model_server": "model_server.app <-> model_server.follow",
-}
+# Circles of imports between the modules of one package (issue #30, "A real import circle"): none.
 CIRCLE_PACKAGES = [
     "dynaloop",
     "api",
@@ -222,18 +216,7 @@ def import_circles(package: str) -> list[list[str]]:
     return circles
 
 
-@pytest.mark.parametrize(
-    "package",
-    [
-        pytest.param(
-            package,
-            marks=[pytest.mark.xfail(reason=f"circle today: {KNOWN_CIRCLES[package]}", strict=False)]
-            if package in KNOWN_CIRCLES
-            else [],
-        )
-        for package in CIRCLE_PACKAGES
-    ],
-)
+@pytest.mark.parametrize("package", CIRCLE_PACKAGES)
 def test_no_circle_of_imports_between_the_modules_of_a_package(package: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _require_import_linter()
     monkeypatch.syspath_prepend(str(ROOT))  # this checkout's packages, not an installed copy
