@@ -2,7 +2,7 @@
 policies"), on ONE core: bench/round_builder.py's synthetic 200,000-example round with all but 3
 of the neutral examples left without gold, so strict is refused (too few neutral examples per
 cell), the relaxed policy's class-balance guard refuses it too, and only a wider share builds.
-Times the refused strict split alone, then ``round_builder.preview.relaxations_for`` (every
+Times the refused strict split alone, then ``rounds.build.preview.relaxations_for`` (every
 option, each guard-refused one retried with the larger shares) on the same prepared round. The
 aggregation before the splits (majority here; a build adds Dawid-Skene, see bench/round_builder.py)
 is the same with or without the options and is not timed.
@@ -30,14 +30,14 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-# The repository root first, so that the round_builder package is not hidden by bench/round_builder.py.
+# The repository root first, so that the rounds.build package is not hidden by bench/round_builder.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from round_builder import aggregation, splits  # noqa: E402
-from round_builder.build_settings import BuildSettings, resolve_policy  # noqa: E402
-from round_builder.prepare import make_splits  # noqa: E402
-from round_builder.preview import relaxations_for  # noqa: E402
-from round_builder.round_data import Prepared, RoundData  # noqa: E402
+from rounds.build import aggregation, splits  # noqa: E402
+from rounds.build.build_settings import BuildSettings, resolve_policy  # noqa: E402
+from rounds.build.prepare import make_splits  # noqa: E402
+from rounds.build.preview import relaxations_for  # noqa: E402
+from rounds.build.round_data import Prepared, RoundData  # noqa: E402
 from services.taskdef import example_path, load_task_definition  # noqa: E402
 
 # bench/round_builder.py's synthetic round, loaded from its file (its name is the package's).

@@ -57,10 +57,10 @@ from sklearn.pipeline import FeatureUnion
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from modelling.datasets import LabelledSet  # noqa: E402
-from modelling.inference import predict_probabilities  # noqa: E402
-from modelling.metrics import SetMetrics, compute_metrics  # noqa: E402
-from modelling.train import TrainConfig, train_model  # noqa: E402
+from rounds.models.datasets import LabelledSet  # noqa: E402
+from rounds.models.inference import predict_probabilities  # noqa: E402
+from rounds.models.metrics import SetMetrics, compute_metrics  # noqa: E402
+from rounds.models.train import TrainConfig, train_model  # noqa: E402
 from services.taskdef import TrainingDefaults, example_path, load_task_definition  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"

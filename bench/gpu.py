@@ -224,14 +224,14 @@ def fixed_cost(backend: Any, device: str) -> dict[str, Any]:
 def limit(model_dir: Path, texts: Sequence[str], device: str, batch_size: int, repeats: int) -> dict[str, Any]:
     import torch
 
-    from model_directory import ModelMetadata
-    from model_directory.runtime import pad_rows
     from model_server.backends import ClassifyInput
     from model_server.backends.transformers_backend import (
         CPU_MICRO_BATCH_SIZE,
         SPLIT_COST_TOKENS,
         TransformersBackend,
     )
+    from model_server.directory import ModelMetadata
+    from model_server.directory.runtime import pad_rows
 
     metadata = ModelMetadata.load(model_dir)
     result: dict[str, Any] = {"batch_size": batch_size, "texts": len(texts)}

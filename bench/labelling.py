@@ -8,7 +8,7 @@ harvested examples (rows as ``round harvest --as examples`` writes them), labell
 ``POST /validation-items/{item_id}/validations``; round 1 is closed and built (``POST /rounds/{id}/build``,
 no chance constraint), round 2 is opened with the same number of examples and labelled the same way.
 
-Measured: the latency of each ``POST .../validations`` (the label path: api/routes/validation.py ->
+Measured: the latency of each ``POST .../validations`` (the label path: dynaloop/api/routes/validation.py ->
 services/domain/validating.py, example_status.py, quality.py), and the SQL statements each one runs.
 The peer is round 1 itself in the same run: ``round 2 / round 1`` of the median and p90 per-label
 latency and of the statements per label. A label path whose work does not depend on earlier rounds
@@ -47,8 +47,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine, event, make_url, text  # noqa: E402
 from sqlalchemy.engine import Engine  # noqa: E402
 
-from api.app import create_app  # noqa: E402
 from bench.machine import cpu_model  # noqa: E402
+from dynaloop.api.app import create_app  # noqa: E402
 from services.db.engine import session_scope  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
 from services.db.models import Condition, Example, ExampleOrigin, ExampleStatus, Round  # noqa: E402
@@ -99,7 +99,7 @@ def new_postgres_database(server_url: str) -> Iterator[str]:
 
 
 def add_harvested_examples(app: Any, round_id: int, n: int, offset: int) -> None:
-    """``n`` examples as ``round harvest --as examples`` writes them (modelling/harvest.py
+    """``n`` examples as ``round harvest --as examples`` writes them (rounds/models/harvest.py
     ``_write_examples``): no writer, the model's prediction recorded, validating."""
     with session_scope(app.state.sessionmaker) as session:
         round_ = session.get(Round, round_id)

@@ -173,7 +173,7 @@ class Stack:
 
 
 def make_model(directory: Path, kind: str) -> None:
-    from modelling.init_model import init_model_dir
+    from rounds.models.init_model import init_model_dir
 
     init_model_dir(
         directory,
@@ -193,7 +193,7 @@ def seed_database(
 
     from services.db.engine import make_engine, make_sessionmaker, session_scope
     from services.db.migrate import upgrade
-    from services.domain import model_servers, rounds, tasks, users
+    from services.domain import model_servers, round_lifecycle, tasks, users
     from services.taskdef import example_path
 
     upgrade(url)
@@ -204,12 +204,12 @@ def seed_database(
         with session_scope(make_sessionmaker(engine)) as session:
             task = tasks.create_task(session, None, yaml.safe_dump(definition, allow_unicode=True))
             model_servers.register(session, None, "bench-model", model_url)
-            round_ = rounds.create_round(session, None, task, model_servers=["bench-model"])
+            round_ = round_lifecycle.create_round(session, None, task, model_servers=["bench-model"])
             lines = "\n".join(
                 json.dumps({"text": f"Prompt {i}: the cafe on the corner serves a decent lunch."})
                 for i in range(prompts)
             )
-            rounds.import_prompts(session, None, round_, lines.encode(), "jsonl")
+            round_lifecycle.import_prompts(session, None, round_, lines.encode(), "jsonl")
             writer_tokens, validator_tokens = [], []
             for i in range(writers):
                 user = users.create_user(session, None, f"writer{i}", ["writer"])

@@ -766,7 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp_path = Path(tmp)
         model_dir = args.model
         if model_dir is None:
-            from modelling.init_model import init_model_dir
+            from rounds.models.init_model import init_model_dir
 
             model_dir = tmp_path / "model"
             print("building an untrained MiniLM classifier directory ...", flush=True)

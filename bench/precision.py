@@ -6,7 +6,7 @@ Usage:
     python bench/precision.py --model DIR [--data ../shared/data/tweeteval-sentiment] [--rounds 2]
                               [--quick] [--json bench/results/precision.json]
 
-``--model`` is a MiniLM trained by ``bench/train_tweeteval.py --out DIR`` (``modelling.train``,
+``--model`` is a MiniLM trained by ``bench/train_tweeteval.py --out DIR`` (``rounds.models.train``,
 the code behind ``dynaloop round train``) on TweetEval's val split plus 4,000 test tweets. This
 benchmark rebuilds the same seeded split: the 500 dev tweets are what the precision check reads
 (as ``round train`` would; the result is written to DIR/dynaloop_precision.json, which the auto
@@ -49,7 +49,7 @@ _spec.loader.exec_module(ms)
 
 from sklearn.metrics import f1_score  # noqa: E402
 
-from model_directory.runtime import cpu_description, native_bf16, why_unavailable  # noqa: E402
+from model_server.directory.runtime import cpu_description, native_bf16, why_unavailable  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "tweeteval-sentiment"
 PRECISIONS = ["fp32", "bf16", "int8", "auto"]
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from modelling.precision_check import CheckTexts, check_precisions
+    from rounds.models.precision_check import CheckTexts, check_precisions
 
     machine = {
         "cpu": cpu_description(),

@@ -35,11 +35,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 # Run as `python bench/round_builder.py`, this folder comes first on sys.path and this file's name would hide
-# the round_builder package: the repository root goes before it.
+# the rounds.build package: the repository root goes before it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from round_builder import aggregation, agreement, splits  # noqa: E402
-from round_builder.build import DAWID_SKENE_ITERATIONS  # noqa: E402
+from rounds.build import aggregation, agreement, splits  # noqa: E402
+from rounds.build.pipeline import DAWID_SKENE_ITERATIONS  # noqa: E402
 
 P = ParamSpec("P")
 R = TypeVar("R")

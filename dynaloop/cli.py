@@ -4,8 +4,8 @@ This module only assembles the command groups; each lives in its own module of
 ``dynaloop/commands/`` (``db``, ``task``, ``prompts``, ``user``, ``model``, ``round``, ``job`` (and
 `worker`), ``ledger``; ``study``; ``platform``; ``serve`` holds `api`, `ui` and `model-server`, ``check`` and
 ``demo`` one command each), and
-each command calls a use case or a domain function of ``services``, ``round_builder`` or
-``modelling``. This package is the composition root: it may import every part of the project.
+each command calls a use case or a domain function of ``services``, ``rounds.build`` or
+``rounds.models``. This package is the composition root: it may import every part of the project.
 
 ``python -m dynaloop.cli`` runs the same command (a worker starts ``python -m dynaloop.cli
 job run ID`` for each job; ``accelerate launch -m dynaloop.cli round train ...`` trains on several GPUs).

@@ -36,8 +36,8 @@ from dynaloop.model_zero import ModelZeroSpec, ensure_model_zero
 from dynaloop.processes import Service, ServiceError, Supervisor, connect_host, port_in_use, still_running
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.migrate import upgrade
-from services.db.models import Platform, Round, RoundStatus, StudyLink, StudyRole, Task, TaskRole, User
-from services.domain import members, model_servers, rounds, study, tasks, users
+from services.db.models import Platform, Prompt, Round, RoundStatus, StudyLink, StudyRole, Task, TaskRole, User
+from services.domain import members, model_servers, round_lifecycle, study, tasks, users
 from services.errors import DomainError
 from services.settings import Settings
 from services.taskdef import example_path
@@ -156,15 +156,13 @@ def set_up_demo(settings: Settings, model_endpoints: list[str], admin_token: str
             # opens another round, nor touches a round the researcher opened.
             round_ = session.scalar(select(Round).where(Round.task_id == task.id, Round.number == 1))
             if round_ is None:
-                round_ = rounds.create_round(session, None, task, model_servers=servers)
+                round_ = round_lifecycle.create_round(session, None, task, model_servers=servers)
             still_open = round_.status in DEMO_ROUND_OPEN
             if still_open and servers:
-                rounds.set_model_servers(session, None, round_, servers)
+                round_lifecycle.set_model_servers(session, None, round_, servers)
             if still_open:
-                rounds.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
-            prompt_count = len(
-                list(session.scalars(select(rounds.Prompt.id).where(rounds.Prompt.round_id == round_.id)))
-            )
+                round_lifecycle.import_prompts(session, None, round_, DEMO_PROMPTS.read_bytes(), "jsonl")
+            prompt_count = len(list(session.scalars(select(Prompt.id).where(Prompt.round_id == round_.id))))
             in_loop = model_servers.addresses(session, list(round_.model_servers))
             links = demo_study_links(session, task, round_)
             return DemoSetup(
@@ -294,8 +292,8 @@ def put_model_in_loop(settings: Settings, directory: Path, server: str) -> tuple
 
     Rounds keep their loop (``update_open_rounds=False``): :func:`set_up_demo` put the demo's
     server in its round 1 while that is open."""
-    from modelling.promotion import promote
-    from modelling.registry import register_model
+    from rounds.models.promotion import promote
+    from rounds.models.registry import register_model
     from services.db.models import ModelVersion, ModelVersionStatus
 
     engine = make_engine(settings.resolved_database_url)
@@ -460,7 +458,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
     endpoints = options.model_endpoints or [model_url]
     supervisor = Supervisor(settings.data_dir / "logs")
     admin_token = secrets.token_urlsafe(24)
-    # The web app names each browser's address to the API with this key (api/ratelimit.py).
+    # The web app names each browser's address to the API with this key (dynaloop/api/ratelimit.py).
     web_app_key = settings.web_app_key or secrets.token_urlsafe(32)
 
     with _stop_on_signals():
@@ -494,7 +492,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                             model = ensure_model_zero(
                                 settings.data_dir, spec, task_name=setup.task, retrain=options.retrain
                             )
-                    except (ValueError, OSError) as exc:  # modelling.train's TrainingError is a ValueError
+                    except (ValueError, OSError) as exc:  # rounds.models.train's TrainingError is a ValueError
                         raise DemoError(f"Model 0 could not be trained: {exc}") from exc
                     console.print(
                         (
@@ -622,9 +620,9 @@ DEMO_WORKER = "demo-cpu"
 def _start_worker(
     console: Console, supervisor: Supervisor, python: str, database_url: str, settings: Settings, timeout_s: float
 ) -> Service:
-    """A CPU worker for the jobs the researcher starts (modelling.worker), on the demo's SQLite
+    """A CPU worker for the jobs the researcher starts (rounds.models.worker), on the demo's SQLite
     database: the embedded default needs no other server. Ready once it has registered."""
-    from modelling.jobs import live_workers
+    from rounds.models.jobs import live_workers
     from services.db.models import JobQueue
 
     worker = supervisor.start(

@@ -1,7 +1,7 @@
 """Model 0 of the demo: the packaged MiniLM, briefly fine-tuned on the seed corpus.
 
 ``dynaloop demo`` needs a classifier in the loop that is neither random nor perfect. This
-module trains one with :func:`modelling.train.train_model` on :mod:`dynaloop.seed_corpus` (on the
+module trains one with :func:`rounds.models.train.train_model` on :mod:`dynaloop.seed_corpus` (on the
 CPU, a minute or less on two cores) and caches it under the data directory, in a folder named
 by a hash of everything that decides the weights: the corpus, the hyperparameters, the labels
 and the base checkpoint. A second demo start finds the folder and skips training; change any
@@ -59,7 +59,7 @@ class ModelZero:
 
 
 def _base_identity() -> dict[str, str]:
-    from modelling.init_model import minilm_dir
+    from rounds.models.init_model import minilm_dir
 
     base = minilm_dir()
     config = base / "config.json"
@@ -105,8 +105,8 @@ def ensure_model_zero(
 
     import numpy as np
 
-    from modelling.datasets import LabelledSet
-    from modelling.train import TrainConfig, train_model
+    from rounds.models.datasets import LabelledSet
+    from rounds.models.train import TrainConfig, train_model
 
     corpus = seed_corpus(spec.per_label)
     labels = list(SEED_LABELS)

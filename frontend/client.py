@@ -36,7 +36,7 @@ from urllib.parse import quote
 import httpx
 
 API_PREFIX = "/api/v1"
-# The web app names the browser's address to the API with the key both share (api/ratelimit.py),
+# The web app names the browser's address to the API with the key both share (dynaloop/api/ratelimit.py),
 # so that each browser, not the web app as a whole, has its rate limit and login-failure count.
 WEB_APP_KEY_ENV = "DYNALOOP_WEB_APP_KEY"
 CLIENT_ADDRESS_HEADER = "X-Dynaloop-Client-Address"

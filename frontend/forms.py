@@ -16,7 +16,7 @@ from frontend import forwarded
 __all__ = ["FormError", "browser_address", "read_form", "same_origin"]
 
 MAX_FORM_BYTES = 8 * 1024
-MAX_USERNAME = 64  # api/schemas/auth.py LoginRequest
+MAX_USERNAME = 64  # dynaloop/api/schemas/auth.py LoginRequest
 MAX_PASSWORD = 200
 
 

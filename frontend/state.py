@@ -89,7 +89,7 @@ def get_client() -> Api:
         if built is not None:
             built.close()
         # The browser's address (None on this machine's own loopback) with the key the API
-        # shares: each browser has its own rate limit there (api/ratelimit.py).
+        # shares: each browser has its own rate limit there (dynaloop/api/ratelimit.py).
         built = ApiClient(
             api_url(),
             token,

@@ -23,7 +23,7 @@ class Backend:
 
     ``web_app_key`` (``$DYNALOOP_WEB_APP_KEY``, the same as the API's) goes with the browser's
     address on every call, so the API counts failed logins and rate limits per browser, not
-    for the web app as a whole (api/ratelimit.py); ``api_url`` is the admin's, never a user's."""
+    for the web app as a whole (dynaloop/api/ratelimit.py); ``api_url`` is the admin's, never a user's."""
 
     api_url: str
     transport: Any = None

@@ -23,7 +23,7 @@ class ServerConfig:
     model_dir: Path | None  # None only when following: the promoted model is loaded
     backend: str = "transformers"
     device: str | None = None
-    precision: str = "auto"  # fp32, bf16, int8 or auto (model_directory.runtime)
+    precision: str = "auto"  # fp32, bf16, int8 or auto (model_server.directory.runtime)
     max_batch_size: int = 32
     max_wait_ms: float = 0.0
     # Under load, keep collecting returning callers (see model_server.batching.linger); 0 turns it off.

@@ -13,9 +13,9 @@ distinct problem) and tried again at the next poll, while the loaded model keeps
 promoted version that failed to load is not tried again at every poll, only when a version is
 promoted again (the same one included: a new promotion is a new ``promoted_at``).
 
-The model server imports nothing of the project but ``model_directory``, so the registry is an
+The model server imports nothing of the project but ``model_server.directory``, so the registry is an
 interface here; the `dynaloop model-server` command passes one backed by the database
-(``modelling.replicas``).
+(``rounds.models.replicas``).
 """
 
 from __future__ import annotations

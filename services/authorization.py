@@ -10,7 +10,7 @@ A :class:`Policy` has two parts, checked in this order:
 
 1. **The roles** the action needs (any one of them; an admin passes every role check, as
    :meth:`User.has_role` says). A policy built without its object, ``RoundPolicy.manage()``,
-   is this part alone. The API checks it as a dependency (``api.deps.allowed``) before it
+   is this part alone. The API checks it as a dependency (``dynaloop.api.deps.allowed``) before it
    looks the object up or reads the body, so a caller without the role gets 403 whatever id
    or body they sent, and never learns whether the object exists.
 2. **A rule about the object**, once it is loaded: a writer's own assignment, a validator
@@ -20,7 +20,7 @@ A :class:`Policy` has two parts, checked in this order:
 A refusal raises :class:`~services.errors.Forbidden` (403) or :class:`~services.errors.NotFound`
 (404), with a message that says what is needed.
 
-Not decided here: who a token belongs to (authentication, ``api/deps.py``), and a worker's
+Not decided here: who a token belongs to (authentication, ``dynaloop/api/deps.py``), and a worker's
 standing on a task (qualified, onboarding quiz passed), which the work itself earns and loses
 and which is checked with it (``services/domain/quality.py``).
 

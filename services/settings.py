@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from model_directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE
+from model_server.directory.tokenizer_coverage import DEFAULT_MAX_UNKNOWN_TOKEN_SHARE
 from services.forwarded import IPNetwork, parse_trusted_proxies
 from services.origins import parse_origins
 from services.structured_input import DEFAULT_MAX_INPUT_DEPTH, DEFAULT_MAX_YAML_NODES
@@ -112,7 +112,7 @@ class Settings(BaseSettings):
         "`redis://host:6379` so that every API replica shares them.",
     )
 
-    # Login throttle and password pool (api/ratelimit.py LoginThrottle; counters in rate_limit_storage).
+    # Login throttle and password pool (dynaloop/api/ratelimit.py LoginThrottle; counters in rate_limit_storage).
     login_max_failures_per_user: int = Field(
         5, ge=1, description="Failed logins for one username (within login_failure_window_s) before it is locked."
     )
@@ -184,7 +184,7 @@ class Settings(BaseSettings):
         description="Attempt and inspect requests one writer (one API token) may have in flight at "
         "once; more get 429 `too_many_in_flight`. One attempt per assignment in any case.",
     )
-    # --- uploads decode within bounds (docs/security.md "Uploaded files"; modelling/bounded_tables.py)
+    # --- uploads decode within bounds (docs/security.md "Uploaded files"; rounds/models/bounded_tables.py)
     max_upload_decoded_bytes: int = Field(
         32 * 1024 * 1024,
         ge=1024,

@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from services.db.engine import session_scope
 from services.db.migrate import upgrade
 from services.db.models import Base

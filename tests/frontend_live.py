@@ -1,4 +1,4 @@
-"""The Streamlit page tests' API: the real app (``api.app.create_app``) on a SQLite database,
+"""The Streamlit page tests' API: the real app (``dynaloop.api.app.create_app``) on a SQLite database,
 served over HTTP, with keyword stub model servers (tests/stub_model_server.py, plus ``/inspect``).
 
 ``live`` (a fixture) empties the database of the module's app for each test and sets up state
@@ -25,7 +25,7 @@ import yaml
 from fastapi import FastAPI, HTTPException
 from sqlalchemy import select
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from frontend.client import ApiClient, ApiError, Round, Task
 from services.db.engine import session_scope
 from services.db.migrate import upgrade

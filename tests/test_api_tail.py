@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from services.db.engine import session_scope
 from services.db.models import ApiToken, Assignment, User
 from services.db.transactions import begin_read_only

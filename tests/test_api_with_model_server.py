@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from model_server.config import ServerConfig
-from modelling.init_model import init_model_dir
+from rounds.models.init_model import init_model_dir
 from tests.conftest import Actor, example_yaml, open_round, serve_model
 from tests.stub_model_server import ThreadedServer
 

@@ -5,7 +5,7 @@ Two checks:
 * import-linter's contracts in ``pyproject.toml`` (``[tool.importlinter]``), one test per contract, so a
   failure names the broken rule and import-linter's report shows the chain of imports that breaks it;
 * plain AST scans for the two rules the deployment relies on, with the file and line of each offending
-  import: the model server is deployed alone (it may import only ``model_directory``, the format of the
+  import: the model server is deployed alone (it may import only ``model_server.directory``, the format of the
   directories it loads), and the front end reaches the project only over HTTP.
 
 import-linter comes with the ``test`` extra; without it its tests are skipped, except under CI
@@ -87,13 +87,39 @@ def project_imports(root: Path, package: str, project: frozenset[str] = PROJECT_
     return imports
 
 
-def test_model_server_imports_only_model_directory_of_the_project() -> None:
-    offending = [found for found in project_imports(ROOT, "model_server") if found.package != "model_directory"]
+def test_model_server_imports_nothing_of_the_project_outside_itself() -> None:
+    offending = project_imports(ROOT, "model_server")
     assert not offending, (
         "model_server runs as its own process and is deployed without the rest of dynaloop: of the project it "
-        "may import only model_directory (the dynaloop_model.json format). Move what it needs into "
-        "model_directory or model_server. Offending imports:\n  " + "\n  ".join(map(str, offending))
+        "may import only itself (its directory format is model_server.directory). Move what it needs into "
+        "model_server. Offending imports:\n  " + "\n  ".join(map(str, offending))
     )
+
+
+def test_the_directory_format_imports_nothing_of_the_rest_of_the_model_server() -> None:
+    """The trainer and the round builder import ``model_server.directory`` alone: it must not pull in the
+    server (its routes, backends, torch)."""
+    offending = [
+        found
+        for found in project_imports(ROOT, "model_server/directory", frozenset([*PROJECT_PACKAGES, "model_server"]))
+        if not found.module.startswith("model_server.directory")
+    ]
+    assert not offending, "model_server.directory imports:\n  " + "\n  ".join(map(str, offending))
+
+
+def test_the_contracts_name_every_module_of_the_model_server_but_its_directory_format() -> None:
+    """The contracts that let the rest import ``model_server.directory`` list the server's other modules
+    one by one; a new module of the server must be added there, or the rest could import it."""
+    modules = sorted(
+        f"model_server.{path.stem if path.is_file() else path.name}"
+        for path in (ROOT / "model_server").iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    )
+    server_parts = {name for name in modules if name != "model_server.directory"}
+    for contract_id in ("servers-by-http", "model-directory"):
+        (contract,) = [contract for contract in CONTRACTS if contract["id"] == contract_id]
+        listed = {name for name in contract["forbidden_modules"] if name.startswith("model_server.")}
+        assert listed == server_parts, f"{contract_id}: list exactly {sorted(server_parts)} in pyproject.toml"
 
 
 def test_frontend_imports_nothing_of_the_project() -> None:
@@ -110,22 +136,22 @@ def test_the_scan_finds_every_kind_of_project_import(tmp_path: Path) -> None:
     (package / "__init__.py").write_text("from . import app\nfrom .app import serve\n", encoding="utf-8")
     (package / "app.py").write_text(
         "import json\n"
-        "import model_directory\n"
+        "import frontend.client\n"
         "from services.settings import Settings\n"
         "import importlib\n"
         "def serve():\n"
-        "    import api.app\n"
-        "    return importlib.import_module('round_builder.build')\n",
+        "    import dynaloop.api.app\n"
+        "    return importlib.import_module('rounds.build.pipeline')\n",
         encoding="utf-8",
     )
 
     found = [str(item) for item in project_imports(tmp_path, "model_server")]
 
     assert found == [
-        "model_server/app.py:2 imports model_directory",
+        "model_server/app.py:2 imports frontend.client",
         "model_server/app.py:3 imports services.settings",
-        "model_server/app.py:6 imports api.app",
-        "model_server/app.py:7 imports round_builder.build",
+        "model_server/app.py:6 imports dynaloop.api.app",
+        "model_server/app.py:7 imports rounds.build.pipeline",
     ]
 
 
@@ -165,32 +191,29 @@ def test_import_contract_holds(contract: dict[str, object]) -> None:
 
 
 def test_a_broken_contract_fails(tmp_path: Path) -> None:
-    """The contracts test really fails: a copy of the project where model_directory imports the API."""
+    """The contracts test really fails: a copy of the project where the model-directory format imports the
+    API."""
     _require_import_linter()
     for package in INSTALLED_PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    directory_module = tmp_path / "model_directory" / "__init__.py"
-    directory_module.write_text(directory_module.read_text(encoding="utf-8") + "\nimport api.app\n", encoding="utf-8")
+    directory_module = tmp_path / "model_server" / "directory" / "__init__.py"
+    directory_module.write_text(
+        directory_module.read_text(encoding="utf-8") + "\nimport dynaloop.api.app\n", encoding="utf-8"
+    )
 
     result = _lint_imports(tmp_path, "model-directory", "layers")
 
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "model_directory imports nothing of the project BROKEN" in result.stdout
-    assert "model_directory -> api.app" in result.stdout
+    assert (
+        "model_server.directory imports nothing of the project (not even the rest of the model server) BROKEN"
+        in result.stdout
+    )
+    assert "model_server.directory -> dynaloop.api.app" in result.stdout
 
 
 # Circles of imports between the modules of one package (issue #30, "A real import circle"): none.
-CIRCLE_PACKAGES = [
-    "dynaloop",
-    "api",
-    "services",
-    "round_builder",
-    "modelling",
-    "model_directory",
-    "model_server",
-    "frontend",
-]
+CIRCLE_PACKAGES = ["dynaloop", "services", "rounds", "model_server", "frontend"]
 
 
 def import_circles(package: str) -> list[list[str]]:

@@ -183,7 +183,7 @@ PUBLIC_OPERATIONS = (f"{API}/auth/login", f"{API}/study/{{slug}}/sessions")
 
 
 def test_every_route_asks_the_authorization_module(app: Any) -> None:
-    """Every /api/v1 operation but login gets its caller from ``api.deps.allowed`` (or
+    """Every /api/v1 operation but login gets its caller from ``dynaloop.api.deps.allowed`` (or
     ``allowed_writer``), which asks services/authorization.py; no route decides by itself."""
     from fastapi.routing import APIRoute
 

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sklearn.metrics import accuracy_score, f1_score
 
-from round_builder import splits
-from round_builder.report import render_markdown
+from rounds.build import splits
+from rounds.build.report import render_markdown
 from tests.built_round import KEYWORD, LABELS, write_and_label
 from tests.conftest import Actor, MakeUser, example_yaml, open_round, table_snapshot
 from tests.stub_model_server import ThreadedServer
@@ -277,9 +277,9 @@ def test_no_prompt_examples_stand_alone_in_dev_and_test() -> None:
 
 
 def _prepared(rows: list[tuple[Any, ...]]) -> Any:
-    """A dynasent-r2 round read and aggregated (round_builder.build.Prepared) from split rows,
-    without a database: what round_builder.preview works on."""
-    from round_builder.round_data import Prepared, RoundData
+    """A dynasent-r2 round read and aggregated (rounds.build.pipeline.Prepared) from split rows,
+    without a database: what rounds.build.preview works on."""
+    from rounds.build.round_data import Prepared, RoundData
     from services.taskdef import example_path, load_task_definition
 
     frame = _frame(rows)
@@ -292,8 +292,8 @@ def _prepared(rows: list[tuple[Any, ...]]) -> Any:
 def test_a_mixed_round_is_offered_its_no_prompt_examples_in_dev_and_test() -> None:
     """Every prompt example shares one prompt, so dev and test cannot take two of a class from
     them; the round's no-prompt examples, each on its own, can: that option is offered."""
-    from round_builder.build_settings import BuildSettings, resolve_policy
-    from round_builder.preview import relaxations_for
+    from rounds.build.build_settings import BuildSettings, resolve_policy
+    from rounds.build.preview import relaxations_for
 
     rows: list[tuple[Any, ...]] = [(f"p{g}{i}", g, 5, "shared", "prompt", g) for g in LABELS for i in range(2)]
     rows += [(f"n{g}{i}", g, 5, None, "no_prompt", g) for g in LABELS for i in range(4)]

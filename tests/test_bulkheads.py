@@ -30,8 +30,8 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import event
 
-from api.app import create_app
-from api.overload import OverloadGuard
+from dynaloop.api.app import create_app
+from dynaloop.api.overload import OverloadGuard
 from services.db.models import Attempt
 from services.settings import Settings
 from tests.conftest import (

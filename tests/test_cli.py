@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner, Result
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from dynaloop.cli import app as cli
 from services.db.migrate import current_revision, head_revision
 from services.settings import Settings

@@ -18,9 +18,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from modelling.job_runner import run_job
-from modelling.jobs import create_job
+from dynaloop.api.app import create_app
+from rounds.models.job_runner import run_job
+from rounds.models.jobs import create_job
 from services.db.engine import session_scope
 from services.db.models import Job, JobKind, JobStatus
 from services.domain.tasks import create_task, get_task
@@ -139,8 +139,8 @@ def test_a_job_names_no_file_outside_the_data_root_and_never_learns_whether_it_e
 def test_an_evaluate_jobs_mix_and_a_train_jobs_base_obey_the_same_rule(
     rooted: FastAPI, api: TestClient, task: str, researcher: Actor, tmp_path: Path
 ) -> None:
-    from modelling.init_model import init_model_dir
-    from modelling.registry import register_model
+    from rounds.models.init_model import init_model_dir
+    from rounds.models.registry import register_model
 
     init_model_dir(tmp_path / "m", labels=["positive", "negative", "neutral"], tiny=True, model_id="m", seed=0)
     with session_scope(rooted.state.sessionmaker) as session:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import select
 
-from modelling.datasets import (
+from rounds.models.datasets import (
     DataError,
     DataFiles,
     DataMix,

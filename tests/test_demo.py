@@ -23,9 +23,9 @@ from dynaloop.demo import DEMO_PROMPTS, DEMO_TASK, SECRET_KEY_FILE
 from dynaloop.model_zero import ModelZeroSpec, cache_key, ensure_model_zero, model_zero_dir
 from dynaloop.processes import RUNNING_FILE, ServiceError, Supervisor, still_running
 from dynaloop.seed_corpus import DEFAULT_PER_LABEL, SEED_LABELS, seed_corpus
-from model_directory import ModelMetadata
-from modelling.init_model import minilm_dir
-from modelling.registry import register_model
+from model_server.directory import ModelMetadata
+from rounds.models.init_model import minilm_dir
+from rounds.models.registry import register_model
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.domain.tasks import get_task
 from services.taskdef import example_path, load_task_definition

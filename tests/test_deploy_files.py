@@ -261,7 +261,7 @@ def test_api_image_installs_the_redis_client_that_limits_does_not_pull() -> None
 def test_api_cmd_is_uvicorn_without_its_proxy_headers_and_with_real_options() -> None:
     cmd = cmd_of("api")
     assert cmd[0] == "uvicorn"
-    assert cmd[cmd.index("--factory") + 1] == "api.app:create_app"
+    assert cmd[cmd.index("--factory") + 1] == "dynaloop.api.app:create_app"
     # The API reads X-Forwarded-For itself, from DYNALOOP_TRUSTED_PROXIES only; uvicorn's own
     # handling ('*': anyone's header) must not rewrite the peer before it.
     assert "--no-proxy-headers" in cmd and "--forwarded-allow-ips" not in cmd
@@ -568,7 +568,7 @@ def test_only_nginx_publishes_ports() -> None:
     assert services()["nginx"]["ports"][2] == "${UI_BIND:-0.0.0.0}:${UI_PORT:-8501}:8501"
     for name in WEB_APP_REPLICAS:
         assert env_of(services()[name])["DYNALOOP_API_URL"] == "http://nginx:8000"
-        # The web app names each browser's address with the API's own key (api/ratelimit.py).
+        # The web app names each browser's address with the API's own key (dynaloop/api/ratelimit.py).
         assert env_of(services()[name])["DYNALOOP_WEB_APP_KEY"] == env_of(services()["api-1"])["DYNALOOP_WEB_APP_KEY"]
 
 

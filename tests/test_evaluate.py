@@ -14,19 +14,19 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, jaccard_
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from modelling.datasets import LabelledSet
-from modelling.errors import EvaluationError
-from modelling.evaluate import (
+from rounds.models.datasets import LabelledSet
+from rounds.models.errors import EvaluationError
+from rounds.models.evaluate import (
     cross_variety_from_predictions,
     cross_variety_matrix,
     evaluate_model,
     evaluate_probabilities,
 )
-from modelling.evaluation_report import plot_cross_variety, write_evaluation
-from modelling.inference import LoadedClassifier, predict_loaded, predict_probabilities
-from modelling.init_model import init_model_dir
-from modelling.metrics import compute_metrics, default_positive_label
-from modelling.registry import find_model
+from rounds.models.evaluation_report import plot_cross_variety, write_evaluation
+from rounds.models.inference import LoadedClassifier, predict_loaded, predict_probabilities
+from rounds.models.init_model import init_model_dir
+from rounds.models.metrics import compute_metrics, default_positive_label
+from rounds.models.registry import find_model
 from services.db.engine import make_engine, make_sessionmaker, session_scope
 from services.db.models import ModelVersionStatus
 from services.domain.tasks import get_task

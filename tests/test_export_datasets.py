@@ -1,6 +1,6 @@
 """Exports that load everywhere: every export format of a built round (from `dynaloop round
 export` and from the API's download) loads with Hugging Face ``datasets.load_dataset`` offline,
-with the one declared schema of round_builder/export.py, and its values round-trip (labels,
+with the one declared schema of rounds/build/export.py, and its values round-trip (labels,
 distributional labels, writer fields, Ge'ez and Devanagari text with zero-width joiners byte
 for byte); the dataset card written beside the files loads the folder; the README's loading
 snippet runs as written. What depends on the database (the rows read back, their JSON columns,
@@ -29,7 +29,7 @@ import yaml
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from round_builder import dataset_card, export
+from rounds.build import dataset_card, export
 from services.taskdef import example_path, example_paths, load_task_definition
 from tests.built_round import LABELS, BuiltRound, write_and_label
 from tests.conftest import Actor, MakeUser, example_yaml, open_round
@@ -327,7 +327,7 @@ def test_dataset_card_route_refusals(built: BuiltRound, client: TestClient, make
 
 
 def test_card_features_match_datasets_for_every_example_task() -> None:
-    """round_builder.dataset_card.feature_yaml writes what ``datasets`` itself writes."""
+    """rounds.build.dataset_card.feature_yaml writes what ``datasets`` itself writes."""
     for path in example_paths():
         schema = export.schema_for(load_task_definition(path))
         for declared in (schema, export.csv_schema(schema)):

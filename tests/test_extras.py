@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from packaging.requirements import Requirement
 from sqlalchemy import func, select
 
-from round_builder import report as round_report
+from rounds.build import report as round_report
 from services.db.engine import session_scope
 from services.db.models import JobStatus, ModelVersion
 from services.domain.tasks import get_task
@@ -141,12 +141,12 @@ def test_an_import_of_a_missing_extra_names_the_extra(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(
     ("module", "extra", "missing"),
     [
-        ("modelling.train", "training", "torch"),
-        ("modelling.inference", "training", "torch"),
-        ("modelling.init_model", "training", "torch"),
-        # Its first import of the extra is modelling.evaluate's of modelling.inference.
-        ("modelling.evaluation_report", "training", "torch"),
-        ("modelling.harvest", "training", "pysbd"),
+        ("rounds.models.train", "training", "torch"),
+        ("rounds.models.inference", "training", "torch"),
+        ("rounds.models.init_model", "training", "torch"),
+        # Its first import of the extra is rounds.models.evaluate's of rounds.models.inference.
+        ("rounds.models.evaluation_report", "training", "torch"),
+        ("rounds.models.harvest", "training", "pysbd"),
     ],
 )
 def test_modules_that_need_an_extra_name_it(module: str, extra: str, missing: str) -> None:
@@ -187,9 +187,10 @@ def test_the_cli_the_api_and_the_round_builder_import_without_any_extra() -> Non
         import json
         from typer.testing import CliRunner
 
-        from api.app import create_app
+        from dynaloop.api.app import create_app
         from dynaloop.cli import app
-        import modelling.jobs, modelling.worker, modelling.usecases, round_builder.usecases, round_builder.report
+        import rounds.models.jobs, rounds.models.worker, rounds.models.usecases
+        import rounds.build.usecases, rounds.build.report
 
         runner = CliRunner()
         outputs = {
@@ -213,9 +214,9 @@ def test_a_job_on_a_worker_without_the_training_extra_fails_naming_it(
 ) -> None:
     """A train job on a base install fails with a message that names the extra, at the first import
     of a training package; nothing is trained or registered."""
-    from modelling.jobs import create_job, run_job
+    from rounds.models.jobs import create_job, run_job
 
-    # The train use case's first import of the extra (modelling/usecases.py): missing, as in a base
+    # The train use case's first import of the extra (rounds/models/usecases.py): missing, as in a base
     # install (a None entry makes `import accelerate` fail with ModuleNotFoundError).
     monkeypatch.setitem(sys.modules, "accelerate", None)
     data_dir = app.state.settings.data_dir

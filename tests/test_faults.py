@@ -216,7 +216,7 @@ def test_full_sqlite_database_gives_a_clear_retryable_error(
 def test_read_only_sqlite_database_gives_a_clear_error(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from dynaloop.api.app import create_app
     from services.db.migrate import upgrade
 
     path = tmp_path / "ro.db"

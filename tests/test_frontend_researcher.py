@@ -27,8 +27,8 @@ from streamlit.testing.v1 import AppTest
 
 from frontend import plots
 from frontend.client import ApiError, Round
-from model_directory import ModelMetadata
-from modelling.registry import record_evaluation, register_model
+from model_server.directory import ModelMetadata
+from rounds.models.registry import record_evaluation, register_model
 from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelVersion, ModelVersionStatus, Prompt, Task, utcnow
 from services.taskdef import example_path
@@ -172,7 +172,7 @@ def registered_model(
         model = register_model(session, task, directory)
         if macro_f1:
             model = record_evaluation(session, task, directory, {"macro_f1": macro_f1})
-        if promoted_to:  # what modelling.promotion.promote records once the model server has switched
+        if promoted_to:  # what rounds.models.promotion.promote records once the model server has switched
             model.status, model.endpoint = ModelVersionStatus.promoted, promoted_to
             model.promoted_at = utcnow()
         session.flush()
@@ -182,7 +182,7 @@ def registered_model(
 
 class JobProcess:
     """Writes to a job's row what its worker and its `dynaloop job run` process would
-    (modelling.worker, modelling.job_runner.run_job): running with progress and a message, then
+    (rounds.models.worker, rounds.models.job_runner.run_job): running with progress and a message, then
     succeeded with a result, or failed."""
 
     def __init__(self, live: LiveApi) -> None:
@@ -613,7 +613,7 @@ def test_models_page_builds_trains_evaluates_and_promotes(live: LiveApi, rita: P
 
 
 def recorded_promotion(live: LiveApi, model: ModelVersion, endpoint: str) -> None:
-    """What a promote job records once the model server has switched (modelling.promotion.promote)."""
+    """What a promote job records once the model server has switched (rounds.models.promotion.promote)."""
     with session_scope(live.app.state.sessionmaker) as session:
         row = session.get(ModelVersion, model.id)
         assert row is not None
@@ -621,7 +621,7 @@ def recorded_promotion(live: LiveApi, model: ModelVersion, endpoint: str) -> Non
 
 
 def registered_model_evaluation(live: LiveApi, model: ModelVersion, macro_f1: dict[str, float]) -> None:
-    """What an evaluate job records in the registry (modelling.registry.record_evaluation)."""
+    """What an evaluate job records in the registry (rounds.models.registry.record_evaluation)."""
     with session_scope(live.app.state.sessionmaker) as session:
         task = session.scalars(select(Task).where(Task.name == TASK)).one()
         record_evaluation(session, task, model.directory, {"macro_f1": macro_f1})

@@ -1,5 +1,5 @@
 """The web app's types (the ``TypedDict`` classes of ``frontend/client.py``) checked against the
-API's OpenAPI document, so that a field renamed, retyped or made optional in ``api/schemas/``
+API's OpenAPI document, so that a field renamed, retyped or made optional in ``dynaloop/api/schemas/``
 fails here rather than on a page.
 
 **How each type finds its schema.** Nothing is listed by hand: every ``ApiClient`` method whose
@@ -49,7 +49,7 @@ from typing import Any, Literal, NotRequired, Required, TypedDict
 import httpx
 import pytest
 
-from api.app import API_PREFIX, create_app
+from dynaloop.api.app import API_PREFIX, create_app
 from frontend import client as client_module
 from frontend.client import ApiClient
 from services.settings import Settings

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from model_directory import ModelMetadata
 from model_server.backends import ClassifyInput, load_backend
-from modelling.datasets import LabelledSet
-from modelling.init_model import init_model_dir
-from modelling.train import TrainConfig, train_model
+from model_server.directory import ModelMetadata
+from rounds.models.datasets import LabelledSet
+from rounds.models.init_model import init_model_dir
+from rounds.models.train import TrainConfig, train_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

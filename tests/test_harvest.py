@@ -1,4 +1,4 @@
-"""Round-1 harvesting (modelling.harvest, DynaSent §3.2): sentence splitting, the sampling
+"""Round-1 harvesting (rounds.models.harvest, DynaSent §3.2): sentence splitting, the sampling
 proportions, harvested examples validated through the API and built into chance-level splits,
 prompt sets, and clear errors for bad corpora.
 
@@ -22,7 +22,10 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from modelling.harvest import (
+from rounds.build import export
+from rounds.build.build_settings import BuildSettings
+from rounds.build.pipeline import build_round
+from rounds.models.harvest import (
     POOL_HIGH,
     POOL_LOW,
     POOL_RANDOM,
@@ -32,13 +35,10 @@ from modelling.harvest import (
     sample_sentences,
     split_sentences,
 )
-from modelling.init_model import init_model_dir
-from round_builder import export
-from round_builder.build import build_round
-from round_builder.build_settings import BuildSettings
+from rounds.models.init_model import init_model_dir
 from services.db.engine import session_scope
 from services.db.models import Example, ExampleOrigin, ExampleStatus, Prompt
-from services.domain.rounds import get_round
+from services.domain.round_lifecycle import get_round
 from services.errors import Conflict
 from tests.conftest import Actor, example_yaml, open_round, served_examples, table_counts
 

@@ -287,7 +287,7 @@ def test_the_limits_come_from_the_settings(settings: Any, researcher: Actor, stu
     """DYNALOOP_MAX_INPUT_DEPTH and DYNALOOP_MAX_YAML_NODES reach the middleware and both parsers."""
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from dynaloop.api.app import create_app
 
     strict = create_app(settings.model_copy(update={"max_input_depth": 4, "max_yaml_nodes": 100}))
     with TestClient(strict) as client:

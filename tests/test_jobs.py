@@ -1,4 +1,4 @@
-"""Jobs (modelling/jobs.py, modelling/job_runner.py): train, evaluate and promote run outside the
+"""Jobs (rounds/models/jobs.py, rounds/models/job_runner.py): train, evaluate and promote run outside the
 API with progress, on a real database (SQLite; PostgreSQL too when DYNALOOP_TEST_POSTGRES_URL is
 set), a built round, a tiny model, a real `dynaloop model-server` process, a real `dynaloop worker`
 and its `dynaloop job run` processes (more of the queue and the workers in tests/test_workers.py)."""
@@ -23,10 +23,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from modelling import job_runner, jobs
-from modelling.init_model import init_model_dir
-from modelling.job_runner import JobRunner, run_job
-from modelling.jobs import create_job
+from rounds.models import job_runner, jobs
+from rounds.models.init_model import init_model_dir
+from rounds.models.job_runner import JobRunner, run_job
+from rounds.models.jobs import create_job
 from services.db.engine import session_scope
 from services.db.models import AuditEntry, Job, JobKind, JobStatus, ModelVersion, ModelVersionStatus, utcnow
 from services.domain.tasks import create_task, get_task
@@ -188,8 +188,8 @@ def test_a_train_job_takes_the_options_of_round_train(
     app: FastAPI, built: BuiltRound, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """gradient_accumulation_steps, checkpoint_every and resume reach the trainer, as they do from
-    `dynaloop round train` (both run modelling.usecases.train_and_register)."""
-    from modelling import train
+    `dynaloop round train` (both run rounds.models.usecases.train_and_register)."""
+    from rounds.models import train
 
     configs: list[train.TrainConfig] = []
     original = train.train_model
@@ -227,7 +227,7 @@ def test_a_train_job_takes_the_options_of_round_train(
 
 def test_an_evaluate_job_takes_the_options_of_round_evaluate(app: FastAPI, built: BuiltRound, tmp_path: Path) -> None:
     """rounds, positive_label, device and record, as `dynaloop round evaluate` takes them."""
-    from modelling.registry import register_model
+    from rounds.models.registry import register_model
 
     init_model_dir(tmp_path / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
     with session_scope(app.state.sessionmaker) as session:
@@ -269,7 +269,7 @@ def test_an_evaluate_job_takes_the_options_of_round_evaluate(app: FastAPI, built
 def test_failures_are_recorded_with_a_clear_message(
     app: FastAPI, built: BuiltRound, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from modelling import train
+    from rounds.models import train
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("the GPU caught fire")
@@ -283,7 +283,7 @@ def test_failures_are_recorded_with_a_clear_message(
     # A domain failure: the model server is down. The registry is unchanged.
     root = tmp_path / "models"
     init_model_dir(root / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
-    from modelling.registry import record_evaluation
+    from rounds.models.registry import record_evaluation
 
     with session_scope(app.state.sessionmaker) as session:
         model = record_evaluation(session, get_task(session, "dynasent-r2"), root / "m", {"dev": {"macro_f1": 0.5}})
@@ -469,7 +469,7 @@ def test_a_second_train_job_is_refused_while_one_is_queued_or_running(
     assert first.status_code == 202, first.text
     first_id = first.json()["id"]
     for status in ("queued", "running"):
-        if status == "running":  # a worker took it and reports (modelling.worker)
+        if status == "running":  # a worker took it and reports (rounds.models.worker)
             with session_scope(app.state.sessionmaker) as session:
                 job = session.get(Job, first_id)
                 assert job is not None
@@ -496,7 +496,7 @@ def test_a_second_train_job_is_refused_while_one_is_queued_or_running(
 
 
 def test_promote_needs_an_evaluated_model_and_a_token(app: FastAPI, built: BuiltRound, tmp_path: Path) -> None:
-    from modelling.registry import register_model
+    from rounds.models.registry import register_model
 
     init_model_dir(tmp_path / "m", labels=LABELS, tiny=True, model_id="m", seed=0)
     with session_scope(app.state.sessionmaker) as session:

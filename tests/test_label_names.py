@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from round_builder import dataset_card
-from round_builder.report import render_markdown
+from rounds.build import dataset_card
+from rounds.build.report import render_markdown
 from services.taskdef import example_path, load_task_definition
 from tests.conftest import Actor, example_yaml, label_example, open_round, served_examples, table_counts, table_snapshot
 from tests.stub_model_server import ThreadedServer

@@ -1,4 +1,4 @@
-"""The linear model kind (model_directory/linear.py, modelling/linear.py): trained by
+"""The linear model kind (model_server/directory/linear.py, rounds/models/linear.py): trained by
 `round train --kind linear`, stored with skops (a tampered file is refused), served behind the
 same /predict, and the baseline `round evaluate` reports beside every model.
 
@@ -20,15 +20,15 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from model_directory import ModelMetadata, ModelMetadataError
-from model_directory.linear import LINEAR_FILE, LinearModel, mark_target
 from model_server.backends import ClassifyInput, load_backend
 from model_server.backends.linear_backend import LinearBackend
 from model_server.config import ServerConfig
-from modelling.datasets import LabelledSet
-from modelling.inference import LinearClassifier, load_classifier, predict_probabilities
-from modelling.linear import train_linear
-from modelling.train import TrainingError
+from model_server.directory import ModelMetadata, ModelMetadataError
+from model_server.directory.linear import LINEAR_FILE, LinearModel, mark_target
+from rounds.models.datasets import LabelledSet
+from rounds.models.inference import LinearClassifier, load_classifier, predict_probabilities
+from rounds.models.linear import train_linear
+from rounds.models.train import TrainingError
 from tests.conftest import Actor, open_round, serve_model
 
 FIXTURE = Path(__file__).parent / "data" / "geez_emotion.jsonl"

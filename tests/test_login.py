@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from typer.testing import CliRunner
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from dynaloop.cli import app as cli
 from dynaloop.demo import DEMO_USERS
 from services import security

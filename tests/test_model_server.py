@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_directory import ModelMetadata
 from model_server.app import create_model_app
 from model_server.batching import Batcher, DeadlineExceeded, ServerStopping, collect
 from model_server.config import ServerConfig
-from modelling.init_model import init_model_dir
+from model_server.directory import ModelMetadata
+from rounds.models.init_model import init_model_dir
 from tests.conftest import HEALTH_POLL_TIMEOUT_S, free_port, serve_model
 from tests.stub_model_server import ThreadedServer
 
@@ -535,8 +535,8 @@ def test_vllm_classifier_matches_transformers(model_dirs: dict[str, Path], tmp_p
 def test_vllm_backends_refuse_clearly_without_a_gpu(model_dirs: dict[str, Path]) -> None:
     if _has_cuda_and_vllm():
         pytest.skip("this machine has a GPU and vLLM")
-    from model_directory import ModelMetadataError
     from model_server.backends import load_backend
+    from model_server.directory import ModelMetadataError
 
     for kind in ("vllm-classify", "vllm-generate"):
         with pytest.raises(ModelMetadataError) as error:

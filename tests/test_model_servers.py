@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import create_engine, inspect, select, text
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from services.db.engine import session_scope
 from services.db.migrate import downgrade, upgrade
 from services.db.models import AuditEntry, Base, ModelVersion, ModelVersionStatus
@@ -678,7 +678,7 @@ def test_a_promotion_checks_the_grant_again_when_it_runs(
 ) -> None:
     """A job checked at submission may run later: the promotion itself asks again, with the
     job's author, before it calls the server (here the grant is gone): no request reaches it."""
-    from modelling.promotion import promote
+    from rounds.models.promotion import promote
     from services.db.models import User
     from services.errors import Forbidden
 

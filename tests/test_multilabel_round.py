@@ -18,14 +18,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
-from model_directory import ModelMetadata, multi_label_choice
 from model_server.backends.base import decide
-from modelling.datasets import LabelledSet
-from modelling.metrics import compute_metrics
-from round_builder import agreement
-from round_builder.multilabel_report import last_pass_responses, multilabel_agreement_summary
-from round_builder.multilabel_splits import build_multilabel_splits
-from round_builder.response_sets import select_responses
+from model_server.directory import ModelMetadata, multi_label_choice
+from rounds.build import agreement
+from rounds.build.multilabel_report import last_pass_responses, multilabel_agreement_summary
+from rounds.build.multilabel_splits import build_multilabel_splits
+from rounds.build.response_sets import select_responses
+from rounds.models.datasets import LabelledSet
+from rounds.models.metrics import compute_metrics
 from services.db.models import Example, ExampleStatus, Round, RoundBuild, RoundStatus, Validation
 from services.domain.labels import check_validation_label, exclusive_gold, gold_label, last_pass
 from services.errors import Invalid
@@ -465,7 +465,7 @@ def test_a_failing_statistic_is_a_one_line_4xx_and_changes_nothing(
     def broken(outcome: Any) -> Any:
         raise ValueError("examples have between 3 and 6 responses;\n Fleiss-type kappas need the same number")
 
-    monkeypatch.setattr("round_builder.report_assembly.multilabel_report.multilabel_section", broken)
+    monkeypatch.setattr("rounds.build.report_assembly.multilabel_report.multilabel_section", broken)
     response = client.post(f"/api/v1/rounds/{round_['id']}/build", json={}, headers=researcher.headers)
     assert response.status_code == 422, response.text
     message = response.json()["error"]["message"]
@@ -483,8 +483,8 @@ def test_a_failing_statistic_is_a_one_line_4xx_and_changes_nothing(
 
 def test_a_trained_multi_label_model_keeps_neutral_exclusive(tmp_path: Path) -> None:
     from model_server.backends import ClassifyInput, load_backend
-    from modelling.init_model import init_model_dir
-    from modelling.train import TrainConfig, TrainingError, train_model
+    from rounds.models.init_model import init_model_dir
+    from rounds.models.train import TrainConfig, TrainingError, train_model
 
     labels = ["anger", "joy", "neutral"]
     base = tmp_path / "base"

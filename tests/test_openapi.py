@@ -14,10 +14,10 @@ import yaml
 from fastapi.routing import APIRoute
 from sqlalchemy import select
 
-import api.routes
-from round_builder.dashboard import round_plot_data
+import dynaloop.api.routes
+from rounds.build.dashboard import round_plot_data
 from services.db.models import Example, RoundBuild
-from services.domain import rounds, validating
+from services.domain import round_lifecycle, validating
 from services.taskdef import example_path
 from tests.built_round import write_and_label
 from tests.conftest import example_yaml, free_port, label_example, open_round
@@ -66,8 +66,8 @@ def test_files_and_markdown_document_their_media_types(app: Any) -> None:
 
 def test_one_tag_per_route_module() -> None:
     tags: dict[str, str] = {}
-    for module_info in pkgutil.iter_modules(api.routes.__path__):
-        module = importlib.import_module(f"api.routes.{module_info.name}")
+    for module_info in pkgutil.iter_modules(dynaloop.api.routes.__path__):
+        module = importlib.import_module(f"dynaloop.api.routes.{module_info.name}")
         module_tags = {tag for route in module.router.routes if isinstance(route, APIRoute) for tag in route.tags}
         assert len(module_tags) == 1, (module_info.name, module_tags)
         for route in module.router.routes:
@@ -115,8 +115,8 @@ def test_a_built_rounds_answers_are_the_domains(built, client, app) -> None:
     example_id = built["plan"][0][0]["id"]
     record = client.get(f"{API}/examples/{example_id}", headers=researcher.headers)
     with app.state.sessionmaker() as session:
-        round_row = rounds.get_round(session, round_["id"])
-        assert same_json(stats.json(), rounds.round_stats(session, round_row))
+        round_row = round_lifecycle.get_round(session, round_["id"])
+        assert same_json(stats.json(), round_lifecycle.round_stats(session, round_row))
         assert same_json(plot.json(), round_plot_data(session, round_row))
         example = session.get(Example, example_id)
         assert example is not None

@@ -102,9 +102,9 @@ def bearer(token: str) -> dict[str, str]:
 @pytest.fixture
 def paid_server(settings: Any, stub_model: ThreadedServer, reset_stubs: None) -> Iterator[tuple[Any, str]]:
     """The API over real HTTP, trusting the web app's key, so that each request names the client
-    address it counts against (``X-Dynaloop-Client-Address``, api/ratelimit.py), as the web app
+    address it counts against (``X-Dynaloop-Client-Address``, dynaloop/api/ratelimit.py), as the web app
     does for each browser."""
-    from api.app import create_app
+    from dynaloop.api.app import create_app
 
     paid_app = create_app(settings.model_copy(update={"web_app_key": WEB_APP_KEY}))
     server = ThreadedServer(paid_app, free_port()).start()

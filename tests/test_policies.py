@@ -278,7 +278,7 @@ def test_every_policy_module_class_is_tested() -> None:
 
 @pytest.mark.parametrize(("name", "action", "sample"), _actions(), ids=[a[0] for a in _actions()])
 def test_without_its_object_a_policy_is_its_role_half(name: str, action: Callable[..., Policy], sample: Any) -> None:
-    """`api.deps.allowed` checks the policy built without its object before the route looks
+    """`dynaloop.api.deps.allowed` checks the policy built without its object before the route looks
     the object up: it must ask for the same roles as the full policy."""
     without = action()
     assert without.rule is None, name

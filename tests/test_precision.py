@@ -17,8 +17,10 @@ from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
 from dynaloop.commands.common import PRECISION_CHOICES as CLI_CHOICES
-from model_directory import runtime
-from model_directory.runtime import (
+from model_server.backends import ClassifyInput, load_backend
+from model_server.config import ServerConfig
+from model_server.directory import runtime
+from model_server.directory.runtime import (
     PRECISION_CHECK_FILE,
     PRECISION_CHOICES,
     PrecisionCheck,
@@ -26,12 +28,10 @@ from model_directory.runtime import (
     PrecisionResult,
     PrecisionUnavailable,
 )
-from model_server.backends import ClassifyInput, load_backend
-from model_server.config import ServerConfig
-from modelling.errors import EvaluationError
-from modelling.inference import LoadedClassifier, predict_probabilities
-from modelling.init_model import init_model_dir
-from modelling.precision_check import CheckTexts, check_precisions, read_check_texts
+from rounds.models.errors import EvaluationError
+from rounds.models.inference import LoadedClassifier, predict_probabilities
+from rounds.models.init_model import init_model_dir
+from rounds.models.precision_check import CheckTexts, check_precisions, read_check_texts
 from services.db.models import Attempt
 from tests.conftest import Actor, example_yaml, open_round, serve_model, table_counts
 from tests.stub_model_server import ThreadedServer
@@ -224,9 +224,9 @@ def test_offline_prediction_refuses_an_unavailable_precision_clearly(
 
 
 def test_evaluation_records_its_precision(model_dir: Path, tmp_path: Path) -> None:
-    from modelling.datasets import LabelledSet
-    from modelling.evaluate import evaluate_model
-    from modelling.evaluation_report import write_evaluation
+    from rounds.models.datasets import LabelledSet
+    from rounds.models.evaluate import evaluate_model
+    from rounds.models.evaluation_report import write_evaluation
 
     labelled = LabelledSet(
         name="dev",
@@ -317,8 +317,8 @@ def test_check_precision_command_rejects_bad_data_and_writes_nothing(
 
 
 def test_training_records_the_check_on_its_dev_set(tmp_path: Path) -> None:
-    from modelling.datasets import LabelledSet
-    from modelling.usecases import _check_precision_on_dev
+    from rounds.models.datasets import LabelledSet
+    from rounds.models.usecases import _check_precision_on_dev
 
     directory = tmp_path / "trained"
     init_model_dir(directory, labels=LABELS, tiny=True)

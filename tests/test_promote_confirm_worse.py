@@ -1,8 +1,8 @@
-"""Promoting a worse model asks first (modelling.promotion.check_not_worse): a model below the
+"""Promoting a worse model asks first (rounds.models.promotion.check_not_worse): a model below the
 promoted one on a round's dev split, or within NEAR_CHANCE_MARGIN of chance, is refused with 409
 ``confirm_worse`` and both scores, through the API (when the job is created and again when it
 runs) and the CLI, and goes ahead with ``confirm_worse``. A retrain that reproduces registered
-weights is registered as a new version (modelling.registry.register_retrained).
+weights is registered as a new version (rounds.models.registry.register_retrained).
 
 Real database (SQLite; PostgreSQL too when DYNALOOP_TEST_POSTGRES_URL is set), real HTTP
 through the app, the promote job run in process, no model server: the promotions go to the
@@ -23,10 +23,10 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from model_directory import ModelMetadata
-from modelling.job_runner import run_job
-from modelling.promotion import NEAR_CHANCE_MARGIN, chance_macro_f1, promote
-from modelling.registry import record_evaluation, register_model, register_retrained
+from model_server.directory import ModelMetadata
+from rounds.models.job_runner import run_job
+from rounds.models.promotion import NEAR_CHANCE_MARGIN, chance_macro_f1, promote
+from rounds.models.registry import record_evaluation, register_model, register_retrained
 from services.db.engine import session_scope
 from services.db.models import JobStatus, ModelVersion, ModelVersionStatus
 from services.domain.tasks import get_task
@@ -42,7 +42,7 @@ SUPPORT = {"positive": 3, "negative": 3, "neutral": 3}
 
 
 def _evaluation(dev: float, *, round_: int = 1) -> dict[str, Any]:
-    """What modelling.evaluate records: macro-F1 per set, and each set with its gold counts."""
+    """What rounds.models.evaluate records: macro-F1 per set, and each set with its gold counts."""
     name = f"round {round_} dev"
     return {
         "macro_f1": {name: dev},

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from services.settings import Settings
 from tests.conftest import example_yaml, open_round, table_counts
 

@@ -1,4 +1,4 @@
-"""The model registry and promotion (modelling.registry, modelling.promotion): register,
+"""The model registry and promotion (rounds.models.registry, rounds.models.promotion): register,
 evaluate, promote over real HTTP to a real `dynaloop model-server` process, retire; attempts
 record the version they met.
 
@@ -23,10 +23,10 @@ from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
 
 from dynaloop.cli import app as cli
-from modelling import promotion, registry
-from modelling.init_model import init_model_dir
-from modelling.promotion import PromotionError, promote
-from modelling.registry import find_model, list_models, record_evaluation, register_model, retire
+from rounds.models import promotion, registry
+from rounds.models.init_model import init_model_dir
+from rounds.models.promotion import PromotionError, promote
+from rounds.models.registry import find_model, list_models, record_evaluation, register_model, retire
 from services.db.engine import session_scope
 from services.db.models import Assignment, Attempt, AuditEntry, ModelVersion, ModelVersionStatus, Round
 from services.domain.tasks import create_task, get_task

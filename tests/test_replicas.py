@@ -1,6 +1,6 @@
 """Promotion that reaches every model-server replica (#15): replicas started with `dynaloop
 model-server --follow-task` load their task's promoted model and swap themselves, and the
-registry records which replica serves what (modelling.replicas, model_server.follow).
+registry records which replica serves what (rounds.models.replicas, model_server.follow).
 
 Real `dynaloop model-server` processes over real HTTP, on SQLite; the promote jobs, which the job
 queue on the application database carries, on PostgreSQL too (``both_databases``,
@@ -34,12 +34,12 @@ from model_server.config import ServerConfig
 from model_server.follow import Follower, PromotedModel, ReplicaState, ReplicaStatus
 from model_server.host import ModelHost
 from model_server.metrics import Metrics
-from modelling.init_model import init_model_dir
-from modelling.job_runner import run_job
-from modelling.jobs import create_job
-from modelling.promotion import PromotionIncomplete, promote
-from modelling.registry import list_models, register_model
-from modelling.replicas import LIVE_WITHIN_S, list_replicas
+from rounds.models.init_model import init_model_dir
+from rounds.models.job_runner import run_job
+from rounds.models.jobs import create_job
+from rounds.models.promotion import PromotionIncomplete, promote
+from rounds.models.registry import list_models, register_model
+from rounds.models.replicas import LIVE_WITHIN_S, list_replicas
 from services.db.engine import session_scope
 from services.db.models import Job, JobStatus, ModelReplica, ModelVersionStatus
 from services.domain.tasks import create_task, get_task

@@ -20,13 +20,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from statsmodels.stats.inter_rater import fleiss_kappa
 
-from round_builder.report import PLOTS_NOT_DRAWN
+from rounds.build.report import PLOTS_NOT_DRAWN
 from tests.built_round import LABELS, BuiltRound, write_and_label
 from tests.conftest import Actor, MakeUser, example_yaml, free_port, label_example, open_round
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 # Each test round's report JSON as the untyped report code wrote it before the report became
-# typed dataclasses (round_builder/report.py): builds store it, the API serves it and report.md
+# typed dataclasses (rounds/build/report.py): builds store it, the API serves it and report.md
 # renders it, so the typed report must write exactly the same.
 REPORTS = Path(__file__).parent / "data" / "round_reports"
 
@@ -155,7 +155,7 @@ def test_multi_label_round_builds_with_per_label_stratification(
     assert response.status_code == 201, response.text
     report = response.json()["report"]
     assert report["splits"]["chance"] is False
-    # Four examples with gold: one each for dev and test (round_builder.multilabel_splits).
+    # Four examples with gold: one each for dev and test (rounds.build.multilabel_splits).
     assert report["counts"]["total"]["dev"] == 1 and report["counts"]["total"]["test"] == 1
     assert report["agreement"]["mean_jaccard"] is not None
     # The disagreement is re-queued, but the round's three validators have all labelled it.
@@ -404,8 +404,8 @@ def test_cli_build_writes_report_and_plots_and_exports(built: BuiltRound, databa
 
 @pytest.mark.both_databases
 def test_dataset_download_names_the_newest_build(app: FastAPI, built: BuiltRound) -> None:
-    """round_builder.usecases.dataset_download: what the API's dataset route streams."""
-    from round_builder.usecases import dataset_download
+    """rounds.build.usecases.dataset_download: what the API's dataset route streams."""
+    from rounds.build.usecases import dataset_download
     from services.db.engine import session_scope
     from services.domain.tasks import get_task
     from services.errors import Invalid, NotFound

@@ -27,9 +27,9 @@ from sqlalchemy import func, select
 from statsmodels.stats.inter_rater import fleiss_kappa
 from typer.testing import CliRunner
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from dynaloop.cli import app as cli
-from modelling import round_imports
+from rounds.models import round_imports
 from services.db.engine import session_scope
 from services.db.models import BuiltExample, Example, ExampleOrigin, User, Validation
 from services.domain.invariants import check_database

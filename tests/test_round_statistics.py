@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import cohen_kappa_score
 
-from round_builder.aggregation import (
+from rounds.build.aggregation import (
     compare_aggregations,
     consolidate_target_sentiment,
     dawid_skene_labels,
@@ -29,7 +29,7 @@ from round_builder.aggregation import (
     multilabel_model_labels,
     top_ranked,
 )
-from round_builder.agreement import (
+from rounds.build.agreement import (
     count_table,
     disagreeing_workers,
     fleiss_kappa,
@@ -43,7 +43,7 @@ from round_builder.agreement import (
     worker_agreement,
     worker_pair_cohen_kappas,
 )
-from round_builder.human import human_performance, human_performance_table
+from rounds.build.human import human_performance, human_performance_table
 from services.taskdef import example_path, load_task_definition
 
 SENTIMENT = ["positive", "negative", "neutral", "mixed"]
@@ -778,7 +778,7 @@ def test_large_frame_is_consistent_across_aggregators() -> None:
 
 
 def test_agreement_reads_the_count_most_examples_have_when_few_have_the_tasks() -> None:
-    from round_builder.response_sets import agreement_raters, with_k_responses
+    from rounds.build.response_sets import agreement_raters, with_k_responses
 
     # Four examples with 3 responses, one with 5, one with a single response (never pairable).
     table = long_table({**{e: ["positive"] * 3 for e in range(4)}, 10: ["negative"] * 5, 11: ["neutral"]})

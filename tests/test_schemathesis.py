@@ -35,7 +35,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from services.db.engine import session_scope
 from services.db.models import ApiToken
 from services.domain import users

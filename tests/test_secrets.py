@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from dynaloop.cli import app as cli
 from dynaloop.demo import SECRET_KEY_FILE, with_demo_secret
 from services.settings import DEFAULT_SECRET, Settings
@@ -39,12 +39,12 @@ def test_the_api_command_refuses_to_start_in_production_with_the_default_secret(
 def test_the_api_warns_loudly_in_development_with_the_default_secret(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="api.app"):
+    with caplog.at_level(logging.WARNING, logger="dynaloop.api.app"):
         create_app(_settings(tmp_path))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("DYNALOOP_SECRET_KEY is a placeholder" in w and "recomputed" in w for w in warnings), warnings
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="api.app"):
+    with caplog.at_level(logging.WARNING, logger="dynaloop.api.app"):
         create_app(_settings(tmp_path, secret_key="a-long-random-value-for-this-test"))
     assert not [r for r in caplog.records if "DYNALOOP_SECRET_KEY" in r.getMessage()]
 

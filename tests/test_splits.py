@@ -1,4 +1,4 @@
-"""Chance-level dev/test splits (round_builder.splits): hand-made cases with exact answers, failure
+"""Chance-level dev/test splits (rounds.build.splits): hand-made cases with exact answers, failure
 messages, and property tests of DynaSent's split invariants (§3.4, §4.5)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
 
-import round_builder.splits as splits_module
-from round_builder.splits import COLUMNS, SplitError, build_splits
+import rounds.build.splits as splits_module
+from rounds.build.splits import COLUMNS, SplitError, build_splits
 
 LABELS = ["positive", "negative", "neutral"]
 

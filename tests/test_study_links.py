@@ -662,7 +662,7 @@ def test_opening_links_is_limited_per_address_and_a_refusal_writes_nothing(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from dynaloop.api.app import create_app
 
     limited = settings.model_copy(update={"rate_limit_per_token": "none", "rate_limit_per_ip": "3/minute"})
     with TestClient(create_app(limited)) as client:
@@ -778,7 +778,7 @@ def test_new_workers_per_link_are_capped_whatever_the_address(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from dynaloop.api.app import create_app
 
     capped = settings.model_copy(
         update={
@@ -1243,7 +1243,7 @@ WEB_APP_KEY = "web-app-key-for-the-paid-round-0123"
 def named_address_server(settings: Any, stub_model: Any, reset_stubs: Any) -> Iterator[tuple[Any, str]]:
     """The API over real HTTP, trusting the web app's key, so that each request can name the
     client address it counts against (X-Dynaloop-Client-Address)."""
-    from api.app import create_app
+    from dynaloop.api.app import create_app
     from tests.conftest import free_port
     from tests.stub_model_server import ThreadedServer
 

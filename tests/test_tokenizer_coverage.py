@@ -1,4 +1,4 @@
-"""The tokenizer coverage check (model_directory/tokenizer_coverage.py) with the real packaged
+"""The tokenizer coverage check (model_server/directory/tokenizer_coverage.py) with the real packaged
 MiniLM tokenizer on Ge'ez text (Tigrinya and Amharic): task creation, `round train` (refuses
 without --allow-unknown-tokens), evaluation and the model server all warn, naming the share."""
 
@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from model_directory import ModelMetadata
-from model_directory.tokenizer_coverage import (
+from model_server.directory import ModelMetadata
+from model_server.directory.tokenizer_coverage import (
     MAX_UNKNOWN_TOKEN_SHARE_ENV,
     default_backbone,
     load_tokenizer,
     max_unknown_token_share_from_env,
     token_coverage,
 )
-from modelling.datasets import LabelledSet
-from modelling.evaluate import evaluate_model
-from modelling.init_model import init_model_dir
-from modelling.train import TrainConfig, TrainingError, low_f1_classes, train_model
+from rounds.models.datasets import LabelledSet
+from rounds.models.evaluate import evaluate_model
+from rounds.models.init_model import init_model_dir
+from rounds.models.train import TrainConfig, TrainingError, low_f1_classes, train_model
 
 # Our own sentences (not from a data set): Tigrinya and Amharic in Ge'ez script.
 GEEZ = [
@@ -151,7 +151,7 @@ def test_english_training_records_full_coverage_and_per_class_dev_f1(tmp_path: P
     per_class = result.best_dev_f1_per_class
     assert per_class is not None and list(per_class) == LABELS
     # The same figures from the saved model's own dev predictions, with scikit-learn.
-    from modelling.inference import LoadedClassifier, predict_loaded
+    from rounds.models.inference import LoadedClassifier, predict_loaded
 
     model = LoadedClassifier.load(tmp_path / "out", device="cpu")
     probabilities = predict_loaded(model.model, model.tokenizer, model.metadata, texts, None, batch_size=8)
@@ -174,7 +174,7 @@ def minilm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_evaluation_warns_in_json_and_markdown(minilm_model: Path, tmp_path: Path) -> None:
-    from modelling.evaluation_report import write_evaluation
+    from rounds.models.evaluation_report import write_evaluation
 
     evaluation = evaluate_model(minilm_model, [labelled(GEEZ)], device="cpu")
     assert len(evaluation.warnings) == 1 and "of tokens of the evaluated sets are [UNK]" in evaluation.warnings[0]

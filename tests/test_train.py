@@ -1,4 +1,4 @@
-"""Retraining from scratch (modelling/train.py) with a tiny random BERT and toy labelled sets."""
+"""Retraining from scratch (rounds/models/train.py) with a tiny random BERT and toy labelled sets."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from model_directory import ModelMetadata
 from model_server.backends import ClassifyInput, load_backend
-from modelling.datasets import LabelledSet
-from modelling.init_model import init_model_dir
-from modelling.metrics import macro_f1
-from modelling.train import (
+from model_server.directory import ModelMetadata
+from rounds.models.datasets import LabelledSet
+from rounds.models.init_model import init_model_dir
+from rounds.models.metrics import macro_f1
+from rounds.models.train import (
     EpochRecord,
     Family,
     InputFormat,
@@ -625,7 +625,7 @@ def test_round_train_command_trains_on_a_star_rated_file_and_registers_the_model
         ],
     )
     assert no_task.exit_code == 1 and "no task 'nope'" in no_task.output
-    # The options share the limits of a train job's params (modelling.usecases.TrainOptions).
+    # The options share the limits of a train job's params (rounds.models.usecases.TrainOptions).
     for bad, field in [
         (["--epochs", "0"], "epochs"),
         (["--model-id", "no spaces"], "model_id"),

@@ -13,13 +13,13 @@ import pytest
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
-from model_directory import ModelMetadata
 from model_server.backends import ClassifyInput, load_backend
-from modelling.datasets import DataError, DataMix, SourceSpec, labelled_from_frame, read_table
-from modelling.inference import predict_probabilities
-from modelling.init_model import init_model_dir, minilm_dir
-from modelling.train import Collate, TrainingItem, low_f1_classes, low_f1_warning
-from modelling.usecases import TrainOptions
+from model_server.directory import ModelMetadata
+from rounds.models.datasets import DataError, DataMix, SourceSpec, labelled_from_frame, read_table
+from rounds.models.inference import predict_probabilities
+from rounds.models.init_model import init_model_dir, minilm_dir
+from rounds.models.train import Collate, TrainingItem, low_f1_classes, low_f1_warning
+from rounds.models.usecases import TrainOptions
 from services.taskdef import TrainingDefaults, example_path, load_task_definition, parse_task_definition
 
 FIXTURE = Path(__file__).parent / "data" / "target_sentiment_news.csv"

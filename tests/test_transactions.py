@@ -1,4 +1,4 @@
-"""Transactions live in one layer: the request's unit of work (api.deps.get_session) commits,
+"""Transactions live in one layer: the request's unit of work (dynaloop.api.deps.get_session) commits,
 routes and domain functions do not. The steps that must commit sooner say why through
 services.db.transactions.commit_now; the attempt handler runs its own two transactions around
 the model call (services.domain.writing.make_attempt)."""
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.both_databases  # transactions
 ROOT = Path(__file__).resolve().parent.parent
 # (file, function) pairs allowed to call .commit() themselves, and why.
 OWN_TRANSACTIONS = {
-    ("api/deps.py", "get_session"): "the request's unit of work",
+    ("dynaloop/api/deps.py", "get_session"): "the request's unit of work",
     ("services/domain/writing.py", "make_attempt"): "the attempt's own transactions around the model call",
 }
 

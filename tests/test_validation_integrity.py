@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from round_builder.report import render_markdown
+from rounds.build.report import render_markdown
 from services.db.models import (
     ControlItem,
     Example,

@@ -20,7 +20,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from api.app import create_app
+from dynaloop.api.app import create_app
 from frontend import forms, forwarded, page_gate, sessions, web, web_backend
 from frontend.client import ApiClient, ApiError
 from services.db.engine import session_scope

@@ -1,4 +1,4 @@
-"""Jobs through the task queue (modelling/queue.py) to `dynaloop worker` processes (modelling/worker.py):
+"""Jobs through the task queue (rounds/models/queue.py) to `dynaloop worker` processes (rounds/models/worker.py):
 real worker processes on the real database of each backend (SQLite; PostgreSQL when
 DYNALOOP_TEST_POSTGRES_URL is set, as in CI), real `dynaloop job run` processes, a built round
 and tiny models. The API runs in the test's process."""
@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from modelling import jobs
+from rounds.models import jobs
 from services.db.engine import session_scope
 from services.db.models import Job, JobKind, JobQueue, JobStatus, JobWorker, QueueMessage, utcnow
 from services.domain.tasks import get_task

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from model_directory.runtime import PRECISION_CHOICES
+from model_server.directory.runtime import PRECISION_CHOICES
 from services.extras import install_hint, missing_modules
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""`dynaloop job run` (what a worker runs for each job) and `dynaloop worker` (modelling.worker)."""
+"""`dynaloop job run` (what a worker runs for each job) and `dynaloop worker` (rounds.models.worker)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ app = typer.Typer(
 
 
 def _die_with_worker() -> None:
-    """Started by a worker (modelling.worker): get SIGHUP when the worker dies, and stop (the
+    """Started by a worker (rounds.models.worker): get SIGHUP when the worker dies, and stop (the
     job records that its worker is gone), so a job never runs on unwatched. Linux's
     PR_SET_PDEATHSIG; elsewhere the worker's heartbeat still tells the researcher."""
-    from modelling.worker import WORKER_PID_ENV
+    from rounds.models.worker import WORKER_PID_ENV
 
     worker_pid = os.environ.get(WORKER_PID_ENV, "")
     if not worker_pid.isdigit():
@@ -52,7 +52,7 @@ def job_run(
     """Run a queued job in this process, writing its progress to the database (a `dynaloop
     worker` starts this command for every job it takes; a promote job reads its model server's
     URL and admin token from the registry of model servers)."""
-    from modelling.job_runner import STOP, run_job
+    from rounds.models.job_runner import STOP, run_job
     from services.db.models import JobStatus
     from services.errors import DomainError
 
@@ -100,7 +100,7 @@ def worker(
 ) -> None:
     """Take jobs from one queue (in the application's database) and run each in a process of its
     own, writing a heartbeat; SIGINT waits for the running job, SIGTERM stops it (docs/deploy.md)."""
-    from modelling.worker import Worker, WorkerSettings
+    from rounds.models.worker import Worker, WorkerSettings
     from services.db.models import JobQueue
     from services.errors import DomainError
 
@@ -145,7 +145,7 @@ def job_workers(
     from rich.table import Table
     from sqlalchemy import select
 
-    from modelling.jobs import HEARTBEAT_STALE
+    from rounds.models.jobs import HEARTBEAT_STALE
     from services.db.models import JobWorker, utcnow
 
     settings = settings_for(database_url)

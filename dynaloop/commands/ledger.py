@@ -27,11 +27,11 @@ def ledger_compute(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Add the rows the task's pay policy gives that are not in the ledger yet."""
-    from services.domain import ledger, rounds, tasks
+    from services.domain import ledger, round_lifecycle, tasks
 
     with domain_session(database_url) as session:
         found = tasks.get_task(session, task)
-        round_ = rounds.get_round_by_number(session, found, round_number) if round_number is not None else None
+        round_ = round_lifecycle.get_round_by_number(session, found, round_number) if round_number is not None else None
         computed = ledger.compute_ledger(session, None, found, round_)
         added = sum(e.amount_minor for e in computed.added)
         console.print(
@@ -220,7 +220,7 @@ def batch_reconcile(
     """Compare the batch with the platform's record (a CSV, or MTurk's ListBonusPayments JSON) and
     record the report: matched, missing and unexpected lines. Exit status 1 when any line is
     missing or unexpected."""
-    from modelling import payout_records
+    from rounds.models import payout_records
     from services.domain import payouts
 
     settings = settings_for(database_url)

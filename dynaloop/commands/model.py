@@ -23,7 +23,7 @@ from dynaloop.commands.common import (
 from dynaloop.commands.model_servers import app as servers_app
 
 if TYPE_CHECKING:
-    from modelling.replicas import ReplicaView
+    from rounds.models.replicas import ReplicaView
     from services.db.models import ModelVersion
     from services.taskdef import TaskDefinition
 
@@ -89,7 +89,7 @@ def model_init(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Build an (untrained) classifier directory with dynaloop_model.json, offline."""
-    from modelling.init_model import init_model_dir
+    from rounds.models.init_model import init_model_dir
 
     family: Literal["single_label", "multi_label"] = "multi_label" if multi_label else "single_label"
     input_format: Literal["text", "text_pair"] = "text_pair" if pair else "text"
@@ -165,7 +165,7 @@ def _model_row(model: ModelVersion, attempts: int | None = None) -> list[str]:
 @app.command("list")
 def model_list(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
     """The task's registered model versions, their status and the attempts each one scored."""
-    from modelling.registry import attempt_counts, list_models
+    from rounds.models.registry import attempt_counts, list_models
     from services.domain.tasks import get_task
     from services.errors import DomainError
 
@@ -203,7 +203,7 @@ def model_register(
     """Record a model directory in the task's registry (again: no change)."""
     import json
 
-    from modelling.registry import record_evaluation, register_model
+    from rounds.models.registry import record_evaluation, register_model
     from services.domain.tasks import get_task
 
     metrics = None
@@ -271,8 +271,8 @@ def model_promote(
     without a server, promote it to the replicas that follow the task and wait until they serve it."""
     from pydantic import ValidationError
 
-    from modelling.promotion import PromotionIncomplete
-    from modelling.usecases import PromoteOptions, promote_model
+    from rounds.models.promotion import PromotionIncomplete
+    from rounds.models.usecases import PromoteOptions, promote_model
     from services.db.engine import session_scope
     from services.domain import model_servers
     from services.errors import DomainError
@@ -353,7 +353,7 @@ def _print_replicas(replicas: list[ReplicaView]) -> None:
 def model_replicas(task: TaskOpt, database_url: DatabaseOpt = None) -> None:
     """The model-server replicas that follow the task (`dynaloop model-server --follow-task`): what each
     serves, its state, and whether it is live (reported within the last seconds)."""
-    from modelling.replicas import LIVE_WITHIN_S, list_replicas
+    from rounds.models.replicas import LIVE_WITHIN_S, list_replicas
     from services.domain.tasks import get_task
     from services.errors import DomainError
 
@@ -383,7 +383,7 @@ def model_retire(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Mark a model version retired (a model server keeps serving it until another is promoted)."""
-    from modelling.registry import retire
+    from rounds.models.registry import retire
     from services.domain.tasks import get_task
 
     with domain_session(database_url) as session:
@@ -420,10 +420,10 @@ def model_check_precision(
 ) -> None:
     """Score real text at fp32, bf16 and int8: agreement with fp32, probability change and macro-F1.
     auto never uses a precision that changed more than 1% of the predictions (docs/models.md)."""
-    from model_directory import ModelMetadataError
-    from modelling.datasets import DataError
-    from modelling.errors import EvaluationError
-    from modelling.precision_check import check_precisions, read_check_texts
+    from model_server.directory import ModelMetadataError
+    from rounds.models.datasets import DataError
+    from rounds.models.errors import EvaluationError
+    from rounds.models.precision_check import check_precisions, read_check_texts
 
     if not model.is_dir():
         raise fail(f"{model} is not a folder with dynaloop_model.json")

@@ -1,5 +1,5 @@
 """What `dynaloop round train` and `dynaloop round evaluate` print while their use cases run
-(:class:`modelling.usecases.TrainingListener`, :class:`~modelling.usecases.EvaluationListener`).
+(:class:`rounds.models.usecases.TrainingListener`, :class:`~rounds.models.usecases.EvaluationListener`).
 Imported by those commands only, so the other commands start without the model libraries."""
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from dynaloop.commands.common import console, err
-from modelling.usecases import EvaluationListener, TrainingListener
+from rounds.models.usecases import EvaluationListener, TrainingListener
 
 if TYPE_CHECKING:
-    from modelling.datasets import LabelledSet
-    from modelling.evaluate import Evaluation
-    from modelling.train import TrainResult
+    from rounds.models.datasets import LabelledSet
+    from rounds.models.evaluate import Evaluation
+    from rounds.models.train import TrainResult
 
 
 def show_training_log() -> None:
-    """Per-epoch lines of `modelling.train` on stderr when nothing else shows INFO logs."""
-    train_logger = logging.getLogger("modelling.train")
+    """Per-epoch lines of `rounds.models.train` on stderr when nothing else shows INFO logs."""
+    train_logger = logging.getLogger("rounds.models.train")
     if not logging.getLogger().handlers and not train_logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -83,7 +83,7 @@ class PrintedEvaluation(EvaluationListener):
         console.print(f"training the linear baseline on {trained_on}", soft_wrap=True, highlight=False, markup=False)
 
     def written(self, evaluation: Evaluation, files: Sequence[Path]) -> None:
-        from modelling.evaluation_report import baseline_verdict
+        from rounds.models.evaluation_report import baseline_verdict
 
         table = evaluation_table(evaluation)
         needed = Measurement.get(console, console.options.update(width=10_000), table).maximum

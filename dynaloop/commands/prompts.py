@@ -24,7 +24,7 @@ def prompts_import(
 
     from services.db.engine import session_scope
     from services.db.models import Round, RoundStatus
-    from services.domain import rounds, tasks
+    from services.domain import round_lifecycle, tasks
     from services.errors import DomainError
 
     settings = settings_for(database_url)
@@ -50,8 +50,8 @@ def prompts_import(
                 if round_ is None:
                     raise fail(f"task {task!r} has no open round; give --round")
             else:
-                round_ = rounds.get_round_by_number(session, task_row, round_number)
-            report = rounds.import_prompts(
+                round_ = round_lifecycle.get_round_by_number(session, task_row, round_number)
+            report = round_lifecycle.import_prompts(
                 session, None, round_, content, file_format, max_rows=settings.max_prompt_import_rows
             )
     except DomainError as exc:

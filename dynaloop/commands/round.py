@@ -1,6 +1,6 @@
 """`dynaloop round`: build, export, harvest, train and evaluate (docs/round_builder.md,
 docs/training.md, docs/evaluation.md, docs/models.md). Each command calls one use case of
-``round_builder.usecases`` or ``modelling.usecases`` (harvest: ``modelling.harvest.harvest``)."""
+``rounds.build.usecases`` or ``rounds.models.usecases`` (harvest: ``rounds.models.harvest.harvest``)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from dynaloop.commands.common import (
     settings_for,
 )
 from dynaloop.commands.settings_options import options_from
-from round_builder.build_settings import BuildSettings
+from rounds.build.build_settings import BuildSettings
 
 if TYPE_CHECKING:
-    from modelling.usecases import TrainedModel
+    from rounds.models.usecases import TrainedModel
 
 app = typer.Typer(help="Build and export rounds.", no_args_is_help=True)
 
@@ -73,7 +73,7 @@ def build_command(task: str, number: int, options: BuildSettings, settings: dict
 def print_options(task: str, number: int, options: BuildSettings, previews: list[dict[str, Any]]) -> int:
     """Each preview that builds, with its counts and the command that builds it (on stderr, one
     line each, however wide the terminal); how many there were."""
-    from round_builder.preview import PolicyPreview
+    from rounds.build.preview import PolicyPreview
 
     feasible = [p for p in previews if p.get("feasible")]
     if feasible:
@@ -108,9 +108,9 @@ def round_build(
 ) -> None:
     """Aggregate labels, compute agreement and human F1, build chance-level splits, write the report.
     A policy the round cannot meet is refused with every option that builds it."""
-    from round_builder.usecases import build, default_build_dir
+    from rounds.build.usecases import build, default_build_dir
     from services.db.engine import session_scope
-    from services.domain import rounds, tasks
+    from services.domain import round_lifecycle, tasks
     from services.errors import DomainError
 
     settings = settings_for(database_url)
@@ -119,7 +119,7 @@ def round_build(
     folder = out or default_build_dir(settings.data_dir, task, number, options.seed)
     try:
         with session_scope(session_factory(url)) as session:
-            round_ = rounds.get_round_by_number(session, tasks.get_task(session, task), number)
+            round_ = round_lifecycle.get_round_by_number(session, tasks.get_task(session, task), number)
             built = build(session, None, round_, options, out_dir=folder)
     except DomainError as exc:
         # Every option that builds, with the command for it, then the one-line error.
@@ -165,17 +165,17 @@ def round_build_preview(
     """What these build settings and every other policy would give a closed round (dev, test and
     train counts, per class), or what refuses them, with the command that builds each option.
     Records nothing."""
-    from round_builder.preview import PolicyPreview, nothing_builds
-    from round_builder.usecases import preview_build
+    from rounds.build.preview import PolicyPreview, nothing_builds
+    from rounds.build.usecases import preview_build
     from services.db.engine import session_scope
-    from services.domain import rounds, tasks
+    from services.domain import round_lifecycle, tasks
     from services.errors import DomainError
 
     url = settings_for(database_url).resolved_database_url
     ensure_schema(url)
     try:
         with session_scope(session_factory(url)) as session:
-            round_ = rounds.get_round_by_number(session, tasks.get_task(session, task), number)
+            round_ = round_lifecycle.get_round_by_number(session, tasks.get_task(session, task), number)
             previewed = preview_build(session, round_, options)
             session.rollback()  # a preview records nothing
     except DomainError as exc:
@@ -203,7 +203,7 @@ def round_export(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Write the newest build's splits to files (one per split) and their dataset card (README.md)."""
-    from round_builder.usecases import ExportedFile, ExportOptions, export_files
+    from rounds.build.usecases import ExportedFile, ExportOptions, export_files
     from services.errors import DomainError
 
     settings = settings_for(database_url)
@@ -256,8 +256,8 @@ def round_harvest(
 ) -> None:
     """Harvest corpus sentences the model likely gets wrong (DynaSent §3.2): half from low-rated
     texts it calls positive and high-rated texts it calls negative, half at random."""
-    from modelling.errors import EvaluationError
-    from modelling.harvest import harvest
+    from rounds.models.errors import EvaluationError
+    from rounds.models.harvest import harvest
     from services.errors import DomainError
 
     mode: Literal["examples", "prompts"]
@@ -360,7 +360,7 @@ def round_import(
 
     from pydantic import ValidationError
 
-    from modelling.round_imports import ImportOptions, import_round
+    from rounds.models.round_imports import ImportOptions, import_round
     from services.db.engine import session_scope
     from services.domain import tasks
     from services.errors import DomainError
@@ -428,7 +428,7 @@ def round_import(
 # --- train ----------------------------------------------------------------------------------
 
 
-# The options of `dynaloop round train` (TrainOptions in modelling/usecases.py says what each does).
+# The options of `dynaloop round train` (TrainOptions in rounds/models/usecases.py says what each does).
 TrainMixOpt = Annotated[
     Path,
     typer.Option(
@@ -513,9 +513,9 @@ def round_train(
     from pydantic import ValidationError
 
     from dynaloop.commands.progress import PrintedTraining, show_training_log
-    from modelling.datasets import DataError, DataFiles, DataMix
-    from modelling.train import TrainingError
-    from modelling.usecases import TrainOptions, train_and_register
+    from rounds.models.datasets import DataError, DataFiles, DataMix
+    from rounds.models.train import TrainingError
+    from rounds.models.usecases import TrainOptions, train_and_register
     from services.errors import DomainError
 
     every = _checked_train_flags(class_weights, tiny, base, kind, resume, checkpoint_every)
@@ -671,11 +671,11 @@ def round_evaluate(
     from pydantic import ValidationError
 
     from dynaloop.commands.progress import PrintedEvaluation
-    from model_directory import ModelMetadataError
-    from modelling.datasets import DataError, DataFiles, DataMix
-    from modelling.errors import EvaluationError
-    from modelling.train import TrainingError
-    from modelling.usecases import EvaluateOptions, evaluate_and_record
+    from model_server.directory import ModelMetadataError
+    from rounds.models.datasets import DataError, DataFiles, DataMix
+    from rounds.models.errors import EvaluationError
+    from rounds.models.train import TrainingError
+    from rounds.models.usecases import EvaluateOptions, evaluate_and_record
     from services.errors import DomainError
 
     try:

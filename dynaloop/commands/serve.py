@@ -46,9 +46,9 @@ def api(
         raise fail("DYNALOOP_MAX_CONCURRENT_REQUESTS must be below DYNALOOP_WORKER_THREADS (see docs/deploy.md)")
     # No `limit_concurrency`: uvicorn would answer a plain-text 503 and count idle keep-alive
     # connections too. The app counts requests in flight itself and answers beyond
-    # DYNALOOP_MAX_CONCURRENT_REQUESTS in the JSON error shape (api/overload.py).
+    # DYNALOOP_MAX_CONCURRENT_REQUESTS in the JSON error shape (dynaloop/api/overload.py).
     uvicorn.run(
-        "api.app:create_app",
+        "dynaloop.api.app:create_app",
         factory=True,
         host=host,
         port=port,
@@ -117,7 +117,7 @@ def ui(
 
 class TaskRegistry:
     """The registry a following model server reads and reports to (model_server.follow.Registry):
-    the task's promoted version and the replica's row in ``model_replicas`` (modelling.replicas)."""
+    the task's promoted version and the replica's row in ``model_replicas`` (rounds.models.replicas)."""
 
     def __init__(
         self,
@@ -135,7 +135,7 @@ class TaskRegistry:
 
     def promoted_model(self) -> PromotedModel | None:
         from model_server.follow import PromotedModel
-        from modelling.replicas import promoted_version
+        from rounds.models.replicas import promoted_version
 
         found = promoted_version(self.factory, self.task_id)
         if found is None:
@@ -143,7 +143,7 @@ class TaskRegistry:
         return PromotedModel(found.id, found.model_id, found.version, found.directory, found.promoted_at)
 
     def report(self, status: ReplicaStatus) -> None:
-        from modelling.replicas import ReplicaReport, record_replica
+        from rounds.models.replicas import ReplicaReport, record_replica
 
         record_replica(
             self.factory,
@@ -262,7 +262,7 @@ def model_server(
 
     require_extras("model-server")
     from model_server.app import FollowSettings, ServerConfig, create_model_app
-    from modelling.replicas import MAX_FOLLOW_INTERVAL_S
+    from rounds.models.replicas import MAX_FOLLOW_INTERVAL_S
 
     if model is None and follow_task is None:
         raise fail("give --model DIR (a model directory), or --follow-task TASK to serve the task's promoted model")

@@ -1,6 +1,6 @@
 """Command-line options made from a settings model, so that a setting is written once: its
 type, default and checks in the pydantic model (the API's body), its option's help beside it
-(``round_builder.build_settings.Flag``), and here only the way from one to the other.
+(``rounds.build.build_settings.Flag``), and here only the way from one to the other.
 
 :func:`options_from` turns one parameter of a command, annotated with the model, into one
 option per field of the model (``--dev-test-min-votes`` for ``dev_test_min_votes``), and
@@ -19,7 +19,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from dynaloop.commands.common import fail, problems
-from round_builder.build_settings import Flag
+from rounds.build.build_settings import Flag
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 

@@ -62,7 +62,7 @@ def link_create(
 ) -> None:
     """Create a study link for a round and a role, and print its URL."""
     from services.db.models import Platform, StudyRole
-    from services.domain import rounds, study, tasks
+    from services.domain import round_lifecycle, study, tasks
     from services.errors import Invalid
 
     with domain_session(database_url) as session:
@@ -71,7 +71,7 @@ def link_create(
         except ValueError as exc:
             raise Invalid(f"{exc}; role is writer or validator, platform prolific, mturk or generic") from exc
         task_ = tasks.get_task(session, task)
-        round_ = rounds.get_round_by_number(session, task_, round_number)
+        round_ = round_lifecycle.get_round_by_number(session, task_, round_number)
         link = study.create_link(
             session,
             None,

@@ -177,7 +177,7 @@ def jobs_table(client: Api, task: str) -> None:
 # --- build -------------------------------------------------------------------------------
 
 DEFAULT = "default"  # a policy control left at the policy's own default (not sent)
-GUARD_SHARES = [0.5, 0.6, 0.7, 0.8, 1.0]  # the class-balance guard's choices (round_builder.preview)
+GUARD_SHARES = [0.5, 0.6, 0.7, 0.8, 1.0]  # the class-balance guard's choices (rounds.build.preview)
 NOTHING_BUILDS = (
     "No option builds this round, and a closed round takes no more examples or labels: collect them in "
     "the next round (Tasks and rounds), or bring a labelled dataset or crowd responses in as a round "

@@ -1,13 +1,13 @@
 """Backends behind the same /predict: transformers (CPU or GPU), vLLM (GPU), and the linear
-backend that a directory of the linear kind (model_directory.linear) always gets."""
+backend that a directory of the linear kind (model_server.directory.linear) always gets."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from model_directory import ModelMetadata
-from model_directory.runtime import PRECISION_CHOICES
 from model_server.backends.base import Backend, ClassifyInput, ClassifyOutput
+from model_server.directory import ModelMetadata
+from model_server.directory.runtime import PRECISION_CHOICES
 
 __all__ = ["Backend", "ClassifyInput", "ClassifyOutput", "load_backend"]
 
@@ -18,7 +18,7 @@ def load_backend(
     directory: Path | str, kind: str = "transformers", device: str | None = None, precision: str = "fp32"
 ) -> Backend:
     """Load a model directory with the named backend at ``precision`` (fp32, bf16, int8 or auto;
-    model_directory.runtime); raises with a message on any problem. A directory of the linear
+    model_server.directory.runtime); raises with a message on any problem. A directory of the linear
     kind is served by the linear backend whatever the server's default backend (transformers),
     so a server hot-swaps between the kinds; a vLLM backend named for it is refused."""
     metadata = ModelMetadata.load(directory)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from model_directory import ModelMetadata, multi_label_choice
+from model_server.directory import ModelMetadata, multi_label_choice
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def decide(
     Multi-label: every label above the threshold, the model's exclusive labels (neutral) never
     with others; when none is above it, the most probable exclusive label, or the most
     probable label (an empty prediction would leave a writer with nothing to fool); see
-    model_directory.multi_label_choice.
+    model_server.directory.multi_label_choice.
     """
     probabilities = {label: float(p) for label, p in zip(metadata.labels, scores, strict=True)}
     best = max(probabilities, key=probabilities.__getitem__)

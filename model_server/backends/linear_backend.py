@@ -1,4 +1,4 @@
-"""A linear model directory (model_directory.linear: TF-IDF n-grams + logistic regression) behind
+"""A linear model directory (model_server.directory.linear: TF-IDF n-grams + logistic regression) behind
 the same /predict: chosen by ``load_backend`` when the directory's ``dynaloop_model.json`` says
 ``"kind": "linear"``, so promotion, hot swap and replicas work unchanged. CPU only, no batching
 cost worth planning (one sparse matrix product per batch), no truncation, no precision choice."""
@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model_directory import ModelMetadata
-from model_directory.linear import LinearModel
 from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
+from model_server.directory import ModelMetadata
+from model_server.directory.linear import LinearModel
 
 
 class LinearBackend:

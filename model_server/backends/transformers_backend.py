@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from model_directory import ModelMetadata, ModelMetadataError
-from model_directory.runtime import PrecisionCheck, pad_rows, plan_precision
-from model_directory.tokenizer_coverage import TokenCoverage, count_unknown, max_unknown_token_share_from_env
 from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide
+from model_server.directory import ModelMetadata, ModelMetadataError
+from model_server.directory.runtime import PrecisionCheck, pad_rows, plan_precision
+from model_server.directory.tokenizer_coverage import TokenCoverage, count_unknown, max_unknown_token_share_from_env
 
 logger = logging.getLogger(__name__)
 

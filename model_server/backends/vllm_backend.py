@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model_directory import ModelMetadata, ModelMetadataError
 from model_server.backends.base import ClassifyInput, ClassifyOutput, TokenAttribution, decide, sigmoid, softmax
+from model_server.directory import ModelMetadata, ModelMetadataError
 
 DEFAULT_PROMPT = (
     "Classify the text into exactly one of these labels: {labels}.\n"

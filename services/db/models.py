@@ -497,7 +497,7 @@ class Validation(Base):
 
 class ModelVersion(Base):
     """A trained classifier directory and where it stands: trained -> evaluated -> promoted
-    -> retired (modelling.registry, modelling.promotion). ``model_id`` and ``version`` are the strings of its
+    -> retired (rounds.models.registry, rounds.models.promotion). ``model_id`` and ``version`` are the strings of its
     ``dynaloop_model.json``, the same ones every attempt records from the model server, so
     attempts join to the registry on (model_id, model_version)."""
 
@@ -519,7 +519,7 @@ class ModelVersion(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # training metrics
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # training sources and their hashes
     hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # modelling.evaluate's results
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # rounds.models.evaluate's results
     status: Mapped[ModelVersionStatus] = mapped_column(_enum(ModelVersionStatus), default=ModelVersionStatus.trained)
     endpoint: Mapped[str | None] = mapped_column(String(500))  # model server it was promoted to
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
@@ -607,8 +607,8 @@ class JobQueue(str, enum.Enum):
 
 class Job(Base):
     """Long researcher work (train, evaluate, promote), queued for a worker of its ``queue``
-    (`dynaloop worker`, modelling.worker), which runs it in a process of its own (`dynaloop job
-    run`), never inside the API (modelling.jobs). The worker writes ``heartbeat_at`` while the job
+    (`dynaloop worker`, rounds.models.worker), which runs it in a process of its own (`dynaloop job
+    run`), never inside the API (rounds.models.jobs). The worker writes ``heartbeat_at`` while the job
     is its; a job whose worker stopped reporting is reported failed instead of hanging as
     *running*. ``cancel_requested_at`` asks the worker to stop it."""
 
@@ -660,7 +660,7 @@ class JobWorker(Base):
     stopped_at: Mapped[dt.datetime | None]
 
 
-# The task queue's own tables (huey's SQL storage, modelling.queue): the messages that carry a
+# The task queue's own tables (huey's SQL storage, rounds.models.queue): the messages that carry a
 # job's id to a worker. Declared here so that Alembic creates them, on SQLite and PostgreSQL.
 
 
@@ -695,7 +695,7 @@ class QueueResult(Base):
 class ModelReplica(Base):
     """A model-server replica that follows its task's promoted model (`dynaloop model-server
     --follow-task`): what it serves now, the promoted version it works towards (loading, serving
-    or failed to load it) and when it last reported (modelling.replicas)."""
+    or failed to load it) and when it last reported (rounds.models.replicas)."""
 
     __tablename__ = "model_replicas"
     __table_args__ = (UniqueConstraint("task_id", "name", name="uq_model_replicas_task_name"),)
@@ -721,7 +721,7 @@ class ModelReplica(Base):
 class DatasetUpload(Base):
     """A labelled file a task's researcher uploaded (``POST /tasks/{task}/datasets/uploads``),
     validated on arrival and stored as ``DATA_DIR/uploads/TASK/SHA256.FORMAT``; a job's data mix
-    names it by ``name`` (modelling.uploads)."""
+    names it by ``name`` (rounds.models.uploads)."""
 
     __tablename__ = "dataset_uploads"
     __table_args__ = (UniqueConstraint("task_id", "name", name="uq_dataset_uploads_task_name"),)

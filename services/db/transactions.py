@@ -1,6 +1,6 @@
 """Transactions: one unit of work per request, and the few steps that must commit sooner.
 
-An API request is one unit of work: ``api.deps.get_session`` commits it once the route has
+An API request is one unit of work: ``dynaloop.api.deps.get_session`` commits it once the route has
 built its answer (before the answer is sent) and rolls it back on any error. Work outside the
 API (the CLI, a job's process) uses :func:`services.db.engine.session_scope`; the attempt
 handler (``services.domain.writing.make_attempt``) runs its own two transactions around the

@@ -11,7 +11,7 @@ A writer's attempt is checked before the model is called (no model call, no try,
 stored), the submission again when the example is created. Imports and harvested sentences
 record their texts without being refused by earlier rounds (a researcher may import a dataset
 that overlaps an earlier round); the round builder keeps one copy per split
-(round_builder/duplicates.py). A task may also refuse *near* duplicates
+(rounds/build/duplicates.py). A task may also refuse *near* duplicates
 (``near_duplicate_similarity`` in its YAML): see :func:`refuse_near_duplicate`.
 """
 

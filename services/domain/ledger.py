@@ -72,7 +72,7 @@ from services.db.models import (
 )
 from services.domain import audit, controls, pay_policies, study
 from services.domain.labels import agreement_with, gold_label, last_pass
-from services.domain.rounds import newest_build
+from services.domain.round_lifecycle import newest_build
 from services.domain.tasks import definition_of
 from services.errors import Invalid, NotFound, missing_ledger_entry
 from services.taskdef import MAX_PAY_MINOR, PayPolicy, TaskDefinition, currency_digits

@@ -385,8 +385,8 @@ def require_granted(
     granted to ``task`` and nothing is changed; ``force`` or any other option cannot lift it.
 
     Called by the routes and use cases that put a server in a round's loop or promote to one
-    (api/routes/rounds.py, modelling/jobs.py when a promote job is submitted, and again by
-    modelling/promotion.py when it runs)."""
+    (dynaloop/api/routes/rounds.py, rounds/models/jobs.py when a promote job is submitted, and again by
+    rounds/models/promotion.py when it runs)."""
     names = check_names(session, names, field=field)
     if not _bound_by_grants(actor):
         return names

@@ -141,7 +141,7 @@ def _language_texts(definition: TaskDefinition) -> tuple[list[str], str]:
 
 @functools.lru_cache(maxsize=1)
 def _default_tokenizer() -> Any:
-    from model_directory.tokenizer_coverage import default_backbone, load_tokenizer
+    from model_server.directory.tokenizer_coverage import default_backbone, load_tokenizer
 
     return load_tokenizer(default_backbone())
 
@@ -151,7 +151,7 @@ def tokenizer_coverage_warnings(definition: TaskDefinition, *, max_unknown_token
     YAML's own-language text that the default backbone's tokenizer (the packaged MiniLM) maps to
     its unknown token. A warning above ``max_unknown_token_share``; a note when the YAML has no
     text to check or the backbone cannot be loaded; nothing when the text is covered."""
-    from model_directory.tokenizer_coverage import token_coverage
+    from model_server.directory.tokenizer_coverage import token_coverage
 
     texts, what = _language_texts(definition)
     if not texts:

@@ -1,2 +1,0 @@
-"""Request and response bodies of the REST API: one module per entity, named as its routes
-module in ``api/routes/`` (``errors`` holds the shape every error has)."""

@@ -1,0 +1,185 @@
+"""FastAPI dependencies: the request's unit of work, the settings, the model client, the
+authenticated user, and the role half of each route's policy (services/authorization.py)."""
+
+# No `from __future__ import annotations` here: FastAPI reads the annotations of the
+# dependencies that `allowed` and `allowed_writer` build, and those name their local `action`.
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+from anyio import CapacityLimiter, to_thread
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from dynaloop.api.state import app_state
+from services.authorization import Policy, authorize
+from services.db.models import ApiToken, User
+from services.db.transactions import begin_read_only, commit_now
+from services.domain.in_flight import AttemptsInFlight
+from services.domain.users import authenticate_token
+from services.domain.writing import expire_due_assignments, has_due_assignments
+from services.errors import Unauthorized
+from services.model_client import ModelClient
+from services.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer dl_...`")
+
+
+# Dependencies that only read the app's state, or objects already loaded, are `async def`:
+# FastAPI runs every plain `def` dependency in its worker-thread pool, a round trip between the
+# event loop and a thread (each waiting for the GIL) per dependency. POST /attempts made eleven
+# of them per request, and under 50 writers and 20 validators those round trips were most of the
+# requests' time (docs/benchmarks.md, "Load and faults").
+
+
+async def get_settings(request: Request) -> Settings:
+    return app_state(request).settings
+
+
+async def get_sessionmaker(request: Request) -> sessionmaker[Session]:
+    return app_state(request).sessionmaker
+
+
+async def get_model_client(request: Request) -> ModelClient:
+    return app_state(request).model_client
+
+
+async def get_attempts_in_flight(request: Request) -> AttemptsInFlight:
+    return app_state(request).attempts_in_flight
+
+
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """The request's unit of work: one session whose transaction is committed when the route
+    has built its answer, before the answer is sent (``scope="function"`` below), and rolled
+    back on any error. Routes and domain functions do not commit; the few steps that must
+    commit sooner call ``services.db.transactions.commit_now`` and say why."""
+    # Async on purpose: FastAPI runs a sync dependency's teardown in its worker-thread pool.
+    # When every worker thread is waiting for the database write lock, the commit that would
+    # release it could not get a thread, and 50 concurrent writers stalled for the whole busy
+    # timeout (bench/load.py). Creating the session, commit and rollback are short and never
+    # wait for the lock (only a transaction's BEGIN does), so they may run on the event loop.
+    session = app_state(request).sessionmaker()
+    try:
+        yield session
+        if session.new or session.dirty or session.deleted:
+            # Writing what is still pending may wait: for the write lock if no statement has
+            # begun the transaction yet (SQLite), for another transaction's row lock
+            # (PostgreSQL). Never on the event loop, where the commit that would end that wait
+            # runs; in a thread of its own, outside the (possibly exhausted) handler pool.
+            await to_thread.run_sync(session.flush, limiter=CapacityLimiter(1))
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+async def _body_bytes(request: Request) -> bytes:
+    return await request.body()
+
+
+# A raw body (a task's YAML, a prompt file) is read by an async dependency so that the endpoints
+# themselves are plain `def`: FastAPI runs those in its thread pool. An `async def` endpoint
+# would run its (blocking) database work on the event loop and, on SQLite, stall every other
+# request, even deadlock with one whose rollback waits for the loop.
+RawBody = Annotated[bytes, Depends(_body_bytes)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+# The largest id an INTEGER primary key holds on PostgreSQL (SQLite's go to 2**63 - 1): a larger
+# id in a path is bad input (422), not a database overflow (500).
+MAX_ID = 2**31 - 1
+IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+SessionmakerDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
+ModelClientDep = Annotated[ModelClient, Depends(get_model_client)]
+AttemptsInFlightDep = Annotated[AttemptsInFlight, Depends(get_attempts_in_flight)]
+
+
+def current_token(
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> ApiToken:
+    """Authentication: which valid token is this, of an active user? (401 without one.) Its id
+    keys the per-token rate limit (dynaloop/api/ratelimit.py), however the header was spelled."""
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise Unauthorized("send an API token: `Authorization: Bearer <token>`")
+    # A reader: on SQLite the lookup does not queue for the write lock behind other requests'
+    # transactions (docs/benchmarks.md, "Load and faults").
+    begin_read_only(session)
+    token = authenticate_token(session, credentials.credentials)
+    commit_now(session, "end the token lookup's read before the rest of the request")
+    return token
+
+
+CurrentToken = Annotated[ApiToken, Depends(current_token)]
+
+
+async def current_user(token: CurrentToken) -> User:
+    """The user whose token authenticated the request (loaded by the token lookup, which read
+    ``is_active``: nothing is read from the database here, on the event loop)."""
+    return token.user
+
+
+CurrentUser = Annotated[User, Depends(current_user)]
+
+
+def allowed(action: Callable[[], Policy]) -> Any:
+    """The signed-in user, if the role half of ``action``'s policy allows them (else 403).
+
+    ``action`` is a policy method such as ``RoundPolicy.manage``, called here without its
+    object. As a dependency the check runs before the route reads its path, query and body,
+    so a caller without the role gets 403 whatever they sent; the route then authorizes the
+    loaded object with the same method (``authorize(user, RoundPolicy.manage(round_))``)."""
+
+    async def check(user: CurrentUser) -> User:
+        policy = action()
+        if policy.rule is None:
+            # Roles only: the user's roles column, loaded with the user; no database work.
+            authorize(user, policy)
+        else:
+            await run_in_threadpool(authorize, user, policy)
+        return user
+
+    return Depends(check)
+
+
+def allowed_writer(action: Callable[[], Policy]) -> Any:
+    """Like :func:`allowed`, for the writer's routes: the writer's overdue assignments are
+    expired first, in a transaction of their own."""
+
+    def writer(session: SessionDep, user: Annotated[User, allowed(action)]) -> User:
+        # Most requests find nothing due: ask a reader first, so that on SQLite they do not
+        # queue for the write lock for nothing (docs/benchmarks.md, "Load and faults").
+        begin_read_only(session)
+        due = has_due_assignments(session, user.id)
+        commit_now(session, "end the read; the expiry, if any, is a write transaction of its own")
+        if due:
+            expire_due_assignments(session, user.id)
+            # Never a rollback here: it would expire `user`, and reloading it would open a new
+            # transaction that (on SQLite) holds the write lock for the rest of the request.
+            commit_now(session, "the expiry must survive a 410 (or any error) later in the request")
+        return user
+
+    return Depends(writer)
+
+
+# --- rate limits (dynaloop/api/ratelimit.py) ------------------------------------------------------
+
+
+async def address_rate_limited(request: Request) -> None:
+    """FastAPI dependency for the writer and validator routers: the client address's budget,
+    counted before authentication (requests without a valid token count too). Counted in a
+    worker thread (the storage may be Redis); with no limit set, nothing is counted and no
+    thread is asked (the cost of a round trip to the thread pool: see above)."""
+    limiter = app_state(request).rate_limiter
+    if limiter.per_ip:
+        await run_in_threadpool(limiter.check_address, request)
+
+
+async def token_rate_limited(request: Request, token: CurrentToken) -> None:
+    """FastAPI dependency for the writer and validator routers, after ``address_rate_limited``:
+    the budget of the token that authenticated the request (401 without one)."""
+    limiter = app_state(request).rate_limiter
+    if limiter.per_token:
+        await run_in_threadpool(limiter.check_token, token.id)

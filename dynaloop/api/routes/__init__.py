@@ -1,0 +1,102 @@
+"""The API's routers, one entity each, and what each adds to every one of its operations:
+error statuses beyond the common ones (documented in OpenAPI), and the rate limit on the
+crowdworkers' routers (dynaloop/api/ratelimit.py). ``dynaloop.api.app`` mounts them all under ``/api/v1``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Depends
+
+from dynaloop.api.deps import address_rate_limited, token_rate_limited
+from dynaloop.api.routes import (
+    assignments,
+    attention_checks,
+    auth,
+    builds,
+    control_items,
+    dataset_uploads,
+    datasets,
+    examples,
+    jobs,
+    ledger,
+    members,
+    model_servers,
+    models,
+    onboarding,
+    pay_policy,
+    payouts,
+    round_imports,
+    rounds,
+    study,
+    tasks,
+    tokens,
+    users,
+    validation,
+    worker_quality,
+)
+from dynaloop.api.schemas.errors import error_responses
+
+# Error statuses any /api/v1 operation can answer.
+COMMON_ERRORS = (401, 403, 404, 409, 413, 422, 503)
+
+
+@dataclass(frozen=True)
+class Included:
+    router: APIRouter
+    extra_errors: tuple[int, ...] = ()
+    rate_limited: bool = False
+    # Without a token (a worker arriving from a crowd platform): the address's budget only.
+    address_limited: bool = False
+
+
+ROUTERS = (
+    Included(auth.router),
+    Included(users.router),
+    Included(tokens.router),
+    Included(tasks.router),
+    Included(members.router),
+    Included(rounds.router),
+    # One request imports a whole file: the bulk path, not under the crowd's per-token limits.
+    Included(round_imports.router),
+    Included(worker_quality.router),
+    Included(control_items.router),
+    Included(onboarding.router),
+    Included(assignments.router, (410, 429), rate_limited=True),
+    Included(validation.router, (429,), rate_limited=True),
+    # The full record of an example is a researcher's, but it was served with the validators'
+    # routes and has always been limited with them; it stays so.
+    Included(examples.router, (429,), rate_limited=True),
+    Included(builds.router),
+    Included(datasets.router),
+    Included(dataset_uploads.router),
+    Included(jobs.router),
+    Included(ledger.router),
+    Included(payouts.router),
+    Included(pay_policy.router),
+    Included(models.router),
+    Included(model_servers.router),
+    Included(study.router),
+    Included(study.public_router, (429,), address_limited=True),
+    Included(study.worker_router, (429,), rate_limited=True),
+    # Issue 26: writers' attention checks, limited like the assignments they sit between.
+    Included(attention_checks.router, (429,), rate_limited=True),
+)
+
+
+def api_router() -> APIRouter:
+    """Every router of the API, with its errors and limits, for ``app.include_router``."""
+    api = APIRouter()
+    for included in ROUTERS:
+        api.include_router(
+            included.router,
+            responses=error_responses(*COMMON_ERRORS, *included.extra_errors),
+            # The address's budget first (unauthenticated requests count too), then, once the
+            # token is authenticated, that token's.
+            dependencies=[Depends(address_rate_limited), Depends(token_rate_limited)]
+            if included.rate_limited
+            else [Depends(address_rate_limited)]
+            if included.address_limited
+            else None,
+        )
+    return api
