@@ -390,13 +390,16 @@ def test_sentence_pair_model_needs_targets(model_dirs: dict[str, Path]) -> None:
 
 
 def test_inspect_returns_one_score_per_token(server: ThreadedServer) -> None:
-    response = httpx.post(f"{server.url}/inspect", json={"text": "The pasta was wonderful", "label": "positive"})
+    # The first /inspect imports captum and runs integrated gradients: seconds on a loaded machine.
+    response = httpx.post(
+        f"{server.url}/inspect", json={"text": "The pasta was wonderful", "label": "positive"}, timeout=60
+    )
     assert response.status_code == 200, response.text
     tokens = response.json()["tokens"]
     assert [t["token"] for t in tokens] == ["[CLS]", "the", "pasta", "was", "wonderful", "[SEP]"]
     assert all(isinstance(t["score"], float) for t in tokens)
     assert any(abs(t["score"]) > 0 for t in tokens)
-    bad = httpx.post(f"{server.url}/inspect", json={"text": "x", "label": "sarcastic"})
+    bad = httpx.post(f"{server.url}/inspect", json={"text": "x", "label": "sarcastic"}, timeout=60)
     assert bad.status_code == 422 and "unknown label" in bad.json()["error"]["message"]
 
 

@@ -261,7 +261,8 @@ def model_server(
     import uvicorn
 
     require_extras("model-server")
-    from model_server.app import FollowSettings, ServerConfig, create_model_app
+    from model_server.app import create_model_app
+    from model_server.config import FollowSettings, ServerConfig
     from rounds.models.replicas import MAX_FOLLOW_INTERVAL_S
 
     if model is None and follow_task is None:
