@@ -28,7 +28,6 @@ from services.db.models import JobStatus, ModelVersion
 from services.domain.tasks import get_task
 from services.extras import EXTRA_MODULES, MissingExtra, install_hint, needs_extra
 from tests.built_round import BuiltRound
-from tests.conftest import sqlite_only
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -208,13 +207,13 @@ def test_the_cli_the_api_and_the_round_builder_import_without_any_extra() -> Non
     assert answer["paths"] > 50
 
 
-@sqlite_only  # the install matters here, not the database
 def test_a_job_on_a_worker_without_the_training_extra_fails_naming_it(
     app: FastAPI, built: BuiltRound, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A train job on a base install fails with a message that names the extra, at the first import
     of a training package; nothing is trained or registered."""
-    from rounds.models.jobs import create_job, run_job
+    from rounds.models.job_runner import run_job
+    from rounds.models.jobs import create_job
 
     # The train use case's first import of the extra (rounds/models/usecases.py): missing, as in a base
     # install (a None entry makes `import accelerate` fail with ModuleNotFoundError).
