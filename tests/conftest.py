@@ -600,6 +600,22 @@ def table_snapshot(app: Any, *tables: str) -> dict[str, list[tuple[Any, ...]]]:
         return snapshot
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest tests first: the browser's golden path, then the tests that start processes
+    (``integration``) and those marked ``slow`` (ten seconds or more), then the rest in the order
+    collected. The parallel run (pytest-xdist's ``worksteal``: each worker takes a share of the list
+    in order and, when done, takes from the end of another's) then ends on short tests, rather
+    than on a four-minute test that one worker started last while the other sat idle."""
+
+    def first_when_long(item: pytest.Item) -> int:
+        for rank, marker in enumerate(("browser", "integration", "slow")):
+            if item.get_closest_marker(marker) is not None:
+                return rank
+        return 3
+
+    items.sort(key=first_when_long)  # a stable sort: the collected order within each rank
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``--numprocesses=auto`` (pyproject.toml): one worker per core, at most four. Each worker is
     its own pytest session with its own SQLite file and its own PostgreSQL database (the

@@ -654,6 +654,7 @@ def _check(client: Any, owned: Owned, who: str, method: str, path: str, expected
     return where if refused else None
 
 
+@pytest.mark.slow
 def test_task_ownership_matrix(client: Any, app: Any, owned: Owned) -> None:
     """Every task-scoped route as the task's owner, a member, another group's researcher, a
     writer, a validator, a REST client and an admin. The refusals come first and change nothing

@@ -948,6 +948,7 @@ def test_plots_without_data() -> None:
 # --- the real client against the real API ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_researcher_pages_against_the_real_api(app: FastAPI, built: BuiltRound, tmp_path: Path) -> None:
     """The pages with the real ApiClient, the API served over HTTP, a built round, a real
     `dynaloop worker` and its `dynaloop job run` process: plot data, downloads, a train job

@@ -45,8 +45,11 @@ from tests.conftest import (
     worker_process,
 )
 
-# On both databases: the job queue on the application database.
-pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(600)]
+# The tests of the job queue and of a job's record on the application database (a job and its
+# message written together, a job whose process is gone, a worker taking a queued job, one train
+# job per task) run on both databases (``both_databases`` on each); the rest (what a job does with
+# its options, its model and its failures) runs on SQLite, where the database only stores rows.
+pytestmark = [pytest.mark.timeout(600)]
 
 TOKEN = "jobs-test-admin-token-123"
 TINY_TRAIN = {
@@ -98,6 +101,7 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 # --- in process: train -> evaluate -> promote --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_train_evaluate_promote_in_process(
     app: FastAPI, built: BuiltRound, progress_seen: list[float], model_server: str
 ) -> None:
@@ -302,6 +306,7 @@ def test_failures_are_recorded_with_a_clear_message(
         _run(app, job.id)
 
 
+@pytest.mark.both_databases
 def test_a_job_whose_process_is_gone_is_reported_failed(app: FastAPI, client: TestClient, researcher: Actor) -> None:
     with session_scope(app.state.sessionmaker) as session:
         owner = get_user(session, researcher.username)  # the researcher who watches the jobs owns the task
@@ -359,6 +364,8 @@ def test_a_job_whose_process_is_gone_is_reported_failed(app: FastAPI, client: Te
 # --- the API: a real worker and its `dynaloop job run` process ----------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.both_databases
 def test_post_queues_a_job_that_a_worker_runs_to_the_end(
     app: FastAPI, client: TestClient, built: BuiltRound, tmp_path: Path
 ) -> None:
@@ -460,6 +467,7 @@ def test_roles_unknown_task_and_bad_input(
     assert client.get("/api/v1/rounds/9999/plot-data", headers=researcher.headers).status_code == 404
 
 
+@pytest.mark.both_databases
 def test_a_second_train_job_is_refused_while_one_is_queued_or_running(
     app: FastAPI, client: TestClient, built: BuiltRound
 ) -> None:
@@ -560,6 +568,7 @@ def test_plot_data_for_the_dashboard(client: TestClient, built: BuiltRound) -> N
     assert thinned["truncated"] and len(thinned["examples"]) == 5 and thinned["total_examples"] == 21
 
 
+@pytest.mark.slow
 def test_a_stopped_job_process_records_the_interruption(
     app: FastAPI, client: TestClient, built: BuiltRound, tmp_path: Path
 ) -> None:

@@ -191,6 +191,7 @@ def test_multi_label_with_an_exclusive_label_and_target_marking(tmp_path: Path) 
         served.predict([ClassifyInput(sentences[0])])
 
 
+@pytest.mark.slow
 def test_geez_linear_model_trains_serves_the_loop_and_beats_the_encoder(
     client: TestClient, researcher: Actor, writer: Actor, settings: Any, tmp_path: Path
 ) -> None:

@@ -374,6 +374,7 @@ def test_a_reload_may_change_the_precision_and_refuses_an_unknown_one(
     assert back.status_code == 200 and back.json()["precision"]["mode"] == "fp32", "a reload keeps the precision"
 
 
+@pytest.mark.slow
 def test_an_attempt_records_the_precision_it_was_scored_at(
     client: TestClient, app: Any, researcher: Actor, writer: Actor, model_dir: Path
 ) -> None:

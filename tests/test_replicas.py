@@ -226,6 +226,7 @@ def test_model_server_needs_a_model_or_a_task(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "--follow-interval must be between 0.1 and 5" in result.output
 
 
+@pytest.mark.slow
 def test_a_missing_promoted_directory_leaves_the_replica_failed_and_serving(
     app: FastAPI, database_url: str, task: str, tiny: Versions, tmp_path: Path
 ) -> None:
@@ -367,6 +368,7 @@ class Traffic:
         return sum(self.ok.values())
 
 
+@pytest.mark.slow
 def test_promotion_reaches_every_replica_without_a_failed_request(
     app: FastAPI, database_url: str, task: str, minilm: Versions, tmp_path: Path
 ) -> None:
@@ -433,6 +435,7 @@ def test_promotion_reaches_every_replica_without_a_failed_request(
 # --- promote jobs ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.both_databases
 def test_promote_jobs_reach_the_following_replicas_with_or_without_a_server(
     app: FastAPI, database_url: str, task: str, tiny: Versions, tmp_path: Path

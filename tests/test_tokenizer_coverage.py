@@ -341,6 +341,7 @@ def test_round_evaluate_reports_the_yamls_positive_class_and_the_warning(tmp_pat
 # ---------------------------------------------------------------------------- training defaults
 
 
+@pytest.mark.slow
 def test_round_train_uses_the_tasks_class_weights_and_prints_per_class_dev_f1(tmp_path: Path) -> None:
     """BESSTIE's YAML asks for its paper's class-weighted loss: `round train` uses it unless told
     otherwise, records it, and prints each class's dev F1 (a class with a low F1 is called out)."""

@@ -130,6 +130,7 @@ def test_a_class_far_below_the_others_is_low_and_so_is_one_near_zero() -> None:
 # ---------------------------------------------------------------------------- MAD-TSC, end to end
 
 
+@pytest.mark.slow
 def test_mad_tsc_defaults_train_on_pairs_and_predict_more_than_one_class(tmp_path: Path) -> None:
     """`round train --task mad-tsc` with nothing but the task's defaults, on news sentences shaped
     like MAD-TSC's (the packaged MiniLM, a few steps): the recorded hyperparameters are the YAML's,

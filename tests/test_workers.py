@@ -28,8 +28,10 @@ from tests.built_round import BuiltRound
 from tests.conftest import Actor, MakeUser, dynaloop_command, table_counts, worker_process
 from tests.test_jobs import TINY_TRAIN
 
-# On both databases: the job queue on the application database.
-pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(600)]
+# On both databases (``both_databases`` on each): the job queue and the workers' records on the
+# application database. The two-process scenario (a cancel, a worker killed mid-job) runs on
+# SQLite: it adds training processes, not database behaviour, to what the others prove on both.
+pytestmark = [pytest.mark.timeout(600)]
 
 LONG_TRAIN = {**TINY_TRAIN, "epochs": 1000, "patience": 0}
 JOBS = "/api/v1/tasks/dynasent-r2/jobs"
@@ -86,6 +88,7 @@ def gone(pid: int | None) -> bool:
 # --- the queue ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.both_databases
 def test_a_job_and_its_message_are_written_together(app: FastAPI, client: TestClient, built: BuiltRound) -> None:
     """The job's row and its queue message commit in one transaction; a refused request writes neither."""
     researcher = built["researcher"]
@@ -111,6 +114,7 @@ def test_a_job_and_its_message_are_written_together(app: FastAPI, client: TestCl
         assert b"pickle" not in messages[0].data and str(body["id"]).encode() in messages[0].data
 
 
+@pytest.mark.both_databases
 def test_gpu_jobs_wait_for_a_gpu_worker_unless_told_to_fall_back(
     app: FastAPI, client: TestClient, built: BuiltRound
 ) -> None:
@@ -165,6 +169,7 @@ def test_cancel_is_for_the_tasks_researchers_only(
     assert job_of(client, researcher, job["id"])["status"] == "queued"
 
 
+@pytest.mark.both_databases
 def test_a_job_whose_worker_stopped_reporting_is_failed(app: FastAPI, client: TestClient, built: BuiltRound) -> None:
     researcher = built["researcher"]
     with session_scope(app.state.sessionmaker) as session:
@@ -201,6 +206,7 @@ def test_a_job_whose_worker_stopped_reporting_is_failed(app: FastAPI, client: Te
 # --- real workers ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_workers_queues_a_dead_worker_and_a_cancel(
     app: FastAPI, client: TestClient, built: BuiltRound, tmp_path: Path
 ) -> None:
@@ -268,6 +274,8 @@ def test_two_workers_queues_a_dead_worker_and_a_cancel(
         assert [(w.name, w.stopped_at is not None) for w in stopped] == [("cpu-worker", True), ("gpu-worker", True)]
 
 
+@pytest.mark.slow
+@pytest.mark.both_databases
 def test_a_worker_name_in_use_elsewhere_is_refused(app: FastAPI, built: BuiltRound, tmp_path: Path) -> None:
     with session_scope(app.state.sessionmaker) as session:
         session.add(JobWorker(name="taken", queue=JobQueue.cpu, host="another-machine", pid=1, heartbeat_at=utcnow()))
