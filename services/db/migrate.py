@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from alembic import command
@@ -43,7 +44,10 @@ def current_revision(database_url: str) -> str | None:
         engine.dispose()
 
 
+@cache
 def head_revision() -> str | None:
+    """The newest migration's revision. Read once per process (every ``/health`` asks for it, and
+    reading it loads every migration script); the scripts do not change under a running process."""
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
