@@ -21,8 +21,17 @@ from fastapi.testclient import TestClient
 from statsmodels.stats.inter_rater import fleiss_kappa
 
 from rounds.build.report import PLOTS_NOT_DRAWN
-from tests.built_round import LABELS, BuiltRound, write_and_label
-from tests.conftest import Actor, MakeUser, example_yaml, free_port, label_example, open_round
+from tests.built_round import (
+    LABELS,
+    BuiltRound,
+    BuiltSnapshot,
+    read_rows,
+    restore_built,
+    simulate_built_round,
+    write_and_label,
+    write_example,
+)
+from tests.conftest import Actor, MakeUser, empty_tables, example_yaml, free_port, label_example, open_round
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 # Each test round's report JSON as the untyped report code wrote it before the report became
@@ -418,3 +427,58 @@ def test_dataset_download_names_the_newest_build(app: FastAPI, built: BuiltRound
             dataset_download(session, get_task(session, "dynasent-r2"), 1, "dev", "xml")
         with pytest.raises(NotFound):
             dataset_download(session, get_task(session, "dynasent-r2"), 2, "dev", "csv")
+
+
+# Columns a copy may not reproduce: when a row was written, and the tokens' own secrets.
+_UNSTABLE = {"created_at", "updated_at", "last_used_at", "token_hash", "prefix"}
+
+
+def _stable(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: [{k: v for k, v in row.items() if k not in _UNSTABLE and not k.endswith("_at")} for row in table_rows]
+        for name, table_rows in rows.items()
+        if name not in ("api_tokens", "audit_log")
+    }
+
+
+@pytest.mark.both_databases
+def test_a_restored_built_round_is_the_round_simulated_anew(
+    app: FastAPI, client: TestClient, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    """The ``built`` fixture simulates its round once and gives later tests a copy
+    (tests/built_round.py): the copy holds the same rows with the same ids, this test's researcher
+    keeps a working token, and the next row of every table takes the next id."""
+    first_researcher = make_user("rita", "researcher")
+    result = simulate_built_round(client, first_researcher, make_user, stub_model)
+    simulated = read_rows(app)
+    snapshot = BuiltSnapshot(rows=simulated, built=result)
+
+    empty_tables(app.state.settings.resolved_database_url)
+    researcher = make_user("rita", "researcher")
+    outsider = make_user("olga", "validator")  # a user the snapshot does not hold
+    restore_built(app, snapshot, read_rows(app))
+    restored = read_rows(app)
+
+    assert _stable(restored)["users"][:-1] == _stable(simulated)["users"]
+    assert _stable(restored) | {"users": []} == _stable(simulated) | {"users": []}
+    for actor in (researcher, result["writer"], outsider):
+        assert client.get("/api/v1/me", headers=actor.headers).status_code == 200, actor.username
+    report = client.get("/api/v1/tasks/dynasent-r2/rounds/1/report", headers=researcher.headers)
+    assert report.status_code == 200 and report.json()["build_id"] == result["build"]["build_id"], report.text
+    largest = max(row["id"] for row in restored["users"])
+    assert make_user("next", "writer") and read_rows(app)["users"][-1]["id"] == largest + 1
+    # A second round written after the copy: its task, round, assignment, attempt and example take
+    # the next ids (PostgreSQL's sequences were moved past the copied rows).
+    second = open_round(
+        client,
+        researcher,
+        example_yaml("dynasent-r2", onboarding_quiz=None).replace("name: dynasent-r2", "name: second", 1),
+        stub_model.url,
+        ["A prompt."],
+        target_label_mode="writer_choice",
+    )
+    example = write_example(client, make_user("wes", "writer"), second["id"], "positive", "A great one.")
+    after = read_rows(app)
+    for table in ("tasks", "rounds", "assignments", "attempts", "examples"):
+        assert after[table][-1]["id"] == max(row["id"] for row in restored[table]) + 1, table
+    assert example["id"] == after["examples"][-1]["id"]
