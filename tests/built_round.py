@@ -4,35 +4,20 @@ example, an unqualified validator), closed and built; and the helpers that write
 through the API.
 
 The round is simulated through the API once per test process, database and settings (about 210
-requests: two to four seconds, and some 90 tests use it); the rows it leaves are kept, and later
-tests start from a copy of them (:func:`restore_built`), the same rows with the same ids, so they
-test the same state. tests/test_round_build.py checks the copy against a round simulated anew."""
+requests: two to four seconds, and some 90 tests use it); later tests start from a copy of the
+rows it left (tests/row_snapshots.py)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from copy import deepcopy
-from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Table, func, insert, select
-from sqlalchemy import text as sql_text
 
-from services.db.models import Base
-from tests.conftest import (
-    _REGISTERED_IN,
-    Actor,
-    MakeUser,
-    empty_tables,
-    example_yaml,
-    label_example,
-    label_served,
-    open_round,
-)
+from tests.conftest import Actor, MakeUser, example_yaml, label_example, label_served, open_round
+from tests.row_snapshots import reuse_rows
 from tests.stub_model_server import ThreadedServer
 
 LABELS = ["positive", "negative", "neutral"]
@@ -107,90 +92,12 @@ def spam(client: TestClient, spammer: Actor, researcher: Actor, round_id: int) -
     assert response.json()["labels_excluded"] == 3
 
 
-# Tables a test's fixtures may have written before ``built`` runs (its users and their tokens):
-# they are carried over a restored copy. Rows in any other table make ``built`` simulate anew.
-ACCOUNT_TABLES = ("users", "api_tokens", "audit_log")
-
-
-@dataclass
-class BuiltSnapshot:
-    rows: dict[str, list[dict[str, Any]]]  # every table's rows, parents first
-    built: BuiltRound  # what the fixture returned for them
-
-
-_SNAPSHOTS: dict[str, BuiltSnapshot] = {}
-
-
-def _snapshot_key(app: FastAPI) -> str:
-    """The database and every setting but the data folder (a test's own): a test that changes a
-    setting the simulation or the build reads gets a round of its own."""
-    settings = app.state.settings.model_dump(mode="json", exclude={"data_dir"})
-    return json.dumps(settings, sort_keys=True, default=str)
-
-
-def read_rows(app: FastAPI) -> dict[str, list[dict[str, Any]]]:
-    with app.state.engine.connect() as connection:
-        return {
-            table.name: [dict(row) for row in connection.execute(select(table).order_by(*table.primary_key)).mappings()]
-            for table in Base.metadata.sorted_tables
-        }
-
-
-def _only_accounts(rows: dict[str, list[dict[str, Any]]]) -> bool:
-    return not any(table_rows for name, table_rows in rows.items() if name not in ACCOUNT_TABLES)
-
-
-def restore_built(app: FastAPI, snapshot: BuiltSnapshot, before: dict[str, list[dict[str, Any]]]) -> None:
-    """The snapshot's rows in place of the database's, ids included; then the accounts this test's
-    fixtures made before (``before``: users and tokens) are added again, under the snapshot's user
-    of the same name where there is one, so that their tokens keep working."""
-    url = app.state.settings.resolved_database_url
-    empty_tables(url)
-    tables: dict[str, Table] = {table.name: table for table in Base.metadata.sorted_tables}
-    with app.state.engine.begin() as connection:
-        for table in Base.metadata.sorted_tables:
-            if snapshot.rows[table.name]:
-                connection.execute(insert(table), snapshot.rows[table.name])
-        if connection.dialect.name == "postgresql":
-            # Each id sequence past the largest id now in its table, as after the inserts of a real run.
-            for table in Base.metadata.sorted_tables:
-                if "id" in table.c and table.c.id.autoincrement and table.c.id.primary_key:
-                    largest = connection.execute(select(func.max(table.c.id))).scalar()
-                    connection.execute(
-                        sql_text("SELECT setval(pg_get_serial_sequence(:table, 'id'), :value, :called)"),
-                        {"table": table.name, "value": largest or 1, "called": largest is not None},
-                    )
-        user_ids = {row["username"]: row["id"] for row in snapshot.rows["users"]}
-        for user in before["users"]:
-            if user["username"] not in user_ids:
-                fields = {key: value for key, value in user.items() if key != "id"}
-                user_ids[user["username"]] = connection.execute(
-                    insert(tables["users"]).values(fields).returning(tables["users"].c.id)
-                ).scalar_one()
-        names = {row["id"]: row["username"] for row in before["users"]}
-        for token in before["api_tokens"]:
-            fields = {key: value for key, value in token.items() if key != "id"}
-            fields["user_id"] = user_ids[names[token["user_id"]]]
-            connection.execute(insert(tables["api_tokens"]).values(fields))
-        for server in snapshot.rows["model_servers"]:
-            _REGISTERED_IN[server["name"]] = app
-
-
 @pytest.fixture
 def built(
     app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
 ) -> BuiltRound:
-    key = _snapshot_key(app)
-    before = read_rows(app)
-    snapshot = _SNAPSHOTS.get(key)
-    if snapshot is not None and _only_accounts(before):
-        restore_built(app, snapshot, before)
-        restored = deepcopy(snapshot.built)
-        restored["researcher"] = researcher  # this test's researcher (their token was added again)
-        return restored
-    result = simulate_built_round(client, researcher, make_user, stub_model)
-    if _only_accounts(before):
-        _SNAPSHOTS[key] = BuiltSnapshot(rows=read_rows(app), built=deepcopy(result))
+    result = reuse_rows(app, "built", lambda: simulate_built_round(client, researcher, make_user, stub_model))
+    result["researcher"] = researcher  # this test's researcher (from a copy: their token was carried over)
     return result
 
 

@@ -44,6 +44,7 @@ from tests.conftest import (
     table_counts,
     table_snapshot,
 )
+from tests.row_snapshots import reuse_rows
 from tests.stub_model_server import ThreadedServer
 
 pytestmark = pytest.mark.both_databases  # money: the ledger's rows, corrections and bonus files
@@ -212,6 +213,12 @@ VALIDATORS = ["v1", "v2", "v3", "v4", "v5"]
 
 @pytest.fixture
 def hand(client: TestClient, app: Any, make_user: MakeUser, stub_model: ThreadedServer) -> HandRound:
+    """The round of the tables above, written once per test process and database, then copied
+    (tests/row_snapshots.py)."""
+    return reuse_rows(app, "hand", lambda: _write_hand_round(client, app, make_user, stub_model))
+
+
+def _write_hand_round(client: TestClient, app: Any, make_user: MakeUser, stub_model: ThreadedServer) -> HandRound:
     researcher = make_user("rita", "researcher")
     round_ = open_round(
         client,

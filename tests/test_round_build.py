@@ -21,17 +21,9 @@ from fastapi.testclient import TestClient
 from statsmodels.stats.inter_rater import fleiss_kappa
 
 from rounds.build.report import PLOTS_NOT_DRAWN
-from tests.built_round import (
-    LABELS,
-    BuiltRound,
-    BuiltSnapshot,
-    read_rows,
-    restore_built,
-    simulate_built_round,
-    write_and_label,
-    write_example,
-)
+from tests.built_round import LABELS, BuiltRound, simulate_built_round, write_and_label, write_example
 from tests.conftest import Actor, MakeUser, empty_tables, example_yaml, free_port, label_example, open_round
+from tests.row_snapshots import read_rows, restore_rows
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 # Each test round's report JSON as the untyped report code wrote it before the report became
@@ -446,17 +438,16 @@ def test_a_restored_built_round_is_the_round_simulated_anew(
     app: FastAPI, client: TestClient, make_user: MakeUser, stub_model: ThreadedServer
 ) -> None:
     """The ``built`` fixture simulates its round once and gives later tests a copy
-    (tests/built_round.py): the copy holds the same rows with the same ids, this test's researcher
+    (tests/row_snapshots.py): the copy holds the same rows with the same ids, this test's researcher
     keeps a working token, and the next row of every table takes the next id."""
     first_researcher = make_user("rita", "researcher")
     result = simulate_built_round(client, first_researcher, make_user, stub_model)
     simulated = read_rows(app)
-    snapshot = BuiltSnapshot(rows=simulated, built=result)
 
     empty_tables(app.state.settings.resolved_database_url)
     researcher = make_user("rita", "researcher")
     outsider = make_user("olga", "validator")  # a user the snapshot does not hold
-    restore_built(app, snapshot, read_rows(app))
+    restore_rows(app, simulated, read_rows(app))
     restored = read_rows(app)
 
     assert _stable(restored)["users"][:-1] == _stable(simulated)["users"]
