@@ -473,108 +473,13 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
             )
             model_name = model_note = None
             if start_model_server:
-                promoted = promoted_model(settings)
-                if promoted is not None:
-                    directory = promoted.directory
-                    console.print(
-                        f"model: {promoted.name}, the task's promoted model ({directory}); Model 0 is not used",
-                        soft_wrap=True,
-                    )
-                else:
-                    spec = options.model
-                    console.print(
-                        f"Model 0: MiniLM fine-tuned on the seed corpus ({3 * spec.per_label} sentences, "
-                        f"{spec.epochs} epoch(s), max_length {spec.max_length})",
-                        soft_wrap=True,
-                    )
-                    try:
-                        with _quiet_transformers():
-                            model = ensure_model_zero(
-                                settings.data_dir, spec, task_name=setup.task, retrain=options.retrain
-                            )
-                    except (ValueError, OSError) as exc:  # rounds.models.train's TrainingError is a ValueError
-                        raise DemoError(f"Model 0 could not be trained: {exc}") from exc
-                    console.print(
-                        (
-                            "  trained in {:.0f} s"
-                            if model.trained
-                            else "  cached (took {:.1f} s to find; --retrain trains it again)"
-                        ).format(model.seconds)
-                        + f": {model.directory}",
-                        soft_wrap=True,
-                    )
-                    directory = model.directory
-                server = supervisor.start(
-                    "model server",
-                    [
-                        python,
-                        "-m",
-                        "dynaloop",
-                        "model-server",
-                        "--model",
-                        str(directory),
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(options.model_port),
-                    ],
-                    url=model_url,
-                    health_url=f"{model_url}/health",
-                    env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": admin_token},
-                )
-                _wait(console, supervisor, server, options.model_start_timeout_s)
+                directory = _demo_model_directory(settings, options, console, setup.task)
+                _start_model_server(console, supervisor, python, directory, options, model_url, admin_token)
                 model_name, model_note = put_model_in_loop(settings, directory, DEMO_SERVER)
-            api = supervisor.start(
-                "API",
-                [
-                    python,
-                    "-m",
-                    "dynaloop",
-                    "api",
-                    "--host",
-                    options.host,
-                    "--port",
-                    str(options.port),
-                    "--database-url",
-                    setup.database_url,
-                ],
-                url=api_url,
-                health_url=f"{api_url}/health",
-                env={
-                    "DYNALOOP_DATA_DIR": str(settings.data_dir),
-                    "DYNALOOP_SECRET_KEY": settings.secret_key,
-                    "DYNALOOP_WEB_APP_KEY": web_app_key,
-                },
-            )
-            _wait(console, supervisor, api, options.api_start_timeout_s)
+            _start_api(console, supervisor, python, options, settings, setup.database_url, api_url, web_app_key)
             _start_worker(console, supervisor, python, setup.database_url, settings, options.api_start_timeout_s)
             if start_ui:
-                web = supervisor.start(
-                    "web app",
-                    [
-                        python,
-                        "-m",
-                        "streamlit",
-                        "run",
-                        str(app_file),
-                        "--server.address",
-                        options.host,
-                        "--server.port",
-                        str(options.ui_port),
-                        "--server.headless",
-                        "true",
-                        "--browser.gatherUsageStats",
-                        "false",
-                        "--server.fileWatcherType",
-                        "none",
-                        "--client.toolbarMode",
-                        "minimal",
-                    ],
-                    url=ui_url,
-                    health_url=f"{ui_url}/_stcore/health",
-                    env={"DYNALOOP_API_URL": api_url, "DYNALOOP_WEB_APP_KEY": web_app_key},
-                )
-                _wait(console, supervisor, web, options.ui_start_timeout_s)
+                _start_web_app(console, supervisor, python, app_file, options, api_url, ui_url, web_app_key)
             _print_ready(
                 console,
                 setup,
@@ -591,14 +496,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                     else f"web app not started: {app_file} does not exist"
                 ),
             )
-            while True:
-                stopped = supervisor.exited()
-                if stopped is not None:
-                    raise DemoError(
-                        f"the {stopped.name} stopped on its own (status {stopped.process.returncode}); "
-                        f"see {stopped.log_path}"
-                    )
-                time.sleep(0.5)
+            _watch(supervisor)
         except _StopRequested as stop:
             console.print(f"\n{stop} received: stopping the demo …")
         except ServiceError as exc:
@@ -611,6 +509,161 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 signal.signal(signum, signal.SIG_IGN)
             supervisor.stop_all()
     console.print("dynaloop demo stopped; every service it started is down")
+
+
+def _demo_model_directory(settings: Settings, options: DemoOptions, console: Console, task_name: str) -> Path:
+    """The model directory the demo's model server loads: the task's promoted model, else Model 0
+    (trained once, then cached)."""
+    promoted = promoted_model(settings)
+    if promoted is not None:
+        directory = promoted.directory
+        console.print(
+            f"model: {promoted.name}, the task's promoted model ({directory}); Model 0 is not used",
+            soft_wrap=True,
+        )
+    else:
+        spec = options.model
+        console.print(
+            f"Model 0: MiniLM fine-tuned on the seed corpus ({3 * spec.per_label} sentences, "
+            f"{spec.epochs} epoch(s), max_length {spec.max_length})",
+            soft_wrap=True,
+        )
+        try:
+            with _quiet_transformers():
+                model = ensure_model_zero(settings.data_dir, spec, task_name=task_name, retrain=options.retrain)
+        except (ValueError, OSError) as exc:  # rounds.models.train's TrainingError is a ValueError
+            raise DemoError(f"Model 0 could not be trained: {exc}") from exc
+        console.print(
+            (
+                "  trained in {:.0f} s"
+                if model.trained
+                else "  cached (took {:.1f} s to find; --retrain trains it again)"
+            ).format(model.seconds)
+            + f": {model.directory}",
+            soft_wrap=True,
+        )
+        directory = model.directory
+    return directory
+
+
+def _start_model_server(
+    console: Console,
+    supervisor: Supervisor,
+    python: str,
+    directory: Path,
+    options: DemoOptions,
+    model_url: str,
+    admin_token: str,
+) -> Service:
+    """The demo's model server on ``directory``, on 127.0.0.1; ready once its health answers."""
+    server = supervisor.start(
+        "model server",
+        [
+            python,
+            "-m",
+            "dynaloop",
+            "model-server",
+            "--model",
+            str(directory),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(options.model_port),
+        ],
+        url=model_url,
+        health_url=f"{model_url}/health",
+        env={"DYNALOOP_MODEL_SERVER_ADMIN_TOKEN": admin_token},
+    )
+    _wait(console, supervisor, server, options.model_start_timeout_s)
+    return server
+
+
+def _start_api(
+    console: Console,
+    supervisor: Supervisor,
+    python: str,
+    options: DemoOptions,
+    settings: Settings,
+    database_url: str,
+    api_url: str,
+    web_app_key: str,
+) -> Service:
+    """The API on the demo's database; ready once its health answers."""
+    api = supervisor.start(
+        "API",
+        [
+            python,
+            "-m",
+            "dynaloop",
+            "api",
+            "--host",
+            options.host,
+            "--port",
+            str(options.port),
+            "--database-url",
+            database_url,
+        ],
+        url=api_url,
+        health_url=f"{api_url}/health",
+        env={
+            "DYNALOOP_DATA_DIR": str(settings.data_dir),
+            "DYNALOOP_SECRET_KEY": settings.secret_key,
+            "DYNALOOP_WEB_APP_KEY": web_app_key,
+        },
+    )
+    _wait(console, supervisor, api, options.api_start_timeout_s)
+    return api
+
+
+def _start_web_app(
+    console: Console,
+    supervisor: Supervisor,
+    python: str,
+    app_file: Path,
+    options: DemoOptions,
+    api_url: str,
+    ui_url: str,
+    web_app_key: str,
+) -> Service:
+    """The Streamlit web app, talking to the demo's API; ready once its health answers."""
+    web = supervisor.start(
+        "web app",
+        [
+            python,
+            "-m",
+            "streamlit",
+            "run",
+            str(app_file),
+            "--server.address",
+            options.host,
+            "--server.port",
+            str(options.ui_port),
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+            "--client.toolbarMode",
+            "minimal",
+        ],
+        url=ui_url,
+        health_url=f"{ui_url}/_stcore/health",
+        env={"DYNALOOP_API_URL": api_url, "DYNALOOP_WEB_APP_KEY": web_app_key},
+    )
+    _wait(console, supervisor, web, options.ui_start_timeout_s)
+    return web
+
+
+def _watch(supervisor: Supervisor) -> None:
+    """Block while every service runs; :class:`DemoError` when one stops on its own."""
+    while True:
+        stopped = supervisor.exited()
+        if stopped is not None:
+            raise DemoError(
+                f"the {stopped.name} stopped on its own (status {stopped.process.returncode}); see {stopped.log_path}"
+            )
+        time.sleep(0.5)
 
 
 #: The demo's job worker (`dynaloop worker --name`): retraining and evaluation started from the web app.

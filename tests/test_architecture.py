@@ -264,3 +264,71 @@ def test_a_circle_hidden_in_a_function_is_found(tmp_path: Path, monkeypatch: pyt
     monkeypatch.syspath_prepend(str(tmp_path))
 
     assert import_circles("circled") == [["circled.first", "circled.second"]]
+
+
+# No function of the product code runs over a hundred lines (issue "no function in product code over 100
+# lines"): counted from its ``def`` line to its last line, decorators left out. Tests, benchmarks and
+# migrations are not product code.
+LONGEST_FUNCTION = 100
+PRODUCT_CODE = ["dynaloop", "services", "rounds", "model_server", "frontend", "docker"]
+
+
+@dataclass(frozen=True)
+class LongFunction:
+    """A function over ``LONGEST_FUNCTION`` lines, where it is written."""
+
+    path: Path
+    line: int
+    name: str
+    lines: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} {self.name} ({self.lines} lines)"
+
+
+def long_functions(root: Path, folders: list[str] = PRODUCT_CODE, limit: int = LONGEST_FUNCTION) -> list[LongFunction]:
+    """Every function (methods and nested functions too) in ``root/folder/**.py`` longer than ``limit`` lines."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > limit:
+                        found.append(LongFunction(path.relative_to(root), node.lineno, node.name, lines))
+    return found
+
+
+def test_no_function_of_the_product_code_is_over_a_hundred_lines() -> None:
+    offending = long_functions(ROOT)
+    assert not offending, (
+        f"functions over {LONGEST_FUNCTION} lines (from the def line to the last, decorators left out); cut "
+        "them at their natural seams, one named step per phase:\n  " + "\n  ".join(map(str, offending))
+    )
+
+
+def test_the_length_scan_counts_from_the_def_line_and_finds_nested_functions(tmp_path: Path) -> None:
+    """Decorators do not count; methods and nested functions are scanned too."""
+    package = tmp_path / "services"
+    package.mkdir()
+    (package / "steps.py").write_text(
+        "import functools\n"
+        "@functools.cache\n"  # 2
+        "@functools.wraps(print)\n"
+        "def decorated():\n"  # 4: four lines from here, six with its decorators
+        "    a = 1\n"
+        "    b = 2\n"
+        "    return a + b\n"
+        "class Steps:\n"
+        "    def method(self):\n"  # 9: five lines
+        "        def inner():\n"  # 10: two lines
+        "            return 1\n"
+        "        a = inner()\n"
+        "        return a\n",
+        encoding="utf-8",
+    )
+
+    found = [str(item) for item in long_functions(tmp_path, ["services"], limit=4)]
+
+    assert found == ["services/steps.py:9 method (5 lines)"]

@@ -23,6 +23,9 @@ from dynaloop.commands.common import (
 from dynaloop.commands.model_servers import app as servers_app
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from rounds.models.promotion import Promotion
     from rounds.models.replicas import ReplicaView
     from services.db.models import ModelVersion
     from services.taskdef import TaskDefinition
@@ -273,8 +276,6 @@ def model_promote(
 
     from rounds.models.promotion import PromotionIncomplete
     from rounds.models.usecases import PromoteOptions, promote_model
-    from services.db.engine import session_scope
-    from services.domain import model_servers
     from services.errors import DomainError
 
     if server is not None and endpoint is not None:
@@ -283,17 +284,7 @@ def model_promote(
     ensure_schema(url)
     factory = session_factory(url)
     if endpoint is not None:
-        try:
-            with session_scope(factory) as session:
-                found = model_servers.find_by_url(session, endpoint)
-                if found is None:
-                    taken = [s.name for s in model_servers.list_servers(session)]
-                    name = model_servers.name_for_url(model_servers.check_url(endpoint), taken)
-                    found = model_servers.register(session, None, name, endpoint, admin_token=admin_token)
-                    console.print(f"registered model server {found.name} at {found.url}", soft_wrap=True)
-                server = found.name
-        except DomainError as exc:
-            raise fail(exc.message) from exc
+        server = _server_at(factory, endpoint, admin_token)
     try:
         options = PromoteOptions(
             server=server,
@@ -314,6 +305,32 @@ def model_promote(
         raise fail(exc.message) from exc
     except DomainError as exc:
         raise fail(exc.message) from exc
+    _print_promotion(result)
+
+
+def _server_at(factory: sessionmaker[Session], endpoint: str, admin_token: str | None) -> str:
+    """The name of the model server registered at ``endpoint``, registering it (named after its
+    host and port) where none is."""
+    from services.db.engine import session_scope
+    from services.domain import model_servers
+    from services.errors import DomainError
+
+    try:
+        with session_scope(factory) as session:
+            found = model_servers.find_by_url(session, endpoint)
+            if found is None:
+                taken = [s.name for s in model_servers.list_servers(session)]
+                name = model_servers.name_for_url(model_servers.check_url(endpoint), taken)
+                found = model_servers.register(session, None, name, endpoint, admin_token=admin_token)
+                console.print(f"registered model server {found.name} at {found.url}", soft_wrap=True)
+            return found.name
+    except DomainError as exc:
+        raise fail(exc.message) from exc
+
+
+def _print_promotion(result: Promotion) -> None:
+    """What a promotion did: the server that serves the model, or the rollout to the replicas
+    that follow the task; the models retired and the rounds updated."""
     if result.server is not None:
         console.print(
             f"promoted {result.model.name}: model server {result.server} ({result.endpoint}) now serves it",

@@ -26,7 +26,9 @@ from dynaloop.commands.settings_options import options_from
 from rounds.build.build_settings import BuildSettings
 
 if TYPE_CHECKING:
+    from rounds.models.round_imports import ImportedRound, ImportOptions
     from rounds.models.usecases import TrainedModel
+    from services.settings import Settings
 
 app = typer.Typer(help="Build and export rounds.", no_args_is_help=True)
 
@@ -360,10 +362,7 @@ def round_import(
 
     from pydantic import ValidationError
 
-    from rounds.models.round_imports import ImportOptions, import_round
-    from services.db.engine import session_scope
-    from services.domain import tasks
-    from services.errors import DomainError
+    from rounds.models.round_imports import ImportOptions
 
     settings = settings_for(database_url)
     url = settings.resolved_database_url
@@ -397,6 +396,18 @@ def round_import(
         )
     except ValidationError as exc:
         raise fail(f"invalid import settings: {problems(exc)}") from exc
+    imported = _run_import(settings, task, number, options, max_rows)
+    _print_import(imported)
+
+
+def _run_import(settings: Settings, task: str, number: int, options: ImportOptions, max_rows: int) -> ImportedRound:
+    """Import the round in one transaction, as an operator with a shell: any path is read."""
+    from rounds.models.round_imports import import_round
+    from services.db.engine import session_scope
+    from services.domain import tasks
+    from services.errors import DomainError
+
+    url = settings.resolved_database_url
     try:
         with session_scope(session_factory(url)) as session:
             imported = import_round(
@@ -415,6 +426,11 @@ def round_import(
             )
     except DomainError as exc:
         raise fail(exc.message) from exc
+    return imported
+
+
+def _print_import(imported: ImportedRound) -> None:
+    """What the import wrote, and its notes."""
     console.print(
         f"imported {imported.examples:,} examples"
         + (f" and {imported.validations:,} responses of {imported.workers:,} workers" if imported.validations else "")

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.orm import Session, sessionmaker
 
+    from model_server.config import FollowSettings
     from model_server.follow import PromotedModel, ReplicaStatus
 
 
@@ -201,6 +202,41 @@ def _replica_registry(database_url: str | None, task: str, name: str, url: str |
     return TaskRegistry(factory, task_id, name, url, utcnow())
 
 
+def _follow_settings(
+    follow_task: str,
+    follow_interval: float,
+    replica_name: str | None,
+    advertise_url: str | None,
+    port: int,
+    database_url: str | None,
+) -> FollowSettings:
+    """--follow-task's settings: the replica's name, its entry in the task's registry and how
+    often it reads it."""
+    import socket
+
+    from model_server.config import FollowSettings
+    from rounds.models.replicas import MAX_FOLLOW_INTERVAL_S
+
+    if not 0.1 <= follow_interval <= MAX_FOLLOW_INTERVAL_S:
+        raise fail(
+            f"--follow-interval must be between 0.1 and {MAX_FOLLOW_INTERVAL_S:g} seconds: the registry judges a "
+            "replica live by how recently it reported"
+        )
+    if advertise_url is not None and not advertise_url.startswith(("http://", "https://")):
+        raise fail(f"--advertise-url {advertise_url!r} is not an http(s) URL")
+    name = (replica_name or f"{socket.gethostname()}-{port}").strip()
+    if not name or len(name) > 255:
+        raise fail("--replica-name must have 1 to 255 characters")
+    registry = _replica_registry(database_url, follow_task, name, advertise_url)
+    follow = FollowSettings(registry, follow_interval)
+    console.print(
+        f"model server replica {name} follows task {follow_task!r} (registry read every {follow_interval:g} s)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return follow
+
+
 def model_server(
     model: Annotated[
         Path | None,
@@ -256,14 +292,11 @@ def model_server(
 ) -> None:
     """Serve a classifier: /predict with dynamic batching, /info, /health, /metrics, /inspect, /admin/reload.
     With --follow-task it serves the task's promoted model and swaps itself when another is promoted."""
-    import socket
-
     import uvicorn
 
     require_extras("model-server")
     from model_server.app import create_model_app
-    from model_server.config import FollowSettings, ServerConfig
-    from rounds.models.replicas import MAX_FOLLOW_INTERVAL_S
+    from model_server.config import ServerConfig
 
     if model is None and follow_task is None:
         raise fail("give --model DIR (a model directory), or --follow-task TASK to serve the task's promoted model")
@@ -271,23 +304,7 @@ def model_server(
         raise fail(f"{model} is not a folder; build one with `dynaloop model init --task NAME --out {model}`")
     follow = None
     if follow_task is not None:
-        if not 0.1 <= follow_interval <= MAX_FOLLOW_INTERVAL_S:
-            raise fail(
-                f"--follow-interval must be between 0.1 and {MAX_FOLLOW_INTERVAL_S:g} seconds: the registry judges a "
-                "replica live by how recently it reported"
-            )
-        if advertise_url is not None and not advertise_url.startswith(("http://", "https://")):
-            raise fail(f"--advertise-url {advertise_url!r} is not an http(s) URL")
-        name = (replica_name or f"{socket.gethostname()}-{port}").strip()
-        if not name or len(name) > 255:
-            raise fail("--replica-name must have 1 to 255 characters")
-        registry = _replica_registry(database_url, follow_task, name, advertise_url)
-        follow = FollowSettings(registry, follow_interval)
-        console.print(
-            f"model server replica {name} follows task {follow_task!r} (registry read every {follow_interval:g} s)",
-            highlight=False,
-            soft_wrap=True,
-        )
+        follow = _follow_settings(follow_task, follow_interval, replica_name, advertise_url, port, database_url)
     config = ServerConfig(
         model_dir=model,
         backend=backend,

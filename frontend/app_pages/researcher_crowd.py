@@ -61,106 +61,136 @@ def create_link_form(client: Api, task: Task, rounds: list[Round]) -> None:
         if not open_rounds:
             st.caption("Open a round on the Tasks and rounds page first.")
             return
-        by_id = {r["id"]: r for r in open_rounds}
-        with st.form("researcher_crowd_new_link"):
-            name = st.text_input("Name", max_chars=200, key="researcher_crowd_name", placeholder="Pilot, 20 writers")
-            cols = st.columns(3)
-            round_id = cols[0].selectbox(
-                "Round",
-                list(by_id),
-                key="researcher_crowd_round",
-                format_func=lambda rid: f"round {by_id[rid]['number']} ({by_id[rid]['status']})",
-            )
-            role = cols[1].selectbox("Role", ROLES, key="researcher_crowd_role")
-            platform = cols[2].selectbox("Platform", PLATFORMS, key="researcher_crowd_platform")
-            cols = st.columns(3)
-            quota = cols[0].number_input(
-                "Quota (examples per writer, labels per validator)",
-                min_value=1,
-                max_value=1000,
-                value=5,
-                key="researcher_crowd_quota",
-            )
-            max_workers = cols[1].number_input(
-                "Most workers (Prolific and MTurk: required; 0: no cap)",
-                min_value=0,
-                max_value=100_000,
-                value=0,
-                key="researcher_crowd_max",
-            )
-            id_parameter = cols[2].text_input(
-                "Id parameter (generic only)", max_chars=64, key="researcher_crowd_id_param", placeholder="worker_id"
-            )
-            dates = st.columns(2)
-            opens = dates[0].date_input("Opens on (UTC, optional)", value=None, key="researcher_crowd_opens")
-            closes = dates[1].date_input("Closes on (UTC, optional)", value=None, key="researcher_crowd_closes")
-            codes = st.columns(2)
-            completion_code = codes[0].text_input(
-                "Completion code (empty: the API makes one)", max_chars=64, key="researcher_crowd_code"
-            )
-            screened_code = codes[1].text_input(
-                "Screened-out code (optional)", max_chars=64, key="researcher_crowd_screened"
-            )
-            partial = st.columns(3)
-            partial_code = partial[0].text_input(
-                "Partial code (optional: stopped workers get it; none: they return the study)",
-                max_chars=64,
-                key="researcher_crowd_partial_code",
-            )
-            partial_pay = partial[1].number_input(
-                "Partial pay (minor units, with a partial code; 0: none)",
-                min_value=0,
-                max_value=1_000_000,
-                value=0,
-                key="researcher_crowd_partial_pay",
-            )
-            out_of_work = partial[2].selectbox(
-                "Validators out of work",
-                OUT_OF_WORK,
-                key="researcher_crowd_out_of_work",
-                help="complete: the completion code once they labelled something; partial: the partial code; "
-                "return: they return the study.",
-            )
-            other_role = st.checkbox(
-                "Also take workers who came through a link of the other role",
-                key="researcher_crowd_other_role",
-            )
-            submitted = st.form_submit_button("Create the study link", type="primary", key="researcher_crowd_create")
-        if not submitted:
-            return
-        if not name.strip():
-            st.warning("Give the link a name.")
-            return
-        if platform == "generic" and not id_parameter.strip():
-            st.warning("A generic link needs the name of the parameter that carries the worker's id.")
-            return
-        if platform in ("prolific", "mturk") and not int(max_workers):
-            st.warning("A Prolific or MTurk link pays its workers: set the most workers it takes.")
-            return
-        try:
-            link = client.create_study_link(
-                task["name"],
-                name=name.strip(),
-                round_id=int(round_id),
-                role=str(role),
-                platform=str(platform),
-                quota=int(quota),
-                max_workers=int(max_workers) or None,
-                id_parameter=(id_parameter.strip() or None) if platform == "generic" else None,
-                opens_at=_iso(opens if isinstance(opens, dt.date) else None),
-                closes_at=_iso(closes if isinstance(closes, dt.date) else None),
-                completion_code=completion_code.strip() or None,
-                screened_out_code=screened_code.strip() or None,
-                partial_code=partial_code.strip() or None,
-                partial_pay_minor=int(partial_pay) or None,
-                other_role_allowed=bool(other_role),
-                when_out_of_work=str(out_of_work),
-            )
-        except ApiError as error:
-            state.show_api_error(error)
-            return
-        state.flash("success", f"Study link {link['name']} created.")
-        st.rerun()
+        fields = _new_link_fields(open_rounds)
+        if fields is not None:
+            _create_link(client, task, fields)
+
+
+def _new_link_fields(open_rounds: list[Round]) -> dict[str, Any] | None:
+    """The new study link's form: what it holds once submitted, else None."""
+    by_id = {r["id"]: r for r in open_rounds}
+    with st.form("researcher_crowd_new_link"):
+        name = st.text_input("Name", max_chars=200, key="researcher_crowd_name", placeholder="Pilot, 20 writers")
+        cols = st.columns(3)
+        round_id = cols[0].selectbox(
+            "Round",
+            list(by_id),
+            key="researcher_crowd_round",
+            format_func=lambda rid: f"round {by_id[rid]['number']} ({by_id[rid]['status']})",
+        )
+        role = cols[1].selectbox("Role", ROLES, key="researcher_crowd_role")
+        platform = cols[2].selectbox("Platform", PLATFORMS, key="researcher_crowd_platform")
+        cols = st.columns(3)
+        quota = cols[0].number_input(
+            "Quota (examples per writer, labels per validator)",
+            min_value=1,
+            max_value=1000,
+            value=5,
+            key="researcher_crowd_quota",
+        )
+        max_workers = cols[1].number_input(
+            "Most workers (Prolific and MTurk: required; 0: no cap)",
+            min_value=0,
+            max_value=100_000,
+            value=0,
+            key="researcher_crowd_max",
+        )
+        id_parameter = cols[2].text_input(
+            "Id parameter (generic only)", max_chars=64, key="researcher_crowd_id_param", placeholder="worker_id"
+        )
+        dates = st.columns(2)
+        opens = dates[0].date_input("Opens on (UTC, optional)", value=None, key="researcher_crowd_opens")
+        closes = dates[1].date_input("Closes on (UTC, optional)", value=None, key="researcher_crowd_closes")
+        codes = st.columns(2)
+        completion_code = codes[0].text_input(
+            "Completion code (empty: the API makes one)", max_chars=64, key="researcher_crowd_code"
+        )
+        screened_code = codes[1].text_input(
+            "Screened-out code (optional)", max_chars=64, key="researcher_crowd_screened"
+        )
+        partial = st.columns(3)
+        partial_code = partial[0].text_input(
+            "Partial code (optional: stopped workers get it; none: they return the study)",
+            max_chars=64,
+            key="researcher_crowd_partial_code",
+        )
+        partial_pay = partial[1].number_input(
+            "Partial pay (minor units, with a partial code; 0: none)",
+            min_value=0,
+            max_value=1_000_000,
+            value=0,
+            key="researcher_crowd_partial_pay",
+        )
+        out_of_work = partial[2].selectbox(
+            "Validators out of work",
+            OUT_OF_WORK,
+            key="researcher_crowd_out_of_work",
+            help="complete: the completion code once they labelled something; partial: the partial code; "
+            "return: they return the study.",
+        )
+        other_role = st.checkbox(
+            "Also take workers who came through a link of the other role",
+            key="researcher_crowd_other_role",
+        )
+        submitted = st.form_submit_button("Create the study link", type="primary", key="researcher_crowd_create")
+    if not submitted:
+        return None
+    return {
+        "name": name,
+        "round_id": round_id,
+        "role": role,
+        "platform": platform,
+        "quota": quota,
+        "max_workers": max_workers,
+        "id_parameter": id_parameter,
+        "opens": opens,
+        "closes": closes,
+        "completion_code": completion_code,
+        "screened_code": screened_code,
+        "partial_code": partial_code,
+        "partial_pay": partial_pay,
+        "out_of_work": out_of_work,
+        "other_role": other_role,
+    }
+
+
+def _create_link(client: Api, task: Task, fields: dict[str, Any]) -> None:
+    """The new study link's form submitted: refuse what the API would, else create the link."""
+    name, platform, id_parameter = fields["name"], fields["platform"], fields["id_parameter"]
+    if not name.strip():
+        st.warning("Give the link a name.")
+        return
+    if platform == "generic" and not id_parameter.strip():
+        st.warning("A generic link needs the name of the parameter that carries the worker's id.")
+        return
+    if platform in ("prolific", "mturk") and not int(fields["max_workers"]):
+        st.warning("A Prolific or MTurk link pays its workers: set the most workers it takes.")
+        return
+    opens, closes = fields["opens"], fields["closes"]
+    try:
+        link = client.create_study_link(
+            task["name"],
+            name=name.strip(),
+            round_id=int(fields["round_id"]),
+            role=str(fields["role"]),
+            platform=str(platform),
+            quota=int(fields["quota"]),
+            max_workers=int(fields["max_workers"]) or None,
+            id_parameter=(id_parameter.strip() or None) if platform == "generic" else None,
+            opens_at=_iso(opens if isinstance(opens, dt.date) else None),
+            closes_at=_iso(closes if isinstance(closes, dt.date) else None),
+            completion_code=fields["completion_code"].strip() or None,
+            screened_out_code=fields["screened_code"].strip() or None,
+            partial_code=fields["partial_code"].strip() or None,
+            partial_pay_minor=int(fields["partial_pay"]) or None,
+            other_role_allowed=bool(fields["other_role"]),
+            when_out_of_work=str(fields["out_of_work"]),
+        )
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    state.flash("success", f"Study link {link['name']} created.")
+    st.rerun()
 
 
 def _report_rows(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -347,6 +377,24 @@ def pay_policy_section(client: Api, task: Task) -> None:
         state.show_api_error(error)
         return
     current = answer.get("current")
+    policy = _policy_in_force(answer)
+    locked = answer.get("ledger_currency")
+    with st.expander("Set a new pay policy" if current else "Set the pay policy", expanded=current is None):
+        st.caption(
+            "Amounts are whole numbers in minor units (pence, cents). The new version pays work done from now "
+            "on; rows already in the ledger never change."
+            + (f" The currency stays {locked}: the ledger has rows in it." if locked else "")
+        )
+        submitted = _new_policy_form(policy, locked)
+        if submitted is not None:
+            new_policy, note = submitted
+            _save_pay_policy(client, task, new_policy, note)
+
+
+def _policy_in_force(answer: dict[str, Any]) -> dict[str, Any]:
+    """Show the policy in force and its earlier versions (a warning where the task has none); the
+    policy in force, empty where there is none."""
+    current = answer.get("current")
     if current is None:
         st.warning(
             "This task has no pay policy: no ledger is computed, the amounts on this page stay at 0.00 and "
@@ -374,81 +422,86 @@ def pay_policy_section(client: Api, task: Task) -> None:
                         ]
                     )
                 )
-    locked = answer.get("ledger_currency")
+    return policy
+
+
+def _new_policy_form(policy: dict[str, Any], locked: str | None) -> tuple[dict[str, Any], str] | None:
+    """The form for a new version of the pay policy, filled in from ``policy``: once submitted, the
+    new policy and the note kept with it; else None. ``locked``: the ledger's currency, which the
+    policy keeps."""
     base = policy.get("base_pay") or {}
     bonus = policy.get("validator_bonus") or {}
-    with st.expander("Set a new pay policy" if current else "Set the pay policy", expanded=current is None):
-        st.caption(
-            "Amounts are whole numbers in minor units (pence, cents). The new version pays work done from now "
-            "on; rows already in the ledger never change."
-            + (f" The currency stays {locked}: the ledger has rows in it." if locked else "")
+    with st.form("researcher_crowd_pay_policy"):
+        cols = st.columns(4)
+        currency = cols[0].text_input(
+            "Currency (ISO 4217)",
+            value=str(locked or policy.get("currency") or "GBP"),
+            max_chars=3,
+            disabled=bool(locked),
+            key="researcher_crowd_pay_currency",
         )
-        with st.form("researcher_crowd_pay_policy"):
-            cols = st.columns(4)
-            currency = cols[0].text_input(
-                "Currency (ISO 4217)",
-                value=str(locked or policy.get("currency") or "GBP"),
-                max_chars=3,
-                disabled=bool(locked),
-                key="researcher_crowd_pay_currency",
-            )
-            writer = cols[1].number_input(
-                "Writer base pay", 0, 1_000_000, int(base.get("writer", 0)), key="researcher_crowd_pay_writer"
-            )
-            validator = cols[2].number_input(
-                "Validator base pay", 0, 1_000_000, int(base.get("validator", 0)), key="researcher_crowd_pay_validator"
-            )
-            per_example = cols[3].number_input(
-                "Writer bonus per example",
-                0,
-                1_000_000,
-                int(policy.get("writer_bonus_per_example", 0)),
-                key="researcher_crowd_pay_bonus",
-            )
-            more = st.columns(3)
-            per_batch = more[0].number_input(
-                "Validator bonus per batch (0: none)",
-                0,
-                1_000_000,
-                int(bonus.get("per_batch", 0)),
-                key="researcher_crowd_pay_batch",
-            )
-            agreement = more[1].number_input(
-                "Agreement a batch needs",
-                0.01,
-                1.0,
-                float(bonus.get("min_agreement", 0.8)),
-                0.05,
-                key="researcher_crowd_pay_agreement",
-            )
-            floor = more[2].number_input(
-                "Hourly floor (0: none)",
-                0,
-                1_000_000,
-                int(policy.get("min_hourly_minor") or 0),
-                key="researcher_crowd_pay_floor",
-                help="Your own minimum effective hourly pay; MTurk publishes none.",
-            )
-            note = st.text_input("Why (kept with the version)", max_chars=500, key="researcher_crowd_pay_note")
-            submitted = st.form_submit_button("Save as a new version", key="researcher_crowd_pay_save")
-        if not submitted:
-            return
-        new_policy: dict[str, Any] = {
-            "currency": (locked or currency).strip().upper(),
-            "base_pay": {"writer": int(writer), "validator": int(validator)},
-            "writer_bonus_per_example": int(per_example),
-        }
-        if int(per_batch):
-            new_policy["validator_bonus"] = {"per_batch": int(per_batch), "min_agreement": float(agreement)}
-        if int(floor):
-            new_policy["min_hourly_minor"] = int(floor)
-        try:
-            saved = client.set_pay_policy(task["name"], new_policy, note.strip())
-        except ApiError as error:
-            state.show_api_error(error)
-            return
-        state.flash("success", f"Pay policy version {saved['current']['version']} is in force from now on.")
-        st.rerun()
+        writer = cols[1].number_input(
+            "Writer base pay", 0, 1_000_000, int(base.get("writer", 0)), key="researcher_crowd_pay_writer"
+        )
+        validator = cols[2].number_input(
+            "Validator base pay", 0, 1_000_000, int(base.get("validator", 0)), key="researcher_crowd_pay_validator"
+        )
+        per_example = cols[3].number_input(
+            "Writer bonus per example",
+            0,
+            1_000_000,
+            int(policy.get("writer_bonus_per_example", 0)),
+            key="researcher_crowd_pay_bonus",
+        )
+        more = st.columns(3)
+        per_batch = more[0].number_input(
+            "Validator bonus per batch (0: none)",
+            0,
+            1_000_000,
+            int(bonus.get("per_batch", 0)),
+            key="researcher_crowd_pay_batch",
+        )
+        agreement = more[1].number_input(
+            "Agreement a batch needs",
+            0.01,
+            1.0,
+            float(bonus.get("min_agreement", 0.8)),
+            0.05,
+            key="researcher_crowd_pay_agreement",
+        )
+        floor = more[2].number_input(
+            "Hourly floor (0: none)",
+            0,
+            1_000_000,
+            int(policy.get("min_hourly_minor") or 0),
+            key="researcher_crowd_pay_floor",
+            help="Your own minimum effective hourly pay; MTurk publishes none.",
+        )
+        note = st.text_input("Why (kept with the version)", max_chars=500, key="researcher_crowd_pay_note")
+        submitted = st.form_submit_button("Save as a new version", key="researcher_crowd_pay_save")
+    if not submitted:
+        return None
+    new_policy: dict[str, Any] = {
+        "currency": (locked or currency).strip().upper(),
+        "base_pay": {"writer": int(writer), "validator": int(validator)},
+        "writer_bonus_per_example": int(per_example),
+    }
+    if int(per_batch):
+        new_policy["validator_bonus"] = {"per_batch": int(per_batch), "min_agreement": float(agreement)}
+    if int(floor):
+        new_policy["min_hourly_minor"] = int(floor)
+    return new_policy, note.strip()
+
+
+def _save_pay_policy(client: Api, task: Task, new_policy: dict[str, Any], note: str) -> None:
+    """Save the new version of the pay policy; it is in force from now on."""
+    try:
+        saved = client.set_pay_policy(task["name"], new_policy, note)
+    except ApiError as error:
+        state.show_api_error(error)
+        return
+    state.flash("success", f"Pay policy version {saved['current']['version']} is in force from now on.")
+    st.rerun()
 
 
 def hourly_pay(report: dict[str, Any]) -> None:
@@ -485,6 +538,18 @@ def hourly_pay(report: dict[str, Any]) -> None:
 
 def ledger_controls(client: Api, task: Task, links: list[StudyLink]) -> None:
     st.subheader("Ledger and payout batches")
+    _compute_ledger_button(client, task)
+    st.caption(
+        "A payout batch records one study's bonuses that no earlier batch holds: paste its file into the "
+        "platform (one file per Prolific study or MTurk HIT group), then mark it paid. Cancel a batch that "
+        "was never paid and its bonuses are payable again."
+    )
+    _create_batch_buttons(client, task, links)
+    _payout_batches(client, task, links)
+
+
+def _compute_ledger_button(client: Api, task: Task) -> None:
+    """A button that adds the ledger rows the pay policy gives and nobody was paid yet."""
     if st.button("Compute the ledger", key="researcher_crowd_compute"):
         try:
             computed = client.compute_ledger(task["name"])
@@ -496,11 +561,10 @@ def ledger_controls(client: Api, task: Task, links: list[StudyLink]) -> None:
             state.flash("success", f"Ledger computed: {added} new row(s), {amount}; {already} event(s) paid already.")
             st.session_state.pop(BONUS_KEY, None)
             st.rerun()
-    st.caption(
-        "A payout batch records one study's bonuses that no earlier batch holds: paste its file into the "
-        "platform (one file per Prolific study or MTurk HIT group), then mark it paid. Cancel a batch that "
-        "was never paid and its bonuses are payable again."
-    )
+
+
+def _create_batch_buttons(client: Api, task: Task, links: list[StudyLink]) -> None:
+    """Per Prolific or MTurk link, a button that records a payout batch of the bonuses no batch holds."""
     payable = [link for link in links if link["platform"] in BONUS_PLATFORMS]
     for link in payable:
         label = (
@@ -522,6 +586,10 @@ def ledger_controls(client: Api, task: Task, links: list[StudyLink]) -> None:
                 )
                 state.flash("success", message + ("\n\nNot in this batch: " + "; ".join(notes) if notes else ""))
                 st.rerun()
+
+
+def _payout_batches(client: Api, task: Task, links: list[StudyLink]) -> None:
+    """The task's payout batches, each with its file, Mark paid and Cancel."""
     try:
         batches = client.payout_batches(task["name"])
     except ApiError as error:
@@ -548,42 +616,47 @@ def ledger_controls(client: Api, task: Task, links: list[StudyLink]) -> None:
     st.dataframe(table, hide_index=True)
     files: dict[int, bytes] = st.session_state.setdefault(BONUS_KEY, {})
     for b in batches:
-        cols = st.columns(4)
-        cols[0].write(f"Batch {b['id']} ({b['status']})")
-        if b["id"] in files:
-            cols[1].download_button(
-                f"Download ({len(files[b['id']]):,} bytes)",
-                data=files[b["id"]],
-                file_name=b["filename"],
-                mime="text/csv",
-                key=f"researcher_crowd_batch_download_{b['id']}",
-                icon=":material/download:",
-            )
-        elif cols[1].button("Prepare the file", key=f"researcher_crowd_batch_file_{b['id']}"):
-            try:
-                files[b["id"]] = client.payout_batch_file(int(b["id"]))
-            except ApiError as error:
-                state.show_api_error(error)
-            else:
-                st.rerun()
-        if b["status"] != "created":
-            continue
-        if cols[2].button("Mark paid", key=f"researcher_crowd_batch_paid_{b['id']}"):
-            try:
-                client.mark_payout_batch_paid(int(b["id"]))
-            except ApiError as error:
-                state.show_api_error(error)
-            else:
-                state.flash("success", f"Payout batch {b['id']} marked paid.")
-                st.rerun()
-        if cols[3].button("Cancel", key=f"researcher_crowd_batch_cancel_{b['id']}"):
-            try:
-                client.cancel_payout_batch(int(b["id"]))
-            except ApiError as error:
-                state.show_api_error(error)
-            else:
-                state.flash("success", f"Payout batch {b['id']} cancelled: its bonuses are payable again.")
-                st.rerun()
+        _batch_row(client, b, files)
+
+
+def _batch_row(client: Api, b: dict[str, Any], files: dict[int, bytes]) -> None:
+    """One payout batch: its file (prepared once, then downloaded), and while it is created, Mark paid and Cancel."""
+    cols = st.columns(4)
+    cols[0].write(f"Batch {b['id']} ({b['status']})")
+    if b["id"] in files:
+        cols[1].download_button(
+            f"Download ({len(files[b['id']]):,} bytes)",
+            data=files[b["id"]],
+            file_name=b["filename"],
+            mime="text/csv",
+            key=f"researcher_crowd_batch_download_{b['id']}",
+            icon=":material/download:",
+        )
+    elif cols[1].button("Prepare the file", key=f"researcher_crowd_batch_file_{b['id']}"):
+        try:
+            files[b["id"]] = client.payout_batch_file(int(b["id"]))
+        except ApiError as error:
+            state.show_api_error(error)
+        else:
+            st.rerun()
+    if b["status"] != "created":
+        return
+    if cols[2].button("Mark paid", key=f"researcher_crowd_batch_paid_{b['id']}"):
+        try:
+            client.mark_payout_batch_paid(int(b["id"]))
+        except ApiError as error:
+            state.show_api_error(error)
+        else:
+            state.flash("success", f"Payout batch {b['id']} marked paid.")
+            st.rerun()
+    if cols[3].button("Cancel", key=f"researcher_crowd_batch_cancel_{b['id']}"):
+        try:
+            client.cancel_payout_batch(int(b["id"]))
+        except ApiError as error:
+            state.show_api_error(error)
+        else:
+            state.flash("success", f"Payout batch {b['id']} cancelled: its bonuses are payable again.")
+            st.rerun()
 
 
 def main() -> None:

@@ -461,6 +461,68 @@ def target_from_offsets(
     return found, first, last
 
 
+def _check_columns(frame: pd.DataFrame, spec: SourceSpec, name: str) -> None:
+    """Every column the source names is one of the frame's."""
+    for option, column in [
+        ("text_column", spec.text_column),
+        ("label_column", spec.label_column),
+        ("target_column", spec.target_column),
+        ("target_start_column", spec.target_start_column),
+        ("target_end_column", spec.target_end_column),
+        ("variety_column", spec.variety_column),
+    ]:
+        if column is not None and column not in frame.columns:
+            raise DataError(
+                f"{name}: there is no column `{column}` ({len(frame.columns)} columns); set {option} to "
+                "the name of the file's column"
+            )
+
+
+def _label_vector(
+    raw: Any,
+    labels: Sequence[str],
+    index: dict[str, int],
+    mapping: dict[str, Any],
+    spec: SourceSpec,
+    name: str,
+    row: int,
+) -> tuple[np.ndarray, bool]:
+    """One row's label value as a vector over the task's ``labels`` (``index``: each label's
+    position), mapped with ``mapping``: a distribution ``{label: p}``, a list of labels, or one
+    value (cut at ``spec.label_separator`` where it is set); and whether every label in it is
+    one of the task's."""
+    vector = np.zeros(len(labels), dtype=np.float32)
+    known = True
+    if isinstance(raw, Mapping):  # a distribution {label: p}
+        for label, p in raw.items():
+            if label not in index:
+                known = False
+                continue
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not np.isfinite(p) or p < 0:
+                raise DataError(
+                    f"{name}: row {row}, column `{spec.label_column}`: a label distribution's values must "
+                    "be numbers of at least 0"
+                )
+            vector[index[label]] = float(p)
+    else:
+        values = (
+            raw
+            if isinstance(raw, list)
+            else ([v for v in str(raw).split(spec.label_separator) if v.strip()] if spec.label_separator else [raw])
+        )
+        for value in values:
+            key = _label_key(value)
+            mapped = mapping.get(key, key) if mapping else key
+            if mapped is None:
+                continue
+            for label in [mapped] if isinstance(mapped, str) else mapped:
+                if label not in index:
+                    known = False
+                    continue
+                vector[index[label]] = 1.0
+    return vector, known
+
+
 def labelled_from_frame(
     frame: pd.DataFrame,
     *,
@@ -477,19 +539,7 @@ def labelled_from_frame(
     every message, job log and response. ``strict`` (an upload arriving) also refuses a row
     without a text or a label instead of dropping it."""
     name = name or spec.describe()
-    for option, column in [
-        ("text_column", spec.text_column),
-        ("label_column", spec.label_column),
-        ("target_column", spec.target_column),
-        ("target_start_column", spec.target_start_column),
-        ("target_end_column", spec.target_end_column),
-        ("variety_column", spec.variety_column),
-    ]:
-        if column is not None and column not in frame.columns:
-            raise DataError(
-                f"{name}: there is no column `{column}` ({len(frame.columns)} columns); set {option} to "
-                "the name of the file's column"
-            )
+    _check_columns(frame, spec, name)
     if spec.limit is not None and len(frame) > spec.limit:
         frame = frame.sample(n=spec.limit, random_state=spec.seed)
     index = {label: i for i, label in enumerate(labels)}
@@ -512,35 +562,7 @@ def labelled_from_frame(
             dropped += 1
             continue
         raw = record[spec.label_column]
-        vector = np.zeros(len(labels), dtype=np.float32)
-        known = True
-        if isinstance(raw, Mapping):  # a distribution {label: p}
-            for label, p in raw.items():
-                if label not in index:
-                    known = False
-                    continue
-                if isinstance(p, bool) or not isinstance(p, (int, float)) or not np.isfinite(p) or p < 0:
-                    raise DataError(
-                        f"{name}: row {row}, column `{spec.label_column}`: a label distribution's values must "
-                        "be numbers of at least 0"
-                    )
-                vector[index[label]] = float(p)
-        else:
-            values = (
-                raw
-                if isinstance(raw, list)
-                else ([v for v in str(raw).split(spec.label_separator) if v.strip()] if spec.label_separator else [raw])
-            )
-            for value in values:
-                key = _label_key(value)
-                mapped = mapping.get(key, key) if mapping else key
-                if mapped is None:
-                    continue
-                for label in [mapped] if isinstance(mapped, str) else mapped:
-                    if label not in index:
-                        known = False
-                        continue
-                    vector[index[label]] = 1.0
+        vector, known = _label_vector(raw, labels, index, mapping, spec, name, row)
         if not known:
             unknown.append(row)
         total = vector.sum()

@@ -433,6 +433,186 @@ def _labels_of(probabilities: np.ndarray, labels: list[str], count: int) -> list
     return [labels[i] for i in probabilities.argmax(axis=1)]
 
 
+def _load_model(definition: TaskDefinition, model_dir: Path) -> ModelMetadata:
+    """The harvesting model's metadata, checked against the task's labels."""
+    try:
+        metadata = ModelMetadata.load(model_dir)
+    except ModelMetadataError as exc:
+        raise HarvestError(str(exc)) from exc
+    check_compatible(definition, metadata, f"the harvesting model {metadata.model_id} in {model_dir}")
+    return metadata
+
+
+def _char_limits(definition: TaskDefinition, min_chars: int | None, max_chars: int | None) -> tuple[int, int]:
+    """The sentence lengths to keep: those given, else the task's writer constraints."""
+    constraints = definition.constraints
+    min_chars = constraints.min_chars if min_chars is None else min_chars
+    max_chars = constraints.max_chars if max_chars is None else max_chars
+    if min_chars < 1 or max_chars < min_chars:
+        raise HarvestError(
+            f"--min-chars {min_chars} and --max-chars {max_chars} leave no room; give 1 <= min-chars <= max-chars"
+        )
+    return min_chars, max_chars
+
+
+def _usable_sentences(
+    corpus: pd.DataFrame,
+    corpus_name: str,
+    definition: TaskDefinition,
+    min_chars: int,
+    max_chars: int,
+    exclude: set[str],
+    split_sentences: bool,
+) -> tuple[pd.DataFrame, dict[str, int], int]:
+    """The corpus's usable sentences (:func:`corpus_sentences`), the counts of what was left
+    out, and how many rows were cut into more than one sentence; :class:`HarvestError` when
+    none is usable."""
+    sentences, skipped = corpus_sentences(
+        corpus,
+        language=definition.language,
+        min_chars=min_chars,
+        max_chars=max_chars,
+        min_words=definition.constraints.min_words,
+        exclude_hashes=exclude,
+        split=split_sentences,
+    )
+    split_rows = skipped.pop("split_rows")
+    if sentences.empty:
+        raise HarvestError(
+            f"none of the {skipped['sentences']} sentences of {corpus_name} is usable "
+            f"(left out: { {k: v for k, v in skipped.items() if v and k != 'sentences'} }); "
+            "check --min-chars/--max-chars and the text column"
+        )
+    return sentences, skipped, split_rows
+
+
+def _predict_and_draw(
+    sentences: pd.DataFrame,
+    predict: Predictor,
+    labels: list[str],
+    n: int,
+    *,
+    low_rating: float,
+    high_rating: float,
+    positive_label: str,
+    negative_label: str,
+    seed: int,
+) -> tuple[SampleDraw, np.ndarray, dict[int, np.ndarray]]:
+    """The model's predictions on the sentences that may fall in a pool, and the draw of ``n``
+    sentences from the pools (:func:`sample_sentences`): the draw, each sentence's predicted
+    label (None where it was not predicted) and the probabilities of those predicted."""
+    texts = sentences["text"].tolist()
+    ratings = sentences["rating"].to_numpy(dtype=float)
+    probabilities: dict[int, np.ndarray] = {}
+    predicted = np.full(len(sentences), None, dtype=object)
+
+    def run(positions: np.ndarray) -> None:
+        positions = np.asarray([p for p in positions if p not in probabilities], dtype=np.int64)
+        if not len(positions):
+            return
+        probs = np.asarray(predict([texts[p] for p in positions]), dtype=float)
+        for position, label, row in zip(positions, _labels_of(probs, labels, len(positions)), probs, strict=True):
+            predicted[position] = label
+            probabilities[int(position)] = row
+
+    # Only low- and high-rated texts can fall in the two disagreement pools.
+    run(np.flatnonzero((ratings <= low_rating) | (ratings >= high_rating)))
+    draw = sample_sentences(
+        ratings,
+        predicted,
+        n,
+        low_rating=low_rating,
+        high_rating=high_rating,
+        positive_label=positive_label,
+        negative_label=negative_label,
+        seed=seed,
+    )
+    run(draw.indices[POOL_RANDOM])
+    return draw, predicted, probabilities
+
+
+def _harvest_records(
+    sentences: pd.DataFrame,
+    corpus_name: str,
+    labels: list[str],
+    draw: SampleDraw,
+    predicted: np.ndarray,
+    probabilities: dict[int, np.ndarray],
+) -> list[dict[str, Any]]:
+    """The drawn sentences in corpus order, each with its pool, the model's prediction and
+    probabilities, and where in the corpus it came from."""
+    texts = sentences["text"].tolist()
+    chosen = [(pool, int(p)) for pool in POOLS for p in draw.indices[pool]]
+    chosen.sort(key=lambda item: item[1])  # corpus order
+    records = []
+    for pool, position in chosen:
+        row = sentences.iloc[position]
+        records.append(
+            {
+                "text": texts[position],
+                "text_hash": row["text_hash"],
+                "pool": pool,
+                "prediction": predicted[position],
+                "probabilities": {
+                    label: round(float(p), 6) for label, p in zip(labels, probabilities[position], strict=True)
+                },
+                "source": {
+                    "corpus": corpus_name,
+                    "document_id": row["document_id"],
+                    "sentence_index": int(row["sentence_index"]),
+                    "rating": jsonable(row["rating"]),
+                },
+            }
+        )
+    return records
+
+
+def _harvest_report(
+    task_name: str,
+    round_number: int,
+    mode: str,
+    corpus_name: str,
+    metadata: ModelMetadata,
+    precision: str,
+    corpus: pd.DataFrame,
+    skipped: dict[str, int],
+    draw: SampleDraw,
+    *,
+    written: int,
+    present: int,
+    split_sentences: bool,
+    split_rows: int,
+) -> HarvestReport:
+    """What the harvest read, drew and wrote, with a note where rows were cut into sentences."""
+    report = HarvestReport(
+        task=task_name,
+        round=round_number,
+        mode=mode,
+        corpus=corpus_name,
+        model_id=metadata.model_id,
+        model_version=metadata.version,
+        precision=precision,
+        documents=len(corpus),
+        sentences=skipped["sentences"],
+        skipped={k: v for k, v in skipped.items() if k != "sentences"},
+        pools={
+            pool: {"available": draw.available[pool], "wanted": draw.wanted[pool], "selected": draw.selected[pool]}
+            for pool in POOLS
+        },
+        written=written,
+        already_present=present,
+        notes=draw.notes,
+        split_sentences=split_sentences,
+        split_rows=split_rows,
+    )
+    if split_sentences and split_rows:
+        report.notes.append(
+            f"{split_rows} of {len(corpus)} rows were cut into more than one sentence; if the file "
+            "holds one sentence or example per row, harvest with --no-split-sentences"
+        )
+    return report
+
+
 def harvest(
     factory: sessionmaker[Session],
     task_name: str,
@@ -476,57 +656,19 @@ def harvest(
         _check_writable(round_, mode)
         exclude = _round_hashes(session, round_, mode)
     _check_task(definition, positive_label, negative_label)
-    try:
-        metadata = ModelMetadata.load(model_dir)
-    except ModelMetadataError as exc:
-        raise HarvestError(str(exc)) from exc
-    check_compatible(definition, metadata, f"the harvesting model {metadata.model_id} in {model_dir}")
-    constraints = definition.constraints
-    min_chars = constraints.min_chars if min_chars is None else min_chars
-    max_chars = constraints.max_chars if max_chars is None else max_chars
-    if min_chars < 1 or max_chars < min_chars:
-        raise HarvestError(
-            f"--min-chars {min_chars} and --max-chars {max_chars} leave no room; give 1 <= min-chars <= max-chars"
-        )
+    metadata = _load_model(definition, model_dir)
+    min_chars, max_chars = _char_limits(definition, min_chars, max_chars)
 
     corpus = read_corpus(corpus_path, text_column=text_column, rating_column=rating_column, id_column=id_column)
-    sentences, skipped = corpus_sentences(
-        corpus,
-        language=definition.language,
-        min_chars=min_chars,
-        max_chars=max_chars,
-        min_words=constraints.min_words,
-        exclude_hashes=exclude,
-        split=split_sentences,
+    sentences, skipped, split_rows = _usable_sentences(
+        corpus, corpus_name, definition, min_chars, max_chars, exclude, split_sentences
     )
-    split_rows = skipped.pop("split_rows")
-    if sentences.empty:
-        raise HarvestError(
-            f"none of the {skipped['sentences']} sentences of {corpus_name} is usable "
-            f"(left out: { {k: v for k, v in skipped.items() if v and k != 'sentences'} }); "
-            "check --min-chars/--max-chars and the text column"
-        )
     predict = predictor or _model_predictor(model_dir, batch_size, precision)
     labels = list(metadata.labels)
-    texts = sentences["text"].tolist()
-    ratings = sentences["rating"].to_numpy(dtype=float)
-    probabilities: dict[int, np.ndarray] = {}
-    predicted = np.full(len(sentences), None, dtype=object)
-
-    def run(positions: np.ndarray) -> None:
-        positions = np.asarray([p for p in positions if p not in probabilities], dtype=np.int64)
-        if not len(positions):
-            return
-        probs = np.asarray(predict([texts[p] for p in positions]), dtype=float)
-        for position, label, row in zip(positions, _labels_of(probs, labels, len(positions)), probs, strict=True):
-            predicted[position] = label
-            probabilities[int(position)] = row
-
-    # Only low- and high-rated texts can fall in the two disagreement pools.
-    run(np.flatnonzero((ratings <= low_rating) | (ratings >= high_rating)))
-    draw = sample_sentences(
-        ratings,
-        predicted,
+    draw, predicted, probabilities = _predict_and_draw(
+        sentences,
+        predict,
+        labels,
         n,
         low_rating=low_rating,
         high_rating=high_rating,
@@ -534,30 +676,7 @@ def harvest(
         negative_label=negative_label,
         seed=seed,
     )
-    run(draw.indices[POOL_RANDOM])
-
-    chosen = [(pool, int(p)) for pool in POOLS for p in draw.indices[pool]]
-    chosen.sort(key=lambda item: item[1])  # corpus order
-    records = []
-    for pool, position in chosen:
-        row = sentences.iloc[position]
-        records.append(
-            {
-                "text": texts[position],
-                "text_hash": row["text_hash"],
-                "pool": pool,
-                "prediction": predicted[position],
-                "probabilities": {
-                    label: round(float(p), 6) for label, p in zip(labels, probabilities[position], strict=True)
-                },
-                "source": {
-                    "corpus": corpus_name,
-                    "document_id": row["document_id"],
-                    "sentence_index": int(row["sentence_index"]),
-                    "rating": jsonable(row["rating"]),
-                },
-            }
-        )
+    records = _harvest_records(sentences, corpus_name, labels, draw, predicted, probabilities)
 
     with factory.begin() as session:
         actor = session.get(User, actor_id) if actor_id is not None else None
@@ -567,32 +686,21 @@ def harvest(
             written, present = _write_examples(session, round_, definition, records, metadata, precision)
         else:
             written, present = _write_prompts(session, actor, round_, records, metadata, precision)
-        report = HarvestReport(
-            task=task_name,
-            round=round_number,
-            mode=mode,
-            corpus=corpus_name,
-            model_id=metadata.model_id,
-            model_version=metadata.version,
-            precision=precision,
-            documents=len(corpus),
-            sentences=skipped["sentences"],
-            skipped={k: v for k, v in skipped.items() if k != "sentences"},
-            pools={
-                pool: {"available": draw.available[pool], "wanted": draw.wanted[pool], "selected": draw.selected[pool]}
-                for pool in POOLS
-            },
+        report = _harvest_report(
+            task_name,
+            round_number,
+            mode,
+            corpus_name,
+            metadata,
+            precision,
+            corpus,
+            skipped,
+            draw,
             written=written,
-            already_present=present,
-            notes=draw.notes,
+            present=present,
             split_sentences=split_sentences,
             split_rows=split_rows,
         )
-        if split_sentences and split_rows:
-            report.notes.append(
-                f"{split_rows} of {len(corpus)} rows were cut into more than one sentence; if the file "
-                "holds one sentence or example per row, harvest with --no-split-sentences"
-            )
         audit.record(
             session,
             actor,

@@ -133,6 +133,105 @@ def _log_loss(pipeline: Any, texts: Sequence[str], y: np.ndarray, weights: np.nd
     return float(log_loss(y, probabilities, sample_weight=weights, labels=classes))
 
 
+def _library_versions() -> dict[str, str]:
+    """The versions of the libraries that fit and store the model (importing them: the linear
+    recipe needs both)."""
+    import sklearn
+    import skops
+
+    return {"scikit-learn": sklearn.__version__, "skops": skops.__version__}
+
+
+def _check_fittable(y: np.ndarray, labels: list[str], family: Family) -> None:
+    """:class:`TrainingError` for targets the model cannot be fitted on: one class only;
+    multi-label, a label that is never, or always, on."""
+    if family == "multi_label":
+        on = y.sum(axis=0)
+        constant = [label for label, count in zip(labels, on, strict=True) if count in (0, len(y))]
+        if constant:
+            raise TrainingError(
+                f"the linear model needs every label both on and off in the training mix; {constant} "
+                "never change: add examples of them, or train the encoder"
+            )
+    elif len(set(y.tolist())) < 2:
+        raise TrainingError(f"the training mix has examples of one label only ({labels[int(y[0])]}); add others")
+
+
+def _score_dev(
+    model: LinearModel, dev: LabelledSet | None, input_format: InputFormat, family: Family, exclusive: list[int]
+) -> tuple[float | None, dict[str, float] | None]:
+    """The fitted model's macro-F1 and each class's F1 on ``dev``; None without a dev set."""
+    metadata = model.metadata
+    dev_f1 = dev_per_class = None
+    if dev is not None and len(dev):
+        scores = model.predict_proba(dev.texts, dev.targets if input_format == "text_pair" else None)
+        dev_f1 = macro_f1(dev.y, scores, family=family, threshold=metadata.threshold, exclusive=exclusive)
+        dev_per_class = per_class_f1(
+            dev.y, scores, dev.labels, family=family, threshold=metadata.threshold, exclusive=exclusive
+        )
+    return dev_f1, dev_per_class
+
+
+def _full_metadata(
+    metadata: ModelMetadata,
+    pipeline: Any,
+    train_sets: Sequence[LabelledSet],
+    dev: LabelledSet | None,
+    seed: int,
+    record: EpochRecord,
+    wall_seconds: float,
+    versions: dict[str, str],
+) -> ModelMetadata:
+    """The model directory's metadata: the model's, with the data it was fitted on, the
+    hyperparameters and its one epoch of training."""
+    return ModelMetadata.model_validate(
+        {
+            **metadata.model_dump(mode="json"),
+            "data": {
+                "train": [labelled.summary() for labelled in train_sets],
+                "dev": dev.summary() if dev is not None else None,
+            },
+            "hyperparameters": {**HYPERPARAMETERS, "seed": seed},
+            "training": {
+                "epochs_run": 1,
+                "best_epoch": 1,
+                "best_dev_macro_f1": record.dev_macro_f1,
+                "best_dev_f1_per_class": record.dev_f1_per_class,
+                "stopped_early": False,
+                "examples_per_second": record.examples_per_second,
+                "wall_seconds": wall_seconds,
+                "history": [asdict(record)],
+                "from_scratch": True,
+                "features": {
+                    name: len(vectorizer.vocabulary_)
+                    for name, vectorizer in pipeline.named_steps["features"].transformer_list
+                },
+                "device": "cpu",
+                "versions": versions,
+            },
+        }
+    )
+
+
+def _write_model_dir(
+    pipeline: Any, full: ModelMetadata, out_dir: Path, rows: int, seconds: float, dev_f1: float | None
+) -> None:
+    """Save the fitted pipeline and its metadata to ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_pipeline(pipeline, out_dir)
+    full.save(out_dir)
+    logger.info(
+        "linear model: %d rows, %s n-grams, fitted in %.1f s%s; wrote %s (version %s, %s)",
+        rows,
+        full.model_extra["training"]["features"] if full.model_extra else {},
+        seconds,
+        "" if dev_f1 is None else f", dev macro-F1 {dev_f1:.4f}",
+        out_dir,
+        full.version,
+        LINEAR_FILE,
+    )
+
+
 def train_linear(
     train_sets: Sequence[LabelledSet],
     dev: LabelledSet | None,
@@ -153,9 +252,7 @@ def train_linear(
     nothing: the recipe has no epochs to stop early. Raises :class:`TrainingError` for data the
     model cannot be fitted on (one class only; multi-label: a label that is never, or always, on).
     """
-    import sklearn
-    import skops
-
+    versions = _library_versions()
     started = time.perf_counter()
     out_dir = Path(out_dir)
     labels = list(labels)
@@ -175,16 +272,7 @@ def train_linear(
         exclusive_labels=[labels[j] for j in exclusive],
     )
     texts, y, weights = training_rows(train_sets, family, input_format, draft)
-    if family == "multi_label":
-        on = y.sum(axis=0)
-        constant = [label for label, count in zip(labels, on, strict=True) if count in (0, len(y))]
-        if constant:
-            raise TrainingError(
-                f"the linear model needs every label both on and off in the training mix; {constant} "
-                "never change: add examples of them, or train the encoder"
-            )
-    elif len(set(y.tolist())) < 2:
-        raise TrainingError(f"the training mix has examples of one label only ({labels[int(y[0])]}); add others")
+    _check_fittable(y, labels, family)
     pipeline = build_pipeline(family, seed)
     tick = time.perf_counter()
     with warnings.catch_warnings():
@@ -204,13 +292,7 @@ def train_linear(
         }
     )
     model = LinearModel(pipeline=pipeline, metadata=metadata)
-    dev_f1 = dev_per_class = None
-    if dev is not None and len(dev):
-        scores = model.predict_proba(dev.texts, dev.targets if input_format == "text_pair" else None)
-        dev_f1 = macro_f1(dev.y, scores, family=family, threshold=metadata.threshold, exclusive=exclusive)
-        dev_per_class = per_class_f1(
-            dev.y, scores, dev.labels, family=family, threshold=metadata.threshold, exclusive=exclusive
-        )
+    dev_f1, dev_per_class = _score_dev(model, dev, input_format, family, exclusive)
     record = EpochRecord(
         epoch=1,
         train_loss=train_loss,
@@ -221,46 +303,8 @@ def train_linear(
         dev_f1_per_class=dev_per_class,
     )
     wall_seconds = time.perf_counter() - started
-    full = ModelMetadata.model_validate(
-        {
-            **metadata.model_dump(mode="json"),
-            "data": {
-                "train": [labelled.summary() for labelled in train_sets],
-                "dev": dev.summary() if dev is not None else None,
-            },
-            "hyperparameters": {**HYPERPARAMETERS, "seed": seed},
-            "training": {
-                "epochs_run": 1,
-                "best_epoch": 1,
-                "best_dev_macro_f1": dev_f1,
-                "best_dev_f1_per_class": dev_per_class,
-                "stopped_early": False,
-                "examples_per_second": record.examples_per_second,
-                "wall_seconds": wall_seconds,
-                "history": [asdict(record)],
-                "from_scratch": True,
-                "features": {
-                    name: len(vectorizer.vocabulary_)
-                    for name, vectorizer in pipeline.named_steps["features"].transformer_list
-                },
-                "device": "cpu",
-                "versions": {"scikit-learn": sklearn.__version__, "skops": skops.__version__},
-            },
-        }
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_pipeline(pipeline, out_dir)
-    full.save(out_dir)
-    logger.info(
-        "linear model: %d rows, %s n-grams, fitted in %.1f s%s; wrote %s (version %s, %s)",
-        len(texts),
-        full.model_extra["training"]["features"] if full.model_extra else {},
-        seconds,
-        "" if dev_f1 is None else f", dev macro-F1 {dev_f1:.4f}",
-        out_dir,
-        full.version,
-        LINEAR_FILE,
-    )
+    full = _full_metadata(metadata, pipeline, train_sets, dev, seed, record, wall_seconds, versions)
+    _write_model_dir(pipeline, full, out_dir, len(texts), seconds, dev_f1)
     return TrainResult(
         out_dir=out_dir,
         metadata=full,

@@ -740,15 +740,9 @@ def _response_cells(
             yield row, column, column
 
 
-def _responses(
-    session: Session,
-    round_: Round,
-    definition: TaskDefinition,
-    frame: pd.DataFrame,
-    options: ImportOptions,
-    origin: dict,
-    secret: str,
-) -> tuple[int, int, int, int]:
+def _check_response_columns(frame: pd.DataFrame, definition: TaskDefinition, options: ImportOptions) -> None:
+    """The file has every column the options name (the long format: a label and a worker column
+    too), and the wide format names no seconds column."""
     wide = options.annotator_columns is not None
     _require_columns(
         frame,
@@ -770,7 +764,15 @@ def _responses(
     )
     if wide and options.seconds_column:
         raise Invalid("seconds_column: the wide format has one cell per annotator and no seconds; leave it out")
-    annotators = _annotator_columns(frame, options) if wide else None
+
+
+def _read_responses(
+    frame: pd.DataFrame, definition: TaskDefinition, options: ImportOptions, annotators: list[str] | None
+) -> dict[Any, dict[str, Any]]:
+    """The file's examples by key (their id, else their text and target), each with its first
+    row, text, extras and every worker's (label, seconds, row); :class:`Invalid` for a cell
+    that is not a label or a number of seconds, an example given two texts, or a worker who
+    labelled one example twice."""
     items: dict[Any, dict[str, Any]] = {}
     allowed = definition.effective_validation_labels
     rows: dict[int, tuple[str, str, dict, Any]] = {}
@@ -816,11 +818,19 @@ def _responses(
                 f"row {row + 1}: the same worker labelled this example already in row {item['labels'][worker][2] + 1}"
             )
         item["labels"][worker] = (label, seconds, row)
-    items, repeats = _pool_repeated_texts(items)
-    workers = sorted({worker for item in items.values() for worker in item["labels"]})
-    if len(workers) > MAX_WORKERS:
-        raise Invalid(f"the file has {len(workers)} workers; one import takes at most {MAX_WORKERS}")
-    accounts = _workers(session, secret, workers)
+    return items
+
+
+def _write_responses(
+    session: Session,
+    round_: Round,
+    definition: TaskDefinition,
+    items: dict[Any, dict[str, Any]],
+    accounts: dict[str, int],
+    origin: dict,
+) -> tuple[list[Example], list[Validation]]:
+    """Write one example per item, with as many labels needed as it has, and each worker's label
+    as a counted validation."""
     examples = []
     for key, item in items.items():
         metadata = {
@@ -851,6 +861,28 @@ def _responses(
     session.add_all(validations)
     session.flush()
     duplicates.record_texts(session, round_.task, examples)
+    return examples, validations
+
+
+def _responses(
+    session: Session,
+    round_: Round,
+    definition: TaskDefinition,
+    frame: pd.DataFrame,
+    options: ImportOptions,
+    origin: dict,
+    secret: str,
+) -> tuple[int, int, int, int]:
+    wide = options.annotator_columns is not None
+    _check_response_columns(frame, definition, options)
+    annotators = _annotator_columns(frame, options) if wide else None
+    items = _read_responses(frame, definition, options, annotators)
+    items, repeats = _pool_repeated_texts(items)
+    workers = sorted({worker for item in items.values() for worker in item["labels"]})
+    if len(workers) > MAX_WORKERS:
+        raise Invalid(f"the file has {len(workers)} workers; one import takes at most {MAX_WORKERS}")
+    accounts = _workers(session, secret, workers)
+    examples, validations = _write_responses(session, round_, definition, items, accounts, origin)
     return len(examples), len(validations), len(workers), repeats
 
 

@@ -44,7 +44,7 @@ from services.domain.tasks import definition_of, get_task
 from services.errors import DomainError, Invalid
 from services.extras import needs_extra
 from services.settings import get_settings
-from services.taskdef import TrainingDefaults
+from services.taskdef import TaskDefinition, TrainingDefaults
 
 if TYPE_CHECKING:
     from model_server.directory.runtime import PrecisionCheck
@@ -274,6 +274,67 @@ class TrainedModel:
     same_weights_as: str | None = None
 
 
+def _register(
+    factory: sessionmaker[Session], task_name: str, out_dir: Path, actor_id: int | None
+) -> tuple[RegisteredModel, str | None]:
+    """Register the model just trained into ``out_dir`` (:func:`register_retrained`), and the name
+    of the registered model whose weights it reproduces, or None."""
+    with session_scope(factory) as session:
+        model, same_weights_as = register_retrained(
+            session, get_task(session, task_name), out_dir, actor=_actor(session, actor_id)
+        )
+        registered = RegisteredModel.of(model)
+    return registered, same_weights_as
+
+
+def _train_encoder(
+    train_sets: list[LabelledSet],
+    dev: LabelledSet | None,
+    *,
+    labels: list[str],
+    family: Literal["single_label", "multi_label"],
+    input_format: Literal["text", "text_pair"],
+    options: TrainOptions,
+    definition: TaskDefinition,
+    out_dir: Path,
+    model_id: str,
+    task_name: str,
+    listener: TrainingListener,
+    progress_bar: bool,
+) -> TrainResult:
+    """Fine-tune the encoder (from ``options.base``, or a tiny random base made for the run) on
+    ``train_sets`` into ``out_dir``."""
+    from rounds.models import train
+    from rounds.models.init_model import init_model_dir
+
+    with tempfile.TemporaryDirectory(prefix="dynaloop-tiny-base-") as scratch:
+        base = Path(options.base) if options.base else None
+        if options.tiny:
+            base = Path(scratch) / "base"
+            init_model_dir(base, labels=labels, family=family, tiny=True, seed=options.seed)
+        result = train.train_model(
+            train_sets,
+            dev,
+            labels=labels,
+            family=family,
+            input_format=input_format,
+            config=options.train_config(
+                base,
+                task_defaults=definition.training,
+                max_unknown_token_share=get_settings().max_unknown_token_share,
+            ),
+            out_dir=out_dir,
+            model_id=model_id,
+            trained_for_round=options.round,
+            task_name=task_name,
+            exclusive_labels=definition.exclusive_labels if definition.is_multi_label else (),
+            progress=progress_bar,
+            on_epoch_end=listener.epoch_ended,
+            on_progress=listener.step,
+        )
+    return result
+
+
 def train_and_register(
     factory: sessionmaker[Session],
     task_name: str,
@@ -298,9 +359,7 @@ def train_and_register(
     with needs_extra("training"):
         from accelerate import PartialState
 
-    from rounds.models import train
     from rounds.models.datasets import input_format, load_source, model_labels
-    from rounds.models.init_model import init_model_dir
 
     listener = listener or TrainingListener()
     with factory() as session:
@@ -342,47 +401,28 @@ def train_and_register(
         )
         record_mix(out_dir, mix, train_sets)
         listener.trained(result)
-        with session_scope(factory) as session:
-            model, same_weights_as = register_retrained(
-                session, get_task(session, task_name), out_dir, actor=_actor(session, actor_id)
-            )
-            registered = RegisteredModel.of(model)
+        registered, same_weights_as = _register(factory, task_name, out_dir, actor_id)
         return TrainedModel(out_dir=out_dir, training=result, model=registered, same_weights_as=same_weights_as)
-    with tempfile.TemporaryDirectory(prefix="dynaloop-tiny-base-") as scratch:
-        base = Path(options.base) if options.base else None
-        if options.tiny:
-            base = Path(scratch) / "base"
-            init_model_dir(base, labels=labels, family=family, tiny=True, seed=options.seed)
-        result = train.train_model(
-            train_sets,
-            dev,
-            labels=labels,
-            family=family,
-            input_format=pair_input,
-            config=options.train_config(
-                base,
-                task_defaults=definition.training,
-                max_unknown_token_share=get_settings().max_unknown_token_share,
-            ),
-            out_dir=out_dir,
-            model_id=model_id,
-            trained_for_round=options.round,
-            task_name=task_name,
-            exclusive_labels=definition.exclusive_labels if multi else (),
-            progress=progress_bar,
-            on_epoch_end=listener.epoch_ended,
-            on_progress=listener.step,
-        )
+    result = _train_encoder(
+        train_sets,
+        dev,
+        labels=labels,
+        family=family,
+        input_format=pair_input,
+        options=options,
+        definition=definition,
+        out_dir=out_dir,
+        model_id=model_id,
+        task_name=task_name,
+        listener=listener,
+        progress_bar=progress_bar,
+    )
     if not PartialState().is_main_process:  # `accelerate launch`: one process registers the model
         return TrainedModel(out_dir=out_dir, training=result, model=None)
     record_mix(out_dir, mix, train_sets)
     listener.trained(result)
     check = _check_precision_on_dev(out_dir, dev) if options.check_precision else None
-    with session_scope(factory) as session:
-        model, same_weights_as = register_retrained(
-            session, get_task(session, task_name), out_dir, actor=_actor(session, actor_id)
-        )
-        registered = RegisteredModel.of(model)
+    registered, same_weights_as = _register(factory, task_name, out_dir, actor_id)
     return TrainedModel(
         out_dir=out_dir, training=result, model=registered, precision_check=check, same_weights_as=same_weights_as
     )

@@ -257,6 +257,25 @@ def _round_candidates(
     """The events of ``round_`` the task's policies pay, each with the amount of the version in
     force when its work was done (see the module's docstring)."""
     sessions = _sessions_of_round(session, round_)
+    yield from _base_pay_candidates(session, task, policies, round_, sessions)
+    majority = round_gold_labels(session, definition, round_)
+    # Writer bonus: fooled the model and the majority label is the writer's target.
+    if policies.any_writer_bonus:
+        yield from _writer_bonus_candidates(session, definition, policies, round_, sessions, majority)
+    # Validator bonus: whole batches whose agreement with the majority reaches min_agreement.
+    if policies.any_validator_bonus:
+        yield from _validator_bonus_candidates(session, definition, policies, round_, sessions, majority)
+
+
+def _base_pay_candidates(
+    session: Session,
+    task: Task,
+    policies: pay_policies.PolicyTimeline,
+    round_: Round,
+    sessions: Sequence[tuple[StudySession, StudyLink]],
+) -> Iterable[_Candidate]:
+    """Base pay of the round's study sessions: completed ones, and stopped ones that earned their
+    link's partial pay."""
     # Recount active sessions first: one that met its quota is completed (and paid) even if its
     # worker never came back to finish it (services/domain/study.py refresh).
     for study_session, _ in sessions:
@@ -305,93 +324,112 @@ def _round_candidates(
                 f"(study link {link.name!r}, round {round_.number})",
                 in_force.version,
             )
-    majority = round_gold_labels(session, definition, round_)
-    # Writer bonus: fooled the model and the majority label is the writer's target.
-    if policies.any_writer_bonus:
-        for example in session.scalars(
-            select(Example)
+
+
+def _writer_bonus_candidates(
+    session: Session,
+    definition: TaskDefinition,
+    policies: pay_policies.PolicyTimeline,
+    round_: Round,
+    sessions: Sequence[tuple[StudySession, StudyLink]],
+    majority: dict[int, list[str] | None],
+) -> Iterable[_Candidate]:
+    """Writer bonus of the round's written examples that fooled the model and whose majority label
+    is the writer's target."""
+    for example in session.scalars(
+        select(Example)
+        .where(
+            Example.round_id == round_.id,
+            Example.origin == ExampleOrigin.written,
+            Example.writer_id.is_not(None),
+            Example.fooled.is_(True),
+            # A repeat of a text that another example of the task holds (written before
+            # repeats were refused, docs/design.md "Duplicates") earns no bonus of its own.
+            ~select(ExampleText.example_id)
             .where(
-                Example.round_id == round_.id,
-                Example.origin == ExampleOrigin.written,
-                Example.writer_id.is_not(None),
-                Example.fooled.is_(True),
-                # A repeat of a text that another example of the task holds (written before
-                # repeats were refused, docs/design.md "Duplicates") earns no bonus of its own.
-                ~select(ExampleText.example_id)
-                .where(
-                    ExampleText.task_id == round_.task_id,
-                    ExampleText.normalized_hash == Example.normalized_hash,
-                    ExampleText.example_id != Example.id,
-                )
-                .exists(),
+                ExampleText.task_id == round_.task_id,
+                ExampleText.normalized_hash == Example.normalized_hash,
+                ExampleText.example_id != Example.id,
             )
-            .order_by(Example.id)
-        ):
-            gold = majority.get(example.id)
-            assert example.writer_id is not None
-            if gold is None or not _same_label(definition, gold, example.target_label):
+            .exists(),
+        )
+        .order_by(Example.id)
+    ):
+        gold = majority.get(example.id)
+        assert example.writer_id is not None
+        if gold is None or not _same_label(definition, gold, example.target_label):
+            continue
+        written_under = policies.at(example.created_at)
+        if written_under.policy.writer_bonus_per_example <= 0:
+            continue
+        yield _Candidate(
+            LedgerKind.writer_bonus,
+            f"example:{example.id}",
+            example.writer_id,
+            round_.id,
+            _session_for(sessions, example.writer_id, StudyRole.writer, example.created_at),
+            written_under.policy.writer_bonus_per_example,
+            f"writer bonus: example {example.id} fooled the model and its majority label "
+            f"{'/'.join(gold)} is the target (round {round_.number})",
+            written_under.version,
+        )
+
+
+def _validator_bonus_candidates(
+    session: Session,
+    definition: TaskDefinition,
+    policies: pay_policies.PolicyTimeline,
+    round_: Round,
+    sessions: Sequence[tuple[StudySession, StudyLink]],
+    majority: dict[int, list[str] | None],
+) -> Iterable[_Candidate]:
+    """Validator bonus of whole batches of a validator's labels in the round whose agreement with
+    the majority reaches the bonus's min_agreement."""
+    size = definition.validation_batch_size
+    by_validator: dict[int, list[tuple[int, list[str], dt.datetime, bool]]] = defaultdict(list)
+    for validator_id, example_id, label, created_at, counted in session.execute(
+        select(
+            Validation.validator_id,
+            Validation.example_id,
+            Validation.label,
+            Validation.created_at,
+            Validation.counted,
+        )
+        .join(Example, Example.id == Validation.example_id)
+        .where(Example.round_id == round_.id)
+        .order_by(Validation.created_at, Validation.id)
+    ):
+        by_validator[validator_id].append((example_id, list(label), created_at, bool(counted)))
+    for validator_id in sorted(by_validator):
+        labels = by_validator[validator_id]
+        for index in range(len(labels) // size):
+            batch = labels[index * size : (index + 1) * size]
+            if not all(counted for *_, counted in batch):
+                continue  # a label that does not count (an unqualified validator's) earns nothing
+            # The batch's work is done with its last label: the version in force then pays it.
+            labelled_under = policies.at(batch[-1][2])
+            bonus = labelled_under.policy.validator_bonus
+            if bonus is None or bonus.per_batch <= 0:
                 continue
-            written_under = policies.at(example.created_at)
-            if written_under.policy.writer_bonus_per_example <= 0:
+            agreeing = 0
+            for example_id, label, _, _ in batch:
+                gold = majority.get(example_id)
+                if gold is not None and agreement_with(definition, label, gold) == 1.0:
+                    agreeing += 1
+            # agreeing / size >= min_agreement, compared exactly (min_agreement as written).
+            if Fraction(agreeing, size) < Fraction(str(bonus.min_agreement)):
                 continue
             yield _Candidate(
-                LedgerKind.writer_bonus,
-                f"example:{example.id}",
-                example.writer_id,
+                LedgerKind.validator_bonus,
+                f"batch:{round_.id}:{validator_id}:{index}",
+                validator_id,
                 round_.id,
-                _session_for(sessions, example.writer_id, StudyRole.writer, example.created_at),
-                written_under.policy.writer_bonus_per_example,
-                f"writer bonus: example {example.id} fooled the model and its majority label "
-                f"{'/'.join(gold)} is the target (round {round_.number})",
-                written_under.version,
+                _session_for(sessions, validator_id, StudyRole.validator, batch[-1][2]),
+                bonus.per_batch,
+                f"validator bonus: batch {index + 1} of round {round_.number}, "
+                f"{agreeing} of {size} labels agree with the majority",
+                labelled_under.version,
             )
-    # Validator bonus: whole batches whose agreement with the majority reaches min_agreement.
-    if policies.any_validator_bonus:
-        size = definition.validation_batch_size
-        by_validator: dict[int, list[tuple[int, list[str], dt.datetime, bool]]] = defaultdict(list)
-        for validator_id, example_id, label, created_at, counted in session.execute(
-            select(
-                Validation.validator_id,
-                Validation.example_id,
-                Validation.label,
-                Validation.created_at,
-                Validation.counted,
-            )
-            .join(Example, Example.id == Validation.example_id)
-            .where(Example.round_id == round_.id)
-            .order_by(Validation.created_at, Validation.id)
-        ):
-            by_validator[validator_id].append((example_id, list(label), created_at, bool(counted)))
-        for validator_id in sorted(by_validator):
-            labels = by_validator[validator_id]
-            for index in range(len(labels) // size):
-                batch = labels[index * size : (index + 1) * size]
-                if not all(counted for *_, counted in batch):
-                    continue  # a label that does not count (an unqualified validator's) earns nothing
-                # The batch's work is done with its last label: the version in force then pays it.
-                labelled_under = policies.at(batch[-1][2])
-                bonus = labelled_under.policy.validator_bonus
-                if bonus is None or bonus.per_batch <= 0:
-                    continue
-                agreeing = 0
-                for example_id, label, _, _ in batch:
-                    gold = majority.get(example_id)
-                    if gold is not None and agreement_with(definition, label, gold) == 1.0:
-                        agreeing += 1
-                # agreeing / size >= min_agreement, compared exactly (min_agreement as written).
-                if Fraction(agreeing, size) < Fraction(str(bonus.min_agreement)):
-                    continue
-                yield _Candidate(
-                    LedgerKind.validator_bonus,
-                    f"batch:{round_.id}:{validator_id}:{index}",
-                    validator_id,
-                    round_.id,
-                    _session_for(sessions, validator_id, StudyRole.validator, batch[-1][2]),
-                    bonus.per_batch,
-                    f"validator bonus: batch {index + 1} of round {round_.number}, "
-                    f"{agreeing} of {size} labels agree with the majority",
-                    labelled_under.version,
-                )
 
 
 def compute_ledger(session: Session, actor: User | None, task: Task, round_: Round | None = None) -> LedgerComputed:

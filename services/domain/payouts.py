@@ -287,35 +287,16 @@ def render_file(platform: Platform, task: Task, currency: str, lines: list[Payou
     return out.getvalue()
 
 
-def create_batch(
-    session: Session, actor: User | None, task: Task, link: StudyLink, *, note: str | None = None
-) -> BatchCreated:
-    """Record a payout batch for ``link``: one positive line per worker (MTurk: per assignment)
-    of the link's bonus entries that no live batch holds. :class:`Invalid` (422) for a link of
-    another platform or currency, :class:`Conflict` (409) when there is nothing to pay or a
-    concurrent export claimed the same entries; nothing is written then."""
-    if link.task_id != task.id:
-        raise missing_study_link(link.id)
-    if link.platform not in EXPORT_PLATFORMS:
-        raise Invalid(
-            f"study link {link.id} is a {link.platform.value} link: only prolific and mturk links have a bonus file; "
-            "pay its workers another way",
-            field="link_id",
-        )
-    if note is not None:
-        note = _clean_note(note)
-    payable = _payable_bonus_entries(session, task)
-    link_of_session: dict[int, StudyLink] = {}
-    for study_session, its_link in session.execute(
-        select(StudySession, StudyLink)
-        .join(StudyLink, StudySession.link_id == StudyLink.id)
-        .where(StudyLink.task_id == task.id)
-    ).all():
-        link_of_session[study_session.id] = its_link
-    sessions = {s.id: s for s in session.scalars(select(StudySession).where(StudySession.link_id == link.id))}
-    mine = [e for e in payable if e.session_id is not None and e.session_id in sessions]
-    currency = _check_currency(task, link, mine)
-    names = _usernames(session, {e.user_id for e in mine})
+def _plan_lines(
+    link: StudyLink,
+    currency: str,
+    sessions: dict[int, StudySession],
+    mine: list[LedgerEntry],
+    names: dict[int, str],
+) -> tuple[list[tuple[StudySession, list[LedgerEntry], int]], list[HeldBack]]:
+    """The lines a batch of ``link`` would pay (a session, its entries, their sum), one per
+    session of the entries ``mine``, and the workers held back: no platform id to pay by, an id
+    the platform does not issue, or new entries that net to nothing or less."""
     by_session: dict[int, list[LedgerEntry]] = defaultdict(list)
     for entry in mine:
         assert entry.session_id is not None
@@ -347,6 +328,39 @@ def create_batch(
             )
         else:
             planned.append((study_session, rows, amount))
+    return planned, held_back
+
+
+def create_batch(
+    session: Session, actor: User | None, task: Task, link: StudyLink, *, note: str | None = None
+) -> BatchCreated:
+    """Record a payout batch for ``link``: one positive line per worker (MTurk: per assignment)
+    of the link's bonus entries that no live batch holds. :class:`Invalid` (422) for a link of
+    another platform or currency, :class:`Conflict` (409) when there is nothing to pay or a
+    concurrent export claimed the same entries; nothing is written then."""
+    if link.task_id != task.id:
+        raise missing_study_link(link.id)
+    if link.platform not in EXPORT_PLATFORMS:
+        raise Invalid(
+            f"study link {link.id} is a {link.platform.value} link: only prolific and mturk links have a bonus file; "
+            "pay its workers another way",
+            field="link_id",
+        )
+    if note is not None:
+        note = _clean_note(note)
+    payable = _payable_bonus_entries(session, task)
+    link_of_session: dict[int, StudyLink] = {}
+    for study_session, its_link in session.execute(
+        select(StudySession, StudyLink)
+        .join(StudyLink, StudySession.link_id == StudyLink.id)
+        .where(StudyLink.task_id == task.id)
+    ).all():
+        link_of_session[study_session.id] = its_link
+    sessions = {s.id: s for s in session.scalars(select(StudySession).where(StudySession.link_id == link.id))}
+    mine = [e for e in payable if e.session_id is not None and e.session_id in sessions]
+    currency = _check_currency(task, link, mine)
+    names = _usernames(session, {e.user_id for e in mine})
+    planned, held_back = _plan_lines(link, currency, sessions, mine, names)
     elsewhere = _elsewhere(session, link, payable, link_of_session)
     if not planned:
         raise Conflict(
@@ -356,6 +370,33 @@ def create_batch(
             held_back=[h.__dict__ for h in held_back],
         )
     planned.sort(key=lambda p: (p[0].platform_worker_id or "", p[0].platform_session_id or ""))
+    batch = _write_batch(session, actor, task, link, currency, planned, note)
+    audit.record(
+        session,
+        actor,
+        "payout.create",
+        "payout_batch",
+        batch.id,
+        link_id=link.id,
+        lines=batch.line_count,
+        total_minor=batch.total_minor,
+        currency=currency,
+    )
+    return BatchCreated(batch=batch, held_back=held_back, elsewhere=elsewhere)
+
+
+def _write_batch(
+    session: Session,
+    actor: User | None,
+    task: Task,
+    link: StudyLink,
+    currency: str,
+    planned: list[tuple[StudySession, list[LedgerEntry], int]],
+    note: str | None,
+) -> PayoutBatch:
+    """Write the batch, its lines in ``planned``'s order, the events claiming their ledger entries,
+    and its file, in one savepoint; :class:`Conflict` (nothing written) when a concurrent batch
+    claimed some of the entries."""
     try:
         with session.begin_nested():
             batch = PayoutBatch(
@@ -405,18 +446,7 @@ def create_batch(
             f"another payout batch of study link {link.id} claimed some of these bonuses at the same moment; "
             "nothing was written: list the batches, then create one again for what is still payable"
         ) from exc
-    audit.record(
-        session,
-        actor,
-        "payout.create",
-        "payout_batch",
-        batch.id,
-        link_id=link.id,
-        lines=batch.line_count,
-        total_minor=batch.total_minor,
-        currency=currency,
-    )
-    return BatchCreated(batch=batch, held_back=held_back, elsewhere=elsewhere)
+    return batch
 
 
 # --- paid, cancelled ------------------------------------------------------------------------------
@@ -880,6 +910,73 @@ def _numbers(numbers: list[int]) -> str:
     return shown + (f" and {len(numbers) - 20} more" if len(numbers) > 20 else "")
 
 
+def _send_mturk_lines(
+    session: Session,
+    batch: PayoutBatch,
+    run_id: str,
+    settings: Settings,
+    run: PayRun,
+    to_send: list[PayoutLine],
+    pay_lines: list[PayLine],
+    mturk_client: Any,
+) -> int | None:
+    """MTurk: one ``send_bonus`` per line with its token, each line's answer committed before the
+    next line leaves. The number of the line without a clear answer, which stops the run; None
+    when every line got one."""
+    from services.platforms import LineStatus, paying
+
+    for line, pay_line in zip(to_send, pay_lines, strict=True):
+        _renew(session, batch, run_id)
+        [result] = paying.pay_batch(
+            settings, Platform.mturk, currency=batch.currency, lines=[pay_line], mturk_client=mturk_client
+        )
+        _record_result(line, result)
+        commit_now(session, "each line's answer from the platform is kept even if the run dies after it")
+        run.sent.append(line.line_number)
+        if result.status is LineStatus.unknown:
+            return line.line_number
+    return None
+
+
+def _send_prolific_lines(
+    session: Session,
+    batch: PayoutBatch,
+    run_id: str,
+    settings: Settings,
+    run: PayRun,
+    to_send: list[PayoutLine],
+    pay_lines: list[PayLine],
+    chosen_study: str,
+) -> None:
+    """Prolific: one bulk bonus on ``chosen_study``, where it stands committed before each next
+    request, then the lines' answers committed together."""
+    from services.platforms import LineStatus, paying
+
+    _, state = _prolific_state(batch)
+
+    def save(state: BonusPayment) -> None:
+        _renew(session, batch, run_id)
+        batch.platform_state = {"prolific": {"study_id": chosen_study, **dataclasses.asdict(state)}}
+        commit_now(session, "the Prolific state is committed before the next request (no second set-up or pay)")
+
+    before = dataclasses.asdict(state)
+    results = paying.pay_batch(
+        settings,
+        Platform.prolific,
+        currency=batch.currency,
+        lines=pay_lines,
+        prolific_study_id=chosen_study,
+        prolific_state=state,
+        save_prolific_state=save,
+    )
+    by_token = {result.unique_request_token: result for result in results}
+    for line in to_send:
+        _record_result(line, by_token[line.unique_request_token])
+    commit_now(session, "the lines' answers from the platform are kept even if the run dies after them")
+    if dataclasses.asdict(state) != before or any(r.status is not LineStatus.unknown for r in results):
+        run.sent = [line.line_number for line in to_send]
+
+
 def pay_batch_through_platform(
     session: Session,
     actor: User | None,
@@ -904,8 +1001,6 @@ def pay_batch_through_platform(
     The run holds a claim on the batch (:func:`_claim`), so two runs never both call the
     platform. A batch whose every line ends paid is marked paid. Refusals (a batch not created,
     bad ids, a missing credential, a study id that is not the batch's) send and write nothing."""
-    from services.platforms import LineStatus, paying
-
     if batch.status is not PayoutStatus.created:
         raise Conflict(f"payout batch {batch.id} is {batch.status.value}; only a created batch is paid")
     if batch.platform not in EXPORT_PLATFORMS:
@@ -932,42 +1027,10 @@ def pay_batch_through_platform(
     stopped_at: int | None = None
     try:
         if batch.platform is Platform.mturk:
-            for line, pay_line in zip(to_send, pay_lines, strict=True):
-                _renew(session, batch, run_id)
-                [result] = paying.pay_batch(
-                    settings, Platform.mturk, currency=batch.currency, lines=[pay_line], mturk_client=mturk_client
-                )
-                _record_result(line, result)
-                commit_now(session, "each line's answer from the platform is kept even if the run dies after it")
-                run.sent.append(line.line_number)
-                if result.status is LineStatus.unknown:
-                    stopped_at = line.line_number
-                    break
+            stopped_at = _send_mturk_lines(session, batch, run_id, settings, run, to_send, pay_lines, mturk_client)
         elif pay_lines:
             assert chosen_study is not None
-            _, state = _prolific_state(batch)
-
-            def save(state: BonusPayment) -> None:
-                _renew(session, batch, run_id)
-                batch.platform_state = {"prolific": {"study_id": chosen_study, **dataclasses.asdict(state)}}
-                commit_now(session, "the Prolific state is committed before the next request (no second set-up or pay)")
-
-            before = dataclasses.asdict(state)
-            results = paying.pay_batch(
-                settings,
-                Platform.prolific,
-                currency=batch.currency,
-                lines=pay_lines,
-                prolific_study_id=chosen_study,
-                prolific_state=state,
-                save_prolific_state=save,
-            )
-            by_token = {result.unique_request_token: result for result in results}
-            for line in to_send:
-                _record_result(line, by_token[line.unique_request_token])
-            commit_now(session, "the lines' answers from the platform are kept even if the run dies after them")
-            if dataclasses.asdict(state) != before or any(r.status is not LineStatus.unknown for r in results):
-                run.sent = [line.line_number for line in to_send]
+            _send_prolific_lines(session, batch, run_id, settings, run, to_send, pay_lines, chosen_study)
         run.marked_paid = _finish(session, actor, batch, lines)
         commit_now(session, "the run's outcome and the batch's status are kept")
     finally:

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -393,9 +394,8 @@ def _awaiting_reannotation(session: Session, round_id: int) -> tuple[int, int]:
     return len(waiting), without_new
 
 
-def round_stats(session: Session, round_: Round) -> dict[str, Any]:
-    """Live statistics a researcher watches while a round runs."""
-    rid = round_.id
+def _assignment_stats(session: Session, rid: int) -> dict[str, int]:
+    """The round's assignments by status, the overdue ones counted as expired."""
     assignments = Counter(
         dict(
             session.execute(
@@ -416,6 +416,11 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
     )
     assignments[AssignmentStatus.active] -= overdue
     assignments[AssignmentStatus.expired] += overdue
+    return {s.value: assignments.get(s, 0) for s in AssignmentStatus}
+
+
+def _attempt_stats(session: Session, rid: int) -> dict[str, Any]:
+    """The round's scored attempts, those that fooled the model, and those the model was unavailable for."""
     attempt_rows = session.execute(
         select(Attempt.status, Attempt.fooled, func.count())
         .join(Assignment, Attempt.assignment_id == Assignment.id)
@@ -425,6 +430,76 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
     scored = sum(n for status, _, n in attempt_rows if status is AttemptStatus.scored)
     fooled_attempts = sum(n for status, fooled, n in attempt_rows if status is AttemptStatus.scored and fooled)
     unavailable = sum(n for status, _, n in attempt_rows if status is AttemptStatus.model_unavailable)
+    return {
+        "scored": scored,
+        "fooled": fooled_attempts,
+        "model_unavailable": unavailable,
+        "fooling_rate": fooled_attempts / scored if scored else None,
+    }
+
+
+def _confirmation_stats(session: Session, rid: int) -> dict[str, Any]:
+    """The writers' answers, for attempts that fooled the model, to whether it really was fooled."""
+    confirmations = Counter(
+        dict(
+            session.execute(
+                select(Attempt.confirmed, func.count())
+                .join(Assignment, Attempt.assignment_id == Assignment.id)
+                .where(Assignment.round_id == rid, Attempt.fooled.is_(True), Attempt.confirmed.is_not(None))
+                .group_by(Attempt.confirmed)
+            ).all()
+        )
+    )
+    return {
+        "yes": confirmations.get(True, 0),
+        "no": confirmations.get(False, 0),
+        "rate": (confirmations.get(True, 0) / sum(confirmations.values())) if confirmations else None,
+    }
+
+
+def _example_stats(session: Session, rid: int, example_rows: Sequence[Any]) -> dict[str, Any]:
+    """The round's examples: fooled, by condition, status and target label, and those awaiting re-annotation."""
+    examples = sum(row[3] for row in example_rows)
+    # Harvested examples have no target label (nobody wrote them for one).
+    targets = Counter(
+        "+".join(target)
+        for (target,) in session.execute(select(Example.target_label).where(Example.round_id == rid))
+        if target
+    )
+    awaiting, without_new = _awaiting_reannotation(session, rid)
+    return {
+        "submitted": examples,
+        "fooled": sum(row[3] for row in example_rows if row[1]),
+        "prompt": sum(row[3] for row in example_rows if row[2].value == "prompt"),
+        "no_prompt": sum(row[3] for row in example_rows if row[2].value == "no_prompt"),
+        **{s.value: sum(row[3] for row in example_rows if row[0] is s) for s in ExampleStatus},
+        "by_target_label": dict(targets),
+        "awaiting_reannotation": awaiting,
+        "awaiting_reannotation_no_new_validator": without_new,
+    }
+
+
+def _validation_stats(session: Session, rid: int, example_rows: Sequence[Any]) -> dict[str, Any]:
+    """The round's validations: all given, those counted, and the labels its examples need."""
+    labels_given = sum(int(row[4] or 0) for row in example_rows)
+    labels_needed = sum(int(row[5] or 0) for row in example_rows)
+    validations_total = (
+        session.scalar(select(func.count()).select_from(Validation).join(Example).where(Example.round_id == rid)) or 0
+    )
+    return {
+        "given": validations_total,
+        "counted": labels_given,
+        "needed": labels_needed,
+        "coverage": labels_given / labels_needed if labels_needed else None,
+    }
+
+
+def round_stats(session: Session, round_: Round) -> dict[str, Any]:
+    """Live statistics a researcher watches while a round runs."""
+    rid = round_.id
+    assignments = _assignment_stats(session, rid)
+    attempts = _attempt_stats(session, rid)
+    # The round's examples by status, fooled and condition, with the labels they have and need.
     example_rows = session.execute(
         select(
             Example.status,
@@ -437,67 +512,24 @@ def round_stats(session: Session, round_: Round) -> dict[str, Any]:
         .where(Example.round_id == rid)
         .group_by(Example.status, Example.fooled, Example.condition)
     ).all()
-    examples = sum(row[3] for row in example_rows)
-    confirmations = Counter(
-        dict(
-            session.execute(
-                select(Attempt.confirmed, func.count())
-                .join(Assignment, Attempt.assignment_id == Assignment.id)
-                .where(Assignment.round_id == rid, Attempt.fooled.is_(True), Attempt.confirmed.is_not(None))
-                .group_by(Attempt.confirmed)
-            ).all()
-        )
-    )
-    labels_given = sum(int(row[4] or 0) for row in example_rows)
-    labels_needed = sum(int(row[5] or 0) for row in example_rows)
-    validations_total = (
-        session.scalar(select(func.count()).select_from(Validation).join(Example).where(Example.round_id == rid)) or 0
-    )
+    confirmations = _confirmation_stats(session, rid)
+    validations = _validation_stats(session, rid, example_rows)
     prompts_total = session.scalar(select(func.count()).where(Prompt.round_id == rid)) or 0
     prompts_used = session.scalar(select(func.count()).where(Prompt.round_id == rid, Prompt.times_used > 0)) or 0
-    # Harvested examples have no target label (nobody wrote them for one).
-    targets = Counter(
-        "+".join(target)
-        for (target,) in session.execute(select(Example.target_label).where(Example.round_id == rid))
-        if target
-    )
+    examples = _example_stats(session, rid, example_rows)
     origins = dict(
         session.execute(
             select(Example.origin, func.count()).where(Example.round_id == rid).group_by(Example.origin)
         ).all()
     )
-    awaiting, without_new = _awaiting_reannotation(session, rid)
     return {
         "round": round_.number,
         "status": round_.status.value,
-        "assignments": {s.value: assignments.get(s, 0) for s in AssignmentStatus},
-        "attempts": {
-            "scored": scored,
-            "fooled": fooled_attempts,
-            "model_unavailable": unavailable,
-            "fooling_rate": fooled_attempts / scored if scored else None,
-        },
-        "confirmations": {
-            "yes": confirmations.get(True, 0),
-            "no": confirmations.get(False, 0),
-            "rate": (confirmations.get(True, 0) / sum(confirmations.values())) if confirmations else None,
-        },
-        "examples": {
-            "submitted": examples,
-            "fooled": sum(row[3] for row in example_rows if row[1]),
-            "prompt": sum(row[3] for row in example_rows if row[2].value == "prompt"),
-            "no_prompt": sum(row[3] for row in example_rows if row[2].value == "no_prompt"),
-            **{s.value: sum(row[3] for row in example_rows if row[0] is s) for s in ExampleStatus},
-            "by_target_label": dict(targets),
-            "awaiting_reannotation": awaiting,
-            "awaiting_reannotation_no_new_validator": without_new,
-        },
-        "validations": {
-            "given": validations_total,
-            "counted": labels_given,
-            "needed": labels_needed,
-            "coverage": labels_given / labels_needed if labels_needed else None,
-        },
+        "assignments": assignments,
+        "attempts": attempts,
+        "confirmations": confirmations,
+        "examples": examples,
+        "validations": validations,
         "prompts": {"total": prompts_total, "used": prompts_used},
         "examples_by_origin": {origin.value: origins.get(origin, 0) for origin in ExampleOrigin},
     }

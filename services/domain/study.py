@@ -142,6 +142,68 @@ def _code(value: str | None, field: str) -> str | None:
 # --- the researcher's links --------------------------------------------------------------------
 
 
+def _check_capacity(platform: Platform, quota: int, max_workers: int | None) -> None:
+    """A link's quota and its cap on workers, which a link that pays its workers must set."""
+    if quota < 1 or quota > 10_000:
+        raise Invalid("quota must be between 1 and 10000")
+    if max_workers is not None and not 1 <= max_workers <= 1_000_000:
+        raise Invalid("max_workers must be between 1 and 1000000, or null for no cap")
+    if platform in PAID_PLATFORMS and max_workers is None:
+        problem = (
+            f"a {platform.value} link pays its workers: set max_workers, the most workers it takes (the places "
+            "you pay for on the platform)"
+        )
+        raise Invalid(problem, problems=[f"max_workers: {problem}"])
+
+
+def _check_partial_pay(partial_pay_minor: int | None, partial_code: str | None) -> None:
+    """The pay of a stopped session, in minor units, and the partial code that earns it."""
+    if partial_pay_minor is not None:
+        if not 0 <= partial_pay_minor <= MAX_PAY_MINOR:
+            raise Invalid(f"partial_pay_minor must be between 0 and {MAX_PAY_MINOR} (minor units)")
+        if partial_code is None:
+            raise Invalid("partial_pay_minor needs partial_code: the platform's code for a partial submission")
+
+
+def _link_codes(
+    completion_code: str | None, screened_out_code: str | None, partial_code: str | None
+) -> dict[str, str | None]:
+    """The link's codes for the platform, cleaned, each another outcome: none equal to another."""
+    codes = {
+        "completion_code": _code(completion_code, "completion_code"),
+        "screened_out_code": _code(screened_out_code, "screened_out_code"),
+        "partial_code": _code(partial_code, "partial_code"),
+    }
+    given = [value for value in codes.values() if value is not None]
+    if len(given) != len(set(given)):
+        problem = (
+            "completion_code, screened_out_code and partial_code must differ: each tells the platform another outcome"
+        )
+        raise Invalid(problem, problems=[problem])
+    return codes
+
+
+def _check_worker_id_and_currency(platform: Platform, id_parameter: str | None, currency: str | None) -> None:
+    """The query parameter that carries a generic link's worker id (generic links only), and the
+    currency the study pays in (one the platform pays in)."""
+    if platform is Platform.generic:
+        if id_parameter is None or not PARAM_NAME_RE.match(id_parameter):
+            raise Invalid(
+                "a generic link needs id_parameter: the query parameter (1-64 letters, digits, '_' or '-') "
+                "that carries the worker's id"
+            )
+    elif id_parameter is not None:
+        raise Invalid(f"id_parameter is only for generic links; {platform.value} names its own parameters")
+    if currency is not None:
+        allowed = PLATFORM_CURRENCIES.get(platform)
+        if not re.fullmatch(r"[A-Z]{3}", currency) or (allowed is not None and currency not in allowed):
+            raise Invalid(
+                "currency must be the ISO 4217 code the study pays in"
+                + (f"; {platform.value} pays in {' or '.join(allowed)}" if allowed else ""),
+                field="currency",
+            )
+
+
 def create_link(
     session: Session,
     actor: User | None,
@@ -167,50 +229,12 @@ def create_link(
     round_ = session.get(Round, round_id)
     if round_ is None or round_.task_id != task.id:
         raise Invalid(f"task {task.name!r} has no round with id {round_id}; list its rounds first")
-    if quota < 1 or quota > 10_000:
-        raise Invalid("quota must be between 1 and 10000")
-    if max_workers is not None and not 1 <= max_workers <= 1_000_000:
-        raise Invalid("max_workers must be between 1 and 1000000, or null for no cap")
-    if platform in PAID_PLATFORMS and max_workers is None:
-        problem = (
-            f"a {platform.value} link pays its workers: set max_workers, the most workers it takes (the places "
-            "you pay for on the platform)"
-        )
-        raise Invalid(problem, problems=[f"max_workers: {problem}"])
+    _check_capacity(platform, quota, max_workers)
     if when_out_of_work not in OUT_OF_WORK:
         raise Invalid(f"when_out_of_work must be one of {list(OUT_OF_WORK)}")
-    if partial_pay_minor is not None:
-        if not 0 <= partial_pay_minor <= MAX_PAY_MINOR:
-            raise Invalid(f"partial_pay_minor must be between 0 and {MAX_PAY_MINOR} (minor units)")
-        if partial_code is None:
-            raise Invalid("partial_pay_minor needs partial_code: the platform's code for a partial submission")
-    codes = {
-        "completion_code": _code(completion_code, "completion_code"),
-        "screened_out_code": _code(screened_out_code, "screened_out_code"),
-        "partial_code": _code(partial_code, "partial_code"),
-    }
-    given = [value for value in codes.values() if value is not None]
-    if len(given) != len(set(given)):
-        problem = (
-            "completion_code, screened_out_code and partial_code must differ: each tells the platform another outcome"
-        )
-        raise Invalid(problem, problems=[problem])
-    if platform is Platform.generic:
-        if id_parameter is None or not PARAM_NAME_RE.match(id_parameter):
-            raise Invalid(
-                "a generic link needs id_parameter: the query parameter (1-64 letters, digits, '_' or '-') "
-                "that carries the worker's id"
-            )
-    elif id_parameter is not None:
-        raise Invalid(f"id_parameter is only for generic links; {platform.value} names its own parameters")
-    if currency is not None:
-        allowed = PLATFORM_CURRENCIES.get(platform)
-        if not re.fullmatch(r"[A-Z]{3}", currency) or (allowed is not None and currency not in allowed):
-            raise Invalid(
-                "currency must be the ISO 4217 code the study pays in"
-                + (f"; {platform.value} pays in {' or '.join(allowed)}" if allowed else ""),
-                field="currency",
-            )
+    _check_partial_pay(partial_pay_minor, partial_code)
+    codes = _link_codes(completion_code, screened_out_code, partial_code)
+    _check_worker_id_and_currency(platform, id_parameter, currency)
     opens = _aware(opens_at, "opens_at")
     closes = _aware(closes_at, "closes_at")
     if opens is not None and closes is not None and closes <= opens:

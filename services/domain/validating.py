@@ -394,6 +394,87 @@ NOT_LIVE_ITEM = (
 )
 
 
+def _record_validation(
+    session: Session,
+    validator: User,
+    example: Example,
+    name: str,
+    label: list[str],
+    flagged: bool,
+    reason: str | None,
+    seconds_taken: float | None,
+    idempotency_key: str | None,
+) -> Validation:
+    """Count the label on the example (one conditional UPDATE: never past the labels it needs)
+    and write the validation; :class:`Conflict` when the example has all its labels or another
+    request is recording the same label."""
+    counted = rows_matched(
+        session,
+        update(Example)
+        .where(
+            Example.id == example.id,
+            Example.status == ExampleStatus.validating,
+            Example.validation_count < Example.validations_needed,
+        )
+        .values(validation_count=Example.validation_count + 1)
+        .execution_options(synchronize_session=False),
+    )
+    if not counted:
+        raise Conflict(f"{name} already has all its labels; fetch your batch again")
+    validation = Validation(
+        example_id=example.id,
+        validator_id=validator.id,
+        label=label,
+        flagged=flagged,
+        flag_reason=reason,
+        seconds_taken=seconds_taken,
+        counted=True,
+        # The pass it belongs to: 0, or 1 once the example was re-queued for new validators.
+        annotation_pass=example.requeue_count,
+        idempotency_key=idempotency_key,
+    )
+    session.add(validation)
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        # example_id, not example.id: after the failed flush the session cannot load anything.
+        raise Conflict(f"your label for {name} is being recorded by another request; retry") from exc
+    return validation
+
+
+def _answer_item(
+    session: Session,
+    validator: User,
+    example: Example,
+    item: ValidationBatchItem,
+    validation: Validation,
+    label: list[str],
+    flagged: bool,
+) -> None:
+    """The validator's claim on the example is done with; its batch item is answered by ``validation``."""
+    session.execute(
+        delete(ValidationClaim).where(
+            ValidationClaim.example_id == example.id, ValidationClaim.validator_id == validator.id
+        )
+    )
+    item.answered_at = validation.created_at
+    item.validation_id = validation.id
+    item.label = label
+    item.flagged = flagged
+
+
+def _judge_validator_each_batch(session: Session, validator: User, round_: Round, definition: TaskDefinition) -> None:
+    """Judge the validator's agreement once every full batch of their labels in the round."""
+    # "After each batch window" (DynaSent App. B): judge this validator every full batch of
+    # labels in this round, on this round's labels. Counting and judging over the whole task
+    # read every label of every earlier round again each batch, so labelling slowed as the
+    # database grew (docs/benchmarks.md, "Labelling"); the researcher's
+    # ``worker-quality/apply`` still judges the whole task.
+    given = session.scalar(labels_in_round(validator.id, round_.id)) or 0
+    if given % definition.validation_batch_size == 0:
+        apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id, round_=round_)
+
+
 def submit_validation(
     session: Session,
     validator: User,
@@ -448,57 +529,14 @@ def submit_validation(
             # 409, not 403: the validator may label examples (the policy's answer); this one is
             # not theirs to label now.
             raise Conflict(f"example {example_id} {NOT_LIVE}")
-    counted = rows_matched(
-        session,
-        update(Example)
-        .where(
-            Example.id == example.id,
-            Example.status == ExampleStatus.validating,
-            Example.validation_count < Example.validations_needed,
-        )
-        .values(validation_count=Example.validation_count + 1)
-        .execution_options(synchronize_session=False),
+    validation = _record_validation(
+        session, validator, example, name, label, flagged, reason, seconds_taken, idempotency_key
     )
-    if not counted:
-        raise Conflict(f"{name} already has all its labels; fetch your batch again")
-    validation = Validation(
-        example_id=example.id,
-        validator_id=validator.id,
-        label=label,
-        flagged=flagged,
-        flag_reason=reason,
-        seconds_taken=seconds_taken,
-        counted=True,
-        # The pass it belongs to: 0, or 1 once the example was re-queued for new validators.
-        annotation_pass=example.requeue_count,
-        idempotency_key=idempotency_key,
-    )
-    session.add(validation)
-    try:
-        session.flush()
-    except IntegrityError as exc:
-        # example_id, not example.id: after the failed flush the session cannot load anything.
-        raise Conflict(f"your label for {name} is being recorded by another request; retry") from exc
-    session.execute(
-        delete(ValidationClaim).where(
-            ValidationClaim.example_id == example.id, ValidationClaim.validator_id == validator.id
-        )
-    )
-    item.answered_at = validation.created_at
-    item.validation_id = validation.id
-    item.label = label
-    item.flagged = flagged
+    _answer_item(session, validator, example, item, validation, label, flagged)
     session.refresh(example)
     if example.validation_count >= example.validations_needed:
         finalize_example(session, example, definition)
-    # "After each batch window" (DynaSent App. B): judge this validator every full batch of
-    # labels in this round, on this round's labels. Counting and judging over the whole task
-    # read every label of every earlier round again each batch, so labelling slowed as the
-    # database grew (docs/benchmarks.md, "Labelling"); the researcher's
-    # ``worker-quality/apply`` still judges the whole task.
-    given = session.scalar(labels_in_round(validator.id, round_.id)) or 0
-    if given % definition.validation_batch_size == 0:
-        apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id, round_=round_)
+    _judge_validator_each_batch(session, validator, round_, definition)
     return validation, True
 
 
