@@ -20,14 +20,16 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from statsmodels.stats.inter_rater import fleiss_kappa
 
-from rounds.build.report import PLOTS_NOT_DRAWN
+from rounds.build.report import PLOTS_NOT_DRAWN, report_json
+from rounds.build.report_schema import RoundReport
 from tests.built_round import LABELS, BuiltRound, write_and_label
 from tests.conftest import Actor, MakeUser, example_yaml, free_port, label_example, open_round
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 # Each test round's report JSON as the untyped report code wrote it before the report became
-# typed dataclasses (rounds/build/report.py): builds store it, the API serves it and report.md
-# renders it, so the typed report must write exactly the same.
+# typed (rounds/build/report_schema.py): builds store it, the API serves it and report.md renders
+# it, so the typed report must write exactly the same. (Since the API answers with the builder's
+# own models, its agreement section keeps the stored order: the split kappas after the counts.)
 REPORTS = Path(__file__).parent / "data" / "round_reports"
 
 
