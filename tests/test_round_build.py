@@ -343,7 +343,10 @@ def test_cli_build_writes_report_and_plots_and_exports(built: BuiltRound, databa
         ):
             assert (out / name).stat().st_size > 0, name
         assert (out / "edit_distance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    text = (out / "report.json").read_text(encoding="utf-8")
+    report = json.loads(text)
+    # One schema: report.json is RoundReport's stored JSON; read back, it is written again byte for byte.
+    assert report_json(RoundReport.model_validate_json(text).to_dict()) == text
     # The same seed gives the same splits as the API's build.
     assert report["counts"] == built["build"]["report"]["counts"]
     data = tmp_path / "data"
