@@ -20,15 +20,17 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from statsmodels.stats.inter_rater import fleiss_kappa
 
-from rounds.build.report import PLOTS_NOT_DRAWN
+from rounds.build.report import PLOTS_NOT_DRAWN, report_json
+from rounds.build.report_schema import RoundReport
 from tests.built_round import LABELS, BuiltRound, simulate_built_round, write_and_label, write_example
 from tests.conftest import Actor, MakeUser, empty_tables, example_yaml, free_port, label_example, open_round
 from tests.row_snapshots import read_rows, restore_rows
 from tests.stub_model_server import ThreadedServer, create_stub_app
 
 # Each test round's report JSON as the untyped report code wrote it before the report became
-# typed dataclasses (rounds/build/report.py): builds store it, the API serves it and report.md
-# renders it, so the typed report must write exactly the same.
+# typed (rounds/build/report_schema.py): builds store it, the API serves it and report.md renders
+# it, so the typed report must write exactly the same. (Since the API answers with the builder's
+# own models, its agreement section keeps the stored order: the split kappas after the counts.)
 REPORTS = Path(__file__).parent / "data" / "round_reports"
 
 
@@ -342,7 +344,10 @@ def test_cli_build_writes_report_and_plots_and_exports(built: BuiltRound, databa
         ):
             assert (out / name).stat().st_size > 0, name
         assert (out / "edit_distance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    text = (out / "report.json").read_text(encoding="utf-8")
+    report = json.loads(text)
+    # One schema: report.json is RoundReport's stored JSON; read back, it is written again byte for byte.
+    assert report_json(RoundReport.model_validate_json(text).to_dict()) == text
     # The same seed gives the same splits as the API's build.
     assert report["counts"] == built["build"]["report"]["counts"]
     data = tmp_path / "data"

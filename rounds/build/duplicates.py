@@ -23,7 +23,6 @@ reason and are not counted here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,7 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from rounds.build.report_schema import ReportDuplicates
 from services.db.models import Example, ExampleText, Round
 from services.domain.duplicates import example_hash
 
@@ -39,27 +39,12 @@ CONFLICTING = "duplicate_conflicting_gold"
 EARLIER_ROUND = "duplicate_of_earlier_round"
 
 
-@dataclass(frozen=True)
-class DuplicateSummary:
-    """What a build did with repeated texts; the report's ``duplicates`` section."""
-
-    merged: int  # copies excluded because another copy of their text was kept
-    conflicting_groups: int  # texts whose copies had different gold labels (all excluded)
-    conflicting_examples: int
-    earlier_round: int  # copies of a text that an earlier round of the task holds
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "merged": self.merged,
-            "conflicting_gold_texts": self.conflicting_groups,
-            "conflicting_gold_examples": self.conflicting_examples,
-            "in_an_earlier_round": self.earlier_round,
-            "rule": (
-                "one copy per normalized text (NFC, case folded, punctuation and invisible characters removed, "
-                "white space collapsed): copies that agree keep the one with the most votes, copies with "
-                "different gold labels are all excluded, texts of an earlier round of the task are excluded"
-            ),
-        }
+# The rule the report's ``duplicates`` section states.
+RULE = (
+    "one copy per normalized text (NFC, case folded, punctuation and invisible characters removed, "
+    "white space collapsed): copies that agree keep the one with the most votes, copies with "
+    "different gold labels are all excluded, texts of an earlier round of the task are excluded"
+)
 
 
 def hashes_of(examples: pd.DataFrame) -> list[str]:
@@ -93,10 +78,11 @@ def _gold_key(value: Any) -> Any:
 
 def collapse(
     example_ids: np.ndarray, hashes: list[str], gold: pd.DataFrame, dropped: np.ndarray, earlier: set[str]
-) -> DuplicateSummary:
+) -> ReportDuplicates:
     """Mark the repeats of each text as excluded, in place: ``gold`` (indexed by example id, with
     ``gold``, ``gold_votes``, ``kept`` and ``reason``) gets their reason and ``kept = False``,
-    ``dropped`` (aligned with ``example_ids``) is set for them."""
+    ``dropped`` (aligned with ``example_ids``) is set for them. Returns the report's
+    ``duplicates`` section."""
     groups: dict[str, list[int]] = {}
     for position, digest in enumerate(hashes):
         if not dropped[position]:
@@ -132,4 +118,10 @@ def collapse(
             if position != keep:
                 exclude(position, DUPLICATE)
                 merged += 1
-    return DuplicateSummary(merged, conflicting_groups, conflicting, in_earlier)
+    return ReportDuplicates(
+        merged=merged,
+        conflicting_gold_texts=conflicting_groups,
+        conflicting_gold_examples=conflicting,
+        in_an_earlier_round=in_earlier,
+        rule=RULE,
+    )

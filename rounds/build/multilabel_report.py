@@ -28,7 +28,7 @@ import pandas as pd
 from sklearn.metrics import f1_score
 
 from rounds.build import agreement, response_sets
-from rounds.build.report_schema import MultiLabelSection
+from rounds.build.report_schema import MultiLabelHuman, MultiLabelSection
 from rounds.build.round_data import BuildOutcome
 
 
@@ -140,14 +140,14 @@ def multilabel_section(outcome: BuildOutcome) -> MultiLabelSection:
         )
         if isinstance(g, tuple) and not dropped
     }
-    human = {}
+    human: dict[str, MultiLabelHuman] = {}
     for name in ("dev", "test"):
         # No responses on a split (e.g. imported gold): no human estimate there, not an empty one.
         estimate = multilabel_human_f1(
             gold_responses, gold, labels=labels, examples=outcome.ids[name], seed=outcome.settings.seed
         )
         if estimate:
-            human[name] = _round_floats(estimate)
+            human[name] = MultiLabelHuman.model_validate(_round_floats(estimate))
     counts = outcome.result.report.counts_by_gold.to_dict("index")
     label_counts = {
         label: {s: int(counts.get(label, {}).get(s, 0)) for s in ("train", "dev", "test")} for label in labels

@@ -22,6 +22,7 @@ from rounds.build.prepare import make_splits, prepare
 from rounds.build.preview import nothing_builds, relaxations_for
 from rounds.build.report import write_report
 from rounds.build.report_assembly import assemble_report
+from rounds.build.report_schema import RoundReport
 from rounds.build.round_data import BuildOutcome, Prepared, RoundData
 from services.db.models import BuiltExample, Round, RoundBuild, RoundStatus, User, utcnow
 from services.domain import audit
@@ -124,16 +125,17 @@ def build_round(
         policy,
         model_based,
     )
-    assembled, plot = assemble_report(outcome)
-    report = _with_sources(assembled.to_dict(), prepared)
-    build.report = report
+    report, plot = assemble_report(outcome)
+    _add_sources(report, prepared)
+    build.report = report.to_dict()
     round_.status = RoundStatus.built
     round_.built_at = utcnow()
     audit.record(session, actor, "round.build", "round", round_.id, build_id=build.id, seed=settings.seed)
     session.flush()
     if out_dir is not None:
-        written = write_report(report, plot, out_dir)
-        build.report = {**report, "files": [p.name for p in written]}
+        written = write_report(report.to_dict(), plot, out_dir)
+        report.files = [p.name for p in written]
+        build.report = report.to_dict()
     return build
 
 
@@ -216,18 +218,17 @@ def _built_example_rows(
     return rows
 
 
-def _with_sources(report: dict[str, Any], prepared: Prepared) -> dict[str, Any]:
-    """The report with what the build did with repeated texts and, for a round with imported
-    examples, where its gold labels came from."""
+def _add_sources(report: RoundReport, prepared: Prepared) -> None:
+    """What the build did with repeated texts and, for a round with imported examples, where its
+    gold labels came from, into the report."""
     if prepared.duplicates is not None:
-        report["duplicates"] = prepared.duplicates.to_dict()
+        report.duplicates = prepared.duplicates
     source = statistics.gold_source(prepared.data, prepared.gold)
     if source is not None:
-        report["datasheet"]["gold_source"] = source
-        if source["imported_gold"]:
-            sheet = report["datasheet"]
-            sheet["gold_rule"] = (
-                f"{sheet['gold_rule']} for gold computed here; {source['imported_gold']} gold label(s) "
+        sheet = report.datasheet
+        sheet.gold_source = source
+        if source.imported_gold:
+            sheet.gold_rule = (
+                f"{sheet.gold_rule} for gold computed here; {source.imported_gold} gold label(s) "
                 "taken from the imported dataset"
             )
-    return report

@@ -1,6 +1,6 @@
-"""The round report for people: Markdown from the report dict (the models are
-rounds.build.report_schema's), the report files (report.json, report.md) and PNG plots from
-the build's plot data.
+"""The round report for people: Markdown from the report dict (the stored JSON of
+:class:`rounds.build.report_schema.RoundReport`, ``RoundReport.to_dict()``), the report files
+(report.json, report.md) and PNG plots from the build's plot data.
 """
 
 from __future__ import annotations
@@ -524,13 +524,16 @@ def write_plots(data: PlotData, out_dir: Path) -> list[Path]:
     return written
 
 
+def report_json(report: Mapping[str, Any]) -> str:
+    """report.json's text: the report dict (``RoundReport.to_dict()``) as indented JSON."""
+    return json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n"
+
+
 def write_report(report: Mapping[str, Any], data: PlotData | None, out_dir: Path) -> list[Path]:
     """report.json, report.md and the plots into ``out_dir``; without the `plots` extra, report.md
     says the figures were not drawn."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(
-        json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
-    )
+    (out_dir / "report.json").write_text(report_json(report), encoding="utf-8")
     draw = data is not None and not missing_modules("plots")
     markdown = render_markdown(report)
     if data is not None and not draw:

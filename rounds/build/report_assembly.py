@@ -12,15 +12,16 @@ from __future__ import annotations
 import datetime as dt
 
 from rounds.build import human, multilabel_report, statistics
+from rounds.build.build_settings import BuildSettings
 from rounds.build.report import PlotData, splits_heading
 from rounds.build.report_schema import (
-    Agreement,
-    CollectionPeriod,
+    Collected,
     Datasheet,
     HumanF1,
     MultiLabelSection,
+    ReportAgreement,
+    ReportSplits,
     RoundReport,
-    SplitsSummary,
 )
 from rounds.build.round_data import BuildOutcome
 
@@ -45,10 +46,11 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         round=outcome.round_.number,
         seed=settings.seed,
         built_at=dt.datetime.now(dt.UTC).isoformat(),
-        config=settings.model_dump(),
+        # Every setting, defaults included: validated from its dump, each one is set (and stored).
+        config=BuildSettings.model_validate(settings.model_dump()),
         counts=counts,
         splits=split_summary,
-        agreement=report_agreement,
+        agreement=report_agreement or ReportAgreement(),  # empty: no counted labels
         human_f1=human_f1,
         fooling=fooling,
         conditions=conditions,
@@ -56,26 +58,30 @@ def assemble_report(outcome: BuildOutcome) -> tuple[RoundReport, PlotData]:
         intended_vs_perceived=statistics.intended_vs_perceived(outcome),
         datasheet=_datasheet(outcome, split_summary, report_agreement, human_f1, multi_label),
         agreement_counts=statistics.agreement_counts(outcome),
-        multi_label=multi_label,
-        label_names=definition.display_names if definition.label_names else None,
         responses=outcome.data.selection,
         model_based=statistics.model_based_comparison(outcome),
     )
+    # Stored only where they apply: a multi-label round's section, the labels' display names.
+    if multi_label is not None:
+        report.multi_label = multi_label
+    names = definition.display_names if definition.label_names else None
+    if names:
+        report.label_names = dict(names)
     return report, plot
 
 
 def _datasheet(
     outcome: BuildOutcome,
-    split_summary: SplitsSummary,
-    report_agreement: Agreement | None,
+    split_summary: ReportSplits,
+    report_agreement: ReportAgreement | None,
     human_f1: HumanF1,
     multi_label: MultiLabelSection | None = None,
 ) -> Datasheet:
     definition, round_ = outcome.data.definition, outcome.round_
     macro = {split: table.get(human.MACRO) for split, table in human_f1.items()}
-    human_macro = {split: scores.f1 if scores is not None else None for split, scores in macro.items()}
+    human_macro = {split: scores.get("f1") if scores is not None else None for split, scores in macro.items()}
     if multi_label is not None:  # per-label macro-F1 of the synthetic annotators (multilabel_report)
-        human_macro = {split: scores.get("macro_f1") for split, scores in multi_label.human_f1.items()}
+        human_macro = {split: scores.macro_f1 for split, scores in multi_label.human_f1.items()}
     return Datasheet(
         title=definition.title,
         task=definition.name,
@@ -84,7 +90,7 @@ def _datasheet(
         domain=definition.domain,
         licence=definition.licence or "not set",
         round=round_.number,
-        collected=CollectionPeriod(opened=_iso(round_.opened_at), closed=_iso(round_.closed_at)),
+        collected=Collected(opened=_iso(round_.opened_at), closed=_iso(round_.closed_at)),
         prompt_sources=_prompt_sources(outcome),
         examples=len(outcome.data.examples),
         validations=outcome.data.selection.counted if outcome.data.selection else len(outcome.data.responses),
@@ -93,7 +99,7 @@ def _datasheet(
         dev_test_rule=_dev_test_rule(outcome, split_summary),
         build_policy=_build_policy(outcome, split_summary),
         agreement_counts=(lambda c: dict(c.at_least) if c else {})(statistics.agreement_counts(outcome)),
-        agreement=report_agreement,
+        agreement=report_agreement or ReportAgreement(),
         human_f1_macro=human_macro,
         model_f1_macro={split: assessment.model_macro_f1 for split, assessment in split_summary.assessment.items()},
         responses_used=outcome.data.selection.statement if outcome.data.selection else "",
@@ -113,7 +119,7 @@ def _prompt_sources(outcome: BuildOutcome) -> list[str]:
     return ["none: the round has no prompts"]
 
 
-def _dev_test_rule(outcome: BuildOutcome, split_summary: SplitsSummary) -> str:
+def _dev_test_rule(outcome: BuildOutcome, split_summary: ReportSplits) -> str:
     policy = outcome.policy
     imported = statistics.imported_gold_examples(outcome)
     from_here = len(outcome.data.examples) - imported
@@ -157,7 +163,7 @@ def _dev_test_rule(outcome: BuildOutcome, split_summary: SplitsSummary) -> str:
     return f"{votes}; {where}; {balance}{guard}"
 
 
-def _build_policy(outcome: BuildOutcome, split_summary: SplitsSummary) -> str:
+def _build_policy(outcome: BuildOutcome, split_summary: ReportSplits) -> str:
     heading = splits_heading(split_summary.to_dict())
     if not split_summary.model_predictions:
         imported = bool((outcome.data.examples["origin"] == "imported").all())

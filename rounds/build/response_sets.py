@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from rounds.build import aggregation, agreement
-from rounds.build.report_schema import ResponseSelection
+from rounds.build.report_schema import ReportResponses
 from services.domain.labels import exclusive_gold
 from services.taskdef import TaskDefinition
 
@@ -40,7 +40,7 @@ class ResponseSets:
     used_passes: np.ndarray | None  # each used response's annotation pass (multi-label), aligned
     kept: pd.DataFrame  # every pass's kept responses: what the build records and exports
     kept_passes: np.ndarray | None
-    selection: ResponseSelection
+    selection: ReportResponses
 
 
 def _ranking(definition: TaskDefinition, responses: pd.DataFrame) -> pd.Series:
@@ -86,7 +86,7 @@ def select_responses(definition: TaskDefinition, responses: pd.DataFrame, passes
     per_example = used.groupby("example_id").size() if not used.empty else pd.Series(dtype=int)
     fewer = int((per_example < k).sum())
     histogram = Counter(set_aside.values())
-    selection = ResponseSelection(
+    selection = ReportResponses(
         per_example=k,
         counted=len(responses),
         used=len(used),
@@ -109,7 +109,7 @@ def select_responses(definition: TaskDefinition, responses: pd.DataFrame, passes
     )
 
 
-def statement(selection: ResponseSelection) -> str:
+def statement(selection: ReportResponses) -> str:
     """What the report and the datasheet say about the responses the statistics read."""
     k = selection.per_example
     parts = [

@@ -14,8 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rounds.build.build_settings import BuildSettings, EffectivePolicy
-from rounds.build.duplicates import DuplicateSummary
-from rounds.build.report_schema import ResponseSelection
+from rounds.build.report_schema import ReportDuplicates, ReportResponses
 from rounds.build.splits import SplitResult
 from services.db.models import Round
 from services.taskdef import TaskDefinition
@@ -41,7 +40,7 @@ class RoundData:
     # ``selection`` says what was set aside and why.
     kept: pd.DataFrame | None = None
     kept_passes: np.ndarray | None = None
-    selection: ResponseSelection | None = None
+    selection: ReportResponses | None = None
 
 
 @dataclass
@@ -54,7 +53,7 @@ class Prepared:
     split_input: pd.DataFrame
     eligible: pd.DataFrame
     # What was done with repeated texts (rounds/build/duplicates.py): one copy per text.
-    duplicates: DuplicateSummary | None = None
+    duplicates: ReportDuplicates | None = None
 
 
 @dataclass

@@ -24,30 +24,28 @@ from sklearn.metrics import cohen_kappa_score
 from rounds.build import aggregation, agreement, human, multilabel_report, response_sets
 from rounds.build.report import PlotData
 from rounds.build.report_schema import (
-    Agreement,
     AgreementCounts,
-    ClassScores,
+    AssessmentSplit,
     ConditionSummary,
     CountRow,
-    Counts,
-    Fooling,
+    GoldSource,
     HumanF1,
+    ImportedFile,
     IntendedVsPerceived,
-    ModelBasedComparison,
-    MultiLabelAgreementSummary,
-    SingleLabelAgreement,
-    SplitAssessment,
-    SplitsSummary,
-    WorkerAgreementSummary,
-    WorkerGold,
-    Workers,
+    ReportAgreement,
+    ReportCounts,
+    ReportFooling,
+    ReportModelBased,
+    ReportSplits,
+    ReportWorkerGold,
+    ReportWorkers,
 )
 from rounds.build.round_data import BuildOutcome, RoundData
 from services.taskdef import TaskFamily
 from services.text import normalized_edit_distance
 
 
-def split_counts(outcome: BuildOutcome) -> Counts:
+def split_counts(outcome: BuildOutcome) -> ReportCounts:
     """DynaSent Table 4/7: distributional train, majority train/dev/test by gold label."""
     split_report = outcome.result.report
     # Distributional labels come from responses (rounds.build.pipeline._distributional): a train
@@ -86,20 +84,22 @@ def split_counts(outcome: BuildOutcome) -> Counts:
         str(reason) for reason, dropped in zip(outcome.gold["reason"], outcome.dropped, strict=True) if dropped
     )
     excluded.update({reason: n for reason, n in split_report.excluded.items() if n})
-    return Counts(labels=list(outcome.data.definition.labels), rows=rows, total=total, excluded=dict(excluded))
+    return ReportCounts(
+        labels=list(outcome.data.definition.labels), rows=rows, total=total, excluded=dict(excluded)
+    )
 
 
-def split_summary(outcome: BuildOutcome) -> SplitsSummary:
+def split_summary(outcome: BuildOutcome) -> ReportSplits:
     split_report = outcome.result.report
     assessment = {
-        name: SplitAssessment(
+        name: AssessmentSplit(
             examples=len(outcome.ids[name]),
             model_macro_f1=_finite(split_report.model_metrics.get(name, {}).get("macro_f1")),
             model_accuracy=_finite(split_report.model_metrics.get(name, {}).get("accuracy")),
         )
         for name in ("dev", "test")
     }
-    return SplitsSummary(
+    return ReportSplits(
         assessment=assessment,
         chance=outcome.chance,
         cell_count=split_report.dev_per_cell,
@@ -107,7 +107,7 @@ def split_summary(outcome: BuildOutcome) -> SplitsSummary:
         chance_macro_f1=_finite(split_report.chance_macro_f1),
         at_chance=split_report.at_chance,
         notes=list(split_report.notes),
-        policy=outcome.policy.model_dump(),
+        policy=outcome.policy,
         cells=_cells(outcome),
         independence=_independence(outcome),
         balance=dict(split_report.balance),
@@ -230,7 +230,7 @@ def agreement_counts(outcome: BuildOutcome) -> AgreementCounts | None:
     )
 
 
-def inter_annotator_agreement(outcome: BuildOutcome) -> Agreement | None:
+def inter_annotator_agreement(outcome: BuildOutcome) -> ReportAgreement | None:
     """Chance-corrected agreement of the counted labels; a measure this round cannot support
     (e.g. unequal rater counts) is missing rather than failing the build."""
     definition, responses = outcome.data.definition, outcome.data.responses
@@ -242,7 +242,7 @@ def inter_annotator_agreement(outcome: BuildOutcome) -> Agreement | None:
         ml, part = multilabel_report.multilabel_agreement_summary(responses, labels=definition.labels, k=n)
         if ml is None:
             return None
-        return MultiLabelAgreementSummary(
+        return ReportAgreement(
             mean_fleiss_kappa=_finite(ml.mean_fleiss),
             mean_randolph_kappa=_finite(ml.mean_randolph),
             mean_krippendorff_alpha=_finite(ml.mean_alpha),
@@ -256,7 +256,7 @@ def inter_annotator_agreement(outcome: BuildOutcome) -> Agreement | None:
     answered = int(responses["example_id"].nunique())
     responses = response_sets.with_k_responses(responses, n)
     rated = int(responses["example_id"].nunique())
-    summary = SingleLabelAgreement(
+    summary = ReportAgreement(
         fleiss_kappa=_finite(_safe(lambda: agreement.fleiss_kappa(responses, labels=labels, n_raters=n))),
         krippendorff_alpha=_finite(_safe(lambda: agreement.krippendorff_alpha(responses, labels=labels))),
         randolph_kappa=_finite(_safe(lambda: agreement.randolph_kappa(responses, labels=labels, n_raters=n))),
@@ -273,9 +273,8 @@ def inter_annotator_agreement(outcome: BuildOutcome) -> Agreement | None:
     for name in ("dev", "test"):
         subset = responses[responses["example_id"].isin(outcome.ids[name])]
         if not subset.empty:
-            summary.fleiss_kappa_by_split[name] = _finite(
-                _safe(lambda subset=subset: agreement.fleiss_kappa(subset, labels=labels, n_raters=n))
-            )
+            kappa = _finite(_safe(lambda subset=subset: agreement.fleiss_kappa(subset, labels=labels, n_raters=n)))
+            setattr(summary, f"fleiss_kappa_{name}", kappa)
     if definition.family is TaskFamily.target_dependent:
         kappas = _safe(
             lambda: agreement.target_sentiment_kappas(
@@ -292,7 +291,7 @@ def inter_annotator_agreement(outcome: BuildOutcome) -> Agreement | None:
     return summary
 
 
-def model_based_comparison(outcome: BuildOutcome) -> ModelBasedComparison | None:
+def model_based_comparison(outcome: BuildOutcome) -> ReportModelBased | None:
     """The model-based labels beside gold (computed from responses, not imported), on the
     examples that have both; per label the two chosen/not-chosen columns, with sklearn's
     Cohen's kappa (None where it is undefined: both columns hold one same value)."""
@@ -307,7 +306,7 @@ def model_based_comparison(outcome: BuildOutcome) -> ModelBasedComparison | None
     }
     both = [e for e in outcome.model_based if e in gold]
     same = sum(1 for e in both if sorted(outcome.model_based[e]) == sorted(gold[e]))
-    per_label: dict[str, dict[str, Any]] = {}
+    per_label: dict[str, dict[str, int | float | None]] = {}
     for label in outcome.data.definition.labels:
         in_gold = np.array([label in gold[e] for e in both], dtype=int)
         in_model = np.array([label in outcome.model_based[e] for e in both], dtype=int)
@@ -325,7 +324,7 @@ def model_based_comparison(outcome: BuildOutcome) -> ModelBasedComparison | None
             "agreement": _finite(float((in_gold == in_model).mean())) if len(both) else None,
             "kappa": kappa,
         }
-    return ModelBasedComparison(
+    return ReportModelBased(
         method=str(method),
         examples=len(outcome.model_based),
         with_gold=len(both),
@@ -362,17 +361,17 @@ def human_f1(outcome: BuildOutcome) -> HumanF1:
                 random_state=outcome.settings.seed,
             ).scores
             human_f1[name] = {
-                str(k): ClassScores(
-                    precision=_finite(float(row["precision"])),
-                    recall=_finite(float(row["recall"])),
-                    f1=_finite(float(row["f1"])),
-                )
+                str(k): {
+                    "precision": _finite(float(row["precision"])),
+                    "recall": _finite(float(row["recall"])),
+                    "f1": _finite(float(row["f1"])),
+                }
                 for k, row in scores.iterrows()
             }
     return human_f1
 
 
-def fooling(outcome: BuildOutcome) -> Fooling:
+def fooling(outcome: BuildOutcome) -> ReportFooling:
     attempts, examples = outcome.data.attempts, outcome.data.examples
     validated_fooling = 0
     for example_id, target, fooled in zip(
@@ -382,7 +381,7 @@ def fooling(outcome: BuildOutcome) -> Fooling:
         if fooled and gold is not None and (list(gold) if isinstance(gold, tuple) else [gold]) == list(target):
             validated_fooling += 1
     predicted = with_prediction(outcome)
-    return Fooling(
+    return ReportFooling(
         attempts=len(attempts),
         fooled_attempts=int(attempts["fooled"].fillna(False).sum()) if len(attempts) else 0,
         attempt_fooling_rate=_finite(float(attempts["fooled"].fillna(False).mean())) if len(attempts) else None,
@@ -446,30 +445,38 @@ def condition_summaries(data: RoundData, seed: int) -> tuple[dict[str, Condition
     )
 
 
-def worker_summary(outcome: BuildOutcome) -> tuple[Workers, pd.DataFrame | None]:
+def worker_summary(outcome: BuildOutcome) -> tuple[ReportWorkers, pd.DataFrame | None]:
     """Writers and validators, with the validators' agreement with the majority (DynaSent
-    Fig. 6) on single-label tasks; the per-validator rates come back for the plot."""
+    Fig. 6) on single-label tasks and, for a round whose batches held control items, their gold
+    accuracy; the per-validator rates come back for the plot."""
     definition, examples, responses = outcome.data.definition, outcome.data.examples, outcome.data.responses
-    workers = Workers(
+    workers = ReportWorkers(
         writers=int(examples["writer_id"].nunique()),
         validators=int(responses["worker_id"].nunique()) if not responses.empty else 0,
     )
     if responses.empty or definition.is_multi_label:
-        workers.gold = worker_gold(outcome, None)
+        _set_gold(workers, worker_gold(outcome, None))
         return workers, None
     rates = agreement.worker_agreement(
         responses, labels=definition.effective_validation_labels, min_votes=definition.agreement.gold_min_votes
     )
-    workers.agreement = WorkerAgreementSummary(
-        never_disagreed=int((rates["agreement_rate"] == 1.0).sum()),
-        mean_agreement_rate=_finite(float(rates["agreement_rate"].mean())),
-        labels_per_validator_median=_finite(float(rates["n_labels"].median())),
-    )
-    workers.gold = worker_gold(outcome, rates)
+    workers.never_disagreed = int((rates["agreement_rate"] == 1.0).sum())
+    workers.mean_agreement_rate = _finite(float(rates["agreement_rate"].mean()))
+    workers.labels_per_validator_median = _finite(float(rates["n_labels"].median()))
+    _set_gold(workers, worker_gold(outcome, rates))
     return workers, rates
 
 
-def worker_gold(outcome: BuildOutcome, rates: pd.DataFrame | None) -> list[WorkerGold] | None:
+def _set_gold(workers: ReportWorkers, rows: list[ReportWorkerGold] | None) -> None:
+    """Each validator's gold accuracy and their mean; nothing for a round without control items."""
+    if rows is None:
+        return
+    rates = [row.gold_accuracy for row in rows if row.gold_accuracy is not None]
+    workers.mean_gold_accuracy = round(sum(rates) / len(rates), 4) if rates else None
+    workers.gold_accuracy = rows
+
+
+def worker_gold(outcome: BuildOutcome, rates: pd.DataFrame | None) -> list[ReportWorkerGold] | None:
     """Each validator's gold accuracy on the round's control items beside their agreement with
     the majority; None for a round whose batches held no control item."""
     answers = outcome.data.control_answers
@@ -485,7 +492,7 @@ def worker_gold(outcome: BuildOutcome, rates: pd.DataFrame | None) -> list[Worke
         right = int(given["sum"].get(worker, 0))
         rate = rates["agreement_rate"].get(worker) if rates is not None else None
         rows.append(
-            WorkerGold(
+            ReportWorkerGold(
                 validator=f"v{number}",
                 labels=int(labels.get(worker, 0)),
                 agreement_rate=None if rate is None or pd.isna(rate) else round(float(rate), 4),
@@ -527,7 +534,11 @@ def intended_vs_perceived(outcome: BuildOutcome) -> IntendedVsPerceived | None:
         responses, pd.Series(intended), labels=definition.effective_validation_labels, positive=definition.labels[0]
     )
     return IntendedVsPerceived(
-        confusion=comparison.confusion.to_dict(),
+        # perceived -> intended -> examples (the frame's columns, then its rows)
+        confusion={
+            str(perceived): {str(intended): int(n) for intended, n in column.items()}
+            for perceived, column in comparison.confusion.to_dict().items()
+        },
         precision=_finite(comparison.precision),
         recall=_finite(comparison.recall),
         f1=_finite(comparison.f1),
@@ -546,7 +557,7 @@ def imported_gold_examples(outcome: BuildOutcome) -> int:
     )
 
 
-def gold_source(data: RoundData, gold: pd.DataFrame) -> dict[str, Any] | None:
+def gold_source(data: RoundData, gold: pd.DataFrame) -> GoldSource | None:
     """Where the build's gold labels came from, when any came from an import (None otherwise)."""
     metas = dict(zip(data.examples["example_id"].astype(int), data.examples["source_metadata"], strict=True))
     imports = {
@@ -567,16 +578,17 @@ def gold_source(data: RoundData, gold: pd.DataFrame) -> dict[str, Any] | None:
         1 for meta in metas.values() if isinstance(meta, dict) and meta.get("gold") and meta.get("gold_votes")
     )
     kept_splits = sum(1 for meta in metas.values() if isinstance(meta, dict) and meta.get("split"))
-    return {
-        "imported_gold": from_import,
-        "imported_gold_with_votes": with_votes,
-        "imported_with_original_split": kept_splits,
-        "from_responses": int(has_gold.sum()) - from_import,
-        "imports": [
-            {"kind": kind, "name": name, "sha256": sha256, **({"source": source} if source else {})}
+    return GoldSource(
+        imported_gold=from_import,
+        imported_gold_with_votes=with_votes,
+        imported_with_original_split=kept_splits,
+        from_responses=int(has_gold.sum()) - from_import,
+        # An import that named no source has none (the key is absent, not null).
+        imports=[
+            ImportedFile(kind=kind, name=name, sha256=sha256, **({"source": source} if source else {}))
             for kind, name, sha256, source in sorted(imports, key=str)
         ],
-        "statement": (
+        statement=(
             f"{from_import} gold label(s) were taken from the imported dataset as is, not from validation "
             "in dynaloop; "
             + (
@@ -586,7 +598,7 @@ def gold_source(data: RoundData, gold: pd.DataFrame) -> dict[str, Any] | None:
             )
             + "."
         ),
-    }
+    )
 
 
 def _safe(compute: Any, default: Any = float("nan")) -> Any:
