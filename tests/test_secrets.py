@@ -31,7 +31,14 @@ def test_production_refuses_a_placeholder_or_short_secret(tmp_path: Path, secret
 
 
 def test_the_api_command_refuses_to_start_in_production_with_the_default_secret(tmp_path: Path) -> None:
-    result = runner.invoke(cli, ["api"], env={"DYNALOOP_ENVIRONMENT": "production", "DYNALOOP_DATA_DIR": str(tmp_path)})
+    # The command sets DYNALOOP_FREEZE_GC_AT_STARTUP for its server; listed here (None: unset while
+    # it runs), the runner puts the variable back as it was, so no later test's Settings read it.
+    env = {
+        "DYNALOOP_ENVIRONMENT": "production",
+        "DYNALOOP_DATA_DIR": str(tmp_path),
+        "DYNALOOP_FREEZE_GC_AT_STARTUP": None,
+    }
+    result = runner.invoke(cli, ["api"], env=env)
     assert result.exit_code == 2 and "DYNALOOP_SECRET_KEY" in result.output
     assert not (tmp_path / "dynaloop.db").exists()  # refused before touching the database
 
