@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import random
@@ -327,16 +328,62 @@ class Tally:
     attempts_accepted: set[int] = field(default_factory=set)
     retries: int = 0
     gave_up: int = 0
+    # POST /attempts answered 201: the request's latency less the model call's (the attempt's
+    # latency_ms), i.e. what the API itself added to the check.
+    attempt_overhead_ms: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How long a person takes between requests, in seconds (medians of log-normal draws).
+
+    The seed papers give pay and counts, not times (DynaSent: validation HITs of 10 sentences,
+    writers averaging about two tries before an example they claim fools the model, 10 tries at
+    most), so the figures are reading and typing speeds, stated here and in
+    docs/benchmarks.md: a validator reads a sentence of about 20 words at about 4 words a second
+    and decides (6 s); a writer reads the prompt and the target label (10 s), edits a few words
+    of a sentence and reads the model's answer (20 s a try), and confirms a fooling one (4 s).
+    ``spread`` is the log-normal sigma: about one in six draws is over 1.6 times the median."""
+
+    read_prompt_s: float = 10.0
+    edit_s: float = 20.0
+    confirm_s: float = 4.0
+    label_s: float = 6.0
+    # A validator who finds nothing to label (the round has just opened) looks again later.
+    empty_batch_wait_s: float = 10.0
+    spread: float = 0.5
+
+    def draw(self, rng: random.Random, median_s: float) -> float:
+        return median_s * math.exp(rng.gauss(0.0, self.spread))
+
+
+HUMAN_PACE = Pace()
 
 
 class Client:
     """One person's HTTP session; writes are retried with the same Idempotency-Key."""
 
     def __init__(
-        self, http: httpx.AsyncClient, token: str, tally: Tally, deadline: float, think_s: float = 0.0
+        self,
+        http: httpx.AsyncClient,
+        token: str,
+        tally: Tally,
+        deadline: float,
+        think_s: float = 0.0,
+        pace: Pace | None = None,
+        arrives_after_s: float = 0.0,
     ) -> None:
         self.http, self.tally, self.deadline, self.think_s = http, tally, deadline, think_s
+        self.pace, self.arrives_after_s = pace, arrives_after_s
+        self.last_latency_ms = 0.0
         self.headers = {"Authorization": f"Bearer {token}"}
+
+    async def pause(self, rng: random.Random, median_s: float) -> float:
+        """A person's pause (``pace``), cut short at the run's deadline; the seconds drawn."""
+        assert self.pace is not None
+        seconds = self.pace.draw(rng, median_s)
+        await asyncio.sleep(max(0.0, min(seconds, self.deadline - time.monotonic())))
+        return seconds
 
     async def call(
         self, endpoint: str, method: str, path: str, *, json_body: Any = None, idempotent: bool = False
@@ -355,7 +402,8 @@ class Client:
                 self.tally.retries += 1
                 await asyncio.sleep(0.5)
                 continue
-            self.tally.latencies[endpoint].append((time.perf_counter() - started) * 1000)
+            self.last_latency_ms = (time.perf_counter() - started) * 1000
+            self.tally.latencies[endpoint].append(self.last_latency_ms)
             self.tally.sent_at[endpoint].append(sent_at)
             self.tally.statuses[endpoint][str(response.status_code)] += 1
             if response.status_code in (502, 503, 504) and (idempotent or method == "GET"):
@@ -370,6 +418,7 @@ class Client:
 
 
 async def writer_loop(client: Client, round_id: int, max_examples: int, rng: random.Random) -> None:
+    await asyncio.sleep(client.arrives_after_s)
     while time.monotonic() < client.deadline and len(client.tally.examples_accepted) < max_examples:
         response = await client.call(
             "POST /assignments", "POST", f"/api/v1/rounds/{round_id}/assignments", json_body={}
@@ -380,8 +429,13 @@ async def writer_loop(client: Client, round_id: int, max_examples: int, rng: ran
         assignment = response.json()
         prompt = (assignment.get("prompt") or {}).get("text") or "The cafe on the corner serves lunch."
         chosen = None
-        for _ in range(assignment["tries_allowed"] - assignment["tries_used"]):
-            if client.think_s:  # a person reads the answer and edits again
+        for try_number in range(assignment["tries_allowed"] - assignment["tries_used"]):
+            if client.pace is not None:  # reads the prompt first, then edits and reads each answer
+                first = try_number == 0 and assignment["tries_used"] == 0
+                await client.pause(rng, client.pace.read_prompt_s if first else client.pace.edit_s)
+                if time.monotonic() >= client.deadline:
+                    break
+            elif client.think_s:  # a person reads the answer and edits again
                 await asyncio.sleep(rng.uniform(0.5, 1.5) * client.think_s)
             words = prompt.split()
             words.insert(rng.randrange(len(words) + 1), rng.choice(EDITS))
@@ -396,6 +450,9 @@ async def writer_loop(client: Client, round_id: int, max_examples: int, rng: ran
                 break
             attempt = response.json()
             client.tally.attempts_accepted.add(attempt["id"])
+            if attempt.get("latency_ms") is not None and response.status_code == 201:
+                # The API's own time for this check: the request's latency less the model call's.
+                client.tally.attempt_overhead_ms.append(client.last_latency_ms - attempt["latency_ms"])
             if attempt["status"] != "scored":
                 continue
             chosen = attempt
@@ -404,6 +461,8 @@ async def writer_loop(client: Client, round_id: int, max_examples: int, rng: ran
         if chosen is None:
             continue
         if chosen["fooled"]:
+            if client.pace is not None:
+                await client.pause(rng, client.pace.confirm_s)
             response = await client.call(
                 "POST /confirmation",
                 "POST",
@@ -425,23 +484,32 @@ async def writer_loop(client: Client, round_id: int, max_examples: int, rng: ran
 
 
 async def validator_loop(client: Client, round_id: int, rng: random.Random) -> None:
+    await asyncio.sleep(client.arrives_after_s)
     while time.monotonic() < client.deadline:
         response = await client.call("GET /validation-batch", "GET", f"/api/v1/rounds/{round_id}/validation-batch")
         if response is None or response.status_code != 200 or not response.json()["data"]:
-            await asyncio.sleep(0.5)
+            if client.pace is not None:
+                await client.pause(rng, client.pace.empty_batch_wait_s)
+            else:
+                await asyncio.sleep(0.5)
             continue
         batch = response.json()
         for item in batch["data"]:
             if time.monotonic() > client.deadline:
                 return
-            if client.think_s:
+            seconds_taken = 3.0
+            if client.pace is not None:
+                seconds_taken = await client.pause(rng, client.pace.label_s)
+                if time.monotonic() >= client.deadline:
+                    return
+            elif client.think_s:
                 await asyncio.sleep(rng.uniform(0.5, 1.5) * client.think_s)
             label = rng.choice(batch["validation_labels"])
             response = await client.call(
                 "POST /validations",
                 "POST",
                 f"/api/v1/validation-items/{item['item_id']}/validations",
-                json_body={"label": label, "seconds_taken": 3.0},
+                json_body={"label": label, "seconds_taken": round(seconds_taken, 1)},
                 idempotent=True,
             )
             if response is not None and response.status_code in (200, 201):
@@ -449,30 +517,164 @@ async def validator_loop(client: Client, round_id: int, rng: random.Random) -> N
 
 
 async def drive(
-    stack: Stack, seconds: float, max_examples: int, seed: int = 0, during: Any = None, think_s: float = 0.0
+    stack: Stack,
+    seconds: float,
+    max_examples: int,
+    seed: int = 0,
+    during: Any = None,
+    think_s: float = 0.0,
+    pace: Pace | None = None,
+    arrivals_s: float = 0.0,
 ) -> Tally:
     """Run the writers and validators for ``seconds``; ``during(stack, tally)`` (async) runs
-    alongside and may watch the tally to time a fault."""
+    alongside and may watch the tally to time a fault. With ``arrivals_s``, people arrive one by
+    one over that many seconds (open arrivals: independent uniform times, writers and
+    validators alike) instead of all at once; with ``pace``, they pause as people do."""
     tally = Tally()
     deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=len(stack.writer_tokens) + len(stack.validator_tokens) + 4)
+    arrivals = random.Random(seed + 7)
+
+    def client(http: httpx.AsyncClient, token: str) -> Client:
+        return Client(http, token, tally, deadline, think_s, pace, arrivals.uniform(0.0, arrivals_s))
+
     async with httpx.AsyncClient(base_url=stack.api.url, timeout=30, limits=limits) as http:
         jobs = [
-            writer_loop(
-                Client(http, token, tally, deadline, think_s), stack.round_id, max_examples, random.Random(seed + i)
-            )
+            writer_loop(client(http, token), stack.round_id, max_examples, random.Random(seed + i))
             for i, token in enumerate(stack.writer_tokens)
         ]
         jobs += [
-            validator_loop(
-                Client(http, token, tally, deadline, think_s), stack.round_id, random.Random(seed + 1000 + i)
-            )
+            validator_loop(client(http, token), stack.round_id, random.Random(seed + 1000 + i))
             for i, token in enumerate(stack.validator_tokens)
         ]
         if during is not None:
             jobs.append(during(stack, tally))
         await asyncio.gather(*jobs)
     return tally
+
+
+# --- CPU per request, endpoint by endpoint ----------------------------------------------------
+
+
+def print_cpu_per_endpoint(figures: dict[str, Any]) -> None:
+    print("API CPU per request, one request at a time (the API process's user + system time):")
+    print("| endpoint | requests | CPU ms / request | wall ms / request | statuses |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for endpoint, row in figures["endpoints"].items():
+        print(
+            f"| {endpoint} | {row['requests']} | {row['cpu_ms_per_request']} | {row['wall_ms_per_request']} | "
+            f"{row['statuses']} |"
+        )
+    print(f"the mix (every endpoint but GET /me): {figures['mix_cpu_ms_per_request']} ms of CPU per request")
+
+
+def cpu_per_endpoint(stack: Stack, rng: random.Random) -> dict[str, Any]:
+    """The API process's CPU time per request, for each endpoint of the load mix in turn.
+
+    One client sends one request at a time over one keep-alive connection, and the API
+    process's user + system CPU (psutil, its children included) is read before and after each
+    endpoint's requests: the figure is the request's own cost on the server, whatever the rest
+    of the machine does (a busy machine slows the requests, it does not add to this process's
+    CPU time). The mix is the writers' and validators' flow of ``writer_loop`` and
+    ``validator_loop``: each writer takes an assignment, checks edits with the model until one
+    fools it or the tries run out, confirms, submits; each validator labels a batch. ``POST
+    /attempts`` includes the API's side of the model call (the stub model server's own CPU is
+    not the API's)."""
+    totals: dict[str, dict[str, Any]] = {}
+
+    def timed(endpoint: str, calls: list[tuple[str, str, str, Any]]) -> list[httpx.Response]:
+        answers = []
+        before = stack.api.cpu_seconds() or 0.0
+        started = time.perf_counter()
+        for token, method, path, body in calls:
+            headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": uuid.uuid4().hex}
+            answers.append(http.request(method, path, json=body, headers=headers))
+        wall = time.perf_counter() - started
+        used = (stack.api.cpu_seconds() or 0.0) - before
+        if calls:  # an endpoint asked in several passes (attempts) adds up
+            row = totals.setdefault(endpoint, {"requests": 0, "cpu_s": 0.0, "wall_s": 0.0, "statuses": Counter()})
+            row["requests"] += len(calls)
+            row["cpu_s"] += used
+            row["wall_s"] += wall
+            row["statuses"].update(str(a.status_code) for a in answers)
+        return answers
+
+    writers, validators = stack.writer_tokens, stack.validator_tokens
+    with httpx.Client(base_url=stack.api.url, timeout=30) as http:
+        timed("GET /me", [(token, "GET", "/api/v1/me", None) for token in writers + validators])
+        answers = timed(
+            "POST /assignments",
+            [(token, "POST", f"/api/v1/rounds/{stack.round_id}/assignments", {}) for token in writers],
+        )
+        assignments = [(token, a.json()) for token, a in zip(writers, answers, strict=True) if a.status_code < 300]
+        chosen: dict[int, tuple[str, dict[str, Any]]] = {}
+        while True:  # one attempt per open assignment per pass, until each has its attempt
+            calls, owners = [], []
+            for token, assignment in assignments:
+                if assignment["id"] in chosen:
+                    continue
+                words = ((assignment.get("prompt") or {}).get("text") or "The cafe serves lunch.").split()
+                words.insert(rng.randrange(len(words) + 1), rng.choice(EDITS))
+                path = f"/api/v1/assignments/{assignment['id']}/attempts"
+                calls.append((token, "POST", path, {"text": " ".join(words)}))
+                owners.append((token, assignment))
+            if not calls:
+                break
+            for (token, assignment), answer in zip(owners, timed("POST /attempts", calls), strict=True):
+                attempt = answer.json() if answer.status_code < 300 else None
+                tries_left = assignment["tries_allowed"] - assignment["tries_used"] - 1
+                assignment["tries_used"] += 1
+                if attempt is not None and attempt["status"] == "scored" and (attempt["fooled"] or tries_left <= 0):
+                    chosen[assignment["id"]] = (token, attempt)
+                elif attempt is None or tries_left <= 0:
+                    chosen[assignment["id"]] = (token, {})
+        timed(
+            "POST /confirmation",
+            [
+                (token, "POST", f"/api/v1/attempts/{attempt['id']}/confirmation", {"agrees": True})
+                for token, attempt in chosen.values()
+                if attempt.get("fooled")
+            ],
+        )
+        timed(
+            "POST /example",
+            [
+                (token, "POST", f"/api/v1/assignments/{assignment_id}/example", {"attempt_id": attempt["id"]})
+                for assignment_id, (token, attempt) in chosen.items()
+                if attempt
+            ],
+        )
+        batches = timed(
+            "GET /validation-batch",
+            [(token, "GET", f"/api/v1/rounds/{stack.round_id}/validation-batch", None) for token in validators],
+        )
+        calls = []
+        for token, batch in zip(validators, batches, strict=True):
+            if batch.status_code != 200:
+                continue
+            body = batch.json()
+            for item in body["data"]:
+                label = rng.choice(body["validation_labels"])
+                path = f"/api/v1/validation-items/{item['item_id']}/validations"
+                calls.append((token, "POST", path, {"label": label, "seconds_taken": 3.0}))
+        timed("POST /validations", calls)
+    rows = {
+        endpoint: {
+            "requests": row["requests"],
+            "cpu_ms_per_request": round(1000 * row["cpu_s"] / row["requests"], 2),
+            "wall_ms_per_request": round(1000 * row["wall_s"] / row["requests"], 2),
+            "statuses": dict(row["statuses"]),
+        }
+        for endpoint, row in totals.items()
+    }
+    mix = [row for name, row in rows.items() if name != "GET /me"]
+    total_requests = sum(row["requests"] for row in mix)
+    total_cpu = sum(row["requests"] * row["cpu_ms_per_request"] for row in mix)
+    return {
+        "endpoints": rows,
+        "mix_requests": total_requests,
+        "mix_cpu_ms_per_request": round(total_cpu / total_requests, 2) if total_requests else None,
+    }
 
 
 # --- verdict ----------------------------------------------------------------------------------
@@ -558,6 +760,26 @@ def verdict(stack: Stack, tally: Tally, seconds: float, warmup_s: float = 10.0) 
     }
 
 
+def launch_figures(result: dict[str, Any], tally: Tally) -> dict[str, Any]:
+    """docs/design.md's launch targets: no attempt shed, POST /attempts p99 less the model call
+    < 50 ms, getting an assignment p99 < 100 ms."""
+    attempts = result["endpoints"].get("POST /attempts", {"statuses": {}})
+    shed = {code: n for code, n in attempts["statuses"].items() if code in ("429", "503")}
+    overhead = np.asarray(tally.attempt_overhead_ms, dtype=float)
+    overhead_p99 = round(float(np.percentile(overhead, 99)), 1) if len(overhead) else None
+    assignments_p99 = result["endpoints"].get("POST /assignments", {}).get("p99_ms")
+    return {
+        "attempts_shed": sum(shed.values()),
+        "attempts_shed_by_status": shed,
+        "attempts_scored": len(overhead),
+        "attempt_minus_model_call_p50_ms": round(float(np.percentile(overhead, 50)), 1) if len(overhead) else None,
+        "attempt_minus_model_call_p99_ms": overhead_p99,
+        "attempt_minus_model_call_p99_over_50ms": None if overhead_p99 is None else round(overhead_p99 / 50, 3),
+        "assignments_p99_ms": assignments_p99,
+        "assignments_p99_over_100ms": None if assignments_p99 is None else round(assignments_p99 / 100, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--writers", type=int, default=20)
@@ -595,8 +817,32 @@ def main() -> None:
         default=10.0,
         help="latencies of requests sent in the first seconds are also reported apart (steady_* excludes them)",
     )
+    parser.add_argument(
+        "--arrivals-s",
+        type=float,
+        default=0.0,
+        help="people arrive one by one over this many seconds (open arrivals; 0: all at once)",
+    )
+    parser.add_argument(
+        "--human-pace",
+        action="store_true",
+        help="pause as people do between requests (Pace: reading, editing, labelling times)",
+    )
+    parser.add_argument(
+        "--launch",
+        action="store_true",
+        help="the launch-shaped load: --human-pace, --arrivals-s 60 unless given, and the launch targets",
+    )
+    parser.add_argument(
+        "--cpu-per-endpoint",
+        action="store_true",
+        help="first measure the API's CPU per request for each endpoint, one request at a time (cpu_per_endpoint)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.launch:
+        args.human_pace = True
+        args.arrivals_s = args.arrivals_s or 60.0
 
     workdir = Path(tempfile.mkdtemp(prefix="dynaloop-load-"))
     url = fresh_postgres(args.postgres_url) if args.database == "postgresql" else None
@@ -615,11 +861,26 @@ def main() -> None:
             f"API {stack.api.url}, model server {stack.model.url} ({args.model}), database {args.database}; "
             f"{args.writers} writers, {args.validators} validators, {args.seconds:.0f} s"
         )
+        per_endpoint = None
+        if args.cpu_per_endpoint:
+            per_endpoint = cpu_per_endpoint(stack, random.Random(args.seed))
+            print_cpu_per_endpoint(per_endpoint)
         started = time.monotonic()
         loadavg_before = os.getloadavg()[0]
         cpu = CpuShare()
         cpu.begin(stack)
-        tally = asyncio.run(drive(stack, args.seconds, args.max_examples, args.seed, think_s=args.think_ms / 1000))
+        pace = HUMAN_PACE if args.human_pace else None
+        tally = asyncio.run(
+            drive(
+                stack,
+                args.seconds,
+                args.max_examples,
+                args.seed,
+                think_s=args.think_ms / 1000,
+                pace=pace,
+                arrivals_s=args.arrivals_s,
+            )
+        )
         elapsed = time.monotonic() - started
         cpu_used = cpu.end(stack)
         cpu_used["loadavg_1m_before"] = round(loadavg_before, 2)
@@ -627,6 +888,12 @@ def main() -> None:
         stack.stop()
     result = verdict(stack, tally, elapsed, args.warmup_s)
     result["cpu"] = cpu_used
+    answered = sum(row["requests"] for row in result["endpoints"].values())
+    # The saturation run's own figure: the API process's CPU over every answer it gave.
+    result["cpu"]["api_ms_per_request"] = round(1000 * cpu_used["cpu_s"]["api"] / answered, 2) if answered else None
+    if per_endpoint is not None:
+        result["cpu_per_endpoint"] = per_endpoint
+    result["launch"] = launch_figures(result, tally) if args.launch else None
     result.update(
         {
             "command": "python bench/load.py " + " ".join(sys.argv[1:]),
@@ -638,6 +905,8 @@ def main() -> None:
             "precision": args.precision,
             "api_workers": args.api_workers,
             "think_ms": args.think_ms,
+            "arrivals_s": args.arrivals_s,
+            "pace": vars(HUMAN_PACE) if args.human_pace else None,
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": {**cpu_model(), "python": platform.python_version()},
         }
@@ -686,8 +955,11 @@ def main() -> None:
     print(
         f"CPU seconds in {cpu_used['wall_s']} s on {cpu_used['cpus']} CPUs: {cpu_used['cpu_s']} "
         f"(share of the machine {cpu_used['share_of_machine']}); load average {cpu_used['loadavg_1m_before']} "
-        f"before, {cpu_used['loadavg_1m_at_end']} at the end"
+        f"before, {cpu_used['loadavg_1m_at_end']} at the end; API CPU per answer "
+        f"{cpu_used['api_ms_per_request']} ms"
     )
+    if result["launch"] is not None:
+        print(f"launch-shaped load: {result['launch']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
