@@ -51,8 +51,9 @@ researchers: its *owners* (the creator, and whoever an owner makes one) and *mem
 * :meth:`DatasetPolicy.read` (a built round's splits and report): REST clients pull every
   task's datasets (that is what the role is for); researchers only their own tasks'.
 
-The rule needs the task's members: ``Task.members`` loads them with the task (one query per
-batch of tasks, so ``GET /tasks`` does not ask once per task).
+The rule needs the task's members: ``Task.members`` loads them when a rule first reads them
+(crowdworkers' rules, decided by role, never do), and lists of tasks load them for the whole
+list (``GET /tasks`` does not ask once per task).
 """
 
 from __future__ import annotations

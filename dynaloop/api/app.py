@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dynaloop.api.input_limits import JsonDepthLimit
 from dynaloop.api.overload import OverloadGuard
 from dynaloop.api.ratelimit import RateLimiter
-from dynaloop.api.routes import api_router, assignments
+from dynaloop.api.routes import assignments, include_routers
 from dynaloop.api.schemas.errors import ErrorResponse
 from dynaloop.api.schemas.health import HealthPublic
 from dynaloop.api.state import AppState
@@ -75,12 +75,11 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = _error(413, "too_large", f"the request body is larger than {self.max_bytes} bytes; send less")
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
                     if int(value) > self.max_bytes:
-                        await too_large(scope, receive, send)
+                        await self._too_large()(scope, receive, send)
                         return
                 except ValueError:
                     pass
@@ -115,7 +114,11 @@ class BodySizeLimit:
         with suppress(_TooLarge):
             await self.app(scope, limited_receive, tracking_send)
         if exceeded and not response_started:
-            await too_large(scope, receive, send)
+            await self._too_large()(scope, receive, send)
+
+    def _too_large(self) -> JSONResponse:
+        # Built when needed: a response rendered for every request costs every request.
+        return _error(413, "too_large", f"the request body is larger than {self.max_bytes} bytes; send less")
 
 
 def add_exception_handlers(app: FastAPI) -> None:
@@ -260,7 +263,7 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
     )
     app.state = state
     add_exception_handlers(app)
-    app.include_router(api_router(), prefix=API_PREFIX)
+    include_routers(app, prefix=API_PREFIX)
 
     @app.get("/health", tags=["health"], response_model=HealthPublic, responses={503: {"model": ErrorResponse}})
     def health() -> HealthPublic | JSONResponse:

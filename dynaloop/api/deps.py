@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dynaloop.api.state import app_state
 from services.authorization import Policy, authorize
-from services.db.models import ApiToken, User
+from services.db.models import ApiToken, Role, User
 from services.db.transactions import begin_read_only, commit_now
 from services.domain.in_flight import AttemptsInFlight
 from services.domain.users import authenticate_token
@@ -96,18 +96,29 @@ ModelClientDep = Annotated[ModelClient, Depends(get_model_client)]
 AttemptsInFlightDep = Annotated[AttemptsInFlight, Depends(get_attempts_in_flight)]
 
 
+# Where current_token leaves, for a writer, whether an assignment of theirs is overdue.
+_DUE_ASSIGNMENTS = "dynaloop_due_assignments"
+
+
 def current_token(
+    request: Request,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> ApiToken:
     """Authentication: which valid token is this, of an active user? (401 without one.) Its id
-    keys the per-token rate limit (dynaloop/api/ratelimit.py), however the header was spelled."""
+    keys the per-token rate limit (dynaloop/api/ratelimit.py), however the header was spelled.
+
+    For a writer, the same read also asks whether an assignment of theirs is overdue, for
+    :func:`allowed_writer`: one transaction and one worker-thread round trip fewer on every
+    writer's request than a read of its own (docs/benchmarks.md, "API CPU")."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("send an API token: `Authorization: Bearer <token>`")
     # A reader: on SQLite the lookup does not queue for the write lock behind other requests'
     # transactions (docs/benchmarks.md, "Load and faults").
     begin_read_only(session)
     token = authenticate_token(session, credentials.credentials)
+    if Role.writer.value in (token.user.roles or []):
+        request.scope.setdefault("state", {})[_DUE_ASSIGNMENTS] = has_due_assignments(session, token.user_id)
     commit_now(session, "end the token lookup's read before the rest of the request")
     return token
 
@@ -148,20 +159,23 @@ def allowed_writer(action: Callable[[], Policy]) -> Any:
     """Like :func:`allowed`, for the writer's routes: the writer's overdue assignments are
     expired first, in a transaction of their own."""
 
-    def writer(session: SessionDep, user: Annotated[User, allowed(action)]) -> User:
-        # Most requests find nothing due: ask a reader first, so that on SQLite they do not
-        # queue for the write lock for nothing (docs/benchmarks.md, "Load and faults").
-        begin_read_only(session)
-        due = has_due_assignments(session, user.id)
-        commit_now(session, "end the read; the expiry, if any, is a write transaction of its own")
-        if due:
-            expire_due_assignments(session, user.id)
-            # Never a rollback here: it would expire `user`, and reloading it would open a new
-            # transaction that (on SQLite) holds the write lock for the rest of the request.
-            commit_now(session, "the expiry must survive a 410 (or any error) later in the request")
+    async def writer(request: Request, session: SessionDep, user: Annotated[User, allowed(action)]) -> User:
+        # Most requests find nothing due: the token lookup asked, as a reader, so that on
+        # SQLite they do not queue for the write lock for nothing (docs/benchmarks.md, "Load
+        # and faults"), and nothing here needs a worker thread.
+        if request.scope.get("state", {}).get(_DUE_ASSIGNMENTS, True):
+            await run_in_threadpool(_expire_due_assignments, session, user)
         return user
 
     return Depends(writer)
+
+
+def _expire_due_assignments(session: Session, user: User) -> None:
+    """The expiry is a write transaction of its own."""
+    expire_due_assignments(session, user.id)
+    # Never a rollback here: it would expire `user`, and reloading it would open a new
+    # transaction that (on SQLite) holds the write lock for the rest of the request.
+    commit_now(session, "the expiry must survive a 410 (or any error) later in the request")
 
 
 # --- rate limits (dynaloop/api/ratelimit.py) ------------------------------------------------------

@@ -12,6 +12,7 @@ is never larger than ``DYNALOOP_MAX_REQUEST_BYTES``.
 
 from __future__ import annotations
 
+import functools
 from email.message import Message as MimeMessage
 
 from fastapi.responses import JSONResponse
@@ -27,6 +28,14 @@ def parsed_as_json(content_type: str | None) -> bool:
     ``application/json`` or ``application/*+json`` (fastapi.routing reads the body the same way)."""
     if not content_type:
         return True
+    if len(content_type) <= 100:
+        # Clients send the same few values; parsing the header as MIME costs every request.
+        return _parsed_as_json(content_type)
+    return _parsed_as_json.__wrapped__(content_type)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_as_json(content_type: str) -> bool:
     message = MimeMessage()
     message["content-type"] = content_type
     if message.get_content_maintype() != "application":

@@ -215,11 +215,15 @@ class Task(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     rounds: Mapped[list[Round]] = relationship(back_populates="task", order_by="Round.number")
-    # Every authorization decision about the task reads its members (services/authorization.py):
-    # loaded with the task, one query per batch of tasks (no query per task in a list).
+    # Researchers' authorization decisions about the task read its members
+    # (services/authorization.py); a crowdworker's are decided by role and never read them. So
+    # they are loaded when first read (one query), not with every task: a writer's check
+    # loads its task three times and paid a members query each time (docs/benchmarks.md,
+    # "API CPU"). Lists of tasks load them for the whole list in one query
+    # (services.domain.tasks.list_tasks: no query per task).
     members: Mapped[list[TaskMember]] = relationship(
         back_populates="task",
-        lazy="selectin",
+        lazy="select",
         order_by="TaskMember.id",
         foreign_keys="TaskMember.task_id",
         cascade="all, delete-orphan",

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Task, User
 from services.domain import audit, members, pay_policies
@@ -84,14 +84,28 @@ def get_task(session: Session, name: str) -> Task:
 
 
 def list_tasks(session: Session) -> list[Task]:
-    return list(session.scalars(select(Task).order_by(Task.id)))
+    return list(session.scalars(select(Task).options(selectinload(Task.members)).order_by(Task.id)))
+
+
+_DEFINITION_ON_TASK = "_dynaloop_parsed_definition"
 
 
 def definition_of(task: Task) -> TaskDefinition:
     """The task's definition, validated. Parsed once per distinct stored definition: validating
     it checks every free-text field and cost ~5 ms, twice per label (docs/benchmarks.md,
-    "Labelling"). TaskDefinition is frozen, so one instance can be shared."""
-    return _parsed_definition(json.dumps(task.definition, sort_keys=True, ensure_ascii=False))
+    "Labelling"). TaskDefinition is frozen, so one instance can be shared.
+
+    A request asks several times for the same loaded task's definition; the answer is kept on
+    the task object with the stored value it was made from (the JSON text that keys the
+    process-wide cache costs a serialisation per call), and made again if that value is
+    replaced (a refresh or a reload gives a new one)."""
+    stored = task.definition
+    kept = task.__dict__.get(_DEFINITION_ON_TASK)
+    if kept is not None and kept[0] is stored:
+        return kept[1]
+    definition = _parsed_definition(json.dumps(stored, sort_keys=True, ensure_ascii=False))
+    task.__dict__[_DEFINITION_ON_TASK] = (stored, definition)
+    return definition
 
 
 @functools.lru_cache(maxsize=256)

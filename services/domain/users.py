@@ -6,7 +6,7 @@ import datetime as dt
 import re
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from services.db.models import ApiToken, Role, User, utcnow
 from services.domain import audit
@@ -152,7 +152,11 @@ def revoke_token(session: Session, actor: User | None, token: ApiToken) -> ApiTo
 
 def authenticate_token(session: Session, plain: str) -> ApiToken:
     """The token ``plain`` stands for, if it is valid and its user active (else Unauthorized)."""
-    token = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(plain)))
+    # The user in the same statement: every authenticated request reads ``is_active`` and the
+    # roles, and a lazy load would be a second round trip (docs/benchmarks.md, "API CPU").
+    token = session.scalar(
+        select(ApiToken).options(joinedload(ApiToken.user)).where(ApiToken.token_hash == hash_token(plain))
+    )
     now = utcnow()
     if token is None or token.revoked_at is not None:
         raise Unauthorized("the API token is unknown or revoked; log in again or ask an admin")

@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Select, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from services.db.models import (
     ControlItem,
@@ -330,19 +331,23 @@ def label_item(
     flag_reason: str | None = None,
     seconds_taken: float | None = None,
     idempotency_key: str | None = None,
+    item: ValidationBatchItem | None = None,
 ) -> ItemAnswer:
     """Label one item of the validator's live batch, an example or a control item, with the same
     answers and the same errors for both (nothing in them tells a control item apart). A
-    retried identical label is answered with the stored one (``created`` false)."""
-    item = get_batch_item(session, validator, item_key)
+    retried identical label is answered with the stored one (``created`` false). ``item``: the
+    item ``item_key`` names, if the caller has just read it with :func:`get_batch_item`."""
+    if item is None or item.item_key != item_key:
+        item = get_batch_item(session, validator, item_key)
     round_ = item.batch.round
     definition = definition_of(round_.task)
     label = check_validation_label(definition, raw_label)
     reason = _checked_extras(flagged, flag_reason, seconds_taken)
+    checked = None
     if item.answered_at is None:
         # The round and the validator's standing first (why they cannot label at all), then
         # whether this batch is still theirs: the same order for both kinds of item.
-        _require_validator(session, validator, round_)
+        checked = _require_validator(session, validator, round_)
         if not _batch_is_live(item.batch, utcnow()):
             raise Conflict(NOT_LIVE_ITEM)
     if item.example is not None:
@@ -356,6 +361,7 @@ def label_item(
             seconds_taken,
             idempotency_key,
             item=item,
+            checked_definition=checked,
         )
         return ItemAnswer(item.item_key, validation.label, validation.flagged, validation.created_at, created)
     control = item.control_item
@@ -408,8 +414,10 @@ def _record_validation(
     """Count the label on the example (one conditional UPDATE: never past the labels it needs)
     and write the validation; :class:`Conflict` when the example has all its labels or another
     request is recording the same label."""
-    counted = rows_matched(
-        session,
+    # The row as the UPDATE left it comes back with it (RETURNING: SQLite 3.35+, PostgreSQL):
+    # the count, and what a concurrent label's finalize_example may have changed, without a
+    # second read of the row. No row back means the condition failed.
+    counted = session.execute(
         update(Example)
         .where(
             Example.id == example.id,
@@ -417,10 +425,15 @@ def _record_validation(
             Example.validation_count < Example.validations_needed,
         )
         .values(validation_count=Example.validation_count + 1)
-        .execution_options(synchronize_session=False),
-    )
-    if not counted:
+        .returning(Example.validation_count, Example.validations_needed, Example.status, Example.requeue_count)
+        .execution_options(synchronize_session=False)
+    ).one_or_none()
+    if counted is None:
         raise Conflict(f"{name} already has all its labels; fetch your batch again")
+    for column, value in zip(
+        ("validation_count", "validations_needed", "status", "requeue_count"), counted, strict=True
+    ):
+        set_committed_value(example, column, value)
     validation = Validation(
         example_id=example.id,
         validator_id=validator.id,
@@ -485,12 +498,15 @@ def submit_validation(
     seconds_taken: float | None = None,
     idempotency_key: str | None = None,
     item: ValidationBatchItem | None = None,
+    checked_definition: TaskDefinition | None = None,
 ) -> tuple[Validation, bool]:
     """Record one label (``ExamplePolicy.validate`` decides who may: never the example's
     writer) for an example of the validator's live batch: ``item`` when the label came through
     the batch item (:func:`label_item`), otherwise the example's unanswered item in a live batch
     of the validator, or the label is refused and nothing is written. Returns (validation,
-    created); a retried identical request returns the stored validation with created=False."""
+    created); a retried identical request returns the stored validation with created=False.
+    ``checked_definition``: the round's definition, when the caller has just checked the
+    round and the validator's standing (``_require_validator``) in this transaction."""
     example_id = example.id
     round_ = example.round
     # Reached through its batch item, an example is named "this item" in every answer, as a
@@ -508,7 +524,7 @@ def submit_validation(
         if existing.label == label and existing.flagged == flagged:
             return existing, False
         raise Conflict(f"you already labelled {name} as {existing.label}; labels cannot be changed")
-    definition = _require_validator(session, validator, round_)
+    definition = checked_definition or _require_validator(session, validator, round_)
     if item is None:
         if has_control_items(session, round_):
             # Labelling by example id would let a validator find which batch items are examples
@@ -533,7 +549,6 @@ def submit_validation(
         session, validator, example, name, label, flagged, reason, seconds_taken, idempotency_key
     )
     _answer_item(session, validator, example, item, validation, label, flagged)
-    session.refresh(example)
     if example.validation_count >= example.validations_needed:
         finalize_example(session, example, definition)
     _judge_validator_each_batch(session, validator, round_, definition)

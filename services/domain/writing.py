@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Select, Text, cast, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.attributes import set_committed_value
 
 from services.authorization import AssignmentPolicy, authorize
 from services.db.models import (
@@ -318,7 +319,10 @@ def prepare_attempt(
     _refuse_duplicate(session, assignment, text, span)
     prompt = assignment.prompt
     attempt = Attempt(
-        assignment_id=assignment.id,
+        # The object, not its id: the attempt keeps it (and its round) loaded for the caller,
+        # which reads the round's model servers next (the session holds objects weakly, so
+        # an id alone made that a second query for each).
+        assignment=assignment,
         idempotency_key=idempotency_key,
         text=text,
         target_span=span,
@@ -405,14 +409,20 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
             attempt_id=attempt.id,
             retry_after_s=retry_after_s,
         )
-    consumed = rows_matched(
-        session,
+    # The new count comes back with the UPDATE (RETURNING: SQLite 3.35+, PostgreSQL), not from
+    # a second read of the row; no row back means the condition failed (no try left).
+    tries_used = session.execute(
         update(Assignment)
         .where(Assignment.id == assignment.id, Assignment.tries_used < Assignment.tries_allowed)
         .values(tries_used=Assignment.tries_used + 1)
-        .execution_options(synchronize_session=False),
-    )
-    session.refresh(assignment)
+        .returning(Assignment.tries_used)
+        .execution_options(synchronize_session=False)
+    ).scalar_one_or_none()
+    consumed = tries_used is not None
+    if consumed:
+        set_committed_value(assignment, "tries_used", tries_used)
+    else:
+        session.refresh(assignment)
     now = utcnow()
     attempt.status = AttemptStatus.scored
     attempt.counts_as_try = bool(consumed)
@@ -439,7 +449,7 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
 def make_attempt(
     factory: sessionmaker[Session],
     client: ModelClient,
-    writer_id: int,
+    writer: User,
     assignment_id: int,
     text: str,
     target_span: list[int] | None,
@@ -451,12 +461,13 @@ def make_attempt(
 
     The assignment's one in-flight slot (``in_flight``) is claimed in the first transaction,
     after the policy check: a second attempt while one is with the model is refused (429)
-    and saves nothing. Returns (attempt, replayed)."""
+    and saves nothing. ``writer``: the user the request authenticated, as its token lookup
+    read them (copied into this transaction's session without a query). Returns (attempt,
+    replayed)."""
+    writer_id = writer.id
     with ExitStack() as claimed:
         with factory.begin() as session:
-            writer = session.get(User, writer_id)
-            if writer is None:
-                raise NotFound(f"no user {writer_id}")
+            writer = session.merge(writer, load=False)
             attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
             # Names resolve to URLs here, from the registry an admin keeps: nothing else is called.
             servers = model_servers.addresses(session, list(attempt.assignment.round.model_servers or []))

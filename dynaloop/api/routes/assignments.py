@@ -110,7 +110,7 @@ def create_attempt(
     attempt, replayed = writing.make_attempt(
         factory,
         client,
-        writer.id,
+        writer,
         assignment_id,
         body.text,
         body.target_span,

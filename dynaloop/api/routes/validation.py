@@ -111,6 +111,7 @@ def label_item(
         body.flag_reason,
         body.seconds_taken,
         idempotency_key,
+        item=item,
     )
     if not answer.created:
         response.status_code = status.HTTP_200_OK
