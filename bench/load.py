@@ -648,7 +648,7 @@ def cpu_per_endpoint(stack: Stack, rng: random.Random) -> dict[str, Any]:
             "GET /validation-batch",
             [(token, "GET", f"/api/v1/rounds/{stack.round_id}/validation-batch", None) for token in validators],
         )
-        calls = []
+        calls: list[tuple[str, str, str, Any]] = []
         for token, batch in zip(validators, batches, strict=True):
             if batch.status_code != 200:
                 continue
