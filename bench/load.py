@@ -609,7 +609,8 @@ def cpu_per_endpoint(stack: Stack, rng: random.Random) -> dict[str, Any]:
         assignments = [(token, a.json()) for token, a in zip(writers, answers, strict=True) if a.status_code < 300]
         chosen: dict[int, tuple[str, dict[str, Any]]] = {}
         while True:  # one attempt per open assignment per pass, until each has its attempt
-            calls, owners = [], []
+            calls: list[tuple[str, str, str, Any]] = []
+            owners: list[tuple[str, dict[str, Any]]] = []
             for token, assignment in assignments:
                 if assignment["id"] in chosen:
                     continue
@@ -648,7 +649,7 @@ def cpu_per_endpoint(stack: Stack, rng: random.Random) -> dict[str, Any]:
             "GET /validation-batch",
             [(token, "GET", f"/api/v1/rounds/{stack.round_id}/validation-batch", None) for token in validators],
         )
-        calls: list[tuple[str, str, str, Any]] = []
+        calls = []
         for token, batch in zip(validators, batches, strict=True):
             if batch.status_code != 200:
                 continue
