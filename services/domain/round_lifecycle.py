@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from services.db.models import (
     Assignment,
@@ -97,7 +97,8 @@ def create_round(
 
 
 def get_round(session: Session, round_id: int) -> Round:
-    round_ = session.get(Round, round_id)
+    # With its task, in one statement: every caller reads the task (its definition, its policy).
+    round_ = session.get(Round, round_id, options=[joinedload(Round.task)])
     if round_ is None:
         raise missing_round(round_id)
     return round_

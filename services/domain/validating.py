@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import Select, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 from sqlalchemy.orm.attributes import set_committed_value
 
 from services.db.models import (
@@ -243,7 +243,16 @@ def _served(item: ValidationBatchItem) -> ServedItem:
 
 def get_batch_item(session: Session, validator: User, item_key: str) -> ValidationBatchItem:
     """An item of a batch served to ``validator``; another validator's item is as a missing one."""
-    item = session.scalar(select(ValidationBatchItem).where(ValidationBatchItem.item_key == item_key))
+    item = session.scalar(
+        select(ValidationBatchItem)
+        .options(
+            # What labelling reads next (the batch's owner, round and task; the example), in
+            # the same statement.
+            joinedload(ValidationBatchItem.batch).joinedload(ValidationBatch.round).joinedload(Round.task),
+            joinedload(ValidationBatchItem.example),
+        )
+        .where(ValidationBatchItem.item_key == item_key)
+    )
     if item is None or item.batch.validator_id != validator.id:
         raise NotFound(
             "no such item in your validation batches; label the items of the batch that "
