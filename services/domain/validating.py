@@ -206,29 +206,30 @@ def _new_batch(
         session, validator, round_, _control_count(len(examples), definition.quality.control_rate, rng), rng
     )
     expires = now + dt.timedelta(minutes=CLAIM_MINUTES)
-    batch = ValidationBatch(round_id=round_.id, validator_id=validator.id, seed=seed, served_at=now, expires_at=expires)
+    # The items are built on the batch in position order, with their examples and control items
+    # as objects: the caller serves them from memory, not from a second read of each.
+    batch = ValidationBatch(
+        round_id=round_.id, validator_id=validator.id, seed=seed, served_at=now, expires_at=expires, items=[]
+    )
     session.add(batch)
-    session.flush()
     entries: list[Example | ControlItem] = [*examples, *controls]
     # Shown in an order that says nothing about the model: were fooling examples shown first, an
     # example's position would tell the validator that the model got it wrong.
     rng.shuffle(entries)
     for position, entry in enumerate(entries):
         is_example = isinstance(entry, Example)
-        session.add(
+        batch.items.append(
             ValidationBatchItem(
-                batch_id=batch.id,
                 position=position,
                 item_key=secrets.token_urlsafe(16),
-                example_id=entry.id if is_example else None,
-                control_item_id=None if is_example else entry.id,
+                example=entry if is_example else None,
+                control_item=None if is_example else entry,
                 flagged=False,
             )
         )
     for example in examples:
         session.add(ValidationClaim(example_id=example.id, validator_id=validator.id, expires_at=expires))
     session.flush()
-    session.refresh(batch)
     return batch
 
 

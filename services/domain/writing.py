@@ -121,15 +121,16 @@ def _pick_prompt(session: Session, round_: Round, writer: User) -> Prompt | None
             pool = [p for p in candidates if p.times_used == best.times_used]
         prompt = _rng.choice(pool)
         # Compare-and-set on times_used: two writers cannot both take the last unused prompt.
-        claimed = rows_matched(
-            session,
+        claimed = session.execute(
             update(Prompt)
             .where(Prompt.id == prompt.id, Prompt.times_used == prompt.times_used)
             .values(times_used=Prompt.times_used + 1)
-            .execution_options(synchronize_session=False),
-        )
-        if claimed:
-            session.refresh(prompt)
+            .returning(Prompt.times_used)
+            .execution_options(synchronize_session=False)
+        ).scalar_one_or_none()
+        if claimed is not None:
+            # The new count came back with the UPDATE (RETURNING), not from a second read.
+            set_committed_value(prompt, "times_used", claimed)
             return prompt
         session.expire_all()
     raise Conflict("prompts are in heavy demand right now; retry in a moment")
@@ -176,9 +177,12 @@ def start_assignment(
                 )
             raise Conflict(f"you have seen all {total} prompts of round {round_.number}; thank you!")
     assignment = Assignment(
-        round_id=round_.id,
+        # Objects, not ids: the answer reads the round, the prompt and the (no) attempts of the
+        # new assignment, and the session holds objects weakly (ids alone made each a query).
+        round=round_,
         writer_id=writer.id,
-        prompt_id=prompt.id if prompt else None,
+        prompt=prompt,
+        attempts=[],
         condition=condition,
         target_label=target,
         tries_used=0,
