@@ -1,0 +1,115 @@
+"""The SQL statements of the crowd's requests stay few (issue 31; docs/benchmarks.md, "API CPU").
+
+Each statement costs the API process about 0.2 ms of CPU on these machines (the ORM's work, not
+the database's), and the crowd's requests are most of the load: a writer's check of a text, a
+label, a batch. No timings here: the statements each request runs are counted and held to what
+they were when the API's CPU per request was cut (every further statement on these paths is a
+cost to every request of the crowd; raise a bound only with a reason in the commit).
+
+Runs on SQLite always and on PostgreSQL when DYNALOOP_TEST_POSTGRES_URL is set (SQLite counts a
+``BEGIN`` per transaction, which psycopg sends without a statement of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+
+from tests.conftest import Actor, MakeUser, example_yaml, open_round
+from tests.stub_model_server import ThreadedServer
+
+pytestmark = [pytest.mark.both_databases, pytest.mark.timeout(300)]
+
+PROMPTS = [f"Prompt {i}: the soup was fine and the bread was fresh." for i in range(12)]
+
+# The most statements each request may run (SQLite's count, which is the larger).
+BOUNDS = {
+    "GET /me": 3,
+    "POST /assignments": 16,
+    "POST /attempts": 14,
+    "POST /confirmation": 6,
+    "POST /example": 14,
+    # A new batch: its fixed part, then an INSERT of each item and of each example's claim
+    # (one statement per row: the ORM needs each new row's id back). Checked per item below.
+    "GET /validation-batch": 13,
+    "POST /validations": 12,
+}
+
+
+@contextmanager
+def counted(app: FastAPI) -> Iterator[list[str]]:
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(app.state.engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        event.remove(app.state.engine, "before_cursor_execute", count)
+
+
+def test_the_crowds_requests_run_few_statements(
+    app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
+    seen: dict[str, list[int]] = {}
+
+    def call(name: str, actor: Actor, method: str, path: str, body: Any = None, **headers: str) -> Any:
+        with counted(app) as statements:
+            response = client.request(method, f"/api/v1{path}", json=body, headers={**actor.headers, **headers})
+        assert response.status_code in (200, 201), (name, response.text)
+        seen.setdefault(name, []).append(len(statements))
+        return response.json()
+
+    writers = [make_user(f"w{i}", "writer") for i in range(3)]
+    for i, writer in enumerate(writers):
+        call("GET /me", writer, "GET", "/me")
+        assignment = call("POST /assignments", writer, "POST", f"/rounds/{round_['id']}/assignments", {})
+        target = assignment["target_label"][0]
+        fooling = {"positive": "terrible", "negative": "great", "neutral": "great"}[target]
+        path = f"/assignments/{assignment['id']}/attempts"
+        call(
+            "POST /attempts",
+            writer,
+            "POST",
+            path,
+            {"text": f"{assignment['prompt']['text']} Fine."},
+            **{"Idempotency-Key": f"a{i}"},
+        )
+        attempt = call(
+            "POST /attempts",
+            writer,
+            "POST",
+            path,
+            {"text": f"Honestly {fooling} stuff {i}"},
+            **{"Idempotency-Key": f"b{i}"},
+        )
+        assert attempt["fooled"], attempt
+        call("POST /confirmation", writer, "POST", f"/attempts/{attempt['id']}/confirmation", {"agrees": True})
+        call("POST /example", writer, "POST", f"/assignments/{assignment['id']}/example", {"attempt_id": attempt["id"]})
+    validators = [make_user(f"v{i}", "validator") for i in range(2)]
+    for validator in validators:
+        call("GET /me", validator, "GET", "/me")
+        batch = call("GET /validation-batch", validator, "GET", f"/rounds/{round_['id']}/validation-batch")
+        assert batch["data"], batch
+        seen["GET /validation-batch"][-1] -= 2 * len(batch["data"])
+        for item in batch["data"]:
+            label = batch["validation_labels"][0]
+            call(
+                "POST /validations",
+                validator,
+                "POST",
+                f"/validation-items/{item['item_id']}/validations",
+                {"label": label},
+            )
+    assert set(seen) == set(BOUNDS)
+    over = {name: counts for name, counts in seen.items() if max(counts) > BOUNDS[name]}
+    assert not over, f"statements per request over their bounds {BOUNDS}: {over}"
