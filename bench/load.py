@@ -200,6 +200,12 @@ def seed_database(
     upgrade(url)
     definition = yaml.safe_load(example_path(LOAD_TASK).read_text(encoding="utf-8"))
     definition["onboarding_quiz"] = None
+    # The simulated validators label at random: the task's screening of validators (gold
+    # accuracy on control items, disagreement with the majority) would unqualify them all
+    # within minutes and leave the load without labels. The control items stay in the batches
+    # (their work is part of the load); only the thresholds are off.
+    definition["quality"]["gold_accuracy_threshold"] = 0.0
+    definition["agreement"]["unqualify_disagreement_rate"] = 1.0
     engine = make_engine(url)
     try:
         with session_scope(make_sessionmaker(engine)) as session:
@@ -417,12 +423,41 @@ class Client:
         return None
 
 
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+async def answer_attention_checks(client: Client, rng: random.Random) -> None:
+    """Answer the writer's pending attention checks as an attentive person does: each check's
+    question names the option to choose (docs/crowdsourcing.md)."""
+    response = await client.call("GET /attention-checks/pending", "GET", "/api/v1/attention-checks/pending")
+    if response is None or response.status_code != 200:
+        return
+    for check in response.json()["data"]:
+        if client.pace is not None:
+            await client.pause(rng, client.pace.confirm_s)
+        answer = next((option for option in check["options"] if f"'{option}'" in check["question"]), None)
+        await client.call(
+            "POST /attention-checks/answer",
+            "POST",
+            f"/api/v1/attention-checks/{check['id']}/answer",
+            json_body={"answer": answer or check["options"][0]},
+            idempotent=True,
+        )
+
+
 async def writer_loop(client: Client, round_id: int, max_examples: int, rng: random.Random) -> None:
     await asyncio.sleep(client.arrives_after_s)
     while time.monotonic() < client.deadline and len(client.tally.examples_accepted) < max_examples:
         response = await client.call(
             "POST /assignments", "POST", f"/api/v1/rounds/{round_id}/assignments", json_body={}
         )
+        if response is not None and response.status_code == 409 and _error_code(response) == "attention_check_pending":
+            await answer_attention_checks(client, rng)
+            continue
         if response is None or response.status_code not in (200, 201):
             await asyncio.sleep(0.5)
             continue
@@ -566,6 +601,22 @@ def print_cpu_per_endpoint(figures: dict[str, Any]) -> None:
             f"{row['statuses']} |"
         )
     print(f"the mix (every endpoint but GET /me): {figures['mix_cpu_ms_per_request']} ms of CPU per request")
+
+
+def write_cpu_per_endpoint(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.json is None:
+        return
+    result = {
+        "command": "python bench/load.py " + " ".join(sys.argv[1:]),
+        "database": args.database,
+        "cpu_per_endpoint": figures,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {**cpu_model(), "python": platform.python_version()},
+        "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.json}")
 
 
 def cpu_per_endpoint(stack: Stack, rng: random.Random) -> dict[str, Any]:
@@ -837,7 +888,8 @@ def main() -> None:
     parser.add_argument(
         "--cpu-per-endpoint",
         action="store_true",
-        help="first measure the API's CPU per request for each endpoint, one request at a time (cpu_per_endpoint)",
+        help="measure the API's CPU per request for each endpoint, one request at a time (cpu_per_endpoint), "
+        "instead of the load",
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -862,38 +914,54 @@ def main() -> None:
             f"API {stack.api.url}, model server {stack.model.url} ({args.model}), database {args.database}; "
             f"{args.writers} writers, {args.validators} validators, {args.seconds:.0f} s"
         )
-        per_endpoint = None
         if args.cpu_per_endpoint:
+            # A run of its own: the drive after it would start from the phase's rows.
             per_endpoint = cpu_per_endpoint(stack, random.Random(args.seed))
             print_cpu_per_endpoint(per_endpoint)
-        started = time.monotonic()
-        loadavg_before = os.getloadavg()[0]
-        cpu = CpuShare()
-        cpu.begin(stack)
-        pace = HUMAN_PACE if args.human_pace else None
-        tally = asyncio.run(
-            drive(
-                stack,
-                args.seconds,
-                args.max_examples,
-                args.seed,
-                think_s=args.think_ms / 1000,
-                pace=pace,
-                arrivals_s=args.arrivals_s,
-            )
-        )
-        elapsed = time.monotonic() - started
-        cpu_used = cpu.end(stack)
-        cpu_used["loadavg_1m_before"] = round(loadavg_before, 2)
+            write_cpu_per_endpoint(per_endpoint, args)
+        else:
+            tally, elapsed, cpu_used = run_load(stack, args)
     finally:
         stack.stop()
+    if args.cpu_per_endpoint:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    report(stack, tally, elapsed, cpu_used, args)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_load(stack: Stack, args: argparse.Namespace) -> tuple[Tally, float, dict[str, Any]]:
+    """The writers and validators for ``--seconds``, and who used the CPU meanwhile."""
+    started = time.monotonic()
+    loadavg_before = os.getloadavg()[0]
+    cpu = CpuShare()
+    cpu.begin(stack)
+    pace = HUMAN_PACE if args.human_pace else None
+    tally = asyncio.run(
+        drive(
+            stack,
+            args.seconds,
+            args.max_examples,
+            args.seed,
+            think_s=args.think_ms / 1000,
+            pace=pace,
+            arrivals_s=args.arrivals_s,
+        )
+    )
+    elapsed = time.monotonic() - started
+    cpu_used = cpu.end(stack)
+    cpu_used["loadavg_1m_before"] = round(loadavg_before, 2)
+    return tally, elapsed, cpu_used
+
+
+def report(stack: Stack, tally: Tally, elapsed: float, cpu_used: dict[str, Any], args: argparse.Namespace) -> None:
+    """The verdict, the targets and the tables; the JSON with ``--json``; exit 1 if anything was
+    lost, the checker found a problem or a 500 was answered."""
     result = verdict(stack, tally, elapsed, args.warmup_s)
     result["cpu"] = cpu_used
     answered = sum(row["requests"] for row in result["endpoints"].values())
     # The saturation run's own figure: the API process's CPU over every answer it gave.
     result["cpu"]["api_ms_per_request"] = round(1000 * cpu_used["cpu_s"]["api"] / answered, 2) if answered else None
-    if per_endpoint is not None:
-        result["cpu_per_endpoint"] = per_endpoint
     result["launch"] = launch_figures(result, tally) if args.launch else None
     result.update(
         {
@@ -965,7 +1033,6 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
-    shutil.rmtree(workdir, ignore_errors=True)
     if not (result["nothing_lost"] and result["invariants"]["ok"] and result["server_errors_500"] == 0):
         raise SystemExit(1)
 
