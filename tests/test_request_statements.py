@@ -35,9 +35,10 @@ BOUNDS = {
     "POST /attempts": 14,
     "POST /confirmation": 6,
     "POST /example": 14,
-    # A new batch: its fixed part, then an INSERT of each item and of each example's claim
-    # (one statement per row: the ORM needs each new row's id back). Checked per item below.
-    "GET /validation-batch": 13,
+    # A new batch: its fixed part (with the control-item pick, which the task's control rate
+    # asks for in some batches, at random), then an INSERT of each item and of each example's
+    # claim (one statement per row: the ORM needs each new row's id back); checked per item below.
+    "GET /validation-batch": 14,
     "POST /validations": 12,
 }
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rapidfuzz import fuzz, process
-from sqlalchemy import func, insert, select
+from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -74,16 +74,20 @@ def _refusal(task: Task, round_number: int | None, *, near: bool = False) -> Dup
     )
 
 
+# Asked before every writer's check: built once (services/db/statements.py).
+_DUPLICATE = (
+    select(Round.number)
+    .select_from(ExampleText)
+    .join(Example, Example.id == ExampleText.example_id)
+    .join(Round, Round.id == Example.round_id)
+    .where(ExampleText.task_id == bindparam("task_id"), ExampleText.normalized_hash == bindparam("digest"))
+)
+
+
 def refuse_duplicate(session: Session, task: Task, digest: str) -> None:
     """Raise :class:`DuplicateText` when an example of ``task`` already holds the text whose
     hash is ``digest`` (one primary-key lookup)."""
-    round_number = session.execute(
-        select(Round.number)
-        .select_from(ExampleText)
-        .join(Example, Example.id == ExampleText.example_id)
-        .join(Round, Round.id == Example.round_id)
-        .where(ExampleText.task_id == task.id, ExampleText.normalized_hash == digest)
-    ).scalar_one_or_none()
+    round_number = session.execute(_DUPLICATE, {"task_id": task.id, "digest": digest}).scalar_one_or_none()
     if round_number is not None:
         raise _refusal(task, round_number)
 

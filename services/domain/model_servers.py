@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from services.db.models import ModelServer, ModelServerGrant, Role, Round, RoundStatus, Task, User, utcnow
@@ -249,11 +249,15 @@ def check_names(session: Session, names: list[str], *, field: str = "model_serve
     return cleaned
 
 
+# Read by every writer's check: built once (services/db/statements.py).
+_ADDRESSES = select(ModelServer.name, ModelServer.url).where(ModelServer.name.in_(bindparam("names", expanding=True)))
+
+
 def addresses(session: Session, names: list[str]) -> list[ServerAddress]:
     """The registered servers among ``names``, in that order (a name removed since is skipped)."""
     if not names:
         return []
-    urls = dict(session.execute(select(ModelServer.name, ModelServer.url).where(ModelServer.name.in_(names))).all())
+    urls = dict(session.execute(_ADDRESSES, {"names": names}).all())
     return [ServerAddress(name, urls[name]) for name in names if name in urls]
 
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -39,10 +39,15 @@ from services.errors import Conflict, Forbidden, Invalid, NotFound
 from services.taskdef import TaskDefinition
 from services.text import clean_text
 
+# Read by every writer's and validator's step: built once (services/db/statements.py).
+_TASK_WORKER = select(TaskWorker).where(
+    TaskWorker.task_id == bindparam("task_id"), TaskWorker.user_id == bindparam("user_id")
+)
+
 
 def task_worker(session: Session, task: Task, user: User) -> TaskWorker:
     """The worker's standing on a task, created on first use."""
-    worker = session.scalar(select(TaskWorker).where(TaskWorker.task_id == task.id, TaskWorker.user_id == user.id))
+    worker = session.scalar(_TASK_WORKER, {"task_id": task.id, "user_id": user.id})
     if worker is None:
         worker = TaskWorker(
             task_id=task.id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, joinedload
 
 from services.db.models import ApiToken, Role, User, utcnow
@@ -150,13 +150,17 @@ def revoke_token(session: Session, actor: User | None, token: ApiToken) -> ApiTo
     return token
 
 
+# Every request's first query: built once (statements.py). The user in the same statement:
+# every authenticated request reads ``is_active`` and the roles, and a lazy load would be a
+# second round trip (docs/benchmarks.md, "API CPU").
+_TOKEN_BY_HASH = (
+    select(ApiToken).options(joinedload(ApiToken.user)).where(ApiToken.token_hash == bindparam("token_hash"))
+)
+
+
 def authenticate_token(session: Session, plain: str) -> ApiToken:
     """The token ``plain`` stands for, if it is valid and its user active (else Unauthorized)."""
-    # The user in the same statement: every authenticated request reads ``is_active`` and the
-    # roles, and a lazy load would be a second round trip (docs/benchmarks.md, "API CPU").
-    token = session.scalar(
-        select(ApiToken).options(joinedload(ApiToken.user)).where(ApiToken.token_hash == hash_token(plain))
-    )
+    token = session.scalar(_TOKEN_BY_HASH, {"token_hash": hash_token(plain)})
     now = utcnow()
     if token is None or token.revoked_at is not None:
         raise Unauthorized("the API token is unknown or revoked; log in again or ask an admin")

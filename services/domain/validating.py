@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, delete, func, or_, select, update
+from sqlalchemy import Select, bindparam, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 from sqlalchemy.orm.attributes import set_committed_value
@@ -242,18 +242,21 @@ def _served(item: ValidationBatchItem) -> ServedItem:
     return ServedItem(item.item_key, control.text, control.target_span)
 
 
+# A validator's every label reads its item, with what labelling reads next (the batch's owner,
+# round and task; the example) in the same statement; built once (services/db/statements.py).
+_BATCH_ITEM = (
+    select(ValidationBatchItem)
+    .options(
+        joinedload(ValidationBatchItem.batch).joinedload(ValidationBatch.round).joinedload(Round.task),
+        joinedload(ValidationBatchItem.example),
+    )
+    .where(ValidationBatchItem.item_key == bindparam("item_key"))
+)
+
+
 def get_batch_item(session: Session, validator: User, item_key: str) -> ValidationBatchItem:
     """An item of a batch served to ``validator``; another validator's item is as a missing one."""
-    item = session.scalar(
-        select(ValidationBatchItem)
-        .options(
-            # What labelling reads next (the batch's owner, round and task; the example), in
-            # the same statement.
-            joinedload(ValidationBatchItem.batch).joinedload(ValidationBatch.round).joinedload(Round.task),
-            joinedload(ValidationBatchItem.example),
-        )
-        .where(ValidationBatchItem.item_key == item_key)
-    )
+    item = session.scalar(_BATCH_ITEM, {"item_key": item_key})
     if item is None or item.batch.validator_id != validator.id:
         raise NotFound(
             "no such item in your validation batches; label the items of the batch that "
@@ -410,6 +413,21 @@ NOT_LIVE_ITEM = (
 )
 
 
+# Built once (services/db/statements.py): one more label counted on an example that still needs
+# one, and the row as the UPDATE left it.
+_COUNT_LABEL = (
+    update(Example)
+    .where(
+        Example.id == bindparam("example_id"),
+        Example.status == ExampleStatus.validating,
+        Example.validation_count < Example.validations_needed,
+    )
+    .values(validation_count=Example.validation_count + 1)
+    .returning(Example.validation_count, Example.validations_needed, Example.status, Example.requeue_count)
+    .execution_options(synchronize_session=False)
+)
+
+
 def _record_validation(
     session: Session,
     validator: User,
@@ -427,17 +445,7 @@ def _record_validation(
     # The row as the UPDATE left it comes back with it (RETURNING: SQLite 3.35+, PostgreSQL):
     # the count, and what a concurrent label's finalize_example may have changed, without a
     # second read of the row. No row back means the condition failed.
-    counted = session.execute(
-        update(Example)
-        .where(
-            Example.id == example.id,
-            Example.status == ExampleStatus.validating,
-            Example.validation_count < Example.validations_needed,
-        )
-        .values(validation_count=Example.validation_count + 1)
-        .returning(Example.validation_count, Example.validations_needed, Example.status, Example.requeue_count)
-        .execution_options(synchronize_session=False)
-    ).one_or_none()
+    counted = session.execute(_COUNT_LABEL, {"example_id": example.id}).one_or_none()
     if counted is None:
         raise Conflict(f"{name} already has all its labels; fetch your batch again")
     for column, value in zip(
@@ -465,6 +473,12 @@ def _record_validation(
     return validation
 
 
+# Built once (services/db/statements.py).
+_RELEASE_CLAIM = delete(ValidationClaim).where(
+    ValidationClaim.example_id == bindparam("example_id"), ValidationClaim.validator_id == bindparam("validator_id")
+)
+
+
 def _answer_item(
     session: Session,
     validator: User,
@@ -475,11 +489,7 @@ def _answer_item(
     flagged: bool,
 ) -> None:
     """The validator's claim on the example is done with; its batch item is answered by ``validation``."""
-    session.execute(
-        delete(ValidationClaim).where(
-            ValidationClaim.example_id == example.id, ValidationClaim.validator_id == validator.id
-        )
-    )
+    session.execute(_RELEASE_CLAIM, {"example_id": example.id, "validator_id": validator.id})
     item.answered_at = validation.created_at
     item.validation_id = validation.id
     item.label = label
@@ -493,9 +503,15 @@ def _judge_validator_each_batch(session: Session, validator: User, round_: Round
     # read every label of every earlier round again each batch, so labelling slowed as the
     # database grew (docs/benchmarks.md, "Labelling"); the researcher's
     # ``worker-quality/apply`` still judges the whole task.
-    given = session.scalar(labels_in_round(validator.id, round_.id)) or 0
+    given = session.scalar(_LABELS_IN_ROUND, {"validator_id": validator.id, "round_id": round_.id}) or 0
     if given % definition.validation_batch_size == 0:
         apply_agreement_threshold(session, None, round_.task, only_user_id=validator.id, round_=round_)
+
+
+# Built once (services/db/statements.py): the validator's label of an example, if any.
+_VALIDATION_OF = select(Validation).where(
+    Validation.example_id == bindparam("example_id"), Validation.validator_id == bindparam("validator_id")
+)
 
 
 def submit_validation(
@@ -524,9 +540,7 @@ def submit_validation(
     name = "this item" if item is not None else f"example {example_id}"
     label = check_validation_label(definition_of(round_.task), raw_label)
     reason = _checked_extras(flagged, flag_reason, seconds_taken)
-    existing = session.scalar(
-        select(Validation).where(Validation.example_id == example.id, Validation.validator_id == validator.id)
-    )
+    existing = session.scalar(_VALIDATION_OF, {"example_id": example.id, "validator_id": validator.id})
     if existing is not None:
         # A label resent (its answer lost on the way) is answered as saved, whatever happened
         # since: the round may have closed, or the validator been unqualified, after it was
@@ -578,6 +592,11 @@ def labels_in_round(validator_id: int, round_id: int) -> Select[int]:
         .select_from(Validation)
         .where(Validation.validator_id == validator_id, example_round == round_id)
     )
+
+
+# The count above for bound ``validator_id`` and ``round_id``, built once (services/db/statements.py):
+# it runs after every label.
+_LABELS_IN_ROUND = labels_in_round(bindparam("validator_id"), bindparam("round_id"))  # type: ignore[arg-type]
 
 
 def example_record(session: Session, example: Example) -> dict[str, Any]:

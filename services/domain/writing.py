@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, Text, cast, func, select, update
+from sqlalchemy import Select, Text, bindparam, cast, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 from sqlalchemy.orm.attributes import set_committed_value
@@ -285,6 +285,12 @@ def _check_span(text: str, span: list[int] | None, definition: TaskDefinition) -
     return [start, end]
 
 
+# Built once (services/db/statements.py): an attempt already made with this Idempotency-Key.
+_ATTEMPT_BY_KEY = select(Attempt).where(
+    Attempt.assignment_id == bindparam("assignment_id"), Attempt.idempotency_key == bindparam("key")
+)
+
+
 def prepare_attempt(
     session: Session,
     writer: User,
@@ -310,9 +316,7 @@ def prepare_attempt(
     )
     span = _check_span(text, target_span, definition)
     if idempotency_key is not None:
-        existing = session.scalar(
-            select(Attempt).where(Attempt.assignment_id == assignment.id, Attempt.idempotency_key == idempotency_key)
-        )
+        existing = session.scalar(_ATTEMPT_BY_KEY, {"assignment_id": assignment.id, "key": idempotency_key})
         if existing is not None:
             if existing.text != text or existing.target_span != span:
                 raise Conflict("this Idempotency-Key was already used for a different text; use a new key")
@@ -382,6 +386,16 @@ def _not_answering(retry_after_s: int) -> str:
     )
 
 
+# Built once (services/db/statements.py): one more try used, if one is left, and the new count.
+_USE_A_TRY = (
+    update(Assignment)
+    .where(Assignment.id == bindparam("assignment_id"), Assignment.tries_used < Assignment.tries_allowed)
+    .values(tries_used=Assignment.tries_used + 1)
+    .returning(Assignment.tries_used)
+    .execution_options(synchronize_session=False)
+)
+
+
 def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer, retry_after_s: int) -> Attempt:
     """Second transaction of POST /attempts: store what the model said, or that it was down."""
     # Row lock (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): two retries with the
@@ -424,13 +438,7 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
         )
     # The new count comes back with the UPDATE (RETURNING: SQLite 3.35+, PostgreSQL), not from
     # a second read of the row; no row back means the condition failed (no try left).
-    tries_used = session.execute(
-        update(Assignment)
-        .where(Assignment.id == assignment.id, Assignment.tries_used < Assignment.tries_allowed)
-        .values(tries_used=Assignment.tries_used + 1)
-        .returning(Assignment.tries_used)
-        .execution_options(synchronize_session=False)
-    ).scalar_one_or_none()
+    tries_used = session.execute(_USE_A_TRY, {"assignment_id": assignment.id}).scalar_one_or_none()
     consumed = tries_used is not None
     if consumed:
         set_committed_value(assignment, "tries_used", tries_used)
@@ -692,9 +700,21 @@ def _due(writer_id: int, now: dt.datetime) -> tuple[Any, ...]:
     )
 
 
+# Asked with every writer's request: built once (services/db/statements.py).
+_DUE = (
+    select(Assignment.id)
+    .where(
+        Assignment.writer_id == bindparam("writer_id"),
+        Assignment.status == AssignmentStatus.active,
+        Assignment.expires_at <= bindparam("now"),
+    )
+    .limit(1)
+)
+
+
 def has_due_assignments(session: Session, writer_id: int) -> bool:
     """Whether the writer has an active assignment whose time ran out (a read)."""
-    return session.scalar(select(Assignment.id).where(*_due(writer_id, utcnow())).limit(1)) is not None
+    return session.scalar(_DUE, {"writer_id": writer_id, "now": utcnow()}) is not None
 
 
 def expire_due_assignments(session: Session, writer_id: int) -> int:
