@@ -183,11 +183,14 @@ def _expire_due_assignments(session: Session, user: User) -> None:
 
 async def address_rate_limited(request: Request) -> None:
     """FastAPI dependency for the writer and validator routers: the client address's budget,
-    counted before authentication (requests without a valid token count too). Counted in a
-    worker thread (the storage may be Redis); with no limit set, nothing is counted and no
+    counted before authentication (requests without a valid token count too). Counted on the
+    event loop when the counters are the process's own (``memory://``), in a worker thread when
+    they are shared (Redis: a network round trip); with no limit set, nothing is counted and no
     thread is asked (the cost of a round trip to the thread pool: see above)."""
     limiter = app_state(request).rate_limiter
-    if limiter.per_ip:
+    if limiter.per_ip and limiter.in_process:
+        limiter.check_address(request)
+    elif limiter.per_ip:
         await run_in_threadpool(limiter.check_address, request)
 
 
@@ -195,5 +198,7 @@ async def token_rate_limited(request: Request, token: CurrentToken) -> None:
     """FastAPI dependency for the writer and validator routers, after ``address_rate_limited``:
     the budget of the token that authenticated the request (401 without one)."""
     limiter = app_state(request).rate_limiter
-    if limiter.per_token:
+    if limiter.per_token and limiter.in_process:
+        limiter.check_token(token.id)
+    elif limiter.per_token:
         await run_in_threadpool(limiter.check_token, token.id)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from anyio import CapacityLimiter, to_thread
 from fastapi import Request
 from limits import RateLimitItem, parse_many
-from limits.storage import Storage, storage_from_string
+from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
 from services import forwarded
@@ -91,6 +91,11 @@ class RateLimiter:
                 "use memory:// or redis://host:6379"
             )
         self.storage = storage
+        # The process's own counters (memory://) are counted on the event loop: a check is a few
+        # microseconds under a lock and never waits, while a hop to a worker thread and back
+        # cost about 0.13 ms of CPU per request (docs/benchmarks.md, "API CPU"). A shared storage
+        # (Redis) is a network round trip, counted in a worker thread.
+        self.in_process = isinstance(storage, MemoryStorage)
         self.limiter = MovingWindowRateLimiter(self.storage)
         self.login = LoginThrottle(settings, self.storage)
 
