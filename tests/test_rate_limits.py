@@ -100,3 +100,38 @@ def test_placeholder_secrets_are_refused_outside_development(environment: str, s
     with pytest.raises(ValidationError, match="DYNALOOP_SECRET_KEY"):
         Settings(environment=environment, secret_key=secret)
     assert Settings(environment="development", secret_key=secret).secret_key == secret
+
+
+def _redis_url() -> str | None:
+    """The machine's Redis (docs/deploy.md: the counters of several API replicas), if it answers."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5):
+            return "redis://127.0.0.1:6379/15"
+    except OSError:
+        return None
+
+
+def test_process_counters_are_counted_in_the_request_and_shared_ones_in_a_thread(settings) -> None:
+    """memory:// counters are checked on the event loop (no worker-thread hop per request);
+    Redis counters, shared by every replica, in a worker thread: two API processes' limiters on
+    one Redis refuse the request over the token's limit together."""
+    import uuid
+
+    from dynaloop.api.ratelimit import RateLimiter
+    from services.errors import RateLimited
+
+    assert RateLimiter(settings.model_copy(update={"rate_limit_storage": "memory://"})).in_process
+    url = _redis_url()
+    if url is None:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    shared = settings.model_copy(update={"rate_limit_storage": url, "rate_limit_per_token": "3/minute"})
+    one, other = RateLimiter(shared), RateLimiter(shared)
+    assert not one.in_process and not other.in_process
+    token_id = uuid.uuid4().int % 2**31  # a fresh key in the shared storage
+    one.check_token(token_id)
+    other.check_token(token_id)
+    one.check_token(token_id)
+    with pytest.raises(RateLimited):
+        other.check_token(token_id)
