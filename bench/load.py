@@ -51,6 +51,7 @@ from sqlalchemy import create_engine, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.machine import cpu_model, cpu_seconds  # noqa: E402
+from services.settings import Settings  # noqa: E402
 
 LOAD_TASK = "dynasent-r2"
 EDITS = ["really", "honestly", "not", "barely", "totally", "kind of", "never", "so", "quite", "hardly"]
@@ -378,11 +379,15 @@ class Client:
         think_s: float = 0.0,
         pace: Pace | None = None,
         arrives_after_s: float = 0.0,
+        forwarded_for: str | None = None,
     ) -> None:
         self.http, self.tally, self.deadline, self.think_s = http, tally, deadline, think_s
         self.pace, self.arrives_after_s = pace, arrives_after_s
         self.last_latency_ms = 0.0
         self.headers = {"Authorization": f"Bearer {token}"}
+        if forwarded_for is not None:
+            # Through a proxy the API trusts (--launch), as behind nginx: each person's own address.
+            self.headers["X-Forwarded-For"] = forwarded_for
 
     async def pause(self, rng: random.Random, median_s: float) -> float:
         """A person's pause (``pace``), cut short at the run's deadline; the seconds drawn."""
@@ -560,26 +565,30 @@ async def drive(
     think_s: float = 0.0,
     pace: Pace | None = None,
     arrivals_s: float = 0.0,
+    own_addresses: bool = False,
 ) -> Tally:
     """Run the writers and validators for ``seconds``; ``during(stack, tally)`` (async) runs
     alongside and may watch the tally to time a fault. With ``arrivals_s``, people arrive one by
     one over that many seconds (open arrivals: independent uniform times, writers and
-    validators alike) instead of all at once; with ``pace``, they pause as people do."""
+    validators alike) instead of all at once; with ``pace``, they pause as people do; with
+    ``own_addresses``, each sends its own address in ``X-Forwarded-For`` (the API must trust
+    this process as its proxy: ``launch_api_env``)."""
     tally = Tally()
     deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=len(stack.writer_tokens) + len(stack.validator_tokens) + 4)
     arrivals = random.Random(seed + 7)
 
-    def client(http: httpx.AsyncClient, token: str) -> Client:
-        return Client(http, token, tally, deadline, think_s, pace, arrivals.uniform(0.0, arrivals_s))
+    def client(http: httpx.AsyncClient, token: str, person: int) -> Client:
+        address = f"10.{person // 65536 % 256}.{person // 256 % 256}.{person % 256}" if own_addresses else None
+        return Client(http, token, tally, deadline, think_s, pace, arrivals.uniform(0.0, arrivals_s), address)
 
     async with httpx.AsyncClient(base_url=stack.api.url, timeout=30, limits=limits) as http:
         jobs = [
-            writer_loop(client(http, token), stack.round_id, max_examples, random.Random(seed + i))
+            writer_loop(client(http, token, i), stack.round_id, max_examples, random.Random(seed + i))
             for i, token in enumerate(stack.writer_tokens)
         ]
         jobs += [
-            validator_loop(client(http, token), stack.round_id, random.Random(seed + 1000 + i))
+            validator_loop(client(http, token, 1000 + i), stack.round_id, random.Random(seed + 1000 + i))
             for i, token in enumerate(stack.validator_tokens)
         ]
         if during is not None:
@@ -812,6 +821,17 @@ def verdict(stack: Stack, tally: Tally, seconds: float, warmup_s: float = 10.0) 
     }
 
 
+def launch_api_env() -> dict[str, str]:
+    """The launch-shaped load meets the API as deployed: its default rate limits per token and
+    per address, behind a proxy it trusts (this process, on loopback), each person from their
+    own address."""
+    return {
+        "DYNALOOP_RATE_LIMIT_PER_TOKEN": Settings.model_fields["rate_limit_per_token"].get_default(),
+        "DYNALOOP_RATE_LIMIT_PER_IP": Settings.model_fields["rate_limit_per_ip"].get_default(),
+        "DYNALOOP_TRUSTED_PROXIES": "127.0.0.1/32",
+    }
+
+
 def launch_figures(result: dict[str, Any], tally: Tally) -> dict[str, Any]:
     """docs/design.md's launch targets: no attempt shed, POST /attempts p99 less the model call
     < 50 ms, getting an assignment p99 < 100 ms."""
@@ -898,6 +918,7 @@ def main() -> None:
         args.arrivals_s = args.arrivals_s or 60.0
 
     workdir = Path(tempfile.mkdtemp(prefix="dynaloop-load-"))
+    api_env = launch_api_env() if args.launch else None
     url = fresh_postgres(args.postgres_url) if args.database == "postgresql" else None
     stack = start_stack(
         workdir,
@@ -908,6 +929,7 @@ def main() -> None:
         model_dir=args.model_dir,
         precision=args.precision,
         api_workers=args.api_workers,
+        api_env=api_env,
     )
     try:
         print(
@@ -946,6 +968,7 @@ def run_load(stack: Stack, args: argparse.Namespace) -> tuple[Tally, float, dict
             think_s=args.think_ms / 1000,
             pace=pace,
             arrivals_s=args.arrivals_s,
+            own_addresses=args.launch,
         )
     )
     elapsed = time.monotonic() - started
