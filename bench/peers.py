@@ -16,7 +16,7 @@ What it does:
    temporary directory, with a precision check on the first 500 sentences so that dynaloop's
    ``--precision auto`` may use bf16 (bench/model_server.py does the same). For Infinity's
    ONNX engine (``--engine optimum``) the same weights are exported once to ``model.onnx`` (torch's
-   exporter, in this process) in a temporary directory, beside links to the directory's config
+   exporter, in this process, then ONNX Runtime's BERT fusions) in a temporary directory, beside links to the directory's config
    and tokenizer files.
 2. **Agreement**: every server (each Infinity configuration, then dynaloop) scores the same
    ``--agree`` sentences, 16 per request; each label's probability is compared with an fp32
@@ -158,8 +158,7 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
     """The same weights as ``out/model.onnx``, with the directory's config and tokenizer files
     beside it: what Infinity's ``--engine optimum`` loads. Exported in this process with torch's
     exporter, as the model server's int8 path does (``model_server.directory.runtime.Int8Model``:
-    eager attention, dynamic batch and sequence), because optimum 1.27's own exporter (the one
-    Infinity 0.0.78 works with) fails on torch 2.13."""
+    eager attention, dynamic batch and sequence), then ONNX Runtime's BERT fusions."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
