@@ -73,7 +73,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -626,14 +625,6 @@ def _timed_loop(seconds: float, step: Any) -> tuple[list[float], dict[str, float
     return times, cpu_split(a, b), b.wall - a.wall
 
 
-# The raw forward passes run on one long-lived worker thread, as the server's run on its batcher
-# thread: torch's OpenMP team belongs to the thread that starts it, and on this 2-core machine a
-# team started from the main thread ran 2-4x slower than the same forward from a worker thread
-# whenever another process held a core (measured while writing issue 31's bench; in a quiet
-# machine, not compared). Measured from the main thread, the limit would swing with the neighbours.
-_RAW_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raw-forward")
-
-
 class RawBench:
     """``TransformersBackend.predict`` in this process, no HTTP: the limit the servers are held to."""
 
@@ -643,9 +634,6 @@ class RawBench:
         self.precision = precision
         self.backend = load_backend(model_dir, "transformers", "cpu", precision)
         self.inputs = [ClassifyInput(s) for s in sentences]
-        _RAW_THREAD.submit(self._warm_up).result()
-
-    def _warm_up(self) -> None:
         for i in range(5):  # warm up both shapes
             self.backend.predict(self.inputs[i : i + 1])
         for i in range(3):
@@ -660,7 +648,7 @@ class RawBench:
         tries = []
         for _ in range(attempts):
             t0 = time.perf_counter()
-            tries.append(_RAW_THREAD.submit(run).result())
+            tries.append(run())
             if len(tries) > 1:
                 RETRY_BUDGET_S[0] -= time.perf_counter() - t0
             if disturbance(tries[-1][1]) <= max_disturbance or RETRY_BUDGET_S[0] <= 0:
