@@ -45,6 +45,11 @@ def api(
         os.environ["DYNALOOP_DATABASE_URL"] = database_url
     if settings.max_concurrent_requests >= settings.worker_threads:
         raise fail("DYNALOOP_MAX_CONCURRENT_REQUESTS must be below DYNALOOP_WORKER_THREADS (see docs/deploy.md)")
+    if workers > 1:
+        from dynaloop.api.metrics import prepare_multiprocess_folder
+
+        # One /metrics for all workers: each writes its figures to this folder (dynaloop/api/metrics.py).
+        prepare_multiprocess_folder()
     # No `limit_concurrency`: uvicorn would answer a plain-text 503 and count idle keep-alive
     # connections too. The app counts requests in flight itself and answers beyond
     # DYNALOOP_MAX_CONCURRENT_REQUESTS in the JSON error shape (dynaloop/api/overload.py).
@@ -289,6 +294,7 @@ def model_server(
     ] = 2.0,
     database_url: DatabaseOpt = None,
     log_level: str = "info",
+    log_format: Annotated[str, typer.Option(envvar="DYNALOOP_LOG_FORMAT", help="text or json")] = "text",
 ) -> None:
     """Serve a classifier: /predict with dynamic batching, /info, /health, /metrics, /inspect, /admin/reload.
     With --follow-task it serves the task's promoted model and swaps itself when another is promoted."""
@@ -317,5 +323,6 @@ def model_server(
         request_timeout_s=request_timeout_s,
         admin_token=admin_token,
         follow=follow,
+        log_format=log_format,
     )
     uvicorn.run(create_model_app(config), host=host, port=port, log_level=log_level)
