@@ -32,12 +32,15 @@ def api(
     import uvicorn
 
     from services.db.migrate import upgrade
+    from services.observability import configure_logging
 
     # A long-running server process: its start-up objects are frozen out of the garbage
     # collector's full passes (services/settings.py, freeze_gc_at_startup) unless set otherwise.
     os.environ.setdefault("DYNALOOP_FREEZE_GC_AT_STARTUP", "true")
     settings = settings_for(database_url)
-    if warning := settings.placeholder_secret_warning:
+    # JSON lines from the first one on (the migration's too); the app logs the same warning then.
+    configure_logging(settings.log_format)
+    if (warning := settings.placeholder_secret_warning) and settings.log_format == "text":
         err.print(f"[bold red]WARNING:[/bold red] {warning}", soft_wrap=True)
     upgrade(settings.resolved_database_url)
     if database_url:
@@ -60,6 +63,9 @@ def api(
         port=port,
         workers=workers,
         log_level=log_level,
+        # JSON: uvicorn's own lines go through the handler configured above (and in each worker,
+        # by create_app), not through uvicorn's plain-text one.
+        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         # The API reads forwarded headers itself, from DYNALOOP_TRUSTED_PROXIES only
         # (services/forwarded.py); uvicorn's own handling would trust any 127.0.0.1 peer's.
         proxy_headers=False,
