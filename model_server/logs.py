@@ -11,12 +11,13 @@ of the project, so these few lines repeat the API's rule (services/observability
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
+import secrets
 import sys
 import time
-import uuid
 from contextvars import ContextVar
 from typing import Any
 
@@ -26,6 +27,9 @@ __all__ = ["JsonFormatter", "RequestIds", "configure_logging", "request_id"]
 
 request_id: ContextVar[str | None] = ContextVar("model_server_request_id", default=None)
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
+# A new id: a prefix drawn once per process and a counter (as services/observability.py makes them).
+_PROCESS_PREFIX = secrets.token_hex(8)
+_COUNTER = itertools.count(1)
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 access_logger = logging.getLogger("model_server.access")
 
@@ -91,7 +95,7 @@ class RequestIds:
                 current = value.decode("ascii") if _SAFE_ID.fullmatch(value) else None
                 break
         if current is None:
-            current = uuid.uuid4().hex
+            current = f"{_PROCESS_PREFIX}{next(_COUNTER):016x}"
         request_id.set(current)  # this request's own task and context
         id_header = (b"x-request-id", current.encode())
         status = 500
