@@ -1,4 +1,4 @@
-"""The model server's request ids and JSON logs (docs/model_server.md, "Logs").
+"""The model server's request ids and JSON logs (docs/model_server.md, "Endpoints").
 
 The API sends each model call with the id of the writer's request (``X-Request-ID``,
 services/model_client.py); :class:`RequestIds` keeps it for the request's log lines, answers
