@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ async def receive() -> dict[str, Any]:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
-async def send(message: dict[str, Any]) -> None:
+async def send(message: MutableMapping[str, Any]) -> None:
     return None
 
 
@@ -111,7 +112,8 @@ async def main(requests: int, blocks: int, json_logs: bool, freeze_gc: bool) -> 
         for on in (True, False):  # warm-up: thread pool, caches
             use(on)
             await run(app, path, 200)
-        with_it, without_it = [], []
+        with_it: list[float] = []
+        without_it: list[float] = []
         for block in range(blocks):  # alternating, each variant first in half of the pairs
             for on in (True, False) if block % 2 else (False, True):
                 use(on)
