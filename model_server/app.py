@@ -28,6 +28,7 @@ from model_server.batching import DeadlineExceeded, ServerStopping
 from model_server.config import ServerConfig
 from model_server.follow import Follower
 from model_server.host import ModelHost, describe
+from model_server.logs import RequestIds, configure_logging
 from model_server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class ReloadRequest(BaseModel):
 def create_model_app(config: ServerConfig) -> FastAPI:
     """The model server's app: one :class:`ModelHost` for ``config``, and with ``config.follow``
     the :class:`Follower` that keeps it on the task's promoted model."""
+    configure_logging(config.log_format)
     host = ModelHost(config, Metrics())
     follower = (
         Follower(host, config.follow.registry, interval_s=config.follow.interval_s, fallback_dir=config.model_dir)
@@ -81,6 +83,8 @@ def create_model_app(config: ServerConfig) -> FastAPI:
         return _error(422, "invalid", problems)
 
     app.include_router(router)
+    # The caller's request id in every log line and in the answer (model_server/logs.py).
+    app.add_middleware(RequestIds, access_log=config.log_format == "json")
     return app
 
 

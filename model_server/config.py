@@ -34,3 +34,4 @@ class ServerConfig:
     admin_token: str | None = None
     load_in_background: bool = True
     follow: FollowSettings | None = None
+    log_format: str = "text"  # or json: one JSON object per line (model_server.logs)

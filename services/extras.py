@@ -24,9 +24,7 @@ from importlib.util import find_spec
 #: (pyproject.toml lists the distributions; tests/test_extras.py checks the two agree).
 EXTRA_MODULES: dict[str, frozenset[str]] = {
     "plots": frozenset({"matplotlib"}),
-    "model-server": frozenset(
-        {"torch", "transformers", "captum", "prometheus_client", "skops", "onnx", "onnxscript", "onnxruntime"}
-    ),
+    "model-server": frozenset({"torch", "transformers", "captum", "skops", "onnx", "onnxscript", "onnxruntime"}),
     "training": frozenset(
         {
             "torch",

@@ -28,7 +28,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client import Histogram
 from pydantic import BaseModel, Field, ValidationError
+
+from services.observability import REQUEST_ID_HEADER, request_id
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +148,29 @@ class ModelClient:
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
             verify=_default_ssl_context(),
         )
+        # The API's model-call histogram (dynaloop/api/metrics.py), labelled by call and outcome.
+        self.call_seconds: Histogram | None = None
 
     def close(self) -> None:
         self._http.close()
+
+    @contextmanager
+    def _timed(self, call: str) -> Iterator[None]:
+        """Time one whole call (the wait for a slot and the retries included: what the writer
+        waits for) into ``call_seconds``: outcome ``ok``, ``busy`` (no slot) or ``error``."""
+        if self.call_seconds is None:
+            yield
+            return
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            yield
+            outcome = "ok"
+        except ModelSlotsBusy:
+            outcome = "busy"
+            raise
+        finally:
+            self.call_seconds.labels(call, outcome).observe(time.perf_counter() - started)
 
     @contextmanager
     def _slot(self, deadline: float) -> Iterator[None]:
@@ -173,7 +196,10 @@ class ModelClient:
         timeout = self._timeout(deadline)
         if timeout is None:
             return None
-        with self._http.stream("POST", url, json=payload, timeout=timeout) as response:
+        # The request's id (services/observability.py): the model server logs it too.
+        current = request_id.get()
+        headers = {REQUEST_ID_HEADER: current} if current is not None else None
+        with self._http.stream("POST", url, json=payload, timeout=timeout, headers=headers) as response:
             body = bytearray()
             for chunk in response.iter_bytes():
                 body += chunk
@@ -189,9 +215,10 @@ class ModelClient:
         logger.warning("model server %s%s answered HTTP %d: %r", endpoint, path, status, excerpt)
 
     def predict(self, endpoint: str, text: str, target: str | None = None) -> ModelPrediction:
-        deadline = time.monotonic() + self.deadline_s
-        with self._slot(deadline):
-            return self._predict(endpoint, text, target, deadline)
+        with self._timed("predict"):
+            deadline = time.monotonic() + self.deadline_s
+            with self._slot(deadline):
+                return self._predict(endpoint, text, target, deadline)
 
     def _predict(self, endpoint: str, text: str, target: str | None, deadline: float) -> ModelPrediction:
         payload = {"texts": [text], "targets": [target] if target is not None else None}
@@ -229,6 +256,10 @@ class ModelClient:
         """Token attributions for ``label`` from ``POST {endpoint}/inspect`` (one try: it is
         an optional aid for writers, not part of the attempt), in a model-call slot and
         within the deadline like :meth:`predict`."""
+        with self._timed("inspect"):
+            return self._inspect(endpoint, text, label, target)
+
+    def _inspect(self, endpoint: str, text: str, label: str, target: str | None) -> list[dict[str, object]]:
         deadline = time.monotonic() + self.deadline_s
         with self._slot(deadline):
             try:

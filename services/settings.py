@@ -268,6 +268,28 @@ class Settings(BaseSettings):
         "loop from everyone else. A client that waits for its answers never meets it. 0 turns it off.",
     )
 
+    # --- metrics and logs (issue 31; docs/deploy.md "Logs and metrics")
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`json`: the API writes one JSON object per log line (request_id, and for each request "
+        "one access line with method, route, status and duration_ms) and turns off uvicorn's access log; "
+        "`text`: Python's and uvicorn's plain lines, for a researcher's terminal. The compose stack uses json.",
+    )
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="The bearer token GET /metrics (Prometheus) asks for; at least 16 characters. Unset: "
+        "/metrics answers 404. Give Prometheus the same value (docker/prometheus/prometheus.yml).",
+    )
+
+    @model_validator(mode="after")
+    def _metrics_token_long_enough(self) -> Settings:
+        if self.metrics_token is not None and len(self.metrics_token.get_secret_value().strip()) < 16:
+            raise ValueError(
+                "DYNALOOP_METRICS_TOKEN is shorter than 16 characters; set it to a long random value "
+                "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'`) or leave it unset"
+            )
+        return self
+
     @model_validator(mode="after")
     def _model_requests_leave_room(self) -> Settings:
         if self.max_concurrent_model_requests >= self.max_concurrent_requests:

@@ -72,8 +72,19 @@ GPU_REPLICAS = ("vllm-1", "vllm-2")
 ONE_SHOT = ("migrate", "model-init")
 WORKERS = ("worker-cpu", "worker-gpu")
 WEB_APP_REPLICAS = ("frontend-1", "frontend-2")
-PUBLISHED = ("nginx",)
-SECRETS = ("POSTGRES_PASSWORD", "DYNALOOP_SECRET_KEY", "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", "DYNALOOP_WEB_APP_KEY")
+PUBLISHED = ("nginx", "grafana")
+METRICS = ("prometheus", "grafana")
+SECRETS = (
+    "POSTGRES_PASSWORD",
+    "DYNALOOP_SECRET_KEY",
+    "DYNALOOP_MODEL_SERVER_ADMIN_TOKEN",
+    "DYNALOOP_WEB_APP_KEY",
+    "DYNALOOP_METRICS_TOKEN",
+    "GRAFANA_ADMIN_PASSWORD",
+)
+PROMETHEUS_CONF = DOCKER / "prometheus" / "prometheus.yml"
+GRAFANA = DOCKER / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "dynaloop.json"
 # DYNALOOP_* variables that are not Settings fields, and the file that reads each one.
 READ_ELSEWHERE = {
     "DYNALOOP_API_URL": ROOT / "frontend" / "state.py",
@@ -426,6 +437,7 @@ def test_compose_has_the_services_of_the_stack() -> None:
         *WORKERS,
         "nginx",
         *WEB_APP_REPLICAS,
+        *METRICS,
     }
     assert services()["postgres"]["image"] == "postgres:15"
     assert any("/var/lib/postgresql/data" in volume for volume in services()["postgres"]["volumes"])
@@ -561,7 +573,8 @@ def test_the_web_app_and_the_api_take_the_same_request_size_and_nginx_lets_it_th
 def test_only_nginx_publishes_ports() -> None:
     for name, service in services().items():
         if name not in PUBLISHED:
-            assert "ports" not in service, f"{name} publishes ports; only nginx may"
+            assert "ports" not in service, f"{name} publishes ports; only nginx (and Grafana on the loopback) may"
+    assert services()["grafana"]["ports"] == ["${GRAFANA_BIND:-127.0.0.1}:${GRAFANA_PORT:-3000}:3000"]
     nginx_ports = [port.rsplit(":", 1)[1] for port in services()["nginx"]["ports"]]
     assert nginx_ports == ["8000", "8001", "8501"]
     assert services()["nginx"]["ports"][1].startswith("${MODEL_BIND:-127.0.0.1}:")
@@ -792,6 +805,113 @@ def test_nginx_refuses_the_hot_swap_through_the_balancer() -> None:
     assert status == "403"
     assert json.loads(body)["error"]["code"] == "reload_each_replica"
     assert not admin.find("proxy_pass")
+
+
+def test_nginx_keeps_metrics_from_the_internet() -> None:
+    """The API's /metrics is for Prometheus on the stack's network: nginx answers it 404 itself."""
+    metrics = next(loc for loc in server_listening(8000).find("location") if loc.args == ["=", "/metrics"])
+    status, body = metrics.one("return").args
+    assert status == "404" and json.loads(body)["error"]["code"] == "not_found"
+    assert not metrics.find("proxy_pass")
+
+
+# --- metrics: Prometheus and Grafana ------------------------------------------------------------
+
+
+def exported_metric_names(tmp_path: Path) -> set[str]:
+    """Every series name the API and the model server export, from their own registries (the
+    API's database collector on a migrated SQLite file)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dynaloop.api.metrics import ApiMetrics
+    from model_server.metrics import Metrics
+    from services.db.engine import make_engine, make_sessionmaker
+    from services.db.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'metrics.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        registries = [ApiMetrics(make_sessionmaker(engine)).registry, Metrics().registry]
+        text = "".join(generate_latest(registry).decode() for registry in registries)
+    finally:
+        engine.dispose()
+    names = set()
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + suffix for suffix in suffixes.get(family.type, [""]))
+    return names
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_the_dashboard_queries_only_metrics_the_code_exports(tmp_path: Path) -> None:
+    exported = exported_metric_names(tmp_path)
+    assert {"dynaloop_api_shed_total", "dynaloop_jobs", "dynaloop_model_batch_size_bucket"} <= exported
+    used = {name for expr in dashboard_queries() for name in re.findall(r"\bdynaloop_[a-z0-9_]+", expr)}
+    assert used - exported == set(), f"the dashboard queries series nobody exports: {sorted(used - exported)}"
+    # What the issue asks the dashboard to show.
+    for wanted in (
+        "dynaloop_api_request_duration_seconds_bucket",
+        "dynaloop_api_requests_in_flight",
+        "dynaloop_api_shed_total",
+        "dynaloop_api_model_call_duration_seconds_bucket",
+        "dynaloop_model_batch_size_sum",
+        "dynaloop_model_queue_depth",
+        "dynaloop_jobs",
+        "dynaloop_study_sessions",
+    ):
+        assert wanted in used, wanted
+    uids = {
+        target["datasource"]["uid"]
+        for panel in json.loads(DASHBOARD.read_text())["panels"]
+        for target in panel["targets"]
+    }
+    datasource = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yaml").read_text())
+    assert uids == {source["uid"] for source in datasource["datasources"]}
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+
+
+def test_prometheus_scrapes_every_api_and_model_replica_with_the_metrics_token() -> None:
+    config = yaml.safe_load(PROMETHEUS_CONF.read_text(encoding="utf-8"))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    api_targets = [target for group in jobs["api"]["static_configs"] for target in group["targets"]]
+    assert api_targets == [f"{name}:8000" for name in API_REPLICAS]
+    model_targets = [target for group in jobs["model"]["static_configs"] for target in group["targets"]]
+    assert model_targets == [f"{name}:8001" for name in (*MODEL_REPLICAS, *GPU_REPLICAS)]
+    assert jobs["api"]["authorization"]["credentials_file"] == "/run/secrets/metrics_token"
+    prometheus = services()["prometheus"]
+    assert prometheus["secrets"] == ["metrics_token"]
+    assert compose()["secrets"]["metrics_token"] == {"environment": "DYNALOOP_METRICS_TOKEN"}
+    assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
+    for name in API_REPLICAS:
+        env = env_of(services()[name])
+        assert env["DYNALOOP_LOG_FORMAT"] == "json"
+        # The workers' shared metrics folder of docker/Dockerfile.api, fresh at each start.
+        assert any(mount.startswith("/tmp/dynaloop-metrics:") for mount in services()[name]["tmpfs"])
+    for name in (*MODEL_REPLICAS, *GPU_REPLICAS):
+        assert env_of(services()[name])["DYNALOOP_LOG_FORMAT"] == "json"
+    final = final_stage(dockerfile(DOCKERFILES["api"]))
+    env_lines = " ".join(ins.value for ins in final if ins.keyword == "ENV")
+    assert "PROMETHEUS_MULTIPROC_DIR=/tmp/dynaloop-metrics" in env_lines
+
+
+def test_metrics_images_are_pinned_and_grafana_provisions_the_dashboard() -> None:
+    for name in METRICS:
+        image = services()[name]["image"]
+        assert re.fullmatch(r"[a-z/]+:v?\d+\.\d+\.\d+", image), f"{name}: pin {image} to a version"
+    grafana = services()["grafana"]
+    assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
+    assert "./grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana["volumes"]
+    provider = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "dynaloop.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    env = env_of(grafana)
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false" and env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert json.loads(DASHBOARD.read_text())["uid"] == "dynaloop"
 
 
 # --- the real tools, where they are installed ------------------------------------------------

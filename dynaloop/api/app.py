@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dynaloop.api.input_limits import JsonDepthLimit
+from dynaloop.api.metrics import ApiMetrics, RequestMetrics, add_metrics_route
 from dynaloop.api.overload import OverloadGuard
 from dynaloop.api.ratelimit import RateLimiter
 from dynaloop.api.routes import assignments, include_routers
@@ -30,12 +31,15 @@ from services.domain.in_flight import AttemptsInFlight
 from services.errors import (
     REQUEST_PROBLEM_WORDING,
     DomainError,
+    ModelBusy,
     ModelUnavailable,
     RateLimited,
+    TooManyInFlight,
     Unauthorized,
     validation_problems,
 )
 from services.model_client import ModelClient
+from services.observability import configure_logging
 from services.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -121,10 +125,21 @@ class BodySizeLimit:
         return _error(413, "too_large", f"the request body is larger than {self.max_bytes} bytes; send less")
 
 
+# The shed reasons of the domain's refusals (the overload guard's own: dynaloop/api/overload.py).
+SHED_REASONS: dict[type[DomainError], str] = {
+    ModelBusy: "model_slots",
+    TooManyInFlight: "assignment_in_flight",
+    RateLimited: "rate_limited",
+}
+
+
 def add_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(request: Request, exc: DomainError) -> JSONResponse:
         headers = None
+        if isinstance(exc, (ModelBusy, TooManyInFlight, RateLimited)):
+            # Refused without the work done (dynaloop/api/metrics.py, shed by reason).
+            request.app.state.metrics.shed_counter(SHED_REASONS.get(type(exc), "rate_limited"))()
         if isinstance(exc, (ModelUnavailable, RateLimited)):  # ModelBusy, TooManyInFlight too
             headers = {"Retry-After": str(exc.details.get("retry_after_s", 5))}
         elif isinstance(exc, Unauthorized):
@@ -224,6 +239,7 @@ def model_client_for(settings: Settings) -> ModelClient:
 
 def create_app(settings: Settings | None = None, model_client: ModelClient | None = None) -> FastAPI:
     settings = settings or get_settings()
+    configure_logging(settings.log_format)
     if warning := settings.placeholder_secret_warning:
         # Production and test settings with a placeholder never get here (Settings refuses them).
         logger.warning("!!! %s !!!", warning)
@@ -241,6 +257,7 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
             gc.collect()
             gc.freeze()
         yield
+        metrics.process_exit()
         state.model_client.close()
         state.engine.dispose()
 
@@ -262,6 +279,8 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         attempts_in_flight=AttemptsInFlight(per_writer=settings.model_requests_per_writer),
     )
     app.state = state
+    metrics = state.metrics = ApiMetrics(state.sessionmaker)
+    state.model_client.call_seconds = metrics.model_call
     add_exception_handlers(app)
     include_routers(app, prefix=API_PREFIX)
 
@@ -282,6 +301,8 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
             )
         return HealthPublic(status="ok", schema=str(revision))
 
+    add_metrics_route(app, metrics, settings.metrics_token)
+
     # Added first, so it runs inside BodySizeLimit: the body it reads is already bounded.
     app.add_middleware(JsonDepthLimit, max_depth=settings.max_input_depth)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
@@ -298,5 +319,10 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
             for route in assignments.router.routes
             if isinstance(route, APIRoute) and route.endpoint in assignments.MODEL_BOUND_ENDPOINTS
         ],
+        shed_counter=metrics.shed_counter,
+    )
+    # Outside even the guard: its refusals get a request id and are timed and counted too.
+    app.add_middleware(
+        RequestMetrics, metrics=metrics, routes=app.router.routes, access_log=settings.log_format == "json"
     )
     return app

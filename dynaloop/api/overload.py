@@ -40,7 +40,7 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import anyio
 from starlette.routing import compile_path
@@ -60,6 +60,8 @@ class _Refusal:
     ) -> None:
         self.status_code = status_code
         self.delay_s = delay_s
+        # Counts each time it is sent (dynaloop/api/metrics.py, shed by reason); set by the guard.
+        self.count: Callable[[], None] | None = None
         self.body = json.dumps(
             {"error": {"code": code, "message": message, "details": {"retry_after_s": retry_after_s}}}
         ).encode()
@@ -70,6 +72,8 @@ class _Refusal:
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.count is not None:
+            self.count()
         if self.delay_s > 0:
             await anyio.sleep(self.delay_s)
         start: Message = {"type": "http.response.start", "status": self.status_code, "headers": self.headers}
@@ -107,7 +111,10 @@ class OverloadGuard:
         model_routes: Sequence[tuple[str, Collection[str]]],
         requests_per_token: int,
         burst_penalty_s: float,
+        shed_counter: Callable[[str], Callable[[], None]] | None = None,
     ) -> None:
+        """``shed_counter(reason)``: the counter of the refusals for ``reason`` (a key of
+        ``self.refusals``), or None to count nothing."""
         self.app = app
         self.max_requests = max_requests
         self.max_model_requests = max_model_requests
@@ -158,6 +165,9 @@ class OverloadGuard:
                 burst_penalty_s,
             ),
         }
+        if shed_counter is not None:
+            for reason, refusal in self.refusals.items():
+                refusal.count = shed_counter(reason)
 
     def _calls_the_model(self, scope: Scope) -> bool:
         path, root = scope["path"], scope.get("root_path", "")

@@ -17,6 +17,7 @@ from services.model_client import ModelClient
 from services.settings import Settings
 
 if TYPE_CHECKING:  # dynaloop.api.ratelimit finds its limiter through app_state
+    from dynaloop.api.metrics import ApiMetrics
     from dynaloop.api.ratelimit import RateLimiter
 
 
@@ -30,6 +31,7 @@ class AppState(State):
     model_client: ModelClient
     rate_limiter: RateLimiter
     attempts_in_flight: AttemptsInFlight
+    metrics: ApiMetrics  # set by create_app once the state exists (dynaloop/api/metrics.py)
 
     def __init__(
         self,

@@ -32,12 +32,15 @@ def api(
     import uvicorn
 
     from services.db.migrate import upgrade
+    from services.observability import configure_logging
 
     # A long-running server process: its start-up objects are frozen out of the garbage
     # collector's full passes (services/settings.py, freeze_gc_at_startup) unless set otherwise.
     os.environ.setdefault("DYNALOOP_FREEZE_GC_AT_STARTUP", "true")
     settings = settings_for(database_url)
-    if warning := settings.placeholder_secret_warning:
+    # JSON lines from the first one on (the migration's too); the app logs the same warning then.
+    configure_logging(settings.log_format)
+    if (warning := settings.placeholder_secret_warning) and settings.log_format == "text":
         err.print(f"[bold red]WARNING:[/bold red] {warning}", soft_wrap=True)
     upgrade(settings.resolved_database_url)
     if database_url:
@@ -45,6 +48,11 @@ def api(
         os.environ["DYNALOOP_DATABASE_URL"] = database_url
     if settings.max_concurrent_requests >= settings.worker_threads:
         raise fail("DYNALOOP_MAX_CONCURRENT_REQUESTS must be below DYNALOOP_WORKER_THREADS (see docs/deploy.md)")
+    if workers > 1:
+        from dynaloop.api.metrics import prepare_multiprocess_folder
+
+        # One /metrics for all workers: each writes its figures to this folder (dynaloop/api/metrics.py).
+        prepare_multiprocess_folder()
     # No `limit_concurrency`: uvicorn would answer a plain-text 503 and count idle keep-alive
     # connections too. The app counts requests in flight itself and answers beyond
     # DYNALOOP_MAX_CONCURRENT_REQUESTS in the JSON error shape (dynaloop/api/overload.py).
@@ -55,6 +63,9 @@ def api(
         port=port,
         workers=workers,
         log_level=log_level,
+        # JSON: uvicorn's own lines go through the handler configured above (and in each worker,
+        # by create_app), not through uvicorn's plain-text one.
+        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         # The API reads forwarded headers itself, from DYNALOOP_TRUSTED_PROXIES only
         # (services/forwarded.py); uvicorn's own handling would trust any 127.0.0.1 peer's.
         proxy_headers=False,
@@ -289,6 +300,7 @@ def model_server(
     ] = 2.0,
     database_url: DatabaseOpt = None,
     log_level: str = "info",
+    log_format: Annotated[str, typer.Option(envvar="DYNALOOP_LOG_FORMAT", help="text or json")] = "text",
 ) -> None:
     """Serve a classifier: /predict with dynamic batching, /info, /health, /metrics, /inspect, /admin/reload.
     With --follow-task it serves the task's promoted model and swaps itself when another is promoted."""
@@ -317,5 +329,6 @@ def model_server(
         request_timeout_s=request_timeout_s,
         admin_token=admin_token,
         follow=follow,
+        log_format=log_format,
     )
     uvicorn.run(create_model_app(config), host=host, port=port, log_level=log_level)
