@@ -476,3 +476,19 @@ def test_dynaloop_api_with_two_workers_writes_json_lines_and_one_metrics_for_bot
         assert entry["route"] == "/health" and entry["status"] == 200 and entry["method"] == "GET"
         assert isinstance(entry["duration_ms"], float | int) and entry["level"] == "info"
     assert not any(e["logger"] == "uvicorn.access" for e in entries)
+
+
+def test_the_metrics_folder_is_emptied_of_prometheus_files_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PROMETHEUS_MULTIPROC_DIR set by mistake to the data folder: the SQLite database and other
+    files stay; only prometheus_client's own files of an earlier run go."""
+    from dynaloop.api.metrics import MULTIPROCESS_DIR_VARIABLE, prepare_multiprocess_folder
+
+    kept = [tmp_path / "dynaloop.db", tmp_path / "backup.db", tmp_path / "notes.txt"]
+    gone = [tmp_path / "counter_123.db", tmp_path / "histogram_123.db", tmp_path / "gauge_livesum_9.db"]
+    for path in kept + gone:
+        path.write_bytes(b"x")
+    monkeypatch.setenv(MULTIPROCESS_DIR_VARIABLE, str(tmp_path))
+    assert prepare_multiprocess_folder() == tmp_path
+    assert all(path.exists() for path in kept) and not any(path.exists() for path in gone)

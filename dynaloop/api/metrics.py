@@ -69,8 +69,11 @@ def prepare_multiprocess_folder() -> Path:
     given = os.environ.get(MULTIPROCESS_DIR_VARIABLE)
     folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="dynaloop-metrics-"))
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.db"):
-        old.unlink()
+    # prometheus_client's own files only (counter_<pid>.db, gauge_livesum_<pid>.db, ...): a folder
+    # set by mistake to the data folder must not lose the SQLite database (dynaloop.db).
+    for kind in ("counter", "gauge", "histogram", "summary"):
+        for old in folder.glob(f"{kind}_*.db"):
+            old.unlink()
     os.environ[MULTIPROCESS_DIR_VARIABLE] = str(folder)
     return folder
 
