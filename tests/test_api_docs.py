@@ -16,7 +16,7 @@ from tests.test_authorization import ALLOWED, ANY, API, PUBLIC, app_routes
 API_DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 SECTION = "## Endpoints at a glance"
 # Written in full in the table; every other path there is under /api/v1.
-TOP_LEVEL = ("/health", "/docs", "/docs/oauth2-redirect", "/redoc")
+TOP_LEVEL = ("/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc")
 ROLE_WORDS = ("none", "any", "writer", "validator", "researcher", "client", "admin")
 ROW = re.compile(r"^\| (GET|POST|PUT|PATCH|DELETE) \| `([^`]+)` \| ([^|]+) \|")
 

@@ -44,6 +44,8 @@ W, V, R, C = "writer", "validator", "researcher", "client"
 # "your own token") is checked separately below: here each role acts on its own things.
 ALLOWED: dict[tuple[str, str], str | set[str]] = {
     ("GET", "/health"): PUBLIC,
+    # No user's token opens it: only the metrics token (unset here: 404 for everyone; tests/test_metrics.py).
+    ("GET", "/metrics"): PUBLIC,
     ("GET", f"{API}/openapi.json"): PUBLIC,
     ("GET", "/docs"): PUBLIC,
     ("GET", "/docs/oauth2-redirect"): PUBLIC,
