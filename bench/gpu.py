@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import importlib.util
 import json
 import multiprocessing
 import platform
@@ -46,27 +44,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.machine import model_server_bench
 
-@functools.cache
-def _bench_model_server() -> Any:
-    """bench/model_server.py (named like the package it measures, so loaded by path): its server
-    process handling, /proc CPU accounting, minimal socket client and data paths are reused
-    here. Loading it also takes bench/ off the import path, so that `import model_server` finds
-    the package, not that script."""
-    path = Path(__file__).resolve().parent / "model_server.py"
-    spec = importlib.util.spec_from_file_location("bench_model_server", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_model_server"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-REPO: Path = _bench_model_server().REPO
+REPO: Path = model_server_bench().REPO
 
 
 def load_tweets(explicit: Path | None) -> tuple[list[str], str]:
-    bench = _bench_model_server()
+    bench = model_server_bench()
     candidates = [explicit] if explicit else [root / bench.DATA_FILE for root in bench.DATA_CANDIDATES]
     for path in candidates:
         if path is not None and path.is_file():
@@ -286,7 +271,7 @@ def _client_process(
 ) -> tuple[list[float], int, int]:
     """One load-generator process: ``clients`` keep-alive connections, closed loop; latencies (s)
     of the requests that started inside the window, requests answered in the window, errors."""
-    bench = _bench_model_server()
+    bench = model_server_bench()
 
     async def run() -> tuple[list[float], int, int]:
         sessions = [bench.SocketClient(url) for _ in range(clients)]
@@ -321,7 +306,7 @@ def _client_process(
 
 
 def _proc_cpu(pid: int) -> tuple[float, float]:
-    bench = _bench_model_server()
+    bench = model_server_bench()
     return bench._cpu_s(f"/proc/{pid}/stat"), bench._cpu_s(f"/proc/{pid}/task/{pid}/stat")
 
 
@@ -376,7 +361,7 @@ def load_phase(
 def server_phases(
     model_dir: Path, tweets: Sequence[str], device: str, precision: str, warmup_s: float, window_s: float
 ) -> list[dict[str, Any]]:
-    bench = _bench_model_server()
+    bench = model_server_bench()
     server = bench.Server(
         f"gpu-{precision}", ["--precision", precision, "--max-batch-size", "256", "--request-timeout-s", "30"]
     )

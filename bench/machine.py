@@ -3,8 +3,11 @@ vary; some have AMX/AVX-512 bf16, some do not)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +54,18 @@ def load_average() -> tuple[float, float, float]:
     """The machine's 1, 5 and 15 minute load averages: how busy it was beside the benchmark."""
     one, five, fifteen = os.getloadavg()
     return round(one, 2), round(five, 2), round(fifteen, 2)
+
+
+@functools.cache
+def model_server_bench() -> Any:
+    """bench/model_server.py (named like the package it measures, so loaded by path, once): its
+    server process handling, /proc CPU accounting, minimal socket client and data paths are
+    reused by bench/precision.py, bench/gpu.py and bench/peers.py. Loading it also takes bench/
+    off the import path, so that `import model_server` finds the package, not that script."""
+    path = Path(__file__).resolve().parent / "model_server.py"
+    spec = importlib.util.spec_from_file_location("bench_model_server", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_model_server"] = module
+    spec.loader.exec_module(module)
+    return module

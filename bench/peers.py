@@ -46,7 +46,6 @@ warm-up is the phases' own; no access log, as dynaloop's ``--log-level warning``
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -66,12 +65,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# bench/model_server.py is named like the package it measures: load it under another name.
-_spec = importlib.util.spec_from_file_location("bench_model_server", REPO / "bench" / "model_server.py")
-assert _spec is not None and _spec.loader is not None
-ms = importlib.util.module_from_spec(_spec)
-sys.modules["bench_model_server"] = ms
-_spec.loader.exec_module(ms)
+from bench.machine import model_server_bench  # noqa: E402
+
+ms = model_server_bench()
 
 from bench.machine import cpu_model, load_average  # noqa: E402
 
