@@ -12,6 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from dynaloop.api.ratelimit import RateLimiter
 from dynaloop.api.state import app_state
 from services.authorization import Policy, authorize
 from services.db.models import ApiToken, Role, User
@@ -183,22 +184,27 @@ def _expire_due_assignments(session: Session, user: User) -> None:
 
 async def address_rate_limited(request: Request) -> None:
     """FastAPI dependency for the writer and validator routers: the client address's budget,
-    counted before authentication (requests without a valid token count too). Counted on the
-    event loop when the counters are the process's own (``memory://``), in a worker thread when
-    they are shared (Redis: a network round trip); with no limit set, nothing is counted and no
-    thread is asked (the cost of a round trip to the thread pool: see above)."""
+    counted before authentication (requests without a valid token count too), by :func:`_count`;
+    with no limit set, nothing is counted and no thread is asked (the cost of a round trip to
+    the thread pool: see above)."""
     limiter = app_state(request).rate_limiter
-    if limiter.per_ip and limiter.in_process:
-        limiter.check_address(request)
-    elif limiter.per_ip:
-        await run_in_threadpool(limiter.check_address, request)
+    if limiter.per_ip:
+        await _count(limiter, limiter.check_address, request)
 
 
 async def token_rate_limited(request: Request, token: CurrentToken) -> None:
     """FastAPI dependency for the writer and validator routers, after ``address_rate_limited``:
     the budget of the token that authenticated the request (401 without one)."""
     limiter = app_state(request).rate_limiter
-    if limiter.per_token and limiter.in_process:
-        limiter.check_token(token.id)
-    elif limiter.per_token:
-        await run_in_threadpool(limiter.check_token, token.id)
+    if limiter.per_token:
+        await _count(limiter, limiter.check_token, token.id)
+
+
+async def _count(limiter: RateLimiter, check: Callable[[Any], None], subject: Any) -> None:
+    """Count a request against a budget: on the event loop when the counters are the process's
+    own (``memory://``, a few microseconds under a lock), in a worker thread when they are shared
+    (Redis: a network round trip)."""
+    if limiter.in_process:
+        check(subject)
+    else:
+        await run_in_threadpool(check, subject)

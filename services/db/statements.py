@@ -10,17 +10,19 @@ measured slower than building the statement plainly on these queries, so it is n
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import CursorResult, Delete, Update
 from sqlalchemy.orm import Session
 
 
-def rows_matched(session: Session, statement: Update | Delete) -> int:
+def rows_matched(session: Session, statement: Update | Delete, params: dict[str, Any] | None = None) -> int:
     """Execute ``statement`` (an UPDATE or DELETE without RETURNING) in ``session`` and return
     the number of rows its WHERE clause matched: 0 when the condition no longer held.
 
     ``Session.execute`` is typed to return a plain ``Result`` for every statement, because some
     ORM bulk statements return no cursor result; an UPDATE or DELETE with WHERE criteria and no
     RETURNING always returns a ``CursorResult``, which has the row count."""
-    result = session.execute(statement)
+    result = session.execute(statement, params)
     assert isinstance(result, CursorResult), f"{type(result).__name__} has no row count"
     return result.rowcount

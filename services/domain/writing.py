@@ -692,42 +692,32 @@ def _refuse_duplicate(session: Session, assignment: Assignment, text: str, span:
     duplicates.refuse_near_duplicate(session, task, definition_of(task), text, target)
 
 
-def _due(writer_id: int, now: dt.datetime) -> tuple[Any, ...]:
-    return (
-        Assignment.writer_id == writer_id,
-        Assignment.status == AssignmentStatus.active,
-        Assignment.expires_at <= now,
-    )
-
-
-# Asked with every writer's request: built once (services/db/statements.py).
-_DUE = (
-    select(Assignment.id)
-    .where(
-        Assignment.writer_id == bindparam("writer_id"),
-        Assignment.status == AssignmentStatus.active,
-        Assignment.expires_at <= bindparam("now"),
-    )
-    .limit(1)
+# The writer's (``writer_id``) active assignments whose time ran out by ``now``; the read is asked
+# with every writer's request, so both statements are built once (services/db/statements.py).
+_DUE_WHERE = (
+    # Not named after a column: an UPDATE reserves those names for its SET clause.
+    Assignment.writer_id == bindparam("due_writer_id"),
+    Assignment.status == AssignmentStatus.active,
+    Assignment.expires_at <= bindparam("due_now"),
+)
+_DUE = select(Assignment.id).where(*_DUE_WHERE).limit(1)
+_EXPIRE_DUE = (
+    update(Assignment)
+    .where(*_DUE_WHERE)
+    .values(status=AssignmentStatus.expired, finished_at=bindparam("due_now"))
+    .execution_options(synchronize_session=False)
 )
 
 
 def has_due_assignments(session: Session, writer_id: int) -> bool:
     """Whether the writer has an active assignment whose time ran out (a read)."""
-    return session.scalar(_DUE, {"writer_id": writer_id, "now": utcnow()}) is not None
+    return session.scalar(_DUE, {"due_writer_id": writer_id, "due_now": utcnow()}) is not None
 
 
 def expire_due_assignments(session: Session, writer_id: int) -> int:
     """Mark the writer's assignments whose time ran out as expired (its own transaction, so
     the change survives an error the request may raise afterwards)."""
-    now = utcnow()
-    return rows_matched(
-        session,
-        update(Assignment)
-        .where(*_due(writer_id, now))
-        .values(status=AssignmentStatus.expired, finished_at=now)
-        .execution_options(synchronize_session=False),
-    )
+    return rows_matched(session, _EXPIRE_DUE, {"due_writer_id": writer_id, "due_now": utcnow()})
 
 
 @dataclass(frozen=True)
