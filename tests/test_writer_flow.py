@@ -117,6 +117,66 @@ def test_model_down_keeps_attempt_and_consumes_no_try(
     assert table_counts(app)["attempts"] == 1
 
 
+@pytest.mark.both_databases
+def test_an_attempts_rows_hold_what_the_api_answered(
+    client: TestClient, writer: Actor, dynasent_round: dict[str, Any], stub_model: ThreadedServer, app: FastAPI
+) -> None:
+    """The attempt is written by id, outside the unit of work (services/db/statements.py,
+    insert_persistent, and record_prediction's UPDATEs): what is stored is what the API answered,
+    and a JSON column the attempt has no value for is SQL NULL, not the JSON text null."""
+    from sqlalchemy import select
+
+    from services.db.models import Assignment, Attempt
+
+    assignment = _assignment(client, writer, dynasent_round["id"])
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "fail"})
+    down = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": "A fine test sentence."},
+        headers=writer.headers,
+    )
+    assert down.status_code == 503
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "normal"})
+    scored = client.post(
+        f"/api/v1/assignments/{assignment['id']}/attempts",
+        json={"text": "A good test sentence."},
+        headers=writer.headers,
+    )
+    assert scored.status_code == 201, scored.text
+    answer = scored.json()
+    with app.state.sessionmaker() as session:
+        unset = session.scalars(select(Attempt.id).where(Attempt.target_span.is_(None), Attempt.judged_label.is_(None)))
+        assert sorted(unset) == sorted([down.json()["error"]["details"]["attempt_id"], answer["id"]])
+        no_prediction = session.scalars(select(Attempt.id).where(Attempt.prediction.is_(None)))
+        assert list(no_prediction) == [down.json()["error"]["details"]["attempt_id"]]
+        stored = session.get(Attempt, answer["id"])
+        assert stored is not None
+        assert stored.status.value == answer["status"] == "scored" and stored.counts_as_try is True
+        assert stored.prediction == answer["prediction"] and stored.probabilities == answer["probabilities"]
+        assert (stored.model_id, stored.model_version, stored.fooled) == (
+            answer["model_id"],
+            answer["model_version"],
+            answer["fooled"],
+        )
+        assert stored.model_error is None and stored.scored_at is not None
+        unavailable = session.get(Attempt, down.json()["error"]["details"]["attempt_id"])
+        assert unavailable is not None and unavailable.status.value == "model_unavailable"
+        assert unavailable.model_error and unavailable.counts_as_try is False
+        assert session.get(Assignment, assignment["id"]).tries_used == 1
+
+
+def test_insert_persistent_asks_for_every_column_and_writes_nothing_without_them(app: FastAPI) -> None:
+    from sqlalchemy import func, select
+
+    from services.db.models import Validation
+    from services.db.statements import insert_persistent
+
+    with app.state.sessionmaker() as session:
+        with pytest.raises(ValueError, match="no value for"):
+            insert_persistent(session, Validation, {"example_id": 1, "validator_id": 1, "label": ["positive"]})
+        assert session.scalar(select(func.count()).select_from(Validation)) == 0
+
+
 def _assignment(client: TestClient, writer: Actor, round_id, **body):
     response = client.post(f"/api/v1/rounds/{round_id}/assignments", json=body, headers=writer.headers)
     assert response.status_code in (200, 201), response.text

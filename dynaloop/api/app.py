@@ -240,6 +240,10 @@ def model_client_for(settings: Settings) -> ModelClient:
 def create_app(settings: Settings | None = None, model_client: ModelClient | None = None) -> FastAPI:
     settings = settings or get_settings()
     configure_logging(settings.log_format)
+    # httpx logs every request it sends at INFO: a line per model call, beside the API's own
+    # access line for the attempt that made it, and about a quarter of the call's CPU in the
+    # API (docs/benchmarks.md, "API CPU per request"). Its warnings and errors still show.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if warning := settings.placeholder_secret_warning:
         # Production and test settings with a placeholder never get here (Settings refuses them).
         logger.warning("!!! %s !!!", warning)

@@ -10,10 +10,12 @@ measured slower than building the statement plainly on these queries, so it is n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import CursorResult, Delete, Update
-from sqlalchemy.orm import Session
+from sqlalchemy import JSON, CursorResult, Delete, Insert, Table, Update, insert, inspect
+from sqlalchemy.orm import DeclarativeBase, Session, make_transient_to_detached
+
+T = TypeVar("T", bound=DeclarativeBase)
 
 
 def rows_matched(session: Session, statement: Update | Delete, params: dict[str, Any] | None = None) -> int:
@@ -26,3 +28,37 @@ def rows_matched(session: Session, statement: Update | Delete, params: dict[str,
     result = session.execute(statement, params)
     assert isinstance(result, CursorResult), f"{type(result).__name__} has no row count"
     return result.rowcount
+
+
+_INSERTS: dict[tuple[type[Any], frozenset[str]], Insert] = {}
+
+
+def insert_persistent(session: Session, entity: type[T], values: dict[str, Any]) -> T:
+    """INSERT one row of ``entity`` with ``values`` (every column but the primary key ``id``)
+    and return it as a persistent object of ``session``, without the unit of work.
+
+    A flush of one new object sorts and diffs the session's objects, and cost twice a plain
+    INSERT here (docs/benchmarks.md, "API CPU per request"). The statement is built once per
+    entity and set of columns; the object is made from the values and the id the INSERT
+    returns, so every column attribute is loaded (none is read again, and the object stays
+    readable once detached). Relationships are not set: the caller sets those it reads
+    (``set_committed_value``).
+
+    A JSON column whose value is None is left out of the INSERT, so that it is SQL NULL as the
+    unit of work writes it: bound as a parameter, None would be stored as the JSON text ``null``."""
+    mapper = inspect(entity)
+    missing = {column.key for column in mapper.column_attrs if column.key != "id"} - values.keys()
+    if missing:
+        raise ValueError(f"insert_persistent({entity.__name__}): no value for {sorted(missing)}")
+    table = cast(Table, mapper.local_table)
+    sent = {key: value for key, value in values.items() if not (value is None and isinstance(table.c[key].type, JSON))}
+    if any(table.c[key].default is not None for key in values.keys() - sent.keys()):
+        raise ValueError(f"insert_persistent({entity.__name__}): a JSON column with a default is None")
+    statement = _INSERTS.get((entity, frozenset(sent)))
+    if statement is None:
+        statement = _INSERTS[(entity, frozenset(sent))] = insert(table).returning(table.c.id)
+    row_id = session.execute(statement, sent).scalar_one()
+    instance = entity(id=row_id, **values)
+    make_transient_to_detached(instance)
+    session.add(instance)
+    return instance

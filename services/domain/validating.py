@@ -40,7 +40,7 @@ from services.db.models import (
     ValidationClaim,
     utcnow,
 )
-from services.db.statements import rows_matched
+from services.db.statements import insert_persistent, rows_matched
 from services.domain.controls import answer_is_right, apply_gold_threshold, sync_task_controls
 from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
@@ -452,30 +452,38 @@ def _record_validation(
         ("validation_count", "validations_needed", "status", "requeue_count"), counted, strict=True
     ):
         set_committed_value(example, column, value)
-    validation = Validation(
-        example_id=example.id,
-        validator_id=validator.id,
-        label=label,
-        flagged=flagged,
-        flag_reason=reason,
-        seconds_taken=seconds_taken,
-        counted=True,
+    values = {
+        "example_id": example.id,
+        "validator_id": validator.id,
+        "label": label,
+        "flagged": flagged,
+        "flag_reason": reason,
+        "seconds_taken": seconds_taken,
+        "counted": True,
         # The pass it belongs to: 0, or 1 once the example was re-queued for new validators.
-        annotation_pass=example.requeue_count,
-        idempotency_key=idempotency_key,
-    )
-    session.add(validation)
+        "annotation_pass": example.requeue_count,
+        "idempotency_key": idempotency_key,
+        "created_at": utcnow(),
+    }
     try:
-        session.flush()
+        return insert_persistent(session, Validation, values)
     except IntegrityError as exc:
-        # example_id, not example.id: after the failed flush the session cannot load anything.
+        # No object of the session is read here: after the failed INSERT, PostgreSQL's
+        # transaction cannot run another statement.
         raise Conflict(f"your label for {name} is being recorded by another request; retry") from exc
-    return validation
 
 
 # Built once (services/db/statements.py).
 _RELEASE_CLAIM = delete(ValidationClaim).where(
     ValidationClaim.example_id == bindparam("example_id"), ValidationClaim.validator_id == bindparam("validator_id")
+)
+
+
+_ANSWER_ITEM = (
+    update(ValidationBatchItem)
+    .where(ValidationBatchItem.id == bindparam("answered_item_id"))
+    .values({column: bindparam(column) for column in ("answered_at", "validation_id", "label", "flagged")})
+    .execution_options(synchronize_session=False)
 )
 
 
@@ -490,10 +498,17 @@ def _answer_item(
 ) -> None:
     """The validator's claim on the example is done with; its batch item is answered by ``validation``."""
     session.execute(_RELEASE_CLAIM, {"example_id": example.id, "validator_id": validator.id})
-    item.answered_at = validation.created_at
-    item.validation_id = validation.id
-    item.label = label
-    item.flagged = flagged
+    answer = {
+        "answered_at": validation.created_at,
+        "validation_id": validation.id,
+        "label": label,
+        "flagged": flagged,
+    }
+    # By id, not through the unit of work: a dirty item made the request's commit flush it,
+    # in a worker thread of its own (dynaloop/api/deps.py, get_session).
+    session.execute(_ANSWER_ITEM, {"answered_item_id": item.id, **answer})
+    for column, value in answer.items():
+        set_committed_value(item, column, value)
 
 
 def _judge_validator_each_batch(session: Session, validator: User, round_: Round, definition: TaskDefinition) -> None:

@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, Text, bindparam, cast, func, select, update
+from sqlalchemy import Select, Text, bindparam, cast, func, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 from sqlalchemy.orm.attributes import set_committed_value
@@ -41,7 +41,7 @@ from services.db.models import (
     User,
     utcnow,
 )
-from services.db.statements import rows_matched
+from services.db.statements import insert_persistent, rows_matched
 from services.db.transactions import commit_now
 from services.domain import attention, duplicates, model_servers
 from services.domain.in_flight import AttemptsInFlight
@@ -203,11 +203,21 @@ ASSIGNMENT_WITH_ROUND = (
 )
 
 
+# Built once (services/db/statements.py): ``Session.get`` with loader options builds its SELECT
+# and that SELECT's cache key (the options' paths included) anew on every call.
+_ASSIGNMENT = select(Assignment).options(*ASSIGNMENT_WITH_ROUND).where(Assignment.id == bindparam("assignment_id"))
+_ATTEMPT = (
+    select(Attempt)
+    .options(joinedload(Attempt.assignment).options(*ASSIGNMENT_WITH_ROUND))
+    .where(Attempt.id == bindparam("attempt_id"))
+)
+
+
 def get_assignment(session: Session, assignment_id: int) -> Assignment:
     """The assignment; whose it is, is for ``AssignmentPolicy.use`` (another writer's one is
     reported as missing, in the same words). Loaded with its round, the round's task and its
     prompt, which every writer's step reads, in one statement instead of four."""
-    assignment = session.get(Assignment, assignment_id, options=ASSIGNMENT_WITH_ROUND)
+    assignment = session.scalar(_ASSIGNMENT, {"assignment_id": assignment_id})
     if assignment is None:
         raise NotFound(f"no assignment {assignment_id} of yours")
     return assignment
@@ -291,6 +301,11 @@ _ATTEMPT_BY_KEY = select(Attempt).where(
 )
 
 
+# Every column of a new attempt (insert_persistent writes them all): those a pending attempt
+# does not have yet are None.
+_ATTEMPT_COLUMNS = tuple(column.key for column in inspect(Attempt).column_attrs if column.key != "id")
+
+
 def prepare_attempt(
     session: Session,
     writer: User,
@@ -334,11 +349,9 @@ def prepare_attempt(
     # nothing is stored, no try is used (services/domain/duplicates.py).
     _refuse_duplicate(session, assignment, text, span)
     prompt = assignment.prompt
-    attempt = Attempt(
-        # The object, not its id: the attempt keeps it (and its round) loaded for the caller,
-        # which reads the round's model servers next (the session holds objects weakly, so
-        # an id alone made that a second query for each).
-        assignment=assignment,
+    values: dict[str, Any] = dict.fromkeys(_ATTEMPT_COLUMNS)
+    values.update(
+        assignment_id=assignment.id,
         idempotency_key=idempotency_key,
         text=text,
         target_span=span,
@@ -348,11 +361,13 @@ def prepare_attempt(
         seconds_since_start=(now - assignment.started_at).total_seconds(),
         created_at=now,
     )
-    session.add(attempt)
     try:
-        session.flush()
+        attempt = insert_persistent(session, Attempt, values)
     except IntegrityError as exc:
         raise Conflict("a request with this Idempotency-Key is being processed; retry shortly") from exc
+    # The assignment object, not only its id: the attempt keeps it (and its round) loaded for
+    # the caller, which reads the round's model servers and records the model's answer with it.
+    set_committed_value(attempt, "assignment", assignment)
     return attempt, True
 
 
@@ -396,22 +411,69 @@ _USE_A_TRY = (
 )
 
 
-def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer, retry_after_s: int) -> Attempt:
-    """Second transaction of POST /attempts: store what the model said, or that it was down."""
-    # Row lock (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): two retries with the
-    # same Idempotency-Key that both found the attempt pending must not both consume a try.
-    attempt = session.get(Attempt, attempt_id, with_for_update=True)
-    if attempt is None:
-        raise NotFound(f"attempt {attempt_id} disappeared")
-    if attempt.status is AttemptStatus.scored:
-        return attempt  # a concurrent retry with the same key scored it first
-    # Its assignment, round and task in one statement (not under the attempt's row lock).
-    assignment = get_assignment(session, attempt.assignment_id)
-    definition = definition_of(assignment.round.task)
+# Built once (services/db/statements.py): the attempt's row lock and its status (PostgreSQL;
+# SQLite's BEGIN IMMEDIATE already serialises), and its two outcomes, written as UPDATEs by id
+# rather than through the unit of work (which sorts and diffs the session's objects for one row).
+_LOCK_ATTEMPT = select(Attempt.status).where(Attempt.id == bindparam("attempt_id")).with_for_update()
+_NOT_SCORED = (
+    update(Attempt)
+    .where(Attempt.id == bindparam("attempt_id"))
+    .values(status=bindparam("status"), model_error=bindparam("model_error"))
+    .execution_options(synchronize_session=False)
+)
+_SCORED_COLUMNS = (
+    "status",
+    "counts_as_try",
+    "prediction",
+    "probabilities",
+    "model_id",
+    "model_version",
+    "model_precision",
+    "model_endpoint",
+    "latency_ms",
+    "input_truncated",
+    "model_error",
+    "fooled",
+    "scored_at",
+)
+_SCORED = (
+    update(Attempt)
+    .where(Attempt.id == bindparam("attempt_id"))
+    .values({column: bindparam(column) for column in _SCORED_COLUMNS})
+    .execution_options(synchronize_session=False)
+)
+
+
+def _store(session: Session, attempt: Attempt, statement: Any, values: dict[str, Any]) -> None:
+    """Write ``values`` to the attempt's row with ``statement`` and keep them on ``attempt`` as
+    its committed state (the object is not in ``session``: nothing else is written for it)."""
+    session.execute(statement, {"attempt_id": attempt.id, **values})
+    for column, value in values.items():
+        set_committed_value(attempt, column, value)
+
+
+def record_prediction(
+    session: Session, attempt: Attempt, definition: TaskDefinition, prediction: ModelAnswer, retry_after_s: int
+) -> Attempt:
+    """Second transaction of POST /attempts: store what the model said, or that it was down.
+
+    ``attempt``: the pending attempt as the first transaction left it, with its assignment
+    (its target label and tries allowed, which a writer's step does not change); ``definition``:
+    its task's. Neither is read again; the try count comes back with its UPDATE."""
+    # Two retries with the same Idempotency-Key that both found the attempt pending must not
+    # both consume a try: the row lock orders them and the second finds it scored.
+    status = session.execute(_LOCK_ATTEMPT, {"attempt_id": attempt.id}).scalar_one_or_none()
+    if status is None:
+        raise NotFound(f"attempt {attempt.id} disappeared")
+    if status is AttemptStatus.scored:
+        # A concurrent retry with the same key scored it first: its answer, as stored.
+        scored = session.get(Attempt, attempt.id)
+        assert scored is not None  # the row is locked
+        return scored
+    assignment = attempt.assignment
     if isinstance(prediction, NoPrediction):
-        attempt.status = AttemptStatus.model_unavailable
-        attempt.model_error = prediction.error[:500]
-        session.flush()
+        unavailable = {"status": AttemptStatus.model_unavailable, "model_error": prediction.error[:500]}
+        _store(session, attempt, _NOT_SCORED, unavailable)
         if prediction.busy:
             raise ModelBusy(
                 "the model is busy with other writers' checks right now; your text is saved and no try was "
@@ -426,10 +488,9 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
         raise ModelUnavailable(message, attempt_id=attempt.id, retry_after_s=retry_after_s)
     unknown = [label for label in prediction.labels if label not in definition.labels]
     if unknown:
-        attempt.status = AttemptStatus.model_unavailable
         # The labels came from the model server: kept (bounded) for researchers, not shown to writers.
-        attempt.model_error = f"the model predicted labels the task does not have: {unknown!r:.300}"
-        session.flush()
+        error = f"the model predicted labels the task does not have: {unknown!r:.300}"
+        _store(session, attempt, _NOT_SCORED, {"status": AttemptStatus.model_unavailable, "model_error": error})
         raise ModelUnavailable(
             f"the model in the loop gives answers that task {definition.name!r} cannot use; a researcher must "
             "fix the model in the loop. Your text is saved and no try was used",
@@ -442,23 +503,26 @@ def record_prediction(session: Session, attempt_id: int, prediction: ModelAnswer
     consumed = tries_used is not None
     if consumed:
         set_committed_value(assignment, "tries_used", tries_used)
-    else:
-        session.refresh(assignment)
-    now = utcnow()
-    attempt.status = AttemptStatus.scored
-    attempt.counts_as_try = bool(consumed)
-    attempt.prediction = list(prediction.labels)
-    attempt.probabilities = dict(prediction.probabilities)
-    attempt.model_id = prediction.model_id
-    attempt.model_version = prediction.model_version
-    attempt.model_precision = prediction.precision
-    attempt.model_endpoint = prediction.endpoint
-    attempt.latency_ms = prediction.latency_ms
-    attempt.input_truncated = prediction.truncated
-    attempt.model_error = None
-    attempt.fooled = is_fooled(definition, assignment.target_label, list(prediction.labels))
-    attempt.scored_at = now
-    session.flush()
+    _store(
+        session,
+        attempt,
+        _SCORED,
+        {
+            "status": AttemptStatus.scored,
+            "counts_as_try": consumed,
+            "prediction": list(prediction.labels),
+            "probabilities": dict(prediction.probabilities),
+            "model_id": prediction.model_id,
+            "model_version": prediction.model_version,
+            "model_precision": prediction.precision,
+            "model_endpoint": prediction.endpoint,
+            "latency_ms": prediction.latency_ms,
+            "input_truncated": prediction.truncated,
+            "model_error": None,
+            "fooled": is_fooled(definition, assignment.target_label, list(prediction.labels)),
+            "scored_at": utcnow(),
+        },
+    )
     if not consumed:
         raise Conflict(
             f"all {assignment.tries_allowed} tries of this assignment were used by other requests; "
@@ -492,6 +556,7 @@ def make_attempt(
             attempt, needs_model = prepare_attempt(session, writer, assignment_id, text, target_span, idempotency_key)
             # Names resolve to URLs here, from the registry an admin keeps: nothing else is called.
             servers = model_servers.addresses(session, list(attempt.assignment.round.model_servers or []))
+            definition = definition_of(attempt.assignment.round.task)
             if needs_model:
                 claimed.enter_context(in_flight.claim(writer_id, assignment_id))
         if not needs_model:
@@ -500,7 +565,7 @@ def make_attempt(
         prediction = call_model(client, servers, attempt)
         session = factory()
         try:
-            result = record_prediction(session, attempt.id, prediction, retry_after_s)
+            result = record_prediction(session, attempt, definition, prediction, retry_after_s)
             session.commit()
             return result, False
         except (ModelUnavailable, Conflict):
@@ -517,11 +582,7 @@ def make_attempt(
 def get_attempt(session: Session, attempt_id: int) -> Attempt:
     """The attempt; whose it is, is for ``AttemptPolicy.use``. With its assignment, round and
     task (one statement)."""
-    attempt = session.get(
-        Attempt,
-        attempt_id,
-        options=[joinedload(Attempt.assignment).options(*ASSIGNMENT_WITH_ROUND)],
-    )
+    attempt = session.scalar(_ATTEMPT, {"attempt_id": attempt_id})
     if attempt is None:
         raise NotFound(f"no attempt {attempt_id} of yours")
     return attempt
