@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import anyio.to_thread
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -57,17 +58,43 @@ def counted(app: FastAPI) -> Iterator[list[str]]:
         event.remove(app.state.engine, "before_cursor_execute", count)
 
 
-def test_the_crowds_requests_run_few_statements(
-    app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+@contextmanager
+def hops_counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The worker-thread hops made while the block runs: every ``anyio.to_thread.run_sync``
+    (FastAPI's and Starlette's ``run_in_threadpool`` and the API's own), by the function sent."""
+    hops: list[str] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counting(function: Any, *args: Any, **kwargs: Any) -> Any:
+        # FastAPI sends functools.partial objects, a sync endpoint as their ``function``.
+        called = getattr(function, "keywords", {}).get("function") or getattr(function, "func", function)
+        if not getattr(called, "__module__", "").startswith("tests."):  # the stub model server's own
+            hops.append(getattr(called, "__qualname__", repr(called)))
+        return await run_sync(function, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(anyio.to_thread, "run_sync", counting)
+        yield hops
+
+
+def test_the_crowds_requests_run_few_statements_in_two_worker_thread_hops(
+    app: FastAPI,
+    client: TestClient,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
     seen: dict[str, list[int]] = {}
+    hopped: dict[str, list[list[str]]] = {}
 
     def call(name: str, actor: Actor, method: str, path: str, body: Any = None, **headers: str) -> Any:
-        with counted(app) as statements:
+        with counted(app) as statements, hops_counted(monkeypatch) as hops:
             response = client.request(method, f"/api/v1{path}", json=body, headers={**actor.headers, **headers})
         assert response.status_code in (200, 201), (name, response.text)
         seen.setdefault(name, []).append(len(statements))
+        hopped.setdefault(name, []).append(hops)
         return response.json()
 
     writers = [make_user(f"w{i}", "writer") for i in range(3)]
@@ -114,3 +141,8 @@ def test_the_crowds_requests_run_few_statements(
     assert set(seen) == set(BOUNDS)
     over = {name: counts for name, counts in seen.items() if max(counts) > BOUNDS[name]}
     assert not over, f"statements per request over their bounds {BOUNDS}: {over}"
+    # Two worker-thread hops each: the token lookup, then the endpoint's work (its answer is
+    # checked on the event loop, dynaloop/api/routing.py, and its writes are flushed in that
+    # work rather than in a hop of the commit's own, dynaloop/api/deps.py get_session).
+    extra = {name: hops for name, per_request in hopped.items() for hops in per_request if len(hops) > 2}
+    assert not extra, f"requests with more than two worker-thread hops: {extra}"

@@ -165,6 +165,45 @@ def test_an_attempts_rows_hold_what_the_api_answered(
         assert session.get(Assignment, assignment["id"]).tries_used == 1
 
 
+@pytest.mark.both_databases
+def test_a_confirmation_is_stored_as_answered(
+    client: TestClient, writer: Actor, dynasent_round: dict[str, Any], app: FastAPI
+) -> None:
+    """A confirmation is written by the attempt's id (services.domain.writing.confirm_attempt): a
+    yes keeps the judged label SQL NULL, a no stores the label the writer judged."""
+    from sqlalchemy import select
+
+    from services.db.models import Attempt
+
+    answers = {}
+    for agrees in (True, False):
+        assignment = _assignment(client, writer, dynasent_round["id"])
+        target = assignment["target_label"][0]
+        fooling = {"positive": "terrible", "negative": "great", "neutral": "great"}[target]
+        attempt = client.post(
+            f"/api/v1/assignments/{assignment['id']}/attempts",
+            json={"text": f"Honestly {fooling} stuff, {agrees}."},
+            headers=writer.headers,
+        ).json()
+        assert attempt["fooled"], attempt
+        body: dict[str, Any] = {"agrees": agrees}
+        if not agrees:
+            body["judged_label"] = "neutral" if target != "neutral" else "positive"
+        confirmed = client.post(f"/api/v1/attempts/{attempt['id']}/confirmation", json=body, headers=writer.headers)
+        assert confirmed.status_code == 200, confirmed.text
+        answers[agrees] = (attempt["id"], body.get("judged_label"), confirmed.json())
+        client.post(f"/api/v1/assignments/{assignment['id']}/skip", headers=writer.headers)
+    with app.state.sessionmaker() as session:
+        yes_id, _, yes = answers[True]
+        no_id, judged, no = answers[False]
+        assert list(
+            session.scalars(select(Attempt.id).where(Attempt.judged_label.is_(None), Attempt.id.in_([yes_id, no_id])))
+        ) == [yes_id]
+        stored_yes, stored_no = session.get(Attempt, yes_id), session.get(Attempt, no_id)
+        assert stored_yes.confirmed is True and stored_yes.confirmed_at is not None and yes["confirmed"] is True
+        assert stored_no.confirmed is False and stored_no.judged_label == [judged] == no["judged_label"]
+
+
 def test_insert_persistent_asks_for_every_column_and_writes_nothing_without_them(app: FastAPI) -> None:
     from sqlalchemy import func, select
 

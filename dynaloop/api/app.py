@@ -23,6 +23,7 @@ from dynaloop.api.metrics import ApiMetrics, RequestMetrics, add_metrics_route
 from dynaloop.api.overload import OverloadGuard
 from dynaloop.api.ratelimit import RateLimiter
 from dynaloop.api.routes import assignments, include_routers
+from dynaloop.api.routing import original_endpoint
 from dynaloop.api.schemas.errors import ErrorResponse
 from dynaloop.api.schemas.health import HealthPublic
 from dynaloop.api.state import AppState
@@ -321,7 +322,7 @@ def create_app(settings: Settings | None = None, model_client: ModelClient | Non
         model_routes=[
             (API_PREFIX + route.path, route.methods or set())
             for route in assignments.router.routes
-            if isinstance(route, APIRoute) and route.endpoint in assignments.MODEL_BOUND_ENDPOINTS
+            if isinstance(route, APIRoute) and original_endpoint(route.endpoint) in assignments.MODEL_BOUND_ENDPOINTS
         ],
         shed_counter=metrics.shed_counter,
     )

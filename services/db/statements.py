@@ -58,7 +58,14 @@ def insert_persistent(session: Session, entity: type[T], values: dict[str, Any])
     if statement is None:
         statement = _INSERTS[(entity, frozenset(sent))] = insert(table).returning(table.c.id)
     row_id = session.execute(statement, sent).scalar_one()
-    instance = entity(id=row_id, **values)
+    return _persistent(session, entity, {"id": row_id, **values})
+
+
+def _persistent(session: Session, entity: type[T], values: dict[str, Any]) -> T:
+    """An object of ``entity`` with every column's value, as its row holds them, made
+    persistent in ``session`` without a statement: its values are its loaded, unchanged state
+    (nothing is written for it unless it is changed), its relationships load when read."""
+    instance = entity(**values)
     make_transient_to_detached(instance)
     session.add(instance)
     return instance

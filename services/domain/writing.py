@@ -588,7 +588,22 @@ def get_attempt(session: Session, attempt_id: int) -> Attempt:
     return attempt
 
 
-def confirm_attempt(attempt: Attempt, agrees: bool, judged_label: str | list[str] | None) -> Attempt:
+# Built once (services/db/statements.py): a writer's answer, written by the attempt's id.
+_CONFIRM = (
+    update(Attempt)
+    .where(Attempt.id == bindparam("attempt_id"))
+    .values({column: bindparam(column) for column in ("confirmed", "judged_label", "confirmed_at")})
+    .execution_options(synchronize_session=False)
+)
+_CONFIRM_AGREED = (
+    update(Attempt)
+    .where(Attempt.id == bindparam("attempt_id"))
+    .values({column: bindparam(column) for column in ("confirmed", "confirmed_at")})
+    .execution_options(synchronize_session=False)
+)
+
+
+def confirm_attempt(session: Session, attempt: Attempt, agrees: bool, judged_label: str | list[str] | None) -> Attempt:
     """The writer's answer to "would a person say this is <target>?" for a fooling attempt."""
     assignment = attempt.assignment
     definition = definition_of(assignment.round.task)
@@ -607,9 +622,15 @@ def confirm_attempt(attempt: Attempt, agrees: bool, judged_label: str | list[str
         raise Conflict(f"attempt {attempt.id} was already confirmed as {'yes' if attempt.confirmed else 'no'}")
     if assignment.status is not AssignmentStatus.active:
         raise Conflict(f"assignment {assignment.id} is {assignment.status.value}")
-    attempt.confirmed = agrees
-    attempt.judged_label = judged
-    attempt.confirmed_at = utcnow()
+    # By id, not through the unit of work: a dirty attempt made the request's commit flush it,
+    # in a worker thread of its own (dynaloop/api/deps.py, get_session). ``judged_label`` is
+    # written only when the writer disagreed: bound as None it would be the JSON text null.
+    answer: dict[str, Any] = {"confirmed": agrees, "confirmed_at": utcnow()}
+    if judged is not None:
+        answer["judged_label"] = judged
+    session.execute(_CONFIRM if judged is not None else _CONFIRM_AGREED, {"attempt_id": attempt.id, **answer})
+    for column, value in answer.items():
+        set_committed_value(attempt, column, value)
     return attempt
 
 

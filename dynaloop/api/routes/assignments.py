@@ -17,6 +17,7 @@ from dynaloop.api.deps import (
     SettingsDep,
     allowed_writer,
 )
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.assignments import (
     AssignmentPublic,
     AssignmentRequest,
@@ -33,7 +34,7 @@ from services.authorization import AssignmentPolicy, AttemptPolicy, RoundPolicy,
 from services.db.models import User
 from services.domain import round_lifecycle, writing
 
-router = APIRouter(tags=["assignments"])
+router = APIRouter(tags=["assignments"], route_class=OneHopRoute)
 AssignmentWriter = Annotated[User, allowed_writer(AssignmentPolicy.use)]
 IdempotencyKey = Annotated[
     str | None,
@@ -134,7 +135,7 @@ def confirm_attempt(
     """Would a person say this text has the target label? Required before submitting a fooling attempt."""
     attempt = writing.get_attempt(session, attempt_id)
     authorize(writer, AttemptPolicy.use(attempt))
-    return AttemptPublic.of(writing.confirm_attempt(attempt, body.agrees, body.judged_label))
+    return AttemptPublic.of(writing.confirm_attempt(session, attempt, body.agrees, body.judged_label))
 
 
 @router.post(

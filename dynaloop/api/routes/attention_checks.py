@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Response, status
 
 from dynaloop.api.deps import IdPath, SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.attention_checks import (
     AttentionCheckAnswerCreate,
     AttentionCheckPublic,
@@ -20,7 +21,7 @@ from services.authorization import AttentionCheckPolicy, TaskPolicy, authorize
 from services.db.models import User
 from services.domain import attention, tasks
 
-router = APIRouter(tags=["attention checks"])
+router = APIRouter(tags=["attention checks"], route_class=OneHopRoute)
 Writer = Annotated[User, allowed(AttentionCheckPolicy.answer)]
 
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 
 from dynaloop.api.deps import CurrentToken, SessionDep, allowed
 from dynaloop.api.ratelimit import client_address
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.auth import LoginRequest, LoginResponse
 from dynaloop.api.schemas.errors import error_responses
 from dynaloop.api.schemas.tokens import TokenPublic
@@ -20,7 +21,7 @@ from services.db.transactions import commit_now
 from services.domain import users
 from services.errors import Unauthorized
 
-router = APIRouter(tags=["auth"])
+router = APIRouter(tags=["auth"], route_class=OneHopRoute)
 
 
 @router.post("/auth/login", response_model=LoginResponse, responses=error_responses(429))

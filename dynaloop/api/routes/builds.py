@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response, status
 
 from dynaloop.api.deps import IdPath, SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.builds import BuildPreviewPublic, BuildPublic, RoundReportPublic
 from rounds.build import export
 from rounds.build.build_settings import BuildSettings
@@ -17,7 +18,7 @@ from services.authorization import BuildPolicy, DatasetPolicy, authorize
 from services.db.models import User
 from services.domain import round_lifecycle, tasks
 
-router = APIRouter(tags=["builds"])
+router = APIRouter(tags=["builds"], route_class=OneHopRoute)
 
 _MARKDOWN: dict[int | str, dict[str, Any]] = {
     200: {

@@ -8,12 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, status
 
 from dynaloop.api.deps import IdPath, SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.control_items import ControlItemCreate, ControlItemPublic, ControlItemsPublic
 from services.authorization import TaskPolicy, authorize
 from services.db.models import User
 from services.domain import controls, tasks
 
-router = APIRouter(tags=["control items"])
+router = APIRouter(tags=["control items"], route_class=OneHopRoute)
 Manager = Annotated[User, allowed(TaskPolicy.manage)]
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from dynaloop.api.deps import RawBody, SessionDep, SettingsDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.dataset_uploads import DatasetUploadPublic, DatasetUploadsPublic
 from rounds.models import uploads
 from rounds.models.datasets import DATASET_NAME_PATTERN
@@ -14,7 +15,7 @@ from services.authorization import TaskPolicy, authorize
 from services.db.models import User
 from services.domain import tasks
 
-router = APIRouter(tags=["dataset uploads"])
+router = APIRouter(tags=["dataset uploads"], route_class=OneHopRoute)
 
 Manager = Annotated[User, allowed(TaskPolicy.manage)]
 DatasetName = Annotated[str, Path(min_length=1, max_length=100, pattern=DATASET_NAME_PATTERN)]

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from dynaloop.api.deps import IdPath, SessionDep, SessionmakerDep, SettingsDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from rounds.build import export
 from rounds.build.usecases import dataset_card_text, dataset_download
 from services.authorization import DatasetPolicy, authorize
@@ -16,7 +17,7 @@ from services.db.models import User
 from services.domain import tasks
 from services.errors import Invalid
 
-router = APIRouter(tags=["datasets"])
+router = APIRouter(tags=["datasets"], route_class=OneHopRoute)
 
 _FILES: dict[int | str, dict[str, Any]] = {
     200: {

@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter
 
 from dynaloop.api.deps import IdPath, SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.examples import ExampleRecord
 from services.authorization import ExamplePolicy, authorize
 from services.db.models import User
 from services.domain import validating
 
-router = APIRouter(tags=["examples"])
+router = APIRouter(tags=["examples"], route_class=OneHopRoute)
 
 
 @router.get("/examples/{example_id}", response_model=ExampleRecord)

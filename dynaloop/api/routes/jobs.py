@@ -7,13 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from dynaloop.api.deps import IdPath, SessionDep, SettingsDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.jobs import JobCreate, JobPublic, JobsPublic
 from rounds.models import jobs as job_runs
 from services.authorization import JobPolicy, authorize
 from services.db.models import JobKind, JobStatus, User
 from services.domain import tasks
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], route_class=OneHopRoute)
 
 
 @router.post("/tasks/{task_name}/jobs", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)

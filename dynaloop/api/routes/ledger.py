@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Response, status
 
 from dynaloop.api.deps import IdPath, SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.ledger import (
     ComputedPublic,
     ComputeRequest,
@@ -24,7 +25,7 @@ from services.db.models import User
 from services.domain import ledger, round_lifecycle, tasks
 from services.errors import Gone, missing_round
 
-router = APIRouter(tags=["ledger"])
+router = APIRouter(tags=["ledger"], route_class=OneHopRoute)
 Manager = Annotated[User, allowed(TaskPolicy.manage)]
 
 

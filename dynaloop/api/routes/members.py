@@ -8,12 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response, status
 
 from dynaloop.api.deps import SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.members import MemberPublic, MembersPublic, MemberUpdate
 from services.authorization import TaskPolicy, authorize
 from services.db.models import User
 from services.domain import members, tasks
 
-router = APIRouter(tags=["members"])
+router = APIRouter(tags=["members"], route_class=OneHopRoute)
 Username = Annotated[str, Path(min_length=1, max_length=64, description="A researcher's username.")]
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, status
 
 from dynaloop.api.deps import SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.model_servers import (
     ModelServerCreate,
     ModelServerGrantPublic,
@@ -20,7 +21,7 @@ from services.authorization import ModelServerPolicy, TaskPolicy, authorize
 from services.db.models import ModelServer, ModelServerGrant, Task, User
 from services.domain import model_servers, tasks
 
-router = APIRouter(tags=["model servers"])
+router = APIRouter(tags=["model servers"], route_class=OneHopRoute)
 Admin = Annotated[User, allowed(ModelServerPolicy.manage)]
 Lister = Annotated[User, allowed(ModelServerPolicy.list)]
 

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter
 
 from dynaloop.api.deps import SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.models import ModelPublic, ModelReplicaPublic, ModelReplicasPublic, ModelsPublic
 from rounds.models.registry import attempt_counts, list_models
 from rounds.models.replicas import list_replicas
@@ -14,7 +15,7 @@ from services.authorization import ModelPolicy, authorize
 from services.db.models import User
 from services.domain import tasks
 
-router = APIRouter(tags=["models"])
+router = APIRouter(tags=["models"], route_class=OneHopRoute)
 
 
 @router.get("/tasks/{task_name}/models", response_model=ModelsPublic)

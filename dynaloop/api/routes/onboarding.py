@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter
 
 from dynaloop.api.deps import SessionDep, allowed_writer
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.onboarding import QuizAnswers, QuizPublic, QuizResultPublic
 from services.authorization import OnboardingPolicy, authorize
 from services.db.models import User
 from services.domain import quality, tasks
 
-router = APIRouter(tags=["onboarding"])
+router = APIRouter(tags=["onboarding"], route_class=OneHopRoute)
 Writer = Annotated[User, allowed_writer(OnboardingPolicy.take)]
 
 

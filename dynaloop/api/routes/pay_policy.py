@@ -9,12 +9,13 @@ from fastapi import APIRouter
 from sqlalchemy import select
 
 from dynaloop.api.deps import SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.pay_policy import PayPolicyPublic, PayPolicyRequest, PayPolicyVersionPublic
 from services.authorization import TaskPolicy, authorize
 from services.db.models import LedgerEntry, Task, User
 from services.domain import pay_policies, tasks
 
-router = APIRouter(tags=["pay policy"])
+router = APIRouter(tags=["pay policy"], route_class=OneHopRoute)
 Manager = Annotated[User, allowed(TaskPolicy.manage)]
 
 

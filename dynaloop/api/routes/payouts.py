@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from dynaloop.api.deps import IdPath, RawBody, SessionDep, SettingsDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.payouts import (
     ElsewherePublic,
     HeldBackPublic,
@@ -24,7 +25,7 @@ from services.authorization import PayoutBatchPolicy, TaskPolicy, authorize
 from services.db.models import PayoutBatch, StudyLink, User
 from services.domain import payouts, tasks
 
-router = APIRouter(tags=["payouts"])
+router = APIRouter(tags=["payouts"], route_class=OneHopRoute)
 Manager = Annotated[User, allowed(TaskPolicy.manage)]
 BatchManager = Annotated[User, allowed(PayoutBatchPolicy.manage)]
 MAX_ID = 2**31 - 1

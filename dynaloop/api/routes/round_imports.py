@@ -10,12 +10,13 @@ from fastapi import APIRouter, status
 from pydantic import BaseModel, Field
 
 from dynaloop.api.deps import IdPath, SessionDep, SettingsDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from rounds.models.round_imports import ImportOptions, import_round
 from services.authorization import TaskPolicy, authorize
 from services.db.models import User
 from services.domain import tasks
 
-router = APIRouter(tags=["round imports"])
+router = APIRouter(tags=["round imports"], route_class=OneHopRoute)
 
 
 class RoundImportPublic(BaseModel):

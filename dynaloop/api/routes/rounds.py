@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, status
 from sqlalchemy.orm import Session
 
 from dynaloop.api.deps import IdPath, RawBody, SessionDep, SettingsDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.rounds import (
     PlotDataPublic,
     PromptImportPublic,
@@ -25,7 +26,7 @@ from services.db.models import Round, RoundStatus, User
 from services.domain import model_servers, round_lifecycle, study, tasks
 from services.errors import Invalid
 
-router = APIRouter(tags=["rounds"])
+router = APIRouter(tags=["rounds"], route_class=OneHopRoute)
 Reader = Annotated[User, allowed(RoundPolicy.read)]
 Manager = Annotated[User, allowed(RoundPolicy.manage)]
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Request, Response, status
 
 from dynaloop.api.deps import IdPath, SessionDep, SettingsDep, allowed
 from dynaloop.api.ratelimit import client_address
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.study import (
     Completion,
     LinkSessionPublic,
@@ -28,11 +29,11 @@ from services.authorization import StudyLinkPolicy, StudySessionPolicy, TaskPoli
 from services.db.models import StudyLink, User
 from services.domain import study, tasks
 
-router = APIRouter(tags=["study"])
+router = APIRouter(tags=["study"], route_class=OneHopRoute)
 # The worker's own sessions: rate-limited like the other crowd routes (dynaloop/api/routes/__init__.py).
-worker_router = APIRouter(tags=["study"])
+worker_router = APIRouter(tags=["study"], route_class=OneHopRoute)
 # No token: the worker arrives from the platform. Limited per address (dynaloop/api/routes/__init__.py).
-public_router = APIRouter(tags=["study"])
+public_router = APIRouter(tags=["study"], route_class=OneHopRoute)
 
 Slug = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="The link's slug.")]
 

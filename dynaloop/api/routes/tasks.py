@@ -8,13 +8,14 @@ from fastapi import APIRouter, Request, status
 from pydantic import ValidationError
 
 from dynaloop.api.deps import RawBody, SessionDep, SettingsDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.tasks import TaskCreate, TaskPublic, TasksPublic
 from services.authorization import TaskPolicy, allows, authorize
 from services.db.models import User
 from services.domain import tasks
 from services.errors import Invalid
 
-router = APIRouter(tags=["tasks"])
+router = APIRouter(tags=["tasks"], route_class=OneHopRoute)
 
 _YAML_BODY = {
     "requestBody": {

@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, status
 
 from dynaloop.api.deps import CurrentToken, IdPath, SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.tokens import TokenCreate, TokenPublic
 from services.authorization import TokenPolicy, authorize
 from services.db.models import User
 from services.domain import users
 
-router = APIRouter(tags=["tokens"])
+router = APIRouter(tags=["tokens"], route_class=OneHopRoute)
 
 
 @router.post("/users/{username}/tokens", response_model=TokenPublic, status_code=status.HTTP_201_CREATED)

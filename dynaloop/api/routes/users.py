@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, status
 
 from dynaloop.api.deps import SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.users import UserCreate, UserPublic, UsersPublic
 from services.authorization import UserPolicy
 from services.db.models import User
 from services.domain import users
 
-router = APIRouter(tags=["users"])
+router = APIRouter(tags=["users"], route_class=OneHopRoute)
 Admin = Annotated[User, allowed(UserPolicy.manage)]
 
 

@@ -8,13 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from dynaloop.api.deps import IdPath, SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.validation import BatchItem, BatchPublic, ItemLabelPublic, ValidationCreate, ValidationPublic
 from services.authorization import ExamplePolicy, RoundPolicy, authorize
 from services.db.models import User
 from services.domain import round_lifecycle, validating
 from services.domain.tasks import definition_of
 
-router = APIRouter(tags=["validation"])
+router = APIRouter(tags=["validation"], route_class=OneHopRoute)
 
 
 @router.get("/rounds/{round_id}/validation-batch", response_model=BatchPublic)

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter
 
 from dynaloop.api.deps import IdPath, SessionDep, allowed
+from dynaloop.api.routing import OneHopRoute
 from dynaloop.api.schemas.worker_quality import (
     RequalifiedPublic,
     UnqualifiedPublic,
@@ -18,7 +19,7 @@ from services.authorization import RoundPolicy, WorkerPolicy, authorize
 from services.db.models import User
 from services.domain import controls, quality, round_lifecycle, tasks, users
 
-router = APIRouter(tags=["worker quality"])
+router = APIRouter(tags=["worker quality"], route_class=OneHopRoute)
 Judge = Annotated[User, allowed(WorkerPolicy.judge)]
 
 
