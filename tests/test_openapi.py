@@ -307,3 +307,33 @@ def test_inspect_answers_label_and_token_scores(client, researcher, make_user, m
     )
     broken = client.post(url, json={"text": "Broken attributions here."}, headers=writer.headers)
     assert broken.status_code == 503 and "not token-score pairs" in broken.json()["error"]["message"], broken.text
+
+
+def test_the_routers_order_decides_no_requests_route() -> None:
+    """The crowd's routers come first in ``ROUTERS`` (matching is in that order, and theirs are
+    most requests): no route's path, with any values in it, is matched first by another route
+    in one order of the routers and not in the reverse order."""
+    import re
+
+    from starlette.routing import Match
+
+    from dynaloop.api.routes import ROUTERS
+
+    def first(included: list[Any], path: str, method: str) -> APIRoute | None:
+        for entry in included:
+            for route in entry.router.routes:
+                scope = {"type": "http", "path": path, "method": method, "root_path": ""}
+                if isinstance(route, APIRoute) and route.matches(scope)[0] == Match.FULL:
+                    return route
+        return None
+
+    routes = [route for entry in ROUTERS for route in entry.router.routes if isinstance(route, APIRoute)]
+    assert len(routes) > 50
+    for route in routes:
+        for method in route.methods:
+            for value in ("1", "export", "abc_DEF-9"):
+                path = re.sub(r"\{[^}]+\}", value, route.path)
+                assert first(list(ROUTERS), path, method) is first(list(reversed(ROUTERS)), path, method), (
+                    method,
+                    path,
+                )

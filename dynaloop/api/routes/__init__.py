@@ -51,6 +51,16 @@ class Included:
 
 
 ROUTERS = (
+    # The crowd's routers first: a request is matched against the routers in this order, and the
+    # crowd's requests are most of the load (no path of theirs is matched by an earlier route
+    # either way: tests/test_openapi.py checks that the routers' order decides no request's route).
+    Included(assignments.router, (410, 429), rate_limited=True),
+    Included(validation.router, (429,), rate_limited=True),
+    # The full record of an example is a researcher's, but it was served with the validators'
+    # routes and has always been limited with them; it stays so.
+    Included(examples.router, (429,), rate_limited=True),
+    # Issue 26: writers' attention checks, limited like the assignments they sit between.
+    Included(attention_checks.router, (429,), rate_limited=True),
     Included(auth.router),
     Included(users.router),
     Included(tokens.router),
@@ -62,11 +72,6 @@ ROUTERS = (
     Included(worker_quality.router),
     Included(control_items.router),
     Included(onboarding.router),
-    Included(assignments.router, (410, 429), rate_limited=True),
-    Included(validation.router, (429,), rate_limited=True),
-    # The full record of an example is a researcher's, but it was served with the validators'
-    # routes and has always been limited with them; it stays so.
-    Included(examples.router, (429,), rate_limited=True),
     Included(builds.router),
     Included(datasets.router),
     Included(dataset_uploads.router),
@@ -79,8 +84,6 @@ ROUTERS = (
     Included(study.router),
     Included(study.public_router, (429,), address_limited=True),
     Included(study.worker_router, (429,), rate_limited=True),
-    # Issue 26: writers' attention checks, limited like the assignments they sit between.
-    Included(attention_checks.router, (429,), rate_limited=True),
 )
 
 
