@@ -317,7 +317,11 @@ def test_a_simulated_paid_round_holds_against_fifty_made_up_ids_from_one_address
                 assert batch.status_code == 200, batch.text
                 items = batch.json()["data"]
                 assert items, "an attacker ran out of work before the control items caught them"
-                for item in items:
+                # The examples of the batch first, then its control items: the attacker's labels
+                # reach examples before the control items catch them (in the batch's own order,
+                # shuffled unseeded, they could be caught before labelling any example, and there
+                # would be nothing to check below).
+                for item in sorted(items, key=lambda item: item["text"] in CONTROLS):
                     answer = crowd.call(
                         "POST",
                         f"/validation-items/{item['item_id']}/validations",
