@@ -14,6 +14,7 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy import JSON, CursorResult, Delete, Insert, Table, Update, insert, inspect
 from sqlalchemy.orm import DeclarativeBase, Session, make_transient_to_detached
+from sqlalchemy.orm.attributes import set_committed_value
 
 T = TypeVar("T", bound=DeclarativeBase)
 
@@ -28,6 +29,21 @@ def rows_matched(session: Session, statement: Update | Delete, params: dict[str,
     result = session.execute(statement, params)
     assert isinstance(result, CursorResult), f"{type(result).__name__} has no row count"
     return result.rowcount
+
+
+def update_loaded(
+    session: Session, instance: Any, statement: Update, keys: dict[str, Any], values: dict[str, Any]
+) -> None:
+    """Write ``values`` to ``instance``'s row with ``statement`` (an UPDATE built once, whose WHERE
+    clause takes ``keys`` and whose SET clause binds one parameter per key of ``values``), and keep
+    them on ``instance`` as its loaded state: nothing is left for the unit of work to write.
+
+    A changed object made the request's commit flush it, sorting and diffing the session, in a
+    worker thread of its own (dynaloop/api/deps.py, get_session). A JSON column must not be in
+    ``values`` as None: bound as a parameter, it would be stored as the JSON text ``null``."""
+    session.execute(statement, {**keys, **values})
+    for column, value in values.items():
+        set_committed_value(instance, column, value)
 
 
 _INSERTS: dict[tuple[type[Any], frozenset[str]], Insert] = {}

@@ -40,7 +40,7 @@ from services.db.models import (
     ValidationClaim,
     utcnow,
 )
-from services.db.statements import insert_persistent, rows_matched
+from services.db.statements import insert_persistent, rows_matched, update_loaded
 from services.domain.controls import answer_is_right, apply_gold_threshold, sync_task_controls
 from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
@@ -504,11 +504,7 @@ def _answer_item(
         "label": label,
         "flagged": flagged,
     }
-    # By id, not through the unit of work: a dirty item made the request's commit flush it,
-    # in a worker thread of its own (dynaloop/api/deps.py, get_session).
-    session.execute(_ANSWER_ITEM, {"answered_item_id": item.id, **answer})
-    for column, value in answer.items():
-        set_committed_value(item, column, value)
+    update_loaded(session, item, _ANSWER_ITEM, {"answered_item_id": item.id}, answer)
 
 
 def _judge_validator_each_batch(session: Session, validator: User, round_: Round, definition: TaskDefinition) -> None:

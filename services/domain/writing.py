@@ -41,7 +41,7 @@ from services.db.models import (
     User,
     utcnow,
 )
-from services.db.statements import insert_persistent, rows_matched
+from services.db.statements import insert_persistent, rows_matched, update_loaded
 from services.db.transactions import commit_now
 from services.domain import attention, duplicates, model_servers
 from services.domain.in_flight import AttemptsInFlight
@@ -444,14 +444,6 @@ _SCORED = (
 )
 
 
-def _store(session: Session, attempt: Attempt, statement: Any, values: dict[str, Any]) -> None:
-    """Write ``values`` to the attempt's row with ``statement`` and keep them on ``attempt`` as
-    its committed state (the object is not in ``session``: nothing else is written for it)."""
-    session.execute(statement, {"attempt_id": attempt.id, **values})
-    for column, value in values.items():
-        set_committed_value(attempt, column, value)
-
-
 def record_prediction(
     session: Session, attempt: Attempt, definition: TaskDefinition, prediction: ModelAnswer, retry_after_s: int
 ) -> Attempt:
@@ -473,7 +465,7 @@ def record_prediction(
     assignment = attempt.assignment
     if isinstance(prediction, NoPrediction):
         unavailable = {"status": AttemptStatus.model_unavailable, "model_error": prediction.error[:500]}
-        _store(session, attempt, _NOT_SCORED, unavailable)
+        update_loaded(session, attempt, _NOT_SCORED, {"attempt_id": attempt.id}, unavailable)
         if prediction.busy:
             raise ModelBusy(
                 "the model is busy with other writers' checks right now; your text is saved and no try was "
@@ -490,7 +482,13 @@ def record_prediction(
     if unknown:
         # The labels came from the model server: kept (bounded) for researchers, not shown to writers.
         error = f"the model predicted labels the task does not have: {unknown!r:.300}"
-        _store(session, attempt, _NOT_SCORED, {"status": AttemptStatus.model_unavailable, "model_error": error})
+        update_loaded(
+            session,
+            attempt,
+            _NOT_SCORED,
+            {"attempt_id": attempt.id},
+            {"status": AttemptStatus.model_unavailable, "model_error": error},
+        )
         raise ModelUnavailable(
             f"the model in the loop gives answers that task {definition.name!r} cannot use; a researcher must "
             "fix the model in the loop. Your text is saved and no try was used",
@@ -503,10 +501,11 @@ def record_prediction(
     consumed = tries_used is not None
     if consumed:
         set_committed_value(assignment, "tries_used", tries_used)
-    _store(
+    update_loaded(
         session,
         attempt,
         _SCORED,
+        {"attempt_id": attempt.id},
         {
             "status": AttemptStatus.scored,
             "counts_as_try": consumed,
@@ -622,15 +621,12 @@ def confirm_attempt(session: Session, attempt: Attempt, agrees: bool, judged_lab
         raise Conflict(f"attempt {attempt.id} was already confirmed as {'yes' if attempt.confirmed else 'no'}")
     if assignment.status is not AssignmentStatus.active:
         raise Conflict(f"assignment {assignment.id} is {assignment.status.value}")
-    # By id, not through the unit of work: a dirty attempt made the request's commit flush it,
-    # in a worker thread of its own (dynaloop/api/deps.py, get_session). ``judged_label`` is
-    # written only when the writer disagreed: bound as None it would be the JSON text null.
+    # By id (update_loaded). ``judged_label`` is written only when the writer disagreed.
     answer: dict[str, Any] = {"confirmed": agrees, "confirmed_at": utcnow()}
     if judged is not None:
         answer["judged_label"] = judged
-    session.execute(_CONFIRM if judged is not None else _CONFIRM_AGREED, {"attempt_id": attempt.id, **answer})
-    for column, value in answer.items():
-        set_committed_value(attempt, column, value)
+    statement = _CONFIRM if judged is not None else _CONFIRM_AGREED
+    update_loaded(session, attempt, statement, {"attempt_id": attempt.id}, answer)
     return attempt
 
 
