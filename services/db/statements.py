@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import JSON, CursorResult, Delete, Insert, Table, Update, insert, inspect
+from sqlalchemy import JSON, CursorResult, Delete, Insert, Table, Update, bindparam, insert, inspect, update
 from sqlalchemy.orm import DeclarativeBase, Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -29,6 +29,18 @@ def rows_matched(session: Session, statement: Update | Delete, params: dict[str,
     result = session.execute(statement, params)
     assert isinstance(result, CursorResult), f"{type(result).__name__} has no row count"
     return result.rowcount
+
+
+def update_by_id(entity: type[DeclarativeBase], key: str, *columns: str) -> Update:
+    """An UPDATE of one row of ``entity``, built once: the row whose ``id`` is the parameter
+    ``key`` (not a column's name: an UPDATE reserves those for its SET clause), each of
+    ``columns`` set from the parameter of its own name. For :func:`update_loaded`."""
+    return (
+        update(entity)
+        .where(inspect(entity).columns["id"] == bindparam(key))
+        .values({column: bindparam(column) for column in columns})
+        .execution_options(synchronize_session=False)
+    )
 
 
 def update_loaded(

@@ -40,7 +40,7 @@ from services.db.models import (
     ValidationClaim,
     utcnow,
 )
-from services.db.statements import insert_persistent, rows_matched, update_loaded
+from services.db.statements import insert_persistent, rows_matched, update_by_id, update_loaded
 from services.domain.controls import answer_is_right, apply_gold_threshold, sync_task_controls
 from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
@@ -479,12 +479,7 @@ _RELEASE_CLAIM = delete(ValidationClaim).where(
 )
 
 
-_ANSWER_ITEM = (
-    update(ValidationBatchItem)
-    .where(ValidationBatchItem.id == bindparam("answered_item_id"))
-    .values({column: bindparam(column) for column in ("answered_at", "validation_id", "label", "flagged")})
-    .execution_options(synchronize_session=False)
-)
+_ANSWER_ITEM = update_by_id(ValidationBatchItem, "answered_item_id", "answered_at", "validation_id", "label", "flagged")
 
 
 def _answer_item(

@@ -41,7 +41,7 @@ from services.db.models import (
     User,
     utcnow,
 )
-from services.db.statements import insert_persistent, rows_matched, update_loaded
+from services.db.statements import insert_persistent, rows_matched, update_by_id, update_loaded
 from services.db.transactions import commit_now
 from services.domain import attention, duplicates, model_servers
 from services.domain.in_flight import AttemptsInFlight
@@ -415,13 +415,10 @@ _USE_A_TRY = (
 # SQLite's BEGIN IMMEDIATE already serialises), and its two outcomes, written as UPDATEs by id
 # rather than through the unit of work (which sorts and diffs the session's objects for one row).
 _LOCK_ATTEMPT = select(Attempt.status).where(Attempt.id == bindparam("attempt_id")).with_for_update()
-_NOT_SCORED = (
-    update(Attempt)
-    .where(Attempt.id == bindparam("attempt_id"))
-    .values(status=bindparam("status"), model_error=bindparam("model_error"))
-    .execution_options(synchronize_session=False)
-)
-_SCORED_COLUMNS = (
+_NOT_SCORED = update_by_id(Attempt, "attempt_id", "status", "model_error")
+_SCORED = update_by_id(
+    Attempt,
+    "attempt_id",
     "status",
     "counts_as_try",
     "prediction",
@@ -435,12 +432,6 @@ _SCORED_COLUMNS = (
     "model_error",
     "fooled",
     "scored_at",
-)
-_SCORED = (
-    update(Attempt)
-    .where(Attempt.id == bindparam("attempt_id"))
-    .values({column: bindparam(column) for column in _SCORED_COLUMNS})
-    .execution_options(synchronize_session=False)
 )
 
 
@@ -588,18 +579,8 @@ def get_attempt(session: Session, attempt_id: int) -> Attempt:
 
 
 # Built once (services/db/statements.py): a writer's answer, written by the attempt's id.
-_CONFIRM = (
-    update(Attempt)
-    .where(Attempt.id == bindparam("attempt_id"))
-    .values({column: bindparam(column) for column in ("confirmed", "judged_label", "confirmed_at")})
-    .execution_options(synchronize_session=False)
-)
-_CONFIRM_AGREED = (
-    update(Attempt)
-    .where(Attempt.id == bindparam("attempt_id"))
-    .values({column: bindparam(column) for column in ("confirmed", "confirmed_at")})
-    .execution_options(synchronize_session=False)
-)
+_CONFIRM = update_by_id(Attempt, "attempt_id", "confirmed", "judged_label", "confirmed_at")
+_CONFIRM_AGREED = update_by_id(Attempt, "attempt_id", "confirmed", "confirmed_at")
 
 
 def confirm_attempt(session: Session, attempt: Attempt, agrees: bool, judged_label: str | list[str] | None) -> Attempt:
