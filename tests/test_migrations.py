@@ -356,3 +356,53 @@ def test_0023_copies_each_imported_examples_id_into_source_id(backend: str, tmp_
             kept = connection.execute(text("SELECT source_metadata FROM examples ORDER BY id")).scalars().all()
         first = kept[0]
         assert (json.loads(first) if isinstance(first, str) else first) == {"row": 1, "id": "sent-0042 "}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_0024_marks_the_accounts_earlier_imports_made_and_no_other(backend: str, tmp_path: Path) -> None:
+    """A database at 0023 with an earlier import's account, an admin-made user who took a name
+    like it, a deactivated link-made worker without a password and an ordinary user: after the
+    upgrade only the import's account is ``made_by_import``; the downgrade drops the column."""
+    with ExitStack() as stack:
+        if backend == "sqlite":
+            url = f"sqlite:///{tmp_path / 'at-0023.db'}"
+        else:
+            url = stack.enter_context(fresh_postgres_database())
+        upgrade(url, "0023")
+        engine = create_engine(url)
+        stack.callback(engine.dispose)
+        tables = MetaData()
+        tables.reflect(engine, only=["users"])
+        users = tables.tables["users"]
+        now = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.UTC)
+        people = [
+            # username, display name, password hash, active, made by link
+            ("imported-0123456789abcdef0123", "imported worker", None, False, False),
+            ("imported-lookalike", "an admin's choice", "$argon2id$...", True, False),
+            ("prolific-0123456789ab", None, None, False, True),
+            ("alice", "Alice", "$argon2id$...", True, False),
+        ]
+        with engine.begin() as connection:
+            for username, display_name, password_hash, active, by_link in people:
+                connection.execute(
+                    users.insert().values(
+                        username=username,
+                        display_name=display_name,
+                        roles=["validator"],
+                        password_hash=password_hash,
+                        is_active=active,
+                        made_by_link=by_link,
+                        created_at=now,
+                    )
+                )
+        upgrade(url)
+        with engine.connect() as connection:
+            rows = connection.execute(text("SELECT username, made_by_import FROM users ORDER BY id")).all()
+        assert [(name, bool(flag)) for name, flag in rows] == [
+            ("imported-0123456789abcdef0123", True),
+            ("imported-lookalike", False),
+            ("prolific-0123456789ab", False),
+            ("alice", False),
+        ]
+        downgrade(url, "0023")
+        assert "made_by_import" not in {c["name"] for c in inspect(engine).get_columns("users")}

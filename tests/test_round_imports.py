@@ -1155,3 +1155,49 @@ def test_four_annotators_into_a_three_validation_task_read_the_same_three_respon
         alpha = krippendorff.alpha(value_counts=np.array(table), level_of_measurement="nominal")
         assert agreement["krippendorff_alpha"] == pytest.approx(alpha, abs=1e-4)
         assert all(row.model_based_label == row.gold_label for row in built.values() if row.gold_label)
+
+
+# --- money: the workers of an import are never paid --------------------------------------------
+
+
+@pytest.mark.both_databases
+def test_the_workers_of_imported_responses_are_never_paid(
+    api: TestClient, rooted: FastAPI, researcher: Actor, data_root: Path
+) -> None:
+    """Imported responses were paid for (or not) where they were collected: their pseudonymous
+    accounts exist so that the builder has validators to count, and the ledger must not pay them
+    a validator bonus. The pay policy here pays any whole batch of 10 with half its labels
+    agreeing, which most of the imported workers' batches do."""
+    with session_scope(rooted.state.sessionmaker) as session:
+        create_task(
+            session,
+            None,
+            example_yaml(
+                "dynasent-r2",
+                onboarding_quiz=None,
+                pay={
+                    "currency": "GBP",
+                    "base_pay": {"writer": 150, "validator": 100},
+                    "writer_bonus_per_example": 10,
+                    "validator_bonus": {"per_batch": 20, "min_agreement": 0.5},
+                },
+            ),
+            owner=get_user(session, researcher.username),
+        )
+    _write(data_root / "responses.csv", _responses())
+    response = _import(api, researcher, "dynasent-r2", 1, kind="responses", file="responses.csv", id_column="item")
+    assert response.status_code == 201, response.text
+    _build(api, researcher, response.json()["round_id"], dev_test_min_votes=3, model_based=None)
+    with session_scope(rooted.state.sessionmaker) as session:
+        accounts = session.scalars(select(User).where(User.username.like("imported-%"))).all()
+        assert len(accounts) == 12
+        assert all(a.made_by_import for a in accounts)
+        # Every one of them has at least one whole batch of ten labels to be paid for.
+        per_worker = Counter(session.scalars(select(Validation.validator_id)))
+        assert all(per_worker[a.id] >= 10 for a in accounts)
+
+    computed = api.post("/api/v1/tasks/dynasent-r2/ledger/compute", json={}, headers=researcher.headers)
+    assert computed.status_code == 200, computed.text
+    # The build computed the ledger already (a task with a pay policy); neither it nor this added a row.
+    assert (computed.json()["entries_added"], computed.json()["already_paid"]) == (0, 0)
+    assert table_counts(rooted)["ledger_entries"] == 0

@@ -564,7 +564,8 @@ def _workers(session: Session, secret: str, ids: list[str]) -> dict[str, int]:
         )
     new = [name for name in wanted if name not in existing]
     # Accounts that cannot log in: no password and inactive; they exist so that validations and
-    # the builder's per-worker statistics have a validator to point at.
+    # the builder's per-worker statistics have a validator to point at. They were paid (or not)
+    # where the responses were collected: the ledger never pays them (made_by_import).
     users = [
         User(
             username=name,
@@ -572,6 +573,7 @@ def _workers(session: Session, secret: str, ids: list[str]) -> dict[str, int]:
             roles=[Role.validator.value],
             password_hash=None,
             is_active=False,
+            made_by_import=True,
         )
         for name in new
     ]

@@ -162,6 +162,9 @@ class User(Base):
     # Created by a study link (services/domain/study.py), not by an admin: such a worker reaches
     # only the tasks and roles of their study sessions (services/authorization.py).
     made_by_link: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Created by an import of crowd responses (rounds/models/round_imports.py): a pseudonymous
+    # worker of another collection who cannot log in and is never paid here (services/domain/ledger.py).
+    made_by_import: Mapped[bool] = mapped_column(Boolean, default=False)
     study_sessions: Mapped[list[StudySession]] = relationship(viewonly=True, order_by="StudySession.id")
 
     def has_role(self, role: Role) -> bool:

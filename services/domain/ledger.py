@@ -19,7 +19,9 @@ The rules (docs/round_builder.md, "Pay and the ledger"):
   newest build's gold label where the round has been built (and the example is in that build);
   otherwise the gold label of the example's counted validations (services.domain.labels). No
   majority, no bonus.
-* **Validator bonus** (``batch:<round id>:<validator id>:<index>``): all of a validator's
+* **Validator bonus** (``batch:<round id>:<validator id>:<index>``): the labels of the accounts
+  an import of crowd responses made (``User.made_by_import``) earn nothing here: those workers
+  were paid, or not, where their responses were collected. All of a validator's
   validations in the round, in the order they were given, are cut into batches of the task's
   ``validation_batch_size``; each *whole* batch whose labels are all counted and in which the
   share of labels equal to their example's majority label is at least ``min_agreement`` earns
@@ -396,7 +398,9 @@ def _validator_bonus_candidates(
             Validation.counted,
         )
         .join(Example, Example.id == Validation.example_id)
-        .where(Example.round_id == round_.id)
+        .join(User, User.id == Validation.validator_id)
+        # An imported worker's labels were paid for (or not) where they were collected.
+        .where(Example.round_id == round_.id, User.made_by_import.is_(False))
         .order_by(Validation.created_at, Validation.id)
     ):
         by_validator[validator_id].append((example_id, list(label), created_at, bool(counted)))
