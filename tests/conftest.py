@@ -617,8 +617,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``--numprocesses=auto`` (pyproject.toml): one worker per core, at most four. Each worker is
-    its own pytest session with its own SQLite file and its own PostgreSQL database (the
-    ``database_url`` fixture), stub model servers and free ports, so workers share nothing but
-    the machine; more than four would only compete for the cores that training tests need."""
-    return max(1, min(os.cpu_count() or 1, 4))
+    """``--numprocesses=auto`` (pyproject.toml): one worker more than the cores, at most four. Each
+    worker is its own pytest session with its own SQLite file and its own PostgreSQL database (the
+    ``database_url`` fixture), stub model servers and free ports, so workers share nothing but the
+    machine. Many tests spend part of their time waiting on a process they started (a server
+    loading its model, a job's process importing torch, the browser): on 2 cores, three workers
+    had the suite 0.15 further along after 12 minutes than two (docs/testing.md). More than four
+    would only compete for the cores that training tests need."""
+    return max(1, min((os.cpu_count() or 1) + 1, 4))
