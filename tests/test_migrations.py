@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import MetaData, create_engine, inspect, select, text
+from sqlalchemy import Engine, MetaData, create_engine, inspect, select, text
 from sqlalchemy.orm import Session
 
 from services.db.migrate import current_revision, downgrade, head_revision, upgrade
@@ -18,6 +18,19 @@ from services.db.models import Base, Task, TaskRole
 from tests.conftest import BACKENDS, fresh_postgres_database
 
 pytestmark = pytest.mark.both_databases  # migrations
+
+
+def _database_at(stack: ExitStack, backend: str, tmp_path: Path, revision: str) -> tuple[str, Engine]:
+    """A new database of ``backend`` migrated up to ``revision``, and an engine on it; both are
+    closed (the engine disposed, a PostgreSQL database dropped) when ``stack`` closes."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / f'at-{revision}.db'}"
+    else:
+        url = stack.enter_context(fresh_postgres_database())
+    upgrade(url, revision)
+    engine = create_engine(url)
+    stack.callback(engine.dispose)
+    return url, engine
 
 
 def test_models_match_the_migrations(database_url: str) -> None:
@@ -79,13 +92,7 @@ def test_0005_makes_each_tasks_creator_its_owner(backend: str, tmp_path: Path) -
     from the command line (no creator): after the upgrade Rita owns hers, the other has no
     owner (admins only); the downgrade drops the table and keeps the tasks."""
     with ExitStack() as stack:
-        if backend == "sqlite":
-            url = f"sqlite:///{tmp_path / 'at-0004.db'}"
-        else:
-            url = stack.enter_context(fresh_postgres_database())
-        upgrade(url, "0004")
-        engine = create_engine(url)
-        stack.callback(engine.dispose)
+        url, engine = _database_at(stack, backend, tmp_path, "0004")
         tables = MetaData()
         tables.reflect(engine, only=["users", "tasks"])
         users, tasks = tables.tables["users"], tables.tables["tasks"]
@@ -137,13 +144,7 @@ def test_0015_marks_link_made_workers_and_fills_in_each_sessions_round_and_role(
     session takes its round and role, the later one keeps NULL (so the unique index could be
     built); the downgrade drops the columns and keeps the rows."""
     with ExitStack() as stack:
-        if backend == "sqlite":
-            url = f"sqlite:///{tmp_path / 'at-0014.db'}"
-        else:
-            url = stack.enter_context(fresh_postgres_database())
-        upgrade(url, "0014")
-        engine = create_engine(url)
-        stack.callback(engine.dispose)
+        url, engine = _database_at(stack, backend, tmp_path, "0014")
         tables = MetaData()
         tables.reflect(engine, only=["users", "tasks", "rounds", "study_links", "platform_accounts", "study_sessions"])
         t = tables.tables
@@ -228,13 +229,7 @@ def test_0021_makes_version_1_of_each_pay_block_and_stamps_the_ledger(backend: s
     the correction none; the second task has no version. The downgrade drops both again."""
     pay = {"currency": "GBP", "base_pay": {"writer": 150, "validator": 100}, "writer_bonus_per_example": 10}
     with ExitStack() as stack:
-        if backend == "sqlite":
-            url = f"sqlite:///{tmp_path / 'at-0019.db'}"
-        else:
-            url = stack.enter_context(fresh_postgres_database())
-        upgrade(url, "0019")
-        engine = create_engine(url)
-        stack.callback(engine.dispose)
+        url, engine = _database_at(stack, backend, tmp_path, "0019")
         tables = MetaData()
         tables.reflect(engine, only=["users", "tasks", "ledger_entries"])
         t = tables.tables
@@ -291,13 +286,7 @@ def test_0023_copies_each_imported_examples_id_into_source_id(backend: str, tmp_
     only the imported example with an id has ``source_id``; the downgrade drops the column and
     leaves the metadata as it was."""
     with ExitStack() as stack:
-        if backend == "sqlite":
-            url = f"sqlite:///{tmp_path / 'at-0022.db'}"
-        else:
-            url = stack.enter_context(fresh_postgres_database())
-        upgrade(url, "0022")
-        engine = create_engine(url)
-        stack.callback(engine.dispose)
+        url, engine = _database_at(stack, backend, tmp_path, "0022")
         tables = MetaData()
         tables.reflect(engine, only=["tasks", "rounds", "examples"])
         t = tables.tables
@@ -364,13 +353,7 @@ def test_0024_marks_the_accounts_earlier_imports_made_and_no_other(backend: str,
     like it, a deactivated link-made worker without a password and an ordinary user: after the
     upgrade only the import's account is ``made_by_import``; the downgrade drops the column."""
     with ExitStack() as stack:
-        if backend == "sqlite":
-            url = f"sqlite:///{tmp_path / 'at-0023.db'}"
-        else:
-            url = stack.enter_context(fresh_postgres_database())
-        upgrade(url, "0023")
-        engine = create_engine(url)
-        stack.callback(engine.dispose)
+        url, engine = _database_at(stack, backend, tmp_path, "0023")
         tables = MetaData()
         tables.reflect(engine, only=["users"])
         users = tables.tables["users"]
