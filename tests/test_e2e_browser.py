@@ -103,9 +103,11 @@ class Page:
         from selenium.webdriver.common.by import By
 
         self.driver, self.base_url, self.by = driver, base_url, By
-        # Sentences that fooled the model in this test: each text is accepted once per round
-        # (409 duplicate_text), so a later writer must not send the same one again.
-        self.fooling_texts: set[str] = set()
+        # Sentences checked with the model in this test. Each text is accepted once per round
+        # (409 duplicate_text), and a writer who is never fooled submits their last text, so a
+        # later writer must not check any of them again: the check would be refused without
+        # using a try.
+        self.checked_texts: set[str] = set()
 
     def until(self, condition: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
         from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
@@ -322,15 +324,18 @@ def _write_until_fooled(page: Page, target: str, tries_allowed: int = 10) -> boo
         text = candidates[(attempt - 1) % len(candidates)]
         if attempt > len(candidates):
             text = f"{text[:-1]}, really."
-        if text in page.fooling_texts:
-            text = f"{text[:-1]}, or so I heard."
+        base, again = text, 1
+        while text in page.checked_texts:
+            again += 1
+            text = f"{base[:-1]}, or so I heard ({again})."
+        page.checked_texts.add(text)
         page.type_into("Your sentence", text)
         page.click("Check with the model")
-        page.wait_text(f"Tries: {attempt} / {tries_allowed}")
+        checked = page.wait_text(f"Tries: {attempt} / {tries_allowed}", "each text is accepted once")
+        assert checked != "each text is accepted once", f"{text!r} was refused as a repeat: {page.text()[-1500:]}"
         outcome = page.wait_text("You fooled the model!", "Not fooled yet", "You have used all")
         page.idle()
         if outcome == "You fooled the model!":
-            page.fooling_texts.add(text)
             return True
         if outcome == "You have used all":
             return False
