@@ -5,8 +5,10 @@ crowdworkers' routers (dynaloop/api/ratelimit.py). ``dynaloop.api.app`` mounts t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from fastapi import APIRouter, Depends, FastAPI
+from starlette.routing import BaseRoute
 
 from dynaloop.api.deps import address_rate_limited, token_rate_limited
 from dynaloop.api.routes import (
@@ -92,9 +94,27 @@ def include_routers(app: FastAPI | APIRouter, prefix: str = "") -> None:
 
     Each router is included in the app itself, not through one router that holds them all:
     FastAPI matches a request against every included router in turn, and a level of nesting
-    more doubled that work (about 0.2 ms of CPU per request; docs/benchmarks.md, "API CPU")."""
+    more doubled that work (about 0.2 ms of CPU per request; docs/benchmarks.md, "API CPU").
+
+    The inclusions are made once per process and every app takes the same route objects
+    (:func:`api_routes`): FastAPI resolves an included router's operations (their dependencies,
+    response models and the errors added here) per inclusion, on first use, which cost about
+    0.6 s of CPU for each app that answered a request. One process makes one app in production,
+    but the test suite makes one per test (docs/testing.md, "What a test costs"). Nothing here
+    differs between apps: the errors, the rate limits' dependencies and the prefix are the same,
+    and the limits' counters are read from the app's state at request time. The one thing an
+    app cannot then do is ``app.dependency_overrides`` on these routes (the inclusion belongs to
+    no app), which this project does not use."""
+    app.routes.extend(api_routes(prefix))  # FastAPI.routes is its router's list of routes
+
+
+@cache
+def api_routes(prefix: str) -> tuple[BaseRoute, ...]:
+    """The API's routes under ``prefix``, each router included as described in
+    :func:`include_routers`, made once per process and prefix."""
+    holder = APIRouter()
     for included in ROUTERS:
-        app.include_router(
+        holder.include_router(
             included.router,
             prefix=prefix,
             responses=error_responses(*COMMON_ERRORS, *included.extra_errors),
@@ -106,3 +126,4 @@ def include_routers(app: FastAPI | APIRouter, prefix: str = "") -> None:
             if included.address_limited
             else None,
         )
+    return tuple(holder.routes)
