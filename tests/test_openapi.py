@@ -337,3 +337,48 @@ def test_the_routers_order_decides_no_requests_route() -> None:
                     method,
                     path,
                 )
+
+
+def test_apps_share_the_api_routes_and_each_answers_from_its_own_state(settings: Any, tmp_path: Any) -> None:
+    """Every app takes the same route objects (dynaloop/api/routes/__init__.py, ``api_routes``:
+    an inclusion resolved once per process, not per app), yet each app answers from its own
+    database and its own rate limits: a route reads the app's state at request time."""
+    from fastapi.testclient import TestClient
+
+    from dynaloop.api.app import API_PREFIX, create_app
+    from dynaloop.api.routes import ROUTERS, api_routes
+    from services.db.engine import session_scope
+    from services.db.migrate import upgrade
+    from services.domain import users
+
+    other_url = f"sqlite:///{tmp_path / 'other.db'}"
+    upgrade(other_url)
+    first = create_app(settings)
+    second = create_app(
+        settings.model_copy(
+            update={"database_url": other_url, "data_dir": tmp_path / "other", "rate_limit_per_token": "2/minute"}
+        )
+    )
+    try:
+        shared = api_routes(API_PREFIX)
+        assert len(shared) == len(ROUTERS)
+        for app in (first, second):
+            assert [route for route in app.routes if any(route is one for one in shared)] == list(shared)
+
+        tokens = []
+        for app in (first, second):
+            with session_scope(app.state.sessionmaker) as session:
+                user = users.create_user(session, None, "walt", ["writer"])
+                tokens.append(users.issue_token(session, None, user)[1])
+        with TestClient(first) as one, TestClient(second) as two:
+            mine = {"Authorization": f"Bearer {tokens[0]}"}
+            # The first app's token is unknown to the second app's database.
+            assert one.get("/api/v1/me", headers=mine).status_code == 200
+            assert two.get("/api/v1/me", headers=mine).status_code == 401
+            # The second app's per-token limit (2 a minute) is its own: the first app keeps answering.
+            theirs = {"Authorization": f"Bearer {tokens[1]}"}
+            assert [two.get("/api/v1/assignments/1", headers=theirs).status_code for _ in range(3)] == [404, 404, 429]
+            assert [one.get("/api/v1/assignments/1", headers=mine).status_code for _ in range(3)] == [404, 404, 404]
+    finally:
+        first.state.engine.dispose()
+        second.state.engine.dispose()
