@@ -104,7 +104,9 @@ def include_routers(app: FastAPI | APIRouter, prefix: str = "") -> None:
     differs between apps: the errors, the rate limits' dependencies and the prefix are the same,
     and the limits' counters are read from the app's state at request time. The one thing an
     app cannot then do is ``app.dependency_overrides`` on these routes (the inclusion belongs to
-    no app), which this project does not use."""
+    no app), which this project does not use; and a router's own startup handlers or lifespan
+    would stay with the shared inclusion rather than run with the app (the API's routers have
+    none)."""
     app.routes.extend(api_routes(prefix))  # FastAPI.routes is its router's list of routes
 
 
