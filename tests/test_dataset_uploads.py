@@ -34,7 +34,16 @@ API = "/api/v1"
 TASK = "dynasent-r2"
 SECRET = "hunter2-THE-SECRET-VALUE"
 REFUSED = "not an uploaded dataset or a file under the data root"
-TINY_TRAIN = {"tiny": True, "epochs": 1, "batch_size": 4, "max_length": 16, "cpu": True, "patience": 0}
+# No precision check after training (tests/test_jobs.py::TINY_TRAIN says why).
+TINY_TRAIN = {
+    "check_precision": False,
+    "tiny": True,
+    "epochs": 1,
+    "batch_size": 4,
+    "max_length": 16,
+    "cpu": True,
+    "patience": 0,
+}
 ROWS = [
     ("The soup was great.", "positive"),
     ("The service was terrible.", "negative"),

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from model_server.directory.runtime import PRECISION_CHECK_FILE
 from rounds.models import job_runner, jobs
 from rounds.models.init_model import init_model_dir
 from rounds.models.job_runner import JobRunner, run_job
@@ -52,7 +53,11 @@ from tests.conftest import (
 pytestmark = [pytest.mark.timeout(600)]
 
 TOKEN = "jobs-test-admin-token-123"
+# No precision check after training (an ONNX export and three scorings of the dev set: about 12 s
+# of CPU per train job on a 2-core machine, in every test that trains); the one test of the
+# default, test_train_evaluate_promote_in_process, trains with it (docs/testing.md).
 TINY_TRAIN = {
+    "check_precision": False,
     "tiny": True,
     "epochs": 2,
     "batch_size": 2,
@@ -105,7 +110,8 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_train_evaluate_promote_in_process(
     app: FastAPI, built: BuiltRound, progress_seen: list[float], model_server: str
 ) -> None:
-    job_id = _create(app, "train", TINY_TRAIN)
+    # The researcher's default: the precision check runs after training.
+    job_id = _create(app, "train", {k: v for k, v in TINY_TRAIN.items() if k != "check_precision"})
     with session_scope(app.state.sessionmaker) as session:
         job = session.get(Job, job_id)
         assert job.status is JobStatus.queued and job.progress == 0.0
@@ -126,6 +132,7 @@ def test_train_evaluate_promote_in_process(
     assert list(job.result["best_dev_f1_per_class"]) == ["positive", "negative", "neutral"]
     assert job.result["tokenizer_coverage"]["unknown_tokens"] == 0 and job.result["unknown_token_warning"] is None
     assert Path(job.result["out_dir"]).joinpath("dynaloop_model.json").is_file()
+    assert Path(job.result["out_dir"]).joinpath(PRECISION_CHECK_FILE).is_file(), "the default checks precision"
     with session_scope(app.state.sessionmaker) as session:
         registered = session.get(ModelVersion, model["id"])
         assert registered.trained_for_round == 2 and registered.directory == job.result["out_dir"]
