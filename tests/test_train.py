@@ -539,6 +539,7 @@ def test_round_train_command_trains_on_a_star_rated_file_and_registers_the_model
         "--class-weights",
         "balanced",
         "--cpu",
+        "--no-check-precision",  # tests/test_jobs.py::TINY_TRAIN says why
         "--database-url",
         url,
     ]
