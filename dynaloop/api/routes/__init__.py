@@ -102,11 +102,10 @@ def include_routers(app: FastAPI | APIRouter, prefix: str = "") -> None:
     0.6 s of CPU for each app that answered a request. One process makes one app in production,
     but the test suite makes one per test (docs/testing.md, "What a test costs"). Nothing here
     differs between apps: the errors, the rate limits' dependencies and the prefix are the same,
-    and the limits' counters are read from the app's state at request time. The one thing an
-    app cannot then do is ``app.dependency_overrides`` on these routes (the inclusion belongs to
-    no app), which this project does not use; and a router's own startup handlers or lifespan
-    would stay with the shared inclusion rather than run with the app (the API's routers have
-    none)."""
+    and the limits' counters are read from the app's state at request time. Two things an app
+    then cannot have: ``app.dependency_overrides`` on these routes (the inclusion belongs to no
+    app; this project uses none), and a router's own startup handlers or lifespan, which would
+    stay with the shared inclusion rather than run with the app (the API's routers have none)."""
     app.routes.extend(api_routes(prefix))  # FastAPI.routes is its router's list of routes
 
 
