@@ -177,9 +177,9 @@ def test_train_evaluate_promote_in_process(
 def test_a_retrain_that_reproduces_the_weights_registers_a_new_version(app: FastAPI, built: BuiltRound) -> None:
     """The same options, seed and data give the same weights, so the same version (a hash of the
     weights): the second run is registered as VERSION.2, not refused after its training."""
-    first = _run(app, _create(app, "train", {**TINY_TRAIN, "epochs": 1, "check_precision": False}))
+    first = _run(app, _create(app, "train", {**TINY_TRAIN, "epochs": 1}))
     assert first.status is JobStatus.succeeded, first.message + "\n" + first.log
-    second = _run(app, _create(app, "train", {**TINY_TRAIN, "epochs": 1, "check_precision": False}))
+    second = _run(app, _create(app, "train", {**TINY_TRAIN, "epochs": 1}))
     assert second.status is JobStatus.succeeded, second.message + "\n" + second.log
     assert first.result is not None and second.result is not None
     name, version = first.result["model"]["name"], first.result["model"]["version"]
