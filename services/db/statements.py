@@ -6,7 +6,15 @@ module-level statements with named ``bindparam`` values, executed with a dict of
 rather than built anew on each call: building a SELECT with its WHERE clause and computing its
 cache key cost about 100 microseconds of CPU each time here, more than running it on SQLite
 (docs/benchmarks.md, "API CPU"). SQLAlchemy's ``lambda_stmt`` is meant for the same, but
-measured slower than building the statement plainly on these queries, so it is not used."""
+measured slower than building the statement plainly on these queries, so it is not used.
+
+Core, not the ORM, where no object is loaded. An UPDATE, a DELETE or a SELECT of columns written
+against an entity (``update(Attempt)``, ``select(Attempt.status)``) is an ORM statement: the
+session runs it through the ORM's bulk-update and loading machinery, which cost 2 to 3 times the
+same statement written against the entity's table (:func:`table_of`) in process on SQLite, about
+100 microseconds more an UPDATE (docs/benchmarks.md, "API CPU per request"). The crowd's hot
+writes and column reads are written against tables. A Core statement does not autoflush the
+session first: what it must see is flushed (or inserted with :func:`insert_persistent`) before."""
 
 from __future__ import annotations
 
@@ -31,15 +39,21 @@ def rows_matched(session: Session, statement: Update | Delete, params: dict[str,
     return result.rowcount
 
 
-def update_by_id(entity: type[DeclarativeBase], key: str, *columns: str) -> Update:
-    """An UPDATE of one row of ``entity``, built once: the row whose ``id`` is the parameter
-    ``key`` (not a column's name: an UPDATE reserves those for its SET clause), each of
-    ``columns`` set from the parameter of its own name. For :func:`update_loaded`."""
+def table_of(entity: type[DeclarativeBase]) -> Table:
+    """The table ``entity`` is mapped to, for Core statements (see the module's docstring)."""
+    return cast(Table, inspect(entity).local_table)
+
+
+def update_by_id(entity: type[DeclarativeBase], key: str, *attributes: str) -> Update:
+    """A Core UPDATE of one row of ``entity``'s table, built once: the row whose ``id`` is the
+    parameter ``key`` (not a column's name: an UPDATE reserves those for its SET clause), the
+    column of each of ``attributes`` set from the parameter named after the attribute. For
+    :func:`update_loaded`."""
+    mapper = inspect(entity)
     return (
-        update(entity)
-        .where(inspect(entity).columns["id"] == bindparam(key))
-        .values({column: bindparam(column) for column in columns})
-        .execution_options(synchronize_session=False)
+        update(table_of(entity))
+        .where(mapper.columns["id"] == bindparam(key))
+        .values({mapper.columns[attribute]: bindparam(attribute) for attribute in attributes})
     )
 
 
@@ -78,7 +92,7 @@ def insert_persistent(session: Session, entity: type[T], values: dict[str, Any])
     missing = {column.key for column in mapper.column_attrs if column.key != "id"} - values.keys()
     if missing:
         raise ValueError(f"insert_persistent({entity.__name__}): no value for {sorted(missing)}")
-    table = cast(Table, mapper.local_table)
+    table = table_of(entity)
     sent = {key: value for key, value in values.items() if not (value is None and isinstance(table.c[key].type, JSON))}
     if any(table.c[key].default is not None for key in values.keys() - sent.keys()):
         raise ValueError(f"insert_persistent({entity.__name__}): a JSON column with a default is None")

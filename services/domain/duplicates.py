@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.db.models import Example, ExampleText, Round, Task, utcnow
+from services.db.statements import table_of
 from services.errors import DuplicateText
 from services.taskdef import TaskDefinition
 from services.text import duplicate_key, key_hash
@@ -75,12 +76,14 @@ def _refusal(task: Task, round_number: int | None, *, near: bool = False) -> Dup
 
 
 # Asked before every writer's check: built once (services/db/statements.py).
+# Core, not the ORM (services/db/statements.py): a round's number is all it reads.
+_texts, _examples, _rounds = table_of(ExampleText), table_of(Example), table_of(Round)
 _DUPLICATE = (
-    select(Round.number)
-    .select_from(ExampleText)
-    .join(Example, Example.id == ExampleText.example_id)
-    .join(Round, Round.id == Example.round_id)
-    .where(ExampleText.task_id == bindparam("task_id"), ExampleText.normalized_hash == bindparam("digest"))
+    select(_rounds.c.number)
+    .select_from(_texts)
+    .join(_examples, _examples.c.id == _texts.c.example_id)
+    .join(_rounds, _rounds.c.id == _examples.c.round_id)
+    .where(_texts.c.task_id == bindparam("task_id"), _texts.c.normalized_hash == bindparam("digest"))
 )
 
 

@@ -29,6 +29,7 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from services.db.models import ModelServer, ModelServerGrant, Role, Round, RoundStatus, Task, User, utcnow
+from services.db.statements import table_of
 from services.domain import audit
 from services.errors import Conflict, Forbidden, Invalid, NotFound
 
@@ -250,7 +251,9 @@ def check_names(session: Session, names: list[str], *, field: str = "model_serve
 
 
 # Read by every writer's check: built once (services/db/statements.py).
-_ADDRESSES = select(ModelServer.name, ModelServer.url).where(ModelServer.name.in_(bindparam("names", expanding=True)))
+# Core, not the ORM (services/db/statements.py): two columns.
+_servers = table_of(ModelServer).c
+_ADDRESSES = select(_servers.name, _servers.url).where(_servers.name.in_(bindparam("names", expanding=True)))
 
 
 def addresses(session: Session, names: list[str]) -> list[ServerAddress]:

@@ -40,7 +40,7 @@ from services.db.models import (
     ValidationClaim,
     utcnow,
 )
-from services.db.statements import insert_persistent, rows_matched, update_by_id, update_loaded
+from services.db.statements import insert_persistent, rows_matched, table_of, update_by_id, update_loaded
 from services.domain.controls import answer_is_right, apply_gold_threshold, sync_task_controls
 from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
@@ -51,6 +51,10 @@ from services.taskdef import TaskDefinition
 from services.text import clean_text
 
 CLAIM_MINUTES = 30
+# The tables of a label's writes and counts, for Core statements (services/db/statements.py).
+_examples = table_of(Example).c
+_validations = table_of(Validation).c
+_claims = table_of(ValidationClaim).c
 _VALIDATING_ROUNDS = (RoundStatus.collecting, RoundStatus.validating)
 
 
@@ -416,15 +420,14 @@ NOT_LIVE_ITEM = (
 # Built once (services/db/statements.py): one more label counted on an example that still needs
 # one, and the row as the UPDATE left it.
 _COUNT_LABEL = (
-    update(Example)
+    update(table_of(Example))
     .where(
-        Example.id == bindparam("example_id"),
-        Example.status == ExampleStatus.validating,
-        Example.validation_count < Example.validations_needed,
+        _examples.id == bindparam("example_id"),
+        _examples.status == ExampleStatus.validating,
+        _examples.validation_count < _examples.validations_needed,
     )
-    .values(validation_count=Example.validation_count + 1)
-    .returning(Example.validation_count, Example.validations_needed, Example.status, Example.requeue_count)
-    .execution_options(synchronize_session=False)
+    .values(validation_count=_examples.validation_count + 1)
+    .returning(_examples.validation_count, _examples.validations_needed, _examples.status, _examples.requeue_count)
 )
 
 
@@ -474,8 +477,8 @@ def _record_validation(
 
 
 # Built once (services/db/statements.py).
-_RELEASE_CLAIM = delete(ValidationClaim).where(
-    ValidationClaim.example_id == bindparam("example_id"), ValidationClaim.validator_id == bindparam("validator_id")
+_RELEASE_CLAIM = delete(table_of(ValidationClaim)).where(
+    _claims.example_id == bindparam("example_id"), _claims.validator_id == bindparam("validator_id")
 )
 
 
@@ -515,8 +518,10 @@ def _judge_validator_each_batch(session: Session, validator: User, round_: Round
 
 
 # Built once (services/db/statements.py): the validator's label of an example, if any.
-_VALIDATION_OF = select(Validation).where(
-    Validation.example_id == bindparam("example_id"), Validation.validator_id == bindparam("validator_id")
+# Core (services/db/statements.py): almost every label finds none, and the object is loaded
+# only when there is one.
+_VALIDATION_OF = select(_validations.id).where(
+    _validations.example_id == bindparam("example_id"), _validations.validator_id == bindparam("validator_id")
 )
 
 
@@ -546,7 +551,8 @@ def submit_validation(
     name = "this item" if item is not None else f"example {example_id}"
     label = check_validation_label(definition_of(round_.task), raw_label)
     reason = _checked_extras(flagged, flag_reason, seconds_taken)
-    existing = session.scalar(_VALIDATION_OF, {"example_id": example.id, "validator_id": validator.id})
+    existing_id = session.scalar(_VALIDATION_OF, {"example_id": example.id, "validator_id": validator.id})
+    existing = session.get(Validation, existing_id) if existing_id is not None else None
     if existing is not None:
         # A label resent (its answer lost on the way) is answered as saved, whatever happened
         # since: the round may have closed, or the validator been unqualified, after it was
@@ -590,13 +596,17 @@ def labels_in_round(validator_id: int, round_id: int) -> Select[int]:
     (index ix_validations_validator_example, migration 0010) and looks up each one's round by
     primary key: written as a join, PostgreSQL planned it from the round's examples instead,
     which cost more the larger the round (docs/benchmarks.md, "Labelling")."""
+    validations = table_of(Validation)
     example_round = (
-        select(Example.round_id).where(Example.id == Validation.example_id).correlate(Validation).scalar_subquery()
+        select(_examples.round_id)
+        .where(_examples.id == _validations.example_id)
+        .correlate(validations)
+        .scalar_subquery()
     )
     return (
         select(func.count())
-        .select_from(Validation)
-        .where(Validation.validator_id == validator_id, example_round == round_id)
+        .select_from(validations)
+        .where(_validations.validator_id == validator_id, example_round == round_id)
     )
 
 

@@ -41,7 +41,7 @@ from services.db.models import (
     User,
     utcnow,
 )
-from services.db.statements import insert_persistent, rows_matched, update_by_id, update_loaded
+from services.db.statements import insert_persistent, rows_matched, table_of, update_by_id, update_loaded
 from services.db.transactions import commit_now
 from services.domain import attention, duplicates, model_servers
 from services.domain.in_flight import AttemptsInFlight
@@ -56,6 +56,11 @@ from services.text import clean_text, duplicate_hash, normalized_edit_distance
 
 _rng = random.SystemRandom()
 logger = logging.getLogger(__name__)
+
+# The tables of the writer's hot writes and column reads, for Core statements (services/db/statements.py).
+_assignments = table_of(Assignment).c
+_attempts = table_of(Attempt).c
+_prompts = table_of(Prompt).c
 
 
 # --- assignments -----------------------------------------------------------------------
@@ -96,6 +101,15 @@ def assignments_per_target(round_id: int) -> Select[str, int]:
     return select(target, func.count()).where(Assignment.round_id == round_id).group_by(target)
 
 
+# Built once (services/db/statements.py): one more use of a prompt, if its count is still the one read.
+_CLAIM_PROMPT = (
+    update(table_of(Prompt))
+    .where(_prompts.id == bindparam("prompt_id"), _prompts.times_used == bindparam("seen_times_used"))
+    .values(times_used=_prompts.times_used + 1)
+    .returning(_prompts.times_used)
+)
+
+
 def _pick_prompt(session: Session, round_: Round, writer: User) -> Prompt | None:
     """Choose a prompt by the round's strategy and count its use atomically."""
     seen_by_writer = select(Assignment.prompt_id).where(
@@ -122,11 +136,7 @@ def _pick_prompt(session: Session, round_: Round, writer: User) -> Prompt | None
         prompt = _rng.choice(pool)
         # Compare-and-set on times_used: two writers cannot both take the last unused prompt.
         claimed = session.execute(
-            update(Prompt)
-            .where(Prompt.id == prompt.id, Prompt.times_used == prompt.times_used)
-            .values(times_used=Prompt.times_used + 1)
-            .returning(Prompt.times_used)
-            .execution_options(synchronize_session=False)
+            _CLAIM_PROMPT, {"prompt_id": prompt.id, "seen_times_used": prompt.times_used}
         ).scalar_one_or_none()
         if claimed is not None:
             # The new count came back with the UPDATE (RETURNING), not from a second read.
@@ -403,18 +413,17 @@ def _not_answering(retry_after_s: int) -> str:
 
 # Built once (services/db/statements.py): one more try used, if one is left, and the new count.
 _USE_A_TRY = (
-    update(Assignment)
-    .where(Assignment.id == bindparam("assignment_id"), Assignment.tries_used < Assignment.tries_allowed)
-    .values(tries_used=Assignment.tries_used + 1)
-    .returning(Assignment.tries_used)
-    .execution_options(synchronize_session=False)
+    update(table_of(Assignment))
+    .where(_assignments.id == bindparam("assignment_id"), _assignments.tries_used < _assignments.tries_allowed)
+    .values(tries_used=_assignments.tries_used + 1)
+    .returning(_assignments.tries_used)
 )
 
 
 # Built once (services/db/statements.py): the attempt's row lock and its status (PostgreSQL;
 # SQLite's BEGIN IMMEDIATE already serialises), and its two outcomes, written as UPDATEs by id
 # rather than through the unit of work (which sorts and diffs the session's objects for one row).
-_LOCK_ATTEMPT = select(Attempt.status).where(Attempt.id == bindparam("attempt_id")).with_for_update()
+_LOCK_ATTEMPT = select(_attempts.status).where(_attempts.id == bindparam("attempt_id")).with_for_update()
 _NOT_SCORED = update_by_id(Attempt, "attempt_id", "status", "model_error")
 _SCORED = update_by_id(
     Attempt,
@@ -667,6 +676,12 @@ def _check_extras(definition: TaskDefinition, extras: dict[str, Any], attempt: A
     return cleaned
 
 
+# Built once (services/db/statements.py): one more confirmed fooling example from a prompt.
+_COUNT_FOOLED = (
+    update(table_of(Prompt)).where(_prompts.id == bindparam("prompt_id")).values(times_fooled=_prompts.times_fooled + 1)
+)
+
+
 def submit_example(
     session: Session, assignment: Assignment, attempt_id: int, extras: dict[str, Any], idempotency_key: str | None
 ) -> tuple[Example, bool]:
@@ -725,12 +740,7 @@ def submit_example(
     assignment.status = AssignmentStatus.submitted
     assignment.finished_at = utcnow()
     if example.fooled and attempt.confirmed and assignment.prompt_id is not None:
-        session.execute(
-            update(Prompt)
-            .where(Prompt.id == assignment.prompt_id)
-            .values(times_fooled=Prompt.times_fooled + 1)
-            .execution_options(synchronize_session=False)
-        )
+        session.execute(_COUNT_FOOLED, {"prompt_id": assignment.prompt_id})
     try:
         session.flush()
     except IntegrityError as exc:
@@ -755,16 +765,15 @@ def _refuse_duplicate(session: Session, assignment: Assignment, text: str, span:
 # with every writer's request, so both statements are built once (services/db/statements.py).
 _DUE_WHERE = (
     # Not named after a column: an UPDATE reserves those names for its SET clause.
-    Assignment.writer_id == bindparam("due_writer_id"),
-    Assignment.status == AssignmentStatus.active,
-    Assignment.expires_at <= bindparam("due_now"),
+    _assignments.writer_id == bindparam("due_writer_id"),
+    _assignments.status == AssignmentStatus.active,
+    _assignments.expires_at <= bindparam("due_now"),
 )
-_DUE = select(Assignment.id).where(*_DUE_WHERE).limit(1)
+_DUE = select(_assignments.id).where(*_DUE_WHERE).limit(1)
 _EXPIRE_DUE = (
-    update(Assignment)
+    update(table_of(Assignment))
     .where(*_DUE_WHERE)
     .values(status=AssignmentStatus.expired, finished_at=bindparam("due_now"))
-    .execution_options(synchronize_session=False)
 )
 
 
