@@ -306,8 +306,10 @@ def _check_span(text: str, span: list[int] | None, definition: TaskDefinition) -
 
 
 # Built once (services/db/statements.py): an attempt already made with this Idempotency-Key.
-_ATTEMPT_BY_KEY = select(Attempt).where(
-    Attempt.assignment_id == bindparam("assignment_id"), Attempt.idempotency_key == bindparam("key")
+# Core (services/db/statements.py): a first try finds none, and the object is loaded only when
+# there is one.
+_ATTEMPT_BY_KEY = select(_attempts.id).where(
+    _attempts.assignment_id == bindparam("assignment_id"), _attempts.idempotency_key == bindparam("key")
 )
 
 
@@ -341,7 +343,8 @@ def prepare_attempt(
     )
     span = _check_span(text, target_span, definition)
     if idempotency_key is not None:
-        existing = session.scalar(_ATTEMPT_BY_KEY, {"assignment_id": assignment.id, "key": idempotency_key})
+        existing_id = session.scalar(_ATTEMPT_BY_KEY, {"assignment_id": assignment.id, "key": idempotency_key})
+        existing = session.get(Attempt, existing_id) if existing_id is not None else None
         if existing is not None:
             if existing.text != text or existing.target_span != span:
                 raise Conflict("this Idempotency-Key was already used for a different text; use a new key")
