@@ -36,6 +36,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,11 +77,13 @@ class Process:
     popen: subprocess.Popen[bytes] | None = None
 
     health_path: str = "/health"
+    # The checkout it runs from (``python -m dynaloop.cli`` imports the code of its working directory).
+    cwd: Path = ROOT
 
     def start(self, wait_s: float = 120.0) -> None:
         handle = self.log.open("ab")
         self.popen = subprocess.Popen(
-            self.command, env=self.env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+            self.command, env=self.env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd
         )
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
@@ -242,6 +245,7 @@ def start_stack(
     model_dir: Path | None = None,
     precision: str = "auto",
     api_workers: int = 1,
+    api_checkout: Path = ROOT,
 ) -> Stack:
     workdir.mkdir(parents=True, exist_ok=True)
     url = database_url or f"sqlite:///{workdir / 'load.db'}"
@@ -304,6 +308,7 @@ def start_stack(
             **(api_env or {}),
         },
         workdir / "api.log",
+        cwd=api_checkout,
     )
     model.start()
     api.start()
@@ -600,6 +605,23 @@ async def drive(
 # --- CPU per request, endpoint by endpoint ----------------------------------------------------
 
 
+def print_cpu_comparison(figures: dict[str, Any], other: dict[str, Any], checkout: Path) -> None:
+    print(f"API CPU per request, ms, this checkout against {checkout}, requests alternating one by one:")
+    print(f"| endpoint | requests | {checkout} | this checkout | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for endpoint, row in figures["endpoints"].items():
+        theirs = other["endpoints"].get(endpoint)
+        if theirs is None:
+            continue
+        ratio = row["cpu_ms_per_request"] / theirs["cpu_ms_per_request"] if theirs["cpu_ms_per_request"] else math.nan
+        print(
+            f"| {endpoint} | {row['requests']} / {theirs['requests']} | {theirs['cpu_ms_per_request']} | "
+            f"{row['cpu_ms_per_request']} | {ratio:.2f} |"
+        )
+    ours, theirs_mix = figures["mix_cpu_ms_per_request"], other["mix_cpu_ms_per_request"]
+    print(f"| **the mix** | | **{theirs_mix}** | **{ours}** | **{ours / theirs_mix:.2f}** |")
+
+
 def print_cpu_per_endpoint(figures: dict[str, Any]) -> None:
     print("API CPU per request, one request at a time (the API process's user + system time):")
     print("| endpoint | requests | CPU ms / request | wall ms / request | statuses |")
@@ -612,13 +634,15 @@ def print_cpu_per_endpoint(figures: dict[str, Any]) -> None:
     print(f"the mix (every endpoint but GET /me): {figures['mix_cpu_ms_per_request']} ms of CPU per request")
 
 
-def write_cpu_per_endpoint(figures: dict[str, Any], args: argparse.Namespace) -> None:
+def write_cpu_per_endpoint(figures: dict[str, Any], args: argparse.Namespace, other: dict[str, Any] | None) -> None:
     if args.json is None:
         return
     result = {
         "command": "python bench/load.py " + " ".join(sys.argv[1:]),
         "database": args.database,
         "cpu_per_endpoint": figures,
+        # --compare-with: the other checkout's API, measured in lockstep with this one's.
+        "compared_with": None if other is None else {"checkout": str(args.compare_with), "cpu_per_endpoint": other},
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {**cpu_model(), "python": platform.python_version()},
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
@@ -628,97 +652,139 @@ def write_cpu_per_endpoint(figures: dict[str, Any], args: argparse.Namespace) ->
     print(f"wrote {args.json}")
 
 
-def cpu_per_endpoint(stack: Stack, rng: random.Random) -> dict[str, Any]:
-    """The API process's CPU time per request, for each endpoint of the load mix in turn.
+# One endpoint's requests of the mix: (token, method, path, body) each.
+Calls = list[tuple[str, str, str, Any]]
+# The mix as a generator: it yields each endpoint's requests and is sent their answers.
+MixFlow = Generator[tuple[str, Calls], list[httpx.Response], None]
 
-    One client sends one request at a time over one keep-alive connection, and the API
+
+def mix_flow(stack: Stack, rng: random.Random) -> MixFlow:
+    """The writers' and validators' flow of ``writer_loop`` and ``validator_loop``, one endpoint
+    at a time: each writer takes an assignment, checks edits with the model until one fools it
+    or the tries run out, confirms, submits; each validator labels a batch. Yields each
+    endpoint's requests (``POST /attempts`` in several passes, one attempt per open assignment
+    each) and is sent their answers."""
+    writers, validators = stack.writer_tokens, stack.validator_tokens
+    yield "GET /me", [(token, "GET", "/api/v1/me", None) for token in writers + validators]
+    answers = yield (
+        "POST /assignments",
+        [(token, "POST", f"/api/v1/rounds/{stack.round_id}/assignments", {}) for token in writers],
+    )
+    assignments = [(token, a.json()) for token, a in zip(writers, answers, strict=True) if a.status_code < 300]
+    chosen: dict[int, tuple[str, dict[str, Any]]] = {}
+    while True:  # one attempt per open assignment per pass, until each has its attempt
+        calls: Calls = []
+        owners: list[tuple[str, dict[str, Any]]] = []
+        for token, assignment in assignments:
+            if assignment["id"] in chosen:
+                continue
+            words = ((assignment.get("prompt") or {}).get("text") or "The cafe serves lunch.").split()
+            words.insert(rng.randrange(len(words) + 1), rng.choice(EDITS))
+            path = f"/api/v1/assignments/{assignment['id']}/attempts"
+            calls.append((token, "POST", path, {"text": " ".join(words)}))
+            owners.append((token, assignment))
+        if not calls:
+            break
+        answers = yield "POST /attempts", calls
+        for (token, assignment), answer in zip(owners, answers, strict=True):
+            attempt = answer.json() if answer.status_code < 300 else None
+            tries_left = assignment["tries_allowed"] - assignment["tries_used"] - 1
+            assignment["tries_used"] += 1
+            if attempt is not None and attempt["status"] == "scored" and (attempt["fooled"] or tries_left <= 0):
+                chosen[assignment["id"]] = (token, attempt)
+            elif attempt is None or tries_left <= 0:
+                chosen[assignment["id"]] = (token, {})
+    yield (
+        "POST /confirmation",
+        [
+            (token, "POST", f"/api/v1/attempts/{attempt['id']}/confirmation", {"agrees": True})
+            for token, attempt in chosen.values()
+            if attempt.get("fooled")
+        ],
+    )
+    yield (
+        "POST /example",
+        [
+            (token, "POST", f"/api/v1/assignments/{assignment_id}/example", {"attempt_id": attempt["id"]})
+            for assignment_id, (token, attempt) in chosen.items()
+            if attempt
+        ],
+    )
+    batches = yield (
+        "GET /validation-batch",
+        [(token, "GET", f"/api/v1/rounds/{stack.round_id}/validation-batch", None) for token in validators],
+    )
+    calls = []
+    for token, batch in zip(validators, batches, strict=True):
+        if batch.status_code != 200:
+            continue
+        body = batch.json()
+        for item in body["data"]:
+            label = rng.choice(body["validation_labels"])
+            path = f"/api/v1/validation-items/{item['item_id']}/validations"
+            calls.append((token, "POST", path, {"label": label, "seconds_taken": 3.0}))
+    yield "POST /validations", calls
+
+
+def cpu_per_endpoint(stacks: list[Stack], seed: int) -> list[dict[str, Any]]:
+    """The API process's CPU time per request, for each endpoint of the load mix in turn
+    (:func:`mix_flow`), for each of ``stacks`` (one, or two APIs to compare).
+
+    One client per API sends one request at a time over one keep-alive connection, and each API
     process's user + system CPU (psutil, its children included) is read before and after each
     endpoint's requests: the figure is the request's own cost on the server, whatever the rest
     of the machine does (a busy machine slows the requests, it does not add to this process's
-    CPU time). The mix is the writers' and validators' flow of ``writer_loop`` and
-    ``validator_loop``: each writer takes an assignment, checks edits with the model until one
-    fools it or the tries run out, confirms, submits; each validator labels a batch. ``POST
-    /attempts`` includes the API's side of the model call (the stub model server's own CPU is
-    not the API's)."""
-    totals: dict[str, dict[str, Any]] = {}
+    CPU time). ``POST /attempts`` includes the API's side of the model call (the stub model
+    server's own CPU is not the API's).
 
-    def timed(endpoint: str, calls: list[tuple[str, str, str, Any]]) -> list[httpx.Response]:
-        answers = []
-        before = stack.api.cpu_seconds() or 0.0
-        started = time.perf_counter()
-        for token, method, path, body in calls:
-            headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": uuid.uuid4().hex}
-            answers.append(http.request(method, path, json=body, headers=headers))
-        wall = time.perf_counter() - started
-        used = (stack.api.cpu_seconds() or 0.0) - before
-        if calls:  # an endpoint asked in several passes (attempts) adds up
-            row = totals.setdefault(endpoint, {"requests": 0, "cpu_s": 0.0, "wall_s": 0.0, "statuses": Counter()})
-            row["requests"] += len(calls)
-            row["cpu_s"] += used
-            row["wall_s"] += wall
-            row["statuses"].update(str(a.status_code) for a in answers)
-        return answers
+    With two stacks (``--compare-with``) the two flows run in lockstep, their requests
+    alternating one by one: the machine's speed, which drifts on a shared machine by a third
+    within minutes, is the same for both, and their ratio is what is reported. While one API
+    answers, the other waits idle on its keep-alive connection, using no CPU."""
+    totals: list[dict[str, dict[str, Any]]] = [{} for _ in stacks]
+    # The same draws (edits, labels) for each flow; their prompts are drawn by the API.
+    flows = [mix_flow(stack, random.Random(seed)) for stack in stacks]
+    clients = [httpx.Client(base_url=stack.api.url, timeout=30) for stack in stacks]
+    pending: list[tuple[str, Calls] | None] = [next(flow) for flow in flows]
+    try:
+        while any(step is not None for step in pending):
+            # The endpoint of the first flow still going, for every flow now at that endpoint
+            # (a flow that needs fewer passes of checks waits for the others at its next one).
+            endpoint = next(step for step in pending if step is not None)[0]
+            turn = [i for i, step in enumerate(pending) if step is not None and step[0] == endpoint]
+            calls = {i: pending[i][1] for i in turn}  # type: ignore[index]
+            answers: dict[int, list[httpx.Response]] = {i: [] for i in turn}
+            before = {i: stacks[i].api.cpu_seconds() or 0.0 for i in turn}
+            wall = dict.fromkeys(turn, 0.0)
+            for position in range(max(len(c) for c in calls.values())):
+                for i in turn:
+                    if position < len(calls[i]):
+                        token, method, path, body = calls[i][position]
+                        headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": uuid.uuid4().hex}
+                        started = time.perf_counter()
+                        answers[i].append(clients[i].request(method, path, json=body, headers=headers))
+                        wall[i] += time.perf_counter() - started
+            for i in turn:
+                used = (stacks[i].api.cpu_seconds() or 0.0) - before[i]
+                if calls[i]:  # an endpoint asked in several passes (attempts) adds up
+                    row = totals[i].setdefault(
+                        endpoint, {"requests": 0, "cpu_s": 0.0, "wall_s": 0.0, "statuses": Counter()}
+                    )
+                    row["requests"] += len(calls[i])
+                    row["cpu_s"] += used
+                    row["wall_s"] += wall[i]
+                    row["statuses"].update(str(a.status_code) for a in answers[i])
+                try:
+                    pending[i] = flows[i].send(answers[i])
+                except StopIteration:
+                    pending[i] = None
+    finally:
+        for client in clients:
+            client.close()
+    return [_cpu_figures(rows) for rows in totals]
 
-    writers, validators = stack.writer_tokens, stack.validator_tokens
-    with httpx.Client(base_url=stack.api.url, timeout=30) as http:
-        timed("GET /me", [(token, "GET", "/api/v1/me", None) for token in writers + validators])
-        answers = timed(
-            "POST /assignments",
-            [(token, "POST", f"/api/v1/rounds/{stack.round_id}/assignments", {}) for token in writers],
-        )
-        assignments = [(token, a.json()) for token, a in zip(writers, answers, strict=True) if a.status_code < 300]
-        chosen: dict[int, tuple[str, dict[str, Any]]] = {}
-        while True:  # one attempt per open assignment per pass, until each has its attempt
-            calls: list[tuple[str, str, str, Any]] = []
-            owners: list[tuple[str, dict[str, Any]]] = []
-            for token, assignment in assignments:
-                if assignment["id"] in chosen:
-                    continue
-                words = ((assignment.get("prompt") or {}).get("text") or "The cafe serves lunch.").split()
-                words.insert(rng.randrange(len(words) + 1), rng.choice(EDITS))
-                path = f"/api/v1/assignments/{assignment['id']}/attempts"
-                calls.append((token, "POST", path, {"text": " ".join(words)}))
-                owners.append((token, assignment))
-            if not calls:
-                break
-            for (token, assignment), answer in zip(owners, timed("POST /attempts", calls), strict=True):
-                attempt = answer.json() if answer.status_code < 300 else None
-                tries_left = assignment["tries_allowed"] - assignment["tries_used"] - 1
-                assignment["tries_used"] += 1
-                if attempt is not None and attempt["status"] == "scored" and (attempt["fooled"] or tries_left <= 0):
-                    chosen[assignment["id"]] = (token, attempt)
-                elif attempt is None or tries_left <= 0:
-                    chosen[assignment["id"]] = (token, {})
-        timed(
-            "POST /confirmation",
-            [
-                (token, "POST", f"/api/v1/attempts/{attempt['id']}/confirmation", {"agrees": True})
-                for token, attempt in chosen.values()
-                if attempt.get("fooled")
-            ],
-        )
-        timed(
-            "POST /example",
-            [
-                (token, "POST", f"/api/v1/assignments/{assignment_id}/example", {"attempt_id": attempt["id"]})
-                for assignment_id, (token, attempt) in chosen.items()
-                if attempt
-            ],
-        )
-        batches = timed(
-            "GET /validation-batch",
-            [(token, "GET", f"/api/v1/rounds/{stack.round_id}/validation-batch", None) for token in validators],
-        )
-        calls = []
-        for token, batch in zip(validators, batches, strict=True):
-            if batch.status_code != 200:
-                continue
-            body = batch.json()
-            for item in body["data"]:
-                label = rng.choice(body["validation_labels"])
-                path = f"/api/v1/validation-items/{item['item_id']}/validations"
-                calls.append((token, "POST", path, {"label": label, "seconds_taken": 3.0}))
-        timed("POST /validations", calls)
+
+def _cpu_figures(totals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     rows = {
         endpoint: {
             "requests": row["requests"],
@@ -911,40 +977,63 @@ def main() -> None:
         help="measure the API's CPU per request for each endpoint, one request at a time (cpu_per_endpoint), "
         "instead of the load",
     )
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        default=None,
+        metavar="CHECKOUT",
+        help="with --cpu-per-endpoint: also run the API of another checkout of dynaloop (same migrations), "
+        "on a database and stub of its own, and alternate the two APIs' requests one by one",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.compare_with is not None and not (args.cpu_per_endpoint and args.model == "stub"):
+        parser.error("--compare-with needs --cpu-per-endpoint and --model stub")
+    if args.compare_with is not None and not (args.compare_with / "dynaloop" / "cli.py").is_file():
+        parser.error(f"--compare-with: {args.compare_with} is not a checkout of dynaloop (no dynaloop/cli.py)")
     if args.launch:
         args.human_pace = True
         args.arrivals_s = args.arrivals_s or 60.0
 
     workdir = Path(tempfile.mkdtemp(prefix="dynaloop-load-"))
     api_env = launch_api_env() if args.launch else None
-    url = fresh_postgres(args.postgres_url) if args.database == "postgresql" else None
-    stack = start_stack(
-        workdir,
-        writers=args.writers,
-        validators=args.validators,
-        database_url=url,
-        model_kind=args.model,
-        model_dir=args.model_dir,
-        precision=args.precision,
-        api_workers=args.api_workers,
-        api_env=api_env,
-    )
+
+    def new_stack(directory: Path, api_checkout: Path = ROOT) -> Stack:
+        return start_stack(
+            directory,
+            writers=args.writers,
+            validators=args.validators,
+            database_url=fresh_postgres(args.postgres_url) if args.database == "postgresql" else None,
+            model_kind=args.model,
+            model_dir=args.model_dir,
+            precision=args.precision,
+            api_workers=args.api_workers,
+            api_env=api_env,
+            api_checkout=api_checkout,
+        )
+
+    stack = new_stack(workdir)
+    other = None
     try:
+        if args.compare_with is not None:
+            other = new_stack(workdir / "compared", args.compare_with.resolve())
         print(
             f"API {stack.api.url}, model server {stack.model.url} ({args.model}), database {args.database}; "
             f"{args.writers} writers, {args.validators} validators, {args.seconds:.0f} s"
         )
         if args.cpu_per_endpoint:
             # A run of its own: the drive after it would start from the phase's rows.
-            per_endpoint = cpu_per_endpoint(stack, random.Random(args.seed))
-            print_cpu_per_endpoint(per_endpoint)
-            write_cpu_per_endpoint(per_endpoint, args)
+            figures = cpu_per_endpoint([stack] if other is None else [stack, other], args.seed)
+            print_cpu_per_endpoint(figures[0])
+            if other is not None:
+                print_cpu_comparison(figures[0], figures[1], args.compare_with)
+            write_cpu_per_endpoint(figures[0], args, figures[1] if other is not None else None)
         else:
             tally, elapsed, cpu_used = run_load(stack, args)
     finally:
         stack.stop()
+        if other is not None:
+            other.stop()
     if args.cpu_per_endpoint:
         shutil.rmtree(workdir, ignore_errors=True)
         return
