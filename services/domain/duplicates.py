@@ -132,6 +132,10 @@ def refuse_near_duplicate(
         raise _refusal(task, rows[found[2]][1], near=True)
 
 
+# Core, built once (services/db/statements.py): every submitted example claims its text.
+_CLAIM_TEXT = insert(_texts)
+
+
 def claim(session: Session, task: Task, example: Example) -> None:
     """Record ``example`` (flushed, its normalized text and hash set by :func:`normalize`) as
     the task's one example of its text, or raise :class:`DuplicateText` when another example
@@ -141,9 +145,13 @@ def claim(session: Session, task: Task, example: Example) -> None:
     try:
         with session.begin_nested():
             session.execute(
-                insert(ExampleText).values(
-                    task_id=task.id, normalized_hash=example.normalized_hash, example_id=example.id, created_at=utcnow()
-                )
+                _CLAIM_TEXT,
+                {
+                    "task_id": task.id,
+                    "normalized_hash": example.normalized_hash,
+                    "example_id": example.id,
+                    "created_at": utcnow(),
+                },
             )
     except IntegrityError as exc:
         holder = session.execute(

@@ -61,6 +61,7 @@ logger = logging.getLogger(__name__)
 _assignments = table_of(Assignment).c
 _attempts = table_of(Attempt).c
 _prompts = table_of(Prompt).c
+_examples = table_of(Example).c
 
 
 # --- assignments -----------------------------------------------------------------------
@@ -685,6 +686,16 @@ _COUNT_FOOLED = (
 )
 
 
+# Core (services/db/statements.py): the assignment's example, if it has one (a first submission
+# finds none; the object is loaded only when there is one).
+_EXAMPLE_OF = select(_examples.id).where(_examples.assignment_id == bindparam("assignment_id"))
+
+
+def _example_of(session: Session, assignment_id: int) -> Example | None:
+    example_id = session.scalar(_EXAMPLE_OF, {"assignment_id": assignment_id})
+    return session.get(Example, example_id) if example_id is not None else None
+
+
 def submit_example(
     session: Session, assignment: Assignment, attempt_id: int, extras: dict[str, Any], idempotency_key: str | None
 ) -> tuple[Example, bool]:
@@ -694,7 +705,7 @@ def submit_example(
     attempt = session.get(Attempt, attempt_id)
     if attempt is None or attempt.assignment_id != assignment.id:
         raise Invalid(f"attempt {attempt_id} does not belong to assignment {assignment.id}")
-    existing = session.scalar(select(Example).where(Example.assignment_id == assignment.id))
+    existing = _example_of(session, assignment.id)
     if existing is not None:
         if existing.attempt_id == attempt.id:
             return existing, False
@@ -715,7 +726,7 @@ def submit_example(
     except DuplicateText:
         # A copy of this request may have committed the example since ``existing`` was read
         # (PostgreSQL reads each statement afresh): its example is the answer, not a refusal.
-        racing = session.scalar(select(Example).where(Example.assignment_id == assignment.id))
+        racing = _example_of(session, assignment.id)
         if racing is not None and racing.attempt_id == attempt.id:
             return racing, False
         raise
