@@ -147,6 +147,15 @@ def _pick_controls(
     return pool[:count]
 
 
+# Core, built once (services/db/statements.py): the claims whose time ran out, and a validator's
+# claims in a round, let go.
+_RELEASE_EXPIRED_CLAIMS = delete(table_of(ValidationClaim)).where(_claims.expires_at <= bindparam("now"))
+_RELEASE_MY_CLAIMS = delete(table_of(ValidationClaim)).where(
+    _claims.validator_id == bindparam("validator_id"),
+    _claims.example_id.in_(select(_examples.id).where(_examples.round_id == bindparam("round_id"))),
+)
+
+
 def get_batch(session: Session, validator: User, round_: Round, size: int | None = None) -> list[ServedItem]:
     """The validator's live batch in the round, or a new one.
 
@@ -159,7 +168,7 @@ def get_batch(session: Session, validator: User, round_: Round, size: int | None
     definition = _require_validator(session, validator, round_)
     size = min(size or definition.validation_batch_size, definition.validation_batch_size)
     now = utcnow()
-    session.execute(delete(ValidationClaim).where(ValidationClaim.expires_at <= now))
+    session.execute(_RELEASE_EXPIRED_CLAIMS, {"now": now})
     live = _live_batch(session, validator, round_, now)
     if live is not None:
         items = _open_items(session, validator, live)
@@ -174,12 +183,7 @@ def _new_batch(
     session: Session, validator: User, round_: Round, definition: TaskDefinition, now: dt.datetime
 ) -> ValidationBatch | None:
     # Claims of this validator left by an earlier batch (its items done or expired) are let go.
-    session.execute(
-        delete(ValidationClaim).where(
-            ValidationClaim.validator_id == validator.id,
-            ValidationClaim.example_id.in_(select(Example.id).where(Example.round_id == round_.id)),
-        )
-    )
+    session.execute(_RELEASE_MY_CLAIMS, {"validator_id": validator.id, "round_id": round_.id})
     labelled_by_me = select(Validation.example_id).where(Validation.validator_id == validator.id)
     others_claims = (
         select(func.count())
@@ -339,6 +343,21 @@ def has_control_items(session: Session, round_: Round) -> bool:
     )
 
 
+# Core, built once (services/db/statements.py): a control item's answer, if it has none yet.
+_items = table_of(ValidationBatchItem).c
+_ANSWER_CONTROL = (
+    update(table_of(ValidationBatchItem))
+    .where(_items.id == bindparam("answered_item_id"), _items.answered_at.is_(None))
+    .values(
+        {
+            column: bindparam(column)
+            for column in ("answered_at", "label", "correct", "flagged", "flag_reason", "seconds_taken")
+            + ("idempotency_key",)
+        }
+    )
+)
+
+
 def label_item(
     session: Session,
     validator: User,
@@ -386,21 +405,16 @@ def label_item(
         raise RuntimeError(f"validation batch item {item.id} has neither an example nor a control item")
     if item.answered_at is None:
         now = utcnow()
-        answered = rows_matched(
-            session,
-            update(ValidationBatchItem)
-            .where(ValidationBatchItem.id == item.id, ValidationBatchItem.answered_at.is_(None))
-            .values(
-                answered_at=now,
-                label=label,
-                correct=answer_is_right(definition, control, label),
-                flagged=flagged,
-                flag_reason=reason,
-                seconds_taken=seconds_taken,
-                idempotency_key=idempotency_key,
-            )
-            .execution_options(synchronize_session=False),
-        )
+        answer = {
+            "answered_at": now,
+            "label": label,
+            "correct": answer_is_right(definition, control, label),
+            "flagged": flagged,
+            "flag_reason": reason,
+            "seconds_taken": seconds_taken,
+            "idempotency_key": idempotency_key,
+        }
+        answered = rows_matched(session, _ANSWER_CONTROL, {"answered_item_id": item.id, **answer})
         session.refresh(item)
         if answered:
             apply_gold_threshold(session, None, round_.task, validator)
