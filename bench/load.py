@@ -16,6 +16,9 @@ accepted against what the database holds, and the verdict of the invariant check
 Usage:
     python bench/load.py [--writers 20] [--validators 10] [--seconds 60] [--database sqlite|postgresql]
                          [--postgres-url URL] [--model tiny|minilm] [--json bench/results/load-sqlite.json]
+    python bench/load.py --cpu-per-endpoint --model stub [--compare-with OTHER_CHECKOUT] [--json ...]
+        the API's CPU per request, endpoint by endpoint; with --compare-with, against another
+        checkout's API in lockstep (docs/benchmarks.md, "How it is measured")
 """
 
 from __future__ import annotations
