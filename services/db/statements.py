@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import JSON, CursorResult, Delete, Insert, Table, Update, bindparam, insert, inspect, update
+from sqlalchemy import JSON, CursorResult, Delete, Insert, Select, Table, Update, bindparam, insert, inspect, update
 from sqlalchemy.orm import DeclarativeBase, Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -70,6 +70,15 @@ def update_loaded(
     session.execute(statement, {**keys, **values})
     for column, value in values.items():
         set_committed_value(instance, column, value)
+
+
+def object_by_id(session: Session, entity: type[T], statement: Select[Any], params: dict[str, Any]) -> T | None:
+    """The object of ``entity`` whose id ``statement`` (a Core SELECT of one id, built once) finds
+    with ``params``, or None. For reads that almost never find a row (an idempotency key's
+    earlier request): the Core SELECT costs about half the ORM's, and the object is loaded only
+    when there is one."""
+    found = session.scalar(statement, params)
+    return session.get(entity, found) if found is not None else None
 
 
 _INSERTS: dict[tuple[type[Any], frozenset[str]], Insert] = {}

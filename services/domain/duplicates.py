@@ -75,8 +75,8 @@ def _refusal(task: Task, round_number: int | None, *, near: bool = False) -> Dup
     )
 
 
-# Asked before every writer's check: built once (services/db/statements.py).
-# Core, not the ORM (services/db/statements.py): a round's number is all it reads.
+# Asked before every writer's check: built once, and Core, not the ORM (services/db/statements.py):
+# a round's number is all it reads.
 _texts, _examples, _rounds = table_of(ExampleText), table_of(Example), table_of(Round)
 _DUPLICATE = (
     select(_rounds.c.number)
@@ -155,11 +155,7 @@ def claim(session: Session, task: Task, example: Example) -> None:
             )
     except IntegrityError as exc:
         holder = session.execute(
-            select(Round.number)
-            .select_from(ExampleText)
-            .join(Example, Example.id == ExampleText.example_id)
-            .join(Round, Round.id == Example.round_id)
-            .where(ExampleText.task_id == task.id, ExampleText.normalized_hash == example.normalized_hash)
+            _DUPLICATE, {"task_id": task.id, "digest": example.normalized_hash}
         ).scalar_one_or_none()
         raise _refusal(task, holder) from exc
 

@@ -40,7 +40,14 @@ from services.db.models import (
     ValidationClaim,
     utcnow,
 )
-from services.db.statements import insert_persistent, rows_matched, table_of, update_by_id, update_loaded
+from services.db.statements import (
+    insert_persistent,
+    object_by_id,
+    rows_matched,
+    table_of,
+    update_by_id,
+    update_loaded,
+)
 from services.domain.controls import answer_is_right, apply_gold_threshold, sync_task_controls
 from services.domain.example_status import finalize_example
 from services.domain.labels import check_validation_label
@@ -345,17 +352,11 @@ def has_control_items(session: Session, round_: Round) -> bool:
 
 # Core, built once (services/db/statements.py): a control item's answer, if it has none yet.
 _items = table_of(ValidationBatchItem).c
-_ANSWER_CONTROL = (
-    update(table_of(ValidationBatchItem))
-    .where(_items.id == bindparam("answered_item_id"), _items.answered_at.is_(None))
-    .values(
-        {
-            column: bindparam(column)
-            for column in ("answered_at", "label", "correct", "flagged", "flag_reason", "seconds_taken")
-            + ("idempotency_key",)
-        }
-    )
-)
+_ANSWER_CONTROL = update_by_id(
+    ValidationBatchItem,
+    "answered_item_id",
+    *("answered_at", "label", "correct", "flagged", "flag_reason", "seconds_taken", "idempotency_key"),
+).where(_items.answered_at.is_(None))
 
 
 def label_item(
@@ -565,8 +566,9 @@ def submit_validation(
     name = "this item" if item is not None else f"example {example_id}"
     label = check_validation_label(definition_of(round_.task), raw_label)
     reason = _checked_extras(flagged, flag_reason, seconds_taken)
-    existing_id = session.scalar(_VALIDATION_OF, {"example_id": example.id, "validator_id": validator.id})
-    existing = session.get(Validation, existing_id) if existing_id is not None else None
+    existing = object_by_id(
+        session, Validation, _VALIDATION_OF, {"example_id": example.id, "validator_id": validator.id}
+    )
     if existing is not None:
         # A label resent (its answer lost on the way) is answered as saved, whatever happened
         # since: the round may have closed, or the validator been unqualified, after it was

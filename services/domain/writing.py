@@ -41,7 +41,14 @@ from services.db.models import (
     User,
     utcnow,
 )
-from services.db.statements import insert_persistent, rows_matched, table_of, update_by_id, update_loaded
+from services.db.statements import (
+    insert_persistent,
+    object_by_id,
+    rows_matched,
+    table_of,
+    update_by_id,
+    update_loaded,
+)
 from services.db.transactions import commit_now
 from services.domain import attention, duplicates, model_servers
 from services.domain.in_flight import AttemptsInFlight
@@ -344,8 +351,9 @@ def prepare_attempt(
     )
     span = _check_span(text, target_span, definition)
     if idempotency_key is not None:
-        existing_id = session.scalar(_ATTEMPT_BY_KEY, {"assignment_id": assignment.id, "key": idempotency_key})
-        existing = session.get(Attempt, existing_id) if existing_id is not None else None
+        existing = object_by_id(
+            session, Attempt, _ATTEMPT_BY_KEY, {"assignment_id": assignment.id, "key": idempotency_key}
+        )
         if existing is not None:
             if existing.text != text or existing.target_span != span:
                 raise Conflict("this Idempotency-Key was already used for a different text; use a new key")
@@ -692,8 +700,7 @@ _EXAMPLE_OF = select(_examples.id).where(_examples.assignment_id == bindparam("a
 
 
 def _example_of(session: Session, assignment_id: int) -> Example | None:
-    example_id = session.scalar(_EXAMPLE_OF, {"assignment_id": assignment_id})
-    return session.get(Example, example_id) if example_id is not None else None
+    return object_by_id(session, Example, _EXAMPLE_OF, {"assignment_id": assignment_id})
 
 
 def submit_example(
