@@ -498,7 +498,8 @@ def _promote_steps(page: Page, demo: RunningDemo) -> None:
     page.until(lambda: new["name"] in _selectbox_text(page, "Model"), "the new model in the picker")
     page.wait_text("Status: trained")
     page.click("Evaluate")
-    _job_done(page, "evaluated")
+    # The job's own message, not the word alone: "Status: trained, not evaluated yet" holds "evaluated".
+    _job_done(page, f"evaluated {new['name']}")
     page.wait_text("Status: evaluated")
     # No field anywhere on the page asks for a token or a URL.
     fields = page.driver.find_elements(page.by.CSS_SELECTOR, "input[type='text'], input[type='password'], textarea")
