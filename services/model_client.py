@@ -28,8 +28,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
+import urllib3
 from prometheus_client import Histogram
 from pydantic import BaseModel, Field, ValidationError
+from urllib3.exceptions import HTTPError as TransportError
+from urllib3.exceptions import NewConnectionError
+from urllib3.exceptions import TimeoutError as TransportTimeout
 
 from services.observability import REQUEST_ID_HEADER, request_id
 
@@ -110,10 +114,21 @@ LOGGED_BODY_CHARS = 300
 
 @functools.cache
 def _default_ssl_context() -> ssl.SSLContext:
-    """httpx's default TLS context (certifi's CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR``), built
-    once per process: loading the CA bundle costs about 60 ms, and every app (and every test's app)
-    builds a model client. One context may wrap many connections, across threads."""
+    """httpx's default TLS context (certifi's CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR``) for the
+    client's connection pools, built once per process: loading the CA bundle costs about 60 ms,
+    and every app (and every test's app) builds a model client. One context may wrap many
+    connections, across threads."""
     return httpx.create_ssl_context()
+
+
+class _DeadlinePassed(TransportTimeout):
+    """The deadline passed while the answer arrived: a timeout like any other."""
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a transport error is a timeout. urllib3 counts a refused or unresolvable
+    connection (``NewConnectionError``) as a connect timeout; here it is an unreachable server."""
+    return isinstance(exc, TransportTimeout) and not isinstance(exc, NewConnectionError)
 
 
 class ModelClient:
@@ -122,7 +137,14 @@ class ModelClient:
     call, retries and the wait included, ends within ``deadline_s``.
 
     Each try waits at most the smaller of ``timeout_s`` and what is left of the deadline; a
-    retry (connection error, timeout, 5xx, 429) starts only while time is left."""
+    retry (connection error, timeout, 5xx, 429) starts only while time is left.
+
+    The calls go through urllib3's connection pools: a model call is on the path of every
+    writer's check, and through httpx it cost the API about twice the CPU (467 against 236 µs
+    a call to a local stub, docs/benchmarks.md, "API CPU per request"). urllib3 retries and
+    follows redirects by default; here it does neither (the client's own retries above, and a
+    model server's address is the one an admin registered, never one it redirects to). Unlike
+    httpx, it reads no ``HTTP_PROXY`` from the environment: a model server is called directly."""
 
     def __init__(
         self,
@@ -133,7 +155,6 @@ class ModelClient:
         deadline_s: float = 5.0,
         max_concurrency: int = 16,
         queue_wait_s: float = 0.5,
-        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.retries = retries
@@ -142,17 +163,20 @@ class ModelClient:
         self.max_concurrency = max_concurrency
         self.queue_wait_s = min(queue_wait_s, deadline_s)
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)),
-            transport=transport,
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
-            verify=_default_ssl_context(),
+        # At most max_concurrency calls run at once (the slots), so as many kept-alive
+        # connections per model server suffice; a pool per server, for up to 64 servers.
+        self._pools = urllib3.PoolManager(
+            num_pools=64,
+            maxsize=max_concurrency,
+            retries=False,
+            timeout=urllib3.Timeout(connect=min(timeout_s, 2.0), read=timeout_s),
+            ssl_context=_default_ssl_context(),
         )
         # The API's model-call histogram (dynaloop/api/metrics.py), labelled by call and outcome.
         self.call_seconds: Histogram | None = None
 
     def close(self) -> None:
-        self._http.close()
+        self._pools.clear()
 
     @contextmanager
     def _timed(self, call: str) -> Iterator[None]:
@@ -182,32 +206,49 @@ class ModelClient:
         finally:
             self._slots.release()
 
-    def _timeout(self, deadline: float) -> httpx.Timeout | None:
+    def _timeout(self, deadline: float) -> urllib3.Timeout | None:
         """The timeout of one try: what is left of the deadline, at most ``timeout_s``; None
         when too little is left to start one."""
         left = min(self.timeout_s, deadline - time.monotonic())
         if left < 0.01:
             return None
-        return httpx.Timeout(left, connect=min(left, 2.0))
+        return urllib3.Timeout(connect=min(left, 2.0), read=left)
 
     def _post(self, url: str, payload: Mapping[str, object], deadline: float) -> tuple[int, bytes] | None:
-        """One POST: (status, body read up to MAX_ANSWER_BYTES), or None when no time is left.
-        The body is read in chunks and dropped as soon as the deadline passes."""
+        """One POST of ``payload`` as JSON: see :meth:`_send`."""
+        return self._send("POST", url, json.dumps(payload).encode(), deadline)
+
+    def _send(self, method: str, url: str, body: bytes | None, deadline: float) -> tuple[int, bytes] | None:
+        """One request: (status, body read up to MAX_ANSWER_BYTES), or None when no time is left.
+        The body is read in chunks and dropped as soon as the deadline passes. Raises urllib3's
+        errors (``TransportError``; ``_timed_out`` tells a timeout)."""
         timeout = self._timeout(deadline)
         if timeout is None:
             return None
+        headers = {"Content-Type": "application/json"} if body is not None else {}
         # The request's id (services/observability.py): the model server logs it too.
         current = request_id.get()
-        headers = {REQUEST_ID_HEADER: current} if current is not None else None
-        with self._http.stream("POST", url, json=payload, timeout=timeout, headers=headers) as response:
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > MAX_ANSWER_BYTES:
+        if current is not None:
+            headers[REQUEST_ID_HEADER] = current
+        response = self._pools.request(
+            method, url, body=body, headers=headers, timeout=timeout, preload_content=False, redirect=False
+        )
+        complete = False
+        try:
+            answer = bytearray()
+            for chunk in response.stream(64 * 1024):
+                answer += chunk
+                if len(answer) > MAX_ANSWER_BYTES:
                     raise ModelServerError(f"the model server's answer is larger than {MAX_ANSWER_BYTES} bytes")
                 if time.monotonic() > deadline:
-                    raise httpx.ReadTimeout("the deadline passed while the answer arrived")
-            return response.status_code, bytes(body)
+                    raise _DeadlinePassed("the deadline passed while the answer arrived")
+            complete = True
+            return response.status, bytes(answer)
+        finally:
+            if not complete:
+                # What is left unread must not reach the next request on this connection.
+                response.close()
+            response.release_conn()
 
     @staticmethod
     def _log_refusal(endpoint: str, path: str, status: int, body: bytes) -> None:
@@ -228,10 +269,12 @@ class ModelClient:
             started = time.perf_counter()
             try:
                 answer = self._post(url, payload, deadline)
-            except httpx.TimeoutException:
-                last_error = "the model server timed out"
-            except httpx.TransportError as exc:
-                last_error = f"the model server is unreachable ({type(exc).__name__})"
+            except TransportError as exc:
+                last_error = (
+                    "the model server timed out"
+                    if _timed_out(exc)
+                    else f"the model server is unreachable ({type(exc).__name__})"
+                )
             else:
                 if answer is None:
                     break
@@ -266,9 +309,9 @@ class ModelClient:
                 answer = self._post(
                     endpoint.rstrip("/") + "/inspect", {"text": text, "label": label, "target": target}, deadline
                 )
-            except httpx.TimeoutException as exc:
-                raise ModelServerError("the model server timed out") from exc
-            except httpx.HTTPError as exc:
+            except TransportError as exc:
+                if _timed_out(exc):
+                    raise ModelServerError("the model server timed out") from exc
                 raise ModelServerError(f"the model server is unreachable ({type(exc).__name__})") from exc
         if answer is None:
             raise ModelServerError(f"no time was left of the {self.deadline_s:g} s deadline")
@@ -288,10 +331,11 @@ class ModelClient:
 
     def info(self, endpoint: str) -> dict[str, object]:
         try:
-            response = self._http.get(endpoint.rstrip("/") + "/info")
-            response.raise_for_status()
-            body = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+            answer = self._send("GET", endpoint.rstrip("/") + "/info", None, time.monotonic() + self.timeout_s)
+            if answer is None or answer[0] >= 400:
+                raise ValueError(f"HTTP {answer[0] if answer else 'none'}")
+            body = json.loads(answer[1])
+        except (TransportError, ValueError) as exc:
             logger.warning("model server %s/info: %s", endpoint, exc)
             raise ModelServerError(f"the model server gave no info ({type(exc).__name__})") from exc
         if not isinstance(body, dict):

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
@@ -393,26 +393,32 @@ def restore_logging() -> Iterator[None]:
     logging.getLogger("uvicorn.access").disabled = disabled
 
 
-def test_the_api_sends_its_request_id_to_the_model_server(stub_model: ThreadedServer) -> None:
-    """Unit level: the model client puts the current request id on its call."""
+def test_the_api_sends_its_request_id_to_the_model_server() -> None:
+    """Unit level: the model client puts the current request id on its call (a real server,
+    over HTTP, records what arrived)."""
     from services.model_client import ModelClient
     from services.observability import request_id
 
     seen: list[str | None] = []
+    recorder = FastAPI()
 
-    def record(request: httpx.Request) -> httpx.Response:
+    @recorder.post("/predict")
+    async def predict(request: Request) -> dict[str, Any]:
         seen.append(request.headers.get("X-Request-ID"))
-        body = {"model": {"id": "m"}, "predictions": [{"label": "a", "labels": ["a"], "probabilities": {"a": 1.0}}]}
-        return httpx.Response(200, json=body)
+        return {"model": {"id": "m"}, "predictions": [{"label": "a", "labels": ["a"], "probabilities": {"a": 1.0}}]}
 
-    client = ModelClient(transport=httpx.MockTransport(record))
-    token = request_id.set("from-the-api-1")
+    server = ThreadedServer(recorder, free_port()).start()
+    client = ModelClient()
     try:
-        client.predict("http://model", "a text")
+        token = request_id.set("from-the-api-1")
+        try:
+            assert client.predict(server.url, "a text").labels == ["a"]
+        finally:
+            request_id.reset(token)
+        client.predict(server.url, "outside a request")
     finally:
-        request_id.reset(token)
-    client.predict("http://model", "outside a request")
-    client.close()
+        client.close()
+        server.stop()
     assert seen == ["from-the-api-1", None]
 
 
