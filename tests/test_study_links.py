@@ -429,6 +429,37 @@ def test_two_first_opens_at_once_make_one_worker_and_one_session(
         assert len(list(session.scalars(select(User).where(User.username.like("mturk-%"))))) == 1
 
 
+def test_the_links_lock_lets_other_transactions_foreign_key_checks_through(
+    app: Any, client: Any, researcher: Actor, round_: dict[str, Any]
+) -> None:
+    """The lock under which a link's new workers and sessions are counted (study._LOCK_LINK)
+    does not hold up another transaction's foreign-key check on the link (PostgreSQL's
+    ``FOR KEY SHARE``, taken by a new study session or platform account, or by an update of a
+    session inserted in the same transaction). ``FOR UPDATE`` did: a worker's second request,
+    holding it, waited for the first request's session, whose update waited for the lock -- a
+    deadlock, seen in CI with eight first opens at once."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    if app.state.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has no row locks (BEGIN IMMEDIATE serialises its writers)")
+    link_id = make_link(client, researcher, round_["id"])["id"]
+    foreign_key_check = text("SELECT 1 FROM study_links WHERE id = :link_id FOR KEY SHARE")
+    with app.state.engine.connect() as holder, app.state.engine.connect() as other:
+        holder.execute(study._LOCK_LINK, {"link_id": link_id})
+        other.execute(text("SET LOCAL lock_timeout = '2s'"))
+        assert other.execute(foreign_key_check, {"link_id": link_id}).scalar() == 1
+        other.rollback()
+        holder.rollback()
+        # The lock it replaced would have held the check up (and here, timed it out).
+        holder.execute(text("SELECT id FROM study_links WHERE id = :link_id FOR UPDATE"), {"link_id": link_id})
+        other.execute(text("SET LOCAL lock_timeout = '200ms'"))
+        with pytest.raises(OperationalError, match="lock timeout"):
+            other.execute(foreign_key_check, {"link_id": link_id})
+        other.rollback()
+        holder.rollback()
+
+
 def test_an_mturk_preview_shows_the_task_and_writes_nothing(
     client: Any, app: Any, researcher: Actor, round_: dict[str, Any]
 ) -> None:

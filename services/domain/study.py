@@ -24,7 +24,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -479,13 +479,25 @@ def address_hash(secret_key: str, address: str) -> str:
     return hmac.new(secret_key.encode(), f"address:{address}".encode(), hashlib.sha256).hexdigest()
 
 
+# The link's row, locked against other counters of its new workers and sessions but not against
+# foreign-key checks (PostgreSQL renders FOR NO KEY UPDATE; SQLite has no row locks).
+_LOCK_LINK = select(StudyLink.id).where(StudyLink.id == bindparam("link_id")).with_for_update(key_share=True)
+
+
 def _check_new_worker_caps(session: Session, link: StudyLink, address: str | None, caps: NewWorkerCaps) -> None:
     """Refuse (429, nothing written) a new worker account beyond the link's or the address's
     hourly cap. Counted in the database, so that every API process agrees. On PostgreSQL the
     link's row lock, and a transaction-scoped advisory lock on the address's hash, make first
     opens of one link, or from one address on any links, count one after another (SQLite's
-    BEGIN IMMEDIATE already serialises them)."""
-    session.scalar(select(StudyLink.id).where(StudyLink.id == link.id).with_for_update())
+    BEGIN IMMEDIATE already serialises them).
+
+    The lock is ``FOR NO KEY UPDATE``: it serialises the counting as ``FOR UPDATE`` would, but it
+    does not block the foreign-key checks of other transactions (``FOR KEY SHARE`` on the link),
+    which ``FOR UPDATE`` did. A worker's second request, holding the link's lock here, waited for
+    the first request's new study session while the first, updating that session, waited for the
+    lock's holder to let its foreign-key check through: a deadlock, seen in CI with eight first
+    opens at once (tests/test_study_links.py)."""
+    session.scalar(_LOCK_LINK, {"link_id": link.id})
     if address is not None and session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _advisory_key(address)})
     since = utcnow() - NEW_WORKER_WINDOW
@@ -699,8 +711,9 @@ def _session_for(session: Session, link: StudyLink, user: User, ids: PlatformIds
     if _other_link_session(session, link, user) is not None:
         raise _session_taken(link)
     if link.max_workers is not None:
-        # On PostgreSQL the link's row lock makes concurrent first opens count one after another.
-        session.scalar(select(StudyLink.id).where(StudyLink.id == link.id).with_for_update())
+        # On PostgreSQL the link's row lock makes concurrent first opens count one after another
+        # (FOR NO KEY UPDATE: see _check_new_worker_caps).
+        session.scalar(_LOCK_LINK, {"link_id": link.id})
         taken = session.scalar(select(func.count(StudySession.id)).where(StudySession.link_id == link.id)) or 0
         if taken >= link.max_workers:
             raise StudyLinkFull(f"this study link has all its {link.max_workers} workers; it takes no more")
