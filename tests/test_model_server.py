@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_server.app import create_model_app
+from model_server.app import create_model_app, in_a_thread_that_ends
 from model_server.batching import Batcher, DeadlineExceeded, ServerStopping, collect
 from model_server.config import ServerConfig
 from model_server.directory import ModelMetadata
@@ -403,8 +403,20 @@ def test_inspect_returns_one_score_per_token(server: ThreadedServer) -> None:
     assert bad.status_code == 422 and "unknown label" in bad.json()["error"]["message"]
 
 
-def test_reload_switches_atomically_and_keeps_serving(server: ThreadedServer, model_dirs: dict[str, Path]) -> None:
+def test_reload_switches_atomically_and_keeps_serving(
+    server: ThreadedServer, model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = server.url
+    from model_server.host import ModelHost
+
+    reloaded_in: list[threading.Thread] = []
+    original_reload = ModelHost.reload
+
+    def reload(self: ModelHost, *args: Any) -> Any:
+        reloaded_in.append(threading.current_thread())
+        return original_reload(self, *args)
+
+    monkeypatch.setattr(ModelHost, "reload", reload)
     auth = {"Authorization": "Bearer admin-secret-123"}
     assert httpx.post(f"{url}/admin/reload", json={"model_dir": str(model_dirs["tiny_b"])}).status_code == 401
     stop = threading.Event()
@@ -433,6 +445,11 @@ def test_reload_switches_atomically_and_keeps_serving(server: ThreadedServer, mo
     switch = ids.index("tiny-b")
     assert set(ids[switch:]) == {"tiny-b"}, "after the switch every answer comes from the new model"
     assert httpx.get(f"{url}/info").json()["model_id"] == "tiny-b"
+    # The reload ran torch in a thread of its own, which has ended (in_a_thread_that_ends), not in
+    # a thread of the event loop's executor, which lives on.
+    (thread,) = reloaded_in
+    thread.join(timeout=5)
+    assert not thread.is_alive()
 
 
 def test_failed_reload_leaves_the_old_model_serving(
@@ -545,3 +562,30 @@ def test_vllm_backends_refuse_clearly_without_a_gpu(model_dirs: dict[str, Path])
         with pytest.raises(ModelMetadataError) as error:
             load_backend(model_dirs["tiny"], kind)
         assert "dynaloop[vllm]" in str(error.value) or "CUDA GPU" in str(error.value)
+
+
+def test_torch_work_of_a_request_runs_in_a_thread_that_ends() -> None:
+    """A reload or an attribution computes with torch in a thread that ends with it: while a
+    second thread that ran torch's OpenMP lives, the batcher's forward passes run slower
+    (docs/benchmarks.md). Its answer, its error and the request's context reach the caller."""
+    from services.observability import request_id
+
+    ran_in: list[threading.Thread] = []
+
+    def double(value: int) -> tuple[int, str | None]:
+        ran_in.append(threading.current_thread())
+        return value * 2, request_id.get()
+
+    def fail() -> None:
+        raise ValueError("the model directory is broken")
+
+    async def main() -> None:
+        request_id.set("rid-7")
+        assert await in_a_thread_that_ends(double, 21) == (42, "rid-7")
+        with pytest.raises(ValueError, match="broken"):
+            await in_a_thread_that_ends(fail)
+
+    asyncio.run(main())
+    (thread,) = ran_in
+    thread.join(timeout=5)
+    assert thread is not threading.main_thread() and not thread.is_alive()
