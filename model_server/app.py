@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["create_model_app"]
 
 MAX_TEXT_CHARS = 20_000
+MAX_CONCURRENT_INSPECTIONS = 4
 
 
 class PredictRequest(BaseModel):
@@ -77,6 +78,9 @@ def create_model_app(config: ServerConfig) -> FastAPI:
     )
     app.state.host = host
     app.state.follower = follower
+    # Attributions computed at once, each in a thread of its own (in_a_thread_that_ends): the
+    # executor they ran in before bounded them by its size; the rest wait their turn.
+    app.state.inspections = asyncio.Semaphore(MAX_CONCURRENT_INSPECTIONS)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -240,8 +244,18 @@ async def predict(body: PredictRequest, host: HostDep, follower: FollowerDep) ->
     )
 
 
+async def _inspections(request: Request) -> asyncio.Semaphore:
+    inspections: asyncio.Semaphore = request.app.state.inspections
+    return inspections
+
+
 @router.post("/inspect")
-async def inspect(body: InspectRequest, host: HostDep, follower: FollowerDep) -> JSONResponse:
+async def inspect(
+    body: InspectRequest,
+    host: HostDep,
+    follower: FollowerDep,
+    inspections: Annotated[asyncio.Semaphore, Depends(_inspections)],
+) -> JSONResponse:
     """Per-token attributions for ``label`` (integrated gradients over the embeddings)."""
     backend = host.backend
     if backend is None:
@@ -251,7 +265,8 @@ async def inspect(body: InspectRequest, host: HostDep, follower: FollowerDep) ->
     if body.label not in backend.metadata.labels:
         return _error(422, "invalid", f"unknown label {body.label!r}; use one of {backend.metadata.labels}")
     try:
-        tokens = await in_a_thread_that_ends(backend.inspect, ClassifyInput(body.text, body.target), body.label)
+        async with inspections:
+            tokens = await in_a_thread_that_ends(backend.inspect, ClassifyInput(body.text, body.target), body.label)
     except NotImplementedError as exc:
         return _error(501, "not_supported", str(exc))
     host.metrics.requests.labels("inspect", "ok").inc()

@@ -403,6 +403,38 @@ def test_inspect_returns_one_score_per_token(server: ThreadedServer) -> None:
     assert bad.status_code == 422 and "unknown label" in bad.json()["error"]["message"]
 
 
+def test_attributions_computed_at_once_are_bounded(server: ThreadedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each attribution runs in a thread of its own; a burst of /inspect requests does not start
+    a thread each: at most MAX_CONCURRENT_INSPECTIONS compute at once, the others wait and are answered."""
+    from model_server.app import MAX_CONCURRENT_INSPECTIONS
+
+    host = server.config.app.state.host
+    lock = threading.Lock()
+    running = most = 0
+
+    def slow_inspect(item: Any, label: str) -> list[Any]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.5)
+        with lock:
+            running -= 1
+        return []
+
+    monkeypatch.setattr(host.backend, "inspect", slow_inspect)
+    body = {"text": "The pasta was wonderful", "label": "positive"}
+    with ThreadPoolExecutor(3 * MAX_CONCURRENT_INSPECTIONS) as pool:
+        answers = list(
+            pool.map(
+                lambda _: httpx.post(f"{server.url}/inspect", json=body, timeout=60),
+                range(3 * MAX_CONCURRENT_INSPECTIONS),
+            )
+        )
+    assert [a.status_code for a in answers] == [200] * (3 * MAX_CONCURRENT_INSPECTIONS)
+    assert most == MAX_CONCURRENT_INSPECTIONS
+
+
 def test_reload_switches_atomically_and_keeps_serving(
     server: ThreadedServer, model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
