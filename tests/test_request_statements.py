@@ -31,11 +31,11 @@ PROMPTS = [f"Prompt {i}: the soup was fine and the bread was fresh." for i in ra
 
 # The most statements each request may run (SQLite's count, which is the larger).
 BOUNDS = {
-    "GET /me": 3,
-    "POST /assignments": 16,
-    "POST /attempts": 14,
-    "POST /confirmation": 6,
-    "POST /example": 14,
+    "GET /me": 2,
+    "POST /assignments": 15,
+    "POST /attempts": 13,
+    "POST /confirmation": 5,
+    "POST /example": 13,
     # A new batch: its fixed part (with the control-item pick, which the task's control rate
     # asks for in some batches, at random), then an INSERT of each item and of each example's
     # claim (one statement per row: the ORM needs each new row's id back); checked per item below.
@@ -166,3 +166,34 @@ def test_the_crowds_requests_run_few_statements_in_two_worker_thread_hops(
     # work rather than in a hop of the commit's own, dynaloop/api/deps.py get_session).
     extra = {name: hops for name, per_request in hopped.items() for hops in per_request if len(hops) > 2}
     assert not extra, f"requests with more than two worker-thread hops: {extra}"
+
+
+def test_only_the_writers_own_overdue_assignment_is_expired_on_their_request(
+    app: FastAPI, client: TestClient, researcher: Actor, make_user: MakeUser, stub_model: ThreadedServer
+) -> None:
+    """The token lookup asks, in its one statement, whether the caller has an overdue assignment
+    (dynaloop/api/deps.py). Another writer's overdue assignment must not make this writer's
+    request run the expiry; the late writer's own next request must."""
+    from services.db.engine import session_scope
+    from services.db.models import Assignment
+
+    round_ = open_round(client, researcher, example_yaml("dynasent-r2", onboarding_quiz=None), stub_model.url, PROMPTS)
+    late, punctual = make_user("late", "writer"), make_user("punctual", "writer")
+    assignments = f"/api/v1/rounds/{round_['id']}/assignments"
+    overdue = client.post(assignments, json={}, headers=late.headers).json()
+    with session_scope(app.state.sessionmaker) as session:
+        row = session.get(Assignment, overdue["id"])
+        assert row is not None
+        row.expires_at = row.started_at
+
+    def expiries(actor: Actor) -> list[str]:
+        with counted(app) as statements:
+            response = client.post(assignments, json={}, headers=actor.headers)
+        assert response.status_code in (200, 201), response.text  # a new assignment, or the open one
+        return [s for s in statements if s.lstrip().upper().startswith("UPDATE ASSIGNMENTS") and "expires_at" in s]
+
+    assert expiries(punctual) == []
+    assert len(expiries(late)) == 1
+    with session_scope(app.state.sessionmaker) as session:
+        assert session.get(Assignment, overdue["id"]).status.value == "expired"  # type: ignore[union-attr]
+    assert expiries(late) == []  # nothing is overdue any more

@@ -6,7 +6,7 @@ import datetime as dt
 import re
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy.orm import Session
 
 from services.db.models import ApiToken, Role, User, utcnow
 from services.domain import audit
@@ -152,15 +152,26 @@ def revoke_token(session: Session, actor: User | None, token: ApiToken) -> ApiTo
 
 # Every request's first query: built once (statements.py). The user in the same statement:
 # every authenticated request reads ``is_active`` and the roles, and a lazy load would be a
-# second round trip (docs/benchmarks.md, "API CPU").
-_TOKEN_BY_HASH = (
-    select(ApiToken).options(joinedload(ApiToken.user)).where(ApiToken.token_hash == bindparam("token_hash"))
+# second round trip (docs/benchmarks.md, "API CPU"). Both entities as columns, not the user as
+# a joined load of the token: ``token.user`` is then found in the session's identity map, and
+# the ORM skips its eager-loading machinery. The API adds a column of its own to it
+# (dynaloop/api/deps.py: a writer's overdue assignments, in the same round trip).
+TOKEN_BY_HASH = (
+    select(ApiToken, User)
+    .join_from(ApiToken, User, ApiToken.user_id == User.id)
+    .where(ApiToken.token_hash == bindparam("token_hash"))
 )
 
 
 def authenticate_token(session: Session, plain: str) -> ApiToken:
     """The token ``plain`` stands for, if it is valid and its user active (else Unauthorized)."""
-    token = session.scalar(_TOKEN_BY_HASH, {"token_hash": hash_token(plain)})
+    row = session.execute(TOKEN_BY_HASH, {"token_hash": hash_token(plain)}).first()
+    return valid_token(row[0] if row is not None else None)
+
+
+def valid_token(token: ApiToken | None) -> ApiToken:
+    """``token`` (read by :data:`TOKEN_BY_HASH`), if it is valid and its user active (else
+    Unauthorized)."""
     now = utcnow()
     if token is None or token.revoked_at is not None:
         raise Unauthorized("the API token is unknown or revoked; log in again or ask an admin")

@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, Text, bindparam, cast, func, inspect, select, update
+from sqlalchemy import Select, Text, bindparam, cast, exists, func, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 from sqlalchemy.orm.attributes import set_committed_value
@@ -782,25 +782,24 @@ def _refuse_duplicate(session: Session, assignment: Assignment, text: str, span:
     duplicates.refuse_near_duplicate(session, task, definition_of(task), text, target)
 
 
-# The writer's (``writer_id``) active assignments whose time ran out by ``now``; the read is asked
-# with every writer's request, so both statements are built once (services/db/statements.py).
-_DUE_WHERE = (
-    # Not named after a column: an UPDATE reserves those names for its SET clause.
-    _assignments.writer_id == bindparam("due_writer_id"),
+# The writer's (``writer_id``) active assignments whose time ran out by ``now``; asked with every
+# writer's request, so the statements are built once (services/db/statements.py).
+_RAN_OUT = (
     _assignments.status == AssignmentStatus.active,
+    # Not named after a column: an UPDATE reserves those names for its SET clause.
     _assignments.expires_at <= bindparam("due_now"),
 )
-_DUE = select(_assignments.id).where(*_DUE_WHERE).limit(1)
+_DUE_WHERE = (_assignments.writer_id == bindparam("due_writer_id"), *_RAN_OUT)
+# Whether there is one, as a column of a query that reads the user: the API's token lookup asks
+# it with every request (dynaloop/api/deps.py), so that a writer's takes no round trip of its own.
+OVERDUE_ASSIGNMENT_OF_USER = (
+    exists().where(_assignments.writer_id == table_of(User).c.id, *_RAN_OUT).label("has_overdue_assignment")
+)
 _EXPIRE_DUE = (
     update(table_of(Assignment))
     .where(*_DUE_WHERE)
     .values(status=AssignmentStatus.expired, finished_at=bindparam("due_now"))
 )
-
-
-def has_due_assignments(session: Session, writer_id: int) -> bool:
-    """Whether the writer has an active assignment whose time ran out (a read)."""
-    return session.scalar(_DUE, {"due_writer_id": writer_id, "due_now": utcnow()}) is not None
 
 
 def expire_due_assignments(session: Session, writer_id: int) -> int:
