@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InvalidatePoolError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 # A connection execution option: this transaction only reads. On SQLite it begins deferred (a
@@ -45,10 +46,55 @@ def make_engine(url: str, *, busy_timeout_ms: int = 10_000, **kwargs: Any) -> En
         )
         _configure_sqlite(engine, busy_timeout_ms)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        ping_when_idle(engine, PING_AFTER_IDLE_S)
+    return engine
+
+
+# A pooled server connection unused for longer than this is pinged before it is handed out.
+PING_AFTER_IDLE_S = 1.0
+_LAST_USED = "dynaloop_last_used"
+
+
+def ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """Before a pooled connection is handed out, ping it if it has been idle in the pool for
+    more than ``idle_s`` seconds; if the ping finds it gone (the server restarted or dropped it),
+    every connection made before now is replaced and the checkout reconnects.
+
+    SQLAlchemy's ``pool_pre_ping`` pings on every checkout: a round trip to the server and about
+    90 µs of the API's CPU each time, two or three times a request, a twentieth of the API's CPU
+    per request on PostgreSQL under the crowd's load (docs/benchmarks.md, "API CPU per
+    request"). A connection used within the last second is not pinged: if the server went away
+    in that second, the request that finds it so fails with 503 (``database_unavailable``,
+    Retry-After: dynaloop/api/app.py), nothing half-written, and SQLAlchemy replaces the pool's
+    connections as it does on any disconnect. A restart takes longer than a second, so a pool in
+    use finds its connections dead through requests that fail anyway while the server is down,
+    and one idle through it is pinged (docs/reliability.md)."""
+    dialect = engine.dialect
+
+    @event.listens_for(engine, "connect")
+    def _connected(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_LAST_USED] = time.monotonic()
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_LAST_USED] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get(_LAST_USED, 0.0) <= idle_s:
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as error:
+            if dialect.is_disconnect(error, dbapi_connection, None):
+                # What pool_pre_ping does with a failed ping: the pool drops every connection
+                # made before now and this checkout reconnects.
+                raise InvalidatePoolError(f"a connection idle for over {idle_s:g} s is gone: {error}") from error
+            raise
 
 
 def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
