@@ -118,39 +118,51 @@ _CLAIM_PROMPT = (
 )
 
 
+# The candidates for a writer's next prompt, built once (services/db/statements.py): the round's
+# prompts the writer has not had, in the order of the round's strategy, as (id, times_used) rows.
+# Only the chosen one is loaded as an object: loading the 50 candidates (each with its metadata's
+# JSON) cost more than the rest of the pick (docs/benchmarks.md, "API CPU per request").
+_SEEN_BY_WRITER = select(_assignments.prompt_id).where(
+    _assignments.round_id == bindparam("round_id"),
+    _assignments.writer_id == bindparam("writer_id"),
+    _assignments.prompt_id.is_not(None),
+)
+_UNSEEN_PROMPTS = select(_prompts.id, _prompts.times_used).where(
+    _prompts.round_id == bindparam("round_id"), _prompts.id.not_in(_SEEN_BY_WRITER)
+)
+# Fewest fooling examples per use first; unused prompts count as never fooled.
+_LEAST_FOOLED_FIRST = _UNSEEN_PROMPTS.order_by(
+    func.coalesce(_prompts.times_fooled * 1.0 / func.nullif(_prompts.times_used, 0), 0.0),
+    _prompts.times_used,
+    _prompts.id,
+).limit(50)
+# unused_first and least_used share the order; unused_first differs only in intent (each prompt
+# once, as DynaSent intended) and falls back to least used when all are used.
+_LEAST_USED_FIRST = _UNSEEN_PROMPTS.order_by(_prompts.times_used, _prompts.id).limit(50)
+
+
 def _pick_prompt(session: Session, round_: Round, writer: User) -> Prompt | None:
     """Choose a prompt by the round's strategy and count its use atomically."""
-    seen_by_writer = select(Assignment.prompt_id).where(
-        Assignment.round_id == round_.id, Assignment.writer_id == writer.id, Assignment.prompt_id.is_not(None)
-    )
-    base = select(Prompt).where(Prompt.round_id == round_.id, Prompt.id.not_in(seen_by_writer))
-    if round_.prompt_strategy is PromptStrategy.least_fooled:
-        # Fewest fooling examples per use first; unused prompts count as never fooled.
-        rate = Prompt.times_fooled * 1.0 / func.nullif(Prompt.times_used, 0)
-        ordered = base.order_by(func.coalesce(rate, 0.0), Prompt.times_used, Prompt.id)
-    else:
-        # unused_first and least_used share the order; unused_first differs only in intent
-        # (each prompt once, as DynaSent intended) and falls back to least used when all are used.
-        ordered = base.order_by(Prompt.times_used, Prompt.id)
+    least_fooled = round_.prompt_strategy is PromptStrategy.least_fooled
+    candidates_of = _LEAST_FOOLED_FIRST if least_fooled else _LEAST_USED_FIRST
     for _ in range(5):
-        candidates = list(session.scalars(ordered.limit(50)))
+        candidates = session.execute(candidates_of, {"round_id": round_.id, "writer_id": writer.id}).all()
         if not candidates:
             return None
-        best = candidates[0]
-        if round_.prompt_strategy is PromptStrategy.least_fooled:
-            pool = candidates[:10]
-        else:
-            pool = [p for p in candidates if p.times_used == best.times_used]
-        prompt = _rng.choice(pool)
+        fewest_uses = candidates[0].times_used
+        pool = candidates[:10] if least_fooled else [c for c in candidates if c.times_used == fewest_uses]
+        chosen = _rng.choice(pool)
         # Compare-and-set on times_used: two writers cannot both take the last unused prompt.
         claimed = session.execute(
-            _CLAIM_PROMPT, {"prompt_id": prompt.id, "seen_times_used": prompt.times_used}
+            _CLAIM_PROMPT, {"prompt_id": chosen.id, "seen_times_used": chosen.times_used}
         ).scalar_one_or_none()
         if claimed is not None:
-            # The new count came back with the UPDATE (RETURNING), not from a second read.
+            prompt = session.get(Prompt, chosen.id)
+            assert prompt is not None  # its row was updated in this transaction
+            # The new count came back with the UPDATE (RETURNING): the object, if the session
+            # already held it, has it too.
             set_committed_value(prompt, "times_used", claimed)
             return prompt
-        session.expire_all()
     raise Conflict("prompts are in heavy demand right now; retry in a moment")
 
 
