@@ -205,12 +205,15 @@ def model_server_process(model_dir: Path, log: Path, admin_token: str) -> Iterat
 
 
 @contextmanager
-def worker_process(app: FastAPI, queue: str, name: str, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A real `dynaloop worker` on the app's database; yields once it has registered; its
-    process group is stopped on exit (a test that killed it already is fine)."""
+def worker_process(
+    app: FastAPI, queue: str, name: str, log: Path, *extra: str, environment: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A real `dynaloop worker` on the app's database (with ``environment`` added to its
+    environment); yields once it has registered; its process group is stopped on exit (a test
+    that killed it already is fine)."""
     settings = app.state.settings
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYNALOOP_")}
-    env.update(DYNALOOP_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1")
+    env.update(DYNALOOP_DATA_DIR=str(settings.data_dir), PYTHONUNBUFFERED="1", **(environment or {}))
     if settings.data_root is not None:  # the worker reads what the API allowed, from the same root
         env["DYNALOOP_DATA_ROOT"] = str(settings.data_root)
     args = ["worker", "--queue", queue, "--name", name, "--database-url", settings.resolved_database_url, *extra]

@@ -6,6 +6,7 @@ and tiny models. The API runs in the test's process."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -294,3 +295,20 @@ def test_a_worker_name_in_use_elsewhere_is_refused(app: FastAPI, built: BuiltRou
         timeout=120,
     )
     assert gpu.returncode == 1 and "no CUDA GPU is visible" in gpu.stderr
+
+
+def test_a_worker_writes_json_lines_with_dynaloop_log_format_json(app: FastAPI, tmp_path: Path) -> None:
+    """DYNALOOP_LOG_FORMAT=json (the compose stack's setting, shared with the API) makes the
+    worker's own log JSON lines, as the API's and the model servers' are (docs/deploy.md)."""
+    log = tmp_path / "worker.log"
+    with worker_process(app, "cpu", "json-worker", log, environment={"DYNALOOP_LOG_FORMAT": "json"}) as worker:
+        os.kill(worker.pid, signal.SIGINT)  # waits for the running job (none) and records that it stopped
+        worker.wait(30)
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert any(
+        entry["logger"] == "rounds.models.worker"
+        and entry["message"] == "worker json-worker takes jobs from the cpu queue"
+        and entry["level"] == "info"
+        for entry in entries
+    ), lines

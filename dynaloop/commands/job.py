@@ -103,6 +103,7 @@ def worker(
     from rounds.models.worker import Worker, WorkerSettings
     from services.db.models import JobQueue
     from services.errors import DomainError
+    from services.observability import configure_logging
 
     chosen = JobQueue(queue.value)
     if chosen is JobQueue.gpu and not skip_gpu_check:
@@ -115,6 +116,10 @@ def worker(
                 "here, or a gpu worker where a GPU is"
             )
     settings = settings_for(database_url)
+    # A worker runs as a service (docs/deploy.md): its own lines (jobs taken, started, stopped)
+    # are JSON objects with DYNALOOP_LOG_FORMAT=json, as the API's and the model servers' are.
+    # Not its jobs' processes: their output is the job's log, which a researcher reads.
+    configure_logging(settings.log_format)
     url = settings.resolved_database_url
     ensure_schema(url)
     try:
