@@ -163,12 +163,6 @@ TOKEN_BY_HASH = (
 )
 
 
-def authenticate_token(session: Session, plain: str) -> ApiToken:
-    """The token ``plain`` stands for, if it is valid and its user active (else Unauthorized)."""
-    row = session.execute(TOKEN_BY_HASH, {"token_hash": hash_token(plain)}).first()
-    return valid_token(row[0] if row is not None else None)
-
-
 def valid_token(token: ApiToken | None) -> ApiToken:
     """``token`` (read by :data:`TOKEN_BY_HASH`), if it is valid and its user active (else
     Unauthorized)."""
