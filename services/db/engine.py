@@ -65,14 +65,14 @@ def ping_when_idle(engine: Engine, idle_s: float) -> None:
     every connection made before now is replaced and the checkout reconnects.
 
     SQLAlchemy's ``pool_pre_ping`` pings on every checkout: a round trip to the server and about
-    90 µs of the API's CPU each time, two or three times a request, a twentieth of the API's CPU
-    per request on PostgreSQL under the crowd's load (docs/benchmarks.md, "API CPU per
+    90 µs of the API's CPU each time, two or three times a request: about 4% of the API's CPU
+    per request on PostgreSQL over the crowd's load mix (docs/benchmarks.md, "API CPU per
     request"). A connection used within the last second is not pinged: if the server went away
     in that second, the request that finds it so fails with 503 (``database_unavailable``,
     Retry-After: dynaloop/api/app.py), nothing half-written, and SQLAlchemy replaces the pool's
-    connections as it does on any disconnect. A restart takes longer than a second, so a pool in
-    use finds its connections dead through requests that fail anyway while the server is down,
-    and one idle through it is pinged (docs/reliability.md)."""
+    connections as it does on any disconnect. A server that is down for longer than a second
+    finds a busy pool's connections failing requests that would fail anyway while it is down,
+    and an idle pool's connections pinged (docs/reliability.md)."""
     dialect = engine.dialect
 
     @event.listens_for(engine, "connect")
