@@ -1,7 +1,8 @@
-"""bench/api_profile.py, the in-process harness of the API's CPU per request (docs/benchmarks.md,
-"Where it goes now"): the crowd's whole flow goes through its hand-made ASGI calls and every
-request is answered as over HTTP. No timings here: what is checked is that the figures come from
-real answers (a broken harness would report the CPU of 401s and 422s)."""
+"""The API's CPU benchmarks that run in process (docs/benchmarks.md, "Where it goes now"):
+bench/api_profile.py sends the crowd's whole flow through hand-made ASGI calls, and every request
+must be answered as over HTTP; bench/orm_vs_core.py reads the same rows both ways. No timings
+here: what is checked is that the figures come from real answers (a broken harness would report
+the CPU of 401s and 422s)."""
 
 from __future__ import annotations
 
@@ -65,5 +66,19 @@ def test_the_mix_runs_through_the_app_in_process_and_every_answer_succeeds(
         e.replace(" ", "_").replace("/", "") for e in ENDPOINTS
     }
     printed = capsys.readouterr().out
-    assert "=== POST /validations: the statements of its first request" in printed
-    assert "INSERT INTO validations" in printed
+    labels = printed.split("=== POST /validations: the statements of its first request")[1]
+    # An example's label or a control item's answer (the first item of a batch may be either).
+    assert "UPDATE validation_batch_items" in labels
+
+
+def test_orm_vs_core_reads_the_same_rows_both_ways() -> None:
+    """bench/orm_vs_core.py: each read finds its row through the ORM and through Core (the
+    script asserts it on every call), and the figures are there for each read."""
+    from bench import orm_vs_core
+
+    args = argparse.Namespace(database="sqlite", postgres_url="", repeat=20)
+    rows = orm_vs_core.main(args)
+    assert set(rows) == {"token", "assignment", "request"}
+    for name, row in rows.items():
+        assert row["orm_us"] > 0 and row["core_us"] > 0, name
+        assert row["core_over_orm"] == pytest.approx(row["core_us"] / row["orm_us"], rel=0.05), name
