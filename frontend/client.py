@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import secrets
 import threading
 from typing import Any, ClassVar, NotRequired, Protocol, TypedDict
 from urllib.parse import quote
@@ -41,6 +43,12 @@ API_PREFIX = "/api/v1"
 WEB_APP_KEY_ENV = "DYNALOOP_WEB_APP_KEY"
 CLIENT_ADDRESS_HEADER = "X-Dynaloop-Client-Address"
 WEB_APP_KEY_HEADER = "X-Dynaloop-Web-App-Key"
+# Every request carries an id of its own, which the API keeps (its access log and the model
+# server's lines of the same request carry it) and sends back; an error of the API's shows it
+# to the user as a reference and the web app logs it (docs/deploy.md, "Logs and metrics").
+REQUEST_ID_HEADER = "X-Request-ID"
+
+logger = logging.getLogger(__name__)
 # An attempt waits for the model server (10 s timeout, 2 retries with backoff, by default).
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -669,7 +677,9 @@ class ApiError(Exception):
     """An error answer of the API (or no answer at all: ``status`` 0).
 
     ``code`` and ``message`` come from the API's ``{"error": {"code", "message"}}`` body;
-    ``retry_after`` (seconds) from its ``Retry-After`` header on a 503.
+    ``retry_after`` (seconds) from its ``Retry-After`` header on a 503; ``request_id`` is the
+    request's id (``X-Request-ID``), under which the API logged it, or for no answer the id the
+    request was sent with.
     """
 
     def __init__(
@@ -679,6 +689,7 @@ class ApiError(Exception):
         message: str,
         retry_after: float | None = None,
         details: dict[str, Any] | None = None,
+        request_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -686,6 +697,19 @@ class ApiError(Exception):
         self.message = message
         self.retry_after = retry_after
         self.details = details or {}
+        self.request_id = request_id
+
+    @property
+    def reference(self) -> str | None:
+        """The request id to quote, for an error on the service's side (no answer, or a 5xx),
+        which the user cannot fix and whoever runs the service may have to look up; None for the
+        user's own mistakes (4xx), whose message says what to do."""
+        return self.request_id if self.status == 0 or self.status >= 500 else None
+
+    @property
+    def shown(self) -> str:
+        """The message as a page shows it: with its reference when it has one."""
+        return f"{self.message} (reference {self.reference})" if self.reference else self.message
 
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.code!r}, {self.message!r}, retry_after={self.retry_after})"
@@ -734,7 +758,39 @@ def error_from_response(response: httpx.Response) -> ApiError:
     if not message:
         text = response.text.strip()[:300]
         message = f"the API answered HTTP {response.status_code}" + (f": {text}" if text else "")
-    return ApiError(response.status_code, code, message, _retry_after(response, details), details)
+    return ApiError(
+        response.status_code, code, message, _retry_after(response, details), details, _request_id(response)
+    )
+
+
+def _request_id(response: httpx.Response) -> str | None:
+    """The id the API answered under (it keeps a safe one it was sent, else makes its own), or,
+    for an answer that is not the API's (a proxy's 502), the id the request was sent with."""
+    answered = response.headers.get(REQUEST_ID_HEADER, "")
+    if answered and len(answered) <= 64 and answered.isascii() and answered.isprintable():
+        return answered
+    return response.request.headers.get(REQUEST_ID_HEADER)
+
+
+def new_request_id() -> str:
+    """A request id the API keeps as it is (32 hex digits, within its 64 safe characters)."""
+    return secrets.token_hex(16)
+
+
+def _log(method: str, path: str, error: ApiError) -> None:
+    """A line for an error on the service's side (no answer, or a 5xx), with the request id the
+    API logged it under; the user's own mistakes (4xx) are theirs to read, not the operator's.
+    The path only (quoted, so that nothing in it starts a line of its own): no query, token or
+    body reaches the log."""
+    if error.reference is not None:
+        logger.warning(
+            "API %s %r failed: %s %s (request id %s)",
+            method,
+            path,
+            error.status or "no answer",
+            error.code,
+            error.request_id,
+        )
 
 
 class SharedTransport(httpx.BaseTransport):
@@ -813,7 +869,8 @@ class ApiClient:
         content_type: str | None = None,
         key: str | None = None,
     ) -> httpx.Response:
-        headers = {"Accept": "application/json"}
+        request_id = new_request_id()
+        headers = {"Accept": "application/json", REQUEST_ID_HEADER: request_id}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         if key is not None:
@@ -832,19 +889,29 @@ class ApiClient:
             )
         except httpx.TimeoutException as exc:
             self.errors += 1
-            raise ApiError(
-                0, "timeout", f"the API at {self.base_url} did not answer within {self.timeout:g} s; try again"
-            ) from exc
+            error = ApiError(
+                0,
+                "timeout",
+                f"the API at {self.base_url} did not answer within {self.timeout:g} s; try again",
+                request_id=request_id,
+            )
+            _log(method, path, error)
+            raise error from exc
         except httpx.TransportError as exc:
             self.errors += 1
-            raise ApiError(
+            error = ApiError(
                 0,
                 "unreachable",
                 f"cannot reach the API at {self.base_url} ({exc}); is the API running (`dynaloop api`)?",
-            ) from exc
+                request_id=request_id,
+            )
+            _log(method, path, error)
+            raise error from exc
         if response.is_error:
             self.errors += 1
-            raise error_from_response(response)
+            error = error_from_response(response)
+            _log(method, path, error)
+            raise error
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:

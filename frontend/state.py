@@ -212,7 +212,9 @@ def show_flash() -> None:
 
 
 def show_api_error(error: ApiError) -> None:
-    """Show the API's message as it is; a 401 (an expired or revoked token) offers to log in again."""
+    """Show the API's message as it is; a 401 (an expired or revoked token) offers to log in again.
+    An error on the service's side (no answer, a 5xx) ends with its reference, the request id the
+    API and the web app logged it under, for the worker to quote to the researchers."""
     if error.status == 401:
         render.alert("error", error.message)
         if st.button("Log in again", key="state_relogin"):
@@ -220,10 +222,8 @@ def show_api_error(error: ApiError) -> None:
             st.session_state[_COOKIE_TRIED_KEY] = (session_cookie() or sessions.Session("token", "")).token
             st.session_state[SESSION_PROBLEM_KEY] = error.message
             st.rerun()
-    elif error.status in (0, 503):
-        render.alert("warning", error.message)
     else:
-        render.alert("error", error.message)
+        render.alert("warning" if error.status in (0, 503) else "error", error.shown)
 
 
 def task_definition(client: Api, name: str) -> Task:

@@ -97,7 +97,7 @@ class WebSession:
         except ApiError as error:
             status = error.status if error.status in (401, 403, 422, 429) else api_down_status(error)
             response = login_page(
-                base, next_path, self.backend.api_url, error=error.message, username=username, status=status
+                base, next_path, self.backend.api_url, error=error.shown, username=username, status=status
             )
             if error.status == 429 and error.retry_after is not None:
                 response.headers["Retry-After"] = str(int(error.retry_after))
@@ -119,7 +119,7 @@ class WebSession:
                 await self.backend.revoke(session.token, browser_address(request, self.backend.trusted_proxies))
             except ApiError as error:
                 if error.status != 401:  # 401: already expired or revoked
-                    problem = error.message
+                    problem = error.shown
         if problem is not None:
             response: Response = message_page(
                 "Logged out of this browser",

@@ -4,6 +4,8 @@ Streamlit app's login and role-based navigation (against the real API, tests/fro
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,6 +175,84 @@ def test_unreachable_api_and_non_json_errors() -> None:
         ApiClient("http://api", transport=httpx.MockTransport(proxy_error)).tasks()
     assert (busy.value.status, busy.value.retry_after) == (503, 7.0)
     assert "HTTP 503" in busy.value.message
+
+
+class Recording(httpx.HTTPTransport):
+    """Real HTTP, keeping each request the client sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        return super().handle_request(request)
+
+
+def test_every_request_has_an_id_and_a_service_error_shows_it_as_its_reference(
+    app: FastAPI,
+    api_url: str,
+    researcher: Actor,
+    make_user: MakeUser,
+    stub_model: ThreadedServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The web app sends an id with every request; the API keeps it (and logs its lines and the
+    model call under it, tests/test_metrics.py). An error on the service's side (a 5xx, no
+    answer) carries it as the reference a worker can quote, and the web app logs it; a user's own
+    mistake (4xx) has no reference and no line in the web app's log."""
+    caplog.set_level(logging.WARNING, logger="frontend.client")
+    research = ApiClient(api_url, researcher.token)
+    research.create_task(example_yaml("dynasent-r2", onboarding_quiz=None))
+    round_ = research.open_round(
+        "dynasent-r2", model_servers=[register_model_server(app, stub_model.url, tasks=["dynasent-r2"])]
+    )
+    research.import_prompts(round_["id"], "\n".join(json.dumps({"text": p}) for p in PROMPTS).encode(), "p.jsonl")
+    recording = Recording()
+    writer = ApiClient(api_url, make_user("walt", "writer").token, transport=recording)
+    assignment = writer.start_assignment(round_["id"])
+    ids = [request.headers["X-Request-ID"] for request in recording.sent]
+    assert len(ids) == 1 and re.fullmatch(r"[0-9a-f]{32}", ids[0])
+
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "fail"})
+    with pytest.raises(ApiError) as unavailable:
+        writer.attempt(assignment["id"], "A perfectly ordinary sentence about lunch.")
+    httpx.post(f"{stub_model.url}/admin/mode", json={"mode": "normal"})
+    error, sent = unavailable.value, recording.sent[-1].headers["X-Request-ID"]
+    assert (error.status, error.code) == (503, "model_unavailable")
+    assert error.request_id == sent != ids[0] and error.reference == sent
+    assert error.shown == f"{error.message} (reference {sent})"
+    logged = [r.getMessage() for r in caplog.records if r.name == "frontend.client"]
+    assert len(logged) == 1 and sent in logged[0] and "503 model_unavailable" in logged[0]
+    assert "/attempts" in logged[0] and str(writer.token) not in logged[0] and "lunch" not in logged[0]
+
+    with pytest.raises(ApiError) as missing:
+        writer.assignment(2**31 - 1)
+    assert missing.value.status == 404 and missing.value.request_id == recording.sent[-1].headers["X-Request-ID"]
+    assert missing.value.reference is None and missing.value.shown == missing.value.message
+    assert len([r for r in caplog.records if r.name == "frontend.client"]) == 1  # nothing for a 404
+
+    with pytest.raises(ApiError) as unreachable:
+        ApiClient(f"http://127.0.0.1:{free_port()}", timeout=2).me()
+    assert unreachable.value.status == 0 and re.fullmatch(r"[0-9a-f]{32}", unreachable.value.reference or "")
+    assert str(unreachable.value.reference) in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize(
+    "answered_id",
+    [None, "x" * 65, "two\tparts"],
+    ids=["no id (a proxy's answer)", "too long", "not printable"],
+)
+def test_an_answer_without_a_usable_id_keeps_the_id_the_request_was_sent_with(answered_id: str | None) -> None:
+    def proxy(request: httpx.Request) -> httpx.Response:
+        headers = {} if answered_id is None else {"X-Request-ID": answered_id}
+        return httpx.Response(502, headers=headers, text="<html>Bad Gateway</html>")
+
+    with pytest.raises(ApiError) as bad_gateway:
+        ApiClient("http://api", transport=httpx.MockTransport(proxy)).tasks()
+    sent = bad_gateway.value.request_id
+    assert sent is not None and re.fullmatch(r"[0-9a-f]{32}", sent)
+    assert bad_gateway.value.reference == sent and bad_gateway.value.shown.endswith(f"(reference {sent})")
 
 
 def test_every_write_carries_an_idempotency_key_and_researcher_calls_hit_their_paths() -> None:

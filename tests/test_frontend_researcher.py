@@ -492,6 +492,11 @@ def test_dashboard_with_an_empty_round_and_api_errors(live: LiveApi, rita: PageC
     at = ok(at.run())
     assert said(at, "warning", "the database cannot be used right now")
     assert not at.metric
+    # With the request's id (as frontend/client.py gives every error), a 5xx shows it as its reference.
+    failed = ApiError(500, "internal_error", "something went wrong on our side", request_id="0f" * 16)
+    rita.fail_next("round_stats", failed)
+    at = ok(at.run())
+    assert said(at, "error", f"something went wrong on our side (reference {'0f' * 16})")
 
 
 def test_dashboard_says_when_no_new_validator_can_reannotate(live: LiveApi, rita: PageClient) -> None:
