@@ -77,7 +77,7 @@ class TokenInfo(TypedDict):
     id: int
     name: str
     prefix: str
-    token: NotRequired[str | None]
+    token: str | None
     expires_at: str | None
 
 
@@ -147,7 +147,7 @@ class Task(TypedDict):
     definition: TaskDefinition
     label_names: dict[str, str]  # every label (validation labels too) -> the name people see
     created_at: str
-    warnings: NotRequired[list[str]]  # on creation only, e.g. the tokenizer coverage warning
+    warnings: list[str]  # empty but on creation, e.g. the tokenizer coverage warning
 
 
 class Round(TypedDict):
@@ -163,9 +163,9 @@ class Round(TypedDict):
     validating_at: str | None
     closed_at: str | None
     # The round's study links that still take workers; None unless you manage the task.
-    open_study_links: NotRequired[int | None]
+    open_study_links: int | None
     # In the answer to closing the round: how many open study links the closing closed.
-    study_links_closed: NotRequired[int | None]
+    study_links_closed: int | None
 
 
 class PromptImport(TypedDict):
@@ -328,8 +328,8 @@ class ExampleStats(TypedDict):
     dropped: int
     # Multi-label re-annotation (docs/round_builder.md, "Multi-label rounds"): re-queued examples
     # still waiting, and those no validator of the round can take (all labelled them already).
-    awaiting_reannotation: NotRequired[int]
-    awaiting_reannotation_no_new_validator: NotRequired[int]
+    awaiting_reannotation: int
+    awaiting_reannotation_no_new_validator: int
     by_target_label: dict[str, int]
 
 
@@ -363,8 +363,8 @@ class WorkerAgreement(TypedDict):
     judged: int
     agreement_rate: float | None
     qualified: bool
-    control_answers: NotRequired[int]  # answers to the round's control (gold) items
-    gold_accuracy: NotRequired[float | None]  # share of them right; None without answers
+    control_answers: int  # answers to the round's control (gold) items
+    gold_accuracy: float | None  # share of them right; None without answers
 
 
 class PlotExample(TypedDict):
@@ -408,12 +408,12 @@ class Job(TypedDict):
     task: str
     status: str  # queued, running, succeeded, failed, cancelled
     queue: str  # cpu or gpu: the workers that may run it
-    worker: NotRequired[str | None]  # the worker that took it
+    worker: str | None  # the worker that took it
     progress: float  # 0 to 1
     message: str
     params: dict[str, Any]
     result: dict[str, Any] | None
-    log: NotRequired[str | None]  # only from job(), not jobs()
+    log: str | None  # null but from job(), not jobs()
     created_by: str | None
     created_at: str
     started_at: str | None
@@ -534,13 +534,14 @@ class LinkSession(TypedDict):
 
 
 class StudyStart(TypedDict):
-    """``POST /study/{slug}/sessions``: a preview (MTurk before accepting: ``link`` and ``task``
-    only), or a started or resumed session with the worker's token."""
+    """``POST /study/{slug}/sessions``: a preview (MTurk before accepting: ``token``,
+    ``expires_at`` and ``session`` are null), or a started or resumed session with the worker's
+    token."""
 
     preview: bool
-    token: NotRequired[str | None]
-    expires_at: NotRequired[str | None]
-    session: NotRequired[StudySession | None]
+    token: str | None
+    expires_at: str | None
+    session: StudySession | None
     task: dict[str, Any]  # name, title, description
     link: dict[str, Any]  # name, role, platform, quota
 

@@ -56,6 +56,59 @@ def test_every_json_success_response_is_a_named_model(app: Any) -> None:
     assert not untyped, "\n".join(untyped)
 
 
+def _schemas_under(schema: Any, components: dict[str, Any], seen: set[str]) -> None:
+    """The names of the component schemas ``schema`` refers to, directly or through others."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            name = ref.rsplit("/", 1)[-1]
+            if name not in seen:
+                seen.add(name)
+                _schemas_under(components[name], components, seen)
+        for value in schema.values():
+            _schemas_under(value, components, seen)
+    elif isinstance(schema, list):
+        for value in schema:
+            _schemas_under(value, components, seen)
+
+
+def test_every_field_an_answer_always_has_is_required_in_its_schema(app: Any) -> None:
+    """A client generated from the document types a field that is not ``required`` as one that
+    may be missing. Every answer's field is sent, null or not (the models are serialised whole),
+    so each is required, nullable where it may be null; only the build's and the report's
+    answers leave out what a task's family has no figure for (``response_model_exclude_unset``),
+    and their schemas say so. Error answers included."""
+    document = app.openapi()
+    components = document["components"]["schemas"]
+    from dynaloop.api.routes import ROUTERS
+
+    partial_routes = {
+        (method, API + route.path_format)
+        for entry in ROUTERS
+        for route in entry.router.routes
+        if isinstance(route, APIRoute) and route.response_model_exclude_unset
+        for method in route.methods or ()
+    }
+    assert ("POST", f"{API}/rounds/{{round_id}}/build") in partial_routes
+    whole: set[str] = set()
+    partial: set[str] = set()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                content = response.get("content", {}).get("application/json")
+                if content is not None:
+                    # Only a route's own answer leaves fields out; its errors are whole.
+                    answer = status.startswith("2") and (method.upper(), path) in partial_routes
+                    target = partial if answer else whole
+                    _schemas_under(content.get("schema", {}), components, target)
+    assert {"AttemptPublic", "ErrorBody", "JobPublic", "RoundPublic"} <= whole  # the walk finds them
+    optional = {
+        name: sorted(set(components[name].get("properties", {})) - set(components[name].get("required", [])))
+        for name in sorted(whole - partial)
+    }
+    assert not {name: fields for name, fields in optional.items() if fields}
+
+
 def test_files_and_markdown_document_their_media_types(app: Any) -> None:
     paths = app.openapi()["paths"]
     dataset = paths[f"{API}/tasks/{{task_name}}/rounds/{{number}}/dataset"]["get"]["responses"]["200"]["content"]

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from dynaloop.api.deps import IdPath, SessionDep, SettingsDep, allowed
 from dynaloop.api.routing import OneHopRoute
+from dynaloop.api.schemas.common import ANSWER_CONFIG
 from rounds.models.round_imports import ImportOptions, import_round
 from services.authorization import TaskPolicy, authorize
 from services.db.models import User
@@ -21,6 +22,8 @@ router = APIRouter(tags=["round imports"], route_class=OneHopRoute)
 
 class RoundImportPublic(BaseModel):
     """What an import wrote: the round (closed, ready to build) and its counts."""
+
+    model_config = ANSWER_CONFIG
 
     task: str
     round: int

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dynaloop.api.schemas.common import Label
+from dynaloop.api.schemas.common import ANSWER_CONFIG, Label
 from services.db.models import Assignment, Attempt
 from services.domain.tasks import definition_of
 from services.domain.writing import Inspection
@@ -35,6 +35,8 @@ class AttemptCreate(BaseModel):
 class AttemptFields(BaseModel):
     """What the writer's attempt answers and an example's full record (dynaloop/api/schemas/examples.py)
     both say of an attempt."""
+
+    model_config = ANSWER_CONFIG
 
     id: int
     text: str

@@ -6,8 +6,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from dynaloop.api.schemas.common import ANSWER_CONFIG
+
 
 class ErrorBody(BaseModel):
+    model_config = ANSWER_CONFIG
+
     code: str
     message: str
     details: dict[str, Any] = Field(default_factory=dict)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynaloop.api.schemas.common import ANSWER_CONFIG
 from services.db.models import Job, JobKind, JobQueue, JobStatus
 
 
@@ -25,6 +26,8 @@ class JobCreate(BaseModel):
 
 
 class JobPublic(BaseModel):
+    model_config = ANSWER_CONFIG
+
     id: int
     kind: JobKind
     task: str

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynaloop.api.schemas.common import ANSWER_CONFIG
 from services.db.models import PayoutBatch, PayoutLine
 from services.domain import payouts
 from services.domain.ledger import format_amount
@@ -58,6 +59,8 @@ class PayoutLinePublic(BaseModel):
 
 
 class PayoutBatchPublic(BaseModel):
+    model_config = ANSWER_CONFIG
+
     id: int
     task: str
     link_id: int

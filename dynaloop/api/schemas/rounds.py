@@ -6,6 +6,7 @@ import datetime as dt
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynaloop.api.schemas.common import ANSWER_CONFIG
 from dynaloop.api.schemas.worker_quality import WorkerAgreementPublic
 from services.db.models import PromptStrategy, Round, RoundStatus, TargetLabelMode
 from services.domain.model_servers import MAX_PER_ROUND
@@ -38,6 +39,8 @@ class RoundModelUpdate(BaseModel):
 
 
 class RoundPublic(BaseModel):
+    model_config = ANSWER_CONFIG
+
     id: int
     task: str
     number: int
@@ -131,6 +134,8 @@ class ConfirmationCounts(BaseModel):
 
 
 class ExampleCounts(BaseModel):
+    model_config = ANSWER_CONFIG
+
     submitted: int
     fooled: int
     prompt: int = Field(description="Written from a prompt.")

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from dynaloop.api.schemas.common import ANSWER_CONFIG
 from services.db.models import Platform, StudyLink, StudyRole, StudySession, StudySessionStatus
 from services.domain import study as study_domain
 from services.taskdef import MAX_PAY_MINOR
@@ -232,6 +233,8 @@ class StudyTaskSummary(BaseModel):
 
 
 class StudyStarted(BaseModel):
+    model_config = ANSWER_CONFIG
+
     preview: bool
     link: StudyLinkSummary
     task: StudyTaskSummary

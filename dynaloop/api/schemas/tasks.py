@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynaloop.api.schemas.common import ANSWER_CONFIG
 from services.db.models import Task
 from services.domain.tasks import definition_of
 
@@ -17,6 +18,8 @@ class TaskCreate(BaseModel):
 
 
 class TaskPublic(BaseModel):
+    model_config = ANSWER_CONFIG
+
     id: int
     name: str
     title: str

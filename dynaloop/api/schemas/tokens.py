@@ -6,6 +6,7 @@ import datetime as dt
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynaloop.api.schemas.common import ANSWER_CONFIG
 from services.db.models import ApiToken
 
 
@@ -16,6 +17,8 @@ class TokenCreate(BaseModel):
 
 
 class TokenPublic(BaseModel):
+    model_config = ANSWER_CONFIG
+
     id: int
     name: str
     prefix: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynaloop.api.schemas.common import ANSWER_CONFIG
 from services.domain.controls import GoldAccuracy
 from services.domain.quality import ValidatorAgreement
 
@@ -14,6 +15,8 @@ class UnqualifyRequest(BaseModel):
 
 
 class WorkerAgreementPublic(BaseModel):
+    model_config = ANSWER_CONFIG
+
     username: str
     labels: int
     judged: int
