@@ -482,7 +482,12 @@ async def writer_loop(client: Client, round_id: int, max_examples: int, rng: ran
                 first = try_number == 0 and assignment["tries_used"] == 0
                 await client.pause(rng, client.pace.read_prompt_s if first else client.pace.edit_s)
                 if time.monotonic() >= client.deadline:
-                    break
+                    # The run ends while this person edits: they leave, as a validator does in the
+                    # middle of a batch. Submitting their last attempt instead sent every paused
+                    # writer's example in the same instant at the deadline, a third of a launch
+                    # run's examples in its last two seconds: the tail of `POST /example` that
+                    # docs/benchmarks.md ("The launch-shaped load") reported.
+                    return
             elif client.think_s:  # a person reads the answer and edits again
                 await asyncio.sleep(rng.uniform(0.5, 1.5) * client.think_s)
             words = prompt.split()
@@ -511,6 +516,8 @@ async def writer_loop(client: Client, round_id: int, max_examples: int, rng: ran
         if chosen["fooled"]:
             if client.pace is not None:
                 await client.pause(rng, client.pace.confirm_s)
+                if time.monotonic() >= client.deadline:
+                    return  # left while reading the confirmation, as above
             response = await client.call(
                 "POST /confirmation",
                 "POST",
