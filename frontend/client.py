@@ -147,7 +147,7 @@ class Task(TypedDict):
     definition: TaskDefinition
     label_names: dict[str, str]  # every label (validation labels too) -> the name people see
     created_at: str
-    warnings: list[str]  # empty but on creation, e.g. the tokenizer coverage warning
+    warnings: list[str]  # empty except on creation (e.g. the tokenizer coverage warning)
 
 
 class Round(TypedDict):
@@ -413,7 +413,7 @@ class Job(TypedDict):
     message: str
     params: dict[str, Any]
     result: dict[str, Any] | None
-    log: str | None  # null but from job(), not jobs()
+    log: str | None  # the newest lines from job(); null from jobs()
     created_by: str | None
     created_at: str
     started_at: str | None
