@@ -364,6 +364,12 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    # The first stop signal starts the clean-up; any later one is ignored from this moment on, not
+    # only once the clean-up has begun: a second SIGTERM (a process manager and `timeout` both
+    # sending one) or a second Ctrl-C while the message below is printed raised again out of the
+    # `except` that handles the first, and the demo ended with a traceback and a failed status.
+    for stop_signal in _STOP_SIGNALS:
+        signal.signal(stop_signal, signal.SIG_IGN)
     raise _StopRequested(signum)
 
 

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from dynaloop.demo import DEMO_PROMPTS, DEMO_TASK, SECRET_KEY_FILE
+from dynaloop.demo import _STOP_SIGNALS, DEMO_PROMPTS, DEMO_TASK, SECRET_KEY_FILE, _stop_on_signals, _StopRequested
 from dynaloop.model_zero import ModelZeroSpec, cache_key, ensure_model_zero, model_zero_dir
 from dynaloop.processes import RUNNING_FILE, ServiceError, Supervisor, still_running
 from dynaloop.seed_corpus import DEFAULT_PER_LABEL, SEED_LABELS, seed_corpus
@@ -256,6 +256,18 @@ def test_demo_serves_model_zero_and_stops_every_child(tmp_path: Path, model_cach
         assert "every service it started is down" in demo.output
         assert [name for name, pid in pids.items() if alive(pid)] == []
         assert group_members(set(pids.values())) == [], "a child of a service outlived it"
+
+
+def test_after_the_first_stop_signal_the_next_ones_are_ignored_until_the_demo_ends() -> None:
+    """In the demo's own process: the first SIGTERM raises the stop, a second one (the clean-up
+    is under way) is ignored, and the handlers the process had come back when the demo ends."""
+    before = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
+    with _stop_on_signals():
+        with pytest.raises(_StopRequested):
+            signal.raise_signal(signal.SIGTERM)  # its handler runs (and raises) in this, the main thread
+        assert all(signal.getsignal(signum) == signal.SIG_IGN for signum in _STOP_SIGNALS)
+        signal.raise_signal(signal.SIGINT)  # ignored: no KeyboardInterrupt, no second stop
+    assert {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS} == before
 
 
 @pytest.mark.integration
