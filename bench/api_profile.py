@@ -44,7 +44,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.load import Calls, Process, free_port, fresh_postgres, mix_flow, seed_database  # noqa: E402
+from bench.load import (  # noqa: E402
+    DEFAULT_POSTGRES_URL,
+    Calls,
+    Process,
+    cpu_figures,
+    free_port,
+    fresh_postgres,
+    mix_flow,
+    print_cpu_per_endpoint,
+    seed_database,
+)
 from bench.machine import cpu_model  # noqa: E402
 
 
@@ -170,22 +180,7 @@ async def run_mix(
             step = flow.send(answers)
         except StopIteration:
             step = None
-    figures = {
-        endpoint: {
-            "requests": row["requests"],
-            "cpu_ms_per_request": round(1000 * row["cpu_s"] / row["requests"], 3),
-            "wall_ms_per_request": round(1000 * row["wall_s"] / row["requests"], 3),
-            "statuses": dict(row["statuses"]),
-        }
-        for endpoint, row in rows.items()
-    }
-    mix = [row for name, row in figures.items() if name != "GET /me"]
-    total = sum(row["requests"] for row in mix)
-    return {
-        "endpoints": figures,
-        "mix_requests": total,
-        "mix_cpu_ms_per_request": round(sum(r["requests"] * r["cpu_ms_per_request"] for r in mix) / total, 3),
-    }
+    return cpu_figures(rows)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -229,15 +224,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             figures = await run_mix(app, stack, args.seed, args.profile_dir, args.top, args.show_statements)
     finally:
         stub.kill(signal.SIGTERM)
-    print("\nCPU per request in process (ASGI, no HTTP):")
-    print("| endpoint | requests | CPU ms / request | wall ms / request | statuses |")
-    print("| --- | ---: | ---: | ---: | --- |")
-    for endpoint, row in figures["endpoints"].items():
-        print(
-            f"| {endpoint} | {row['requests']} | {row['cpu_ms_per_request']} | {row['wall_ms_per_request']} | "
-            f"{row['statuses']} |"
-        )
-    print(f"the mix (every endpoint but GET /me): {figures['mix_cpu_ms_per_request']} ms of CPU per request")
+    print_cpu_per_endpoint(figures, "\nCPU per request in process (ASGI, no HTTP):")
     return figures
 
 
@@ -248,7 +235,7 @@ if __name__ == "__main__":
     parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument(
         "--postgres-url",
-        default=os.environ.get("DYNALOOP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
+        default=DEFAULT_POSTGRES_URL,
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inline-hops", action="store_true", help="run worker-thread hops on the loop's thread")

@@ -58,6 +58,10 @@ from bench.machine import cpu_model, cpu_seconds  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 LOAD_TASK = "dynasent-r2"
+# --postgres-url's default: the server the test suite uses (.ci/run), else a local one.
+DEFAULT_POSTGRES_URL = os.environ.get(
+    "DYNALOOP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 EDITS = ["really", "honestly", "not", "barely", "totally", "kind of", "never", "so", "quite", "hardly"]
 
 
@@ -632,8 +636,11 @@ def print_cpu_comparison(figures: dict[str, Any], other: dict[str, Any], checkou
     print(f"| **the mix** | | **{theirs_mix}** | **{ours}** | **{ours / theirs_mix:.2f}** |")
 
 
-def print_cpu_per_endpoint(figures: dict[str, Any]) -> None:
-    print("API CPU per request, one request at a time (the API process's user + system time):")
+def print_cpu_per_endpoint(
+    figures: dict[str, Any],
+    heading: str = "API CPU per request, one request at a time (the API process's user + system time):",
+) -> None:
+    print(heading)
     print("| endpoint | requests | CPU ms / request | wall ms / request | statuses |")
     print("| --- | ---: | ---: | ---: | --- |")
     for endpoint, row in figures["endpoints"].items():
@@ -797,10 +804,12 @@ def cpu_per_endpoint(stacks: list[Stack], seed: int) -> list[dict[str, Any]]:
     finally:
         for client in clients:
             client.close()
-    return [_cpu_figures(rows) for rows in totals]
+    return [cpu_figures(rows) for rows in totals]
 
 
-def _cpu_figures(totals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def cpu_figures(totals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each endpoint's CPU and wall ms per request from its ``requests``, ``cpu_s``, ``wall_s``
+    and ``statuses``, and the mix's: every endpoint but ``GET /me``, weighted as sent."""
     rows = {
         endpoint: {
             "requests": row["requests"],
@@ -943,7 +952,7 @@ def main() -> None:
     parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument(
         "--postgres-url",
-        default=os.environ.get("DYNALOOP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
+        default=DEFAULT_POSTGRES_URL,
     )
     parser.add_argument(
         "--model",

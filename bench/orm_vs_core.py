@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import bindparam, select  # noqa: E402
 
-from bench.load import fresh_postgres, seed_database  # noqa: E402
+from bench.load import DEFAULT_POSTGRES_URL, fresh_postgres, seed_database  # noqa: E402
 from bench.machine import cpu_model  # noqa: E402
 from services.db.engine import make_engine, make_sessionmaker  # noqa: E402
 from services.db.models import ApiToken, Assignment, Prompt, Round, Task, User  # noqa: E402
@@ -153,7 +152,7 @@ if __name__ == "__main__":
     parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument(
         "--postgres-url",
-        default=os.environ.get("DYNALOOP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
+        default=DEFAULT_POSTGRES_URL,
     )
     parser.add_argument("--repeat", type=int, default=1000)
     parser.add_argument("--json", type=Path, default=None)

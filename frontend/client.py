@@ -889,31 +889,21 @@ class ApiClient:
                 method, path, json=json_body, params=params or None, content=content, headers=headers
             )
         except httpx.TimeoutException as exc:
-            self.errors += 1
-            error = ApiError(
-                0,
-                "timeout",
-                f"the API at {self.base_url} did not answer within {self.timeout:g} s; try again",
-                request_id=request_id,
-            )
-            _log(method, path, error)
-            raise error from exc
+            message = f"the API at {self.base_url} did not answer within {self.timeout:g} s; try again"
+            raise self._failed(method, path, ApiError(0, "timeout", message, request_id=request_id)) from exc
         except httpx.TransportError as exc:
-            self.errors += 1
-            error = ApiError(
-                0,
-                "unreachable",
-                f"cannot reach the API at {self.base_url} ({exc}); is the API running (`dynaloop api`)?",
-                request_id=request_id,
-            )
-            _log(method, path, error)
-            raise error from exc
+            message = f"cannot reach the API at {self.base_url} ({exc}); is the API running (`dynaloop api`)?"
+            raise self._failed(method, path, ApiError(0, "unreachable", message, request_id=request_id)) from exc
         if response.is_error:
-            self.errors += 1
-            error = error_from_response(response)
-            _log(method, path, error)
-            raise error
+            raise self._failed(method, path, error_from_response(response))
         return response
+
+    def _failed(self, method: str, path: str, error: ApiError) -> ApiError:
+        """Count ``error`` (a cached answer is fetched again after one) and log it if it is the
+        service's (:func:`_log`); the caller raises it."""
+        self.errors += 1
+        _log(method, path, error)
+        return error
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._request(method, path, **kwargs).json()
