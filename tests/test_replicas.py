@@ -404,6 +404,9 @@ def test_promotion_reaches_every_replica_without_a_failed_request(
                 lambda: all(traffic.ok[(r.url, "1")] >= 20 for r in (r1, r2, r3)),
                 120,
             )
+            # Enough answers to mean anything, however fast this machine sent them: the waits
+            # above ask for 100 at least, and a busy 2-core machine once stopped at 147.
+            _wait_for("150 answers in all", lambda: traffic.total() >= 150, 120)
         finally:
             traffic.stop.set()
             for sender in senders:
