@@ -35,3 +35,6 @@ class ServerConfig:
     load_in_background: bool = True
     follow: FollowSettings | None = None
     log_format: str = "text"  # or json: one JSON object per line (model_server.logs)
+    # Threads of a CPU forward pass: None sizes the team by the cores other processes leave idle
+    # (model_server.threads); a number fixes it.
+    threads: int | None = None

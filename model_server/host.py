@@ -19,6 +19,7 @@ from model_server.backends import Backend, ClassifyInput, ClassifyOutput, load_b
 from model_server.batching import Batcher, BatchStats
 from model_server.config import ServerConfig
 from model_server.metrics import Metrics
+from model_server.threads import ThreadBudget
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +47,29 @@ class ModelHost:
             stats=BatchStats(on_batch=metrics.batch_size.observe, on_queue_wait=metrics.queue_wait.observe),
             name="model-batcher",
         )
+        self.thread_budget = ThreadBudget.for_server(config.threads)
+        self._threads_set: int | None = None  # what the batcher thread last gave torch
 
     def _forward(self, inputs: Sequence[ClassifyInput]) -> list[tuple[ClassifyOutput, Backend]]:
         backend = self.backend  # one reference for the whole batch: a reload cannot split it
         if backend is None:
             raise RuntimeError("no model is loaded")
+        if backend.device == "cpu":
+            self._size_the_team()
         return [(output, backend) for output in backend.predict(inputs)]
+
+    def _size_the_team(self) -> None:
+        """Give torch the team size for this forward pass (model_server.threads). Called in the
+        batcher thread: OpenMP's team size is a setting of the thread that starts the parallel
+        regions, and the batcher runs every served forward pass."""
+        threads = self.thread_budget.threads()
+        if threads != self._threads_set:
+            import torch  # only where a CPU backend serves: the model-server extra has it
+
+            torch.set_num_threads(threads)
+            self._threads_set = threads
+            self.metrics.forward_threads.set(threads)
+        self.metrics.neighbour_cores.set(round(self.thread_budget.others_cores, 3))
 
     def load_initial(self) -> None:
         if self.config.model_dir is None:

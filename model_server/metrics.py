@@ -1,5 +1,5 @@
 """The model server's Prometheus metrics (``GET /metrics``): requests, texts, batch sizes, queue
-wait and depth, latency and reloads."""
+wait and depth, latency, the forward passes' threads and reloads."""
 
 from __future__ import annotations
 
@@ -36,4 +36,12 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge("dynaloop_model_queue_depth", "Texts waiting", registry=r)
+        self.forward_threads = Gauge(
+            "dynaloop_model_forward_threads", "Threads the last CPU forward pass ran on", registry=r
+        )
+        self.neighbour_cores = Gauge(
+            "dynaloop_model_neighbour_cores",
+            "Cores other processes took on this server's CPUs in the last measured window (--threads auto)",
+            registry=r,
+        )
         self.reloads = Counter("dynaloop_model_reloads", "Model reloads by outcome", ["outcome"], registry=r)

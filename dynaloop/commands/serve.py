@@ -248,6 +248,22 @@ def _follow_settings(
     return follow
 
 
+MAX_THREADS = 1024
+
+
+def _threads_choice(value: str) -> int | None:
+    """``--threads``: None for auto, else a number of threads."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        raise fail(f"--threads must be auto or a whole number, not {value[:40]!r}") from None
+    if not 1 <= threads <= MAX_THREADS:
+        raise fail(f"--threads must be between 1 and {MAX_THREADS}")
+    return threads
+
+
 def model_server(
     model: Annotated[
         Path | None,
@@ -272,6 +288,14 @@ def model_server(
         float, typer.Option(help="Lingering never goes past this long after the previous batch ended")
     ] = 150.0,
     request_timeout_s: float = 10.0,
+    threads: Annotated[
+        str,
+        typer.Option(
+            envvar="DYNALOOP_MODEL_THREADS",
+            help="Threads of a CPU forward pass: auto (one per core that other processes leave idle, measured "
+            "every half second), or a number for a machine the server has to itself (docs/model_server.md)",
+        ),
+    ] = "auto",
     admin_token: Annotated[
         str | None, typer.Option(envvar="DYNALOOP_MODEL_SERVER_ADMIN_TOKEN", help="Enables POST /admin/reload")
     ] = None,
@@ -310,6 +334,7 @@ def model_server(
     from model_server.app import create_model_app
     from model_server.config import ServerConfig
 
+    team = _threads_choice(threads)
     if model is None and follow_task is None:
         raise fail("give --model DIR (a model directory), or --follow-task TASK to serve the task's promoted model")
     if model is not None and not model.is_dir():
@@ -330,5 +355,6 @@ def model_server(
         admin_token=admin_token,
         follow=follow,
         log_format=log_format,
+        threads=team,
     )
     uvicorn.run(create_model_app(config), host=host, port=port, log_level=log_level)
