@@ -64,6 +64,7 @@ NEIGHBOURS = {
     "one core": "while True:\n    pass\n",
 }
 CLIENTS = (1, 32)
+CHANGES = "dynaloop_model_forward_thread_changes_total"
 
 
 @contextmanager
@@ -82,10 +83,11 @@ def neighbour(name: str) -> Iterator[subprocess.Popen[bytes] | None]:
         process.wait(timeout=10)
 
 
-def forward_threads(server: Any) -> float | None:
-    """The server's ``dynaloop_model_forward_threads`` gauge (threads of its last forward pass)."""
+def server_metric(server: Any, name: str) -> float | None:
+    """One of the server's unlabelled metrics: ``dynaloop_model_forward_threads`` (threads of its
+    last forward pass), ``dynaloop_model_forward_thread_changes_total``."""
     for line in httpx.get(f"{server.url}/metrics", timeout=5).text.splitlines():
-        if line.startswith("dynaloop_model_forward_threads "):
+        if line.startswith(name + " "):
             return float(line.split()[1])
     return None
 
@@ -95,6 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="a text file with one sentence per line (default: tweeteval)")
     parser.add_argument("--out", type=Path, default=_HERE / "results" / "model_server_neighbours.json")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--neighbours", nargs="+", choices=list(NEIGHBOURS), default=list(NEIGHBOURS), help="which neighbours to run"
+    )
     parser.add_argument("--quick", action="store_true", help="short windows: a smoke test, not a measurement")
     args = parser.parse_args(argv)
 
@@ -124,10 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             precision, plan = bench_server.served_precision(servers[0])
             print(f"precision plan: {plan['by_batch_size']}", flush=True)
             for r in range(args.rounds):
-                for name in NEIGHBOURS:
+                for name in args.neighbours:
                     with neighbour(name):
                         for clients in CLIENTS:
-                            for server in servers:
+                            # Each server first in every other round: the machine's speed drifts.
+                            for server in servers if r % 2 == 0 else servers[::-1]:
+                                changes = server_metric(server, CHANGES)
                                 phase = bench_server.run_phase(
                                     server,
                                     bodies,
@@ -143,11 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     {
                                         "round": r + 1,
                                         "neighbour": name,
-                                        "forward_threads": forward_threads(server),
+                                        "forward_threads": server_metric(server, "dynaloop_model_forward_threads"),
+                                        "team_changes": (server_metric(server, CHANGES) or 0) - (changes or 0),
                                         **asdict(phase),
                                     }
                                 )
-    result = report(phases, args.rounds)
+    result = report(phases, args.rounds, args.neighbours)
     result.update(
         {
             "machine": {**cpu_model(), "load_average_at_end": load_average()},
@@ -167,13 +175,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def report(phases: Sequence[dict[str, Any]], rounds: int) -> dict[str, Any]:
+def report(phases: Sequence[dict[str, Any]], rounds: int, neighbours: Sequence[str]) -> dict[str, Any]:
     """Per neighbour and concurrency: each server's median requests/s and p99, the threads auto
     chose, and the median over rounds of auto / fixed."""
     table: list[dict[str, Any]] = []
-    print("\n| neighbour | clients | fixed req/s (p99 ms) | auto req/s (p99 ms) | auto's threads | auto ÷ fixed |")
+    print(
+        "\n| neighbour | clients | fixed req/s (p99 ms) | auto req/s (p99 ms) | auto's team (changes) | auto ÷ fixed |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name in NEIGHBOURS:
+    for name in neighbours:
         for clients in CLIENTS:
             cell = [p for p in phases if p["neighbour"] == name and p["clients"] == clients]
             rows = {server: [p for p in cell if p["server"] == server] for server in ("fixed", "auto")}
@@ -190,6 +200,7 @@ def report(phases: Sequence[dict[str, Any]], rounds: int) -> dict[str, Any]:
                 "auto_seq_per_s": statistics.median(p["seq_per_s"] for p in rows["auto"]),
                 "auto_p99_ms": statistics.median(p["p99_ms"] for p in rows["auto"]),
                 "auto_forward_threads": [p["forward_threads"] for p in rows["auto"]],
+                "auto_team_changes": [p["team_changes"] for p in rows["auto"]],
                 "neighbour_cores": [p["cpu"]["other_cores"] for p in rows["auto"]],
                 "auto_over_fixed": round(statistics.median(ratios), 3) if ratios else None,
                 "auto_over_fixed_per_round": [round(x, 3) for x in ratios],
@@ -198,7 +209,8 @@ def report(phases: Sequence[dict[str, Any]], rounds: int) -> dict[str, Any]:
             print(
                 f"| {name} | {clients} | {entry['fixed_seq_per_s']:.1f} ({entry['fixed_p99_ms']:.1f}) | "
                 f"{entry['auto_seq_per_s']:.1f} ({entry['auto_p99_ms']:.1f}) | "
-                f"{', '.join(f'{t:g}' for t in entry['auto_forward_threads'] if t is not None)} | "
+                f"{', '.join(f'{t:g}' for t in entry['auto_forward_threads'] if t is not None)} "
+                f"({', '.join(f'{c:g}' for c in entry['auto_team_changes'])}) | "
                 f"{entry['auto_over_fixed']} |"
             )
     return {"rounds": rounds, "table": table}

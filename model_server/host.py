@@ -67,9 +67,22 @@ class ModelHost:
             import torch  # only where a CPU backend serves: the model-server extra has it
 
             torch.set_num_threads(threads)
+            if self._threads_set is not None:
+                self.metrics.forward_thread_changes.inc()
             self._threads_set = threads
             self.metrics.forward_threads.set(threads)
         self.metrics.neighbour_cores.set(round(self.thread_budget.others_cores, 3))
+
+    def _load(self, model_dir: str | Path, kind: str, precision: str) -> Backend:
+        """Load a backend with the server's whole team. A thread torch has not seen takes the team
+        size torch was last given, in any thread: after the batcher shrank it beside a busy
+        neighbour, a reload would otherwise time its precision plan on that team and give an
+        int8 (ONNX Runtime) session that many threads for good."""
+        if not (self.config.device or "").startswith("cuda"):
+            import torch
+
+            torch.set_num_threads(self.thread_budget.max_threads)
+        return load_backend(model_dir, kind, self.config.device, precision)
 
     def load_initial(self) -> None:
         if self.config.model_dir is None:
@@ -77,9 +90,7 @@ class ModelHost:
         # Holding the reload lock: a reload asked for during start-up waits its turn (409).
         with self._reload_lock:
             try:
-                self.backend = load_backend(
-                    self.config.model_dir, self.config.backend, self.config.device, self.config.precision
-                )
+                self.backend = self._load(self.config.model_dir, self.config.backend, self.config.precision)
                 logger.info("model %s loaded from %s", self.backend.metadata.model_id, self.config.model_dir)
             except Exception as exc:
                 self.load_error = f"{type(exc).__name__}: {exc}"
@@ -91,7 +102,7 @@ class ModelHost:
         try:
             kind = backend_kind or self.backend_kind
             precision = precision or self.precision
-            new = load_backend(model_dir, kind, self.config.device, precision)
+            new = self._load(model_dir, kind, precision)
             old, self.backend, self.backend_kind, self.precision = self.backend, new, kind, precision
             self.config.model_dir = Path(model_dir)
             self.load_error = None

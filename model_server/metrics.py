@@ -39,6 +39,9 @@ class Metrics:
         self.forward_threads = Gauge(
             "dynaloop_model_forward_threads", "Threads the last CPU forward pass ran on", registry=r
         )
+        self.forward_thread_changes = Counter(
+            "dynaloop_model_forward_thread_changes", "Times --threads auto changed the forward passes' team", registry=r
+        )
         self.neighbour_cores = Gauge(
             "dynaloop_model_neighbour_cores",
             "Cores other processes took on this server's CPUs in the last measured window (--threads auto)",

@@ -240,3 +240,38 @@ def test_beside_a_busy_neighbour_the_server_runs_on_fewer_threads(
         assert _metric(server.url, "dynaloop_model_neighbour_cores") >= 0.5
     finally:
         server.stop()
+
+
+def test_a_reload_loads_with_the_whole_team_after_the_batcher_shrank_it(
+    tiny_model: Path, torch_threads_restored: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread torch has not seen starts with the team size torch was last given, in any thread:
+    a reload after a busy spell must not time its precision plan, or size an int8 session, on
+    the batcher's shrunken team."""
+    import model_server.host
+
+    loaded_with: list[int] = []
+    original = model_server.host.load_backend
+
+    def load_backend(*args: object, **kwargs: object) -> object:
+        loaded_with.append(torch.get_num_threads())
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model_server.host, "load_backend", load_backend)
+    server = serve_model(ServerConfig(model_dir=tiny_model, admin_token="admin-secret-123"))
+    try:
+        host = server.config.app.state.host
+        full_team = host.thread_budget.max_threads
+        monkeypatch.setattr(host.thread_budget, "threads", lambda: 1)  # as beside a busy neighbour
+        assert httpx.post(f"{server.url}/predict", json={"texts": ["fine"]}, timeout=30).status_code == 200
+        assert _metric(server.url, "dynaloop_model_forward_threads") == 1.0
+        response = httpx.post(
+            f"{server.url}/admin/reload",
+            json={"model_dir": str(tiny_model)},
+            headers={"Authorization": "Bearer admin-secret-123"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        assert loaded_with == [full_team, full_team]  # the start-up load, then the reload
+    finally:
+        server.stop()
