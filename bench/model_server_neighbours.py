@@ -13,7 +13,10 @@ as ``bench/model_server.py`` builds it, and its precision check), one at a time:
 * **auto**: ``--threads auto``, the default.
 
 beside each of three neighbours, a process of its own that burns CPU: **none**, **half** (busy
-5 ms, asleep 5 ms: half a core) and **one core** (a busy loop). Each server gets 1 and 32
+5 ms, asleep 5 ms: half a core) and **one core** (a busy loop). ``--in-process`` measures instead
+the forward passes themselves in this process (no HTTP) on a team of every core and on one
+thread, beside those neighbours and a **quarter** one (busy 2.5 ms, asleep 7.5 ms): where one
+thread starts to win is what ``--threads auto`` is set by. Each server gets 1 and 32
 closed-loop clients of the light socket client (``bench/model_server.py``'s ``SocketClient``, one
 sentence a request). Phases are interleaved in ``--rounds`` rounds (fixed then auto for each
 neighbour and concurrency) and the ratio auto / fixed of requests per second is taken per round;
@@ -22,6 +25,7 @@ phase says which team size ``auto`` chose.
 
     .venv/bin/python bench/model_server_neighbours.py --out bench/results/model_server_neighbours.json
     .venv/bin/python bench/model_server_neighbours.py --quick      # short windows, a smoke test
+    .venv/bin/python bench/model_server_neighbours.py --in-process --out bench/results/threads_in_process.json
 """
 
 from __future__ import annotations
@@ -51,18 +55,26 @@ from bench.machine import cpu_model, load_average, model_server_bench  # noqa: E
 
 bench_server = model_server_bench()
 
-NEIGHBOURS = {
-    "none": None,
-    "half": (
+
+def _duty(busy_ms: float, idle_ms: float) -> str:
+    """A neighbour busy ``busy_ms`` then asleep ``idle_ms``, over and over."""
+    return (
         "import time\n"
         "while True:\n"
         "    t = time.perf_counter()\n"
-        "    while time.perf_counter() - t < 0.005:\n"
+        f"    while time.perf_counter() - t < {busy_ms / 1000}:\n"
         "        pass\n"
-        "    time.sleep(0.005)\n"
-    ),
+        f"    time.sleep({idle_ms / 1000})\n"
+    )
+
+
+NEIGHBOURS = {
+    "none": None,
+    "quarter": _duty(2.5, 7.5),
+    "half": _duty(5, 5),
     "one core": "while True:\n    pass\n",
 }
+SERVER_NEIGHBOURS = ["none", "half", "one core"]
 CLIENTS = (1, 32)
 CHANGES = "dynaloop_model_forward_thread_changes_total"
 
@@ -98,11 +110,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=_HERE / "results" / "model_server_neighbours.json")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
-        "--neighbours", nargs="+", choices=list(NEIGHBOURS), default=list(NEIGHBOURS), help="which neighbours to run"
+        "--neighbours",
+        nargs="+",
+        choices=list(NEIGHBOURS),
+        help=f"which neighbours to run (default: {', '.join(SERVER_NEIGHBOURS)}; with --in-process, all four)",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="instead of the servers: forward passes in this process on a team of every core and on one thread, "
+        "beside each neighbour, at fp32 and bf16 (where the CPU has it), batches of 1 and 32",
     )
     parser.add_argument("--quick", action="store_true", help="short windows: a smoke test, not a measurement")
     args = parser.parse_args(argv)
 
+    if args.neighbours is None:
+        args.neighbours = list(NEIGHBOURS) if args.in_process else SERVER_NEIGHBOURS
+    if args.in_process:
+        return in_process(args)
     scale = 0.3 if args.quick else 1.0
     window = {1: 5.0 * scale, 32: 6.0 * scale}
     warmup = {1: 1.5 * scale, 32: 2.0 * scale}
@@ -173,6 +198,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def in_process(args: argparse.Namespace) -> int:
+    """Forward passes through ``TransformersBackend.predict`` in this process (no HTTP), on a team
+    of every usable core and on one thread, beside each neighbour: the measurement behind
+    ``IDLE_SHARE_FOR_A_THREAD`` in model_server/threads.py."""
+    import torch
+
+    from model_server.backends import ClassifyInput, load_backend
+    from model_server.directory.runtime import native_bf16
+    from rounds.models.init_model import init_model_dir
+
+    seconds = 1.0 if args.quick else 3.0
+    cores = len(os.sched_getaffinity(0))
+    sentences, source = bench_server.load_sentences(args.data)
+    inputs = [ClassifyInput(s) for s in sentences]
+    precisions = ["fp32", "bf16"] if native_bf16("cpu") else ["fp32"]
+    rows: list[dict[str, Any]] = []
+    print("\n| neighbour | precision | batch | every core: seq/s | one thread: seq/s | one ÷ every |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory(prefix="dynaloop-bench-") as tmp:
+        model_dir = Path(tmp) / "model"
+        init_model_dir(model_dir, labels=bench_server.LABELS)
+        backends = {p: load_backend(model_dir, "transformers", "cpu", p) for p in precisions}
+        for name in args.neighbours:
+            with neighbour(name):
+                for precision, backend in backends.items():
+                    for batch in (1, 32):
+                        rates = {}
+                        for team in (cores, 1):
+                            torch.set_num_threads(team)
+                            rates[team] = _forward_rate(backend, inputs, batch, 0.5)  # warm-up
+                            rates[team] = _forward_rate(backend, inputs, batch, seconds)
+                        row = {
+                            "neighbour": name,
+                            "precision": precision,
+                            "batch": batch,
+                            "every_core_seq_per_s": round(rates[cores], 1),
+                            "one_thread_seq_per_s": round(rates[1], 1),
+                            "one_over_every": round(rates[1] / rates[cores], 3),
+                        }
+                        rows.append(row)
+                        print(
+                            f"| {name} | {precision} | {batch} | {row['every_core_seq_per_s']} | "
+                            f"{row['one_thread_seq_per_s']} | {row['one_over_every']} |",
+                            flush=True,
+                        )
+        torch.set_num_threads(cores)
+    result = {
+        "in_process": rows,
+        "cores_usable": cores,
+        "machine": {**cpu_model(), "load_average_at_end": load_average()},
+        "data": {"source": source, "sentences": len(sentences)},
+        "seconds_per_cell": seconds,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _forward_rate(backend: Any, inputs: Sequence[Any], batch: int, seconds: float) -> float:
+    """Sentences a second through ``backend.predict`` in batches of ``batch``, for ``seconds``."""
+    done, index, started = 0, 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        backend.predict([inputs[(index + j) % len(inputs)] for j in range(batch)])
+        index += batch
+        done += batch
+    return done / (time.perf_counter() - started)
 
 
 def report(phases: Sequence[dict[str, Any]], rounds: int, neighbours: Sequence[str]) -> dict[str, Any]:

@@ -4,10 +4,10 @@ Torch runs a CPU forward pass on a team of OpenMP threads, one per core by defau
 operator of the pass ends at a barrier where the team waits for its slowest thread. When another
 process (the API, PostgreSQL, a training job, the load of a launch) holds one of those cores, the
 thread the scheduler parked there stalls every operator until it runs again. Measured on 2 cores
-with MiniLM (docs/benchmarks.md, "The model server beside a busy neighbour"): with a neighbour
-burning one core, two threads served a lone sentence at a quarter of the rate one thread did, and
-batches of 32 at half; with a neighbour at half a core, one thread was still ahead. With the
-cores to itself, two threads were 1.3 to 1.7 times faster.
+with MiniLM (docs/benchmarks.md, "The model server beside a busy neighbour"): beside a process
+burning one core, a server with a team of two answered 1.4 lone requests a second against 50 on
+one thread; beside half a core, one thread served lone sentences 1.5 to 1.8 times faster than
+the team. With the cores to itself, the team was up to 1.6 times faster.
 
 So by default (``--threads auto``) the server measures, over short windows, how much CPU other
 processes took on the cores it may run on, and runs the next forward passes on one thread per
@@ -37,9 +37,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ThreadBudget", "cpu_quota", "threads_for", "usable_cpus"]
 
-# A core counts as the server's when other processes leave at least this share of it idle: with a
-# neighbour at a quarter of a core, two threads still ran batches faster than one; at half a core,
-# one thread was ahead (docs/benchmarks.md).
+# A core counts as the server's when other processes leave at least this share of it idle: beside
+# a quarter of a core, a team of two still ran batches faster than one thread in three of four
+# cells; beside half a core, one thread won lone requests by 1.5 to 1.8 times and served batches
+# within 7% of the team (docs/benchmarks.md, "Where one thread starts to win").
 IDLE_SHARE_FOR_A_THREAD = 0.6
 # How long a measurement window lasts. The kernel's per-CPU times tick at 100 Hz, so on 2 cores a
 # window of 0.5 s reads others' CPU to about 0.02 of a core; a neighbour that starts costs at most
