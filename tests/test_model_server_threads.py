@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -260,7 +261,8 @@ def test_a_reload_loads_with_the_whole_team_after_the_batcher_shrank_it(
     monkeypatch.setattr(model_server.host, "load_backend", load_backend)
     server = serve_model(ServerConfig(model_dir=tiny_model, admin_token="admin-secret-123"))
     try:
-        host = server.config.app.state.host
+        app: Any = server.config.app
+        host = app.state.host
         full_team = host.thread_budget.max_threads
         monkeypatch.setattr(host.thread_budget, "threads", lambda: 1)  # as beside a busy neighbour
         assert httpx.post(f"{server.url}/predict", json={"texts": ["fine"]}, timeout=30).status_code == 200
