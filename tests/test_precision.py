@@ -108,6 +108,30 @@ def test_int8_handles_any_batch_size_and_length(model_dir: Path) -> None:
     assert {output.precision for output in lone + many} == {"int8"}
 
 
+def test_int8_runs_on_the_team_size_of_the_thread_that_calls_it(model_dir: Path) -> None:
+    """ONNX Runtime fixes a session's threads when it is made; the model server sizes torch's
+    team per forward pass (model_server/threads.py), and int8 follows it with a session per team."""
+    import torch
+
+    backend = load_backend(model_dir, precision="int8")
+    int8 = backend.precision.forwards["int8"]  # type: ignore[attr-defined]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = backend.predict([ClassifyInput(text) for text in TEXTS])
+        torch.set_num_threads(2)
+        two = backend.predict([ClassifyInput(text) for text in TEXTS])
+    finally:
+        torch.set_num_threads(before)
+    assert {1, 2} <= set(int8._sessions)
+    assert int8.session_for(1).get_session_options().intra_op_num_threads == 1
+    assert int8.session_for(2).get_session_options().intra_op_num_threads == 2
+    assert int8.session_for(1) is int8.session_for(1)  # made once
+    for a, b in zip(one, two, strict=True):
+        for label in LABELS:
+            assert a.probabilities[label] == pytest.approx(b.probabilities[label], abs=1e-5)
+
+
 def test_bf16_is_refused_on_a_cpu_that_would_emulate_it(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     with pytest.raises(PrecisionUnavailable, match="native bf16"):

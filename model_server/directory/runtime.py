@@ -29,6 +29,7 @@ import logging
 import platform
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -207,7 +208,6 @@ class Int8Model:
     """
 
     def __init__(self, directory: Path, input_names: Sequence[str], threads: int) -> None:
-        import onnxruntime
         import torch
         from onnxruntime.quantization import QuantType, quantize_dynamic
         from transformers import AutoModelForSequenceClassification
@@ -246,20 +246,40 @@ class Int8Model:
                 raise PrecisionUnavailable(
                     f"{directory} could not be exported to ONNX for int8 ({type(exc).__name__}: {str(exc)[:300]})"
                 ) from exc
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = max(1, threads)
-            options.log_severity_level = 3  # errors only: the quantizer's graph is fine, its warnings are noise
-            self.session = onnxruntime.InferenceSession(str(quantized), options, providers=["CPUExecutionProvider"])
-            # The graph's own inputs: the exporter drops an input the model never reads.
-            self.input_names = [each.name for each in self.session.get_inputs()]
+            self._graph = quantized.read_bytes()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        # One session per team size, made when a forward pass first asks for it: ONNX Runtime
+        # fixes a session's threads when it is made, and the model server sizes its team per
+        # forward pass beside busy neighbours (model_server/threads.py).
+        self._sessions: dict[int, Any] = {}
+        self._sessions_lock = threading.Lock()
+        self.session = self.session_for(threads)
+        # The graph's own inputs: the exporter drops an input the model never reads.
+        self.input_names = [each.name for each in self.session.get_inputs()]
+
+    def session_for(self, threads: int) -> Any:
+        """The session that runs on ``threads`` intra-op threads (made on first use)."""
+        threads = max(1, threads)
+        with self._sessions_lock:
+            session = self._sessions.get(threads)
+            if session is None:
+                import onnxruntime
+
+                options = onnxruntime.SessionOptions()
+                options.intra_op_num_threads = threads
+                options.log_severity_level = 3  # errors only: the quantizer's graph is fine, its warnings are noise
+                session = onnxruntime.InferenceSession(self._graph, options, providers=["CPUExecutionProvider"])
+                self._sessions[threads] = session
+            return session
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
         feeds = {name: tensors[name].cpu().numpy() for name in self.input_names}
-        return torch.from_numpy(self.session.run(["logits"], feeds)[0]).float()
+        # The calling thread's torch team: what the model server's batcher set for this pass.
+        session = self.session_for(torch.get_num_threads())
+        return torch.from_numpy(session.run(["logits"], feeds)[0]).float()
 
 
 def build_forward(
