@@ -251,6 +251,7 @@ def start_stack(
     api_env: dict[str, str] | None = None,
     model_dir: Path | None = None,
     precision: str = "auto",
+    model_threads: str = "auto",
     api_workers: int = 1,
     api_checkout: Path = ROOT,
 ) -> Stack:
@@ -287,11 +288,15 @@ def start_stack(
                 str(model_port),
                 "--precision",
                 precision,
+                "--threads",
+                model_threads,
                 "--log-level",
                 "warning",
             ],
             f"http://127.0.0.1:{model_port}",
-            base_env,
+            # Torch's team as deployed (the caller's OMP_NUM_THREADS, if any, still caps it): runs
+            # before 2026-11-29 gave the model server OMP_NUM_THREADS=1 here, one thread.
+            {**os.environ, "PYTHONUNBUFFERED": "1"},
             workdir / "model-server.log",
         )
     round_id, writer_tokens, validator_tokens = seed_database(
@@ -967,6 +972,11 @@ def main() -> None:
     parser.add_argument(
         "--precision", choices=["fp32", "bf16", "int8", "auto"], default="auto", help="the model server's --precision"
     )
+    parser.add_argument(
+        "--model-threads",
+        default="auto",
+        help="the model server's --threads: auto (sized by the cores others leave idle) or a number",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--think-ms",
@@ -1040,6 +1050,7 @@ def main() -> None:
             model_kind=args.model,
             model_dir=args.model_dir,
             precision=args.precision,
+            model_threads=args.model_threads,
             api_workers=args.api_workers,
             api_env=api_env,
             api_checkout=api_checkout,
@@ -1122,6 +1133,7 @@ def report(stack: Stack, tally: Tally, elapsed: float, cpu_used: dict[str, Any],
             "model": args.model,
             "model_dir": None if args.model_dir is None else str(args.model_dir),
             "precision": args.precision,
+            "model_threads": args.model_threads,
             "api_workers": args.api_workers,
             "think_ms": args.think_ms,
             "arrivals_s": args.arrivals_s,

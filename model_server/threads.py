@@ -137,14 +137,19 @@ class ThreadBudget:
 
     @classmethod
     def for_server(cls, threads: int | None) -> ThreadBudget:
-        """``threads`` fixed, or (None) adaptive up to one thread per usable core, within a cgroup
-        CPU limit (torch's own default counts the machine's cores, not the container's limit)."""
+        """``threads`` fixed, or (None) adaptive up to torch's default team (one thread per
+        physical core, or ``OMP_NUM_THREADS`` where it is set), within the usable cores and a
+        cgroup CPU limit (torch's default counts the machine's cores, not the container's limit)."""
         if threads is not None:
             return cls(threads, adaptive=False)
+        import torch
+
         cpus = usable_cpus()
+        limit = min(len(cpus), torch.get_num_threads())
         quota = cpu_quota()
-        limit = len(cpus) if quota is None else min(len(cpus), max(1, math.ceil(quota)))
-        return cls(limit, cpus=cpus)
+        if quota is not None:
+            limit = min(limit, math.ceil(quota))
+        return cls(max(1, limit), cpus=cpus)
 
     def _sample(self) -> _Sample:
         return _Sample(self._clock(), self._read_busy(self.cpus), self._read_own())

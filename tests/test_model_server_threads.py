@@ -156,13 +156,18 @@ def test_a_cgroup_cpu_limit_is_read_as_cores(tmp_path: Path, content: str, expec
     assert cpu_quota(tmp_path / "missing") is None
 
 
-def test_an_adaptive_budget_stays_within_a_cgroup_cpu_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_adaptive_budget_stays_within_torchs_team_and_a_cgroup_cpu_limit(
+    monkeypatch: pytest.MonkeyPatch, torch_threads_restored: None
+) -> None:
     monkeypatch.setattr("model_server.threads.usable_cpus", lambda: list(range(16)))
+    torch.set_num_threads(8)  # torch's default: the physical cores, or OMP_NUM_THREADS
     monkeypatch.setattr("model_server.threads.cpu_quota", lambda: 2.5)
     budget = ThreadBudget.for_server(None)
     assert budget.adaptive and budget.max_threads == 3 and len(budget.cpus) == 16
     monkeypatch.setattr("model_server.threads.cpu_quota", lambda: None)
-    assert ThreadBudget.for_server(None).max_threads == 16
+    assert ThreadBudget.for_server(None).max_threads == 8
+    torch.set_num_threads(1)  # OMP_NUM_THREADS=1: never more than that
+    assert ThreadBudget.for_server(None).max_threads == 1
 
 
 needs_two_cores = pytest.mark.skipif(len(usable_cpus()) < 2, reason="needs at least 2 usable cores")
