@@ -37,11 +37,13 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ThreadBudget", "cpu_quota", "threads_for", "usable_cpus"]
 
-# A core counts as the server's when other processes leave at least this share of it idle: beside
+# A core counts as the server's when other processes leave at least this share of it idle. Beside
 # a quarter of a core, a team of two still ran batches faster than one thread in three of four
-# cells; beside half a core, one thread won lone requests by 1.5 to 1.8 times and served batches
-# within 7% of the team (docs/benchmarks.md, "Where one thread starts to win").
-IDLE_SHARE_FOR_A_THREAD = 0.6
+# cells, but lone requests, what a launch mostly sends, ran as fast or faster on one; and in the
+# launch-shaped load the API and its database took about 0.3 of a core, and a team of two made
+# the model call slower and took twice the CPU (docs/benchmarks.md, "The model server beside a
+# busy neighbour"). So the team is for a machine others leave nearly idle.
+IDLE_SHARE_FOR_A_THREAD = 0.8
 # How long a measurement window lasts. The kernel's per-CPU times tick at 100 Hz, so on 2 cores a
 # window of 0.5 s reads others' CPU to about 0.02 of a core; a neighbour that starts costs at most
 # this long on the wrong team size.
