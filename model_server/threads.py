@@ -45,8 +45,8 @@ __all__ = ["ThreadBudget", "cpu_quota", "threads_for", "usable_cpus"]
 # busy neighbour"). So the team is for a machine others leave nearly idle.
 IDLE_SHARE_FOR_A_THREAD = 0.8
 # How long a measurement window lasts. The kernel's per-CPU times tick at 100 Hz, so on 2 cores a
-# window of 0.5 s reads others' CPU to about 0.02 of a core; a neighbour that starts costs at most
-# this long on the wrong team size.
+# window of 0.5 s reads others' CPU to within about 0.04 of a core; a neighbour that starts costs
+# at most this long on the wrong team size.
 WINDOW_S = 0.5
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
