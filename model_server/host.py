@@ -76,8 +76,7 @@ class ModelHost:
     def _load(self, model_dir: str | Path, kind: str, precision: str) -> Backend:
         """Load a backend with the server's whole team. A thread torch has not seen takes the team
         size torch was last given, in any thread: after the batcher shrank it beside a busy
-        neighbour, a reload would otherwise time its precision plan on that team and give an
-        int8 (ONNX Runtime) session that many threads for good."""
+        neighbour, a reload would otherwise time its precision plan (``auto``) on that team."""
         if not (self.config.device or "").startswith("cuda"):
             import torch
 
